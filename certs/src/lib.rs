@@ -1,0 +1,24 @@
+//! fleetwatch PKI: a certificate authority per trust domain, certificates for the hub,
+//! agents and subscribers carrying SPIFFE identities, and the rustls configurations that
+//! enforce mutual TLS, with hot reload from disk.
+//!
+//! ```no_run
+//! use fleetwatch_certs::{Authority, LeafSpec};
+//! let dir = std::path::Path::new("/tmp/pki");
+//! Authority::init(dir, "fleetwatch.local").unwrap();
+//! let ca = Authority::load(dir).unwrap();
+//! ca.issue(dir, &LeafSpec::Agent { cluster: "eu-1".into() }, 365).unwrap();
+//! ```
+#![warn(missing_docs)]
+
+mod authority;
+mod error;
+mod inspect;
+mod tls;
+
+pub use authority::{Authority, IssuedFiles, LeafSpec};
+pub use error::CertError;
+pub use inspect::{CertInfo, inspect_file, inspect_pem};
+pub use tls::{
+    ReloadingServerConfig, TlsFiles, client_config, install_crypto_provider, peer_identity, server_config,
+};

@@ -1,0 +1,241 @@
+//! Decoding messages from untrusted peers, with limits and errors that say what was wrong.
+
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+
+use crate::protocol::{AgentMessage, ErrorCode, HubToAgent, HubToSubscriber, SubscriberMessage};
+
+/// Limits on what a peer may send. The same defaults hold on both ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Largest WebSocket message in bytes.
+    pub max_message_bytes: usize,
+    /// Most events in one batch.
+    pub max_batch_events: usize,
+    /// Largest `data` of one event, in bytes of JSON.
+    pub max_event_data_bytes: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self { max_message_bytes: 1 << 20, max_batch_events: 1000, max_event_data_bytes: 64 << 10 }
+    }
+}
+
+/// Why a message was refused.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum DecodeError {
+    /// Larger than [`Limits::max_message_bytes`].
+    #[error("message of {size} bytes exceeds the limit of {limit} bytes")]
+    TooLarge {
+        /// Its size.
+        size: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// Not JSON, or a known type with missing or mistyped fields.
+    #[error("malformed message: {0}")]
+    Malformed(String),
+    /// A `type` this end does not know.
+    #[error("unknown message type {0:?}")]
+    UnknownType(String),
+}
+
+impl DecodeError {
+    /// The error code to answer with.
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            DecodeError::TooLarge { .. } => ErrorCode::LimitExceeded,
+            DecodeError::Malformed(_) => ErrorCode::Malformed,
+            DecodeError::UnknownType(_) => ErrorCode::UnknownType,
+        }
+    }
+}
+
+/// The `type` tags each direction knows; used to tell "unknown type" from "malformed".
+trait Tagged: DeserializeOwned {
+    const TYPES: &'static [&'static str];
+}
+
+impl Tagged for AgentMessage {
+    const TYPES: &'static [&'static str] = &["hello", "events", "resync", "inventory"];
+}
+impl Tagged for HubToAgent {
+    const TYPES: &'static [&'static str] = &["welcome", "ack", "configure", "error"];
+}
+impl Tagged for SubscriberMessage {
+    const TYPES: &'static [&'static str] = &["subscribe", "ack"];
+}
+impl Tagged for HubToSubscriber {
+    const TYPES: &'static [&'static str] = &["subscribed", "events", "resync-required", "error"];
+}
+
+fn decode<T: Tagged>(bytes: &[u8], limits: &Limits) -> Result<T, DecodeError> {
+    if bytes.len() > limits.max_message_bytes {
+        return Err(DecodeError::TooLarge { size: bytes.len(), limit: limits.max_message_bytes });
+    }
+    match serde_json::from_slice::<T>(bytes) {
+        Ok(msg) => Ok(msg),
+        Err(err) => {
+            // Only on the error path: find out whether the type tag is the problem.
+            #[derive(Deserialize)]
+            struct TypeOnly {
+                #[serde(rename = "type")]
+                ty: String,
+            }
+            match serde_json::from_slice::<TypeOnly>(bytes) {
+                Ok(t) if !T::TYPES.contains(&t.ty.as_str()) => Err(DecodeError::UnknownType(t.ty)),
+                _ => Err(DecodeError::Malformed(err.to_string())),
+            }
+        }
+    }
+}
+
+/// Decodes a message from an agent.
+///
+/// ```
+/// use fleetwatch_shared::codec::{decode_agent, DecodeError, Limits};
+/// let err = decode_agent(br#"{"type":"launch"}"#, &Limits::default()).unwrap_err();
+/// assert_eq!(err, DecodeError::UnknownType("launch".into()));
+/// ```
+pub fn decode_agent(bytes: &[u8], limits: &Limits) -> Result<AgentMessage, DecodeError> {
+    decode(bytes, limits)
+}
+
+/// Decodes a message from the hub, on an agent.
+pub fn decode_hub_to_agent(bytes: &[u8], limits: &Limits) -> Result<HubToAgent, DecodeError> {
+    decode(bytes, limits)
+}
+
+/// Decodes a message from a subscriber.
+pub fn decode_subscriber(bytes: &[u8], limits: &Limits) -> Result<SubscriberMessage, DecodeError> {
+    decode(bytes, limits)
+}
+
+/// Decodes a message from the hub, on a subscriber.
+pub fn decode_hub_to_subscriber(bytes: &[u8], limits: &Limits) -> Result<HubToSubscriber, DecodeError> {
+    decode(bytes, limits)
+}
+
+/// Encodes any message as JSON text.
+pub fn encode<T: serde::Serialize>(msg: &T) -> String {
+    // Serializing our own types to a String cannot fail: no maps with non-string keys.
+    serde_json::to_string(msg).unwrap_or_else(|e| format!(r#"{{"type":"error","code":"internal","message":"{e}"}}"#))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::{Event, ObjectKey};
+    use crate::protocol::*;
+    use proptest::prelude::*;
+
+    fn arb_event() -> impl Strategy<Value = Event> {
+        ("[a-z0-9-]{1,12}", any::<u64>(), any::<u64>(), "[a-z]{1,8}", any::<i64>(), any::<bool>()).prop_map(
+            |(cluster, epoch, seq, name, n, del)| {
+                let key = ObjectKey::new("v1", "ConfigMap", Some("ns"), &name);
+                let data = serde_json::json!({"n": n, "s": name});
+                let mut e = if del {
+                    Event::deleted(&cluster, epoch, seq, &key, data)
+                } else {
+                    Event::applied(&cluster, epoch, seq, &key, data)
+                };
+                if n % 2 == 0 {
+                    e.cursor = Some(seq);
+                }
+                e
+            },
+        )
+    }
+
+    fn arb_agent_message() -> impl Strategy<Value = AgentMessage> {
+        prop_oneof![
+            (any::<u32>(), ".{0,10}", proptest::option::of("[a-z]{1,5}"), any::<u64>(), any::<u64>()).prop_map(
+                |(protocol, agent_version, cluster, epoch, last_acked_seq)| {
+                    AgentMessage::Hello(Hello { protocol, agent_version, cluster, epoch, last_acked_seq })
+                }
+            ),
+            proptest::collection::vec(arb_event(), 0..5).prop_map(|events| AgentMessage::Events(EventBatch { events })),
+            (any::<u64>(), any::<u64>(), ".{0,10}").prop_map(|(epoch, seq, reason)| AgentMessage::Resync(Resync {
+                epoch,
+                seq,
+                reason,
+                objects: vec![ObjectDigest { key: "k".into(), digest: "d".into() }],
+            })),
+            ("[a-z]{1,5}", "[0-9.]{1,5}", any::<bool>()).prop_map(|(name, version, ready)| {
+                AgentMessage::Inventory(Inventory { modules: vec![ModuleInventory { name, version, ready }] })
+            }),
+        ]
+    }
+
+    fn arb_subscriber_message() -> impl Strategy<Value = SubscriberMessage> {
+        prop_oneof![
+            (proptest::option::of("[a-z]{1,5}"), proptest::collection::vec("[a-z]{1,5}", 0..3), any::<bool>())
+                .prop_map(|(durable, clusters, early)| SubscriberMessage::Subscribe(Subscribe {
+                    durable,
+                    clusters,
+                    from: if early { StartFrom::Earliest } else { StartFrom::Latest },
+                    resume: early.then(|| ResumePoint { stream: "s".into(), cursor: 3 }),
+                    max_in_flight: Some(10),
+                })),
+            any::<u64>().prop_map(|cursor| SubscriberMessage::Ack(CursorAck { cursor })),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn agent_messages_round_trip(msg in arb_agent_message()) {
+            let text = encode(&msg);
+            prop_assert_eq!(decode_agent(text.as_bytes(), &Limits { max_message_bytes: usize::MAX, ..Limits::default() }).unwrap(), msg);
+        }
+
+        #[test]
+        fn subscriber_messages_round_trip(msg in arb_subscriber_message()) {
+            let text = encode(&msg);
+            prop_assert_eq!(decode_subscriber(text.as_bytes(), &Limits::default()).unwrap(), msg);
+        }
+
+        #[test]
+        fn hub_messages_round_trip(epoch in any::<u64>(), seq in any::<u64>(), msg in ".{0,20}", cursor in any::<u64>()) {
+            for m in [
+                HubToAgent::Ack(Ack { epoch, seq }),
+                HubToAgent::Error(ErrorFrame { code: ErrorCode::RateLimited, message: msg.clone(), fatal: false }),
+                HubToAgent::Welcome(Welcome { protocol: 1, session: msg.clone(), cluster: "c".into(), epoch, acked_seq: seq, watches: vec![] }),
+            ] {
+                prop_assert_eq!(decode_hub_to_agent(encode(&m).as_bytes(), &Limits::default()).unwrap(), m);
+            }
+            let r = HubToSubscriber::ResyncRequired(ResyncRequired { cluster: msg.clone(), cursor, reason: msg });
+            prop_assert_eq!(decode_hub_to_subscriber(encode(&r).as_bytes(), &Limits::default()).unwrap(), r);
+        }
+
+        #[test]
+        fn decoders_never_panic_on_arbitrary_bytes(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+            let limits = Limits::default();
+            let _ = decode_agent(&bytes, &limits);
+            let _ = decode_subscriber(&bytes, &limits);
+            let _ = decode_hub_to_agent(&bytes, &limits);
+            let _ = decode_hub_to_subscriber(&bytes, &limits);
+        }
+
+        #[test]
+        fn decoders_never_panic_on_json_like_text(text in r#"\{("type":"(hello|events|ack|subscribe|x)",?)?("[a-z]{1,6}":(\d{1,3}|"[a-z]*"|\[\]|null|\{\}),?){0,4}\}"#) {
+            let limits = Limits::default();
+            if let Err(e) = decode_agent(text.as_bytes(), &limits) {
+                prop_assert!(matches!(e, DecodeError::Malformed(_) | DecodeError::UnknownType(_)));
+            }
+            let _ = decode_subscriber(text.as_bytes(), &limits);
+        }
+    }
+
+    #[test]
+    fn tells_malformed_from_unknown_and_too_large() {
+        let l = Limits { max_message_bytes: 64, ..Limits::default() };
+        assert!(matches!(decode_agent(b"{not json", &l), Err(DecodeError::Malformed(_))));
+        assert!(matches!(decode_agent(br#"{"type":"hello"}"#, &l), Err(DecodeError::Malformed(_))));
+        assert_eq!(decode_agent(br#"{"type":"nope","x":1}"#, &l), Err(DecodeError::UnknownType("nope".into())));
+        assert!(matches!(decode_agent(&[b' '; 65], &l), Err(DecodeError::TooLarge { size: 65, limit: 64 })));
+        // Unknown fields are ignored.
+        let m = decode_agent(br#"{"type":"hello","protocol":1,"epoch":5,"future":true}"#, &l).unwrap();
+        assert!(matches!(m, AgentMessage::Hello(Hello { epoch: 5, .. })));
+    }
+}

@@ -1,0 +1,307 @@
+//! Wire protocol v1: one JSON document per WebSocket message, each with a `type`.
+//!
+//! Unknown fields are ignored; an unknown `type` is answered with an [`ErrorFrame`].
+//! See `DESIGN.md`, "Wire protocol (v1)".
+
+use serde::{Deserialize, Serialize};
+
+use crate::event::Event;
+
+/// The protocol version this build speaks.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// The WebSocket path agents and subscribers connect to.
+pub const WS_PATH: &str = "/v1/connect";
+
+/// Messages an agent sends to the hub.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "kebab-case")]
+pub enum AgentMessage {
+    /// First message of a session.
+    Hello(Hello),
+    /// A batch of events in increasing `seq` order.
+    Events(EventBatch),
+    /// The agent lost track of changes (restart, outbox overflow, relist): subscribers
+    /// must reconcile the cluster fully.
+    Resync(Resync),
+    /// Module versions actually running in the cluster.
+    Inventory(Inventory),
+}
+
+/// Opens an agent session.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Hello {
+    /// Protocol version the agent speaks.
+    pub protocol: u32,
+    /// The agent's build version.
+    #[serde(default)]
+    pub agent_version: String,
+    /// The cluster the agent believes it is; must match its certificate when set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<String>,
+    /// A new value after every agent start.
+    pub epoch: u64,
+    /// The highest seq the hub acknowledged to this agent in `epoch`.
+    #[serde(default)]
+    pub last_acked_seq: u64,
+}
+
+/// A batch of events.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EventBatch {
+    /// Events in increasing `seq` order, all of the session's epoch.
+    pub events: Vec<Event>,
+}
+
+/// The agent's marker that subscribers must reconcile its cluster fully.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Resync {
+    /// The marker's place in the agent's sequence.
+    pub epoch: u64,
+    /// The marker's seq.
+    pub seq: u64,
+    /// Why, for logs and subscribers.
+    #[serde(default)]
+    pub reason: String,
+    /// The agent's digest of every object it watches (key → content digest), when it has one.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub objects: Vec<ObjectDigest>,
+}
+
+/// One object's digest in a [`Resync`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ObjectDigest {
+    /// The object key.
+    pub key: String,
+    /// A digest of the object's watched fields.
+    pub digest: String,
+}
+
+/// Module versions actually running in the cluster.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Inventory {
+    /// One entry per module manager workload found.
+    pub modules: Vec<ModuleInventory>,
+}
+
+/// One module's running version.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ModuleInventory {
+    /// The module name.
+    pub name: String,
+    /// The running version.
+    pub version: String,
+    /// Whether its manager workload is ready.
+    #[serde(default)]
+    pub ready: bool,
+}
+
+/// Messages the hub sends to an agent.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "kebab-case")]
+pub enum HubToAgent {
+    /// Answer to [`Hello`].
+    Welcome(Welcome),
+    /// Cumulative acknowledgement.
+    Ack(Ack),
+    /// New watch configuration.
+    Configure(Configure),
+    /// Something went wrong; see the code.
+    Error(ErrorFrame),
+}
+
+/// Answer to [`Hello`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Welcome {
+    /// Protocol version the hub chose.
+    pub protocol: u32,
+    /// Session id, for logs.
+    pub session: String,
+    /// The cluster id taken from the agent's certificate.
+    pub cluster: String,
+    /// The epoch the ack refers to.
+    pub epoch: u64,
+    /// Highest seq of `epoch` the hub has durably accepted; the agent drops what is below.
+    pub acked_seq: u64,
+    /// What the agent should watch.
+    #[serde(default)]
+    pub watches: Vec<WatchSpec>,
+}
+
+/// Cumulative acknowledgement: everything up to `seq` of `epoch` is in the bus.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Ack {
+    /// The epoch.
+    pub epoch: u64,
+    /// The highest accepted seq.
+    pub seq: u64,
+}
+
+/// New watch configuration for an agent.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Configure {
+    /// The full set of watches; what is not listed is stopped.
+    pub watches: Vec<WatchSpec>,
+}
+
+/// One thing an agent watches (filled out by the watch-configuration work).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WatchSpec {
+    /// A name unique within the configuration.
+    pub name: String,
+    /// API group; empty for the core group.
+    #[serde(default)]
+    pub group: String,
+    /// API version.
+    pub version: String,
+    /// Kind.
+    pub kind: String,
+    /// Only this namespace, when set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    /// Label selector, Kubernetes syntax.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub label_selector: Option<String>,
+    /// Fields whose change counts (`spec`, `status`, `metadata.labels`, JSON pointers).
+    #[serde(default)]
+    pub fields: Vec<String>,
+    /// JSON pointers copied into the event.
+    #[serde(default)]
+    pub project: Vec<String>,
+    /// The subscriber this watch is for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subscriber: Option<String>,
+}
+
+/// An error report; `fatal` ones are followed by a close.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorFrame {
+    /// Machine-readable code.
+    pub code: ErrorCode,
+    /// What went wrong, for people.
+    pub message: String,
+    /// Whether the sender closes the connection after this frame.
+    #[serde(default)]
+    pub fatal: bool,
+}
+
+/// Machine-readable error codes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ErrorCode {
+    /// The message is not valid JSON or lacks required fields.
+    Malformed,
+    /// The `type` is unknown.
+    UnknownType,
+    /// The message is not allowed in this state or role.
+    Forbidden,
+    /// A claim disagrees with the certificate.
+    IdentityMismatch,
+    /// The protocol version is not supported.
+    UnsupportedVersion,
+    /// A limit was exceeded (batch size, field size).
+    LimitExceeded,
+    /// The sender is throttled: acks are delayed.
+    RateLimited,
+    /// Sequence numbers out of order.
+    BadSequence,
+    /// The hub had an internal failure.
+    Internal,
+    /// The hub is shutting down.
+    ShuttingDown,
+    /// A newer session for the same identity replaced this one.
+    Replaced,
+}
+
+/// Messages a subscriber sends to the hub.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "kebab-case")]
+pub enum SubscriberMessage {
+    /// Starts (or resumes) a subscription.
+    Subscribe(Subscribe),
+    /// Acknowledges everything up to `cursor`.
+    Ack(CursorAck),
+}
+
+/// Starts a subscription.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Subscribe {
+    /// Durable name: the hub keeps the acked cursor under it and resumes there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub durable: Option<String>,
+    /// Only these clusters; empty means all.
+    #[serde(default)]
+    pub clusters: Vec<String>,
+    /// Where to start when there is no stored cursor.
+    #[serde(default)]
+    pub from: StartFrom,
+    /// The stream and cursor this client last acknowledged, when it reconnects.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resume: Option<ResumePoint>,
+    /// Most events in flight without an ack.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_in_flight: Option<u32>,
+}
+
+/// Where a subscription starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum StartFrom {
+    /// The oldest event still in the bus.
+    Earliest,
+    /// Only events that arrive from now on.
+    #[default]
+    Latest,
+}
+
+/// A position in one bus stream.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResumePoint {
+    /// The stream's id; a different id means the bus lost its history.
+    pub stream: String,
+    /// The last acknowledged cursor.
+    pub cursor: u64,
+}
+
+/// Acknowledges a cursor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CursorAck {
+    /// Everything up to and including this cursor is processed.
+    pub cursor: u64,
+}
+
+/// Messages the hub sends to a subscriber.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "kebab-case")]
+pub enum HubToSubscriber {
+    /// The subscription is live.
+    Subscribed(Subscribed),
+    /// Events with their cursors.
+    Events(EventBatch),
+    /// The subscriber cannot get (part of) a cluster's history: reconcile it fully.
+    ResyncRequired(ResyncRequired),
+    /// Something went wrong.
+    Error(ErrorFrame),
+}
+
+/// Confirms a subscription.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Subscribed {
+    /// The bus stream id.
+    pub stream: String,
+    /// Delivery starts after this cursor.
+    pub cursor: u64,
+}
+
+/// A cluster whose history the subscriber cannot get.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResyncRequired {
+    /// The cluster, or `*` for every cluster.
+    pub cluster: String,
+    /// The cursor to acknowledge once handled.
+    pub cursor: u64,
+    /// Why.
+    #[serde(default)]
+    pub reason: String,
+}

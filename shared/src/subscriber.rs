@@ -1,0 +1,247 @@
+//! The subscriber client: how an operator (or `fleetwatch tail`) receives events.
+//!
+//! A [`Subscription`] reconnects by itself, with exponential backoff and jitter, and
+//! resumes after the last cursor it acknowledged. Delivery is at least once: events
+//! delivered but not acknowledged before a disconnect come again.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use backon::{BackoffBuilder, ExponentialBuilder};
+use futures_util::{SinkExt, StreamExt};
+use rustls::ClientConfig;
+use tokio_tungstenite::tungstenite::Message;
+
+use crate::codec::{DecodeError, Limits, decode_hub_to_subscriber, encode};
+use crate::event::Event;
+use crate::protocol::{
+    CursorAck, ErrorFrame, HubToSubscriber, ResumePoint, ResyncRequired, StartFrom, Subscribe, SubscriberMessage,
+};
+use crate::transport::{ClientWs, ConnectError, HubUrl, connect};
+
+/// How to subscribe.
+#[derive(Clone)]
+pub struct SubscriberOptions {
+    /// The hub.
+    pub hub: HubUrl,
+    /// TLS settings carrying the subscriber certificate.
+    pub tls: Arc<ClientConfig>,
+    /// Durable name: the hub keeps the cursor under it.
+    pub durable: Option<String>,
+    /// Only these clusters (empty: all).
+    pub clusters: Vec<String>,
+    /// Where to start without a stored cursor.
+    pub from: StartFrom,
+    /// Most unacknowledged events in flight.
+    pub max_in_flight: u32,
+    /// Message limits.
+    pub limits: Limits,
+    /// Time allowed for one connect attempt.
+    pub connect_timeout: Duration,
+    /// Without a message (the hub pings) for this long, the connection is taken as dead.
+    pub idle_timeout: Duration,
+    /// Reconnect after a lost connection instead of returning the error.
+    pub reconnect: bool,
+}
+
+impl SubscriberOptions {
+    /// Options with defaults: start at the latest event, reconnect forever.
+    pub fn new(hub: HubUrl, tls: Arc<ClientConfig>) -> Self {
+        Self {
+            hub,
+            tls,
+            durable: None,
+            clusters: Vec::new(),
+            from: StartFrom::Latest,
+            max_in_flight: 10_000,
+            limits: Limits::default(),
+            connect_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(45),
+            reconnect: true,
+        }
+    }
+}
+
+/// What a subscription yields.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Delivery {
+    /// Events, each with its `cursor` set.
+    Events(Vec<Event>),
+    /// Part of a cluster's history is gone: reconcile that cluster (or all, for `*`) fully.
+    ResyncRequired(ResyncRequired),
+}
+
+impl Delivery {
+    /// The highest cursor in this delivery, to acknowledge once handled.
+    pub fn last_cursor(&self) -> Option<u64> {
+        match self {
+            Delivery::Events(evs) => evs.iter().filter_map(|e| e.cursor).max(),
+            Delivery::ResyncRequired(r) => Some(r.cursor),
+        }
+    }
+}
+
+/// Why a subscription failed.
+#[derive(Debug, thiserror::Error)]
+pub enum SubscribeError {
+    /// Could not connect.
+    #[error(transparent)]
+    Connect(#[from] ConnectError),
+    /// The hub refused or reported an error.
+    #[error("hub refused the subscription: {code:?}: {message}")]
+    Refused {
+        /// The code.
+        code: crate::protocol::ErrorCode,
+        /// The hub's message.
+        message: String,
+    },
+    /// The hub sent something we cannot read.
+    #[error("bad message from hub: {0}")]
+    Decode(#[from] DecodeError),
+    /// The connection broke.
+    #[error("connection to hub lost: {0}")]
+    Lost(String),
+}
+
+/// A live subscription.
+pub struct Subscription {
+    opts: SubscriberOptions,
+    ws: Option<ClientWs>,
+    stream: Option<String>,
+    acked: Option<u64>,
+}
+
+impl Subscription {
+    /// Connects and subscribes. The first connection's failure is returned, so a CLI can
+    /// report a wrong address or certificate at once; later ones are retried.
+    pub async fn connect(opts: SubscriberOptions) -> Result<Self, SubscribeError> {
+        let mut sub = Self { opts, ws: None, stream: None, acked: None };
+        sub.open().await?;
+        Ok(sub)
+    }
+
+    /// The stream and cursor acknowledged last.
+    pub fn resume_point(&self) -> Option<ResumePoint> {
+        Some(ResumePoint { stream: self.stream.clone()?, cursor: self.acked? })
+    }
+
+    async fn open(&mut self) -> Result<(), SubscribeError> {
+        let mut ws = connect(&self.opts.hub, self.opts.tls.clone(), &self.opts.limits, self.opts.connect_timeout).await?;
+        let subscribe = SubscriberMessage::Subscribe(Subscribe {
+            durable: self.opts.durable.clone(),
+            clusters: self.opts.clusters.clone(),
+            from: self.opts.from,
+            resume: self.resume_point(),
+            max_in_flight: Some(self.opts.max_in_flight),
+        });
+        send(&mut ws, &subscribe).await?;
+        loop {
+            match read(&mut ws, &self.opts).await? {
+                HubToSubscriber::Subscribed(s) => {
+                    tracing::debug!(stream = %s.stream, cursor = s.cursor, "subscribed");
+                    if self.stream.as_deref() != Some(s.stream.as_str()) {
+                        self.acked = None;
+                    }
+                    self.stream = Some(s.stream);
+                    self.ws = Some(ws);
+                    return Ok(());
+                }
+                HubToSubscriber::Error(ErrorFrame { code, message, .. }) => {
+                    return Err(SubscribeError::Refused { code, message });
+                }
+                other => return Err(SubscribeError::Lost(format!("expected subscribed, got {other:?}"))),
+            }
+        }
+    }
+
+    /// The next delivery. Reconnects on a lost connection when the options say so.
+    pub async fn next(&mut self) -> Result<Delivery, SubscribeError> {
+        let mut backoff = reconnect_backoff();
+        loop {
+            let Some(ws) = self.ws.as_mut() else {
+                let wait = backoff.next().unwrap_or(Duration::from_secs(5));
+                tokio::time::sleep(wait).await;
+                if let Err(e) = self.open().await {
+                    if !self.opts.reconnect || matches!(e, SubscribeError::Refused { .. }) {
+                        return Err(e);
+                    }
+                    tracing::warn!(error = %e, "reconnecting to hub");
+                }
+                continue;
+            };
+            match read(ws, &self.opts).await {
+                Ok(HubToSubscriber::Events(batch)) => return Ok(Delivery::Events(batch.events)),
+                Ok(HubToSubscriber::ResyncRequired(r)) => return Ok(Delivery::ResyncRequired(r)),
+                Ok(HubToSubscriber::Subscribed(_)) => continue,
+                Ok(HubToSubscriber::Error(ErrorFrame { code, message, fatal })) => {
+                    tracing::warn!(?code, %message, fatal, "hub reported an error");
+                    if fatal {
+                        self.ws = None;
+                    }
+                }
+                Err(e) => {
+                    self.ws = None;
+                    if !self.opts.reconnect {
+                        return Err(e);
+                    }
+                    tracing::warn!(error = %e, "connection to hub lost; reconnecting");
+                }
+            }
+        }
+    }
+
+    /// Acknowledges everything up to `cursor`. While disconnected the ack is remembered and
+    /// sent as the resume point.
+    pub async fn ack(&mut self, cursor: u64) -> Result<(), SubscribeError> {
+        self.acked = Some(self.acked.map_or(cursor, |a| a.max(cursor)));
+        if let Some(ws) = self.ws.as_mut()
+            && let Err(e) = send(ws, &SubscriberMessage::Ack(CursorAck { cursor })).await
+        {
+            self.ws = None;
+            if !self.opts.reconnect {
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// Closes the connection politely.
+    pub async fn close(mut self) {
+        if let Some(mut ws) = self.ws.take() {
+            let _ = ws.close(None).await;
+        }
+    }
+}
+
+/// Backoff between reconnects: exponential from 100 ms to 5 s, with jitter, forever.
+pub fn reconnect_backoff() -> impl Iterator<Item = Duration> {
+    ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(100))
+        .with_max_delay(Duration::from_secs(5))
+        .with_jitter()
+        .without_max_times()
+        .build()
+}
+
+async fn send(ws: &mut ClientWs, msg: &SubscriberMessage) -> Result<(), SubscribeError> {
+    ws.send(Message::text(encode(msg))).await.map_err(|e| SubscribeError::Lost(e.to_string()))
+}
+
+async fn read(ws: &mut ClientWs, opts: &SubscriberOptions) -> Result<HubToSubscriber, SubscribeError> {
+    loop {
+        let next = tokio::time::timeout(opts.idle_timeout, ws.next())
+            .await
+            .map_err(|_| SubscribeError::Lost(format!("no message from hub for {:?}", opts.idle_timeout)))?;
+        match next {
+            Some(Ok(Message::Text(t))) => return Ok(decode_hub_to_subscriber(t.as_bytes(), &opts.limits)?),
+            Some(Ok(Message::Binary(b))) => return Ok(decode_hub_to_subscriber(&b, &opts.limits)?),
+            Some(Ok(Message::Close(frame))) => {
+                let why = frame.map(|f| format!("{} {}", u16::from(f.code), f.reason)).unwrap_or_default();
+                return Err(SubscribeError::Lost(format!("hub closed the connection {why}")));
+            }
+            Some(Ok(_)) => continue,
+            Some(Err(e)) => return Err(SubscribeError::Lost(e.to_string())),
+            None => return Err(SubscribeError::Lost("connection closed".into())),
+        }
+    }
+}
