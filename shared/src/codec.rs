@@ -12,13 +12,13 @@ pub struct Limits {
     pub max_message_bytes: usize,
     /// Most events in one batch.
     pub max_batch_events: usize,
-    /// Largest `data` of one event, in bytes of JSON.
-    pub max_event_data_bytes: usize,
+    /// Largest single event, in bytes of JSON.
+    pub max_event_bytes: usize,
 }
 
 impl Default for Limits {
     fn default() -> Self {
-        Self { max_message_bytes: 1 << 20, max_batch_events: 1000, max_event_data_bytes: 64 << 10 }
+        Self { max_message_bytes: 1 << 20, max_batch_events: 1000, max_event_bytes: 64 << 10 }
     }
 }
 

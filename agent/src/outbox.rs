@@ -1,0 +1,259 @@
+//! The outbox: events not yet acked by the hub, keyed by object.
+//!
+//! A newer event for an object replaces the older one (coalescing), so memory is bounded
+//! by the number of watched objects, not by how long the hub is away. Past its capacity
+//! the outbox collapses into one "resync needed" marker: subscribers then reconcile the
+//! cluster fully, which subsumes everything that was dropped.
+
+use std::collections::{BTreeMap, HashMap};
+
+use fleetwatch_shared::Event;
+
+/// What the outbox holds, in seq order.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Item {
+    /// An event.
+    Event(Event),
+    /// A resync marker with its seq and reason.
+    Resync {
+        /// The marker's seq.
+        seq: u64,
+        /// Why.
+        reason: String,
+    },
+}
+
+impl Item {
+    /// The item's seq.
+    pub fn seq(&self) -> u64 {
+        match self {
+            Item::Event(e) => e.seq,
+            Item::Resync { seq, .. } => *seq,
+        }
+    }
+}
+
+/// Unacked events of one agent epoch.
+///
+/// ```
+/// use fleetwatch_agent::outbox::Outbox;
+/// use fleetwatch_shared::ObjectKey;
+/// let mut ob = Outbox::new("c1", 1, 100);
+/// let key = ObjectKey::new("v1", "ConfigMap", Some("ns"), "a");
+/// ob.push_applied(&key, serde_json::json!({"v": 1}));
+/// ob.push_applied(&key, serde_json::json!({"v": 2}));
+/// assert_eq!(ob.len(), 1); // coalesced
+/// ob.ack(2);
+/// assert!(ob.is_empty());
+/// ```
+#[derive(Debug)]
+pub struct Outbox {
+    cluster: String,
+    epoch: u64,
+    capacity: usize,
+    last_seq: u64,
+    acked: u64,
+    by_seq: BTreeMap<u64, Event>,
+    by_key: HashMap<String, u64>,
+    resync: Option<(u64, String)>,
+    overflows: u64,
+}
+
+impl Outbox {
+    /// An empty outbox for `cluster` in `epoch`, holding at most `capacity` objects.
+    pub fn new(cluster: &str, epoch: u64, capacity: usize) -> Self {
+        Self {
+            cluster: cluster.into(),
+            epoch,
+            capacity: capacity.max(1),
+            last_seq: 0,
+            acked: 0,
+            by_seq: BTreeMap::new(),
+            by_key: HashMap::new(),
+            resync: None,
+            overflows: 0,
+        }
+    }
+
+    /// The epoch.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// The highest acked seq.
+    pub fn acked(&self) -> u64 {
+        self.acked
+    }
+
+    /// The highest seq assigned.
+    pub fn last_seq(&self) -> u64 {
+        self.last_seq
+    }
+
+    /// Events held.
+    pub fn len(&self) -> usize {
+        self.by_seq.len()
+    }
+
+    /// Whether nothing is waiting for an ack.
+    pub fn is_empty(&self) -> bool {
+        self.by_seq.is_empty() && self.resync.is_none()
+    }
+
+    /// How often the outbox collapsed into a resync marker.
+    pub fn overflows(&self) -> u64 {
+        self.overflows
+    }
+
+    /// Records a change of an object.
+    pub fn push_applied(&mut self, key: &fleetwatch_shared::ObjectKey, data: serde_json::Value) -> u64 {
+        let seq = self.last_seq + 1;
+        self.push(Event::applied(&self.cluster, self.epoch, seq, key, data))
+    }
+
+    /// Records a deletion.
+    pub fn push_deleted(&mut self, key: &fleetwatch_shared::ObjectKey, data: serde_json::Value) -> u64 {
+        let seq = self.last_seq + 1;
+        self.push(Event::deleted(&self.cluster, self.epoch, seq, key, data))
+    }
+
+    fn push(&mut self, event: Event) -> u64 {
+        let seq = event.seq;
+        self.last_seq = seq;
+        if let Some(old) = self.by_key.remove(&event.subject) {
+            self.by_seq.remove(&old);
+        }
+        if self.by_seq.len() >= self.capacity {
+            self.overflows += 1;
+            let reason = format!("agent outbox overflowed its capacity of {} objects", self.capacity);
+            tracing::warn!(%reason, "collapsing outbox into a resync marker");
+            self.by_seq.clear();
+            self.by_key.clear();
+            self.resync = Some((seq, reason));
+            return seq;
+        }
+        self.by_key.insert(event.subject.clone(), seq);
+        self.by_seq.insert(seq, event);
+        seq
+    }
+
+    /// Asks subscribers to reconcile the cluster fully (after a restart or relist); the
+    /// marker takes the next seq.
+    pub fn push_resync(&mut self, reason: &str) -> u64 {
+        self.last_seq += 1;
+        self.resync = Some((self.last_seq, reason.into()));
+        self.last_seq
+    }
+
+    /// Drops everything up to and including `seq`.
+    pub fn ack(&mut self, seq: u64) {
+        if seq <= self.acked {
+            return;
+        }
+        self.acked = seq.min(self.last_seq);
+        let rest = self.by_seq.split_off(&(seq + 1));
+        for (s, ev) in std::mem::replace(&mut self.by_seq, rest) {
+            if self.by_key.get(&ev.subject) == Some(&s) {
+                self.by_key.remove(&ev.subject);
+            }
+        }
+        if matches!(self.resync, Some((s, _)) if s <= seq) {
+            self.resync = None;
+        }
+    }
+
+    /// Up to `max` items with a seq above `after`, in order. A resync marker is returned
+    /// alone, since it travels in its own frame.
+    pub fn pending_after(&self, after: u64, max: usize) -> Vec<Item> {
+        if let Some((rs, reason)) = &self.resync
+            && *rs > after
+            && self.by_seq.range(after + 1..*rs).next().is_none()
+        {
+            return vec![Item::Resync { seq: *rs, reason: reason.clone() }];
+        }
+        let until = match &self.resync {
+            Some((rs, _)) if *rs > after => *rs,
+            _ => u64::MAX,
+        };
+        self.by_seq.range(after + 1..until).take(max).map(|(_, e)| Item::Event(e.clone())).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fleetwatch_shared::ObjectKey;
+    use proptest::prelude::*;
+
+    fn key(i: usize) -> ObjectKey {
+        ObjectKey::new("v1", "ConfigMap", Some("ns"), &format!("o{i}"))
+    }
+
+    #[test]
+    fn coalesces_per_object_and_keeps_order() {
+        let mut ob = Outbox::new("c", 1, 10);
+        ob.push_applied(&key(1), serde_json::json!(1));
+        ob.push_applied(&key(2), serde_json::json!(2));
+        ob.push_applied(&key(1), serde_json::json!(3));
+        let items = ob.pending_after(0, 10);
+        let seqs: Vec<_> = items.iter().map(Item::seq).collect();
+        assert_eq!(seqs, vec![2, 3]);
+        ob.ack(2);
+        assert_eq!(ob.pending_after(0, 10).len(), 1);
+        ob.ack(3);
+        assert!(ob.is_empty());
+    }
+
+    #[test]
+    fn overflow_collapses_into_a_resync_marker() {
+        let mut ob = Outbox::new("c", 1, 3);
+        for i in 0..3 {
+            ob.push_applied(&key(i), serde_json::json!(i));
+        }
+        ob.push_applied(&key(99), serde_json::json!(0)); // 4th object: overflow
+        assert_eq!(ob.len(), 0);
+        assert_eq!(ob.overflows(), 1);
+        ob.push_applied(&key(5), serde_json::json!(5));
+        let first = ob.pending_after(0, 10);
+        assert!(matches!(first.as_slice(), [Item::Resync { seq: 4, .. }]));
+        let next = ob.pending_after(4, 10);
+        assert_eq!(next.iter().map(Item::seq).collect::<Vec<_>>(), vec![5]);
+        ob.ack(5);
+        assert!(ob.is_empty());
+    }
+
+    #[test]
+    fn memory_stays_bounded_through_a_long_outage() {
+        let mut ob = Outbox::new("c", 1, 1000);
+        for i in 0..1_000_000usize {
+            ob.push_applied(&key(i % 500), serde_json::json!({"i": i}));
+        }
+        assert_eq!(ob.len(), 500);
+        assert_eq!(ob.overflows(), 0);
+        assert_eq!(ob.by_key.len(), 500);
+    }
+
+    proptest! {
+        /// Whatever the interleaving of changes and acks, the outbox holds exactly the latest
+        /// unacked event of each object (or a resync marker after an overflow).
+        #[test]
+        fn holds_latest_unacked_state(ops in proptest::collection::vec((0usize..8, any::<bool>()), 1..200)) {
+            let mut ob = Outbox::new("c", 1, 100);
+            let mut latest: HashMap<String, u64> = HashMap::new();
+            let mut acked = 0;
+            for (k, ack) in ops {
+                if ack {
+                    acked = ob.last_seq();
+                    ob.ack(acked);
+                } else {
+                    let seq = ob.push_applied(&key(k), serde_json::json!(k));
+                    latest.insert(key(k).to_string(), seq);
+                }
+            }
+            let mut expect: Vec<u64> = latest.values().copied().filter(|s| *s > acked).collect();
+            expect.sort();
+            let got: Vec<u64> = ob.pending_after(0, usize::MAX).iter().map(Item::seq).collect();
+            prop_assert_eq!(got, expect);
+        }
+    }
+}

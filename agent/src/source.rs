@@ -1,0 +1,170 @@
+//! Sources of change events. The synthetic source stands in for a Kubernetes cluster in
+//! the fleet simulator, benchmarks and tests.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use fleetwatch_shared::ObjectKey;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+/// One observed change.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Change {
+    /// The object.
+    pub key: ObjectKey,
+    /// Whether it was deleted.
+    pub deleted: bool,
+    /// Its projected content.
+    pub data: serde_json::Value,
+}
+
+/// Synthetic changes: `objects` objects changed round-robin at `rate` changes per second,
+/// optionally stopping after `total` changes.
+///
+/// Change number `i` (from 0) sets object `obj-(i % objects)` to generation
+/// `i / objects + 1`, so a test knows every object's final state from `total` alone.
+///
+/// ```
+/// use fleetwatch_agent::source::SyntheticSource;
+/// let s: SyntheticSource = "synthetic:objects=100,rate=50,total=1000".parse().unwrap();
+/// assert_eq!((s.objects, s.rate, s.total), (100, 50.0, Some(1000)));
+/// assert_eq!(s.final_generation(7), Some(10));
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+pub struct SyntheticSource {
+    /// Number of distinct objects.
+    pub objects: u64,
+    /// Changes per second.
+    pub rate: f64,
+    /// Stop after this many changes.
+    pub total: Option<u64>,
+    /// Bytes of padding in each event's data, to model bigger objects.
+    pub payload: usize,
+}
+
+/// Why a source spec is invalid.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("bad source {spec:?}: {why} (expected synthetic:objects=N,rate=R[,total=T][,payload=BYTES])")]
+pub struct SourceSpecError {
+    spec: String,
+    why: String,
+}
+
+impl FromStr for SyntheticSource {
+    type Err = SourceSpecError;
+
+    fn from_str(spec: &str) -> Result<Self, Self::Err> {
+        let err = |why: &str| SourceSpecError { spec: spec.into(), why: why.into() };
+        let params = spec.strip_prefix("synthetic:").ok_or_else(|| err("unknown source kind"))?;
+        let mut s = SyntheticSource { objects: 0, rate: 0.0, total: None, payload: 0 };
+        for kv in params.split(',').filter(|p| !p.is_empty()) {
+            let (k, v) = kv.split_once('=').ok_or_else(|| err(&format!("{kv:?} is not key=value")))?;
+            let num = |v: &str| v.parse::<u64>().map_err(|_| err(&format!("{k}={v} is not a whole number")));
+            match k {
+                "objects" => s.objects = num(v)?,
+                "rate" => {
+                    s.rate = v.parse().ok().filter(|r: &f64| r.is_finite() && *r > 0.0).ok_or_else(|| err("rate must be a positive number"))?
+                }
+                "total" => s.total = Some(num(v)?),
+                "payload" => s.payload = num(v)? as usize,
+                _ => return Err(err(&format!("unknown parameter {k:?}"))),
+            }
+        }
+        if s.objects == 0 {
+            return Err(err("objects must be at least 1"));
+        }
+        if s.rate <= 0.0 {
+            return Err(err("rate must be given and positive"));
+        }
+        Ok(s)
+    }
+}
+
+impl SyntheticSource {
+    /// The key of object `n`.
+    pub fn key(n: u64) -> ObjectKey {
+        ObjectKey::new("synthetic.fleetwatch.dev/v1", "Object", Some("default"), &format!("obj-{n}"))
+    }
+
+    /// The last generation object `n` reaches, when there is a `total`.
+    pub fn final_generation(&self, n: u64) -> Option<u64> {
+        let total = self.total?;
+        if n >= self.objects || n >= total {
+            return None;
+        }
+        // Changes n, n + objects, n + 2*objects, ... below total.
+        Some((total - 1 - n) / self.objects + 1)
+    }
+
+    /// Produces changes into `tx` until done, cancelled, or the receiver is gone.
+    pub async fn run(self, tx: mpsc::Sender<Change>, cancel: CancellationToken) {
+        let tick = Duration::from_millis(5);
+        let mut interval = tokio::time::interval(tick);
+        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let started = tokio::time::Instant::now();
+        let pad = "x".repeat(self.payload);
+        let mut i: u64 = 0;
+        loop {
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                _ = interval.tick() => {}
+            }
+            let due = (started.elapsed().as_secs_f64() * self.rate) as u64;
+            let due = self.total.map_or(due, |t| due.min(t));
+            while i < due {
+                let n = i % self.objects;
+                let generation = i / self.objects + 1;
+                let mut data = serde_json::json!({ "generation": generation, "change": i });
+                if !pad.is_empty() {
+                    data["payload"] = serde_json::Value::String(pad.clone());
+                }
+                if tx.send(Change { key: Self::key(n), deleted: false, data }).await.is_err() {
+                    return;
+                }
+                i += 1;
+            }
+            if self.total.is_some_and(|t| i >= t) {
+                tracing::info!(changes = i, "synthetic source finished");
+                return;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_and_rejects_specs() {
+        assert!("synthetic:objects=1,rate=1".parse::<SyntheticSource>().is_ok());
+        for bad in ["kube:x", "synthetic:objects=0,rate=1", "synthetic:objects=3", "synthetic:objects=3,rate=-1", "synthetic:objects=x,rate=1", "synthetic:objects=1,rate=1,color=red"] {
+            assert!(bad.parse::<SyntheticSource>().is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn final_generation_matches_round_robin() {
+        let s: SyntheticSource = "synthetic:objects=3,rate=1,total=7".parse().unwrap();
+        // changes 0..7 touch objects 0,1,2,0,1,2,0
+        assert_eq!(s.final_generation(0), Some(3));
+        assert_eq!(s.final_generation(1), Some(2));
+        assert_eq!(s.final_generation(2), Some(2));
+        assert_eq!(s.final_generation(3), None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn produces_total_changes() {
+        let s: SyntheticSource = "synthetic:objects=3,rate=1000,total=10".parse().unwrap();
+        let (tx, mut rx) = mpsc::channel(100);
+        s.run(tx, CancellationToken::new()).await;
+        let mut got = Vec::new();
+        while let Ok(c) = rx.try_recv() {
+            got.push(c);
+        }
+        assert_eq!(got.len(), 10);
+        assert_eq!(got[9].data["generation"], 4);
+        assert_eq!(got[9].key.name, "obj-0");
+    }
+}

@@ -1,0 +1,451 @@
+//! The uplink: one task owns the outbox and the connection, and selects over source
+//! changes, hub messages, sending and shutdown.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::{SinkExt, StreamExt};
+use fleetwatch_certs::TlsFiles;
+use fleetwatch_shared::Limits;
+use fleetwatch_shared::codec::{decode_hub_to_agent, encode};
+use fleetwatch_shared::protocol::{
+    AgentMessage, ErrorCode, EventBatch, Hello, HubToAgent, PROTOCOL_VERSION, Resync, WatchSpec,
+};
+use fleetwatch_shared::subscriber::reconnect_backoff;
+use fleetwatch_shared::transport::{ClientWs, ConnectError, HubUrl, connect};
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::protocol::CloseFrame;
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+use tokio_util::sync::CancellationToken;
+
+use crate::outbox::{Item, Outbox};
+use crate::source::Change;
+
+/// Agent settings.
+#[derive(Debug, Clone)]
+pub struct AgentConfig {
+    /// The hub.
+    pub hub: HubUrl,
+    /// Client certificate, key and the CA that signed the hub's certificate.
+    pub tls: TlsFiles,
+    /// Objects the outbox holds before it collapses into a resync marker.
+    pub outbox_capacity: usize,
+    /// Most events per frame.
+    pub batch_size: usize,
+    /// Most unacked seqs in flight.
+    pub window: u64,
+    /// Time for one connect attempt.
+    pub connect_timeout: Duration,
+    /// Without a message from the hub (it pings) for this long, the connection is dead.
+    pub idle_timeout: Duration,
+    /// On shutdown, how long to wait for the hub to ack what is pending.
+    pub drain_timeout: Duration,
+    /// Message limits.
+    pub limits: Limits,
+}
+
+impl AgentConfig {
+    /// Settings with defaults.
+    pub fn new(hub: HubUrl, tls: TlsFiles) -> Self {
+        Self {
+            hub,
+            tls,
+            outbox_capacity: 100_000,
+            batch_size: 500,
+            window: 5_000,
+            connect_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(30),
+            drain_timeout: Duration::from_secs(5),
+            limits: Limits::default(),
+        }
+    }
+}
+
+/// Why the agent cannot run.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    /// Its certificate or key is unusable.
+    #[error(transparent)]
+    Tls(#[from] fleetwatch_certs::CertError),
+    /// Its certificate is not an agent certificate.
+    #[error("{0} is not an agent certificate (expected a spiffe://<trust-domain>/cluster/<id> identity)")]
+    NotAnAgent(String),
+    /// The hub refused the agent for good (identity, protocol version).
+    #[error("hub refused the agent: {code:?}: {message}")]
+    Refused {
+        /// The code.
+        code: ErrorCode,
+        /// The hub's message.
+        message: String,
+    },
+    /// The first connection failed (later ones are retried forever).
+    #[error(transparent)]
+    Connect(#[from] ConnectError),
+}
+
+/// Counters an embedding program can watch.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AgentStats {
+    /// Whether a session is open.
+    pub connected: bool,
+    /// Changes taken from the source.
+    pub changes: u64,
+    /// Highest acked seq.
+    pub acked_seq: u64,
+    /// Highest seq assigned.
+    pub last_seq: u64,
+    /// Events waiting in the outbox.
+    pub outbox_len: usize,
+    /// Times the outbox collapsed into a resync marker.
+    pub overflows: u64,
+    /// Sessions opened.
+    pub sessions: u64,
+}
+
+/// A configured agent.
+pub struct Agent {
+    config: AgentConfig,
+    cluster: String,
+    tls: Arc<rustls::ClientConfig>,
+    stats: watch::Sender<AgentStats>,
+    watches: watch::Sender<Vec<WatchSpec>>,
+}
+
+enum SessionEnd {
+    /// Lost the connection; reconnect.
+    Lost(String),
+    /// Shutdown finished.
+    Done,
+    /// The hub refused us for good.
+    Refused(ErrorCode, String),
+}
+
+impl Agent {
+    /// Loads the certificate and finds the cluster id in it.
+    pub fn new(config: AgentConfig) -> Result<Self, AgentError> {
+        fleetwatch_certs::install_crypto_provider();
+        let info = fleetwatch_certs::inspect_file(&config.tls.cert)?;
+        let cluster = info
+            .identity
+            .and_then(|id| id.cluster_id().map(str::to_string))
+            .ok_or_else(|| AgentError::NotAnAgent(config.tls.cert.display().to_string()))?;
+        let tls = Arc::new(fleetwatch_certs::client_config(&config.tls)?);
+        Ok(Self {
+            config,
+            cluster,
+            tls,
+            stats: watch::channel(AgentStats::default()).0,
+            watches: watch::channel(Vec::new()).0,
+        })
+    }
+
+    /// The cluster id from the certificate.
+    pub fn cluster(&self) -> &str {
+        &self.cluster
+    }
+
+    /// Live counters.
+    pub fn stats(&self) -> watch::Receiver<AgentStats> {
+        self.stats.subscribe()
+    }
+
+    /// The watch configuration the hub pushed last.
+    pub fn watches(&self) -> watch::Receiver<Vec<WatchSpec>> {
+        self.watches.subscribe()
+    }
+
+    /// Runs until `shutdown`: takes changes from `changes`, streams them to the hub.
+    /// The first connection's failure is returned when `fail_fast` is set (a CLI reports
+    /// a wrong address or certificate at once); otherwise it retries forever.
+    pub async fn run(
+        self,
+        mut changes: mpsc::Receiver<Change>,
+        shutdown: CancellationToken,
+        fail_fast: bool,
+    ) -> Result<(), AgentError> {
+        // A new epoch per start: the hub then knows earlier unacked events are gone.
+        let epoch = jiff::Timestamp::now().as_microsecond().max(1) as u64;
+        let mut outbox = Outbox::new(&self.cluster, epoch, self.config.outbox_capacity);
+        // This agent has no memory of what it sent before it started: ask for a full resync.
+        outbox.push_resync("agent started");
+        let mut stats = AgentStats::default();
+        let mut source_open = true;
+        let mut backoff = reconnect_backoff();
+        let mut first = true;
+        loop {
+            // Disconnected: keep absorbing changes while connecting.
+            let connecting = connect(&self.config.hub, self.tls.clone(), &self.config.limits, self.config.connect_timeout);
+            tokio::pin!(connecting);
+            let ws = loop {
+                tokio::select! {
+                    res = &mut connecting => break Some(res),
+                    ch = changes.recv(), if source_open => match ch {
+                        Some(ch) => { push(&mut outbox, ch); stats.changes += 1; }
+                        None => source_open = false,
+                    },
+                    _ = shutdown.cancelled() => break None,
+                }
+            };
+            let Some(ws) = ws else {
+                tracing::info!(pending = outbox.len(), "shutting down while disconnected; pending events are dropped and the next start resyncs");
+                return Ok(());
+            };
+            let ws = match ws {
+                Ok(ws) => ws,
+                Err(e) => {
+                    if first && fail_fast {
+                        return Err(e.into());
+                    }
+                    first = false;
+                    let wait = backoff.next().unwrap_or(Duration::from_secs(5));
+                    tracing::warn!(error = %e, retry_in = ?wait, "cannot reach hub");
+                    if sleep_absorbing(wait, &mut changes, &mut outbox, &mut source_open, &mut stats, &shutdown).await {
+                        return Ok(());
+                    }
+                    continue;
+                }
+            };
+            first = false;
+            stats.sessions += 1;
+            let end = self.session(ws, &mut outbox, &mut changes, &mut source_open, &mut stats, &shutdown).await;
+            if stats.connected {
+                // The session got as far as a welcome: start the backoff afresh.
+                backoff = reconnect_backoff();
+            }
+            stats.connected = false;
+            self.publish(&stats, &outbox);
+            match end {
+                SessionEnd::Done => return Ok(()),
+                SessionEnd::Refused(code, message) => {
+                    tracing::error!(?code, %message, "hub refused this agent");
+                    if fail_fast {
+                        return Err(AgentError::Refused { code, message });
+                    }
+                    // Identity problems are not fixed by retrying fast: wait long.
+                    if sleep_absorbing(Duration::from_secs(30), &mut changes, &mut outbox, &mut source_open, &mut stats, &shutdown).await {
+                        return Ok(());
+                    }
+                }
+                SessionEnd::Lost(why) => {
+                    let wait = backoff.next().unwrap_or(Duration::from_secs(5));
+                    tracing::warn!(%why, retry_in = ?wait, "connection to hub lost");
+                    if sleep_absorbing(wait, &mut changes, &mut outbox, &mut source_open, &mut stats, &shutdown).await {
+                        return Ok(());
+                    }
+                }
+            }
+        }
+    }
+
+    fn publish(&self, stats: &AgentStats, outbox: &Outbox) {
+        let mut s = stats.clone();
+        s.acked_seq = outbox.acked();
+        s.last_seq = outbox.last_seq();
+        s.outbox_len = outbox.len();
+        s.overflows = outbox.overflows();
+        self.stats.send_replace(s);
+    }
+
+    async fn session(
+        &self,
+        mut ws: ClientWs,
+        outbox: &mut Outbox,
+        changes: &mut mpsc::Receiver<Change>,
+        source_open: &mut bool,
+        stats: &mut AgentStats,
+        shutdown: &CancellationToken,
+    ) -> SessionEnd {
+        let hello = AgentMessage::Hello(Hello {
+            protocol: PROTOCOL_VERSION,
+            agent_version: env!("CARGO_PKG_VERSION").into(),
+            cluster: Some(self.cluster.clone()),
+            epoch: outbox.epoch(),
+            last_acked_seq: outbox.acked(),
+        });
+        if let Err(e) = ws.send(Message::text(encode(&hello))).await {
+            return SessionEnd::Lost(e.to_string());
+        }
+        let idle = self.config.idle_timeout;
+        let welcome = match tokio::time::timeout(idle, next_message(&mut ws, &self.config.limits)).await {
+            Err(_) => return SessionEnd::Lost("no welcome from hub".into()),
+            Ok(Err(e)) => return SessionEnd::Lost(e),
+            Ok(Ok(HubToAgent::Welcome(w))) => w,
+            Ok(Ok(HubToAgent::Error(e))) if e.fatal => return refused_or_lost(e.code, e.message),
+            Ok(Ok(other)) => return SessionEnd::Lost(format!("expected welcome, got {other:?}")),
+        };
+        if welcome.epoch != outbox.epoch() {
+            return SessionEnd::Lost(format!("welcome for epoch {} but ours is {}", welcome.epoch, outbox.epoch()));
+        }
+        outbox.ack(welcome.acked_seq);
+        self.watches.send_replace(welcome.watches);
+        tracing::info!(session = %welcome.session, acked = welcome.acked_seq, pending = outbox.len(), "connected to hub");
+        stats.connected = true;
+        self.publish(stats, outbox);
+        let mut sent = outbox.acked();
+        let mut last_rx = Instant::now();
+        let mut draining: Option<Instant> = None;
+        let mut publish_tick = tokio::time::interval(Duration::from_millis(250));
+        loop {
+            let can_send = sent < outbox.last_seq() && sent - outbox.acked() < self.config.window;
+            let deadline = match draining {
+                Some(d) => d.min(last_rx + idle),
+                None => last_rx + idle,
+            };
+            tokio::select! {
+                biased;
+                _ = shutdown.cancelled(), if draining.is_none() => {
+                    tracing::info!(pending = outbox.len(), "shutting down: waiting for the hub to ack pending events");
+                    draining = Some(Instant::now() + self.config.drain_timeout);
+                    *source_open = false;
+                }
+                msg = next_message(&mut ws, &self.config.limits) => {
+                    last_rx = Instant::now();
+                    match msg {
+                        Ok(HubToAgent::Ack(a)) if a.epoch == outbox.epoch() => {
+                            outbox.ack(a.seq);
+                        }
+                        Ok(HubToAgent::Ack(_)) => {}
+                        Ok(HubToAgent::Configure(c)) => {
+                            tracing::info!(watches = c.watches.len(), "new watch configuration");
+                            self.watches.send_replace(c.watches);
+                        }
+                        Ok(HubToAgent::Welcome(_)) => {}
+                        Ok(HubToAgent::Error(e)) => {
+                            if e.fatal {
+                                return refused_or_lost(e.code, e.message);
+                            }
+                            tracing::info!(code = ?e.code, message = %e.message, "hub says");
+                        }
+                        Err(e) => return SessionEnd::Lost(e),
+                    }
+                }
+                ch = changes.recv(), if *source_open => match ch {
+                    Some(ch) => { push(outbox, ch); stats.changes += 1; }
+                    None => *source_open = false,
+                },
+                _ = std::future::ready(()), if can_send => {
+                    match self.send_next(&mut ws, outbox, sent).await {
+                        Ok(last) => sent = last,
+                        Err(e) => return SessionEnd::Lost(e),
+                    }
+                }
+                _ = publish_tick.tick() => self.publish(stats, outbox),
+                _ = tokio::time::sleep_until(deadline) => {
+                    if draining.is_some() {
+                        tracing::warn!(pending = outbox.len(), "drain timeout: closing with events unacked");
+                        close(&mut ws, "agent shutting down").await;
+                        return SessionEnd::Done;
+                    }
+                    return SessionEnd::Lost(format!("no message from hub for {idle:?}"));
+                }
+            }
+            if draining.is_some() && outbox.is_empty() && !changes_pending(changes) {
+                tracing::info!(acked = outbox.acked(), "all events acked; closing");
+                self.publish(stats, outbox);
+                close(&mut ws, "agent shutting down").await;
+                return SessionEnd::Done;
+            }
+        }
+    }
+
+    /// Sends the next frame after `sent`; returns the highest seq it carried.
+    async fn send_next(&self, ws: &mut ClientWs, outbox: &Outbox, sent: u64) -> Result<u64, String> {
+        let items = outbox.pending_after(sent, self.config.batch_size);
+        let Some(last) = items.last().map(Item::seq) else {
+            return Ok(outbox.last_seq()); // only coalesced-away seqs remain
+        };
+        let msg = match items.into_iter().next() {
+            Some(Item::Resync { seq, reason }) => {
+                AgentMessage::Resync(Resync { epoch: outbox.epoch(), seq, reason, objects: Vec::new() })
+            }
+            Some(Item::Event(first)) => {
+                let mut events = vec![first];
+                events.extend(outbox.pending_after(events[0].seq, self.config.batch_size - 1).into_iter().filter_map(|i| match i {
+                    Item::Event(e) => Some(e),
+                    Item::Resync { .. } => None,
+                }));
+                AgentMessage::Events(EventBatch { events })
+            }
+            None => return Ok(sent),
+        };
+        let last = match &msg {
+            AgentMessage::Events(b) => b.events.last().map_or(last, |e| e.seq),
+            _ => last,
+        };
+        ws.send(Message::text(encode(&msg))).await.map_err(|e| e.to_string())?;
+        Ok(last)
+    }
+}
+
+fn changes_pending(changes: &mpsc::Receiver<Change>) -> bool {
+    !changes.is_empty()
+}
+
+fn refused_or_lost(code: ErrorCode, message: String) -> SessionEnd {
+    match code {
+        ErrorCode::IdentityMismatch | ErrorCode::Forbidden | ErrorCode::UnsupportedVersion => {
+            SessionEnd::Refused(code, message)
+        }
+        _ => SessionEnd::Lost(format!("{code:?}: {message}")),
+    }
+}
+
+fn push(outbox: &mut Outbox, ch: Change) {
+    if ch.deleted {
+        outbox.push_deleted(&ch.key, ch.data);
+    } else {
+        outbox.push_applied(&ch.key, ch.data);
+    }
+}
+
+/// Sleeps `wait` while still taking changes into the outbox; true when shut down meanwhile.
+async fn sleep_absorbing(
+    wait: Duration,
+    changes: &mut mpsc::Receiver<Change>,
+    outbox: &mut Outbox,
+    source_open: &mut bool,
+    stats: &mut AgentStats,
+    shutdown: &CancellationToken,
+) -> bool {
+    let until = tokio::time::sleep(wait);
+    tokio::pin!(until);
+    loop {
+        tokio::select! {
+            _ = &mut until => return false,
+            _ = shutdown.cancelled() => return true,
+            ch = changes.recv(), if *source_open => match ch {
+                Some(ch) => { push(outbox, ch); stats.changes += 1; }
+                None => *source_open = false,
+            },
+        }
+    }
+}
+
+async fn close(ws: &mut ClientWs, reason: &str) {
+    let frame = CloseFrame { code: CloseCode::Normal, reason: reason.into() };
+    let _ = tokio::time::timeout(Duration::from_secs(2), async {
+        let _ = ws.close(Some(frame)).await;
+        while let Some(Ok(_)) = ws.next().await {}
+    })
+    .await;
+}
+
+async fn next_message(ws: &mut ClientWs, limits: &Limits) -> Result<HubToAgent, String> {
+    loop {
+        match ws.next().await {
+            Some(Ok(Message::Text(t))) => return decode_hub_to_agent(t.as_bytes(), limits).map_err(|e| e.to_string()),
+            Some(Ok(Message::Binary(b))) => return decode_hub_to_agent(&b, limits).map_err(|e| e.to_string()),
+            Some(Ok(Message::Close(f))) => {
+                return Err(format!(
+                    "hub closed the connection{}",
+                    f.map(|f| format!(": {} {}", u16::from(f.code), f.reason)).unwrap_or_default()
+                ));
+            }
+            Some(Ok(_)) => continue,
+            Some(Err(e)) => return Err(e.to_string()),
+            None => return Err("connection closed".into()),
+        }
+    }
+}

@@ -1,0 +1,300 @@
+//! One agent's session: hello / welcome, then batches appended to the bus and acked.
+//!
+//! The cluster id comes from the certificate; a frame that claims another one is
+//! rejected. Acks are sent only after the bus accepted a batch, and delayed (never
+//! dropped) when the agent exceeds its event rate.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use fleetwatch_shared::codec::{DecodeError, decode_agent, encode};
+use fleetwatch_shared::event::{event_id, source_for};
+use fleetwatch_shared::protocol::{
+    Ack, AgentMessage, ErrorCode, EventBatch, Hello, HubToAgent, PROTOCOL_VERSION, Resync, Welcome,
+};
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+use tokio_util::sync::CancellationToken;
+
+use crate::Context;
+use crate::bus::{Append, RecordBody};
+use crate::conn::{Conn, Incoming};
+use crate::rate::TokenBucket;
+
+pub(crate) async fn run(mut conn: Conn, cluster: String, ctx: Arc<Context>, shutdown: CancellationToken) {
+    let limits = ctx.config.limits;
+    // The first message must be a hello, within the handshake timeout.
+    let first = tokio::select! {
+        m = tokio::time::timeout(ctx.config.handshake_timeout, conn.recv()) => m,
+        _ = shutdown.cancelled() => return conn.close(CloseCode::Away, "hub shutting down").await,
+    };
+    let hello = match first {
+        Err(_) => {
+            ctx.metrics.reject("hello-timeout");
+            return conn.fail(ErrorCode::Forbidden, "no hello within the handshake timeout", CloseCode::Policy).await;
+        }
+        Ok(Incoming::Message(bytes)) => match decode_agent(&bytes, &limits) {
+            Ok(AgentMessage::Hello(h)) => h,
+            Ok(_) => {
+                ctx.metrics.reject("no-hello");
+                return conn.fail(ErrorCode::Forbidden, "the first message must be hello", CloseCode::Policy).await;
+            }
+            Err(e) => return reject_decode(conn, &ctx, e).await,
+        },
+        Ok(_) => return,
+    };
+    if hello.protocol != PROTOCOL_VERSION {
+        ctx.metrics.reject("protocol-version");
+        let msg = format!("protocol {} is not supported; this hub speaks {PROTOCOL_VERSION}", hello.protocol);
+        return conn.fail(ErrorCode::UnsupportedVersion, msg, CloseCode::Policy).await;
+    }
+    if let Some(claimed) = &hello.cluster
+        && claimed != &cluster
+    {
+        ctx.metrics.reject("identity-mismatch");
+        tracing::warn!(%claimed, "hello claims another cluster");
+        let msg = format!("hello claims cluster {claimed:?} but the certificate says {cluster:?}");
+        return conn.fail(ErrorCode::IdentityMismatch, msg, CloseCode::Policy).await;
+    }
+
+    let session_id = format!("{:016x}", rand::random::<u64>());
+    let cancel = shutdown.child_token();
+    ctx.registry.open(&cluster, &session_id, &conn.peer.to_string(), &hello.agent_version, cancel.clone());
+    ctx.metrics.agent_sessions.inc();
+    tracing::info!(session = %session_id, epoch = hello.epoch, last_acked = hello.last_acked_seq, "agent connected");
+    let cluster: Arc<str> = Arc::from(cluster);
+    let mut session = Session { ctx: ctx.clone(), cluster: cluster.clone(), epoch: hello.epoch, acked: 0, bucket: TokenBucket::new(ctx.config.max_events_per_sec), warned_rate: false };
+    let result = session.serve(&mut conn, &hello, &session_id, &cancel, &shutdown).await;
+    ctx.metrics.agent_sessions.dec();
+    ctx.registry.close(&cluster, &session_id);
+    match result {
+        Ok(()) => {}
+        Err(end) => match end {
+            End::Closed(why) => tracing::info!(%why, "agent disconnected"),
+            End::Fail(code, msg, close) => {
+                tracing::warn!(?code, %msg, "closing agent session");
+                conn.fail(code, msg, close).await;
+            }
+            End::Close(close, msg) => {
+                tracing::info!(%msg, "closing agent session");
+                conn.close(close, &msg).await;
+            }
+        },
+    }
+}
+
+enum End {
+    Closed(String),
+    Fail(ErrorCode, String, CloseCode),
+    Close(CloseCode, String),
+}
+
+struct Session {
+    ctx: Arc<Context>,
+    cluster: Arc<str>,
+    epoch: u64,
+    acked: u64,
+    bucket: TokenBucket,
+    warned_rate: bool,
+}
+
+impl Session {
+    async fn serve(
+        &mut self,
+        conn: &mut Conn,
+        hello: &Hello,
+        session_id: &str,
+        cancel: &CancellationToken,
+        shutdown: &CancellationToken,
+    ) -> Result<(), End> {
+        self.acked = self.resume_point(hello).await?;
+        let welcome = HubToAgent::Welcome(Welcome {
+            protocol: PROTOCOL_VERSION,
+            session: session_id.into(),
+            cluster: self.cluster.to_string(),
+            epoch: self.epoch,
+            acked_seq: self.acked,
+            watches: Vec::new(),
+        });
+        conn.send_text(encode(&welcome)).await.map_err(|e| End::Closed(e.to_string()))?;
+        loop {
+            let incoming = tokio::select! {
+                m = conn.recv() => m,
+                _ = cancel.cancelled() => {
+                    return Err(if shutdown.is_cancelled() {
+                        End::Fail(ErrorCode::ShuttingDown, "hub shutting down".into(), CloseCode::Away)
+                    } else {
+                        End::Fail(ErrorCode::Replaced, "a newer session for this cluster replaced this one".into(), CloseCode::Policy)
+                    });
+                }
+            };
+            let bytes = match incoming {
+                Incoming::Message(b) => b,
+                Incoming::Closed(why) => return Err(End::Closed(why)),
+                Incoming::Idle => return Err(End::Close(CloseCode::Away, "idle timeout".into())),
+                Incoming::TooLarge(why) => {
+                    self.ctx.metrics.reject("too-large");
+                    return Err(End::Close(CloseCode::Size, format!("message too large: {why}")));
+                }
+            };
+            self.ctx.registry.seen(&self.cluster);
+            // A batch in progress is finished (appended and acked) even when shutdown
+            // starts meanwhile: cancellation is only looked at between messages.
+            match decode_agent(&bytes, &self.ctx.config.limits) {
+                Ok(AgentMessage::Events(batch)) => self.events(conn, batch).await?,
+                Ok(AgentMessage::Resync(r)) => self.resync(conn, r).await?,
+                Ok(AgentMessage::Inventory(inv)) => self.ctx.registry.inventory(&self.cluster, inv.modules),
+                Ok(AgentMessage::Hello(_)) => {
+                    self.ctx.metrics.reject("duplicate-hello");
+                    conn.send_error(ErrorCode::Forbidden, "hello was already received", false).await;
+                }
+                Err(DecodeError::UnknownType(t)) => {
+                    self.ctx.metrics.reject("unknown-type");
+                    conn.send_error(ErrorCode::UnknownType, format!("unknown message type {t:?}"), false).await;
+                }
+                Err(e) => {
+                    self.ctx.metrics.reject("malformed");
+                    return Err(End::Fail(e.code(), e.to_string(), CloseCode::Invalid));
+                }
+            }
+        }
+    }
+
+    /// Works out what the hub has of this agent's stream, recording a resync marker when
+    /// the hub lost events it had acked (an in-memory bus that restarted).
+    async fn resume_point(&mut self, hello: &Hello) -> Result<u64, End> {
+        let head = self.ctx.bus.head(&self.cluster);
+        let have = match head {
+            Some((epoch, seq)) if epoch == hello.epoch => seq,
+            _ => 0,
+        };
+        if hello.last_acked_seq > have {
+            let reason = format!(
+                "hub lost acked events {}..={} of epoch {} (bus restarted without storage)",
+                have + 1,
+                hello.last_acked_seq,
+                hello.epoch
+            );
+            tracing::warn!(%reason, "recording resync-required");
+            self.append(vec![Append {
+                epoch: hello.epoch,
+                seq: hello.last_acked_seq,
+                body: RecordBody::ResyncRequired(reason),
+            }])
+            .await?;
+            self.ctx.metrics.resyncs.inc();
+            return Ok(hello.last_acked_seq);
+        }
+        Ok(have)
+    }
+
+    async fn append(&self, items: Vec<Append>) -> Result<(), End> {
+        let started = Instant::now();
+        self.ctx.bus.append(self.cluster.clone(), items).await.map_err(|e| {
+            tracing::error!(error = %e, "bus append failed");
+            End::Fail(ErrorCode::Internal, format!("hub could not store events: {e}"), CloseCode::Error)
+        })?;
+        self.ctx.metrics.append_seconds.observe(started.elapsed().as_secs_f64());
+        Ok(())
+    }
+
+    async fn events(&mut self, conn: &mut Conn, batch: EventBatch) -> Result<(), End> {
+        let limits = &self.ctx.config.limits;
+        if batch.events.len() > limits.max_batch_events {
+            self.ctx.metrics.reject("batch-too-large");
+            let msg = format!("batch of {} events exceeds the limit of {}", batch.events.len(), limits.max_batch_events);
+            return Err(End::Fail(ErrorCode::LimitExceeded, msg, CloseCode::Size));
+        }
+        let mut items = Vec::with_capacity(batch.events.len());
+        let mut last = self.acked;
+        for mut ev in batch.events {
+            if !ev.cluster.is_empty() && *ev.cluster != *self.cluster {
+                self.ctx.metrics.reject("identity-mismatch");
+                let msg = format!("event {} claims cluster {:?}; the certificate says {:?}", ev.id, ev.cluster, self.cluster);
+                return Err(End::Fail(ErrorCode::IdentityMismatch, msg, CloseCode::Policy));
+            }
+            if ev.epoch != self.epoch {
+                let msg = format!("event of epoch {} in a session of epoch {}", ev.epoch, self.epoch);
+                return Err(End::Fail(ErrorCode::BadSequence, msg, CloseCode::Policy));
+            }
+            if ev.seq <= last {
+                if ev.seq <= self.acked {
+                    continue; // a resend of something already stored
+                }
+                let msg = format!("seq {} after {last}: sequence numbers must increase", ev.seq);
+                return Err(End::Fail(ErrorCode::BadSequence, msg, CloseCode::Policy));
+            }
+            // The hub, not the agent, vouches for where an event comes from.
+            ev.cluster = self.cluster.to_string();
+            ev.source = source_for(&self.cluster);
+            ev.id = event_id(&self.cluster, ev.epoch, ev.seq);
+            ev.cursor = None;
+            last = ev.seq;
+            let json = serde_json::to_vec(&ev).unwrap_or_default();
+            if json.len() > limits.max_event_bytes {
+                self.ctx.metrics.reject("event-too-large");
+                let msg = format!("event {} of {} bytes exceeds {}", ev.subject, json.len(), limits.max_event_bytes);
+                return Err(End::Fail(ErrorCode::LimitExceeded, msg, CloseCode::Size));
+            }
+            items.push(Append { epoch: ev.epoch, seq: ev.seq, body: RecordBody::Event(Bytes::from(json)) });
+        }
+        if items.is_empty() {
+            return self.ack(conn).await;
+        }
+        self.throttle(conn, items.len()).await;
+        let n = items.len() as u64;
+        self.append(items).await?;
+        self.acked = last;
+        self.ctx.metrics.events_received.inc_by(n);
+        self.ctx.registry.acked(&self.cluster, self.epoch, last, n);
+        self.ack(conn).await
+    }
+
+    async fn resync(&mut self, conn: &mut Conn, r: Resync) -> Result<(), End> {
+        if r.epoch != self.epoch || r.seq <= self.acked {
+            if r.epoch == self.epoch {
+                return self.ack(conn).await; // a resend
+            }
+            let msg = format!("resync for epoch {} in a session of epoch {}", r.epoch, self.epoch);
+            return Err(End::Fail(ErrorCode::BadSequence, msg, CloseCode::Policy));
+        }
+        tracing::info!(reason = %r.reason, seq = r.seq, "agent requested resync");
+        let reason = if r.reason.is_empty() { "agent resync".to_string() } else { r.reason };
+        self.append(vec![Append { epoch: r.epoch, seq: r.seq, body: RecordBody::ResyncRequired(reason) }]).await?;
+        self.ctx.metrics.resyncs.inc();
+        self.acked = r.seq;
+        self.ctx.registry.acked(&self.cluster, self.epoch, r.seq, 0);
+        self.ack(conn).await
+    }
+
+    /// Delays the ack while the agent is over its rate: back-pressure, never dropping.
+    async fn throttle(&mut self, conn: &mut Conn, n: usize) {
+        let wait = self.bucket.take(n);
+        if wait.is_zero() {
+            return;
+        }
+        if !self.warned_rate {
+            self.warned_rate = true;
+            let msg = format!("over {} events/s: acks are delayed", self.ctx.config.max_events_per_sec);
+            tracing::info!(%msg, "throttling agent");
+            conn.send_error(ErrorCode::RateLimited, msg, false).await;
+        }
+        self.ctx.metrics.throttled_seconds.inc_by(wait.as_secs_f64());
+        tokio::time::sleep(wait).await;
+    }
+
+    async fn ack(&self, conn: &mut Conn) -> Result<(), End> {
+        let ack = HubToAgent::Ack(Ack { epoch: self.epoch, seq: self.acked });
+        conn.send_text(encode(&ack)).await.map_err(|e| End::Closed(e.to_string()))
+    }
+}
+
+async fn reject_decode(conn: Conn, ctx: &Context, e: DecodeError) {
+    ctx.metrics.reject(match e {
+        DecodeError::TooLarge { .. } => "too-large",
+        DecodeError::Malformed(_) => "malformed",
+        DecodeError::UnknownType(_) => "unknown-type",
+    });
+    let close = if matches!(e, DecodeError::TooLarge { .. }) { CloseCode::Size } else { CloseCode::Invalid };
+    conn.fail(e.code(), e.to_string(), close).await;
+}

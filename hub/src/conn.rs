@@ -1,0 +1,117 @@
+//! One accepted WebSocket over TLS: receiving with keep-alive pings and an idle timeout,
+//! sending frames, errors and close codes.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use futures_util::{SinkExt, StreamExt};
+use fleetwatch_shared::codec::encode;
+use fleetwatch_shared::protocol::{ErrorCode, ErrorFrame};
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+use tokio_tungstenite::WebSocketStream;
+use tokio_tungstenite::tungstenite::protocol::CloseFrame;
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+use tokio_tungstenite::tungstenite::{Error as WsError, Message, Utf8Bytes};
+
+/// A server-side WebSocket over TLS.
+pub type ServerWs = WebSocketStream<tokio_rustls::server::TlsStream<TcpStream>>;
+
+/// What arrived.
+pub enum Incoming {
+    /// A text or binary message's bytes.
+    Message(bytes::Bytes),
+    /// The peer closed, or the connection broke.
+    Closed(String),
+    /// A message larger than the limit.
+    TooLarge(String),
+    /// Nothing for the idle timeout.
+    Idle,
+}
+
+/// An accepted connection.
+pub struct Conn {
+    ws: ServerWs,
+    /// The peer address.
+    pub peer: SocketAddr,
+    idle: Duration,
+    last_rx: Instant,
+    ping: tokio::time::Interval,
+}
+
+impl Conn {
+    pub fn new(ws: ServerWs, peer: SocketAddr, idle: Duration) -> Self {
+        let mut ping = tokio::time::interval(idle / 3);
+        ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        Self { ws, peer, idle, last_rx: Instant::now(), ping }
+    }
+
+    /// Waits for the next message, pinging the peer meanwhile. Cancel-safe.
+    pub async fn recv(&mut self) -> Incoming {
+        loop {
+            let deadline = self.last_rx + self.idle;
+            tokio::select! {
+                msg = self.ws.next() => {
+                    self.last_rx = Instant::now();
+                    match msg {
+                        Some(Ok(Message::Text(t))) => return Incoming::Message(t.into()),
+                        Some(Ok(Message::Binary(b))) => return Incoming::Message(b),
+                        Some(Ok(Message::Close(f))) => {
+                            return Incoming::Closed(f.map(|f| format!("{} {}", u16::from(f.code), f.reason)).unwrap_or_default())
+                        }
+                        Some(Ok(_)) => continue, // ping / pong: liveness only
+                        Some(Err(WsError::Capacity(e))) => return Incoming::TooLarge(e.to_string()),
+                        Some(Err(e)) => return Incoming::Closed(e.to_string()),
+                        None => return Incoming::Closed("connection closed".into()),
+                    }
+                }
+                _ = self.ping.tick() => {
+                    if self.ws.send(Message::Ping(bytes::Bytes::new())).await.is_err() {
+                        return Incoming::Closed("ping failed".into());
+                    }
+                }
+                _ = tokio::time::sleep_until(deadline) => return Incoming::Idle,
+            }
+        }
+    }
+
+    /// Sends a text message.
+    pub async fn send_text(&mut self, text: String) -> Result<(), WsError> {
+        self.ws.send(Message::Text(Utf8Bytes::from(text))).await
+    }
+
+    /// Sends an error frame.
+    pub async fn send_error(&mut self, code: ErrorCode, message: impl Into<String>, fatal: bool) {
+        let frame = ErrorFrame { code, message: message.into(), fatal };
+        #[derive(serde::Serialize)]
+        struct Tagged<'a> {
+            #[serde(rename = "type")]
+            ty: &'static str,
+            #[serde(flatten)]
+            frame: &'a ErrorFrame,
+        }
+        let _ = self.send_text(encode(&Tagged { ty: "error", frame: &frame })).await;
+    }
+
+    /// Sends a fatal error frame, then closes with `code`.
+    pub async fn fail(mut self, code: ErrorCode, message: impl Into<String>, close: CloseCode) {
+        let message = message.into();
+        self.send_error(code, message.clone(), true).await;
+        self.close(close, &message).await;
+    }
+
+    /// Closes with a code and reason (the reason is cut to the 123 bytes a close frame allows).
+    pub async fn close(mut self, code: CloseCode, reason: &str) {
+        let mut end = reason.len().min(120);
+        while !reason.is_char_boundary(end) {
+            end -= 1;
+        }
+        let frame = CloseFrame { code, reason: Utf8Bytes::from(reason[..end].to_string()) };
+        let _ = tokio::time::timeout(Duration::from_secs(2), async {
+            let _ = self.ws.close(Some(frame)).await;
+            // Drain until the peer answers the close, so it sees our frame before the FIN.
+            while let Some(Ok(_)) = self.ws.next().await {}
+        })
+        .await;
+    }
+}

@@ -1,0 +1,76 @@
+//! Prometheus metrics of the hub.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+/// Label: a rejection or error reason.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    /// The reason.
+    pub reason: String,
+}
+
+/// All hub metrics.
+pub struct Metrics {
+    registry: Registry,
+    /// Agent sessions open now.
+    pub agent_sessions: Gauge,
+    /// Subscriber sessions open now.
+    pub subscriber_sessions: Gauge,
+    /// Events accepted into the bus.
+    pub events_received: Counter,
+    /// Events delivered to subscribers.
+    pub events_delivered: Counter,
+    /// Resync-required markers recorded.
+    pub resyncs: Counter,
+    /// Connections refused or closed for a reason.
+    pub rejected: Family<ReasonLabel, Counter>,
+    /// Seconds a bus append took (includes fsync with a data directory).
+    pub append_seconds: Histogram,
+    /// Seconds acks were delayed by rate limiting.
+    pub throttled_seconds: Counter<f64, std::sync::atomic::AtomicU64>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("fleetwatch_hub");
+        let m = Self {
+            agent_sessions: Gauge::default(),
+            subscriber_sessions: Gauge::default(),
+            events_received: Counter::default(),
+            events_delivered: Counter::default(),
+            resyncs: Counter::default(),
+            rejected: Family::default(),
+            append_seconds: Histogram::new(exponential_buckets(0.0001, 2.0, 16)),
+            throttled_seconds: Counter::default(),
+            registry: Registry::default(),
+        };
+        registry.register("agent_sessions", "Agent sessions open", m.agent_sessions.clone());
+        registry.register("subscriber_sessions", "Subscriber sessions open", m.subscriber_sessions.clone());
+        registry.register("events_received", "Events accepted into the bus", m.events_received.clone());
+        registry.register("events_delivered", "Events sent to subscribers", m.events_delivered.clone());
+        registry.register("resyncs", "Resync-required markers recorded", m.resyncs.clone());
+        registry.register("rejected", "Connections or messages rejected, by reason", m.rejected.clone());
+        registry.register("bus_append_seconds", "Time to append a batch to the bus", m.append_seconds.clone());
+        registry.register("throttled_seconds", "Time acks were delayed by rate limits", m.throttled_seconds.clone());
+        Self { registry, ..m }
+    }
+}
+
+impl Metrics {
+    /// Counts a rejection.
+    pub fn reject(&self, reason: &str) {
+        self.rejected.get_or_create(&ReasonLabel { reason: reason.into() }).inc();
+    }
+
+    /// The Prometheus text exposition.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}

@@ -1,0 +1,248 @@
+//! One subscriber's session: where to start, events in bus order with their cursors,
+//! `resync-required` for history it cannot get, acks and durable cursors.
+
+use std::sync::Arc;
+
+use fleetwatch_shared::codec::{DecodeError, decode_subscriber, encode};
+use fleetwatch_shared::protocol::{
+    ErrorCode, HubToSubscriber, ResyncRequired, StartFrom, Subscribe, Subscribed, SubscriberMessage,
+};
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+use tokio_util::sync::CancellationToken;
+
+use crate::Context;
+use crate::bus::{Record, RecordBody};
+use crate::conn::{Conn, Incoming};
+
+/// Most records read from the bus for one frame.
+const READ_CHUNK: usize = 512;
+
+pub(crate) async fn run(mut conn: Conn, name: String, ctx: Arc<Context>, shutdown: CancellationToken) {
+    let limits = ctx.config.limits;
+    let first = tokio::select! {
+        m = tokio::time::timeout(ctx.config.handshake_timeout, conn.recv()) => m,
+        _ = shutdown.cancelled() => return conn.close(CloseCode::Away, "hub shutting down").await,
+    };
+    let sub = match first {
+        Err(_) => return conn.fail(ErrorCode::Forbidden, "no subscribe within the handshake timeout", CloseCode::Policy).await,
+        Ok(Incoming::Message(bytes)) => match decode_subscriber(&bytes, &limits) {
+            Ok(SubscriberMessage::Subscribe(s)) => s,
+            Ok(_) => return conn.fail(ErrorCode::Forbidden, "the first message must be subscribe", CloseCode::Policy).await,
+            Err(DecodeError::UnknownType(t)) => {
+                ctx.metrics.reject("subscriber-sent-agent-message");
+                let msg = if ["hello", "events", "resync", "inventory"].contains(&t.as_str()) {
+                    format!("a subscriber certificate cannot publish ({t:?}); subscribers can only subscribe")
+                } else {
+                    format!("unknown message type {t:?}")
+                };
+                return conn.fail(ErrorCode::Forbidden, msg, CloseCode::Policy).await;
+            }
+            Err(e) => return conn.fail(e.code(), e.to_string(), CloseCode::Invalid).await,
+        },
+        Ok(_) => return,
+    };
+    // A durable subscription is named after the certificate, so one subscriber cannot
+    // take over another's cursor.
+    let durable = sub.durable.as_ref().map(|d| format!("{name}/{d}"));
+    ctx.metrics.subscriber_sessions.inc();
+    let mut session = Session { ctx: ctx.clone(), durable, clusters: sub.clusters.clone(), acked: 0, sent: 0 };
+    let end = session.serve(&mut conn, &sub, &shutdown).await;
+    ctx.metrics.subscriber_sessions.dec();
+    match end {
+        End::Closed(why) => tracing::info!(%why, "subscriber disconnected"),
+        End::Fail(code, msg, close) => conn.fail(code, msg, close).await,
+        End::Close(close, msg) => conn.close(close, &msg).await,
+    }
+}
+
+enum End {
+    Closed(String),
+    Fail(ErrorCode, String, CloseCode),
+    Close(CloseCode, String),
+}
+
+struct Session {
+    ctx: Arc<Context>,
+    durable: Option<String>,
+    clusters: Vec<String>,
+    acked: u64,
+    sent: u64,
+}
+
+impl Session {
+    async fn serve(&mut self, conn: &mut Conn, sub: &Subscribe, shutdown: &CancellationToken) -> End {
+        let bus = self.ctx.bus.clone();
+        let stored = self.durable.as_deref().and_then(|d| bus.durable_cursor(d));
+        let mut lost_history = false;
+        let start = match (&sub.resume, stored) {
+            (Some(r), stored) if r.stream == bus.stream_id() => r.cursor.max(stored.unwrap_or(0)),
+            (Some(_), _) => {
+                // The client's cursor is from a bus that no longer exists.
+                lost_history = true;
+                stored.unwrap_or_else(|| self.default_start(sub.from))
+            }
+            (None, Some(c)) => c,
+            (None, None) => self.default_start(sub.from),
+        };
+        let start = start.min(bus.last_offset());
+        self.acked = start;
+        self.sent = start;
+        tracing::info!(durable = ?self.durable, start, clusters = ?self.clusters, "subscriber connected");
+        let hello = HubToSubscriber::Subscribed(Subscribed { stream: bus.stream_id().into(), cursor: start });
+        if let Err(e) = conn.send_text(encode(&hello)).await {
+            return End::Closed(e.to_string());
+        }
+        if lost_history {
+            let r = ResyncRequired {
+                cluster: "*".into(),
+                cursor: start,
+                reason: "the hub's event history was lost (restart without a data directory)".into(),
+            };
+            if let Err(e) = conn.send_text(encode(&HubToSubscriber::ResyncRequired(r))).await {
+                return End::Closed(e.to_string());
+            }
+        }
+        let window = u64::from(sub.max_in_flight.unwrap_or(10_000).clamp(1, 100_000));
+        let mut end_rx = bus.watch_end();
+        loop {
+            let can_send = self.sent < bus.last_offset() && self.sent - self.acked < window;
+            tokio::select! {
+                biased;
+                _ = shutdown.cancelled() => return End::Fail(ErrorCode::ShuttingDown, "hub shutting down".into(), CloseCode::Away),
+                m = conn.recv() => {
+                    match m {
+                        Incoming::Message(bytes) => {
+                            if let Err(end) = self.handle(conn, &bytes).await {
+                                return end;
+                            }
+                        }
+                        Incoming::Closed(why) => return End::Closed(why),
+                        Incoming::Idle => return End::Close(CloseCode::Away, "idle timeout".into()),
+                        Incoming::TooLarge(why) => return End::Close(CloseCode::Size, why),
+                    }
+                }
+                _ = std::future::ready(()), if can_send => {
+                    if let Err(e) = self.send_more(conn).await {
+                        return End::Closed(e.to_string());
+                    }
+                }
+                changed = end_rx.changed(), if !can_send => {
+                    if changed.is_err() {
+                        return End::Fail(ErrorCode::Internal, "bus closed".into(), CloseCode::Error);
+                    }
+                }
+            }
+        }
+    }
+
+    fn default_start(&self, from: StartFrom) -> u64 {
+        match from {
+            StartFrom::Earliest => self.ctx.bus.first_offset().saturating_sub(1),
+            StartFrom::Latest => self.ctx.bus.last_offset(),
+        }
+    }
+
+    async fn handle(&mut self, conn: &mut Conn, bytes: &[u8]) -> Result<(), End> {
+        match decode_subscriber(bytes, &self.ctx.config.limits) {
+            Ok(SubscriberMessage::Ack(a)) => {
+                let cursor = a.cursor.min(self.sent);
+                if cursor > self.acked {
+                    self.acked = cursor;
+                    if let Some(d) = &self.durable {
+                        self.ctx.bus.set_durable_cursor(d, cursor);
+                    }
+                }
+                Ok(())
+            }
+            Ok(SubscriberMessage::Subscribe(_)) => {
+                conn.send_error(ErrorCode::Forbidden, "already subscribed", false).await;
+                Ok(())
+            }
+            Err(DecodeError::UnknownType(t)) => {
+                self.ctx.metrics.reject("unknown-type");
+                let msg = if ["hello", "events", "resync", "inventory"].contains(&t.as_str()) {
+                    format!("a subscriber certificate cannot publish ({t:?}); subscribers can only subscribe")
+                } else {
+                    format!("unknown message type {t:?}")
+                };
+                conn.send_error(ErrorCode::Forbidden, msg, false).await;
+                Ok(())
+            }
+            Err(e) => Err(End::Fail(e.code(), e.to_string(), CloseCode::Invalid)),
+        }
+    }
+
+    fn wants(&self, cluster: &str) -> bool {
+        self.clusters.is_empty() || self.clusters.iter().any(|c| c == cluster)
+    }
+
+    /// Sends the next chunk: resync markers for evicted history first, then records in
+    /// order, events batched into frames and each marker as its own frame.
+    async fn send_more(&mut self, conn: &mut Conn) -> Result<(), tokio_tungstenite::tungstenite::Error> {
+        let read = self.ctx.bus.read(self.sent + 1, READ_CHUNK);
+        for (cluster, offset) in &read.evicted {
+            if self.wants(cluster) {
+                let r = ResyncRequired {
+                    cluster: cluster.to_string(),
+                    cursor: *offset,
+                    reason: "events were evicted from the hub before this subscriber read them".into(),
+                };
+                conn.send_text(encode(&HubToSubscriber::ResyncRequired(r))).await?;
+            }
+        }
+        let mut frame = String::new();
+        let mut in_frame = 0u64;
+        for rec in &read.records {
+            if !self.wants(&rec.cluster) {
+                continue;
+            }
+            match &rec.body {
+                RecordBody::Event(json) => {
+                    append_event(&mut frame, rec, json);
+                    in_frame += 1;
+                }
+                RecordBody::ResyncRequired(reason) => {
+                    self.flush(conn, &mut frame, &mut in_frame).await?;
+                    let r = ResyncRequired { cluster: rec.cluster.to_string(), cursor: rec.offset, reason: reason.clone() };
+                    conn.send_text(encode(&HubToSubscriber::ResyncRequired(r))).await?;
+                }
+            }
+            if frame.len() > self.ctx.config.limits.max_message_bytes / 2 {
+                self.flush(conn, &mut frame, &mut in_frame).await?;
+            }
+        }
+        self.flush(conn, &mut frame, &mut in_frame).await?;
+        self.sent = read.next - 1;
+        Ok(())
+    }
+
+    async fn flush(
+        &self,
+        conn: &mut Conn,
+        frame: &mut String,
+        in_frame: &mut u64,
+    ) -> Result<(), tokio_tungstenite::tungstenite::Error> {
+        if *in_frame == 0 {
+            return Ok(());
+        }
+        frame.push_str("]}");
+        conn.send_text(std::mem::take(frame)).await?;
+        self.ctx.metrics.events_delivered.inc_by(*in_frame);
+        *in_frame = 0;
+        Ok(())
+    }
+}
+
+/// Adds one stored event to an `events` frame, splicing its cursor in as the first field:
+/// the stored JSON is reused as it is, never parsed again.
+fn append_event(frame: &mut String, rec: &Record, json: &[u8]) {
+    use std::fmt::Write;
+    if frame.is_empty() {
+        frame.push_str(r#"{"type":"events","events":["#);
+    } else {
+        frame.push(',');
+    }
+    let _ = write!(frame, r#"{{"cursor":{},"#, rec.offset);
+    // Stored events are JSON objects we serialized ourselves: `{` then at least one field.
+    frame.push_str(std::str::from_utf8(&json[1..]).unwrap_or("}"));
+}
