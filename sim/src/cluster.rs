@@ -1,0 +1,271 @@
+//! [`SimCluster`]: one simulated cluster — its state, TLS listener, background controllers
+//! and fault-injection handle — all owned by one task tree that ends on
+//! [`SimCluster::shutdown`] or drop. No global state, so a test can run many.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use serde_json::{Value, json};
+use tokio::net::TcpListener;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use crate::error::SimError;
+use crate::faults::{FaultState, Faults};
+use crate::ops::{self, WriteOpts};
+use crate::store::State;
+use crate::{http, kubeconfig, tls};
+
+/// Default number of watch events retained for watches that resume from a resourceVersion.
+pub const DEFAULT_HISTORY: usize = 10_000;
+
+/// How to start a [`SimCluster`].
+///
+/// ```
+/// use fleetwatch_sim::SimOptions;
+/// let opts = SimOptions { name: "edge-1".into(), history: 50, ..SimOptions::default() };
+/// assert_eq!(opts.listen.port(), 0); // any free port
+/// ```
+#[derive(Debug, Clone)]
+pub struct SimOptions {
+    /// Cluster, user and context name in the kubeconfig.
+    pub name: String,
+    /// Address to listen on; port 0 picks a free port.
+    pub listen: SocketAddr,
+    /// Number of write events retained for watches resuming from a resourceVersion;
+    /// older resourceVersions get 410 Gone. Small values make tests relist.
+    pub history: usize,
+    /// Interval of BOOKMARK events on watches that asked for them.
+    pub bookmark_interval: Duration,
+    /// Events buffered per watcher; a watcher that falls this far behind is closed.
+    pub watch_buffer: usize,
+    /// Bearer token clients must present; random when `None`.
+    pub token: Option<String>,
+    /// Safety-net period of the garbage collector (it also runs after every delete).
+    pub gc_period: Duration,
+}
+
+impl Default for SimOptions {
+    fn default() -> Self {
+        SimOptions {
+            name: "sim".into(),
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            history: DEFAULT_HISTORY,
+            bookmark_interval: Duration::from_secs(10),
+            watch_buffer: 1024,
+            token: None,
+            gc_period: Duration::from_secs(5),
+        }
+    }
+}
+
+/// Shared by the listener, the request handlers, the watch streams and the controllers.
+pub(crate) struct Core {
+    state: Mutex<State>,
+    pub faults: FaultState,
+    pub gc_wake: Notify,
+    pub shutdown: CancellationToken,
+    pub options: SimOptions,
+    pub token: String,
+    pub server_addr: String,
+}
+
+impl Core {
+    /// Locks the state. A panic while locked cannot leave it half-written in a way later
+    /// requests could not handle, so a poisoned lock is taken over.
+    pub fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// A running simulated Kubernetes API server.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// use fleetwatch_sim::{SimCluster, SimOptions};
+/// let sim = SimCluster::start(SimOptions::default()).await?;
+/// sim.write_kubeconfig(std::path::Path::new("/tmp/sim.kubeconfig"))?;
+/// println!("serving {}", sim.url());
+/// let client: kube::Client = sim.client().await?;
+/// sim.shutdown();
+/// # Ok(()) }
+/// ```
+pub struct SimCluster {
+    core: Arc<Core>,
+    addr: SocketAddr,
+    ca_pem: String,
+}
+
+impl SimCluster {
+    /// Generates the CA, binds the listener and starts serving.
+    pub async fn start(options: SimOptions) -> Result<SimCluster, SimError> {
+        let tls = tls::generate(&[])?;
+        let listener = TcpListener::bind(options.listen)
+            .await
+            .map_err(|e| SimError::io(format!("binding {}", options.listen), e))?;
+        let addr = listener.local_addr().map_err(|e| SimError::io("reading local address", e))?;
+        let token = options.token.clone().unwrap_or_else(|| {
+            let b: [u8; 24] = rand::random();
+            b.iter().map(|x| format!("{x:02x}")).collect()
+        });
+        let mut state = State::new(options.history);
+        seed(&mut state);
+        let core = Arc::new(Core {
+            state: Mutex::new(state),
+            faults: FaultState::default(),
+            gc_wake: Notify::new(),
+            shutdown: CancellationToken::new(),
+            token,
+            server_addr: addr.to_string(),
+            options,
+        });
+        let span = tracing::info_span!("sim", cluster = %core.options.name, %addr);
+        tokio::spawn(crate::gc::run(core.clone(), core.options.gc_period).instrument(span.clone()));
+        tokio::spawn(
+            serve(core.clone(), listener, tokio_rustls::TlsAcceptor::from(tls.server_config)).instrument(span),
+        );
+        Ok(SimCluster { core, addr, ca_pem: tls.ca_pem })
+    }
+
+    /// The cluster name (as in the kubeconfig).
+    pub fn name(&self) -> &str {
+        &self.core.options.name
+    }
+
+    /// The bound address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `https://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        format!("https://{}", self.addr)
+    }
+
+    /// The bearer token clients present.
+    pub fn token(&self) -> &str {
+        &self.core.token
+    }
+
+    /// PEM of the cluster's self-signed CA.
+    pub fn ca_pem(&self) -> &str {
+        &self.ca_pem
+    }
+
+    /// The kubeconfig as a JSON value.
+    pub fn kubeconfig(&self) -> Value {
+        kubeconfig::build(self.name(), &self.url(), &self.ca_pem, &self.core.token)
+    }
+
+    /// The kubeconfig as text kubectl and kube-rs read (JSON, which is valid YAML).
+    pub fn kubeconfig_yaml(&self) -> String {
+        serde_json::to_string_pretty(&self.kubeconfig()).unwrap_or_default()
+    }
+
+    /// Writes the kubeconfig to `path` (mode 0600, as it holds a credential).
+    pub fn write_kubeconfig(&self, path: &Path) -> Result<(), SimError> {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(|e| SimError::io(format!("creating {}", dir.display()), e))?;
+        }
+        std::fs::write(path, self.kubeconfig_yaml())
+            .map_err(|e| SimError::io(format!("writing {}", path.display()), e))?;
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let _ = std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600));
+        }
+        Ok(())
+    }
+
+    /// The fault-injection handle.
+    pub fn faults(&self) -> Faults {
+        Faults { core: self.core.clone() }
+    }
+
+    /// The current cluster-wide resourceVersion.
+    pub fn resource_version(&self) -> u64 {
+        self.core.lock().rv
+    }
+
+    /// A `kube::Client` for this cluster (through the same kubeconfig a user gets).
+    #[cfg(feature = "kube-client")]
+    pub async fn client(&self) -> Result<kube::Client, SimError> {
+        let kc =
+            kube::config::Kubeconfig::from_yaml(&self.kubeconfig_yaml()).map_err(|e| SimError::Kube(e.to_string()))?;
+        let cfg = kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+            .await
+            .map_err(|e| SimError::Kube(e.to_string()))?;
+        kube::Client::try_from(cfg).map_err(|e| SimError::Kube(e.to_string()))
+    }
+
+    /// Stops serving: the listener, open connections and watches, and the controllers.
+    pub fn shutdown(&self) {
+        self.core.shutdown.cancel();
+    }
+
+    /// A token cancelled when the cluster shuts down.
+    pub fn shutdown_token(&self) -> CancellationToken {
+        self.core.shutdown.clone()
+    }
+}
+
+impl Drop for SimCluster {
+    fn drop(&mut self) {
+        self.core.shutdown.cancel();
+    }
+}
+
+/// The namespaces every cluster starts with.
+fn seed(st: &mut State) {
+    let Some(def) = st.registry.get("", "v1", "namespaces").cloned() else { return };
+    for ns in ["default", "kube-system", "kube-public", "kube-node-lease"] {
+        let w = WriteOpts { manager: "kube-apiserver".into(), ..Default::default() };
+        let _ = ops::create(st, &def, None, json!({"metadata": {"name": ns}}), &w);
+    }
+}
+
+async fn serve(core: Arc<Core>, listener: TcpListener, acceptor: tokio_rustls::TlsAcceptor) {
+    tracing::info!("serving");
+    loop {
+        let accepted = tokio::select! {
+            _ = core.shutdown.cancelled() => break,
+            a = listener.accept() => a,
+        };
+        let (tcp, peer) = match accepted {
+            Ok(x) => x,
+            Err(e) => {
+                tracing::warn!(error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let _ = tcp.set_nodelay(true);
+        let core = core.clone();
+        let acceptor = acceptor.clone();
+        tokio::spawn(
+            async move {
+                let tls = match acceptor.accept(tcp).await {
+                    Ok(t) => t,
+                    Err(e) => {
+                        tracing::debug!(error = %e, "tls handshake failed");
+                        return;
+                    }
+                };
+                let shutdown = core.shutdown.clone();
+                let svc = hyper::service::service_fn(move |req| http::handle(core.clone(), req));
+                let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+                let conn = builder.serve_connection(TokioIo::new(tls), svc);
+                tokio::select! {
+                    r = conn => if let Err(e) = r { tracing::debug!(error = %e, "connection ended") },
+                    _ = shutdown.cancelled() => {}
+                }
+            }
+            .instrument(tracing::debug_span!("conn", %peer)),
+        );
+    }
+    tracing::info!("stopped");
+}

@@ -1,0 +1,325 @@
+//! The HTTP layer: authentication, fault injection, routing of Kubernetes API paths to
+//! the verbs, query parameters, and JSON / streaming responses. Every error is a
+//! `Status` object.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Method, Request, Response, StatusCode, header};
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full, Limited, StreamBody};
+use hyper::body::Incoming;
+use serde_json::{Value, json};
+
+use crate::cluster::Core;
+use crate::error::ApiError;
+use crate::ops::{self, DeleteOpts, WriteOpts};
+use crate::patch::PatchType;
+use crate::resources::ResourceDef;
+use crate::selector::{FieldSelector, LabelSelector};
+use crate::watch::{self, WatchParams};
+use crate::{discovery, openapi};
+
+/// Response body type.
+pub type Body = BoxBody<Bytes, Infallible>;
+
+/// Largest request body accepted (kube-apiserver's limit is 3 MiB per object).
+const MAX_BODY: usize = 8 * 1024 * 1024;
+
+fn json_response(code: u16, v: &Value) -> Response<Body> {
+    let bytes = serde_json::to_vec(v).unwrap_or_default();
+    Response::builder()
+        .status(StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR))
+        .header(header::CONTENT_TYPE, "application/json")
+        .header("Audit-Id", crate::meta::new_uid())
+        .body(Full::new(Bytes::from(bytes)).boxed())
+        .unwrap_or_else(|_| Response::new(Full::new(Bytes::new()).boxed()))
+}
+
+fn error_response(e: &ApiError) -> Response<Body> {
+    let mut r = json_response(e.code, &e.to_status());
+    if e.code == 429
+        && let Ok(v) = header::HeaderValue::from_str("1")
+    {
+        r.headers_mut().insert(header::RETRY_AFTER, v);
+    }
+    r
+}
+
+/// Entry point for every request.
+pub async fn handle(core: Arc<Core>, req: Request<Incoming>) -> Result<Response<Body>, Infallible> {
+    let span = tracing::debug_span!("request", method = %req.method(), path = %req.uri().path());
+    let _enter = span.enter();
+    drop(_enter);
+    let path = req.uri().path().to_string();
+    if matches!(path.as_str(), "/healthz" | "/livez" | "/readyz") {
+        return Ok(Response::new(Full::new(Bytes::from_static(b"ok")).boxed()));
+    }
+    let authorized = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .is_some_and(|t| t.trim() == core.token);
+    if !authorized {
+        return Ok(error_response(&ApiError::unauthorized()));
+    }
+    let delay = core.faults.delay();
+    if !delay.is_zero() {
+        tokio::time::sleep(delay).await;
+    }
+    if let Some(e) = core.faults.take_failure() {
+        tracing::debug!(code = e.code, %path, "injected failure");
+        return Ok(error_response(&e));
+    }
+    let resp = match route(core, req).await {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::debug!(code = e.code, reason = e.reason, message = %e.message, %path, "request failed");
+            error_response(&e)
+        }
+    };
+    Ok(resp)
+}
+
+/// Query parameters (last value wins).
+struct Query(HashMap<String, String>);
+
+impl Query {
+    fn parse(q: Option<&str>) -> Self {
+        Query(form_urlencoded::parse(q.unwrap_or("").as_bytes()).into_owned().collect())
+    }
+    fn get(&self, k: &str) -> Option<&str> {
+        self.0.get(k).map(String::as_str)
+    }
+    fn flag(&self, k: &str) -> bool {
+        matches!(self.get(k), Some("true" | "1"))
+    }
+    fn opt_bool(&self, k: &str) -> Option<bool> {
+        self.get(k).map(|v| v == "true" || v == "1")
+    }
+}
+
+async fn route(core: Arc<Core>, req: Request<Incoming>) -> Result<Response<Body>, ApiError> {
+    let path = req.uri().path().to_string();
+    let segs: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+    let get = req.method() == Method::GET;
+    match segs.as_slice() {
+        ["version"] if get => Ok(json_response(200, &discovery::version())),
+        ["api"] if get => Ok(json_response(200, &discovery::core_versions(&core.server_addr))),
+        ["api", "v1"] if get => {
+            let v = discovery::resource_list(&core.lock().registry, "", "v1");
+            v.map(|v| json_response(200, &v)).ok_or_else(|| ApiError::no_route(&path))
+        }
+        ["apis"] if get => Ok(json_response(200, &discovery::group_list(&core.lock().registry))),
+        ["apis", g] if get => {
+            let v = discovery::group(&core.lock().registry, g);
+            v.map(|v| json_response(200, &v)).ok_or_else(|| ApiError::no_route(&path))
+        }
+        ["apis", g, v] if get => {
+            let doc = discovery::resource_list(&core.lock().registry, g, v);
+            doc.map(|d| json_response(200, &d)).ok_or_else(|| ApiError::no_route(&path))
+        }
+        ["openapi", "v3"] if get => Ok(json_response(200, &openapi::root(&core.lock().registry))),
+        ["openapi", "v3", "api", v] if get => {
+            let doc = openapi::gv_doc(&core.lock().registry, "", v);
+            doc.map(|d| json_response(200, &d)).ok_or_else(|| ApiError::no_route(&path))
+        }
+        ["openapi", "v3", "apis", g, v] if get => {
+            let doc = openapi::gv_doc(&core.lock().registry, g, v);
+            doc.map(|d| json_response(200, &d)).ok_or_else(|| ApiError::no_route(&path))
+        }
+        ["api", "v1", rest @ ..] if !rest.is_empty() => {
+            let rest: Vec<String> = rest.iter().map(|s| s.to_string()).collect();
+            resource(core, req, "", "v1", &rest).await
+        }
+        ["apis", g, v, rest @ ..] if !rest.is_empty() => {
+            let (g, v) = (g.to_string(), v.to_string());
+            let rest: Vec<String> = rest.iter().map(|s| s.to_string()).collect();
+            resource(core, req, &g, &v, &rest).await
+        }
+        _ => Err(ApiError::no_route(&path)),
+    }
+}
+
+/// What a resource path addresses.
+struct Target {
+    def: ResourceDef,
+    namespace: Option<String>,
+    name: Option<String>,
+    status: bool,
+}
+
+fn resolve(core: &Core, group: &str, version: &str, rest: &[String], path: &str) -> Result<Target, ApiError> {
+    let r: Vec<&str> = rest.iter().map(String::as_str).collect();
+    let (ns, plural, name, sub) = match r.as_slice() {
+        ["namespaces", ns, res] if *res != "status" && *res != "finalize" => (Some(*ns), *res, None, None),
+        ["namespaces", ns, res, name] => (Some(*ns), *res, Some(*name), None),
+        ["namespaces", ns, res, name, sub] => (Some(*ns), *res, Some(*name), Some(*sub)),
+        [res] => (None, *res, None, None),
+        [res, name] => (None, *res, Some(*name), None),
+        [res, name, sub] => (None, *res, Some(*name), Some(*sub)),
+        _ => return Err(ApiError::no_route(path)),
+    };
+    let def = core.lock().registry.get(group, version, plural).cloned().ok_or_else(|| ApiError::no_route(path))?;
+    if ns.is_some() && !def.namespaced {
+        return Err(ApiError::no_route(path));
+    }
+    if ns.is_none() && def.namespaced && name.is_some() {
+        return Err(ApiError::no_route(path));
+    }
+    let status = match sub {
+        None => false,
+        Some("status") if def.has_status => true,
+        Some(_) => return Err(ApiError::no_route(path)),
+    };
+    Ok(Target { def, namespace: ns.map(str::to_string), name: name.map(str::to_string), status })
+}
+
+async fn read_json(req: Request<Incoming>) -> Result<(Value, String), ApiError> {
+    let ct =
+        req.headers().get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("application/json").to_string();
+    let body = Limited::new(req.into_body(), MAX_BODY)
+        .collect()
+        .await
+        .map_err(|e| ApiError::bad_request(format!("reading request body: {e}")))?
+        .to_bytes();
+    if body.is_empty() {
+        return Ok((Value::Null, ct));
+    }
+    let v = serde_json::from_slice(&body).map_err(|e| {
+        ApiError::bad_request(format!(
+            "the body of the request could not be decoded as JSON (only JSON bodies are supported): {e}"
+        ))
+    })?;
+    Ok((v, ct))
+}
+
+fn manager(req: &Request<Incoming>, q: &Query) -> String {
+    if let Some(m) = q.get("fieldManager").filter(|m| !m.is_empty()) {
+        return m.to_string();
+    }
+    req.headers()
+        .get(header::USER_AGENT)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|ua| ua.split('/').next())
+        .filter(|s| !s.is_empty())
+        .unwrap_or("unknown")
+        .to_string()
+}
+
+fn list_object(def: &ResourceDef, items: Vec<Value>, rv: u64, cont: Option<String>, remaining: Option<usize>) -> Value {
+    let mut meta = json!({"resourceVersion": rv.to_string()});
+    if let Some(c) = cont {
+        meta["continue"] = json!(c);
+    }
+    if let Some(n) = remaining {
+        meta["remainingItemCount"] = json!(n);
+    }
+    json!({"kind": format!("{}List", def.kind), "apiVersion": def.api_version(), "metadata": meta, "items": items})
+}
+
+async fn resource(
+    core: Arc<Core>,
+    req: Request<Incoming>,
+    group: &str,
+    version: &str,
+    rest: &[String],
+) -> Result<Response<Body>, ApiError> {
+    let path = req.uri().path().to_string();
+    let t = resolve(&core, group, version, rest, &path)?;
+    let q = Query::parse(req.uri().query());
+    let ns = t.namespace.as_deref();
+    let w = WriteOpts { manager: manager(&req, &q), dry_run: q.get("dryRun") == Some("All"), force: q.flag("force") };
+    let method = req.method().clone();
+    match (&method, t.name.as_deref()) {
+        (&Method::GET, None) => {
+            let labels = LabelSelector::parse(q.get("labelSelector").unwrap_or(""))?;
+            let fields = FieldSelector::parse(q.get("fieldSelector").unwrap_or(""))?;
+            if q.flag("watch") {
+                return start_watch(core, &t.def, &q, ns, labels, fields);
+            }
+            let limit = q.get("limit").and_then(|l| l.parse().ok());
+            let page = ops::list(&core.lock(), &t.def, ns, &labels, &fields, limit, q.get("continue"))?;
+            Ok(json_response(200, &list_object(&t.def, page.items, page.rv, page.continue_token, page.remaining)))
+        }
+        (&Method::GET, Some(name)) => Ok(json_response(200, &ops::get(&core.lock(), &t.def, ns, name)?)),
+        (&Method::POST, None) => {
+            if t.def.namespaced && ns.is_none() {
+                return Err(ApiError::method_not_allowed());
+            }
+            let (body, _) = read_json(req).await?;
+            let created = ops::create(&mut core.lock(), &t.def, ns, body, &w)?;
+            Ok(json_response(201, &created))
+        }
+        (&Method::PUT, Some(name)) => {
+            let (body, _) = read_json(req).await?;
+            let updated = ops::update(&mut core.lock(), &t.def, ns, name, body, t.status, &w)?;
+            core.gc_wake.notify_one();
+            Ok(json_response(200, &updated))
+        }
+        (&Method::PATCH, Some(name)) => {
+            let name = name.to_string();
+            let (body, ct) = read_json(req).await?;
+            let kind = PatchType::from_content_type(&ct)?;
+            let (obj, created) = ops::patch(&mut core.lock(), &t.def, ns, &name, kind, body, t.status, &w)?;
+            core.gc_wake.notify_one();
+            Ok(json_response(if created { 201 } else { 200 }, &obj))
+        }
+        (&Method::DELETE, name) => {
+            let (body, _) = read_json(req).await?;
+            let d = DeleteOpts {
+                propagation: body["propagationPolicy"].as_str().or(q.get("propagationPolicy")).map(str::to_string),
+                precondition_uid: body["preconditions"]["uid"].as_str().map(str::to_string),
+                precondition_rv: body["preconditions"]["resourceVersion"].as_str().map(str::to_string),
+                dry_run: w.dry_run || body["dryRun"].as_array().is_some_and(|a| a.iter().any(|v| v == "All")),
+            };
+            let out = match name {
+                Some(name) => json_response(200, &ops::delete(&mut core.lock(), &t.def, ns, name, &d)?),
+                None => {
+                    let labels = LabelSelector::parse(q.get("labelSelector").unwrap_or(""))?;
+                    let fields = FieldSelector::parse(q.get("fieldSelector").unwrap_or(""))?;
+                    let mut st = core.lock();
+                    let items = ops::delete_collection(&mut st, &t.def, ns, &labels, &fields, &d)?;
+                    let rv = st.rv;
+                    drop(st);
+                    json_response(200, &list_object(&t.def, items, rv, None, None))
+                }
+            };
+            core.gc_wake.notify_one();
+            Ok(out)
+        }
+        _ => Err(ApiError::method_not_allowed()),
+    }
+}
+
+fn start_watch(
+    core: Arc<Core>,
+    def: &ResourceDef,
+    q: &Query,
+    ns: Option<&str>,
+    labels: LabelSelector,
+    fields: FieldSelector,
+) -> Result<Response<Body>, ApiError> {
+    let p = WatchParams {
+        namespace: ns.map(str::to_string),
+        labels,
+        fields,
+        resource_version: q.get("resourceVersion").map(str::to_string),
+        send_initial_events: q.opt_bool("sendInitialEvents"),
+        bookmarks: q.flag("allowWatchBookmarks"),
+        timeout: q.get("timeoutSeconds").and_then(|t| t.parse().ok()).map(Duration::from_secs),
+    };
+    let reg = watch::register(&mut core.lock(), def, &p, core.options.watch_buffer)?;
+    let timeout = p.timeout.unwrap_or(watch::DEFAULT_WATCH_TIMEOUT);
+    let stream = watch::body_stream(core.clone(), def.clone(), reg, p.bookmarks, timeout);
+    Response::builder()
+        .status(200)
+        .header(header::CONTENT_TYPE, "application/json")
+        .header(header::CACHE_CONTROL, "no-cache, private")
+        .body(StreamBody::new(stream).boxed())
+        .map_err(|e| ApiError::internal(e.to_string()))
+}

@@ -1,0 +1,300 @@
+//! The object store: every object of every resource, one cluster-wide resourceVersion,
+//! the retained event history and the registered watchers. All of it sits behind one
+//! mutex (see `Cluster`), so a write, its history entry and its fan-out to watchers are
+//! one atomic step and watchers see writes in resourceVersion order.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use serde_json::Value;
+use tokio::sync::mpsc;
+
+use crate::resources::{Registry, ResKey};
+use crate::selector::{FieldSelector, LabelSelector};
+
+/// Namespace ("" for cluster-scoped) and name.
+pub type ObjKey = (String, String);
+
+/// Watch event types.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventType {
+    Added,
+    Modified,
+    Deleted,
+}
+
+impl EventType {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventType::Added => "ADDED",
+            EventType::Modified => "MODIFIED",
+            EventType::Deleted => "DELETED",
+        }
+    }
+}
+
+/// One write, as kept in the history for watches that start from an older resourceVersion.
+#[derive(Debug)]
+pub struct Event {
+    pub rv: u64,
+    pub key: ResKey,
+    pub ty: EventType,
+    pub obj: Arc<Value>,
+    /// The object before the write (to turn MODIFIED into ADDED/DELETED for selector watches).
+    pub old: Option<Arc<Value>>,
+    /// `{"type":…,"object":…}\n`, rendered once for every watcher.
+    pub line: Bytes,
+}
+
+/// Renders a watch event line.
+pub fn render_line(ty: &str, obj: &Value) -> Bytes {
+    let mut s = Vec::with_capacity(256);
+    s.extend_from_slice(b"{\"type\":\"");
+    s.extend_from_slice(ty.as_bytes());
+    s.extend_from_slice(b"\",\"object\":");
+    // Serializing a serde_json::Value cannot fail.
+    let _ = serde_json::to_writer(&mut s, obj);
+    s.extend_from_slice(b"}\n");
+    Bytes::from(s)
+}
+
+/// A registered watch.
+#[derive(Debug)]
+pub struct WatcherReg {
+    pub id: u64,
+    pub namespace: Option<String>,
+    pub labels: LabelSelector,
+    pub fields: FieldSelector,
+    /// apiVersion the watcher asked for (objects of other CRD versions are relabelled).
+    pub api_version: String,
+    pub tx: mpsc::Sender<Bytes>,
+}
+
+impl WatcherReg {
+    pub fn matches(&self, obj: &Value) -> bool {
+        if let Some(ns) = &self.namespace
+            && obj["metadata"]["namespace"].as_str() != Some(ns.as_str())
+        {
+            return false;
+        }
+        self.labels.matches(obj) && self.fields.matches(obj)
+    }
+
+    /// The line this watcher should receive for an event, if any.
+    pub fn line_for(&self, ev: &Event) -> Option<Bytes> {
+        let now = self.matches(&ev.obj);
+        let before = ev.old.as_deref().map(|o| self.matches(o));
+        let ty = match (ev.ty, before, now) {
+            (EventType::Modified, Some(true), true) => EventType::Modified,
+            (EventType::Modified, Some(false), true) => EventType::Added,
+            (EventType::Modified, Some(true), false) => EventType::Deleted,
+            (EventType::Modified, _, _) => return None,
+            (ty, _, true) => ty,
+            (_, _, false) => return None,
+        };
+        let same_version = ev.obj["apiVersion"].as_str() == Some(self.api_version.as_str());
+        if ty == ev.ty && same_version {
+            return Some(ev.line.clone());
+        }
+        if same_version {
+            return Some(render_line(ty.as_str(), &ev.obj));
+        }
+        let mut o = (*ev.obj).clone();
+        o["apiVersion"] = Value::String(self.api_version.clone());
+        Some(render_line(ty.as_str(), &o))
+    }
+}
+
+/// Everything a simulated cluster holds.
+#[derive(Debug)]
+pub struct State {
+    /// The last resourceVersion handed out.
+    pub rv: u64,
+    /// Watches may start from this resourceVersion or later; older ones get 410.
+    pub floor: u64,
+    pub registry: Registry,
+    pub objects: HashMap<ResKey, BTreeMap<ObjKey, Arc<Value>>>,
+    pub history: VecDeque<Arc<Event>>,
+    pub history_cap: usize,
+    pub watchers: HashMap<ResKey, Vec<WatcherReg>>,
+    pub next_watcher: u64,
+}
+
+impl State {
+    /// An empty cluster serving the built-in kinds, keeping `history_cap` events.
+    pub fn new(history_cap: usize) -> Self {
+        State {
+            rv: 1,
+            floor: 1,
+            registry: Registry::with_builtins(),
+            objects: HashMap::new(),
+            history: VecDeque::new(),
+            history_cap: history_cap.max(1),
+            watchers: HashMap::new(),
+            next_watcher: 0,
+        }
+    }
+
+    /// One object.
+    pub fn get(&self, key: &str, ok: &ObjKey) -> Option<&Arc<Value>> {
+        self.objects.get(key)?.get(ok)
+    }
+
+    /// All objects of a resource, ordered by namespace then name.
+    pub fn all(&self, key: &str) -> impl Iterator<Item = (&ObjKey, &Arc<Value>)> {
+        self.objects.get(key).into_iter().flat_map(|m| m.iter())
+    }
+
+    /// Stores (or with `None` removes) an object as one write: a new resourceVersion,
+    /// a history entry and the fan-out to watchers. Returns the stored object.
+    pub fn commit(&mut self, key: &str, ok: ObjKey, new: Option<Value>, removed: Option<Arc<Value>>) -> Arc<Value> {
+        self.rv += 1;
+        let rv = self.rv;
+        let map = self.objects.entry(key.to_string()).or_default();
+        let old = map.get(&ok).cloned();
+        let (ty, obj) = match new {
+            Some(mut o) => {
+                o["metadata"]["resourceVersion"] = Value::String(rv.to_string());
+                let o = Arc::new(o);
+                map.insert(ok, o.clone());
+                (if old.is_some() { EventType::Modified } else { EventType::Added }, o)
+            }
+            None => {
+                map.remove(&ok);
+                // A deleted object is reported with the resourceVersion of its deletion.
+                let mut o = (*removed.or_else(|| old.clone()).unwrap_or_default()).clone();
+                if o.is_object() {
+                    o["metadata"]["resourceVersion"] = Value::String(rv.to_string());
+                }
+                (EventType::Deleted, Arc::new(o))
+            }
+        };
+        let line = render_line(ty.as_str(), &obj);
+        let ev = Arc::new(Event {
+            rv,
+            key: key.to_string(),
+            ty,
+            obj: obj.clone(),
+            old: if ty == EventType::Modified { old } else { None },
+            line,
+        });
+        self.history.push_back(ev.clone());
+        while self.history.len() > self.history_cap {
+            if let Some(e) = self.history.pop_front() {
+                self.floor = e.rv;
+            }
+        }
+        self.fan_out(&ev);
+        obj
+    }
+
+    /// Sends an event to every matching watcher; a watcher whose buffer is full is
+    /// dropped (its stream ends), as kube-apiserver closes slow watchers.
+    fn fan_out(&mut self, ev: &Event) {
+        let Some(list) = self.watchers.get_mut(&ev.key) else { return };
+        list.retain(|w| match w.line_for(ev) {
+            None => !w.tx.is_closed(),
+            Some(line) => match w.tx.try_send(line) {
+                Ok(()) => true,
+                Err(mpsc::error::TrySendError::Full(_)) => {
+                    tracing::warn!(watcher = w.id, resource = %ev.key, "watcher too slow, closing its watch");
+                    false
+                }
+                Err(mpsc::error::TrySendError::Closed(_)) => false,
+            },
+        });
+    }
+
+    /// Ends every open watch (fault injection, or a resource that stopped being served).
+    pub fn drop_watches(&mut self, key: Option<&str>) -> usize {
+        match key {
+            Some(k) => self.watchers.remove(k).map(|v| v.len()).unwrap_or(0),
+            None => self.watchers.drain().map(|(_, v)| v.len()).sum(),
+        }
+    }
+
+    /// Forgets the event history so that every resourceVersion handed out so far is too old
+    /// to watch from (410 Gone), like an etcd compaction; the resourceVersion moves on by one.
+    pub fn compact(&mut self) {
+        self.rv += 1;
+        self.history.clear();
+        self.floor = self.rv;
+    }
+
+    /// Number of open watches.
+    pub fn watch_count(&self) -> usize {
+        self.watchers.values().map(Vec::len).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn reg(labels: &str) -> (WatcherReg, mpsc::Receiver<Bytes>) {
+        let (tx, rx) = mpsc::channel(2);
+        (
+            WatcherReg {
+                id: 1,
+                namespace: None,
+                labels: LabelSelector::parse(labels).unwrap(),
+                fields: FieldSelector::default(),
+                api_version: "v1".into(),
+                tx,
+            },
+            rx,
+        )
+    }
+
+    fn cm(app: &str) -> Value {
+        json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "a", "namespace": "d", "labels": {"app": app}}})
+    }
+
+    #[test]
+    fn commit_bumps_rv_and_records_history() {
+        let mut s = State::new(2);
+        let o = s.commit("/configmaps", ("d".into(), "a".into()), Some(cm("x")), None);
+        assert_eq!(o["metadata"]["resourceVersion"], "2");
+        s.commit("/configmaps", ("d".into(), "a".into()), Some(cm("y")), None);
+        s.commit("/configmaps", ("d".into(), "a".into()), None, None);
+        assert_eq!(s.history.len(), 2);
+        assert_eq!(s.floor, 2, "oldest retained event is rv 3, so rv 2 is the floor");
+        assert_eq!(s.history.back().map(|e| e.ty), Some(EventType::Deleted));
+    }
+
+    #[test]
+    fn selector_watch_sees_leaving_object_as_deleted() {
+        let mut s = State::new(10);
+        let (w, mut rx) = reg("app=x");
+        s.watchers.entry("/configmaps".into()).or_default().push(w);
+        s.commit("/configmaps", ("d".into(), "a".into()), Some(cm("x")), None);
+        s.commit("/configmaps", ("d".into(), "a".into()), Some(cm("y")), None);
+        let first = rx.try_recv().unwrap();
+        let second = rx.try_recv().unwrap();
+        assert!(first.starts_with(b"{\"type\":\"ADDED\""));
+        assert!(second.starts_with(b"{\"type\":\"DELETED\""));
+    }
+
+    #[test]
+    fn slow_watcher_is_dropped() {
+        let mut s = State::new(10);
+        let (w, _rx) = reg("");
+        s.watchers.entry("/configmaps".into()).or_default().push(w);
+        for i in 0..3 {
+            s.commit("/configmaps", ("d".into(), format!("n{i}")), Some(cm("x")), None);
+        }
+        assert_eq!(s.watch_count(), 0);
+    }
+
+    #[test]
+    fn compaction_moves_floor_past_every_handed_out_rv() {
+        let mut s = State::new(10);
+        s.commit("/configmaps", ("d".into(), "a".into()), Some(cm("x")), None);
+        let seen = s.rv;
+        s.compact();
+        assert!(s.floor > seen);
+        assert!(s.history.is_empty());
+    }
+}
