@@ -1,1 +1,123 @@
-fn main() {}
+//! `fleetwatch`: one binary, a subcommand per role. Wiring only; the work is in the libraries.
+
+mod bench;
+mod certs_cmd;
+mod hub_cmd;
+mod agent_cmd;
+mod tail_cmd;
+
+use clap::{Parser, Subcommand};
+
+/// fleetwatch keeps the modules of a fleet of Kubernetes clusters in their desired state,
+/// event-driven: agents in runtime clusters stream changes over mutual TLS to a hub,
+/// which never loses an event and fans them out to subscribers.
+#[derive(Parser)]
+#[command(name = "fleetwatch", version, propagate_version = true)]
+struct Cli {
+    /// Log filter (tracing syntax, e.g. `info`, `fleetwatch_hub=debug`); RUST_LOG works too.
+    #[arg(long, global = true, env = "FLEETWATCH_LOG", default_value = "info")]
+    log: String,
+    /// Log as JSON lines instead of text.
+    #[arg(long, global = true)]
+    log_json: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Create a CA and issue hub, agent and subscriber certificates.
+    Certs(certs_cmd::CertsArgs),
+    /// Run the hub: serve agents and subscribers over wss with mutual TLS.
+    Hub(hub_cmd::HubArgs),
+    /// Run an agent: stream a cluster's changes to the hub.
+    Agent(agent_cmd::AgentArgs),
+    /// Print events from the hub, one JSON document per line.
+    Tail(tail_cmd::TailArgs),
+    /// Measure throughput, latency and memory.
+    Bench(bench::BenchArgs),
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    init_logging(&cli.log, cli.log_json);
+    fleetwatch_certs::install_crypto_provider();
+    let result = match cli.command {
+        Command::Certs(args) => certs_cmd::run(args),
+        other => {
+            let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+                Ok(rt) => rt,
+                Err(e) => {
+                    eprintln!("error: cannot start the async runtime: {e}");
+                    return std::process::ExitCode::FAILURE;
+                }
+            };
+            rt.block_on(async move {
+                match other {
+                    Command::Hub(args) => hub_cmd::run(args).await,
+                    Command::Agent(args) => agent_cmd::run(args).await,
+                    Command::Tail(args) => tail_cmd::run(args).await,
+                    Command::Bench(args) => bench::run(args).await,
+                    Command::Certs(_) => unreachable!("handled above"),
+                }
+            })
+        }
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_logging(filter: &str, json: bool) {
+    use tracing_subscriber::EnvFilter;
+    let filter = std::env::var("RUST_LOG").ok().unwrap_or_else(|| filter.to_string());
+    let filter = EnvFilter::try_new(&filter).unwrap_or_else(|_| EnvFilter::new("info"));
+    use std::io::IsTerminal;
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal());
+    if json {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
+
+/// A token cancelled on SIGTERM or Ctrl-C.
+pub(crate) fn shutdown_on_signals() -> tokio_util::sync::CancellationToken {
+    let token = tokio_util::sync::CancellationToken::new();
+    let t = token.clone();
+    tokio::spawn(async move {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{SignalKind, signal};
+            let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+                return;
+            };
+            tokio::select! {
+                _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+                _ = int.recv() => tracing::info!("SIGINT: shutting down"),
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+        t.cancel();
+    });
+    token
+}
+
+/// The TLS files of a client or server from the common flags.
+pub(crate) fn tls_files(
+    cert: &std::path::Path,
+    key: &std::path::Path,
+    ca: &[std::path::PathBuf],
+) -> fleetwatch_certs::TlsFiles {
+    fleetwatch_certs::TlsFiles { cert: cert.into(), key: key.into(), ca: ca.to_vec() }
+}

@@ -1,0 +1,269 @@
+//! `fleetwatch bench`: measured, not asserted. Figures go to the README.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use clap::{Args, Subcommand};
+use fleetwatch_agent::source::SyntheticSource;
+use fleetwatch_agent::{Agent, AgentConfig};
+use fleetwatch_certs::{Authority, LeafSpec, TlsFiles};
+use fleetwatch_shared::protocol::StartFrom;
+use fleetwatch_shared::subscriber::{Delivery, SubscriberOptions, Subscription};
+use fleetwatch_shared::transport::HubUrl;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+#[derive(Args)]
+pub struct BenchArgs {
+    #[command(subcommand)]
+    what: BenchWhat,
+}
+
+#[derive(Subcommand)]
+enum BenchWhat {
+    /// Start a hub (a child process) and N synthetic agents over mTLS, and measure what one
+    /// subscriber receives: events/s, delivery latency (agent to subscriber) and hub RSS.
+    Hub(HubBench),
+}
+
+#[derive(Args)]
+struct HubBench {
+    /// Number of agents (each its own certificate and connection).
+    #[arg(long, default_value_t = 100)]
+    agents: usize,
+    /// Total events per second offered by all agents together.
+    #[arg(long, default_value_t = 10_000.0)]
+    rate: f64,
+    /// Seconds to measure (after the warm-up).
+    #[arg(long, default_value_t = 10.0)]
+    duration: f64,
+    /// Seconds of warm-up not counted.
+    #[arg(long, default_value_t = 2.0)]
+    warmup: f64,
+    /// Objects per agent.
+    #[arg(long, default_value_t = 100)]
+    objects: u64,
+    /// Bytes of padding per event.
+    #[arg(long, default_value_t = 0)]
+    payload: usize,
+    /// Give the hub a data directory (durable log with fsync) instead of memory only.
+    #[arg(long)]
+    durable: bool,
+}
+
+pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
+    match args.what {
+        BenchWhat::Hub(b) => hub(b).await,
+    }
+}
+
+struct HubProcess {
+    child: tokio::process::Child,
+    wss: HubUrl,
+    admin: String,
+}
+
+async fn start_hub(dir: &Path, durable: bool) -> anyhow::Result<HubProcess> {
+    let exe = std::env::current_exe().context("cannot find own executable")?;
+    let mut cmd = tokio::process::Command::new(exe);
+    cmd.args(["--log", "warn", "hub", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
+        .arg("--cert")
+        .arg(dir.join("hub.crt"))
+        .arg("--key")
+        .arg(dir.join("hub.key"))
+        .arg("--client-ca")
+        .arg(dir.join("ca.crt"))
+        .args(["--max-events-per-sec", "1000000"]);
+    if durable {
+        cmd.arg("--data-dir").arg(dir.join("hub-data"));
+    }
+    cmd.stdout(Stdio::piped()).stderr(Stdio::inherit()).kill_on_drop(true);
+    let mut child = cmd.spawn().context("cannot start hub process")?;
+    let stdout = child.stdout.take().context("hub stdout")?;
+    let mut lines = BufReader::new(stdout).lines();
+    let line = tokio::time::timeout(Duration::from_secs(20), lines.next_line())
+        .await
+        .context("hub did not start in 20 s")??
+        .context("hub exited before listening")?;
+    let (wss, admin) = parse_listening(&line).with_context(|| format!("unexpected hub output {line:?}"))?;
+    Ok(HubProcess { child, wss: wss.parse()?, admin })
+}
+
+/// Reads `hub listening wss=wss://A admin=http://B`.
+fn parse_listening(line: &str) -> Option<(String, String)> {
+    let mut wss = None;
+    let mut admin = None;
+    for part in line.split_whitespace() {
+        if let Some(v) = part.strip_prefix("wss=") {
+            wss = Some(v.to_string());
+        }
+        if let Some(v) = part.strip_prefix("admin=http://") {
+            admin = Some(v.to_string());
+        }
+    }
+    Some((wss?, admin?))
+}
+
+async fn http_get(addr: &str, path: &str) -> anyhow::Result<String> {
+    let mut s = tokio::net::TcpStream::connect(addr).await?;
+    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes()).await?;
+    let mut buf = String::new();
+    s.read_to_string(&mut buf).await?;
+    Ok(buf.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default())
+}
+
+fn rss_kib(pid: u32, field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status.lines().find(|l| l.starts_with(field))?.split_whitespace().nth(1)?.parse().ok()
+}
+
+fn percentile(sorted: &[u64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let idx = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[idx] as f64 / 1000.0
+}
+
+async fn hub(b: HubBench) -> anyhow::Result<()> {
+    if b.agents == 0 || b.rate <= 0.0 || b.duration <= 0.0 {
+        bail!("--agents, --rate and --duration must be positive");
+    }
+    let tmp = tempdir()?;
+    let dir = tmp.path().to_path_buf();
+    Authority::init(&dir, "bench.local")?;
+    let ca = Authority::load(&dir)?;
+    ca.issue(&dir, &LeafSpec::Hub { dns: vec!["localhost".into()], ips: vec!["127.0.0.1".parse()?] }, 1)?;
+    ca.issue(&dir, &LeafSpec::Subscriber { name: "bench".into() }, 1)?;
+    for i in 0..b.agents {
+        ca.issue(&dir, &LeafSpec::Agent { cluster: format!("bench-{i}") }, 1)?;
+    }
+    let mut hub = start_hub(&dir, b.durable).await?;
+    let hub_pid = hub.child.id().context("hub pid")?;
+    eprintln!("hub pid {hub_pid} at {} (admin {})", hub.wss, hub.admin);
+
+    let files = |stem: &str| TlsFiles {
+        cert: dir.join(format!("{stem}.crt")),
+        key: dir.join(format!("{stem}.key")),
+        ca: vec![dir.join("ca.crt")],
+    };
+    let tls = Arc::new(fleetwatch_certs::client_config(&files("subscriber-bench"))?);
+    let mut opts = SubscriberOptions::new(hub.wss.clone(), tls);
+    opts.from = StartFrom::Latest;
+    opts.max_in_flight = 100_000;
+    let mut sub = Subscription::connect(opts).await.context("subscriber")?;
+
+    let stop = CancellationToken::new();
+    let per_agent = b.rate / b.agents as f64;
+    for i in 0..b.agents {
+        let mut cfg = AgentConfig::new(hub.wss.clone(), files(&format!("agent-bench-{i}")));
+        cfg.outbox_capacity = 1_000_000;
+        let agent = Agent::new(cfg)?;
+        let (tx, rx) = mpsc::channel(1024);
+        let source = SyntheticSource { objects: b.objects, rate: per_agent, total: None, payload: b.payload };
+        tokio::spawn(source.run(tx, stop.child_token()));
+        let s = stop.clone();
+        tokio::spawn(async move { agent.run(rx, s, false).await });
+        if i % 50 == 49 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    // Wait until every agent is connected.
+    let connect_started = Instant::now();
+    loop {
+        let body = http_get(&hub.admin, "/api/v1/clusters").await.unwrap_or_default();
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+        let connected = v["clusters"].as_array().map_or(0, |a| a.iter().filter(|c| c["connected"] == true).count());
+        if connected >= b.agents {
+            eprintln!("{connected} agents connected in {:.1} s", connect_started.elapsed().as_secs_f64());
+            break;
+        }
+        if connect_started.elapsed() > Duration::from_secs(120) {
+            bail!("only {connected} of {} agents connected after 120 s", b.agents);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    let warmup_end = Instant::now() + Duration::from_secs_f64(b.warmup);
+    let end = warmup_end + Duration::from_secs_f64(b.duration);
+    let mut latencies_us: Vec<u64> = Vec::new();
+    let mut counted = 0u64;
+    let mut resyncs = 0u64;
+    let mut peak_rss = 0u64;
+    let mut last_sample = Instant::now();
+    while Instant::now() < end {
+        let d = match tokio::time::timeout_at(end.into(), sub.next()).await {
+            Ok(d) => d?,
+            Err(_) => break,
+        };
+        let now = Instant::now();
+        let wall = jiff::Timestamp::now();
+        match &d {
+            Delivery::Events(evs) if now >= warmup_end => {
+                for e in evs {
+                    let lat = wall.as_microsecond() - e.time.as_microsecond();
+                    latencies_us.push(lat.max(0) as u64);
+                }
+                counted += evs.len() as u64;
+            }
+            Delivery::ResyncRequired(_) => resyncs += 1,
+            _ => {}
+        }
+        if let Some(c) = d.last_cursor() {
+            sub.ack(c).await?;
+        }
+        if now.duration_since(last_sample) > Duration::from_millis(250) {
+            last_sample = now;
+            peak_rss = peak_rss.max(rss_kib(hub_pid, "VmRSS:").unwrap_or(0));
+        }
+    }
+    let hwm = rss_kib(hub_pid, "VmHWM:").unwrap_or(peak_rss);
+    stop.cancel();
+    latencies_us.sort_unstable();
+    let rate = counted as f64 / b.duration;
+    let p50 = percentile(&latencies_us, 0.50);
+    let p99 = percentile(&latencies_us, 0.99);
+    let max = percentile(&latencies_us, 1.0);
+    println!("agents:               {}", b.agents);
+    println!("offered rate:         {:.0} events/s", b.rate);
+    println!("delivered:            {counted} events in {:.1} s = {rate:.0} events/s", b.duration);
+    println!("latency p50 / p99:    {p50:.2} ms / {p99:.2} ms (max {max:.2} ms)");
+    println!("hub peak RSS:         {:.1} MiB", hwm as f64 / 1024.0);
+    println!("resync-required seen: {resyncs}");
+    println!(
+        "{}",
+        serde_json::json!({
+            "bench": "hub", "agents": b.agents, "offered_rate": b.rate, "durable": b.durable,
+            "delivered_per_sec": rate.round(), "latency_ms_p50": p50, "latency_ms_p99": p99,
+            "latency_ms_max": max, "hub_peak_rss_mib": (hwm as f64 / 1024.0 * 10.0).round() / 10.0,
+        })
+    );
+    let _ = hub.child.start_kill();
+    let _ = hub.child.wait().await;
+    Ok(())
+}
+
+/// A temporary directory removed on drop.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn tempdir() -> anyhow::Result<TempDir> {
+    let p = std::env::temp_dir().join(format!("fleetwatch-bench-{}-{}", std::process::id(), jiff::Timestamp::now().as_millisecond()));
+    std::fs::create_dir_all(&p)?;
+    Ok(TempDir(p))
+}

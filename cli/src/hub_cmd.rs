@@ -1,0 +1,78 @@
+//! `fleetwatch hub`.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Args;
+use fleetwatch_hub::{Hub, HubConfig};
+
+#[derive(Args)]
+pub struct HubArgs {
+    /// Address agents and subscribers connect to (wss, mutual TLS).
+    #[arg(long, default_value = "0.0.0.0:7443")]
+    listen: SocketAddr,
+    /// The hub's certificate (PEM).
+    #[arg(long)]
+    cert: PathBuf,
+    /// The hub's private key (PEM).
+    #[arg(long)]
+    key: PathBuf,
+    /// CA bundle(s) whose client certificates are trusted; repeat during a CA rotation.
+    /// Reloaded from disk when they change.
+    #[arg(long = "client-ca", required = true)]
+    client_ca: Vec<PathBuf>,
+    /// Plain-HTTP admin endpoint: /healthz, /readyz, /metrics, /api/v1/clusters.
+    #[arg(long)]
+    admin_listen: Option<SocketAddr>,
+    /// Keep the event log and subscriber cursors here, so acked events survive a restart.
+    /// Without it events live in memory only and a restart makes subscribers resync.
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    /// Events the bus retains; subscribers further behind get resync-required.
+    #[arg(long, default_value_t = 200_000)]
+    retention: usize,
+    /// Events per second accepted from one agent; beyond it acks are delayed (never dropped).
+    #[arg(long, default_value_t = 20_000)]
+    max_events_per_sec: u32,
+    /// Largest WebSocket message in bytes.
+    #[arg(long, default_value_t = 1 << 20)]
+    max_message_bytes: usize,
+    /// Most events in one batch.
+    #[arg(long, default_value_t = 1000)]
+    max_batch_events: usize,
+    /// Seconds allowed for the TLS + WebSocket handshake and the first message.
+    #[arg(long, default_value_t = 10.0)]
+    handshake_timeout: f64,
+    /// Seconds of silence after which a session is closed (the hub pings at a third of it).
+    #[arg(long, default_value_t = 30.0)]
+    idle_timeout: f64,
+    /// Most open connections.
+    #[arg(long, default_value_t = 50_000)]
+    max_connections: usize,
+}
+
+fn secs(name: &str, v: f64) -> anyhow::Result<Duration> {
+    Duration::try_from_secs_f64(v).ok().filter(|d| !d.is_zero()).with_context(|| format!("--{name} must be a positive number of seconds"))
+}
+
+pub async fn run(args: HubArgs) -> anyhow::Result<()> {
+    let tls = crate::tls_files(&args.cert, &args.key, &args.client_ca);
+    let mut config = HubConfig::new(args.listen, tls);
+    config.admin_listen = args.admin_listen;
+    config.data_dir = args.data_dir;
+    config.retention = args.retention.max(1);
+    config.max_events_per_sec = args.max_events_per_sec.max(1);
+    config.limits.max_message_bytes = args.max_message_bytes;
+    config.limits.max_batch_events = args.max_batch_events;
+    config.handshake_timeout = secs("handshake-timeout", args.handshake_timeout)?;
+    config.idle_timeout = secs("idle-timeout", args.idle_timeout)?;
+    config.max_connections = args.max_connections;
+    let hub = Hub::bind(config).await.context("cannot start hub")?;
+    let admin = hub.admin_addr().map(|a| format!(" admin=http://{a}")).unwrap_or_default();
+    // One machine-readable line on stdout: scripts and tests wait for it.
+    println!("hub listening wss=wss://{}{admin}", hub.local_addr());
+    let shutdown = crate::shutdown_on_signals();
+    hub.run(shutdown).await.context("hub failed")
+}

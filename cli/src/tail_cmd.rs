@@ -1,0 +1,97 @@
+//! `fleetwatch tail`.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::Context;
+use clap::{Args, ValueEnum};
+use fleetwatch_shared::codec::encode;
+use fleetwatch_shared::protocol::StartFrom;
+use fleetwatch_shared::subscriber::{Delivery, SubscriberOptions, Subscription};
+use fleetwatch_shared::transport::HubUrl;
+
+#[derive(Args)]
+pub struct TailArgs {
+    /// The hub, as wss://HOST:PORT.
+    #[arg(long)]
+    hub: String,
+    /// The subscriber certificate.
+    #[arg(long)]
+    cert: PathBuf,
+    /// The subscriber's private key.
+    #[arg(long)]
+    key: PathBuf,
+    /// CA bundle that signed the hub's certificate.
+    #[arg(long)]
+    ca: Vec<PathBuf>,
+    /// Durable subscription name: the hub keeps the position and resumes there.
+    #[arg(long)]
+    name: Option<String>,
+    /// Only these clusters (repeatable); all when absent.
+    #[arg(long = "cluster")]
+    clusters: Vec<String>,
+    /// Where to start when there is no stored position.
+    #[arg(long, value_enum, default_value_t = From::Latest)]
+    from: From,
+    /// Exit after this many events.
+    #[arg(long)]
+    count: Option<u64>,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum From {
+    /// The oldest event the hub still has.
+    Earliest,
+    /// Only new events.
+    Latest,
+}
+
+pub async fn run(args: TailArgs) -> anyhow::Result<()> {
+    let hub: HubUrl = args.hub.parse()?;
+    anyhow::ensure!(!args.ca.is_empty(), "--ca is required: the CA bundle that signed the hub's certificate");
+    let tls = Arc::new(fleetwatch_certs::client_config(&crate::tls_files(&args.cert, &args.key, &args.ca))?);
+    let mut opts = SubscriberOptions::new(hub, tls);
+    opts.durable = args.name;
+    opts.clusters = args.clusters;
+    opts.from = match args.from {
+        From::Earliest => StartFrom::Earliest,
+        From::Latest => StartFrom::Latest,
+    };
+    let mut sub = Subscription::connect(opts).await.context("cannot subscribe")?;
+    let shutdown = crate::shutdown_on_signals();
+    let mut printed = 0u64;
+    let stdout = std::io::stdout();
+    loop {
+        let delivery = tokio::select! {
+            d = sub.next() => d?,
+            _ = shutdown.cancelled() => break,
+        };
+        let mut out = stdout.lock();
+        match &delivery {
+            Delivery::Events(events) => {
+                for e in events {
+                    writeln!(out, "{}", encode(e)).context("stdout")?;
+                    printed += 1;
+                }
+            }
+            Delivery::ResyncRequired(r) => {
+                let line = serde_json::json!({
+                    "type": "resync-required", "cluster": r.cluster, "cursor": r.cursor, "reason": r.reason,
+                });
+                writeln!(out, "{line}").context("stdout")?;
+            }
+        }
+        out.flush().context("stdout")?;
+        drop(out);
+        // Printed means handled: acknowledge so a durable subscription resumes after it.
+        if let Some(c) = delivery.last_cursor() {
+            sub.ack(c).await?;
+        }
+        if args.count.is_some_and(|n| printed >= n) {
+            break;
+        }
+    }
+    sub.close().await;
+    Ok(())
+}
