@@ -8,14 +8,32 @@ use crate::cluster::Core;
 use crate::error::ApiError;
 
 /// Counters read by every request.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct FaultState {
     delay_ms: AtomicU64,
     fail_next: AtomicU32,
     fail_code: AtomicU32,
+    hold_watches: tokio::sync::watch::Sender<bool>,
+}
+
+impl Default for FaultState {
+    fn default() -> Self {
+        FaultState {
+            delay_ms: AtomicU64::new(0),
+            fail_next: AtomicU32::new(0),
+            fail_code: AtomicU32::new(0),
+            hold_watches: tokio::sync::watch::Sender::new(false),
+        }
+    }
 }
 
 impl FaultState {
+    /// Waits while new watches are held back (see [`Faults::hold_watches`]).
+    pub async fn watch_gate(&self) {
+        let mut rx = self.hold_watches.subscribe();
+        let _ = rx.wait_for(|held| !*held).await;
+    }
+
     /// The delay to add to a response (zero when off).
     pub fn delay(&self) -> Duration {
         Duration::from_millis(self.delay_ms.load(Ordering::Relaxed))
@@ -74,6 +92,14 @@ impl Faults {
     pub fn fail_next(&self, n: u32, code: u16) {
         self.core.faults.fail_code.store(u32::from(code), Ordering::SeqCst);
         self.core.faults.fail_next.store(n, Ordering::SeqCst);
+    }
+
+    /// While `true`, new watch requests wait before they start (and so see nothing written
+    /// meanwhile until released). With [`drop_watches`](Self::drop_watches) and
+    /// [`compact_history`](Self::compact_history) this makes a test's writes happen while a
+    /// client is disconnected, so its re-watch gets 410 and it must relist to see them.
+    pub fn hold_watches(&self, hold: bool) {
+        self.core.faults.hold_watches.send_replace(hold);
     }
 
     /// Number of watches currently open.

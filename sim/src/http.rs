@@ -182,6 +182,10 @@ fn resolve(core: &Core, group: &str, version: &str, rest: &[String], path: &str)
 async fn read_json(req: Request<Incoming>) -> Result<(Value, String), ApiError> {
     let ct =
         req.headers().get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("application/json").to_string();
+    // Protobuf (and CBOR) bodies are not decoded; client-go retries with JSON on 415.
+    if ct.starts_with("application/vnd.kubernetes.protobuf") || ct.starts_with("application/cbor") {
+        return Err(ApiError::unsupported_media_type(&ct));
+    }
     let body = Limited::new(req.into_body(), MAX_BODY)
         .collect()
         .await
@@ -240,6 +244,7 @@ async fn resource(
             let labels = LabelSelector::parse(q.get("labelSelector").unwrap_or(""))?;
             let fields = FieldSelector::parse(q.get("fieldSelector").unwrap_or(""))?;
             if q.flag("watch") {
+                core.faults.watch_gate().await;
                 return start_watch(core, &t.def, &q, ns, labels, fields);
             }
             let limit = q.get("limit").and_then(|l| l.parse().ok());

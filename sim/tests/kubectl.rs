@@ -1,0 +1,283 @@
+//! Scenarios driven by the real kubectl binary against a SimCluster, checked against what
+//! Kubernetes documents for each command.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::{CRD, Env, KUBECTL};
+use fleetwatch_sim::SimOptions;
+use serde_json::Value;
+
+const CM: &str = r#"
+apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: demo
+  labels: {app: web}
+data:
+  a: "1"
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_side_apply_create_configure_unchanged() {
+    let env = Env::start(SimOptions::default()).await;
+    assert_eq!(env.apply(CM, &[]).trim(), "configmap/demo created");
+    assert_eq!(env.apply(CM, &[]).trim(), "configmap/demo unchanged");
+    let first = env.get_json(&["configmap", "demo"]);
+    assert_eq!(env.apply(&CM.replace("\"1\"", "\"2\""), &[]).trim(), "configmap/demo configured");
+    let cm = env.get_json(&["configmap", "demo"]);
+    assert_eq!(cm["data"]["a"], "2");
+    assert_eq!(cm["metadata"]["namespace"], "default");
+    assert_eq!(cm["metadata"]["uid"], first["metadata"]["uid"], "uid is stable across updates");
+    assert_eq!(cm["metadata"]["uid"].as_str().map(str::len), Some(36));
+    assert!(cm["metadata"]["creationTimestamp"].as_str().is_some_and(|t| t.ends_with('Z')));
+    let rv =
+        |v: &Value| v["metadata"]["resourceVersion"].as_str().and_then(|s| s.parse::<u64>().ok()).expect("numeric rv");
+    assert!(rv(&cm) > rv(&first), "resourceVersion grows on update");
+    let last = cm["metadata"]["annotations"]["kubectl.kubernetes.io/last-applied-configuration"]
+        .as_str()
+        .expect("last-applied");
+    assert!(last.contains("\"a\":\"2\""));
+    // Dropping a key from the manifest removes it (three-way merge through strategic merge patch).
+    env.apply(&CM.replace("labels: {app: web}", ""), &[]);
+    let cm = env.get_json(&["configmap", "demo"]);
+    assert!(cm["metadata"]["labels"].get("app").is_none(), "{cm}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_side_apply_owns_fields_and_reports_conflicts() {
+    let env = Env::start(SimOptions::default()).await;
+    let two = CM.replace("a: \"1\"", "a: \"1\"\n  b: \"x\"");
+    assert!(env.apply(&two, &["--server-side"]).contains("serverside-applied"));
+    let cm = env.get_json(&["configmap", "demo", "--show-managed-fields"]);
+    let mf = &cm["metadata"]["managedFields"][0];
+    assert_eq!(mf["manager"], "kubectl");
+    assert_eq!(mf["operation"], "Apply");
+    assert_eq!(mf["fieldsType"], "FieldsV1");
+    assert!(mf["fieldsV1"]["f:data"]["f:a"].is_object(), "{mf}");
+    // Another manager applying a different value conflicts...
+    let other = CM.replace("\"1\"", "\"9\"");
+    let out = env.kubectl_stdin(&["apply", "--server-side", "--field-manager", "other", "-f", "-"], Some(&other));
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("conflict") && err.contains(".data.a"), "{err}");
+    // ...unless forced, which moves ownership of .data.a.
+    env.apply(&other, &["--server-side", "--field-manager", "other", "--force-conflicts"]);
+    let cm = env.get_json(&["configmap", "demo", "--show-managed-fields"]);
+    assert_eq!(cm["data"]["a"], "9");
+    let managers: Vec<&str> =
+        cm["metadata"]["managedFields"].as_array().unwrap().iter().filter_map(|m| m["manager"].as_str()).collect();
+    assert!(managers.contains(&"other") && managers.contains(&"kubectl"), "{managers:?}");
+    // kubectl stops applying .data.b: it is removed, as nobody else owns it.
+    env.apply(&CM.replace("a: \"1\"", "a: \"9\""), &["--server-side"]);
+    let cm = env.get_json(&["configmap", "demo"]);
+    assert!(cm["data"].get("b").is_none(), "{cm}");
+    assert_eq!(cm["data"]["a"], "9");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn patch_merge_and_json() {
+    let env = Env::start(SimOptions::default()).await;
+    env.apply(CM, &[]);
+    env.ok(&["patch", "configmap", "demo", "--type", "merge", "-p", r#"{"data":{"b":"2","a":null}}"#]);
+    let cm = env.get_json(&["configmap", "demo"]);
+    assert_eq!(cm["data"], serde_json::json!({"b": "2"}));
+    env.ok(&[
+        "patch",
+        "configmap",
+        "demo",
+        "--type",
+        "json",
+        "-p",
+        r#"[{"op":"add","path":"/data/c","value":"3"},{"op":"remove","path":"/data/b"}]"#,
+    ]);
+    let cm = env.get_json(&["configmap", "demo"]);
+    assert_eq!(cm["data"], serde_json::json!({"c": "3"}));
+    let err = env.fails(&[
+        "patch",
+        "configmap",
+        "demo",
+        "--type",
+        "json",
+        "-p",
+        r#"[{"op":"test","path":"/data/c","value":"nope"}]"#,
+    ]);
+    assert!(err.contains("Invalid") || err.contains("invalid") || err.contains("rejected"), "{err}");
+    let err = env.fails(&["patch", "configmap", "missing", "--type", "merge", "-p", "{}"]);
+    assert!(err.contains("NotFound") && err.contains("configmaps \"missing\" not found"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delete_waits_for_finalizer() {
+    let env = Env::start(SimOptions::default()).await;
+    env.apply(&CM.replace("labels: {app: web}", "finalizers: [example.com/hold]"), &[]);
+    env.ok(&["delete", "configmap", "demo", "--wait=false"]);
+    let cm = env.get_json(&["configmap", "demo"]);
+    assert!(cm["metadata"]["deletionTimestamp"].is_string(), "still there, being deleted: {cm}");
+    env.ok(&[
+        "patch",
+        "configmap",
+        "demo",
+        "--type",
+        "json",
+        "-p",
+        r#"[{"op":"remove","path":"/metadata/finalizers"}]"#,
+    ]);
+    let err = env.fails(&["get", "configmap", "demo"]);
+    assert!(err.contains("Error from server (NotFound): configmaps \"demo\" not found"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn label_and_field_selectors() {
+    let env = Env::start(SimOptions::default()).await;
+    let mk = |name: &str, labels: &str| {
+        format!("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {name}\n  labels: {{{labels}}}\n")
+    };
+    let all = [mk("a", "app: web, tier: front"), mk("b", "app: db"), mk("c", "app: cache, tier: back")].join("---\n");
+    env.apply(&all, &[]);
+    let names = |sel: &[&str]| {
+        let mut a = vec!["get", "configmaps", "-o", "name"];
+        a.extend_from_slice(sel);
+        let mut v: Vec<String> = env.ok(&a).lines().map(|l| l.trim_start_matches("configmap/").to_string()).collect();
+        v.sort();
+        v
+    };
+    assert_eq!(names(&["-l", "app=web"]), ["a"]);
+    assert_eq!(names(&["-l", "app!=web"]), ["b", "c"]);
+    assert_eq!(names(&["-l", "app in (db,cache)"]), ["b", "c"]);
+    assert_eq!(names(&["-l", "app notin (db,cache)"]), ["a"]);
+    assert_eq!(names(&["-l", "tier"]), ["a", "c"]);
+    assert_eq!(names(&["-l", "!tier"]), ["b"]);
+    assert_eq!(names(&["--field-selector", "metadata.name=b"]), ["b"]);
+    assert_eq!(names(&["-A", "--field-selector", "metadata.namespace=default", "-l", "app=db"]), ["b"]);
+    let err = env.fails(&["get", "configmaps", "--field-selector", "spec.foo=bar"]);
+    assert!(err.contains("field label not supported"), "{err}");
+    // Paged lists: kubectl follows continue tokens.
+    assert_eq!(names(&["--chunk-size", "1"]), ["a", "b", "c"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crd_then_custom_resource() {
+    let env = Env::start(SimOptions::default()).await;
+    env.apply(CRD, &[]);
+    let crd = env.get_json(&["crd", "widgets.example.com"]);
+    let established = crd["status"]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|c| c["type"] == "Established" && c["status"] == "True");
+    assert!(established, "{crd}");
+    let widget = "apiVersion: example.com/v1\nkind: Widget\nmetadata:\n  name: w1\nspec:\n  size: 1\n";
+    assert_eq!(env.apply(widget, &[]).trim(), "widget.example.com/w1 created");
+    let w = env.get_json(&["wd", "w1"]);
+    assert_eq!(w["spec"]["size"], 1);
+    assert_eq!(w["metadata"]["generation"], 1);
+    env.apply(&widget.replace("size: 1", "size: 2"), &[]);
+    assert_eq!(env.get_json(&["widgets", "w1"])["metadata"]["generation"], 2);
+    env.ok(&["label", "widget", "w1", "x=y"]);
+    assert_eq!(env.get_json(&["widgets", "w1"])["metadata"]["generation"], 2, "metadata changes keep generation");
+    // The status subresource: status written through it, ignored on the main resource.
+    env.ok(&[
+        "patch",
+        "widget",
+        "w1",
+        "--subresource",
+        "status",
+        "--type",
+        "merge",
+        "-p",
+        r#"{"status":{"ready":true}}"#,
+    ]);
+    assert_eq!(env.get_json(&["widgets", "w1"])["status"]["ready"], true);
+    env.ok(&["patch", "widget", "w1", "--type", "merge", "-p", r#"{"status":{"ready":false}}"#]);
+    assert_eq!(env.get_json(&["widgets", "w1"])["status"]["ready"], true);
+    env.ok(&["delete", "crd", "widgets.example.com"]);
+    // api-resources re-reads discovery: the group is gone, and so is the resource type.
+    assert_eq!(env.ok(&["api-resources", "--api-group", "example.com", "-o", "name"]).trim(), "");
+    let err = env.fails(&["get", "widgets"]);
+    assert!(err.contains("the server doesn't have a resource type \"widgets\""), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn get_watch_streams_events() {
+    let env = Env::start(SimOptions::default()).await;
+    env.apply(CM, &[]);
+    let mut child = Command::new(KUBECTL)
+        .arg("--kubeconfig")
+        .arg(&env.kubeconfig)
+        .arg("--cache-dir")
+        .arg(env.dir.join("cache"))
+        .args([
+            "get",
+            "configmaps",
+            "-w",
+            "--output-watch-events",
+            "-o",
+            "jsonpath={.type} {.object.metadata.name} {.object.data.a}{\"\\n\"}",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("kubectl -w");
+    let stdout = child.stdout.take().expect("stdout");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let next = || rx.recv_timeout(Duration::from_secs(10)).expect("watch line");
+    assert_eq!(next(), "ADDED demo 1");
+    env.apply(&CM.replace("\"1\"", "\"2\""), &[]);
+    assert_eq!(next(), "MODIFIED demo 2");
+    env.ok(&["delete", "configmap", "demo"]);
+    assert_eq!(next(), "DELETED demo 2");
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn errors_are_kubernetes_statuses() {
+    let env = Env::start(SimOptions::default()).await;
+    let cm = |name: &str, ns: &str| {
+        format!("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {name}\n  namespace: {ns}\n")
+    };
+    let out = env.kubectl_stdin(&["apply", "-f", "-"], Some(&cm("x", "nowhere")));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("namespaces \"nowhere\" not found"), "{err}");
+    env.apply(&cm("x", "default"), &[]);
+    let out = env.kubectl_stdin(&["create", "-f", "-"], Some(&cm("x", "default")));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("Error from server (AlreadyExists)") && err.contains("configmaps \"x\" already exists"),
+        "{err}"
+    );
+    let out = env.kubectl_stdin(&["create", "-f", "-"], Some(&cm("Bad_Name", "default")));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("Invalid"), "{err}");
+    // Deployment generation moves with spec only.
+    let dep = "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: web\nspec:\n  replicas: 1\n  selector: {matchLabels: {app: web}}\n  template:\n    metadata: {labels: {app: web}}\n    spec:\n      containers: [{name: c, image: nginx:1}]\n";
+    env.apply(dep, &[]);
+    env.ok(&["patch", "deployment", "web", "-p", r#"{"spec":{"replicas":3}}"#]);
+    env.ok(&["annotate", "deployment", "web", "note=x"]);
+    let d = env.get_json(&["deployment", "web"]);
+    assert_eq!(d["spec"]["replicas"], 3);
+    assert_eq!(d["metadata"]["generation"], 2);
+    env.apply(&dep.replace("nginx:1", "nginx:2").replace("replicas: 1", "replicas: 3"), &[]);
+    let d = env.get_json(&["deployment", "web"]);
+    assert_eq!(d["spec"]["template"]["spec"]["containers"][0]["image"], "nginx:2");
+    assert_eq!(d["metadata"]["generation"], 3);
+    // Deleting a namespace removes what is in it.
+    env.apply("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: team\n", &[]);
+    env.apply(&cm("cm-y", "team"), &[]);
+    env.ok(&["delete", "namespace", "team", "--timeout=20s"]);
+    let err = env.fails(&["get", "namespace", "team"]);
+    assert!(err.contains("NotFound"), "{err}");
+    let err = env.fails(&["get", "configmap", "cm-y", "-n", "team"]);
+    assert!(err.contains("NotFound"), "{err}");
+}
