@@ -102,6 +102,11 @@ impl Faults {
         self.core.faults.hold_watches.send_replace(hold);
     }
 
+    /// Failures still to be served from the last [`fail_next`](Self::fail_next).
+    pub fn pending_failures(&self) -> u32 {
+        self.core.faults.fail_next.load(Ordering::SeqCst)
+    }
+
     /// Number of watches currently open.
     pub fn open_watches(&self) -> usize {
         self.core.lock().watch_count()

@@ -1,0 +1,275 @@
+//! The same scenarios through kube-rs: dynamic objects via Discovery, typed Api errors,
+//! server-side apply, and kube-runtime's watcher in list-then-watch and streaming-list
+//! modes surviving a forced 410 relist.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use fleetwatch_sim::{SimCluster, SimOptions};
+use futures_util::StreamExt;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::core::GroupVersionKind;
+use kube::discovery::{Discovery, Scope};
+use kube::runtime::watcher;
+use serde_json::json;
+
+async fn sim() -> (SimCluster, kube::Client) {
+    let sim = SimCluster::start(SimOptions { bookmark_interval: Duration::from_millis(300), ..SimOptions::default() })
+        .await
+        .expect("sim starts");
+    let client = sim.client().await.expect("client");
+    (sim, client)
+}
+
+/// Code, reason and message of an API error.
+struct ApiErr {
+    code: u16,
+    reason: String,
+    message: String,
+}
+
+fn api_error(e: kube::Error) -> ApiErr {
+    match e {
+        kube::Error::Api(s) => ApiErr { code: s.code, reason: s.reason.clone(), message: s.message.clone() },
+        other => panic!("expected an API error, got {other:?}"),
+    }
+}
+
+fn cm(name: &str, labels: serde_json::Value) -> ConfigMap {
+    serde_json::from_value(json!({"metadata": {"name": name, "labels": labels}, "data": {"k": "v"}}))
+        .expect("configmap")
+}
+
+#[tokio::test]
+async fn dynamic_objects_through_discovery_including_a_crd() {
+    let (_sim, client) = sim().await;
+    let discovery = Discovery::new(client.clone()).run().await.expect("discovery");
+    let (ar, caps) =
+        discovery.resolve_gvk(&GroupVersionKind::gvk("", "v1", "ConfigMap")).expect("configmaps discovered");
+    assert_eq!(caps.scope, Scope::Namespaced);
+    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), "default", &ar);
+    let obj: DynamicObject = serde_json::from_value(
+        json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "dyn"}, "data": {"a": "1"}}),
+    )
+    .unwrap();
+    let created = api.create(&PostParams::default(), &obj).await.expect("create");
+    assert!(created.metadata.uid.is_some());
+    let got = api.get("dyn").await.expect("get");
+    assert_eq!(got.data["data"]["a"], "1");
+
+    // A CRD makes its resource discoverable and usable; deleting it removes both.
+    let crds: Api<DynamicObject> = Api::all_with(
+        client.clone(),
+        &discovery
+            .resolve_gvk(&GroupVersionKind::gvk("apiextensions.k8s.io", "v1", "CustomResourceDefinition"))
+            .expect("crd kind")
+            .0,
+    );
+    let crd: serde_yaml_free::Crd = serde_yaml_free::crd();
+    crds.create(&PostParams::default(), &crd.0).await.expect("create crd");
+    let discovery = Discovery::new(client.clone()).run().await.expect("discovery again");
+    let (war, wcaps) =
+        discovery.resolve_gvk(&GroupVersionKind::gvk("example.com", "v1", "Widget")).expect("widgets discovered");
+    assert!(
+        wcaps.subresources.iter().any(|(r, _)| r.plural == "widgets/status" || r.plural == "status"),
+        "{:?}",
+        wcaps.subresources
+    );
+    let widgets: Api<DynamicObject> = Api::namespaced_with(client.clone(), "default", &war);
+    let w: DynamicObject = serde_json::from_value(
+        json!({"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "w"}, "spec": {"n": 1}}),
+    )
+    .unwrap();
+    widgets.create(&PostParams::default(), &w).await.expect("create widget");
+    assert_eq!(widgets.list(&ListParams::default()).await.expect("list").items.len(), 1);
+    crds.delete("widgets.example.com", &DeleteParams::default()).await.expect("delete crd");
+    let e = api_error(widgets.list(&ListParams::default()).await.expect_err("resource gone"));
+    assert_eq!(e.code, 404);
+    let discovery = Discovery::new(client).run().await.expect("discovery after delete");
+    assert!(discovery.resolve_gvk(&GroupVersionKind::gvk("example.com", "v1", "Widget")).is_none());
+}
+
+/// The CRD used by the kube-rs tests (built as JSON: no YAML parser needed).
+mod serde_yaml_free {
+    pub struct Crd(pub kube::api::DynamicObject);
+    pub fn crd() -> Crd {
+        Crd(serde_json::from_value(serde_json::json!({
+            "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+            "metadata": {"name": "widgets.example.com"},
+            "spec": {"group": "example.com", "scope": "Namespaced",
+                "names": {"plural": "widgets", "singular": "widget", "kind": "Widget"},
+                "versions": [{"name": "v1", "served": true, "storage": true, "subresources": {"status": {}},
+                    "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}]}
+        }))
+        .expect("crd"))
+    }
+}
+
+#[tokio::test]
+async fn typed_api_errors_conflicts_and_apply() {
+    let (sim, client) = sim().await;
+    let api: Api<ConfigMap> = Api::default_namespaced(client.clone());
+    let c = api.create(&PostParams::default(), &cm("a", json!({}))).await.expect("create");
+    let e = api_error(api.create(&PostParams::default(), &cm("a", json!({}))).await.unwrap_err());
+    assert_eq!((e.code, e.reason.as_str()), (409, "AlreadyExists"));
+    let e = api_error(api.get("missing").await.unwrap_err());
+    assert_eq!((e.code, e.reason.as_str()), (404, "NotFound"));
+    // Optimistic concurrency: replacing with a stale resourceVersion is a 409 Conflict.
+    let mut fresh = c.clone();
+    fresh.data = Some([("k".to_string(), "v2".to_string())].into());
+    api.replace("a", &PostParams::default(), &fresh).await.expect("first replace");
+    let e = api_error(api.replace("a", &PostParams::default(), &fresh).await.unwrap_err());
+    assert_eq!((e.code, e.reason.as_str()), (409, "Conflict"));
+    // Server-side apply with a field manager; another manager conflicts unless forced.
+    let applied = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "ssa"}, "data": {"x": "1"}});
+    api.patch("ssa", &PatchParams::apply("alice"), &Patch::Apply(&applied)).await.expect("apply creates");
+    let other = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "ssa"}, "data": {"x": "2"}});
+    let e = api_error(api.patch("ssa", &PatchParams::apply("bob"), &Patch::Apply(&other)).await.unwrap_err());
+    assert_eq!(e.code, 409);
+    assert!(e.message.contains("alice"), "{}", e.message);
+    let forced = api.patch("ssa", &PatchParams::apply("bob").force(), &Patch::Apply(&other)).await.expect("forced");
+    assert_eq!(forced.data.unwrap()["x"], "2");
+    // Faults: the next requests fail with what was asked for, then things work again.
+    // kube-rs retries 429 by itself: the injected 429 is served and the call still succeeds.
+    sim.faults().fail_next(1, 429);
+    api.get("a").await.expect("429 retried by the client");
+    assert_eq!(sim.faults().pending_failures(), 0);
+    sim.faults().fail_next(1, 500);
+    assert_eq!(api_error(api.get("a").await.unwrap_err()).code, 500);
+    api.get("a").await.expect("recovered");
+    // Background garbage collection of dependents.
+    let owner = api.get("a").await.unwrap();
+    let dep: ConfigMap = serde_json::from_value(json!({"metadata": {"name": "dep", "ownerReferences": [
+        {"apiVersion": "v1", "kind": "ConfigMap", "name": "a", "uid": owner.metadata.uid}]}}))
+    .unwrap();
+    api.create(&PostParams::default(), &dep).await.expect("dependent");
+    api.delete("a", &DeleteParams::background()).await.expect("delete owner");
+    let mut gone = false;
+    for _ in 0..100 {
+        if api.get_opt("dep").await.expect("get_opt").is_none() {
+            gone = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(gone, "dependent was garbage collected");
+}
+
+async fn watcher_survives_forced_relist(streaming: bool) {
+    let (sim, client) = sim().await;
+    let api: Api<ConfigMap> = Api::default_namespaced(client.clone());
+    for n in ["a", "b", "c"] {
+        api.create(&PostParams::default(), &cm(n, json!({"app": "x"}))).await.expect("create");
+    }
+    api.create(&PostParams::default(), &cm("other", json!({"app": "y"}))).await.expect("create");
+    let mut cfg = watcher::Config::default().labels("app=x");
+    if streaming {
+        cfg = cfg.streaming_lists();
+    }
+    let (reader, writer) = kube::runtime::reflector::store::<ConfigMap>();
+    let mut inits = 0usize;
+    let stream = kube::runtime::reflector(writer, watcher(api.clone(), cfg));
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let task = tokio::spawn(async move {
+        let mut stream = std::pin::pin!(stream);
+        while let Some(ev) = stream.next().await {
+            if let Ok(watcher::Event::InitDone) = ev {
+                let _ = tx.send(());
+            }
+        }
+    });
+    let names = |r: &kube::runtime::reflector::Store<ConfigMap>| -> BTreeSet<String> {
+        r.state().iter().filter_map(|o| o.metadata.name.clone()).collect()
+    };
+    let wait_for = |want: BTreeSet<String>| {
+        let reader = reader.clone();
+        async move {
+            for _ in 0..250 {
+                if names(&reader) == want {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            panic!("store never became {want:?}, is {:?}", names(&reader));
+        }
+    };
+    let set = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<BTreeSet<_>>();
+    tokio::time::timeout(Duration::from_secs(10), rx.recv()).await.expect("initial list done");
+    inits += 1;
+    wait_for(set(&["a", "b", "c"])).await;
+    // Live events flow.
+    api.create(&PostParams::default(), &cm("d", json!({"app": "x"}))).await.unwrap();
+    wait_for(set(&["a", "b", "c", "d"])).await;
+
+    // Force a relist: hold new watches, end the open one, compact the history, then
+    // change things the watcher cannot see until it relists.
+    let faults = sim.faults();
+    faults.hold_watches(true);
+    assert!(faults.drop_watches() >= 1);
+    faults.compact_history();
+    api.delete("a", &DeleteParams::default()).await.unwrap();
+    api.create(&PostParams::default(), &cm("e", json!({"app": "x"}))).await.unwrap();
+    let mut relabel = api.get("b").await.unwrap();
+    relabel.metadata.labels = Some([("app".to_string(), "y".to_string())].into());
+    api.replace("b", &PostParams::default(), &relabel).await.unwrap();
+    faults.hold_watches(false);
+    tokio::time::timeout(Duration::from_secs(15), rx.recv()).await.expect("relisted after 410");
+    inits += 1;
+    wait_for(set(&["c", "d", "e"])).await;
+    // And it keeps watching after the relist.
+    api.delete("c", &DeleteParams::default()).await.unwrap();
+    wait_for(set(&["d", "e"])).await;
+    assert_eq!(inits, 2);
+    task.abort();
+}
+
+#[tokio::test]
+async fn watcher_list_then_watch_relists_after_410() {
+    watcher_survives_forced_relist(false).await;
+}
+
+#[tokio::test]
+async fn watcher_streaming_list_relists_after_410() {
+    watcher_survives_forced_relist(true).await;
+}
+
+#[tokio::test]
+async fn raw_watch_from_old_resource_version_gets_410_and_bookmarks_arrive() {
+    let (sim, client) = sim().await;
+    let api: Api<ConfigMap> = Api::default_namespaced(client.clone());
+    api.create(&PostParams::default(), &cm("a", json!({}))).await.unwrap();
+    let rv = api.list(&ListParams::default()).await.unwrap().metadata.resource_version.unwrap();
+    sim.faults().compact_history();
+    let mut s = api.watch(&kube::api::WatchParams::default(), &rv).await.expect("watch starts").boxed();
+    match s.next().await {
+        Some(Err(kube::Error::Api(status))) => assert_eq!(status.code, 410),
+        Some(Ok(kube::api::WatchEvent::Error(e))) => assert_eq!(e.code, 410),
+        other => panic!("expected a 410 ERROR event, got {other:?}"),
+    }
+    // From a current resourceVersion: events, then bookmarks carrying the latest resourceVersion.
+    let rv = api.list(&ListParams::default()).await.unwrap().metadata.resource_version.unwrap();
+    let mut s = api
+        .watch(&kube::api::WatchParams { bookmarks: true, ..Default::default() }.timeout(5), &rv)
+        .await
+        .unwrap()
+        .boxed();
+    api.create(&PostParams::default(), &cm("b", json!({}))).await.unwrap();
+    let mut saw_added = false;
+    let mut bookmark_rv = None;
+    while let Some(ev) = tokio::time::timeout(Duration::from_secs(5), s.next()).await.expect("event in time") {
+        match ev.expect("event") {
+            kube::api::WatchEvent::Added(o) => saw_added = o.metadata.name.as_deref() == Some("b"),
+            kube::api::WatchEvent::Bookmark(b) => {
+                bookmark_rv = Some(b.metadata.resource_version);
+                break;
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert!(saw_added);
+    let b: u64 = bookmark_rv.expect("bookmark").parse().unwrap();
+    assert!(b >= sim.resource_version() - 1 && b > rv.parse::<u64>().unwrap());
+}
