@@ -164,7 +164,7 @@ impl Agent {
         mut changes: mpsc::Receiver<Change>,
         shutdown: CancellationToken,
         fail_fast: bool,
-    ) -> Result<(), AgentError> {
+    ) -> Result<AgentStats, AgentError> {
         // A new epoch per start: the hub then knows earlier unacked events are gone.
         let epoch = jiff::Timestamp::now().as_microsecond().max(1) as u64;
         let mut outbox = Outbox::new(&self.cluster, epoch, self.config.outbox_capacity);
@@ -190,7 +190,7 @@ impl Agent {
             };
             let Some(ws) = ws else {
                 tracing::info!(pending = outbox.len(), "shutting down while disconnected; pending events are dropped and the next start resyncs");
-                return Ok(());
+                return Ok(self.final_stats(&stats, &outbox));
             };
             let ws = match ws {
                 Ok(ws) => ws,
@@ -202,7 +202,7 @@ impl Agent {
                     let wait = backoff.next().unwrap_or(Duration::from_secs(5));
                     tracing::warn!(error = %e, retry_in = ?wait, "cannot reach hub");
                     if sleep_absorbing(wait, &mut changes, &mut outbox, &mut source_open, &mut stats, &shutdown).await {
-                        return Ok(());
+                        return Ok(self.final_stats(&stats, &outbox));
                     }
                     continue;
                 }
@@ -217,7 +217,7 @@ impl Agent {
             stats.connected = false;
             self.publish(&stats, &outbox);
             match end {
-                SessionEnd::Done => return Ok(()),
+                SessionEnd::Done => return Ok(self.final_stats(&stats, &outbox)),
                 SessionEnd::Refused(code, message) => {
                     tracing::error!(?code, %message, "hub refused this agent");
                     if fail_fast {
@@ -225,27 +225,31 @@ impl Agent {
                     }
                     // Identity problems are not fixed by retrying fast: wait long.
                     if sleep_absorbing(Duration::from_secs(30), &mut changes, &mut outbox, &mut source_open, &mut stats, &shutdown).await {
-                        return Ok(());
+                        return Ok(self.final_stats(&stats, &outbox));
                     }
                 }
                 SessionEnd::Lost(why) => {
                     let wait = backoff.next().unwrap_or(Duration::from_secs(5));
                     tracing::warn!(%why, retry_in = ?wait, "connection to hub lost");
                     if sleep_absorbing(wait, &mut changes, &mut outbox, &mut source_open, &mut stats, &shutdown).await {
-                        return Ok(());
+                        return Ok(self.final_stats(&stats, &outbox));
                     }
                 }
             }
         }
     }
 
-    fn publish(&self, stats: &AgentStats, outbox: &Outbox) {
+    fn final_stats(&self, stats: &AgentStats, outbox: &Outbox) -> AgentStats {
         let mut s = stats.clone();
         s.acked_seq = outbox.acked();
         s.last_seq = outbox.last_seq();
         s.outbox_len = outbox.len();
         s.overflows = outbox.overflows();
-        self.stats.send_replace(s);
+        s
+    }
+
+    fn publish(&self, stats: &AgentStats, outbox: &Outbox) {
+        self.stats.send_replace(self.final_stats(stats, outbox));
     }
 
     async fn session(

@@ -56,6 +56,11 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     let shutdown = crate::shutdown_on_signals();
     let (tx, rx) = mpsc::channel(4096);
     tokio::spawn(source.run(tx, shutdown.child_token()));
-    agent.run(rx, shutdown, !args.retry_first_connect).await?;
+    let stats = agent.run(rx, shutdown, !args.retry_first_connect).await?;
+    // One machine-readable line: what was produced and what the hub acked.
+    println!(
+        "agent stopped changes={} last_seq={} acked_seq={} pending={}",
+        stats.changes, stats.last_seq, stats.acked_seq, stats.outbox_len
+    );
     Ok(())
 }

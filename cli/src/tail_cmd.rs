@@ -68,11 +68,17 @@ pub async fn run(args: TailArgs) -> anyhow::Result<()> {
             _ = shutdown.cancelled() => break,
         };
         let mut out = stdout.lock();
+        let mut handled = delivery.last_cursor();
         match &delivery {
             Delivery::Events(events) => {
                 for e in events {
                     writeln!(out, "{}", encode(e)).context("stdout")?;
                     printed += 1;
+                    if args.count.is_some_and(|n| printed >= n) {
+                        // Stop mid-batch: acknowledge only what was printed.
+                        handled = e.cursor;
+                        break;
+                    }
                 }
             }
             Delivery::ResyncRequired(r) => {
@@ -85,7 +91,7 @@ pub async fn run(args: TailArgs) -> anyhow::Result<()> {
         out.flush().context("stdout")?;
         drop(out);
         // Printed means handled: acknowledge so a durable subscription resumes after it.
-        if let Some(c) = delivery.last_cursor() {
+        if let Some(c) = handled {
             sub.ack(c).await?;
         }
         if args.count.is_some_and(|n| printed >= n) {

@@ -39,6 +39,11 @@ pub(crate) async fn run(mut conn: Conn, cluster: String, ctx: Arc<Context>, shut
                 ctx.metrics.reject("no-hello");
                 return conn.fail(ErrorCode::Forbidden, "the first message must be hello", CloseCode::Policy).await;
             }
+            Err(DecodeError::UnknownType(t)) if is_subscriber_message(&t) => {
+                ctx.metrics.reject("agent-sent-subscriber-message");
+                let msg = format!("an agent certificate cannot subscribe ({t:?}); agents can only publish");
+                return conn.fail(ErrorCode::Forbidden, msg, CloseCode::Policy).await;
+            }
             Err(e) => return reject_decode(conn, &ctx, e).await,
         },
         Ok(_) => return,
@@ -147,6 +152,11 @@ impl Session {
                 Ok(AgentMessage::Hello(_)) => {
                     self.ctx.metrics.reject("duplicate-hello");
                     conn.send_error(ErrorCode::Forbidden, "hello was already received", false).await;
+                }
+                Err(DecodeError::UnknownType(t)) if is_subscriber_message(&t) => {
+                    self.ctx.metrics.reject("agent-sent-subscriber-message");
+                    let msg = format!("an agent certificate cannot subscribe ({t:?}); agents can only publish");
+                    return Err(End::Fail(ErrorCode::Forbidden, msg, CloseCode::Policy));
                 }
                 Err(DecodeError::UnknownType(t)) => {
                     self.ctx.metrics.reject("unknown-type");
@@ -287,6 +297,10 @@ impl Session {
         let ack = HubToAgent::Ack(Ack { epoch: self.epoch, seq: self.acked });
         conn.send_text(encode(&ack)).await.map_err(|e| End::Closed(e.to_string()))
     }
+}
+
+fn is_subscriber_message(t: &str) -> bool {
+    t == "subscribe"
 }
 
 async fn reject_decode(conn: Conn, ctx: &Context, e: DecodeError) {

@@ -1,1 +1,7 @@
-fn main() {}
+//! End-to-end tests: real `fleetwatch` processes over real mutual TLS on loopback.
+
+mod cli;
+mod delivery;
+mod protocol;
+mod shutdown;
+mod support;

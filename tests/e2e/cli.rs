@@ -1,0 +1,150 @@
+//! The command line as a user meets it: certificates, help, and one-line errors.
+
+use std::process::Command;
+
+use crate::support::*;
+
+fn run(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(BIN).args(args).output().unwrap();
+    (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into(), String::from_utf8_lossy(&out.stderr).into())
+}
+
+#[test]
+fn certs_commands_write_and_inspect_identities() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    let (code, out, err) = run(&["certs", "init", "--dir", d, "--trust-domain", "example.org"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("spiffe://example.org"), "{out}");
+    assert_eq!(run(&["certs", "issue", "hub", "--dir", d, "--dns", "hub.example.org", "--ip", "127.0.0.1"]).0, 0);
+    assert_eq!(run(&["certs", "issue", "agent", "--dir", d, "--cluster", "eu-1", "--days", "7"]).0, 0);
+    assert_eq!(run(&["certs", "issue", "subscriber", "--dir", d, "--name", "lifecycle"]).0, 0);
+    for f in ["hub.crt", "hub.key", "agent-eu-1.crt", "agent-eu-1.key", "subscriber-lifecycle.crt", "subscriber-lifecycle.key"] {
+        assert!(dir.path().join(f).exists(), "{f} missing");
+    }
+    let (code, out, _) = run(&["certs", "inspect", &format!("{d}/agent-eu-1.crt")]);
+    assert_eq!(code, 0);
+    assert!(out.contains("identity:   spiffe://example.org/cluster/eu-1"), "{out}");
+    assert!(out.contains("serial:"), "{out}");
+    let not_after = out.lines().find(|l| l.starts_with("not after:")).unwrap();
+    let ts: jiff::Timestamp = not_after.trim_start_matches("not after:").trim().parse().unwrap();
+    let days = (ts.as_second() - jiff::Timestamp::now().as_second()) / 86_400;
+    assert!((6..=7).contains(&days), "{not_after}");
+    let (_, out, _) = run(&["certs", "inspect", &format!("{d}/hub.crt")]);
+    assert!(out.contains("spiffe://example.org/hub") && out.contains("hub.example.org") && out.contains("127.0.0.1"), "{out}");
+
+    // Refusals are one line and name the cause.
+    let (code, _, err) = run(&["certs", "init", "--dir", d]);
+    assert_ne!(code, 0);
+    assert!(err.contains("already holds a CA"), "{err}");
+    let (code, _, err) = run(&["certs", "issue", "agent", "--dir", d, "--cluster", "no/slash"]);
+    assert_ne!(code, 0);
+    assert!(err.contains("invalid name"), "{err}");
+    let (code, _, err) = run(&["certs", "issue", "agent", "--dir", "/nonexistent", "--cluster", "x"]);
+    assert_ne!(code, 0);
+    assert!(err.contains("/nonexistent/ca.crt"), "{err}");
+}
+
+#[test]
+fn every_subcommand_explains_itself() {
+    for args in [
+        vec!["--help"],
+        vec!["certs", "--help"],
+        vec!["certs", "issue", "agent", "--help"],
+        vec!["hub", "--help"],
+        vec!["agent", "--help"],
+        vec!["tail", "--help"],
+        vec!["bench", "hub", "--help"],
+    ] {
+        let (code, out, _) = run(&args);
+        assert_eq!(code, 0, "{args:?}");
+        assert!(out.contains("Usage:"), "{args:?}: {out}");
+    }
+    let (_, out, _) = run(&["hub", "--help"]);
+    assert!(out.contains("--data-dir") && out.contains("--client-ca"), "{out}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_gives_a_one_line_error() {
+    let pki = Pki::new();
+    let sub = pki.subscriber("s");
+    let (cert, key, ca) = (sub.cert.display().to_string(), sub.key.display().to_string(), pki.path("ca.crt").display().to_string());
+    let dead = format!("wss://127.0.0.1:{}", free_port());
+
+    let error_line = |err: &str| -> String {
+        let lines: Vec<_> = err.lines().filter(|l| l.starts_with("error")).collect();
+        assert_eq!(lines.len(), 1, "{err}");
+        lines[0].to_string()
+    };
+    // Unreachable hub.
+    let (code, _, err) = run(&["tail", "--hub", &dead, "--cert", &cert, "--key", &key, "--ca", &ca]);
+    assert_ne!(code, 0);
+    assert!(error_line(&err).contains("cannot reach hub"), "{err}");
+    // Unreadable certificate.
+    let (code, _, err) = run(&["tail", "--hub", &dead, "--cert", "/nope.crt", "--key", &key, "--ca", &ca]);
+    assert_ne!(code, 0);
+    assert!(error_line(&err).contains("/nope.crt"), "{err}");
+    // Certificate and key that do not belong together.
+    let other = pki.subscriber("t");
+    let (code, _, err) = run(&["tail", "--hub", &dead, "--cert", &cert, "--key", other.key.to_str().unwrap(), "--ca", &ca]);
+    assert_ne!(code, 0);
+    assert!(error_line(&err).contains("do not match"), "{err}");
+    // Bad hub address and bad source.
+    let (code, _, err) = run(&["tail", "--hub", "http://x", "--cert", &cert, "--key", &key, "--ca", &ca]);
+    assert_ne!(code, 0);
+    assert!(error_line(&err).contains("wss://"), "{err}");
+    let a = pki.agent("x");
+    let (code, _, err) = run(&["agent", "--hub", &dead, "--cert", a.cert.to_str().unwrap(), "--key", a.key.to_str().unwrap(), "--ca", &ca, "--source", "synthetic:objects=0,rate=1"]);
+    assert_ne!(code, 0);
+    assert!(error_line(&err).contains("objects must be at least 1"), "{err}");
+    // A subscriber certificate is not an agent certificate.
+    let (code, _, err) = run(&["agent", "--hub", &dead, "--cert", &cert, "--key", &key, "--ca", &ca, "--source", "synthetic:objects=1,rate=1"]);
+    assert_ne!(code, 0);
+    assert!(error_line(&err).contains("not an agent certificate"), "{err}");
+    // Unknown flag (clap's own message, non-zero exit).
+    let (code, _, err) = run(&["hub", "--bogus"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("--bogus"), "{err}");
+    // A hub whose key does not match its certificate.
+    let (code, _, err) = run(&["hub", "--listen", "127.0.0.1:0", "--cert", pki.path("hub.crt").to_str().unwrap(), "--key", &key, "--client-ca", &ca]);
+    assert_ne!(code, 0);
+    assert!(error_line(&err).contains("do not match"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quickstart_tail_prints_events_and_resumes_a_durable_subscription() {
+    let pki = Pki::new();
+    let hub = HubProc::start(&pki, free_port(), None, &[]);
+    let _a = agent(&pki, "eu-1", &hub.url(), "synthetic:objects=3,rate=100,total=30", &[]);
+    let _b = agent(&pki, "us-1", &hub.url(), "synthetic:objects=3,rate=100,total=30", &[]);
+    let sub = pki.subscriber("ops");
+    let tail = |extra: &[&str]| {
+        let mut args = vec![
+            "tail".to_string(), "--hub".into(), hub.url(), "--cert".into(), sub.cert.display().to_string(),
+            "--key".into(), sub.key.display().to_string(), "--ca".into(), pki.path("ca.crt").display().to_string(),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        Command::new(BIN).args(&args).output().unwrap()
+    };
+    assert!(eventually(std::time::Duration::from_secs(10), || true).await);
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    let first = tail(&["--name", "n1", "--from", "earliest", "--cluster", "eu-1", "--count", "10"]);
+    assert!(first.status.success(), "{}", String::from_utf8_lossy(&first.stderr));
+    let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&first.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let events: Vec<_> = lines.iter().filter(|l| l["type"] == "dev.fleetwatch.object.applied").collect();
+    assert_eq!(events.len(), 10);
+    for e in &events {
+        assert_eq!(e["cluster"], "eu-1");
+        assert_eq!(e["source"], "/clusters/eu-1");
+        assert!(e["subject"].as_str().unwrap().starts_with("synthetic.fleetwatch.dev/v1/Object/default/obj-"));
+        assert!(e["seq"].as_u64().unwrap() >= 2 && e["id"].as_str().unwrap().starts_with("eu-1/"));
+    }
+    // The second run resumes after what the first printed.
+    let second = tail(&["--name", "n1", "--from", "earliest", "--cluster", "eu-1", "--count", "5"]);
+    let seqs = |out: &std::process::Output| -> Vec<u64> {
+        String::from_utf8_lossy(&out.stdout).lines().filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok()?["seq"].as_u64()).collect()
+    };
+    let (s1, s2) = (seqs(&first), seqs(&second));
+    assert_eq!(s2.len(), 5);
+    assert_eq!(s2[0], s1.last().unwrap() + 1, "first {s1:?} second {s2:?}");
+}

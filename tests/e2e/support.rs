@@ -1,0 +1,358 @@
+//! Test support: a PKI, real `fleetwatch` processes, a fault-injecting TCP proxy and a
+//! collecting subscriber.
+
+#![allow(dead_code)]
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use fleetwatch_certs::{Authority, LeafSpec, TlsFiles};
+use fleetwatch_shared::protocol::StartFrom;
+use fleetwatch_shared::subscriber::{Delivery, SubscriberOptions, Subscription};
+use fleetwatch_shared::transport::HubUrl;
+use tokio::io::AsyncWriteExt;
+use tokio::net::{TcpListener, TcpStream};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_fleetwatch");
+
+/// A CA with a hub certificate in a temporary directory.
+pub struct Pki {
+    pub dir: tempfile::TempDir,
+    ca: Authority,
+}
+
+impl Pki {
+    pub fn new() -> Self {
+        fleetwatch_certs::install_crypto_provider();
+        let dir = tempfile::tempdir().unwrap();
+        Authority::init(dir.path(), "test.local").unwrap();
+        let ca = Authority::load(dir.path()).unwrap();
+        ca.issue(dir.path(), &LeafSpec::Hub { dns: vec!["localhost".into()], ips: vec!["127.0.0.1".parse().unwrap()] }, 1)
+            .unwrap();
+        Self { dir, ca }
+    }
+
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    pub fn agent(&self, cluster: &str) -> TlsFiles {
+        let f = self.ca.issue(self.dir.path(), &LeafSpec::Agent { cluster: cluster.into() }, 1).unwrap();
+        TlsFiles { cert: f.cert, key: f.key, ca: vec![self.path("ca.crt")] }
+    }
+
+    pub fn subscriber(&self, name: &str) -> TlsFiles {
+        let f = self.ca.issue(self.dir.path(), &LeafSpec::Subscriber { name: name.into() }, 1).unwrap();
+        TlsFiles { cert: f.cert, key: f.key, ca: vec![self.path("ca.crt")] }
+    }
+
+    pub fn ca(&self) -> &Authority {
+        &self.ca
+    }
+}
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// A `fleetwatch` child process whose stderr is kept in a file; killed on drop.
+pub struct Proc {
+    pub child: Child,
+    pub log: PathBuf,
+    pub stdout_lines: Arc<Mutex<Vec<String>>>,
+}
+
+impl Proc {
+    pub fn spawn(args: &[String], log: PathBuf) -> Self {
+        let err = std::fs::File::create(&log).unwrap();
+        let mut child = Command::new(BIN)
+            .args(args)
+            .env("FLEETWATCH_LOG", "info")
+            .stdout(Stdio::piped())
+            .stderr(err)
+            .spawn()
+            .unwrap();
+        let out = child.stdout.take().unwrap();
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let l = lines.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                l.lock().unwrap().push(line);
+            }
+        });
+        Self { child, log, stdout_lines: lines }
+    }
+
+    pub fn signal(&self, sig: &str) {
+        let ok = Command::new("kill").arg(format!("-{sig}")).arg(self.child.id().to_string()).status().unwrap();
+        assert!(ok.success());
+    }
+
+    /// Waits for exit up to `timeout`; returns the exit code (`Some(-1)` when killed by a
+    /// signal), `None` when still running.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<i32> {
+        let start = Instant::now();
+        while start.elapsed() < timeout {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return Some(status.code().unwrap_or(-1));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        None
+    }
+
+    pub fn stderr(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn wait_stdout(&self, needle: &str, timeout: Duration) -> String {
+        let start = Instant::now();
+        while start.elapsed() < timeout {
+            if let Some(l) = self.stdout_lines.lock().unwrap().iter().find(|l| l.contains(needle)) {
+                return l.clone();
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("no {needle:?} on stdout in {timeout:?}; stderr:\n{}", self.stderr());
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A hub process.
+pub struct HubProc {
+    pub proc: Proc,
+    pub port: u16,
+    pub admin_port: u16,
+}
+
+impl HubProc {
+    pub fn start(pki: &Pki, port: u16, data_dir: Option<&Path>, extra: &[&str]) -> Self {
+        let admin_port = free_port();
+        let mut args: Vec<String> = vec![
+            "hub".into(),
+            "--listen".into(),
+            format!("127.0.0.1:{port}"),
+            "--admin-listen".into(),
+            format!("127.0.0.1:{admin_port}"),
+            "--cert".into(),
+            pki.path("hub.crt").display().to_string(),
+            "--key".into(),
+            pki.path("hub.key").display().to_string(),
+            "--client-ca".into(),
+            pki.path("ca.crt").display().to_string(),
+            "--idle-timeout".into(),
+            "6".into(),
+        ];
+        if let Some(d) = data_dir {
+            args.push("--data-dir".into());
+            args.push(d.display().to_string());
+        }
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let log = pki.path(&format!("hub-{port}-{}.log", Instant::now().elapsed().as_nanos() ^ rand_u32()));
+        let proc = Proc::spawn(&args, log);
+        proc.wait_stdout("hub listening", Duration::from_secs(20));
+        Self { proc, port, admin_port }
+    }
+
+    pub fn url(&self) -> String {
+        format!("wss://127.0.0.1:{}", self.port)
+    }
+
+    pub async fn clusters(&self) -> serde_json::Value {
+        let body = http_get(self.admin_port, "/api/v1/clusters").await;
+        serde_json::from_str(&body).unwrap_or_default()
+    }
+}
+
+fn rand_u32() -> u128 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos() as u128
+}
+
+pub async fn http_get(port: u16, path: &str) -> String {
+    use tokio::io::AsyncReadExt;
+    let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)).await else { return String::new() };
+    let _ = s.write_all(format!("GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").as_bytes()).await;
+    let mut buf = String::new();
+    let _ = s.read_to_string(&mut buf).await;
+    buf.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default()
+}
+
+/// Starts an agent process.
+pub fn agent(pki: &Pki, cluster: &str, hub: &str, source: &str, extra: &[&str]) -> Proc {
+    let files = pki.agent(cluster);
+    let mut args: Vec<String> = vec![
+        "agent".into(),
+        "--hub".into(),
+        hub.into(),
+        "--cert".into(),
+        files.cert.display().to_string(),
+        "--key".into(),
+        files.key.display().to_string(),
+        "--ca".into(),
+        pki.path("ca.crt").display().to_string(),
+        "--source".into(),
+        source.into(),
+        "--retry-first-connect".into(),
+    ];
+    args.extend(extra.iter().map(|s| s.to_string()));
+    Proc::spawn(&args, pki.path(&format!("agent-{cluster}-{}.log", rand_u32())))
+}
+
+/// A TCP proxy that can cut the path: `cut` closes every connection and blackholes new
+/// ones (accepted, never forwarded), as a network partition would.
+pub struct Proxy {
+    pub port: u16,
+    cut: Arc<AtomicBool>,
+    generation: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl Proxy {
+    pub async fn start(target_port: u16) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let cut = Arc::new(AtomicBool::new(false));
+        let generation = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let (c, g) = (cut.clone(), generation.clone());
+        tokio::spawn(async move {
+            loop {
+                let Ok((mut inbound, _)) = listener.accept().await else { return };
+                let (c, g) = (c.clone(), g.clone());
+                tokio::spawn(async move {
+                    let my_gen = g.load(Ordering::SeqCst);
+                    if c.load(Ordering::SeqCst) {
+                        // Blackhole: hold the socket open, forward nothing.
+                        while c.load(Ordering::SeqCst) {
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                        }
+                        return;
+                    }
+                    let Ok(mut outbound) = TcpStream::connect(("127.0.0.1", target_port)).await else { return };
+                    let copy = tokio::io::copy_bidirectional(&mut inbound, &mut outbound);
+                    tokio::pin!(copy);
+                    loop {
+                        tokio::select! {
+                            _ = &mut copy => return,
+                            _ = tokio::time::sleep(Duration::from_millis(20)) => {
+                                if g.load(Ordering::SeqCst) != my_gen {
+                                    return; // cut: drop both sides
+                                }
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        Self { port, cut, generation }
+    }
+
+    pub fn url(&self) -> String {
+        format!("wss://127.0.0.1:{}", self.port)
+    }
+
+    pub fn cut(&self) {
+        self.cut.store(true, Ordering::SeqCst);
+        self.generation.fetch_add(1, Ordering::SeqCst);
+    }
+
+    pub fn restore(&self) {
+        self.cut.store(false, Ordering::SeqCst);
+    }
+}
+
+/// What a subscriber saw.
+#[derive(Default, Debug)]
+pub struct Seen {
+    /// (cluster, subject) → highest generation seen.
+    pub generation: HashMap<(String, String), u64>,
+    /// cluster → resync-required (cursor, reason), in arrival order; `*` for all.
+    pub resyncs: BTreeMap<String, Vec<(u64, String)>>,
+    /// cluster → highest seq seen.
+    pub max_seq: HashMap<String, u64>,
+    pub events: u64,
+}
+
+/// A durable subscriber in this test process that records what it sees.
+pub struct Collector {
+    pub seen: Arc<Mutex<Seen>>,
+    stop: tokio_util::sync::CancellationToken,
+}
+
+impl Collector {
+    pub async fn start(pki: &Pki, hub: &str, name: &str) -> Self {
+        let files = pki.subscriber(name);
+        let tls = Arc::new(fleetwatch_certs::client_config(&files).unwrap());
+        let mut opts = SubscriberOptions::new(hub.parse::<HubUrl>().unwrap(), tls);
+        opts.durable = Some("collector".into());
+        opts.from = StartFrom::Earliest;
+        opts.idle_timeout = Duration::from_secs(8);
+        let mut sub = Subscription::connect(opts).await.unwrap();
+        let seen = Arc::new(Mutex::new(Seen::default()));
+        let stop = tokio_util::sync::CancellationToken::new();
+        let (s, st) = (seen.clone(), stop.clone());
+        tokio::spawn(async move {
+            loop {
+                let d = tokio::select! {
+                    d = sub.next() => d,
+                    _ = st.cancelled() => return,
+                };
+                let Ok(d) = d else { continue };
+                {
+                    let mut seen = s.lock().unwrap();
+                    match &d {
+                        Delivery::Events(evs) => {
+                            for e in evs {
+                                seen.events += 1;
+                                let g = e.data["generation"].as_u64().unwrap_or(0);
+                                let slot = seen.generation.entry((e.cluster.clone(), e.subject.clone())).or_default();
+                                *slot = (*slot).max(g);
+                                let m = seen.max_seq.entry(e.cluster.clone()).or_default();
+                                *m = (*m).max(e.seq);
+                            }
+                        }
+                        Delivery::ResyncRequired(r) => {
+                            seen.resyncs.entry(r.cluster.clone()).or_default().push((r.cursor, r.reason.clone()));
+                        }
+                    }
+                }
+                if let Some(c) = d.last_cursor() {
+                    let _ = sub.ack(c).await;
+                }
+            }
+        });
+        Self { seen, stop }
+    }
+}
+
+impl Drop for Collector {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+/// Polls `cond` until true or `timeout`; returns whether it became true.
+pub async fn eventually(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < timeout {
+        if cond() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    cond()
+}
+
+/// The subject of synthetic object `n`.
+pub fn synthetic_subject(n: u64) -> String {
+    fleetwatch_agent::source::SyntheticSource::key(n).to_string()
+}
