@@ -207,6 +207,12 @@ impl SimCluster {
         self.core.shutdown.cancel();
     }
 
+    /// The shared state (for in-crate helpers such as the bench).
+    #[cfg_attr(not(feature = "kube-client"), allow(dead_code))]
+    pub(crate) fn core(&self) -> &Arc<Core> {
+        &self.core
+    }
+
     /// A token cancelled when the cluster shuts down.
     pub fn shutdown_token(&self) -> CancellationToken {
         self.core.shutdown.clone()

@@ -21,6 +21,7 @@
 //! See `docs/sim.md` for what is simulated and what is not.
 
 mod apply;
+#[cfg(feature = "kube-client")]
 mod bench;
 mod cli;
 mod cluster;
@@ -40,6 +41,7 @@ mod store;
 mod tls;
 mod watch;
 
+#[cfg(feature = "kube-client")]
 pub use bench::{BenchOptions, BenchReport, bench};
 pub use cli::{SimArgs, run};
 pub use cluster::{DEFAULT_HISTORY, SimCluster, SimOptions};
