@@ -64,7 +64,11 @@ impl FromStr for SyntheticSource {
             match k {
                 "objects" => s.objects = num(v)?,
                 "rate" => {
-                    s.rate = v.parse().ok().filter(|r: &f64| r.is_finite() && *r > 0.0).ok_or_else(|| err("rate must be a positive number"))?
+                    s.rate = v
+                        .parse()
+                        .ok()
+                        .filter(|r: &f64| r.is_finite() && *r > 0.0)
+                        .ok_or_else(|| err("rate must be a positive number"))?
                 }
                 "total" => s.total = Some(num(v)?),
                 "payload" => s.payload = num(v)? as usize,
@@ -139,7 +143,14 @@ mod tests {
     #[test]
     fn parses_and_rejects_specs() {
         assert!("synthetic:objects=1,rate=1".parse::<SyntheticSource>().is_ok());
-        for bad in ["kube:x", "synthetic:objects=0,rate=1", "synthetic:objects=3", "synthetic:objects=3,rate=-1", "synthetic:objects=x,rate=1", "synthetic:objects=1,rate=1,color=red"] {
+        for bad in [
+            "kube:x",
+            "synthetic:objects=0,rate=1",
+            "synthetic:objects=3",
+            "synthetic:objects=3,rate=-1",
+            "synthetic:objects=x,rate=1",
+            "synthetic:objects=1,rate=1,color=red",
+        ] {
             assert!(bad.parse::<SyntheticSource>().is_err(), "{bad}");
         }
     }

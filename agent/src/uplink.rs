@@ -4,7 +4,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::{SinkExt, StreamExt};
 use fleetwatch_certs::TlsFiles;
 use fleetwatch_shared::Limits;
 use fleetwatch_shared::codec::{decode_hub_to_agent, encode};
@@ -13,6 +12,7 @@ use fleetwatch_shared::protocol::{
 };
 use fleetwatch_shared::subscriber::reconnect_backoff;
 use fleetwatch_shared::transport::{ClientWs, ConnectError, HubUrl, connect};
+use futures_util::{SinkExt, StreamExt};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tokio_tungstenite::tungstenite::Message;
@@ -176,7 +176,8 @@ impl Agent {
         let mut first = true;
         loop {
             // Disconnected: keep absorbing changes while connecting.
-            let connecting = connect(&self.config.hub, self.tls.clone(), &self.config.limits, self.config.connect_timeout);
+            let connecting =
+                connect(&self.config.hub, self.tls.clone(), &self.config.limits, self.config.connect_timeout);
             tokio::pin!(connecting);
             let ws = loop {
                 tokio::select! {
@@ -189,7 +190,10 @@ impl Agent {
                 }
             };
             let Some(ws) = ws else {
-                tracing::info!(pending = outbox.len(), "shutting down while disconnected; pending events are dropped and the next start resyncs");
+                tracing::info!(
+                    pending = outbox.len(),
+                    "shutting down while disconnected; pending events are dropped and the next start resyncs"
+                );
                 return Ok(self.final_stats(&stats, &outbox));
             };
             let ws = match ws {
@@ -224,7 +228,16 @@ impl Agent {
                         return Err(AgentError::Refused { code, message });
                     }
                     // Identity problems are not fixed by retrying fast: wait long.
-                    if sleep_absorbing(Duration::from_secs(30), &mut changes, &mut outbox, &mut source_open, &mut stats, &shutdown).await {
+                    if sleep_absorbing(
+                        Duration::from_secs(30),
+                        &mut changes,
+                        &mut outbox,
+                        &mut source_open,
+                        &mut stats,
+                        &shutdown,
+                    )
+                    .await
+                    {
                         return Ok(self.final_stats(&stats, &outbox));
                     }
                 }
@@ -366,10 +379,12 @@ impl Agent {
             }
             Some(Item::Event(first)) => {
                 let mut events = vec![first];
-                events.extend(outbox.pending_after(events[0].seq, self.config.batch_size - 1).into_iter().filter_map(|i| match i {
-                    Item::Event(e) => Some(e),
-                    Item::Resync { .. } => None,
-                }));
+                events.extend(outbox.pending_after(events[0].seq, self.config.batch_size - 1).into_iter().filter_map(
+                    |i| match i {
+                        Item::Event(e) => Some(e),
+                        Item::Resync { .. } => None,
+                    },
+                ));
                 AgentMessage::Events(EventBatch { events })
             }
             None => return Ok(sent),

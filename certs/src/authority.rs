@@ -106,7 +106,8 @@ impl Authority {
         params.distinguished_name.push(DnType::CommonName, format!("fleetwatch CA {trust_domain}"));
         params.distinguished_name.push(DnType::OrganizationName, "fleetwatch");
         params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
-        params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
+        params.key_usages =
+            vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
         params.subject_alt_names = vec![SanType::URI(identity.to_string().try_into()?)];
         params.serial_number = Some(random_serial());
         validity(&mut params, 3650)?;

@@ -56,7 +56,9 @@ fn load_roots(paths: &[PathBuf]) -> Result<RootCertStore, CertError> {
     let mut roots = RootCertStore::empty();
     for p in paths {
         for c in load_certs(p)? {
-            roots.add(c).map_err(|e| CertError::Pem { path: p.clone(), what: format!("unusable CA certificate: {e}") })?;
+            roots
+                .add(c)
+                .map_err(|e| CertError::Pem { path: p.clone(), what: format!("unusable CA certificate: {e}") })?;
         }
     }
     Ok(roots)
@@ -110,9 +112,8 @@ pub fn client_config(files: &TlsFiles) -> Result<ClientConfig, CertError> {
 pub fn peer_identity(chain: &[CertificateDer<'_>]) -> Result<Identity, CertError> {
     let leaf = chain.first().ok_or_else(|| CertError::PeerIdentity("no client certificate".into()))?;
     let info = inspect_der(leaf).map_err(CertError::PeerIdentity)?;
-    info.identity.ok_or_else(|| {
-        CertError::PeerIdentity(format!("no single valid SPIFFE id among URI SANs {:?}", info.uris))
-    })
+    info.identity
+        .ok_or_else(|| CertError::PeerIdentity(format!("no single valid SPIFFE id among URI SANs {:?}", info.uris)))
 }
 
 /// A server configuration that follows its files: [`reload_if_changed`] rebuilds it when

@@ -263,7 +263,11 @@ impl Drop for TempDir {
 }
 
 fn tempdir() -> anyhow::Result<TempDir> {
-    let p = std::env::temp_dir().join(format!("fleetwatch-bench-{}-{}", std::process::id(), jiff::Timestamp::now().as_millisecond()));
+    let p = std::env::temp_dir().join(format!(
+        "fleetwatch-bench-{}-{}",
+        std::process::id(),
+        jiff::Timestamp::now().as_millisecond()
+    ));
     std::fs::create_dir_all(&p)?;
     Ok(TempDir(p))
 }

@@ -54,7 +54,10 @@ pub struct HubArgs {
 }
 
 fn secs(name: &str, v: f64) -> anyhow::Result<Duration> {
-    Duration::try_from_secs_f64(v).ok().filter(|d| !d.is_zero()).with_context(|| format!("--{name} must be a positive number of seconds"))
+    Duration::try_from_secs_f64(v)
+        .ok()
+        .filter(|d| !d.is_zero())
+        .with_context(|| format!("--{name} must be a positive number of seconds"))
 }
 
 pub async fn run(args: HubArgs) -> anyhow::Result<()> {

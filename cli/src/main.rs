@@ -1,9 +1,9 @@
 //! `fleetwatch`: one binary, a subcommand per role. Wiring only; the work is in the libraries.
 
+mod agent_cmd;
 mod bench;
 mod certs_cmd;
 mod hub_cmd;
-mod agent_cmd;
 mod tail_cmd;
 
 use clap::{Parser, Subcommand};

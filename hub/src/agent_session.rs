@@ -68,7 +68,14 @@ pub(crate) async fn run(mut conn: Conn, cluster: String, ctx: Arc<Context>, shut
     ctx.metrics.agent_sessions.inc();
     tracing::info!(session = %session_id, epoch = hello.epoch, last_acked = hello.last_acked_seq, "agent connected");
     let cluster: Arc<str> = Arc::from(cluster);
-    let mut session = Session { ctx: ctx.clone(), cluster: cluster.clone(), epoch: hello.epoch, acked: 0, bucket: TokenBucket::new(ctx.config.max_events_per_sec), warned_rate: false };
+    let mut session = Session {
+        ctx: ctx.clone(),
+        cluster: cluster.clone(),
+        epoch: hello.epoch,
+        acked: 0,
+        bucket: TokenBucket::new(ctx.config.max_events_per_sec),
+        warned_rate: false,
+    };
     let result = session.serve(&mut conn, &hello, &session_id, &cancel, &shutdown).await;
     ctx.metrics.agent_sessions.dec();
     ctx.registry.close(&cluster, &session_id);
@@ -212,7 +219,8 @@ impl Session {
         let limits = &self.ctx.config.limits;
         if batch.events.len() > limits.max_batch_events {
             self.ctx.metrics.reject("batch-too-large");
-            let msg = format!("batch of {} events exceeds the limit of {}", batch.events.len(), limits.max_batch_events);
+            let msg =
+                format!("batch of {} events exceeds the limit of {}", batch.events.len(), limits.max_batch_events);
             return Err(End::Fail(ErrorCode::LimitExceeded, msg, CloseCode::Size));
         }
         let mut items = Vec::with_capacity(batch.events.len());
@@ -220,7 +228,8 @@ impl Session {
         for mut ev in batch.events {
             if !ev.cluster.is_empty() && *ev.cluster != *self.cluster {
                 self.ctx.metrics.reject("identity-mismatch");
-                let msg = format!("event {} claims cluster {:?}; the certificate says {:?}", ev.id, ev.cluster, self.cluster);
+                let msg =
+                    format!("event {} claims cluster {:?}; the certificate says {:?}", ev.id, ev.cluster, self.cluster);
                 return Err(End::Fail(ErrorCode::IdentityMismatch, msg, CloseCode::Policy));
             }
             if ev.epoch != self.epoch {

@@ -226,7 +226,8 @@ impl Bus {
         let Ok(log) = self.log.read() else { return Read { next: from, ..Read::default() } };
         let mut out = Read { next: from, ..Read::default() };
         if from < log.base {
-            out.evicted = log.evicted.iter().filter(|(_, off)| **off >= from).map(|(c, off)| (c.clone(), *off)).collect();
+            out.evicted =
+                log.evicted.iter().filter(|(_, off)| **off >= from).map(|(c, off)| (c.clone(), *off)).collect();
             out.next = log.base;
         }
         let start = (out.next - log.base) as usize;
@@ -349,7 +350,8 @@ struct Writer {
 impl Writer {
     fn new(bus: &Arc<Bus>, opts: BusOptions, segments: Vec<(u64, PathBuf)>) -> Result<Self, BusError> {
         let seg_dir = opts.dir.as_ref().map(|d| d.join("segments"));
-        let mut w = Self { bus: Arc::downgrade(bus), opts, segments: segments.into(), file: None, in_segment: 0, seg_dir };
+        let mut w =
+            Self { bus: Arc::downgrade(bus), opts, segments: segments.into(), file: None, in_segment: 0, seg_dir };
         if let Some((first, path)) = w.segments.back().cloned() {
             let end = bus.log.read().map(|l| l.end).unwrap_or(1);
             w.in_segment = end.saturating_sub(first);
@@ -402,7 +404,13 @@ impl Writer {
                 {
                     continue; // duplicate from a resend
                 }
-                let rec = Record { offset: end, cluster: req.cluster.clone(), epoch: item.epoch, seq: item.seq, body: item.body };
+                let rec = Record {
+                    offset: end,
+                    cluster: req.cluster.clone(),
+                    epoch: item.epoch,
+                    seq: item.seq,
+                    body: item.body,
+                };
                 if self.seg_dir.is_some() {
                     encode_disk(&rec, &mut buf);
                 }
@@ -541,7 +549,8 @@ mod tests {
             bus.flush_cursors().unwrap();
         }
         // A torn write at the end of the last segment is cut off.
-        let mut segs: Vec<_> = std::fs::read_dir(dir.path().join("segments")).unwrap().map(|e| e.unwrap().path()).collect();
+        let mut segs: Vec<_> =
+            std::fs::read_dir(dir.path().join("segments")).unwrap().map(|e| e.unwrap().path()).collect();
         segs.sort();
         std::fs::OpenOptions::new().append(true).open(segs.last().unwrap()).unwrap().write_all(b"{\"o\":12,").unwrap();
         let bus = Bus::open(opts).unwrap();

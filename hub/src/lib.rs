@@ -126,7 +126,11 @@ impl Hub {
     pub async fn bind(config: HubConfig) -> Result<Self, HubError> {
         fleetwatch_certs::install_crypto_provider();
         let tls = ReloadingServerConfig::new(config.tls.clone())?;
-        let bus = Bus::open(BusOptions { dir: config.data_dir.clone(), retention: config.retention, ..BusOptions::default() })?;
+        let bus = Bus::open(BusOptions {
+            dir: config.data_dir.clone(),
+            retention: config.retention,
+            ..BusOptions::default()
+        })?;
         let listener =
             TcpListener::bind(config.listen).await.map_err(|source| HubError::Bind { addr: config.listen, source })?;
         let admin = match config.admin_listen {
@@ -195,7 +199,9 @@ async fn housekeeping(ctx: Arc<Context>, shutdown: CancellationToken) {
             match ctx.tls.reload_if_changed() {
                 Ok(true) => tracing::info!("reloaded TLS certificates and CA bundles"),
                 Ok(false) => {}
-                Err(e) => tracing::warn!(error = %e, "certificate files changed but cannot be loaded; keeping the old ones"),
+                Err(e) => {
+                    tracing::warn!(error = %e, "certificate files changed but cannot be loaded; keeping the old ones")
+                }
             }
         }
     }

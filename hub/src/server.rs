@@ -52,7 +52,13 @@ pub(crate) async fn accept_loop(
     }
 }
 
-async fn handle(tcp: TcpStream, peer: SocketAddr, ctx: Arc<Context>, shutdown: CancellationToken, _permit: OwnedSemaphorePermit) {
+async fn handle(
+    tcp: TcpStream,
+    peer: SocketAddr,
+    ctx: Arc<Context>,
+    shutdown: CancellationToken,
+    _permit: OwnedSemaphorePermit,
+) {
     let _ = tcp.set_nodelay(true);
     let acceptor = TlsAcceptor::from(ctx.tls.current());
     let limits = ctx.config.limits;
@@ -64,6 +70,8 @@ async fn handle(tcp: TcpStream, peer: SocketAddr, ctx: Arc<Context>, shutdown: C
             .peer_certificates()
             .map(fleetwatch_certs::peer_identity)
             .unwrap_or_else(|| Err(fleetwatch_certs::CertError::PeerIdentity("no client certificate".into())));
+        // The signature is tungstenite's callback type; its error is large by design.
+        #[allow(clippy::result_large_err)]
         let check_path = |req: &Request, resp: Response| -> Result<Response, ErrorResponse> {
             if req.uri().path() == WS_PATH {
                 Ok(resp)

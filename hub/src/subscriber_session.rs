@@ -24,10 +24,16 @@ pub(crate) async fn run(mut conn: Conn, name: String, ctx: Arc<Context>, shutdow
         _ = shutdown.cancelled() => return conn.close(CloseCode::Away, "hub shutting down").await,
     };
     let sub = match first {
-        Err(_) => return conn.fail(ErrorCode::Forbidden, "no subscribe within the handshake timeout", CloseCode::Policy).await,
+        Err(_) => {
+            return conn
+                .fail(ErrorCode::Forbidden, "no subscribe within the handshake timeout", CloseCode::Policy)
+                .await;
+        }
         Ok(Incoming::Message(bytes)) => match decode_subscriber(&bytes, &limits) {
             Ok(SubscriberMessage::Subscribe(s)) => s,
-            Ok(_) => return conn.fail(ErrorCode::Forbidden, "the first message must be subscribe", CloseCode::Policy).await,
+            Ok(_) => {
+                return conn.fail(ErrorCode::Forbidden, "the first message must be subscribe", CloseCode::Policy).await;
+            }
             Err(DecodeError::UnknownType(t)) => {
                 ctx.metrics.reject("subscriber-sent-agent-message");
                 let msg = if ["hello", "events", "resync", "inventory"].contains(&t.as_str()) {
@@ -203,7 +209,8 @@ impl Session {
                 }
                 RecordBody::ResyncRequired(reason) => {
                     self.flush(conn, &mut frame, &mut in_frame).await?;
-                    let r = ResyncRequired { cluster: rec.cluster.to_string(), cursor: rec.offset, reason: reason.clone() };
+                    let r =
+                        ResyncRequired { cluster: rec.cluster.to_string(), cursor: rec.offset, reason: reason.clone() };
                     conn.send_text(encode(&HubToSubscriber::ResyncRequired(r))).await?;
                 }
             }

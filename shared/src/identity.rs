@@ -158,12 +158,7 @@ mod tests {
 
     #[test]
     fn round_trips_every_role() {
-        for s in [
-            "spiffe://td/cluster/c-1",
-            "spiffe://td/subscriber/lifecycle",
-            "spiffe://td/hub",
-            "spiffe://td",
-        ] {
+        for s in ["spiffe://td/cluster/c-1", "spiffe://td/subscriber/lifecycle", "spiffe://td/hub", "spiffe://td"] {
             let id: Identity = s.parse().unwrap();
             assert_eq!(id.to_string(), s);
         }

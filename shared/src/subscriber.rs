@@ -126,7 +126,8 @@ impl Subscription {
     }
 
     async fn open(&mut self) -> Result<(), SubscribeError> {
-        let mut ws = connect(&self.opts.hub, self.opts.tls.clone(), &self.opts.limits, self.opts.connect_timeout).await?;
+        let mut ws =
+            connect(&self.opts.hub, self.opts.tls.clone(), &self.opts.limits, self.opts.connect_timeout).await?;
         let subscribe = SubscriberMessage::Subscribe(Subscribe {
             durable: self.opts.durable.clone(),
             clusters: self.opts.clusters.clone(),
@@ -135,22 +136,18 @@ impl Subscription {
             max_in_flight: Some(self.opts.max_in_flight),
         });
         send(&mut ws, &subscribe).await?;
-        loop {
-            match read(&mut ws, &self.opts).await? {
-                HubToSubscriber::Subscribed(s) => {
-                    tracing::debug!(stream = %s.stream, cursor = s.cursor, "subscribed");
-                    if self.stream.as_deref() != Some(s.stream.as_str()) {
-                        self.acked = None;
-                    }
-                    self.stream = Some(s.stream);
-                    self.ws = Some(ws);
-                    return Ok(());
+        match read(&mut ws, &self.opts).await? {
+            HubToSubscriber::Subscribed(s) => {
+                tracing::debug!(stream = %s.stream, cursor = s.cursor, "subscribed");
+                if self.stream.as_deref() != Some(s.stream.as_str()) {
+                    self.acked = None;
                 }
-                HubToSubscriber::Error(ErrorFrame { code, message, .. }) => {
-                    return Err(SubscribeError::Refused { code, message });
-                }
-                other => return Err(SubscribeError::Lost(format!("expected subscribed, got {other:?}"))),
+                self.stream = Some(s.stream);
+                self.ws = Some(ws);
+                Ok(())
             }
+            HubToSubscriber::Error(ErrorFrame { code, message, .. }) => Err(SubscribeError::Refused { code, message }),
+            other => Err(SubscribeError::Lost(format!("expected subscribed, got {other:?}"))),
         }
     }
 

@@ -35,7 +35,11 @@ pub struct HubUrl {
 impl HubUrl {
     /// `host:port`, with brackets around an IPv6 address.
     pub fn authority(&self) -> String {
-        if self.host.contains(':') { format!("[{}]:{}", self.host, self.port) } else { format!("{}:{}", self.host, self.port) }
+        if self.host.contains(':') {
+            format!("[{}]:{}", self.host, self.port)
+        } else {
+            format!("{}:{}", self.host, self.port)
+        }
     }
 }
 

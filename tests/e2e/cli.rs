@@ -6,7 +6,11 @@ use crate::support::*;
 
 fn run(args: &[&str]) -> (i32, String, String) {
     let out = Command::new(BIN).args(args).output().unwrap();
-    (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into(), String::from_utf8_lossy(&out.stderr).into())
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into(),
+        String::from_utf8_lossy(&out.stderr).into(),
+    )
 }
 
 #[test]
@@ -19,7 +23,14 @@ fn certs_commands_write_and_inspect_identities() {
     assert_eq!(run(&["certs", "issue", "hub", "--dir", d, "--dns", "hub.example.org", "--ip", "127.0.0.1"]).0, 0);
     assert_eq!(run(&["certs", "issue", "agent", "--dir", d, "--cluster", "eu-1", "--days", "7"]).0, 0);
     assert_eq!(run(&["certs", "issue", "subscriber", "--dir", d, "--name", "lifecycle"]).0, 0);
-    for f in ["hub.crt", "hub.key", "agent-eu-1.crt", "agent-eu-1.key", "subscriber-lifecycle.crt", "subscriber-lifecycle.key"] {
+    for f in [
+        "hub.crt",
+        "hub.key",
+        "agent-eu-1.crt",
+        "agent-eu-1.key",
+        "subscriber-lifecycle.crt",
+        "subscriber-lifecycle.key",
+    ] {
         assert!(dir.path().join(f).exists(), "{f} missing");
     }
     let (code, out, _) = run(&["certs", "inspect", &format!("{d}/agent-eu-1.crt")]);
@@ -31,7 +42,10 @@ fn certs_commands_write_and_inspect_identities() {
     let days = (ts.as_second() - jiff::Timestamp::now().as_second()) / 86_400;
     assert!((6..=7).contains(&days), "{not_after}");
     let (_, out, _) = run(&["certs", "inspect", &format!("{d}/hub.crt")]);
-    assert!(out.contains("spiffe://example.org/hub") && out.contains("hub.example.org") && out.contains("127.0.0.1"), "{out}");
+    assert!(
+        out.contains("spiffe://example.org/hub") && out.contains("hub.example.org") && out.contains("127.0.0.1"),
+        "{out}"
+    );
 
     // Refusals are one line and name the cause.
     let (code, _, err) = run(&["certs", "init", "--dir", d]);
@@ -68,7 +82,8 @@ fn every_subcommand_explains_itself() {
 async fn bad_input_gives_a_one_line_error() {
     let pki = Pki::new();
     let sub = pki.subscriber("s");
-    let (cert, key, ca) = (sub.cert.display().to_string(), sub.key.display().to_string(), pki.path("ca.crt").display().to_string());
+    let (cert, key, ca) =
+        (sub.cert.display().to_string(), sub.key.display().to_string(), pki.path("ca.crt").display().to_string());
     let dead = format!("wss://127.0.0.1:{}", free_port());
 
     let error_line = |err: &str| -> String {
@@ -86,7 +101,8 @@ async fn bad_input_gives_a_one_line_error() {
     assert!(error_line(&err).contains("/nope.crt"), "{err}");
     // Certificate and key that do not belong together.
     let other = pki.subscriber("t");
-    let (code, _, err) = run(&["tail", "--hub", &dead, "--cert", &cert, "--key", other.key.to_str().unwrap(), "--ca", &ca]);
+    let (code, _, err) =
+        run(&["tail", "--hub", &dead, "--cert", &cert, "--key", other.key.to_str().unwrap(), "--ca", &ca]);
     assert_ne!(code, 0);
     assert!(error_line(&err).contains("do not match"), "{err}");
     // Bad hub address and bad source.
@@ -94,11 +110,35 @@ async fn bad_input_gives_a_one_line_error() {
     assert_ne!(code, 0);
     assert!(error_line(&err).contains("wss://"), "{err}");
     let a = pki.agent("x");
-    let (code, _, err) = run(&["agent", "--hub", &dead, "--cert", a.cert.to_str().unwrap(), "--key", a.key.to_str().unwrap(), "--ca", &ca, "--source", "synthetic:objects=0,rate=1"]);
+    let (code, _, err) = run(&[
+        "agent",
+        "--hub",
+        &dead,
+        "--cert",
+        a.cert.to_str().unwrap(),
+        "--key",
+        a.key.to_str().unwrap(),
+        "--ca",
+        &ca,
+        "--source",
+        "synthetic:objects=0,rate=1",
+    ]);
     assert_ne!(code, 0);
     assert!(error_line(&err).contains("objects must be at least 1"), "{err}");
     // A subscriber certificate is not an agent certificate.
-    let (code, _, err) = run(&["agent", "--hub", &dead, "--cert", &cert, "--key", &key, "--ca", &ca, "--source", "synthetic:objects=1,rate=1"]);
+    let (code, _, err) = run(&[
+        "agent",
+        "--hub",
+        &dead,
+        "--cert",
+        &cert,
+        "--key",
+        &key,
+        "--ca",
+        &ca,
+        "--source",
+        "synthetic:objects=1,rate=1",
+    ]);
     assert_ne!(code, 0);
     assert!(error_line(&err).contains("not an agent certificate"), "{err}");
     // Unknown flag (clap's own message, non-zero exit).
@@ -106,7 +146,17 @@ async fn bad_input_gives_a_one_line_error() {
     assert_eq!(code, 2);
     assert!(err.contains("--bogus"), "{err}");
     // A hub whose key does not match its certificate.
-    let (code, _, err) = run(&["hub", "--listen", "127.0.0.1:0", "--cert", pki.path("hub.crt").to_str().unwrap(), "--key", &key, "--client-ca", &ca]);
+    let (code, _, err) = run(&[
+        "hub",
+        "--listen",
+        "127.0.0.1:0",
+        "--cert",
+        pki.path("hub.crt").to_str().unwrap(),
+        "--key",
+        &key,
+        "--client-ca",
+        &ca,
+    ]);
     assert_ne!(code, 0);
     assert!(error_line(&err).contains("do not match"), "{err}");
 }
@@ -120,8 +170,15 @@ async fn quickstart_tail_prints_events_and_resumes_a_durable_subscription() {
     let sub = pki.subscriber("ops");
     let tail = |extra: &[&str]| {
         let mut args = vec![
-            "tail".to_string(), "--hub".into(), hub.url(), "--cert".into(), sub.cert.display().to_string(),
-            "--key".into(), sub.key.display().to_string(), "--ca".into(), pki.path("ca.crt").display().to_string(),
+            "tail".to_string(),
+            "--hub".into(),
+            hub.url(),
+            "--cert".into(),
+            sub.cert.display().to_string(),
+            "--key".into(),
+            sub.key.display().to_string(),
+            "--ca".into(),
+            pki.path("ca.crt").display().to_string(),
         ];
         args.extend(extra.iter().map(|s| s.to_string()));
         Command::new(BIN).args(&args).output().unwrap()
@@ -130,7 +187,8 @@ async fn quickstart_tail_prints_events_and_resumes_a_durable_subscription() {
     tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
     let first = tail(&["--name", "n1", "--from", "earliest", "--cluster", "eu-1", "--count", "10"]);
     assert!(first.status.success(), "{}", String::from_utf8_lossy(&first.stderr));
-    let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&first.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let lines: Vec<serde_json::Value> =
+        String::from_utf8_lossy(&first.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     let events: Vec<_> = lines.iter().filter(|l| l["type"] == "dev.fleetwatch.object.applied").collect();
     assert_eq!(events.len(), 10);
     for e in &events {
@@ -142,7 +200,10 @@ async fn quickstart_tail_prints_events_and_resumes_a_durable_subscription() {
     // The second run resumes after what the first printed.
     let second = tail(&["--name", "n1", "--from", "earliest", "--cluster", "eu-1", "--count", "5"]);
     let seqs = |out: &std::process::Output| -> Vec<u64> {
-        String::from_utf8_lossy(&out.stdout).lines().filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok()?["seq"].as_u64()).collect()
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok()?["seq"].as_u64())
+            .collect()
     };
     let (s1, s2) = (seqs(&first), seqs(&second));
     assert_eq!(s2.len(), 5);

@@ -63,7 +63,9 @@ async fn expect_close(ws: &mut ClientWs) -> u16 {
 }
 
 fn hello(cluster: &str, epoch: u64) -> String {
-    format!(r#"{{"type":"hello","protocol":1,"agentVersion":"t","cluster":"{cluster}","epoch":{epoch},"last_acked_seq":0}}"#)
+    format!(
+        r#"{{"type":"hello","protocol":1,"agentVersion":"t","cluster":"{cluster}","epoch":{epoch},"last_acked_seq":0}}"#
+    )
 }
 
 fn event(cluster: &str, epoch: u64, seq: u64) -> String {
@@ -75,7 +77,10 @@ fn event(cluster: &str, epoch: u64, seq: u64) -> String {
 async fn welcome(ws: &mut ClientWs, cluster: &str) {
     ws.send(Message::text(hello(cluster, 7))).await.unwrap();
     match next(ws).await {
-        Got::Text(t) => assert!(matches!(decode_hub_to_agent(t.as_bytes(), &Limits::default()).unwrap(), HubToAgent::Welcome(_)), "{t}"),
+        Got::Text(t) => assert!(
+            matches!(decode_hub_to_agent(t.as_bytes(), &Limits::default()).unwrap(), HubToAgent::Welcome(_)),
+            "{t}"
+        ),
         _ => panic!("no welcome"),
     }
 }
@@ -87,7 +92,14 @@ async fn ack_of(ws: &mut ClientWs) -> u64 {
                 HubToAgent::Ack(a) => return a.seq,
                 _ => continue,
             },
-            other => panic!("no ack: {}", match other { Got::Close(c, r) => format!("close {c} {r}"), Got::Gone(w) => w, _ => String::new() }),
+            other => panic!(
+                "no ack: {}",
+                match other {
+                    Got::Close(c, r) => format!("close {c} {r}"),
+                    Got::Gone(w) => w,
+                    _ => String::new(),
+                }
+            ),
         }
     }
 }
@@ -172,7 +184,8 @@ async fn identity_comes_from_the_certificate_only() {
 fn plain_cert(pki: &Pki) -> (std::path::PathBuf, std::path::PathBuf) {
     let key_pem = std::fs::read_to_string(pki.path("ca.key")).unwrap();
     let ca_key = rcgen::KeyPair::from_pem(&key_pem).unwrap();
-    let issuer = rcgen::Issuer::from_ca_cert_pem(&std::fs::read_to_string(pki.path("ca.crt")).unwrap(), ca_key).unwrap();
+    let issuer =
+        rcgen::Issuer::from_ca_cert_pem(&std::fs::read_to_string(pki.path("ca.crt")).unwrap(), ca_key).unwrap();
     let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
     let mut params = rcgen::CertificateParams::new(vec!["plain.example".to_string()]).unwrap();
     params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
@@ -232,7 +245,12 @@ async fn bad_input_gets_clear_errors_and_never_stalls_the_hub() {
     let started = Instant::now();
     let mut seq = 0;
     for _ in 0..4 {
-        let events: Vec<String> = (0..150).map(|_| { seq += 1; event("future", 7, seq) }).collect();
+        let events: Vec<String> = (0..150)
+            .map(|_| {
+                seq += 1;
+                event("future", 7, seq)
+            })
+            .collect();
         ws.send(Message::text(format!(r#"{{"type":"events","events":[{}]}}"#, events.join(",")))).await.unwrap();
     }
     let mut notice = false;
@@ -254,7 +272,16 @@ async fn bad_input_gets_clear_errors_and_never_stalls_the_hub() {
     // Meanwhile the steady agent kept flowing.
     let before = collector.seen.lock().unwrap().max_seq.get("steady").copied().unwrap_or(0);
     assert!(
-        eventually(Duration::from_secs(10), || collector.seen.lock().unwrap().max_seq.get("steady").copied().unwrap_or(0) > before + 20).await,
+        eventually(Duration::from_secs(10), || collector
+            .seen
+            .lock()
+            .unwrap()
+            .max_seq
+            .get("steady")
+            .copied()
+            .unwrap_or(0)
+            > before + 20)
+        .await,
         "steady agent stalled\n{}",
         good.stderr()
     );

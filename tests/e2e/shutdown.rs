@@ -10,7 +10,11 @@ async fn agent_sigterm_flushes_everything_it_accepted() {
     let hub = HubProc::start(&pki, free_port(), None, &[]);
     let collector = Collector::start(&pki, &hub.url(), "watch").await;
     let mut a = agent(&pki, "t1", &hub.url(), "synthetic:objects=500,rate=5000", &[]);
-    assert!(eventually(Duration::from_secs(10), || collector.seen.lock().unwrap().events > 1000).await, "{}", a.stderr());
+    assert!(
+        eventually(Duration::from_secs(10), || collector.seen.lock().unwrap().events > 1000).await,
+        "{}",
+        a.stderr()
+    );
     a.signal("TERM");
     assert_eq!(a.wait_exit(Duration::from_secs(10)), Some(0), "{}", a.stderr());
     let line = a.wait_stdout("agent stopped", Duration::from_secs(1));
@@ -21,7 +25,8 @@ async fn agent_sigterm_flushes_everything_it_accepted() {
     assert_eq!(last, acked, "agent exited with unacked events: {line}");
     // And the subscriber got the last one.
     assert!(
-        eventually(Duration::from_secs(10), || collector.seen.lock().unwrap().max_seq.get("t1").copied() == Some(last)).await,
+        eventually(Duration::from_secs(10), || collector.seen.lock().unwrap().max_seq.get("t1").copied() == Some(last))
+            .await,
         "subscriber saw {:?}, agent's last seq {last}",
         collector.seen.lock().unwrap().max_seq.get("t1")
     );
@@ -47,7 +52,11 @@ async fn hub_sigterm_keeps_every_acked_event() {
             seen.generation.get(&("g1".to_string(), synthetic_subject(n))).copied() == source.final_generation(n)
         })
     };
-    assert!(eventually(Duration::from_secs(30), || complete(&collector.seen.lock().unwrap())).await, "{}", hub.proc.stderr());
+    assert!(
+        eventually(Duration::from_secs(30), || complete(&collector.seen.lock().unwrap())).await,
+        "{}",
+        hub.proc.stderr()
+    );
     let seen = collector.seen.lock().unwrap();
     assert_eq!(seen.resyncs.get("g1").map(Vec::len), Some(1), "{:?}", seen.resyncs);
 }

@@ -32,8 +32,12 @@ impl Pki {
         let dir = tempfile::tempdir().unwrap();
         Authority::init(dir.path(), "test.local").unwrap();
         let ca = Authority::load(dir.path()).unwrap();
-        ca.issue(dir.path(), &LeafSpec::Hub { dns: vec!["localhost".into()], ips: vec!["127.0.0.1".parse().unwrap()] }, 1)
-            .unwrap();
+        ca.issue(
+            dir.path(),
+            &LeafSpec::Hub { dns: vec!["localhost".into()], ips: vec!["127.0.0.1".parse().unwrap()] },
+            1,
+        )
+        .unwrap();
         Self { dir, ca }
     }
 
