@@ -13,6 +13,7 @@ use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full, Limited, StreamBody};
 use hyper::body::Incoming;
 use serde_json::{Value, json};
+use tracing::Instrument;
 
 use crate::cluster::Core;
 use crate::error::ApiError;
@@ -52,11 +53,13 @@ fn error_response(e: &ApiError) -> Response<Body> {
 /// Entry point for every request.
 pub async fn handle(core: Arc<Core>, req: Request<Incoming>) -> Result<Response<Body>, Infallible> {
     let span = tracing::debug_span!("request", method = %req.method(), path = %req.uri().path());
-    let _enter = span.enter();
-    drop(_enter);
+    Ok(handle_inner(core, req).instrument(span).await)
+}
+
+async fn handle_inner(core: Arc<Core>, req: Request<Incoming>) -> Response<Body> {
     let path = req.uri().path().to_string();
     if matches!(path.as_str(), "/healthz" | "/livez" | "/readyz") {
-        return Ok(Response::new(Full::new(Bytes::from_static(b"ok")).boxed()));
+        return Response::new(Full::new(Bytes::from_static(b"ok")).boxed());
     }
     let authorized = req
         .headers()
@@ -65,7 +68,7 @@ pub async fn handle(core: Arc<Core>, req: Request<Incoming>) -> Result<Response<
         .and_then(|v| v.strip_prefix("Bearer "))
         .is_some_and(|t| t.trim() == core.token);
     if !authorized {
-        return Ok(error_response(&ApiError::unauthorized()));
+        return error_response(&ApiError::unauthorized());
     }
     let delay = core.faults.delay();
     if !delay.is_zero() {
@@ -73,16 +76,15 @@ pub async fn handle(core: Arc<Core>, req: Request<Incoming>) -> Result<Response<
     }
     if let Some(e) = core.faults.take_failure() {
         tracing::debug!(code = e.code, %path, "injected failure");
-        return Ok(error_response(&e));
+        return error_response(&e);
     }
-    let resp = match route(core, req).await {
+    match route(core, req).await {
         Ok(r) => r,
         Err(e) => {
             tracing::debug!(code = e.code, reason = e.reason, message = %e.message, %path, "request failed");
             error_response(&e)
         }
-    };
-    Ok(resp)
+    }
 }
 
 /// Query parameters (last value wins).

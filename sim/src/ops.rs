@@ -420,8 +420,6 @@ fn finish_create(
     let c = ctx(def, w, &now, &av, None);
     match applied {
         Some(a) => {
-            let mut tmp = body.clone();
-            apply::write_managed(&mut tmp, &[]);
             let with_fields = apply::apply(None, a, w.force, &c)?;
             if let Some(mf) = with_fields["metadata"].get("managedFields") {
                 meta_mut(&mut body).insert("managedFields".into(), mf.clone());
