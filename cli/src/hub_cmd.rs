@@ -48,6 +48,10 @@ pub struct HubArgs {
     /// Seconds of silence after which a session is closed (the hub pings at a third of it).
     #[arg(long, default_value_t = 30.0)]
     idle_timeout: f64,
+    /// Seconds between checks of the certificate, key and CA files; changed files are
+    /// loaded without a restart (certificate renewal, CA rotation).
+    #[arg(long, default_value_t = 5.0)]
+    tls_reload_interval: f64,
     /// Most open connections.
     #[arg(long, default_value_t = 50_000)]
     max_connections: usize,
@@ -72,6 +76,7 @@ pub async fn run(args: HubArgs) -> anyhow::Result<()> {
     config.handshake_timeout = secs("handshake-timeout", args.handshake_timeout)?;
     config.idle_timeout = secs("idle-timeout", args.idle_timeout)?;
     config.max_connections = args.max_connections;
+    config.tls_reload_interval = secs("tls-reload-interval", args.tls_reload_interval)?;
     let hub = Hub::bind(config).await.context("cannot start hub")?;
     let admin = hub.admin_addr().map(|a| format!(" admin=http://{a}")).unwrap_or_default();
     // One machine-readable line on stdout: scripts and tests wait for it.

@@ -37,13 +37,15 @@ pub struct Conn {
     idle: Duration,
     last_rx: Instant,
     ping: tokio::time::Interval,
+    /// The WebSocket layer failed (oversized frame): it reads nothing more.
+    broken: bool,
 }
 
 impl Conn {
     pub fn new(ws: ServerWs, peer: SocketAddr, idle: Duration) -> Self {
         let mut ping = tokio::time::interval(idle / 3);
         ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        Self { ws, peer, idle, last_rx: Instant::now(), ping }
+        Self { ws, peer, idle, last_rx: Instant::now(), ping, broken: false }
     }
 
     /// Waits for the next message, pinging the peer meanwhile. Cancel-safe.
@@ -60,7 +62,10 @@ impl Conn {
                             return Incoming::Closed(f.map(|f| format!("{} {}", u16::from(f.code), f.reason)).unwrap_or_default())
                         }
                         Some(Ok(_)) => continue, // ping / pong: liveness only
-                        Some(Err(WsError::Capacity(e))) => return Incoming::TooLarge(e.to_string()),
+                        Some(Err(WsError::Capacity(e))) => {
+                            self.broken = true;
+                            return Incoming::TooLarge(e.to_string());
+                        }
                         Some(Err(e)) => return Incoming::Closed(e.to_string()),
                         None => return Incoming::Closed("connection closed".into()),
                     }
@@ -109,6 +114,22 @@ impl Conn {
         let frame = CloseFrame { code, reason: Utf8Bytes::from(reason[..end].to_string()) };
         let _ = tokio::time::timeout(Duration::from_secs(2), async {
             let _ = self.ws.close(Some(frame)).await;
+            if self.broken {
+                // After an oversized frame tungstenite reads no more, but the rest of that
+                // frame is still arriving. Closing a socket with unread data sends a reset
+                // that destroys our close frame before the peer reads it: discard the raw
+                // bytes until the peer goes quiet.
+                use tokio::io::AsyncReadExt;
+                let mut buf = vec![0u8; 16 << 10];
+                while let Ok(Ok(n)) =
+                    tokio::time::timeout(Duration::from_millis(300), self.ws.get_mut().read(&mut buf)).await
+                {
+                    if n == 0 {
+                        break;
+                    }
+                }
+                return;
+            }
             // Drain until the peer answers the close, so it sees our frame before the FIN.
             while let Some(Ok(_)) = self.ws.next().await {}
         })

@@ -183,26 +183,21 @@ impl Hub {
 
 /// Periodic chores: certificate reload, cursor flush.
 async fn housekeeping(ctx: Arc<Context>, shutdown: CancellationToken) {
-    let mut tick = tokio::time::interval(ctx.config.tls_reload_interval.min(Duration::from_secs(1)));
-    let mut since_reload = Duration::ZERO;
+    let mut flush = tokio::time::interval(Duration::from_secs(1));
+    let mut reload = tokio::time::interval(ctx.config.tls_reload_interval);
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,
-            _ = tick.tick() => {}
-        }
-        if let Err(e) = ctx.bus.flush_cursors() {
-            tracing::warn!(error = %e, "cannot store subscriber cursors");
-        }
-        since_reload += Duration::from_secs(1);
-        if since_reload >= ctx.config.tls_reload_interval {
-            since_reload = Duration::ZERO;
-            match ctx.tls.reload_if_changed() {
-                Ok(true) => tracing::info!("reloaded TLS certificates and CA bundles"),
-                Ok(false) => {}
-                Err(e) => {
-                    tracing::warn!(error = %e, "certificate files changed but cannot be loaded; keeping the old ones")
+            _ = flush.tick() => {
+                if let Err(e) = ctx.bus.flush_cursors() {
+                    tracing::warn!(error = %e, "cannot store subscriber cursors");
                 }
             }
+            _ = reload.tick() => match ctx.tls.reload_if_changed() {
+                Ok(true) => tracing::info!("reloaded TLS certificates and CA bundles"),
+                Ok(false) => {}
+                Err(e) => tracing::warn!(error = %e, "certificate files changed but cannot be loaded; keeping the old ones"),
+            },
         }
     }
 }

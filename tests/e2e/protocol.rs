@@ -290,3 +290,47 @@ async fn bad_input_gets_clear_errors_and_never_stalls_the_hub() {
         assert!(metrics.contains(&format!("reason=\"{reason}\"")), "metric for {reason} missing:\n{metrics}");
     }
 }
+
+/// CA rotation without a restart: the hub reloads its client CA bundle from disk.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hub_reloads_its_client_ca_bundle_without_a_restart() {
+    let pki = Pki::new();
+    let next_ca = Pki::new(); // the CA we rotate to
+    let bundle = pki.path("bundle.crt");
+    std::fs::copy(pki.path("ca.crt"), &bundle).unwrap();
+    let hub = HubProc::start(
+        &pki,
+        free_port(),
+        None,
+        &["--client-ca", bundle.to_str().unwrap(), "--tls-reload-interval", "0.2"],
+    );
+    let mut rotated = next_ca.agent("r1");
+    rotated.ca = vec![pki.path("ca.crt")];
+    let refused = match raw(&rotated, hub.port).await {
+        Err(_) => true,
+        Ok(mut ws) => {
+            let _ = ws.send(Message::text(hello("r1", 7))).await;
+            !matches!(next(&mut ws).await, Got::Text(_))
+        }
+    };
+    assert!(refused, "an agent of the new CA got in before the bundle changed");
+    // The bundle gains the new CA: both CAs are trusted during the rotation.
+    let both = std::fs::read_to_string(pki.path("ca.crt")).unwrap()
+        + &std::fs::read_to_string(next_ca.path("ca.crt")).unwrap();
+    std::fs::write(&bundle, both).unwrap();
+    let mut welcomed = false;
+    for _ in 0..50 {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        if let Ok(mut ws) = raw(&rotated, hub.port).await {
+            let _ = ws.send(Message::text(hello("r1", 7))).await;
+            if let Got::Text(t) = next(&mut ws).await
+                && t.contains("welcome")
+            {
+                welcomed = true;
+                break;
+            }
+        }
+    }
+    assert!(welcomed, "hub did not pick up the new CA bundle\n{}", hub.proc.stderr());
+    assert!(hub.proc.stderr().contains("reloaded TLS certificates"));
+}
