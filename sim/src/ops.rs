@@ -266,10 +266,8 @@ fn prepare_kind(st: &State, def: &ResourceDef, obj: &mut Value, creating: bool) 
                 obj["spec"]["clusterIPs"] = json!([ip]);
             }
         }
-        ("apps", "deployments") => {
-            if obj["spec"]["replicas"].is_null() {
-                obj["spec"]["replicas"] = json!(1);
-            }
+        ("apps", "deployments") if obj["spec"]["replicas"].is_null() => {
+            obj["spec"]["replicas"] = json!(1);
         }
         ("apiextensions.k8s.io", "customresourcedefinitions") => {
             let mut reg = st.registry.clone();
@@ -972,7 +970,7 @@ mod tests {
         create(&mut st, &def, None, json!({"metadata": {"name": "w1"}, "spec": {"size": 1}}), &w()).unwrap();
         delete(&mut st, &crd_def, None, "widgets.example.com", &DeleteOpts::default()).unwrap();
         assert!(st.registry.get("example.com", "v1", "widgets").is_none());
-        assert!(st.objects.get("example.com/widgets").is_none());
+        assert!(!st.objects.contains_key("example.com/widgets"));
         let bad = json!({"metadata": {"name": "wrong"}, "spec": {"group": "example.com", "scope": "Cluster",
             "names": {"plural": "widgets", "kind": "Widget"}, "versions": [{"name": "v1", "served": true, "storage": true}]}});
         assert_eq!(create(&mut st, &crd_def, None, bad, &w()).unwrap_err().code, 422);
