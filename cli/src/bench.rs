@@ -28,6 +28,25 @@ enum BenchWhat {
     /// Start a hub (a child process) and N synthetic agents over mTLS, and measure what one
     /// subscriber receives: events/s, delivery latency (agent to subscriber) and hub RSS.
     Hub(HubBench),
+    /// The simulated API server: LIST of many objects, and watch fan-out latency from a
+    /// write to every watcher's event.
+    Sim(SimBench),
+}
+
+#[derive(Args)]
+struct SimBench {
+    /// Objects in the listed collection.
+    #[arg(long, default_value_t = 10_000)]
+    list_objects: usize,
+    /// Concurrent watchers.
+    #[arg(long, default_value_t = 100)]
+    watchers: usize,
+    /// Writes per second during the fan-out phase.
+    #[arg(long, default_value_t = 1_000)]
+    writes_per_sec: u32,
+    /// Seconds of the fan-out phase.
+    #[arg(long, default_value_t = 5.0)]
+    duration: f64,
 }
 
 #[derive(Args)]
@@ -58,6 +77,18 @@ struct HubBench {
 pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     match args.what {
         BenchWhat::Hub(b) => hub(b).await,
+        BenchWhat::Sim(b) => {
+            let opts = fleetwatch_sim::BenchOptions {
+                list_objects: b.list_objects,
+                watchers: b.watchers,
+                writes_per_sec: b.writes_per_sec,
+                duration: Duration::try_from_secs_f64(b.duration).context("--duration")?,
+                ..fleetwatch_sim::BenchOptions::default()
+            };
+            let report = fleetwatch_sim::bench(opts).await?;
+            println!("{report}");
+            Ok(())
+        }
     }
 }
 

@@ -34,6 +34,8 @@ enum Command {
     Agent(agent_cmd::AgentArgs),
     /// Print events from the hub, one JSON document per line.
     Tail(tail_cmd::TailArgs),
+    /// Serve simulated Kubernetes clusters (an in-memory API server kubectl accepts).
+    Sim(fleetwatch_sim::SimArgs),
     /// Measure throughput, latency and memory.
     Bench(bench::BenchArgs),
 }
@@ -58,6 +60,10 @@ fn main() -> std::process::ExitCode {
                     Command::Agent(args) => agent_cmd::run(args).await,
                     Command::Tail(args) => tail_cmd::run(args).await,
                     Command::Bench(args) => bench::run(args).await,
+                    Command::Sim(args) => {
+                        let shutdown = shutdown_on_signals();
+                        fleetwatch_sim::run(args, shutdown).await.map_err(anyhow::Error::from)
+                    }
                     Command::Certs(_) => unreachable!("handled above"),
                 }
             })

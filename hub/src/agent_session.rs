@@ -11,7 +11,7 @@ use bytes::Bytes;
 use fleetwatch_shared::codec::{DecodeError, decode_agent, encode};
 use fleetwatch_shared::event::{event_id, source_for};
 use fleetwatch_shared::protocol::{
-    Ack, AgentMessage, ErrorCode, EventBatch, Hello, HubToAgent, PROTOCOL_VERSION, Resync, Welcome,
+    Ack, AgentMessage, Configure, ErrorCode, EventBatch, Hello, HubToAgent, PROTOCOL_VERSION, Resync, Welcome,
 };
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_util::sync::CancellationToken;
@@ -120,18 +120,26 @@ impl Session {
         shutdown: &CancellationToken,
     ) -> Result<(), End> {
         self.acked = self.resume_point(hello).await?;
+        let mut watches_rx = self.ctx.watches.subscribe();
         let welcome = HubToAgent::Welcome(Welcome {
             protocol: PROTOCOL_VERSION,
             session: session_id.into(),
             cluster: self.cluster.to_string(),
             epoch: self.epoch,
             acked_seq: self.acked,
-            watches: Vec::new(),
+            watches: watches_rx.borrow_and_update().as_ref().clone(),
         });
         conn.send_text(encode(&welcome)).await.map_err(|e| End::Closed(e.to_string()))?;
         loop {
             let incoming = tokio::select! {
                 m = conn.recv() => m,
+                Ok(()) = watches_rx.changed() => {
+                    let watches = watches_rx.borrow_and_update().as_ref().clone();
+                    tracing::info!(watches = watches.len(), "pushing new watch configuration");
+                    let msg = HubToAgent::Configure(Configure { watches });
+                    conn.send_text(encode(&msg)).await.map_err(|e| End::Closed(e.to_string()))?;
+                    continue;
+                }
                 _ = cancel.cancelled() => {
                     return Err(if shutdown.is_cancelled() {
                         End::Fail(ErrorCode::ShuttingDown, "hub shutting down".into(), CloseCode::Away)
@@ -156,6 +164,10 @@ impl Session {
                 Ok(AgentMessage::Events(batch)) => self.events(conn, batch).await?,
                 Ok(AgentMessage::Resync(r)) => self.resync(conn, r).await?,
                 Ok(AgentMessage::Inventory(inv)) => self.ctx.registry.inventory(&self.cluster, inv.modules),
+                Ok(AgentMessage::WatchStatus(report)) => {
+                    tracing::debug!(watches = report.watches.len(), "watch status");
+                    self.ctx.registry.watch_status(&self.cluster, report.watches);
+                }
                 Ok(AgentMessage::Hello(_)) => {
                     self.ctx.metrics.reject("duplicate-hello");
                     conn.send_error(ErrorCode::Forbidden, "hello was already received", false).await;
@@ -249,6 +261,11 @@ impl Session {
             ev.id = event_id(&self.cluster, ev.epoch, ev.seq);
             ev.cursor = None;
             last = ev.seq;
+            if ev.kind == fleetwatch_shared::event::TYPE_INVENTORY
+                && let Ok(inv) = serde_json::from_value::<fleetwatch_shared::protocol::Inventory>(ev.data.clone())
+            {
+                self.ctx.registry.inventory(&self.cluster, inv.modules);
+            }
             let json = serde_json::to_vec(&ev).unwrap_or_default();
             if json.len() > limits.max_event_bytes {
                 self.ctx.metrics.reject("event-too-large");

@@ -23,6 +23,7 @@ mod rate;
 pub mod registry;
 mod server;
 mod subscriber_session;
+pub mod watch_source;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -63,6 +64,8 @@ pub struct HubConfig {
     pub max_connections: usize,
     /// How often certificate and CA files are checked for changes.
     pub tls_reload_interval: Duration,
+    /// Where WatchConfigs come from.
+    pub watch_source: watch_source::WatchSource,
 }
 
 impl HubConfig {
@@ -80,6 +83,7 @@ impl HubConfig {
             idle_timeout: Duration::from_secs(30),
             max_connections: 50_000,
             tls_reload_interval: Duration::from_secs(5),
+            watch_source: watch_source::WatchSource::None,
         }
     }
 }
@@ -101,6 +105,9 @@ pub enum HubError {
     /// The bus could not open its storage.
     #[error(transparent)]
     Bus(#[from] bus::BusError),
+    /// The watch configuration cannot be loaded.
+    #[error("watch configuration: {0}")]
+    WatchConfig(String),
 }
 
 /// State shared by all sessions.
@@ -112,6 +119,8 @@ pub(crate) struct Context {
     pub tls: ReloadingServerConfig,
     /// The trust domain of the hub's own certificate; clients must share it.
     pub trust_domain: Option<String>,
+    /// The watch configuration pushed to agents.
+    pub watches: tokio::sync::watch::Sender<Arc<Vec<fleetwatch_shared::protocol::WatchSpec>>>,
 }
 
 /// A bound, not yet running hub.
@@ -138,6 +147,8 @@ impl Hub {
             None => None,
         };
         let trust_domain = fleetwatch_certs::inspect_file(&config.tls.cert)?.identity.map(|id| id.trust_domain);
+        // A broken WatchConfig directory is a start-up error; later edits are reloaded.
+        let initial_watches = config.watch_source.initial()?;
         let ctx = Arc::new(Context {
             config,
             bus,
@@ -145,6 +156,7 @@ impl Hub {
             metrics: Metrics::default(),
             tls,
             trust_domain,
+            watches: tokio::sync::watch::channel(Arc::new(initial_watches)).0,
         });
         Ok(Self { ctx, listener, admin })
     }
@@ -172,6 +184,7 @@ impl Hub {
             tracker.spawn(admin::serve(admin, self.ctx.clone(), shutdown.clone()));
         }
         tracker.spawn(housekeeping(self.ctx.clone(), shutdown.clone()));
+        tracker.spawn(watch_source::run(self.ctx.config.watch_source.clone(), self.ctx.watches.clone(), shutdown.clone()));
         server::accept_loop(self.listener, self.ctx.clone(), shutdown.clone(), &tracker).await;
         tracker.close();
         tracker.wait().await;

@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-use fleetwatch_shared::protocol::ModuleInventory;
+use fleetwatch_shared::protocol::{ModuleInventory, WatchState};
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
@@ -38,6 +38,9 @@ pub struct ClusterStatus {
     /// The module inventory the agent reported last.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub inventory: Vec<ModuleInventory>,
+    /// How each configured watch is doing in the agent.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub watches: Vec<WatchState>,
 }
 
 struct Entry {
@@ -108,6 +111,15 @@ impl SessionRegistry {
             && let Some(e) = map.get_mut(cluster)
         {
             e.status.inventory = modules;
+        }
+    }
+
+    /// Records a watch status report.
+    pub fn watch_status(&self, cluster: &str, watches: Vec<WatchState>) {
+        if let Ok(mut map) = self.clusters.lock()
+            && let Some(e) = map.get_mut(cluster)
+        {
+            e.status.watches = watches;
         }
     }
 

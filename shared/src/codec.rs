@@ -58,7 +58,7 @@ trait Tagged: DeserializeOwned {
 }
 
 impl Tagged for AgentMessage {
-    const TYPES: &'static [&'static str] = &["hello", "events", "resync", "inventory"];
+    const TYPES: &'static [&'static str] = &["hello", "events", "resync", "inventory", "watch-status"];
 }
 impl Tagged for HubToAgent {
     const TYPES: &'static [&'static str] = &["welcome", "ack", "configure", "error"];

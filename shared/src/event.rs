@@ -6,6 +6,10 @@ use serde::{Deserialize, Serialize};
 pub const TYPE_APPLIED: &str = "dev.fleetwatch.object.applied";
 /// CloudEvents `type` of an object that was deleted.
 pub const TYPE_DELETED: &str = "dev.fleetwatch.object.deleted";
+/// CloudEvents `type` of the cluster's module inventory (`data.modules`).
+pub const TYPE_INVENTORY: &str = "dev.fleetwatch.inventory";
+/// Subject of inventory events.
+pub const INVENTORY_SUBJECT: &str = "fleetwatch.dev/Inventory";
 
 /// One change of one watched object in one runtime cluster.
 ///
@@ -44,6 +48,9 @@ pub struct Event {
     pub epoch: u64,
     /// Per-agent sequence number, increasing within an epoch.
     pub seq: u64,
+    /// The watch (WatchConfig name) that produced the event, for Kubernetes sources.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub watch: Option<String>,
     /// The bus position, set on delivery to a subscriber.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cursor: Option<u64>,
@@ -78,9 +85,16 @@ impl Event {
             cluster: cluster.into(),
             epoch,
             seq,
+            watch: None,
             cursor: None,
             data,
         }
+    }
+
+    /// The same event, tagged with the watch that produced it.
+    pub fn with_watch(mut self, watch: Option<String>) -> Self {
+        self.watch = watch;
+        self
     }
 
     /// Whether this event says the object was deleted.

@@ -10,6 +10,7 @@ pub mod identity;
 pub mod protocol;
 pub mod subscriber;
 pub mod transport;
+pub mod watchconfig;
 
 pub use codec::Limits;
 pub use event::{Event, ObjectKey};

@@ -26,6 +26,46 @@ pub enum AgentMessage {
     Resync(Resync),
     /// Module versions actually running in the cluster.
     Inventory(Inventory),
+    /// How each configured watch is doing.
+    WatchStatus(WatchStatusReport),
+}
+
+/// How each configured watch is doing, reported on every change.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WatchStatusReport {
+    /// One entry per configured watch.
+    pub watches: Vec<WatchState>,
+}
+
+/// One watch's state in an agent.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WatchState {
+    /// The watch name.
+    pub name: String,
+    /// Its phase.
+    pub phase: WatchPhase,
+    /// Details, e.g. the API server's error.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
+    /// Objects currently watched.
+    #[serde(default)]
+    pub objects: u64,
+}
+
+/// The phase of a watch in an agent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum WatchPhase {
+    /// Resolving the kind or listing.
+    Starting,
+    /// Listed and watching.
+    Running,
+    /// The kind does not exist (yet); retried, picked up when its CRD appears.
+    KindNotFound,
+    /// RBAC denies list or watch; retried.
+    Forbidden,
+    /// Another error; retried.
+    Error,
 }
 
 /// Opens an agent session.

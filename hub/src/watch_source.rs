@@ -1,0 +1,171 @@
+//! Where the hub's watch configuration comes from: WatchConfig files in a directory
+//! (re-read when they change) or WatchConfig resources in the control-plane cluster
+//! (watched). Every change is published to all agent sessions at once.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use fleetwatch_shared::protocol::WatchSpec;
+use fleetwatch_shared::watchconfig::{WatchConfig, load_dir};
+use futures_util::StreamExt;
+use kube::runtime::{WatchStreamExt, watcher};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::HubError;
+
+/// A source of WatchConfigs.
+#[derive(Debug, Clone, Default)]
+pub enum WatchSource {
+    /// No watches are pushed.
+    #[default]
+    None,
+    /// YAML / JSON manifests in a directory.
+    Dir(PathBuf),
+    /// WatchConfig resources in the cluster this kubeconfig reaches.
+    ControlPlane(PathBuf),
+}
+
+type Publish = watch::Sender<Arc<Vec<WatchSpec>>>;
+
+fn specs(configs: &[WatchConfig]) -> Vec<WatchSpec> {
+    let mut out: Vec<WatchSpec> = configs
+        .iter()
+        .filter_map(|c| match c.to_watch_spec() {
+            Ok(s) => Some(s),
+            Err(e) => {
+                tracing::warn!(error = %e, "ignoring invalid WatchConfig");
+                None
+            }
+        })
+        .collect();
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    out
+}
+
+impl WatchSource {
+    /// The configuration at start-up: files are read now (an error stops the start);
+    /// the control plane is read by [`run`].
+    pub fn initial(&self) -> Result<Vec<WatchSpec>, HubError> {
+        match self {
+            WatchSource::Dir(dir) => {
+                Ok(specs(&load_dir(dir).map_err(|e| HubError::WatchConfig(e.to_string()))?))
+            }
+            _ => Ok(Vec::new()),
+        }
+    }
+}
+
+/// Keeps the published configuration up to date until shutdown.
+pub async fn run(source: WatchSource, publish: Publish, shutdown: CancellationToken) {
+    match source {
+        WatchSource::None => {}
+        WatchSource::Dir(dir) => {
+            tokio::select! {
+                _ = follow_dir(dir, &publish) => {}
+                _ = shutdown.cancelled() => {}
+            }
+        }
+        WatchSource::ControlPlane(kubeconfig) => {
+            tokio::select! {
+                _ = follow_control_plane(kubeconfig, &publish) => {}
+                _ = shutdown.cancelled() => {}
+            }
+        }
+    }
+}
+
+fn set(publish: &Publish, next: Vec<WatchSpec>) {
+    publish.send_if_modified(|cur| {
+        if **cur == next {
+            return false;
+        }
+        tracing::info!(watches = next.len(), names = ?next.iter().map(|w| &w.name).collect::<Vec<_>>(), "watch configuration changed");
+        *cur = Arc::new(next);
+        true
+    });
+}
+
+/// Polls the directory's files for changes (cheap: a stat per file per second).
+async fn follow_dir(dir: PathBuf, publish: &Publish) {
+    let stamp = |dir: &PathBuf| -> Vec<(PathBuf, Option<SystemTime>, u64)> {
+        let mut v: Vec<_> = std::fs::read_dir(dir)
+            .into_iter()
+            .flatten()
+            .filter_map(|e| e.ok())
+            .map(|e| {
+                let m = e.metadata().ok();
+                (e.path(), m.as_ref().and_then(|m| m.modified().ok()), m.map_or(0, |m| m.len()))
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    let mut last = stamp(&dir);
+    let mut tick = tokio::time::interval(Duration::from_millis(500));
+    loop {
+        tick.tick().await;
+        let now = stamp(&dir);
+        if now == last {
+            continue;
+        }
+        last = now;
+        match load_dir(&dir) {
+            Ok(configs) => set(publish, specs(&configs)),
+            Err(e) => tracing::warn!(error = %e, "cannot reload WatchConfigs; keeping the current ones"),
+        }
+    }
+}
+
+async fn follow_control_plane(kubeconfig: PathBuf, publish: &Publish) {
+    let client = loop {
+        match client_from(&kubeconfig).await {
+            Ok(c) => break c,
+            Err(e) => {
+                tracing::error!(error = %e, path = %kubeconfig.display(), "cannot reach the control plane; retrying");
+                tokio::time::sleep(Duration::from_secs(5)).await;
+            }
+        }
+    };
+    let api: kube::Api<WatchConfig> = kube::Api::all(client);
+    let mut current: BTreeMap<String, WatchConfig> = BTreeMap::new();
+    let mut building: Option<BTreeMap<String, WatchConfig>> = None;
+    let stream = watcher(api, watcher::Config::default()).default_backoff();
+    futures_util::pin_mut!(stream);
+    while let Some(ev) = stream.next().await {
+        match ev {
+            Ok(watcher::Event::Init) => building = Some(BTreeMap::new()),
+            Ok(watcher::Event::InitApply(wc)) => {
+                if let Some(b) = building.as_mut() {
+                    b.insert(wc.metadata.name.clone().unwrap_or_default(), wc);
+                }
+            }
+            Ok(watcher::Event::InitDone) => {
+                if let Some(b) = building.take() {
+                    current = b;
+                }
+                set(publish, specs(&current.values().cloned().collect::<Vec<_>>()));
+            }
+            Ok(watcher::Event::Apply(wc)) => {
+                current.insert(wc.metadata.name.clone().unwrap_or_default(), wc);
+                set(publish, specs(&current.values().cloned().collect::<Vec<_>>()));
+            }
+            Ok(watcher::Event::Delete(wc)) => {
+                current.remove(&wc.metadata.name.clone().unwrap_or_default());
+                set(publish, specs(&current.values().cloned().collect::<Vec<_>>()));
+            }
+            Err(e) => tracing::warn!(error = %e, "watching WatchConfigs in the control plane failed; retrying"),
+        }
+    }
+}
+
+/// A client for the cluster a kubeconfig file names.
+pub async fn client_from(path: &std::path::Path) -> Result<kube::Client, String> {
+    let kc = kube::config::Kubeconfig::read_from(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let config = kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+        .await
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    kube::Client::try_from(config).map_err(|e| format!("{}: {e}", path.display()))
+}
