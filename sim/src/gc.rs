@@ -13,8 +13,8 @@ use crate::meta::{self, finalizers, meta_str};
 use crate::ops::{self, DeleteOpts, NAMESPACES};
 use crate::store::{ObjKey, State};
 
-/// Runs until shutdown, after every write that may have orphaned something and every
-/// `period` as a safety net.
+/// Runs until shutdown, after every write that may have orphaned something (woken by the
+/// handlers, and every `period` for writes that do not wake it).
 pub async fn run(core: Arc<Core>, period: Duration) {
     loop {
         tokio::select! {
@@ -22,14 +22,23 @@ pub async fn run(core: Arc<Core>, period: Duration) {
             _ = core.gc_wake.notified() => {}
             _ = tokio::time::sleep(period) => {}
         }
-        let _span = tracing::debug_span!("gc").entered();
         let mut st = core.lock();
+        // Only writes that can orphan something or finish a deletion (see
+        // `State::gc_pending`) call for a pass over every object; a steady stream of
+        // plain updates does not.
+        if !st.gc_pending {
+            continue;
+        }
+        let _span = tracing::debug_span!("gc").entered();
         // Each pass can make new orphans; repeat until nothing changes.
+        let mut converged = false;
         for _ in 0..16 {
             if !pass(&mut st) {
+                converged = true;
                 break;
             }
         }
+        st.gc_pending = !converged;
     }
 }
 

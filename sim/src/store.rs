@@ -119,6 +119,19 @@ pub struct State {
     pub history_cap: usize,
     pub watchers: HashMap<ResKey, Vec<WatcherReg>>,
     pub next_watcher: u64,
+    /// Set by a write the garbage collector may have to act on (a removal, an object with
+    /// ownerReferences before or after, one being deleted); cleared by a GC pass. Other
+    /// writes do not wake the collector, so a steady stream of plain updates does not make
+    /// it scan every object each time.
+    pub gc_pending: bool,
+}
+
+/// Whether a write from `old` to `new` (`None`: removed) can give the garbage collector
+/// or the namespace controller something to do.
+fn gc_relevant(old: Option<&Value>, new: Option<&Value>) -> bool {
+    let Some(new) = new else { return true };
+    let has_owners = |o: &Value| o["metadata"]["ownerReferences"].as_array().is_some_and(|a| !a.is_empty());
+    has_owners(new) || old.is_some_and(has_owners) || !new["metadata"]["deletionTimestamp"].is_null()
 }
 
 impl State {
@@ -133,6 +146,7 @@ impl State {
             history_cap: history_cap.max(1),
             watchers: HashMap::new(),
             next_watcher: 0,
+            gc_pending: false,
         }
     }
 
@@ -153,6 +167,7 @@ impl State {
         let rv = self.rv;
         let map = self.objects.entry(key.to_string()).or_default();
         let old = map.get(&ok).cloned();
+        self.gc_pending |= gc_relevant(old.as_deref(), new.as_ref());
         let (ty, obj) = match new {
             Some(mut o) => {
                 o["metadata"]["resourceVersion"] = Value::String(rv.to_string());
@@ -286,6 +301,30 @@ mod tests {
             s.commit("/configmaps", ("d".into(), format!("n{i}")), Some(cm("x")), None);
         }
         assert_eq!(s.watch_count(), 0);
+    }
+
+    #[test]
+    fn only_gc_relevant_writes_mark_gc_pending() {
+        let mut s = State::new(10);
+        let k = || ("d".to_string(), "a".to_string());
+        s.commit("/configmaps", k(), Some(cm("x")), None);
+        s.commit("/configmaps", k(), Some(cm("y")), None);
+        assert!(!s.gc_pending, "plain creates and updates give the collector nothing to do");
+        let mut owned = cm("y");
+        owned["metadata"]["ownerReferences"] = json!([{"uid": "u1"}]);
+        s.commit("/configmaps", k(), Some(owned), None);
+        assert!(s.gc_pending);
+        s.gc_pending = false;
+        s.commit("/configmaps", k(), Some(cm("z")), None);
+        assert!(s.gc_pending, "dropping an owner reference can finish a foreground deletion");
+        s.gc_pending = false;
+        let mut deleting = cm("z");
+        deleting["metadata"]["deletionTimestamp"] = json!("2025-01-01T00:00:00Z");
+        s.commit("/configmaps", k(), Some(deleting), None);
+        assert!(s.gc_pending);
+        s.gc_pending = false;
+        s.commit("/configmaps", k(), None, None);
+        assert!(s.gc_pending, "a removal can orphan dependents");
     }
 
     #[test]
