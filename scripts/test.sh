@@ -15,6 +15,8 @@ echo "== cargo fmt --check"
 cargo fmt --all --check
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
+echo "== CRD manifests up to date"
+cargo run --quiet --locked -p fleetwatch -- crds --check
 echo "== doc tests"
 cargo test --workspace --doc --locked --quiet
 echo "== tests"

@@ -5,6 +5,7 @@
 //! Pipeline: source → outbox → uplink.
 #![warn(missing_docs)]
 
+pub mod kube_source;
 pub mod outbox;
 pub mod source;
 mod uplink;

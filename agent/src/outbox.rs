@@ -11,6 +11,8 @@ use fleetwatch_shared::Event;
 
 /// What the outbox holds, in seq order.
 #[derive(Debug, Clone, PartialEq)]
+// Items live only briefly while a frame is built; boxing the common case would cost more.
+#[allow(clippy::large_enum_variant)]
 pub enum Item {
     /// An event.
     Event(Event),
@@ -105,6 +107,24 @@ impl Outbox {
         self.overflows
     }
 
+    /// Records a change from a source.
+    pub fn push_change(&mut self, change: crate::source::Change) -> u64 {
+        use crate::source::ChangeKind;
+        let seq = self.last_seq + 1;
+        let (cluster, epoch) = (&self.cluster, self.epoch);
+        let ev = match change.kind {
+            ChangeKind::Applied => Event::applied(cluster, epoch, seq, &change.key, change.data),
+            ChangeKind::Deleted => Event::deleted(cluster, epoch, seq, &change.key, change.data),
+            ChangeKind::Inventory => {
+                let mut e = Event::applied(cluster, epoch, seq, &change.key, change.data);
+                e.kind = fleetwatch_shared::event::TYPE_INVENTORY.into();
+                e.subject = fleetwatch_shared::event::INVENTORY_SUBJECT.into();
+                e
+            }
+        };
+        self.push(ev.with_watch(change.watch))
+    }
+
     /// Records a change of an object.
     pub fn push_applied(&mut self, key: &fleetwatch_shared::ObjectKey, data: serde_json::Value) -> u64 {
         let seq = self.last_seq + 1;
@@ -117,10 +137,19 @@ impl Outbox {
         self.push(Event::deleted(&self.cluster, self.epoch, seq, key, data))
     }
 
+    /// Events coalesce per object and watch: two watches of one object keep their own.
+    fn coalesce_key(event: &Event) -> String {
+        match &event.watch {
+            Some(w) => format!("{w}|{}", event.subject),
+            None => event.subject.clone(),
+        }
+    }
+
     fn push(&mut self, event: Event) -> u64 {
         let seq = event.seq;
         self.last_seq = seq;
-        if let Some(old) = self.by_key.remove(&event.subject) {
+        let key = Self::coalesce_key(&event);
+        if let Some(old) = self.by_key.remove(&key) {
             self.by_seq.remove(&old);
         }
         if self.by_seq.len() >= self.capacity {
@@ -132,7 +161,7 @@ impl Outbox {
             self.resync = Some((seq, reason));
             return seq;
         }
-        self.by_key.insert(event.subject.clone(), seq);
+        self.by_key.insert(key, seq);
         self.by_seq.insert(seq, event);
         seq
     }
@@ -153,8 +182,9 @@ impl Outbox {
         self.acked = seq.min(self.last_seq);
         let rest = self.by_seq.split_off(&(seq + 1));
         for (s, ev) in std::mem::replace(&mut self.by_seq, rest) {
-            if self.by_key.get(&ev.subject) == Some(&s) {
-                self.by_key.remove(&ev.subject);
+            let key = Self::coalesce_key(&ev);
+            if self.by_key.get(&key) == Some(&s) {
+                self.by_key.remove(&key);
             }
         }
         if matches!(self.resync, Some((s, _)) if s <= seq) {

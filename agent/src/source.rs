@@ -13,10 +13,23 @@ use tokio_util::sync::CancellationToken;
 pub struct Change {
     /// The object.
     pub key: ObjectKey,
-    /// Whether it was deleted.
-    pub deleted: bool,
+    /// What happened.
+    pub kind: ChangeKind,
     /// Its projected content.
     pub data: serde_json::Value,
+    /// The watch that saw it (Kubernetes sources).
+    pub watch: Option<String>,
+}
+
+/// What happened to an object.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChangeKind {
+    /// Created or changed.
+    Applied,
+    /// Deleted.
+    Deleted,
+    /// The module inventory changed (`data.modules`).
+    Inventory,
 }
 
 /// Synthetic changes: `objects` objects changed round-robin at `rate` changes per second,
@@ -123,7 +136,7 @@ impl SyntheticSource {
                 if !pad.is_empty() {
                     data["payload"] = serde_json::Value::String(pad.clone());
                 }
-                if tx.send(Change { key: Self::key(n), deleted: false, data }).await.is_err() {
+                if tx.send(Change { key: Self::key(n), kind: ChangeKind::Applied, data, watch: None }).await.is_err() {
                     return;
                 }
                 i += 1;

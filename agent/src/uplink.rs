@@ -8,7 +8,8 @@ use fleetwatch_certs::TlsFiles;
 use fleetwatch_shared::Limits;
 use fleetwatch_shared::codec::{decode_hub_to_agent, encode};
 use fleetwatch_shared::protocol::{
-    AgentMessage, ErrorCode, EventBatch, Hello, HubToAgent, PROTOCOL_VERSION, Resync, WatchSpec,
+    AgentMessage, ErrorCode, EventBatch, Hello, HubToAgent, PROTOCOL_VERSION, Resync, WatchSpec, WatchState,
+    WatchStatusReport,
 };
 use fleetwatch_shared::subscriber::reconnect_backoff;
 use fleetwatch_shared::transport::{ClientWs, ConnectError, HubUrl, connect};
@@ -111,6 +112,7 @@ pub struct Agent {
     tls: Arc<rustls::ClientConfig>,
     stats: watch::Sender<AgentStats>,
     watches: watch::Sender<Vec<WatchSpec>>,
+    watch_status: Option<watch::Receiver<Vec<WatchState>>>,
 }
 
 enum SessionEnd {
@@ -138,7 +140,14 @@ impl Agent {
             tls,
             stats: watch::channel(AgentStats::default()).0,
             watches: watch::channel(Vec::new()).0,
+            watch_status: None,
         })
+    }
+
+    /// Reports these watch states to the hub (on connect and on every change).
+    pub fn with_watch_status(mut self, status: watch::Receiver<Vec<WatchState>>) -> Self {
+        self.watch_status = Some(status);
+        self
     }
 
     /// The cluster id from the certificate.
@@ -300,6 +309,14 @@ impl Agent {
         tracing::info!(session = %welcome.session, acked = welcome.acked_seq, pending = outbox.len(), "connected to hub");
         stats.connected = true;
         self.publish(stats, outbox);
+        let mut status = self.watch_status.clone();
+        if let Some(st) = status.as_mut() {
+            let watches = st.borrow_and_update().clone();
+            let msg = AgentMessage::WatchStatus(WatchStatusReport { watches });
+            if let Err(e) = ws.send(Message::text(encode(&msg))).await {
+                return SessionEnd::Lost(e.to_string());
+            }
+        }
         let mut sent = outbox.acked();
         let mut last_rx = Instant::now();
         let mut draining: Option<Instant> = None;
@@ -349,6 +366,12 @@ impl Agent {
                     }
                 }
                 _ = publish_tick.tick() => self.publish(stats, outbox),
+                Some(watches) = next_status(&mut status) => {
+                    let msg = AgentMessage::WatchStatus(WatchStatusReport { watches });
+                    if let Err(e) = ws.send(Message::text(encode(&msg))).await {
+                        return SessionEnd::Lost(e.to_string());
+                    }
+                }
                 _ = tokio::time::sleep_until(deadline) => {
                     if draining.is_some() {
                         tracing::warn!(pending = outbox.len(), "drain timeout: closing with events unacked");
@@ -398,6 +421,20 @@ impl Agent {
     }
 }
 
+/// The next watch status, or never when there is none to report.
+async fn next_status(status: &mut Option<watch::Receiver<Vec<WatchState>>>) -> Option<Vec<WatchState>> {
+    match status {
+        Some(st) => match st.changed().await {
+            Ok(()) => Some(st.borrow_and_update().clone()),
+            Err(_) => {
+                *status = None;
+                None
+            }
+        },
+        None => std::future::pending().await,
+    }
+}
+
 fn changes_pending(changes: &mpsc::Receiver<Change>) -> bool {
     !changes.is_empty()
 }
@@ -412,11 +449,7 @@ fn refused_or_lost(code: ErrorCode, message: String) -> SessionEnd {
 }
 
 fn push(outbox: &mut Outbox, ch: Change) {
-    if ch.deleted {
-        outbox.push_deleted(&ch.key, ch.data);
-    } else {
-        outbox.push_applied(&ch.key, ch.data);
-    }
+    outbox.push_change(ch);
 }
 
 /// Sleeps `wait` while still taking changes into the outbox; true when shut down meanwhile.

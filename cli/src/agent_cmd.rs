@@ -23,10 +23,15 @@ pub struct AgentArgs {
     /// CA bundle that signed the hub's certificate.
     #[arg(long)]
     ca: Vec<PathBuf>,
-    /// Where changes come from: `synthetic:objects=N,rate=R[,total=T][,payload=BYTES]`
-    /// changes N objects round-robin at R changes/s (stopping after T).
+    /// The runtime cluster to watch (read-only: list and watch). Without it and without
+    /// --source, the in-cluster configuration (or $KUBECONFIG) is used.
+    #[arg(long, conflicts_with = "source")]
+    kubeconfig: Option<PathBuf>,
+    /// A synthetic source instead of a cluster, for tests and benchmarks:
+    /// `synthetic:objects=N,rate=R[,total=T][,payload=BYTES]` changes N objects
+    /// round-robin at R changes/s (stopping after T).
     #[arg(long)]
-    source: String,
+    source: Option<String>,
     /// Objects the outbox holds while the hub is unreachable before it collapses into one
     /// resync marker.
     #[arg(long, default_value_t = 100_000)]
@@ -44,18 +49,38 @@ pub struct AgentArgs {
 
 pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     let hub: HubUrl = args.hub.parse()?;
-    let source: SyntheticSource = args.source.parse()?;
+    let synthetic: Option<SyntheticSource> = args.source.as_deref().map(str::parse).transpose()?;
     anyhow::ensure!(!args.ca.is_empty(), "--ca is required: the CA bundle that signed the hub's certificate");
     let mut config = AgentConfig::new(hub, crate::tls_files(&args.cert, &args.key, &args.ca));
     config.outbox_capacity = args.outbox_capacity.max(1);
     config.batch_size = args.batch_size.clamp(1, config.limits.max_batch_events);
     config.drain_timeout = std::time::Duration::try_from_secs_f64(args.drain_timeout).context("--drain-timeout")?;
-    let agent = Agent::new(config).context("cannot start agent")?;
-    let _span = tracing::info_span!("agent", cluster = %agent.cluster()).entered();
-    tracing::info!(source = %args.source, "agent starting");
+    let mut agent = Agent::new(config).context("cannot start agent")?;
+    let span = tracing::info_span!("agent", cluster = %agent.cluster());
     let shutdown = crate::shutdown_on_signals();
     let (tx, rx) = mpsc::channel(4096);
-    tokio::spawn(source.run(tx, shutdown.child_token()));
+    match synthetic {
+        Some(source) => {
+            tracing::info!(parent: &span, ?source, "agent starting with a synthetic source");
+            tokio::spawn(source.run(tx, shutdown.child_token()));
+        }
+        None => {
+            let client = match &args.kubeconfig {
+                Some(path) => {
+                    fleetwatch_shared::kubeconfig::client_from_kubeconfig(path).await.map_err(anyhow::Error::msg)?
+                }
+                None => kube::Client::try_default().await.context(
+                    "no --kubeconfig or --source given and no in-cluster configuration or $KUBECONFIG found",
+                )?,
+            };
+            tracing::info!(parent: &span, kubeconfig = ?args.kubeconfig, "agent starting: watching the cluster");
+            let (status_tx, status_rx) = tokio::sync::watch::channel(Vec::new());
+            let specs = agent.watches();
+            agent = agent.with_watch_status(status_rx);
+            tokio::spawn(fleetwatch_agent::kube_source::run(client, specs, tx, status_tx, shutdown.child_token()));
+        }
+    }
+    let _span = span.entered();
     let stats = agent.run(rx, shutdown, !args.retry_first_connect).await?;
     // One machine-readable line: what was produced and what the hub acked.
     println!(

@@ -52,6 +52,14 @@ pub struct HubArgs {
     /// loaded without a restart (certificate renewal, CA rotation).
     #[arg(long, default_value_t = 5.0)]
     tls_reload_interval: f64,
+    /// Directory of WatchConfig manifests (YAML or JSON) pushed to agents; edits are picked
+    /// up while running.
+    #[arg(long, conflicts_with = "control_plane_kubeconfig")]
+    watch_config: Option<PathBuf>,
+    /// Read WatchConfig resources from the control-plane cluster this kubeconfig reaches,
+    /// and push every change to connected agents.
+    #[arg(long)]
+    control_plane_kubeconfig: Option<PathBuf>,
     /// Most open connections.
     #[arg(long, default_value_t = 50_000)]
     max_connections: usize,
@@ -77,6 +85,11 @@ pub async fn run(args: HubArgs) -> anyhow::Result<()> {
     config.idle_timeout = secs("idle-timeout", args.idle_timeout)?;
     config.max_connections = args.max_connections;
     config.tls_reload_interval = secs("tls-reload-interval", args.tls_reload_interval)?;
+    config.watch_source = match (args.watch_config, args.control_plane_kubeconfig) {
+        (Some(dir), _) => fleetwatch_hub::watch_source::WatchSource::Dir(dir),
+        (None, Some(kc)) => fleetwatch_hub::watch_source::WatchSource::ControlPlane(kc),
+        (None, None) => fleetwatch_hub::watch_source::WatchSource::None,
+    };
     let hub = Hub::bind(config).await.context("cannot start hub")?;
     let admin = hub.admin_addr().map(|a| format!(" admin=http://{a}")).unwrap_or_default();
     // One machine-readable line on stdout: scripts and tests wait for it.

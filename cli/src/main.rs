@@ -3,6 +3,7 @@
 mod agent_cmd;
 mod bench;
 mod certs_cmd;
+mod crds_cmd;
 mod hub_cmd;
 mod tail_cmd;
 
@@ -28,6 +29,8 @@ struct Cli {
 enum Command {
     /// Create a CA and issue hub, agent and subscriber certificates.
     Certs(certs_cmd::CertsArgs),
+    /// Write the CRD manifests generated from the Rust types (deploy/crds).
+    Crds(crds_cmd::CrdsArgs),
     /// Run the hub: serve agents and subscribers over wss with mutual TLS.
     Hub(hub_cmd::HubArgs),
     /// Run an agent: stream a cluster's changes to the hub.
@@ -46,6 +49,7 @@ fn main() -> std::process::ExitCode {
     fleetwatch_certs::install_crypto_provider();
     let result = match cli.command {
         Command::Certs(args) => certs_cmd::run(args),
+        Command::Crds(args) => crds_cmd::run(args),
         other => {
             let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
                 Ok(rt) => rt,
@@ -64,7 +68,7 @@ fn main() -> std::process::ExitCode {
                         let shutdown = shutdown_on_signals();
                         fleetwatch_sim::run(args, shutdown).await.map_err(anyhow::Error::from)
                     }
-                    Command::Certs(_) => unreachable!("handled above"),
+                    Command::Certs(_) | Command::Crds(_) => unreachable!("handled above"),
                 }
             })
         }

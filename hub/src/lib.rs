@@ -184,7 +184,11 @@ impl Hub {
             tracker.spawn(admin::serve(admin, self.ctx.clone(), shutdown.clone()));
         }
         tracker.spawn(housekeeping(self.ctx.clone(), shutdown.clone()));
-        tracker.spawn(watch_source::run(self.ctx.config.watch_source.clone(), self.ctx.watches.clone(), shutdown.clone()));
+        tracker.spawn(watch_source::run(
+            self.ctx.config.watch_source.clone(),
+            self.ctx.watches.clone(),
+            shutdown.clone(),
+        ));
         server::accept_loop(self.listener, self.ctx.clone(), shutdown.clone(), &tracker).await;
         tracker.close();
         tracker.wait().await;

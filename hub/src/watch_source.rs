@@ -50,9 +50,7 @@ impl WatchSource {
     /// the control plane is read by [`run`].
     pub fn initial(&self) -> Result<Vec<WatchSpec>, HubError> {
         match self {
-            WatchSource::Dir(dir) => {
-                Ok(specs(&load_dir(dir).map_err(|e| HubError::WatchConfig(e.to_string()))?))
-            }
+            WatchSource::Dir(dir) => Ok(specs(&load_dir(dir).map_err(|e| HubError::WatchConfig(e.to_string()))?)),
             _ => Ok(Vec::new()),
         }
     }
@@ -121,7 +119,7 @@ async fn follow_dir(dir: PathBuf, publish: &Publish) {
 
 async fn follow_control_plane(kubeconfig: PathBuf, publish: &Publish) {
     let client = loop {
-        match client_from(&kubeconfig).await {
+        match fleetwatch_shared::kubeconfig::client_from_kubeconfig(&kubeconfig).await {
             Ok(c) => break c,
             Err(e) => {
                 tracing::error!(error = %e, path = %kubeconfig.display(), "cannot reach the control plane; retrying");
@@ -159,13 +157,4 @@ async fn follow_control_plane(kubeconfig: PathBuf, publish: &Publish) {
             Err(e) => tracing::warn!(error = %e, "watching WatchConfigs in the control plane failed; retrying"),
         }
     }
-}
-
-/// A client for the cluster a kubeconfig file names.
-pub async fn client_from(path: &std::path::Path) -> Result<kube::Client, String> {
-    let kc = kube::config::Kubeconfig::read_from(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let config = kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
-        .await
-        .map_err(|e| format!("{}: {e}", path.display()))?;
-    kube::Client::try_from(config).map_err(|e| format!("{}: {e}", path.display()))
 }

@@ -7,6 +7,7 @@
 pub mod codec;
 pub mod event;
 pub mod identity;
+pub mod kubeconfig;
 pub mod protocol;
 pub mod subscriber;
 pub mod transport;

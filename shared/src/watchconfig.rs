@@ -1,6 +1,17 @@
 //! `WatchConfig`: what agents watch, as a cluster-scoped custom resource in the control
 //! plane (or a file for the embedded default). The hub turns each into a [`WatchSpec`] and
 //! pushes the set to every agent.
+//!
+//! ```
+//! use fleetwatch_shared::watchconfig::{WatchConfig, WatchConfigSpec, ResourceRef};
+//! let wc = WatchConfig::new("deployments", WatchConfigSpec {
+//!     resource: ResourceRef { group: "apps".into(), version: "v1".into(), kind: "Deployment".into() },
+//!     fields: vec!["spec".into()],
+//!     ..WatchConfigSpec::default()
+//! });
+//! let spec = wc.to_watch_spec().unwrap();
+//! assert_eq!((spec.name.as_str(), spec.kind.as_str()), ("deployments", "Deployment"));
+//! ```
 
 use kube::CustomResource;
 use schemars::JsonSchema;
@@ -18,17 +29,6 @@ pub const DEFAULT_FIELDS: &[&str] = &["spec", "status", "metadata.labels", "meta
 pub const MAX_PROJECTION_BYTES: usize = 16 << 10;
 
 /// What agents watch.
-///
-/// ```
-/// use fleetwatch_shared::watchconfig::{WatchConfig, WatchConfigSpec, ResourceRef};
-/// let wc = WatchConfig::new("deployments", WatchConfigSpec {
-///     resource: ResourceRef { group: "apps".into(), version: "v1".into(), kind: "Deployment".into() },
-///     fields: vec!["spec".into()],
-///     ..WatchConfigSpec::default()
-/// });
-/// let spec = wc.to_watch_spec().unwrap();
-/// assert_eq!((spec.name.as_str(), spec.kind.as_str()), ("deployments", "Deployment"));
-/// ```
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[kube(
     group = "operator.fleetwatch.dev",
@@ -128,7 +128,9 @@ pub fn field_pointer(field: &str) -> Result<String, String> {
         return Ok(field.to_string());
     }
     if field.split('.').any(str::is_empty) {
-        return Err(format!("bad field {field:?}: use dotted names like metadata.labels or JSON pointers like /spec/replicas"));
+        return Err(format!(
+            "bad field {field:?}: use dotted names like metadata.labels or JSON pointers like /spec/replicas"
+        ));
     }
     Ok(format!("/{}", field.replace('~', "~0").replace('/', "~1").replace('.', "/")))
 }
@@ -208,7 +210,8 @@ mod tests {
         let all = load_dir(&dir).unwrap();
         let names: Vec<_> = all.iter().map(|w| w.metadata.name.clone().unwrap()).collect();
         assert_eq!(names, vec!["cms", "deps", "secrets"]);
-        std::fs::write(dir.join("c.yaml"), "kind: WatchConfig\nmetadata: {name: bad}\nspec: {resource: {kind: X}}\n").unwrap();
+        std::fs::write(dir.join("c.yaml"), "kind: WatchConfig\nmetadata: {name: bad}\nspec: {resource: {kind: X}}\n")
+            .unwrap();
         let e = load_dir(&dir).unwrap_err();
         assert!(e.path.ends_with("c.yaml"), "{e}");
         let _ = std::fs::remove_dir_all(&dir);

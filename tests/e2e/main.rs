@@ -2,6 +2,7 @@
 
 mod cli;
 mod delivery;
+mod kube_watch;
 mod protocol;
 mod shutdown;
 mod support;

@@ -284,6 +284,8 @@ pub struct Seen {
     /// cluster → highest seq seen.
     pub max_seq: HashMap<String, u64>,
     pub events: u64,
+    /// Every event, in arrival order.
+    pub all: Vec<fleetwatch_shared::Event>,
 }
 
 /// A durable subscriber in this test process that records what it sees.
@@ -322,6 +324,7 @@ impl Collector {
                                 *slot = (*slot).max(g);
                                 let m = seen.max_seq.entry(e.cluster.clone()).or_default();
                                 *m = (*m).max(e.seq);
+                                seen.all.push(e.clone());
                             }
                         }
                         Delivery::ResyncRequired(r) => {
@@ -359,4 +362,55 @@ pub async fn eventually(timeout: Duration, mut cond: impl FnMut() -> bool) -> bo
 /// The subject of synthetic object `n`.
 pub fn synthetic_subject(n: u64) -> String {
     fleetwatch_agent::source::SyntheticSource::key(n).to_string()
+}
+
+/// Runs the real kubectl against a kubeconfig; returns stdout, panics with stderr on failure.
+pub fn kubectl(kubeconfig: &Path, args: &[&str], stdin: Option<&str>) -> String {
+    use std::io::Write;
+    let mut child = Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("kubectl on PATH");
+    if let Some(input) = stdin {
+        child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
+    }
+    drop(child.stdin.take());
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "kubectl {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into()
+}
+
+/// Starts a simulated cluster and writes its kubeconfig next to the PKI.
+pub async fn sim_cluster(pki: &Pki, name: &str) -> (fleetwatch_sim::SimCluster, PathBuf) {
+    let sim = fleetwatch_sim::SimCluster::start(fleetwatch_sim::SimOptions { name: name.into(), ..Default::default() })
+        .await
+        .unwrap();
+    let path = pki.path(&format!("{name}.kubeconfig"));
+    sim.write_kubeconfig(&path).unwrap();
+    (sim, path)
+}
+
+/// An agent process watching a simulated cluster.
+pub fn kube_agent(pki: &Pki, cluster: &str, hub: &str, kubeconfig: &Path) -> Proc {
+    let files = pki.agent(cluster);
+    let args: Vec<String> = vec![
+        "agent".into(),
+        "--hub".into(),
+        hub.into(),
+        "--cert".into(),
+        files.cert.display().to_string(),
+        "--key".into(),
+        files.key.display().to_string(),
+        "--ca".into(),
+        pki.path("ca.crt").display().to_string(),
+        "--kubeconfig".into(),
+        kubeconfig.display().to_string(),
+        "--retry-first-connect".into(),
+    ];
+    Proc::spawn(&args, pki.path(&format!("agent-{cluster}-{}.log", rand_u32())))
 }
