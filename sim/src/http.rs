@@ -228,6 +228,38 @@ fn list_object(def: &ResourceDef, items: Vec<Value>, rv: u64, cont: Option<Strin
     json!({"kind": format!("{}List", def.kind), "apiVersion": def.api_version(), "metadata": meta, "items": items})
 }
 
+/// A LIST response assembled from the objects' stored JSON (no per-object
+/// re-serialization; runs after the state lock is released).
+fn list_response(def: &ResourceDef, page: ops::ListPage) -> Response<Body> {
+    let mut meta = json!({"resourceVersion": page.rv.to_string()});
+    if let Some(c) = page.continue_token {
+        meta["continue"] = json!(c);
+    }
+    if let Some(n) = page.remaining {
+        meta["remainingItemCount"] = json!(n);
+    }
+    let head = json!({"kind": format!("{}List", def.kind), "apiVersion": def.api_version(), "metadata": meta});
+    let head = serde_json::to_vec(&head).unwrap_or_default();
+    let items: usize = page.items.iter().map(|i| i.json.len() + 1).sum();
+    let mut out = Vec::with_capacity(head.len() + items + 16);
+    // `head` is an object: drop its closing brace and append the items.
+    out.extend_from_slice(&head[..head.len().saturating_sub(1)]);
+    out.extend_from_slice(b",\"items\":[");
+    for (i, item) in page.items.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(&item.json);
+    }
+    out.extend_from_slice(b"]}");
+    Response::builder()
+        .status(StatusCode::OK)
+        .header(header::CONTENT_TYPE, "application/json")
+        .header("Audit-Id", crate::meta::new_uid())
+        .body(Full::new(Bytes::from(out)).boxed())
+        .unwrap_or_else(|_| Response::new(Full::new(Bytes::new()).boxed()))
+}
+
 async fn resource(
     core: Arc<Core>,
     req: Request<Incoming>,
@@ -251,7 +283,7 @@ async fn resource(
             }
             let limit = q.get("limit").and_then(|l| l.parse().ok());
             let page = ops::list(&core.lock(), &t.def, ns, &labels, &fields, limit, q.get("continue"))?;
-            Ok(json_response(200, &list_object(&t.def, page.items, page.rv, page.continue_token, page.remaining)))
+            Ok(list_response(&t.def, page))
         }
         (&Method::GET, Some(name)) => Ok(json_response(200, &ops::get(&core.lock(), &t.def, ns, name)?)),
         (&Method::POST, None) => {

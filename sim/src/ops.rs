@@ -7,6 +7,7 @@
 use std::sync::Arc;
 
 use base64::Engine;
+use bytes::Bytes;
 use serde_json::{Value, json};
 
 use crate::apply::{self, WriteCtx};
@@ -63,10 +64,17 @@ pub fn for_version(o: &Arc<Value>, def: &ResourceDef) -> Value {
     v
 }
 
+/// One listed object: the stored value and its JSON as seen through the listed version.
+#[derive(Debug, Clone)]
+pub struct ListItem {
+    pub obj: Arc<Value>,
+    pub json: Bytes,
+}
+
 /// One page of a list.
 #[derive(Debug)]
 pub struct ListPage {
-    pub items: Vec<Value>,
+    pub items: Vec<ListItem>,
     pub rv: u64,
     pub continue_token: Option<String>,
     pub remaining: Option<usize>,
@@ -120,6 +128,8 @@ pub fn list(
         (None, Some(n)) => Box::new(map.range::<ObjKey, _>((n.to_string(), String::new())..)),
         (None, None) => Box::new(map.iter()),
     };
+    let serialized = st.serialized(&def.key());
+    let api_version = def.api_version();
     let mut items = Vec::new();
     let mut last = None;
     let mut more = 0usize;
@@ -139,7 +149,11 @@ pub fn list(
             more += 1;
             continue;
         }
-        items.push(for_version(o, def));
+        let json = match serialized.and_then(|m| m.get(k)) {
+            Some(j) if o["apiVersion"].as_str() == Some(api_version.as_str()) => j.clone(),
+            _ => crate::store::to_json(&for_version(o, def)),
+        };
+        items.push(ListItem { obj: o.clone(), json });
         last = Some(k.clone());
     }
     let continue_token = if more > 0 { last.map(|l| encode_continue(rv, &l)) } else { None };
@@ -690,7 +704,7 @@ pub fn remove(st: &mut State, key: &str, ok: ObjKey, last: Option<Arc<Value>>) -
         for k in keys {
             st.commit(&rk, k, None, None);
         }
-        st.objects.remove(&rk);
+        st.drop_resource(&rk);
         st.drop_watches(Some(&rk));
         st.registry.remove_resource(&group, &plural);
     }
@@ -772,8 +786,8 @@ pub fn delete_collection(
     let page = list(st, def, ns, labels, fields, None, None)?;
     let mut out = Vec::new();
     for item in page.items {
-        let name = meta_str(&item, "name").to_string();
-        let item_ns = meta_str(&item, "namespace").to_string();
+        let name = meta_str(&item.obj, "name").to_string();
+        let item_ns = meta_str(&item.obj, "namespace").to_string();
         match delete(st, def, Some(&item_ns), &name, d) {
             Ok(v) => out.push(v),
             Err(e) if e.code == 404 => {}
@@ -924,7 +938,7 @@ mod tests {
         let p3 = list(&st, &def, Some("d"), &all, &f, Some(2), p2.continue_token.as_deref()).unwrap();
         assert_eq!(p3.items.len(), 1);
         assert!(p3.continue_token.is_none());
-        assert_eq!(p3.items[0]["metadata"]["name"], "c4");
+        assert_eq!(p3.items[0].obj["metadata"]["name"], "c4");
         st.compact();
         assert_eq!(list(&st, &def, Some("d"), &all, &f, Some(2), p1.continue_token.as_deref()).unwrap_err().code, 410);
         let sel = LabelSelector::parse("i in (1,3)").unwrap();
@@ -974,6 +988,36 @@ mod tests {
         let bad = json!({"metadata": {"name": "wrong"}, "spec": {"group": "example.com", "scope": "Cluster",
             "names": {"plural": "widgets", "kind": "Widget"}, "versions": [{"name": "v1", "served": true, "storage": true}]}});
         assert_eq!(create(&mut st, &crd_def, None, bad, &w()).unwrap_err().code, 422);
+    }
+
+    #[test]
+    fn listed_json_is_the_object_as_seen_through_the_listed_version() {
+        let mut st = State::new(100);
+        let crd_def = st.registry.get("apiextensions.k8s.io", "v1", "customresourcedefinitions").cloned().unwrap();
+        let crd = json!({"metadata": {"name": "widgets.example.com"}, "spec": {"group": "example.com", "scope": "Cluster",
+            "names": {"plural": "widgets", "kind": "Widget"}, "versions": [
+                {"name": "v1", "served": true, "storage": true}, {"name": "v2", "served": true, "storage": false}]}});
+        create(&mut st, &crd_def, None, crd, &w()).unwrap();
+        let v1 = st.registry.get("example.com", "v1", "widgets").cloned().unwrap();
+        let v2 = st.registry.get("example.com", "v2", "widgets").cloned().unwrap();
+        create(&mut st, &v1, None, json!({"metadata": {"name": "w1"}, "spec": {"size": 1}}), &w()).unwrap();
+        let sel = LabelSelector::default();
+        let f = FieldSelector::default();
+        for def in [&v1, &v2] {
+            let page = list(&st, def, None, &sel, &f, None, None).unwrap();
+            assert_eq!(page.items.len(), 1);
+            let parsed: Value = serde_json::from_slice(&page.items[0].json).unwrap();
+            assert_eq!(parsed, get(&st, def, None, "w1").unwrap());
+            assert_eq!(parsed["apiVersion"], def.api_version());
+        }
+        // An update replaces the stored JSON.
+        let mut cur = get(&st, &v1, None, "w1").unwrap();
+        cur["spec"]["size"] = json!(2);
+        update(&mut st, &v1, None, "w1", cur, false, &w()).unwrap();
+        let page = list(&st, &v1, None, &sel, &f, None, None).unwrap();
+        let parsed: Value = serde_json::from_slice(&page.items[0].json).unwrap();
+        assert_eq!(parsed["spec"]["size"], 2);
+        assert_eq!(parsed, get(&st, &v1, None, "w1").unwrap());
     }
 
     #[test]

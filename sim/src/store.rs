@@ -43,18 +43,29 @@ pub struct Event {
     pub obj: Arc<Value>,
     /// The object before the write (to turn MODIFIED into ADDED/DELETED for selector watches).
     pub old: Option<Arc<Value>>,
-    /// `{"type":…,"object":…}\n`, rendered once for every watcher.
+    /// `obj` serialized once (reused for selector watchers that see another event type).
+    pub json: Bytes,
+    /// `{"type":…,"object":…}\n`, rendered once and shared by every watcher that gets it.
     pub line: Bytes,
+}
+
+/// Serializes an object (serializing a `serde_json::Value` cannot fail).
+pub fn to_json(obj: &Value) -> Bytes {
+    Bytes::from(serde_json::to_vec(obj).unwrap_or_default())
 }
 
 /// Renders a watch event line.
 pub fn render_line(ty: &str, obj: &Value) -> Bytes {
-    let mut s = Vec::with_capacity(256);
+    event_line(ty, &to_json(obj))
+}
+
+/// A watch event line around an already serialized object.
+pub fn event_line(ty: &str, obj_json: &[u8]) -> Bytes {
+    let mut s = Vec::with_capacity(obj_json.len() + ty.len() + 24);
     s.extend_from_slice(b"{\"type\":\"");
     s.extend_from_slice(ty.as_bytes());
     s.extend_from_slice(b"\",\"object\":");
-    // Serializing a serde_json::Value cannot fail.
-    let _ = serde_json::to_writer(&mut s, obj);
+    s.extend_from_slice(obj_json);
     s.extend_from_slice(b"}\n");
     Bytes::from(s)
 }
@@ -98,7 +109,7 @@ impl WatcherReg {
             return Some(ev.line.clone());
         }
         if same_version {
-            return Some(render_line(ty.as_str(), &ev.obj));
+            return Some(event_line(ty.as_str(), &ev.json));
         }
         let mut o = (*ev.obj).clone();
         o["apiVersion"] = Value::String(self.api_version.clone());
@@ -115,6 +126,9 @@ pub struct State {
     pub floor: u64,
     pub registry: Registry,
     pub objects: HashMap<ResKey, BTreeMap<ObjKey, Arc<Value>>>,
+    /// Every stored object serialized once at write time (kept in step with `objects` by
+    /// `commit`), so LIST and initial watch events copy bytes instead of re-serializing.
+    serialized: HashMap<ResKey, HashMap<ObjKey, Bytes>>,
     pub history: VecDeque<Arc<Event>>,
     pub history_cap: usize,
     pub watchers: HashMap<ResKey, Vec<WatcherReg>>,
@@ -142,6 +156,7 @@ impl State {
             floor: 1,
             registry: Registry::with_builtins(),
             objects: HashMap::new(),
+            serialized: HashMap::new(),
             history: VecDeque::new(),
             history_cap: history_cap.max(1),
             watchers: HashMap::new(),
@@ -153,6 +168,18 @@ impl State {
     /// One object.
     pub fn get(&self, key: &str, ok: &ObjKey) -> Option<&Arc<Value>> {
         self.objects.get(key)?.get(ok)
+    }
+
+    /// The JSON of every object of a resource as stored (with the apiVersion of the
+    /// version each was written through).
+    pub fn serialized(&self, key: &str) -> Option<&HashMap<ObjKey, Bytes>> {
+        self.serialized.get(key)
+    }
+
+    /// Forgets every object of a resource (after their removal was committed).
+    pub fn drop_resource(&mut self, key: &str) {
+        self.objects.remove(key);
+        self.serialized.remove(key);
     }
 
     /// All objects of a resource, ordered by namespace then name.
@@ -168,30 +195,37 @@ impl State {
         let map = self.objects.entry(key.to_string()).or_default();
         let old = map.get(&ok).cloned();
         self.gc_pending |= gc_relevant(old.as_deref(), new.as_ref());
-        let (ty, obj) = match new {
+        let (ty, obj, json) = match new {
             Some(mut o) => {
                 o["metadata"]["resourceVersion"] = Value::String(rv.to_string());
+                let json = to_json(&o);
                 let o = Arc::new(o);
+                self.serialized.entry(key.to_string()).or_default().insert(ok.clone(), json.clone());
                 map.insert(ok, o.clone());
-                (if old.is_some() { EventType::Modified } else { EventType::Added }, o)
+                (if old.is_some() { EventType::Modified } else { EventType::Added }, o, json)
             }
             None => {
                 map.remove(&ok);
+                if let Some(m) = self.serialized.get_mut(key) {
+                    m.remove(&ok);
+                }
                 // A deleted object is reported with the resourceVersion of its deletion.
                 let mut o = (*removed.or_else(|| old.clone()).unwrap_or_default()).clone();
                 if o.is_object() {
                     o["metadata"]["resourceVersion"] = Value::String(rv.to_string());
                 }
-                (EventType::Deleted, Arc::new(o))
+                let json = to_json(&o);
+                (EventType::Deleted, Arc::new(o), json)
             }
         };
-        let line = render_line(ty.as_str(), &obj);
+        let line = event_line(ty.as_str(), &json);
         let ev = Arc::new(Event {
             rv,
             key: key.to_string(),
             ty,
             obj: obj.clone(),
             old: if ty == EventType::Modified { old } else { None },
+            json,
             line,
         });
         self.history.push_back(ev.clone());

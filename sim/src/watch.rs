@@ -19,7 +19,7 @@ use crate::error::ApiError;
 use crate::ops;
 use crate::resources::ResourceDef;
 use crate::selector::{FieldSelector, LabelSelector};
-use crate::store::{State, WatcherReg, render_line};
+use crate::store::{State, WatcherReg, event_line, render_line};
 
 /// The query parameters of a watch request.
 #[derive(Debug, Clone, Default)]
@@ -84,7 +84,7 @@ pub fn register(st: &mut State, def: &ResourceDef, p: &WatchParams, buffer: usiz
     let snapshot = streaming || ((rv_param.is_empty() || rv_param == "0") && p.send_initial_events != Some(false));
     if snapshot {
         let page = ops::list(st, def, p.namespace.as_deref(), &p.labels, &p.fields, None, None)?;
-        initial.extend(page.items.iter().map(|o| render_line("ADDED", o)));
+        initial.extend(page.items.iter().map(|o| event_line("ADDED", &o.json)));
         if streaming {
             initial.push(bookmark_line(def, st.rv, true));
         }
@@ -160,8 +160,15 @@ pub fn body_stream(
             _ = shutdown.cancelled() => None,
             _ = &mut s.deadline => None,
             m = rx.recv() => {
-                let mut buf = BytesMut::from(&m?[..]);
-                // Coalesce what is already queued into one chunk.
+                let first = m?;
+                // One event goes out as the shared bytes themselves; what is already queued
+                // behind it is coalesced into one chunk (one write, one TLS record).
+                let Ok(second) = rx.try_recv() else {
+                    return Some((Ok(Frame::data(first)), s));
+                };
+                let mut buf = BytesMut::with_capacity(first.len() * 4);
+                buf.extend_from_slice(&first);
+                buf.extend_from_slice(&second);
                 while buf.len() < 64 * 1024 {
                     match rx.try_recv() {
                         Ok(more) => buf.extend_from_slice(&more),
