@@ -338,6 +338,57 @@ mod tests {
     }
 
     #[test]
+    fn one_rendering_is_shared_and_each_selector_sees_its_own_event_types() {
+        let mut s = State::new(10);
+        let mut rxs = Vec::new();
+        for (id, sel) in ["", "", "app=x", "app=y"].into_iter().enumerate() {
+            let (tx, rx) = mpsc::channel(16);
+            let w = WatcherReg {
+                id: id as u64,
+                namespace: Some("d".into()),
+                labels: LabelSelector::parse(sel).unwrap(),
+                fields: FieldSelector::default(),
+                api_version: "v1".into(),
+                tx,
+            };
+            s.watchers.entry("/configmaps".into()).or_default().push(w);
+            rxs.push(rx);
+        }
+        let k = || ("d".to_string(), "a".to_string());
+        s.commit("/configmaps", k(), Some(cm("x")), None);
+        s.commit("/configmaps", k(), Some(cm("y")), None);
+        s.commit("/configmaps", k(), None, None);
+        let got: Vec<Vec<Bytes>> =
+            rxs.iter_mut().map(|rx| std::iter::from_fn(|| rx.try_recv().ok()).collect()).collect();
+        let types = |lines: &[Bytes]| -> Vec<(String, String)> {
+            lines
+                .iter()
+                .map(|l| {
+                    let v: Value = serde_json::from_slice(l).unwrap();
+                    (
+                        v["type"].as_str().unwrap().to_string(),
+                        v["object"]["metadata"]["resourceVersion"].as_str().unwrap().to_string(),
+                    )
+                })
+                .collect()
+        };
+        let rv = |n: u64| (s.rv - 3 + n).to_string();
+        assert_eq!(types(&got[0]), [("ADDED".into(), rv(1)), ("MODIFIED".into(), rv(2)), ("DELETED".into(), rv(3))]);
+        assert_eq!(types(&got[1]), types(&got[0]));
+        assert_eq!(types(&got[2]), [("ADDED".into(), rv(1)), ("DELETED".into(), rv(2))]);
+        assert_eq!(types(&got[3]), [("ADDED".into(), rv(2)), ("DELETED".into(), rv(3))]);
+        // Watchers that get the event as written share one buffer.
+        for (a, b) in got[0].iter().zip(&got[1]) {
+            assert_eq!(a.as_ptr(), b.as_ptr());
+        }
+        assert_eq!(got[0][0].as_ptr(), got[2][0].as_ptr());
+        // The selector watcher's re-typed events carry the same object bytes.
+        let obj = |l: &Bytes| serde_json::from_slice::<Value>(l).unwrap()["object"].clone();
+        assert_eq!(obj(&got[3][0]), obj(&got[0][1]));
+        assert_eq!(obj(&got[2][1]), obj(&got[0][1]));
+    }
+
+    #[test]
     fn only_gc_relevant_writes_mark_gc_pending() {
         let mut s = State::new(10);
         let k = || ("d".to_string(), "a".to_string());

@@ -273,3 +273,48 @@ async fn raw_watch_from_old_resource_version_gets_410_and_bookmarks_arrive() {
     let b: u64 = bookmark_rv.expect("bookmark").parse().unwrap();
     assert!(b >= sim.resource_version() - 1 && b > rv.parse::<u64>().unwrap());
 }
+
+#[tokio::test]
+async fn slow_watcher_is_closed_and_others_keep_their_events() {
+    let sim = SimCluster::start(SimOptions { watch_buffer: 4, ..SimOptions::default() }).await.expect("sim starts");
+    let client = sim.client().await.expect("client");
+    let api: Api<ConfigMap> = Api::default_namespaced(client.clone());
+    let rv = api.list(&ListParams::default()).await.unwrap().metadata.resource_version.unwrap();
+    // A watcher that reads nothing: once the socket buffers are full its queue fills and
+    // the server closes its watch.
+    let req = http::Request::get(format!("/api/v1/namespaces/default/configmaps?watch=true&resourceVersion={rv}"))
+        .body(Vec::new())
+        .unwrap();
+    let stalled = client.request_stream(req).await.expect("watch starts");
+    // A watcher that keeps up.
+    let mut live = api.watch(&kube::api::WatchParams::default(), &rv).await.expect("watch starts").boxed();
+    let big = "x".repeat(512 * 1024);
+    let total = 60;
+    let reader = tokio::spawn(async move {
+        let mut names = Vec::new();
+        while names.len() < total {
+            match tokio::time::timeout(Duration::from_secs(30), live.next()).await.expect("event in time") {
+                Some(Ok(kube::api::WatchEvent::Added(o))) => names.push(o.metadata.name.unwrap_or_default()),
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        names
+    });
+    for i in 0..total {
+        let o: ConfigMap =
+            serde_json::from_value(json!({"metadata": {"name": format!("big-{i:03}")}, "data": {"k": big}})).unwrap();
+        api.create(&PostParams::default(), &o).await.unwrap();
+    }
+    let names = reader.await.unwrap();
+    assert_eq!(names, (0..total).map(|i| format!("big-{i:03}")).collect::<Vec<_>>());
+    // The stalled watch ends (rather than hanging) before it has seen every event.
+    use futures_util::AsyncBufReadExt;
+    let mut lines = std::pin::pin!(stalled.lines());
+    let mut seen = 0;
+    while let Some(Ok(_)) =
+        tokio::time::timeout(Duration::from_secs(30), lines.next()).await.expect("stalled watch ends")
+    {
+        seen += 1;
+    }
+    assert!(seen < total, "a slow watcher is closed, it saw {seen} of {total} events");
+}
