@@ -41,10 +41,10 @@ impl States {
         if map.get(name) == Some(&next) {
             return;
         }
-        if phase != WatchPhase::Running {
-            tracing::warn!(watch = name, ?phase, message = %next.message, "watch not running");
-        } else {
-            tracing::info!(watch = name, objects, "watch running");
+        match phase {
+            WatchPhase::Running => tracing::info!(watch = name, objects, "watch running"),
+            WatchPhase::Starting => tracing::debug!(watch = name, "watch starting"),
+            _ => tracing::warn!(watch = name, ?phase, message = %next.message, "watch not running"),
         }
         map.insert(name.into(), next);
         self.publish.send_replace(map.values().cloned().collect());
@@ -216,8 +216,10 @@ async fn run_watch(
         cfg = cfg.labels(sel);
     }
     let pointers = change_pointers(&spec);
-    let mut digests: HashMap<ObjectKey, u64> = HashMap::new();
-    let mut relisting: Option<HashSet<ObjectKey>> = None;
+    // One watch covers one kind: namespace and name identify an object, and keeping only
+    // those (not whole objects, not full keys) is what keeps the agent small.
+    let mut digests: HashMap<Box<str>, u64> = HashMap::new();
+    let mut relisting: Option<HashSet<Box<str>>> = None;
     let stream = watcher(api, cfg).default_backoff();
     futures_util::pin_mut!(stream);
     loop {
@@ -230,19 +232,20 @@ async fn run_watch(
         match ev {
             Ok(watcher::Event::Init) => relisting = Some(HashSet::new()),
             Ok(watcher::Event::InitApply(obj)) => {
-                let key = object_key(&ar, &obj);
                 if let Some(seen) = relisting.as_mut() {
-                    seen.insert(key.clone());
+                    seen.insert(short_key(&obj));
                 }
-                out.extend(applied(&spec, &pointers, &mut digests, key, obj));
+                out.extend(applied(&spec, &pointers, &mut digests, object_key(&ar, &obj), obj));
             }
             Ok(watcher::Event::InitDone) => {
                 // Whatever we knew that the fresh list lacks was deleted while we were not
                 // watching: say so.
                 if let Some(seen) = relisting.take() {
-                    let gone: Vec<ObjectKey> = digests.keys().filter(|k| !seen.contains(*k)).cloned().collect();
-                    for key in gone {
-                        digests.remove(&key);
+                    let gone: Vec<Box<str>> = digests.keys().filter(|k| !seen.contains(*k)).cloned().collect();
+                    for short in gone {
+                        digests.remove(&short);
+                        let (ns, obj_name) = short.split_once('/').unwrap_or(("", &short));
+                        let key = ObjectKey::new(&ar.api_version, &ar.kind, (!ns.is_empty()).then_some(ns), obj_name);
                         tracing::debug!(watch = %name, object = %key, "vanished during relist");
                         out.push(Change {
                             data: json!({"apiVersion": key.api_version, "kind": key.kind,
@@ -261,7 +264,7 @@ async fn run_watch(
             }
             Ok(watcher::Event::Delete(obj)) => {
                 let key = object_key(&ar, &obj);
-                if digests.remove(&key).is_some() {
+                if digests.remove(&short_key(&obj)).is_some() {
                     let v = serde_json::to_value(&obj).unwrap_or_default();
                     out.push(Change {
                         key,
@@ -284,16 +287,22 @@ async fn run_watch(
     }
 }
 
+/// `namespace/name` (empty namespace for cluster-scoped objects).
+fn short_key(obj: &DynamicObject) -> Box<str> {
+    format!("{}/{}", obj.metadata.namespace.as_deref().unwrap_or(""), obj.metadata.name.as_deref().unwrap_or("")).into()
+}
+
 fn applied(
     spec: &WatchSpec,
     pointers: &[String],
-    digests: &mut HashMap<ObjectKey, u64>,
+    digests: &mut HashMap<Box<str>, u64>,
     key: ObjectKey,
     obj: DynamicObject,
 ) -> Option<Change> {
+    let short = short_key(&obj);
     let v = serde_json::to_value(&obj).ok()?;
     let d = digest(&v, pointers);
-    if digests.insert(key.clone(), d) == Some(d) {
+    if digests.insert(short, d) == Some(d) {
         return None; // nothing we watch changed
     }
     Some(Change { key, kind: ChangeKind::Applied, data: event_data(&v, &spec.project), watch: Some(spec.name.clone()) })
