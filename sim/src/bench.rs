@@ -1,6 +1,8 @@
 //! The simulator's benchmark: LIST of many objects, and watch fan-out (many watchers, a
 //! steady write rate) with the latency from issuing a write to each watcher receiving
-//! its event. Runs real clients (kube-rs) over real TLS on loopback.
+//! its event. Runs real clients over real TLS on loopback: kube-rs for LIST and the
+//! writes, minimal raw readers for the watches (see `docs/sim.md`, "What the bench
+//! measures").
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -286,74 +288,83 @@ pub async fn bench(o: BenchOptions) -> Result<BenchReport, SimError> {
         let path =
             format!("/api/v1/namespaces/bench-watch/configmaps?watch=true&resourceVersion={rv}&timeoutSeconds=290");
         let core = sim.core().clone();
-        std::thread::spawn(move || -> Result<(Vec<u64>, Duration), String> {
-            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
-            let cpu0 = thread_cpu();
-            let lat = rt.block_on(async move {
-                let mut set = tokio::task::JoinSet::new();
-                for _ in 0..n {
-                    set.spawn(raw_watcher(addr, tls.clone(), token.clone(), path.clone(), base, total_writes));
-                }
-                // Writes start once every watch is registered.
-                while core.lock().watch_count() < n {
-                    tokio::time::sleep(Duration::from_millis(5)).await;
-                }
-                let _ = ready_tx.send(());
-                let mut all = Vec::new();
-                while let Some(r) = set.join_next().await {
-                    all.extend(r.map_err(|e| e.to_string())?.map_err(|e| e.to_string())?);
-                }
-                Ok::<_, String>(all)
-            })?;
-            Ok((lat, cpu_delta(cpu0, thread_cpu())))
-        })
+        std::thread::Builder::new()
+            .name("bench-watchers".into())
+            .spawn(move || -> Result<(Vec<u64>, Duration), String> {
+                let rt =
+                    tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
+                let cpu0 = thread_cpu();
+                let lat = rt.block_on(async move {
+                    let mut set = tokio::task::JoinSet::new();
+                    for _ in 0..n {
+                        set.spawn(raw_watcher(addr, tls.clone(), token.clone(), path.clone(), base, total_writes));
+                    }
+                    // Writes start once every watch is registered.
+                    while core.lock().watch_count() < n {
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                    }
+                    let _ = ready_tx.send(());
+                    let mut all = Vec::new();
+                    while let Some(r) = set.join_next().await {
+                        all.extend(r.map_err(|e| e.to_string())?.map_err(|e| e.to_string())?);
+                    }
+                    Ok::<_, String>(all)
+                })?;
+                Ok((lat, cpu_delta(cpu0, thread_cpu())))
+            })
+            .map_err(|e| SimError::io("starting the watcher thread", e))?
     };
     let _ = tokio::task::spawn_blocking(move || ready_rx.recv_timeout(Duration::from_secs(30))).await;
     let writer = {
         let kubeconfig = sim.kubeconfig_yaml();
         let period = Duration::from_secs_f64(1.0 / f64::from(o.writes_per_sec.max(1)));
-        std::thread::spawn(move || -> Result<(u64, Duration, Duration), String> {
-            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
-            let cpu0 = thread_cpu();
-            let (ok_writes, took) = rt.block_on(async move {
-                let kc = kube::config::Kubeconfig::from_yaml(&kubeconfig).map_err(|e| e.to_string())?;
-                let cfg = kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
-                    .await
-                    .map_err(|e| e.to_string())?;
-                let client = kube::Client::try_from(cfg).map_err(|e| e.to_string())?;
-                let api: Api<kube::api::DynamicObject> = Api::namespaced_with(
-                    client,
-                    "bench-watch",
-                    &kube::api::ApiResource::from_gvk(&kube::api::GroupVersionKind::gvk("", "v1", "ConfigMap")),
-                );
-                let mut ticker = tokio::time::interval(period);
-                ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
-                let in_flight = Arc::new(tokio::sync::Semaphore::new(64));
-                let started = Instant::now();
-                let mut writers = tokio::task::JoinSet::new();
-                for i in 0..total_writes {
-                    ticker.tick().await;
-                    let Ok(permit) = in_flight.clone().acquire_owned().await else { break };
-                    let api = api.clone();
-                    writers.spawn(async move {
-                        let sent = base.elapsed().as_micros() as u64;
-                        let body = json!({"data": {"sent": sent.to_string()}});
-                        let r =
-                            api.patch(&format!("w-{}", i % 100), &PatchParams::default(), &Patch::Merge(&body)).await;
-                        drop(permit);
-                        r.is_ok()
-                    });
-                }
-                let mut ok_writes = 0u64;
-                while let Some(r) = writers.join_next().await {
-                    if matches!(r, Ok(true)) {
-                        ok_writes += 1;
+        std::thread::Builder::new()
+            .name("bench-writer".into())
+            .spawn(move || -> Result<(u64, Duration, Duration), String> {
+                let rt =
+                    tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
+                let cpu0 = thread_cpu();
+                let (ok_writes, took) = rt.block_on(async move {
+                    let kc = kube::config::Kubeconfig::from_yaml(&kubeconfig).map_err(|e| e.to_string())?;
+                    let cfg = kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    let client = kube::Client::try_from(cfg).map_err(|e| e.to_string())?;
+                    let api: Api<kube::api::DynamicObject> = Api::namespaced_with(
+                        client,
+                        "bench-watch",
+                        &kube::api::ApiResource::from_gvk(&kube::api::GroupVersionKind::gvk("", "v1", "ConfigMap")),
+                    );
+                    let mut ticker = tokio::time::interval(period);
+                    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+                    let in_flight = Arc::new(tokio::sync::Semaphore::new(64));
+                    let started = Instant::now();
+                    let mut writers = tokio::task::JoinSet::new();
+                    for i in 0..total_writes {
+                        ticker.tick().await;
+                        let Ok(permit) = in_flight.clone().acquire_owned().await else { break };
+                        let api = api.clone();
+                        writers.spawn(async move {
+                            let sent = base.elapsed().as_micros() as u64;
+                            let body = json!({"data": {"sent": sent.to_string()}});
+                            let r = api
+                                .patch(&format!("w-{}", i % 100), &PatchParams::default(), &Patch::Merge(&body))
+                                .await;
+                            drop(permit);
+                            r.is_ok()
+                        });
                     }
-                }
-                Ok::<_, String>((ok_writes, started.elapsed()))
-            })?;
-            Ok((ok_writes, took, cpu_delta(cpu0, thread_cpu())))
-        })
+                    let mut ok_writes = 0u64;
+                    while let Some(r) = writers.join_next().await {
+                        if matches!(r, Ok(true)) {
+                            ok_writes += 1;
+                        }
+                    }
+                    Ok::<_, String>((ok_writes, started.elapsed()))
+                })?;
+                Ok((ok_writes, took, cpu_delta(cpu0, thread_cpu())))
+            })
+            .map_err(|e| SimError::io("starting the writer thread", e))?
     };
     let joined = tokio::task::spawn_blocking(move || (writer.join(), watchers.join()))
         .await

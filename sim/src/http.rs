@@ -31,12 +31,16 @@ pub type Body = BoxBody<Bytes, Infallible>;
 const MAX_BODY: usize = 8 * 1024 * 1024;
 
 fn json_response(code: u16, v: &Value) -> Response<Body> {
-    let bytes = serde_json::to_vec(v).unwrap_or_default();
+    bytes_response(code, Bytes::from(serde_json::to_vec(v).unwrap_or_default()))
+}
+
+/// A response with an already serialized JSON body.
+fn bytes_response(code: u16, bytes: Bytes) -> Response<Body> {
     Response::builder()
         .status(StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR))
         .header(header::CONTENT_TYPE, "application/json")
         .header("Audit-Id", crate::meta::new_uid())
-        .body(Full::new(Bytes::from(bytes)).boxed())
+        .body(Full::new(bytes).boxed())
         .unwrap_or_else(|_| Response::new(Full::new(Bytes::new()).boxed()))
 }
 
@@ -252,12 +256,7 @@ fn list_response(def: &ResourceDef, page: ops::ListPage) -> Response<Body> {
         out.extend_from_slice(&item.json);
     }
     out.extend_from_slice(b"]}");
-    Response::builder()
-        .status(StatusCode::OK)
-        .header(header::CONTENT_TYPE, "application/json")
-        .header("Audit-Id", crate::meta::new_uid())
-        .body(Full::new(Bytes::from(out)).boxed())
-        .unwrap_or_else(|_| Response::new(Full::new(Bytes::new()).boxed()))
+    bytes_response(200, Bytes::from(out))
 }
 
 async fn resource(
@@ -285,13 +284,18 @@ async fn resource(
             let page = ops::list(&core.lock(), &t.def, ns, &labels, &fields, limit, q.get("continue"))?;
             Ok(list_response(&t.def, page))
         }
-        (&Method::GET, Some(name)) => Ok(json_response(200, &ops::get(&core.lock(), &t.def, ns, name)?)),
+        (&Method::GET, Some(name)) => {
+            let body = ops::get_json(&core.lock(), &t.def, ns, name)?;
+            Ok(bytes_response(200, body))
+        }
         (&Method::POST, None) => {
             if t.def.namespaced && ns.is_none() {
                 return Err(ApiError::method_not_allowed());
             }
             let (body, _) = read_json(req).await?;
             let created = ops::create(&mut core.lock(), &t.def, ns, body, &w)?;
+            // An object created with ownerReferences to owners that are gone is collected.
+            core.gc_wake.notify_one();
             Ok(json_response(201, &created))
         }
         (&Method::PUT, Some(name)) => {

@@ -48,11 +48,24 @@ fn obj_key(def: &ResourceDef, ns: Option<&str>, name: &str) -> ObjKey {
     (if def.namespaced { ns.unwrap_or("").to_string() } else { String::new() }, name.to_string())
 }
 
-/// Reads an object the way a GET does.
+/// Reads an object the way a GET does (as a `Value`; the server answers with `get_json`).
+#[cfg(test)]
 pub fn get(st: &State, def: &ResourceDef, ns: Option<&str>, name: &str) -> Result<Value, ApiError> {
     st.get(&def.key(), &obj_key(def, ns, name))
         .map(|o| for_version(o, def))
         .ok_or_else(|| ApiError::not_found(&def.group, &def.plural, name))
+}
+
+/// GET's response body: the stored JSON when the object was written through the same
+/// version (no clone, no serialization).
+pub fn get_json(st: &State, def: &ResourceDef, ns: Option<&str>, name: &str) -> Result<Bytes, ApiError> {
+    let key = def.key();
+    let ok = obj_key(def, ns, name);
+    let o = st.get(&key, &ok).ok_or_else(|| ApiError::not_found(&def.group, &def.plural, name))?;
+    match st.serialized(&key).and_then(|m| m.get(&ok)) {
+        Some(j) if o["apiVersion"].as_str() == Some(def.api_version().as_str()) => Ok(j.clone()),
+        _ => Ok(crate::store::to_json(&for_version(o, def))),
+    }
 }
 
 /// The object as seen through `def`'s version (CRD versions share storage).
@@ -1009,7 +1022,10 @@ mod tests {
             let parsed: Value = serde_json::from_slice(&page.items[0].json).unwrap();
             assert_eq!(parsed, get(&st, def, None, "w1").unwrap());
             assert_eq!(parsed["apiVersion"], def.api_version());
+            let got: Value = serde_json::from_slice(&get_json(&st, def, None, "w1").unwrap()).unwrap();
+            assert_eq!(got, parsed);
         }
+        assert_eq!(get_json(&st, &v1, None, "nope").unwrap_err().code, 404);
         // An update replaces the stored JSON.
         let mut cur = get(&st, &v1, None, "w1").unwrap();
         cur["spec"]["size"] = json!(2);
