@@ -35,8 +35,11 @@ pub struct WatchParams {
 
 /// What a watch starts with.
 pub struct Registered {
-    /// Lines to send first (initial ADDED events, replayed history, the initial-events-end
-    /// bookmark, or a 410 ERROR event).
+    /// Objects (their JSON) to send first as ADDED events; the lines are built by the
+    /// watch's own task, outside the state lock.
+    pub initial_added: Vec<Bytes>,
+    /// Lines to send next (replayed history, the initial-events-end bookmark, or a 410
+    /// ERROR event).
     pub initial: Vec<Bytes>,
     /// Live events; `None` when the watch ends after `initial` (expired).
     pub rx: Option<mpsc::Receiver<Bytes>>,
@@ -81,10 +84,11 @@ pub fn register(st: &mut State, def: &ResourceDef, p: &WatchParams, buffer: usiz
         tx,
     };
     let mut initial = Vec::new();
+    let mut initial_added = Vec::new();
     let snapshot = streaming || ((rv_param.is_empty() || rv_param == "0") && p.send_initial_events != Some(false));
     if snapshot {
         let page = ops::list(st, def, p.namespace.as_deref(), &p.labels, &p.fields, None, None)?;
-        initial.extend(page.items.iter().map(|o| event_line("ADDED", &o.json)));
+        initial_added = page.items.into_iter().map(|o| o.json).collect();
         if streaming {
             initial.push(bookmark_line(def, st.rv, true));
         }
@@ -93,7 +97,7 @@ pub fn register(st: &mut State, def: &ResourceDef, p: &WatchParams, buffer: usiz
             rv_param.parse().map_err(|_| ApiError::bad_request(format!("invalid resource version: {rv_param}")))?;
         if from < st.floor {
             let e = ApiError::expired(format!("too old resource version: {from} ({})", st.floor));
-            return Ok(Registered { initial: vec![error_line(&e)], rx: None });
+            return Ok(Registered { initial_added, initial: vec![error_line(&e)], rx: None });
         }
         let (tx, rx) = mpsc::channel(buffer.max(1));
         let w = reg(tx.clone());
@@ -104,19 +108,19 @@ pub fn register(st: &mut State, def: &ResourceDef, p: &WatchParams, buffer: usiz
         }
         st.next_watcher += 1;
         st.watchers.entry(def.key()).or_default().push(w);
-        return Ok(Registered { initial, rx: Some(rx) });
+        return Ok(Registered { initial_added, initial, rx: Some(rx) });
     }
     let (tx, rx) = mpsc::channel(buffer.max(1));
     let w = reg(tx);
     st.next_watcher += 1;
     st.watchers.entry(def.key()).or_default().push(w);
-    Ok(Registered { initial, rx: Some(rx) })
+    Ok(Registered { initial_added, initial, rx: Some(rx) })
 }
 
 struct StreamState {
     core: Arc<Core>,
     def: ResourceDef,
-    initial: Option<Vec<Bytes>>,
+    initial: Option<(Vec<Bytes>, Vec<Bytes>)>,
     rx: Option<mpsc::Receiver<Bytes>>,
     bookmarks: Option<tokio::time::Interval>,
     deadline: std::pin::Pin<Box<tokio::time::Sleep>>,
@@ -134,7 +138,7 @@ pub fn body_stream(
     let st = StreamState {
         core,
         def,
-        initial: Some(reg.initial),
+        initial: Some((reg.initial_added, reg.initial)),
         rx: reg.rx,
         bookmarks: bookmarks.then(|| {
             let mut i = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
@@ -144,10 +148,14 @@ pub fn body_stream(
         deadline: Box::pin(tokio::time::sleep(timeout)),
     };
     futures_util::stream::unfold(st, |mut s| async move {
-        if let Some(initial) = s.initial.take()
-            && !initial.is_empty()
+        if let Some((added, initial)) = s.initial.take()
+            && !(added.is_empty() && initial.is_empty())
         {
-            let mut buf = BytesMut::new();
+            let len = added.iter().map(|o| o.len() + 32).sum::<usize>() + initial.iter().map(Bytes::len).sum::<usize>();
+            let mut buf = BytesMut::with_capacity(len);
+            for o in added {
+                buf.extend_from_slice(&event_line("ADDED", &o));
+            }
             for l in initial {
                 buf.extend_from_slice(&l);
             }
@@ -234,8 +242,10 @@ mod tests {
             ..Default::default()
         };
         let r = register(&mut st, &def, &p, 10).unwrap();
-        assert_eq!(r.initial.len(), 2);
-        let (ty, obj) = parse_line(&r.initial[1]).unwrap();
+        assert_eq!(r.initial_added.len(), 1);
+        assert_eq!(serde_json::from_slice::<Value>(&r.initial_added[0]).unwrap()["metadata"]["name"], "a");
+        assert_eq!(r.initial.len(), 1);
+        let (ty, obj) = parse_line(&r.initial[0]).unwrap();
         assert_eq!(ty, "BOOKMARK");
         assert_eq!(obj["metadata"]["annotations"]["k8s.io/initial-events-end"], "true");
         assert_eq!(obj["metadata"]["resourceVersion"], st.rv.to_string());
