@@ -18,7 +18,13 @@ pub struct CrdsArgs {
 
 /// Every CRD fleetwatch defines, as (file name, YAML).
 pub fn generated() -> anyhow::Result<Vec<(String, String)>> {
-    let crds = [fleetwatch_shared::watchconfig::WatchConfig::crd()];
+    use fleetwatch_shared::api::{ModuleReleaseMeta, ModuleTemplate, Runtime};
+    let crds = [
+        fleetwatch_shared::watchconfig::WatchConfig::crd(),
+        Runtime::crd(),
+        ModuleTemplate::crd(),
+        ModuleReleaseMeta::crd(),
+    ];
     crds.iter()
         .map(|crd| {
             let name = format!("{}.yaml", crd.metadata.name.clone().unwrap_or_default());

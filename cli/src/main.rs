@@ -5,6 +5,7 @@ mod bench;
 mod certs_cmd;
 mod crds_cmd;
 mod hub_cmd;
+mod lifecycle_cmd;
 mod tail_cmd;
 
 use clap::{Parser, Subcommand};
@@ -35,6 +36,8 @@ enum Command {
     Hub(hub_cmd::HubArgs),
     /// Run an agent: stream a cluster's changes to the hub.
     Agent(agent_cmd::AgentArgs),
+    /// Run the module lifecycle operator: keep each Runtime's modules in their desired state.
+    Lifecycle(lifecycle_cmd::LifecycleArgs),
     /// Print events from the hub, one JSON document per line.
     Tail(tail_cmd::TailArgs),
     /// Serve simulated Kubernetes clusters (an in-memory API server kubectl accepts).
@@ -63,6 +66,7 @@ fn main() -> std::process::ExitCode {
                     Command::Hub(args) => hub_cmd::run(args).await,
                     Command::Agent(args) => agent_cmd::run(args).await,
                     Command::Tail(args) => tail_cmd::run(args).await,
+                    Command::Lifecycle(args) => lifecycle_cmd::run(args).await,
                     Command::Bench(args) => bench::run(args).await,
                     Command::Sim(args) => {
                         let shutdown = shutdown_on_signals();

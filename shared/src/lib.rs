@@ -4,10 +4,12 @@
 //! agent, the hub and subscribers agree on one definition.
 #![warn(missing_docs)]
 
+pub mod api;
 pub mod codec;
 pub mod event;
 pub mod identity;
 pub mod kubeconfig;
+pub mod policy;
 pub mod protocol;
 pub mod subscriber;
 pub mod transport;

@@ -1,0 +1,67 @@
+//! `fleetwatch lifecycle`.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Args;
+use fleetwatch_shared::protocol::StartFrom;
+use fleetwatch_shared::subscriber::SubscriberOptions;
+use fleetwatch_shared::transport::HubUrl;
+
+#[derive(Args)]
+pub struct LifecycleArgs {
+    /// The control plane holding Runtimes, ModuleTemplates and ModuleReleaseMetas (and the
+    /// kubeconfig Secrets of runtime clusters).
+    #[arg(long)]
+    control_plane_kubeconfig: PathBuf,
+    /// The hub to subscribe to, as wss://HOST:PORT: its events make reconciles event-driven.
+    /// Without it only changes in the control plane and the resync trigger reconciles.
+    #[arg(long, requires_all = ["cert", "key", "ca"])]
+    hub: Option<String>,
+    /// Subscriber certificate for the hub.
+    #[arg(long)]
+    cert: Option<PathBuf>,
+    /// Subscriber key.
+    #[arg(long)]
+    key: Option<PathBuf>,
+    /// CA bundle that signed the hub's certificate.
+    #[arg(long)]
+    ca: Vec<PathBuf>,
+    /// Seconds between safety resyncs of every Runtime; 0 switches them off.
+    #[arg(long, default_value_t = 3600.0)]
+    resync: f64,
+    /// Reconciles running at once.
+    #[arg(long, default_value_t = 16)]
+    concurrency: u16,
+}
+
+pub async fn run(args: LifecycleArgs) -> anyhow::Result<()> {
+    let client = fleetwatch_shared::kubeconfig::client_from_kubeconfig(&args.control_plane_kubeconfig)
+        .await
+        .map_err(anyhow::Error::msg)
+        .context("cannot reach the control plane")?;
+    let hub = match &args.hub {
+        Some(url) => {
+            let url: HubUrl = url.parse()?;
+            let (Some(cert), Some(key)) = (&args.cert, &args.key) else {
+                anyhow::bail!("--hub needs --cert and --key")
+            };
+            let tls = Arc::new(fleetwatch_certs::client_config(&crate::tls_files(cert, key, &args.ca))?);
+            let mut opts = SubscriberOptions::new(url, tls);
+            opts.durable = Some("lifecycle".into());
+            opts.from = StartFrom::Latest;
+            Some(opts)
+        }
+        None => None,
+    };
+    let resync =
+        if args.resync > 0.0 { Some(Duration::try_from_secs_f64(args.resync).context("--resync")?) } else { None };
+    let config = fleetwatch_lifecycle::LifecycleConfig { client, hub, resync, concurrency: args.concurrency.max(1) };
+    tracing::info!(resync = ?resync, "lifecycle operator starting");
+    println!("lifecycle operator running");
+    let shutdown = crate::shutdown_on_signals();
+    fleetwatch_lifecycle::run(config, Default::default(), shutdown).await;
+    Ok(())
+}

@@ -1,0 +1,155 @@
+//! Writing into one runtime cluster: server-side apply of manifest objects, create-once,
+//! delete, count instances of a kind. Kinds are resolved through discovery, cached.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use fleetwatch_shared::api::{KindRef, ResourceRef};
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::discovery::{ApiCapabilities, ApiResource, Scope};
+use serde_json::Value;
+
+use crate::Error;
+
+/// The field manager fleetwatch applies with.
+pub const FIELD_MANAGER: &str = "fleetwatch-lifecycle";
+
+/// One runtime cluster's writer.
+pub struct Applier {
+    client: kube::Client,
+    kinds: Mutex<HashMap<(String, String), (ApiResource, ApiCapabilities)>>,
+}
+
+fn split_api_version(api_version: &str) -> (&str, &str) {
+    api_version.rsplit_once('/').unwrap_or(("", api_version))
+}
+
+impl Applier {
+    /// A writer for the cluster `client` reaches.
+    pub fn new(client: kube::Client) -> Self {
+        Self { client, kinds: Mutex::new(HashMap::new()) }
+    }
+
+    /// The client.
+    pub fn client(&self) -> &kube::Client {
+        &self.client
+    }
+
+    /// Resolves a kind (cached; a miss is not cached, so a CRD that appears later is found).
+    async fn resolve(&self, api_version: &str, kind: &str) -> Result<Option<(ApiResource, ApiCapabilities)>, Error> {
+        let key = (api_version.to_string(), kind.to_string());
+        if let Some(v) = self.kinds.lock().ok().and_then(|m| m.get(&key).cloned()) {
+            return Ok(Some(v));
+        }
+        let (group, version) = split_api_version(api_version);
+        let gvk = kube::api::GroupVersionKind::gvk(group, version, kind);
+        match kube::discovery::pinned_kind(&self.client, &gvk).await {
+            Ok(found) => {
+                if let Ok(mut m) = self.kinds.lock() {
+                    m.insert(key, found.clone());
+                }
+                Ok(Some(found))
+            }
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(None),
+            Err(kube::Error::Discovery(_)) => Ok(None),
+            Err(e) => Err(Error::Kube(format!("discovery of {api_version} {kind}: {e}"))),
+        }
+    }
+
+    /// Forgets cached kinds (after a CRD was installed or removed).
+    pub fn forget_kinds(&self) {
+        if let Ok(mut m) = self.kinds.lock() {
+            m.clear();
+        }
+    }
+
+    fn api(&self, ar: &ApiResource, caps: &ApiCapabilities, namespace: Option<&str>) -> Api<DynamicObject> {
+        match (caps.scope.clone(), namespace) {
+            (Scope::Namespaced, Some(ns)) => Api::namespaced_with(self.client.clone(), ns, ar),
+            (Scope::Namespaced, None) => Api::default_namespaced_with(self.client.clone(), ar),
+            (Scope::Cluster, _) => Api::all_with(self.client.clone(), ar),
+        }
+    }
+
+    /// The reference of a manifest object.
+    pub fn reference(obj: &Value) -> Result<ResourceRef, Error> {
+        let s = |p: &str| obj.pointer(p).and_then(Value::as_str).map(str::to_string);
+        Ok(ResourceRef {
+            api_version: s("/apiVersion").ok_or_else(|| Error::Manifest("an object without apiVersion".into()))?,
+            kind: s("/kind").ok_or_else(|| Error::Manifest("an object without kind".into()))?,
+            namespace: s("/metadata/namespace"),
+            name: s("/metadata/name").ok_or_else(|| Error::Manifest("an object without metadata.name".into()))?,
+        })
+    }
+
+    /// Server-side applies an object (taking ownership of conflicting fields: fleetwatch is
+    /// the manager of what it installs).
+    pub async fn apply(&self, obj: &Value) -> Result<ResourceRef, Error> {
+        let r = Self::reference(obj)?;
+        let (ar, caps) = self.resolve(&r.api_version, &r.kind).await?.ok_or_else(|| {
+            Error::Manifest(format!("kind {} {} is not served by the cluster", r.api_version, r.kind))
+        })?;
+        let api = self.api(&ar, &caps, r.namespace.as_deref());
+        api.patch(&r.name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(obj))
+            .await
+            .map_err(|e| Error::Kube(format!("apply {} {}: {e}", r.kind, r.name)))?;
+        if r.kind == "CustomResourceDefinition" {
+            self.forget_kinds();
+        }
+        Ok(r)
+    }
+
+    /// Creates an object unless it exists; never overwrites. Returns whether it created it.
+    pub async fn create_once(&self, obj: &Value) -> Result<(ResourceRef, bool), Error> {
+        let r = Self::reference(obj)?;
+        let (ar, caps) = self.resolve(&r.api_version, &r.kind).await?.ok_or_else(|| {
+            Error::Manifest(format!("kind {} {} is not served by the cluster", r.api_version, r.kind))
+        })?;
+        let api = self.api(&ar, &caps, r.namespace.as_deref());
+        let dynobj: DynamicObject =
+            serde_json::from_value(obj.clone()).map_err(|e| Error::Manifest(format!("default configuration: {e}")))?;
+        match api.create(&PostParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() }, &dynobj).await
+        {
+            Ok(_) => Ok((r, true)),
+            Err(kube::Error::Api(s)) if s.code == 409 => Ok((r, false)),
+            Err(e) => Err(Error::Kube(format!("create {} {}: {e}", r.kind, r.name))),
+        }
+    }
+
+    /// Reads an object; `None` when it or its kind does not exist.
+    pub async fn get(&self, r: &ResourceRef) -> Result<Option<DynamicObject>, Error> {
+        let Some((ar, caps)) = self.resolve(&r.api_version, &r.kind).await? else { return Ok(None) };
+        self.api(&ar, &caps, r.namespace.as_deref())
+            .get_opt(&r.name)
+            .await
+            .map_err(|e| Error::Kube(format!("get {} {}: {e}", r.kind, r.name)))
+    }
+
+    /// Deletes an object; a missing object or kind is fine.
+    pub async fn delete(&self, r: &ResourceRef) -> Result<(), Error> {
+        let Some((ar, caps)) = self.resolve(&r.api_version, &r.kind).await? else { return Ok(()) };
+        match self.api(&ar, &caps, r.namespace.as_deref()).delete(&r.name, &DeleteParams::background()).await {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+            Err(e) => Err(Error::Kube(format!("delete {} {}: {e}", r.kind, r.name))),
+        }
+        .inspect(|_| {
+            if r.kind == "CustomResourceDefinition" {
+                self.forget_kinds();
+            }
+        })
+    }
+
+    /// How many instances of a kind exist, in all namespaces (0 when the kind is gone).
+    pub async fn count(&self, kind: &KindRef) -> Result<usize, Error> {
+        let api_version =
+            if kind.group.is_empty() { kind.version.clone() } else { format!("{}/{}", kind.group, kind.version) };
+        let Some((ar, _)) = self.resolve(&api_version, &kind.kind).await? else { return Ok(0) };
+        let api: Api<DynamicObject> = Api::all_with(self.client.clone(), &ar);
+        match api.list(&ListParams::default()).await {
+            Ok(list) => Ok(list.items.len()),
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(0),
+            Err(e) => Err(Error::Kube(format!("list {}: {e}", kind.kind))),
+        }
+    }
+}

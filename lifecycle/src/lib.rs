@@ -1,0 +1,175 @@
+//! The module lifecycle operator: the hub's first subscriber. It keeps each `Runtime`'s
+//! modules in their desired state in the runtime cluster: release channels, install and
+//! upgrade by server-side apply, downgrade protection against the version actually
+//! running, create-once default configuration, and deletion policies.
+//!
+//! Event-driven: Runtime changes, ModuleReleaseMeta and ModuleTemplate changes (only the
+//! runtimes they affect) and hub events for a runtime's cluster trigger reconciles; a long
+//! periodic resync is only a safety net.
+#![warn(missing_docs)]
+
+pub mod applier;
+pub mod clusters;
+pub mod reconcile;
+pub mod triggers;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use fleetwatch_shared::api::{ModuleReleaseMeta, ModuleTemplate, Runtime};
+use fleetwatch_shared::subscriber::SubscriberOptions;
+use futures_util::StreamExt;
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, ResourceExt};
+use tokio_util::sync::CancellationToken;
+
+/// Operator failures (per reconcile; they never stop the operator).
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The Kubernetes API failed.
+    #[error("{0}")]
+    Kube(String),
+    /// A runtime cluster cannot be reached.
+    #[error("runtime cluster unreachable: {0}")]
+    Cluster(String),
+    /// A template's manifest is unusable.
+    #[error("bad manifest: {0}")]
+    Manifest(String),
+}
+
+/// Operator settings.
+#[derive(Clone)]
+pub struct LifecycleConfig {
+    /// The control-plane client (Runtimes, templates, release metas, Secrets).
+    pub client: kube::Client,
+    /// The hub subscription that makes reconciles event-driven (optional).
+    pub hub: Option<SubscriberOptions>,
+    /// Safety resync of every Runtime; `None` switches it off.
+    pub resync: Option<Duration>,
+    /// Reconciles running at once.
+    pub concurrency: u16,
+}
+
+/// Counters, read by benchmarks and logs.
+#[derive(Default)]
+pub struct Metrics {
+    /// Reconciles started.
+    pub reconciles: AtomicU64,
+    /// Reconciles that failed.
+    pub failures: AtomicU64,
+    /// Sum of successful reconcile durations, in microseconds.
+    pub busy_micros: AtomicU64,
+}
+
+impl Metrics {
+    fn record_duration(&self, d: Duration) {
+        self.busy_micros.fetch_add(d.as_micros() as u64, Ordering::Relaxed);
+    }
+}
+
+/// What reconciles share.
+pub struct Ctx {
+    client: kube::Client,
+    clusters: clusters::Clusters,
+    metas: Store<ModuleReleaseMeta>,
+    templates: Store<ModuleTemplate>,
+    resync: Option<Duration>,
+    /// Counters.
+    pub metrics: Arc<Metrics>,
+    backoff: std::sync::Mutex<std::collections::HashMap<String, u32>>,
+}
+
+fn error_policy(rt: Arc<Runtime>, err: &Error, ctx: Arc<Ctx>) -> Action {
+    ctx.metrics.failures.fetch_add(1, Ordering::Relaxed);
+    let key = format!("{}/{}", rt.namespace().unwrap_or_default(), rt.name_any());
+    // Exponential backoff per runtime: one broken cluster does not slow the others.
+    let attempt = ctx.backoff.lock().map(|mut b| {
+        let a = b.entry(key.clone()).or_insert(0);
+        *a = (*a + 1).min(8);
+        *a
+    });
+    let wait = Duration::from_millis(500) * 2u32.pow(attempt.unwrap_or(1).saturating_sub(1));
+    tracing::warn!(runtime = %key, error = %err, retry_in = ?wait, "reconcile failed");
+    Action::requeue(wait.min(Duration::from_secs(60)))
+}
+
+/// Runs the operator until `shutdown`. Returns the metrics handle at once through `metrics`.
+pub async fn run(config: LifecycleConfig, metrics: Arc<Metrics>, shutdown: CancellationToken) {
+    let client = config.client.clone();
+    let (metas, metas_writer) = reflector::store::<ModuleReleaseMeta>();
+    let (templates, templates_writer) = reflector::store::<ModuleTemplate>();
+    let metas_stream = watcher(Api::<ModuleReleaseMeta>::all(client.clone()), watcher::Config::default())
+        .default_backoff()
+        .reflect(metas_writer)
+        .touched_objects();
+    let templates_stream = watcher(Api::<ModuleTemplate>::all(client.clone()), watcher::Config::default())
+        .default_backoff()
+        .reflect(templates_writer)
+        .touched_objects();
+
+    // Runtimes: only spec changes and deletion start a reconcile, not our own status writes.
+    let (runtimes, runtimes_writer) = reflector::store::<Runtime>();
+    let runtime_stream = watcher(Api::<Runtime>::all(client.clone()), watcher::Config::default())
+        .default_backoff()
+        .reflect(runtimes_writer)
+        .touched_objects()
+        .predicate_filter(
+            |rt: &Runtime| {
+                use std::hash::{Hash, Hasher};
+                let mut h = std::collections::hash_map::DefaultHasher::new();
+                rt.metadata.generation.hash(&mut h);
+                rt.metadata.deletion_timestamp.is_some().hash(&mut h);
+                Some(h.finish())
+            },
+            Default::default(),
+        );
+
+    let ctx = Arc::new(Ctx {
+        client: client.clone(),
+        clusters: clusters::Clusters::new(client.clone()),
+        metas: metas.clone(),
+        templates: templates.clone(),
+        resync: config.resync,
+        metrics,
+        backoff: Default::default(),
+    });
+    let (hub_tx, hub_rx) = tokio::sync::mpsc::channel(4096);
+    if let Some(opts) = config.hub.clone() {
+        tokio::spawn(triggers::follow_hub(opts, runtimes.clone(), hub_tx, shutdown.child_token()));
+    }
+    let by_meta = {
+        let store = runtimes.clone();
+        move |meta: ModuleReleaseMeta| triggers::affected_by_meta(&store, &meta)
+    };
+    let by_template = {
+        let store = runtimes.clone();
+        move |tpl: ModuleTemplate| triggers::affected_by_template(&store, &tpl)
+    };
+    let ctx_for_backoff = ctx.clone();
+    Controller::for_stream(runtime_stream, runtimes)
+        .with_config(kube::runtime::controller::Config::default().concurrency(config.concurrency))
+        .watches_stream(metas_stream, by_meta)
+        .watches_stream(templates_stream, by_template)
+        .reconcile_on(tokio_stream_from(hub_rx))
+        .graceful_shutdown_on(shutdown.cancelled_owned())
+        .run(reconcile::reconcile, error_policy, ctx)
+        .for_each(|res| {
+            if let Ok((obj, _)) = &res
+                && let Ok(mut b) = ctx_for_backoff.backoff.lock()
+            {
+                b.remove(&format!("{}/{}", obj.namespace.clone().unwrap_or_default(), obj.name));
+            }
+            futures_util::future::ready(())
+        })
+        .await;
+    tracing::info!("lifecycle operator stopped");
+}
+
+fn tokio_stream_from<T: Send + 'static>(
+    mut rx: tokio::sync::mpsc::Receiver<T>,
+) -> impl futures_util::Stream<Item = T> + Send {
+    futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx))
+}

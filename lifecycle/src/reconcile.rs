@@ -1,0 +1,324 @@
+//! Reconciling one Runtime: each module installed, upgraded, protected from downgrades or
+//! removed according to the rules, failures kept per module, status written.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use fleetwatch_shared::api::{
+    CustomResourcePolicy, ModuleEntry, ModuleReleaseMeta, ModuleStatus, ModuleTemplate, Runtime, RuntimeStatus, State,
+};
+use fleetwatch_shared::policy::{Step, desired_version, next_step, parse};
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::{Resource, ResourceExt};
+use serde_json::json;
+
+use crate::applier::Applier;
+use crate::{Ctx, Error};
+
+/// The finalizer that makes deleting a Runtime remove its modules first.
+pub const FINALIZER: &str = "operator.fleetwatch.dev/lifecycle";
+/// The label carrying a module's running version on its manager workload.
+pub const VERSION_LABEL: &str = "app.kubernetes.io/version";
+/// How soon to look again while something is in progress.
+const BUSY_REQUEUE: Duration = Duration::from_secs(2);
+
+/// Reconciles one Runtime.
+pub async fn reconcile(rt: Arc<Runtime>, ctx: Arc<Ctx>) -> Result<Action, Error> {
+    let name = rt.name_any();
+    let ns = rt.namespace().unwrap_or_else(|| "default".into());
+    let started = std::time::Instant::now();
+    let span = tracing::info_span!("reconcile", runtime = %format!("{ns}/{name}"), cluster = %rt.cluster_id());
+    let _g = span.enter();
+    ctx.metrics.reconciles.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let api: Api<Runtime> = Api::namespaced(ctx.client.clone(), &ns);
+    let deleting = rt.meta().deletion_timestamp.is_some();
+    if !deleting && !rt.finalizers().iter().any(|f| f == FINALIZER) {
+        let patch = json!({"metadata": {"finalizers": rt.finalizers().iter().cloned().chain([FINALIZER.to_string()]).collect::<Vec<_>>()}});
+        api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map_err(|e| Error::Kube(format!("adding finalizer: {e}")))?;
+    }
+    if deleting && !rt.finalizers().iter().any(|f| f == FINALIZER) {
+        return Ok(Action::await_change());
+    }
+    let previous: Vec<ModuleStatus> = rt.status.as_ref().map(|s| s.modules.clone()).unwrap_or_default();
+    let applier = match ctx.clusters.applier(&rt).await {
+        Ok(a) => a,
+        Err(e) => {
+            // The whole cluster is out of reach: every module says so, and we back off.
+            let modules = previous
+                .iter()
+                .cloned()
+                .map(|mut m| {
+                    m.state = State::Error;
+                    m.message = e.to_string();
+                    m
+                })
+                .collect();
+            write_status(&api, &rt, modules).await?;
+            return Err(e);
+        }
+    };
+    let mut statuses = Vec::new();
+    let mut busy = false;
+    if deleting {
+        // Every module goes, with the policy it was installed under.
+        for prev in &previous {
+            if let Some(st) = remove(&applier, prev).await {
+                statuses.push(st);
+            }
+        }
+        if statuses.is_empty() {
+            let keep: Vec<String> = rt.finalizers().iter().filter(|f| *f != FINALIZER).cloned().collect();
+            api.patch(&name, &PatchParams::default(), &Patch::Merge(&json!({"metadata": {"finalizers": keep}})))
+                .await
+                .map_err(|e| Error::Kube(format!("removing finalizer: {e}")))?;
+            tracing::info!("all modules removed; runtime released");
+            return Ok(Action::await_change());
+        }
+        write_status(&api, &rt, statuses).await?;
+        return Ok(Action::requeue(BUSY_REQUEUE));
+    }
+    let by_name: HashMap<&str, &ModuleStatus> = previous.iter().map(|m| (m.name.as_str(), m)).collect();
+    for entry in &rt.spec.modules {
+        let prev = by_name.get(entry.name.as_str()).copied();
+        let st = if entry.managed {
+            install(&ctx, &applier, &rt, &ns, entry, prev).await
+        } else {
+            // `managed: false` removes like deleting the entry, but the entry stays to say so.
+            let policy_holder = prev.cloned().unwrap_or_else(|| ModuleStatus {
+                name: entry.name.clone(),
+                custom_resource_policy: entry.custom_resource_policy,
+                ..Default::default()
+            });
+            match remove(&applier, &policy_holder).await {
+                Some(st) => st,
+                None => ModuleStatus {
+                    state: State::Unmanaged,
+                    message: "not managed by fleetwatch".into(),
+                    custom_resource_policy: policy_holder.custom_resource_policy,
+                    actual_version: actual_version(&applier, &policy_holder).await,
+                    ..ModuleStatus { name: entry.name.clone(), ..Default::default() }
+                },
+            }
+        };
+        busy |= matches!(st.state, State::Processing | State::Deleting);
+        statuses.push(st);
+    }
+    // Modules whose entry is gone: remove them by the policy kept in status.
+    for prev in previous.iter().filter(|p| !rt.spec.modules.iter().any(|e| e.name == p.name)) {
+        if prev.state == State::Unmanaged {
+            continue; // already let go
+        }
+        if let Some(st) = remove(&applier, prev).await {
+            busy = true;
+            statuses.push(st);
+        }
+    }
+    write_status(&api, &rt, statuses).await?;
+    ctx.metrics.record_duration(started.elapsed());
+    Ok(if busy {
+        Action::requeue(BUSY_REQUEUE)
+    } else {
+        ctx.resync.map(Action::requeue).unwrap_or_else(Action::await_change)
+    })
+}
+
+async fn actual_version(applier: &Applier, st: &ModuleStatus) -> Option<String> {
+    let manager = st.resources.iter().find(|r| r.kind == "Deployment")?;
+    let d = applier.get(manager).await.ok()??;
+    d.labels().get(VERSION_LABEL).cloned()
+}
+
+fn find_meta<'a>(metas: &'a [Arc<ModuleReleaseMeta>], ns: &str, module: &str) -> Option<&'a ModuleReleaseMeta> {
+    metas.iter().find(|m| m.spec.module_name == module && m.namespace().as_deref() == Some(ns)).map(|m| m.as_ref())
+}
+
+fn find_template(
+    templates: &[Arc<ModuleTemplate>],
+    ns: &str,
+    module: &str,
+    version: &semver::Version,
+) -> Option<Arc<ModuleTemplate>> {
+    templates
+        .iter()
+        .find(|t| {
+            t.spec.module_name == module
+                && t.namespace().as_deref() == Some(ns)
+                && parse(&t.spec.version).is_ok_and(|v| &v == version)
+        })
+        .cloned()
+}
+
+/// Installs, upgrades or keeps one module; never fails: problems become its state.
+async fn install(
+    ctx: &Ctx,
+    applier: &Applier,
+    rt: &Runtime,
+    ns: &str,
+    entry: &ModuleEntry,
+    prev: Option<&ModuleStatus>,
+) -> ModuleStatus {
+    let mut st = prev.cloned().unwrap_or_else(|| ModuleStatus { name: entry.name.clone(), ..Default::default() });
+    st.custom_resource_policy = entry.custom_resource_policy;
+    let metas = ctx.metas.state();
+    let (desired, channel) =
+        match desired_version(entry, rt.spec.channel.as_deref(), find_meta(&metas, ns, &entry.name).map(|m| &m.spec)) {
+            Ok(v) => v,
+            Err(e) => return fail(st, State::Error, e.to_string()),
+        };
+    st.channel = channel;
+    st.desired_version = Some(desired.to_string());
+    let Some(template) = find_template(&ctx.templates.state(), ns, &entry.name, &desired) else {
+        return fail(st, State::Error, format!("no ModuleTemplate for {} {desired} in namespace {ns}", entry.name));
+    };
+    let manager = template.spec.manager.clone();
+    let running = match applier.get(&manager).await {
+        Ok(d) => d.and_then(|d| d.labels().get(VERSION_LABEL).cloned()),
+        Err(e) => return fail(st, State::Error, e.to_string()),
+    };
+    st.actual_version = running.clone();
+    let actual = running.as_deref().and_then(|v| parse(v).ok());
+    if let Step::RefuseDowngrade { from } = next_step(actual.as_ref(), &desired) {
+        // Rule 2: never downgrade what runs; say so once, no error loop.
+        return fail(st, State::Warning, format!("downgrade from {from} to {desired} not applied"));
+    }
+    let mut resources = Vec::new();
+    for obj in &template.spec.manifest {
+        match applier.apply(obj).await {
+            Ok(r) => resources.push(r),
+            Err(e) => return fail(st, State::Error, format!("installing {} {desired}: {e}", entry.name)),
+        }
+    }
+    st.resources = resources;
+    st.installed_version = Some(desired.to_string());
+    st.managed_resources = template.spec.managed_resources.clone();
+    // Rule 4: the default configuration is created once and never recreated or overwritten.
+    if let Some(cfg) = &template.spec.default_config {
+        match Applier::reference(cfg) {
+            Ok(r) => st.default_config = Some(r),
+            Err(e) => return fail(st, State::Error, e.to_string()),
+        }
+        if !st.default_config_created {
+            match applier.create_once(cfg).await {
+                Ok((_, created)) => {
+                    st.default_config_created = true;
+                    if created {
+                        tracing::info!(module = %entry.name, "default configuration created");
+                    }
+                }
+                Err(e) => return fail(st, State::Error, format!("creating default configuration: {e}")),
+            }
+        }
+    }
+    // Ready once the manager runs the desired version and is available.
+    let (state, message) = match applier.get(&manager).await {
+        Ok(Some(d)) => {
+            let v = d.labels().get(VERSION_LABEL).cloned();
+            st.actual_version = v.clone();
+            let want = d.data["spec"]["replicas"].as_i64().unwrap_or(1);
+            let ready = d.data["status"]["readyReplicas"].as_i64().unwrap_or(0);
+            if v.as_deref().and_then(|v| parse(v).ok()).as_ref() != Some(&desired) {
+                (State::Processing, format!("manager runs {:?}, waiting for {desired}", v))
+            } else if ready < want {
+                (State::Processing, format!("waiting for manager: {ready}/{want} replicas ready"))
+            } else {
+                (State::Ready, String::new())
+            }
+        }
+        Ok(None) => (State::Error, format!("manager {} {} not found after install", manager.kind, manager.name)),
+        Err(e) => (State::Error, e.to_string()),
+    };
+    st.state = state;
+    st.message = message;
+    st
+}
+
+fn fail(mut st: ModuleStatus, state: State, message: String) -> ModuleStatus {
+    if st.state != state || st.message != message {
+        tracing::warn!(module = %st.name, ?state, %message, "module not ready");
+    }
+    st.state = state;
+    st.message = message;
+    st
+}
+
+/// Rule 5. `None` when the module is gone (or let go); otherwise its status while waiting.
+async fn remove(applier: &Applier, prev: &ModuleStatus) -> Option<ModuleStatus> {
+    match prev.custom_resource_policy {
+        CustomResourcePolicy::Ignore => {
+            tracing::info!(module = %prev.name, "removed with Ignore: left installed, no longer reconciled");
+            None
+        }
+        CustomResourcePolicy::CreateAndDelete => {
+            let mut st = prev.clone();
+            if let Some(cfg) = &prev.default_config
+                && let Err(e) = applier.delete(cfg).await
+            {
+                return Some(fail(st, State::Error, format!("deleting default configuration: {e}")));
+            }
+            let mut blocking = Vec::new();
+            for kind in &prev.managed_resources {
+                match applier.count(kind).await {
+                    Ok(0) => {}
+                    Ok(n) => blocking.push(format!("{n} {}", kind.kind)),
+                    Err(e) => return Some(fail(st, State::Error, e.to_string())),
+                }
+            }
+            if !blocking.is_empty() {
+                st.state = State::Deleting;
+                st.message = format!("waiting for managed resources to be deleted: {}", blocking.join(", "));
+                return Some(st);
+            }
+            for r in prev.resources.iter().rev() {
+                if let Err(e) = applier.delete(r).await {
+                    return Some(fail(st, State::Error, format!("deleting {}: {e}", r.name)));
+                }
+            }
+            tracing::info!(module = %prev.name, "module deleted");
+            None
+        }
+    }
+}
+
+/// Writes status: modules, the runtime's state (the worst module state; Unmanaged counts as
+/// fine) and the Ready condition.
+async fn write_status(api: &Api<Runtime>, rt: &Runtime, modules: Vec<ModuleStatus>) -> Result<(), Error> {
+    let state = modules
+        .iter()
+        .map(|m| if m.state == State::Unmanaged { State::Ready } else { m.state })
+        .max()
+        .unwrap_or(State::Ready);
+    let now = jiff::Timestamp::now().to_string();
+    let ready = state == State::Ready;
+    let prev_cond = rt.status.as_ref().and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"));
+    let status_str = if ready { "True" } else { "False" };
+    let since = match prev_cond {
+        Some(c) if c.status == status_str => c.last_transition_time.clone(),
+        _ => Some(now.clone()),
+    };
+    let not_ready: Vec<String> = modules
+        .iter()
+        .filter(|m| !matches!(m.state, State::Ready | State::Unmanaged))
+        .map(|m| format!("{}: {:?}", m.name, m.state))
+        .collect();
+    let status = RuntimeStatus {
+        state: Some(state),
+        modules,
+        observed_generation: rt.metadata.generation,
+        last_reconcile: Some(now),
+        conditions: vec![fleetwatch_shared::api::Condition {
+            type_: "Ready".into(),
+            status: status_str.into(),
+            reason: format!("{state:?}"),
+            message: not_ready.join("; "),
+            last_transition_time: since,
+        }],
+    };
+    api.patch_status(&rt.name_any(), &PatchParams::default(), &Patch::Merge(&json!({ "status": status })))
+        .await
+        .map_err(|e| Error::Kube(format!("writing status: {e}")))?;
+    Ok(())
+}

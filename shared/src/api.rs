@@ -1,0 +1,336 @@
+//! The module lifecycle's custom resources (group `operator.fleetwatch.dev`, namespaced):
+//! [`Runtime`] (one per managed cluster), [`ModuleTemplate`] (one immutable module
+//! version) and [`ModuleReleaseMeta`] (a module's channels and versions).
+//!
+//! ```
+//! use fleetwatch_shared::api::{Runtime, RuntimeSpec, ModuleEntry};
+//! let rt = Runtime::new("eu-1", RuntimeSpec {
+//!     channel: Some("fast".into()),
+//!     modules: vec![ModuleEntry { name: "redis".into(), ..ModuleEntry::default() }],
+//!     ..RuntimeSpec::default()
+//! });
+//! assert_eq!(rt.cluster_id(), "eu-1");
+//! assert!(rt.spec.modules[0].managed);
+//! ```
+
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// The channel used when neither the module entry nor the runtime names one.
+pub const DEFAULT_CHANNEL: &str = "regular";
+
+/// One managed runtime cluster and the modules it should have.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[kube(
+    group = "operator.fleetwatch.dev",
+    version = "v1alpha1",
+    kind = "Runtime",
+    plural = "runtimes",
+    shortname = "rt",
+    namespaced,
+    status = "RuntimeStatus",
+    printcolumn = r#"{"name":"State","type":"string","jsonPath":".status.state"}"#,
+    doc = "A managed runtime cluster and the modules it should have"
+)]
+#[serde(rename_all = "camelCase")]
+pub struct RuntimeSpec {
+    /// The cluster id in the agent's certificate; defaults to the Runtime's name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster_id: Option<String>,
+    /// Default release channel of its modules (`regular` when absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub channel: Option<String>,
+    /// The modules.
+    #[serde(default)]
+    pub modules: Vec<ModuleEntry>,
+    /// Upgrades that need downtime do not wait for a maintenance window.
+    #[serde(default)]
+    pub skip_maintenance_windows: bool,
+    /// The Secret (same namespace) whose `key` holds a kubeconfig reaching the cluster;
+    /// none means the cluster the operator runs in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubeconfig_secret: Option<SecretKeyRef>,
+}
+
+/// A key of a Secret.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub struct SecretKeyRef {
+    /// Secret name.
+    pub name: String,
+    /// Key in the Secret's data; `config` when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+}
+
+/// One module of a runtime.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ModuleEntry {
+    /// Module name (a ModuleReleaseMeta's `moduleName`).
+    pub name: String,
+    /// Release channel of this module; the runtime's channel when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub channel: Option<String>,
+    /// A pinned version: channel moves are ignored.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    /// Whether fleetwatch manages it; `false` stops reconciling (like removing the entry).
+    #[serde(default = "yes")]
+    pub managed: bool,
+    /// What removing the module does.
+    #[serde(default)]
+    pub custom_resource_policy: CustomResourcePolicy,
+}
+
+fn yes() -> bool {
+    true
+}
+
+impl Default for ModuleEntry {
+    fn default() -> Self {
+        Self {
+            name: String::new(),
+            channel: None,
+            version: None,
+            managed: true,
+            custom_resource_policy: CustomResourcePolicy::default(),
+        }
+    }
+}
+
+/// What removing a module (or `managed: false`) does.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum CustomResourcePolicy {
+    /// Create the default configuration at install; on removal delete it, wait until no
+    /// managed resource is left, then delete the module.
+    #[default]
+    CreateAndDelete,
+    /// Leave everything installed and stop reconciling.
+    Ignore,
+}
+
+/// What the operator observed and did.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RuntimeStatus {
+    /// The runtime's overall state: the worst of its modules' (their configuration's own
+    /// state does not count).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<State>,
+    /// Per module.
+    #[serde(default)]
+    pub modules: Vec<ModuleStatus>,
+    /// The generation last reconciled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// When the last reconcile finished.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_reconcile: Option<String>,
+    /// Conditions (`Ready`).
+    #[serde(default)]
+    pub conditions: Vec<Condition>,
+}
+
+/// One module's status.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ModuleStatus {
+    /// Module name.
+    pub name: String,
+    /// The channel in force.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub channel: Option<String>,
+    /// The version the rules ask for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub desired_version: Option<String>,
+    /// The version fleetwatch last applied.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub installed_version: Option<String>,
+    /// The version actually running (the manager workload's version label).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub actual_version: Option<String>,
+    /// State.
+    pub state: State,
+    /// Why, for people.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
+    /// The removal policy in force, kept so it is known after the entry is gone.
+    pub custom_resource_policy: CustomResourcePolicy,
+    /// Whether the default configuration was created (it is never created again).
+    #[serde(default)]
+    pub default_config_created: bool,
+    /// The resources fleetwatch applied, to delete them on removal.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub resources: Vec<ResourceRef>,
+    /// The default configuration's resource.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_config: Option<ResourceRef>,
+    /// Kinds whose instances block deletion (from the template).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub managed_resources: Vec<KindRef>,
+}
+
+/// States of modules and runtimes.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, JsonSchema)]
+pub enum State {
+    /// Installed, running the desired version.
+    Ready,
+    /// Not managed: left as it is.
+    Unmanaged,
+    /// Being installed or upgraded.
+    #[default]
+    Processing,
+    /// Being removed.
+    Deleting,
+    /// Needs attention but is not failing (e.g. a downgrade not applied).
+    Warning,
+    /// Failed.
+    Error,
+}
+
+/// A condition, Kubernetes style.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Condition {
+    /// Type.
+    #[serde(rename = "type")]
+    pub type_: String,
+    /// `True`, `False` or `Unknown`.
+    pub status: String,
+    /// Machine-readable reason.
+    #[serde(default)]
+    pub reason: String,
+    /// For people.
+    #[serde(default)]
+    pub message: String,
+    /// When it last changed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_transition_time: Option<String>,
+}
+
+/// A resource in a runtime cluster.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, Hash, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ResourceRef {
+    /// apiVersion.
+    pub api_version: String,
+    /// Kind.
+    pub kind: String,
+    /// Namespace, for namespaced resources.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    /// Name.
+    pub name: String,
+}
+
+/// A kind.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, Hash, JsonSchema)]
+pub struct KindRef {
+    /// API group (empty for core).
+    #[serde(default)]
+    pub group: String,
+    /// Version.
+    pub version: String,
+    /// Kind.
+    pub kind: String,
+}
+
+impl Runtime {
+    /// The cluster id: `spec.clusterId`, else the Runtime's name.
+    pub fn cluster_id(&self) -> String {
+        self.spec.cluster_id.clone().or_else(|| self.metadata.name.clone()).unwrap_or_default()
+    }
+}
+
+/// One immutable version of a module.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[kube(
+    group = "operator.fleetwatch.dev",
+    version = "v1alpha1",
+    kind = "ModuleTemplate",
+    plural = "moduletemplates",
+    shortname = "mt",
+    namespaced,
+    doc = "One immutable version of a module"
+)]
+#[serde(rename_all = "camelCase")]
+pub struct ModuleTemplateSpec {
+    /// The module's name.
+    pub module_name: String,
+    /// This template's version (semver).
+    pub version: String,
+    /// An upgrade to this version needs downtime: it waits for a maintenance window.
+    #[serde(default)]
+    pub requires_downtime: bool,
+    /// The module operator's resources, applied in order with server-side apply.
+    #[schemars(schema_with = "any_objects")]
+    pub manifest: Vec<serde_json::Value>,
+    /// The default configuration resource, created once at install.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "any_object")]
+    pub default_config: Option<serde_json::Value>,
+    /// Kinds whose instances block deletion of the module operator.
+    #[serde(default)]
+    pub managed_resources: Vec<KindRef>,
+    /// The manager workload (a Deployment in the manifest) whose `app.kubernetes.io/version`
+    /// label is the module's actual running version.
+    pub manager: ResourceRef,
+}
+
+fn any_object(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({"type": "object", "x-kubernetes-preserve-unknown-fields": true, "nullable": true})
+}
+
+fn any_objects(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({"type": "array", "items": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}})
+}
+
+/// A module's release channels and versions.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[kube(
+    group = "operator.fleetwatch.dev",
+    version = "v1alpha1",
+    kind = "ModuleReleaseMeta",
+    plural = "modulereleasemetas",
+    shortname = "mrm",
+    namespaced,
+    doc = "A module's release channels and versions"
+)]
+#[serde(rename_all = "camelCase")]
+pub struct ModuleReleaseMetaSpec {
+    /// The module's name.
+    pub module_name: String,
+    /// Which version each channel offers.
+    #[serde(default)]
+    pub channels: Vec<ChannelVersion>,
+    /// A version every runtime must run, whatever its channel.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mandatory: Option<String>,
+    /// Known versions with deprecation notes.
+    #[serde(default)]
+    pub versions: Vec<VersionInfo>,
+}
+
+/// A channel and its version.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub struct ChannelVersion {
+    /// Channel name.
+    pub channel: String,
+    /// Version it offers.
+    pub version: String,
+}
+
+/// A version's notes.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct VersionInfo {
+    /// Version.
+    pub version: String,
+    /// When it is deprecated (RFC 3339 date).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deprecation_date: Option<String>,
+    /// Deprecation message.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
