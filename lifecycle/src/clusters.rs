@@ -12,11 +12,14 @@ use kube::Api;
 use crate::Error;
 use crate::applier::Applier;
 
+/// (namespace, Secret name) → (the Secret's resourceVersion, its cluster's writer).
+type ApplierCache = HashMap<(String, String), (String, Arc<Applier>)>;
+
 /// Cached appliers per Secret version.
 pub struct Clusters {
     control_plane: kube::Client,
     local: Arc<Applier>,
-    cache: Mutex<HashMap<(String, String), (String, Arc<Applier>)>>,
+    cache: Mutex<ApplierCache>,
 }
 
 impl Clusters {
