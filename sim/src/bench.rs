@@ -212,8 +212,7 @@ async fn raw_watcher(
 /// apart from the server's (Linux: from `/proc`; zero elsewhere).
 pub async fn bench(o: BenchOptions) -> Result<BenchReport, SimError> {
     use kube::api::{Api, ListParams, Patch, PatchParams};
-    let sim =
-        SimCluster::start(SimOptions { history: 100_000, watch_buffer: 100_000, ..SimOptions::default() }).await?;
+    let sim = SimCluster::start(SimOptions { history: 100_000, ..SimOptions::default() }).await?;
     let client = sim.client().await?;
     let kerr = |e: kube::Error| SimError::Kube(e.to_string());
 
