@@ -88,19 +88,19 @@ pub async fn reconcile(rt: Arc<Runtime>, ctx: Arc<Ctx>) -> Result<Action, Error>
             install(&ctx, &applier, &rt, &ns, entry, prev).await
         } else {
             // `managed: false` removes like deleting the entry, but the entry stays to say so.
-            let policy_holder = prev.cloned().unwrap_or_else(|| ModuleStatus {
-                name: entry.name.clone(),
-                custom_resource_policy: entry.custom_resource_policy,
-                ..Default::default()
-            });
+            // The entry is still there, so its policy is the one in force.
+            let mut policy_holder =
+                prev.cloned().unwrap_or_else(|| ModuleStatus { name: entry.name.clone(), ..Default::default() });
+            policy_holder.custom_resource_policy = entry.custom_resource_policy;
             match remove(&applier, &policy_holder).await {
                 Some(st) => st,
                 None => ModuleStatus {
                     state: State::Unmanaged,
                     message: "not managed by fleetwatch".into(),
-                    custom_resource_policy: policy_holder.custom_resource_policy,
                     actual_version: actual_version(&applier, &policy_holder).await,
-                    ..ModuleStatus { name: entry.name.clone(), ..Default::default() }
+                    // What fleetwatch knew stays: managing it again is not a fresh install
+                    // (a default configuration the user deleted is not recreated).
+                    ..policy_holder
                 },
             }
         };

@@ -3,6 +3,7 @@
 mod cli;
 mod delivery;
 mod kube_watch;
+mod lifecycle;
 mod protocol;
 mod shutdown;
 mod support;

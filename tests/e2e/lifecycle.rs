@@ -1,0 +1,375 @@
+//! The lifecycle operator end to end: sim control plane and runtime clusters, real hub,
+//! agent and lifecycle processes.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use fleetwatch_shared::api::{Runtime, State};
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
+use kube::discovery::ApiResource;
+use serde_json::{Value, json};
+
+use crate::support::*;
+
+const NS: &str = "kcp";
+
+/// A control plane, one runtime cluster, a hub, an agent and the lifecycle operator.
+struct Fleet {
+    pki: Pki,
+    _cp: fleetwatch_sim::SimCluster,
+    cp_kc: PathBuf,
+    cp: kube::Client,
+    _rt: fleetwatch_sim::SimCluster,
+    rt_kc: PathBuf,
+    rt: kube::Client,
+    hub: HubProc,
+    _agent: Proc,
+    lifecycle: Proc,
+    kubelet: tokio_util::sync::CancellationToken,
+}
+
+impl Drop for Fleet {
+    fn drop(&mut self) {
+        self.kubelet.cancel();
+    }
+}
+
+fn apply_json(kc: &std::path::Path, v: &Value) {
+    kubectl(kc, &["apply", "--server-side", "--force-conflicts", "-f", "-"], Some(&v.to_string()));
+}
+
+fn template(version: &str) -> Value {
+    json!({
+        "apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "ModuleTemplate",
+        "metadata": {"name": format!("redis-{version}"), "namespace": NS},
+        "spec": {
+            "moduleName": "redis", "version": version,
+            "manifest": [
+                {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "redis-system"}},
+                {"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+                 "metadata": {"name": "redisconfigs.example.com"},
+                 "spec": {"group": "example.com", "scope": "Namespaced",
+                          "names": {"kind": "RedisConfig", "plural": "redisconfigs", "singular": "redisconfig"},
+                          "versions": [{"name": "v1", "served": true, "storage": true,
+                                        "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}]}},
+                {"apiVersion": "apps/v1", "kind": "Deployment",
+                 "metadata": {"name": "redis-manager", "namespace": "redis-system",
+                              "labels": {"operator.fleetwatch.dev/module": "redis", "app.kubernetes.io/version": version}},
+                 "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "redis-manager"}},
+                          "template": {"metadata": {"labels": {"app": "redis-manager"}},
+                                       "spec": {"containers": [{"name": "manager", "image": format!("redis-manager:{version}")}]}}}}
+            ],
+            "defaultConfig": {"apiVersion": "example.com/v1", "kind": "RedisConfig",
+                              "metadata": {"name": "default", "namespace": "redis-system"}, "spec": {"size": 1}},
+            "managedResources": [{"group": "example.com", "version": "v1", "kind": "RedisConfig"}],
+            "manager": {"apiVersion": "apps/v1", "kind": "Deployment", "namespace": "redis-system", "name": "redis-manager"}
+        }
+    })
+}
+
+fn release_meta(regular: &str, fast: &str) -> Value {
+    json!({"apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "ModuleReleaseMeta",
+           "metadata": {"name": "redis", "namespace": NS},
+           "spec": {"moduleName": "redis", "channels": [{"channel": "regular", "version": regular}, {"channel": "fast", "version": fast}]}})
+}
+
+fn runtime(name: &str, modules: Value) -> Value {
+    json!({"apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "Runtime",
+           "metadata": {"name": name, "namespace": NS},
+           "spec": {"clusterId": "rt1", "kubeconfigSecret": {"name": "rt1-kubeconfig"}, "modules": modules}})
+}
+
+fn dyn_api(client: &kube::Client, api_version: &str, kind: &str, plural: &str, ns: Option<&str>) -> Api<DynamicObject> {
+    let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
+    let ar = ApiResource {
+        group: group.into(),
+        version: version.into(),
+        api_version: api_version.into(),
+        kind: kind.into(),
+        plural: plural.into(),
+    };
+    match ns {
+        Some(ns) => Api::namespaced_with(client.clone(), ns, &ar),
+        None => Api::all_with(client.clone(), &ar),
+    }
+}
+
+impl Fleet {
+    async fn start(resync: &str) -> Self {
+        let pki = Pki::new();
+        let (cp_sim, cp_kc) = sim_cluster(&pki, "control-plane").await;
+        let (rt_sim, rt_kc) = sim_cluster(&pki, "rt1").await;
+        let cp = cp_sim.client().await.unwrap();
+        let rt = rt_sim.client().await.unwrap();
+        let crds = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/crds");
+        kubectl(&cp_kc, &["apply", "-f", crds.to_str().unwrap()], None);
+        apply_json(&cp_kc, &json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}}));
+        // The runtime's kubeconfig, as the Secret the Runtime names.
+        let secret = json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "rt1-kubeconfig", "namespace": NS},
+                            "stringData": {"config": std::fs::read_to_string(&rt_kc).unwrap()}});
+        apply_json(&cp_kc, &secret);
+        apply_json(&cp_kc, &template("1.0.0"));
+        apply_json(&cp_kc, &template("2.0.0"));
+        apply_json(&cp_kc, &release_meta("1.0.0", "2.0.0"));
+        // The hub pushes a watch on module configurations, for the lifecycle operator.
+        let wc = pki.path("wc");
+        std::fs::create_dir_all(&wc).unwrap();
+        std::fs::write(wc.join("redis.json"), json!({"apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "WatchConfig",
+            "metadata": {"name": "redis-config"}, "spec": {"resource": {"group": "example.com", "version": "v1", "kind": "RedisConfig"},
+            "fields": ["spec"], "subscriber": "lifecycle"}}).to_string()).unwrap();
+        let hub = HubProc::start(&pki, free_port(), None, &["--watch-config", wc.to_str().unwrap()]);
+        let agent = kube_agent(&pki, "rt1", &hub.url(), &rt_kc);
+        let sub = pki.subscriber("lifecycle");
+        let args: Vec<String> = [
+            "lifecycle",
+            "--control-plane-kubeconfig",
+            cp_kc.to_str().unwrap(),
+            "--hub",
+            &hub.url(),
+            "--cert",
+            sub.cert.to_str().unwrap(),
+            "--key",
+            sub.key.to_str().unwrap(),
+            "--ca",
+            pki.path("ca.crt").to_str().unwrap(),
+            "--resync",
+            resync,
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let lifecycle = Proc::spawn(&args, pki.path("lifecycle.log"));
+        lifecycle.wait_stdout("lifecycle operator running", Duration::from_secs(10));
+        // No kubelet in a sim cluster: mark Deployments ready, as a cluster would.
+        let kubelet = tokio_util::sync::CancellationToken::new();
+        tokio::spawn(fake_kubelet(rt.clone(), kubelet.clone()));
+        Fleet { pki, _cp: cp_sim, cp_kc, cp, _rt: rt_sim, rt_kc, rt, hub, _agent: agent, lifecycle, kubelet }
+    }
+
+    fn runtimes(&self) -> Api<Runtime> {
+        Api::namespaced(self.cp.clone(), NS)
+    }
+
+    async fn status(&self, name: &str) -> Option<fleetwatch_shared::api::RuntimeStatus> {
+        self.runtimes().get_opt(name).await.ok().flatten().and_then(|r| r.status)
+    }
+
+    /// Waits until the Runtime's status satisfies `cond`.
+    async fn wait(&self, name: &str, what: &str, cond: impl Fn(&fleetwatch_shared::api::RuntimeStatus) -> bool) {
+        let start = Instant::now();
+        let mut last = None;
+        while start.elapsed() < Duration::from_secs(30) {
+            last = self.status(name).await;
+            if last.as_ref().is_some_and(&cond) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!(
+            "runtime {name}: timed out waiting for {what}; status {last:#?}\nlifecycle log:\n{}",
+            self.lifecycle.stderr()
+        );
+    }
+
+    async fn manager_version(&self) -> Option<String> {
+        let d = dyn_api(&self.rt, "apps/v1", "Deployment", "deployments", Some("redis-system"))
+            .get_opt("redis-manager")
+            .await
+            .ok()??;
+        d.metadata.labels?.get("app.kubernetes.io/version").cloned()
+    }
+
+    fn redis_configs(&self) -> Api<DynamicObject> {
+        dyn_api(&self.rt, "example.com/v1", "RedisConfig", "redisconfigs", Some("redis-system"))
+    }
+}
+
+async fn fake_kubelet(rt: kube::Client, stop: tokio_util::sync::CancellationToken) {
+    let deps = dyn_api(&rt, "apps/v1", "Deployment", "deployments", None);
+    while !stop.is_cancelled() {
+        if let Ok(list) = deps.list(&ListParams::default()).await {
+            for d in list.items {
+                let want = d.data["spec"]["replicas"].as_i64().unwrap_or(1);
+                if d.data["status"]["readyReplicas"].as_i64() != Some(want) {
+                    let ns = d.metadata.namespace.clone().unwrap_or_default();
+                    let api = dyn_api(&rt, "apps/v1", "Deployment", "deployments", Some(&ns));
+                    let _ = api
+                        .patch_status(
+                            &d.metadata.name.clone().unwrap(),
+                            &PatchParams::default(),
+                            &Patch::Merge(&json!({"status": {"readyReplicas": want, "replicas": want}})),
+                        )
+                        .await;
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn module<'a>(
+    s: &'a fleetwatch_shared::api::RuntimeStatus,
+    name: &str,
+) -> Option<&'a fleetwatch_shared::api::ModuleStatus> {
+    s.modules.iter().find(|m| m.name == name)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn module_state_diagram_from_install_to_deletion() {
+    let f = Fleet::start("3600").await;
+    // Not installed → managed.
+    apply_json(&f.cp_kc, &runtime("rt1", json!([{"name": "redis"}])));
+    f.wait("rt1", "redis 1.0.0 Ready", |s| {
+        module(s, "redis").is_some_and(|m| m.state == State::Ready && m.installed_version.as_deref() == Some("1.0.0"))
+    })
+    .await;
+    assert_eq!(f.manager_version().await.as_deref(), Some("1.0.0"));
+    let cfg = f.redis_configs().get("default").await.unwrap();
+    assert_eq!(cfg.data["spec"]["size"], 1);
+    let st = f.status("rt1").await.unwrap();
+    assert_eq!(st.state, Some(State::Ready));
+    assert!(
+        f.runtimes()
+            .get("rt1")
+            .await
+            .unwrap()
+            .metadata
+            .finalizers
+            .unwrap()
+            .contains(&"operator.fleetwatch.dev/lifecycle".to_string())
+    );
+
+    // The user edits the default configuration: it is never overwritten.
+    f.redis_configs()
+        .patch("default", &PatchParams::default(), &Patch::Merge(&json!({"spec": {"size": 5}})))
+        .await
+        .unwrap();
+
+    // Upgraded: the channel moves (only the release meta changes).
+    apply_json(&f.cp_kc, &release_meta("2.0.0", "2.0.0"));
+    f.wait("rt1", "upgrade to 2.0.0", |s| {
+        module(s, "redis").is_some_and(|m| m.state == State::Ready && m.installed_version.as_deref() == Some("2.0.0"))
+    })
+    .await;
+    assert_eq!(f.manager_version().await.as_deref(), Some("2.0.0"));
+    assert_eq!(
+        f.redis_configs().get("default").await.unwrap().data["spec"]["size"],
+        5,
+        "default configuration overwritten"
+    );
+
+    // Removed with Ignore: still installed, unmanaged.
+    apply_json(
+        &f.cp_kc,
+        &runtime("rt1", json!([{"name": "redis", "managed": false, "customResourcePolicy": "Ignore"}])),
+    );
+    f.wait("rt1", "Unmanaged", |s| module(s, "redis").is_some_and(|m| m.state == State::Unmanaged)).await;
+    assert_eq!(f.manager_version().await.as_deref(), Some("2.0.0"), "Ignore must leave the module installed");
+    assert!(f.redis_configs().get_opt("default").await.unwrap().is_some());
+
+    // Managed again.
+    apply_json(&f.cp_kc, &runtime("rt1", json!([{"name": "redis"}])));
+    f.wait("rt1", "managed again", |s| module(s, "redis").is_some_and(|m| m.state == State::Ready)).await;
+    assert_eq!(f.redis_configs().get("default").await.unwrap().data["spec"]["size"], 5);
+
+    // Removed with CreateAndDelete, blocked while a managed resource instance exists.
+    let extra = json!({"apiVersion": "example.com/v1", "kind": "RedisConfig", "metadata": {"name": "extra", "namespace": "redis-system"}, "spec": {"size": 2}});
+    f.redis_configs().patch("extra", &PatchParams::apply("user"), &Patch::Apply(&extra)).await.unwrap();
+    apply_json(&f.cp_kc, &runtime("rt1", json!([])));
+    f.wait("rt1", "Deleting, blocked", |s| {
+        module(s, "redis").is_some_and(|m| m.state == State::Deleting && m.message.contains("1 RedisConfig"))
+    })
+    .await;
+    assert!(f.redis_configs().get_opt("default").await.unwrap().is_none(), "default configuration deleted first");
+    assert_eq!(f.manager_version().await.as_deref(), Some("2.0.0"), "operator kept while managed resources exist");
+    f.redis_configs().delete("extra", &DeleteParams::default()).await.unwrap();
+    f.wait("rt1", "module removed", |s| module(s, "redis").is_none() && s.state == Some(State::Ready)).await;
+    assert_eq!(f.manager_version().await, None, "module operator deleted");
+
+    // Deleting the Runtime releases its finalizer.
+    f.runtimes().delete("rt1", &DeleteParams::default()).await.unwrap();
+    let gone =
+        eventually(Duration::from_secs(15), || futures_block(f.runtimes().get_opt("rt1")).ok().flatten().is_none())
+            .await;
+    assert!(gone, "{}", f.lifecycle.stderr());
+    let _ = &f.pki;
+    let _ = &f.rt_kc;
+    let _ = &f.hub;
+}
+
+fn futures_block<F: std::future::Future>(f: F) -> F::Output {
+    tokio::task::block_in_place(|| tokio::runtime::Handle::current().block_on(f))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn downgrade_protection_pinning_and_create_once_configuration() {
+    let f = Fleet::start("3600").await;
+    // 2.0.0 installed by hand, then added to the Runtime while its channel offers 1.0.0.
+    let by_hand = &template("2.0.0")["spec"]["manifest"];
+    for obj in by_hand.as_array().unwrap() {
+        apply_json(&f.rt_kc, obj);
+    }
+    apply_json(&f.cp_kc, &runtime("rt1", json!([{"name": "redis", "channel": "regular"}])));
+    f.wait("rt1", "downgrade warning", |s| {
+        module(s, "redis")
+            .is_some_and(|m| m.state == State::Warning && m.message == "downgrade from 2.0.0 to 1.0.0 not applied")
+    })
+    .await;
+    assert_eq!(f.manager_version().await.as_deref(), Some("2.0.0"));
+    // No error loop: the state stays put and nothing is re-applied.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let st = f.status("rt1").await.unwrap();
+    assert_eq!(module(&st, "redis").unwrap().state, State::Warning);
+    assert_eq!(st.state, Some(State::Warning));
+    assert!(
+        f.redis_configs().get_opt("default").await.unwrap().is_none(),
+        "nothing applied while refusing a downgrade"
+    );
+
+    // Adopted as soon as the channel reaches 2.0.0.
+    apply_json(&f.cp_kc, &release_meta("2.0.0", "2.0.0"));
+    f.wait("rt1", "adopted", |s| {
+        module(s, "redis").is_some_and(|m| m.state == State::Ready && m.installed_version.as_deref() == Some("2.0.0"))
+    })
+    .await;
+    assert!(f.redis_configs().get_opt("default").await.unwrap().is_some());
+
+    // The user deletes the default configuration: it is not recreated.
+    f.redis_configs().delete("default", &DeleteParams::default()).await.unwrap();
+    // A pinned version ignores channel moves (a second module entry would clash on names,
+    // so pin the same module: pinned 2.0.0 while the channel goes to 3.0.0 without a template).
+    apply_json(&f.cp_kc, &runtime("rt1", json!([{"name": "redis", "version": "2.0.0"}])));
+    apply_json(&f.cp_kc, &release_meta("3.0.0", "3.0.0"));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let st = f.status("rt1").await.unwrap();
+    let m = module(&st, "redis").unwrap();
+    assert_eq!((m.state, m.desired_version.as_deref()), (State::Ready, Some("2.0.0")), "{m:#?}");
+    assert!(f.redis_configs().get_opt("default").await.unwrap().is_none(), "default configuration recreated");
+    // Unpinned, the channel's 3.0.0 has no template: an error for this module only.
+    apply_json(&f.cp_kc, &runtime("rt1", json!([{"name": "redis"}])));
+    f.wait("rt1", "missing template", |s| {
+        module(s, "redis")
+            .is_some_and(|m| m.state == State::Error && m.message.contains("no ModuleTemplate for redis 3.0.0"))
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_module_configuration_change_reconciles_its_runtime_within_a_second() {
+    // Periodic resync off: only events can trigger.
+    let f = Fleet::start("0").await;
+    apply_json(&f.cp_kc, &runtime("rt1", json!([{"name": "redis"}])));
+    f.wait("rt1", "Ready", |s| s.state == Some(State::Ready) && module(s, "redis").is_some()).await;
+    tokio::time::sleep(Duration::from_secs(3)).await; // settle: no more busy requeues
+    let before = f.status("rt1").await.unwrap().last_reconcile.unwrap();
+    let t0 = Instant::now();
+    f.redis_configs()
+        .patch("default", &PatchParams::default(), &Patch::Merge(&json!({"spec": {"size": 9}})))
+        .await
+        .unwrap();
+    f.wait("rt1", "a reconcile after the config change", |s| s.last_reconcile.as_deref() != Some(before.as_str()))
+        .await;
+    let took = t0.elapsed();
+    eprintln!("module configuration change → runtime reconciled in {took:?}");
+    assert!(took < Duration::from_secs(3), "took {took:?}");
+}
