@@ -32,6 +32,9 @@ enum BenchWhat {
     /// An agent process watching a simulated cluster with many objects: its RSS and CPU
     /// idle and under load, and the latency from an API write to the subscriber.
     Agent(AgentBench),
+    /// The lifecycle operator over many sim runtime clusters: time to converge at first
+    /// and after one module's channel moves, and reconciles per second.
+    Lifecycle(LifecycleBench),
     /// The simulated API server: LIST of many objects, and watch fan-out latency from a
     /// write to every watcher's event.
     Sim(SimBench),
@@ -51,6 +54,19 @@ struct AgentBench {
     /// Seconds of the load phase.
     #[arg(long, default_value_t = 10.0)]
     duration: f64,
+}
+
+#[derive(Args)]
+struct LifecycleBench {
+    /// Runtimes, each its own simulated cluster.
+    #[arg(long, default_value_t = 100)]
+    runtimes: usize,
+    /// Modules per runtime.
+    #[arg(long, default_value_t = 5)]
+    modules: usize,
+    /// Reconciles running at once.
+    #[arg(long, default_value_t = 16)]
+    concurrency: u16,
 }
 
 #[derive(Args)]
@@ -98,6 +114,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     match args.what {
         BenchWhat::Hub(b) => hub(b).await,
         BenchWhat::Agent(b) => agent(b).await,
+        BenchWhat::Lifecycle(b) => lifecycle(b).await,
         BenchWhat::Sim(b) => {
             let opts = fleetwatch_sim::BenchOptions {
                 list_objects: b.list_objects,
@@ -512,5 +529,167 @@ async fn agent(b: AgentBench) -> anyhow::Result<()> {
     let _ = hub.child.start_kill();
     let _ = agent.wait().await;
     let _ = hub.child.wait().await;
+    Ok(())
+}
+
+async fn lifecycle(b: LifecycleBench) -> anyhow::Result<()> {
+    use fleetwatch_shared::api::{Runtime, State};
+    use kube::api::{Api, DynamicObject, Patch, PatchParams};
+    use std::sync::atomic::Ordering;
+    if b.runtimes == 0 || b.modules == 0 {
+        bail!("--runtimes and --modules must be positive");
+    }
+    let ns = "kcp";
+    let cp = fleetwatch_sim::SimCluster::start(fleetwatch_sim::SimOptions {
+        name: "control-plane".into(),
+        ..Default::default()
+    })
+    .await?;
+    let client = cp.client().await?;
+    let ssa = PatchParams::apply("bench").force();
+    let apply = |v: serde_json::Value| {
+        let client = client.clone();
+        let ssa = ssa.clone();
+        async move {
+            let api_version = v["apiVersion"].as_str().unwrap_or_default().to_string();
+            let kind = v["kind"].as_str().unwrap_or_default().to_string();
+            let (group, version) = api_version.rsplit_once('/').unwrap_or(("", &api_version));
+            let gvk = kube::api::GroupVersionKind::gvk(group, version, &kind);
+            let (ar, caps) = kube::discovery::pinned_kind(&client, &gvk).await?;
+            let name = v["metadata"]["name"].as_str().unwrap_or_default().to_string();
+            let api: Api<DynamicObject> = match (caps.scope, v["metadata"]["namespace"].as_str()) {
+                (kube::discovery::Scope::Namespaced, Some(n)) => Api::namespaced_with(client, n, &ar),
+                _ => Api::all_with(client, &ar),
+            };
+            api.patch(&name, &ssa, &Patch::Apply(&v)).await.map(|_| ())
+        }
+    };
+    for (_, yaml) in crate::crds_cmd::generated()? {
+        let crd: serde_json::Value = serde_saphyr::from_str(&yaml).context("generated CRD")?;
+        apply(crd).await?;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    apply(serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})).await?;
+    let template = |m: usize, version: &str| {
+        serde_json::json!({"apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "ModuleTemplate",
+            "metadata": {"name": format!("m{m}-{version}"), "namespace": ns},
+            "spec": {"moduleName": format!("m{m}"), "version": version,
+                "manifest": [
+                    {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": format!("m{m}-system")}},
+                    {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "manager", "namespace": format!("m{m}-system"),
+                        "labels": {"operator.fleetwatch.dev/module": format!("m{m}"), "app.kubernetes.io/version": version}},
+                     "spec": {"replicas": 0, "selector": {"matchLabels": {"app": "m"}}, "template": {"metadata": {"labels": {"app": "m"}},
+                        "spec": {"containers": [{"name": "c", "image": format!("m{m}:{version}")}]}}}}],
+                "manager": {"apiVersion": "apps/v1", "kind": "Deployment", "namespace": format!("m{m}-system"), "name": "manager"}}})
+    };
+    let meta = |m: usize, version: &str| {
+        serde_json::json!({"apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "ModuleReleaseMeta",
+            "metadata": {"name": format!("m{m}"), "namespace": ns},
+            "spec": {"moduleName": format!("m{m}"), "channels": [{"channel": "regular", "version": version}]}})
+    };
+    for m in 0..b.modules {
+        apply(template(m, "1.0.0")).await?;
+        apply(template(m, "2.0.0")).await?;
+        apply(meta(m, "1.0.0")).await?;
+    }
+    // The runtime clusters, their kubeconfig Secrets and Runtimes.
+    let started = Instant::now();
+    let mut sims = Vec::with_capacity(b.runtimes);
+    for i in 0..b.runtimes {
+        let sim = fleetwatch_sim::SimCluster::start(fleetwatch_sim::SimOptions {
+            name: format!("rt{i}"),
+            ..Default::default()
+        })
+        .await?;
+        let secret = serde_json::json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": format!("rt{i}-kubeconfig"), "namespace": ns},
+            "stringData": {"config": sim.kubeconfig_yaml()}});
+        apply(secret).await?;
+        sims.push(sim);
+    }
+    eprintln!("started {} sim runtime clusters in {:.1} s", b.runtimes, started.elapsed().as_secs_f64());
+    let metrics = Arc::new(fleetwatch_lifecycle::Metrics::default());
+    let stop = CancellationToken::new();
+    let config = fleetwatch_lifecycle::LifecycleConfig {
+        client: client.clone(),
+        hub: None,
+        resync: None,
+        concurrency: b.concurrency,
+    };
+    tokio::spawn(fleetwatch_lifecycle::run(config, metrics.clone(), stop.clone()));
+    let t0 = Instant::now();
+    let r0 = metrics.reconciles.load(Ordering::Relaxed);
+    for i in 0..b.runtimes {
+        let modules: Vec<_> = (0..b.modules).map(|m| serde_json::json!({"name": format!("m{m}")})).collect();
+        apply(serde_json::json!({"apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "Runtime",
+            "metadata": {"name": format!("rt{i}"), "namespace": ns},
+            "spec": {"kubeconfigSecret": {"name": format!("rt{i}-kubeconfig")}, "modules": modules}}))
+        .await?;
+    }
+    let runtimes: Api<Runtime> = Api::namespaced(client.clone(), ns);
+    let converged = |want: &'static str, module: String| {
+        let runtimes = runtimes.clone();
+        async move {
+            let list = runtimes.list(&Default::default()).await?;
+            Ok::<usize, kube::Error>(
+                list.items
+                    .iter()
+                    .filter(|r| {
+                        r.status.as_ref().is_some_and(|s| {
+                            s.state == Some(State::Ready)
+                                && s.modules
+                                    .iter()
+                                    .any(|m| m.name == module && m.installed_version.as_deref() == Some(want))
+                                && s.modules.len() == b.modules
+                        })
+                    })
+                    .count(),
+            )
+        }
+    };
+    loop {
+        let n = converged("1.0.0", "m0".into()).await?;
+        if n == b.runtimes {
+            break;
+        }
+        if t0.elapsed() > Duration::from_secs(600) {
+            bail!("only {n} of {} runtimes converged in 600 s", b.runtimes);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let install_secs = t0.elapsed().as_secs_f64();
+    let install_reconciles = metrics.reconciles.load(Ordering::Relaxed) - r0;
+    tokio::time::sleep(Duration::from_secs(3)).await; // let busy requeues settle
+    // One module's channel moves.
+    let r1 = metrics.reconciles.load(Ordering::Relaxed);
+    let t1 = Instant::now();
+    apply(meta(0, "2.0.0")).await?;
+    loop {
+        let n = converged("2.0.0", "m0".into()).await?;
+        if n == b.runtimes {
+            break;
+        }
+        if t1.elapsed() > Duration::from_secs(600) {
+            bail!("only {n} of {} runtimes upgraded in 600 s", b.runtimes);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let move_secs = t1.elapsed().as_secs_f64();
+    let move_reconciles = metrics.reconciles.load(Ordering::Relaxed) - r1;
+    stop.cancel();
+    println!("runtimes × modules:        {} × {}", b.runtimes, b.modules);
+    println!(
+        "initial install converged: {install_secs:.1} s, {install_reconciles} reconciles = {:.0} reconciles/s",
+        install_reconciles as f64 / install_secs
+    );
+    println!(
+        "channel move converged:    {move_secs:.2} s, {move_reconciles} reconciles = {:.0} reconciles/s",
+        move_reconciles as f64 / move_secs
+    );
+    println!(
+        "{}",
+        serde_json::json!({"bench": "lifecycle", "runtimes": b.runtimes, "modules": b.modules, "install_s": install_secs,
+            "install_reconciles": install_reconciles, "channel_move_s": move_secs, "channel_move_reconciles": move_reconciles})
+    );
+    drop(sims);
     Ok(())
 }
