@@ -44,6 +44,8 @@ impl States {
         match phase {
             WatchPhase::Running => tracing::info!(watch = name, objects, "watch running"),
             WatchPhase::Starting => tracing::debug!(watch = name, "watch starting"),
+            // Normal while a module's CRD is not installed yet; retried.
+            WatchPhase::KindNotFound => tracing::info!(watch = name, message = %next.message, "kind not served (yet)"),
             _ => tracing::warn!(watch = name, ?phase, message = %next.message, "watch not running"),
         }
         map.insert(name.into(), next);

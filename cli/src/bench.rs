@@ -178,7 +178,7 @@ fn parse_listening(line: &str) -> Option<(String, String)> {
     Some((wss?, admin?))
 }
 
-async fn http_get(addr: &str, path: &str) -> anyhow::Result<String> {
+pub(crate) async fn http_get(addr: &str, path: &str) -> anyhow::Result<String> {
     let mut s = tokio::net::TcpStream::connect(addr).await?;
     s.write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes()).await?;
     let mut buf = String::new();
@@ -534,7 +534,7 @@ async fn agent(b: AgentBench) -> anyhow::Result<()> {
 
 async fn lifecycle(b: LifecycleBench) -> anyhow::Result<()> {
     use fleetwatch_shared::api::{Runtime, State};
-    use kube::api::{Api, DynamicObject, Patch, PatchParams};
+    use kube::api::Api;
     use std::sync::atomic::Ordering;
     if b.runtimes == 0 || b.modules == 0 {
         bail!("--runtimes and --modules must be positive");
@@ -546,29 +546,11 @@ async fn lifecycle(b: LifecycleBench) -> anyhow::Result<()> {
     })
     .await?;
     let client = cp.client().await?;
-    let ssa = PatchParams::apply("bench").force();
     let apply = |v: serde_json::Value| {
         let client = client.clone();
-        let ssa = ssa.clone();
-        async move {
-            let api_version = v["apiVersion"].as_str().unwrap_or_default().to_string();
-            let kind = v["kind"].as_str().unwrap_or_default().to_string();
-            let (group, version) = api_version.rsplit_once('/').unwrap_or(("", &api_version));
-            let gvk = kube::api::GroupVersionKind::gvk(group, version, &kind);
-            let (ar, caps) = kube::discovery::pinned_kind(&client, &gvk).await?;
-            let name = v["metadata"]["name"].as_str().unwrap_or_default().to_string();
-            let api: Api<DynamicObject> = match (caps.scope, v["metadata"]["namespace"].as_str()) {
-                (kube::discovery::Scope::Namespaced, Some(n)) => Api::namespaced_with(client, n, &ar),
-                _ => Api::all_with(client, &ar),
-            };
-            api.patch(&name, &ssa, &Patch::Apply(&v)).await.map(|_| ())
-        }
+        async move { crate::kube_apply::apply(&client, "bench", &v).await }
     };
-    for (_, yaml) in crate::crds_cmd::generated()? {
-        let crd: serde_json::Value = serde_saphyr::from_str(&yaml).context("generated CRD")?;
-        apply(crd).await?;
-    }
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    crate::kube_apply::install_crds(&client).await?;
     apply(serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})).await?;
     let template = |m: usize, version: &str| {
         serde_json::json!({"apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "ModuleTemplate",

@@ -5,8 +5,10 @@ mod bench;
 mod certs_cmd;
 mod crds_cmd;
 mod hub_cmd;
+mod kube_apply;
 mod lifecycle_cmd;
 mod tail_cmd;
+mod up_cmd;
 
 use clap::{Parser, Subcommand};
 
@@ -28,6 +30,9 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Start the local sandbox: a simulated control plane and runtime clusters, the hub,
+    /// agents, the lifecycle operator and sample modules, with a live table.
+    Up(up_cmd::UpArgs),
     /// Create a CA and issue hub, agent and subscriber certificates.
     Certs(certs_cmd::CertsArgs),
     /// Write the CRD manifests generated from the Rust types (deploy/crds).
@@ -48,7 +53,12 @@ enum Command {
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    init_logging(&cli.log, cli.log_json);
+    // The sandbox draws a table on stdout: its logs go to a file in its directory.
+    let log_file = match &cli.command {
+        Command::Up(args) => Some(args.log_file()),
+        _ => None,
+    };
+    init_logging(&cli.log, cli.log_json, log_file);
     fleetwatch_certs::install_crypto_provider();
     let result = match cli.command {
         Command::Certs(args) => certs_cmd::run(args),
@@ -66,6 +76,7 @@ fn main() -> std::process::ExitCode {
                     Command::Hub(args) => hub_cmd::run(args).await,
                     Command::Agent(args) => agent_cmd::run(args).await,
                     Command::Tail(args) => tail_cmd::run(args).await,
+                    Command::Up(args) => up_cmd::run(args).await,
                     Command::Lifecycle(args) => lifecycle_cmd::run(args).await,
                     Command::Bench(args) => bench::run(args).await,
                     Command::Sim(args) => {
@@ -86,15 +97,21 @@ fn main() -> std::process::ExitCode {
     }
 }
 
-fn init_logging(filter: &str, json: bool) {
+fn init_logging(filter: &str, json: bool, file: Option<std::path::PathBuf>) {
+    use std::io::IsTerminal;
     use tracing_subscriber::EnvFilter;
+    use tracing_subscriber::fmt::writer::BoxMakeWriter;
     let filter = std::env::var("RUST_LOG").ok().unwrap_or_else(|| filter.to_string());
     let filter = EnvFilter::try_new(&filter).unwrap_or_else(|_| EnvFilter::new("info"));
-    use std::io::IsTerminal;
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal());
+    let opened = file.and_then(|p| {
+        p.parent().map(std::fs::create_dir_all);
+        std::fs::OpenOptions::new().create(true).append(true).open(p).ok()
+    });
+    let (writer, ansi) = match opened {
+        Some(f) => (BoxMakeWriter::new(std::sync::Mutex::new(f)), false),
+        None => (BoxMakeWriter::new(std::io::stderr), std::io::stderr().is_terminal()),
+    };
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(writer).with_ansi(ansi);
     if json {
         builder.json().init();
     } else {

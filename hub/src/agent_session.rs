@@ -84,7 +84,11 @@ pub(crate) async fn run(mut conn: Conn, cluster: String, ctx: Arc<Context>, shut
         Err(end) => match end {
             End::Closed(why) => tracing::info!(%why, "agent disconnected"),
             End::Fail(code, msg, close) => {
-                tracing::warn!(?code, %msg, "closing agent session");
+                if code == ErrorCode::ShuttingDown || code == ErrorCode::Replaced {
+                    tracing::info!(?code, %msg, "closing agent session");
+                } else {
+                    tracing::warn!(?code, %msg, "closing agent session");
+                }
                 conn.fail(code, msg, close).await;
             }
             End::Close(close, msg) => {

@@ -5,5 +5,6 @@ mod delivery;
 mod kube_watch;
 mod lifecycle;
 mod protocol;
+mod sandbox;
 mod shutdown;
 mod support;

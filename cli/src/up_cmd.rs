@@ -1,0 +1,386 @@
+//! `fleetwatch up`: the whole system on one machine — a simulated control plane and
+//! runtime clusters, certificates, the hub, an agent per cluster, the lifecycle operator
+//! and two sample modules — with a live table of every runtime.
+
+use std::io::{IsTerminal, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Args;
+use fleetwatch_agent::{Agent, AgentConfig};
+use fleetwatch_certs::{Authority, LeafSpec, TlsFiles};
+use fleetwatch_hub::{Hub, HubConfig};
+use fleetwatch_shared::api::Runtime;
+use fleetwatch_shared::protocol::StartFrom;
+use fleetwatch_shared::subscriber::SubscriberOptions;
+use kube::Api;
+use kube::api::{DynamicObject, ListParams, Patch, PatchParams};
+use kube::discovery::ApiResource;
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+use crate::kube_apply::{apply, install_crds};
+
+/// Namespace of Runtimes, templates and release metas in the sandbox's control plane.
+pub const NAMESPACE: &str = "kcp";
+/// The sample modules.
+pub const MODULES: [&str; 2] = ["redis", "nats"];
+
+#[derive(Args)]
+pub struct UpArgs {
+    /// Number of simulated runtime clusters.
+    #[arg(long, default_value_t = 3)]
+    clusters: usize,
+    /// Where certificates, kubeconfigs and the hub's data go (kept between runs).
+    #[arg(long, default_value = "fleetwatch-sandbox")]
+    dir: PathBuf,
+    /// Port of the hub (wss); 0 picks a free one.
+    #[arg(long, default_value_t = 7443)]
+    hub_port: u16,
+    /// Port of the hub's admin endpoint (HTTP); 0 picks a free one.
+    #[arg(long, default_value_t = 9090)]
+    admin_port: u16,
+    /// First port of the simulated clusters (control plane, then each runtime); 0 picks
+    /// free ones.
+    #[arg(long, default_value_t = 0)]
+    sim_port: u16,
+    /// Print a line per change instead of redrawing a table (the default when stdout is not
+    /// a terminal).
+    #[arg(long)]
+    plain: bool,
+}
+
+impl UpArgs {
+    /// Where the sandbox's logs go.
+    pub fn log_file(&self) -> PathBuf {
+        self.dir.join("fleetwatch.log")
+    }
+}
+
+/// A sample module version: a namespace, its configuration CRD and a manager Deployment.
+pub fn module_template(module: &str, version: &str) -> Value {
+    let kind = format!("{}Config", capitalise(module));
+    let plural = format!("{module}configs");
+    json!({
+        "apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "ModuleTemplate",
+        "metadata": {"name": format!("{module}-{version}"), "namespace": NAMESPACE},
+        "spec": {
+            "moduleName": module, "version": version,
+            "manifest": [
+                {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": format!("{module}-system")}},
+                {"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+                 "metadata": {"name": format!("{plural}.modules.example.com")},
+                 "spec": {"group": "modules.example.com", "scope": "Namespaced",
+                          "names": {"kind": kind, "plural": plural, "singular": format!("{module}config")},
+                          "versions": [{"name": "v1", "served": true, "storage": true,
+                                        "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}]}},
+                {"apiVersion": "apps/v1", "kind": "Deployment",
+                 "metadata": {"name": format!("{module}-manager"), "namespace": format!("{module}-system"),
+                              "labels": {"operator.fleetwatch.dev/module": module, "app.kubernetes.io/version": version}},
+                 "spec": {"replicas": 1, "selector": {"matchLabels": {"app": format!("{module}-manager")}},
+                          "template": {"metadata": {"labels": {"app": format!("{module}-manager")}},
+                                       "spec": {"containers": [{"name": "manager", "image": format!("example/{module}-manager:{version}")}]}}}}
+            ],
+            "defaultConfig": {"apiVersion": "modules.example.com/v1", "kind": kind,
+                              "metadata": {"name": "default", "namespace": format!("{module}-system")}, "spec": {"replicas": 1}},
+            "managedResources": [{"group": "modules.example.com", "version": "v1", "kind": kind}],
+            "manager": {"apiVersion": "apps/v1", "kind": "Deployment", "namespace": format!("{module}-system"), "name": format!("{module}-manager")}
+        }
+    })
+}
+
+/// A module's channels: regular and fast.
+pub fn release_meta(module: &str, regular: &str, fast: &str) -> Value {
+    json!({"apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "ModuleReleaseMeta",
+           "metadata": {"name": module, "namespace": NAMESPACE},
+           "spec": {"moduleName": module, "channels": [{"channel": "regular", "version": regular}, {"channel": "fast", "version": fast}]}})
+}
+
+fn capitalise(s: &str) -> String {
+    let mut c = s.chars();
+    c.next().map(|f| f.to_uppercase().collect::<String>() + c.as_str()).unwrap_or_default()
+}
+
+fn port(base: u16, i: u16) -> u16 {
+    if base == 0 { 0 } else { base + i }
+}
+
+pub async fn run(args: UpArgs) -> anyhow::Result<()> {
+    anyhow::ensure!((1..=50).contains(&args.clusters), "--clusters must be between 1 and 50");
+    let dir = &args.dir;
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let dir = dir.canonicalize()?;
+    let shutdown = crate::shutdown_on_signals();
+    let names: Vec<String> = (1..=args.clusters).map(|i| format!("rt-{i}")).collect();
+
+    // Certificates (kept between runs).
+    let pki = dir.join("pki");
+    if !pki.join("ca.crt").exists() {
+        Authority::init(&pki, "sandbox.local")?;
+    }
+    let ca = Authority::load(&pki)?;
+    ca.issue(&pki, &LeafSpec::Hub { dns: vec!["localhost".into()], ips: vec!["127.0.0.1".parse()?] }, 30)?;
+    ca.issue(&pki, &LeafSpec::Subscriber { name: "lifecycle".into() }, 30)?;
+    ca.issue(&pki, &LeafSpec::Subscriber { name: "ops".into() }, 30)?;
+    for n in &names {
+        ca.issue(&pki, &LeafSpec::Agent { cluster: n.clone() }, 30)?;
+    }
+    let files = |stem: &str| TlsFiles {
+        cert: pki.join(format!("{stem}.crt")),
+        key: pki.join(format!("{stem}.key")),
+        ca: vec![pki.join("ca.crt")],
+    };
+
+    // Simulated clusters.
+    let sim = |name: &str, i: u16| {
+        let listen = std::net::SocketAddr::from(([127, 0, 0, 1], port(args.sim_port, i)));
+        fleetwatch_sim::SimCluster::start(fleetwatch_sim::SimOptions {
+            name: name.into(),
+            listen,
+            ..Default::default()
+        })
+    };
+    let cp = sim("control-plane", 0).await?;
+    let cp_kc = dir.join("control-plane.kubeconfig");
+    cp.write_kubeconfig(&cp_kc)?;
+    let mut runtimes_sims = Vec::new();
+    for (i, n) in names.iter().enumerate() {
+        let s = sim(n, i as u16 + 1).await?;
+        s.write_kubeconfig(&dir.join(format!("{n}.kubeconfig")))?;
+        runtimes_sims.push(s);
+    }
+    let cp_client = cp.client().await?;
+
+    // The control plane's content: CRDs, sample modules, watch configs, runtimes.
+    install_crds(&cp_client).await?;
+    apply(&cp_client, "sandbox", &json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}))
+        .await?;
+    for m in MODULES {
+        apply(&cp_client, "sandbox", &module_template(m, "1.0.0")).await?;
+        apply(&cp_client, "sandbox", &module_template(m, "2.0.0")).await?;
+        apply(&cp_client, "sandbox", &release_meta(m, "1.0.0", "2.0.0")).await?;
+        let wc = json!({"apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "WatchConfig", "metadata": {"name": format!("{m}-config")},
+            "spec": {"resource": {"group": "modules.example.com", "version": "v1", "kind": format!("{}Config", capitalise(m))},
+                     "fields": ["spec"], "project": ["/spec"], "subscriber": "lifecycle"}});
+        apply(&cp_client, "sandbox", &wc).await?;
+    }
+    for (n, s) in names.iter().zip(&runtimes_sims) {
+        let secret = json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": format!("{n}-kubeconfig"), "namespace": NAMESPACE},
+                            "stringData": {"config": s.kubeconfig_yaml()}});
+        apply(&cp_client, "sandbox", &secret).await?;
+        let rt = json!({"apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "Runtime",
+            "metadata": {"name": n, "namespace": NAMESPACE},
+            "spec": {"clusterId": n, "channel": "regular", "kubeconfigSecret": {"name": format!("{n}-kubeconfig")},
+                     "modules": MODULES.iter().map(|m| json!({"name": m})).collect::<Vec<_>>()}});
+        // Field manager `sandbox` only sets it up; users edit the Runtime freely afterwards.
+        apply(&cp_client, "sandbox-setup", &rt).await?;
+    }
+
+    // The hub, reading WatchConfigs from the control plane.
+    let mut hub_cfg = HubConfig::new(std::net::SocketAddr::from(([127, 0, 0, 1], args.hub_port)), files("hub"));
+    hub_cfg.tls.ca = vec![pki.join("ca.crt")];
+    hub_cfg.admin_listen = Some(std::net::SocketAddr::from(([127, 0, 0, 1], args.admin_port)));
+    hub_cfg.data_dir = Some(dir.join("hub-data"));
+    hub_cfg.watch_source = fleetwatch_hub::watch_source::WatchSource::ControlPlane(cp_kc.clone());
+    let hub = Hub::bind(hub_cfg).await.context("cannot start the hub (is another sandbox running? see --hub-port)")?;
+    let hub_url: fleetwatch_shared::transport::HubUrl = format!("wss://{}", hub.local_addr()).parse()?;
+    let admin = hub.admin_addr().context("admin address")?;
+    let tasks = tokio_util::task::TaskTracker::new();
+    tasks.spawn(hub.run(shutdown.clone()));
+
+    // An agent per runtime cluster.
+    for (n, s) in names.iter().zip(&runtimes_sims) {
+        let agent = Agent::new(AgentConfig::new(hub_url.clone(), files(&format!("agent-{n}"))))?;
+        let client = s.client().await?;
+        let (tx, rx) = tokio::sync::mpsc::channel(4096);
+        let (status_tx, status_rx) = tokio::sync::watch::channel(Vec::new());
+        let specs = agent.watches();
+        let agent = agent.with_watch_status(status_rx);
+        tasks.spawn(fleetwatch_agent::kube_source::run(client.clone(), specs, tx, status_tx, shutdown.child_token()));
+        let sd = shutdown.clone();
+        tasks.spawn(async move {
+            if let Err(e) = agent.run(rx, sd, false).await {
+                tracing::error!(error = %e, "agent stopped");
+            }
+        });
+        tasks.spawn(fake_kubelet(client, shutdown.child_token()));
+    }
+
+    // The lifecycle operator, subscribed to the hub.
+    let mut sub = SubscriberOptions::new(
+        hub_url.clone(),
+        Arc::new(fleetwatch_certs::client_config(&files("subscriber-lifecycle"))?),
+    );
+    sub.durable = Some("lifecycle".into());
+    sub.from = StartFrom::Latest;
+    let lc = fleetwatch_lifecycle::LifecycleConfig {
+        client: cp_client.clone(),
+        hub: Some(sub),
+        resync: Some(Duration::from_secs(3600)),
+        concurrency: 8,
+    };
+    tasks.spawn(fleetwatch_lifecycle::run(lc, Default::default(), shutdown.clone()));
+    tasks.close();
+
+    print_intro(&dir, &cp_kc, &names, &hub_url.to_string(), &admin.to_string());
+    let plain = args.plain || !std::io::stdout().is_terminal();
+    table(&cp_client, &admin.to_string(), plain, shutdown.clone()).await;
+    println!("stopping...");
+    tasks.wait().await;
+    drop(runtimes_sims);
+    drop(cp);
+    println!("stopped");
+    Ok(())
+}
+
+fn print_intro(dir: &Path, cp_kc: &Path, names: &[String], hub: &str, admin: &str) {
+    println!("fleetwatch sandbox up in {}", dir.display());
+    println!("  control plane:  kubectl --kubeconfig {} -n {NAMESPACE} get runtimes", cp_kc.display());
+    for n in names {
+        println!("  runtime {n}:   kubectl --kubeconfig {}", dir.join(format!("{n}.kubeconfig")).display());
+    }
+    println!("  hub:            {hub}   admin: http://{admin}/api/v1/clusters");
+    println!(
+        "  tail events:    fleetwatch tail --hub {hub} --cert {0}/subscriber-ops.crt --key {0}/subscriber-ops.key --ca {0}/ca.crt",
+        dir.join("pki").display()
+    );
+    println!(
+        "  try:            kubectl --kubeconfig {} -n {NAMESPACE} edit runtime rt-1   (e.g. channel: fast)",
+        cp_kc.display()
+    );
+    println!("  logs:           {}", dir.join("fleetwatch.log").display());
+    println!("Ctrl-C stops everything.");
+    println!();
+}
+
+/// No kubelet runs in a simulated cluster: mark Deployments ready, as one would.
+async fn fake_kubelet(client: kube::Client, stop: CancellationToken) {
+    let ar = ApiResource::erase::<k8s_openapi::api::apps::v1::Deployment>(&());
+    let all: Api<DynamicObject> = Api::all_with(client.clone(), &ar);
+    while !stop.is_cancelled() {
+        if let Ok(list) = all.list(&ListParams::default()).await {
+            for d in list.items {
+                let want = d.data["spec"]["replicas"].as_i64().unwrap_or(1);
+                if d.data["status"]["readyReplicas"].as_i64() != Some(want) {
+                    let api: Api<DynamicObject> =
+                        Api::namespaced_with(client.clone(), &d.metadata.namespace.clone().unwrap_or_default(), &ar);
+                    let status =
+                        json!({"status": {"replicas": want, "readyReplicas": want, "availableReplicas": want}});
+                    let _ = api
+                        .patch_status(
+                            &d.metadata.name.clone().unwrap_or_default(),
+                            &PatchParams::default(),
+                            &Patch::Merge(&status),
+                        )
+                        .await;
+                }
+            }
+        }
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(Duration::from_millis(300)) => {}
+        }
+    }
+}
+
+/// One row per runtime: agent connection, each module's version and state.
+async fn rows(cp: &kube::Client, admin: &str) -> Vec<Vec<String>> {
+    let runtimes: Api<Runtime> = Api::namespaced(cp.clone(), NAMESPACE);
+    let clusters: Value = crate::bench::http_get(admin, "/api/v1/clusters")
+        .await
+        .ok()
+        .and_then(|b| serde_json::from_str(&b).ok())
+        .unwrap_or_default();
+    let connected = |id: &str| {
+        clusters["clusters"]
+            .as_array()
+            .and_then(|cs| cs.iter().find(|c| c["cluster"] == id))
+            .is_some_and(|c| c["connected"] == true)
+    };
+    let Ok(list) = runtimes.list(&Default::default()).await else { return Vec::new() };
+    let mut out = Vec::new();
+    for rt in list.items {
+        let id = rt.cluster_id();
+        let mut row = vec![
+            rt.metadata.name.clone().unwrap_or_default(),
+            if connected(&id) { "connected".into() } else { "-".into() },
+            rt.status.as_ref().and_then(|s| s.state).map(|s| format!("{s:?}")).unwrap_or_else(|| "-".into()),
+        ];
+        for m in MODULES {
+            let cell = rt
+                .status
+                .as_ref()
+                .and_then(|s| s.modules.iter().find(|x| x.name == m))
+                .map(|x| {
+                    format!(
+                        "{} {:?}",
+                        x.actual_version.clone().or(x.installed_version.clone()).unwrap_or_else(|| "-".into()),
+                        x.state
+                    )
+                })
+                .unwrap_or_else(|| "-".into());
+            row.push(cell);
+        }
+        row.push("-".into()); // next maintenance window: none configured in the sandbox
+        out.push(row);
+    }
+    out
+}
+
+async fn table(cp: &kube::Client, admin: &str, plain: bool, shutdown: CancellationToken) {
+    let mut header = vec!["RUNTIME".to_string(), "AGENT".into(), "STATE".into()];
+    header.extend(MODULES.iter().map(|m| m.to_uppercase()));
+    header.push("NEXT WINDOW".into());
+    let mut last: Vec<Vec<String>> = Vec::new();
+    let mut drawn = 0usize;
+    loop {
+        let now = rows(cp, admin).await;
+        if now != last {
+            let mut out = std::io::stdout().lock();
+            if plain {
+                for r in now.iter().filter(|r| !last.contains(r)) {
+                    let _ = writeln!(
+                        out,
+                        "{}",
+                        header
+                            .iter()
+                            .zip(r)
+                            .map(|(h, v)| format!("{}={}", h.to_lowercase().replace(' ', "-"), v.replace(' ', ":")))
+                            .collect::<Vec<_>>()
+                            .join(" ")
+                    );
+                }
+            } else {
+                let widths: Vec<usize> = (0..header.len())
+                    .map(|i| {
+                        std::iter::once(&header)
+                            .chain(now.iter())
+                            .map(|r| r.get(i).map_or(0, String::len))
+                            .max()
+                            .unwrap_or(0)
+                    })
+                    .collect();
+                let line = |r: &Vec<String>| {
+                    r.iter().zip(&widths).map(|(v, w)| format!("{v:<w$}")).collect::<Vec<_>>().join("  ")
+                };
+                // Redraw in place: up over the previous table, clear, draw.
+                if drawn > 0 {
+                    let _ = write!(out, "\x1b[{drawn}A\x1b[J");
+                }
+                let _ = writeln!(out, "{}", line(&header));
+                for r in &now {
+                    let _ = writeln!(out, "{}", line(r));
+                }
+                drawn = now.len() + 1;
+            }
+            let _ = out.flush();
+            last = now;
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+        }
+    }
+}

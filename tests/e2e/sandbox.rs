@@ -1,0 +1,73 @@
+//! `fleetwatch up` as a new user runs it: everything comes up, modules get Ready, a channel
+//! move upgrades every runtime.
+
+use std::time::{Duration, Instant};
+
+use crate::support::*;
+
+#[test]
+fn sandbox_comes_up_and_follows_a_channel_move() {
+    let dir = tempfile::tempdir().unwrap();
+    let sbx = dir.path().join("sbx");
+    let args: Vec<String> =
+        ["up", "--dir", sbx.to_str().unwrap(), "--plain", "--hub-port", "0", "--admin-port", "0", "--clusters", "2"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+    let mut up = Proc::spawn(&args, dir.path().join("up.stderr"));
+    let lines = up.stdout_lines.clone();
+    let wait_lines = |what: &str, cond: &dyn Fn(&[String]) -> bool| {
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(60) {
+            if cond(&lines.lock().unwrap()) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!(
+            "sandbox: no {what} in 60 s; stdout:\n{}\nlog:\n{}",
+            lines.lock().unwrap().join("\n"),
+            std::fs::read_to_string(sbx.join("fleetwatch.log")).unwrap_or_default()
+        );
+    };
+    let row_has = |rt: &'static str, needles: &'static [&'static str]| {
+        move |ls: &[String]| {
+            ls.iter()
+                .rev()
+                .find(|l| l.starts_with(&format!("runtime={rt} ")))
+                .is_some_and(|l| needles.iter().all(|n| l.contains(n)))
+        }
+    };
+    for rt in ["rt-1", "rt-2"] {
+        wait_lines(
+            "all modules Ready",
+            &row_has(rt, &["agent=connected", "state=Ready", "redis=1.0.0:Ready", "nats=1.0.0:Ready"]),
+        );
+    }
+    // The intro tells where the kubeconfigs are; use the control plane's with kubectl.
+    let cp = sbx.join("control-plane.kubeconfig");
+    assert!(lines.lock().unwrap().iter().any(|l| l.contains(cp.to_str().unwrap())));
+    let meta = r#"{"apiVersion":"operator.fleetwatch.dev/v1alpha1","kind":"ModuleReleaseMeta","metadata":{"name":"redis","namespace":"kcp"},"spec":{"moduleName":"redis","channels":[{"channel":"regular","version":"2.0.0"},{"channel":"fast","version":"2.0.0"}]}}"#;
+    kubectl(&cp, &["apply", "--server-side", "--force-conflicts", "-f", "-"], Some(meta));
+    for rt in ["rt-1", "rt-2"] {
+        wait_lines("the upgrade", &row_has(rt, &["redis=2.0.0:Ready", "nats=1.0.0:Ready"]));
+    }
+    // The runtime cluster really runs the new version.
+    let out = kubectl(
+        &sbx.join("rt-1.kubeconfig"),
+        &[
+            "get",
+            "deployment",
+            "redis-manager",
+            "-n",
+            "redis-system",
+            "-o",
+            "jsonpath={.metadata.labels.app\\.kubernetes\\.io/version}",
+        ],
+        None,
+    );
+    assert_eq!(out, "2.0.0");
+    up.signal("INT");
+    assert_eq!(up.wait_exit(Duration::from_secs(15)), Some(0), "{}", up.stderr());
+    assert!(lines.lock().unwrap().iter().any(|l| l == "stopped"));
+}
