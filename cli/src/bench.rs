@@ -596,6 +596,7 @@ async fn lifecycle(b: LifecycleBench) -> anyhow::Result<()> {
         hub: None,
         resync: None,
         concurrency: b.concurrency,
+        migrations: fleetwatch_lifecycle::migration::Registry::builtin(),
     };
     tokio::spawn(fleetwatch_lifecycle::run(config, metrics.clone(), stop.clone()));
     let t0 = Instant::now();

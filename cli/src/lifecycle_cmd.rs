@@ -58,7 +58,13 @@ pub async fn run(args: LifecycleArgs) -> anyhow::Result<()> {
     };
     let resync =
         if args.resync > 0.0 { Some(Duration::try_from_secs_f64(args.resync).context("--resync")?) } else { None };
-    let config = fleetwatch_lifecycle::LifecycleConfig { client, hub, resync, concurrency: args.concurrency.max(1) };
+    let config = fleetwatch_lifecycle::LifecycleConfig {
+        client,
+        hub,
+        resync,
+        concurrency: args.concurrency.max(1),
+        migrations: fleetwatch_lifecycle::migration::Registry::builtin(),
+    };
     tracing::info!(resync = ?resync, "lifecycle operator starting");
     println!("lifecycle operator running");
     let shutdown = crate::shutdown_on_signals();

@@ -220,6 +220,7 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         hub: Some(sub),
         resync: Some(Duration::from_secs(3600)),
         concurrency: 8,
+        migrations: fleetwatch_lifecycle::migration::Registry::builtin(),
     };
     tasks.spawn(fleetwatch_lifecycle::run(lc, Default::default(), shutdown.clone()));
     tasks.close();

@@ -10,6 +10,7 @@
 
 pub mod applier;
 pub mod clusters;
+pub mod migration;
 pub mod reconcile;
 pub mod triggers;
 
@@ -38,6 +39,9 @@ pub enum Error {
     /// A template's manifest is unusable.
     #[error("bad manifest: {0}")]
     Manifest(String),
+    /// A migration failed.
+    #[error("migration failed: {0}")]
+    Migration(String),
 }
 
 /// Operator settings.
@@ -51,6 +55,8 @@ pub struct LifecycleConfig {
     pub resync: Option<Duration>,
     /// Reconciles running at once.
     pub concurrency: u16,
+    /// Migrations run around installs and upgrades.
+    pub migrations: migration::Registry,
 }
 
 /// Counters, read by benchmarks and logs.
@@ -77,23 +83,37 @@ pub struct Ctx {
     metas: Store<ModuleReleaseMeta>,
     templates: Store<ModuleTemplate>,
     resync: Option<Duration>,
+    migrations: migration::Registry,
     /// Counters.
     pub metrics: Arc<Metrics>,
     backoff: std::sync::Mutex<std::collections::HashMap<String, u32>>,
 }
 
+impl Ctx {
+    /// The next retry delay of a runtime: exponential per runtime, so one broken cluster
+    /// does not slow the others.
+    fn next_backoff(&self, key: &str) -> Duration {
+        let attempt = self.backoff.lock().map(|mut b| {
+            let a = b.entry(key.to_string()).or_insert(0);
+            *a = (*a + 1).min(8);
+            *a
+        });
+        (Duration::from_millis(500) * 2u32.pow(attempt.unwrap_or(1).saturating_sub(1))).min(Duration::from_secs(60))
+    }
+
+    fn reset_backoff(&self, key: &str) {
+        if let Ok(mut b) = self.backoff.lock() {
+            b.remove(key);
+        }
+    }
+}
+
 fn error_policy(rt: Arc<Runtime>, err: &Error, ctx: Arc<Ctx>) -> Action {
     ctx.metrics.failures.fetch_add(1, Ordering::Relaxed);
     let key = format!("{}/{}", rt.namespace().unwrap_or_default(), rt.name_any());
-    // Exponential backoff per runtime: one broken cluster does not slow the others.
-    let attempt = ctx.backoff.lock().map(|mut b| {
-        let a = b.entry(key.clone()).or_insert(0);
-        *a = (*a + 1).min(8);
-        *a
-    });
-    let wait = Duration::from_millis(500) * 2u32.pow(attempt.unwrap_or(1).saturating_sub(1));
+    let wait = ctx.next_backoff(&key);
     tracing::warn!(runtime = %key, error = %err, retry_in = ?wait, "reconcile failed");
-    Action::requeue(wait.min(Duration::from_secs(60)))
+    Action::requeue(wait)
 }
 
 /// Runs the operator until `shutdown`. Returns the metrics handle at once through `metrics`.
@@ -133,6 +153,7 @@ pub async fn run(config: LifecycleConfig, metrics: Arc<Metrics>, shutdown: Cance
         metas: metas.clone(),
         templates: templates.clone(),
         resync: config.resync,
+        migrations: config.migrations.clone(),
         metrics,
         backoff: Default::default(),
     });
@@ -148,7 +169,6 @@ pub async fn run(config: LifecycleConfig, metrics: Arc<Metrics>, shutdown: Cance
         let store = runtimes.clone();
         move |tpl: ModuleTemplate| triggers::affected_by_template(&store, &tpl)
     };
-    let ctx_for_backoff = ctx.clone();
     Controller::for_stream(runtime_stream, runtimes)
         .with_config(kube::runtime::controller::Config::default().concurrency(config.concurrency))
         .watches_stream(metas_stream, by_meta)
@@ -156,14 +176,7 @@ pub async fn run(config: LifecycleConfig, metrics: Arc<Metrics>, shutdown: Cance
         .reconcile_on(tokio_stream_from(hub_rx))
         .graceful_shutdown_on(shutdown.cancelled_owned())
         .run(reconcile::reconcile, error_policy, ctx)
-        .for_each(|res| {
-            if let Ok((obj, _)) = &res
-                && let Ok(mut b) = ctx_for_backoff.backoff.lock()
-            {
-                b.remove(&format!("{}/{}", obj.namespace.clone().unwrap_or_default(), obj.name));
-            }
-            futures_util::future::ready(())
-        })
+        .for_each(|_| futures_util::future::ready(()))
         .await;
     tracing::info!("lifecycle operator stopped");
 }

@@ -63,6 +63,7 @@ pub async fn reconcile(rt: Arc<Runtime>, ctx: Arc<Ctx>) -> Result<Action, Error>
     };
     let mut statuses = Vec::new();
     let mut busy = false;
+    let mut retry = false;
     if deleting {
         // Every module goes, with the policy it was installed under.
         for prev in &previous {
@@ -85,7 +86,7 @@ pub async fn reconcile(rt: Arc<Runtime>, ctx: Arc<Ctx>) -> Result<Action, Error>
     for entry in &rt.spec.modules {
         let prev = by_name.get(entry.name.as_str()).copied();
         let st = if entry.managed {
-            install(&ctx, &applier, &rt, &ns, entry, prev).await
+            install(&ctx, &applier, &rt, &ns, entry, prev, &mut retry).await
         } else {
             // `managed: false` removes like deleting the entry, but the entry stays to say so.
             // The entry is still there, so its policy is the one in force.
@@ -119,6 +120,11 @@ pub async fn reconcile(rt: Arc<Runtime>, ctx: Arc<Ctx>) -> Result<Action, Error>
     }
     write_status(&api, &rt, statuses).await?;
     ctx.metrics.record_duration(started.elapsed());
+    let key = format!("{ns}/{name}");
+    if retry {
+        return Ok(Action::requeue(ctx.next_backoff(&key)));
+    }
+    ctx.reset_backoff(&key);
     Ok(if busy {
         Action::requeue(BUSY_REQUEUE)
     } else {
@@ -152,7 +158,8 @@ fn find_template(
         .cloned()
 }
 
-/// Installs, upgrades or keeps one module; never fails: problems become its state.
+/// Installs, upgrades or keeps one module; never fails: problems become its state. Sets
+/// `retry` when the problem should be retried with backoff (a failed migration).
 async fn install(
     ctx: &Ctx,
     applier: &Applier,
@@ -160,6 +167,7 @@ async fn install(
     ns: &str,
     entry: &ModuleEntry,
     prev: Option<&ModuleStatus>,
+    retry: &mut bool,
 ) -> ModuleStatus {
     let mut st = prev.cloned().unwrap_or_else(|| ModuleStatus { name: entry.name.clone(), ..Default::default() });
     st.custom_resource_policy = entry.custom_resource_policy;
@@ -181,9 +189,22 @@ async fn install(
     };
     st.actual_version = running.clone();
     let actual = running.as_deref().and_then(|v| parse(v).ok());
-    if let Step::RefuseDowngrade { from } = next_step(actual.as_ref(), &desired) {
+    let step = next_step(actual.as_ref(), &desired);
+    if let Step::RefuseDowngrade { from } = &step {
         // Rule 2: never downgrade what runs; say so once, no error loop.
         return fail(st, State::Warning, format!("downgrade from {from} to {desired} not applied"));
+    }
+    // Rule 6: migrations run around installs and upgrades only, not when keeping a version.
+    let migrating = matches!(step, Step::Install | Step::Upgrade { .. });
+    let cx = crate::migration::MigrationContext {
+        cluster: applier,
+        module: &entry.name,
+        from: actual.as_ref(),
+        to: &desired,
+    };
+    if migrating && let Err(e) = ctx.migrations.pre(&cx).await {
+        *retry = true;
+        return fail(st, State::Error, format!("upgrade of {} to {desired} stopped: {e}", entry.name));
     }
     let mut resources = Vec::new();
     for obj in &template.spec.manifest {
@@ -191,6 +212,10 @@ async fn install(
             Ok(r) => resources.push(r),
             Err(e) => return fail(st, State::Error, format!("installing {} {desired}: {e}", entry.name)),
         }
+    }
+    if migrating && let Err(e) = ctx.migrations.post(&cx).await {
+        *retry = true;
+        return fail(st, State::Error, format!("after upgrading {} to {desired}: {e}", entry.name));
     }
     st.resources = resources;
     st.installed_version = Some(desired.to_string());
