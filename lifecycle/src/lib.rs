@@ -9,6 +9,7 @@
 #![warn(missing_docs)]
 
 pub mod applier;
+pub mod catalog;
 pub mod clusters;
 pub mod migration;
 pub mod reconcile;
@@ -87,6 +88,8 @@ pub struct Ctx {
     /// Counters.
     pub metrics: Arc<Metrics>,
     backoff: std::sync::Mutex<std::collections::HashMap<String, u32>>,
+    /// Per runtime: the fingerprint of the catalog last written into its cluster.
+    catalogs: std::sync::Mutex<std::collections::HashMap<String, u64>>,
 }
 
 impl Ctx {
@@ -156,6 +159,7 @@ pub async fn run(config: LifecycleConfig, metrics: Arc<Metrics>, shutdown: Cance
         migrations: config.migrations.clone(),
         metrics,
         backoff: Default::default(),
+        catalogs: Default::default(),
     });
     let (hub_tx, hub_rx) = tokio::sync::mpsc::channel(4096);
     if let Some(opts) = config.hub.clone() {

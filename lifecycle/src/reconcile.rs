@@ -118,9 +118,22 @@ pub async fn reconcile(rt: Arc<Runtime>, ctx: Arc<Ctx>) -> Result<Action, Error>
             statuses.push(st);
         }
     }
+    let key = format!("{ns}/{name}");
+    // The catalog of what can be installed, kept in the runtime cluster (written on change).
+    let catalog = crate::catalog::build(&ns, &ctx.metas.state(), &ctx.templates.state());
+    let fp = crate::catalog::fingerprint(&catalog);
+    if ctx.catalogs.lock().ok().and_then(|c| c.get(&key).copied()) != Some(fp) {
+        match crate::catalog::write(&applier, &catalog).await {
+            Ok(()) => {
+                if let Ok(mut c) = ctx.catalogs.lock() {
+                    c.insert(key.clone(), fp);
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot write the module catalog"),
+        }
+    }
     write_status(&api, &rt, statuses).await?;
     ctx.metrics.record_duration(started.elapsed());
-    let key = format!("{ns}/{name}");
     if retry {
         return Ok(Action::requeue(ctx.next_backoff(&key)));
     }

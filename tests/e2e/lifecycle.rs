@@ -239,6 +239,18 @@ async fn module_state_diagram_from_install_to_deletion() {
             .contains(&"operator.fleetwatch.dev/lifecycle".to_string())
     );
 
+    // The catalog of available modules is kept in the runtime cluster.
+    let catalog = |f: &Fleet| {
+        let out =
+            kubectl(&f.rt_kc, &["get", "configmap", "fleetwatch-catalog", "-n", "kube-public", "-o", "json"], None);
+        let cm: Value = serde_json::from_str(&out).unwrap();
+        serde_json::from_str::<Value>(cm["data"]["catalog.json"].as_str().unwrap()).unwrap()
+    };
+    let c = catalog(&f);
+    assert_eq!(c["modules"][0]["name"], "redis", "{c}");
+    assert_eq!(c["modules"][0]["channels"]["regular"], "1.0.0");
+    assert_eq!(c["modules"][0]["versions"], json!(["1.0.0", "2.0.0"]));
+
     // The user edits the default configuration: it is never overwritten.
     f.redis_configs()
         .patch("default", &PatchParams::default(), &Patch::Merge(&json!({"spec": {"size": 5}})))
