@@ -24,6 +24,7 @@ pub fn generated() -> anyhow::Result<Vec<(String, String)>> {
         Runtime::crd(),
         ModuleTemplate::crd(),
         ModuleReleaseMeta::crd(),
+        fleetwatch_shared::maintenance::MaintenancePolicy::crd(),
     ];
     crds.iter()
         .map(|crd| {

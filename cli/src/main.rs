@@ -7,6 +7,7 @@ mod crds_cmd;
 mod hub_cmd;
 mod kube_apply;
 mod lifecycle_cmd;
+mod maintenance_cmd;
 mod tail_cmd;
 mod up_cmd;
 
@@ -45,6 +46,8 @@ enum Command {
     Lifecycle(lifecycle_cmd::LifecycleArgs),
     /// Print events from the hub, one JSON document per line.
     Tail(tail_cmd::TailArgs),
+    /// Resolve maintenance windows from a maintenance policy (lifecycle-manager format).
+    Maintenance(maintenance_cmd::MaintenanceArgs),
     /// Serve simulated Kubernetes clusters (an in-memory API server kubectl accepts).
     Sim(fleetwatch_sim::SimArgs),
     /// Measure throughput, latency and memory.
@@ -63,6 +66,7 @@ fn main() -> std::process::ExitCode {
     let result = match cli.command {
         Command::Certs(args) => certs_cmd::run(args),
         Command::Crds(args) => crds_cmd::run(args),
+        Command::Maintenance(args) => maintenance_cmd::run(args),
         other => {
             let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
                 Ok(rt) => rt,
@@ -83,7 +87,7 @@ fn main() -> std::process::ExitCode {
                         let shutdown = shutdown_on_signals();
                         fleetwatch_sim::run(args, shutdown).await.map_err(anyhow::Error::from)
                     }
-                    Command::Certs(_) | Command::Crds(_) => unreachable!("handled above"),
+                    Command::Certs(_) | Command::Crds(_) | Command::Maintenance(_) => unreachable!("handled above"),
                 }
             })
         }

@@ -9,6 +9,7 @@ pub mod codec;
 pub mod event;
 pub mod identity;
 pub mod kubeconfig;
+pub mod maintenance;
 pub mod policy;
 pub mod protocol;
 pub mod subscriber;

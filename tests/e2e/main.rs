@@ -4,6 +4,7 @@ mod cli;
 mod delivery;
 mod kube_watch;
 mod lifecycle;
+mod maintenance;
 mod protocol;
 mod sandbox;
 mod shutdown;
