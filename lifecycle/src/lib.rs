@@ -13,6 +13,7 @@ pub mod catalog;
 pub mod clusters;
 pub mod migration;
 pub mod reconcile;
+pub mod rollout;
 pub mod triggers;
 
 use std::sync::Arc;
@@ -88,6 +89,10 @@ pub struct Ctx {
     /// Counters.
     pub metrics: Arc<Metrics>,
     backoff: std::sync::Mutex<std::collections::HashMap<String, u32>>,
+    /// Paced rollouts of channel moves.
+    rollouts: rollout::Rollouts,
+    /// The Runtimes, to size rollouts.
+    runtimes: Store<Runtime>,
     /// Per runtime: the fingerprint of the catalog last written into its cluster.
     catalogs: std::sync::Mutex<std::collections::HashMap<String, u64>>,
 }
@@ -150,6 +155,8 @@ pub async fn run(config: LifecycleConfig, metrics: Arc<Metrics>, shutdown: Cance
             Default::default(),
         );
 
+    // Reconciles requested from outside the watches: hub events and rollout waves opening.
+    let (hub_tx, hub_rx) = tokio::sync::mpsc::channel(4096);
     let ctx = Arc::new(Ctx {
         client: client.clone(),
         clusters: clusters::Clusters::new(client.clone()),
@@ -160,8 +167,9 @@ pub async fn run(config: LifecycleConfig, metrics: Arc<Metrics>, shutdown: Cance
         metrics,
         backoff: Default::default(),
         catalogs: Default::default(),
+        rollouts: rollout::Rollouts::new(hub_tx.clone()),
+        runtimes: runtimes.clone(),
     });
-    let (hub_tx, hub_rx) = tokio::sync::mpsc::channel(4096);
     if let Some(opts) = config.hub.clone() {
         tokio::spawn(triggers::follow_hub(opts, runtimes.clone(), hub_tx, shutdown.child_token()));
     }

@@ -64,6 +64,7 @@ pub async fn reconcile(rt: Arc<Runtime>, ctx: Arc<Ctx>) -> Result<Action, Error>
     let mut statuses = Vec::new();
     let mut busy = false;
     let mut retry = false;
+    let mut waiting = false;
     if deleting {
         // Every module goes, with the policy it was installed under.
         for prev in &previous {
@@ -86,7 +87,7 @@ pub async fn reconcile(rt: Arc<Runtime>, ctx: Arc<Ctx>) -> Result<Action, Error>
     for entry in &rt.spec.modules {
         let prev = by_name.get(entry.name.as_str()).copied();
         let st = if entry.managed {
-            install(&ctx, &applier, &rt, &ns, entry, prev, &mut retry).await
+            install(&ctx, &applier, &rt, &ns, entry, prev, &mut retry, &mut waiting).await
         } else {
             // `managed: false` removes like deleting the entry, but the entry stays to say so.
             // The entry is still there, so its policy is the one in force.
@@ -133,6 +134,7 @@ pub async fn reconcile(rt: Arc<Runtime>, ctx: Arc<Ctx>) -> Result<Action, Error>
         }
     }
     write_status(&api, &rt, statuses).await?;
+    write_rollouts(&ctx).await;
     ctx.metrics.record_duration(started.elapsed());
     if retry {
         return Ok(Action::requeue(ctx.next_backoff(&key)));
@@ -140,6 +142,9 @@ pub async fn reconcile(rt: Arc<Runtime>, ctx: Arc<Ctx>) -> Result<Action, Error>
     ctx.reset_backoff(&key);
     Ok(if busy {
         Action::requeue(BUSY_REQUEUE)
+    } else if waiting {
+        // Woken when its wave opens; this is only the safety net.
+        Action::requeue(Duration::from_secs(10))
     } else {
         ctx.resync.map(Action::requeue).unwrap_or_else(Action::await_change)
     })
@@ -181,6 +186,56 @@ async fn install(
     entry: &ModuleEntry,
     prev: Option<&ModuleStatus>,
     retry: &mut bool,
+    waiting: &mut bool,
+) -> ModuleStatus {
+    let st = install_inner(ctx, applier, rt, ns, entry, prev, retry, waiting).await;
+    // Tell a paced rollout how an admitted upgrade ended.
+    if let (Some(meta), Some(desired)) = (
+        find_meta(&ctx.metas.state(), ns, &entry.name).cloned(),
+        st.desired_version.as_deref().and_then(|v| parse(v).ok()),
+    ) && let Some(policy) = &meta.spec.rollout
+        && !*waiting
+    {
+        let name = rt.name_any();
+        match st.state {
+            State::Ready if st.installed_version.as_deref() == Some(desired.to_string().as_str()) => {
+                ctx.rollouts.report(ns, &entry.name, &desired, &name, true, policy)
+            }
+            State::Error => ctx.rollouts.report(ns, &entry.name, &desired, &name, false, policy),
+            _ => {}
+        }
+    }
+    st
+}
+
+/// How many runtimes of the namespace want `version` of `module` through their channel.
+fn affected(ctx: &Ctx, ns: &str, module: &str, version: &semver::Version, metas: &[Arc<ModuleReleaseMeta>]) -> u32 {
+    let meta = find_meta(metas, ns, module).map(|m| &m.spec);
+    ctx.runtimes
+        .state()
+        .iter()
+        .filter(|r| r.namespace().as_deref() == Some(ns))
+        .filter(|r| {
+            r.spec.modules.iter().any(|e| {
+                e.name == module
+                    && e.managed
+                    && e.version.is_none()
+                    && desired_version(e, r.spec.channel.as_deref(), meta).is_ok_and(|(v, _)| &v == version)
+            })
+        })
+        .count() as u32
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn install_inner(
+    ctx: &Ctx,
+    applier: &Applier,
+    rt: &Runtime,
+    ns: &str,
+    entry: &ModuleEntry,
+    prev: Option<&ModuleStatus>,
+    retry: &mut bool,
+    waiting: &mut bool,
 ) -> ModuleStatus {
     let mut st = prev.cloned().unwrap_or_else(|| ModuleStatus { name: entry.name.clone(), ..Default::default() });
     st.custom_resource_policy = entry.custom_resource_policy;
@@ -206,6 +261,21 @@ async fn install(
     if let Step::RefuseDowngrade { from } = &step {
         // Rule 2: never downgrade what runs; say so once, no error loop.
         return fail(st, State::Warning, format!("downgrade from {from} to {desired} not applied"));
+    }
+    // Paced rollouts: an upgrade that a channel move caused waits for its wave.
+    let rollout = match (&step, &entry.version) {
+        (Step::Upgrade { .. }, None) => find_meta(&metas, ns, &entry.name).and_then(|m| m.spec.rollout.clone()),
+        _ => None,
+    };
+    if let Some(policy) = &rollout {
+        let total = affected(ctx, ns, &entry.name, &desired, &metas);
+        if let crate::rollout::Admission::Wait(why) = ctx.rollouts.admit(ns, &entry.name, &desired, policy, rt, total) {
+            // The current version keeps running and being what status reports.
+            *waiting = true;
+            st.state = if prev.is_some_and(|p| p.state == State::Ready) { State::Ready } else { State::Processing };
+            st.message = why;
+            return st;
+        }
     }
     // Rule 6: migrations run around installs and upgrades only, not when keeping a version.
     let migrating = matches!(step, Step::Install | Step::Upgrade { .. });
@@ -317,6 +387,18 @@ async fn remove(applier: &Applier, prev: &ModuleStatus) -> Option<ModuleStatus> 
             }
             tracing::info!(module = %prev.name, "module deleted");
             None
+        }
+    }
+}
+
+/// Writes changed rollout progress into the ModuleReleaseMetas' status.
+async fn write_rollouts(ctx: &Ctx) {
+    for (ns, module, rollouts) in ctx.rollouts.take_changed() {
+        let Some(meta) = find_meta(&ctx.metas.state(), &ns, &module).map(|m| m.name_any()) else { continue };
+        let api: Api<ModuleReleaseMeta> = Api::namespaced(ctx.client.clone(), &ns);
+        let patch = json!({"status": {"rollouts": rollouts}});
+        if let Err(e) = api.patch_status(&meta, &PatchParams::default(), &Patch::Merge(&patch)).await {
+            tracing::warn!(%module, error = %e, "cannot write rollout status");
         }
     }
 }

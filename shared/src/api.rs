@@ -295,6 +295,7 @@ fn any_objects(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
     plural = "modulereleasemetas",
     shortname = "mrm",
     namespaced,
+    status = "ModuleReleaseMetaStatus",
     doc = "A module's release channels and versions"
 )]
 #[serde(rename_all = "camelCase")]
@@ -310,6 +311,75 @@ pub struct ModuleReleaseMetaSpec {
     /// Known versions with deprecation notes.
     #[serde(default)]
     pub versions: Vec<VersionInfo>,
+    /// Upgrade affected runtimes in waves when a channel moves (all at once when absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<RolloutPolicy>,
+}
+
+/// How a channel move rolls out.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RolloutPolicy {
+    /// Most runtimes upgrading at once.
+    #[serde(default = "default_max_in_flight")]
+    pub max_in_flight: u32,
+    /// Share of the affected runtimes admitted per wave, in percent.
+    #[serde(default = "default_step_percent")]
+    pub step_percent: u32,
+    /// Stop admitting when failed / admitted exceeds this ratio.
+    #[serde(default = "default_max_failure_ratio")]
+    pub max_failure_ratio: f64,
+}
+
+fn default_max_in_flight() -> u32 {
+    10
+}
+fn default_step_percent() -> u32 {
+    20
+}
+fn default_max_failure_ratio() -> f64 {
+    0.2
+}
+
+impl Default for RolloutPolicy {
+    fn default() -> Self {
+        Self {
+            max_in_flight: default_max_in_flight(),
+            step_percent: default_step_percent(),
+            max_failure_ratio: default_max_failure_ratio(),
+        }
+    }
+}
+
+/// A release meta's observed rollouts.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+pub struct ModuleReleaseMetaStatus {
+    /// One per version being (or last) rolled out.
+    #[serde(default)]
+    pub rollouts: Vec<RolloutStatus>,
+}
+
+/// Progress of rolling out one version.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RolloutStatus {
+    /// The version.
+    pub version: String,
+    /// `Progressing`, `Complete` or `Halted`.
+    pub phase: String,
+    /// Runtimes that want it.
+    pub total: u32,
+    /// Runtimes admitted so far.
+    pub admitted: u32,
+    /// Runtimes running it.
+    pub upgraded: u32,
+    /// Runtimes whose upgrade failed.
+    pub failed: u32,
+    /// The current wave, from 1.
+    pub wave: u32,
+    /// Why it halted, when it did.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
 }
 
 /// A channel and its version.

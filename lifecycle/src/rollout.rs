@@ -1,0 +1,230 @@
+//! Paced rollouts: when a channel moves, the runtimes it affects upgrade in waves — at most
+//! `maxInFlight` at once, `stepPercent` of them per wave, and no new admissions once the
+//! failure ratio passes `maxFailureRatio`. Progress goes to the ModuleReleaseMeta status.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Mutex;
+
+use fleetwatch_shared::api::{RolloutPolicy, RolloutStatus, Runtime};
+use kube::runtime::reflector::ObjectRef;
+use semver::Version;
+use tokio::sync::mpsc;
+
+/// Whether a runtime may upgrade now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Admission {
+    /// Upgrade.
+    Go,
+    /// Not yet (or not at all, when halted); the reason for its status.
+    Wait(String),
+}
+
+#[derive(Default)]
+struct Rollout {
+    total: u32,
+    wave: u32,
+    admitted: BTreeSet<String>,
+    done: BTreeSet<String>,
+    failed: BTreeSet<String>,
+    halted: Option<String>,
+    waiting: BTreeMap<String, ObjectRef<Runtime>>,
+    dirty: bool,
+}
+
+impl Rollout {
+    fn in_flight(&self) -> usize {
+        self.admitted.len() - self.done.len() - self.failed.len()
+    }
+
+    fn status(&self, version: &Version) -> RolloutStatus {
+        let phase = if self.halted.is_some() {
+            "Halted"
+        } else if self.total > 0 && self.done.len() as u32 >= self.total {
+            "Complete"
+        } else {
+            "Progressing"
+        };
+        RolloutStatus {
+            version: version.to_string(),
+            phase: phase.into(),
+            total: self.total,
+            admitted: self.admitted.len() as u32,
+            upgraded: self.done.len() as u32,
+            failed: self.failed.len() as u32,
+            wave: self.wave,
+            message: self.halted.clone().unwrap_or_default(),
+        }
+    }
+}
+
+type Key = (String, String, Version);
+
+/// All rollouts the operator runs.
+pub struct Rollouts {
+    inner: Mutex<BTreeMap<Key, Rollout>>,
+    wake: mpsc::Sender<ObjectRef<Runtime>>,
+}
+
+impl Rollouts {
+    /// Rollouts that wake waiting runtimes through `wake`.
+    pub fn new(wake: mpsc::Sender<ObjectRef<Runtime>>) -> Self {
+        Self { inner: Mutex::new(BTreeMap::new()), wake }
+    }
+
+    /// Asks whether `runtime` may upgrade `module` to `version` now. `total` is the number
+    /// of runtimes the channel move affects.
+    pub fn admit(
+        &self,
+        ns: &str,
+        module: &str,
+        version: &Version,
+        policy: &RolloutPolicy,
+        runtime: &Runtime,
+        total: u32,
+    ) -> Admission {
+        let Ok(mut map) = self.inner.lock() else { return Admission::Go };
+        let r = map.entry((ns.into(), module.into(), version.clone())).or_insert_with(|| Rollout {
+            wave: 1,
+            dirty: true,
+            ..Default::default()
+        });
+        let id = runtime.metadata.name.clone().unwrap_or_default();
+        if r.total != total {
+            r.total = total;
+            r.dirty = true;
+        }
+        if r.admitted.contains(&id) {
+            return Admission::Go;
+        }
+        if let Some(why) = &r.halted {
+            return Admission::Wait(format!("rollout of {module} {version} halted: {why}"));
+        }
+        let wave_size =
+            ((u64::from(total) * u64::from(policy.step_percent.clamp(1, 100))).div_ceil(100)).max(1) as usize;
+        // A wave opens when the previous one is through.
+        if r.admitted.len() >= r.wave as usize * wave_size && r.in_flight() == 0 {
+            r.wave += 1;
+            r.dirty = true;
+        }
+        if r.admitted.len() < r.wave as usize * wave_size && r.in_flight() < policy.max_in_flight.max(1) as usize {
+            r.admitted.insert(id.clone());
+            r.waiting.remove(&id);
+            r.dirty = true;
+            return Admission::Go;
+        }
+        r.waiting.insert(id, ObjectRef::from_obj(runtime));
+        Admission::Wait(format!(
+            "waiting for rollout of {module} {version}: wave {}, {}/{} upgraded",
+            r.wave,
+            r.done.len(),
+            r.total
+        ))
+    }
+
+    /// Records how an admitted runtime's upgrade ended; wakes waiting runtimes when that
+    /// frees a place.
+    pub fn report(&self, ns: &str, module: &str, version: &Version, runtime: &str, ok: bool, policy: &RolloutPolicy) {
+        let Ok(mut map) = self.inner.lock() else { return };
+        let Some(r) = map.get_mut(&(ns.into(), module.into(), version.clone())) else { return };
+        if !r.admitted.contains(runtime) {
+            // It got there without a wave (e.g. before an operator restart): count it.
+            if ok && r.admitted.insert(runtime.into()) {
+                r.done.insert(runtime.into());
+                r.dirty = true;
+            }
+            return;
+        }
+        let changed = if ok {
+            r.failed.remove(runtime);
+            r.done.insert(runtime.into())
+        } else {
+            !r.done.contains(runtime) && r.failed.insert(runtime.into())
+        };
+        if !changed {
+            return;
+        }
+        r.dirty = true;
+        let ratio = r.failed.len() as f64 / r.admitted.len().max(1) as f64;
+        if r.halted.is_none() && !r.failed.is_empty() && ratio > policy.max_failure_ratio {
+            let why = format!(
+                "{} of {} admitted upgrades failed (more than {:.0} %)",
+                r.failed.len(),
+                r.admitted.len(),
+                policy.max_failure_ratio * 100.0
+            );
+            tracing::warn!(module, %version, %why, "rollout halted");
+            r.halted = Some(why);
+        }
+        // Waiting runtimes look again: a place may be free, or they learn of the halt.
+        for (_, obj) in std::mem::take(&mut r.waiting) {
+            let _ = self.wake.try_send(obj);
+        }
+    }
+
+    /// Rollout statuses changed since the last call, per (namespace, module).
+    pub fn take_changed(&self) -> Vec<(String, String, Vec<RolloutStatus>)> {
+        let Ok(mut map) = self.inner.lock() else { return Vec::new() };
+        let changed: BTreeSet<(String, String)> =
+            map.iter().filter(|(_, r)| r.dirty).map(|((ns, m, _), _)| (ns.clone(), m.clone())).collect();
+        for r in map.values_mut() {
+            r.dirty = false;
+        }
+        changed
+            .into_iter()
+            .map(|(ns, m)| {
+                let statuses = map
+                    .iter()
+                    .filter(|((n, mm, _), _)| *n == ns && *mm == m)
+                    .map(|((_, _, v), r)| r.status(v))
+                    .collect();
+                (ns, m, statuses)
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rt(name: &str) -> Runtime {
+        let mut r = Runtime::new(name, Default::default());
+        r.metadata.namespace = Some("ns".into());
+        r
+    }
+
+    #[test]
+    fn admits_in_waves_and_halts_on_failures() {
+        let (tx, mut rx) = mpsc::channel(100);
+        let ro = Rollouts::new(tx);
+        let v = Version::new(2, 0, 0);
+        let p = RolloutPolicy { max_in_flight: 2, step_percent: 30, max_failure_ratio: 0.3 };
+        let names: Vec<String> = (0..10).map(|i| format!("r{i}")).collect();
+        let admit = |n: &str| ro.admit("ns", "m", &v, &p, &rt(n), 10);
+        // Wave 1 holds 3 runtimes, at most 2 in flight.
+        assert_eq!(admit(&names[0]), Admission::Go);
+        assert_eq!(admit(&names[1]), Admission::Go);
+        assert!(matches!(admit(&names[2]), Admission::Wait(_)), "max in flight");
+        ro.report("ns", "m", &v, &names[0], true, &p);
+        assert!(rx.try_recv().is_ok(), "a waiting runtime is woken");
+        assert_eq!(admit(&names[2]), Admission::Go);
+        assert!(matches!(admit(&names[3]), Admission::Wait(_)), "wave 1 is full");
+        ro.report("ns", "m", &v, &names[1], true, &p);
+        assert!(matches!(admit(&names[3]), Admission::Wait(_)), "wave 1 not through yet");
+        ro.report("ns", "m", &v, &names[2], true, &p);
+        assert_eq!(admit(&names[3]), Admission::Go, "wave 2 opens");
+        let st = ro.take_changed();
+        assert_eq!(st[0].2[0].upgraded, 3);
+        assert_eq!(st[0].2[0].wave, 2);
+        // Failures beyond the ratio halt the rollout.
+        assert_eq!(admit(&names[4]), Admission::Go);
+        ro.report("ns", "m", &v, &names[3], false, &p);
+        ro.report("ns", "m", &v, &names[4], false, &p);
+        assert_eq!(
+            admit(&names[5]),
+            Admission::Wait("rollout of m 2.0.0 halted: 2 of 5 admitted upgrades failed (more than 30 %)".into())
+        );
+        let st = ro.take_changed();
+        assert_eq!(st[0].2[0].phase, "Halted");
+    }
+}

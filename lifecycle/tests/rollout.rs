@@ -1,0 +1,184 @@
+//! Paced rollouts over ten simulated runtime clusters: waves within the limits, progress in
+//! the ModuleReleaseMeta status, and a halt when upgrades fail.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use fleetwatch_lifecycle::applier::Applier;
+use fleetwatch_shared::api::{ModuleReleaseMeta, Runtime, State};
+use kube::Api;
+use kube::api::{DynamicObject, ListParams, Patch, PatchParams};
+use kube::discovery::ApiResource;
+use serde_json::json;
+
+const N: usize = 10;
+
+fn template(version: &str, broken: bool) -> serde_json::Value {
+    let mut manifest = vec![json!({"apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "m-manager", "namespace": "default", "labels": {"app.kubernetes.io/version": version}},
+        "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "m"}}, "template": {"metadata": {"labels": {"app": "m"}}, "spec": {"containers": [{"name": "c", "image": "m"}]}}}})];
+    if broken {
+        manifest
+            .insert(0, json!({"apiVersion": "nowhere.example.com/v1", "kind": "Missing", "metadata": {"name": "x"}}));
+    }
+    json!({"apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "ModuleTemplate",
+        "metadata": {"name": format!("m-{version}"), "namespace": "default"},
+        "spec": {"moduleName": "m", "version": version, "manifest": manifest,
+            "manager": {"apiVersion": "apps/v1", "kind": "Deployment", "namespace": "default", "name": "m-manager"}}})
+}
+
+fn meta(version: &str) -> serde_json::Value {
+    json!({"apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "ModuleReleaseMeta", "metadata": {"name": "m", "namespace": "default"},
+        "spec": {"moduleName": "m", "channels": [{"channel": "regular", "version": version}],
+                 "rollout": {"maxInFlight": 2, "stepPercent": 30, "maxFailureRatio": 0.3}}})
+}
+
+/// Marks a Deployment ready 200 ms after it changed, like a slow cluster would.
+async fn slow_kubelet(client: kube::Client) {
+    let ar = ApiResource::erase::<k8s_openapi::api::apps::v1::Deployment>(&());
+    let api: Api<DynamicObject> = Api::namespaced_with(client, "default", &ar);
+    let mut seen: HashMap<String, Instant> = HashMap::new();
+    loop {
+        if let Ok(list) = api.list(&ListParams::default()).await {
+            for d in list.items {
+                let version = d
+                    .metadata
+                    .labels
+                    .clone()
+                    .unwrap_or_default()
+                    .get("app.kubernetes.io/version")
+                    .cloned()
+                    .unwrap_or_default();
+                let first = *seen.entry(version.clone()).or_insert_with(Instant::now);
+                let ready = d.data["status"]["readyReplicas"].as_i64() == Some(1)
+                    && d.data["status"]["observedVersion"] == version.as_str();
+                if !ready && first.elapsed() > Duration::from_millis(200) {
+                    let _ = api
+                        .patch_status(
+                            "m-manager",
+                            &PatchParams::default(),
+                            &Patch::Merge(&json!({"status": {"readyReplicas": 1, "observedVersion": version}})),
+                        )
+                        .await;
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn channel_moves_roll_out_in_waves_and_halt_on_failures() {
+    let cp_sim = fleetwatch_sim::SimCluster::start(Default::default()).await.unwrap();
+    let cp_client = cp_sim.client().await.unwrap();
+    let cp = Applier::new(cp_client.clone());
+    use kube::CustomResourceExt;
+    for crd in [Runtime::crd(), fleetwatch_shared::api::ModuleTemplate::crd(), ModuleReleaseMeta::crd()] {
+        cp.apply(&serde_json::to_value(&crd).unwrap()).await.unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    for (v, broken) in [("1.0.0", false), ("2.0.0", false), ("3.0.0", true)] {
+        cp.apply(&template(v, broken)).await.unwrap();
+    }
+    cp.apply(&meta("1.0.0")).await.unwrap();
+    let mut sims = Vec::new();
+    for i in 0..N {
+        let sim = fleetwatch_sim::SimCluster::start(Default::default()).await.unwrap();
+        tokio::spawn(slow_kubelet(sim.client().await.unwrap()));
+        cp.apply(
+            &json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": format!("r{i}"), "namespace": "default"},
+            "stringData": {"config": sim.kubeconfig_yaml()}}),
+        )
+        .await
+        .unwrap();
+        cp.apply(&json!({"apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "Runtime", "metadata": {"name": format!("r{i}"), "namespace": "default"},
+            "spec": {"kubeconfigSecret": {"name": format!("r{i}")}, "modules": [{"name": "m"}]}})).await.unwrap();
+        sims.push(sim);
+    }
+    let stop = tokio_util::sync::CancellationToken::new();
+    let config = fleetwatch_lifecycle::LifecycleConfig {
+        client: cp_client.clone(),
+        hub: None,
+        resync: None,
+        concurrency: 8,
+        migrations: Default::default(),
+    };
+    tokio::spawn(fleetwatch_lifecycle::run(config, Default::default(), stop.clone()));
+    let runtimes: Api<Runtime> = Api::namespaced(cp_client.clone(), "default");
+    let metas: Api<ModuleReleaseMeta> = Api::namespaced(cp_client.clone(), "default");
+    let count = |version: &'static str, state: State| {
+        let runtimes = runtimes.clone();
+        async move {
+            runtimes
+                .list(&Default::default())
+                .await
+                .unwrap()
+                .items
+                .iter()
+                .filter(|r| {
+                    r.status
+                        .as_ref()
+                        .and_then(|s| s.modules.first())
+                        .is_some_and(|m| m.state == state && m.installed_version.as_deref() == Some(version))
+                })
+                .count()
+        }
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while count("1.0.0", State::Ready).await < N {
+        assert!(Instant::now() < deadline, "initial install did not converge");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // The channel moves to 2.0.0: waves of 3 (30 % of 10), at most 2 in flight.
+    cp.apply(&meta("2.0.0")).await.unwrap();
+    let mut seen_partial = false;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let st = metas.get("m").await.unwrap().status.unwrap_or_default();
+        if let Some(r) = st.rollouts.iter().find(|r| r.version == "2.0.0") {
+            assert!(r.admitted - r.upgraded - r.failed <= 2, "more than maxInFlight at once: {r:?}");
+            if r.upgraded > 0 && r.upgraded < N as u32 {
+                seen_partial = true;
+            }
+            if r.phase == "Complete" {
+                assert_eq!((r.upgraded, r.failed, r.total), (N as u32, 0, N as u32));
+                assert!(r.wave >= 4, "10 runtimes in waves of 3 take 4 waves: {r:?}");
+                break;
+            }
+        }
+        assert!(Instant::now() < deadline, "rollout did not complete: {st:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(seen_partial, "the rollout went all at once");
+    assert_eq!(count("2.0.0", State::Ready).await, N);
+
+    // 3.0.0 is broken: the first upgrades fail and the rollout halts; the rest stay on 2.0.0.
+    cp.apply(&meta("3.0.0")).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let halted = loop {
+        let st = metas.get("m").await.unwrap().status.unwrap_or_default();
+        if let Some(r) = st.rollouts.iter().find(|r| r.version == "3.0.0" && r.phase == "Halted") {
+            break r.clone();
+        }
+        assert!(Instant::now() < deadline, "rollout of a broken version did not halt: {st:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(halted.failed >= 1 && halted.admitted <= 3, "{halted:?}");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let list = runtimes.list(&Default::default()).await.unwrap().items;
+    let untouched = list
+        .iter()
+        .filter(|r| {
+            r.status
+                .as_ref()
+                .and_then(|s| s.modules.first())
+                .is_some_and(|m| m.actual_version.as_deref() == Some("2.0.0") && m.message.contains("halted"))
+        })
+        .count();
+    assert!(untouched >= N - 3, "runtimes not admitted must keep 2.0.0 and say the rollout halted: {untouched}");
+    stop.cancel();
+    drop(sims);
+    let _ = Arc::new(());
+}
