@@ -24,6 +24,15 @@ pub const VERSION_LABEL: &str = "app.kubernetes.io/version";
 /// How soon to look again while something is in progress.
 const BUSY_REQUEUE: Duration = Duration::from_secs(2);
 
+/// What a module's reconcile asks of the runtime's next one.
+#[derive(Default)]
+struct Flags {
+    /// Retry with backoff (a failed migration).
+    retry: bool,
+    /// Waiting for a rollout wave.
+    waiting: bool,
+}
+
 /// Reconciles one Runtime.
 pub async fn reconcile(rt: Arc<Runtime>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     let name = rt.name_any();
@@ -63,8 +72,7 @@ pub async fn reconcile(rt: Arc<Runtime>, ctx: Arc<Ctx>) -> Result<Action, Error>
     };
     let mut statuses = Vec::new();
     let mut busy = false;
-    let mut retry = false;
-    let mut waiting = false;
+    let mut flags = Flags::default();
     if deleting {
         // Every module goes, with the policy it was installed under.
         for prev in &previous {
@@ -87,7 +95,7 @@ pub async fn reconcile(rt: Arc<Runtime>, ctx: Arc<Ctx>) -> Result<Action, Error>
     for entry in &rt.spec.modules {
         let prev = by_name.get(entry.name.as_str()).copied();
         let st = if entry.managed {
-            install(&ctx, &applier, &rt, &ns, entry, prev, &mut retry, &mut waiting).await
+            install(&ctx, &applier, &rt, &ns, entry, prev, &mut flags).await
         } else {
             // `managed: false` removes like deleting the entry, but the entry stays to say so.
             // The entry is still there, so its policy is the one in force.
@@ -136,13 +144,13 @@ pub async fn reconcile(rt: Arc<Runtime>, ctx: Arc<Ctx>) -> Result<Action, Error>
     write_status(&api, &rt, statuses).await?;
     write_rollouts(&ctx).await;
     ctx.metrics.record_duration(started.elapsed());
-    if retry {
+    if flags.retry {
         return Ok(Action::requeue(ctx.next_backoff(&key)));
     }
     ctx.reset_backoff(&key);
     Ok(if busy {
         Action::requeue(BUSY_REQUEUE)
-    } else if waiting {
+    } else if flags.waiting {
         // Woken when its wave opens; this is only the safety net.
         Action::requeue(Duration::from_secs(10))
     } else {
@@ -185,16 +193,15 @@ async fn install(
     ns: &str,
     entry: &ModuleEntry,
     prev: Option<&ModuleStatus>,
-    retry: &mut bool,
-    waiting: &mut bool,
+    flags: &mut Flags,
 ) -> ModuleStatus {
-    let st = install_inner(ctx, applier, rt, ns, entry, prev, retry, waiting).await;
+    let st = install_inner(ctx, applier, rt, ns, entry, prev, flags).await;
     // Tell a paced rollout how an admitted upgrade ended.
     if let (Some(meta), Some(desired)) = (
         find_meta(&ctx.metas.state(), ns, &entry.name).cloned(),
         st.desired_version.as_deref().and_then(|v| parse(v).ok()),
     ) && let Some(policy) = &meta.spec.rollout
-        && !*waiting
+        && !flags.waiting
     {
         let name = rt.name_any();
         match st.state {
@@ -226,7 +233,6 @@ fn affected(ctx: &Ctx, ns: &str, module: &str, version: &semver::Version, metas:
         .count() as u32
 }
 
-#[allow(clippy::too_many_arguments)]
 async fn install_inner(
     ctx: &Ctx,
     applier: &Applier,
@@ -234,8 +240,7 @@ async fn install_inner(
     ns: &str,
     entry: &ModuleEntry,
     prev: Option<&ModuleStatus>,
-    retry: &mut bool,
-    waiting: &mut bool,
+    flags: &mut Flags,
 ) -> ModuleStatus {
     let mut st = prev.cloned().unwrap_or_else(|| ModuleStatus { name: entry.name.clone(), ..Default::default() });
     st.custom_resource_policy = entry.custom_resource_policy;
@@ -271,7 +276,7 @@ async fn install_inner(
         let total = affected(ctx, ns, &entry.name, &desired, &metas);
         if let crate::rollout::Admission::Wait(why) = ctx.rollouts.admit(ns, &entry.name, &desired, policy, rt, total) {
             // The current version keeps running and being what status reports.
-            *waiting = true;
+            flags.waiting = true;
             st.state = if prev.is_some_and(|p| p.state == State::Ready) { State::Ready } else { State::Processing };
             st.message = why;
             return st;
@@ -286,7 +291,7 @@ async fn install_inner(
         to: &desired,
     };
     if migrating && let Err(e) = ctx.migrations.pre(&cx).await {
-        *retry = true;
+        flags.retry = true;
         return fail(st, State::Error, format!("upgrade of {} to {desired} stopped: {e}", entry.name));
     }
     let mut resources = Vec::new();
@@ -297,7 +302,7 @@ async fn install_inner(
         }
     }
     if migrating && let Err(e) = ctx.migrations.post(&cx).await {
-        *retry = true;
+        flags.retry = true;
         return fail(st, State::Error, format!("after upgrading {} to {desired}: {e}", entry.name));
     }
     st.resources = resources;
