@@ -597,6 +597,7 @@ async fn lifecycle(b: LifecycleBench) -> anyhow::Result<()> {
         resync: None,
         concurrency: b.concurrency,
         migrations: fleetwatch_lifecycle::migration::Registry::builtin(),
+        ..fleetwatch_lifecycle::LifecycleConfig::new(client.clone())
     };
     tokio::spawn(fleetwatch_lifecycle::run(config, metrics.clone(), stop.clone()));
     let t0 = Instant::now();

@@ -35,6 +35,10 @@ pub struct LifecycleArgs {
     /// Reconciles running at once.
     #[arg(long, default_value_t = 16)]
     concurrency: u16,
+    /// How much of a maintenance window must be left for an upgrade that needs downtime to
+    /// start (e.g. `20m`, `1h`).
+    #[arg(long, default_value = "20m")]
+    min_window_remaining: String,
 }
 
 pub async fn run(args: LifecycleArgs) -> anyhow::Result<()> {
@@ -58,12 +62,18 @@ pub async fn run(args: LifecycleArgs) -> anyhow::Result<()> {
     };
     let resync =
         if args.resync > 0.0 { Some(Duration::try_from_secs_f64(args.resync).context("--resync")?) } else { None };
+    let min_window_remaining: jiff::SignedDuration = args
+        .min_window_remaining
+        .parse()
+        .with_context(|| format!("--min-window-remaining {:?}", args.min_window_remaining))?;
     let config = fleetwatch_lifecycle::LifecycleConfig {
-        client,
+        min_window_remaining,
+        client: client.clone(),
         hub,
         resync,
         concurrency: args.concurrency.max(1),
         migrations: fleetwatch_lifecycle::migration::Registry::builtin(),
+        ..fleetwatch_lifecycle::LifecycleConfig::new(client.clone())
     };
     tracing::info!(resync = ?resync, "lifecycle operator starting");
     println!("lifecycle operator running");

@@ -221,6 +221,7 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         resync: Some(Duration::from_secs(3600)),
         concurrency: 8,
         migrations: fleetwatch_lifecycle::migration::Registry::builtin(),
+        ..fleetwatch_lifecycle::LifecycleConfig::new(cp_client.clone())
     };
     tasks.spawn(fleetwatch_lifecycle::run(lc, Default::default(), shutdown.clone()));
     tasks.close();
@@ -324,7 +325,13 @@ async fn rows(cp: &kube::Client, admin: &str) -> Vec<Vec<String>> {
                 .unwrap_or_else(|| "-".into());
             row.push(cell);
         }
-        row.push("-".into()); // next maintenance window: none configured in the sandbox
+        let window = rt
+            .status
+            .as_ref()
+            .and_then(|s| s.modules.iter().find_map(|m| m.next_maintenance_window.clone()))
+            .map(|w| w.split('/').next().unwrap_or_default().to_string())
+            .unwrap_or_else(|| "-".into());
+        row.push(window);
         out.push(row);
     }
     out

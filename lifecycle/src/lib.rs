@@ -11,6 +11,7 @@
 pub mod applier;
 pub mod catalog;
 pub mod clusters;
+pub mod maintenance;
 pub mod migration;
 pub mod reconcile;
 pub mod rollout;
@@ -59,6 +60,25 @@ pub struct LifecycleConfig {
     pub concurrency: u16,
     /// Migrations run around installs and upgrades.
     pub migrations: migration::Registry,
+    /// Where the operator reads time (maintenance windows).
+    pub clock: Arc<dyn maintenance::Clock>,
+    /// How much of a maintenance window must be left for a downtime upgrade to start.
+    pub min_window_remaining: jiff::SignedDuration,
+}
+
+impl LifecycleConfig {
+    /// Settings with defaults: no hub, resync every hour, built-in migrations, system clock.
+    pub fn new(client: kube::Client) -> Self {
+        Self {
+            client,
+            hub: None,
+            resync: Some(Duration::from_secs(3600)),
+            concurrency: 16,
+            migrations: migration::Registry::builtin(),
+            clock: Arc::new(maintenance::SystemClock),
+            min_window_remaining: jiff::SignedDuration::from_mins(20),
+        }
+    }
 }
 
 /// Counters, read by benchmarks and logs.
@@ -86,6 +106,9 @@ pub struct Ctx {
     templates: Store<ModuleTemplate>,
     resync: Option<Duration>,
     migrations: migration::Registry,
+    clock: Arc<dyn maintenance::Clock>,
+    min_window_remaining: jiff::SignedDuration,
+    policies: Store<fleetwatch_shared::maintenance::MaintenancePolicy>,
     /// Counters.
     pub metrics: Arc<Metrics>,
     backoff: std::sync::Mutex<std::collections::HashMap<String, u32>>,
@@ -138,6 +161,19 @@ pub async fn run(config: LifecycleConfig, metrics: Arc<Metrics>, shutdown: Cance
         .reflect(templates_writer)
         .touched_objects();
 
+    let (policies, policies_writer) = reflector::store::<fleetwatch_shared::maintenance::MaintenancePolicy>();
+    let policies_stream = watcher(
+        Api::<fleetwatch_shared::maintenance::MaintenancePolicy>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .default_backoff()
+    .reflect(policies_writer)
+    .touched_objects();
+    tokio::spawn(async move {
+        // Only keeps the store current; policy changes take effect at the next reconcile.
+        policies_stream.for_each(|_| futures_util::future::ready(())).await;
+    });
+
     // Runtimes: only spec changes and deletion start a reconcile, not our own status writes.
     let (runtimes, runtimes_writer) = reflector::store::<Runtime>();
     let runtime_stream = watcher(Api::<Runtime>::all(client.clone()), watcher::Config::default())
@@ -164,6 +200,9 @@ pub async fn run(config: LifecycleConfig, metrics: Arc<Metrics>, shutdown: Cance
         templates: templates.clone(),
         resync: config.resync,
         migrations: config.migrations.clone(),
+        clock: config.clock.clone(),
+        min_window_remaining: config.min_window_remaining,
+        policies: policies.clone(),
         metrics,
         backoff: Default::default(),
         catalogs: Default::default(),

@@ -23,6 +23,8 @@ pub const FINALIZER: &str = "operator.fleetwatch.dev/lifecycle";
 pub const VERSION_LABEL: &str = "app.kubernetes.io/version";
 /// How soon to look again while something is in progress.
 const BUSY_REQUEUE: Duration = Duration::from_secs(2);
+/// How often a runtime waiting for a maintenance window looks at the clock.
+const WINDOW_POLL: Duration = Duration::from_secs(2);
 
 /// What a module's reconcile asks of the runtime's next one.
 #[derive(Default)]
@@ -31,6 +33,8 @@ struct Flags {
     retry: bool,
     /// Waiting for a rollout wave.
     waiting: bool,
+    /// Waiting for a maintenance window that opens in this long.
+    window: Option<std::time::Duration>,
 }
 
 /// Reconciles one Runtime.
@@ -150,6 +154,9 @@ pub async fn reconcile(rt: Arc<Runtime>, ctx: Arc<Ctx>) -> Result<Action, Error>
     ctx.reset_backoff(&key);
     Ok(if busy {
         Action::requeue(BUSY_REQUEUE)
+    } else if let Some(until) = flags.window {
+        // Look again when the window opens (and now and then, in case the clock jumps).
+        Action::requeue(until.clamp(Duration::from_secs(1), Duration::from_secs(60)).min(WINDOW_POLL))
     } else if flags.waiting {
         // Woken when its wave opens; this is only the safety net.
         Action::requeue(Duration::from_secs(10))
@@ -282,6 +289,41 @@ async fn install_inner(
             return st;
         }
     }
+    // Rule 3: an upgrade needing downtime waits for a maintenance window; meanwhile the
+    // current version keeps being reconciled (drift repaired).
+    st.next_maintenance_window = None;
+    if let (Step::Upgrade { from }, true) = (&step, template.spec.requires_downtime) {
+        let now = ctx.clock.now();
+        match crate::maintenance::gate(rt, &ctx.policies, now, ctx.min_window_remaining) {
+            crate::maintenance::Gate::Open => {}
+            crate::maintenance::Gate::Wait(w) => {
+                flags.window = Some(w.begin.duration_since(now).unsigned_abs());
+                st.next_maintenance_window = Some(format!("{}/{}", w.begin, w.end));
+                return keep_current(
+                    applier,
+                    ns,
+                    ctx,
+                    entry,
+                    st,
+                    from,
+                    format!("upgrade to {desired} waits for the maintenance window {} – {}", w.begin, w.end),
+                )
+                .await;
+            }
+            crate::maintenance::Gate::Never(why) => {
+                return keep_current(
+                    applier,
+                    ns,
+                    ctx,
+                    entry,
+                    st,
+                    from,
+                    format!("upgrade to {desired} needs downtime but no maintenance window: {why}"),
+                )
+                .await;
+            }
+        }
+    }
     // Rule 6: migrations run around installs and upgrades only, not when keeping a version.
     let migrating = matches!(step, Step::Install | Step::Upgrade { .. });
     let cx = crate::migration::MigrationContext {
@@ -345,6 +387,28 @@ async fn install_inner(
         Err(e) => (State::Error, e.to_string()),
     };
     st.state = state;
+    st.message = message;
+    st
+}
+
+/// Keeps (and repairs) the running version while an upgrade waits.
+async fn keep_current(
+    applier: &Applier,
+    ns: &str,
+    ctx: &Ctx,
+    entry: &ModuleEntry,
+    mut st: ModuleStatus,
+    running: &semver::Version,
+    message: String,
+) -> ModuleStatus {
+    if let Some(current) = find_template(&ctx.templates.state(), ns, &entry.name, running) {
+        for obj in &current.spec.manifest {
+            if let Err(e) = applier.apply(obj).await {
+                return fail(st, State::Error, format!("repairing {} {running}: {e}", entry.name));
+            }
+        }
+    }
+    st.state = State::Ready;
     st.message = message;
     st
 }

@@ -171,6 +171,7 @@ async fn a_failing_migration_stops_the_upgrade_and_is_retried_with_backoff() {
         resync: None,
         concurrency: 2,
         migrations: Registry::new().register(flaky),
+        ..fleetwatch_lifecycle::LifecycleConfig::new(client.clone())
     };
     tokio::spawn(fleetwatch_lifecycle::run(config, metrics.clone(), stop.clone()));
     cp.apply(&json!({"apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "Runtime", "metadata": {"name": "r", "namespace": "default"},

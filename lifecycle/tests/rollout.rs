@@ -103,6 +103,7 @@ async fn channel_moves_roll_out_in_waves_and_halt_on_failures() {
         resync: None,
         concurrency: 8,
         migrations: Default::default(),
+        ..fleetwatch_lifecycle::LifecycleConfig::new(cp_client.clone())
     };
     tokio::spawn(fleetwatch_lifecycle::run(config, Default::default(), stop.clone()));
     let runtimes: Api<Runtime> = Api::namespaced(cp_client.clone(), "default");

@@ -47,6 +47,14 @@ pub struct RuntimeSpec {
     /// Upgrades that need downtime do not wait for a maintenance window.
     #[serde(default)]
     pub skip_maintenance_windows: bool,
+    /// This runtime's own maintenance windows; they override the policy.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub maintenance_windows: Vec<crate::maintenance::WindowSpec>,
+    /// The MaintenancePolicy (same namespace) whose rules pick this runtime's windows by its
+    /// labels `operator.fleetwatch.dev/plan`, `.../region`, `.../platformRegion` and
+    /// `.../globalAccountID`; `default` when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub maintenance_policy: Option<String>,
     /// The Secret (same namespace) whose `key` holds a kubeconfig reaching the cluster;
     /// none means the cluster the operator runs in.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -169,6 +177,9 @@ pub struct ModuleStatus {
     /// Kinds whose instances block deletion (from the template).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub managed_resources: Vec<KindRef>,
+    /// The maintenance window an upgrade waits for (`begin/end`, RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_maintenance_window: Option<String>,
 }
 
 /// States of modules and runtimes.

@@ -1,0 +1,120 @@
+//! Rule 3: an upgrade to a template that `requiresDowntime` starts only inside a
+//! maintenance window with enough time left; until then the current version is kept.
+
+use std::sync::Arc;
+
+use fleetwatch_shared::api::Runtime;
+use fleetwatch_shared::maintenance::{
+    MaintenancePolicy, MaintenancePolicySpec, NextWindowOptions, RuntimeLabels, Window,
+};
+use kube::ResourceExt;
+use kube::runtime::reflector::Store;
+
+/// Where the operator reads time: the system clock, or one a test moves.
+pub trait Clock: Send + Sync {
+    /// Now.
+    fn now(&self) -> jiff::Timestamp;
+}
+
+/// The system clock.
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now(&self) -> jiff::Timestamp {
+        jiff::Timestamp::now()
+    }
+}
+
+/// A clock that stands still until told otherwise.
+pub struct ManualClock(std::sync::Mutex<jiff::Timestamp>);
+
+impl ManualClock {
+    /// A clock showing `t`.
+    pub fn new(t: jiff::Timestamp) -> Self {
+        Self(std::sync::Mutex::new(t))
+    }
+
+    /// Sets the time.
+    pub fn set(&self, t: jiff::Timestamp) {
+        if let Ok(mut g) = self.0.lock() {
+            *g = t;
+        }
+    }
+}
+
+impl Clock for ManualClock {
+    fn now(&self) -> jiff::Timestamp {
+        self.0.lock().map(|g| *g).unwrap_or_else(|_| jiff::Timestamp::now())
+    }
+}
+
+/// Label prefix of the runtime values maintenance rules match on.
+pub const LABEL_PREFIX: &str = "operator.fleetwatch.dev/";
+
+/// What the rule decides for a downtime upgrade now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Gate {
+    /// Go ahead (inside a window, windows skipped, or no policy at all).
+    Open,
+    /// Wait for this window.
+    Wait(Window),
+    /// No window can be found; the message says why.
+    Never(String),
+}
+
+/// Decides whether a downtime upgrade of `rt` may start at `now`.
+pub fn gate(
+    rt: &Runtime,
+    policies: &Store<MaintenancePolicy>,
+    now: jiff::Timestamp,
+    min_remaining: jiff::SignedDuration,
+) -> Gate {
+    if rt.spec.skip_maintenance_windows {
+        return Gate::Open;
+    }
+    // The runtime's own windows override the policy; each is tried as a default window.
+    let specs: Vec<MaintenancePolicySpec> = if rt.spec.maintenance_windows.is_empty() {
+        let name = rt.spec.maintenance_policy.clone().unwrap_or_else(|| "default".into());
+        let found: Option<Arc<MaintenancePolicy>> =
+            policies.state().into_iter().find(|p| p.namespace() == rt.namespace() && p.name_any() == name);
+        match found {
+            Some(p) => vec![p.spec.clone()],
+            // No policy: nothing restricts when upgrades happen.
+            None => return Gate::Open,
+        }
+    } else {
+        rt.spec
+            .maintenance_windows
+            .iter()
+            .map(|w| MaintenancePolicySpec { rules: Vec::new(), default: Some(w.clone()) })
+            .collect()
+    };
+    let mut labels = RuntimeLabels::default();
+    for (k, v) in rt.labels() {
+        if let Some(name) = k.strip_prefix(LABEL_PREFIX) {
+            let _ = labels.set(name, v.clone());
+        }
+    }
+    let opts = NextWindowOptions { ongoing: true, min_remaining };
+    let mut next: Option<Window> = None;
+    let mut why = String::new();
+    for spec in specs {
+        let compiled = match spec.compile() {
+            Ok(c) => c,
+            Err(e) => return Gate::Never(format!("invalid maintenance policy: {e}")),
+        };
+        match compiled.next_window(&labels, now, opts) {
+            Ok(w) if w.contains(now) => return Gate::Open,
+            Ok(w) => {
+                if next.is_none_or(|n| w.begin < n.begin) {
+                    next = Some(w);
+                }
+            }
+            Err(e) => why = e.to_string(),
+        }
+    }
+    match next {
+        Some(w) => Gate::Wait(w),
+        None => Gate::Never(why),
+    }
+}

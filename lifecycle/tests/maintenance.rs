@@ -1,0 +1,130 @@
+//! Rule 3 with a test-controlled clock: a downtime upgrade waits for its runtime's
+//! maintenance window (lifecycle-manager policy format), the current version's drift is
+//! repaired meanwhile, and the upgrade happens once the clock is inside a window with
+//! enough time left.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use fleetwatch_lifecycle::applier::Applier;
+use fleetwatch_lifecycle::maintenance::ManualClock;
+use fleetwatch_shared::api::{ModuleReleaseMeta, ModuleStatus, Runtime, State};
+use kube::Api;
+use kube::api::{DynamicObject, Patch, PatchParams};
+use kube::discovery::ApiResource;
+use serde_json::json;
+
+fn template(version: &str) -> serde_json::Value {
+    json!({"apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "ModuleTemplate",
+        "metadata": {"name": format!("m-{version}"), "namespace": "default"},
+        "spec": {"moduleName": "m", "version": version, "requiresDowntime": version != "1.0.0",
+            "manifest": [{"apiVersion": "apps/v1", "kind": "Deployment",
+                "metadata": {"name": "m-manager", "namespace": "default", "labels": {"app.kubernetes.io/version": version}},
+                "spec": {"replicas": 0, "selector": {"matchLabels": {"app": "m"}},
+                         "template": {"metadata": {"labels": {"app": "m"}}, "spec": {"containers": [{"name": "c", "image": format!("m:{version}")}]}}}}],
+            "manager": {"apiVersion": "apps/v1", "kind": "Deployment", "namespace": "default", "name": "m-manager"}}})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn downtime_upgrade_waits_for_the_window_and_repairs_drift_meanwhile() {
+    let sim = fleetwatch_sim::SimCluster::start(Default::default()).await.unwrap();
+    let client = sim.client().await.unwrap();
+    let cp = Applier::new(client.clone());
+    use kube::CustomResourceExt;
+    for crd in [
+        serde_json::to_value(Runtime::crd()).unwrap(),
+        serde_json::to_value(fleetwatch_shared::api::ModuleTemplate::crd()).unwrap(),
+        serde_json::to_value(ModuleReleaseMeta::crd()).unwrap(),
+        serde_json::to_value(fleetwatch_shared::maintenance::MaintenancePolicy::crd()).unwrap(),
+    ] {
+        cp.apply(&crd).await.unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    cp.apply(&template("1.0.0")).await.unwrap();
+    cp.apply(&template("2.0.0")).await.unwrap();
+    let meta = |v: &str| {
+        json!({"apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "ModuleReleaseMeta", "metadata": {"name": "m", "namespace": "default"},
+        "spec": {"moduleName": "m", "channels": [{"channel": "regular", "version": v}]}})
+    };
+    cp.apply(&meta("1.0.0")).await.unwrap();
+    // A lifecycle-manager format policy: trial runtimes on Saturday night, others Sunday.
+    cp.apply(&json!({"apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "MaintenancePolicy", "metadata": {"name": "default", "namespace": "default"},
+        "spec": {"rules": [{"match": {"plan": "trial"}, "windows": [{"days": ["Sat"], "begin": "02:00:00+00:00", "end": "04:00:00+00:00"}]}],
+                 "default": {"days": ["Sun"], "begin": "01:00:00+00:00", "end": "05:00:00+00:00"}}})).await.unwrap();
+
+    let clock = Arc::new(ManualClock::new("2026-11-20T10:00:00Z".parse().unwrap())); // a Friday
+    let stop = tokio_util::sync::CancellationToken::new();
+    let mut config = fleetwatch_lifecycle::LifecycleConfig::new(client.clone());
+    config.clock = clock.clone();
+    config.resync = None;
+    tokio::spawn(fleetwatch_lifecycle::run(config, Default::default(), stop.clone()));
+    cp.apply(&json!({"apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "Runtime",
+        "metadata": {"name": "r", "namespace": "default", "labels": {"operator.fleetwatch.dev/plan": "trial"}},
+        "spec": {"modules": [{"name": "m"}]}}))
+        .await
+        .unwrap();
+
+    let runtimes: Api<Runtime> = Api::namespaced(client.clone(), "default");
+    let module = |rt: &Runtime| rt.status.as_ref().and_then(|s| s.modules.first().cloned());
+    let wait = |what: &'static str, cond: Box<dyn Fn(&ModuleStatus) -> bool + Send>| {
+        let runtimes = runtimes.clone();
+        async move {
+            let start = Instant::now();
+            while start.elapsed() < Duration::from_secs(20) {
+                if let Ok(rt) = runtimes.get("r").await
+                    && let Some(m) = module(&rt)
+                    && cond(&m)
+                {
+                    return m;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            panic!("timed out waiting for {what}: {:#?}", runtimes.get("r").await.ok().and_then(|r| r.status));
+        }
+    };
+    // The install itself is not gated.
+    wait("1.0.0", Box::new(|m| m.state == State::Ready && m.installed_version.as_deref() == Some("1.0.0"))).await;
+
+    // 2.0.0 needs downtime: it waits for Saturday 02:00.
+    cp.apply(&meta("2.0.0")).await.unwrap();
+    let m = wait("waiting", Box::new(|m| m.message.contains("waits for the maintenance window"))).await;
+    assert_eq!(m.next_maintenance_window.as_deref(), Some("2026-11-21T02:00:00Z/2026-11-21T04:00:00Z"), "{m:#?}");
+    assert_eq!(m.actual_version.as_deref(), Some("1.0.0"));
+
+    // Drift of the current version is repaired while waiting.
+    let deps: Api<DynamicObject> = Api::namespaced_with(
+        client.clone(),
+        "default",
+        &ApiResource::erase::<k8s_openapi::api::apps::v1::Deployment>(&()),
+    );
+    deps.patch("m-manager", &PatchParams::apply("intruder").force(), &Patch::Apply(&json!({"apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "m-manager"}, "spec": {"template": {"spec": {"containers": [{"name": "c", "image": "evil:latest"}]}}}}))).await.unwrap();
+    let start = Instant::now();
+    loop {
+        let d = deps.get("m-manager").await.unwrap();
+        if d.data["spec"]["template"]["spec"]["containers"][0]["image"] == "m:1.0.0" {
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(15), "drift not repaired: {:?}", d.data["spec"]);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // Inside the window but with only 10 minutes left (< 20): still waiting, for next week.
+    clock.set("2026-11-21T03:50:00Z".parse().unwrap());
+    wait(
+        "next week's window",
+        Box::new(|m| m.next_maintenance_window.as_deref() == Some("2026-11-28T02:00:00Z/2026-11-28T04:00:00Z")),
+    )
+    .await;
+    assert_eq!(module(&runtimes.get("r").await.unwrap()).unwrap().installed_version.as_deref(), Some("1.0.0"));
+
+    // The clock enters next week's window: the upgrade happens.
+    clock.set("2026-11-28T02:30:00Z".parse().unwrap());
+    let m = wait(
+        "upgrade in the window",
+        Box::new(|m| m.state == State::Ready && m.installed_version.as_deref() == Some("2.0.0")),
+    )
+    .await;
+    assert_eq!(m.next_maintenance_window, None);
+    stop.cancel();
+}
