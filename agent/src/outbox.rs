@@ -11,11 +11,14 @@ use fleetwatch_shared::Event;
 
 /// What the outbox holds, in seq order.
 #[derive(Debug, Clone, PartialEq)]
-// Items live only briefly while a frame is built; boxing the common case would cost more.
-#[allow(clippy::large_enum_variant)]
 pub enum Item {
-    /// An event.
-    Event(Event),
+    /// An event, already serialized.
+    Event {
+        /// Its seq.
+        seq: u64,
+        /// Its JSON.
+        json: Box<str>,
+    },
     /// A resync marker with its seq and reason.
     Resync {
         /// The marker's seq.
@@ -29,10 +32,25 @@ impl Item {
     /// The item's seq.
     pub fn seq(&self) -> u64 {
         match self {
-            Item::Event(e) => e.seq,
+            Item::Event { seq, .. } => *seq,
             Item::Resync { seq, .. } => *seq,
         }
     }
+}
+
+#[derive(Debug)]
+struct Stored {
+    key: Box<str>,
+    json: Box<str>,
+}
+
+/// A frame ready to send and the highest seq it carries.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Frame {
+    /// The highest seq in the frame.
+    pub last_seq: u64,
+    /// The message text.
+    pub text: String,
 }
 
 /// Unacked events of one agent epoch.
@@ -55,7 +73,9 @@ pub struct Outbox {
     capacity: usize,
     last_seq: u64,
     acked: u64,
-    by_seq: BTreeMap<u64, Event>,
+    /// Events as JSON (serialized once, when recorded: smaller than the structs and ready
+    /// to send), with their coalescing key.
+    by_seq: BTreeMap<u64, Stored>,
     by_key: HashMap<String, u64>,
     resync: Option<(u64, String)>,
     overflows: u64,
@@ -161,8 +181,9 @@ impl Outbox {
             self.resync = Some((seq, reason));
             return seq;
         }
-        self.by_key.insert(key, seq);
-        self.by_seq.insert(seq, event);
+        let json = serde_json::to_string(&event).unwrap_or_default().into_boxed_str();
+        self.by_key.insert(key.clone(), seq);
+        self.by_seq.insert(seq, Stored { key: key.into_boxed_str(), json });
         seq
     }
 
@@ -181,10 +202,9 @@ impl Outbox {
         }
         self.acked = seq.min(self.last_seq);
         let rest = self.by_seq.split_off(&(seq + 1));
-        for (s, ev) in std::mem::replace(&mut self.by_seq, rest) {
-            let key = Self::coalesce_key(&ev);
-            if self.by_key.get(&key) == Some(&s) {
-                self.by_key.remove(&key);
+        for (s, stored) in std::mem::replace(&mut self.by_seq, rest) {
+            if self.by_key.get(&*stored.key) == Some(&s) {
+                self.by_key.remove(&*stored.key);
             }
         }
         if matches!(self.resync, Some((s, _)) if s <= seq) {
@@ -205,7 +225,43 @@ impl Outbox {
             Some((rs, _)) if *rs > after => *rs,
             _ => u64::MAX,
         };
-        self.by_seq.range(after + 1..until).take(max).map(|(_, e)| Item::Event(e.clone())).collect()
+        self.by_seq
+            .range(after + 1..until)
+            .take(max)
+            .map(|(seq, e)| Item::Event { seq: *seq, json: e.json.clone() })
+            .collect()
+    }
+
+    /// The next frame after `after`: a resync marker alone, or up to `max` events,
+    /// assembled from their stored JSON without re-serializing. `None` when nothing waits.
+    pub fn next_frame(&self, after: u64, max: usize) -> Option<Frame> {
+        if let Some((rs, reason)) = &self.resync
+            && *rs > after
+            && self.by_seq.range(after + 1..*rs).next().is_none()
+        {
+            let msg = fleetwatch_shared::protocol::AgentMessage::Resync(fleetwatch_shared::protocol::Resync {
+                epoch: self.epoch,
+                seq: *rs,
+                reason: reason.clone(),
+                objects: Vec::new(),
+            });
+            return Some(Frame { last_seq: *rs, text: fleetwatch_shared::codec::encode(&msg) });
+        }
+        let until = match &self.resync {
+            Some((rs, _)) if *rs > after => *rs,
+            _ => u64::MAX,
+        };
+        let mut text = String::from(r#"{"type":"events","events":["#);
+        let mut last = None;
+        for (seq, e) in self.by_seq.range(after + 1..until).take(max.max(1)) {
+            if last.is_some() {
+                text.push(',');
+            }
+            text.push_str(&e.json);
+            last = Some(*seq);
+        }
+        text.push_str("]}");
+        last.map(|last_seq| Frame { last_seq, text })
     }
 }
 
@@ -250,6 +306,32 @@ mod tests {
         assert_eq!(next.iter().map(Item::seq).collect::<Vec<_>>(), vec![5]);
         ob.ack(5);
         assert!(ob.is_empty());
+    }
+
+    #[test]
+    fn frames_decode_as_protocol_messages() {
+        use fleetwatch_shared::codec::{Limits, decode_agent};
+        use fleetwatch_shared::protocol::AgentMessage;
+        let mut ob = Outbox::new("c", 7, 10);
+        ob.push_resync("agent started");
+        for i in 0..4 {
+            ob.push_applied(&key(i), serde_json::json!({"i": i}));
+        }
+        let f = ob.next_frame(0, 10).unwrap();
+        assert_eq!(f.last_seq, 1);
+        assert!(
+            matches!(decode_agent(f.text.as_bytes(), &Limits::default()).unwrap(), AgentMessage::Resync(r) if r.seq == 1 && r.epoch == 7)
+        );
+        let f = ob.next_frame(1, 3).unwrap();
+        assert_eq!(f.last_seq, 4);
+        match decode_agent(f.text.as_bytes(), &Limits::default()).unwrap() {
+            AgentMessage::Events(b) => {
+                assert_eq!(b.events.iter().map(|e| e.seq).collect::<Vec<_>>(), vec![2, 3, 4]);
+                assert_eq!(b.events[0].data["i"], 0);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(ob.next_frame(5, 10).is_none());
     }
 
     #[test]

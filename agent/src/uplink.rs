@@ -8,8 +8,7 @@ use fleetwatch_certs::TlsFiles;
 use fleetwatch_shared::Limits;
 use fleetwatch_shared::codec::{decode_hub_to_agent, encode};
 use fleetwatch_shared::protocol::{
-    AgentMessage, ErrorCode, EventBatch, Hello, HubToAgent, PROTOCOL_VERSION, Resync, WatchSpec, WatchState,
-    WatchStatusReport,
+    AgentMessage, ErrorCode, Hello, HubToAgent, PROTOCOL_VERSION, WatchSpec, WatchState, WatchStatusReport,
 };
 use fleetwatch_shared::subscriber::reconnect_backoff;
 use fleetwatch_shared::transport::{ClientWs, ConnectError, HubUrl, connect};
@@ -21,7 +20,7 @@ use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_util::sync::CancellationToken;
 
-use crate::outbox::{Item, Outbox};
+use crate::outbox::Outbox;
 use crate::source::Change;
 
 /// Agent settings.
@@ -392,32 +391,11 @@ impl Agent {
 
     /// Sends the next frame after `sent`; returns the highest seq it carried.
     async fn send_next(&self, ws: &mut ClientWs, outbox: &Outbox, sent: u64) -> Result<u64, String> {
-        let items = outbox.pending_after(sent, self.config.batch_size);
-        let Some(last) = items.last().map(Item::seq) else {
+        let Some(frame) = outbox.next_frame(sent, self.config.batch_size) else {
             return Ok(outbox.last_seq()); // only coalesced-away seqs remain
         };
-        let msg = match items.into_iter().next() {
-            Some(Item::Resync { seq, reason }) => {
-                AgentMessage::Resync(Resync { epoch: outbox.epoch(), seq, reason, objects: Vec::new() })
-            }
-            Some(Item::Event(first)) => {
-                let mut events = vec![first];
-                events.extend(outbox.pending_after(events[0].seq, self.config.batch_size - 1).into_iter().filter_map(
-                    |i| match i {
-                        Item::Event(e) => Some(e),
-                        Item::Resync { .. } => None,
-                    },
-                ));
-                AgentMessage::Events(EventBatch { events })
-            }
-            None => return Ok(sent),
-        };
-        let last = match &msg {
-            AgentMessage::Events(b) => b.events.last().map_or(last, |e| e.seq),
-            _ => last,
-        };
-        ws.send(Message::text(encode(&msg))).await.map_err(|e| e.to_string())?;
-        Ok(last)
+        ws.send(Message::text(frame.text)).await.map_err(|e| e.to_string())?;
+        Ok(frame.last_seq)
     }
 }
 
