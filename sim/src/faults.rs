@@ -47,6 +47,7 @@ impl FaultState {
         }
         Some(match self.fail_code.load(Ordering::SeqCst) {
             429 => ApiError::too_many_requests(),
+            403 => ApiError::forbidden("injected fault: access denied (as RBAC would)"),
             _ => ApiError::internal("injected fault"),
         })
     }
@@ -87,8 +88,8 @@ impl Faults {
         self.core.faults.delay_ms.store(delay.as_millis() as u64, Ordering::Relaxed);
     }
 
-    /// Fails the next `n` requests with `code`: 429 (TooManyRequests, retry-after 1 s)
-    /// or anything else for 500 (InternalError).
+    /// Fails the next `n` requests with `code`: 429 (TooManyRequests, retry-after 1 s),
+    /// 403 (Forbidden, as an RBAC denial) or anything else for 500 (InternalError).
     pub fn fail_next(&self, n: u32, code: u16) {
         self.core.faults.fail_code.store(u32::from(code), Ordering::SeqCst);
         self.core.faults.fail_next.store(n, Ordering::SeqCst);

@@ -474,3 +474,26 @@ async fn inventory_reports_the_running_module_versions() {
     assert_eq!(v["clusters"][0]["inventory"][0]["name"], "redis", "{v}");
     assert_eq!(v["clusters"][0]["inventory"][0]["version"], "2.0.0", "{v}");
 }
+
+/// An RBAC denial is reported as the watch's phase and retried, not a crash loop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forbidden_watch_is_reported_and_retried() {
+    let pki = Pki::new();
+    let (sim, kc) = sim_cluster(&pki, "rbac").await;
+    let wc_dir = pki.path("wc");
+    std::fs::create_dir_all(&wc_dir).unwrap();
+    std::fs::write(wc_dir.join("cms.json"), watch_config("cms", "", "v1", "ConfigMap", json!({"fields": ["data"]})))
+        .unwrap();
+    let hub = HubProc::start(&pki, free_port(), None, &["--watch-config", wc_dir.to_str().unwrap()]);
+    // The agent's first requests are denied.
+    sim.faults().fail_next(6, 403);
+    let mut agent = kube_agent(&pki, "rbac", &hub.url(), &kc);
+    let running = eventually(Duration::from_secs(20), || {
+        let v = futures_executor(hub.clusters());
+        v["clusters"][0]["watches"][0]["phase"] == "running"
+    })
+    .await;
+    assert!(running, "{}\n{}", hub.clusters().await, agent.stderr());
+    assert!(agent.stderr().contains("Forbidden"), "the denial was not reported:\n{}", agent.stderr());
+    assert_eq!(agent.wait_exit(Duration::from_millis(100)), None, "the agent must keep running");
+}
