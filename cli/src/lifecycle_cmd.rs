@@ -35,6 +35,10 @@ pub struct LifecycleArgs {
     /// Reconciles running at once.
     #[arg(long, default_value_t = 16)]
     concurrency: u16,
+    /// Serve `/metrics` (Prometheus text: reconciles, failures, migrations and their time)
+    /// and `/healthz` on this address.
+    #[arg(long)]
+    metrics_listen: Option<std::net::SocketAddr>,
     /// How much of a maintenance window must be left for an upgrade that needs downtime to
     /// start (e.g. `20m`, `1h`).
     #[arg(long, default_value = "20m")]
@@ -78,6 +82,20 @@ pub async fn run(args: LifecycleArgs) -> anyhow::Result<()> {
     tracing::info!(resync = ?resync, "lifecycle operator starting");
     println!("lifecycle operator running");
     let shutdown = crate::shutdown_on_signals();
-    fleetwatch_lifecycle::run(config, Default::default(), shutdown).await;
+    let metrics = Arc::new(fleetwatch_lifecycle::Metrics::default());
+    if let Some(addr) = args.metrics_listen {
+        let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("cannot listen on {addr}"))?;
+        let m = metrics.clone();
+        let app = axum::Router::new().route("/healthz", axum::routing::get(|| async { "ok\n" })).route(
+            "/metrics",
+            axum::routing::get(move || {
+                let m = m.clone();
+                async move { m.encode() }
+            }),
+        );
+        let sd = shutdown.clone();
+        tokio::spawn(async move { axum::serve(listener, app).with_graceful_shutdown(sd.cancelled_owned()).await });
+    }
+    fleetwatch_lifecycle::run(config, metrics, shutdown).await;
     Ok(())
 }

@@ -90,9 +90,40 @@ pub struct Metrics {
     pub failures: AtomicU64,
     /// Sum of successful reconcile durations, in microseconds.
     pub busy_micros: AtomicU64,
+    /// Migrations that ran.
+    pub migrations_run: AtomicU64,
+    /// Migrations that failed.
+    pub migrations_failed: AtomicU64,
+    /// Time spent in migrations, in microseconds.
+    pub migration_micros: AtomicU64,
 }
 
 impl Metrics {
+    /// The Prometheus text exposition of the counters.
+    pub fn encode(&self) -> String {
+        let c = |v: &AtomicU64| v.load(Ordering::Relaxed);
+        let mut out = String::new();
+        for (name, help, value) in [
+            ("fleetwatch_lifecycle_reconciles_total", "Reconciles started", c(&self.reconciles)),
+            ("fleetwatch_lifecycle_reconcile_failures_total", "Reconciles that failed", c(&self.failures)),
+            ("fleetwatch_lifecycle_migrations_total", "Migrations that ran", c(&self.migrations_run)),
+            ("fleetwatch_lifecycle_migration_failures_total", "Migrations that failed", c(&self.migrations_failed)),
+        ] {
+            out.push_str(&format!("# HELP {name} {help}.\n# TYPE {name} counter\n{name} {value}\n"));
+        }
+        for (name, help, micros) in [
+            (
+                "fleetwatch_lifecycle_reconcile_seconds_total",
+                "Time spent in successful reconciles",
+                c(&self.busy_micros),
+            ),
+            ("fleetwatch_lifecycle_migration_seconds_total", "Time spent in migrations", c(&self.migration_micros)),
+        ] {
+            out.push_str(&format!("# HELP {name} {help}.\n# TYPE {name} counter\n{name} {}\n", micros as f64 / 1e6));
+        }
+        out
+    }
+
     fn record_duration(&self, d: Duration) {
         self.busy_micros.fetch_add(d.as_micros() as u64, Ordering::Relaxed);
     }

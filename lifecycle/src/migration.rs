@@ -47,6 +47,8 @@ pub struct MigrationContext<'a> {
     pub from: Option<&'a Version>,
     /// The version being installed.
     pub to: &'a Version,
+    /// Where timings and counts go (optional).
+    pub metrics: Option<&'a crate::Metrics>,
 }
 
 /// One migration.
@@ -151,6 +153,11 @@ async fn run_all(list: &[Arc<dyn Migration>], cx: &MigrationContext<'_>) -> Resu
         let started = Instant::now();
         let result = m.run(cx).await;
         let took = started.elapsed();
+        if let Some(metrics) = cx.metrics {
+            use std::sync::atomic::Ordering::Relaxed;
+            metrics.migration_micros.fetch_add(took.as_micros() as u64, Relaxed);
+            if result.is_ok() { &metrics.migrations_run } else { &metrics.migrations_failed }.fetch_add(1, Relaxed);
+        }
         match &result {
             Ok(()) => tracing::info!(migration = m.name(), module = cx.module, to = %cx.to, ?took, "migration ran"),
             Err(e) => {

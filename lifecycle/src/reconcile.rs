@@ -331,6 +331,7 @@ async fn install_inner(
         module: &entry.name,
         from: actual.as_ref(),
         to: &desired,
+        metrics: Some(&ctx.metrics),
     };
     if migrating && let Err(e) = ctx.migrations.pre(&cx).await {
         flags.retry = true;

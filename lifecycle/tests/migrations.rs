@@ -74,7 +74,7 @@ async fn order_is_generic_pre_module_pre_then_module_post_generic_post() {
         .register(skipped)
         .register(rec("generic-pre", Scope::Generic, Phase::Pre, &log));
     let to = Version::new(2, 0, 0);
-    let cx = MigrationContext { cluster: &applier, module: "m", from: None, to: &to };
+    let cx = MigrationContext { cluster: &applier, module: "m", from: None, to: &to, metrics: None };
     let pre = registry.pre(&cx).await.unwrap();
     log.lock().unwrap().push("apply".into());
     registry.post(&cx).await.unwrap();
@@ -96,11 +96,11 @@ async fn rename_copies_then_deletes_and_is_idempotent() {
     let registry = Registry::builtin();
     let old = Version::new(1, 0, 0);
     let to = Version::new(1, 5, 0);
-    let cx = MigrationContext { cluster: &applier, module: "redis", from: Some(&old), to: &to };
+    let cx = MigrationContext { cluster: &applier, module: "redis", from: Some(&old), to: &to, metrics: None };
     let ran = registry.pre(&cx).await.unwrap();
     assert!(ran.iter().all(|r| !r.ran), "an upgrade below 2.0.0 must not rename: {ran:?}");
     let to = Version::new(2, 0, 0);
-    let cx = MigrationContext { cluster: &applier, module: "redis", from: Some(&old), to: &to };
+    let cx = MigrationContext { cluster: &applier, module: "redis", from: Some(&old), to: &to, metrics: None };
     let ran = registry.pre(&cx).await.unwrap();
     assert!(ran.iter().any(|r| r.name == "redis-settings-renamed" && r.ran));
     let cm = |name: &str| ResourceRef {
@@ -116,7 +116,7 @@ async fn rename_copies_then_deletes_and_is_idempotent() {
     let again = registry.pre(&cx).await.unwrap();
     assert!(again.iter().all(|r| !r.ran), "{again:?}");
     // A module with a different name is untouched by the redis rename.
-    let cx = MigrationContext { cluster: &applier, module: "nats", from: None, to: &to };
+    let cx = MigrationContext { cluster: &applier, module: "nats", from: None, to: &to, metrics: None };
     assert!(registry.pre(&cx).await.unwrap().is_empty());
     let _ = RenameResource {
         name: String::new(),
@@ -218,6 +218,10 @@ async fn a_failing_migration_stops_the_upgrade_and_is_retried_with_backoff() {
     )
     .await;
     assert_eq!(fails.load(Ordering::SeqCst), 0);
+    // Each run is counted and timed.
+    assert!(metrics.migrations_failed.load(Ordering::SeqCst) >= 2, "{}", metrics.encode());
+    assert!(metrics.migrations_run.load(Ordering::SeqCst) >= 2, "{}", metrics.encode());
+    assert!(metrics.encode().contains("fleetwatch_lifecycle_migration_failures_total"));
     assert!(log.lock().unwrap().contains(&"flaky".to_string()));
     stop.cancel();
 }

@@ -25,6 +25,7 @@ struct Fleet {
     hub: HubProc,
     _agent: Proc,
     lifecycle: Proc,
+    metrics_port: u16,
     kubelet: tokio_util::sync::CancellationToken,
 }
 
@@ -120,6 +121,8 @@ impl Fleet {
         let hub = HubProc::start(&pki, free_port(), None, &["--watch-config", wc.to_str().unwrap()]);
         let agent = kube_agent(&pki, "rt1", &hub.url(), &rt_kc);
         let sub = pki.subscriber("lifecycle");
+        let metrics_port = free_port();
+        let metrics_addr = format!("127.0.0.1:{metrics_port}");
         let args: Vec<String> = [
             "lifecycle",
             "--control-plane-kubeconfig",
@@ -143,7 +146,20 @@ impl Fleet {
         // No kubelet in a sim cluster: mark Deployments ready, as a cluster would.
         let kubelet = tokio_util::sync::CancellationToken::new();
         tokio::spawn(fake_kubelet(rt.clone(), kubelet.clone()));
-        Fleet { pki, _cp: cp_sim, cp_kc, cp, _rt: rt_sim, rt_kc, rt, hub, _agent: agent, lifecycle, kubelet }
+        Fleet {
+            pki,
+            _cp: cp_sim,
+            cp_kc,
+            cp,
+            _rt: rt_sim,
+            rt_kc,
+            rt,
+            hub,
+            _agent: agent,
+            lifecycle,
+            metrics_port,
+            kubelet,
+        }
     }
 
     fn runtimes(&self) -> Api<Runtime> {
@@ -297,6 +313,15 @@ async fn module_state_diagram_from_install_to_deletion() {
     f.redis_configs().delete("extra", &DeleteParams::default()).await.unwrap();
     f.wait("rt1", "module removed", |s| module(s, "redis").is_none() && s.state == Some(State::Ready)).await;
     assert_eq!(f.manager_version().await, None, "module operator deleted");
+
+    // The operator's counters.
+    let metrics = http_get(f.metrics_port, "/metrics").await;
+    let reconciles: u64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("fleetwatch_lifecycle_reconciles_total "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
+    assert!(reconciles >= 5, "{metrics}");
 
     // Deleting the Runtime releases its finalizer.
     f.runtimes().delete("rt1", &DeleteParams::default()).await.unwrap();
