@@ -137,6 +137,8 @@ impl Fleet {
             pki.path("ca.crt").to_str().unwrap(),
             "--resync",
             resync,
+            "--metrics-listen",
+            &metrics_addr,
         ]
         .iter()
         .map(|s| s.to_string())
