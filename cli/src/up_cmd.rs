@@ -68,6 +68,8 @@ pub fn module_template(module: &str, version: &str) -> Value {
         "metadata": {"name": format!("{module}-{version}"), "namespace": NAMESPACE},
         "spec": {
             "moduleName": module, "version": version,
+            // The sample `nats` 2.0.0 needs downtime: its upgrade waits for a maintenance window.
+            "requiresDowntime": module == "nats" && version != "1.0.0",
             "manifest": [
                 {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": format!("{module}-system")}},
                 {"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
@@ -157,6 +159,11 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     install_crds(&cp_client).await?;
     apply(&cp_client, "sandbox", &json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}))
         .await?;
+    // Maintenance windows every night 02:00–04:00 UTC, lifecycle-manager's policy format.
+    let policy = json!({"apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "MaintenancePolicy",
+        "metadata": {"name": "default", "namespace": NAMESPACE},
+        "spec": {"rules": [], "default": {"days": ["Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"], "begin": "02:00:00+00:00", "end": "04:00:00+00:00"}}});
+    apply(&cp_client, "sandbox", &policy).await?;
     for m in MODULES {
         apply(&cp_client, "sandbox", &module_template(m, "1.0.0")).await?;
         apply(&cp_client, "sandbox", &module_template(m, "2.0.0")).await?;
