@@ -187,7 +187,6 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
 
     // The hub, reading WatchConfigs from the control plane.
     let mut hub_cfg = HubConfig::new(std::net::SocketAddr::from(([127, 0, 0, 1], args.hub_port)), files("hub"));
-    hub_cfg.tls.ca = vec![pki.join("ca.crt")];
     hub_cfg.admin_listen = Some(std::net::SocketAddr::from(([127, 0, 0, 1], args.admin_port)));
     hub_cfg.data_dir = Some(dir.join("hub-data"));
     hub_cfg.watch_source = fleetwatch_hub::watch_source::WatchSource::ControlPlane(cp_kc.clone());
