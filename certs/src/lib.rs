@@ -19,4 +19,7 @@ mod tls;
 pub use authority::{Authority, IssuedFiles, LeafSpec};
 pub use error::CertError;
 pub use inspect::{CertInfo, inspect_file, inspect_pem};
-pub use tls::{ReloadingServerConfig, TlsFiles, client_config, install_crypto_provider, peer_identity, server_config};
+pub use tls::{
+    ReloadingServerConfig, TlsFiles, client_config, install_crypto_provider, peer_certificate, peer_identity,
+    server_config,
+};

@@ -110,10 +110,18 @@ pub fn client_config(files: &TlsFiles) -> Result<ClientConfig, CertError> {
 
 /// The identity in a verified peer's certificate (the first of its chain).
 pub fn peer_identity(chain: &[CertificateDer<'_>]) -> Result<Identity, CertError> {
+    peer_certificate(chain).map(|(id, _)| id)
+}
+
+/// The identity and serial (lower-case hex) of a verified peer's certificate.
+pub fn peer_certificate(chain: &[CertificateDer<'_>]) -> Result<(Identity, String), CertError> {
     let leaf = chain.first().ok_or_else(|| CertError::PeerIdentity("no client certificate".into()))?;
     let info = inspect_der(leaf).map_err(CertError::PeerIdentity)?;
-    info.identity
-        .ok_or_else(|| CertError::PeerIdentity(format!("no single valid SPIFFE id among URI SANs {:?}", info.uris)))
+    let serial = info.serial.to_lowercase();
+    let id = info
+        .identity
+        .ok_or_else(|| CertError::PeerIdentity(format!("no single valid SPIFFE id among URI SANs {:?}", info.uris)))?;
+    Ok((id, serial))
 }
 
 /// A server configuration that follows its files: [`reload_if_changed`] rebuilds it when

@@ -60,6 +60,10 @@ pub struct HubArgs {
     /// and push every change to connected agents.
     #[arg(long)]
     control_plane_kubeconfig: Option<PathBuf>,
+    /// Deny list: one certificate serial (hex) or SPIFFE id per line. Reloaded with the
+    /// certificates; a denied peer is refused and its open session closed.
+    #[arg(long)]
+    deny_list: Option<PathBuf>,
     /// Most open connections.
     #[arg(long, default_value_t = 50_000)]
     max_connections: usize,
@@ -84,6 +88,7 @@ pub async fn run(args: HubArgs) -> anyhow::Result<()> {
     config.handshake_timeout = secs("handshake-timeout", args.handshake_timeout)?;
     config.idle_timeout = secs("idle-timeout", args.idle_timeout)?;
     config.max_connections = args.max_connections;
+    config.deny_list = args.deny_list;
     config.tls_reload_interval = secs("tls-reload-interval", args.tls_reload_interval)?;
     config.watch_source = match (args.watch_config, args.control_plane_kubeconfig) {
         (Some(dir), _) => fleetwatch_hub::watch_source::WatchSource::Dir(dir),

@@ -16,12 +16,12 @@ use fleetwatch_shared::protocol::{
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_util::sync::CancellationToken;
 
-use crate::Context;
 use crate::bus::{Append, RecordBody};
 use crate::conn::{Conn, Incoming};
 use crate::rate::TokenBucket;
+use crate::{Context, Peer};
 
-pub(crate) async fn run(mut conn: Conn, cluster: String, ctx: Arc<Context>, shutdown: CancellationToken) {
+pub(crate) async fn run(mut conn: Conn, cluster: String, peer: Peer, ctx: Arc<Context>, shutdown: CancellationToken) {
     let limits = ctx.config.limits;
     // The first message must be a hello, within the handshake timeout.
     let first = tokio::select! {
@@ -76,7 +76,7 @@ pub(crate) async fn run(mut conn: Conn, cluster: String, ctx: Arc<Context>, shut
         bucket: TokenBucket::new(ctx.config.max_events_per_sec),
         warned_rate: false,
     };
-    let result = session.serve(&mut conn, &hello, &session_id, &cancel, &shutdown).await;
+    let result = session.serve(&mut conn, &hello, &session_id, &cancel, &shutdown, &peer).await;
     ctx.metrics.agent_sessions.dec();
     ctx.registry.close(&cluster, &session_id);
     match result {
@@ -122,6 +122,7 @@ impl Session {
         session_id: &str,
         cancel: &CancellationToken,
         shutdown: &CancellationToken,
+        peer: &Peer,
     ) -> Result<(), End> {
         self.acked = self.resume_point(hello).await?;
         let mut watches_rx = self.ctx.watches.subscribe();
@@ -145,7 +146,9 @@ impl Session {
                     continue;
                 }
                 _ = cancel.cancelled() => {
-                    return Err(if shutdown.is_cancelled() {
+                    return Err(if self.ctx.revoked(peer) {
+                        End::Fail(ErrorCode::Forbidden, "certificate revoked".into(), CloseCode::Policy)
+                    } else if shutdown.is_cancelled() {
                         End::Fail(ErrorCode::ShuttingDown, "hub shutting down".into(), CloseCode::Away)
                     } else {
                         End::Fail(ErrorCode::Replaced, "a newer session for this cluster replaced this one".into(), CloseCode::Policy)

@@ -21,6 +21,7 @@ mod conn;
 pub mod metrics;
 mod rate;
 pub mod registry;
+pub mod revocation;
 mod server;
 mod subscriber_session;
 pub mod watch_source;
@@ -66,6 +67,8 @@ pub struct HubConfig {
     pub tls_reload_interval: Duration,
     /// Where WatchConfigs come from.
     pub watch_source: watch_source::WatchSource,
+    /// Deny list of certificate serials and identities (reloaded with the certificates).
+    pub deny_list: Option<PathBuf>,
 }
 
 impl HubConfig {
@@ -84,6 +87,7 @@ impl HubConfig {
             max_connections: 50_000,
             tls_reload_interval: Duration::from_secs(5),
             watch_source: watch_source::WatchSource::None,
+            deny_list: None,
         }
     }
 }
@@ -105,6 +109,9 @@ pub enum HubError {
     /// The bus could not open its storage.
     #[error(transparent)]
     Bus(#[from] bus::BusError),
+    /// The deny list cannot be read.
+    #[error(transparent)]
+    DenyList(#[from] revocation::DenyListError),
     /// The watch configuration cannot be loaded.
     #[error("watch configuration: {0}")]
     WatchConfig(String),
@@ -121,6 +128,39 @@ pub(crate) struct Context {
     pub trust_domain: Option<String>,
     /// The watch configuration pushed to agents.
     pub watches: tokio::sync::watch::Sender<Arc<Vec<fleetwatch_shared::protocol::WatchSpec>>>,
+    /// The deny list in force.
+    pub revocation: revocation::Revocation,
+    /// Open connections by id: who they are, and how to close them.
+    pub live: std::sync::Mutex<std::collections::HashMap<u64, (Peer, CancellationToken)>>,
+}
+
+/// Who is on the other end of a connection, from its certificate.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Peer {
+    /// The SPIFFE id.
+    pub identity: String,
+    /// The certificate serial, lower-case hex.
+    pub serial: String,
+}
+
+impl Context {
+    /// Whether the peer's certificate is denied now.
+    pub(crate) fn revoked(&self, peer: &Peer) -> bool {
+        self.revocation.current().denies(&peer.identity, &peer.serial)
+    }
+
+    /// Closes every open connection whose certificate the deny list now denies.
+    fn close_revoked(&self) {
+        let list = self.revocation.current();
+        if let Ok(live) = self.live.lock() {
+            for (peer, token) in live.values() {
+                if list.denies(&peer.identity, &peer.serial) {
+                    tracing::warn!(identity = %peer.identity, serial = %peer.serial, "certificate revoked: closing its session");
+                    token.cancel();
+                }
+            }
+        }
+    }
 }
 
 /// A bound, not yet running hub.
@@ -149,6 +189,7 @@ impl Hub {
         let trust_domain = fleetwatch_certs::inspect_file(&config.tls.cert)?.identity.map(|id| id.trust_domain);
         // A broken WatchConfig directory is a start-up error; later edits are reloaded.
         let initial_watches = config.watch_source.initial()?;
+        let revocation = revocation::Revocation::load(config.deny_list.clone())?;
         let ctx = Arc::new(Context {
             config,
             bus,
@@ -157,6 +198,8 @@ impl Hub {
             tls,
             trust_domain,
             watches: tokio::sync::watch::channel(Arc::new(initial_watches)).0,
+            revocation,
+            live: Default::default(),
         });
         Ok(Self { ctx, listener, admin })
     }
@@ -210,11 +253,21 @@ async fn housekeeping(ctx: Arc<Context>, shutdown: CancellationToken) {
                     tracing::warn!(error = %e, "cannot store subscriber cursors");
                 }
             }
-            _ = reload.tick() => match ctx.tls.reload_if_changed() {
-                Ok(true) => tracing::info!("reloaded TLS certificates and CA bundles"),
-                Ok(false) => {}
-                Err(e) => tracing::warn!(error = %e, "certificate files changed but cannot be loaded; keeping the old ones"),
-            },
+            _ = reload.tick() => {
+                match ctx.tls.reload_if_changed() {
+                    Ok(true) => tracing::info!("reloaded TLS certificates and CA bundles"),
+                    Ok(false) => {}
+                    Err(e) => tracing::warn!(error = %e, "certificate files changed but cannot be loaded; keeping the old ones"),
+                }
+                match ctx.revocation.reload_if_changed() {
+                    Ok(true) => {
+                        tracing::info!(entries = ctx.revocation.current().len(), "reloaded the deny list");
+                        ctx.close_revoked();
+                    }
+                    Ok(false) => {}
+                    Err(e) => tracing::warn!(error = %e, "deny list changed but cannot be read; keeping the old one"),
+                }
+            }
         }
     }
 }

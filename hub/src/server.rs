@@ -17,8 +17,8 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
-use crate::Context;
 use crate::conn::Conn;
+use crate::{Context, Peer};
 
 pub(crate) async fn accept_loop(
     listener: TcpListener,
@@ -68,7 +68,7 @@ async fn handle(
             .get_ref()
             .1
             .peer_certificates()
-            .map(fleetwatch_certs::peer_identity)
+            .map(fleetwatch_certs::peer_certificate)
             .unwrap_or_else(|| Err(fleetwatch_certs::CertError::PeerIdentity("no client certificate".into())));
         // The signature is tungstenite's callback type; its error is large by design.
         #[allow(clippy::result_large_err)]
@@ -100,7 +100,7 @@ async fn handle(
         Ok(Ok(v)) => v,
     };
     let conn = Conn::new(ws, peer, ctx.config.idle_timeout);
-    let identity = match identity {
+    let (identity, serial) = match identity {
         Ok(id) => id,
         Err(e) => {
             ctx.metrics.reject("no-identity");
@@ -118,18 +118,35 @@ async fn handle(
         conn.fail(ErrorCode::Forbidden, msg, CloseCode::Policy).await;
         return;
     }
+    let peer = Peer { identity: identity.to_string(), serial };
+    if ctx.revoked(&peer) {
+        ctx.metrics.reject("revoked");
+        tracing::warn!(identity = %peer.identity, serial = %peer.serial, "revoked certificate refused");
+        let msg = format!("certificate {} of {} is revoked", peer.serial, peer.identity);
+        conn.fail(ErrorCode::Forbidden, msg, CloseCode::Policy).await;
+        return;
+    }
+    // The connection's own token: cancelled by hub shutdown or by a revocation.
+    let lifeline = shutdown.child_token();
+    let conn_id = rand::random::<u64>();
+    if let Ok(mut live) = ctx.live.lock() {
+        live.insert(conn_id, (peer.clone(), lifeline.clone()));
+    }
     match identity.role {
         Role::Cluster(cluster) => {
             let span = tracing::info_span!("agent", %cluster);
-            crate::agent_session::run(conn, cluster, ctx, shutdown).instrument(span).await;
+            crate::agent_session::run(conn, cluster, peer, ctx.clone(), lifeline).instrument(span).await;
         }
         Role::Subscriber(name) => {
             let span = tracing::info_span!("subscriber", %name);
-            crate::subscriber_session::run(conn, name, ctx, shutdown).instrument(span).await;
+            crate::subscriber_session::run(conn, name, peer, ctx.clone(), lifeline).instrument(span).await;
         }
         Role::Hub | Role::TrustDomain => {
             ctx.metrics.reject("wrong-role");
             conn.fail(ErrorCode::Forbidden, format!("{identity} may not connect as a client"), CloseCode::Policy).await;
         }
+    }
+    if let Ok(mut live) = ctx.live.lock() {
+        live.remove(&conn_id);
     }
 }

@@ -10,14 +10,14 @@ use fleetwatch_shared::protocol::{
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_util::sync::CancellationToken;
 
-use crate::Context;
 use crate::bus::{Record, RecordBody};
 use crate::conn::{Conn, Incoming};
+use crate::{Context, Peer};
 
 /// Most records read from the bus for one frame.
 const READ_CHUNK: usize = 512;
 
-pub(crate) async fn run(mut conn: Conn, name: String, ctx: Arc<Context>, shutdown: CancellationToken) {
+pub(crate) async fn run(mut conn: Conn, name: String, peer: Peer, ctx: Arc<Context>, shutdown: CancellationToken) {
     let limits = ctx.config.limits;
     let first = tokio::select! {
         m = tokio::time::timeout(ctx.config.handshake_timeout, conn.recv()) => m,
@@ -53,6 +53,11 @@ pub(crate) async fn run(mut conn: Conn, name: String, ctx: Arc<Context>, shutdow
     ctx.metrics.subscriber_sessions.inc();
     let mut session = Session { ctx: ctx.clone(), durable, clusters: sub.clusters.clone(), acked: 0, sent: 0 };
     let end = session.serve(&mut conn, &sub, &shutdown).await;
+    let end = if shutdown.is_cancelled() && ctx.revoked(&peer) {
+        End::Fail(ErrorCode::Forbidden, "certificate revoked".into(), CloseCode::Policy)
+    } else {
+        end
+    };
     ctx.metrics.subscriber_sessions.dec();
     match end {
         End::Closed(why) => tracing::info!(%why, "subscriber disconnected"),

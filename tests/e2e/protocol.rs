@@ -334,3 +334,56 @@ async fn hub_reloads_its_client_ca_bundle_without_a_restart() {
     assert!(welcomed, "hub did not pick up the new CA bundle\n{}", hub.proc.stderr());
     assert!(hub.proc.stderr().contains("reloaded TLS certificates"));
 }
+
+/// Revocation: a deny list entry refuses the certificate and closes its live session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn revoked_certificates_are_refused_and_their_sessions_closed() {
+    let pki = Pki::new();
+    let deny = pki.path("deny-list");
+    let hub = HubProc::start(
+        &pki,
+        free_port(),
+        None,
+        &["--deny-list", deny.to_str().unwrap(), "--tls-reload-interval", "0.2"],
+    );
+    let mut a = crate::support::agent(&pki, "rev", &hub.url(), "synthetic:objects=5,rate=50", &[]);
+    let collector = Collector::start(&pki, &hub.url(), "watch").await;
+    assert!(eventually(Duration::from_secs(10), || collector.seen.lock().unwrap().events > 20).await, "{}", a.stderr());
+
+    // Revoke the agent's certificate by serial, as `certs inspect` prints it.
+    let serial = fleetwatch_certs::inspect_file(&pki.path("agent-rev.crt")).unwrap().serial;
+    std::fs::write(&deny, format!("# revoked today\n{serial}\n")).unwrap();
+    let closed = eventually(Duration::from_secs(5), || {
+        let v = futures_block(hub.clusters());
+        v["clusters"]
+            .as_array()
+            .and_then(|c| c.iter().find(|c| c["cluster"] == "rev"))
+            .is_some_and(|c| c["connected"] == false)
+    })
+    .await;
+    assert!(closed, "revoked agent still connected: {}", hub.clusters().await);
+    assert!(eventually(Duration::from_secs(5), || a.stderr().contains("revoked")).await, "{}", a.stderr());
+    // It stays out (the agent keeps running and retrying; the hub keeps refusing).
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let v = hub.clusters().await;
+    assert_eq!(v["clusters"][0]["connected"], false, "{v}");
+    assert_eq!(a.wait_exit(Duration::from_millis(50)), None);
+
+    // Revoke the subscriber by identity: its session is closed too.
+    std::fs::write(&deny, format!("{serial}\nspiffe://test.local/subscriber/watch\n")).unwrap();
+    let gone = eventually(Duration::from_secs(5), || {
+        futures_block(http_get(hub.admin_port, "/metrics")).contains("fleetwatch_hub_subscriber_sessions 0")
+    })
+    .await;
+    assert!(gone, "{}", http_get(hub.admin_port, "/metrics").await);
+    // Its reconnects are refused at the door.
+    let refused = eventually(Duration::from_secs(5), || {
+        futures_block(http_get(hub.admin_port, "/metrics")).contains("reason=\"revoked\"")
+    })
+    .await;
+    assert!(refused, "{}", http_get(hub.admin_port, "/metrics").await);
+}
+
+fn futures_block<F: std::future::Future>(f: F) -> F::Output {
+    tokio::task::block_in_place(|| tokio::runtime::Handle::current().block_on(f))
+}
