@@ -6,23 +6,13 @@ use anyhow::Context;
 use clap::Args;
 use fleetwatch_agent::source::SyntheticSource;
 use fleetwatch_agent::{Agent, AgentConfig};
-use fleetwatch_shared::transport::HubUrl;
 use tokio::sync::mpsc;
 
 #[derive(Args)]
 pub struct AgentArgs {
-    /// The hub, as wss://HOST:PORT.
-    #[arg(long)]
-    hub: String,
-    /// The agent's certificate (its cluster id is the one in it).
-    #[arg(long)]
-    cert: PathBuf,
-    /// The agent's private key.
-    #[arg(long)]
-    key: PathBuf,
-    /// CA bundle that signed the hub's certificate.
-    #[arg(long)]
-    ca: Vec<PathBuf>,
+    /// The hub and the agent's certificate (its cluster id is the one in it).
+    #[command(flatten)]
+    conn: crate::HubClientArgs,
     /// The runtime cluster to watch (read-only: list and watch). Without it and without
     /// --source, the in-cluster configuration (or $KUBECONFIG) is used.
     #[arg(long, conflicts_with = "source")]
@@ -48,10 +38,9 @@ pub struct AgentArgs {
 }
 
 pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
-    let hub: HubUrl = args.hub.parse()?;
+    let (hub, tls) = args.conn.resolve()?;
     let synthetic: Option<SyntheticSource> = args.source.as_deref().map(str::parse).transpose()?;
-    anyhow::ensure!(!args.ca.is_empty(), "--ca is required: the CA bundle that signed the hub's certificate");
-    let mut config = AgentConfig::new(hub, crate::tls_files(&args.cert, &args.key, &args.ca));
+    let mut config = AgentConfig::new(hub, tls);
     config.outbox_capacity = args.outbox_capacity.max(1);
     config.batch_size = args.batch_size.clamp(1, config.limits.max_batch_events);
     config.drain_timeout = std::time::Duration::try_from_secs_f64(args.drain_timeout).context("--drain-timeout")?;

@@ -148,6 +148,30 @@ pub(crate) fn shutdown_on_signals() -> tokio_util::sync::CancellationToken {
     token
 }
 
+/// How a client (agent or subscriber) reaches the hub: the flags `agent` and `tail` share.
+#[derive(clap::Args)]
+pub(crate) struct HubClientArgs {
+    /// The hub, as wss://HOST:PORT.
+    #[arg(long)]
+    hub: String,
+    /// This client's certificate (its identity is the one in it).
+    #[arg(long)]
+    cert: std::path::PathBuf,
+    /// This client's private key.
+    #[arg(long)]
+    key: std::path::PathBuf,
+    /// CA bundle that signed the hub's certificate (repeatable during a CA rotation).
+    #[arg(long, required = true)]
+    ca: Vec<std::path::PathBuf>,
+}
+
+impl HubClientArgs {
+    /// The hub address and the TLS files.
+    pub(crate) fn resolve(&self) -> anyhow::Result<(fleetwatch_shared::transport::HubUrl, fleetwatch_certs::TlsFiles)> {
+        Ok((self.hub.parse()?, tls_files(&self.cert, &self.key, &self.ca)))
+    }
+}
+
 /// The TLS files of a client or server from the common flags.
 pub(crate) fn tls_files(
     cert: &std::path::Path,

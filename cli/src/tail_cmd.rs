@@ -1,7 +1,6 @@
 //! `fleetwatch tail`.
 
 use std::io::Write;
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::Context;
@@ -9,22 +8,12 @@ use clap::{Args, ValueEnum};
 use fleetwatch_shared::codec::encode;
 use fleetwatch_shared::protocol::StartFrom;
 use fleetwatch_shared::subscriber::{Delivery, SubscriberOptions, Subscription};
-use fleetwatch_shared::transport::HubUrl;
 
 #[derive(Args)]
 pub struct TailArgs {
-    /// The hub, as wss://HOST:PORT.
-    #[arg(long)]
-    hub: String,
-    /// The subscriber certificate.
-    #[arg(long)]
-    cert: PathBuf,
-    /// The subscriber's private key.
-    #[arg(long)]
-    key: PathBuf,
-    /// CA bundle that signed the hub's certificate.
-    #[arg(long)]
-    ca: Vec<PathBuf>,
+    /// The hub and the subscriber's certificate.
+    #[command(flatten)]
+    conn: crate::HubClientArgs,
     /// Durable subscription name: the hub keeps the position and resumes there.
     #[arg(long)]
     name: Option<String>,
@@ -48,9 +37,8 @@ enum From {
 }
 
 pub async fn run(args: TailArgs) -> anyhow::Result<()> {
-    let hub: HubUrl = args.hub.parse()?;
-    anyhow::ensure!(!args.ca.is_empty(), "--ca is required: the CA bundle that signed the hub's certificate");
-    let tls = Arc::new(fleetwatch_certs::client_config(&crate::tls_files(&args.cert, &args.key, &args.ca))?);
+    let (hub, files) = args.conn.resolve()?;
+    let tls = Arc::new(fleetwatch_certs::client_config(&files)?);
     let mut opts = SubscriberOptions::new(hub, tls);
     opts.durable = args.name;
     opts.clusters = args.clusters;

@@ -192,8 +192,8 @@ pub async fn http_get(port: u16, path: &str) -> String {
     buf.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default()
 }
 
-/// Starts an agent process.
-pub fn agent(pki: &Pki, cluster: &str, hub: &str, source: &str, extra: &[&str]) -> Proc {
+/// Starts an agent process for `cluster` with extra arguments (its source).
+fn agent_with(pki: &Pki, cluster: &str, hub: &str, extra: &[&str]) -> Proc {
     let files = pki.agent(cluster);
     let mut args: Vec<String> = vec![
         "agent".into(),
@@ -205,12 +205,17 @@ pub fn agent(pki: &Pki, cluster: &str, hub: &str, source: &str, extra: &[&str]) 
         files.key.display().to_string(),
         "--ca".into(),
         pki.path("ca.crt").display().to_string(),
-        "--source".into(),
-        source.into(),
         "--retry-first-connect".into(),
     ];
     args.extend(extra.iter().map(|s| s.to_string()));
     Proc::spawn(&args, pki.path(&format!("agent-{cluster}-{}.log", rand_u32())))
+}
+
+/// Starts an agent process with a synthetic source.
+pub fn agent(pki: &Pki, cluster: &str, hub: &str, source: &str, extra: &[&str]) -> Proc {
+    let mut args = vec!["--source", source];
+    args.extend_from_slice(extra);
+    agent_with(pki, cluster, hub, &args)
 }
 
 /// A TCP proxy that can cut the path: `cut` closes every connection and blackholes new
@@ -397,20 +402,5 @@ pub async fn sim_cluster(pki: &Pki, name: &str) -> (fleetwatch_sim::SimCluster, 
 
 /// An agent process watching a simulated cluster.
 pub fn kube_agent(pki: &Pki, cluster: &str, hub: &str, kubeconfig: &Path) -> Proc {
-    let files = pki.agent(cluster);
-    let args: Vec<String> = vec![
-        "agent".into(),
-        "--hub".into(),
-        hub.into(),
-        "--cert".into(),
-        files.cert.display().to_string(),
-        "--key".into(),
-        files.key.display().to_string(),
-        "--ca".into(),
-        pki.path("ca.crt").display().to_string(),
-        "--kubeconfig".into(),
-        kubeconfig.display().to_string(),
-        "--retry-first-connect".into(),
-    ];
-    Proc::spawn(&args, pki.path(&format!("agent-{cluster}-{}.log", rand_u32())))
+    agent_with(pki, cluster, hub, &["--kubeconfig", kubeconfig.to_str().unwrap()])
 }
