@@ -199,19 +199,26 @@ fn percentile(sorted: &[u64], p: f64) -> f64 {
     sorted[idx] as f64 / 1000.0
 }
 
-async fn hub(b: HubBench) -> anyhow::Result<()> {
-    if b.agents == 0 || b.rate <= 0.0 || b.duration <= 0.0 {
-        bail!("--agents, --rate and --duration must be positive");
-    }
+/// A temporary CA with a hub certificate, a `bench` subscriber and one agent per cluster.
+fn bench_pki(clusters: &[String]) -> anyhow::Result<(TempDir, PathBuf)> {
     let tmp = tempdir()?;
     let dir = tmp.path().to_path_buf();
     Authority::init(&dir, "bench.local")?;
     let ca = Authority::load(&dir)?;
     ca.issue(&dir, &LeafSpec::Hub { dns: vec!["localhost".into()], ips: vec!["127.0.0.1".parse()?] }, 1)?;
     ca.issue(&dir, &LeafSpec::Subscriber { name: "bench".into() }, 1)?;
-    for i in 0..b.agents {
-        ca.issue(&dir, &LeafSpec::Agent { cluster: format!("bench-{i}") }, 1)?;
+    for c in clusters {
+        ca.issue(&dir, &LeafSpec::Agent { cluster: c.clone() }, 1)?;
     }
+    Ok((tmp, dir))
+}
+
+async fn hub(b: HubBench) -> anyhow::Result<()> {
+    if b.agents == 0 || b.rate <= 0.0 || b.duration <= 0.0 {
+        bail!("--agents, --rate and --duration must be positive");
+    }
+    let clusters: Vec<String> = (0..b.agents).map(|i| format!("bench-{i}")).collect();
+    let (_tmp, dir) = bench_pki(&clusters)?;
     let mut hub = start_hub(&dir, b.durable, &[]).await?;
     let hub_pid = hub.child.id().context("hub pid")?;
     eprintln!("hub pid {hub_pid} at {} (admin {})", hub.wss, hub.admin);
@@ -358,13 +365,7 @@ async fn agent(b: AgentBench) -> anyhow::Result<()> {
     if b.objects == 0 || b.rate <= 0.0 {
         bail!("--objects and --rate must be positive");
     }
-    let tmp = tempdir()?;
-    let dir = tmp.path().to_path_buf();
-    Authority::init(&dir, "bench.local")?;
-    let ca = Authority::load(&dir)?;
-    ca.issue(&dir, &LeafSpec::Hub { dns: vec!["localhost".into()], ips: vec!["127.0.0.1".parse()?] }, 1)?;
-    ca.issue(&dir, &LeafSpec::Subscriber { name: "bench".into() }, 1)?;
-    ca.issue(&dir, &LeafSpec::Agent { cluster: "bench".into() }, 1)?;
+    let (_tmp, dir) = bench_pki(&["bench".to_string()])?;
 
     // The runtime cluster, with the objects in place before the agent starts.
     let sim =

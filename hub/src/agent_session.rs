@@ -24,9 +24,8 @@ use crate::{Context, Peer};
 pub(crate) async fn run(mut conn: Conn, cluster: String, peer: Peer, ctx: Arc<Context>, shutdown: CancellationToken) {
     let limits = ctx.config.limits;
     // The first message must be a hello, within the handshake timeout.
-    let first = tokio::select! {
-        m = tokio::time::timeout(ctx.config.handshake_timeout, conn.recv()) => m,
-        _ = shutdown.cancelled() => return conn.close(CloseCode::Away, "hub shutting down").await,
+    let Some(first) = conn.first_message(ctx.config.handshake_timeout, &shutdown).await else {
+        return conn.close(CloseCode::Away, "hub shutting down").await;
     };
     let hello = match first {
         Err(_) => {

@@ -80,6 +80,19 @@ impl Conn {
         }
     }
 
+    /// The session's first message, which must come within `timeout` (`Err` when it does
+    /// not); `None` when the hub shuts down meanwhile.
+    pub async fn first_message(
+        &mut self,
+        timeout: Duration,
+        shutdown: &tokio_util::sync::CancellationToken,
+    ) -> Option<Result<Incoming, tokio::time::error::Elapsed>> {
+        tokio::select! {
+            m = tokio::time::timeout(timeout, self.recv()) => Some(m),
+            _ = shutdown.cancelled() => None,
+        }
+    }
+
     /// Sends a text message.
     pub async fn send_text(&mut self, text: String) -> Result<(), WsError> {
         self.ws.send(Message::Text(Utf8Bytes::from(text))).await

@@ -19,9 +19,8 @@ const READ_CHUNK: usize = 512;
 
 pub(crate) async fn run(mut conn: Conn, name: String, peer: Peer, ctx: Arc<Context>, shutdown: CancellationToken) {
     let limits = ctx.config.limits;
-    let first = tokio::select! {
-        m = tokio::time::timeout(ctx.config.handshake_timeout, conn.recv()) => m,
-        _ = shutdown.cancelled() => return conn.close(CloseCode::Away, "hub shutting down").await,
+    let Some(first) = conn.first_message(ctx.config.handshake_timeout, &shutdown).await else {
+        return conn.close(CloseCode::Away, "hub shutting down").await;
     };
     let sub = match first {
         Err(_) => {
@@ -36,11 +35,7 @@ pub(crate) async fn run(mut conn: Conn, name: String, peer: Peer, ctx: Arc<Conte
             }
             Err(DecodeError::UnknownType(t)) => {
                 ctx.metrics.reject("subscriber-sent-agent-message");
-                let msg = if ["hello", "events", "resync", "inventory"].contains(&t.as_str()) {
-                    format!("a subscriber certificate cannot publish ({t:?}); subscribers can only subscribe")
-                } else {
-                    format!("unknown message type {t:?}")
-                };
+                let msg = unexpected_type(&t);
                 return conn.fail(ErrorCode::Forbidden, msg, CloseCode::Policy).await;
             }
             Err(e) => return conn.fail(e.code(), e.to_string(), CloseCode::Invalid).await,
@@ -171,11 +166,7 @@ impl Session {
             }
             Err(DecodeError::UnknownType(t)) => {
                 self.ctx.metrics.reject("unknown-type");
-                let msg = if ["hello", "events", "resync", "inventory"].contains(&t.as_str()) {
-                    format!("a subscriber certificate cannot publish ({t:?}); subscribers can only subscribe")
-                } else {
-                    format!("unknown message type {t:?}")
-                };
+                let msg = unexpected_type(&t);
                 conn.send_error(ErrorCode::Forbidden, msg, false).await;
                 Ok(())
             }
@@ -242,6 +233,16 @@ impl Session {
         self.ctx.metrics.events_delivered.inc_by(*in_frame);
         *in_frame = 0;
         Ok(())
+    }
+}
+
+/// What to tell a subscriber that sent a type it may not: agent messages are refused by
+/// role, anything else is unknown.
+fn unexpected_type(t: &str) -> String {
+    if ["hello", "events", "resync", "inventory", "watch-status"].contains(&t) {
+        format!("a subscriber certificate cannot publish ({t:?}); subscribers can only subscribe")
+    } else {
+        format!("unknown message type {t:?}")
     }
 }
 
