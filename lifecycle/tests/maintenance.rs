@@ -39,7 +39,7 @@ async fn downtime_upgrade_waits_for_the_window_and_repairs_drift_meanwhile() {
     ] {
         cp.apply(&crd).await.unwrap();
     }
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // The sim establishes a CRD as it stores it: its kinds are served at once.
     cp.apply(&template("1.0.0")).await.unwrap();
     cp.apply(&template("2.0.0")).await.unwrap();
     let meta = |v: &str| {

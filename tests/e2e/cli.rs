@@ -183,8 +183,21 @@ async fn quickstart_tail_prints_events_and_resumes_a_durable_subscription() {
         args.extend(extra.iter().map(|s| s.to_string()));
         Command::new(BIN).args(&args).output().unwrap()
     };
-    assert!(eventually(std::time::Duration::from_secs(10), || true).await);
-    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    // Wait until the hub has stored all of eu-1's events: a resync marker (seq 1) and 30 events.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let clusters = hub.clusters().await;
+        let acked = clusters["clusters"]
+            .as_array()
+            .and_then(|cs| cs.iter().find(|c| c["cluster"] == "eu-1"))
+            .and_then(|c| c["ackedSeq"].as_u64())
+            .unwrap_or(0);
+        if acked >= 31 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "eu-1 never stored its 30 events: {clusters}");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
     let first = tail(&["--name", "n1", "--from", "earliest", "--cluster", "eu-1", "--count", "10"]);
     assert!(first.status.success(), "{}", String::from_utf8_lossy(&first.stderr));
     let lines: Vec<serde_json::Value> =
