@@ -60,6 +60,9 @@ pub enum Gate {
     Wait(Window),
     /// No window can be found; the message says why.
     Never(String),
+    /// The policy the runtime names is missing or invalid: fail closed, no downtime upgrade
+    /// until it is fixed. The message names the policy and what is wrong.
+    Broken(String),
 }
 
 /// Decides whether a downtime upgrade of `rt` may start at `now`.
@@ -74,13 +77,19 @@ pub fn gate(
     }
     // The runtime's own windows override the policy; each is tried as a default window.
     let specs: Vec<MaintenancePolicySpec> = if rt.spec.maintenance_windows.is_empty() {
-        let name = rt.spec.maintenance_policy.clone().unwrap_or_else(|| "default".into());
+        let named = rt.spec.maintenance_policy.clone();
+        let name = named.clone().unwrap_or_else(|| "default".into());
         let found: Option<Arc<MaintenancePolicy>> =
             policies.state().into_iter().find(|p| p.namespace() == rt.namespace() && p.name_any() == name);
-        match found {
-            Some(p) => vec![p.spec.clone()],
-            // No policy: nothing restricts when upgrades happen.
-            None => return Gate::Open,
+        match (found, named) {
+            (Some(p), _) => vec![p.spec.clone()],
+            // A policy the runtime names must exist: a typo never turns windows off.
+            (None, Some(name)) => {
+                let ns = rt.namespace().unwrap_or_default();
+                return Gate::Broken(format!("maintenance policy {ns}/{name} not found"));
+            }
+            // No policy named and no `default` policy: nothing restricts when upgrades happen.
+            (None, None) => return Gate::Open,
         }
     } else {
         rt.spec
@@ -101,7 +110,14 @@ pub fn gate(
     for spec in specs {
         let compiled = match spec.compile() {
             Ok(c) => c,
-            Err(e) => return Gate::Never(format!("invalid maintenance policy: {e}")),
+            Err(e) => {
+                let which = match (&rt.spec.maintenance_policy, rt.spec.maintenance_windows.is_empty()) {
+                    (_, false) => "the runtime's maintenanceWindows".to_string(),
+                    (Some(n), true) => format!("maintenance policy {}/{n}", rt.namespace().unwrap_or_default()),
+                    (None, true) => format!("maintenance policy {}/default", rt.namespace().unwrap_or_default()),
+                };
+                return Gate::Broken(format!("{which} is invalid: {e}"));
+            }
         };
         match compiled.next_window(&labels, now, opts) {
             Ok(w) if w.contains(now) => return Gate::Open,

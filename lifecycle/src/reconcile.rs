@@ -101,21 +101,24 @@ pub async fn reconcile(rt: Arc<Runtime>, ctx: Arc<Ctx>) -> Result<Action, Error>
         let st = if entry.managed {
             install(&ctx, &applier, &rt, &ns, entry, prev, &mut flags).await
         } else {
-            // `managed: false` removes like deleting the entry, but the entry stays to say so.
-            // The entry is still there, so its policy is the one in force.
-            let mut policy_holder =
+            // `managed: false` only unmanages (as in lifecycle-manager): reconciling stops and
+            // everything installed stays, whatever the deletion policy. Removing the entry is
+            // what applies the policy.
+            let mut known =
                 prev.cloned().unwrap_or_else(|| ModuleStatus { name: entry.name.clone(), ..Default::default() });
-            policy_holder.custom_resource_policy = entry.custom_resource_policy;
-            match remove(&applier, &policy_holder).await {
-                Some(st) => st,
-                None => ModuleStatus {
-                    state: State::Unmanaged,
-                    message: "not managed by fleetwatch".into(),
-                    actual_version: actual_version(&applier, &policy_holder).await,
-                    // What fleetwatch knew stays: managing it again is not a fresh install
-                    // (a default configuration the user deleted is not recreated).
-                    ..policy_holder
-                },
+            known.custom_resource_policy = entry.custom_resource_policy;
+            let actual = actual_version(&applier, &known).await;
+            let message = match &actual {
+                Some(v) => format!("not managed by fleetwatch; {v} is installed"),
+                None => "not managed by fleetwatch; nothing of it is installed".into(),
+            };
+            ModuleStatus {
+                state: State::Unmanaged,
+                message,
+                actual_version: actual,
+                // What fleetwatch knew stays: managing it again is not a fresh install
+                // (a default configuration the user deleted is not recreated).
+                ..known
             }
         };
         busy |= matches!(st.state, State::Processing | State::Deleting);
@@ -311,16 +314,14 @@ async fn install_inner(
                 .await;
             }
             crate::maintenance::Gate::Never(why) => {
-                return keep_current(
-                    applier,
-                    ns,
-                    ctx,
-                    entry,
-                    st,
-                    from,
-                    format!("upgrade to {desired} needs downtime but no maintenance window: {why}"),
-                )
-                .await;
+                let message = format!("upgrade to {desired} needs downtime but no maintenance window: {why}");
+                return hold(applier, ns, ctx, entry, st, from, message).await;
+            }
+            crate::maintenance::Gate::Broken(why) => {
+                // Fail closed: no downtime upgrade while the policy is missing or invalid.
+                // Policy edits do not trigger reconciles, so look again now and then.
+                flags.window = Some(Duration::from_secs(60));
+                return hold(applier, ns, ctx, entry, st, from, format!("upgrade to {desired} held: {why}")).await;
             }
         }
     }
@@ -414,6 +415,29 @@ async fn keep_current(
     st
 }
 
+/// An upgrade that cannot happen (no window, a missing or invalid policy): the running
+/// version keeps being reconciled and the module is a `Warning` with the reason, unless
+/// repairing the current version itself failed (then that error is what it shows).
+async fn hold(
+    applier: &Applier,
+    ns: &str,
+    ctx: &Ctx,
+    entry: &ModuleEntry,
+    st: ModuleStatus,
+    running: &semver::Version,
+    message: String,
+) -> ModuleStatus {
+    let before = (st.state, st.message.clone());
+    let mut st = keep_current(applier, ns, ctx, entry, st, running, message).await;
+    if st.state != State::Error {
+        if before != (State::Warning, st.message.clone()) {
+            tracing::warn!(module = %st.name, message = %st.message, "upgrade held");
+        }
+        st.state = State::Warning;
+    }
+    st
+}
+
 fn fail(mut st: ModuleStatus, state: State, message: String) -> ModuleStatus {
     if st.state != state || st.message != message {
         tracing::warn!(module = %st.name, ?state, %message, "module not ready");
@@ -492,8 +516,20 @@ async fn write_status(api: &Api<Runtime>, rt: &Runtime, modules: Vec<ModuleStatu
     let not_ready: Vec<String> = modules
         .iter()
         .filter(|m| !matches!(m.state, State::Ready | State::Unmanaged))
-        .map(|m| format!("{}: {:?}", m.name, m.state))
+        .map(|m| {
+            if m.message.is_empty() {
+                format!("{}: {:?}", m.name, m.state)
+            } else {
+                format!("{}: {:?}: {}", m.name, m.state, m.message)
+            }
+        })
         .collect();
+    let counted = modules.iter().filter(|m| m.state != State::Unmanaged).count();
+    let message = if not_ready.is_empty() {
+        format!("{counted}/{counted} modules ready")
+    } else {
+        format!("{}/{counted} modules ready; {}", counted - not_ready.len(), not_ready.join("; "))
+    };
     let status = RuntimeStatus {
         state: Some(state),
         modules,
@@ -503,7 +539,7 @@ async fn write_status(api: &Api<Runtime>, rt: &Runtime, modules: Vec<ModuleStatu
             type_: "Ready".into(),
             status: status_str.into(),
             reason: format!("{state:?}"),
-            message: not_ready.join("; "),
+            message,
             last_transition_time: since,
         }],
     };

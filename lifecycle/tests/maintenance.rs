@@ -128,3 +128,106 @@ async fn downtime_upgrade_waits_for_the_window_and_repairs_drift_meanwhile() {
     assert_eq!(m.next_maintenance_window, None);
     stop.cancel();
 }
+
+/// Rule 5's "fails closed": a runtime naming a maintenance policy that does not exist, or
+/// one that is invalid, gets no downtime upgrade; the module says why as a Warning, the
+/// Runtime's Ready condition names it, and fixing the policy lets the rule work again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_or_invalid_policy_holds_downtime_upgrades() {
+    let sim = fleetwatch_sim::SimCluster::start(Default::default()).await.unwrap();
+    let client = sim.client().await.unwrap();
+    let cp = Applier::new(client.clone());
+    use kube::CustomResourceExt;
+    for crd in [
+        serde_json::to_value(Runtime::crd()).unwrap(),
+        serde_json::to_value(fleetwatch_shared::api::ModuleTemplate::crd()).unwrap(),
+        serde_json::to_value(ModuleReleaseMeta::crd()).unwrap(),
+        serde_json::to_value(fleetwatch_shared::maintenance::MaintenancePolicy::crd()).unwrap(),
+    ] {
+        cp.apply(&crd).await.unwrap();
+    }
+    cp.apply(&template("1.0.0")).await.unwrap();
+    cp.apply(&template("2.0.0")).await.unwrap();
+    let meta = |v: &str| {
+        json!({"apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "ModuleReleaseMeta", "metadata": {"name": "m", "namespace": "default"},
+        "spec": {"moduleName": "m", "channels": [{"channel": "regular", "version": v}]}})
+    };
+    cp.apply(&meta("1.0.0")).await.unwrap();
+    let clock = Arc::new(ManualClock::new("2026-11-20T10:00:00Z".parse().unwrap())); // a Friday
+    let stop = tokio_util::sync::CancellationToken::new();
+    let mut config = fleetwatch_lifecycle::LifecycleConfig::new(client.clone());
+    config.clock = clock.clone();
+    config.resync = None;
+    tokio::spawn(fleetwatch_lifecycle::run(config, Default::default(), stop.clone()));
+    // The runtime names a policy that does not exist (a typo of "nightly").
+    cp.apply(&json!({"apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "Runtime",
+        "metadata": {"name": "r", "namespace": "default"},
+        "spec": {"maintenancePolicy": "nightyl", "modules": [{"name": "m"}]}}))
+        .await
+        .unwrap();
+    let runtimes: Api<Runtime> = Api::namespaced(client.clone(), "default");
+    let wait = |what: &'static str, cond: Box<dyn Fn(&Runtime) -> bool + Send>| {
+        let runtimes = runtimes.clone();
+        async move {
+            let start = Instant::now();
+            while start.elapsed() < Duration::from_secs(30) {
+                if let Ok(rt) = runtimes.get("r").await
+                    && cond(&rt)
+                {
+                    return rt;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            panic!("timed out waiting for {what}: {:#?}", runtimes.get("r").await.ok().and_then(|r| r.status));
+        }
+    };
+    let module = |rt: &Runtime| rt.status.as_ref().and_then(|s| s.modules.first().cloned());
+    wait("1.0.0 installed", Box::new(move |rt| module(rt).is_some_and(|m| m.state == State::Ready))).await;
+
+    cp.apply(&meta("2.0.0")).await.unwrap();
+    let rt = wait(
+        "held by the missing policy",
+        Box::new(move |rt| {
+            module(rt).is_some_and(|m| {
+                m.state == State::Warning && m.message.contains("maintenance policy default/nightyl not found")
+            })
+        }),
+    )
+    .await;
+    let m = module(&rt).unwrap();
+    assert_eq!(m.installed_version.as_deref(), Some("1.0.0"), "{m:#?}");
+    let ready = rt.status.as_ref().unwrap().conditions.iter().find(|c| c.type_ == "Ready").unwrap().clone();
+    assert_eq!(ready.status, "False");
+    assert!(ready.message.contains("nightyl not found"), "{ready:?}");
+
+    // The policy exists but is invalid: still held, with what is wrong.
+    cp.apply(&json!({"apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "MaintenancePolicy", "metadata": {"name": "nightyl", "namespace": "default"},
+        "spec": {"default": {"days": ["Sat"], "begin": "25:00:00+00:00", "end": "04:00:00+00:00"}}})).await.unwrap();
+    wait(
+        "held by the invalid policy",
+        Box::new(move |rt| {
+            module(rt).is_some_and(|m| {
+                m.state == State::Warning && m.message.contains("maintenance policy default/nightyl is invalid")
+            })
+        }),
+    )
+    .await;
+    // Fixed: the module waits for the window like any other, and upgrades inside it.
+    cp.apply(&json!({"apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "MaintenancePolicy", "metadata": {"name": "nightyl", "namespace": "default"},
+        "spec": {"default": {"days": ["Sat"], "begin": "02:00:00+00:00", "end": "04:00:00+00:00"}}})).await.unwrap();
+    wait(
+        "waiting for the window",
+        Box::new(move |rt| {
+            module(rt)
+                .is_some_and(|m| m.state == State::Ready && m.message.contains("waits for the maintenance window"))
+        }),
+    )
+    .await;
+    clock.set("2026-11-21T02:30:00Z".parse().unwrap());
+    wait(
+        "upgraded in the window",
+        Box::new(move |rt| module(rt).is_some_and(|m| m.installed_version.as_deref() == Some("2.0.0"))),
+    )
+    .await;
+    stop.cancel();
+}

@@ -288,14 +288,15 @@ async fn module_state_diagram_from_install_to_deletion() {
         "default configuration overwritten"
     );
 
-    // Removed with Ignore: still installed, unmanaged.
-    apply_json(
-        &f.cp_kc,
-        &runtime("rt1", json!([{"name": "redis", "managed": false, "customResourcePolicy": "Ignore"}])),
-    );
-    f.wait("rt1", "Unmanaged", |s| module(s, "redis").is_some_and(|m| m.state == State::Unmanaged)).await;
-    assert_eq!(f.manager_version().await.as_deref(), Some("2.0.0"), "Ignore must leave the module installed");
-    assert!(f.redis_configs().get_opt("default").await.unwrap().is_some());
+    // `managed: false` only unmanages, even under the default CreateAndDelete policy:
+    // everything stays installed and status shows what is there.
+    apply_json(&f.cp_kc, &runtime("rt1", json!([{"name": "redis", "managed": false}])));
+    f.wait("rt1", "Unmanaged", |s| {
+        module(s, "redis").is_some_and(|m| m.state == State::Unmanaged && m.message.contains("2.0.0 is installed"))
+    })
+    .await;
+    assert_eq!(f.manager_version().await.as_deref(), Some("2.0.0"), "managed: false must leave the module installed");
+    assert!(f.redis_configs().get_opt("default").await.unwrap().is_some(), "default configuration kept");
 
     // Managed again.
     apply_json(&f.cp_kc, &runtime("rt1", json!([{"name": "redis"}])));
