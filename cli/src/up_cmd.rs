@@ -295,7 +295,10 @@ async fn fake_kubelet(client: kube::Client, stop: CancellationToken) {
 
 /// One row per runtime: agent connection, each module's version and state.
 async fn rows(cp: &kube::Client, admin: &str) -> Vec<Vec<String>> {
-    let runtimes: Api<Runtime> = Api::namespaced(cp.clone(), NAMESPACE);
+    // Listed untyped and decoded one by one: a Runtime the types cannot read gets a row that
+    // says so instead of emptying the table.
+    let runtimes: Api<kube::api::DynamicObject> =
+        Api::namespaced_with(cp.clone(), NAMESPACE, &kube::core::ApiResource::erase::<Runtime>(&()));
     let clusters: Value = crate::bench::http_get(admin, "/api/v1/clusters")
         .await
         .ok()
@@ -309,7 +312,17 @@ async fn rows(cp: &kube::Client, admin: &str) -> Vec<Vec<String>> {
     };
     let Ok(list) = runtimes.list(&Default::default()).await else { return Vec::new() };
     let mut out = Vec::new();
-    for rt in list.items {
+    for obj in list.items {
+        let rt = match serde_json::to_value(&obj).and_then(serde_json::from_value::<Runtime>) {
+            Ok(rt) => rt,
+            Err(e) => {
+                let mut row = vec![obj.metadata.name.clone().unwrap_or_default(), "-".into(), "Invalid".into()];
+                row.extend(MODULES.iter().map(|_| "-".to_string()));
+                row.push(format!("cannot read: {e}"));
+                out.push(row);
+                continue;
+            }
+        };
         let id = rt.cluster_id();
         let mut row = vec![
             rt.metadata.name.clone().unwrap_or_default(),

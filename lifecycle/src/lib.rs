@@ -15,6 +15,7 @@ pub mod maintenance;
 pub mod migration;
 pub mod reconcile;
 pub mod rollout;
+pub mod tolerant;
 pub mod triggers;
 
 use std::sync::Arc;
@@ -183,19 +184,20 @@ pub async fn run(config: LifecycleConfig, metrics: Arc<Metrics>, shutdown: Cance
     let client = config.client.clone();
     let (metas, metas_writer) = reflector::store::<ModuleReleaseMeta>();
     let (templates, templates_writer) = reflector::store::<ModuleTemplate>();
-    let metas_stream = watcher(Api::<ModuleReleaseMeta>::all(client.clone()), watcher::Config::default())
+    let metas_stream = tolerant::watch::<ModuleReleaseMeta>(client.clone(), watcher::Config::default(), None)
         .default_backoff()
         .reflect(metas_writer)
         .touched_objects();
-    let templates_stream = watcher(Api::<ModuleTemplate>::all(client.clone()), watcher::Config::default())
+    let templates_stream = tolerant::watch::<ModuleTemplate>(client.clone(), watcher::Config::default(), None)
         .default_backoff()
         .reflect(templates_writer)
         .touched_objects();
 
     let (policies, policies_writer) = reflector::store::<fleetwatch_shared::maintenance::MaintenancePolicy>();
-    let policies_stream = watcher(
-        Api::<fleetwatch_shared::maintenance::MaintenancePolicy>::all(client.clone()),
+    let policies_stream = tolerant::watch::<fleetwatch_shared::maintenance::MaintenancePolicy>(
+        client.clone(),
         watcher::Config::default(),
+        None,
     )
     .default_backoff()
     .reflect(policies_writer)
@@ -207,7 +209,9 @@ pub async fn run(config: LifecycleConfig, metrics: Arc<Metrics>, shutdown: Cance
 
     // Runtimes: only spec changes and deletion start a reconcile, not our own status writes.
     let (runtimes, runtimes_writer) = reflector::store::<Runtime>();
-    let runtime_stream = watcher(Api::<Runtime>::all(client.clone()), watcher::Config::default())
+    let (invalid_tx, invalid_rx) = tokio::sync::mpsc::channel(256);
+    tokio::spawn(report_invalid_runtimes(client.clone(), invalid_rx));
+    let runtime_stream = tolerant::watch::<Runtime>(client.clone(), watcher::Config::default(), Some(invalid_tx))
         .default_backoff()
         .reflect(runtimes_writer)
         .touched_objects()
@@ -261,6 +265,25 @@ pub async fn run(config: LifecycleConfig, metrics: Arc<Metrics>, shutdown: Cance
         .for_each(|_| futures_util::future::ready(()))
         .await;
     tracing::info!("lifecycle operator stopped");
+}
+
+/// Tells the owner of a Runtime that cannot be decoded why, in its status (the Ready
+/// condition), since the operator cannot reconcile it.
+async fn report_invalid_runtimes(client: kube::Client, mut rx: tokio::sync::mpsc::Receiver<tolerant::Invalid>) {
+    use kube::api::{DynamicObject, Patch, PatchParams};
+    let ar = kube::core::ApiResource::erase::<Runtime>(&());
+    while let Some(bad) = rx.recv().await {
+        let Some(ns) = bad.namespace.as_deref() else { continue };
+        let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &ar);
+        let message = format!("the operator cannot read this Runtime: {}", bad.error);
+        let patch = serde_json::json!({"status": {"state": "Error", "conditions": [{
+            "type": "Ready", "status": "False", "reason": "InvalidSpec", "message": message,
+            "lastTransitionTime": jiff::Timestamp::now().to_string(),
+        }]}});
+        if let Err(e) = api.patch_status(&bad.name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+            tracing::warn!(runtime = %bad.key, error = %e, "cannot write the status of an invalid Runtime");
+        }
+    }
 }
 
 fn tokio_stream_from<T: Send + 'static>(

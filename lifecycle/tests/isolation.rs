@@ -1,0 +1,83 @@
+//! One bad object never stops the others: a Runtime the operator cannot decode is named and
+//! marked in its status, while the good ones are reconciled as usual.
+
+use std::time::{Duration, Instant};
+
+use fleetwatch_lifecycle::applier::Applier;
+use fleetwatch_shared::api::{ModuleReleaseMeta, ModuleTemplate, Runtime, State};
+use kube::Api;
+use kube::api::DynamicObject;
+use kube::core::ApiResource;
+use serde_json::json;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_undecodable_runtime_is_reported_and_the_others_reconciled() {
+    let sim = fleetwatch_sim::SimCluster::start(Default::default()).await.unwrap();
+    let client = sim.client().await.unwrap();
+    let cp = Applier::new(client.clone());
+    use kube::CustomResourceExt;
+    for crd in [
+        serde_json::to_value(Runtime::crd()).unwrap(),
+        serde_json::to_value(ModuleTemplate::crd()).unwrap(),
+        serde_json::to_value(ModuleReleaseMeta::crd()).unwrap(),
+        serde_json::to_value(fleetwatch_shared::maintenance::MaintenancePolicy::crd()).unwrap(),
+    ] {
+        cp.apply(&crd).await.unwrap();
+    }
+    // A Runtime with a value the operator's types do not know (the sim, like an API server
+    // without that enum in its schema, stores it), created before the operator starts.
+    cp.apply(&json!({"apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "Runtime",
+        "metadata": {"name": "bad", "namespace": "default"},
+        "spec": {"modules": [{"name": "m", "customResourcePolicy": "DeleteEverything"}]}}))
+        .await
+        .unwrap();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let mut config = fleetwatch_lifecycle::LifecycleConfig::new(client.clone());
+    config.resync = None;
+    tokio::spawn(fleetwatch_lifecycle::run(config, Default::default(), stop.clone()));
+    cp.apply(&json!({"apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "Runtime",
+        "metadata": {"name": "good", "namespace": "default"}, "spec": {"modules": []}}))
+        .await
+        .unwrap();
+
+    let runtimes: Api<Runtime> = Api::namespaced(client.clone(), "default");
+    let raw: Api<DynamicObject> = Api::namespaced_with(client.clone(), "default", &ApiResource::erase::<Runtime>(&()));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let good = runtimes.get("good").await.unwrap();
+        let good_ready = good.status.as_ref().is_some_and(|s| {
+            s.state == Some(State::Ready) && s.conditions.iter().any(|c| c.message == "0/0 modules ready")
+        });
+        let bad = raw.get("bad").await.unwrap();
+        let bad_reported = bad.data["status"]["conditions"][0]["reason"] == "InvalidSpec"
+            && bad.data["status"]["conditions"][0]["message"].as_str().is_some_and(|m| m.contains("DeleteEverything"));
+        if good_ready && bad_reported {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "good: {:?}\nbad: {}",
+            good.status,
+            serde_json::to_string(&bad.data["status"]).unwrap()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Fixing the bad one lets it be reconciled like any other.
+    cp.apply(&json!({"apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "Runtime",
+        "metadata": {"name": "bad", "namespace": "default"}, "spec": {"modules": []}}))
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let st = runtimes.get("bad").await.unwrap().status;
+        if st
+            .as_ref()
+            .is_some_and(|s| s.state == Some(State::Ready) && s.conditions.iter().any(|c| c.reason != "InvalidSpec"))
+        {
+            break;
+        }
+        assert!(Instant::now() < deadline, "fixed runtime not reconciled: {st:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    stop.cancel();
+}
