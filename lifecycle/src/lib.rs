@@ -179,8 +179,70 @@ fn error_policy(rt: Arc<Runtime>, err: &Error, ctx: Arc<Ctx>) -> Action {
     Action::requeue(wait)
 }
 
+/// How long in-flight reconciles may run on after shutdown was asked for.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(4);
+
+/// The CRDs the operator needs in its control plane, as `plural.group`.
+fn required_kinds() -> Vec<(kube::api::GroupVersionKind, String)> {
+    use kube::Resource;
+    fn one<K: Resource<DynamicType = ()>>() -> (kube::api::GroupVersionKind, String) {
+        let gvk = kube::api::GroupVersionKind::gvk(&K::group(&()), &K::version(&()), &K::kind(&()));
+        (gvk, format!("{}.{}", K::plural(&()), K::group(&())))
+    }
+    vec![
+        one::<Runtime>(),
+        one::<ModuleTemplate>(),
+        one::<ModuleReleaseMeta>(),
+        one::<fleetwatch_shared::maintenance::MaintenancePolicy>(),
+    ]
+}
+
+/// Waits until the control plane serves every kind the operator needs, saying once (at
+/// ERROR) which CRDs are missing and how to install them. `false` when shut down meanwhile.
+async fn wait_for_crds(client: &kube::Client, shutdown: &CancellationToken) -> bool {
+    let mut said: Option<Vec<String>> = None;
+    loop {
+        let mut missing = Vec::new();
+        let mut unreachable = None;
+        for (gvk, name) in required_kinds() {
+            match kube::discovery::pinned_kind(client, &gvk).await {
+                Ok(_) => {}
+                Err(kube::Error::Discovery(_)) => missing.push(name),
+                Err(kube::Error::Api(s)) if s.code == 404 => missing.push(name),
+                Err(e) => unreachable = Some(e.to_string()),
+            }
+        }
+        if missing.is_empty() && unreachable.is_none() {
+            if said.is_some() {
+                tracing::info!("the control plane serves every CRD the operator needs; starting");
+            }
+            return true;
+        }
+        if let Some(e) = unreachable {
+            tracing::warn!(error = %e, "cannot reach the control plane to look for the CRDs; retrying");
+        } else if said.as_ref() != Some(&missing) {
+            tracing::error!(
+                missing = %missing.join(", "),
+                "the control plane lacks CRDs the operator needs; install them (`fleetwatch crds --dir crds && kubectl apply -f crds/`); waiting for them"
+            );
+            said = Some(missing);
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return false,
+            _ = tokio::time::sleep(Duration::from_secs(2)) => {}
+        }
+    }
+}
+
 /// Runs the operator until `shutdown`. Returns the metrics handle at once through `metrics`.
+///
+/// It first waits for its CRDs (naming the missing ones); after `shutdown`, reconciles in
+/// flight get a few seconds to finish, so the operator stops promptly in every state.
 pub async fn run(config: LifecycleConfig, metrics: Arc<Metrics>, shutdown: CancellationToken) {
+    if !wait_for_crds(&config.client, &shutdown).await {
+        tracing::info!("lifecycle operator stopped before its CRDs appeared");
+        return;
+    }
     let client = config.client.clone();
     let (metas, metas_writer) = reflector::store::<ModuleReleaseMeta>();
     let (templates, templates_writer) = reflector::store::<ModuleTemplate>();
@@ -255,16 +317,22 @@ pub async fn run(config: LifecycleConfig, metrics: Arc<Metrics>, shutdown: Cance
         let store = runtimes.clone();
         move |tpl: ModuleTemplate| triggers::affected_by_template(&store, &tpl)
     };
-    Controller::for_stream(runtime_stream, runtimes)
+    let controller = Controller::for_stream(runtime_stream, runtimes)
         .with_config(kube::runtime::controller::Config::default().concurrency(config.concurrency))
         .watches_stream(metas_stream, by_meta)
         .watches_stream(templates_stream, by_template)
         .reconcile_on(tokio_stream_from(hub_rx))
-        .graceful_shutdown_on(shutdown.cancelled_owned())
+        .graceful_shutdown_on(shutdown.clone().cancelled_owned())
         .run(reconcile::reconcile, error_policy, ctx)
-        .for_each(|_| futures_util::future::ready(()))
-        .await;
-    tracing::info!("lifecycle operator stopped");
+        .for_each(|_| futures_util::future::ready(()));
+    // kube-runtime's runner waits for its store to be ready even after a graceful shutdown
+    // (a Runtime list that never succeeds would hold it forever): bound the wait.
+    tokio::select! {
+        _ = controller => tracing::info!("lifecycle operator stopped"),
+        _ = async { shutdown.cancelled().await; tokio::time::sleep(SHUTDOWN_GRACE).await } => {
+            tracing::warn!(grace = ?SHUTDOWN_GRACE, "reconciles still running after shutdown; stopping anyway");
+        }
+    }
 }
 
 /// Tells the owner of a Runtime that cannot be decoded why, in its status (the Ready

@@ -425,3 +425,54 @@ async fn a_module_configuration_change_reconciles_its_runtime_by_event() {
     // measured by `fleetwatch bench`, not asserted here.
     eprintln!("module configuration change → runtime reconciled in {:?}", t0.elapsed());
 }
+
+/// Without its CRDs the operator says which are missing, waits for them, starts when they
+/// appear; SIGTERM stops it in either state.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn missing_crds_are_named_waited_for_and_sigterm_always_works() {
+    let pki = Pki::new();
+    let (_cp_sim, cp_kc) = sim_cluster(&pki, "control-plane").await;
+    let spawn = |log: &str| {
+        let args: Vec<String> = ["lifecycle", "--control-plane-kubeconfig", cp_kc.to_str().unwrap()]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        Proc::spawn(&args, pki.path(log))
+    };
+    // 1. No CRDs: named at the default log level; SIGTERM ends it.
+    let mut op = spawn("lifecycle-1.log");
+    assert!(
+        eventually(Duration::from_secs(30), || op.stderr().contains("runtimes.operator.fleetwatch.dev")).await,
+        "{}",
+        op.stderr()
+    );
+    assert!(op.stderr().contains("ERROR"), "{}", op.stderr());
+    op.signal("TERM");
+    assert_eq!(
+        op.wait_exit(Duration::from_secs(30)),
+        Some(0),
+        "SIGTERM ignored while waiting for CRDs:\n{}",
+        op.stderr()
+    );
+
+    // 2. The CRDs appear while it waits: it starts and reconciles.
+    let mut op = spawn("lifecycle-2.log");
+    assert!(eventually(Duration::from_secs(30), || op.stderr().contains("lacks CRDs")).await, "{}", op.stderr());
+    let crds = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/crds");
+    kubectl(&cp_kc, &["apply", "-f", crds.to_str().unwrap()], None);
+    assert!(eventually(Duration::from_secs(30), || op.stderr().contains("serves every CRD")).await, "{}", op.stderr());
+    apply_json(
+        &cp_kc,
+        &json!({"apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "Runtime",
+        "metadata": {"name": "empty", "namespace": "default"}, "spec": {"modules": []}}),
+    );
+    let cp = _cp_sim.client().await.unwrap();
+    let runtimes: Api<Runtime> = Api::namespaced(cp, "default");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while runtimes.get("empty").await.ok().and_then(|r| r.status).and_then(|s| s.state) != Some(State::Ready) {
+        assert!(Instant::now() < deadline, "not reconciled after the CRDs appeared:\n{}", op.stderr());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    op.signal("TERM");
+    assert_eq!(op.wait_exit(Duration::from_secs(30)), Some(0), "{}", op.stderr());
+}
