@@ -43,6 +43,20 @@ pub struct LifecycleArgs {
     /// start (e.g. `20m`, `1h`).
     #[arg(long, default_value = "20m")]
     min_window_remaining: String,
+    /// Only one instance acts: the one holding a coordination.k8s.io/v1 Lease in the control
+    /// plane. Others wait and take over when the leader's lease expires. `--leader-elect=false`
+    /// for a single instance that acts at once.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    leader_elect: bool,
+    /// Namespace of the leader-election Lease (in a cluster: the pod's namespace).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
+    leader_elect_namespace: String,
+    /// Name of the leader-election Lease.
+    #[arg(long, default_value = "fleetwatch-lifecycle")]
+    leader_elect_lease: String,
+    /// Seconds a leader's Lease is valid without renewal: how long a dead leader is waited for.
+    #[arg(long, default_value_t = 15.0)]
+    leader_elect_lease_duration: f64,
 }
 
 pub async fn run(args: LifecycleArgs) -> anyhow::Result<()> {
@@ -96,6 +110,31 @@ pub async fn run(args: LifecycleArgs) -> anyhow::Result<()> {
         let sd = shutdown.clone();
         tokio::spawn(async move { axum::serve(listener, app).with_graceful_shutdown(sd.cancelled_owned()).await });
     }
-    fleetwatch_lifecycle::run(config, metrics, shutdown).await;
+    if !args.leader_elect {
+        fleetwatch_lifecycle::run(config, metrics, shutdown).await;
+        return Ok(());
+    }
+    let lease_duration = Duration::try_from_secs_f64(args.leader_elect_lease_duration)
+        .ok()
+        .filter(|d| *d >= Duration::from_secs(1))
+        .context("--leader-elect-lease-duration must be at least 1 second")?;
+    // Who we are, as the Lease shows it: the pod (or host) name plus a per-process suffix.
+    let host = std::env::var("POD_NAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/etc/hostname").ok().map(|h| h.trim().to_string()))
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "lifecycle".into());
+    let nanos =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
+    let identity = format!("{host}-{}-{nanos:08x}", std::process::id());
+    let election = fleetwatch_lifecycle::election::ElectionConfig::new(
+        &args.leader_elect_namespace,
+        &args.leader_elect_lease,
+        &identity,
+    )
+    .with_lease_duration(lease_duration);
+    tracing::info!(%identity, lease = %format!("{}/{}", args.leader_elect_namespace, args.leader_elect_lease), "leader election");
+    let lock = fleetwatch_lifecycle::election::LeaseLock::new(client, election);
+    lock.run(shutdown, move |leading| fleetwatch_lifecycle::run(config.clone(), metrics.clone(), leading)).await;
     Ok(())
 }

@@ -11,6 +11,7 @@
 pub mod applier;
 pub mod catalog;
 pub mod clusters;
+pub mod election;
 pub mod maintenance;
 pub mod migration;
 pub mod reconcile;

@@ -476,3 +476,69 @@ async fn missing_crds_are_named_waited_for_and_sigterm_always_works() {
     op.signal("TERM");
     assert_eq!(op.wait_exit(Duration::from_secs(30)), Some(0), "{}", op.stderr());
 }
+
+/// Two instances: one leads (holds the Lease), the other waits naming the leader and takes
+/// over when the leader dies; only the leader acts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_instance_leads_and_another_takes_over_when_it_dies() {
+    let pki = Pki::new();
+    let (cp_sim, cp_kc) = sim_cluster(&pki, "control-plane").await;
+    let crds = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/crds");
+    kubectl(&cp_kc, &["apply", "-f", crds.to_str().unwrap()], None);
+    let spawn = |log: &str| {
+        let args: Vec<String> =
+            ["lifecycle", "--control-plane-kubeconfig", cp_kc.to_str().unwrap(), "--leader-elect-lease-duration", "3"]
+                .iter()
+                .map(|s| s.to_string())
+                .collect();
+        Proc::spawn(&args, pki.path(log))
+    };
+    let mut a = spawn("lifecycle-a.log");
+    assert!(eventually(Duration::from_secs(30), || a.stderr().contains("leading")).await, "{}", a.stderr());
+    let mut b = spawn("lifecycle-b.log");
+    assert!(
+        eventually(Duration::from_secs(30), || b.stderr().contains("another instance leads")).await,
+        "{}",
+        b.stderr()
+    );
+    let cp = cp_sim.client().await.unwrap();
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> = Api::namespaced(cp.clone(), "default");
+    let holder =
+        |l: k8s_openapi::api::coordination::v1::Lease| l.spec.and_then(|s| s.holder_identity).unwrap_or_default();
+    let first = holder(leases.get("fleetwatch-lifecycle").await.unwrap());
+    assert!(a.stderr().contains(&first) && b.stderr().contains(&first), "leader {first}");
+
+    let runtimes: Api<Runtime> = Api::namespaced(cp, "default");
+    let ready = |name: &'static str| {
+        let runtimes = runtimes.clone();
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while runtimes.get(name).await.ok().and_then(|r| r.status).and_then(|s| s.state) != Some(State::Ready) {
+                assert!(Instant::now() < deadline, "{name} not reconciled");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    apply_json(
+        &cp_kc,
+        &json!({"apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "Runtime",
+        "metadata": {"name": "one", "namespace": "default"}, "spec": {"modules": []}}),
+    );
+    ready("one").await;
+    assert!(!b.stderr().contains("reconcile"), "the waiting instance acted:\n{}", b.stderr());
+
+    // The leader dies without releasing the Lease: the other takes over once it expires.
+    a.signal("KILL");
+    a.wait_exit(Duration::from_secs(10));
+    assert!(eventually(Duration::from_secs(60), || b.stderr().contains("leading")).await, "{}", b.stderr());
+    let second = holder(leases.get("fleetwatch-lifecycle").await.unwrap());
+    assert_ne!(second, first);
+    apply_json(
+        &cp_kc,
+        &json!({"apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "Runtime",
+        "metadata": {"name": "two", "namespace": "default"}, "spec": {"modules": []}}),
+    );
+    ready("two").await;
+    b.signal("TERM");
+    assert_eq!(b.wait_exit(Duration::from_secs(30)), Some(0), "{}", b.stderr());
+}
