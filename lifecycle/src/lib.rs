@@ -12,6 +12,7 @@ pub mod applier;
 pub mod catalog;
 pub mod clusters;
 pub mod election;
+pub mod events;
 pub mod maintenance;
 pub mod migration;
 pub mod reconcile;
@@ -151,6 +152,8 @@ pub struct Ctx {
     runtimes: Store<Runtime>,
     /// Per runtime: the fingerprint of the catalog last written into its cluster.
     catalogs: std::sync::Mutex<std::collections::HashMap<String, u64>>,
+    /// Publishes Kubernetes Events on Runtimes.
+    recorder: kube::runtime::events::Recorder,
 }
 
 impl Ctx {
@@ -305,6 +308,13 @@ pub async fn run(config: LifecycleConfig, metrics: Arc<Metrics>, shutdown: Cance
         backoff: Default::default(),
         catalogs: Default::default(),
         rollouts: rollout::Rollouts::new(hub_tx.clone()),
+        recorder: kube::runtime::events::Recorder::new(
+            client.clone(),
+            kube::runtime::events::Reporter {
+                controller: "fleetwatch-lifecycle".into(),
+                instance: std::env::var("POD_NAME").ok(),
+            },
+        ),
         runtimes: runtimes.clone(),
     });
     if let Some(opts) = config.hub.clone() {

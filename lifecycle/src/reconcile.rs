@@ -92,6 +92,7 @@ pub async fn reconcile(rt: Arc<Runtime>, ctx: Arc<Ctx>) -> Result<Action, Error>
             tracing::info!("all modules removed; runtime released");
             return Ok(Action::await_change());
         }
+        publish_events(&ctx, &rt, &previous, &statuses).await;
         write_status(&api, &rt, statuses).await?;
         return Ok(Action::requeue(BUSY_REQUEUE));
     }
@@ -148,6 +149,7 @@ pub async fn reconcile(rt: Arc<Runtime>, ctx: Arc<Ctx>) -> Result<Action, Error>
             Err(e) => tracing::warn!(error = %e, "cannot write the module catalog"),
         }
     }
+    publish_events(&ctx, &rt, &previous, &statuses).await;
     write_status(&api, &rt, statuses).await?;
     write_rollouts(&ctx).await;
     ctx.metrics.record_duration(started.elapsed());
@@ -485,6 +487,17 @@ async fn remove(applier: &Applier, prev: &ModuleStatus) -> Option<ModuleStatus> 
     }
 }
 
+/// Publishes an Event on the Runtime for each module transition. Best effort: a failure
+/// to publish is logged and never fails the reconcile.
+async fn publish_events(ctx: &Ctx, rt: &Runtime, previous: &[ModuleStatus], next: &[ModuleStatus]) {
+    let reference = rt.object_ref(&());
+    for ev in crate::events::transitions(previous, next) {
+        if let Err(e) = ctx.recorder.publish(&ev, &reference).await {
+            tracing::debug!(reason = %ev.reason, error = %e, "cannot publish an Event");
+        }
+    }
+}
+
 /// Writes changed rollout progress into the ModuleReleaseMetas' status.
 async fn write_rollouts(ctx: &Ctx) {
     for (ns, module, rollouts) in ctx.rollouts.take_changed() {
@@ -531,6 +544,7 @@ async fn write_status(api: &Api<Runtime>, rt: &Runtime, modules: Vec<ModuleStatu
         format!("{}/{counted} modules ready; {}", counted - not_ready.len(), not_ready.join("; "))
     };
     let status = RuntimeStatus {
+        modules_ready: Some(format!("{}/{counted}", counted - not_ready.len())),
         state: Some(state),
         modules,
         observed_generation: rt.metadata.generation,

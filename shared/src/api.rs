@@ -31,6 +31,9 @@ pub const DEFAULT_CHANNEL: &str = "regular";
     namespaced,
     status = "RuntimeStatus",
     printcolumn = r#"{"name":"State","type":"string","jsonPath":".status.state"}"#,
+    printcolumn = r#"{"name":"Channel","type":"string","jsonPath":".spec.channel"}"#,
+    printcolumn = r#"{"name":"Modules","type":"string","description":"modules ready / managed","jsonPath":".status.modulesReady"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
     doc = "A managed runtime cluster and the modules it should have"
 )]
 #[serde(rename_all = "camelCase")]
@@ -138,6 +141,9 @@ pub struct RuntimeStatus {
     /// Conditions (`Ready`).
     #[serde(default)]
     pub conditions: Vec<Condition>,
+    /// Modules ready out of those managed, e.g. `2/3` (a printer column).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub modules_ready: Option<String>,
 }
 
 /// One module's status.
@@ -263,6 +269,10 @@ impl Runtime {
     plural = "moduletemplates",
     shortname = "mt",
     namespaced,
+    printcolumn = r#"{"name":"Module","type":"string","jsonPath":".spec.moduleName"}"#,
+    printcolumn = r#"{"name":"Version","type":"string","jsonPath":".spec.version"}"#,
+    printcolumn = r#"{"name":"Downtime","type":"boolean","jsonPath":".spec.requiresDowntime"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
     doc = "One immutable version of a module"
 )]
 #[serde(rename_all = "camelCase")]
@@ -307,6 +317,9 @@ fn any_objects(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
     shortname = "mrm",
     namespaced,
     status = "ModuleReleaseMetaStatus",
+    printcolumn = r#"{"name":"Module","type":"string","jsonPath":".spec.moduleName"}"#,
+    printcolumn = r#"{"name":"Channels","type":"string","jsonPath":".spec.channels[*].channel"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
     doc = "A module's release channels and versions"
 )]
 #[serde(rename_all = "camelCase")]

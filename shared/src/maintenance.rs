@@ -106,6 +106,9 @@ pub const DEFAULT_MIN_REMAINING: SignedDuration = SignedDuration::from_mins(20);
     kind = "MaintenancePolicy",
     plural = "maintenancepolicies",
     namespaced,
+    printcolumn = r#"{"name":"Default Begin","type":"string","jsonPath":".spec.default.begin"}"#,
+    printcolumn = r#"{"name":"Default End","type":"string","jsonPath":".spec.default.end"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
     doc = "Maintenance windows for runtimes, chosen by plan, region, platform region and global account"
 )]
 pub struct MaintenancePolicySpec {

@@ -36,6 +36,9 @@ pub const MAX_PROJECTION_BYTES: usize = 16 << 10;
     kind = "WatchConfig",
     plural = "watchconfigs",
     shortname = "wcfg",
+    printcolumn = r#"{"name":"Kind","type":"string","jsonPath":".spec.resource.kind"}"#,
+    printcolumn = r#"{"name":"Subscriber","type":"string","jsonPath":".spec.subscriber"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
     doc = "What fleetwatch agents watch in runtime clusters"
 )]
 #[serde(rename_all = "camelCase")]

@@ -317,6 +317,40 @@ async fn module_state_diagram_from_install_to_deletion() {
     f.wait("rt1", "module removed", |s| module(s, "redis").is_none() && s.state == Some(State::Ready)).await;
     assert_eq!(f.manager_version().await, None, "module operator deleted");
 
+    // It explains itself: an Event per transition on the Runtime, read with kubectl.
+    let reasons = || {
+        let out = kubectl(&f.cp_kc, &["get", "events.events.k8s.io", "-n", NS, "-o", "json"], None);
+        let v: Value = serde_json::from_str(&out).unwrap();
+        v["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["regarding"]["kind"] == "Runtime" && e["regarding"]["name"] == "rt1")
+            .map(|e| e["reason"].as_str().unwrap_or_default().to_string())
+            .collect::<Vec<_>>()
+    };
+    let want = ["Installed", "Upgraded", "Unmanaged", "DeletionBlocked", "Deleted"];
+    assert!(
+        eventually(Duration::from_secs(30), || want.iter().all(|w| reasons().iter().any(|r| r == w))).await,
+        "events: {:?}",
+        reasons()
+    );
+    // The printer columns kubectl shows (the sim renders no Table yet: check the CRD).
+    let columns = kubectl(
+        &f.cp_kc,
+        &[
+            "get",
+            "crd",
+            "runtimes.operator.fleetwatch.dev",
+            "-o",
+            "jsonpath={.spec.versions[0].additionalPrinterColumns[*].name}",
+        ],
+        None,
+    );
+    assert_eq!(columns, "State Channel Modules Age");
+    let rt = f.runtimes().get("rt1").await.unwrap();
+    assert_eq!(rt.status.unwrap().modules_ready.as_deref(), Some("0/0"));
+
     // The operator's counters.
     let metrics = http_get(f.metrics_port, "/metrics").await;
     let reconciles: u64 = metrics
