@@ -13,57 +13,63 @@ use fleetwatch_shared::transport::HubUrl;
 #[derive(Args)]
 pub struct LifecycleArgs {
     /// The control plane holding Runtimes, ModuleTemplates and ModuleReleaseMetas (and the
-    /// kubeconfig Secrets of runtime clusters).
-    #[arg(long)]
-    control_plane_kubeconfig: PathBuf,
+    /// kubeconfig Secrets of runtime clusters). Default: the in-cluster configuration, else
+    /// $KUBECONFIG or ~/.kube/config.
+    #[arg(long, env = "FLEETWATCH_CONTROL_PLANE_KUBECONFIG")]
+    control_plane_kubeconfig: Option<PathBuf>,
     /// The hub to subscribe to, as wss://HOST:PORT: its events make reconciles event-driven.
     /// Without it only changes in the control plane and the resync trigger reconciles.
-    #[arg(long, requires_all = ["cert", "key", "ca"])]
+    #[arg(long, env = "FLEETWATCH_HUB", requires_all = ["cert", "key", "ca"])]
     hub: Option<String>,
     /// Subscriber certificate for the hub.
-    #[arg(long)]
+    #[arg(long, env = "FLEETWATCH_CERT")]
     cert: Option<PathBuf>,
     /// Subscriber key.
-    #[arg(long)]
+    #[arg(long, env = "FLEETWATCH_KEY")]
     key: Option<PathBuf>,
     /// CA bundle that signed the hub's certificate.
-    #[arg(long)]
+    #[arg(long, env = "FLEETWATCH_CA")]
     ca: Vec<PathBuf>,
     /// Seconds between safety resyncs of every Runtime; 0 switches them off.
-    #[arg(long, default_value_t = 3600.0)]
+    #[arg(long, env = "FLEETWATCH_RESYNC", default_value_t = 3600.0)]
     resync: f64,
     /// Reconciles running at once.
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, env = "FLEETWATCH_CONCURRENCY", default_value_t = 16)]
     concurrency: u16,
     /// Serve `/metrics` (Prometheus text: reconciles, failures, migrations and their time)
     /// and `/healthz` on this address.
-    #[arg(long)]
+    #[arg(long, env = "FLEETWATCH_METRICS_LISTEN")]
     metrics_listen: Option<std::net::SocketAddr>,
     /// How much of a maintenance window must be left for an upgrade that needs downtime to
     /// start (e.g. `20m`, `1h`).
-    #[arg(long, default_value = "20m")]
+    #[arg(long, env = "FLEETWATCH_MIN_WINDOW_REMAINING", default_value = "20m")]
     min_window_remaining: String,
     /// Only one instance acts: the one holding a coordination.k8s.io/v1 Lease in the control
     /// plane. Others wait and take over when the leader's lease expires. `--leader-elect=false`
     /// for a single instance that acts at once.
-    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    #[arg(long, env = "FLEETWATCH_LEADER_ELECT", default_value_t = true, action = clap::ArgAction::Set)]
     leader_elect: bool,
     /// Namespace of the leader-election Lease (in a cluster: the pod's namespace).
     #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
     leader_elect_namespace: String,
     /// Name of the leader-election Lease.
-    #[arg(long, default_value = "fleetwatch-lifecycle")]
+    #[arg(long, env = "FLEETWATCH_LEADER_ELECT_LEASE", default_value = "fleetwatch-lifecycle")]
     leader_elect_lease: String,
     /// Seconds a leader's Lease is valid without renewal: how long a dead leader is waited for.
-    #[arg(long, default_value_t = 15.0)]
+    #[arg(long, env = "FLEETWATCH_LEADER_ELECT_LEASE_DURATION", default_value_t = 15.0)]
     leader_elect_lease_duration: f64,
 }
 
 pub async fn run(args: LifecycleArgs) -> anyhow::Result<()> {
-    let client = fleetwatch_shared::kubeconfig::client_from_kubeconfig(&args.control_plane_kubeconfig)
-        .await
-        .map_err(anyhow::Error::msg)
-        .context("cannot reach the control plane")?;
+    let client = match &args.control_plane_kubeconfig {
+        Some(path) => fleetwatch_shared::kubeconfig::client_from_kubeconfig(path)
+            .await
+            .map_err(anyhow::Error::msg)
+            .context("cannot reach the control plane")?,
+        None => kube::Client::try_default()
+            .await
+            .context("no --control-plane-kubeconfig given and no in-cluster configuration or $KUBECONFIG found")?,
+    };
     let hub = match &args.hub {
         Some(url) => {
             let url: HubUrl = url.parse()?;

@@ -519,13 +519,11 @@ async fn one_instance_leads_and_another_takes_over_when_it_dies() {
     let (cp_sim, cp_kc) = sim_cluster(&pki, "control-plane").await;
     let crds = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/crds");
     kubectl(&cp_kc, &["apply", "-f", crds.to_str().unwrap()], None);
+    // No flag for the control plane: $KUBECONFIG, as in a shell (in a pod: in-cluster).
     let spawn = |log: &str| {
         let args: Vec<String> =
-            ["lifecycle", "--control-plane-kubeconfig", cp_kc.to_str().unwrap(), "--leader-elect-lease-duration", "3"]
-                .iter()
-                .map(|s| s.to_string())
-                .collect();
-        Proc::spawn(&args, pki.path(log))
+            ["lifecycle", "--leader-elect-lease-duration", "3"].iter().map(|s| s.to_string()).collect();
+        Proc::spawn_with_env(&args, pki.path(log), &[("KUBECONFIG", cp_kc.to_str().unwrap())])
     };
     let mut a = spawn("lifecycle-a.log");
     assert!(eventually(Duration::from_secs(30), || a.stderr().contains("leading")).await, "{}", a.stderr());

@@ -73,9 +73,15 @@ pub struct Proc {
 
 impl Proc {
     pub fn spawn(args: &[String], log: PathBuf) -> Self {
+        Self::spawn_with_env(args, log, &[])
+    }
+
+    /// Like [`Proc::spawn`], with extra environment variables.
+    pub fn spawn_with_env(args: &[String], log: PathBuf, env: &[(&str, &str)]) -> Self {
         let err = std::fs::File::create(&log).unwrap();
         let mut child = Command::new(BIN)
             .args(args)
+            .envs(env.iter().copied())
             .env("FLEETWATCH_LOG", "info")
             .stdout(Stdio::piped())
             .stderr(err)
