@@ -69,6 +69,17 @@ pub async fn write(applier: &Applier, catalog: &Value) -> Result<(), Error> {
     applier.apply(&cm).await.map(|_| ())
 }
 
+/// Removes the catalog from the runtime cluster (its Runtime is being deleted).
+pub async fn remove(applier: &Applier) -> Result<(), Error> {
+    let r = fleetwatch_shared::api::ResourceRef {
+        api_version: "v1".into(),
+        kind: "ConfigMap".into(),
+        namespace: Some(NAMESPACE.into()),
+        name: NAME.into(),
+    };
+    applier.delete(&r).await
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

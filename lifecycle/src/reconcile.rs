@@ -85,6 +85,11 @@ pub async fn reconcile(rt: Arc<Runtime>, ctx: Arc<Ctx>) -> Result<Action, Error>
             }
         }
         if statuses.is_empty() {
+            // The catalog goes with the Runtime; a failure is retried like any other.
+            crate::catalog::remove(&applier).await?;
+            if let Ok(mut c) = ctx.catalogs.lock() {
+                c.remove(&format!("{ns}/{name}"));
+            }
             let keep: Vec<String> = rt.finalizers().iter().filter(|f| *f != FINALIZER).cloned().collect();
             api.patch(&name, &PatchParams::default(), &Patch::Merge(&json!({"metadata": {"finalizers": keep}})))
                 .await

@@ -366,6 +366,9 @@ async fn module_state_diagram_from_install_to_deletion() {
         eventually(Duration::from_secs(15), || futures_block(f.runtimes().get_opt("rt1")).ok().flatten().is_none())
             .await;
     assert!(gone, "{}", f.lifecycle.stderr());
+    // The catalog went with it.
+    let cms: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::namespaced(f.rt.clone(), "kube-public");
+    assert!(cms.get_opt("fleetwatch-catalog").await.unwrap().is_none(), "catalog left behind");
     let _ = &f.pki;
     let _ = &f.rt_kc;
     let _ = &f.hub;
