@@ -43,7 +43,9 @@
 //!   time of day with a UTC offset, `HH:MM:SS±HH:MM` or `HH:MM:SSZ` (a full RFC 3339 value
 //!   works too; only its time of day and offset are used). The day is the weekday of
 //!   `begin` in `begin`'s offset. An `end` at or before `begin` is on the next day.
-//! - A window without `days` is absolute: `begin` and `end` are RFC 3339 date-times.
+//! - A window without `days` is absolute: `begin` and `end` are RFC 3339 date-times. Times
+//!   of day without `days` are refused with an explanation (a deliberate difference:
+//!   lifecycle-manager dates them in year 0, so such a window silently never opens).
 //! - Without `ongoing`, the window must begin strictly after the resolution time. With
 //!   `ongoing`, any window whose end lies more than `min_remaining` after the resolution
 //!   time qualifies, so a window in progress is returned while enough of it remains.
@@ -249,6 +251,21 @@ pub enum MaintenanceError {
         value: String,
         /// What is wrong with it.
         reason: String,
+    },
+    /// A window with times of day but no `days`: lifecycle-manager dates such times on year
+    /// 0, so the window would never open. Refused, with what to write instead.
+    #[error(
+        "{location} has times of day ({begin}, {end}) but no days, so it would never open (lifecycle-manager \
+         dates them in year 0): list its days (all seven for a daily window), or give RFC 3339 date-times \
+         for a one-off window"
+    )]
+    TimeOfDayWithoutDays {
+        /// Where, e.g. `default`.
+        location: String,
+        /// The begin as written.
+        begin: String,
+        /// The end as written.
+        end: String,
     },
     /// A day name other than `Mon`..`Sun`.
     #[error("unknown day {day:?} in {location} (expected one of Mon, Tue, Wed, Thu, Fri, Sat, Sun)")]
@@ -565,6 +582,13 @@ impl CompiledWindow {
         };
         let (begin, end) = (time(&spec.begin, "begin")?, time(&spec.end, "end")?);
         if spec.days.is_empty() {
+            if begin.date.is_none() || end.date.is_none() {
+                return Err(MaintenanceError::TimeOfDayWithoutDays {
+                    location: location.to_string(),
+                    begin: spec.begin.clone().unwrap_or_default(),
+                    end: spec.end.clone().unwrap_or_default(),
+                });
+            }
             return Ok(Self::Absolute { begin: begin.instant(), end: end.instant() });
         }
         let mut days = [false; 7];
@@ -938,9 +962,12 @@ mod tests {
             err,
             "no maintenance window found: rules[0] matches but has no upcoming window, and the policy has no default window"
         );
-        // A time-only value in an absolute window is in year 0, as in lifecycle-manager.
+        // Times of day without days would be in year 0 (lifecycle-manager): such a window
+        // could never open, so it is refused with what to write instead.
         let t = r#"{"default": {"begin": "01:00:00Z", "end": "02:00:00Z"}}"#;
-        assert!(matches!(next(t, &l, "2024-10-01T00:00:00Z"), Err(MaintenanceError::NoWindow(_))));
+        let err = next(t, &l, "2024-10-01T00:00:00Z").unwrap_err();
+        assert!(matches!(err, MaintenanceError::TimeOfDayWithoutDays { .. }), "{err}");
+        assert!(err.to_string().contains("default has times of day (01:00:00Z, 02:00:00Z) but no days"), "{err}");
     }
 
     #[test]
