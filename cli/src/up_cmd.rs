@@ -46,6 +46,9 @@ pub struct UpArgs {
     /// free ones.
     #[arg(long, default_value_t = 0)]
     sim_port: u16,
+    /// Port of the lifecycle operator's metrics (HTTP /metrics); 0 picks a free one.
+    #[arg(long, default_value_t = 9091)]
+    lifecycle_metrics_port: u16,
     /// Print a line per change instead of redrawing a table (the default when stdout is not
     /// a terminal).
     #[arg(long)]
@@ -109,11 +112,74 @@ fn port(base: u16, i: u16) -> u16 {
     if base == 0 { 0 } else { base + i }
 }
 
+/// Holds the sandbox folder for this process: a second `up` in the same folder is refused
+/// before it writes anything (the OS releases the lock when the process ends, however).
+fn lock_folder(dir: &Path) -> anyhow::Result<std::fs::File> {
+    let path = dir.join(".lock");
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .with_context(|| format!("cannot open {}", path.display()))?;
+    match file.try_lock() {
+        Ok(()) => {}
+        Err(std::fs::TryLockError::WouldBlock) => {
+            let pid = std::fs::read_to_string(&path).unwrap_or_default();
+            let pid = pid.trim();
+            anyhow::bail!(
+                "a sandbox is already running in {} (pid {}); stop it first, or use another --dir",
+                dir.display(),
+                if pid.is_empty() { "unknown" } else { pid }
+            );
+        }
+        Err(std::fs::TryLockError::Error(e)) => {
+            return Err(e).with_context(|| format!("cannot lock {}", path.display()));
+        }
+    }
+    file.set_len(0)?;
+    write!(file, "{}", std::process::id())?;
+    Ok(file)
+}
+
+/// Fails with a clear message when a fixed port is taken (0 = any port, never checked).
+fn check_ports(ports: &[(u16, &str)]) -> anyhow::Result<()> {
+    for (port, flag) in ports {
+        if *port == 0 {
+            continue;
+        }
+        if let Err(e) = std::net::TcpListener::bind(("127.0.0.1", *port)) {
+            anyhow::bail!("port {port} is not free ({e}): is another sandbox running? choose another with {flag}");
+        }
+    }
+    Ok(())
+}
+
+const FOLDER_README: &str = "This folder belongs to `fleetwatch up` (the local sandbox).\n\n\
+- The simulated clusters (control plane and runtimes) live in memory: they start empty and are\n  \
+  set up afresh at every `fleetwatch up`; whatever you changed in them is gone after a restart.\n\
+- pki/ (certificates), hub-data/ (the hub's event log and subscriber cursors) and the\n  \
+  kubeconfigs are kept between runs; delete the folder for a completely fresh start.\n\
+- fleetwatch.log has the logs; .lock holds the pid of the running sandbox.\n";
+
 pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     anyhow::ensure!((1..=50).contains(&args.clusters), "--clusters must be between 1 and 50");
     let dir = &args.dir;
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let dir = dir.canonicalize()?;
+    // Nothing is written before the folder is ours and the ports are free.
+    let _lock = lock_folder(&dir)?;
+    let sim_ports: Vec<(u16, &str)> =
+        (0..=args.clusters as u16).map(|i| (port(args.sim_port, i), "--sim-port")).collect();
+    let mut ports = vec![
+        (args.hub_port, "--hub-port"),
+        (args.admin_port, "--admin-port"),
+        (args.lifecycle_metrics_port, "--lifecycle-metrics-port"),
+    ];
+    ports.extend(sim_ports);
+    check_ports(&ports)?;
+    std::fs::write(dir.join("README.txt"), FOLDER_README)?;
     let shutdown = crate::shutdown_on_signals();
     let names: Vec<String> = (1..=args.clusters).map(|i| format!("rt-{i}")).collect();
 
@@ -229,10 +295,29 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         migrations: fleetwatch_lifecycle::migration::Registry::builtin(),
         ..fleetwatch_lifecycle::LifecycleConfig::new(cp_client.clone())
     };
-    tasks.spawn(fleetwatch_lifecycle::run(lc, Default::default(), shutdown.clone()));
+    let lc_metrics = Arc::new(fleetwatch_lifecycle::Metrics::default());
+    let metrics_listener = tokio::net::TcpListener::bind(("127.0.0.1", args.lifecycle_metrics_port))
+        .await
+        .with_context(|| format!("cannot listen on port {} (--lifecycle-metrics-port)", args.lifecycle_metrics_port))?;
+    let metrics_addr = metrics_listener.local_addr()?;
+    let m = lc_metrics.clone();
+    let app = axum::Router::new().route(
+        "/metrics",
+        axum::routing::get(move || {
+            let m = m.clone();
+            async move { m.encode() }
+        }),
+    );
+    let sd = shutdown.clone();
+    tasks.spawn(async move {
+        let _ = axum::serve(metrics_listener, app).with_graceful_shutdown(sd.cancelled_owned()).await;
+    });
+    tasks.spawn(fleetwatch_lifecycle::run(lc, lc_metrics, shutdown.clone()));
     tasks.close();
 
     print_intro(&dir, &cp_kc, &names, &hub_url.to_string(), &admin.to_string());
+    println!("  lifecycle:      http://{metrics_addr}/metrics");
+    println!();
     let plain = args.plain || !std::io::stdout().is_terminal();
     table(&cp_client, &admin.to_string(), plain, shutdown.clone()).await;
     println!("stopping...");
@@ -259,8 +344,8 @@ fn print_intro(dir: &Path, cp_kc: &Path, names: &[String], hub: &str, admin: &st
         cp_kc.display()
     );
     println!("  logs:           {}", dir.join("fleetwatch.log").display());
+    println!("  note:           the simulated clusters start afresh at every `up` (see README.txt there)");
     println!("Ctrl-C stops everything.");
-    println!();
 }
 
 /// No kubelet runs in a simulated cluster: mark Deployments ready, as one would.
@@ -293,8 +378,34 @@ async fn fake_kubelet(client: kube::Client, stop: CancellationToken) {
     }
 }
 
+/// The fleet's modules: those with a ModuleReleaseMeta, and any a runtime's status names.
+async fn fleet_modules(cp: &kube::Client) -> Vec<String> {
+    let metas: Api<fleetwatch_shared::api::ModuleReleaseMeta> = Api::namespaced(cp.clone(), NAMESPACE);
+    let mut names: Vec<String> = match metas.list(&Default::default()).await {
+        Ok(list) => list.items.into_iter().map(|m| m.spec.module_name).collect(),
+        Err(_) => MODULES.iter().map(|m| m.to_string()).collect(),
+    };
+    names.sort();
+    names.dedup();
+    names
+}
+
+/// A module's cell: its running version and state; an upgrade that waits shows where it is
+/// going and when ("1.0.0 → 2.0.0 waits for 02:00Z").
+fn module_cell(m: &fleetwatch_shared::api::ModuleStatus) -> String {
+    let running = m.actual_version.clone().or(m.installed_version.clone()).unwrap_or_else(|| "-".into());
+    match (&m.next_maintenance_window, &m.desired_version) {
+        (Some(w), Some(desired)) if *desired != running => {
+            let begin = w.split('/').next().unwrap_or_default();
+            let at = begin.parse::<jiff::Timestamp>().map(|t| t.strftime("%H:%MZ").to_string()).unwrap_or(begin.into());
+            format!("{running} → {desired} waits for {at}")
+        }
+        _ => format!("{running} {:?}", m.state),
+    }
+}
+
 /// One row per runtime: agent connection, each module's version and state.
-async fn rows(cp: &kube::Client, admin: &str) -> Vec<Vec<String>> {
+async fn rows(cp: &kube::Client, admin: &str, modules: &[String]) -> Vec<Vec<String>> {
     // Listed untyped and decoded one by one: a Runtime the types cannot read gets a row that
     // says so instead of emptying the table.
     let runtimes: Api<kube::api::DynamicObject> =
@@ -317,7 +428,7 @@ async fn rows(cp: &kube::Client, admin: &str) -> Vec<Vec<String>> {
             Ok(rt) => rt,
             Err(e) => {
                 let mut row = vec![obj.metadata.name.clone().unwrap_or_default(), "-".into(), "Invalid".into()];
-                row.extend(MODULES.iter().map(|_| "-".to_string()));
+                row.extend(modules.iter().map(|_| "-".to_string()));
                 row.push(format!("cannot read: {e}"));
                 out.push(row);
                 continue;
@@ -329,18 +440,12 @@ async fn rows(cp: &kube::Client, admin: &str) -> Vec<Vec<String>> {
             if connected(&id) { "connected".into() } else { "-".into() },
             rt.status.as_ref().and_then(|s| s.state).map(|s| format!("{s:?}")).unwrap_or_else(|| "-".into()),
         ];
-        for m in MODULES {
+        for m in modules {
             let cell = rt
                 .status
                 .as_ref()
-                .and_then(|s| s.modules.iter().find(|x| x.name == m))
-                .map(|x| {
-                    format!(
-                        "{} {:?}",
-                        x.actual_version.clone().or(x.installed_version.clone()).unwrap_or_else(|| "-".into()),
-                        x.state
-                    )
-                })
+                .and_then(|s| s.modules.iter().find(|x| &x.name == m))
+                .map(module_cell)
                 .unwrap_or_else(|| "-".into());
             row.push(cell);
         }
@@ -357,13 +462,20 @@ async fn rows(cp: &kube::Client, admin: &str) -> Vec<Vec<String>> {
 }
 
 async fn table(cp: &kube::Client, admin: &str, plain: bool, shutdown: CancellationToken) {
-    let mut header = vec!["RUNTIME".to_string(), "AGENT".into(), "STATE".into()];
-    header.extend(MODULES.iter().map(|m| m.to_uppercase()));
-    header.push("NEXT WINDOW".into());
     let mut last: Vec<Vec<String>> = Vec::new();
+    let mut last_header: Vec<String> = Vec::new();
     let mut drawn = 0usize;
     loop {
-        let now = rows(cp, admin).await;
+        // Columns follow the fleet's modules: one appears when its ModuleReleaseMeta does.
+        let modules = fleet_modules(cp).await;
+        let mut header = vec!["RUNTIME".to_string(), "AGENT".into(), "STATE".into()];
+        header.extend(modules.iter().map(|m| m.to_uppercase()));
+        header.push("NEXT WINDOW".into());
+        let now = rows(cp, admin, &modules).await;
+        if header != last_header {
+            last.clear();
+            last_header = header.clone();
+        }
         if now != last {
             let mut out = std::io::stdout().lock();
             if plain {

@@ -9,11 +9,23 @@ use crate::support::*;
 fn sandbox_comes_up_and_follows_a_channel_move() {
     let dir = tempfile::tempdir().unwrap();
     let sbx = dir.path().join("sbx");
-    let args: Vec<String> =
-        ["up", "--dir", sbx.to_str().unwrap(), "--plain", "--hub-port", "0", "--admin-port", "0", "--clusters", "2"]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
+    let args: Vec<String> = [
+        "up",
+        "--dir",
+        sbx.to_str().unwrap(),
+        "--plain",
+        "--hub-port",
+        "0",
+        "--admin-port",
+        "0",
+        "--lifecycle-metrics-port",
+        "0",
+        "--clusters",
+        "2",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
     let mut up = Proc::spawn(&args, dir.path().join("up.stderr"));
     let lines = up.stdout_lines.clone();
     let wait_lines = |what: &str, cond: &dyn Fn(&[String]) -> bool| {
@@ -47,6 +59,24 @@ fn sandbox_comes_up_and_follows_a_channel_move() {
     // The intro tells where the kubeconfigs are; use the control plane's with kubectl.
     let cp = sbx.join("control-plane.kubeconfig");
     assert!(lines.lock().unwrap().iter().any(|l| l.contains(cp.to_str().unwrap())));
+    // ... and where the lifecycle operator's metrics are.
+    let metrics_line = lines.lock().unwrap().iter().find(|l| l.contains("lifecycle:")).cloned().unwrap_or_default();
+    let port: u16 = metrics_line
+        .split("127.0.0.1:")
+        .nth(1)
+        .and_then(|r| r.split('/').next())
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no lifecycle metrics address in the intro: {metrics_line:?}"));
+    let metrics = futures_block(http_get(port, "/metrics"));
+    assert!(metrics.contains("fleetwatch_lifecycle_reconciles_total"), "{metrics}");
+    assert!(std::fs::read_to_string(sbx.join("README.txt")).unwrap().contains("start empty"));
+    // A second sandbox in the same folder is refused before it touches anything.
+    let before = std::fs::read(&cp).unwrap();
+    let second = std::process::Command::new(BIN).args(&args).output().unwrap();
+    assert!(!second.status.success());
+    let err = String::from_utf8_lossy(&second.stderr);
+    assert!(err.contains("a sandbox is already running in") && err.contains(&up.child.id().to_string()), "{err}");
+    assert_eq!(std::fs::read(&cp).unwrap(), before, "the second sandbox rewrote the running one's kubeconfig");
     let meta = r#"{"apiVersion":"operator.fleetwatch.dev/v1alpha1","kind":"ModuleReleaseMeta","metadata":{"name":"redis","namespace":"kcp"},"spec":{"moduleName":"redis","channels":[{"channel":"regular","version":"2.0.0"},{"channel":"fast","version":"2.0.0"}]}}"#;
     kubectl(&cp, &["apply", "--server-side", "--force-conflicts", "-f", "-"], Some(meta));
     for rt in ["rt-1", "rt-2"] {
@@ -68,7 +98,7 @@ fn sandbox_comes_up_and_follows_a_channel_move() {
                 ls.iter()
                     .rev()
                     .find(|l| l.starts_with("runtime=rt-1 "))
-                    .is_some_and(|l| l.contains("nats=1.0.0:Ready") && l.contains("next-window=20"))
+                    .is_some_and(|l| l.contains("nats=1.0.0:→:2.0.0:waits:for:02:00Z") && l.contains("next-window=20"))
             });
         }
     }
@@ -90,4 +120,8 @@ fn sandbox_comes_up_and_follows_a_channel_move() {
     up.signal("INT");
     assert_eq!(up.wait_exit(Duration::from_secs(15)), Some(0), "{}", up.stderr());
     assert!(lines.lock().unwrap().iter().any(|l| l == "stopped"));
+}
+
+fn futures_block<F: std::future::Future>(f: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(f)
 }
