@@ -237,3 +237,72 @@ async fn lost_cursor_store_makes_durable_subscribers_resync() {
         other => panic!("expected resync-required *, got {other:?}"),
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn damaged_segment_is_skipped_and_a_subscriber_reads_across_the_gap() {
+    let pki = Pki::new();
+    let data = pki.path("data");
+    let port = free_port();
+    let mut hub = HubProc::start(&pki, port, Some(&data), &[]);
+    let spec = "synthetic:objects=20,rate=1000,total=2000";
+    let agent_proc = agent(&pki, "c1", &hub.url(), spec, &[]);
+    // Wait until the agent's whole stream (its start marker and 2000 events) is acked.
+    let start = std::time::Instant::now();
+    loop {
+        let clusters = hub.clusters().await;
+        let acked = clusters["clusters"].as_array().and_then(|a| a.first()).and_then(|c| c["ackedSeq"].as_u64());
+        if acked == Some(2001) {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "not all acked: {clusters}\nagent log:\n{}",
+            agent_proc.stderr()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    drop(agent_proc);
+    hub.proc.signal("TERM");
+    assert!(hub.proc.wait_exit(Duration::from_secs(20)).is_some());
+
+    // Zero a 4 KiB block in the middle of the segment.
+    let seg_dir = data.join("segments");
+    let seg = std::fs::read_dir(&seg_dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|e| e == "log"))
+        .unwrap();
+    let mut bytes = std::fs::read(&seg).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid..mid + 4096].fill(0);
+    std::fs::write(&seg, &bytes).unwrap();
+
+    hub = HubProc::start(&pki, port, Some(&data), &[]);
+    let log = hub.proc.stderr();
+    assert!(log.contains("skipping damaged bytes in bus segment"), "{log}");
+    let mut sub =
+        Subscription::connect(subscriber_opts(&pki, &hub.url(), "reader", StartFrom::Earliest)).await.unwrap();
+    let mut events = 0usize;
+    let mut resync = None;
+    let mut max_seq = 0;
+    while max_seq < 2001 || resync.is_none() {
+        let d = tokio::time::timeout(Duration::from_secs(30), sub.next()).await.expect("reader stalled").unwrap();
+        match &d {
+            Delivery::Events(evs) => {
+                events += evs.len();
+                max_seq = max_seq.max(evs.iter().map(|e| e.seq).max().unwrap_or(0));
+            }
+            Delivery::ResyncRequired(r) if r.cluster == "*" => resync = Some(r.reason.clone()),
+            Delivery::ResyncRequired(_) => {}
+        }
+        sub.ack(d.last_cursor().unwrap()).await.unwrap();
+    }
+    let reason = resync.unwrap();
+    assert!(reason.starts_with("records lost in segment "), "{reason}");
+    assert!(events < 2001, "some events were lost with the block ({events} delivered)");
+    assert!(events > 1000, "records after the damage are kept ({events} delivered)");
+    // The hub still answers and stops on SIGTERM.
+    assert_eq!(http(hub.admin_port, "GET", "/readyz").await.0, 200);
+    hub.proc.signal("TERM");
+    assert!(hub.proc.wait_exit(Duration::from_secs(20)).is_some(), "hub did not stop on SIGTERM");
+}
