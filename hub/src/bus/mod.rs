@@ -195,7 +195,8 @@ impl Bus {
                 log.end = log.end.max(*first);
             }
             let (max_cursor, stored_end, reserved) = cursors.marks();
-            if stored_end > log.end || (max_cursor > 0 && max_cursor >= log.end) {
+            // (A damaged tail was reported already, with its file and offset.)
+            if !rec.tail_lost && (stored_end > log.end || (max_cursor > 0 && max_cursor >= log.end)) {
                 let reason = format!(
                     "records {}..={} are missing: the log ends at offset {} but later offsets were stored or delivered (log truncated or a segment deleted)",
                     log.end,

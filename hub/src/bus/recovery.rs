@@ -52,13 +52,15 @@ pub(super) fn recover(dir: &Path) -> Result<Recovered, StorageError> {
     let mut names: HashMap<String, Arc<str>> = HashMap::new();
     let mut intern = |c: &str| names.entry(c.to_string()).or_insert_with(|| Arc::from(c)).clone();
     let mut last_offset: Option<u64> = None;
+    // Offsets up to here are accounted for (read, or reported lost with their segment).
+    let mut covered: Option<u64> = None;
     for (i, (first, path)) in segments.iter().enumerate() {
         let is_last = i + 1 == segments.len();
         let next_first = segments.get(i + 1).map(|(f, _)| *f);
         let bytes = std::fs::read(path).map_err(|e| StorageError::new(path, e))?;
         let scan = segment::scan(&bytes, &mut intern);
         let file = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-        if let (Some(prev), Some(first_rec)) = (last_offset, scan.records.first())
+        if let (Some(prev), Some(first_rec)) = (last_offset.max(covered), scan.records.first())
             && first_rec.offset > prev + 1
             && scan.damage.first().is_none_or(|d| d.at > 0)
         {
@@ -96,6 +98,11 @@ pub(super) fn recover(dir: &Path) -> Result<Recovered, StorageError> {
             }
             if d.next.is_none() && is_last {
                 out.tail_lost = true;
+            }
+            if d.next.is_none()
+                && let Some(next) = next_first
+            {
+                covered = Some(next.saturating_sub(1));
             }
             let reason = format!("records lost in segment {file} at offset {}: {}", d.at, d.why);
             let clusters = if is_last { None } else { segment::read_index(path) };

@@ -333,3 +333,48 @@ async fn an_older_format_is_moved_aside_and_a_new_stream_starts() {
     assert!(dir.path().join("segments-v1/00000000000000000001.log").exists());
     assert_eq!(bus.durable_lookup("id", "sub").unwrap(), Lookup::Lost);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn corrupt_last_record_is_a_loss_for_every_cluster_and_offsets_move_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = disk(dir.path(), 100);
+    {
+        let bus = Bus::open(opts.clone()).unwrap();
+        for seq in 1..=5 {
+            bus.append("a".into(), vec![ev(1, seq)]).await.unwrap();
+        }
+        bus.flush_cursors().unwrap();
+    }
+    // The last record is complete but its content changed: acked, now unreadable.
+    let seg = segments(dir.path()).pop().unwrap();
+    let mut bytes = std::fs::read(&seg).unwrap();
+    let n = bytes.len();
+    bytes[n - 3] ^= 0x01;
+    std::fs::write(&seg, &bytes).unwrap();
+    let bus = Bus::open(opts).unwrap();
+    assert_eq!(events_of(&bus, "a"), vec![1, 2, 3, 4]);
+    let got = resyncs(&bus);
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].0, ALL_CLUSTERS, "the active segment has no index: every cluster");
+    assert!(got[0].1.ends_with("checksum mismatch"), "{}", got[0].1);
+    assert!(bus.append("a".into(), vec![ev(1, 6)]).await.unwrap() > 5, "offset 5 is never reused");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_middle_segment_is_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = disk(dir.path(), 2);
+    {
+        let bus = Bus::open(opts.clone()).unwrap();
+        for seq in 1..=6 {
+            bus.append("a".into(), vec![ev(1, seq)]).await.unwrap();
+        }
+    }
+    std::fs::remove_file(&segments(dir.path())[1]).unwrap();
+    let bus = Bus::open(opts).unwrap();
+    assert_eq!(events_of(&bus, "a"), vec![1, 2, 5, 6]);
+    let got = resyncs(&bus);
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!(got[0].0, ALL_CLUSTERS);
+    assert!(got[0].1.starts_with("records 3..=4 missing before segment"), "{}", got[0].1);
+}

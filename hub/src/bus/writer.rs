@@ -125,8 +125,12 @@ impl Writer {
     pub(super) fn commit(&mut self, batch: &mut Vec<Request>) {
         let Some(bus) = self.bus.upgrade() else { return };
         match self.try_commit(&bus, batch) {
-            Ok(lasts) => {
-                self.set_failing(&bus, None);
+            Ok((lasts, wrote)) => {
+                // Only a real write proves the disk works again (a batch of duplicates
+                // writes nothing).
+                if wrote || self.disk.is_none() {
+                    self.set_failing(&bus, None);
+                }
                 for (req, last) in batch.drain(..).zip(lasts) {
                     if let Request::Append { reply, .. } = req {
                         let _ = reply.send(Ok(last));
@@ -163,7 +167,7 @@ impl Writer {
         }
     }
 
-    fn try_commit(&mut self, bus: &Bus, batch: &mut [Request]) -> Result<Vec<u64>, StorageError> {
+    fn try_commit(&mut self, bus: &Bus, batch: &mut [Request]) -> Result<(Vec<u64>, bool), StorageError> {
         let now = retention::now_ms();
         let mut end = bus.log.read().map(|l| l.end).unwrap_or(1);
         let mut new_records: Vec<Arc<Record>> = Vec::new();
@@ -220,8 +224,9 @@ impl Writer {
             }
             write(disk, bus, &buf, &new_records)?;
         }
+        let wrote = !new_records.is_empty();
         self.publish(bus, new_records, end, heads, now);
-        Ok(replies)
+        Ok((replies, wrote))
     }
 
     /// Makes records visible, applies retention and deletes segments fully evicted.
@@ -263,7 +268,10 @@ impl Writer {
                 Err(e) => self.set_failing(&bus, Some(&e)),
             }
         }
-        if let Err(e) = bus.flush_cursors() {
+        if let Err(e) = bus.flush_cursors()
+            && !self.failing
+        {
+            // While writes fail the cause is reported once, not every second.
             tracing::warn!(error = %e, "cannot store subscriber cursors");
         }
     }
