@@ -81,11 +81,13 @@ impl Session {
         let bus = self.ctx.bus.clone();
         // Why the subscriber must reconcile every cluster before reading on, if it must.
         let mut resync_all: Option<String> = None;
+        let mut stored_known_or_new = true;
         let stored = match &self.durable {
             Some((identity, name)) => match bus.durable_lookup(identity, name) {
                 Ok(Lookup::Known(c)) => Some(c),
                 Ok(Lookup::New) => None,
                 Ok(Lookup::Lost) => {
+                    stored_known_or_new = false;
                     resync_all = Some(format!(
                         "the hub lost its durable cursor store: where durable subscription {name:?} stopped is unknown"
                     ));
@@ -112,7 +114,10 @@ impl Session {
             resync_all = Some(format!("cursor {start} is beyond the end of the hub's log ({last}): records were lost"));
             start = last;
         }
+        // A name whose cursor was lost is stored at its first ack, not now: until the
+        // subscriber took the resync in, a reconnect must get it again.
         if let Some((identity, name)) = &self.durable
+            && stored_known_or_new
             && let Err(e) = bus.register_durable(identity, name, start)
         {
             return End::Fail(ErrorCode::LimitExceeded, e.to_string(), CloseCode::Policy);
@@ -176,8 +181,10 @@ impl Session {
         match decode_subscriber(bytes, &self.ctx.config.limits) {
             Ok(SubscriberMessage::Ack(a)) => {
                 let cursor = a.cursor.min(self.sent);
-                if cursor > self.acked {
+                if cursor >= self.acked {
                     self.acked = cursor;
+                    // Also at an equal cursor: the ack of a resync registers a name whose
+                    // cursor was lost.
                     if let Some((identity, name)) = &self.durable {
                         self.ctx.bus.set_durable_cursor(identity, name, cursor);
                     }

@@ -236,6 +236,24 @@ async fn lost_cursor_store_makes_durable_subscribers_resync() {
         }
         other => panic!("expected resync-required *, got {other:?}"),
     }
+    // Not taken in (no ack) before the reconnect: the resync comes again.
+    drop(sub);
+    let mut sub = Subscription::connect(subscriber_opts(&pki, &hub.url(), "keep", StartFrom::Latest)).await.unwrap();
+    let d = tokio::time::timeout(Duration::from_secs(30), sub.next()).await.unwrap().unwrap();
+    assert!(matches!(&d, Delivery::ResyncRequired(r) if r.cluster == "*"), "{d:?}");
+    // Acked: the name is known again and the next session resumes without a resync.
+    sub.ack(d.last_cursor().unwrap()).await.unwrap();
+    let cursors = data.join("cursors.json");
+    assert!(
+        eventually(Duration::from_secs(30), || std::fs::read_to_string(&cursors).is_ok_and(|t| t.contains("\"keep\"")))
+            .await,
+        "the acked name was not stored"
+    );
+    drop(sub);
+    let mut sub = Subscription::connect(subscriber_opts(&pki, &hub.url(), "keep", StartFrom::Latest)).await.unwrap();
+    let _more = agent(&pki, "c2", &hub.url(), "synthetic:objects=2,rate=50,total=5", &[]);
+    let d = tokio::time::timeout(Duration::from_secs(30), sub.next()).await.unwrap().unwrap();
+    assert!(matches!(&d, Delivery::Events(_)), "no second resync once it was acked: {d:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

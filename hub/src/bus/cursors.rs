@@ -178,8 +178,9 @@ impl CursorStore {
         if !names.contains_key(name) && names.len() >= MAX_NAMES_PER_IDENTITY {
             return Err(DurableError::TooMany { identity: identity.to_string() });
         }
-        let e = names.entry(name.to_string()).or_insert(0);
-        if force || cursor > *e {
+        let known = names.contains_key(name);
+        let e = names.entry(name.to_string()).or_insert(cursor);
+        if force || cursor > *e || !known {
             *e = cursor;
             self.dirty.store(true, Ordering::Relaxed);
         }
