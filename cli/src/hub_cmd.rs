@@ -47,6 +47,9 @@ pub struct HubArgs {
     /// which makes every bus disk write fail with ENOSPC for N ms. Never in production.
     #[arg(long, hide = true)]
     fault_injection: bool,
+    /// Bytes per bus segment file (e.g. 64MiB); smaller segments are closed sooner (tests).
+    #[arg(long, value_parser = parse_bytes, default_value = "64MiB", hide = true)]
+    segment_bytes: u64,
     /// Events per second accepted from one agent; beyond it acks are delayed (never dropped).
     #[arg(long, default_value_t = 20_000)]
     max_events_per_sec: u32,
@@ -141,6 +144,7 @@ pub async fn run(args: HubArgs) -> anyhow::Result<()> {
         },
     };
     config.fault_injection = args.fault_injection;
+    config.segment_bytes = args.segment_bytes.max(4096);
     if args.fault_injection {
         tracing::warn!("--fault-injection: POST /debug/faults/storage can make bus writes fail");
     }

@@ -57,6 +57,9 @@ pub struct HubConfig {
     /// Enables `POST /debug/faults/storage?fail_for_ms=N` on the admin endpoint, which
     /// makes bus disk writes fail with ENOSPC for N ms (tests and the chaos soak).
     pub fault_injection: bool,
+    /// Bytes per bus segment file before a new one starts (smaller in tests and the soak,
+    /// so closed segments exist to damage).
+    pub segment_bytes: u64,
     /// Message limits.
     pub limits: Limits,
     /// Events per second accepted from one agent; beyond it acks are delayed.
@@ -85,6 +88,7 @@ impl HubConfig {
             data_dir: None,
             retention: bus::Retention::default(),
             fault_injection: false,
+            segment_bytes: BusOptions::default().segment_bytes,
             limits: Limits::default(),
             max_events_per_sec: 20_000,
             handshake_timeout: Duration::from_secs(10),
@@ -183,6 +187,7 @@ impl Hub {
         let bus = Bus::open(BusOptions {
             dir: config.data_dir.clone(),
             retention: config.retention,
+            segment_bytes: config.segment_bytes,
             ..BusOptions::default()
         })?;
         let listener =
