@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
+use fleetwatch_hub::bus::{DEFAULT_AGE_DISK, DEFAULT_AGE_MEMORY, DEFAULT_BYTES_DISK, DEFAULT_BYTES_MEMORY, Retention};
 use fleetwatch_hub::{Hub, HubConfig};
 
 #[derive(Args)]
@@ -33,6 +34,22 @@ pub struct HubArgs {
     /// Events the bus retains; subscribers further behind get resync-required.
     #[arg(long, default_value_t = 200_000)]
     retention: usize,
+    /// Bytes of events the bus retains (e.g. 256MiB, 1GiB, or a number of bytes); older
+    /// events are evicted and lagging subscribers get resync-required. Retained events are
+    /// held in memory in both modes. Default: 256MiB in memory, 512MiB with --data-dir.
+    #[arg(long, value_parser = parse_bytes)]
+    retention_bytes: Option<u64>,
+    /// Oldest event the bus retains (e.g. 90s, 24h, 7d, or a number of seconds; 0 keeps
+    /// events regardless of age). Default: 24h in memory, 7d with --data-dir.
+    #[arg(long, value_parser = parse_age)]
+    retention_age: Option<Duration>,
+    /// Test hook: enables `POST /debug/faults/storage?fail_for_ms=N` on the admin endpoint,
+    /// which makes every bus disk write fail with ENOSPC for N ms. Never in production.
+    #[arg(long, hide = true)]
+    fault_injection: bool,
+    /// Bytes per bus segment file (e.g. 64MiB); smaller segments are closed sooner (tests).
+    #[arg(long, value_parser = parse_bytes, default_value = "64MiB", hide = true)]
+    segment_bytes: u64,
     /// Events per second accepted from one agent; beyond it acks are delayed (never dropped).
     #[arg(long, default_value_t = 20_000)]
     max_events_per_sec: u32,
@@ -76,12 +93,61 @@ fn secs(name: &str, v: f64) -> anyhow::Result<Duration> {
         .with_context(|| format!("--{name} must be a positive number of seconds"))
 }
 
+/// A size: a number of bytes, or with a unit (`KiB`, `MiB`, `GiB`, `TiB`, or `K`, `M`,
+/// `G`, `T` as the same binary units; `KB`, `MB`, `GB`, `TB` decimal).
+fn parse_bytes(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let n: u64 = num.parse().map_err(|_| format!("{s:?} is not a size such as 512MiB or 1GiB"))?;
+    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kib" => 1 << 10,
+        "m" | "mib" => 1 << 20,
+        "g" | "gib" => 1 << 30,
+        "t" | "tib" => 1 << 40,
+        "kb" => 1_000,
+        "mb" => 1_000_000,
+        "gb" => 1_000_000_000,
+        "tb" => 1_000_000_000_000,
+        other => return Err(format!("unknown size unit {other:?} (use KiB, MiB, GiB, TiB)")),
+    };
+    n.checked_mul(mult).ok_or_else(|| format!("{s:?} is too large"))
+}
+
+/// An age: seconds, or a duration such as `90s`, `30m`, `24h`, `7d`.
+fn parse_age(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    if let Ok(secs) = s.parse::<u64>() {
+        return Ok(Duration::from_secs(secs));
+    }
+    let bad = |e: jiff::Error| format!("{s:?} is not a duration such as 24h or 7d: {e}");
+    let span: jiff::Span = s.parse().map_err(bad)?;
+    // Days count as 24 hours: an age, not a calendar date.
+    let secs = span.total((jiff::Unit::Second, jiff::SpanRelativeTo::days_are_24_hours())).map_err(bad)?;
+    Duration::try_from_secs_f64(secs).map_err(|_| format!("{s:?} must not be negative"))
+}
+
 pub async fn run(args: HubArgs) -> anyhow::Result<()> {
     let tls = crate::tls_files(&args.cert, &args.key, &args.client_ca);
     let mut config = HubConfig::new(args.listen, tls);
     config.admin_listen = args.admin_listen;
-    config.data_dir = args.data_dir;
-    config.retention = args.retention.max(1);
+    config.data_dir = args.data_dir.clone();
+    let durable = args.data_dir.is_some();
+    config.retention = Retention {
+        records: args.retention.max(1),
+        bytes: args.retention_bytes.unwrap_or(if durable { DEFAULT_BYTES_DISK } else { DEFAULT_BYTES_MEMORY }).max(1),
+        age: match args.retention_age {
+            Some(d) if d.is_zero() => None,
+            Some(d) => Some(d),
+            None => Some(if durable { DEFAULT_AGE_DISK } else { DEFAULT_AGE_MEMORY }),
+        },
+    };
+    config.fault_injection = args.fault_injection;
+    config.segment_bytes = args.segment_bytes.max(4096);
+    if args.fault_injection {
+        tracing::warn!("--fault-injection: POST /debug/faults/storage can make bus writes fail");
+    }
     config.max_events_per_sec = args.max_events_per_sec.max(1);
     config.limits.max_message_bytes = args.max_message_bytes;
     config.limits.max_batch_events = args.max_batch_events;
@@ -101,4 +167,21 @@ pub async fn run(args: HubArgs) -> anyhow::Result<()> {
     println!("hub listening wss=wss://{}{admin}", hub.local_addr());
     let shutdown = crate::shutdown_on_signals();
     hub.run(shutdown).await.context("hub failed")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_and_ages_parse() {
+        assert_eq!(parse_bytes("512MiB"), Ok(512 << 20));
+        assert_eq!(parse_bytes("1G"), Ok(1 << 30));
+        assert_eq!(parse_bytes("1000"), Ok(1000));
+        assert!(parse_bytes("12 furlongs").is_err());
+        assert_eq!(parse_age("24h"), Ok(Duration::from_secs(86_400)));
+        assert_eq!(parse_age("7d"), Ok(Duration::from_secs(7 * 86_400)));
+        assert_eq!(parse_age("90"), Ok(Duration::from_secs(90)));
+        assert!(parse_age("soon").is_err());
+    }
 }

@@ -1,32 +1,76 @@
-//! The admin endpoint (plain HTTP): `/healthz`, `/readyz`, `/metrics`, `/api/v1/clusters`.
+//! The admin endpoint (plain HTTP): `/healthz`, `/readyz`, `/metrics`, `/api/v1/clusters`,
+//! and with `fault_injection` the test hook `POST /debug/faults/storage?fail_for_ms=N`.
+//!
+//! `/readyz` aggregates named checks ([`checks`]): `200 ready: bus ok` when all pass,
+//! otherwise `503 not ready: bus: no space left on device (…)` listing each failing check
+//! as `name: reason`, separated by `; `.
 
 use std::sync::Arc;
 
 use axum::Router;
-use axum::extract::State;
+use axum::extract::{Query, State};
 use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
-use axum::routing::get;
+use axum::routing::{get, post};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::Context;
 
 pub(crate) async fn serve(listener: TcpListener, ctx: Arc<Context>, shutdown: CancellationToken) {
-    let app = Router::new()
+    let mut app = Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(ready))
         .route("/metrics", get(metrics))
-        .route("/api/v1/clusters", get(clusters))
-        .with_state(ctx);
+        .route("/api/v1/clusters", get(clusters));
+    if ctx.config.fault_injection {
+        // Only with --fault-injection: otherwise the route does not exist (404).
+        app = app.route("/debug/faults/storage", post(storage_fault));
+    }
+    let app = app.with_state(ctx);
     let result = axum::serve(listener, app).with_graceful_shutdown(shutdown.cancelled_owned()).await;
     if let Err(e) = result {
         tracing::error!(error = %e, "admin endpoint failed");
     }
 }
 
-async fn ready(State(_ctx): State<Arc<Context>>) -> impl IntoResponse {
-    (StatusCode::OK, "ready\n")
+/// One readiness check: its name and `Err(reason)` when failing.
+pub(crate) struct Check {
+    /// Short name shown in the answer, e.g. `bus`.
+    pub name: &'static str,
+    /// `Err(why)` when not ready.
+    pub state: Result<(), String>,
+}
+
+/// Every readiness check. Add a check here to make `/readyz` depend on it.
+pub(crate) fn checks(ctx: &Context) -> Vec<Check> {
+    vec![Check { name: "bus", state: ctx.bus.health() }]
+}
+
+async fn ready(State(ctx): State<Arc<Context>>) -> impl IntoResponse {
+    let checks = checks(&ctx);
+    let failing: Vec<String> =
+        checks.iter().filter_map(|c| c.state.as_ref().err().map(|e| format!("{}: {e}", c.name))).collect();
+    if failing.is_empty() {
+        let ok: Vec<String> = checks.iter().map(|c| format!("{} ok", c.name)).collect();
+        (StatusCode::OK, format!("ready: {}\n", ok.join(", ")))
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {}\n", failing.join("; ")))
+    }
+}
+
+#[derive(serde::Deserialize)]
+struct FaultQuery {
+    fail_for_ms: u64,
+}
+
+/// Makes every bus disk write fail with ENOSPC for `fail_for_ms` milliseconds.
+async fn storage_fault(State(ctx): State<Arc<Context>>, Query(q): Query<FaultQuery>) -> impl IntoResponse {
+    if !ctx.bus.is_durable() {
+        return (StatusCode::CONFLICT, "the bus has no data directory: nothing to fail\n".to_string());
+    }
+    ctx.bus.inject_storage_fault(std::time::Duration::from_millis(q.fail_for_ms));
+    (StatusCode::OK, format!("storage writes fail for {} ms\n", q.fail_for_ms))
 }
 
 async fn metrics(State(ctx): State<Arc<Context>>) -> impl IntoResponse {
@@ -34,9 +78,10 @@ async fn metrics(State(ctx): State<Arc<Context>>) -> impl IntoResponse {
     // Gauges read at scrape time rather than kept up to date on every append.
     body = body.replace("# EOF\n", "");
     body.push_str(&format!(
-        "# HELP fleetwatch_hub_bus_records Records retained in the bus.\n# TYPE fleetwatch_hub_bus_records gauge\nfleetwatch_hub_bus_records {}\n# HELP fleetwatch_hub_bus_last_offset Offset of the newest record.\n# TYPE fleetwatch_hub_bus_last_offset gauge\nfleetwatch_hub_bus_last_offset {}\n# EOF\n",
+        "# HELP fleetwatch_hub_bus_records Records retained in the bus.\n# TYPE fleetwatch_hub_bus_records gauge\nfleetwatch_hub_bus_records {}\n# HELP fleetwatch_hub_bus_last_offset Offset of the newest record.\n# TYPE fleetwatch_hub_bus_last_offset gauge\nfleetwatch_hub_bus_last_offset {}\n# HELP fleetwatch_hub_bus_bytes Bytes of records retained in the bus.\n# TYPE fleetwatch_hub_bus_bytes gauge\nfleetwatch_hub_bus_bytes {}\n# EOF\n",
         ctx.bus.retained(),
-        ctx.bus.last_offset()
+        ctx.bus.last_offset(),
+        ctx.bus.retained_bytes()
     ));
     ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], body)
 }

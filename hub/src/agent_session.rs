@@ -223,11 +223,17 @@ impl Session {
         Ok(have)
     }
 
+    /// Appends to the bus. A storage failure ends the session with its real cause (the
+    /// batch is not acked; the agent resends it after reconnecting).
     async fn append(&self, items: Vec<Append>) -> Result<(), End> {
         let started = Instant::now();
         self.ctx.bus.append(self.cluster.clone(), items).await.map_err(|e| {
-            tracing::error!(error = %e, "bus append failed");
-            End::Fail(ErrorCode::Internal, format!("hub could not store events: {e}"), CloseCode::Error)
+            tracing::warn!(error = %e, "bus append failed: batch not acked");
+            let code = match e {
+                crate::bus::BusError::Closed => ErrorCode::ShuttingDown,
+                crate::bus::BusError::Storage(_) => ErrorCode::Internal,
+            };
+            End::Fail(code, format!("hub could not store events: {e}"), CloseCode::Error)
         })?;
         self.ctx.metrics.append_seconds.observe(started.elapsed().as_secs_f64());
         Ok(())

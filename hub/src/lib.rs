@@ -51,8 +51,15 @@ pub struct HubConfig {
     pub tls: TlsFiles,
     /// Bus storage: `None` keeps events in memory only.
     pub data_dir: Option<PathBuf>,
-    /// Records the bus retains.
-    pub retention: usize,
+    /// What the bus retains (records, bytes, age); see [`bus::Retention`] for the
+    /// defaults in memory and on disk.
+    pub retention: bus::Retention,
+    /// Enables `POST /debug/faults/storage?fail_for_ms=N` on the admin endpoint, which
+    /// makes bus disk writes fail with ENOSPC for N ms (tests and the chaos soak).
+    pub fault_injection: bool,
+    /// Bytes per bus segment file before a new one starts (smaller in tests and the soak,
+    /// so closed segments exist to damage).
+    pub segment_bytes: u64,
     /// Message limits.
     pub limits: Limits,
     /// Events per second accepted from one agent; beyond it acks are delayed.
@@ -79,7 +86,9 @@ impl HubConfig {
             admin_listen: None,
             tls,
             data_dir: None,
-            retention: BusOptions::default().retention,
+            retention: bus::Retention::default(),
+            fault_injection: false,
+            segment_bytes: BusOptions::default().segment_bytes,
             limits: Limits::default(),
             max_events_per_sec: 20_000,
             handshake_timeout: Duration::from_secs(10),
@@ -178,6 +187,7 @@ impl Hub {
         let bus = Bus::open(BusOptions {
             dir: config.data_dir.clone(),
             retention: config.retention,
+            segment_bytes: config.segment_bytes,
             ..BusOptions::default()
         })?;
         let listener =

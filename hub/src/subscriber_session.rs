@@ -10,7 +10,7 @@ use fleetwatch_shared::protocol::{
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_util::sync::CancellationToken;
 
-use crate::bus::{Record, RecordBody};
+use crate::bus::{ALL_CLUSTERS, Lookup, Record, RecordBody};
 use crate::conn::{Conn, Incoming};
 use crate::{Context, Peer};
 
@@ -44,7 +44,7 @@ pub(crate) async fn run(mut conn: Conn, name: String, peer: Peer, ctx: Arc<Conte
     };
     // A durable subscription is named after the certificate, so one subscriber cannot
     // take over another's cursor.
-    let durable = sub.durable.as_ref().map(|d| format!("{name}/{d}"));
+    let durable = sub.durable.clone().map(|d| (name.clone(), d));
     ctx.metrics.subscriber_sessions.inc();
     let mut session = Session { ctx: ctx.clone(), durable, clusters: sub.clusters.clone(), acked: 0, sent: 0 };
     let end = session.serve(&mut conn, &sub, &shutdown).await;
@@ -69,7 +69,8 @@ enum End {
 
 struct Session {
     ctx: Arc<Context>,
-    durable: Option<String>,
+    /// (subscriber identity, durable name).
+    durable: Option<(String, String)>,
     clusters: Vec<String>,
     acked: u64,
     sent: u64,
@@ -78,32 +79,60 @@ struct Session {
 impl Session {
     async fn serve(&mut self, conn: &mut Conn, sub: &Subscribe, shutdown: &CancellationToken) -> End {
         let bus = self.ctx.bus.clone();
-        let stored = self.durable.as_deref().and_then(|d| bus.durable_cursor(d));
-        let mut lost_history = false;
-        let start = match (&sub.resume, stored) {
+        // Why the subscriber must reconcile every cluster before reading on, if it must.
+        let mut resync_all: Option<String> = None;
+        let mut stored_known_or_new = true;
+        let stored = match &self.durable {
+            Some((identity, name)) => match bus.durable_lookup(identity, name) {
+                Ok(Lookup::Known(c)) => Some(c),
+                Ok(Lookup::New) => None,
+                Ok(Lookup::Lost) => {
+                    stored_known_or_new = false;
+                    resync_all = Some(format!(
+                        "the hub lost its durable cursor store: where durable subscription {name:?} stopped is unknown"
+                    ));
+                    None
+                }
+                Err(e) => return End::Fail(ErrorCode::LimitExceeded, e.to_string(), CloseCode::Policy),
+            },
+            None => None,
+        };
+        let mut start = match (&sub.resume, stored) {
             (Some(r), stored) if r.stream == bus.stream_id() => r.cursor.max(stored.unwrap_or(0)),
             (Some(_), _) => {
                 // The client's cursor is from a bus that no longer exists.
-                lost_history = true;
+                resync_all = Some("the hub's event history was lost (restart without a data directory)".into());
                 stored.unwrap_or_else(|| self.default_start(sub.from))
             }
             (None, Some(c)) => c,
             (None, None) => self.default_start(sub.from),
         };
-        let start = start.min(bus.last_offset());
+        let last = bus.last_offset();
+        if start > last {
+            // Records this subscriber had were lost from the log: it must not skip what
+            // comes next under offsets it thinks it has read.
+            resync_all = Some(format!("cursor {start} is beyond the end of the hub's log ({last}): records were lost"));
+            start = last;
+        }
+        // A name whose cursor was lost is stored at its first ack, not now: until the
+        // subscriber took the resync in, a reconnect must get it again.
+        if let Some((identity, name)) = &self.durable
+            && stored_known_or_new
+            && let Err(e) = bus.register_durable(identity, name, start)
+        {
+            return End::Fail(ErrorCode::LimitExceeded, e.to_string(), CloseCode::Policy);
+        }
         self.acked = start;
         self.sent = start;
-        tracing::info!(durable = ?self.durable, start, clusters = ?self.clusters, "subscriber connected");
+        let durable = self.durable.as_ref().map(|(_, d)| d.as_str()).unwrap_or("");
+        tracing::info!(durable, start, clusters = ?self.clusters, "subscriber connected");
         let hello = HubToSubscriber::Subscribed(Subscribed { stream: bus.stream_id().into(), cursor: start });
         if let Err(e) = conn.send_text(encode(&hello)).await {
             return End::Closed(e.to_string());
         }
-        if lost_history {
-            let r = ResyncRequired {
-                cluster: "*".into(),
-                cursor: start,
-                reason: "the hub's event history was lost (restart without a data directory)".into(),
-            };
+        if let Some(reason) = resync_all {
+            tracing::warn!(durable, %reason, "subscriber must resync every cluster");
+            let r = ResyncRequired { cluster: ALL_CLUSTERS.into(), cursor: start, reason };
             if let Err(e) = conn.send_text(encode(&HubToSubscriber::ResyncRequired(r))).await {
                 return End::Closed(e.to_string());
             }
@@ -152,10 +181,12 @@ impl Session {
         match decode_subscriber(bytes, &self.ctx.config.limits) {
             Ok(SubscriberMessage::Ack(a)) => {
                 let cursor = a.cursor.min(self.sent);
-                if cursor > self.acked {
+                if cursor >= self.acked {
                     self.acked = cursor;
-                    if let Some(d) = &self.durable {
-                        self.ctx.bus.set_durable_cursor(d, cursor);
+                    // Also at an equal cursor: the ack of a resync registers a name whose
+                    // cursor was lost.
+                    if let Some((identity, name)) = &self.durable {
+                        self.ctx.bus.set_durable_cursor(identity, name, cursor);
                     }
                 }
                 Ok(())
@@ -175,7 +206,7 @@ impl Session {
     }
 
     fn wants(&self, cluster: &str) -> bool {
-        self.clusters.is_empty() || self.clusters.iter().any(|c| c == cluster)
+        cluster == ALL_CLUSTERS || self.clusters.is_empty() || self.clusters.iter().any(|c| c == cluster)
     }
 
     /// Sends the next chunk: resync markers for evicted history first, then records in

@@ -1,0 +1,147 @@
+//! The file-write layer of the bus, with the storage fault hook.
+//!
+//! Every byte the bus writes to disk (segments, index files, the cursor store, the
+//! readiness probe) goes through [`Storage`], so an injected fault takes exactly the path
+//! a real failed write takes: a partial write followed by ENOSPC.
+
+use std::fs::File;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// Shared disk-write gate: normally open, failing with ENOSPC while a fault is injected.
+#[derive(Default)]
+pub(crate) struct Storage {
+    fail_until: Mutex<Option<Instant>>,
+}
+
+/// `ENOSPC`: what an injected fault reports, as a full disk would.
+const ENOSPC: i32 = 28;
+
+impl Storage {
+    /// Makes every write fail with ENOSPC for `d` (tests and the chaos soak).
+    pub(crate) fn fail_for(&self, d: Duration) {
+        if let Ok(mut until) = self.fail_until.lock() {
+            *until = Some(Instant::now() + d);
+        }
+    }
+
+    fn check(&self) -> std::io::Result<()> {
+        let failing = self.fail_until.lock().map(|u| u.is_some_and(|t| Instant::now() < t)).unwrap_or(false);
+        if failing { Err(std::io::Error::from_raw_os_error(ENOSPC)) } else { Ok(()) }
+    }
+
+    /// Writes all of `buf`. Under an injected fault, half of it is written first: a real
+    /// full disk also leaves a partial write behind, which the caller must cut.
+    pub(crate) fn write_all(&self, file: &mut File, buf: &[u8]) -> std::io::Result<()> {
+        if let Err(e) = self.check() {
+            let _ = file.write_all(&buf[..buf.len() / 2]);
+            return Err(e);
+        }
+        file.write_all(buf)
+    }
+
+    /// `fdatasync`.
+    pub(crate) fn sync(&self, file: &File) -> std::io::Result<()> {
+        self.check()?;
+        file.sync_data()
+    }
+
+    /// Opens (creating it) a segment for appending: after a cut, writes go to the new end.
+    pub(crate) fn open_segment(&self, path: &Path) -> std::io::Result<File> {
+        self.check()?;
+        std::fs::OpenOptions::new().create(true).append(true).open(path)
+    }
+
+    /// Creates (or truncates) `path` for writing.
+    pub(crate) fn create(&self, path: &Path) -> std::io::Result<File> {
+        self.check()?;
+        File::create(path)
+    }
+
+    /// Writes `bytes` to `path` atomically and durably: temporary file, fsync, rename,
+    /// fsync of the directory.
+    pub(crate) fn write_atomic(&self, path: &Path, bytes: &[u8]) -> Result<(), StorageError> {
+        let tmp = path.with_extension("tmp");
+        let err = |p: &Path| {
+            let p = p.to_path_buf();
+            move |e| StorageError::new(&p, e)
+        };
+        let mut f = self.create(&tmp).map_err(err(&tmp))?;
+        let written = self.write_all(&mut f, bytes).and_then(|()| self.sync(&f));
+        if let Err(e) = written {
+            drop(f);
+            let _ = std::fs::remove_file(&tmp);
+            return Err(StorageError::new(&tmp, e));
+        }
+        std::fs::rename(&tmp, path).map_err(err(path))?;
+        if let Some(dir) = path.parent() {
+            File::open(dir).and_then(|d| d.sync_all()).map_err(err(dir))?;
+        }
+        Ok(())
+    }
+
+    /// Checks that the directory takes a small durable write (readiness after a fault).
+    pub(crate) fn probe(&self, dir: &Path) -> Result<(), StorageError> {
+        let path = dir.join("write-probe");
+        let result = self.write_atomic(&path, &[0u8; 4096]);
+        let _ = std::fs::remove_file(&path);
+        result
+    }
+}
+
+/// A failed disk operation: the cause and the file.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{cause} ({})", path.display())]
+pub struct StorageError {
+    /// The file.
+    pub path: PathBuf,
+    /// What the OS said, e.g. "no space left on device".
+    pub cause: String,
+}
+
+impl StorageError {
+    pub(crate) fn new(path: &Path, e: std::io::Error) -> Self {
+        Self { path: path.to_path_buf(), cause: cause(&e) }
+    }
+}
+
+/// An I/O error's text once, without the " (os error N)" suffix and with a lower-case
+/// start, so it reads well inside a sentence: "no space left on device".
+pub(crate) fn cause(e: &std::io::Error) -> String {
+    let text = e.to_string();
+    let text = match (e.raw_os_error(), text.rfind(" (os error ")) {
+        (Some(_), Some(i)) => text[..i].to_string(),
+        _ => text,
+    };
+    let mut chars = text.chars();
+    match chars.next() {
+        Some(first) => first.to_lowercase().chain(chars).collect(),
+        None => text,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cause_is_said_once_in_lower_case() {
+        assert_eq!(cause(&std::io::Error::from_raw_os_error(28)), "no space left on device");
+        let e = StorageError::new(Path::new("/d/segments/1.log"), std::io::Error::from_raw_os_error(13));
+        assert_eq!(e.to_string(), "permission denied (/d/segments/1.log)");
+    }
+
+    #[test]
+    fn injected_fault_fails_writes_then_clears() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Storage::default();
+        s.fail_for(Duration::from_secs(3600));
+        let err = s.write_atomic(&dir.path().join("x"), b"abc").unwrap_err();
+        assert_eq!(err.cause, "no space left on device");
+        s.fail_for(Duration::ZERO);
+        s.write_atomic(&dir.path().join("x"), b"abc").unwrap();
+        assert_eq!(std::fs::read(dir.path().join("x")).unwrap(), b"abc");
+    }
+}

@@ -1,0 +1,370 @@
+//! The writer thread: the only code that appends. It takes every request that is waiting,
+//! writes them with one `fdatasync` (group commit), then makes them visible and answers.
+//!
+//! A failed write never lets a later append be acked: the half-written bytes are cut
+//! back to the last good length before anything else is written (retried until it
+//! works), the whole batch is answered with the cause, and the bus reports not ready
+//! until a write succeeds again.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::fs::File;
+use std::path::PathBuf;
+use std::sync::{Arc, Weak};
+
+use tokio::sync::{mpsc, oneshot};
+
+use super::cursors::RESERVE_STEP;
+use super::retention::{self, Retention};
+use super::storage::StorageError;
+use super::{Append, Bus, BusError, Record, record, segment};
+
+/// A request to the writer.
+pub(super) enum Request {
+    /// Append records for one cluster.
+    Append {
+        cluster: Arc<str>,
+        items: Vec<Append>,
+        /// Written as is: no duplicate check, no change of the cluster's head (markers the
+        /// bus records itself, e.g. for records lost on disk).
+        system: bool,
+        reply: oneshot::Sender<Result<u64, BusError>>,
+    },
+    /// Periodic chores: age retention, readiness probe after a failure, cursor flush.
+    Tick,
+}
+
+/// The segment being appended to.
+struct Active {
+    first: u64,
+    path: PathBuf,
+    file: Option<File>,
+    /// Bytes known to be complete records; a failed write is cut back to this.
+    good_len: u64,
+    /// Whether bytes past `good_len` may be on disk and must be cut before the next write.
+    needs_cut: bool,
+    records: u64,
+    clusters: HashSet<Arc<str>>,
+}
+
+/// The on-disk side of the writer.
+pub(super) struct Disk {
+    pub data_dir: PathBuf,
+    pub seg_dir: PathBuf,
+    pub segment_bytes: u64,
+    pub segment_records: u64,
+    /// All segments, oldest first; the last one is the active one when `active` is set.
+    pub segments: VecDeque<(u64, PathBuf)>,
+    active: Option<Active>,
+}
+
+impl Disk {
+    pub(super) fn new(data_dir: PathBuf, seg_dir: PathBuf, segment_bytes: u64, segment_records: u64) -> Self {
+        Self { data_dir, seg_dir, segment_bytes, segment_records, segments: VecDeque::new(), active: None }
+    }
+
+    /// Continues appending to the last segment, which holds `records`.
+    pub(super) fn resume(&mut self, records: &[Arc<Record>]) -> Result<(), StorageError> {
+        let Some((first, path)) = self.segments.back().cloned() else { return Ok(()) };
+        let file = std::fs::OpenOptions::new().append(true).open(&path).map_err(|e| StorageError::new(&path, e))?;
+        let good_len = file.metadata().map_err(|e| StorageError::new(&path, e))?.len();
+        let mine: Vec<_> = records.iter().filter(|r| r.offset >= first).collect();
+        self.active = Some(Active {
+            first,
+            path,
+            file: Some(file),
+            good_len,
+            needs_cut: false,
+            records: mine.len() as u64,
+            clusters: mine.iter().map(|r| r.cluster.clone()).collect(),
+        });
+        Ok(())
+    }
+}
+
+pub(super) struct Writer {
+    /// Weak: when the last `Bus` handle goes, its sender goes and the writer stops.
+    pub bus: Weak<Bus>,
+    pub retention: Retention,
+    pub disk: Option<Disk>,
+    /// Whether the last write failed (to log transitions once).
+    failing: bool,
+}
+
+impl Writer {
+    pub(super) fn new(bus: Weak<Bus>, retention: Retention, disk: Option<Disk>) -> Self {
+        Self { bus, retention, disk, failing: false }
+    }
+
+    /// Runs on its own thread: disk writes and fsync block, and must not stall the async
+    /// workers that serve sessions.
+    pub(super) fn run(mut self, mut rx: mpsc::Receiver<Request>) {
+        let mut batch = Vec::new();
+        while let Some(first) = rx.blocking_recv() {
+            let mut tick = false;
+            let mut take = |req, batch: &mut Vec<Request>| match req {
+                Request::Tick => tick = true,
+                req => batch.push(req),
+            };
+            take(first, &mut batch);
+            while batch.len() < 1024 {
+                match rx.try_recv() {
+                    Ok(req) => take(req, &mut batch),
+                    Err(_) => break,
+                }
+            }
+            if !batch.is_empty() {
+                self.commit(&mut batch);
+            }
+            if tick {
+                self.tick();
+            }
+        }
+    }
+
+    /// Appends a batch and answers every request in it.
+    pub(super) fn commit(&mut self, batch: &mut Vec<Request>) {
+        let Some(bus) = self.bus.upgrade() else { return };
+        match self.try_commit(&bus, batch) {
+            Ok((lasts, wrote)) => {
+                // Only a real write proves the disk works again (a batch of duplicates
+                // writes nothing).
+                if wrote || self.disk.is_none() {
+                    self.set_failing(&bus, None);
+                }
+                for (req, last) in batch.drain(..).zip(lasts) {
+                    if let Request::Append { reply, .. } = req {
+                        let _ = reply.send(Ok(last));
+                    }
+                }
+            }
+            Err(e) => {
+                self.set_failing(&bus, Some(&e));
+                for req in batch.drain(..) {
+                    if let Request::Append { reply, .. } = req {
+                        let _ = reply.send(Err(BusError::Storage(e.clone())));
+                    }
+                }
+            }
+        }
+    }
+
+    fn set_failing(&mut self, bus: &Bus, error: Option<&StorageError>) {
+        match error {
+            Some(e) => {
+                if !self.failing {
+                    tracing::error!(error = %e, "bus cannot write: refusing appends until writes succeed again");
+                }
+                self.failing = true;
+                bus.set_health(Some(e.to_string()));
+            }
+            None => {
+                if self.failing {
+                    tracing::info!("bus writes succeed again");
+                }
+                self.failing = false;
+                bus.set_health(None);
+            }
+        }
+    }
+
+    fn try_commit(&mut self, bus: &Bus, batch: &mut [Request]) -> Result<(Vec<u64>, bool), StorageError> {
+        let now = retention::now_ms();
+        let mut end = bus.log.read().map(|l| l.end).unwrap_or(1);
+        let mut new_records: Vec<Arc<Record>> = Vec::new();
+        let mut replies: Vec<u64> = Vec::new();
+        let mut heads: HashMap<Arc<str>, (u64, u64)> = HashMap::new();
+        let mut buf = Vec::new();
+        for req in batch.iter_mut() {
+            let Request::Append { cluster, items, system, .. } = req else {
+                replies.push(0);
+                continue;
+            };
+            let mut head = heads.get(&*cluster).copied().or_else(|| bus.head(cluster));
+            let mut last = end.saturating_sub(1);
+            for item in std::mem::take(items) {
+                if !*system
+                    && let Some((ep, seq)) = head
+                    && ep == item.epoch
+                    && item.seq <= seq
+                {
+                    continue; // duplicate from a resend
+                }
+                let rec = Record {
+                    offset: end,
+                    cluster: cluster.clone(),
+                    epoch: item.epoch,
+                    seq: item.seq,
+                    time_ms: now,
+                    body: item.body,
+                };
+                if self.disk.is_some() {
+                    record::encode(&rec, &mut buf);
+                }
+                if !*system {
+                    head = Some((item.epoch, item.seq));
+                }
+                last = end;
+                end += 1;
+                new_records.push(Arc::new(rec));
+            }
+            if let Some(h) = head
+                && !*system
+            {
+                heads.insert(cluster.clone(), h);
+            }
+            replies.push(last);
+        }
+        if let Some(disk) = &mut self.disk
+            && !new_records.is_empty()
+        {
+            // Offsets past `reserved` are handed out only once the new mark is stored.
+            if end >= bus.cursors.reserved() {
+                let first = new_records[0].offset;
+                bus.cursors.reserve(end + RESERVE_STEP, first, &bus.storage)?;
+            }
+            write(disk, bus, &buf, &new_records)?;
+        }
+        let wrote = !new_records.is_empty();
+        self.publish(bus, new_records, end, heads, now);
+        Ok((replies, wrote))
+    }
+
+    /// Makes records visible, applies retention and deletes segments fully evicted.
+    fn publish(
+        &mut self,
+        bus: &Bus,
+        new_records: Vec<Arc<Record>>,
+        end: u64,
+        heads: HashMap<Arc<str>, (u64, u64)>,
+        now: u64,
+    ) {
+        let base = {
+            let Ok(mut log) = bus.log.write() else { return };
+            log.bytes += new_records.iter().map(|r| r.size()).sum::<u64>();
+            log.records.extend(new_records);
+            log.end = end;
+            log.heads.extend(heads);
+            retention::evict(&mut log, &self.retention, now);
+            log.base
+        };
+        if let Some(disk) = &mut self.disk {
+            drop_old_segments(disk, base);
+        }
+        bus.end_tx.send_if_modified(|e| std::mem::replace(e, end) != end);
+    }
+
+    /// Age retention, the readiness probe while writes fail, cursor flush.
+    fn tick(&mut self) {
+        let Some(bus) = self.bus.upgrade() else { return };
+        let end = bus.log.read().map(|l| l.end).unwrap_or(1);
+        self.publish(&bus, Vec::new(), end, HashMap::new(), retention::now_ms());
+        if self.failing
+            && let Some(disk) = &mut self.disk
+        {
+            // No append may come while the agents back off: probe, so readiness returns.
+            let probed = cut_back(disk, &bus).and_then(|()| bus.storage.probe(&disk.data_dir));
+            match probed {
+                Ok(()) => self.set_failing(&bus, None),
+                Err(e) => self.set_failing(&bus, Some(&e)),
+            }
+        }
+        if let Err(e) = bus.flush_cursors()
+            && !self.failing
+        {
+            // While writes fail the cause is reported once, not every second.
+            tracing::warn!(error = %e, "cannot store subscriber cursors");
+        }
+    }
+}
+
+/// Cuts bytes a failed write left behind. Until this works nothing else is written.
+fn cut_back(disk: &mut Disk, bus: &Bus) -> Result<(), StorageError> {
+    let Some(a) = &mut disk.active else { return Ok(()) };
+    if !a.needs_cut {
+        return Ok(());
+    }
+    if a.file.is_none() {
+        let f = std::fs::OpenOptions::new().append(true).open(&a.path).map_err(|e| StorageError::new(&a.path, e))?;
+        a.file = Some(f);
+    }
+    let Some(file) = &a.file else { return Ok(()) };
+    let cut = file.set_len(a.good_len).and_then(|()| bus.storage.sync(file));
+    if let Err(e) = cut {
+        // A bad descriptor is reopened next time.
+        a.file = None;
+        return Err(StorageError::new(&a.path, e));
+    }
+    a.needs_cut = false;
+    tracing::info!(path = %a.path.display(), len = a.good_len, "cut bus segment back to its last complete record");
+    Ok(())
+}
+
+/// Writes one batch durably to the active segment (rolling to a new one when full).
+fn write(disk: &mut Disk, bus: &Bus, buf: &[u8], records: &[Arc<Record>]) -> Result<(), StorageError> {
+    cut_back(disk, bus)?;
+    let full =
+        disk.active.as_ref().is_none_or(|a| a.good_len >= disk.segment_bytes || a.records >= disk.segment_records);
+    if full {
+        roll(disk, bus, records[0].offset)?;
+    }
+    let Some(a) = &mut disk.active else { return Ok(()) };
+    let Some(file) = &mut a.file else { return Ok(()) };
+    let written = bus.storage.write_all(file, buf).and_then(|()| bus.storage.sync(file));
+    if let Err(e) = written {
+        let err = StorageError::new(&a.path, e);
+        a.needs_cut = true;
+        if let Err(cut) = cut_back(disk, bus) {
+            tracing::error!(error = %cut, "cannot cut a failed write back yet; will retry before the next write");
+        }
+        return Err(err);
+    }
+    a.good_len += buf.len() as u64;
+    a.records += records.len() as u64;
+    a.clusters.extend(records.iter().map(|r| r.cluster.clone()));
+    Ok(())
+}
+
+/// Closes the active segment (writing its cluster index) and starts one at `first`.
+fn roll(disk: &mut Disk, bus: &Bus, first: u64) -> Result<(), StorageError> {
+    if let Some(a) = &disk.active
+        && a.records > 0
+        && let Err(e) = segment::write_index(&bus.storage, &a.path, a.clusters.iter())
+    {
+        // Without an index, damage found later in this segment resyncs every cluster.
+        tracing::warn!(error = %e, "cannot write bus segment index");
+    }
+    if disk.active.as_ref().is_some_and(|a| a.records == 0 && a.good_len == 0) {
+        // An empty active segment (a failed first write) is reused under its new name.
+        if let Some(a) = disk.active.take() {
+            let _ = std::fs::remove_file(&a.path);
+            disk.segments.retain(|(f, _)| *f != a.first);
+        }
+    }
+    let path = segment::path(&disk.seg_dir, first);
+    let file = bus.storage.open_segment(&path).map_err(|e| StorageError::new(&path, e))?;
+    disk.segments.push_back((first, path.clone()));
+    disk.active = Some(Active {
+        first,
+        path,
+        file: Some(file),
+        good_len: 0,
+        needs_cut: false,
+        records: 0,
+        clusters: HashSet::new(),
+    });
+    Ok(())
+}
+
+/// Deletes segment files all of whose records are evicted (never the active one).
+fn drop_old_segments(disk: &mut Disk, base: u64) {
+    while disk.segments.len() > 1 {
+        if disk.segments[1].0 > base {
+            break;
+        }
+        if let Some((_, path)) = disk.segments.pop_front()
+            && let Err(e) = segment::remove(&path)
+        {
+            tracing::warn!(path = %path.display(), error = %e, "cannot remove old bus segment");
+        }
+    }
+}

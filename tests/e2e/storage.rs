@@ -1,0 +1,334 @@
+//! The durable bus under storage faults, with real processes: a full disk (a small tmpfs
+//! filled by a balloon file, or the hub's storage fault hook where mounting is not
+//! possible) refuses batches with the cause and makes the hub not ready, appends resume
+//! afterwards and nothing is lost; durable cursors are bounded and a lost cursor store
+//! makes durable subscribers resync.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+
+use fleetwatch_agent::source::SyntheticSource;
+use fleetwatch_shared::protocol::{ErrorCode, StartFrom};
+use fleetwatch_shared::subscriber::{Delivery, SubscribeError, SubscriberOptions, Subscription};
+use fleetwatch_shared::transport::HubUrl;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::support::*;
+
+/// One HTTP/1.0 request to the admin endpoint: (status, body).
+async fn http(port: u16, method: &str, path: &str) -> (u16, String) {
+    let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)).await else { return (0, String::new()) };
+    let req = format!("{method} {path} HTTP/1.0\r\nHost: x\r\nContent-Length: 0\r\n\r\n");
+    let _ = s.write_all(req.as_bytes()).await;
+    let mut buf = String::new();
+    let _ = s.read_to_string(&mut buf).await;
+    let status = buf.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    (status, buf.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default())
+}
+
+/// Polls `/readyz` until it answers `status`; returns the last answer.
+async fn readyz_until(port: u16, status: u16, timeout: Duration) -> (u16, String) {
+    let start = std::time::Instant::now();
+    loop {
+        let answer = http(port, "GET", "/readyz").await;
+        if answer.0 == status || start.elapsed() > timeout {
+            return answer;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A small tmpfs, unmounted on drop.
+struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    fn mount(dir: &Path, size: &str) -> Result<Self, String> {
+        std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
+        let out = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir)
+            .output()
+            .map_err(|e| format!("cannot run mount: {e}"))?;
+        if !out.status.success() {
+            return Err(String::from_utf8_lossy(&out.stderr).trim().to_string());
+        }
+        Ok(Self(dir.to_path_buf()))
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+/// Fills the file system holding `path` until a write fails with ENOSPC.
+fn inflate(path: &Path) {
+    use std::io::Write;
+    let mut f = std::fs::File::create(path).unwrap();
+    let chunk = vec![0xa5u8; 64 << 10];
+    loop {
+        match f.write_all(&chunk).and_then(|()| f.sync_data()) {
+            Ok(()) => {}
+            Err(e) if e.raw_os_error() == Some(28) => return,
+            Err(e) => panic!("balloon: unexpected error {e}"),
+        }
+    }
+}
+
+/// Objects whose final generation did not reach the collector, unless a resync for their
+/// cluster (or `*`) did.
+fn lost(seen: &Seen, cluster: &str, source: &SyntheticSource) -> Vec<String> {
+    if seen.resyncs.get(cluster).is_some_and(|r| r.iter().any(|(_, why)| why != "agent started"))
+        || seen.resyncs.contains_key("*")
+    {
+        return Vec::new();
+    }
+    (0..source.objects)
+        .filter_map(|n| {
+            let want = source.final_generation(n)?;
+            let got = seen.generation.get(&(cluster.to_string(), synthetic_subject(n))).copied().unwrap_or(0);
+            (got != want).then(|| format!("{cluster}/obj-{n}: got generation {got}, want {want}"))
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn disk_full_refuses_batches_with_the_cause_and_appends_resume() {
+    let pki = Pki::new();
+    let mount_dir = pki.path("small-disk");
+    // A real full disk where we can mount; otherwise the hub's fault hook, which fails
+    // writes at the same layer.
+    let tmpfs = match Tmpfs::mount(&mount_dir, "16m") {
+        Ok(t) => Some(t),
+        Err(e) => {
+            println!("cannot mount a tmpfs ({e}): using the storage fault hook instead");
+            None
+        }
+    };
+    let data = mount_dir.join("hub-data");
+    let port = free_port();
+    let hub = HubProc::start(&pki, port, Some(&data), &["--fault-injection"]);
+    let spec = "synthetic:objects=30,rate=150,total=3000";
+    let source: SyntheticSource = spec.parse().unwrap();
+    let agent = agent(&pki, "c1", &hub.url(), spec, &[]);
+    let collector = Collector::start(&pki, &hub.url(), "checker").await;
+    assert!(eventually(Duration::from_secs(30), || collector.seen.lock().unwrap().events >= 100).await);
+    assert_eq!(http(hub.admin_port, "GET", "/readyz").await, (200, "ready: bus ok\n".to_string()));
+
+    let balloon = mount_dir.join("balloon");
+    if tmpfs.is_some() {
+        inflate(&balloon);
+    } else {
+        let (status, body) = http(hub.admin_port, "POST", "/debug/faults/storage?fail_for_ms=600000").await;
+        assert_eq!((status, body.as_str()), (200, "storage writes fail for 600000 ms\n"));
+    }
+    // The hub reports the cause on /readyz and to the agent, whose batch is not acked.
+    let ready = readyz_until(hub.admin_port, 503, Duration::from_secs(30)).await;
+    assert_eq!(ready.0, 503, "readyz: {ready:?}\nhub log:\n{}", hub.proc.stderr());
+    assert!(ready.1.starts_with("not ready: bus: no space left on device ("), "{}", ready.1);
+    let cause = "hub could not store events: no space left on device (";
+    assert!(
+        eventually(Duration::from_secs(30), || agent.stderr().contains(cause)).await,
+        "agent log:\n{}",
+        agent.stderr()
+    );
+    let during = collector.seen.lock().unwrap().events;
+
+    // Space again: appends resume, the hub is ready, nothing is lost.
+    if tmpfs.is_some() {
+        std::fs::remove_file(&balloon).unwrap();
+    } else {
+        assert_eq!(http(hub.admin_port, "POST", "/debug/faults/storage?fail_for_ms=0").await.0, 200);
+    }
+    let ready = readyz_until(hub.admin_port, 200, Duration::from_secs(30)).await;
+    assert_eq!(ready, (200, "ready: bus ok\n".to_string()), "hub log:\n{}", hub.proc.stderr());
+    let done =
+        eventually(Duration::from_secs(90), || lost(&collector.seen.lock().unwrap(), "c1", &source).is_empty()).await;
+    let seen = collector.seen.lock().unwrap();
+    assert!(done, "lost: {:?}\nhub log:\n{}", &lost(&seen, "c1", &source)[..3], hub.proc.stderr());
+    assert!(seen.events > during, "events flow again after the disk had space");
+    // Acked events were never lost: no resync beyond the agent's own start marker.
+    assert_eq!(seen.resyncs.get("c1").map(|r| r.len()), Some(1), "{:?}", seen.resyncs);
+    assert!(!seen.resyncs.contains_key("*"), "{:?}", seen.resyncs);
+    drop(seen);
+    drop(collector);
+    drop(agent);
+    drop(hub);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn storage_fault_endpoint_exists_only_with_the_flag() {
+    let pki = Pki::new();
+    let hub = HubProc::start(&pki, free_port(), Some(&pki.path("data")), &[]);
+    assert_eq!(http(hub.admin_port, "POST", "/debug/faults/storage?fail_for_ms=1000").await.0, 404);
+    assert_eq!(http(hub.admin_port, "GET", "/readyz").await, (200, "ready: bus ok\n".to_string()));
+}
+
+fn subscriber_opts(pki: &Pki, hub: &str, durable: &str, from: StartFrom) -> SubscriberOptions {
+    let files = pki.subscriber("sub");
+    let tls = Arc::new(fleetwatch_certs::client_config(&files).unwrap());
+    let mut opts = SubscriberOptions::new(hub.parse::<HubUrl>().unwrap(), tls);
+    opts.durable = Some(durable.into());
+    opts.from = from;
+    opts
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn durable_names_are_bounded_per_subscriber() {
+    let pki = Pki::new();
+    let hub = HubProc::start(&pki, free_port(), Some(&pki.path("data")), &[]);
+    let mut subs = Vec::new();
+    for i in 0..16 {
+        subs.push(
+            Subscription::connect(subscriber_opts(&pki, &hub.url(), &format!("d{i}"), StartFrom::Latest))
+                .await
+                .unwrap(),
+        );
+    }
+    let err = Subscription::connect(subscriber_opts(&pki, &hub.url(), "one-too-many", StartFrom::Latest))
+        .await
+        .err()
+        .expect("the 17th durable name is refused");
+    match err {
+        SubscribeError::Refused { code, message } => {
+            assert_eq!(code, ErrorCode::LimitExceeded);
+            assert!(message.contains("already has 16 durable names"), "{message}");
+        }
+        other => panic!("unexpected: {other}"),
+    }
+    // A known name is still accepted, and a long name is refused.
+    drop(subs);
+    Subscription::connect(subscriber_opts(&pki, &hub.url(), "d3", StartFrom::Latest)).await.unwrap();
+    let err = Subscription::connect(subscriber_opts(&pki, &hub.url(), &"n".repeat(300), StartFrom::Latest))
+        .await
+        .err()
+        .expect("a 300-byte name is refused");
+    assert!(err.to_string().contains("exceeds the limit of 256 bytes"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_cursor_store_makes_durable_subscribers_resync() {
+    let pki = Pki::new();
+    let data = pki.path("data");
+    let port = free_port();
+    let mut hub = HubProc::start(&pki, port, Some(&data), &[]);
+    let _agent = agent(&pki, "c1", &hub.url(), "synthetic:objects=5,rate=50,total=50", &[]);
+    {
+        let mut sub =
+            Subscription::connect(subscriber_opts(&pki, &hub.url(), "keep", StartFrom::Latest)).await.unwrap();
+        let first = tokio::time::timeout(Duration::from_secs(30), sub.next()).await.unwrap().unwrap();
+        sub.ack(first.last_cursor().unwrap()).await.unwrap();
+    }
+    hub.proc.signal("TERM");
+    assert!(hub.proc.wait_exit(Duration::from_secs(20)).is_some(), "hub did not stop on SIGTERM");
+    std::fs::remove_file(data.join("cursors.json")).unwrap();
+    hub = HubProc::start(&pki, port, Some(&data), &[]);
+    let mut sub = Subscription::connect(subscriber_opts(&pki, &hub.url(), "keep", StartFrom::Latest)).await.unwrap();
+    let d = tokio::time::timeout(Duration::from_secs(30), sub.next()).await.unwrap().unwrap();
+    match d {
+        Delivery::ResyncRequired(r) => {
+            assert_eq!(r.cluster, "*");
+            assert!(r.reason.contains("lost its durable cursor store"), "{}", r.reason);
+        }
+        other => panic!("expected resync-required *, got {other:?}"),
+    }
+    // Not taken in (no ack) before the reconnect: the resync comes again.
+    drop(sub);
+    let mut sub = Subscription::connect(subscriber_opts(&pki, &hub.url(), "keep", StartFrom::Latest)).await.unwrap();
+    let d = tokio::time::timeout(Duration::from_secs(30), sub.next()).await.unwrap().unwrap();
+    assert!(matches!(&d, Delivery::ResyncRequired(r) if r.cluster == "*"), "{d:?}");
+    // Acked: the name is known again and the next session resumes without a resync.
+    sub.ack(d.last_cursor().unwrap()).await.unwrap();
+    let cursors = data.join("cursors.json");
+    assert!(
+        eventually(Duration::from_secs(30), || std::fs::read_to_string(&cursors).is_ok_and(|t| t.contains("\"keep\"")))
+            .await,
+        "the acked name was not stored"
+    );
+    drop(sub);
+    let mut sub = Subscription::connect(subscriber_opts(&pki, &hub.url(), "keep", StartFrom::Latest)).await.unwrap();
+    let _more = agent(&pki, "c2", &hub.url(), "synthetic:objects=2,rate=50,total=5", &[]);
+    let d = tokio::time::timeout(Duration::from_secs(30), sub.next()).await.unwrap().unwrap();
+    assert!(matches!(&d, Delivery::Events(_)), "no second resync once it was acked: {d:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn damaged_segment_is_skipped_and_a_subscriber_reads_across_the_gap() {
+    let pki = Pki::new();
+    let data = pki.path("data");
+    let port = free_port();
+    // Small segments, so the damage hits a closed one (indexed: only its clusters resync).
+    let small = ["--segment-bytes", "64KiB"];
+    let mut hub = HubProc::start(&pki, port, Some(&data), &small);
+    let spec = "synthetic:objects=20,rate=1000,total=2000";
+    let agent_proc = agent(&pki, "c1", &hub.url(), spec, &[]);
+    // Wait until the agent's whole stream (its start marker and 2000 events) is acked.
+    let start = std::time::Instant::now();
+    loop {
+        let clusters = hub.clusters().await;
+        let acked = clusters["clusters"].as_array().and_then(|a| a.first()).and_then(|c| c["ackedSeq"].as_u64());
+        if acked == Some(2001) {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "not all acked: {clusters}\nagent log:\n{}",
+            agent_proc.stderr()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    drop(agent_proc);
+    hub.proc.signal("TERM");
+    assert!(hub.proc.wait_exit(Duration::from_secs(20)).is_some());
+
+    // Zero a 4 KiB block in the middle of the first (closed) segment.
+    let mut segs: Vec<_> = std::fs::read_dir(data.join("segments"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "log"))
+        .collect();
+    segs.sort();
+    assert!(segs.len() > 2, "{segs:?}");
+    let seg = segs[0].clone();
+    assert!(seg.with_extension("idx").exists());
+    let mut bytes = std::fs::read(&seg).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid..mid + 4096].fill(0);
+    std::fs::write(&seg, &bytes).unwrap();
+
+    hub = HubProc::start(&pki, port, Some(&data), &small);
+    let log = hub.proc.stderr();
+    assert!(log.contains("skipping damaged bytes in bus segment"), "{log}");
+    let mut sub =
+        Subscription::connect(subscriber_opts(&pki, &hub.url(), "reader", StartFrom::Earliest)).await.unwrap();
+    let mut events = 0usize;
+    let mut resync = None;
+    let mut max_seq = 0;
+    while max_seq < 2001 || resync.is_none() {
+        let d = tokio::time::timeout(Duration::from_secs(30), sub.next()).await.expect("reader stalled").unwrap();
+        match &d {
+            Delivery::Events(evs) => {
+                events += evs.len();
+                max_seq = max_seq.max(evs.iter().map(|e| e.seq).max().unwrap_or(0));
+            }
+            Delivery::ResyncRequired(r) if r.cluster == "c1" && r.reason != "agent started" => {
+                resync = Some(r.reason.clone())
+            }
+            Delivery::ResyncRequired(r) if r.cluster == "*" => panic!("the closed segment's index names c1: {r:?}"),
+            Delivery::ResyncRequired(_) => {}
+        }
+        sub.ack(d.last_cursor().unwrap()).await.unwrap();
+    }
+    let reason = resync.unwrap();
+    assert!(reason.starts_with("records lost in segment "), "{reason}");
+    assert!(events < 2001, "some events were lost with the block ({events} delivered)");
+    assert!(events > 1000, "records after the damage are kept ({events} delivered)");
+    // The hub still answers and stops on SIGTERM.
+    assert_eq!(http(hub.admin_port, "GET", "/readyz").await.0, 200);
+    hub.proc.signal("TERM");
+    assert!(hub.proc.wait_exit(Duration::from_secs(20)).is_some(), "hub did not stop on SIGTERM");
+}
