@@ -254,6 +254,17 @@ pub enum ErrorCode {
     Replaced,
 }
 
+impl std::fmt::Display for ErrorCode {
+    /// The wire name (`forbidden`, `limit-exceeded`, ...), as logs and messages should show it.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Derived from the serde name so that new codes need no second list.
+        match serde_json::to_value(self) {
+            Ok(serde_json::Value::String(name)) => f.write_str(&name),
+            _ => f.write_str("unknown"),
+        }
+    }
+}
+
 /// Messages a subscriber sends to the hub.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "kebab-case")]
