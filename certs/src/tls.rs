@@ -107,12 +107,8 @@ fn build_server_config(
 ) -> Result<(ServerConfig, jiff::Timestamp), CertError> {
     let ck = load_certified_key(files)?;
     check_own_purpose(files, &ck.cert, Purpose::ServerAuth)?;
-    let not_after = ck
-        .cert
-        .first()
-        .and_then(|c| inspect_der(c).ok())
-        .map(|i| i.not_after)
-        .unwrap_or(jiff::Timestamp::MAX);
+    let not_after =
+        ck.cert.first().and_then(|c| inspect_der(c).ok()).map(|i| i.not_after).unwrap_or(jiff::Timestamp::MAX);
     let cfg = ServerConfig::builder_with_provider(provider())
         .with_protocol_versions(&[&rustls::version::TLS13])
         .map_err(|e| CertError::Tls(e.to_string()))?
@@ -261,7 +257,8 @@ impl ReloadingServerConfig {
         let Some((leaf, intermediates)) = chain.split_first() else {
             return Err("no certificate".into());
         };
-        let verifier = self.state.read().map(|s| s.verifier.clone()).unwrap_or_else(|p| p.into_inner().verifier.clone());
+        let verifier =
+            self.state.read().map(|s| s.verifier.clone()).unwrap_or_else(|p| p.into_inner().verifier.clone());
         match verifier.verify_client_cert(leaf, intermediates, UnixTime::now()) {
             Ok(_) => Ok(()),
             // A new CA often has the old one's name: then the chain is found but its

@@ -25,8 +25,14 @@ pub(crate) async fn serve(listener: TcpListener, ctx: Arc<Context>, shutdown: Ca
     }
 }
 
-async fn ready(State(_ctx): State<Arc<Context>>) -> impl IntoResponse {
-    (StatusCode::OK, "ready\n")
+async fn ready(State(ctx): State<Arc<Context>>) -> impl IntoResponse {
+    let failing: Vec<String> =
+        ctx.readiness().into_iter().filter_map(|(name, r)| r.err().map(|e| format!("{name}: {e}\n"))).collect();
+    if failing.is_empty() {
+        (StatusCode::OK, "ready\n".to_string())
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, format!("not ready\n{}", failing.concat()))
+    }
 }
 
 async fn metrics(State(ctx): State<Arc<Context>>) -> impl IntoResponse {

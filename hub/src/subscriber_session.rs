@@ -48,10 +48,9 @@ pub(crate) async fn run(mut conn: Conn, name: String, peer: Peer, ctx: Arc<Conte
     ctx.metrics.subscriber_sessions.inc();
     let mut session = Session { ctx: ctx.clone(), durable, clusters: sub.clusters.clone(), acked: 0, sent: 0 };
     let end = session.serve(&mut conn, &sub, &shutdown).await;
-    let end = if shutdown.is_cancelled() && ctx.revoked(&peer) {
-        End::Fail(ErrorCode::Forbidden, "certificate revoked".into(), CloseCode::Policy)
-    } else {
-        end
+    let end = match ctx.end_reason(&peer).filter(|_| shutdown.is_cancelled()) {
+        Some(why) => End::Fail(ErrorCode::Forbidden, why, CloseCode::Policy),
+        None => end,
     };
     ctx.metrics.subscriber_sessions.dec();
     match end {
