@@ -82,10 +82,10 @@ impl CertInfo {
     /// URI SAN, and it must be a SPIFFE id of a known role.
     pub fn require_identity(&self) -> Result<Identity, String> {
         match self.uris.as_slice() {
-            [] => Err("certificate has no URI SAN; it needs exactly one, a spiffe:// id".into()),
+            [] => Err("certificate has no URI SAN; it needs exactly one, a SPIFFE id (spiffe://...)".into()),
             [one] => one.parse::<Identity>().map_err(|e| format!("certificate's URI SAN: {e}")),
             many => Err(format!(
-                "certificate has {} URI SANs ({}); it needs exactly one, a spiffe:// id",
+                "certificate has {} URI SANs ({}); it needs exactly one, a SPIFFE id (spiffe://...)",
                 many.len(),
                 many.join(", ")
             )),

@@ -344,11 +344,14 @@ fn fit_open_file_limit(config: &mut HubConfig) {
             "open-file limit allows the connection budgets"
         );
     } else {
+        let mut lowered = vec![format!("--max-connections from {} to {sessions}", config.max_connections)];
+        if handshakes != config.max_handshakes {
+            lowered.push(format!("--max-handshakes from {} to {handshakes}", config.max_handshakes));
+        }
         tracing::warn!(
             open_files = limit,
-            "open-file limit {limit} is too low: lowering --max-connections from {} to {sessions} and --max-handshakes from {} to {handshakes} (raise the hard limit, e.g. LimitNOFILE, to allow more)",
-            config.max_connections,
-            config.max_handshakes
+            "open-file limit {limit} is too low: lowering {} (raise the hard limit, e.g. LimitNOFILE, to allow more)",
+            lowered.join(" and ")
         );
         config.max_connections = sessions;
         config.max_handshakes = handshakes;

@@ -68,7 +68,7 @@ impl Default for Metrics {
         registry.register("throttled_seconds", "Time acks were delayed by rate limits", m.throttled_seconds.clone());
         registry.register(
             "deny_list_stale",
-            "1 while the deny list cannot be read and the last good one is in force",
+            "Whether the deny list file is unusable and the last good list is in force (1) or not (0)",
             m.deny_list_stale.clone(),
         );
         registry.register("deny_list_errors", "Times the deny list file was unusable", m.deny_list_errors.clone());
