@@ -48,8 +48,11 @@ pub(crate) async fn accept_loop(
                 tracker.spawn(handle(tcp, peer, ctx.clone(), shutdown.clone(), slot).instrument(span));
             }
             Err(e) => {
-                // Out of file descriptors and the like: back off instead of spinning.
-                tracing::warn!(error = %e, "accept failed");
+                // Out of file descriptors and the like: back off instead of spinning, and
+                // log like failed handshakes (a few, then counted in the summary).
+                if ctx.admission.log_failure() {
+                    tracing::warn!(error = %e, "accept failed");
+                }
                 tokio::time::sleep(std::time::Duration::from_millis(50)).await;
             }
         }
@@ -62,6 +65,7 @@ struct HandshakeFailure {
     message: String,
 }
 
+/// One connection, inside a span naming its peer address (so every line logged here does).
 async fn handle(tcp: TcpStream, peer: SocketAddr, ctx: Arc<Context>, shutdown: CancellationToken, slot: HandshakeSlot) {
     let _ = tcp.set_nodelay(true);
     let acceptor = TlsAcceptor::from(ctx.tls.current());
@@ -98,14 +102,14 @@ async fn handle(tcp: TcpStream, peer: SocketAddr, ctx: Arc<Context>, shutdown: C
             ctx.metrics.reject("handshake-timeout");
             if ctx.admission.log_failure() {
                 let timeout = ctx.config.handshake_timeout.as_secs_f64();
-                tracing::warn!(%peer, "handshake not finished within --handshake-timeout {timeout}s; closed");
+                tracing::warn!("handshake not finished within --handshake-timeout {timeout}s; closed");
             }
             return;
         }
         Ok(Err(HandshakeFailure { reason, message })) => {
             ctx.metrics.reject(reason);
             if ctx.admission.log_failure() {
-                tracing::warn!(%peer, reason, "handshake failed: {message}");
+                tracing::warn!(reason, "handshake failed: {message}");
             }
             return;
         }
@@ -128,7 +132,7 @@ async fn handle(tcp: TcpStream, peer: SocketAddr, ctx: Arc<Context>, shutdown: C
         Ok(c) => c,
         Err(e) => {
             ctx.metrics.reject("no-identity");
-            tracing::warn!(%peer, "refused: {e}");
+            tracing::warn!("refused: {e}");
             conn.fail(ErrorCode::Forbidden, e.to_string(), CloseCode::Policy).await;
             return;
         }
@@ -137,14 +141,14 @@ async fn handle(tcp: TcpStream, peer: SocketAddr, ctx: Arc<Context>, shutdown: C
     if identity.trust_domain != ctx.trust_domain {
         ctx.metrics.reject("trust-domain");
         let msg = format!("identity {identity} is not in the hub's trust domain {}", ctx.trust_domain);
-        tracing::warn!(%peer, "refused: {msg}");
+        tracing::warn!("refused: {msg}");
         conn.fail(ErrorCode::Forbidden, msg, CloseCode::Policy).await;
         return;
     }
     let peer_cert = Peer::new(certificate);
     if ctx.revoked(&peer_cert) {
         ctx.metrics.reject("revoked");
-        tracing::warn!(%peer, identity = %peer_cert.identity, serial = %peer_cert.serial, "revoked certificate refused");
+        tracing::warn!(identity = %peer_cert.identity, serial = %peer_cert.serial, "revoked certificate refused");
         let msg = format!("certificate {} of {} is revoked", peer_cert.serial, peer_cert.identity);
         conn.fail(ErrorCode::Forbidden, msg, CloseCode::Policy).await;
         return;

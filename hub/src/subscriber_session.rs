@@ -92,7 +92,8 @@ impl Session {
         let start = start.min(bus.last_offset());
         self.acked = start;
         self.sent = start;
-        tracing::info!(durable = ?self.durable, start, clusters = ?self.clusters, "subscriber connected");
+        let (durable, clusters) = (self.durable.as_deref().unwrap_or("-"), self.clusters.join(","));
+        tracing::info!(durable, start, %clusters, "subscriber connected");
         let hello = HubToSubscriber::Subscribed(Subscribed { stream: bus.stream_id().into(), cursor: start });
         if let Err(e) = conn.send_text(encode(&hello)).await {
             return End::Closed(e.to_string());
