@@ -381,3 +381,23 @@ async fn a_busy_port_is_reported_once() {
     assert!(line.contains(&format!("cannot listen on 127.0.0.1:{port}")), "{line}");
     assert_eq!(line.matches("in use").count(), 1, "{line}");
 }
+
+/// `/readyz` names what is not ready: the control-plane watch until it has synced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_waits_for_the_control_plane_watch() {
+    let pki = Pki::new();
+    let (_cp, cp_kc) = sim_cluster(&pki, "control-plane").await;
+    let hub = HubProc::start(&pki, free_port(), None, &["--control-plane-kubeconfig", cp_kc.to_str().unwrap()]);
+    // No WatchConfig CRD yet: the watch cannot list, so the hub is not ready.
+    let ready = http_get(hub.admin_port, "/readyz").await;
+    assert!(ready.starts_with("not ready\n") && ready.contains("control-plane: "), "{ready}");
+    let crd = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../deploy/crds/watchconfigs.operator.fleetwatch.dev.yaml"),
+    )
+    .unwrap();
+    kubectl(&cp_kc, &["apply", "-f", "-"], Some(&crd));
+    let synced =
+        eventually(Duration::from_secs(60), || futures_block(http_get(hub.admin_port, "/readyz")) == "ready\n").await;
+    assert!(synced, "{}\n{}", http_get(hub.admin_port, "/readyz").await, hub.proc.stderr());
+}
