@@ -57,6 +57,14 @@ impl Purpose {
             Purpose::ClientAuth => "clientAuth",
         }
     }
+
+    /// The command that issues a certificate with this usage.
+    fn issue_with(self) -> &'static str {
+        match self {
+            Purpose::ServerAuth => "`fleetwatch certs issue hub`",
+            Purpose::ClientAuth => "`fleetwatch certs issue agent` or `fleetwatch certs issue subscriber`",
+        }
+    }
 }
 
 impl CertInfo {
@@ -67,13 +75,15 @@ impl CertInfo {
         match &self.extended_key_usage {
             Some(ekus) if ekus.iter().any(|e| e == purpose.name()) => Ok(()),
             Some(ekus) => Err(format!(
-                "certificate's extended key usage is {} but it needs {}; issue it with `fleetwatch certs issue`",
+                "certificate's extended key usage is {} but it needs {}; issue it with {}",
                 if ekus.is_empty() { "empty".to_string() } else { ekus.join(", ") },
-                purpose.name()
+                purpose.name(),
+                purpose.issue_with()
             )),
             None => Err(format!(
-                "certificate has no extended key usage but needs {}; issue it with `fleetwatch certs issue`",
-                purpose.name()
+                "certificate has no extended key usage but needs {}; issue it with {}",
+                purpose.name(),
+                purpose.issue_with()
             )),
         }
     }

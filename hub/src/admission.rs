@@ -91,6 +91,7 @@ impl Admission {
 
     /// A handshake slot for a new connection from `ip`, or why not.
     pub(crate) fn begin_handshake(&self, ip: IpAddr) -> Result<HandshakeSlot, Refusal> {
+        let ip = source_key(ip);
         let mut map = self.per_ip.lock().map_err(|_| Refusal::Handshakes)?;
         let n = map.entry(ip).or_default();
         if *n >= self.per_ip_limit {
@@ -146,6 +147,22 @@ impl Admission {
     }
 }
 
+/// The source a per-address budget is kept for: an IPv4 address (also when it arrives
+/// IPv4-mapped on a dual-stack listener), or an IPv6 /64, since one host usually holds a
+/// whole /64 and could otherwise pick a fresh address per connection.
+fn source_key(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(_) => ip,
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => {
+                let s = v6.segments();
+                IpAddr::V6(std::net::Ipv6Addr::new(s[0], s[1], s[2], s[3], 0, 0, 0, 0))
+            }
+        },
+    }
+}
+
 /// Raises the soft open-file limit to the hard one and returns how many descriptors the
 /// process may hold (`None` when the platform does not say).
 pub(crate) fn raise_open_file_limit() -> Option<u64> {
@@ -189,6 +206,18 @@ mod tests {
         assert!(a.begin_handshake(x).is_ok(), "slots come back when handshakes end");
         drop(other);
         assert!(a.per_ip.lock().unwrap().len() <= 1);
+    }
+
+    #[test]
+    fn an_ipv6_host_is_one_source_per_64() {
+        let a = Admission::new(1, 10, 2);
+        let _x = a.begin_handshake("2001:db8::1".parse().unwrap()).unwrap();
+        let _y = a.begin_handshake("2001:db8::2".parse().unwrap()).unwrap();
+        assert_eq!(a.begin_handshake("2001:db8::3".parse().unwrap()).err(), Some(Refusal::HandshakesPerIp));
+        assert!(a.begin_handshake("2001:db8:0:1::1".parse().unwrap()).is_ok());
+        let _m = a.begin_handshake("::ffff:10.0.0.9".parse().unwrap()).unwrap();
+        let _n = a.begin_handshake("10.0.0.9".parse().unwrap()).unwrap();
+        assert!(a.begin_handshake("10.0.0.9".parse().unwrap()).is_err(), "mapped and plain IPv4 are one source");
     }
 
     #[test]
