@@ -115,8 +115,8 @@ async fn handle(tcp: TcpStream, peer: SocketAddr, ctx: Arc<Context>, shutdown: C
         }
         Ok(Ok(v)) => v,
     };
-    // Authenticated from here: the handshake budget is released, the session budget taken.
-    drop(slot);
+    // Authenticated from here: the session budget is taken, then the handshake budget
+    // released (a refusal keeps it while saying why, so refusals stay bounded too).
     let conn = Conn::new(ws, peer, ctx.config.idle_timeout);
     let _session_slot = match ctx.admission.begin_session() {
         Ok(permit) => permit,
@@ -128,6 +128,7 @@ async fn handle(tcp: TcpStream, peer: SocketAddr, ctx: Arc<Context>, shutdown: C
             return;
         }
     };
+    drop(slot);
     let certificate = match certificate {
         Ok(c) => c,
         Err(e) => {
