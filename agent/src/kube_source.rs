@@ -46,7 +46,7 @@ impl States {
             WatchPhase::Starting => tracing::debug!(watch = name, "watch starting"),
             // Normal while a module's CRD is not installed yet; retried.
             WatchPhase::KindNotFound => tracing::info!(watch = name, message = %next.message, "kind not served (yet)"),
-            _ => tracing::warn!(watch = name, ?phase, message = %next.message, "watch not running"),
+            _ => tracing::warn!(watch = name, %phase, message = %next.message, "watch not running"),
         }
         map.insert(name.into(), next);
         self.publish.send_replace(map.values().cloned().collect());

@@ -73,7 +73,7 @@ pub enum AgentError {
     #[error("{0} is not an agent certificate (expected a spiffe://<trust-domain>/cluster/<id> identity)")]
     NotAnAgent(String),
     /// The hub refused the agent for good (identity, protocol version).
-    #[error("hub refused the agent: {code:?}: {message}")]
+    #[error("hub refused the agent: {code}: {message}")]
     Refused {
         /// The code.
         code: ErrorCode,
@@ -231,7 +231,7 @@ impl Agent {
             match end {
                 SessionEnd::Done => return Ok(self.final_stats(&stats, &outbox)),
                 SessionEnd::Refused(code, message) => {
-                    tracing::error!(?code, %message, "hub refused this agent");
+                    tracing::error!(%code, %message, "hub refused this agent");
                     if fail_fast {
                         return Err(AgentError::Refused { code, message });
                     }
@@ -349,7 +349,7 @@ impl Agent {
                             if e.fatal {
                                 return refused_or_lost(e.code, e.message);
                             }
-                            tracing::info!(code = ?e.code, message = %e.message, "hub says");
+                            tracing::info!(code = %e.code, message = %e.message, "hub says");
                         }
                         Err(e) => return SessionEnd::Lost(e),
                     }
@@ -422,7 +422,7 @@ fn refused_or_lost(code: ErrorCode, message: String) -> SessionEnd {
         ErrorCode::IdentityMismatch | ErrorCode::Forbidden | ErrorCode::UnsupportedVersion => {
             SessionEnd::Refused(code, message)
         }
-        _ => SessionEnd::Lost(format!("{code:?}: {message}")),
+        _ => SessionEnd::Lost(format!("{code}: {message}")),
     }
 }
 

@@ -73,9 +73,16 @@ fn validity(params: &mut CertificateParams, days: u32) -> Result<(), CertError> 
     if days == 0 {
         return Err(CertError::Invalid("--days must be at least 1".into()));
     }
+    valid_for(params, std::time::Duration::from_secs(u64::from(days) * 86_400))
+}
+
+fn valid_for(params: &mut CertificateParams, lifetime: std::time::Duration) -> Result<(), CertError> {
+    let lifetime = time::Duration::try_from(lifetime)
+        .map_err(|_| CertError::Invalid("certificate lifetime is too long".into()))?;
     let now = time::OffsetDateTime::now_utc();
+    // Five minutes back: clocks of the machines involved are rarely in step.
     params.not_before = now - time::Duration::minutes(5);
-    params.not_after = now + time::Duration::days(i64::from(days));
+    params.not_after = now + lifetime;
     Ok(())
 }
 
@@ -160,6 +167,19 @@ impl Authority {
 
     /// Issues a certificate in memory: (certificate PEM, key PEM, identity).
     pub fn issue_pem(&self, spec: &LeafSpec, days: u32) -> Result<(String, String, Identity), CertError> {
+        if days == 0 {
+            return Err(CertError::Invalid("--days must be at least 1".into()));
+        }
+        self.issue_pem_for(spec, std::time::Duration::from_secs(u64::from(days) * 86_400))
+    }
+
+    /// Issues a certificate valid from now for `lifetime` (short-lived certificates, tests of
+    /// expiry): (certificate PEM, key PEM, identity).
+    pub fn issue_pem_for(
+        &self,
+        spec: &LeafSpec,
+        lifetime: std::time::Duration,
+    ) -> Result<(String, String, Identity), CertError> {
         let td = &self.trust_domain;
         let (identity, mut sans, eku, cn) = match spec {
             LeafSpec::Hub { dns, ips } => {
@@ -198,7 +218,7 @@ impl Authority {
         params.extended_key_usages = vec![eku];
         params.serial_number = Some(random_serial());
         params.use_authority_key_identifier_extension = true;
-        validity(&mut params, days)?;
+        valid_for(&mut params, lifetime)?;
         let cert = params.signed_by(&key, &self.issuer)?;
         Ok((cert.pem(), key.serialize_pem(), identity))
     }

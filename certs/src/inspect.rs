@@ -13,7 +13,7 @@ use crate::error::{CertError, io_err};
 /// What a certificate says.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CertInfo {
-    /// The SPIFFE identity, when the certificate has exactly one valid one.
+    /// The SPIFFE identity, when the certificate's only URI SAN is a valid SPIFFE id.
     pub identity: Option<Identity>,
     /// All URI SANs.
     pub uris: Vec<String>,
@@ -33,6 +33,74 @@ pub struct CertInfo {
     pub not_after: jiff::Timestamp,
     /// Whether it is a CA certificate.
     pub is_ca: bool,
+    /// The extended key usages it names (`serverAuth`, `clientAuth`, other OIDs dotted);
+    /// `None` when it has no extended key usage extension at all.
+    pub extended_key_usage: Option<Vec<String>>,
+    /// The issuer's distinguished name, DER: compared with CA subjects.
+    pub issuer_der: Vec<u8>,
+}
+
+/// The extended key usage a certificate needs for its side of a TLS connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Purpose {
+    /// A hub (TLS server).
+    ServerAuth,
+    /// An agent or subscriber (TLS client).
+    ClientAuth,
+}
+
+impl Purpose {
+    /// The name in the extension, as `openssl x509 -text` shows it (without "TLS Web").
+    pub fn name(self) -> &'static str {
+        match self {
+            Purpose::ServerAuth => "serverAuth",
+            Purpose::ClientAuth => "clientAuth",
+        }
+    }
+
+    /// The command that issues a certificate with this usage.
+    fn issue_with(self) -> &'static str {
+        match self {
+            Purpose::ServerAuth => "`fleetwatch certs issue hub`",
+            Purpose::ClientAuth => "`fleetwatch certs issue agent` or `fleetwatch certs issue subscriber`",
+        }
+    }
+}
+
+impl CertInfo {
+    /// Checks the certificate names `purpose` among its extended key usages. A certificate
+    /// without the extension is refused too: fleetwatch issues it on every leaf, and a
+    /// certificate made for something else must not pass as one of ours.
+    pub fn check_purpose(&self, purpose: Purpose) -> Result<(), String> {
+        match &self.extended_key_usage {
+            Some(ekus) if ekus.iter().any(|e| e == purpose.name()) => Ok(()),
+            Some(ekus) => Err(format!(
+                "certificate's extended key usage is {} but it needs {}; issue it with {}",
+                if ekus.is_empty() { "empty".to_string() } else { ekus.join(", ") },
+                purpose.name(),
+                purpose.issue_with()
+            )),
+            None => Err(format!(
+                "certificate has no extended key usage but needs {}; issue it with {}",
+                purpose.name(),
+                purpose.issue_with()
+            )),
+        }
+    }
+
+    /// The identity, or why the certificate carries none fleetwatch accepts: exactly one
+    /// URI SAN, and it must be a SPIFFE id of a known role.
+    pub fn require_identity(&self) -> Result<Identity, String> {
+        match self.uris.as_slice() {
+            [] => Err("certificate has no URI SAN; it needs exactly one, a SPIFFE id (spiffe://...)".into()),
+            [one] => one.parse::<Identity>().map_err(|e| format!("certificate's URI SAN: {e}")),
+            many => Err(format!(
+                "certificate has {} URI SANs ({}); it needs exactly one, a SPIFFE id (spiffe://...)",
+                many.len(),
+                many.join(", ")
+            )),
+        }
+    }
 }
 
 impl std::fmt::Display for CertInfo {
@@ -45,6 +113,12 @@ impl std::fmt::Display for CertInfo {
         writeln!(f, "subject:    {}", self.subject)?;
         writeln!(f, "issuer:     {}", self.issuer)?;
         writeln!(f, "ca:         {}", self.is_ca)?;
+        if let Some(eku) = &self.extended_key_usage {
+            writeln!(f, "usage:      {}", eku.join(", "))?;
+        }
+        if self.uris.len() > 1 {
+            writeln!(f, "uris:       {}", self.uris.join(", "))?;
+        }
         if !self.dns.is_empty() {
             writeln!(f, "dns:        {}", self.dns.join(", "))?;
         }
@@ -92,11 +166,42 @@ pub(crate) fn inspect_der(der: &[u8]) -> Result<CertInfo, String> {
             }
         }
     }
-    let spiffe: Vec<_> = uris.iter().filter(|u| u.starts_with("spiffe://")).collect();
-    // SPIFFE: exactly one SPIFFE id per certificate.
-    let identity = match spiffe.as_slice() {
+    // SPIFFE X.509-SVID: exactly one URI SAN, the SPIFFE id. A second URI (even an
+    // https one) makes the identity ambiguous to other verifiers, so it is not accepted.
+    let identity = match uris.as_slice() {
         [one] => one.parse().ok(),
         _ => None,
+    };
+    let extended_key_usage = match cert.extended_key_usage() {
+        Ok(Some(eku)) => {
+            let eku = &eku.value;
+            let mut names = Vec::new();
+            if eku.any {
+                names.push("anyExtendedKeyUsage".to_string());
+            }
+            if eku.server_auth {
+                names.push("serverAuth".to_string());
+            }
+            if eku.client_auth {
+                names.push("clientAuth".to_string());
+            }
+            if eku.code_signing {
+                names.push("codeSigning".to_string());
+            }
+            if eku.email_protection {
+                names.push("emailProtection".to_string());
+            }
+            if eku.time_stamping {
+                names.push("timeStamping".to_string());
+            }
+            if eku.ocsp_signing {
+                names.push("OCSPSigning".to_string());
+            }
+            names.extend(eku.other.iter().map(|oid| oid.to_id_string()));
+            Some(names)
+        }
+        Ok(None) => None,
+        Err(e) => return Err(format!("unreadable extended key usage: {e}")),
     };
     let ts = |t: x509_parser::time::ASN1Time| jiff::Timestamp::from_second(t.timestamp()).unwrap_or_default();
     Ok(CertInfo {
@@ -107,6 +212,8 @@ pub(crate) fn inspect_der(der: &[u8]) -> Result<CertInfo, String> {
         not_before: ts(cert.validity().not_before),
         not_after: ts(cert.validity().not_after),
         is_ca: cert.is_ca(),
+        extended_key_usage,
+        issuer_der: cert.issuer().as_raw().to_vec(),
         uris,
         dns,
         ips,

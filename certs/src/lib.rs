@@ -15,11 +15,12 @@ mod authority;
 mod error;
 mod inspect;
 mod tls;
+mod verify;
 
 pub use authority::{Authority, IssuedFiles, LeafSpec};
 pub use error::CertError;
-pub use inspect::{CertInfo, inspect_file, inspect_pem};
+pub use inspect::{CertInfo, Purpose, inspect_file, inspect_pem};
 pub use tls::{
-    ReloadingServerConfig, TlsFiles, client_config, install_crypto_provider, peer_certificate, peer_identity,
+    PeerCert, ReloadingServerConfig, TlsFiles, client_config, install_crypto_provider, peer_certificate, peer_identity,
     server_config,
 };

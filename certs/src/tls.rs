@@ -5,14 +5,17 @@ use std::sync::{Arc, RwLock};
 use std::time::SystemTime;
 
 use fleetwatch_shared::identity::Identity;
+use rustls::client::WebPkiServerVerifier;
 use rustls::server::WebPkiClientVerifier;
+use rustls::server::danger::ClientCertVerifier;
 use rustls::sign::CertifiedKey;
-use rustls::{ClientConfig, RootCertStore, ServerConfig};
+use rustls::{CertificateError, ClientConfig, Error, RootCertStore, ServerConfig};
 use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use rustls_pki_types::{CertificateDer, PrivateKeyDer, UnixTime};
 
 use crate::error::CertError;
-use crate::inspect::inspect_der;
+use crate::inspect::{Purpose, inspect_der};
+use crate::verify::{ClientAuthVerifier, ServerAuthVerifier};
 
 /// Installs the ring crypto provider as the process default. Call once at start-up, before
 /// any TLS configuration is built: with two providers in the dependency tree rustls cannot
@@ -79,49 +82,106 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
-/// The hub's server configuration: TLS 1.3, client certificates required and verified
-/// against the CA bundles.
-pub fn server_config(files: &TlsFiles) -> Result<ServerConfig, CertError> {
-    let ck = load_certified_key(files)?;
+/// Checks that our own certificate (first of `files.cert`) carries the usage its side needs,
+/// so a wrong certificate fails at start-up with a message naming the file, not at every peer.
+fn check_own_purpose(files: &TlsFiles, chain: &[CertificateDer<'_>], purpose: Purpose) -> Result<(), CertError> {
+    let Some(leaf) = chain.first() else {
+        return Err(CertError::Pem { path: files.cert.clone(), what: "no certificate in file".into() });
+    };
+    let info = inspect_der(leaf).map_err(|what| CertError::Pem { path: files.cert.clone(), what })?;
+    info.check_purpose(purpose).map_err(|what| CertError::Pem { path: files.cert.clone(), what })
+}
+
+/// The client verifier over the CA bundles, with the clientAuth check.
+fn client_verifier(files: &TlsFiles) -> Result<Arc<dyn ClientCertVerifier>, CertError> {
     let roots = Arc::new(load_roots(&files.ca)?);
-    let verifier = WebPkiClientVerifier::builder_with_provider(roots, provider())
+    let inner = WebPkiClientVerifier::builder_with_provider(roots, provider())
         .build()
         .map_err(|e| CertError::Tls(format!("client verifier: {e}")))?;
-    ServerConfig::builder_with_provider(provider())
+    Ok(Arc::new(ClientAuthVerifier { inner }))
+}
+
+fn build_server_config(
+    files: &TlsFiles,
+    verifier: Arc<dyn ClientCertVerifier>,
+) -> Result<(ServerConfig, jiff::Timestamp), CertError> {
+    let ck = load_certified_key(files)?;
+    check_own_purpose(files, &ck.cert, Purpose::ServerAuth)?;
+    let not_after =
+        ck.cert.first().and_then(|c| inspect_der(c).ok()).map(|i| i.not_after).unwrap_or(jiff::Timestamp::MAX);
+    let cfg = ServerConfig::builder_with_provider(provider())
         .with_protocol_versions(&[&rustls::version::TLS13])
         .map_err(|e| CertError::Tls(e.to_string()))?
         .with_client_cert_verifier(verifier)
         .with_single_cert(ck.cert.clone(), load_key(&files.key)?)
-        .map_err(|e| CertError::Tls(e.to_string()))
+        .map_err(|e| CertError::Tls(e.to_string()))?;
+    Ok((cfg, not_after))
+}
+
+/// The hub's server configuration: TLS 1.3, client certificates required and verified
+/// against the CA bundles, and they must name the clientAuth usage. The hub's own
+/// certificate must name serverAuth.
+pub fn server_config(files: &TlsFiles) -> Result<ServerConfig, CertError> {
+    build_server_config(files, client_verifier(files)?).map(|(cfg, _)| cfg)
 }
 
 /// A client configuration (agent or subscriber): trusts the CA bundles, presents the
-/// client certificate.
+/// client certificate (which must name the clientAuth usage) and requires the hub's to
+/// name serverAuth.
 pub fn client_config(files: &TlsFiles) -> Result<ClientConfig, CertError> {
-    let roots = load_roots(&files.ca)?;
+    let roots = Arc::new(load_roots(&files.ca)?);
     let ck = load_certified_key(files)?;
+    check_own_purpose(files, &ck.cert, Purpose::ClientAuth)?;
+    let inner = WebPkiServerVerifier::builder_with_provider(roots, provider())
+        .build()
+        .map_err(|e| CertError::Tls(format!("server verifier: {e}")))?;
     ClientConfig::builder_with_provider(provider())
         .with_protocol_versions(&[&rustls::version::TLS13])
         .map_err(|e| CertError::Tls(e.to_string()))?
-        .with_root_certificates(roots)
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(ServerAuthVerifier { inner }))
         .with_client_auth_cert(ck.cert.clone(), load_key(&files.key)?)
         .map_err(|e| CertError::Tls(e.to_string()))
 }
 
-/// The identity in a verified peer's certificate (the first of its chain).
-pub fn peer_identity(chain: &[CertificateDer<'_>]) -> Result<Identity, CertError> {
-    peer_certificate(chain).map(|(id, _)| id)
+/// What the hub keeps of a verified client's certificate for the session's lifetime.
+#[derive(Debug, Clone)]
+pub struct PeerCert {
+    /// The SPIFFE id (the certificate's only URI SAN).
+    pub identity: Identity,
+    /// Serial, lower-case hex.
+    pub serial: String,
+    /// End of validity: the session ends then.
+    pub not_after: jiff::Timestamp,
+    /// The chain as presented, to re-verify it when the CA bundles change.
+    pub chain: Vec<CertificateDer<'static>>,
 }
 
-/// The identity and serial (lower-case hex) of a verified peer's certificate.
-pub fn peer_certificate(chain: &[CertificateDer<'_>]) -> Result<(Identity, String), CertError> {
+/// The identity in a verified peer's certificate (the first of its chain).
+pub fn peer_identity(chain: &[CertificateDer<'_>]) -> Result<Identity, CertError> {
+    peer_certificate(chain).map(|p| p.identity)
+}
+
+/// A verified peer's certificate: exactly one URI SAN, a SPIFFE id, and the clientAuth usage.
+pub fn peer_certificate(chain: &[CertificateDer<'_>]) -> Result<PeerCert, CertError> {
     let leaf = chain.first().ok_or_else(|| CertError::PeerIdentity("no client certificate".into()))?;
     let info = inspect_der(leaf).map_err(CertError::PeerIdentity)?;
-    let serial = info.serial.to_lowercase();
-    let id = info
-        .identity
-        .ok_or_else(|| CertError::PeerIdentity(format!("no single valid SPIFFE id among URI SANs {:?}", info.uris)))?;
-    Ok((id, serial))
+    let identity = info.require_identity().map_err(CertError::PeerIdentity)?;
+    info.check_purpose(Purpose::ClientAuth).map_err(CertError::PeerIdentity)?;
+    Ok(PeerCert {
+        identity,
+        serial: info.serial.to_lowercase(),
+        not_after: info.not_after,
+        chain: chain.iter().map(|c| c.clone().into_owned()).collect(),
+    })
+}
+
+/// A configuration in force and what it was built from.
+struct Loaded {
+    stamps: Vec<Option<SystemTime>>,
+    config: Arc<ServerConfig>,
+    verifier: Arc<dyn ClientCertVerifier>,
+    not_after: jiff::Timestamp,
 }
 
 /// A server configuration that follows its files: [`reload_if_changed`] rebuilds it when
@@ -131,36 +191,95 @@ pub fn peer_certificate(chain: &[CertificateDer<'_>]) -> Result<(Identity, Strin
 /// [`reload_if_changed`]: ReloadingServerConfig::reload_if_changed
 pub struct ReloadingServerConfig {
     files: TlsFiles,
-    state: RwLock<(Vec<Option<SystemTime>>, Arc<ServerConfig>)>,
+    state: RwLock<Loaded>,
+    /// The file stamps whose load failed, and why: reported once, not at every check.
+    failed: RwLock<Option<(Vec<Option<SystemTime>>, String)>>,
 }
 
 impl ReloadingServerConfig {
     /// Loads the configuration once; fails when the files are unusable.
     pub fn new(files: TlsFiles) -> Result<Self, CertError> {
-        let stamps = stamps(&files);
-        let cfg = Arc::new(server_config(&files)?);
-        Ok(Self { files, state: RwLock::new((stamps, cfg)) })
+        let loaded = load(&files)?;
+        Ok(Self { files, state: RwLock::new(loaded), failed: RwLock::new(None) })
     }
 
     /// The configuration for the next connection.
     pub fn current(&self) -> Arc<ServerConfig> {
-        self.state.read().map(|s| s.1.clone()).unwrap_or_else(|p| p.into_inner().1.clone())
+        self.state.read().map(|s| s.config.clone()).unwrap_or_else(|p| p.into_inner().config.clone())
+    }
+
+    /// When the hub's certificate in force expires.
+    pub fn not_after(&self) -> jiff::Timestamp {
+        self.state.read().map(|s| s.not_after).unwrap_or_else(|p| p.into_inner().not_after)
+    }
+
+    /// Why the files on disk cannot be loaded (the previous configuration is in force), if so.
+    pub fn load_error(&self) -> Option<String> {
+        self.failed.read().ok().and_then(|f| f.as_ref().map(|(_, e)| e.clone()))
     }
 
     /// Reloads when a file changed. Returns whether it reloaded; on error the old
-    /// configuration stays in force.
+    /// configuration stays in force, and the same broken files are reported only once.
     pub fn reload_if_changed(&self) -> Result<bool, CertError> {
         let now = stamps(&self.files);
-        let changed = self.state.read().map(|s| s.0 != now).unwrap_or(true);
+        let changed = self.state.read().map(|s| s.stamps != now).unwrap_or(true);
         if !changed {
+            if let Ok(mut f) = self.failed.write() {
+                *f = None;
+            }
             return Ok(false);
         }
-        let cfg = Arc::new(server_config(&self.files)?);
-        if let Ok(mut s) = self.state.write() {
-            *s = (now, cfg);
+        if self.failed.read().is_ok_and(|f| f.as_ref().is_some_and(|(s, _)| *s == now)) {
+            return Ok(false);
         }
-        Ok(true)
+        match load(&self.files) {
+            Ok(loaded) => {
+                if let Ok(mut s) = self.state.write() {
+                    *s = loaded;
+                }
+                if let Ok(mut f) = self.failed.write() {
+                    *f = None;
+                }
+                Ok(true)
+            }
+            Err(e) => {
+                if let Ok(mut f) = self.failed.write() {
+                    *f = Some((now, e.to_string()));
+                }
+                Err(e)
+            }
+        }
     }
+
+    /// Checks a live peer's chain against the CA bundles in force now: `Err` says why the
+    /// session must end ("its CA is no longer trusted", "certificate expired at ...").
+    pub fn verify_peer(&self, chain: &[CertificateDer<'static>]) -> Result<(), String> {
+        let Some((leaf, intermediates)) = chain.split_first() else {
+            return Err("no certificate".into());
+        };
+        let verifier =
+            self.state.read().map(|s| s.verifier.clone()).unwrap_or_else(|p| p.into_inner().verifier.clone());
+        match verifier.verify_client_cert(leaf, intermediates, UnixTime::now()) {
+            Ok(_) => Ok(()),
+            // A new CA often has the old one's name: then the chain is found but its
+            // signature does not verify, which means the same.
+            Err(Error::InvalidCertificate(CertificateError::UnknownIssuer | CertificateError::BadSignature)) => {
+                Err("its CA is no longer trusted".into())
+            }
+            Err(Error::InvalidCertificate(CertificateError::Expired | CertificateError::ExpiredContext { .. })) => {
+                let when = inspect_der(leaf).map(|i| i.not_after.to_string()).unwrap_or_else(|_| "?".into());
+                Err(format!("certificate expired at {when}"))
+            }
+            Err(e) => Err(format!("certificate no longer verifies: {e}")),
+        }
+    }
+}
+
+fn load(files: &TlsFiles) -> Result<Loaded, CertError> {
+    let stamps = stamps(files);
+    let verifier = client_verifier(files)?;
+    let (config, not_after) = build_server_config(files, verifier.clone())?;
+    Ok(Loaded { stamps, config: Arc::new(config), verifier, not_after })
 }
 
 fn stamps(files: &TlsFiles) -> Vec<Option<SystemTime>> {
@@ -169,4 +288,149 @@ fn stamps(files: &TlsFiles) -> Vec<Option<SystemTime>> {
         .chain(files.ca.iter())
         .map(|p| std::fs::metadata(p).and_then(|m| m.modified()).ok())
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Authority, LeafSpec};
+    use rcgen::{CertificateParams, ExtendedKeyUsagePurpose, Issuer, KeyPair, PKCS_ECDSA_P256_SHA256, SanType};
+
+    /// A CA in a temporary directory and a way to sign arbitrary leaves with it.
+    struct Ca {
+        dir: tempfile::TempDir,
+        issuer: Issuer<'static, KeyPair>,
+    }
+
+    impl Ca {
+        fn new() -> Self {
+            crate::install_crypto_provider();
+            let dir = tempfile::tempdir().unwrap();
+            Authority::init(dir.path(), "td").unwrap();
+            let key = KeyPair::from_pem(&std::fs::read_to_string(dir.path().join("ca.key")).unwrap()).unwrap();
+            let issuer =
+                Issuer::from_ca_cert_pem(&std::fs::read_to_string(dir.path().join("ca.crt")).unwrap(), key).unwrap();
+            Self { dir, issuer }
+        }
+
+        /// Signs a leaf with these URI SANs and extended key usages; returns its TLS files.
+        fn leaf(&self, name: &str, uris: &[&str], eku: Vec<ExtendedKeyUsagePurpose>) -> TlsFiles {
+            let key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).unwrap();
+            let mut params = CertificateParams::new(vec!["localhost".to_string()]).unwrap();
+            params.subject_alt_names.extend(uris.iter().map(|u| SanType::URI((*u).try_into().unwrap())));
+            params.extended_key_usages = eku;
+            let cert = params.signed_by(&key, &self.issuer).unwrap();
+            let (c, k) = (self.dir.path().join(format!("{name}.crt")), self.dir.path().join(format!("{name}.key")));
+            std::fs::write(&c, cert.pem()).unwrap();
+            std::fs::write(&k, key.serialize_pem()).unwrap();
+            TlsFiles { cert: c, key: k, ca: vec![self.dir.path().join("ca.crt")] }
+        }
+
+        fn der(files: &TlsFiles) -> Vec<CertificateDer<'static>> {
+            load_certs(&files.cert).unwrap()
+        }
+    }
+
+    const AGENT: &str = "spiffe://td/cluster/a";
+
+    #[test]
+    fn a_proper_client_certificate_passes() {
+        let ca = Ca::new();
+        let good = ca.leaf("good", &[AGENT], vec![ExtendedKeyUsagePurpose::ClientAuth]);
+        let peer = peer_certificate(&Ca::der(&good)).unwrap();
+        assert_eq!(peer.identity.to_string(), AGENT);
+        // And what `fleetwatch certs issue` makes passes every check on both sides.
+        let auth = Authority::load(ca.dir.path()).unwrap();
+        let issued = auth.issue(ca.dir.path(), &LeafSpec::Agent { cluster: "x".into() }, 1).unwrap();
+        let files = TlsFiles { cert: issued.cert, key: issued.key, ca: good.ca.clone() };
+        assert!(peer_certificate(&Ca::der(&files)).is_ok());
+        assert!(client_config(&files).is_ok());
+        let hub = auth.issue(ca.dir.path(), &LeafSpec::Hub { dns: vec!["h".into()], ips: vec![] }, 1).unwrap();
+        let hub = TlsFiles { cert: hub.cert, key: hub.key, ca: good.ca };
+        let reloading = ReloadingServerConfig::new(hub).unwrap();
+        assert!(reloading.verify_peer(&Ca::der(&files)).is_ok());
+    }
+
+    #[test]
+    fn a_second_uri_san_is_refused() {
+        let ca = Ca::new();
+        let two = ca.leaf("two", &[AGENT, "https://example.org/x"], vec![ExtendedKeyUsagePurpose::ClientAuth]);
+        let err = peer_certificate(&Ca::der(&two)).unwrap_err().to_string();
+        assert!(err.contains("2 URI SANs") && err.contains("exactly one"), "{err}");
+        let none = ca.leaf("none", &[], vec![ExtendedKeyUsagePurpose::ClientAuth]);
+        assert!(peer_certificate(&Ca::der(&none)).unwrap_err().to_string().contains("no URI SAN"));
+        let https = ca.leaf("https", &["https://example.org/x"], vec![ExtendedKeyUsagePurpose::ClientAuth]);
+        assert!(peer_certificate(&Ca::der(&https)).unwrap_err().to_string().contains("not a SPIFFE id"));
+    }
+
+    #[test]
+    fn client_certificates_need_client_auth() {
+        let ca = Ca::new();
+        let no_eku = ca.leaf("no-eku", &[AGENT], vec![]);
+        let server_only = ca.leaf("server-only", &[AGENT], vec![ExtendedKeyUsagePurpose::ServerAuth]);
+        for files in [&no_eku, &server_only] {
+            let err = peer_certificate(&Ca::der(files)).unwrap_err().to_string();
+            assert!(err.contains("needs clientAuth"), "{err}");
+            // The hub's verifier refuses it during the handshake already.
+            let verifier = client_verifier(files).unwrap();
+            let chain = Ca::der(files);
+            let got = verifier.verify_client_cert(&chain[0], &[], UnixTime::now()).unwrap_err();
+            assert!(
+                matches!(
+                    got,
+                    Error::InvalidCertificate(
+                        CertificateError::InvalidPurpose | CertificateError::InvalidPurposeContext { .. }
+                    )
+                ),
+                "{got}"
+            );
+            // A client refuses to use it at all, naming the file.
+            let err = client_config(files).unwrap_err().to_string();
+            assert!(err.contains(&files.cert.display().to_string()) && err.contains("clientAuth"), "{err}");
+        }
+    }
+
+    #[test]
+    fn the_hub_certificate_needs_server_auth() {
+        let ca = Ca::new();
+        for (name, eku) in [("h-none", vec![]), ("h-client", vec![ExtendedKeyUsagePurpose::ClientAuth])] {
+            let files = ca.leaf(name, &["spiffe://td/hub"], eku);
+            let err = ReloadingServerConfig::new(files.clone()).err().expect("refused").to_string();
+            assert!(err.contains(&files.cert.display().to_string()) && err.contains("needs serverAuth"), "{err}");
+        }
+        let ok = ca.leaf("h-ok", &["spiffe://td/hub"], vec![ExtendedKeyUsagePurpose::ServerAuth]);
+        assert!(ReloadingServerConfig::new(ok).is_ok());
+    }
+
+    #[test]
+    fn live_peers_are_reverified_against_the_bundle_in_force() {
+        let ca = Ca::new();
+        let other = Ca::new();
+        let agent = other.leaf("agent", &[AGENT], vec![ExtendedKeyUsagePurpose::ClientAuth]);
+        let hub = ca.leaf("hub", &["spiffe://td/hub"], vec![ExtendedKeyUsagePurpose::ServerAuth]);
+        let bundle = ca.dir.path().join("bundle.crt");
+        std::fs::copy(other.dir.path().join("ca.crt"), &bundle).unwrap();
+        let files = TlsFiles { ca: vec![hub.ca[0].clone(), bundle.clone()], ..hub };
+        let cfg = ReloadingServerConfig::new(files).unwrap();
+        assert!(cfg.verify_peer(&Ca::der(&agent)).is_ok());
+        // The other CA leaves the bundle: the peer no longer verifies.
+        std::fs::copy(ca.dir.path().join("ca.crt"), &bundle).unwrap();
+        let later = SystemTime::now() + std::time::Duration::from_secs(5);
+        std::fs::File::options().write(true).open(&bundle).unwrap().set_modified(later).unwrap();
+        assert!(cfg.reload_if_changed().unwrap());
+        assert_eq!(cfg.verify_peer(&Ca::der(&agent)).unwrap_err(), "its CA is no longer trusted");
+    }
+
+    #[test]
+    fn a_broken_reload_is_reported_once() {
+        let ca = Ca::new();
+        let hub = ca.leaf("hub", &["spiffe://td/hub"], vec![ExtendedKeyUsagePurpose::ServerAuth]);
+        let cfg = ReloadingServerConfig::new(hub.clone()).unwrap();
+        std::fs::write(&hub.cert, "garbage").unwrap();
+        let later = SystemTime::now() + std::time::Duration::from_secs(5);
+        std::fs::File::options().write(true).open(&hub.cert).unwrap().set_modified(later).unwrap();
+        assert!(cfg.reload_if_changed().is_err());
+        assert!(cfg.load_error().is_some());
+        assert!(!cfg.reload_if_changed().unwrap(), "the same broken files are reported once");
+    }
 }

@@ -50,7 +50,8 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     let (tx, rx) = mpsc::channel(4096);
     match synthetic {
         Some(source) => {
-            tracing::info!(parent: &span, ?source, "agent starting with a synthetic source");
+            let spec = args.source.as_deref().unwrap_or_default();
+            tracing::info!(parent: &span, source = spec, "agent starting with a synthetic source");
             tokio::spawn(source.run(tx, shutdown.child_token()));
         }
         None => {
@@ -62,7 +63,8 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
                     "no --kubeconfig or --source given and no in-cluster configuration or $KUBECONFIG found",
                 )?,
             };
-            tracing::info!(parent: &span, kubeconfig = ?args.kubeconfig, "agent starting: watching the cluster");
+            let kubeconfig = args.kubeconfig.as_ref().map_or_else(|| "in-cluster".into(), |p| p.display().to_string());
+            tracing::info!(parent: &span, %kubeconfig, "agent starting: watching the cluster");
             let (status_tx, status_rx) = tokio::sync::watch::channel(Vec::new());
             let specs = agent.watches();
             agent = agent.with_watch_status(status_rx);

@@ -81,9 +81,18 @@ pub struct HubArgs {
     /// certificates; a denied peer is refused and its open session closed.
     #[arg(long)]
     deny_list: Option<PathBuf>,
-    /// Most open connections.
+    /// Most sessions: connections that completed the TLS and WebSocket handshakes. Lowered
+    /// at start to what the open-file limit allows (the hub raises its soft limit to the hard one).
     #[arg(long, default_value_t = 50_000)]
     max_connections: usize,
+    /// Most connections still in the TLS or WebSocket handshake (unauthenticated), from all
+    /// addresses together.
+    #[arg(long, default_value_t = 1024)]
+    max_handshakes: usize,
+    /// Most connections still in the handshake from one source address: idle sockets from
+    /// one address cannot keep others out.
+    #[arg(long, default_value_t = 64)]
+    max_handshakes_per_ip: usize,
 }
 
 fn secs(name: &str, v: f64) -> anyhow::Result<Duration> {
@@ -153,7 +162,9 @@ pub async fn run(args: HubArgs) -> anyhow::Result<()> {
     config.limits.max_batch_events = args.max_batch_events;
     config.handshake_timeout = secs("handshake-timeout", args.handshake_timeout)?;
     config.idle_timeout = secs("idle-timeout", args.idle_timeout)?;
-    config.max_connections = args.max_connections;
+    config.max_connections = args.max_connections.max(1);
+    config.max_handshakes = args.max_handshakes.max(1);
+    config.max_handshakes_per_ip = args.max_handshakes_per_ip.max(1);
     config.deny_list = args.deny_list;
     config.tls_reload_interval = secs("tls-reload-interval", args.tls_reload_interval)?;
     config.watch_source = match (args.watch_config, args.control_plane_kubeconfig) {

@@ -99,7 +99,7 @@ pub async fn run(args: LifecycleArgs) -> anyhow::Result<()> {
         migrations: fleetwatch_lifecycle::migration::Registry::builtin(),
         ..fleetwatch_lifecycle::LifecycleConfig::new(client.clone())
     };
-    tracing::info!(resync = ?resync, "lifecycle operator starting");
+    tracing::info!(resync_secs = resync.map_or(0.0, |d| d.as_secs_f64()), "lifecycle operator starting");
     println!("lifecycle operator running");
     let shutdown = crate::shutdown_on_signals();
     let metrics = Arc::new(fleetwatch_lifecycle::Metrics::default());

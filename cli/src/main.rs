@@ -95,9 +95,40 @@ fn main() -> std::process::ExitCode {
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", one_line(&e));
             std::process::ExitCode::FAILURE
         }
+    }
+}
+
+/// The error and its causes on one line, each cause once: many errors already include
+/// their source in their own message ("cannot listen on X: Address already in use"), so
+/// a cause whose text is already there is not repeated.
+fn one_line(e: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if text.is_empty() || line.contains(&text) {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(&text);
+    }
+    line
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn each_cause_is_printed_once() {
+        let io = std::io::Error::from(std::io::ErrorKind::AddrInUse);
+        let bind = fleetwatch_hub::HubError::Bind { addr: "127.0.0.1:1".parse().unwrap(), source: io };
+        let e = anyhow::Error::new(bind).context("cannot start hub");
+        assert_eq!(super::one_line(&e), "cannot start hub: cannot listen on 127.0.0.1:1: address in use");
+        let plain = anyhow::anyhow!("inner").context("outer");
+        assert_eq!(super::one_line(&plain), "outer: inner");
     }
 }
 

@@ -44,7 +44,9 @@ pub(crate) struct Check {
 
 /// Every readiness check. Add a check here to make `/readyz` depend on it.
 pub(crate) fn checks(ctx: &Context) -> Vec<Check> {
-    vec![Check { name: "bus", state: ctx.bus.health() }]
+    let mut checks = vec![Check { name: "bus", state: ctx.bus.health() }];
+    checks.extend(ctx.readiness().into_iter().map(|(name, state)| Check { name, state }));
+    checks
 }
 
 async fn ready(State(ctx): State<Arc<Context>>) -> impl IntoResponse {

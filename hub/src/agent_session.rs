@@ -84,9 +84,9 @@ pub(crate) async fn run(mut conn: Conn, cluster: String, peer: Peer, ctx: Arc<Co
             End::Closed(why) => tracing::info!(%why, "agent disconnected"),
             End::Fail(code, msg, close) => {
                 if code == ErrorCode::ShuttingDown || code == ErrorCode::Replaced {
-                    tracing::info!(?code, %msg, "closing agent session");
+                    tracing::info!(%code, %msg, "closing agent session");
                 } else {
-                    tracing::warn!(?code, %msg, "closing agent session");
+                    tracing::warn!(%code, %msg, "closing agent session");
                 }
                 conn.fail(code, msg, close).await;
             }
@@ -145,8 +145,8 @@ impl Session {
                     continue;
                 }
                 _ = cancel.cancelled() => {
-                    return Err(if self.ctx.revoked(peer) {
-                        End::Fail(ErrorCode::Forbidden, "certificate revoked".into(), CloseCode::Policy)
+                    return Err(if let Some(why) = self.ctx.end_reason(peer) {
+                        End::Fail(ErrorCode::Forbidden, why, CloseCode::Policy)
                     } else if shutdown.is_cancelled() {
                         End::Fail(ErrorCode::ShuttingDown, "hub shutting down".into(), CloseCode::Away)
                     } else {

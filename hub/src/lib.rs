@@ -15,6 +15,7 @@
 #![warn(missing_docs)]
 
 pub mod admin;
+mod admission;
 mod agent_session;
 pub mod bus;
 mod conn;
@@ -68,8 +69,13 @@ pub struct HubConfig {
     pub handshake_timeout: Duration,
     /// A session silent for this long is closed (the hub pings at a third of it).
     pub idle_timeout: Duration,
-    /// Most open connections.
+    /// Most sessions (connections that completed the TLS and WebSocket handshakes).
+    /// Lowered at start when the open-file limit does not allow it.
     pub max_connections: usize,
+    /// Most connections still in the TLS or WebSocket handshake, from all addresses.
+    pub max_handshakes: usize,
+    /// Most connections still in the handshake from one source address.
+    pub max_handshakes_per_ip: usize,
     /// How often certificate and CA files are checked for changes.
     pub tls_reload_interval: Duration,
     /// Where WatchConfigs come from.
@@ -94,6 +100,8 @@ impl HubConfig {
             handshake_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(30),
             max_connections: 50_000,
+            max_handshakes: 1024,
+            max_handshakes_per_ip: 64,
             tls_reload_interval: Duration::from_secs(5),
             watch_source: watch_source::WatchSource::None,
             deny_list: None,
@@ -134,22 +142,46 @@ pub(crate) struct Context {
     pub metrics: Metrics,
     pub tls: ReloadingServerConfig,
     /// The trust domain of the hub's own certificate; clients must share it.
-    pub trust_domain: Option<String>,
+    pub trust_domain: String,
     /// The watch configuration pushed to agents.
     pub watches: tokio::sync::watch::Sender<Arc<Vec<fleetwatch_shared::protocol::WatchSpec>>>,
     /// The deny list in force.
     pub revocation: revocation::Revocation,
     /// Open connections by id: who they are, and how to close them.
     pub live: std::sync::Mutex<std::collections::HashMap<u64, (Peer, CancellationToken)>>,
+    /// Handshake and session budgets, refusal counts.
+    pub admission: admission::Admission,
+    /// Whether the control-plane WatchConfig watch has listed everything (always true for
+    /// other sources).
+    pub watch_synced: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// Who is on the other end of a connection, from its certificate.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub(crate) struct Peer {
     /// The SPIFFE id.
     pub identity: String,
     /// The certificate serial, lower-case hex.
     pub serial: String,
+    /// When the certificate expires: the session ends then.
+    pub not_after: jiff::Timestamp,
+    /// The presented chain, re-verified when the CA bundles change.
+    pub chain: Arc<Vec<rustls::pki_types::CertificateDer<'static>>>,
+    /// Why the hub ended the session (set before its token is cancelled).
+    pub ended: Arc<std::sync::OnceLock<String>>,
+}
+
+impl Peer {
+    /// The peer as its verified certificate says.
+    pub(crate) fn new(cert: fleetwatch_certs::PeerCert) -> Self {
+        Self {
+            identity: cert.identity.to_string(),
+            serial: cert.serial,
+            not_after: cert.not_after,
+            chain: Arc::new(cert.chain),
+            ended: Arc::default(),
+        }
+    }
 }
 
 impl Context {
@@ -158,17 +190,63 @@ impl Context {
         self.revocation.current().denies(&peer.identity, &peer.serial)
     }
 
-    /// Closes every open connection whose certificate the deny list now denies.
-    fn close_revoked(&self) {
+    /// Why the hub ends this peer's session, if it does: revoked, expired, CA gone.
+    pub(crate) fn end_reason(&self, peer: &Peer) -> Option<String> {
+        peer.ended.get().cloned().or_else(|| self.revoked(peer).then(|| "certificate revoked".to_string()))
+    }
+
+    /// Closes every open connection whose certificate the deny list now denies, that has
+    /// expired, or (when `recheck_chains`, after the CA bundles changed) no longer verifies.
+    fn close_revoked(&self, recheck_chains: bool) {
         let list = self.revocation.current();
-        if let Ok(live) = self.live.lock() {
-            for (peer, token) in live.values() {
-                if list.denies(&peer.identity, &peer.serial) {
-                    tracing::warn!(identity = %peer.identity, serial = %peer.serial, "certificate revoked: closing its session");
-                    token.cancel();
-                }
-            }
+        let now = jiff::Timestamp::now();
+        // Copied out: chain verification is too slow to run under the lock new
+        // connections take.
+        let peers: Vec<(Peer, CancellationToken)> = match self.live.lock() {
+            Ok(live) => live.values().filter(|(_, t)| !t.is_cancelled()).cloned().collect(),
+            Err(_) => return,
+        };
+        for (peer, token) in peers {
+            let (label, why) = if list.denies(&peer.identity, &peer.serial) {
+                ("revoked", "certificate revoked".to_string())
+            } else if peer.not_after <= now {
+                ("expired", format!("certificate expired at {}", peer.not_after))
+            } else if recheck_chains && let Err(why) = self.tls.verify_peer(&peer.chain) {
+                ("untrusted", why)
+            } else {
+                continue;
+            };
+            tracing::warn!(identity = %peer.identity, serial = %peer.serial, reason = %why, "closing session");
+            self.metrics.sessions_expired.get_or_create(&metrics::ReasonLabel { reason: label.into() }).inc();
+            let _ = peer.ended.set(why);
+            token.cancel();
         }
+    }
+
+    /// Named readiness checks beyond the bus: certificates in force and loadable, deny list
+    /// readable, control-plane watch synced (when configured). `Err` says what is wrong.
+    pub(crate) fn readiness(&self) -> Vec<(&'static str, Result<(), String>)> {
+        let not_after = self.tls.not_after();
+        let certificates = if not_after <= jiff::Timestamp::now() {
+            Err(format!("hub certificate {} expired at {not_after}", self.config.tls.cert.display()))
+        } else if let Some(e) = self.tls.load_error() {
+            Err(format!("changed certificate files cannot be loaded (the previous ones are in force): {e}"))
+        } else {
+            Ok(())
+        };
+        let mut checks = vec![("certificates", certificates)];
+        if self.config.deny_list.is_some() {
+            let stale = self.revocation.stale().map(|e| format!("stale, the last good list is in force: {e}"));
+            checks.push(("deny-list", stale.map_or(Ok(()), Err)));
+        }
+        if matches!(self.config.watch_source, watch_source::WatchSource::ControlPlane(_)) {
+            let synced = self.watch_synced.load(std::sync::atomic::Ordering::Relaxed);
+            checks.push((
+                "control-plane",
+                if synced { Ok(()) } else { Err("WatchConfig watch has not synced with the control plane".into()) },
+            ));
+        }
+        checks
     }
 }
 
@@ -181,8 +259,9 @@ pub struct Hub {
 
 impl Hub {
     /// Loads certificates, opens the bus and binds the listeners.
-    pub async fn bind(config: HubConfig) -> Result<Self, HubError> {
+    pub async fn bind(mut config: HubConfig) -> Result<Self, HubError> {
         fleetwatch_certs::install_crypto_provider();
+        fit_open_file_limit(&mut config);
         let tls = ReloadingServerConfig::new(config.tls.clone())?;
         let bus = Bus::open(BusOptions {
             dir: config.data_dir.clone(),
@@ -196,11 +275,22 @@ impl Hub {
             Some(addr) => Some(TcpListener::bind(addr).await.map_err(|source| HubError::Bind { addr, source })?),
             None => None,
         };
-        let trust_domain = fleetwatch_certs::inspect_file(&config.tls.cert)?.identity.map(|id| id.trust_domain);
+        // Clients must share the trust domain of the hub's own SPIFFE id.
+        let trust_domain = fleetwatch_certs::inspect_file(&config.tls.cert)?
+            .require_identity()
+            .map_err(|what| CertError::Pem { path: config.tls.cert.clone(), what })?
+            .trust_domain;
         // A broken WatchConfig directory is a start-up error; later edits are reloaded.
         let initial_watches = config.watch_source.initial()?;
         let revocation = revocation::Revocation::load(config.deny_list.clone())?;
+        let watch_synced = !matches!(config.watch_source, watch_source::WatchSource::ControlPlane(_));
         let ctx = Arc::new(Context {
+            admission: admission::Admission::new(
+                config.max_connections,
+                config.max_handshakes,
+                config.max_handshakes_per_ip,
+            ),
+            watch_synced: Arc::new(std::sync::atomic::AtomicBool::new(watch_synced)),
             config,
             bus,
             registry: SessionRegistry::default(),
@@ -240,6 +330,7 @@ impl Hub {
         tracker.spawn(watch_source::run(
             self.ctx.config.watch_source.clone(),
             self.ctx.watches.clone(),
+            self.ctx.watch_synced.clone(),
             shutdown.clone(),
         ));
         server::accept_loop(self.listener, self.ctx.clone(), shutdown.clone(), &tracker).await;
@@ -251,10 +342,39 @@ impl Hub {
     }
 }
 
-/// Periodic chores: certificate reload, cursor flush.
+/// Raises the open-file limit and fits the connection budgets under it, in one log line.
+fn fit_open_file_limit(config: &mut HubConfig) {
+    let Some(limit) = admission::raise_open_file_limit() else { return };
+    let (sessions, handshakes) = admission::fit_to_fd_limit(config.max_connections, config.max_handshakes, limit);
+    if (sessions, handshakes) == (config.max_connections, config.max_handshakes) {
+        tracing::info!(
+            open_files = limit,
+            max_connections = sessions,
+            max_handshakes = handshakes,
+            "open-file limit allows the connection budgets"
+        );
+    } else {
+        let mut lowered = vec![format!("--max-connections from {} to {sessions}", config.max_connections)];
+        if handshakes != config.max_handshakes {
+            lowered.push(format!("--max-handshakes from {} to {handshakes}", config.max_handshakes));
+        }
+        tracing::warn!(
+            open_files = limit,
+            "open-file limit {limit} is too low: lowering {} (raise the hard limit, e.g. LimitNOFILE, to allow more)",
+            lowered.join(" and ")
+        );
+        config.max_connections = sessions;
+        config.max_handshakes = handshakes;
+    }
+}
+
+/// Periodic chores: certificate and deny-list reload, closing sessions whose certificate
+/// is no longer good, cursor flush, the refusal summary.
 async fn housekeeping(ctx: Arc<Context>, shutdown: CancellationToken) {
     let mut flush = tokio::time::interval(Duration::from_secs(1));
     let mut reload = tokio::time::interval(ctx.config.tls_reload_interval);
+    let mut summary = tokio::time::interval(admission::SUMMARY_INTERVAL);
+    summary.tick().await; // the first tick is immediate; summaries cover a whole interval
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,
@@ -263,20 +383,40 @@ async fn housekeeping(ctx: Arc<Context>, shutdown: CancellationToken) {
                     tracing::warn!(error = %e, "cannot store subscriber cursors");
                 }
             }
+            _ = summary.tick() => {
+                if let Some(line) = ctx.admission.take_summary() {
+                    tracing::warn!("{line}");
+                }
+            }
             _ = reload.tick() => {
-                match ctx.tls.reload_if_changed() {
-                    Ok(true) => tracing::info!("reloaded TLS certificates and CA bundles"),
-                    Ok(false) => {}
-                    Err(e) => tracing::warn!(error = %e, "certificate files changed but cannot be loaded; keeping the old ones"),
-                }
-                match ctx.revocation.reload_if_changed() {
+                let bundles_changed = match ctx.tls.reload_if_changed() {
                     Ok(true) => {
-                        tracing::info!(entries = ctx.revocation.current().len(), "reloaded the deny list");
-                        ctx.close_revoked();
+                        tracing::info!("reloaded TLS certificates and CA bundles");
+                        true
                     }
-                    Ok(false) => {}
-                    Err(e) => tracing::warn!(error = %e, "deny list changed but cannot be read; keeping the old one"),
+                    Ok(false) => false,
+                    Err(e) => {
+                        tracing::error!(error = %e, "certificate files changed but cannot be loaded; keeping the old ones");
+                        false
+                    }
+                };
+                match ctx.revocation.reload_if_changed() {
+                    revocation::Reload::Replaced => {
+                        tracing::info!(entries = ctx.revocation.current().len(), "reloaded the deny list");
+                        ctx.metrics.deny_list_stale.set(0);
+                    }
+                    revocation::Reload::Unchanged => {}
+                    revocation::Reload::Failed(e) => {
+                        tracing::error!(
+                            error = %e,
+                            entries = ctx.revocation.current().len(),
+                            "deny list cannot be used; the last good list stays in force"
+                        );
+                        ctx.metrics.deny_list_errors.inc();
+                        ctx.metrics.deny_list_stale.set(1);
+                    }
                 }
+                ctx.close_revoked(bundles_changed);
             }
         }
     }

@@ -33,6 +33,12 @@ pub struct Metrics {
     pub append_seconds: Histogram,
     /// Seconds acks were delayed by rate limiting.
     pub throttled_seconds: Counter<f64, std::sync::atomic::AtomicU64>,
+    /// 1 while the deny list file cannot be used and the last good list is in force.
+    pub deny_list_stale: Gauge,
+    /// Times the deny list file was found unusable.
+    pub deny_list_errors: Counter,
+    /// Live sessions closed because their certificate expired or its CA left the bundle.
+    pub sessions_expired: Family<ReasonLabel, Counter>,
 }
 
 impl Default for Metrics {
@@ -47,6 +53,9 @@ impl Default for Metrics {
             rejected: Family::default(),
             append_seconds: Histogram::new(exponential_buckets(0.0001, 2.0, 16)),
             throttled_seconds: Counter::default(),
+            deny_list_stale: Gauge::default(),
+            deny_list_errors: Counter::default(),
+            sessions_expired: Family::default(),
             registry: Registry::default(),
         };
         registry.register("agent_sessions", "Agent sessions open", m.agent_sessions.clone());
@@ -57,6 +66,17 @@ impl Default for Metrics {
         registry.register("rejected", "Connections or messages rejected, by reason", m.rejected.clone());
         registry.register("bus_append_seconds", "Time to append a batch to the bus", m.append_seconds.clone());
         registry.register("throttled_seconds", "Time acks were delayed by rate limits", m.throttled_seconds.clone());
+        registry.register(
+            "deny_list_stale",
+            "Whether the deny list file is unusable and the last good list is in force (1) or not (0)",
+            m.deny_list_stale.clone(),
+        );
+        registry.register("deny_list_errors", "Times the deny list file was unusable", m.deny_list_errors.clone());
+        registry.register(
+            "sessions_ended",
+            "Live sessions closed because their certificate is no longer valid, by reason",
+            m.sessions_expired.clone(),
+        );
         Self { registry, ..m }
     }
 }

@@ -2,6 +2,9 @@
 //! it changes. A denied peer is refused at connect, and a live session whose certificate is
 //! denied later is closed within one reload interval.
 //!
+//! It fails closed: a deny list that disappears or cannot be read keeps the last good list
+//! in force (and the hub reports it stale) rather than un-revoking everyone.
+//!
 //! The file has one entry per line: a certificate serial in hex (colons allowed, as
 //! `openssl x509 -serial` or `fleetwatch certs inspect` print it) or a SPIFFE id; `#`
 //! starts a comment.
@@ -18,13 +21,27 @@ pub struct DenyList {
     identities: HashSet<String>,
 }
 
-/// A line that is neither a serial nor a SPIFFE id.
+/// Why the deny list cannot be used.
 #[derive(Debug, thiserror::Error)]
-#[error("{path}:{line}: {why}")]
-pub struct DenyListError {
-    path: String,
-    line: usize,
-    why: String,
+pub enum DenyListError {
+    /// The file cannot be read (missing, a directory, no permission).
+    #[error("deny list {path}: {source}")]
+    Read {
+        /// The file.
+        path: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A line that is neither a serial nor a SPIFFE id.
+    #[error("deny list {path}:{line}: {why}")]
+    Parse {
+        /// The file.
+        path: String,
+        /// The line number, from 1.
+        line: usize,
+        /// What is wrong with it.
+        why: String,
+    },
 }
 
 impl DenyList {
@@ -37,7 +54,7 @@ impl DenyList {
                 continue;
             }
             if entry.starts_with("spiffe://") {
-                entry.parse::<fleetwatch_shared::Identity>().map_err(|e| DenyListError {
+                entry.parse::<fleetwatch_shared::Identity>().map_err(|e| DenyListError::Parse {
                     path: path.display().to_string(),
                     line: i + 1,
                     why: e.to_string(),
@@ -46,7 +63,7 @@ impl DenyList {
             } else {
                 let serial = entry.replace(':', "").to_lowercase();
                 if serial.is_empty() || !serial.bytes().all(|b| b.is_ascii_hexdigit()) {
-                    return Err(DenyListError {
+                    return Err(DenyListError::Parse {
                         path: path.display().to_string(),
                         line: i + 1,
                         why: format!("{entry:?} is neither a hex certificate serial nor a spiffe:// id"),
@@ -77,37 +94,79 @@ impl DenyList {
 /// The deny list in force, following its file.
 pub struct Revocation {
     path: Option<PathBuf>,
-    state: RwLock<(Option<SystemTime>, Arc<DenyList>)>,
+    state: RwLock<State>,
+}
+
+#[derive(Default)]
+struct State {
+    /// The stamp of the file the list in force was read from.
+    stamp: Option<SystemTime>,
+    list: Arc<DenyList>,
+    /// The stamp and error of a file that could not be used: reported once per change.
+    failed: Option<(Option<SystemTime>, String)>,
+}
+
+/// What a reload check found.
+#[derive(Debug)]
+pub enum Reload {
+    /// Nothing changed (or it is still broken in the same way, already reported).
+    Unchanged,
+    /// A new list is in force.
+    Replaced,
+    /// The file is broken now: the previous list stays in force. Reported once per change.
+    Failed(DenyListError),
 }
 
 impl Revocation {
-    /// Loads the file (none: nothing is denied). A broken file is a start-up error.
+    /// Loads the file (none: nothing is denied). A missing, unreadable or broken file is a
+    /// start-up error: starting with an empty list would un-revoke everyone. An empty file
+    /// is fine.
     pub fn load(path: Option<PathBuf>) -> Result<Self, DenyListError> {
-        let (stamp, list) = match &path {
-            Some(p) => (stamp(p), read(p)?),
-            None => (None, DenyList::default()),
+        let state = match &path {
+            Some(p) => State { stamp: stamp(p), list: Arc::new(read(p)?), failed: None },
+            None => State::default(),
         };
-        Ok(Self { path, state: RwLock::new((stamp, Arc::new(list))) })
+        Ok(Self { path, state: RwLock::new(state) })
     }
 
     /// The list in force.
     pub fn current(&self) -> Arc<DenyList> {
-        self.state.read().map(|s| s.1.clone()).unwrap_or_default()
+        self.state.read().map(|s| s.list.clone()).unwrap_or_else(|p| p.into_inner().list.clone())
     }
 
-    /// Re-reads the file when it changed; `Ok(true)` when the list was replaced. On error the
-    /// old list stays in force.
-    pub fn reload_if_changed(&self) -> Result<bool, DenyListError> {
-        let Some(path) = &self.path else { return Ok(false) };
+    /// Why the list in force is stale (its file cannot be used), if it is.
+    pub fn stale(&self) -> Option<String> {
+        self.state.read().ok().and_then(|s| s.failed.as_ref().map(|(_, e)| e.clone()))
+    }
+
+    /// Re-reads the file when it changed. On error the old list stays in force.
+    pub fn reload_if_changed(&self) -> Reload {
+        let Some(path) = &self.path else { return Reload::Unchanged };
         let now = stamp(path);
-        if self.state.read().map(|s| s.0 == now).unwrap_or(false) {
-            return Ok(false);
+        let Ok(state) = self.state.read() else { return Reload::Unchanged };
+        let seen = match &state.failed {
+            Some((failed, _)) => *failed == now,
+            // A missing file has no stamp: it must still be noticed as a change.
+            None => state.stamp == now && now.is_some(),
+        };
+        drop(state);
+        if seen {
+            return Reload::Unchanged;
         }
-        let list = read(path)?;
-        if let Ok(mut s) = self.state.write() {
-            *s = (now, Arc::new(list));
+        let mut state = match self.state.write() {
+            Ok(s) => s,
+            Err(p) => p.into_inner(),
+        };
+        match read(path) {
+            Ok(list) => {
+                *state = State { stamp: now, list: Arc::new(list), failed: None };
+                Reload::Replaced
+            }
+            Err(e) => {
+                state.failed = Some((now, e.to_string()));
+                Reload::Failed(e)
+            }
         }
-        Ok(true)
     }
 }
 
@@ -116,8 +175,8 @@ fn stamp(path: &Path) -> Option<SystemTime> {
 }
 
 fn read(path: &Path) -> Result<DenyList, DenyListError> {
-    // A missing file denies nothing: deny lists are often created only when needed.
-    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let text = std::fs::read_to_string(path)
+        .map_err(|source| DenyListError::Read { path: path.display().to_string(), source })?;
     DenyList::parse(&text, path)
 }
 
@@ -136,5 +195,52 @@ mod tests {
         assert!(!l.denies("spiffe://td/cluster/eu-2", "ff"));
         assert!(DenyList::parse("not-hex!", Path::new("d")).is_err());
         assert!(DenyList::parse("spiffe://TD/x", Path::new("d")).is_err());
+    }
+
+    fn touch_later(path: &Path, secs: u64) {
+        let t = SystemTime::now() + std::time::Duration::from_secs(secs);
+        std::fs::File::options().write(true).open(path).unwrap().set_modified(t).unwrap();
+    }
+
+    #[test]
+    fn a_missing_file_at_start_is_an_error_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("deny");
+        let err = Revocation::load(Some(path.clone())).err().unwrap().to_string();
+        assert!(err.contains(&path.display().to_string()) && err.contains("No such file"), "{err}");
+        std::fs::write(&path, "").unwrap();
+        assert!(Revocation::load(Some(path)).unwrap().current().is_empty());
+    }
+
+    #[test]
+    fn fails_closed_when_the_file_goes_away_or_breaks() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("deny");
+        std::fs::write(&path, "spiffe://td/cluster/bad\n").unwrap();
+        let r = Revocation::load(Some(path.clone())).unwrap();
+        assert!(matches!(r.reload_if_changed(), Reload::Unchanged));
+        // Deleted: the list stays in force, reported once, and marked stale.
+        std::fs::remove_file(&path).unwrap();
+        assert!(matches!(r.reload_if_changed(), Reload::Failed(DenyListError::Read { .. })));
+        assert!(matches!(r.reload_if_changed(), Reload::Unchanged));
+        assert!(r.current().denies("spiffe://td/cluster/bad", "1"));
+        assert!(r.stale().is_some());
+        // Replaced by a directory: the same.
+        std::fs::create_dir(&path).unwrap();
+        assert!(matches!(r.reload_if_changed(), Reload::Failed(_)));
+        assert!(matches!(r.reload_if_changed(), Reload::Unchanged));
+        assert!(r.current().denies("spiffe://td/cluster/bad", "1"));
+        // A bad line: the same.
+        std::fs::remove_dir(&path).unwrap();
+        std::fs::write(&path, "not hex!\n").unwrap();
+        assert!(matches!(r.reload_if_changed(), Reload::Failed(DenyListError::Parse { line: 1, .. })));
+        assert!(r.current().denies("spiffe://td/cluster/bad", "1"));
+        // Fixed: the new list is in force and no longer stale.
+        std::fs::write(&path, "ff\n").unwrap();
+        touch_later(&path, 5);
+        assert!(matches!(r.reload_if_changed(), Reload::Replaced));
+        assert!(r.stale().is_none());
+        assert!(!r.current().denies("spiffe://td/cluster/bad", "1"));
+        assert!(r.current().denies("spiffe://td/cluster/x", "ff"));
     }
 }

@@ -1,14 +1,14 @@
-//! The accept loop: connection limit, TLS and WebSocket handshakes under one deadline,
-//! identity from the client certificate, and dispatch by role.
+//! The accept loop: handshake budgets, TLS and WebSocket handshakes under one deadline,
+//! identity from the client certificate, the session budget, and dispatch by role.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 
 use fleetwatch_shared::identity::Role;
 use fleetwatch_shared::protocol::{ErrorCode, WS_PATH};
+use fleetwatch_shared::tls_hint;
 use fleetwatch_shared::transport::ws_config;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_rustls::TlsAcceptor;
 use tokio_tungstenite::tungstenite::handshake::server::{ErrorResponse, Request, Response};
 use tokio_tungstenite::tungstenite::http::StatusCode;
@@ -17,6 +17,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
+use crate::admission::HandshakeSlot;
 use crate::conn::Conn;
 use crate::{Context, Peer};
 
@@ -26,7 +27,6 @@ pub(crate) async fn accept_loop(
     shutdown: CancellationToken,
     tracker: &TaskTracker,
 ) {
-    let permits = Arc::new(Semaphore::new(ctx.config.max_connections));
     loop {
         let accepted = tokio::select! {
             _ = shutdown.cancelled() => break,
@@ -34,37 +34,48 @@ pub(crate) async fn accept_loop(
         };
         match accepted {
             Ok((tcp, peer)) => {
-                let Ok(permit) = permits.clone().try_acquire_owned() else {
-                    ctx.metrics.reject("max-connections");
-                    tracing::warn!(%peer, limit = ctx.config.max_connections, "connection limit reached; refusing");
-                    drop(tcp);
-                    continue;
+                // Unauthenticated connections have their own budget: they cannot take the
+                // places of sessions, and one address cannot take them all.
+                let slot = match ctx.admission.begin_handshake(peer.ip()) {
+                    Ok(slot) => slot,
+                    Err(why) => {
+                        ctx.admission.refuse(why, &ctx.metrics);
+                        drop(tcp);
+                        continue;
+                    }
                 };
                 let span = tracing::info_span!("conn", %peer);
-                tracker.spawn(handle(tcp, peer, ctx.clone(), shutdown.clone(), permit).instrument(span));
+                tracker.spawn(handle(tcp, peer, ctx.clone(), shutdown.clone(), slot).instrument(span));
             }
             Err(e) => {
-                // Out of file descriptors and the like: back off instead of spinning.
-                tracing::warn!(error = %e, "accept failed");
+                // Out of file descriptors and the like: back off instead of spinning, and
+                // log like failed handshakes (a few, then counted in the summary).
+                if ctx.admission.log_failure() {
+                    tracing::warn!(error = %e, "accept failed");
+                }
                 tokio::time::sleep(std::time::Duration::from_millis(50)).await;
             }
         }
     }
 }
 
-async fn handle(
-    tcp: TcpStream,
-    peer: SocketAddr,
-    ctx: Arc<Context>,
-    shutdown: CancellationToken,
-    _permit: OwnedSemaphorePermit,
-) {
+/// Why a handshake failed: the metric label and the message for the log.
+struct HandshakeFailure {
+    reason: &'static str,
+    message: String,
+}
+
+/// One connection, inside a span naming its peer address (so every line logged here does).
+async fn handle(tcp: TcpStream, peer: SocketAddr, ctx: Arc<Context>, shutdown: CancellationToken, slot: HandshakeSlot) {
     let _ = tcp.set_nodelay(true);
     let acceptor = TlsAcceptor::from(ctx.tls.current());
     let limits = ctx.config.limits;
     let handshake = async {
-        let tls = acceptor.accept(tcp).await.map_err(|e| ("tls-handshake", e.to_string()))?;
-        let identity = tls
+        let tls = acceptor.accept(tcp).await.map_err(|e| HandshakeFailure {
+            reason: "tls-handshake",
+            message: tls_hint::server_side(&e).unwrap_or_else(|| e.to_string()),
+        })?;
+        let certificate = tls
             .get_ref()
             .1
             .peer_certificates()
@@ -83,63 +94,81 @@ async fn handle(
         };
         let ws = tokio_tungstenite::accept_hdr_async_with_config(tls, check_path, Some(ws_config(&limits)))
             .await
-            .map_err(|e| ("ws-handshake", e.to_string()))?;
-        Ok::<_, (&str, String)>((ws, identity))
+            .map_err(|e| HandshakeFailure { reason: "ws-handshake", message: format!("WebSocket handshake: {e}") })?;
+        Ok::<_, HandshakeFailure>((ws, certificate))
     };
-    let (ws, identity) = match tokio::time::timeout(ctx.config.handshake_timeout, handshake).await {
+    let (ws, certificate) = match tokio::time::timeout(ctx.config.handshake_timeout, handshake).await {
         Err(_) => {
             ctx.metrics.reject("handshake-timeout");
-            tracing::info!(timeout = ?ctx.config.handshake_timeout, "handshake too slow; closed");
+            if ctx.admission.log_failure() {
+                let timeout = ctx.config.handshake_timeout.as_secs_f64();
+                tracing::warn!("handshake not finished within --handshake-timeout {timeout}s; closed");
+            }
             return;
         }
-        Ok(Err((reason, message))) => {
+        Ok(Err(HandshakeFailure { reason, message })) => {
             ctx.metrics.reject(reason);
-            tracing::info!(reason, %message, "handshake failed");
+            if ctx.admission.log_failure() {
+                tracing::warn!(reason, "handshake failed: {message}");
+            }
             return;
         }
         Ok(Ok(v)) => v,
     };
+    // Authenticated from here: the session budget is taken, then the handshake budget
+    // released (a refusal keeps it while saying why, so refusals stay bounded too).
     let conn = Conn::new(ws, peer, ctx.config.idle_timeout);
-    let (identity, serial) = match identity {
-        Ok(id) => id,
+    let _session_slot = match ctx.admission.begin_session() {
+        Ok(permit) => permit,
+        Err(why) => {
+            ctx.admission.refuse(why, &ctx.metrics);
+            let msg =
+                format!("hub is full: {} sessions open (--max-connections); retry later", ctx.config.max_connections);
+            conn.fail(ErrorCode::LimitExceeded, msg, CloseCode::Again).await;
+            return;
+        }
+    };
+    drop(slot);
+    let certificate = match certificate {
+        Ok(c) => c,
         Err(e) => {
             ctx.metrics.reject("no-identity");
-            tracing::info!(error = %e, "client certificate has no fleetwatch identity");
+            tracing::warn!("refused: {e}");
             conn.fail(ErrorCode::Forbidden, e.to_string(), CloseCode::Policy).await;
             return;
         }
     };
-    if let Some(td) = &ctx.trust_domain
-        && &identity.trust_domain != td
-    {
+    let identity = certificate.identity.clone();
+    if identity.trust_domain != ctx.trust_domain {
         ctx.metrics.reject("trust-domain");
-        let msg = format!("identity {identity} is not in trust domain {td}");
-        tracing::info!(%msg, "rejected");
+        let msg = format!("identity {identity} is not in the hub's trust domain {}", ctx.trust_domain);
+        tracing::warn!("refused: {msg}");
         conn.fail(ErrorCode::Forbidden, msg, CloseCode::Policy).await;
         return;
     }
-    let peer = Peer { identity: identity.to_string(), serial };
-    if ctx.revoked(&peer) {
+    let peer_cert = Peer::new(certificate);
+    if ctx.revoked(&peer_cert) {
         ctx.metrics.reject("revoked");
-        tracing::warn!(identity = %peer.identity, serial = %peer.serial, "revoked certificate refused");
-        let msg = format!("certificate {} of {} is revoked", peer.serial, peer.identity);
+        tracing::warn!(identity = %peer_cert.identity, serial = %peer_cert.serial, "revoked certificate refused");
+        let msg = format!("certificate {} of {} is revoked", peer_cert.serial, peer_cert.identity);
         conn.fail(ErrorCode::Forbidden, msg, CloseCode::Policy).await;
         return;
     }
-    // The connection's own token: cancelled by hub shutdown or by a revocation.
+    // The connection's own token: cancelled by hub shutdown, a revocation, the certificate's
+    // expiry or its CA leaving the bundle.
     let lifeline = shutdown.child_token();
     let conn_id = rand::random::<u64>();
     if let Ok(mut live) = ctx.live.lock() {
-        live.insert(conn_id, (peer.clone(), lifeline.clone()));
+        live.insert(conn_id, (peer_cert.clone(), lifeline.clone()));
     }
     match identity.role {
         Role::Cluster(cluster) => {
             let span = tracing::info_span!("agent", %cluster);
-            crate::agent_session::run(conn, cluster, peer, ctx.clone(), lifeline).instrument(span).await;
+            crate::agent_session::run(conn, cluster, peer_cert, ctx.clone(), lifeline).instrument(span).await;
         }
         Role::Subscriber(name) => {
             let span = tracing::info_span!("subscriber", %name);
-            crate::subscriber_session::run(conn, name, peer, ctx.clone(), lifeline).instrument(span).await;
+            crate::subscriber_session::run(conn, name, peer_cert, ctx.clone(), lifeline).instrument(span).await;
         }
         Role::Hub | Role::TrustDomain => {
             ctx.metrics.reject("wrong-role");

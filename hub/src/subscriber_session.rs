@@ -48,10 +48,9 @@ pub(crate) async fn run(mut conn: Conn, name: String, peer: Peer, ctx: Arc<Conte
     ctx.metrics.subscriber_sessions.inc();
     let mut session = Session { ctx: ctx.clone(), durable, clusters: sub.clusters.clone(), acked: 0, sent: 0 };
     let end = session.serve(&mut conn, &sub, &shutdown).await;
-    let end = if shutdown.is_cancelled() && ctx.revoked(&peer) {
-        End::Fail(ErrorCode::Forbidden, "certificate revoked".into(), CloseCode::Policy)
-    } else {
-        end
+    let end = match ctx.end_reason(&peer).filter(|_| shutdown.is_cancelled()) {
+        Some(why) => End::Fail(ErrorCode::Forbidden, why, CloseCode::Policy),
+        None => end,
     };
     ctx.metrics.subscriber_sessions.dec();
     match end {
@@ -124,8 +123,9 @@ impl Session {
         }
         self.acked = start;
         self.sent = start;
-        let durable = self.durable.as_ref().map(|(_, d)| d.as_str()).unwrap_or("");
-        tracing::info!(durable, start, clusters = ?self.clusters, "subscriber connected");
+        let durable = self.durable.as_ref().map(|(_, d)| d.as_str()).unwrap_or("-");
+        let clusters = self.clusters.join(",");
+        tracing::info!(durable, start, %clusters, "subscriber connected");
         let hello = HubToSubscriber::Subscribed(Subscribed { stream: bus.stream_id().into(), cursor: start });
         if let Err(e) = conn.send_text(encode(&hello)).await {
             return End::Closed(e.to_string());

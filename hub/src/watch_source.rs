@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime};
 
 use fleetwatch_shared::protocol::WatchSpec;
@@ -56,8 +57,9 @@ impl WatchSource {
     }
 }
 
-/// Keeps the published configuration up to date until shutdown.
-pub async fn run(source: WatchSource, publish: Publish, shutdown: CancellationToken) {
+/// Keeps the published configuration up to date until shutdown; `synced` tells readiness
+/// whether the control-plane watch has listed everything (other sources are always synced).
+pub async fn run(source: WatchSource, publish: Publish, synced: Arc<AtomicBool>, shutdown: CancellationToken) {
     match source {
         WatchSource::None => {}
         WatchSource::Dir(dir) => {
@@ -68,7 +70,7 @@ pub async fn run(source: WatchSource, publish: Publish, shutdown: CancellationTo
         }
         WatchSource::ControlPlane(kubeconfig) => {
             tokio::select! {
-                _ = follow_control_plane(kubeconfig, &publish) => {}
+                _ = follow_control_plane(kubeconfig, &publish, &synced) => {}
                 _ = shutdown.cancelled() => {}
             }
         }
@@ -80,7 +82,8 @@ fn set(publish: &Publish, next: Vec<WatchSpec>) {
         if **cur == next {
             return false;
         }
-        tracing::info!(watches = next.len(), names = ?next.iter().map(|w| &w.name).collect::<Vec<_>>(), "watch configuration changed");
+        let names = next.iter().map(|w| w.name.as_str()).collect::<Vec<_>>().join(", ");
+        tracing::info!(watches = next.len(), %names, "watch configuration changed");
         *cur = Arc::new(next);
         true
     });
@@ -117,7 +120,7 @@ async fn follow_dir(dir: PathBuf, publish: &Publish) {
     }
 }
 
-async fn follow_control_plane(kubeconfig: PathBuf, publish: &Publish) {
+async fn follow_control_plane(kubeconfig: PathBuf, publish: &Publish, synced: &AtomicBool) {
     let client = loop {
         match fleetwatch_shared::kubeconfig::client_from_kubeconfig(&kubeconfig).await {
             Ok(c) => break c,
@@ -133,6 +136,15 @@ async fn follow_control_plane(kubeconfig: PathBuf, publish: &Publish) {
     let stream = watcher(api, watcher::Config::default()).default_backoff();
     futures_util::pin_mut!(stream);
     while let Some(ev) = stream.next().await {
+        // Synced from the first complete list on; not while the watch is failing.
+        match &ev {
+            Ok(watcher::Event::InitDone) => synced.store(true, Ordering::Relaxed),
+            Err(_) => synced.store(false, Ordering::Relaxed),
+            Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_)) if !synced.load(Ordering::Relaxed) => {
+                synced.store(true, Ordering::Relaxed)
+            }
+            Ok(_) => {}
+        }
         match ev {
             Ok(watcher::Event::Init) => building = Some(BTreeMap::new()),
             Ok(watcher::Event::InitApply(wc)) => {

@@ -447,7 +447,7 @@ async fn hold(
 
 fn fail(mut st: ModuleStatus, state: State, message: String) -> ModuleStatus {
     if st.state != state || st.message != message {
-        tracing::warn!(module = %st.name, ?state, %message, "module not ready");
+        tracing::warn!(module = %st.name, %state, %message, "module not ready");
     }
     st.state = state;
     st.message = message;

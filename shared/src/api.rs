@@ -206,6 +206,16 @@ pub enum State {
     Error,
 }
 
+impl std::fmt::Display for State {
+    /// The name the status shows (`Ready`, `Warning`, ...).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match serde_json::to_value(self) {
+            Ok(serde_json::Value::String(name)) => f.write_str(&name),
+            _ => f.write_str("Unknown"),
+        }
+    }
+}
+
 /// A condition, Kubernetes style.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]

@@ -13,6 +13,7 @@ pub mod maintenance;
 pub mod policy;
 pub mod protocol;
 pub mod subscriber;
+pub mod tls_hint;
 pub mod transport;
 pub mod watchconfig;
 

@@ -68,6 +68,16 @@ pub enum WatchPhase {
     Error,
 }
 
+impl std::fmt::Display for WatchPhase {
+    /// The wire name (`running`, `kind-not-found`, ...).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match serde_json::to_value(self) {
+            Ok(serde_json::Value::String(name)) => f.write_str(&name),
+            _ => f.write_str("unknown"),
+        }
+    }
+}
+
 /// Opens an agent session.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Hello {
@@ -254,6 +264,17 @@ pub enum ErrorCode {
     Replaced,
 }
 
+impl std::fmt::Display for ErrorCode {
+    /// The wire name (`forbidden`, `limit-exceeded`, ...), as logs and messages should show it.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Derived from the serde name so that new codes need no second list.
+        match serde_json::to_value(self) {
+            Ok(serde_json::Value::String(name)) => f.write_str(&name),
+            _ => f.write_str("unknown"),
+        }
+    }
+}
+
 /// Messages a subscriber sends to the hub.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "kebab-case")]
@@ -344,4 +365,17 @@ pub struct ResyncRequired {
     /// Why.
     #[serde(default)]
     pub reason: String,
+}
+
+#[cfg(test)]
+mod display_tests {
+    use super::*;
+
+    #[test]
+    fn codes_and_phases_display_their_wire_names() {
+        assert_eq!(ErrorCode::LimitExceeded.to_string(), "limit-exceeded");
+        assert_eq!(ErrorCode::Forbidden.to_string(), "forbidden");
+        assert_eq!(WatchPhase::KindNotFound.to_string(), "kind-not-found");
+        assert_eq!(crate::api::State::Ready.to_string(), "Ready");
+    }
 }

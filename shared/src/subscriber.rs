@@ -171,7 +171,7 @@ impl Subscription {
                 Ok(HubToSubscriber::ResyncRequired(r)) => return Ok(Delivery::ResyncRequired(r)),
                 Ok(HubToSubscriber::Subscribed(_)) => continue,
                 Ok(HubToSubscriber::Error(ErrorFrame { code, message, fatal })) => {
-                    tracing::warn!(?code, %message, fatal, "hub reported an error");
+                    tracing::warn!(%code, %message, fatal, "hub reported an error");
                     if fatal {
                         self.ws = None;
                     }

@@ -84,13 +84,14 @@ pub enum ConnectError {
         /// Why.
         source: std::io::Error,
     },
-    /// The TLS handshake failed (certificate not trusted, wrong CA, revoked, ...).
-    #[error("TLS handshake with hub at {addr} failed: {source}")]
+    /// The TLS handshake failed (certificate not trusted, wrong CA, revoked, ...); with
+    /// TLS 1.3 also the hub refusing our certificate, which shows after the handshake.
+    #[error("TLS handshake with hub at {addr} failed: {why}")]
     Tls {
         /// Where.
         addr: String,
-        /// Why.
-        source: std::io::Error,
+        /// What to fix when known (see [`crate::tls_hint`]), else the TLS error.
+        why: String,
     },
     /// The WebSocket upgrade failed.
     #[error("WebSocket handshake with hub at {addr} failed: {source}")]
@@ -124,14 +125,18 @@ pub async fn connect(
         let tcp = TcpStream::connect(&addr).await.map_err(|source| ConnectError::Tcp { addr: addr.clone(), source })?;
         let _ = tcp.set_nodelay(true);
         let name = ServerName::try_from(url.host.clone()).map_err(|e| ConnectError::BadUrl(format!("{url}: {e}")))?;
-        let tls_stream = TlsConnector::from(tls)
-            .connect(name, tcp)
-            .await
-            .map_err(|source| ConnectError::Tls { addr: addr.clone(), source })?;
+        let tls_stream = TlsConnector::from(tls).connect(name, tcp).await.map_err(|e| ConnectError::Tls {
+            addr: addr.clone(),
+            why: crate::tls_hint::client_side(&e, &url.host).unwrap_or_else(|| e.to_string()),
+        })?;
         let request = format!("wss://{addr}{WS_PATH}");
         let (ws, _resp) = tokio_tungstenite::client_async_with_config(request, tls_stream, Some(ws_config(limits)))
             .await
-            .map_err(|e| ConnectError::WebSocket { addr: addr.clone(), source: Box::new(e) })?;
+            .map_err(|e| match crate::tls_hint::client_side(&e, &url.host) {
+                // TLS 1.3: the hub's verdict on our certificate arrives as an alert here.
+                Some(why) => ConnectError::Tls { addr: addr.clone(), why },
+                None => ConnectError::WebSocket { addr: addr.clone(), source: Box::new(e) },
+            })?;
         Ok(ws)
     };
     tokio::time::timeout(timeout, fut).await.map_err(|_| ConnectError::Timeout(addr.clone()))?

@@ -1,5 +1,6 @@
 //! End-to-end tests: real `fleetwatch` processes over real mutual TLS on loopback.
 
+mod admission;
 mod cli;
 mod delivery;
 mod kube_watch;

@@ -340,6 +340,8 @@ async fn hub_reloads_its_client_ca_bundle_without_a_restart() {
 async fn revoked_certificates_are_refused_and_their_sessions_closed() {
     let pki = Pki::new();
     let deny = pki.path("deny-list");
+    // An empty list is fine; a missing one is a start-up error (fail closed).
+    std::fs::write(&deny, "").unwrap();
     let hub = HubProc::start(
         &pki,
         free_port(),

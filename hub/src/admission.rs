@@ -1,0 +1,266 @@
+//! Admission: who may take a socket, and for how long before proving who they are.
+//!
+//! Connections still in the TLS or WebSocket handshake are unauthenticated: they have
+//! their own small budget, globally and per source address, so idle sockets from one
+//! address cannot lock out real clients. Only connections that completed both handshakes
+//! count toward `--max-connections`. Refusals are counted and logged as one summary line
+//! per interval, so a scanner cannot flood the log.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use crate::metrics::Metrics;
+
+/// How often refusals are summarised in the log.
+pub(crate) const SUMMARY_INTERVAL: Duration = Duration::from_secs(10);
+
+/// Handshake failures logged one by one per interval before they are only counted.
+const DETAILED_FAILURES_PER_INTERVAL: u64 = 10;
+
+/// Why a connection was turned away before it became a session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Refusal {
+    /// The session budget (`--max-connections`) is used up.
+    MaxConnections,
+    /// Too many handshakes in progress from one source address.
+    HandshakesPerIp,
+    /// Too many handshakes in progress overall.
+    Handshakes,
+}
+
+impl Refusal {
+    /// The metric label and the name in the summary line (the flag that sets the limit).
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Refusal::MaxConnections => "max-connections",
+            Refusal::HandshakesPerIp => "max-handshakes-per-ip",
+            Refusal::Handshakes => "max-handshakes",
+        }
+    }
+}
+
+/// The budgets and the refusal counts since the last summary.
+pub(crate) struct Admission {
+    sessions: Arc<Semaphore>,
+    handshakes: Arc<Semaphore>,
+    per_ip_limit: usize,
+    per_ip: Arc<Mutex<HashMap<IpAddr, usize>>>,
+    refused: Mutex<BTreeMap<Refusal, u64>>,
+    failures: AtomicU64,
+    failures_logged: AtomicU64,
+}
+
+/// A connection's place in the handshake budget; released on drop.
+pub(crate) struct HandshakeSlot {
+    _global: OwnedSemaphorePermit,
+    ip: IpAddr,
+    per_ip: Arc<Mutex<HashMap<IpAddr, usize>>>,
+}
+
+impl Drop for HandshakeSlot {
+    fn drop(&mut self) {
+        if let Ok(mut map) = self.per_ip.lock()
+            && let Some(n) = map.get_mut(&self.ip)
+        {
+            *n -= 1;
+            if *n == 0 {
+                map.remove(&self.ip);
+            }
+        }
+    }
+}
+
+impl Admission {
+    /// Budgets: sessions, handshakes in progress, handshakes in progress per address.
+    pub(crate) fn new(max_sessions: usize, max_handshakes: usize, per_ip: usize) -> Self {
+        Self {
+            sessions: Arc::new(Semaphore::new(max_sessions)),
+            handshakes: Arc::new(Semaphore::new(max_handshakes)),
+            per_ip_limit: per_ip,
+            per_ip: Default::default(),
+            refused: Mutex::new(BTreeMap::new()),
+            failures: AtomicU64::new(0),
+            failures_logged: AtomicU64::new(0),
+        }
+    }
+
+    /// A handshake slot for a new connection from `ip`, or why not.
+    pub(crate) fn begin_handshake(&self, ip: IpAddr) -> Result<HandshakeSlot, Refusal> {
+        let ip = source_key(ip);
+        let mut map = self.per_ip.lock().map_err(|_| Refusal::Handshakes)?;
+        let n = map.entry(ip).or_default();
+        if *n >= self.per_ip_limit {
+            if *n == 0 {
+                map.remove(&ip);
+            }
+            return Err(Refusal::HandshakesPerIp);
+        }
+        let global = self.handshakes.clone().try_acquire_owned().map_err(|_| Refusal::Handshakes)?;
+        *n += 1;
+        Ok(HandshakeSlot { _global: global, ip, per_ip: self.per_ip.clone() })
+    }
+
+    /// A session slot for a connection that completed its handshakes, or why not.
+    pub(crate) fn begin_session(&self) -> Result<OwnedSemaphorePermit, Refusal> {
+        self.sessions.clone().try_acquire_owned().map_err(|_| Refusal::MaxConnections)
+    }
+
+    /// Counts a refusal (metric now, log line at the next summary).
+    pub(crate) fn refuse(&self, why: Refusal, metrics: &Metrics) {
+        metrics.reject(why.name());
+        if let Ok(mut r) = self.refused.lock() {
+            *r.entry(why).or_default() += 1;
+        }
+    }
+
+    /// Whether a failed handshake should be logged on its own line: the first few per
+    /// interval are, the rest only counted in the summary.
+    pub(crate) fn log_failure(&self) -> bool {
+        self.failures.fetch_add(1, Ordering::Relaxed);
+        self.failures_logged.fetch_add(1, Ordering::Relaxed) < DETAILED_FAILURES_PER_INTERVAL
+    }
+
+    /// The summary line for the interval just ended, if anything was refused or failed;
+    /// resets the counts.
+    pub(crate) fn take_summary(&self) -> Option<String> {
+        let refused = self.refused.lock().map(|mut r| std::mem::take(&mut *r)).unwrap_or_default();
+        let failures = self.failures.swap(0, Ordering::Relaxed);
+        let logged = self.failures_logged.swap(0, Ordering::Relaxed).min(DETAILED_FAILURES_PER_INTERVAL);
+        let total: u64 = refused.values().sum();
+        let mut parts = Vec::new();
+        if total > 0 {
+            let by: Vec<String> = refused.iter().map(|(k, v)| format!("{}={v}", k.name())).collect();
+            parts.push(format!("refused {total} connections ({})", by.join(", ")));
+        }
+        if failures > logged {
+            parts.push(format!("{failures} handshakes failed ({} not logged one by one)", failures - logged));
+        }
+        if parts.is_empty() {
+            return None;
+        }
+        Some(format!("{} in the last {}s", parts.join("; "), SUMMARY_INTERVAL.as_secs()))
+    }
+}
+
+/// The source a per-address budget is kept for: an IPv4 address (also when it arrives
+/// IPv4-mapped on a dual-stack listener), or an IPv6 /64, since one host usually holds a
+/// whole /64 and could otherwise pick a fresh address per connection.
+fn source_key(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(_) => ip,
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => {
+                let s = v6.segments();
+                IpAddr::V6(std::net::Ipv6Addr::new(s[0], s[1], s[2], s[3], 0, 0, 0, 0))
+            }
+        },
+    }
+}
+
+/// Raises the soft open-file limit to the hard one and returns how many descriptors the
+/// process may hold (`None` when the platform does not say).
+pub(crate) fn raise_open_file_limit() -> Option<u64> {
+    match rlimit::increase_nofile_limit(u64::MAX) {
+        Ok(n) => Some(n),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot raise the open-file limit");
+            rlimit::getrlimit(rlimit::Resource::NOFILE).ok().map(|(soft, _)| soft)
+        }
+    }
+}
+
+/// Descriptors kept back for files, the admin endpoint and accept bursts.
+pub(crate) const FD_HEADROOM: u64 = 128;
+
+/// Fits the session and handshake budgets under the open-file limit: returns the
+/// (sessions, handshakes) to use, lowered when both together would not fit.
+pub(crate) fn fit_to_fd_limit(sessions: usize, handshakes: usize, fd_limit: u64) -> (usize, usize) {
+    let budget = usize::try_from(fd_limit.saturating_sub(FD_HEADROOM)).unwrap_or(usize::MAX).max(2);
+    if sessions.saturating_add(handshakes) <= budget {
+        return (sessions, handshakes);
+    }
+    // Handshakes get at most a quarter; sessions what remains.
+    let handshakes = handshakes.min(budget / 4).max(1);
+    (sessions.min(budget - handshakes).max(1), handshakes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn per_address_budget_leaves_room_for_others() {
+        let a = Admission::new(2, 10, 3);
+        let x: IpAddr = "10.0.0.1".parse().unwrap();
+        let y: IpAddr = "10.0.0.2".parse().unwrap();
+        let held: Vec<_> = (0..3).map(|_| a.begin_handshake(x).unwrap()).collect();
+        assert_eq!(a.begin_handshake(x).err(), Some(Refusal::HandshakesPerIp));
+        let other = a.begin_handshake(y).unwrap();
+        drop(held);
+        assert!(a.begin_handshake(x).is_ok(), "slots come back when handshakes end");
+        drop(other);
+        assert!(a.per_ip.lock().unwrap().len() <= 1);
+    }
+
+    #[test]
+    fn an_ipv6_host_is_one_source_per_64() {
+        let a = Admission::new(1, 10, 2);
+        let _x = a.begin_handshake("2001:db8::1".parse().unwrap()).unwrap();
+        let _y = a.begin_handshake("2001:db8::2".parse().unwrap()).unwrap();
+        assert_eq!(a.begin_handshake("2001:db8::3".parse().unwrap()).err(), Some(Refusal::HandshakesPerIp));
+        assert!(a.begin_handshake("2001:db8:0:1::1".parse().unwrap()).is_ok());
+        let _m = a.begin_handshake("::ffff:10.0.0.9".parse().unwrap()).unwrap();
+        let _n = a.begin_handshake("10.0.0.9".parse().unwrap()).unwrap();
+        assert!(a.begin_handshake("10.0.0.9".parse().unwrap()).is_err(), "mapped and plain IPv4 are one source");
+    }
+
+    #[test]
+    fn global_budget_and_sessions() {
+        let a = Admission::new(1, 2, 10);
+        let ip: IpAddr = "10.0.0.1".parse().unwrap();
+        let _h1 = a.begin_handshake(ip).unwrap();
+        let _h2 = a.begin_handshake("10.0.0.2".parse().unwrap()).unwrap();
+        assert_eq!(a.begin_handshake("10.0.0.3".parse().unwrap()).err(), Some(Refusal::Handshakes));
+        // A refused attempt does not leak a per-address count.
+        assert_eq!(a.per_ip.lock().unwrap().get(&"10.0.0.3".parse().unwrap()).copied().unwrap_or(0), 0);
+        let s = a.begin_session().unwrap();
+        assert_eq!(a.begin_session().err(), Some(Refusal::MaxConnections));
+        drop(s);
+        assert!(a.begin_session().is_ok());
+    }
+
+    #[test]
+    fn refusals_are_summarised_once_per_interval() {
+        let a = Admission::new(1, 1, 1);
+        let m = Metrics::default();
+        assert_eq!(a.take_summary(), None);
+        for _ in 0..150 {
+            a.refuse(Refusal::HandshakesPerIp, &m);
+        }
+        a.refuse(Refusal::MaxConnections, &m);
+        let logged = (0..25).filter(|_| a.log_failure()).count();
+        assert_eq!(logged as u64, DETAILED_FAILURES_PER_INTERVAL);
+        let line = a.take_summary().unwrap();
+        assert_eq!(
+            line,
+            "refused 151 connections (max-connections=1, max-handshakes-per-ip=150); 25 handshakes failed (15 not logged one by one) in the last 10s"
+        );
+        assert_eq!(a.take_summary(), None);
+        assert!(a.log_failure(), "a new interval logs again");
+    }
+
+    #[test]
+    fn budgets_fit_the_open_file_limit() {
+        assert_eq!(fit_to_fd_limit(50_000, 1024, 1 << 20), (50_000, 1024));
+        let (s, h) = fit_to_fd_limit(50_000, 1024, 20_000);
+        assert!(s + h <= 20_000 - FD_HEADROOM as usize && h == 1024, "{s} {h}");
+        let (s, h) = fit_to_fd_limit(50_000, 1024, 1024);
+        assert!(s + h <= 1024 - FD_HEADROOM as usize && h >= 1 && s >= 1, "{s} {h}");
+    }
+}
