@@ -63,6 +63,9 @@ pub struct HubConfig {
     pub idle_timeout: Duration,
     /// Most open connections.
     pub max_connections: usize,
+    /// A subscriber whose send does not complete, or whose unacked window stays full with
+    /// no ack, for this long is disconnected (its durable cursor is kept).
+    pub subscriber_stall_timeout: Duration,
     /// How often certificate and CA files are checked for changes.
     pub tls_reload_interval: Duration,
     /// Where WatchConfigs come from.
@@ -85,6 +88,7 @@ impl HubConfig {
             handshake_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(30),
             max_connections: 50_000,
+            subscriber_stall_timeout: Duration::from_secs(30),
             tls_reload_interval: Duration::from_secs(5),
             watch_source: watch_source::WatchSource::None,
             deny_list: None,

@@ -33,6 +33,14 @@ pub struct Metrics {
     pub append_seconds: Histogram,
     /// Seconds acks were delayed by rate limiting.
     pub throttled_seconds: Counter<f64, std::sync::atomic::AtomicU64>,
+    /// Agents refused because their cluster id was already connected from elsewhere.
+    pub cluster_conflicts: Counter,
+    /// Resync markers acked without storing: one was already pending for the cluster.
+    pub resyncs_coalesced: Counter,
+    /// Keep-alive pings sent to agents.
+    pub pings_sent: Counter,
+    /// Subscribers disconnected because they did not drain within the stall timeout.
+    pub subscriber_stalls: Counter,
 }
 
 impl Default for Metrics {
@@ -47,6 +55,10 @@ impl Default for Metrics {
             rejected: Family::default(),
             append_seconds: Histogram::new(exponential_buckets(0.0001, 2.0, 16)),
             throttled_seconds: Counter::default(),
+            cluster_conflicts: Counter::default(),
+            resyncs_coalesced: Counter::default(),
+            pings_sent: Counter::default(),
+            subscriber_stalls: Counter::default(),
             registry: Registry::default(),
         };
         registry.register("agent_sessions", "Agent sessions open", m.agent_sessions.clone());
@@ -57,6 +69,22 @@ impl Default for Metrics {
         registry.register("rejected", "Connections or messages rejected, by reason", m.rejected.clone());
         registry.register("bus_append_seconds", "Time to append a batch to the bus", m.append_seconds.clone());
         registry.register("throttled_seconds", "Time acks were delayed by rate limits", m.throttled_seconds.clone());
+        registry.register(
+            "cluster_conflicts",
+            "Agents refused because their cluster id was already connected",
+            m.cluster_conflicts.clone(),
+        );
+        registry.register(
+            "resyncs_coalesced",
+            "Resync markers acked without storing (one already pending)",
+            m.resyncs_coalesced.clone(),
+        );
+        registry.register("agent_pings", "Keep-alive pings sent to agents", m.pings_sent.clone());
+        registry.register(
+            "subscriber_stalls",
+            "Subscribers disconnected for not draining within the stall timeout",
+            m.subscriber_stalls.clone(),
+        );
         Self { registry, ..m }
     }
 }

@@ -252,6 +252,36 @@ pub enum ErrorCode {
     ShuttingDown,
     /// A newer session for the same identity replaced this one.
     Replaced,
+    /// Another agent process is already connected for this cluster id: the live session
+    /// wins and this one is refused (retry after a long backoff). See `DESIGN.md`,
+    /// "One session per cluster".
+    ClusterAlreadyConnected,
+}
+
+impl ErrorCode {
+    /// The code as it travels on the wire, e.g. `cluster-already-connected`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorCode::Malformed => "malformed",
+            ErrorCode::UnknownType => "unknown-type",
+            ErrorCode::Forbidden => "forbidden",
+            ErrorCode::IdentityMismatch => "identity-mismatch",
+            ErrorCode::UnsupportedVersion => "unsupported-version",
+            ErrorCode::LimitExceeded => "limit-exceeded",
+            ErrorCode::RateLimited => "rate-limited",
+            ErrorCode::BadSequence => "bad-sequence",
+            ErrorCode::Internal => "internal",
+            ErrorCode::ShuttingDown => "shutting-down",
+            ErrorCode::Replaced => "replaced",
+            ErrorCode::ClusterAlreadyConnected => "cluster-already-connected",
+        }
+    }
+}
+
+impl std::fmt::Display for ErrorCode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// Messages a subscriber sends to the hub.
@@ -344,4 +374,29 @@ pub struct ResyncRequired {
     /// Why.
     #[serde(default)]
     pub reason: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ErrorCode;
+
+    #[test]
+    fn error_code_names_match_the_wire() {
+        for code in [
+            ErrorCode::Malformed,
+            ErrorCode::UnknownType,
+            ErrorCode::Forbidden,
+            ErrorCode::IdentityMismatch,
+            ErrorCode::UnsupportedVersion,
+            ErrorCode::LimitExceeded,
+            ErrorCode::RateLimited,
+            ErrorCode::BadSequence,
+            ErrorCode::Internal,
+            ErrorCode::ShuttingDown,
+            ErrorCode::Replaced,
+            ErrorCode::ClusterAlreadyConnected,
+        ] {
+            assert_eq!(serde_json::to_string(&code).unwrap(), format!("\"{code}\""));
+        }
+    }
 }
