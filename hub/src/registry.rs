@@ -13,14 +13,13 @@
 //!   restarted elsewhere while its old connection was half-open).
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use fleetwatch_shared::protocol::{ModuleInventory, WatchState};
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
-
-use std::sync::atomic::{AtomicU64, Ordering};
 
 /// When a connection last received a frame (data, ping or pong), readable from other
 /// tasks: the registry asks it whether a cluster's live session is really alive.

@@ -7,5 +7,6 @@ mod lifecycle;
 mod maintenance;
 mod protocol;
 mod sandbox;
+mod sessions;
 mod shutdown;
 mod support;
