@@ -424,7 +424,10 @@ fn resume_gap(head: Option<(u64, u64)>, epoch: u64, last_acked: u64, durable: bo
         }
         None => {
             let reason = (last_acked > 0).then(|| {
-                format!("hub has no record of this cluster although it acked seq {last_acked} of agent epoch {epoch}: {lost_cause}")
+                format!(
+                    "hub lost acked events 1..={last_acked} of agent epoch {epoch} (it has no record of this cluster): \
+                     {lost_cause}"
+                )
             });
             (0, reason)
         }
