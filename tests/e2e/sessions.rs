@@ -236,3 +236,67 @@ async fn a_subscriber_that_stops_acking_is_disconnected_and_keeps_its_cursor() {
     drop(ws);
     resumes_after(&pki, &hub, "lazy", acked).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resyncs_are_rate_limited_coalesced_and_their_reasons_cut() {
+    let pki = Pki::new();
+    let hub = HubProc::start(&pki, free_port(), None, &["--max-events-per-sec", "10"]);
+    let collector = Collector::start(&pki, &hub.url(), "watch").await;
+    let mut ws = raw(&pki.agent("flappy"), hub.port).await;
+    welcome(&mut ws, "flappy").await;
+    // Three resyncs in a row with a 5,000-byte reason, nothing in between.
+    let reason = "r".repeat(5000);
+    for seq in 1..=3 {
+        let msg = format!(r#"{{"type":"resync","epoch":7,"seq":{seq},"reason":"{reason}"}}"#);
+        ws.send(Message::text(msg)).await.unwrap();
+    }
+    let mut acked = 0;
+    while acked < 3 {
+        let t = next_text(&mut ws).await.unwrap();
+        if let HubToAgent::Ack(a) = decode_hub_to_agent(t.as_bytes(), &Limits::default()).unwrap() {
+            acked = a.seq;
+        }
+    }
+    let metrics = http_get(hub.admin_port, "/metrics").await;
+    // Stored once; the two others acked without storing, and all three were throttled.
+    assert_eq!(metric(&metrics, "fleetwatch_hub_resyncs_coalesced_total"), 2.0, "{metrics}");
+    assert!(metric(&metrics, "fleetwatch_hub_throttled_seconds_total") > 0.0, "{metrics}");
+    // An event after them, then one more resync: that one is stored (the head moved on).
+    let ev = r#"{"specversion":"1.0","id":"x","source":"x","type":"dev.fleetwatch.object.applied","subject":"v1/ConfigMap/ns/a","time":"2026-01-01T00:00:00Z","cluster":"flappy","epoch":7,"seq":4,"data":{"generation":1}}"#;
+    ws.send(Message::text(format!(r#"{{"type":"events","events":[{ev}]}}"#))).await.unwrap();
+    ws.send(Message::text(r#"{"type":"resync","epoch":7,"seq":5,"reason":"relist"}"#)).await.unwrap();
+    let both = eventually(Duration::from_secs(30), || {
+        collector.seen.lock().unwrap().resyncs.get("flappy").is_some_and(|r| r.len() >= 2)
+    })
+    .await;
+    let seen = collector.seen.lock().unwrap();
+    assert!(both, "{:?}", seen.resyncs);
+    let r = &seen.resyncs["flappy"];
+    assert_eq!(r.len(), 2, "{r:?}");
+    assert!(r[0].1.len() <= 1024 && r[0].1.starts_with("rrrr"), "reason of {} bytes", r[0].1.len());
+    assert_eq!(r[1].1, "relist");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_cuts_events_over_the_size_limit_instead_of_losing_its_session() {
+    let pki = Pki::new();
+    let hub = HubProc::start(&pki, free_port(), None, &[]);
+    let collector = Collector::start(&pki, &hub.url(), "watch").await;
+    // Every event carries a 70,000-byte payload: over the 64 KiB per-event limit.
+    let agent = agent(&pki, "fat", &hub.url(), "synthetic:objects=3,rate=20,total=30,payload=70000", &[]);
+    let all = eventually(Duration::from_secs(30), || {
+        collector.seen.lock().unwrap().max_seq.get("fat").copied().unwrap_or(0) >= 31
+    })
+    .await;
+    assert!(all, "{}\n{}", agent.stderr(), hub.proc.stderr());
+    let seen = collector.seen.lock().unwrap();
+    for e in seen.all.iter().filter(|e| e.cluster == "fat") {
+        assert_eq!(e.data["truncated"], true, "{}", e.data);
+        assert!(e.data["generation"].as_u64().is_some(), "{}", e.data);
+        assert!(e.data.get("payload").is_none());
+    }
+    let c = cluster(&hub.clusters().await, "fat");
+    assert_eq!(c["sessions"], 1, "{c}");
+    let metrics = http_get(hub.admin_port, "/metrics").await;
+    assert!(!metrics.contains("event-too-large"), "{metrics}");
+}
