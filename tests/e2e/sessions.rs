@@ -289,11 +289,13 @@ async fn an_agent_cuts_events_over_the_size_limit_instead_of_losing_its_session(
     })
     .await;
     assert!(all, "{}\n{}", agent.stderr(), hub.proc.stderr());
-    let seen = collector.seen.lock().unwrap();
-    for e in seen.all.iter().filter(|e| e.cluster == "fat") {
-        assert_eq!(e.data["truncated"], true, "{}", e.data);
-        assert!(e.data["generation"].as_u64().is_some(), "{}", e.data);
-        assert!(e.data.get("payload").is_none());
+    {
+        let seen = collector.seen.lock().unwrap();
+        for e in seen.all.iter().filter(|e| e.cluster == "fat") {
+            assert_eq!(e.data["truncated"], true, "{}", e.data);
+            assert!(e.data["generation"].as_u64().is_some(), "{}", e.data);
+            assert!(e.data.get("payload").is_none());
+        }
     }
     let c = cluster(&hub.clusters().await, "fat");
     assert_eq!(c["sessions"], 1, "{c}");
