@@ -111,7 +111,7 @@ pub(crate) async fn run(mut conn: Conn, cluster: String, peer: Peer, ctx: Arc<Co
         cluster: cluster.clone(),
         epoch: hello.epoch,
         acked: 0,
-        bucket: TokenBucket::new(ctx.config.max_events_per_sec),
+        bucket: ctx.registry.bucket(&cluster, ctx.config.max_events_per_sec),
         warned_rate: false,
     };
     let result = session.serve(&mut conn, &hello, &session_id, &cancel, &shutdown, &peer).await;
@@ -148,7 +148,8 @@ struct Session {
     cluster: Arc<str>,
     epoch: u64,
     acked: u64,
-    bucket: TokenBucket,
+    /// The cluster's token bucket, shared by its sessions: reconnecting does not refill it.
+    bucket: Arc<std::sync::Mutex<TokenBucket>>,
     warned_rate: bool,
 }
 
@@ -374,7 +375,8 @@ impl Session {
 
     /// Delays the ack while the agent is over its rate: back-pressure, never dropping.
     async fn throttle(&mut self, conn: &mut Conn, n: usize) {
-        let wait = self.bucket.take(n);
+        // A poisoned lock only means a panic elsewhere mid-update: the bucket is still usable.
+        let wait = self.bucket.lock().unwrap_or_else(|e| e.into_inner()).take(n);
         if wait.is_zero() {
             return;
         }
