@@ -1,9 +1,16 @@
 //! The outbox: events not yet acked by the hub, keyed by object.
 //!
 //! A newer event for an object replaces the older one (coalescing), so memory is bounded
-//! by the number of watched objects, not by how long the hub is away. Past its capacity
-//! the outbox collapses into one "resync needed" marker: subscribers then reconcile the
-//! cluster fully, which subsumes everything that was dropped.
+//! by the number of watched objects, not by how long the hub is away. Past its capacity,
+//! in objects or in bytes, the outbox collapses into one "resync needed" marker:
+//! subscribers then reconcile the cluster fully, which subsumes everything that was dropped.
+//!
+//! An event larger than the per-event limit (the hub refuses those) is never sent as is:
+//! its `data` is cut down to the object's identity and scalar fields (`metadata`,
+//! `generation`, ...), dropping the large parts (`projected`, payloads), and marked
+//! `data.truncated: true` with `data.originalBytes`. Subscribers see that the object
+//! changed and must read it themselves. Only when even that does not fit does the outbox
+//! collapse into a resync marker.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -44,6 +51,21 @@ struct Stored {
     json: Box<str>,
 }
 
+impl Stored {
+    /// Bytes this entry costs: its JSON, its key twice (here and in `by_key`).
+    fn cost(&self) -> usize {
+        self.json.len() + 2 * self.key.len()
+    }
+}
+
+/// Default byte bound of an outbox.
+pub const DEFAULT_MAX_BYTES: usize = 64 << 20;
+
+/// Top-level scalar fields of a truncated event's data are kept up to this size each.
+const KEPT_SCALAR_BYTES: usize = 256;
+/// A truncated event's `metadata` is kept when no larger than this.
+const KEPT_METADATA_BYTES: usize = 4 << 10;
+
 /// A frame ready to send and the highest seq it carries.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Frame {
@@ -71,6 +93,11 @@ pub struct Outbox {
     cluster: String,
     epoch: u64,
     capacity: usize,
+    max_bytes: usize,
+    max_event_bytes: usize,
+    /// Bytes held in `by_seq` and `by_key`.
+    bytes: usize,
+    truncated: u64,
     last_seq: u64,
     acked: u64,
     /// Events as JSON (serialized once, when recorded: smaller than the structs and ready
@@ -82,12 +109,17 @@ pub struct Outbox {
 }
 
 impl Outbox {
-    /// An empty outbox for `cluster` in `epoch`, holding at most `capacity` objects.
+    /// An empty outbox for `cluster` in `epoch`, holding at most `capacity` objects and
+    /// [`DEFAULT_MAX_BYTES`]; events are cut to the default per-event limit.
     pub fn new(cluster: &str, epoch: u64, capacity: usize) -> Self {
         Self {
             cluster: cluster.into(),
             epoch,
             capacity: capacity.max(1),
+            max_bytes: DEFAULT_MAX_BYTES,
+            max_event_bytes: fleetwatch_shared::Limits::default().max_event_bytes,
+            bytes: 0,
+            truncated: 0,
             last_seq: 0,
             acked: 0,
             by_seq: BTreeMap::new(),
@@ -95,6 +127,23 @@ impl Outbox {
             resync: None,
             overflows: 0,
         }
+    }
+
+    /// The same outbox holding at most `max_bytes` of events, each cut to `max_event_bytes`.
+    pub fn with_limits(mut self, max_bytes: usize, max_event_bytes: usize) -> Self {
+        self.max_bytes = max_bytes.max(1);
+        self.max_event_bytes = max_event_bytes.max(1);
+        self
+    }
+
+    /// Bytes held (events' JSON and their keys).
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// Events that were larger than the per-event limit and sent cut down.
+    pub fn truncated(&self) -> u64 {
+        self.truncated
     }
 
     /// The epoch.
@@ -169,29 +218,94 @@ impl Outbox {
         let seq = event.seq;
         self.last_seq = seq;
         let key = Self::coalesce_key(&event);
-        if let Some(old) = self.by_key.remove(&key) {
-            self.by_seq.remove(&old);
+        if let Some(old) = self.by_key.remove(&key)
+            && let Some(stored) = self.by_seq.remove(&old)
+        {
+            self.bytes -= stored.cost();
         }
+        let Some(json) = self.encode_within_limit(&event) else {
+            let reason = format!(
+                "agent could not fit an event for {} into the per-event limit of {} bytes",
+                event.subject, self.max_event_bytes
+            );
+            self.collapse(seq, reason);
+            return seq;
+        };
+        let stored = Stored { key: key.clone().into_boxed_str(), json: json.into_boxed_str() };
         if self.by_seq.len() >= self.capacity {
-            self.overflows += 1;
-            let reason = format!("agent outbox overflowed its capacity of {} objects", self.capacity);
-            tracing::warn!(%reason, "collapsing outbox into a resync marker");
-            self.by_seq.clear();
-            self.by_key.clear();
-            self.resync = Some((seq, reason));
+            self.collapse(seq, format!("agent outbox overflowed its capacity of {} objects", self.capacity));
             return seq;
         }
-        let json = serde_json::to_string(&event).unwrap_or_default().into_boxed_str();
-        self.by_key.insert(key.clone(), seq);
-        self.by_seq.insert(seq, Stored { key: key.into_boxed_str(), json });
+        if self.bytes + stored.cost() > self.max_bytes {
+            let reason = format!(
+                "agent outbox overflowed its limit of {} bytes ({} events held)",
+                self.max_bytes,
+                self.by_seq.len()
+            );
+            self.collapse(seq, reason);
+            return seq;
+        }
+        self.bytes += stored.cost();
+        self.by_key.insert(key, seq);
+        self.by_seq.insert(seq, stored);
         seq
     }
 
+    /// Drops every held event for one resync marker at `seq`.
+    fn collapse(&mut self, seq: u64, reason: String) {
+        self.overflows += 1;
+        tracing::warn!(%reason, dropped = self.by_seq.len(), "collapsing outbox into a resync marker");
+        self.by_seq.clear();
+        self.by_key.clear();
+        self.bytes = 0;
+        self.resync = Some((seq, reason));
+    }
+
+    /// The event's JSON, cut down (see the module doc) when larger than the per-event
+    /// limit; `None` when even the cut-down event does not fit.
+    fn encode_within_limit(&mut self, event: &Event) -> Option<String> {
+        let json = serde_json::to_string(event).ok()?;
+        if json.len() <= self.max_event_bytes {
+            return Some(json);
+        }
+        let mut data = serde_json::Map::new();
+        if let Some(obj) = event.data.as_object() {
+            for (k, v) in obj {
+                let keep = match v {
+                    serde_json::Value::Object(_) => k == "metadata" && v.to_string().len() <= KEPT_METADATA_BYTES,
+                    serde_json::Value::Array(_) => false,
+                    _ => v.to_string().len() <= KEPT_SCALAR_BYTES,
+                };
+                if keep {
+                    data.insert(k.clone(), v.clone());
+                }
+            }
+        }
+        data.insert("truncated".into(), serde_json::Value::Bool(true));
+        data.insert("originalBytes".into(), serde_json::Value::from(json.len()));
+        let mut small = event.clone();
+        small.data = serde_json::Value::Object(data);
+        let cut = serde_json::to_string(&small).ok()?;
+        if cut.len() > self.max_event_bytes {
+            return None;
+        }
+        self.truncated += 1;
+        tracing::warn!(
+            subject = %event.subject,
+            bytes = json.len(),
+            limit = self.max_event_bytes,
+            "event larger than the per-event limit: sending it without its large fields (data.truncated)"
+        );
+        Some(cut)
+    }
+
     /// Asks subscribers to reconcile the cluster fully (after a restart or relist); the
-    /// marker takes the next seq.
+    /// marker takes the next seq. The reason is cut to the protocol's reason limit.
     pub fn push_resync(&mut self, reason: &str) -> u64 {
         self.last_seq += 1;
-        self.resync = Some((self.last_seq, reason.into()));
+        let mut reason = reason.to_string();
+        fleetwatch_shared::codec::cut_reason(&mut reason, fleetwatch_shared::Limits::default().max_reason_bytes);
+        self.resync = Some((self.last_seq, reason));
         self.last_seq
     }
 
@@ -203,6 +317,7 @@ impl Outbox {
         self.acked = seq.min(self.last_seq);
         let rest = self.by_seq.split_off(&(seq + 1));
         for (s, stored) in std::mem::replace(&mut self.by_seq, rest) {
+            self.bytes -= stored.cost();
             if self.by_key.get(&*stored.key) == Some(&s) {
                 self.by_key.remove(&*stored.key);
             }
@@ -343,6 +458,76 @@ mod tests {
         assert_eq!(ob.len(), 500);
         assert_eq!(ob.overflows(), 0);
         assert_eq!(ob.by_key.len(), 500);
+    }
+
+    #[test]
+    fn bytes_are_tracked_and_bounded() {
+        let payload = "x".repeat(4000);
+        let mut ob = Outbox::new("c", 1, 1_000_000).with_limits(100_000, 64 << 10);
+        ob.push_applied(&key(1), serde_json::json!({"p": payload}));
+        let one = ob.bytes();
+        assert!(one > 4000 && one < 5000, "{one}");
+        // Replacing an object's event keeps the byte count of one event (give or take the
+        // digits of the timestamp's fraction).
+        ob.push_applied(&key(1), serde_json::json!({"p": payload}));
+        assert!(ob.bytes().abs_diff(one) < 16, "{} vs {one}", ob.bytes());
+        ob.push_applied(&key(2), serde_json::json!({"p": payload}));
+        assert!(ob.bytes().abs_diff(2 * one) < 32, "{} vs 2 × {one}", ob.bytes());
+        ob.ack(ob.last_seq());
+        assert_eq!(ob.bytes(), 0);
+        // A long outage with distinct objects: the byte bound collapses it, well below the count bound.
+        for i in 0..1000 {
+            ob.push_applied(&key(i), serde_json::json!({"p": payload}));
+            assert!(ob.bytes() <= 100_000);
+        }
+        // 1000 events of ~4 KiB against 100 kB: it collapsed (again and again), never grew.
+        assert!(ob.overflows() >= 1, "{}", ob.overflows());
+        let first = ob.pending_after(ob.acked(), 10);
+        match first.as_slice() {
+            [Item::Resync { reason, .. }] => assert!(reason.contains("100000 bytes"), "{reason}"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn oversized_events_are_cut_down_not_sent_as_is() {
+        use fleetwatch_shared::codec::{Limits, decode_agent};
+        use fleetwatch_shared::protocol::AgentMessage;
+        let mut ob = Outbox::new("c", 1, 10).with_limits(1 << 20, 64 << 10);
+        let big = serde_json::json!({
+            "apiVersion": "v1", "kind": "ConfigMap", "generation": 7,
+            "metadata": {"name": "a", "namespace": "ns"},
+            "projected": {"/data": "y".repeat(100_000)},
+        });
+        ob.push_applied(&key(1), big);
+        assert_eq!(ob.truncated(), 1);
+        assert_eq!(ob.overflows(), 0);
+        let f = ob.next_frame(0, 10).unwrap();
+        assert!(f.text.len() < 64 << 10);
+        match decode_agent(f.text.as_bytes(), &Limits::default()).unwrap() {
+            AgentMessage::Events(b) => {
+                let d = &b.events[0].data;
+                assert_eq!(d["truncated"], true);
+                assert_eq!(d["generation"], 7);
+                assert_eq!(d["metadata"]["name"], "a");
+                assert!(d.get("projected").is_none());
+                assert!(d["originalBytes"].as_u64().unwrap() > 100_000);
+            }
+            other => panic!("{other:?}"),
+        }
+        // A small event is untouched.
+        ob.push_applied(&key(2), serde_json::json!({"generation": 1}));
+        assert_eq!(ob.truncated(), 1);
+    }
+
+    #[test]
+    fn long_resync_reasons_are_cut() {
+        let mut ob = Outbox::new("c", 1, 10);
+        ob.push_resync(&"r".repeat(5000));
+        match ob.pending_after(0, 1).as_slice() {
+            [Item::Resync { reason, .. }] => assert!(reason.len() <= 1024),
+            other => panic!("{other:?}"),
+        }
     }
 
     proptest! {

@@ -32,13 +32,17 @@ pub struct AgentConfig {
     pub tls: TlsFiles,
     /// Objects the outbox holds before it collapses into a resync marker.
     pub outbox_capacity: usize,
+    /// Bytes of events the outbox holds before it collapses into a resync marker.
+    pub outbox_max_bytes: usize,
     /// Most events per frame.
     pub batch_size: usize,
     /// Most unacked seqs in flight.
     pub window: u64,
     /// Time for one connect attempt.
     pub connect_timeout: Duration,
-    /// Without a message from the hub (it pings) for this long, the connection is dead.
+    /// Without any frame from the hub (data, ping or pong) for this long, the connection is
+    /// dead. The agent pings the hub at a third of it, so a half-open connection is noticed
+    /// even when the hub's pings cannot arrive.
     pub idle_timeout: Duration,
     /// On shutdown, how long to wait for the hub to ack what is pending.
     pub drain_timeout: Duration,
@@ -53,6 +57,7 @@ impl AgentConfig {
             hub,
             tls,
             outbox_capacity: 100_000,
+            outbox_max_bytes: crate::outbox::DEFAULT_MAX_BYTES,
             batch_size: 500,
             window: 5_000,
             connect_timeout: Duration::from_secs(10),
@@ -73,7 +78,7 @@ pub enum AgentError {
     #[error("{0} is not an agent certificate (expected a spiffe://<trust-domain>/cluster/<id> identity)")]
     NotAnAgent(String),
     /// The hub refused the agent for good (identity, protocol version).
-    #[error("hub refused the agent: {code}: {message}")]
+    #[error("hub refused the agent ({code}): {message}")]
     Refused {
         /// The code.
         code: ErrorCode,
@@ -98,6 +103,10 @@ pub struct AgentStats {
     pub last_seq: u64,
     /// Events waiting in the outbox.
     pub outbox_len: usize,
+    /// Bytes of events waiting in the outbox.
+    pub outbox_bytes: usize,
+    /// Events larger than the per-event limit, sent cut down.
+    pub truncated: u64,
     /// Times the outbox collapsed into a resync marker.
     pub overflows: u64,
     /// Sessions opened.
@@ -175,7 +184,8 @@ impl Agent {
     ) -> Result<AgentStats, AgentError> {
         // A new epoch per start: the hub then knows earlier unacked events are gone.
         let epoch = jiff::Timestamp::now().as_microsecond().max(1) as u64;
-        let mut outbox = Outbox::new(&self.cluster, epoch, self.config.outbox_capacity);
+        let mut outbox = Outbox::new(&self.cluster, epoch, self.config.outbox_capacity)
+            .with_limits(self.config.outbox_max_bytes, self.config.limits.max_event_bytes);
         // This agent has no memory of what it sent before it started: ask for a full resync.
         outbox.push_resync("agent started");
         let mut stats = AgentStats::default();
@@ -231,13 +241,14 @@ impl Agent {
             match end {
                 SessionEnd::Done => return Ok(self.final_stats(&stats, &outbox)),
                 SessionEnd::Refused(code, message) => {
-                    tracing::error!(%code, %message, "hub refused this agent");
+                    tracing::error!(%code, %message, retry_in = ?REFUSED_BACKOFF, "hub refused this agent");
                     if fail_fast {
                         return Err(AgentError::Refused { code, message });
                     }
-                    // Identity problems are not fixed by retrying fast: wait long.
+                    // Identity problems and a cluster id already in use are not fixed by
+                    // retrying fast: wait long.
                     if sleep_absorbing(
-                        Duration::from_secs(30),
+                        REFUSED_BACKOFF,
                         &mut changes,
                         &mut outbox,
                         &mut source_open,
@@ -265,6 +276,8 @@ impl Agent {
         s.acked_seq = outbox.acked();
         s.last_seq = outbox.last_seq();
         s.outbox_len = outbox.len();
+        s.outbox_bytes = outbox.bytes();
+        s.truncated = outbox.truncated();
         s.overflows = outbox.overflows();
         s
     }
@@ -293,7 +306,7 @@ impl Agent {
             return SessionEnd::Lost(e.to_string());
         }
         let idle = self.config.idle_timeout;
-        let welcome = match tokio::time::timeout(idle, next_message(&mut ws, &self.config.limits)).await {
+        let welcome = match tokio::time::timeout(idle, next_data_message(&mut ws, &self.config.limits)).await {
             Err(_) => return SessionEnd::Lost("no welcome from hub".into()),
             Ok(Err(e)) => return SessionEnd::Lost(e),
             Ok(Ok(HubToAgent::Welcome(w))) => w,
@@ -320,6 +333,10 @@ impl Agent {
         let mut last_rx = Instant::now();
         let mut draining: Option<Instant> = None;
         let mut publish_tick = tokio::time::interval(Duration::from_millis(250));
+        // Our own pings: the hub answers with pongs, which count as traffic, so a silent
+        // but healthy hub keeps the session and a half-open connection is noticed.
+        let mut ping_tick = tokio::time::interval_at(Instant::now() + idle / 3, idle / 3);
+        ping_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             let can_send = sent < outbox.last_seq() && sent - outbox.acked() < self.config.window;
             let deadline = match draining {
@@ -334,24 +351,31 @@ impl Agent {
                     *source_open = false;
                 }
                 msg = next_message(&mut ws, &self.config.limits) => {
+                    // Any frame, pings and pongs included, shows the hub is there.
                     last_rx = Instant::now();
                     match msg {
-                        Ok(HubToAgent::Ack(a)) if a.epoch == outbox.epoch() => {
+                        Ok(None) => {}
+                        Ok(Some(HubToAgent::Ack(a))) if a.epoch == outbox.epoch() => {
                             outbox.ack(a.seq);
                         }
-                        Ok(HubToAgent::Ack(_)) => {}
-                        Ok(HubToAgent::Configure(c)) => {
+                        Ok(Some(HubToAgent::Ack(_))) => {}
+                        Ok(Some(HubToAgent::Configure(c))) => {
                             tracing::info!(watches = c.watches.len(), "new watch configuration");
                             self.watches.send_replace(c.watches);
                         }
-                        Ok(HubToAgent::Welcome(_)) => {}
-                        Ok(HubToAgent::Error(e)) => {
+                        Ok(Some(HubToAgent::Welcome(_))) => {}
+                        Ok(Some(HubToAgent::Error(e))) => {
                             if e.fatal {
                                 return refused_or_lost(e.code, e.message);
                             }
                             tracing::info!(code = %e.code, message = %e.message, "hub says");
                         }
                         Err(e) => return SessionEnd::Lost(e),
+                    }
+                }
+                _ = ping_tick.tick() => {
+                    if let Err(e) = ws.send(Message::Ping(Default::default())).await {
+                        return SessionEnd::Lost(format!("cannot ping the hub: {e}"));
                     }
                 }
                 ch = changes.recv(), if *source_open => match ch {
@@ -377,7 +401,7 @@ impl Agent {
                         close(&mut ws, "agent shutting down").await;
                         return SessionEnd::Done;
                     }
-                    return SessionEnd::Lost(format!("no message from hub for {idle:?}"));
+                    return SessionEnd::Lost(format!("no frame from the hub (not even a pong to our pings) for {idle:?}"));
                 }
             }
             if draining.is_some() && outbox.is_empty() && !changes_pending(changes) {
@@ -417,11 +441,16 @@ fn changes_pending(changes: &mpsc::Receiver<Change>) -> bool {
     !changes.is_empty()
 }
 
+/// How long the agent waits after the hub refused it for good (identity, version, or its
+/// cluster id already connected from elsewhere) before it tries again.
+const REFUSED_BACKOFF: Duration = Duration::from_secs(30);
+
 fn refused_or_lost(code: ErrorCode, message: String) -> SessionEnd {
     match code {
-        ErrorCode::IdentityMismatch | ErrorCode::Forbidden | ErrorCode::UnsupportedVersion => {
-            SessionEnd::Refused(code, message)
-        }
+        ErrorCode::IdentityMismatch
+        | ErrorCode::Forbidden
+        | ErrorCode::UnsupportedVersion
+        | ErrorCode::ClusterAlreadyConnected => SessionEnd::Refused(code, message),
         _ => SessionEnd::Lost(format!("{code}: {message}")),
     }
 }
@@ -462,20 +491,27 @@ async fn close(ws: &mut ClientWs, reason: &str) {
     .await;
 }
 
-async fn next_message(ws: &mut ClientWs, limits: &Limits) -> Result<HubToAgent, String> {
+/// The next frame from the hub: a message, or `None` for a ping or pong (liveness only;
+/// tungstenite answers pings itself). Cancel-safe.
+async fn next_message(ws: &mut ClientWs, limits: &Limits) -> Result<Option<HubToAgent>, String> {
+    match ws.next().await {
+        Some(Ok(Message::Text(t))) => decode_hub_to_agent(t.as_bytes(), limits).map(Some).map_err(|e| e.to_string()),
+        Some(Ok(Message::Binary(b))) => decode_hub_to_agent(&b, limits).map(Some).map_err(|e| e.to_string()),
+        Some(Ok(Message::Close(f))) => Err(format!(
+            "hub closed the connection{}",
+            f.map(|f| format!(": {} {}", u16::from(f.code), f.reason)).unwrap_or_default()
+        )),
+        Some(Ok(_)) => Ok(None),
+        Some(Err(e)) => Err(e.to_string()),
+        None => Err("connection closed".into()),
+    }
+}
+
+/// The next message from the hub, skipping pings and pongs.
+async fn next_data_message(ws: &mut ClientWs, limits: &Limits) -> Result<HubToAgent, String> {
     loop {
-        match ws.next().await {
-            Some(Ok(Message::Text(t))) => return decode_hub_to_agent(t.as_bytes(), limits).map_err(|e| e.to_string()),
-            Some(Ok(Message::Binary(b))) => return decode_hub_to_agent(&b, limits).map_err(|e| e.to_string()),
-            Some(Ok(Message::Close(f))) => {
-                return Err(format!(
-                    "hub closed the connection{}",
-                    f.map(|f| format!(": {} {}", u16::from(f.code), f.reason)).unwrap_or_default()
-                ));
-            }
-            Some(Ok(_)) => continue,
-            Some(Err(e)) => return Err(e.to_string()),
-            None => return Err("connection closed".into()),
+        if let Some(msg) = next_message(ws, limits).await? {
+            return Ok(msg);
         }
     }
 }

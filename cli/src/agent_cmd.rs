@@ -26,6 +26,14 @@ pub struct AgentArgs {
     /// resync marker.
     #[arg(long, default_value_t = 100_000)]
     outbox_capacity: usize,
+    /// Bytes of events the outbox holds while the hub is unreachable before it collapses
+    /// into one resync marker.
+    #[arg(long, default_value_t = 64 << 20)]
+    outbox_max_bytes: usize,
+    /// Seconds without any frame from the hub (data, ping or pong) after which the
+    /// connection counts as dead and is reopened; the agent pings at a third of it.
+    #[arg(long, default_value_t = 30.0)]
+    idle_timeout: f64,
     /// Most events per frame.
     #[arg(long, default_value_t = 500)]
     batch_size: usize,
@@ -42,6 +50,11 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     let synthetic: Option<SyntheticSource> = args.source.as_deref().map(str::parse).transpose()?;
     let mut config = AgentConfig::new(hub, tls);
     config.outbox_capacity = args.outbox_capacity.max(1);
+    config.outbox_max_bytes = args.outbox_max_bytes.max(1);
+    config.idle_timeout = std::time::Duration::try_from_secs_f64(args.idle_timeout)
+        .ok()
+        .filter(|d| !d.is_zero())
+        .context("--idle-timeout must be a positive number of seconds")?;
     config.batch_size = args.batch_size.clamp(1, config.limits.max_batch_events);
     config.drain_timeout = std::time::Duration::try_from_secs_f64(args.drain_timeout).context("--drain-timeout")?;
     let mut agent = Agent::new(config).context("cannot start agent")?;

@@ -93,6 +93,11 @@ pub struct HubArgs {
     /// one address cannot keep others out.
     #[arg(long, default_value_t = 64)]
     max_handshakes_per_ip: usize,
+    /// Seconds a subscriber may leave a send blocked (it stopped reading), or its window
+    /// of unacked events full without acking, before it is disconnected; its durable
+    /// cursor is kept, so it resumes where it acked when it reconnects.
+    #[arg(long, default_value_t = 30.0)]
+    subscriber_stall_timeout: f64,
 }
 
 fn secs(name: &str, v: f64) -> anyhow::Result<Duration> {
@@ -165,6 +170,7 @@ pub async fn run(args: HubArgs) -> anyhow::Result<()> {
     config.max_connections = args.max_connections.max(1);
     config.max_handshakes = args.max_handshakes.max(1);
     config.max_handshakes_per_ip = args.max_handshakes_per_ip.max(1);
+    config.subscriber_stall_timeout = secs("subscriber-stall-timeout", args.subscriber_stall_timeout)?;
     config.deny_list = args.deny_list;
     config.tls_reload_interval = secs("tls-reload-interval", args.tls_reload_interval)?;
     config.watch_source = match (args.watch_config, args.control_plane_kubeconfig) {

@@ -2,7 +2,9 @@
 //!
 //! The cluster id comes from the certificate; a frame that claims another one is
 //! rejected. Acks are sent only after the bus accepted a batch, and delayed (never
-//! dropped) when the agent exceeds its event rate.
+//! dropped) when the agent exceeds its event rate; resync markers count against that rate
+//! too, and one that would follow another with nothing in between is acked unstored.
+//! A second agent for a connected cluster id is refused (see [`crate::registry`]).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -18,7 +20,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::bus::{Append, RecordBody};
 use crate::conn::{Conn, Incoming};
-use crate::rate::TokenBucket;
+use crate::rate::{TokenBucket, resync_cost};
+use crate::registry::{Admission, Opening};
 use crate::{Context, Peer};
 
 pub(crate) async fn run(mut conn: Conn, cluster: String, peer: Peer, ctx: Arc<Context>, shutdown: CancellationToken) {
@@ -45,6 +48,14 @@ pub(crate) async fn run(mut conn: Conn, cluster: String, peer: Peer, ctx: Arc<Co
             }
             Err(e) => return reject_decode(conn, &ctx, e).await,
         },
+        Ok(Incoming::Invalid(why)) => {
+            ctx.metrics.reject("invalid-frame");
+            return conn.fail(ErrorCode::Malformed, why, CloseCode::Invalid).await;
+        }
+        Ok(Incoming::TooLarge(why)) => {
+            ctx.metrics.reject("too-large");
+            return conn.close(CloseCode::Size, &format!("message too large: {why}")).await;
+        }
         Ok(_) => return,
     };
     if hello.protocol != PROTOCOL_VERSION {
@@ -63,7 +74,35 @@ pub(crate) async fn run(mut conn: Conn, cluster: String, peer: Peer, ctx: Arc<Co
 
     let session_id = format!("{:016x}", rand::random::<u64>());
     let cancel = shutdown.child_token();
-    ctx.registry.open(&cluster, &session_id, &conn.peer.to_string(), &hello.agent_version, cancel.clone());
+    conn.count_pings(ctx.metrics.pings_sent.clone());
+    let opening = Opening {
+        session: &session_id,
+        remote: &conn.peer.to_string(),
+        agent_version: &hello.agent_version,
+        epoch: hello.epoch,
+        cancel: cancel.clone(),
+        liveness: conn.liveness(),
+    };
+    // A live session answers pings every ping interval: silence over two of them means
+    // it missed a round and is presumed dead.
+    let stale_after = 2 * Conn::ping_interval(ctx.config.idle_timeout);
+    match ctx.registry.open(&cluster, opening, stale_after) {
+        Admission::Opened { replaced: None } => {}
+        Admission::Opened { replaced: Some(why) } => tracing::info!(%why, "new session replaces the old one"),
+        Admission::Conflict { connected_from, since } => {
+            ctx.metrics.cluster_conflicts.inc();
+            ctx.metrics.reject("cluster-already-connected");
+            let since = since.map(|t| format!(" since {t}")).unwrap_or_default();
+            let msg = format!(
+                "cluster {cluster:?} is already connected from {connected_from}{since} (another agent process with \
+                 the same cluster id); this agent (epoch {}) is refused: stop one of them or give it its own \
+                 cluster certificate",
+                hello.epoch
+            );
+            tracing::warn!(%connected_from, epoch = hello.epoch, "second agent for a connected cluster refused");
+            return conn.fail(ErrorCode::ClusterAlreadyConnected, msg, CloseCode::Policy).await;
+        }
+    }
     ctx.metrics.agent_sessions.inc();
     tracing::info!(session = %session_id, epoch = hello.epoch, last_acked = hello.last_acked_seq, "agent connected");
     let cluster: Arc<str> = Arc::from(cluster);
@@ -72,7 +111,7 @@ pub(crate) async fn run(mut conn: Conn, cluster: String, peer: Peer, ctx: Arc<Co
         cluster: cluster.clone(),
         epoch: hello.epoch,
         acked: 0,
-        bucket: TokenBucket::new(ctx.config.max_events_per_sec),
+        bucket: ctx.registry.bucket(&cluster, ctx.config.max_events_per_sec),
         warned_rate: false,
     };
     let result = session.serve(&mut conn, &hello, &session_id, &cancel, &shutdown, &peer).await;
@@ -109,7 +148,8 @@ struct Session {
     cluster: Arc<str>,
     epoch: u64,
     acked: u64,
-    bucket: TokenBucket,
+    /// The cluster's token bucket, shared by its sessions: reconnecting does not refill it.
+    bucket: Arc<std::sync::Mutex<TokenBucket>>,
     warned_rate: bool,
 }
 
@@ -150,7 +190,7 @@ impl Session {
                     } else if shutdown.is_cancelled() {
                         End::Fail(ErrorCode::ShuttingDown, "hub shutting down".into(), CloseCode::Away)
                     } else {
-                        End::Fail(ErrorCode::Replaced, "a newer session for this cluster replaced this one".into(), CloseCode::Policy)
+                        End::Fail(ErrorCode::Replaced, "a newer session of this agent (or one replacing this silent session) took over".into(), CloseCode::Policy)
                     });
                 }
             };
@@ -161,6 +201,10 @@ impl Session {
                 Incoming::TooLarge(why) => {
                     self.ctx.metrics.reject("too-large");
                     return Err(End::Close(CloseCode::Size, format!("message too large: {why}")));
+                }
+                Incoming::Invalid(why) => {
+                    self.ctx.metrics.reject("invalid-frame");
+                    return Err(End::Fail(ErrorCode::Malformed, why, CloseCode::Invalid));
                 }
             };
             self.ctx.registry.seen(&self.cluster);
@@ -195,32 +239,28 @@ impl Session {
         }
     }
 
-    /// Works out what the hub has of this agent's stream, recording a resync marker when
-    /// the hub lost events it had acked (an in-memory bus that restarted).
+    /// Works out what the hub has of this agent's stream. When the agent was acked more
+    /// than the cluster's head shows, subscribers may have missed something: a resync
+    /// marker is recorded with the true reason (see [`resume_gap`]), unless one is
+    /// already pending at the head.
     async fn resume_point(&mut self, hello: &Hello) -> Result<u64, End> {
         let head = self.ctx.bus.head(&self.cluster);
-        let have = match head {
-            Some((epoch, seq)) if epoch == hello.epoch => seq,
-            _ => 0,
-        };
-        if hello.last_acked_seq > have {
-            let reason = format!(
-                "hub lost acked events {}..={} of epoch {} (bus restarted without storage)",
-                have + 1,
-                hello.last_acked_seq,
-                hello.epoch
-            );
-            tracing::warn!(%reason, "recording resync-required");
-            self.append(vec![Append {
-                epoch: hello.epoch,
-                seq: hello.last_acked_seq,
-                body: RecordBody::ResyncRequired(reason),
-            }])
-            .await?;
-            self.ctx.metrics.resyncs.inc();
+        let (have, reason) = resume_gap(head, hello.epoch, hello.last_acked_seq, self.ctx.bus.is_durable());
+        let Some(reason) = reason else { return Ok(have) };
+        if self.ctx.registry.resync_pending(&self.cluster, head) {
+            tracing::info!(%reason, "a resync-required is already pending for this cluster; not recording another");
             return Ok(hello.last_acked_seq);
         }
-        Ok(have)
+        tracing::warn!(%reason, "recording resync-required");
+        self.append(vec![Append {
+            epoch: hello.epoch,
+            seq: hello.last_acked_seq,
+            body: RecordBody::ResyncRequired(reason),
+        }])
+        .await?;
+        self.ctx.registry.resync_stored(&self.cluster, hello.epoch, hello.last_acked_seq);
+        self.ctx.metrics.resyncs.inc();
+        Ok(hello.last_acked_seq)
     }
 
     /// Appends to the bus. A storage failure ends the session with its real cause (the
@@ -258,6 +298,11 @@ impl Session {
             }
             if ev.epoch != self.epoch {
                 let msg = format!("event of epoch {} in a session of epoch {}", ev.epoch, self.epoch);
+                return Err(End::Fail(ErrorCode::BadSequence, msg, CloseCode::Policy));
+            }
+            if ev.seq == 0 {
+                self.ctx.metrics.reject("seq-zero");
+                let msg = format!("event {} has seq 0: sequence numbers start at 1", ev.subject);
                 return Err(End::Fail(ErrorCode::BadSequence, msg, CloseCode::Policy));
             }
             if ev.seq <= last {
@@ -299,6 +344,11 @@ impl Session {
     }
 
     async fn resync(&mut self, conn: &mut Conn, r: Resync) -> Result<(), End> {
+        if r.seq == 0 {
+            self.ctx.metrics.reject("seq-zero");
+            let msg = "resync with seq 0: sequence numbers start at 1".to_string();
+            return Err(End::Fail(ErrorCode::BadSequence, msg, CloseCode::Policy));
+        }
         if r.epoch != self.epoch || r.seq <= self.acked {
             if r.epoch == self.epoch {
                 return self.ack(conn).await; // a resend
@@ -306,10 +356,24 @@ impl Session {
             let msg = format!("resync for epoch {} in a session of epoch {}", r.epoch, self.epoch);
             return Err(End::Fail(ErrorCode::BadSequence, msg, CloseCode::Policy));
         }
-        tracing::info!(reason = %r.reason, seq = r.seq, "agent requested resync");
-        let reason = if r.reason.is_empty() { "agent resync".to_string() } else { r.reason };
-        self.append(vec![Append { epoch: r.epoch, seq: r.seq, body: RecordBody::ResyncRequired(reason) }]).await?;
-        self.ctx.metrics.resyncs.inc();
+        // Every resync costs, stored or coalesced: a flood of them is slowed down like
+        // a flood of events.
+        self.throttle(conn, resync_cost(self.ctx.config.max_events_per_sec)).await;
+        // The decoder already cut the reason to the limit; cut again in case the limits
+        // were configured apart.
+        let mut reason = if r.reason.is_empty() { "agent resync".to_string() } else { r.reason };
+        fleetwatch_shared::codec::cut_reason(&mut reason, self.ctx.config.limits.max_reason_bytes);
+        let head = self.ctx.bus.head(&self.cluster);
+        if self.ctx.registry.resync_pending(&self.cluster, head) {
+            // Nothing was stored since the last marker: subscribers reconcile once anyway.
+            tracing::info!(%reason, seq = r.seq, "agent requested resync; one is already pending, acked without storing");
+            self.ctx.metrics.resyncs_coalesced.inc();
+        } else {
+            tracing::info!(%reason, seq = r.seq, "agent requested resync");
+            self.append(vec![Append { epoch: r.epoch, seq: r.seq, body: RecordBody::ResyncRequired(reason) }]).await?;
+            self.ctx.registry.resync_stored(&self.cluster, r.epoch, r.seq);
+            self.ctx.metrics.resyncs.inc();
+        }
         self.acked = r.seq;
         self.ctx.registry.acked(&self.cluster, self.epoch, r.seq, 0);
         self.ack(conn).await
@@ -317,13 +381,18 @@ impl Session {
 
     /// Delays the ack while the agent is over its rate: back-pressure, never dropping.
     async fn throttle(&mut self, conn: &mut Conn, n: usize) {
-        let wait = self.bucket.take(n);
+        // A poisoned lock only means a panic elsewhere mid-update: the bucket is still usable.
+        let wait = self.bucket.lock().unwrap_or_else(|e| e.into_inner()).take(n);
         if wait.is_zero() {
             return;
         }
         if !self.warned_rate {
             self.warned_rate = true;
-            let msg = format!("over {} events/s: acks are delayed", self.ctx.config.max_events_per_sec);
+            let msg = format!(
+                "over {} events/s (a resync counts as {}): acks are delayed",
+                self.ctx.config.max_events_per_sec,
+                resync_cost(self.ctx.config.max_events_per_sec)
+            );
             tracing::info!(%msg, "throttling agent");
             conn.send_error(ErrorCode::RateLimited, msg, false).await;
         }
@@ -334,6 +403,42 @@ impl Session {
     async fn ack(&self, conn: &mut Conn) -> Result<(), End> {
         let ack = HubToAgent::Ack(Ack { epoch: self.epoch, seq: self.acked });
         conn.send_text(encode(&ack)).await.map_err(|e| End::Closed(e.to_string()))
+    }
+}
+
+/// What the hub has of an agent's stream at resume, and why subscribers need a resync
+/// when it has less than the agent was acked: `(have, reason)`.
+fn resume_gap(head: Option<(u64, u64)>, epoch: u64, last_acked: u64, durable: bool) -> (u64, Option<String>) {
+    let lost_cause = if durable {
+        "its data directory lost them (damaged, truncated or replaced)"
+    } else {
+        "the hub restarted without a data directory"
+    };
+    match head {
+        Some((e, seq)) if e == epoch => {
+            let reason = (last_acked > seq).then(|| {
+                format!("hub lost acked events {}..={last_acked} of agent epoch {epoch}: {lost_cause}", seq + 1)
+            });
+            (seq, reason)
+        }
+        Some((other, seq)) => {
+            let reason = (last_acked > 0).then(|| {
+                format!(
+                    "another agent process of this cluster (epoch {other}, up to seq {seq}) stored events after this \
+                     agent's last acked seq {last_acked} of epoch {epoch}: the two streams interleave"
+                )
+            });
+            (0, reason)
+        }
+        None => {
+            let reason = (last_acked > 0).then(|| {
+                format!(
+                    "hub lost acked events 1..={last_acked} of agent epoch {epoch} (it has no record of this cluster): \
+                     {lost_cause}"
+                )
+            });
+            (0, reason)
+        }
     }
 }
 
@@ -349,4 +454,28 @@ async fn reject_decode(conn: Conn, ctx: &Context, e: DecodeError) {
     });
     let close = if matches!(e, DecodeError::TooLarge { .. }) { CloseCode::Size } else { CloseCode::Invalid };
     conn.fail(e.code(), e.to_string(), close).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::resume_gap;
+
+    #[test]
+    fn resume_reasons_say_what_happened() {
+        // Nothing acked, nothing stored: no resync.
+        assert_eq!(resume_gap(None, 5, 0, false), (0, None));
+        // The hub has all it acked.
+        assert_eq!(resume_gap(Some((5, 10)), 5, 10, true), (10, None));
+        // An in-memory hub restarted.
+        let (have, r) = resume_gap(None, 5, 10, false);
+        assert_eq!(have, 0);
+        assert!(r.unwrap().contains("restarted without a data directory"));
+        // A durable hub lost part of the epoch.
+        let r = resume_gap(Some((5, 4)), 5, 10, true).1.unwrap();
+        assert!(r.contains("5..=10") && r.contains("data directory lost"), "{r}");
+        // Another agent process stored events meanwhile: not a "restart without storage".
+        let r = resume_gap(Some((9, 3)), 5, 10, true).1.unwrap();
+        assert!(r.contains("another agent process") && r.contains("epoch 9"), "{r}");
+        assert!(!r.contains("storage"), "{r}");
+    }
 }

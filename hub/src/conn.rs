@@ -2,6 +2,7 @@
 //! sending frames, errors and close codes.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use fleetwatch_shared::codec::encode;
@@ -10,6 +11,8 @@ use futures_util::{SinkExt, StreamExt};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 use tokio_tungstenite::WebSocketStream;
+
+use crate::registry::Liveness;
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::{Error as WsError, Message, Utf8Bytes};
@@ -25,6 +28,8 @@ pub enum Incoming {
     Closed(String),
     /// A message larger than the limit.
     TooLarge(String),
+    /// A frame the WebSocket layer refused as invalid (a text frame that is not UTF-8).
+    Invalid(String),
     /// Nothing for the idle timeout.
     Idle,
 }
@@ -37,7 +42,9 @@ pub struct Conn {
     idle: Duration,
     last_rx: Instant,
     ping: tokio::time::Interval,
-    /// The WebSocket layer failed (oversized frame): it reads nothing more.
+    liveness: Arc<Liveness>,
+    pings_sent: Option<prometheus_client::metrics::counter::Counter>,
+    /// The WebSocket layer failed (oversized frame, invalid UTF-8): it reads nothing more.
     broken: bool,
 }
 
@@ -45,7 +52,23 @@ impl Conn {
     pub fn new(ws: ServerWs, peer: SocketAddr, idle: Duration) -> Self {
         let mut ping = tokio::time::interval(idle / 3);
         ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        Self { ws, peer, idle, last_rx: Instant::now(), ping, broken: false }
+        let liveness = Arc::new(Liveness::new());
+        Self { ws, peer, idle, last_rx: Instant::now(), ping, liveness, pings_sent: None, broken: false }
+    }
+
+    /// When this connection last heard from its peer.
+    pub fn liveness(&self) -> Arc<Liveness> {
+        self.liveness.clone()
+    }
+
+    /// Counts the keep-alive pings this connection sends in `counter`.
+    pub fn count_pings(&mut self, counter: prometheus_client::metrics::counter::Counter) {
+        self.pings_sent = Some(counter);
+    }
+
+    /// The interval at which the hub pings its peers.
+    pub fn ping_interval(idle: Duration) -> Duration {
+        idle / 3
     }
 
     /// Waits for the next message, pinging the peer meanwhile. Cancel-safe.
@@ -55,6 +78,7 @@ impl Conn {
             tokio::select! {
                 msg = self.ws.next() => {
                     self.last_rx = Instant::now();
+                    self.liveness.touch();
                     match msg {
                         Some(Ok(Message::Text(t))) => return Incoming::Message(t.into()),
                         Some(Ok(Message::Binary(b))) => return Incoming::Message(b),
@@ -66,6 +90,12 @@ impl Conn {
                             self.broken = true;
                             return Incoming::TooLarge(e.to_string());
                         }
+                        Some(Err(WsError::Utf8(_))) => {
+                            // Answered with close 1007, not a dropped socket: see `close`. The
+                            // error's text holds the peer's bytes: not echoed.
+                            self.broken = true;
+                            return Incoming::Invalid("a text frame is not valid UTF-8".into());
+                        }
                         Some(Err(e)) => return Incoming::Closed(e.to_string()),
                         None => return Incoming::Closed("connection closed".into()),
                     }
@@ -73,6 +103,9 @@ impl Conn {
                 _ = self.ping.tick() => {
                     if self.ws.send(Message::Ping(bytes::Bytes::new())).await.is_err() {
                         return Incoming::Closed("ping failed".into());
+                    }
+                    if let Some(c) = &self.pings_sent {
+                        c.inc();
                     }
                 }
                 _ = tokio::time::sleep_until(deadline) => return Incoming::Idle,
@@ -98,7 +131,7 @@ impl Conn {
         self.ws.send(Message::Text(Utf8Bytes::from(text))).await
     }
 
-    /// Sends an error frame.
+    /// Sends an error frame (waiting at most two seconds for a slow peer).
     pub async fn send_error(&mut self, code: ErrorCode, message: impl Into<String>, fatal: bool) {
         let frame = ErrorFrame { code, message: message.into(), fatal };
         #[derive(serde::Serialize)]
@@ -108,7 +141,9 @@ impl Conn {
             #[serde(flatten)]
             frame: &'a ErrorFrame,
         }
-        let _ = self.send_text(encode(&Tagged { ty: "error", frame: &frame })).await;
+        // Best effort, bounded: a peer that stopped reading must not hold the session.
+        let text = encode(&Tagged { ty: "error", frame: &frame });
+        let _ = tokio::time::timeout(Duration::from_secs(2), self.send_text(text)).await;
     }
 
     /// Sends a fatal error frame, then closes with `code`.
@@ -128,8 +163,8 @@ impl Conn {
         let _ = tokio::time::timeout(Duration::from_secs(2), async {
             let _ = self.ws.close(Some(frame)).await;
             if self.broken {
-                // After an oversized frame tungstenite reads no more, but the rest of that
-                // frame is still arriving. Closing a socket with unread data sends a reset
+                // After an oversized or invalid frame tungstenite reads no more, but the
+                // rest of that frame (and what follows) may still be arriving. Closing a socket with unread data sends a reset
                 // that destroys our close frame before the peer reads it: discard the raw
                 // bytes until the peer goes quiet.
                 use tokio::io::AsyncReadExt;

@@ -76,6 +76,9 @@ pub struct HubConfig {
     pub max_handshakes: usize,
     /// Most connections still in the handshake from one source address.
     pub max_handshakes_per_ip: usize,
+    /// A subscriber whose send does not complete, or whose unacked window stays full with
+    /// no ack, for this long is disconnected (its durable cursor is kept).
+    pub subscriber_stall_timeout: Duration,
     /// How often certificate and CA files are checked for changes.
     pub tls_reload_interval: Duration,
     /// Where WatchConfigs come from.
@@ -102,6 +105,7 @@ impl HubConfig {
             max_connections: 50_000,
             max_handshakes: 1024,
             max_handshakes_per_ip: 64,
+            subscriber_stall_timeout: Duration::from_secs(30),
             tls_reload_interval: Duration::from_secs(5),
             watch_source: watch_source::WatchSource::None,
             deny_list: None,

@@ -39,6 +39,14 @@ pub struct Metrics {
     pub deny_list_errors: Counter,
     /// Live sessions closed because their certificate expired or its CA left the bundle.
     pub sessions_expired: Family<ReasonLabel, Counter>,
+    /// Agents refused because their cluster id was already connected from elsewhere.
+    pub cluster_conflicts: Counter,
+    /// Resync markers acked without storing: one was already pending for the cluster.
+    pub resyncs_coalesced: Counter,
+    /// Keep-alive pings sent to agents.
+    pub pings_sent: Counter,
+    /// Subscribers disconnected because they did not drain within the stall timeout.
+    pub subscriber_stalls: Counter,
 }
 
 impl Default for Metrics {
@@ -56,6 +64,10 @@ impl Default for Metrics {
             deny_list_stale: Gauge::default(),
             deny_list_errors: Counter::default(),
             sessions_expired: Family::default(),
+            cluster_conflicts: Counter::default(),
+            resyncs_coalesced: Counter::default(),
+            pings_sent: Counter::default(),
+            subscriber_stalls: Counter::default(),
             registry: Registry::default(),
         };
         registry.register("agent_sessions", "Agent sessions open", m.agent_sessions.clone());
@@ -76,6 +88,22 @@ impl Default for Metrics {
             "sessions_ended",
             "Live sessions closed because their certificate is no longer valid, by reason",
             m.sessions_expired.clone(),
+        );
+        registry.register(
+            "cluster_conflicts",
+            "Agents refused because their cluster id was already connected",
+            m.cluster_conflicts.clone(),
+        );
+        registry.register(
+            "resyncs_coalesced",
+            "Resync markers acked without storing (one already pending)",
+            m.resyncs_coalesced.clone(),
+        );
+        registry.register("agent_pings", "Keep-alive pings sent to agents", m.pings_sent.clone());
+        registry.register(
+            "subscriber_stalls",
+            "Subscribers disconnected for not draining within the stall timeout",
+            m.subscriber_stalls.clone(),
         );
         Self { registry, ..m }
     }

@@ -1,11 +1,59 @@
 //! What the hub knows about each cluster, connected or not, and which session serves it.
+//!
+//! One session per cluster id. When a hello arrives for a cluster that already has a live
+//! session, the rule is:
+//! - same agent epoch: it is the same agent process reconnecting (after a network cut the
+//!   hub may still hold the dead connection): the new session replaces the old one;
+//! - another epoch, and the live session heard from its peer (any frame, pongs included)
+//!   within the stale window (two ping intervals): another agent process uses this
+//!   cluster id. The live session wins; the newcomer is refused with
+//!   `cluster-already-connected`, counted, and shown in `/api/v1/clusters`;
+//! - another epoch, but the live session has been silent longer than the stale window: it
+//!   missed at least one ping round, so it is presumed dead and replaced (an agent
+//!   restarted elsewhere while its old connection was half-open).
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use fleetwatch_shared::protocol::{ModuleInventory, WatchState};
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
+
+use crate::rate::TokenBucket;
+
+/// When a connection last received a frame (data, ping or pong), readable from other
+/// tasks: the registry asks it whether a cluster's live session is really alive.
+#[derive(Debug)]
+pub struct Liveness {
+    base: std::time::Instant,
+    last_ms: AtomicU64,
+}
+
+impl Liveness {
+    /// Heard from just now.
+    pub fn new() -> Self {
+        Self { base: std::time::Instant::now(), last_ms: AtomicU64::new(0) }
+    }
+
+    /// Records that a frame arrived.
+    pub fn touch(&self) {
+        self.last_ms.store(self.base.elapsed().as_millis() as u64, Ordering::Relaxed);
+    }
+
+    /// How long since the last frame arrived.
+    pub fn silent_for(&self) -> Duration {
+        let last = Duration::from_millis(self.last_ms.load(Ordering::Relaxed));
+        self.base.elapsed().saturating_sub(last)
+    }
+}
+
+impl Default for Liveness {
+    fn default() -> Self {
+        Self::new()
+    }
+}
 
 /// One cluster as the admin API shows it.
 #[derive(Debug, Clone, Serialize, Default)]
@@ -27,6 +75,9 @@ pub struct ClusterStatus {
     /// When the hub last heard from the agent.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub last_seen: Option<jiff::Timestamp>,
+    /// When the open session started.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub connected_since: Option<jiff::Timestamp>,
     /// The agent's current epoch.
     pub epoch: u64,
     /// The highest seq acked in that epoch.
@@ -41,36 +92,120 @@ pub struct ClusterStatus {
     /// How each configured watch is doing in the agent.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub watches: Vec<WatchState>,
+    /// Agents refused because this cluster id was already connected from elsewhere.
+    pub conflicts: u64,
+    /// The address of the last refused agent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_conflict_from: Option<String>,
+    /// When the last agent was refused.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_conflict_at: Option<jiff::Timestamp>,
+}
+
+/// The live session of a cluster.
+struct Live {
+    epoch: u64,
+    cancel: CancellationToken,
+    liveness: Arc<Liveness>,
 }
 
 struct Entry {
     status: ClusterStatus,
-    cancel: Option<CancellationToken>,
+    live: Option<Live>,
+    /// The (epoch, seq) of the last resync marker stored for this cluster: while it is
+    /// the cluster's head in the bus, another one adds nothing (coalescing).
+    last_resync: Option<(u64, u64)>,
+    /// The cluster's event budget, kept across its sessions.
+    bucket: Option<Arc<Mutex<TokenBucket>>>,
 }
 
-/// Live sessions and per-cluster state. One session per cluster: a new one replaces the old.
+/// A new agent session as [`SessionRegistry::open`] sees it.
+pub struct Opening<'a> {
+    /// The session id.
+    pub session: &'a str,
+    /// The agent's address.
+    pub remote: &'a str,
+    /// The agent's version.
+    pub agent_version: &'a str,
+    /// The agent's epoch.
+    pub epoch: u64,
+    /// Cancels the session (when replaced).
+    pub cancel: CancellationToken,
+    /// When the session's connection last heard from the agent.
+    pub liveness: Arc<Liveness>,
+}
+
+/// The outcome of [`SessionRegistry::open`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Admission {
+    /// The session is the cluster's live one now.
+    Opened {
+        /// Why a previous session was replaced, if one was.
+        replaced: Option<String>,
+    },
+    /// Another agent process is connected for this cluster and alive: refused.
+    Conflict {
+        /// The address of the live session.
+        connected_from: String,
+        /// Since when it is connected.
+        since: Option<jiff::Timestamp>,
+    },
+}
+
+/// Live sessions and per-cluster state. One session per cluster (see the module doc).
 #[derive(Default)]
 pub struct SessionRegistry {
     clusters: Mutex<HashMap<String, Entry>>,
 }
 
 impl SessionRegistry {
-    /// Registers a new session for `cluster`, cancelling the one it replaces.
-    pub fn open(&self, cluster: &str, session: &str, remote: &str, agent_version: &str, cancel: CancellationToken) {
-        let Ok(mut map) = self.clusters.lock() else { return };
+    /// Admits a new session for `cluster` by the rule in the module doc: replaces the live
+    /// session of the same epoch or a stale one (silent for longer than `stale_after`),
+    /// refuses it while another epoch's session is alive.
+    pub fn open(&self, cluster: &str, new: Opening<'_>, stale_after: Duration) -> Admission {
+        let Ok(mut map) = self.clusters.lock() else {
+            // A poisoned registry cannot tell who is connected: refuse rather than guess.
+            return Admission::Conflict { connected_from: "unknown (registry unavailable)".into(), since: None };
+        };
         let e = map.entry(cluster.to_string()).or_insert_with(|| Entry {
             status: ClusterStatus { cluster: cluster.into(), ..ClusterStatus::default() },
-            cancel: None,
+            live: None,
+            last_resync: None,
+            bucket: None,
         });
-        if let Some(old) = e.cancel.replace(cancel) {
-            old.cancel();
+        let mut replaced = None;
+        if let Some(live) = &e.live {
+            let silent = live.liveness.silent_for();
+            let from = e.status.remote.clone().unwrap_or_default();
+            if live.epoch == new.epoch {
+                replaced = Some(format!(
+                    "the same agent (epoch {}) reconnected; its old session from {from} is dropped",
+                    new.epoch
+                ));
+            } else if silent > stale_after {
+                replaced = Some(format!(
+                    "the session of epoch {} from {from} was silent for {:.1}s (presumed dead)",
+                    live.epoch,
+                    silent.as_secs_f64()
+                ));
+            } else {
+                e.status.conflicts += 1;
+                e.status.last_conflict_from = Some(new.remote.into());
+                e.status.last_conflict_at = Some(jiff::Timestamp::now());
+                return Admission::Conflict { connected_from: from, since: e.status.connected_since };
+            }
+            live.cancel.cancel();
         }
+        let now = jiff::Timestamp::now();
+        e.live = Some(Live { epoch: new.epoch, cancel: new.cancel, liveness: new.liveness });
         e.status.connected = true;
-        e.status.session = Some(session.into());
-        e.status.remote = Some(remote.into());
-        e.status.agent_version = Some(agent_version.into());
-        e.status.last_seen = Some(jiff::Timestamp::now());
+        e.status.connected_since = Some(now);
+        e.status.session = Some(new.session.into());
+        e.status.remote = Some(new.remote.into());
+        e.status.agent_version = Some(new.agent_version.into());
+        e.status.last_seen = Some(now);
         e.status.sessions += 1;
+        Admission::Opened { replaced }
     }
 
     /// Marks the session closed, unless a newer one already replaced it.
@@ -80,9 +215,38 @@ impl SessionRegistry {
             && e.status.session.as_deref() == Some(session)
         {
             e.status.connected = false;
+            e.status.connected_since = None;
             e.status.session = None;
-            e.cancel = None;
+            e.live = None;
         }
+    }
+
+    /// The cluster's token bucket for `rate` events/s: one per cluster, so a reconnect
+    /// does not start with a full bucket again.
+    pub(crate) fn bucket(&self, cluster: &str, rate: u32) -> Arc<Mutex<TokenBucket>> {
+        let fresh = || Arc::new(Mutex::new(TokenBucket::new(rate)));
+        let Ok(mut map) = self.clusters.lock() else { return fresh() };
+        match map.get_mut(cluster) {
+            Some(e) => e.bucket.get_or_insert_with(fresh).clone(),
+            None => fresh(),
+        }
+    }
+
+    /// Remembers the (epoch, seq) of a resync marker just stored for `cluster`.
+    pub fn resync_stored(&self, cluster: &str, epoch: u64, seq: u64) {
+        if let Ok(mut map) = self.clusters.lock()
+            && let Some(e) = map.get_mut(cluster)
+        {
+            e.last_resync = Some((epoch, seq));
+        }
+    }
+
+    /// Whether the cluster's head record in the bus, `head`, is a resync marker this hub
+    /// stored: then a subscriber has not been given anything since, and another marker
+    /// would add nothing.
+    pub fn resync_pending(&self, cluster: &str, head: Option<(u64, u64)>) -> bool {
+        let Ok(map) = self.clusters.lock() else { return false };
+        head.is_some() && map.get(cluster).is_some_and(|e| e.last_resync == head)
     }
 
     /// Records accepted events.
@@ -129,5 +293,94 @@ impl SessionRegistry {
         let mut v: Vec<_> = map.values().map(|e| e.status.clone()).collect();
         v.sort_by(|a, b| a.cluster.cmp(&b.cluster));
         v
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn opening<'a>(session: &'a str, remote: &'a str, epoch: u64, cancel: &CancellationToken) -> Opening<'a> {
+        Opening {
+            session,
+            remote,
+            agent_version: "t",
+            epoch,
+            cancel: cancel.clone(),
+            liveness: Arc::new(Liveness::new()),
+        }
+    }
+
+    #[test]
+    fn a_second_agent_is_refused_while_the_first_is_alive() {
+        let reg = SessionRegistry::default();
+        let first = CancellationToken::new();
+        let stale = Duration::from_secs(3600);
+        assert_eq!(reg.open("c", opening("s1", "10.0.0.1:1", 1, &first), stale), Admission::Opened { replaced: None });
+        let second = CancellationToken::new();
+        match reg.open("c", opening("s2", "10.0.0.2:2", 2, &second), stale) {
+            Admission::Conflict { connected_from, .. } => assert_eq!(connected_from, "10.0.0.1:1"),
+            other => panic!("{other:?}"),
+        }
+        assert!(!first.is_cancelled());
+        let st = &reg.list()[0];
+        assert_eq!((st.sessions, st.conflicts), (1, 1));
+        assert_eq!(st.last_conflict_from.as_deref(), Some("10.0.0.2:2"));
+        assert_eq!(st.session.as_deref(), Some("s1"));
+    }
+
+    #[test]
+    fn the_same_epoch_or_a_silent_session_is_replaced() {
+        let reg = SessionRegistry::default();
+        let first = CancellationToken::new();
+        let stale = Duration::from_secs(3600);
+        reg.open("c", opening("s1", "a:1", 1, &first), stale);
+        // Same epoch: the same agent reconnecting.
+        let again = CancellationToken::new();
+        assert!(matches!(
+            reg.open("c", opening("s2", "a:2", 1, &again), stale),
+            Admission::Opened { replaced: Some(_) }
+        ));
+        assert!(first.is_cancelled());
+        // Another epoch, but the live session is silent beyond the window: replaced.
+        let other = CancellationToken::new();
+        assert!(matches!(
+            reg.open("c", opening("s3", "b:3", 2, &other), Duration::ZERO),
+            Admission::Opened { replaced: Some(_) }
+        ));
+        assert!(again.is_cancelled());
+        // The replaced session closing does not mark the new one closed.
+        reg.close("c", "s2");
+        assert!(reg.list()[0].connected);
+        reg.close("c", "s3");
+        assert!(!reg.list()[0].connected);
+        // Once closed, any epoch opens.
+        let later = CancellationToken::new();
+        assert_eq!(reg.open("c", opening("s4", "c:4", 9, &later), stale), Admission::Opened { replaced: None });
+        assert_eq!(reg.list()[0].conflicts, 0);
+    }
+
+    #[test]
+    fn a_reconnect_keeps_the_clusters_rate_budget() {
+        let reg = SessionRegistry::default();
+        reg.open("c", opening("s1", "a:1", 1, &CancellationToken::new()), Duration::from_secs(60));
+        let first = reg.bucket("c", 10);
+        assert!(first.lock().unwrap().take(10).is_zero());
+        // The next session of the cluster gets the same, now empty, bucket.
+        let second = reg.bucket("c", 10);
+        assert!(Arc::ptr_eq(&first, &second));
+        assert!(!second.lock().unwrap().take(10).is_zero());
+    }
+
+    #[test]
+    fn a_resync_is_pending_while_it_is_the_head() {
+        let reg = SessionRegistry::default();
+        reg.open("c", opening("s1", "a:1", 1, &CancellationToken::new()), Duration::from_secs(60));
+        assert!(!reg.resync_pending("c", Some((1, 1))));
+        reg.resync_stored("c", 1, 1);
+        assert!(reg.resync_pending("c", Some((1, 1))));
+        // An event appended after it: the head moved on.
+        assert!(!reg.resync_pending("c", Some((1, 2))));
+        assert!(!reg.resync_pending("c", None));
     }
 }

@@ -3,6 +3,8 @@
 
 use std::sync::Arc;
 
+use tokio::time::Instant;
+
 use fleetwatch_shared::codec::{DecodeError, decode_subscriber, encode};
 use fleetwatch_shared::protocol::{
     ErrorCode, HubToSubscriber, ResyncRequired, StartFrom, Subscribe, Subscribed, SubscriberMessage,
@@ -40,13 +42,25 @@ pub(crate) async fn run(mut conn: Conn, name: String, peer: Peer, ctx: Arc<Conte
             }
             Err(e) => return conn.fail(e.code(), e.to_string(), CloseCode::Invalid).await,
         },
+        Ok(Incoming::Invalid(why)) => {
+            ctx.metrics.reject("invalid-frame");
+            return conn.fail(ErrorCode::Malformed, why, CloseCode::Invalid).await;
+        }
         Ok(_) => return,
     };
     // A durable subscription is named after the certificate, so one subscriber cannot
     // take over another's cursor.
     let durable = sub.durable.clone().map(|d| (name.clone(), d));
     ctx.metrics.subscriber_sessions.inc();
-    let mut session = Session { ctx: ctx.clone(), durable, clusters: sub.clusters.clone(), acked: 0, sent: 0 };
+    let mut session = Session {
+        ctx: ctx.clone(),
+        name: name.clone(),
+        durable,
+        clusters: sub.clusters.clone(),
+        acked: 0,
+        sent: 0,
+        window_full_since: None,
+    };
     let end = session.serve(&mut conn, &sub, &shutdown).await;
     let end = match ctx.end_reason(&peer).filter(|_| shutdown.is_cancelled()) {
         Some(why) => End::Fail(ErrorCode::Forbidden, why, CloseCode::Policy),
@@ -68,11 +82,15 @@ enum End {
 
 struct Session {
     ctx: Arc<Context>,
+    /// The subscriber's name, from its certificate.
+    name: String,
     /// (subscriber identity, durable name).
     durable: Option<(String, String)>,
     clusters: Vec<String>,
     acked: u64,
     sent: u64,
+    /// Since when the unacked window is full while more records wait, with no ack since.
+    window_full_since: Option<Instant>,
 }
 
 impl Session {
@@ -139,8 +157,18 @@ impl Session {
         }
         let window = u64::from(sub.max_in_flight.unwrap_or(10_000).clamp(1, 100_000));
         let mut end_rx = bus.watch_end();
+        let stall = self.ctx.config.subscriber_stall_timeout;
         loop {
-            let can_send = self.sent < bus.last_offset() && self.sent - self.acked < window;
+            let more = self.sent < bus.last_offset();
+            let can_send = more && self.sent - self.acked < window;
+            // The window is full and records wait: the subscriber must ack within the
+            // stall timeout. An ack (see `handle`) restarts the clock.
+            if more && !can_send {
+                self.window_full_since.get_or_insert_with(Instant::now);
+            } else {
+                self.window_full_since = None;
+            }
+            let window_deadline = self.window_full_since.map(|t| t + stall);
             tokio::select! {
                 biased;
                 _ = shutdown.cancelled() => return End::Fail(ErrorCode::ShuttingDown, "hub shutting down".into(), CloseCode::Away),
@@ -154,12 +182,22 @@ impl Session {
                         Incoming::Closed(why) => return End::Closed(why),
                         Incoming::Idle => return End::Close(CloseCode::Away, "idle timeout".into()),
                         Incoming::TooLarge(why) => return End::Close(CloseCode::Size, why),
+                        Incoming::Invalid(why) => {
+                            self.ctx.metrics.reject("invalid-frame");
+                            return End::Fail(ErrorCode::Malformed, why, CloseCode::Invalid);
+                        }
                     }
                 }
                 _ = std::future::ready(()), if can_send => {
-                    if let Err(e) = self.send_more(conn).await {
-                        return End::Closed(e.to_string());
+                    match tokio::time::timeout(stall, self.send_more(conn)).await {
+                        Ok(Ok(())) => {}
+                        Ok(Err(e)) => return End::Closed(e.to_string()),
+                        // The socket stays blocked: only a close, best effort.
+                        Err(_) => return self.stalled("a send did not complete", true),
                     }
+                }
+                _ = sleep_until_opt(window_deadline), if window_deadline.is_some() => {
+                    return self.stalled("its window of unacked events stayed full with no ack", false);
                 }
                 changed = end_rx.changed(), if !can_send => {
                     if changed.is_err() {
@@ -167,6 +205,31 @@ impl Session {
                     }
                 }
             }
+        }
+    }
+
+    /// Ends a session whose subscriber stopped draining: its durable cursor is kept. With
+    /// the socket blocked only a close frame is tried; otherwise an error frame first.
+    fn stalled(&self, what: &str, socket_blocked: bool) -> End {
+        let stall = self.ctx.config.subscriber_stall_timeout;
+        self.ctx.metrics.subscriber_stalls.inc();
+        self.ctx.metrics.reject("subscriber-stalled");
+        let msg = format!(
+            "subscriber stalled: {what} within {}s; disconnected (its durable cursor {} is kept)",
+            stall.as_secs_f64(),
+            self.acked
+        );
+        tracing::error!(
+            subscriber = %self.name,
+            durable = self.durable.as_deref().unwrap_or("-"),
+            sent = self.sent,
+            acked = self.acked,
+            "{msg}"
+        );
+        if socket_blocked {
+            End::Close(CloseCode::Away, msg)
+        } else {
+            End::Fail(ErrorCode::LimitExceeded, msg, CloseCode::Policy)
         }
     }
 
@@ -183,6 +246,7 @@ impl Session {
                 let cursor = a.cursor.min(self.sent);
                 if cursor >= self.acked {
                     self.acked = cursor;
+                    self.window_full_since = None;
                     // Also at an equal cursor: the ack of a resync registers a name whose
                     // cursor was lost.
                     if let Some((identity, name)) = &self.durable {
@@ -264,6 +328,14 @@ impl Session {
         self.ctx.metrics.events_delivered.inc_by(*in_frame);
         *in_frame = 0;
         Ok(())
+    }
+}
+
+/// Sleeps until `deadline`; never returns without one.
+async fn sleep_until_opt(deadline: Option<Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
     }
 }
 

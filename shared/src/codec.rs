@@ -12,13 +12,41 @@ pub struct Limits {
     pub max_message_bytes: usize,
     /// Most events in one batch.
     pub max_batch_events: usize,
-    /// Largest single event, in bytes of JSON.
+    /// Largest single event, in bytes of JSON. The hub refuses a larger one; the agent never
+    /// sends one (it shrinks it first, see the agent's outbox).
     pub max_event_bytes: usize,
+    /// Longest reason or error message kept from a frame, in bytes; longer ones are cut at a
+    /// character boundary when decoded, so a peer cannot make the hub store megabyte reasons.
+    pub max_reason_bytes: usize,
 }
 
 impl Default for Limits {
     fn default() -> Self {
-        Self { max_message_bytes: 1 << 20, max_batch_events: 1000, max_event_bytes: 64 << 10 }
+        Self { max_message_bytes: 1 << 20, max_batch_events: 1000, max_event_bytes: 64 << 10, max_reason_bytes: 1024 }
+    }
+}
+
+/// Cuts `text` to at most `max` bytes, at a character boundary, marking the cut with `…`
+/// when there is room for it.
+///
+/// ```
+/// let mut s = "é".repeat(10); // 20 bytes
+/// fleetwatch_shared::codec::cut_reason(&mut s, 7);
+/// assert!(s.len() <= 7 && s.ends_with('…'));
+/// ```
+pub fn cut_reason(text: &mut String, max: usize) {
+    if text.len() <= max {
+        return;
+    }
+    const MARK: &str = "…";
+    let room = max.saturating_sub(MARK.len());
+    let mut end = room.min(text.len());
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text.truncate(end);
+    if max >= MARK.len() {
+        text.push_str(MARK);
     }
 }
 
@@ -55,19 +83,42 @@ impl DecodeError {
 /// The `type` tags each direction knows; used to tell "unknown type" from "malformed".
 trait Tagged: DeserializeOwned {
     const TYPES: &'static [&'static str];
+
+    /// Cuts free-text fields (reasons, error messages) to [`Limits::max_reason_bytes`].
+    fn cap_text(&mut self, _max: usize) {}
 }
 
 impl Tagged for AgentMessage {
     const TYPES: &'static [&'static str] = &["hello", "events", "resync", "inventory", "watch-status"];
+
+    fn cap_text(&mut self, max: usize) {
+        if let AgentMessage::Resync(r) = self {
+            cut_reason(&mut r.reason, max);
+        }
+    }
 }
 impl Tagged for HubToAgent {
     const TYPES: &'static [&'static str] = &["welcome", "ack", "configure", "error"];
+
+    fn cap_text(&mut self, max: usize) {
+        if let HubToAgent::Error(e) = self {
+            cut_reason(&mut e.message, max);
+        }
+    }
 }
 impl Tagged for SubscriberMessage {
     const TYPES: &'static [&'static str] = &["subscribe", "ack"];
 }
 impl Tagged for HubToSubscriber {
     const TYPES: &'static [&'static str] = &["subscribed", "events", "resync-required", "error"];
+
+    fn cap_text(&mut self, max: usize) {
+        match self {
+            HubToSubscriber::ResyncRequired(r) => cut_reason(&mut r.reason, max),
+            HubToSubscriber::Error(e) => cut_reason(&mut e.message, max),
+            _ => {}
+        }
+    }
 }
 
 fn decode<T: Tagged>(bytes: &[u8], limits: &Limits) -> Result<T, DecodeError> {
@@ -75,7 +126,10 @@ fn decode<T: Tagged>(bytes: &[u8], limits: &Limits) -> Result<T, DecodeError> {
         return Err(DecodeError::TooLarge { size: bytes.len(), limit: limits.max_message_bytes });
     }
     match serde_json::from_slice::<T>(bytes) {
-        Ok(msg) => Ok(msg),
+        Ok(mut msg) => {
+            msg.cap_text(limits.max_reason_bytes);
+            Ok(msg)
+        }
         Err(err) => {
             // Only on the error path: find out whether the type tag is the problem.
             #[derive(Deserialize)]
@@ -225,6 +279,33 @@ mod tests {
             }
             let _ = decode_subscriber(text.as_bytes(), &limits);
         }
+    }
+
+    #[test]
+    fn long_reasons_are_cut_at_a_character_boundary() {
+        let l = Limits::default();
+        let reason = "ü".repeat(5000); // 10,000 bytes
+        let msg = encode(&AgentMessage::Resync(Resync { epoch: 1, seq: 1, reason, objects: vec![] }));
+        match decode_agent(msg.as_bytes(), &l).unwrap() {
+            AgentMessage::Resync(r) => {
+                assert!(r.reason.len() <= l.max_reason_bytes, "{}", r.reason.len());
+                assert!(r.reason.len() > l.max_reason_bytes - 8);
+                assert!(r.reason.starts_with("üü") && r.reason.ends_with('…'));
+            }
+            other => panic!("{other:?}"),
+        }
+        let r = HubToSubscriber::ResyncRequired(ResyncRequired {
+            cluster: "c".into(),
+            cursor: 1,
+            reason: "x".repeat(3000),
+        });
+        match decode_hub_to_subscriber(encode(&r).as_bytes(), &l).unwrap() {
+            HubToSubscriber::ResyncRequired(r) => assert!(r.reason.len() <= 1024),
+            other => panic!("{other:?}"),
+        }
+        let mut short = "fine".to_string();
+        cut_reason(&mut short, 1024);
+        assert_eq!(short, "fine");
     }
 
     #[test]

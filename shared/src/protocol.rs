@@ -262,16 +262,35 @@ pub enum ErrorCode {
     ShuttingDown,
     /// A newer session for the same identity replaced this one.
     Replaced,
+    /// Another agent process is already connected for this cluster id: the live session
+    /// wins and this one is refused (retry after a long backoff). See `DESIGN.md`,
+    /// "One session per cluster".
+    ClusterAlreadyConnected,
+}
+
+impl ErrorCode {
+    /// The code as it travels on the wire, e.g. `cluster-already-connected`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorCode::Malformed => "malformed",
+            ErrorCode::UnknownType => "unknown-type",
+            ErrorCode::Forbidden => "forbidden",
+            ErrorCode::IdentityMismatch => "identity-mismatch",
+            ErrorCode::UnsupportedVersion => "unsupported-version",
+            ErrorCode::LimitExceeded => "limit-exceeded",
+            ErrorCode::RateLimited => "rate-limited",
+            ErrorCode::BadSequence => "bad-sequence",
+            ErrorCode::Internal => "internal",
+            ErrorCode::ShuttingDown => "shutting-down",
+            ErrorCode::Replaced => "replaced",
+            ErrorCode::ClusterAlreadyConnected => "cluster-already-connected",
+        }
+    }
 }
 
 impl std::fmt::Display for ErrorCode {
-    /// The wire name (`forbidden`, `limit-exceeded`, ...), as logs and messages should show it.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // Derived from the serde name so that new codes need no second list.
-        match serde_json::to_value(self) {
-            Ok(serde_json::Value::String(name)) => f.write_str(&name),
-            _ => f.write_str("unknown"),
-        }
+        f.write_str(self.as_str())
     }
 }
 
@@ -377,5 +396,30 @@ mod display_tests {
         assert_eq!(ErrorCode::Forbidden.to_string(), "forbidden");
         assert_eq!(WatchPhase::KindNotFound.to_string(), "kind-not-found");
         assert_eq!(crate::api::State::Ready.to_string(), "Ready");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ErrorCode;
+
+    #[test]
+    fn error_code_names_match_the_wire() {
+        for code in [
+            ErrorCode::Malformed,
+            ErrorCode::UnknownType,
+            ErrorCode::Forbidden,
+            ErrorCode::IdentityMismatch,
+            ErrorCode::UnsupportedVersion,
+            ErrorCode::LimitExceeded,
+            ErrorCode::RateLimited,
+            ErrorCode::BadSequence,
+            ErrorCode::Internal,
+            ErrorCode::ShuttingDown,
+            ErrorCode::Replaced,
+            ErrorCode::ClusterAlreadyConnected,
+        ] {
+            assert_eq!(serde_json::to_string(&code).unwrap(), format!("\"{code}\""));
+        }
     }
 }

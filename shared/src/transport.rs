@@ -106,11 +106,15 @@ pub enum ConnectError {
     Timeout(String),
 }
 
-/// The WebSocket settings matching our limits.
+/// The WebSocket settings matching our limits. The write buffer is bounded too (tungstenite
+/// leaves it unbounded by default): a peer that stops reading cannot make us buffer more
+/// than about two messages; the send then waits (and a stall timeout ends it).
 pub fn ws_config(limits: &Limits) -> WebSocketConfig {
-    WebSocketConfig::default()
-        .max_message_size(Some(limits.max_message_bytes))
+    let base = WebSocketConfig::default();
+    let max_write = base.write_buffer_size + 2 * limits.max_message_bytes + (64 << 10);
+    base.max_message_size(Some(limits.max_message_bytes))
         .max_frame_size(Some(limits.max_message_bytes))
+        .max_write_buffer_size(max_write)
 }
 
 /// Opens a WebSocket over mutual TLS to the hub.

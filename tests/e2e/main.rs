@@ -8,6 +8,7 @@ mod lifecycle;
 mod maintenance;
 mod protocol;
 mod sandbox;
+mod sessions;
 mod shutdown;
 mod storage;
 mod support;

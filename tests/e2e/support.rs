@@ -161,9 +161,10 @@ impl HubProc {
             pki.path("hub.key").display().to_string(),
             "--client-ca".into(),
             pki.path("ca.crt").display().to_string(),
-            "--idle-timeout".into(),
-            "6".into(),
         ];
+        if !extra.contains(&"--idle-timeout") {
+            args.extend(["--idle-timeout".into(), "6".into()]);
+        }
         if let Some(d) = data_dir {
             args.push("--data-dir".into());
             args.push(d.display().to_string());
