@@ -44,6 +44,9 @@ pub struct AgentConfig {
     pub drain_timeout: Duration,
     /// Message limits.
     pub limits: Limits,
+    /// How long to wait before reconnecting after the hub refused this agent for good
+    /// (revoked, wrong identity): long, because retrying fast does not fix those.
+    pub refused_retry: Duration,
 }
 
 impl AgentConfig {
@@ -59,6 +62,7 @@ impl AgentConfig {
             idle_timeout: Duration::from_secs(30),
             drain_timeout: Duration::from_secs(5),
             limits: Limits::default(),
+            refused_retry: Duration::from_secs(30),
         }
     }
 }
@@ -237,7 +241,7 @@ impl Agent {
                     }
                     // Identity problems are not fixed by retrying fast: wait long.
                     if sleep_absorbing(
-                        Duration::from_secs(30),
+                        self.config.refused_retry,
                         &mut changes,
                         &mut outbox,
                         &mut source_open,
