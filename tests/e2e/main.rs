@@ -8,4 +8,5 @@ mod maintenance;
 mod protocol;
 mod sandbox;
 mod shutdown;
+mod soak;
 mod support;

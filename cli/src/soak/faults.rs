@@ -204,7 +204,8 @@ async fn inject(fleet: &mut Fleet, kind: FaultKind, plan: &Plan, k: u64) -> Resu
         }
         FaultKind::Corrupt => {
             fleet.hub.stop(Stop::Kill, Duration::ZERO).await;
-            let damaged = corrupt_closed_segment(&fleet.data_dir, k.is_multiple_of(2));
+            // First a zeroed block (a lost page), then flipped bytes, alternating.
+            let damaged = corrupt_closed_segment(&fleet.data_dir, !k.is_multiple_of(2));
             fleet.hub.start(Some("hub listening"), HUB_START_TIMEOUT).await?;
             match damaged? {
                 Some((path, offset, len)) => {

@@ -115,7 +115,14 @@ impl Restartable {
                 Ok(false) => Some(format!("exited before printing `{needle}`")),
                 Err(_) => Some(format!("did not print `{needle}` within {} s", timeout.as_secs())),
             };
-            if let Some(why) = why {
+            if let Some(mut why) = why {
+                // The last line of its log usually says why.
+                if let Some(last) = std::fs::read_to_string(&self.log)
+                    .ok()
+                    .and_then(|t| t.lines().rev().find(|l| !l.trim().is_empty()).map(str::to_string))
+                {
+                    why = format!("{why}; its log ends with: {last}");
+                }
                 return Err(ProcError::NotStarted {
                     what: self.what.clone(),
                     why,
