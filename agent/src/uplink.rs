@@ -48,6 +48,9 @@ pub struct AgentConfig {
     pub drain_timeout: Duration,
     /// Message limits.
     pub limits: Limits,
+    /// How long to wait before reconnecting after the hub refused this agent for good
+    /// (revoked, wrong identity): long, because retrying fast does not fix those.
+    pub refused_retry: Duration,
 }
 
 impl AgentConfig {
@@ -64,6 +67,7 @@ impl AgentConfig {
             idle_timeout: Duration::from_secs(30),
             drain_timeout: Duration::from_secs(5),
             limits: Limits::default(),
+            refused_retry: Duration::from_secs(30),
         }
     }
 }
@@ -241,14 +245,14 @@ impl Agent {
             match end {
                 SessionEnd::Done => return Ok(self.final_stats(&stats, &outbox)),
                 SessionEnd::Refused(code, message) => {
-                    tracing::error!(%code, %message, retry_in = ?REFUSED_BACKOFF, "hub refused this agent");
+                    tracing::error!(%code, %message, retry_in = ?self.config.refused_retry, "hub refused this agent");
                     if fail_fast {
                         return Err(AgentError::Refused { code, message });
                     }
                     // Identity problems and a cluster id already in use are not fixed by
                     // retrying fast: wait long.
                     if sleep_absorbing(
-                        REFUSED_BACKOFF,
+                        self.config.refused_retry,
                         &mut changes,
                         &mut outbox,
                         &mut source_open,
@@ -440,10 +444,6 @@ async fn next_status(status: &mut Option<watch::Receiver<Vec<WatchState>>>) -> O
 fn changes_pending(changes: &mpsc::Receiver<Change>) -> bool {
     !changes.is_empty()
 }
-
-/// How long the agent waits after the hub refused it for good (identity, version, or its
-/// cluster id already connected from elsewhere) before it tries again.
-const REFUSED_BACKOFF: Duration = Duration::from_secs(30);
 
 fn refused_or_lost(code: ErrorCode, message: String) -> SessionEnd {
     match code {

@@ -40,6 +40,10 @@ pub struct AgentArgs {
     /// Seconds to wait on shutdown for the hub to ack pending events.
     #[arg(long, default_value_t = 5.0)]
     drain_timeout: f64,
+    /// Seconds to wait before reconnecting after the hub refused this agent (revoked or
+    /// wrong identity).
+    #[arg(long, default_value_t = 30.0)]
+    refused_retry: f64,
     /// Keep retrying when the first connection fails, instead of exiting with its error.
     #[arg(long)]
     retry_first_connect: bool,
@@ -57,6 +61,10 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         .context("--idle-timeout must be a positive number of seconds")?;
     config.batch_size = args.batch_size.clamp(1, config.limits.max_batch_events);
     config.drain_timeout = std::time::Duration::try_from_secs_f64(args.drain_timeout).context("--drain-timeout")?;
+    config.refused_retry = std::time::Duration::try_from_secs_f64(args.refused_retry)
+        .ok()
+        .filter(|d| !d.is_zero())
+        .context("--refused-retry must be a positive number of seconds")?;
     let mut agent = Agent::new(config).context("cannot start agent")?;
     let span = tracing::info_span!("agent", cluster = %agent.cluster());
     let shutdown = crate::shutdown_on_signals();

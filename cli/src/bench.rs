@@ -38,6 +38,10 @@ enum BenchWhat {
     /// The simulated API server: LIST of many objects, and watch fan-out latency from a
     /// write to every watcher's event.
     Sim(SimBench),
+    /// A chaos soak: a durable hub, agents under Kubernetes-like churn and a durable
+    /// subscriber while hub kills, TCP cuts, agent restarts, disk-full, a damaged segment
+    /// and deny-list flips are injected; checks per object that nothing was lost.
+    Soak(crate::soak::SoakBench),
 }
 
 #[derive(Args)]
@@ -115,6 +119,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         BenchWhat::Hub(b) => hub(b).await,
         BenchWhat::Agent(b) => agent(b).await,
         BenchWhat::Lifecycle(b) => lifecycle(b).await,
+        BenchWhat::Soak(b) => crate::soak::run(b).await,
         BenchWhat::Sim(b) => {
             let opts = fleetwatch_sim::BenchOptions {
                 list_objects: b.list_objects,

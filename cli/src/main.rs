@@ -8,6 +8,7 @@ mod hub_cmd;
 mod kube_apply;
 mod lifecycle_cmd;
 mod maintenance_cmd;
+mod soak;
 mod tail_cmd;
 mod up_cmd;
 

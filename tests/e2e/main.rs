@@ -10,5 +10,6 @@ mod protocol;
 mod sandbox;
 mod sessions;
 mod shutdown;
+mod soak;
 mod storage;
 mod support;

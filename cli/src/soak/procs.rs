@@ -1,0 +1,170 @@
+//! The soak's child processes: one durable hub and one agent per simulated cluster, each
+//! a real `fleetwatch` process that can be killed and started again with the same
+//! arguments. Their logs go to files in the soak directory (appended across restarts).
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+/// Why a child process could not be started or stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum ProcError {
+    /// Spawning failed.
+    #[error("cannot start {what}: {source}")]
+    Spawn {
+        /// Which process.
+        what: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The log file could not be opened.
+    #[error("cannot open log file {path}: {source}")]
+    Log {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The process did not print its start-up line.
+    #[error("{what} {why} (see {log})")]
+    NotStarted {
+        /// Which process.
+        what: String,
+        /// What happened instead.
+        why: String,
+        /// Its log file.
+        log: String,
+    },
+}
+
+/// How to signal a process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stop {
+    /// SIGKILL: no chance to flush or drain.
+    Kill,
+    /// SIGTERM: orderly shutdown (an agent drains its outbox first).
+    Term,
+}
+
+impl std::fmt::Display for Stop {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Stop::Kill => "SIGKILL",
+            Stop::Term => "SIGTERM",
+        })
+    }
+}
+
+/// A `fleetwatch` child process that can be stopped and started again.
+pub struct Restartable {
+    what: String,
+    args: Vec<String>,
+    log: PathBuf,
+    child: Option<Child>,
+    /// Kept open so the child can write its start-up line without a broken pipe.
+    stdout: Option<tokio::io::Lines<BufReader<tokio::process::ChildStdout>>>,
+}
+
+impl Restartable {
+    /// A process described by its arguments, not started yet.
+    pub fn new(what: impl Into<String>, args: Vec<String>, log: PathBuf) -> Self {
+        Self { what: what.into(), args, log, child: None, stdout: None }
+    }
+
+    /// Its log file.
+    pub fn log(&self) -> &Path {
+        &self.log
+    }
+
+    /// Starts the process; with `wait_for` set, waits (up to `timeout`) for a stdout line
+    /// that starts with it.
+    pub async fn start(&mut self, wait_for: Option<&str>, timeout: Duration) -> Result<(), ProcError> {
+        let exe = std::env::current_exe().map_err(|source| ProcError::Spawn { what: self.what.clone(), source })?;
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .map_err(|source| ProcError::Log { path: self.log.clone(), source })?;
+        let mut child = Command::new(exe)
+            .args(&self.args)
+            .env_remove("RUST_LOG")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|source| ProcError::Spawn { what: self.what.clone(), source })?;
+        let mut lines = child.stdout.take().map(|o| BufReader::new(o).lines());
+        self.child = Some(child);
+        if let (Some(needle), Some(lines)) = (wait_for, lines.as_mut()) {
+            let found = tokio::time::timeout(timeout, async {
+                while let Ok(Some(line)) = lines.next_line().await {
+                    if line.starts_with(needle) {
+                        return true;
+                    }
+                }
+                false
+            })
+            .await;
+            let why = match found {
+                Ok(true) => None,
+                Ok(false) => Some(format!("exited before printing `{needle}`")),
+                Err(_) => Some(format!("did not print `{needle}` within {} s", timeout.as_secs())),
+            };
+            if let Some(mut why) = why {
+                // The last line of its log usually says why.
+                if let Some(last) = std::fs::read_to_string(&self.log)
+                    .ok()
+                    .and_then(|t| t.lines().rev().find(|l| !l.trim().is_empty()).map(str::to_string))
+                {
+                    why = format!("{why}; its log ends with: {last}");
+                }
+                return Err(ProcError::NotStarted {
+                    what: self.what.clone(),
+                    why,
+                    log: self.log.display().to_string(),
+                });
+            }
+        }
+        self.stdout = lines;
+        Ok(())
+    }
+
+    /// Signals the process and waits for it to exit (SIGKILL after `grace` when a SIGTERM
+    /// was not enough). Does nothing when it is not running.
+    pub async fn stop(&mut self, how: Stop, grace: Duration) {
+        let Some(mut child) = self.child.take() else { return };
+        if how == Stop::Term
+            && let Some(pid) = child.id()
+            && let Ok(pid) = i32::try_from(pid)
+        {
+            // SAFETY: kill(2) with a pid of our own child, which has not been reaped
+            // (we still hold its handle), so the pid cannot have been reused.
+            unsafe {
+                libc::kill(pid, libc::SIGTERM);
+            }
+            if tokio::time::timeout(grace, child.wait()).await.is_ok() {
+                self.stdout = None;
+                return;
+            }
+            tracing::warn!(process = %self.what, "did not stop on SIGTERM in time: killing it");
+        }
+        let _ = child.start_kill();
+        let _ = child.wait().await;
+        self.stdout = None;
+    }
+
+    /// Whether it exited by itself (a crash); returns its status then.
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.as_mut().and_then(|c| c.try_wait().ok().flatten())
+    }
+}
+
+/// A free loopback port (bound and released; the hub takes it right after).
+pub fn free_port() -> std::io::Result<SocketAddr> {
+    std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()
+}
