@@ -221,7 +221,7 @@ impl Session {
         );
         tracing::error!(
             subscriber = %self.name,
-            durable = self.durable.as_deref().unwrap_or("-"),
+            durable = self.durable.as_ref().map(|(_, d)| d.as_str()).unwrap_or("-"),
             sent = self.sent,
             acked = self.acked,
             "{msg}"
