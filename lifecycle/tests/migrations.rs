@@ -148,6 +148,7 @@ async fn a_failing_migration_stops_the_upgrade_and_is_retried_with_backoff() {
         Runtime::crd(),
         fleetwatch_shared::api::ModuleTemplate::crd(),
         fleetwatch_shared::api::ModuleReleaseMeta::crd(),
+        fleetwatch_shared::maintenance::MaintenancePolicy::crd(),
     ] {
         cp.apply(&serde_json::to_value(&crd).unwrap()).await.unwrap();
     }

@@ -73,7 +73,12 @@ async fn channel_moves_roll_out_in_waves_and_halt_on_failures() {
     let cp_client = cp_sim.client().await.unwrap();
     let cp = Applier::new(cp_client.clone());
     use kube::CustomResourceExt;
-    for crd in [Runtime::crd(), fleetwatch_shared::api::ModuleTemplate::crd(), ModuleReleaseMeta::crd()] {
+    for crd in [
+        Runtime::crd(),
+        fleetwatch_shared::api::ModuleTemplate::crd(),
+        ModuleReleaseMeta::crd(),
+        fleetwatch_shared::maintenance::MaintenancePolicy::crd(),
+    ] {
         cp.apply(&serde_json::to_value(&crd).unwrap()).await.unwrap();
     }
     // The sim establishes a CRD as it stores it: its kinds are served at once.

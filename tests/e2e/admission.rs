@@ -210,7 +210,8 @@ async fn deny_list_fails_closed() {
     assert!(fresh, "{}", metrics(&hub));
     let (_, s) = try_session(&agent, hub.port, "bad").await;
     assert!(matches!(s, Said::Welcome), "{s:?}");
-    assert_eq!(http_get(hub.admin_port, "/readyz").await, "ready\n");
+    let ready = http_get(hub.admin_port, "/readyz").await;
+    assert!(ready.starts_with("ready: ") && ready.contains("deny-list ok"), "{ready}");
     // Reported once per change (two changes), not at every reload tick in between.
     assert_eq!(errors(), 2, "{}", hub.proc.stderr());
     assert!(metrics(&hub).contains("fleetwatch_hub_deny_list_errors_total 2"), "{}", metrics(&hub));
@@ -398,14 +399,16 @@ async fn readyz_waits_for_the_control_plane_watch() {
     let hub = HubProc::start(&pki, free_port(), None, &["--control-plane-kubeconfig", cp_kc.to_str().unwrap()]);
     // No WatchConfig CRD yet: the watch cannot list, so the hub is not ready.
     let ready = http_get(hub.admin_port, "/readyz").await;
-    assert!(ready.starts_with("not ready\n") && ready.contains("control-plane: "), "{ready}");
+    assert!(ready.starts_with("not ready: ") && ready.contains("control-plane: "), "{ready}");
     let crd = std::fs::read_to_string(
         std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("../deploy/crds/watchconfigs.operator.fleetwatch.dev.yaml"),
     )
     .unwrap();
     kubectl(&cp_kc, &["apply", "-f", "-"], Some(&crd));
-    let synced =
-        eventually(Duration::from_secs(60), || futures_block(http_get(hub.admin_port, "/readyz")) == "ready\n").await;
+    let synced = eventually(Duration::from_secs(60), || {
+        futures_block(http_get(hub.admin_port, "/readyz")).starts_with("ready: ")
+    })
+    .await;
     assert!(synced, "{}\n{}", http_get(hub.admin_port, "/readyz").await, hub.proc.stderr());
 }

@@ -117,7 +117,7 @@ async fn disk_full_refuses_batches_with_the_cause_and_appends_resume() {
     let agent = agent(&pki, "c1", &hub.url(), spec, &[]);
     let collector = Collector::start(&pki, &hub.url(), "checker").await;
     assert!(eventually(Duration::from_secs(30), || collector.seen.lock().unwrap().events >= 100).await);
-    assert_eq!(http(hub.admin_port, "GET", "/readyz").await, (200, "ready: bus ok\n".to_string()));
+    assert_eq!(http(hub.admin_port, "GET", "/readyz").await, (200, "ready: bus ok, certificates ok\n".to_string()));
 
     let balloon = mount_dir.join("balloon");
     if tmpfs.is_some() {
@@ -145,7 +145,7 @@ async fn disk_full_refuses_batches_with_the_cause_and_appends_resume() {
         assert_eq!(http(hub.admin_port, "POST", "/debug/faults/storage?fail_for_ms=0").await.0, 200);
     }
     let ready = readyz_until(hub.admin_port, 200, Duration::from_secs(30)).await;
-    assert_eq!(ready, (200, "ready: bus ok\n".to_string()), "hub log:\n{}", hub.proc.stderr());
+    assert_eq!(ready, (200, "ready: bus ok, certificates ok\n".to_string()), "hub log:\n{}", hub.proc.stderr());
     let done =
         eventually(Duration::from_secs(90), || lost(&collector.seen.lock().unwrap(), "c1", &source).is_empty()).await;
     let seen = collector.seen.lock().unwrap();
@@ -165,7 +165,7 @@ async fn storage_fault_endpoint_exists_only_with_the_flag() {
     let pki = Pki::new();
     let hub = HubProc::start(&pki, free_port(), Some(&pki.path("data")), &[]);
     assert_eq!(http(hub.admin_port, "POST", "/debug/faults/storage?fail_for_ms=1000").await.0, 404);
-    assert_eq!(http(hub.admin_port, "GET", "/readyz").await, (200, "ready: bus ok\n".to_string()));
+    assert_eq!(http(hub.admin_port, "GET", "/readyz").await, (200, "ready: bus ok, certificates ok\n".to_string()));
 }
 
 fn subscriber_opts(pki: &Pki, hub: &str, durable: &str, from: StartFrom) -> SubscriberOptions {
