@@ -76,11 +76,34 @@ async fn kubectl_changes_reach_subscribers_through_field_filters() {
         ),
     )
     .unwrap();
+    // Two invalid ones: validated at the hub, never pushed to agents.
+    std::fs::write(
+        wc_dir.join("bad-selector.json"),
+        watch_config("bad-selector", "", "v1", "ConfigMap", json!({"labelSelector": "app=(web"})),
+    )
+    .unwrap();
+    std::fs::write(
+        wc_dir.join("bad-pointer.json"),
+        watch_config("bad-pointer", "", "v1", "ConfigMap", json!({"fields": ["/data/~9"]})),
+    )
+    .unwrap();
+    // A directory with an invalid WatchConfig is refused at start, naming file and fault.
+    let out = std::process::Command::new(BIN)
+        .args(["hub", "--listen", "127.0.0.1:0", "--cert", pki.path("hub.crt").to_str().unwrap()])
+        .args(["--key", pki.path("hub.key").to_str().unwrap(), "--client-ca", pki.path("ca.crt").to_str().unwrap()])
+        .args(["--watch-config", wc_dir.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("bad-") && (err.contains("RFC 6901") || err.contains("labelSelector")), "{err}");
+    std::fs::remove_file(wc_dir.join("bad-selector.json")).unwrap();
+    std::fs::remove_file(wc_dir.join("bad-pointer.json")).unwrap();
     let hub = HubProc::start(&pki, free_port(), None, &["--watch-config", wc_dir.to_str().unwrap()]);
     let _agent = kube_agent(&pki, "rt1", &hub.url(), &kc);
     let collector = Collector::start(&pki, &hub.url(), "ops").await;
 
-    // Every watch reports running to the hub.
+    // Every (valid) watch reports running to the hub.
     let running = eventually(Duration::from_secs(15), || {
         let v = futures_executor(hub.clusters());
         v["clusters"][0]["watches"]
