@@ -163,9 +163,10 @@ pub async fn run(mut fleet: Fleet, plan: Plan, stop: CancellationToken) -> (Flee
                 break;
             }
         }
+        // The pause ends with the plan: the churn must not wait for the next fault.
         let pause = plan.interval.mul_f64(rand::rng().random_range(0.5..1.5));
         tokio::select! {
-            _ = tokio::time::sleep(pause) => {}
+            _ = tokio::time::sleep_until((Instant::now() + pause).min(plan.until).into()) => {}
             _ = stop.cancelled() => {}
         }
     }

@@ -252,12 +252,13 @@ async fn soak(
     };
     let fault_task = tokio::spawn(faults::run(fleet, plan, stop.child_token()));
     tokio::time::sleep_until((t0 + duration).into()).await;
-    let (mut fleet, counts, fault_error) = fault_task.await.context("fault task")?;
     churn_stop.cancel();
     for t in churn_tasks {
         let _ = t.await;
     }
     let elapsed = t0.elapsed();
+    // A fault still in progress (no new one starts this late) is finished and undone.
+    let (mut fleet, counts, fault_error) = fault_task.await.context("fault task")?;
     if let Some(e) = fault_error {
         return Err(e.into());
     }
