@@ -182,12 +182,15 @@ impl Bus {
         let mut recovered = None;
         if let Some(dir) = &opts.dir {
             let had_state = prepare_dir(dir, &storage)?;
+            // The cursor store is written before a new stream id: a directory with a
+            // stream id and no cursor store has lost it.
+            cursors = CursorStore::load(dir.join("cursors.json"), had_state);
+            cursors.flush(&storage)?;
             let id_path = dir.join("stream-id");
             match std::fs::read_to_string(&id_path) {
                 Ok(s) if !s.trim().is_empty() => stream_id = s.trim().to_string(),
                 _ => storage.write_atomic(&id_path, stream_id.as_bytes())?,
             }
-            cursors = CursorStore::load(dir.join("cursors.json"), had_state);
             let seg_dir = dir.join("segments");
             let mut rec = recovery::recover(&seg_dir)?;
             load(&mut log, std::mem::take(&mut rec.records));

@@ -152,6 +152,7 @@ async fn survives_restart_and_cuts_a_torn_tail() {
     assert_eq!(bus.head("c"), Some((7, 11)));
     assert_eq!(bus.last_offset(), 11);
     assert_eq!(bus.durable_lookup("id", "sub").unwrap(), Lookup::Known(5));
+    assert_eq!(bus.durable_lookup("id", "other").unwrap(), Lookup::New, "an intact store knows new names");
     let r = bus.read(1, 100);
     assert_eq!(r.records.len(), 11);
     assert_eq!(resyncs(&bus), vec![("c".to_string(), "x".to_string())], "a torn tail is no loss");
