@@ -182,6 +182,9 @@ async fn disk_full_refuses_batches_with_the_cause_and_appends_resume() {
         hub.proc.stderr()
     );
     watcher.abort();
+    let metrics = http_get(hub.admin_port, "/metrics").await;
+    assert!(!metrics.contains("fleetwatch_hub_bus_write_failures_total 0\n"), "{metrics}");
+    assert!(metrics.contains("fleetwatch_hub_bus_write_failures_total "), "{metrics}");
     let body = not_ready.lock().unwrap().clone().unwrap_or_default();
     assert!(body.starts_with("not ready: bus: no space left on device ("), "{body}");
     assert!(hub.proc.stderr().contains("bus cannot write: refusing appends until writes succeed again"));

@@ -165,6 +165,8 @@ pub struct Bus {
     storage: Storage,
     /// Why the last write failed, while writes fail.
     health: Mutex<Option<String>>,
+    /// Batches refused because a disk write failed.
+    write_failures: std::sync::atomic::AtomicU64,
     dir: Option<PathBuf>,
 }
 
@@ -231,6 +233,7 @@ impl Bus {
             cursors,
             storage,
             health: Mutex::new(None),
+            write_failures: 0.into(),
             dir: opts.dir.clone(),
         });
         let mut writer = Writer::new(Arc::downgrade(&bus), opts.retention, disk);
@@ -280,6 +283,11 @@ impl Bus {
             Ok(Some(e)) => Err(e),
             Err(_) => Err("bus state is poisoned".into()),
         }
+    }
+
+    /// Batches refused so far because a disk write failed.
+    pub fn write_failures(&self) -> u64 {
+        self.write_failures.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     fn set_health(&self, h: Option<String>) {

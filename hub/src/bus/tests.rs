@@ -264,6 +264,7 @@ async fn failed_write_is_cut_not_acked_and_appends_resume() {
     assert_eq!(std::fs::metadata(&seg).unwrap().len(), len, "half-written batch cut");
     assert!(bus.append("a".into(), vec![ev(1, 2)]).await.is_err(), "no later append is acked while failing");
     assert_eq!(bus.last_offset(), 1);
+    assert_eq!(bus.write_failures(), 2);
     bus.inject_storage_fault(Duration::ZERO);
     // The readiness probe clears the failure without any append.
     wait_for("readiness after the fault", || bus.health().is_ok()).await;
