@@ -125,7 +125,8 @@ impl Session {
         self.acked = start;
         self.sent = start;
         let durable = self.durable.as_ref().map(|(_, d)| d.as_str()).unwrap_or("");
-        tracing::info!(durable, start, clusters = ?self.clusters, "subscriber connected");
+        let clusters = if self.clusters.is_empty() { "*".to_string() } else { self.clusters.join(",") };
+        tracing::info!(durable, start, %clusters, "subscriber connected");
         let hello = HubToSubscriber::Subscribed(Subscribed { stream: bus.stream_id().into(), cursor: start });
         if let Err(e) = conn.send_text(encode(&hello)).await {
             return End::Closed(e.to_string());
