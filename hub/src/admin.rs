@@ -80,10 +80,12 @@ async fn metrics(State(ctx): State<Arc<Context>>) -> impl IntoResponse {
     // Gauges read at scrape time rather than kept up to date on every append.
     body = body.replace("# EOF\n", "");
     body.push_str(&format!(
-        "# HELP fleetwatch_hub_bus_records Records retained in the bus.\n# TYPE fleetwatch_hub_bus_records gauge\nfleetwatch_hub_bus_records {}\n# HELP fleetwatch_hub_bus_last_offset Offset of the newest record.\n# TYPE fleetwatch_hub_bus_last_offset gauge\nfleetwatch_hub_bus_last_offset {}\n# HELP fleetwatch_hub_bus_bytes Bytes of records retained in the bus.\n# TYPE fleetwatch_hub_bus_bytes gauge\nfleetwatch_hub_bus_bytes {}\n# EOF\n",
+        "# HELP fleetwatch_hub_bus_records Records retained in the bus.\n# TYPE fleetwatch_hub_bus_records gauge\nfleetwatch_hub_bus_records {}\n# HELP fleetwatch_hub_bus_last_offset Offset of the newest record.\n# TYPE fleetwatch_hub_bus_last_offset gauge\nfleetwatch_hub_bus_last_offset {}\n# HELP fleetwatch_hub_bus_bytes Bytes of records retained in the bus.\n# TYPE fleetwatch_hub_bus_bytes gauge\nfleetwatch_hub_bus_bytes {}\n# HELP fleetwatch_hub_bus_writable Whether the bus can store records (0 while disk writes fail).\n# TYPE fleetwatch_hub_bus_writable gauge\nfleetwatch_hub_bus_writable {}\n# HELP fleetwatch_hub_bus_write_failures Batches refused because a disk write failed.\n# TYPE fleetwatch_hub_bus_write_failures counter\nfleetwatch_hub_bus_write_failures_total {}\n# EOF\n",
         ctx.bus.retained(),
         ctx.bus.last_offset(),
-        ctx.bus.retained_bytes()
+        ctx.bus.retained_bytes(),
+        u8::from(ctx.bus.health().is_ok()),
+        ctx.bus.write_failures()
     ));
     ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], body)
 }

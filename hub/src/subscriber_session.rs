@@ -142,7 +142,7 @@ impl Session {
         self.acked = start;
         self.sent = start;
         let durable = self.durable.as_ref().map(|(_, d)| d.as_str()).unwrap_or("-");
-        let clusters = self.clusters.join(",");
+        let clusters = if self.clusters.is_empty() { "*".to_string() } else { self.clusters.join(",") };
         tracing::info!(durable, start, %clusters, "subscriber connected");
         let hello = HubToSubscriber::Subscribed(Subscribed { stream: bus.stream_id().into(), cursor: start });
         if let Err(e) = conn.send_text(encode(&hello)).await {

@@ -65,17 +65,44 @@ impl Drop for Tmpfs {
     }
 }
 
-/// Fills the file system holding `path` until a write fails with ENOSPC.
-fn inflate(path: &Path) {
-    use std::io::Write;
-    let mut f = std::fs::File::create(path).unwrap();
-    let chunk = vec![0xa5u8; 64 << 10];
-    loop {
-        match f.write_all(&chunk).and_then(|()| f.sync_data()) {
-            Ok(()) => {}
-            Err(e) if e.raw_os_error() == Some(28) => return,
-            Err(e) => panic!("balloon: unexpected error {e}"),
+/// A file that fills its file system and keeps it full: space the hub frees by cutting a
+/// failed write back is taken again at once, as other tenants of a full disk would.
+struct Balloon {
+    path: PathBuf,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Balloon {
+    fn inflate(path: &Path) -> Self {
+        use std::io::Write;
+        let mut f = std::fs::File::create(path).unwrap();
+        let fill = |f: &mut std::fs::File, chunk: &[u8]| loop {
+            match f.write_all(chunk).and_then(|()| f.sync_data()) {
+                Ok(()) => {}
+                Err(e) if e.raw_os_error() == Some(28) => return,
+                Err(e) => panic!("balloon: unexpected error {e}"),
+            }
+        };
+        fill(&mut f, &vec![0xa5u8; 64 << 10]);
+        fill(&mut f, &[0xa5u8; 512]);
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let s = stop.clone();
+        let thread = std::thread::spawn(move || {
+            while !s.load(std::sync::atomic::Ordering::SeqCst) {
+                fill(&mut f, &[0xa5u8; 512]);
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        });
+        Self { path: path.to_path_buf(), stop, thread: Some(thread) }
+    }
+
+    fn deflate(mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            t.join().unwrap();
         }
+        std::fs::remove_file(&self.path).unwrap();
     }
 }
 
@@ -102,7 +129,13 @@ async fn disk_full_refuses_batches_with_the_cause_and_appends_resume() {
     let mount_dir = pki.path("small-disk");
     // A real full disk where we can mount; otherwise the hub's fault hook, which fails
     // writes at the same layer.
-    let tmpfs = match Tmpfs::mount(&mount_dir, "16m") {
+    // FLEETWATCH_TEST_NO_TMPFS=1 takes the fault-hook path even where mounting works.
+    let mounted = if std::env::var_os("FLEETWATCH_TEST_NO_TMPFS").is_some() {
+        Err("FLEETWATCH_TEST_NO_TMPFS is set".to_string())
+    } else {
+        Tmpfs::mount(&mount_dir, "16m")
+    };
+    let tmpfs = match mounted {
         Ok(t) => Some(t),
         Err(e) => {
             println!("cannot mount a tmpfs ({e}): using the storage fault hook instead");
@@ -119,17 +152,42 @@ async fn disk_full_refuses_batches_with_the_cause_and_appends_resume() {
     assert!(eventually(Duration::from_secs(30), || collector.seen.lock().unwrap().events >= 100).await);
     assert_eq!(http(hub.admin_port, "GET", "/readyz").await, (200, "ready: bus ok, certificates ok\n".to_string()));
 
-    let balloon = mount_dir.join("balloon");
-    if tmpfs.is_some() {
-        inflate(&balloon);
+    // Readiness is watched from before the disk fills: on a real full disk the hub gets a
+    // page back now and then (its own cut-back frees one) and is ready again for a moment.
+    let not_ready: Arc<std::sync::Mutex<Option<String>>> = Default::default();
+    let watcher = {
+        let (seen, port) = (not_ready.clone(), hub.admin_port);
+        tokio::spawn(async move {
+            loop {
+                let (status, body) = http(port, "GET", "/readyz").await;
+                if status == 503 {
+                    seen.lock().unwrap().get_or_insert(body);
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+    };
+    let balloon = if tmpfs.is_some() {
+        Some(Balloon::inflate(&mount_dir.join("balloon")))
     } else {
         let (status, body) = http(hub.admin_port, "POST", "/debug/faults/storage?fail_for_ms=600000").await;
         assert_eq!((status, body.as_str()), (200, "storage writes fail for 600000 ms\n"));
-    }
+        None
+    };
     // The hub reports the cause on /readyz and to the agent, whose batch is not acked.
-    let ready = readyz_until(hub.admin_port, 503, Duration::from_secs(30)).await;
-    assert_eq!(ready.0, 503, "readyz: {ready:?}\nhub log:\n{}", hub.proc.stderr());
-    assert!(ready.1.starts_with("not ready: bus: no space left on device ("), "{}", ready.1);
+    assert!(
+        eventually(Duration::from_secs(30), || not_ready.lock().unwrap().is_some()).await,
+        "never 503; hub log:\n{}",
+        hub.proc.stderr()
+    );
+    watcher.abort();
+    let metrics = http_get(hub.admin_port, "/metrics").await;
+    assert!(!metrics.contains("fleetwatch_hub_bus_write_failures_total 0\n"), "{metrics}");
+    assert!(metrics.contains("fleetwatch_hub_bus_write_failures_total "), "{metrics}");
+    let body = not_ready.lock().unwrap().clone().unwrap_or_default();
+    assert!(body.starts_with("not ready: bus: no space left on device ("), "{body}");
+    assert!(hub.proc.stderr().contains("bus cannot write: refusing appends until writes succeed again"));
     let cause = "hub could not store events: no space left on device (";
     assert!(
         eventually(Duration::from_secs(30), || agent.stderr().contains(cause)).await,
@@ -139,8 +197,8 @@ async fn disk_full_refuses_batches_with_the_cause_and_appends_resume() {
     let during = collector.seen.lock().unwrap().events;
 
     // Space again: appends resume, the hub is ready, nothing is lost.
-    if tmpfs.is_some() {
-        std::fs::remove_file(&balloon).unwrap();
+    if let Some(b) = balloon {
+        b.deflate();
     } else {
         assert_eq!(http(hub.admin_port, "POST", "/debug/faults/storage?fail_for_ms=0").await.0, 200);
     }

@@ -106,16 +106,18 @@ impl CursorStore {
                     None
                 }
             },
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !had_state => {
-                Some(FileV2 { version: 2, ..FileV2::default() })
-            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !had_state => None,
             Err(e) => {
                 tracing::warn!(path = %path.display(), error = %e, "cursor store is missing: every durable subscriber that reconnects gets resync-required *");
                 None
             }
         };
+        let fresh = !had_state && !path.exists();
         let (state, dirty) = match loaded {
             Some(f) => (f, false),
+            // A new directory: the store starts empty and is written at once, so a later
+            // missing file always means it was lost.
+            None if fresh => (FileV2 { version: 2, ..FileV2::default() }, true),
             None => (FileV2 { version: 2, names_lost: true, ..FileV2::default() }, true),
         };
         Self { path: Some(path), state: Mutex::new(state), dirty: dirty.into(), flushing: Mutex::new(()) }

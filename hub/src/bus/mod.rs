@@ -165,6 +165,8 @@ pub struct Bus {
     storage: Storage,
     /// Why the last write failed, while writes fail.
     health: Mutex<Option<String>>,
+    /// Batches refused because a disk write failed.
+    write_failures: std::sync::atomic::AtomicU64,
     dir: Option<PathBuf>,
 }
 
@@ -182,12 +184,15 @@ impl Bus {
         let mut recovered = None;
         if let Some(dir) = &opts.dir {
             let had_state = prepare_dir(dir, &storage)?;
+            // The cursor store is written before a new stream id: a directory with a
+            // stream id and no cursor store has lost it.
+            cursors = CursorStore::load(dir.join("cursors.json"), had_state);
+            cursors.flush(&storage)?;
             let id_path = dir.join("stream-id");
             match std::fs::read_to_string(&id_path) {
                 Ok(s) if !s.trim().is_empty() => stream_id = s.trim().to_string(),
                 _ => storage.write_atomic(&id_path, stream_id.as_bytes())?,
             }
-            cursors = CursorStore::load(dir.join("cursors.json"), had_state);
             let seg_dir = dir.join("segments");
             let mut rec = recovery::recover(&seg_dir)?;
             load(&mut log, std::mem::take(&mut rec.records));
@@ -228,6 +233,7 @@ impl Bus {
             cursors,
             storage,
             health: Mutex::new(None),
+            write_failures: 0.into(),
             dir: opts.dir.clone(),
         });
         let mut writer = Writer::new(Arc::downgrade(&bus), opts.retention, disk);
@@ -277,6 +283,11 @@ impl Bus {
             Ok(Some(e)) => Err(e),
             Err(_) => Err("bus state is poisoned".into()),
         }
+    }
+
+    /// Batches refused so far because a disk write failed.
+    pub fn write_failures(&self) -> u64 {
+        self.write_failures.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     fn set_health(&self, h: Option<String>) {

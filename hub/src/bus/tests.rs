@@ -152,6 +152,7 @@ async fn survives_restart_and_cuts_a_torn_tail() {
     assert_eq!(bus.head("c"), Some((7, 11)));
     assert_eq!(bus.last_offset(), 11);
     assert_eq!(bus.durable_lookup("id", "sub").unwrap(), Lookup::Known(5));
+    assert_eq!(bus.durable_lookup("id", "other").unwrap(), Lookup::New, "an intact store knows new names");
     let r = bus.read(1, 100);
     assert_eq!(r.records.len(), 11);
     assert_eq!(resyncs(&bus), vec![("c".to_string(), "x".to_string())], "a torn tail is no loss");
@@ -263,6 +264,7 @@ async fn failed_write_is_cut_not_acked_and_appends_resume() {
     assert_eq!(std::fs::metadata(&seg).unwrap().len(), len, "half-written batch cut");
     assert!(bus.append("a".into(), vec![ev(1, 2)]).await.is_err(), "no later append is acked while failing");
     assert_eq!(bus.last_offset(), 1);
+    assert_eq!(bus.write_failures(), 2);
     bus.inject_storage_fault(Duration::ZERO);
     // The readiness probe clears the failure without any append.
     wait_for("readiness after the fault", || bus.health().is_ok()).await;

@@ -139,6 +139,7 @@ impl Writer {
             }
             Err(e) => {
                 self.set_failing(&bus, Some(&e));
+                bus.write_failures.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 for req in batch.drain(..) {
                     if let Request::Append { reply, .. } = req {
                         let _ = reply.send(Err(BusError::Storage(e.clone())));
