@@ -21,12 +21,11 @@ fn fault_counts(stdout: &str) -> Vec<(String, u64)> {
 #[test]
 fn short_soak_loses_nothing_under_faults() {
     let dir = tempfile::tempdir().unwrap();
-    // Corruption and disk-full are left out until the durable log survives them (issue 9,
-    // point 3): with them the hub loses acked events today.
+    // Every fault kind, the durable log's included (disk full, a damaged closed segment).
     let mut child = Command::new(BIN)
         .args(["--log", "warn", "bench", "soak", "--duration", "20", "--clusters", "3", "--objects", "50"])
         .args(["--rate", "60", "--fault-interval", "1", "--fault-hold", "2", "--settle", "120"])
-        .args(["--faults", "kill,cut,agent-restart,deny"])
+        .args(["--faults", "kill,cut,agent-restart,disk-full,corrupt,deny"])
         .arg("--dir")
         .arg(dir.path())
         .stdout(Stdio::piped())

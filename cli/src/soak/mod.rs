@@ -52,7 +52,7 @@ pub struct SoakBench {
     #[arg(long, default_value_t = 200.0)]
     rate: f64,
     /// Fault kinds to inject, comma-separated.
-    #[arg(long, value_enum, value_delimiter = ',', default_value = "kill,cut,agent-restart,corrupt,deny")]
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "kill,cut,agent-restart,disk-full,corrupt,deny")]
     faults: Vec<FaultKind>,
     /// Mean seconds between faults (jittered ±50 %).
     #[arg(long, default_value_t = 4.0)]
@@ -170,6 +170,8 @@ async fn soak(
         ("--deny-list", deny_list.display().to_string()),
         ("--tls-reload-interval", "1".into()),
         ("--idle-timeout", "10".into()),
+        // Small segments, so there are closed (indexed) segments for `corrupt` to damage.
+        ("--segment-bytes", "1MiB".into()),
     ] {
         hub_args.push(flag.into());
         hub_args.push(value);
