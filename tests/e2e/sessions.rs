@@ -244,27 +244,28 @@ async fn resyncs_are_rate_limited_coalesced_and_their_reasons_cut() {
     let collector = Collector::start(&pki, &hub.url(), "watch").await;
     let mut ws = raw(&pki.agent("flappy"), hub.port).await;
     welcome(&mut ws, "flappy").await;
-    // Three resyncs in a row with a 5,000-byte reason, nothing in between.
+    // Seven resyncs in a row with a 5,000-byte reason, nothing in between: two more than
+    // the burst of five.
     let reason = "r".repeat(5000);
-    for seq in 1..=3 {
+    for seq in 1..=7 {
         let msg = format!(r#"{{"type":"resync","epoch":7,"seq":{seq},"reason":"{reason}"}}"#);
         ws.send(Message::text(msg)).await.unwrap();
     }
     let mut acked = 0;
-    while acked < 3 {
+    while acked < 7 {
         let t = next_text(&mut ws).await.unwrap();
         if let HubToAgent::Ack(a) = decode_hub_to_agent(t.as_bytes(), &Limits::default()).unwrap() {
             acked = a.seq;
         }
     }
     let metrics = http_get(hub.admin_port, "/metrics").await;
-    // Stored once; the two others acked without storing, and all three were throttled.
-    assert_eq!(metric(&metrics, "fleetwatch_hub_resyncs_coalesced_total"), 2.0, "{metrics}");
+    // Stored once; the six others acked without storing, and the last ones throttled.
+    assert_eq!(metric(&metrics, "fleetwatch_hub_resyncs_coalesced_total"), 6.0, "{metrics}");
     assert!(metric(&metrics, "fleetwatch_hub_throttled_seconds_total") > 0.0, "{metrics}");
     // An event after them, then one more resync: that one is stored (the head moved on).
-    let ev = r#"{"specversion":"1.0","id":"x","source":"x","type":"dev.fleetwatch.object.applied","subject":"v1/ConfigMap/ns/a","time":"2026-01-01T00:00:00Z","cluster":"flappy","epoch":7,"seq":4,"data":{"generation":1}}"#;
+    let ev = r#"{"specversion":"1.0","id":"x","source":"x","type":"dev.fleetwatch.object.applied","subject":"v1/ConfigMap/ns/a","time":"2026-01-01T00:00:00Z","cluster":"flappy","epoch":7,"seq":8,"data":{"generation":1}}"#;
     ws.send(Message::text(format!(r#"{{"type":"events","events":[{ev}]}}"#))).await.unwrap();
-    ws.send(Message::text(r#"{"type":"resync","epoch":7,"seq":5,"reason":"relist"}"#)).await.unwrap();
+    ws.send(Message::text(r#"{"type":"resync","epoch":7,"seq":9,"reason":"relist"}"#)).await.unwrap();
     let both = eventually(Duration::from_secs(30), || {
         collector.seen.lock().unwrap().resyncs.get("flappy").is_some_and(|r| r.len() >= 2)
     })
