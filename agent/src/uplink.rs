@@ -192,6 +192,7 @@ impl Agent {
         let mut source_open = true;
         let mut backoff = reconnect_backoff();
         let mut first = true;
+        let mut connected_once = false;
         loop {
             // Disconnected: keep absorbing changes while connecting.
             let connecting =
@@ -235,6 +236,7 @@ impl Agent {
             if stats.connected {
                 // The session got as far as a welcome: start the backoff afresh.
                 backoff = reconnect_backoff();
+                connected_once = true;
             }
             stats.connected = false;
             self.publish(&stats, &outbox);
@@ -242,7 +244,11 @@ impl Agent {
                 SessionEnd::Done => return Ok(self.final_stats(&stats, &outbox)),
                 SessionEnd::Refused(code, message) => {
                     tracing::error!(%code, %message, retry_in = ?REFUSED_BACKOFF, "hub refused this agent");
-                    if fail_fast {
+                    // Another agent holding our cluster id after we were connected is a
+                    // passing state (a replacement starting, a half-open old session):
+                    // waited out, not fatal. Before any connection it is reported at once.
+                    let passing = code == ErrorCode::ClusterAlreadyConnected && connected_once;
+                    if fail_fast && !passing {
                         return Err(AgentError::Refused { code, message });
                     }
                     // Identity problems and a cluster id already in use are not fixed by
