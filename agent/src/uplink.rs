@@ -323,6 +323,11 @@ impl Agent {
             return SessionEnd::Lost(format!("welcome for epoch {} but ours is {}", welcome.epoch, outbox.epoch()));
         }
         outbox.ack(welcome.acked_seq);
+        if let Some(hub_limit) = welcome.max_event_bytes {
+            // Never send what the hub would refuse (it closes the session over it): follow
+            // the lower of the two limits.
+            outbox.set_max_event_bytes(hub_limit.min(self.config.limits.max_event_bytes));
+        }
         self.watches.send_replace(welcome.watches);
         tracing::info!(session = %welcome.session, acked = welcome.acked_seq, pending = outbox.len(), "connected to hub");
         stats.connected = true;

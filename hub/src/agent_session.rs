@@ -172,6 +172,7 @@ impl Session {
             epoch: self.epoch,
             acked_seq: self.acked,
             watches: watches_rx.borrow_and_update().as_ref().clone(),
+            max_event_bytes: Some(self.ctx.config.limits.max_event_bytes),
         });
         conn.send_text(encode(&welcome)).await.map_err(|e| End::Closed(e.to_string()))?;
         loop {

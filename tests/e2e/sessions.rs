@@ -280,11 +280,23 @@ async fn resyncs_are_rate_limited_coalesced_and_their_reasons_cut() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_cuts_events_over_the_size_limit_instead_of_losing_its_session() {
+    // Every event carries a 70,000-byte payload: over the default 64 KiB per-event limit.
+    cut_events(&[], 70_000).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_follows_a_lower_event_size_limit_of_the_hub() {
+    // 20,000 bytes fit the agent's default limit, not this hub's: the agent learns the
+    // hub's limit at welcome.
+    cut_events(&["--max-event-bytes", "16384"], 20_000).await;
+}
+
+async fn cut_events(hub_args: &[&str], payload: usize) {
     let pki = Pki::new();
-    let hub = HubProc::start(&pki, free_port(), None, &[]);
+    let hub = HubProc::start(&pki, free_port(), None, hub_args);
     let collector = Collector::start(&pki, &hub.url(), "watch").await;
-    // Every event carries a 70,000-byte payload: over the 64 KiB per-event limit.
-    let agent = agent(&pki, "fat", &hub.url(), "synthetic:objects=3,rate=20,total=30,payload=70000", &[]);
+    let source = format!("synthetic:objects=3,rate=20,total=30,payload={payload}");
+    let agent = agent(&pki, "fat", &hub.url(), &source, &[]);
     let all = eventually(Duration::from_secs(30), || {
         collector.seen.lock().unwrap().max_seq.get("fat").copied().unwrap_or(0) >= 31
     })
