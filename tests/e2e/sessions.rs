@@ -315,3 +315,35 @@ async fn cut_events(hub_args: &[&str], payload: usize) {
     let metrics = http_get(hub.admin_port, "/metrics").await;
     assert!(!metrics.contains("event-too-large"), "{metrics}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_filtering_subscriber_that_acks_what_it_gets_is_not_stalled() {
+    let pki = Pki::new();
+    let hub = HubProc::start(&pki, free_port(), None, &["--subscriber-stall-timeout", "2"]);
+    let _busy = agent(&pki, "busy", &hub.url(), "synthetic:objects=50,rate=300", &[]);
+    let _quiet = agent(&pki, "quiet", &hub.url(), "synthetic:objects=1,rate=3", &[]);
+    // Only "quiet", with a window of 5: the busy cluster's records it never sees (and
+    // cannot ack) must not count against it.
+    let mut ws = raw(&pki.subscriber("picky"), hub.port).await;
+    let sub = r#"{"type":"subscribe","durable":"d","clusters":["quiet"],"from":"earliest","max_in_flight":5}"#;
+    ws.send(Message::text(sub)).await.unwrap();
+    let mut quiet_events = 0;
+    while quiet_events < 15 {
+        let t = next_text(&mut ws).await.unwrap_or_else(|c| panic!("{c}\n{}", hub.proc.stderr()));
+        let cursor = match decode_hub_to_subscriber(t.as_bytes(), &Limits::default()).unwrap() {
+            HubToSubscriber::Events(b) => {
+                assert!(b.events.iter().all(|e| e.cluster == "quiet"));
+                quiet_events += b.events.len();
+                b.events.last().and_then(|e| e.cursor)
+            }
+            HubToSubscriber::ResyncRequired(r) => Some(r.cursor),
+            HubToSubscriber::Error(e) => panic!("{}", e.message),
+            HubToSubscriber::Subscribed(_) => None,
+        };
+        if let Some(c) = cursor {
+            ws.send(Message::text(format!(r#"{{"type":"ack","cursor":{c}}}"#))).await.unwrap();
+        }
+    }
+    let metrics = http_get(hub.admin_port, "/metrics").await;
+    assert_eq!(metric(&metrics, "fleetwatch_hub_subscriber_stalls_total"), 0.0, "{metrics}");
+}
