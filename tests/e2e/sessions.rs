@@ -130,10 +130,11 @@ async fn a_second_agent_for_a_connected_cluster_is_refused() {
     let c = cluster(&hub.clusters().await, "dup");
     assert_eq!(c["session"], session, "{c}");
     assert_eq!(c["sessions"], 1, "{c}");
-    assert_eq!(c["conflicts"], 1, "{c}");
+    // At least the one refusal (a very slow machine may see its retry after 30 s too).
+    assert!(c["conflicts"].as_u64() >= Some(1), "{c}");
     assert!(c["lastConflictFrom"].as_str().is_some_and(|a| a.starts_with("127.0.0.1:")), "{c}");
     let metrics = http_get(hub.admin_port, "/metrics").await;
-    assert_eq!(metric(&metrics, "fleetwatch_hub_cluster_conflicts_total"), 1.0, "{metrics}");
+    assert!(metric(&metrics, "fleetwatch_hub_cluster_conflicts_total") >= 1.0, "{metrics}");
     assert!(!first.stderr().contains("replaced"), "{}", first.stderr());
     // Only the first agent's start marker: the refused attempt recorded none.
     let resyncs = collector.seen.lock().unwrap().resyncs.get("dup").cloned().unwrap_or_default();
