@@ -136,6 +136,35 @@ impl Outbox {
         self
     }
 
+    /// Changes the per-event limit (to the hub's, learnt at welcome); held events over a
+    /// lower limit are cut down the same way, or collapse the outbox when they cannot be.
+    pub fn set_max_event_bytes(&mut self, max_event_bytes: usize) {
+        let max_event_bytes = max_event_bytes.max(1);
+        if max_event_bytes == self.max_event_bytes {
+            return;
+        }
+        self.max_event_bytes = max_event_bytes;
+        let over: Vec<u64> =
+            self.by_seq.iter().filter(|(_, st)| st.json.len() > max_event_bytes).map(|(seq, _)| *seq).collect();
+        for seq in over {
+            let Some(stored) = self.by_seq.get(&seq) else { continue };
+            let cut = serde_json::from_str::<Event>(&stored.json).ok().and_then(|ev| self.encode_within_limit(&ev));
+            match (cut, self.by_seq.get_mut(&seq)) {
+                (Some(json), Some(stored)) => {
+                    self.bytes -= stored.json.len();
+                    self.bytes += json.len();
+                    stored.json = json.into_boxed_str();
+                }
+                _ => {
+                    let reason =
+                        format!("agent could not fit a held event into the hub's limit of {max_event_bytes} bytes");
+                    self.collapse(self.last_seq, reason);
+                    return;
+                }
+            }
+        }
+    }
+
     /// Bytes held (events' JSON and their keys).
     pub fn bytes(&self) -> usize {
         self.bytes
@@ -518,6 +547,20 @@ mod tests {
         // A small event is untouched.
         ob.push_applied(&key(2), serde_json::json!({"generation": 1}));
         assert_eq!(ob.truncated(), 1);
+    }
+
+    #[test]
+    fn a_lower_hub_limit_cuts_held_events() {
+        let mut ob = Outbox::new("c", 1, 10);
+        ob.push_applied(&key(1), serde_json::json!({"generation": 3, "blob": "z".repeat(20_000)}));
+        ob.push_applied(&key(2), serde_json::json!({"generation": 1}));
+        let before = ob.bytes();
+        ob.set_max_event_bytes(8 << 10);
+        assert_eq!(ob.truncated(), 1);
+        assert!(ob.bytes() < before - 15_000, "{} vs {before}", ob.bytes());
+        let f = ob.next_frame(0, 10).unwrap();
+        assert!(f.text.contains(r#""truncated":true"#) && !f.text.contains("zzzz"));
+        assert_eq!(ob.len(), 2);
     }
 
     #[test]

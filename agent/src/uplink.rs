@@ -196,6 +196,7 @@ impl Agent {
         let mut source_open = true;
         let mut backoff = reconnect_backoff();
         let mut first = true;
+        let mut connected_once = false;
         loop {
             // Disconnected: keep absorbing changes while connecting.
             let connecting =
@@ -239,6 +240,7 @@ impl Agent {
             if stats.connected {
                 // The session got as far as a welcome: start the backoff afresh.
                 backoff = reconnect_backoff();
+                connected_once = true;
             }
             stats.connected = false;
             self.publish(&stats, &outbox);
@@ -246,7 +248,11 @@ impl Agent {
                 SessionEnd::Done => return Ok(self.final_stats(&stats, &outbox)),
                 SessionEnd::Refused(code, message) => {
                     tracing::error!(%code, %message, retry_in = ?self.config.refused_retry, "hub refused this agent");
-                    if fail_fast {
+                    // Another agent holding our cluster id after we were connected is a
+                    // passing state (a replacement starting, a half-open old session):
+                    // waited out, not fatal. Before any connection it is reported at once.
+                    let passing = code == ErrorCode::ClusterAlreadyConnected && connected_once;
+                    if fail_fast && !passing {
                         return Err(AgentError::Refused { code, message });
                     }
                     // Identity problems and a cluster id already in use are not fixed by
@@ -321,6 +327,11 @@ impl Agent {
             return SessionEnd::Lost(format!("welcome for epoch {} but ours is {}", welcome.epoch, outbox.epoch()));
         }
         outbox.ack(welcome.acked_seq);
+        if let Some(hub_limit) = welcome.max_event_bytes {
+            // Never send what the hub would refuse (it closes the session over it): follow
+            // the lower of the two limits.
+            outbox.set_max_event_bytes(hub_limit.min(self.config.limits.max_event_bytes));
+        }
         self.watches.send_replace(welcome.watches);
         tracing::info!(session = %welcome.session, acked = welcome.acked_seq, pending = outbox.len(), "connected to hub");
         stats.connected = true;

@@ -59,6 +59,10 @@ pub struct HubArgs {
     /// Most events in one batch.
     #[arg(long, default_value_t = 1000)]
     max_batch_events: usize,
+    /// Largest single event in bytes of JSON; agents learn it at welcome and cut larger
+    /// events down (`data.truncated`) instead of sending them.
+    #[arg(long, default_value_t = 64 << 10)]
+    max_event_bytes: usize,
     /// Seconds allowed for the TLS + WebSocket handshake and the first message.
     #[arg(long, default_value_t = 10.0)]
     handshake_timeout: f64,
@@ -165,6 +169,7 @@ pub async fn run(args: HubArgs) -> anyhow::Result<()> {
     config.max_events_per_sec = args.max_events_per_sec.max(1);
     config.limits.max_message_bytes = args.max_message_bytes;
     config.limits.max_batch_events = args.max_batch_events;
+    config.limits.max_event_bytes = args.max_event_bytes.max(1024);
     config.handshake_timeout = secs("handshake-timeout", args.handshake_timeout)?;
     config.idle_timeout = secs("idle-timeout", args.idle_timeout)?;
     config.max_connections = args.max_connections.max(1);

@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::bus::{Append, RecordBody};
 use crate::conn::{Conn, Incoming};
-use crate::rate::{TokenBucket, resync_cost};
+use crate::rate::{Budget, RESYNCS_PER_SEC};
 use crate::registry::{Admission, Opening};
 use crate::{Context, Peer};
 
@@ -111,7 +111,7 @@ pub(crate) async fn run(mut conn: Conn, cluster: String, peer: Peer, ctx: Arc<Co
         cluster: cluster.clone(),
         epoch: hello.epoch,
         acked: 0,
-        bucket: ctx.registry.bucket(&cluster, ctx.config.max_events_per_sec),
+        budget: ctx.registry.budget(&cluster, ctx.config.max_events_per_sec),
         warned_rate: false,
     };
     let result = session.serve(&mut conn, &hello, &session_id, &cancel, &shutdown, &peer).await;
@@ -148,8 +148,8 @@ struct Session {
     cluster: Arc<str>,
     epoch: u64,
     acked: u64,
-    /// The cluster's token bucket, shared by its sessions: reconnecting does not refill it.
-    bucket: Arc<std::sync::Mutex<TokenBucket>>,
+    /// The cluster's rate budget, shared by its sessions: reconnecting does not refill it.
+    budget: Arc<std::sync::Mutex<Budget>>,
     warned_rate: bool,
 }
 
@@ -172,6 +172,7 @@ impl Session {
             epoch: self.epoch,
             acked_seq: self.acked,
             watches: watches_rx.borrow_and_update().as_ref().clone(),
+            max_event_bytes: Some(self.ctx.config.limits.max_event_bytes),
         });
         conn.send_text(encode(&welcome)).await.map_err(|e| End::Closed(e.to_string()))?;
         loop {
@@ -356,9 +357,10 @@ impl Session {
             let msg = format!("resync for epoch {} in a session of epoch {}", r.epoch, self.epoch);
             return Err(End::Fail(ErrorCode::BadSequence, msg, CloseCode::Policy));
         }
-        // Every resync costs, stored or coalesced: a flood of them is slowed down like
+        // Every resync counts, stored or coalesced: a flood of them is slowed down like
         // a flood of events.
-        self.throttle(conn, resync_cost(self.ctx.config.max_events_per_sec)).await;
+        let wait = self.budget.lock().unwrap_or_else(|e| e.into_inner()).take_resync();
+        self.delay_ack(conn, wait).await;
         // The decoder already cut the reason to the limit; cut again in case the limits
         // were configured apart.
         let mut reason = if r.reason.is_empty() { "agent resync".to_string() } else { r.reason };
@@ -381,17 +383,21 @@ impl Session {
 
     /// Delays the ack while the agent is over its rate: back-pressure, never dropping.
     async fn throttle(&mut self, conn: &mut Conn, n: usize) {
-        // A poisoned lock only means a panic elsewhere mid-update: the bucket is still usable.
-        let wait = self.bucket.lock().unwrap_or_else(|e| e.into_inner()).take(n);
+        // A poisoned lock only means a panic elsewhere mid-update: the budget is still usable.
+        let wait = self.budget.lock().unwrap_or_else(|e| e.into_inner()).take_events(n);
+        self.delay_ack(conn, wait).await;
+    }
+
+    /// Waits `wait` before the next ack, telling the agent once why.
+    async fn delay_ack(&mut self, conn: &mut Conn, wait: std::time::Duration) {
         if wait.is_zero() {
             return;
         }
         if !self.warned_rate {
             self.warned_rate = true;
             let msg = format!(
-                "over {} events/s (a resync counts as {}): acks are delayed",
-                self.ctx.config.max_events_per_sec,
-                resync_cost(self.ctx.config.max_events_per_sec)
+                "over {} events/s or {RESYNCS_PER_SEC} resyncs/s: acks are delayed",
+                self.ctx.config.max_events_per_sec
             );
             tracing::info!(%msg, "throttling agent");
             conn.send_error(ErrorCode::RateLimited, msg, false).await;

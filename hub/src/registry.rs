@@ -21,7 +21,7 @@ use fleetwatch_shared::protocol::{ModuleInventory, WatchState};
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
-use crate::rate::TokenBucket;
+use crate::rate::Budget;
 
 /// When a connection last received a frame (data, ping or pong), readable from other
 /// tasks: the registry asks it whether a cluster's live session is really alive.
@@ -115,8 +115,8 @@ struct Entry {
     /// The (epoch, seq) of the last resync marker stored for this cluster: while it is
     /// the cluster's head in the bus, another one adds nothing (coalescing).
     last_resync: Option<(u64, u64)>,
-    /// The cluster's event budget, kept across its sessions.
-    bucket: Option<Arc<Mutex<TokenBucket>>>,
+    /// The cluster's rate budget, kept across its sessions.
+    budget: Option<Arc<Mutex<Budget>>>,
 }
 
 /// A new agent session as [`SessionRegistry::open`] sees it.
@@ -171,7 +171,7 @@ impl SessionRegistry {
             status: ClusterStatus { cluster: cluster.into(), ..ClusterStatus::default() },
             live: None,
             last_resync: None,
-            bucket: None,
+            budget: None,
         });
         let mut replaced = None;
         if let Some(live) = &e.live {
@@ -221,13 +221,13 @@ impl SessionRegistry {
         }
     }
 
-    /// The cluster's token bucket for `rate` events/s: one per cluster, so a reconnect
-    /// does not start with a full bucket again.
-    pub(crate) fn bucket(&self, cluster: &str, rate: u32) -> Arc<Mutex<TokenBucket>> {
-        let fresh = || Arc::new(Mutex::new(TokenBucket::new(rate)));
+    /// The cluster's rate budget for `rate` events/s: one per cluster, so a reconnect
+    /// does not start with a full budget again.
+    pub(crate) fn budget(&self, cluster: &str, rate: u32) -> Arc<Mutex<Budget>> {
+        let fresh = || Arc::new(Mutex::new(Budget::new(rate)));
         let Ok(mut map) = self.clusters.lock() else { return fresh() };
         match map.get_mut(cluster) {
-            Some(e) => e.bucket.get_or_insert_with(fresh).clone(),
+            Some(e) => e.budget.get_or_insert_with(fresh).clone(),
             None => fresh(),
         }
     }
@@ -364,12 +364,12 @@ mod tests {
     fn a_reconnect_keeps_the_clusters_rate_budget() {
         let reg = SessionRegistry::default();
         reg.open("c", opening("s1", "a:1", 1, &CancellationToken::new()), Duration::from_secs(60));
-        let first = reg.bucket("c", 10);
-        assert!(first.lock().unwrap().take(10).is_zero());
-        // The next session of the cluster gets the same, now empty, bucket.
-        let second = reg.bucket("c", 10);
+        let first = reg.budget("c", 10);
+        assert!(first.lock().unwrap().take_events(10).is_zero());
+        // The next session of the cluster gets the same, now empty, budget.
+        let second = reg.budget("c", 10);
         assert!(Arc::ptr_eq(&first, &second));
-        assert!(!second.lock().unwrap().take(10).is_zero());
+        assert!(!second.lock().unwrap().take_events(10).is_zero());
     }
 
     #[test]

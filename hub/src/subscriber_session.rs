@@ -59,6 +59,7 @@ pub(crate) async fn run(mut conn: Conn, name: String, peer: Peer, ctx: Arc<Conte
         clusters: sub.clusters.clone(),
         acked: 0,
         sent: 0,
+        delivered: 0,
         window_full_since: None,
     };
     let end = session.serve(&mut conn, &sub, &shutdown).await;
@@ -89,6 +90,9 @@ struct Session {
     clusters: Vec<String>,
     acked: u64,
     sent: u64,
+    /// The last cursor actually sent to the subscriber (records of clusters it filters out
+    /// are skipped: it cannot ack those, so they do not count against its window).
+    delivered: u64,
     /// Since when the unacked window is full while more records wait, with no ack since.
     window_full_since: Option<Instant>,
 }
@@ -158,9 +162,10 @@ impl Session {
         let window = u64::from(sub.max_in_flight.unwrap_or(10_000).clamp(1, 100_000));
         let mut end_rx = bus.watch_end();
         let stall = self.ctx.config.subscriber_stall_timeout;
+        self.delivered = self.sent;
         loop {
             let more = self.sent < bus.last_offset();
-            let can_send = more && self.sent - self.acked < window;
+            let can_send = more && self.delivered.saturating_sub(self.acked) < window;
             // The window is full and records wait: the subscriber must ack within the
             // stall timeout. An ack (see `handle`) restarts the clock.
             if more && !can_send {
@@ -285,6 +290,7 @@ impl Session {
                     reason: "events were evicted from the hub before this subscriber read them".into(),
                 };
                 conn.send_text(encode(&HubToSubscriber::ResyncRequired(r))).await?;
+                self.delivered = self.delivered.max(*offset);
             }
         }
         let mut frame = String::new();
@@ -293,6 +299,7 @@ impl Session {
             if !self.wants(&rec.cluster) {
                 continue;
             }
+            self.delivered = rec.offset;
             match &rec.body {
                 RecordBody::Event(json) => {
                     append_event(&mut frame, rec, json);

@@ -254,7 +254,7 @@ mod tests {
             for m in [
                 HubToAgent::Ack(Ack { epoch, seq }),
                 HubToAgent::Error(ErrorFrame { code: ErrorCode::RateLimited, message: msg.clone(), fatal: false }),
-                HubToAgent::Welcome(Welcome { protocol: 1, session: msg.clone(), cluster: "c".into(), epoch, acked_seq: seq, watches: vec![] }),
+                HubToAgent::Welcome(Welcome { protocol: 1, session: msg.clone(), cluster: "c".into(), epoch, acked_seq: seq, watches: vec![], max_event_bytes: Some(65536) }),
             ] {
                 prop_assert_eq!(decode_hub_to_agent(encode(&m).as_bytes(), &Limits::default()).unwrap(), m);
             }

@@ -176,6 +176,10 @@ pub struct Welcome {
     /// What the agent should watch.
     #[serde(default)]
     pub watches: Vec<WatchSpec>,
+    /// The largest event the hub accepts, in bytes of JSON; the agent cuts larger ones
+    /// down before sending (absent from older hubs: the default limit holds).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_event_bytes: Option<usize>,
 }
 
 /// Cumulative acknowledgement: everything up to `seq` of `epoch` is in the bus.

@@ -130,10 +130,11 @@ async fn a_second_agent_for_a_connected_cluster_is_refused() {
     let c = cluster(&hub.clusters().await, "dup");
     assert_eq!(c["session"], session, "{c}");
     assert_eq!(c["sessions"], 1, "{c}");
-    assert_eq!(c["conflicts"], 1, "{c}");
+    // At least the one refusal (a very slow machine may see its retry after 30 s too).
+    assert!(c["conflicts"].as_u64() >= Some(1), "{c}");
     assert!(c["lastConflictFrom"].as_str().is_some_and(|a| a.starts_with("127.0.0.1:")), "{c}");
     let metrics = http_get(hub.admin_port, "/metrics").await;
-    assert_eq!(metric(&metrics, "fleetwatch_hub_cluster_conflicts_total"), 1.0, "{metrics}");
+    assert!(metric(&metrics, "fleetwatch_hub_cluster_conflicts_total") >= 1.0, "{metrics}");
     assert!(!first.stderr().contains("replaced"), "{}", first.stderr());
     // Only the first agent's start marker: the refused attempt recorded none.
     let resyncs = collector.seen.lock().unwrap().resyncs.get("dup").cloned().unwrap_or_default();
@@ -244,27 +245,28 @@ async fn resyncs_are_rate_limited_coalesced_and_their_reasons_cut() {
     let collector = Collector::start(&pki, &hub.url(), "watch").await;
     let mut ws = raw(&pki.agent("flappy"), hub.port).await;
     welcome(&mut ws, "flappy").await;
-    // Three resyncs in a row with a 5,000-byte reason, nothing in between.
+    // Seven resyncs in a row with a 5,000-byte reason, nothing in between: two more than
+    // the burst of five.
     let reason = "r".repeat(5000);
-    for seq in 1..=3 {
+    for seq in 1..=7 {
         let msg = format!(r#"{{"type":"resync","epoch":7,"seq":{seq},"reason":"{reason}"}}"#);
         ws.send(Message::text(msg)).await.unwrap();
     }
     let mut acked = 0;
-    while acked < 3 {
+    while acked < 7 {
         let t = next_text(&mut ws).await.unwrap();
         if let HubToAgent::Ack(a) = decode_hub_to_agent(t.as_bytes(), &Limits::default()).unwrap() {
             acked = a.seq;
         }
     }
     let metrics = http_get(hub.admin_port, "/metrics").await;
-    // Stored once; the two others acked without storing, and all three were throttled.
-    assert_eq!(metric(&metrics, "fleetwatch_hub_resyncs_coalesced_total"), 2.0, "{metrics}");
+    // Stored once; the six others acked without storing, and the last ones throttled.
+    assert_eq!(metric(&metrics, "fleetwatch_hub_resyncs_coalesced_total"), 6.0, "{metrics}");
     assert!(metric(&metrics, "fleetwatch_hub_throttled_seconds_total") > 0.0, "{metrics}");
     // An event after them, then one more resync: that one is stored (the head moved on).
-    let ev = r#"{"specversion":"1.0","id":"x","source":"x","type":"dev.fleetwatch.object.applied","subject":"v1/ConfigMap/ns/a","time":"2026-01-01T00:00:00Z","cluster":"flappy","epoch":7,"seq":4,"data":{"generation":1}}"#;
+    let ev = r#"{"specversion":"1.0","id":"x","source":"x","type":"dev.fleetwatch.object.applied","subject":"v1/ConfigMap/ns/a","time":"2026-01-01T00:00:00Z","cluster":"flappy","epoch":7,"seq":8,"data":{"generation":1}}"#;
     ws.send(Message::text(format!(r#"{{"type":"events","events":[{ev}]}}"#))).await.unwrap();
-    ws.send(Message::text(r#"{"type":"resync","epoch":7,"seq":5,"reason":"relist"}"#)).await.unwrap();
+    ws.send(Message::text(r#"{"type":"resync","epoch":7,"seq":9,"reason":"relist"}"#)).await.unwrap();
     let both = eventually(Duration::from_secs(30), || {
         collector.seen.lock().unwrap().resyncs.get("flappy").is_some_and(|r| r.len() >= 2)
     })
@@ -279,11 +281,23 @@ async fn resyncs_are_rate_limited_coalesced_and_their_reasons_cut() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_cuts_events_over_the_size_limit_instead_of_losing_its_session() {
+    // Every event carries a 70,000-byte payload: over the default 64 KiB per-event limit.
+    cut_events(&[], 70_000).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_follows_a_lower_event_size_limit_of_the_hub() {
+    // 20,000 bytes fit the agent's default limit, not this hub's: the agent learns the
+    // hub's limit at welcome.
+    cut_events(&["--max-event-bytes", "16384"], 20_000).await;
+}
+
+async fn cut_events(hub_args: &[&str], payload: usize) {
     let pki = Pki::new();
-    let hub = HubProc::start(&pki, free_port(), None, &[]);
+    let hub = HubProc::start(&pki, free_port(), None, hub_args);
     let collector = Collector::start(&pki, &hub.url(), "watch").await;
-    // Every event carries a 70,000-byte payload: over the 64 KiB per-event limit.
-    let agent = agent(&pki, "fat", &hub.url(), "synthetic:objects=3,rate=20,total=30,payload=70000", &[]);
+    let source = format!("synthetic:objects=3,rate=20,total=30,payload={payload}");
+    let agent = agent(&pki, "fat", &hub.url(), &source, &[]);
     let all = eventually(Duration::from_secs(30), || {
         collector.seen.lock().unwrap().max_seq.get("fat").copied().unwrap_or(0) >= 31
     })
@@ -301,4 +315,36 @@ async fn an_agent_cuts_events_over_the_size_limit_instead_of_losing_its_session(
     assert_eq!(c["sessions"], 1, "{c}");
     let metrics = http_get(hub.admin_port, "/metrics").await;
     assert!(!metrics.contains("event-too-large"), "{metrics}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_filtering_subscriber_that_acks_what_it_gets_is_not_stalled() {
+    let pki = Pki::new();
+    let hub = HubProc::start(&pki, free_port(), None, &["--subscriber-stall-timeout", "2"]);
+    let _busy = agent(&pki, "busy", &hub.url(), "synthetic:objects=50,rate=300", &[]);
+    let _quiet = agent(&pki, "quiet", &hub.url(), "synthetic:objects=1,rate=3", &[]);
+    // Only "quiet", with a window of 5: the busy cluster's records it never sees (and
+    // cannot ack) must not count against it.
+    let mut ws = raw(&pki.subscriber("picky"), hub.port).await;
+    let sub = r#"{"type":"subscribe","durable":"d","clusters":["quiet"],"from":"earliest","max_in_flight":5}"#;
+    ws.send(Message::text(sub)).await.unwrap();
+    let mut quiet_events = 0;
+    while quiet_events < 15 {
+        let t = next_text(&mut ws).await.unwrap_or_else(|c| panic!("{c}\n{}", hub.proc.stderr()));
+        let cursor = match decode_hub_to_subscriber(t.as_bytes(), &Limits::default()).unwrap() {
+            HubToSubscriber::Events(b) => {
+                assert!(b.events.iter().all(|e| e.cluster == "quiet"));
+                quiet_events += b.events.len();
+                b.events.last().and_then(|e| e.cursor)
+            }
+            HubToSubscriber::ResyncRequired(r) => Some(r.cursor),
+            HubToSubscriber::Error(e) => panic!("{}", e.message),
+            HubToSubscriber::Subscribed(_) => None,
+        };
+        if let Some(c) = cursor {
+            ws.send(Message::text(format!(r#"{{"type":"ack","cursor":{c}}}"#))).await.unwrap();
+        }
+    }
+    let metrics = http_get(hub.admin_port, "/metrics").await;
+    assert_eq!(metric(&metrics, "fleetwatch_hub_subscriber_stalls_total"), 0.0, "{metrics}");
 }
