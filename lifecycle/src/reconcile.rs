@@ -60,8 +60,9 @@ pub async fn reconcile(rt: Arc<Runtime>, ctx: Arc<Ctx>) -> Result<Action, Error>
     let applier = match ctx.clusters.applier(&rt).await {
         Ok(a) => a,
         Err(e) => {
-            // The whole cluster is out of reach: every module says so, and we back off.
-            let modules = previous
+            // The whole cluster is out of reach: every module says so (those never reconciled
+            // too: an unreachable runtime is never "0/0 ready"), and we back off.
+            let mut modules: Vec<ModuleStatus> = previous
                 .iter()
                 .cloned()
                 .map(|mut m| {
@@ -70,6 +71,16 @@ pub async fn reconcile(rt: Arc<Runtime>, ctx: Arc<Ctx>) -> Result<Action, Error>
                     m
                 })
                 .collect();
+            for entry in &rt.spec.modules {
+                if !modules.iter().any(|m| m.name == entry.name) {
+                    modules.push(ModuleStatus {
+                        name: entry.name.clone(),
+                        state: State::Error,
+                        message: e.to_string(),
+                        ..Default::default()
+                    });
+                }
+            }
             write_status(&api, &rt, modules).await?;
             return Err(e);
         }
