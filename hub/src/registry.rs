@@ -287,6 +287,11 @@ impl SessionRegistry {
         }
     }
 
+    /// Whether an agent of `cluster` ever opened a session since the hub started.
+    pub fn knows(&self, cluster: &str) -> bool {
+        self.clusters.lock().map(|m| m.contains_key(cluster)).unwrap_or(false)
+    }
+
     /// All clusters, sorted by id.
     pub fn list(&self) -> Vec<ClusterStatus> {
         let Ok(map) = self.clusters.lock() else { return Vec::new() };

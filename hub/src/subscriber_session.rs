@@ -148,7 +148,14 @@ impl Session {
         let durable = self.durable.as_ref().map(|(_, d)| d.as_str()).unwrap_or("-");
         let clusters = if self.clusters.is_empty() { "*".to_string() } else { self.clusters.join(",") };
         tracing::info!(durable, start, %clusters, "subscriber connected");
-        let hello = HubToSubscriber::Subscribed(Subscribed { stream: bus.stream_id().into(), cursor: start });
+        // Clusters nobody has heard of: probably a typo, said once here, at subscribe.
+        let unknown_clusters: Vec<String> =
+            self.clusters.iter().filter(|c| !self.ctx.registry.knows(c) && bus.head(c).is_none()).cloned().collect();
+        if !unknown_clusters.is_empty() {
+            tracing::info!(unknown = %unknown_clusters.join(","), "subscriber filters on clusters this hub has never seen");
+        }
+        let hello =
+            HubToSubscriber::Subscribed(Subscribed { stream: bus.stream_id().into(), cursor: start, unknown_clusters });
         if let Err(e) = conn.send_text(encode(&hello)).await {
             return End::Closed(e.to_string());
         }

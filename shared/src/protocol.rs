@@ -376,6 +376,10 @@ pub struct Subscribed {
     pub stream: String,
     /// Delivery starts after this cursor.
     pub cursor: u64,
+    /// Clusters of the subscriber's filter the hub has never seen (no agent session, no
+    /// stored event): most likely a misspelt id. Delivery waits for them all the same.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unknown_clusters: Vec<String>,
 }
 
 /// A cluster whose history the subscriber cannot get.

@@ -109,13 +109,15 @@ pub struct Subscription {
     ws: Option<ClientWs>,
     stream: Option<String>,
     acked: Option<u64>,
+    /// The unknown clusters last warned about.
+    unknown_clusters_said: Vec<String>,
 }
 
 impl Subscription {
     /// Connects and subscribes. The first connection's failure is returned, so a CLI can
     /// report a wrong address or certificate at once; later ones are retried.
     pub async fn connect(opts: SubscriberOptions) -> Result<Self, SubscribeError> {
-        let mut sub = Self { opts, ws: None, stream: None, acked: None };
+        let mut sub = Self { opts, ws: None, stream: None, acked: None, unknown_clusters_said: Vec::new() };
         sub.open().await?;
         Ok(sub)
     }
@@ -139,6 +141,14 @@ impl Subscription {
         match read(&mut ws, &self.opts).await? {
             HubToSubscriber::Subscribed(s) => {
                 tracing::debug!(stream = %s.stream, cursor = s.cursor, "subscribed");
+                // Said once per set, not at every reconnect.
+                if !s.unknown_clusters.is_empty() && s.unknown_clusters != self.unknown_clusters_said {
+                    tracing::warn!(
+                        clusters = %s.unknown_clusters.join(","),
+                        "the hub has never seen these clusters (no agent connected, no event stored): check the ids; waiting for them"
+                    );
+                    self.unknown_clusters_said = s.unknown_clusters.clone();
+                }
                 if self.stream.as_deref() != Some(s.stream.as_str()) {
                     self.acked = None;
                 }

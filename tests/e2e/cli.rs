@@ -222,3 +222,38 @@ async fn quickstart_tail_prints_events_and_resumes_a_durable_subscription() {
     assert_eq!(s2.len(), 5);
     assert_eq!(s2[0], s1.last().unwrap() + 1, "first {s1:?} second {s2:?}");
 }
+
+/// `tail --cluster X` for a cluster the hub never saw says so once and keeps waiting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tail_of_an_unknown_cluster_says_so_once_and_waits() {
+    let pki = Pki::new();
+    let hub = HubProc::start(&pki, free_port(), None, &[]);
+    let sub = pki.subscriber("ops");
+    let args: Vec<String> = [
+        "tail",
+        "--hub",
+        &hub.url(),
+        "--cert",
+        sub.cert.to_str().unwrap(),
+        "--key",
+        sub.key.to_str().unwrap(),
+        "--ca",
+        pki.path("ca.crt").to_str().unwrap(),
+        "--cluster",
+        "nosuch",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let mut tail = Proc::spawn(&args, pki.path("tail.log"));
+    assert!(
+        eventually(std::time::Duration::from_secs(30), || tail.stderr().contains("never seen")).await,
+        "{}",
+        tail.stderr()
+    );
+    let said = tail.stderr();
+    assert!(said.contains("nosuch"), "{said}");
+    assert_eq!(said.matches("never seen").count(), 1, "{said}");
+    // Still waiting for it.
+    assert_eq!(tail.wait_exit(std::time::Duration::from_millis(200)), None);
+}
