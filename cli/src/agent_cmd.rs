@@ -15,37 +15,37 @@ pub struct AgentArgs {
     conn: crate::HubClientArgs,
     /// The runtime cluster to watch (read-only: list and watch). Without it and without
     /// --source, the in-cluster configuration (or $KUBECONFIG) is used.
-    #[arg(long, conflicts_with = "source")]
+    #[arg(long, env = "FLEETWATCH_KUBECONFIG", conflicts_with = "source")]
     kubeconfig: Option<PathBuf>,
     /// A synthetic source instead of a cluster, for tests and benchmarks:
     /// `synthetic:objects=N,rate=R[,total=T][,payload=BYTES]` changes N objects
     /// round-robin at R changes/s (stopping after T).
-    #[arg(long)]
+    #[arg(long, env = "FLEETWATCH_SOURCE")]
     source: Option<String>,
     /// Objects the outbox holds while the hub is unreachable before it collapses into one
     /// resync marker.
-    #[arg(long, default_value_t = 100_000)]
+    #[arg(long, env = "FLEETWATCH_OUTBOX_CAPACITY", default_value_t = 100_000)]
     outbox_capacity: usize,
     /// Bytes of events the outbox holds while the hub is unreachable before it collapses
     /// into one resync marker.
-    #[arg(long, default_value_t = 64 << 20)]
+    #[arg(long, env = "FLEETWATCH_OUTBOX_MAX_BYTES", default_value_t = 64 << 20)]
     outbox_max_bytes: usize,
     /// Seconds without any frame from the hub (data, ping or pong) after which the
     /// connection counts as dead and is reopened; the agent pings at a third of it.
-    #[arg(long, default_value_t = 30.0)]
+    #[arg(long, env = "FLEETWATCH_IDLE_TIMEOUT", default_value_t = 30.0)]
     idle_timeout: f64,
     /// Most events per frame.
-    #[arg(long, default_value_t = 500)]
+    #[arg(long, env = "FLEETWATCH_BATCH_SIZE", default_value_t = 500)]
     batch_size: usize,
     /// Seconds to wait on shutdown for the hub to ack pending events.
-    #[arg(long, default_value_t = 5.0)]
+    #[arg(long, env = "FLEETWATCH_DRAIN_TIMEOUT", default_value_t = 5.0)]
     drain_timeout: f64,
     /// Seconds to wait before reconnecting after the hub refused this agent (revoked or
     /// wrong identity).
-    #[arg(long, default_value_t = 30.0)]
+    #[arg(long, env = "FLEETWATCH_REFUSED_RETRY", default_value_t = 30.0)]
     refused_retry: f64,
     /// Keep retrying when the first connection fails, instead of exiting with its error.
-    #[arg(long)]
+    #[arg(long, env = "FLEETWATCH_RETRY_FIRST_CONNECT")]
     retry_first_connect: bool,
 }
 

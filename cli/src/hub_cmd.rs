@@ -12,95 +12,100 @@ use fleetwatch_hub::{Hub, HubConfig};
 #[derive(Args)]
 pub struct HubArgs {
     /// Address agents and subscribers connect to (wss, mutual TLS).
-    #[arg(long, default_value = "0.0.0.0:7443")]
+    #[arg(long, env = "FLEETWATCH_LISTEN", default_value = "0.0.0.0:7443")]
     listen: SocketAddr,
     /// The hub's certificate (PEM).
-    #[arg(long)]
+    #[arg(long, env = "FLEETWATCH_CERT")]
     cert: PathBuf,
     /// The hub's private key (PEM).
-    #[arg(long)]
+    #[arg(long, env = "FLEETWATCH_KEY")]
     key: PathBuf,
     /// CA bundle(s) whose client certificates are trusted; repeat during a CA rotation.
     /// Reloaded from disk when they change.
-    #[arg(long = "client-ca", required = true)]
+    #[arg(long = "client-ca", env = "FLEETWATCH_CLIENT_CA", required = true)]
     client_ca: Vec<PathBuf>,
     /// Plain-HTTP admin endpoint: /healthz, /readyz, /metrics, /api/v1/clusters.
-    #[arg(long)]
+    #[arg(long, env = "FLEETWATCH_ADMIN_LISTEN")]
     admin_listen: Option<SocketAddr>,
     /// Keep the event log and subscriber cursors here, so acked events survive a restart.
     /// Without it events live in memory only and a restart makes subscribers resync.
-    #[arg(long)]
+    #[arg(long, env = "FLEETWATCH_DATA_DIR")]
     data_dir: Option<PathBuf>,
     /// Events the bus retains; subscribers further behind get resync-required.
-    #[arg(long, default_value_t = 200_000)]
+    #[arg(long, env = "FLEETWATCH_RETENTION", default_value_t = 200_000)]
     retention: usize,
     /// Bytes of events the bus retains (e.g. 256MiB, 1GiB, or a number of bytes); older
     /// events are evicted and lagging subscribers get resync-required. Retained events are
     /// held in memory in both modes. Default: 256MiB in memory, 512MiB with --data-dir.
-    #[arg(long, value_parser = parse_bytes)]
+    #[arg(long, env = "FLEETWATCH_RETENTION_BYTES", value_parser = parse_bytes)]
     retention_bytes: Option<u64>,
     /// Oldest event the bus retains (e.g. 90s, 24h, 7d, or a number of seconds; 0 keeps
     /// events regardless of age). Default: 24h in memory, 7d with --data-dir.
-    #[arg(long, value_parser = parse_age)]
+    #[arg(long, env = "FLEETWATCH_RETENTION_AGE", value_parser = parse_age)]
     retention_age: Option<Duration>,
     /// Test hook: enables `POST /debug/faults/storage?fail_for_ms=N` on the admin endpoint,
     /// which makes every bus disk write fail with ENOSPC for N ms. Never in production.
-    #[arg(long, hide = true)]
+    #[arg(long, env = "FLEETWATCH_FAULT_INJECTION", hide = true)]
     fault_injection: bool,
     /// Bytes per bus segment file (e.g. 64MiB); smaller segments are closed sooner (tests).
-    #[arg(long, value_parser = parse_bytes, default_value = "64MiB", hide = true)]
+    #[arg(long, env = "FLEETWATCH_SEGMENT_BYTES", value_parser = parse_bytes, default_value = "64MiB", hide = true)]
     segment_bytes: u64,
     /// Events per second accepted from one agent; beyond it acks are delayed (never dropped).
-    #[arg(long, default_value_t = 20_000)]
+    #[arg(long, env = "FLEETWATCH_MAX_EVENTS_PER_SEC", default_value_t = 20_000)]
     max_events_per_sec: u32,
     /// Largest WebSocket message in bytes.
-    #[arg(long, default_value_t = 1 << 20)]
+    #[arg(long, env = "FLEETWATCH_MAX_MESSAGE_BYTES", default_value_t = 1 << 20)]
     max_message_bytes: usize,
     /// Most events in one batch.
-    #[arg(long, default_value_t = 1000)]
+    #[arg(long, env = "FLEETWATCH_MAX_BATCH_EVENTS", default_value_t = 1000)]
     max_batch_events: usize,
     /// Largest single event in bytes of JSON; agents learn it at welcome and cut larger
     /// events down (`data.truncated`) instead of sending them.
-    #[arg(long, default_value_t = 64 << 10)]
+    #[arg(long, env = "FLEETWATCH_MAX_EVENT_BYTES", default_value_t = 64 << 10)]
     max_event_bytes: usize,
     /// Seconds allowed for the TLS + WebSocket handshake and the first message.
-    #[arg(long, default_value_t = 10.0)]
+    #[arg(long, env = "FLEETWATCH_HANDSHAKE_TIMEOUT", default_value_t = 10.0)]
     handshake_timeout: f64,
     /// Seconds of silence after which a session is closed (the hub pings at a third of it).
-    #[arg(long, default_value_t = 30.0)]
+    #[arg(long, env = "FLEETWATCH_IDLE_TIMEOUT", default_value_t = 30.0)]
     idle_timeout: f64,
     /// Seconds between checks of the certificate, key and CA files; changed files are
     /// loaded without a restart (certificate renewal, CA rotation).
-    #[arg(long, default_value_t = 5.0)]
+    #[arg(long, env = "FLEETWATCH_TLS_RELOAD_INTERVAL", default_value_t = 5.0)]
     tls_reload_interval: f64,
     /// Directory of WatchConfig manifests (YAML or JSON) pushed to agents; edits are picked
     /// up while running.
-    #[arg(long, conflicts_with = "control_plane_kubeconfig")]
+    #[arg(long, env = "FLEETWATCH_WATCH_CONFIG", conflicts_with = "control_plane_kubeconfig")]
     watch_config: Option<PathBuf>,
     /// Read WatchConfig resources from the control-plane cluster this kubeconfig reaches,
-    /// and push every change to connected agents.
-    #[arg(long)]
+    /// and push every change to connected agents. Without this flag and without
+    /// --watch-config, a hub running in a pod (or with $KUBECONFIG set) reads them from that
+    /// cluster; `--no-control-plane` turns this off.
+    #[arg(long, env = "FLEETWATCH_CONTROL_PLANE_KUBECONFIG")]
     control_plane_kubeconfig: Option<PathBuf>,
+    /// Do not read WatchConfigs from any cluster (no in-cluster or $KUBECONFIG fallback).
+    #[arg(long, env = "FLEETWATCH_NO_CONTROL_PLANE", conflicts_with_all = ["control_plane_kubeconfig", "watch_config"])]
+    no_control_plane: bool,
     /// Deny list: one certificate serial (hex) or SPIFFE id per line. Reloaded with the
     /// certificates; a denied peer is refused and its open session closed.
-    #[arg(long)]
+    #[arg(long, env = "FLEETWATCH_DENY_LIST")]
     deny_list: Option<PathBuf>,
     /// Most sessions: connections that completed the TLS and WebSocket handshakes. Lowered
     /// at start to what the open-file limit allows (the hub raises its soft limit to the hard one).
-    #[arg(long, default_value_t = 50_000)]
+    #[arg(long, env = "FLEETWATCH_MAX_CONNECTIONS", default_value_t = 50_000)]
     max_connections: usize,
     /// Most connections still in the TLS or WebSocket handshake (unauthenticated), from all
     /// addresses together.
-    #[arg(long, default_value_t = 1024)]
+    #[arg(long, env = "FLEETWATCH_MAX_HANDSHAKES", default_value_t = 1024)]
     max_handshakes: usize,
     /// Most connections still in the handshake from one source address: idle sockets from
     /// one address cannot keep others out.
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, env = "FLEETWATCH_MAX_HANDSHAKES_PER_IP", default_value_t = 64)]
     max_handshakes_per_ip: usize,
     /// Seconds a subscriber may leave a send blocked (it stopped reading), or its window
     /// of unacked events full without acking, before it is disconnected; its durable
     /// cursor is kept, so it resumes where it acked when it reconnects.
-    #[arg(long, default_value_t = 30.0)]
+    #[arg(long, env = "FLEETWATCH_SUBSCRIBER_STALL_TIMEOUT", default_value_t = 30.0)]
     subscriber_stall_timeout: f64,
 }
 
@@ -178,10 +183,21 @@ pub async fn run(args: HubArgs) -> anyhow::Result<()> {
     config.subscriber_stall_timeout = secs("subscriber-stall-timeout", args.subscriber_stall_timeout)?;
     config.deny_list = args.deny_list;
     config.tls_reload_interval = secs("tls-reload-interval", args.tls_reload_interval)?;
+    use fleetwatch_hub::watch_source::WatchSource;
+    let in_cluster = std::env::var_os("KUBERNETES_SERVICE_HOST").is_some();
+    let kubeconfig_env = std::env::var_os("KUBECONFIG").is_some_and(|v| !v.is_empty());
     config.watch_source = match (args.watch_config, args.control_plane_kubeconfig) {
-        (Some(dir), _) => fleetwatch_hub::watch_source::WatchSource::Dir(dir),
-        (None, Some(kc)) => fleetwatch_hub::watch_source::WatchSource::ControlPlane(kc),
-        (None, None) => fleetwatch_hub::watch_source::WatchSource::None,
+        (Some(dir), _) => WatchSource::Dir(dir),
+        (None, Some(kc)) => WatchSource::ControlPlane(Some(kc)),
+        // As the agent does: in a pod its own cluster, in a shell $KUBECONFIG's.
+        (None, None) if !args.no_control_plane && (in_cluster || kubeconfig_env) => {
+            tracing::info!(
+                source = if in_cluster { "in-cluster configuration" } else { "$KUBECONFIG" },
+                "reading WatchConfigs from the control plane"
+            );
+            WatchSource::ControlPlane(None)
+        }
+        (None, None) => WatchSource::None,
     };
     let hub = Hub::bind(config).await.context("cannot start hub")?;
     let admin = hub.admin_addr().map(|a| format!(" admin=http://{a}")).unwrap_or_default();

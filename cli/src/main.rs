@@ -184,16 +184,16 @@ pub(crate) fn shutdown_on_signals() -> tokio_util::sync::CancellationToken {
 #[derive(clap::Args)]
 pub(crate) struct HubClientArgs {
     /// The hub, as wss://HOST:PORT.
-    #[arg(long)]
+    #[arg(long, env = "FLEETWATCH_HUB")]
     hub: String,
     /// This client's certificate (its identity is the one in it).
-    #[arg(long)]
+    #[arg(long, env = "FLEETWATCH_CERT")]
     cert: std::path::PathBuf,
     /// This client's private key.
-    #[arg(long)]
+    #[arg(long, env = "FLEETWATCH_KEY")]
     key: std::path::PathBuf,
     /// CA bundle that signed the hub's certificate (repeatable during a CA rotation).
-    #[arg(long, required = true)]
+    #[arg(long, env = "FLEETWATCH_CA", required = true)]
     ca: Vec<std::path::PathBuf>,
 }
 

@@ -15,16 +15,16 @@ pub struct TailArgs {
     #[command(flatten)]
     conn: crate::HubClientArgs,
     /// Durable subscription name: the hub keeps the position and resumes there.
-    #[arg(long)]
+    #[arg(long, env = "FLEETWATCH_NAME")]
     name: Option<String>,
     /// Only these clusters (repeatable); all when absent.
-    #[arg(long = "cluster")]
+    #[arg(long = "cluster", env = "FLEETWATCH_CLUSTER")]
     clusters: Vec<String>,
     /// Where to start when there is no stored position.
-    #[arg(long, value_enum, default_value_t = From::Latest)]
+    #[arg(long, env = "FLEETWATCH_FROM", value_enum, default_value_t = From::Latest)]
     from: From,
     /// Exit after this many events.
-    #[arg(long)]
+    #[arg(long, env = "FLEETWATCH_COUNT")]
     count: Option<u64>,
 }
 

@@ -255,7 +255,7 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     let mut hub_cfg = HubConfig::new(std::net::SocketAddr::from(([127, 0, 0, 1], args.hub_port)), files("hub"));
     hub_cfg.admin_listen = Some(std::net::SocketAddr::from(([127, 0, 0, 1], args.admin_port)));
     hub_cfg.data_dir = Some(dir.join("hub-data"));
-    hub_cfg.watch_source = fleetwatch_hub::watch_source::WatchSource::ControlPlane(cp_kc.clone());
+    hub_cfg.watch_source = fleetwatch_hub::watch_source::WatchSource::ControlPlane(Some(cp_kc.clone()));
     let hub = Hub::bind(hub_cfg).await.context("cannot start the hub (is another sandbox running? see --hub-port)")?;
     let hub_url: fleetwatch_shared::transport::HubUrl = format!("wss://{}", hub.local_addr()).parse()?;
     let admin = hub.admin_addr().context("admin address")?;

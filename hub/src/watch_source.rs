@@ -26,7 +26,7 @@ pub enum WatchSource {
     /// YAML / JSON manifests in a directory.
     Dir(PathBuf),
     /// WatchConfig resources in the cluster this kubeconfig reaches.
-    ControlPlane(PathBuf),
+    ControlPlane(Option<PathBuf>),
 }
 
 type Publish = watch::Sender<Arc<Vec<WatchSpec>>>;
@@ -120,12 +120,18 @@ async fn follow_dir(dir: PathBuf, publish: &Publish) {
     }
 }
 
-async fn follow_control_plane(kubeconfig: PathBuf, publish: &Publish, synced: &AtomicBool) {
+async fn follow_control_plane(kubeconfig: Option<PathBuf>, publish: &Publish, synced: &AtomicBool) {
     let client = loop {
-        match fleetwatch_shared::kubeconfig::client_from_kubeconfig(&kubeconfig).await {
+        let client = match &kubeconfig {
+            Some(path) => fleetwatch_shared::kubeconfig::client_from_kubeconfig(path).await,
+            // In a pod: its service account; in a shell: $KUBECONFIG or ~/.kube/config.
+            None => kube::Client::try_default().await.map_err(|e| e.to_string()),
+        };
+        match client {
             Ok(c) => break c,
             Err(e) => {
-                tracing::error!(error = %e, path = %kubeconfig.display(), "cannot reach the control plane; retrying");
+                let path = kubeconfig.as_ref().map_or("in-cluster or $KUBECONFIG".into(), |p| p.display().to_string());
+                tracing::error!(error = %e, %path, "cannot reach the control plane; retrying");
                 tokio::time::sleep(Duration::from_secs(5)).await;
             }
         }

@@ -257,3 +257,39 @@ async fn tail_of_an_unknown_cluster_says_so_once_and_waits() {
     // Still waiting for it.
     assert_eq!(tail.wait_exit(std::time::Duration::from_millis(200)), None);
 }
+
+/// Without a watch-config flag, a hub with $KUBECONFIG (in a pod: its service account)
+/// reads WatchConfigs from that cluster, as the agent and the lifecycle operator do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hub_reads_watch_configs_through_kubeconfig_when_no_flag_says_otherwise() {
+    let pki = Pki::new();
+    let (_cp, cp_kc) = sim_cluster(&pki, "control-plane").await;
+    let crds = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/crds");
+    kubectl(&cp_kc, &["apply", "-f", crds.to_str().unwrap()], None);
+    let admin = free_port();
+    let args: Vec<String> = [
+        "hub",
+        "--listen",
+        &format!("127.0.0.1:{}", free_port()),
+        "--admin-listen",
+        &format!("127.0.0.1:{admin}"),
+        "--cert",
+        pki.path("hub.crt").to_str().unwrap(),
+        "--key",
+        pki.path("hub.key").to_str().unwrap(),
+        "--client-ca",
+        pki.path("ca.crt").to_str().unwrap(),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let hub = Proc::spawn_with_env(&args, pki.path("hub-env.log"), &[("KUBECONFIG", cp_kc.to_str().unwrap())]);
+    hub.wait_stdout("hub listening", std::time::Duration::from_secs(20));
+    let ready = eventually(std::time::Duration::from_secs(30), || {
+        tokio::task::block_in_place(|| tokio::runtime::Handle::current().block_on(http_get(admin, "/readyz")))
+            .contains("control-plane ok")
+    })
+    .await;
+    assert!(ready, "{}\n{}", http_get(admin, "/readyz").await, hub.stderr());
+    assert!(hub.stderr().contains("$KUBECONFIG"), "{}", hub.stderr());
+}
