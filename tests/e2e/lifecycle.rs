@@ -577,3 +577,40 @@ async fn one_instance_leads_and_another_takes_over_when_it_dies() {
     b.signal("TERM");
     assert_eq!(b.wait_exit(Duration::from_secs(30)), Some(0), "{}", b.stderr());
 }
+
+/// With real processes: one undecodable Runtime is marked and the others reconcile; a
+/// misspelt maintenance policy holds a downtime upgrade (fails closed) with a Warning.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_objects_are_isolated_and_a_missing_policy_fails_closed() {
+    let f = Fleet::start("3600").await;
+    apply_json(&f.cp_kc, &runtime("broken", json!([{"name": "redis", "customResourcePolicy": "DeleteEverything"}])));
+    apply_json(&f.cp_kc, &runtime("rt1", json!([{"name": "redis"}])));
+    f.wait("rt1", "redis 1.0.0 Ready", |s| {
+        module(s, "redis").is_some_and(|m| m.state == State::Ready && m.installed_version.as_deref() == Some("1.0.0"))
+    })
+    .await;
+    let reason = || {
+        kubectl(
+            &f.cp_kc,
+            &["get", "runtime", "broken", "-n", NS, "-o", "jsonpath={.status.conditions[0].reason}"],
+            None,
+        )
+    };
+    assert!(eventually(Duration::from_secs(30), || reason() == "InvalidSpec").await, "{}", reason());
+
+    // rt1 names a policy that does not exist; then 3.0.0, which needs downtime, is released.
+    let mut rt = runtime("rt1", json!([{"name": "redis"}]));
+    rt["spec"]["maintenancePolicy"] = json!("nightyl");
+    apply_json(&f.cp_kc, &rt);
+    let generation = f.runtimes().get("rt1").await.unwrap().metadata.generation;
+    f.wait("rt1", "the policy name seen", move |s| s.observed_generation == generation).await;
+    let mut t3 = template("3.0.0");
+    t3["spec"]["requiresDowntime"] = json!(true);
+    apply_json(&f.cp_kc, &t3);
+    apply_json(&f.cp_kc, &release_meta("3.0.0", "3.0.0"));
+    f.wait("rt1", "held by the missing policy", |s| {
+        module(s, "redis").is_some_and(|m| m.state == State::Warning && m.message.contains("nightyl not found"))
+    })
+    .await;
+    assert_eq!(f.manager_version().await.as_deref(), Some("1.0.0"), "a downtime upgrade happened without a window");
+}

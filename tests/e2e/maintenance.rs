@@ -167,3 +167,12 @@ fn maintenance_next_errors_are_one_line() {
     assert_ne!(code, 0);
     assert!(err.contains("--at"), "{err}");
 }
+
+#[test]
+fn a_window_without_days_is_explained() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = policy_file(&dir, "nodays.json", r#"{"default": {"begin": "01:00:00Z", "end": "02:00:00Z"}}"#);
+    let (code, _, err) = run(&["maintenance", "next", "--policy", &p, "--at", "2024-10-09T12:00:00Z"]);
+    assert_ne!(code, 0);
+    assert!(err.contains("times of day") && err.contains("no days") && err.contains("list its days"), "{err}");
+}
