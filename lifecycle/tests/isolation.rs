@@ -1,10 +1,11 @@
 //! One bad object never stops the others: a Runtime the operator cannot decode is named and
 //! marked in its status, while the good ones are reconciled as usual.
 
+mod common;
+
 use std::time::{Duration, Instant};
 
-use fleetwatch_lifecycle::applier::Applier;
-use fleetwatch_shared::api::{ModuleReleaseMeta, ModuleTemplate, Runtime, State};
+use fleetwatch_shared::api::{Runtime, State};
 use kube::Api;
 use kube::api::DynamicObject;
 use kube::core::ApiResource;
@@ -12,18 +13,7 @@ use serde_json::json;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_undecodable_runtime_is_reported_and_the_others_reconciled() {
-    let sim = fleetwatch_sim::SimCluster::start(Default::default()).await.unwrap();
-    let client = sim.client().await.unwrap();
-    let cp = Applier::new(client.clone());
-    use kube::CustomResourceExt;
-    for crd in [
-        serde_json::to_value(Runtime::crd()).unwrap(),
-        serde_json::to_value(ModuleTemplate::crd()).unwrap(),
-        serde_json::to_value(ModuleReleaseMeta::crd()).unwrap(),
-        serde_json::to_value(fleetwatch_shared::maintenance::MaintenancePolicy::crd()).unwrap(),
-    ] {
-        cp.apply(&crd).await.unwrap();
-    }
+    let (_sim, client, cp) = common::control_plane().await;
     // A Runtime with a value the operator's types do not know (the sim, like an API server
     // without that enum in its schema, stores it), created before the operator starts.
     cp.apply(&json!({"apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "Runtime",

@@ -3,12 +3,13 @@
 //! repaired meanwhile, and the upgrade happens once the clock is inside a window with
 //! enough time left.
 
+mod common;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use fleetwatch_lifecycle::applier::Applier;
 use fleetwatch_lifecycle::maintenance::ManualClock;
-use fleetwatch_shared::api::{ModuleReleaseMeta, ModuleStatus, Runtime, State};
+use fleetwatch_shared::api::{ModuleStatus, Runtime, State};
 use kube::Api;
 use kube::api::{DynamicObject, Patch, PatchParams};
 use kube::discovery::ApiResource;
@@ -27,19 +28,7 @@ fn template(version: &str) -> serde_json::Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn downtime_upgrade_waits_for_the_window_and_repairs_drift_meanwhile() {
-    let sim = fleetwatch_sim::SimCluster::start(Default::default()).await.unwrap();
-    let client = sim.client().await.unwrap();
-    let cp = Applier::new(client.clone());
-    use kube::CustomResourceExt;
-    for crd in [
-        serde_json::to_value(Runtime::crd()).unwrap(),
-        serde_json::to_value(fleetwatch_shared::api::ModuleTemplate::crd()).unwrap(),
-        serde_json::to_value(ModuleReleaseMeta::crd()).unwrap(),
-        serde_json::to_value(fleetwatch_shared::maintenance::MaintenancePolicy::crd()).unwrap(),
-    ] {
-        cp.apply(&crd).await.unwrap();
-    }
-    // The sim establishes a CRD as it stores it: its kinds are served at once.
+    let (_sim, client, cp) = common::control_plane().await;
     cp.apply(&template("1.0.0")).await.unwrap();
     cp.apply(&template("2.0.0")).await.unwrap();
     let meta = |v: &str| {
@@ -134,18 +123,7 @@ async fn downtime_upgrade_waits_for_the_window_and_repairs_drift_meanwhile() {
 /// Runtime's Ready condition names it, and fixing the policy lets the rule work again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_missing_or_invalid_policy_holds_downtime_upgrades() {
-    let sim = fleetwatch_sim::SimCluster::start(Default::default()).await.unwrap();
-    let client = sim.client().await.unwrap();
-    let cp = Applier::new(client.clone());
-    use kube::CustomResourceExt;
-    for crd in [
-        serde_json::to_value(Runtime::crd()).unwrap(),
-        serde_json::to_value(fleetwatch_shared::api::ModuleTemplate::crd()).unwrap(),
-        serde_json::to_value(ModuleReleaseMeta::crd()).unwrap(),
-        serde_json::to_value(fleetwatch_shared::maintenance::MaintenancePolicy::crd()).unwrap(),
-    ] {
-        cp.apply(&crd).await.unwrap();
-    }
+    let (_sim, client, cp) = common::control_plane().await;
     cp.apply(&template("1.0.0")).await.unwrap();
     cp.apply(&template("2.0.0")).await.unwrap();
     let meta = |v: &str| {

@@ -1,6 +1,8 @@
 //! Migrations against a simulated cluster: order, cost when not needed, the built-in
 //! rename (idempotent), and a failing migration stopping an upgrade until it succeeds.
 
+mod common;
+
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -140,19 +142,7 @@ fn template(version: &str) -> serde_json::Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failing_migration_stops_the_upgrade_and_is_retried_with_backoff() {
-    let sim = fleetwatch_sim::SimCluster::start(Default::default()).await.unwrap();
-    let client = sim.client().await.unwrap();
-    let cp = Applier::new(client.clone());
-    use kube::CustomResourceExt;
-    for crd in [
-        Runtime::crd(),
-        fleetwatch_shared::api::ModuleTemplate::crd(),
-        fleetwatch_shared::api::ModuleReleaseMeta::crd(),
-        fleetwatch_shared::maintenance::MaintenancePolicy::crd(),
-    ] {
-        cp.apply(&serde_json::to_value(&crd).unwrap()).await.unwrap();
-    }
-    // The sim establishes a CRD as it stores it: its kinds are served at once.
+    let (_sim, client, cp) = common::control_plane().await;
     cp.apply(&template("1.0.0")).await.unwrap();
     cp.apply(&template("2.0.0")).await.unwrap();
     let meta = |v: &str| {

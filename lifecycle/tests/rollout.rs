@@ -1,10 +1,11 @@
 //! Paced rollouts over ten simulated runtime clusters: waves within the limits, progress in
 //! the ModuleReleaseMeta status, and a halt when upgrades fail.
 
+mod common;
+
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use fleetwatch_lifecycle::applier::Applier;
 use fleetwatch_shared::api::{ModuleReleaseMeta, Runtime, State};
 use kube::Api;
 use kube::api::{DynamicObject, ListParams, Patch, PatchParams};
@@ -69,19 +70,7 @@ async fn slow_kubelet(client: kube::Client) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn channel_moves_roll_out_in_waves_and_halt_on_failures() {
-    let cp_sim = fleetwatch_sim::SimCluster::start(Default::default()).await.unwrap();
-    let cp_client = cp_sim.client().await.unwrap();
-    let cp = Applier::new(cp_client.clone());
-    use kube::CustomResourceExt;
-    for crd in [
-        Runtime::crd(),
-        fleetwatch_shared::api::ModuleTemplate::crd(),
-        ModuleReleaseMeta::crd(),
-        fleetwatch_shared::maintenance::MaintenancePolicy::crd(),
-    ] {
-        cp.apply(&serde_json::to_value(&crd).unwrap()).await.unwrap();
-    }
-    // The sim establishes a CRD as it stores it: its kinds are served at once.
+    let (_cp_sim, cp_client, cp) = common::control_plane().await;
     for (v, broken) in [("1.0.0", false), ("2.0.0", false), ("3.0.0", true)] {
         cp.apply(&template(v, broken)).await.unwrap();
     }

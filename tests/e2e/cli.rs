@@ -266,30 +266,13 @@ async fn hub_reads_watch_configs_through_kubeconfig_when_no_flag_says_otherwise(
     let (_cp, cp_kc) = sim_cluster(&pki, "control-plane").await;
     let crds = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/crds");
     kubectl(&cp_kc, &["apply", "-f", crds.to_str().unwrap()], None);
-    let admin = free_port();
-    let args: Vec<String> = [
-        "hub",
-        "--listen",
-        &format!("127.0.0.1:{}", free_port()),
-        "--admin-listen",
-        &format!("127.0.0.1:{admin}"),
-        "--cert",
-        pki.path("hub.crt").to_str().unwrap(),
-        "--key",
-        pki.path("hub.key").to_str().unwrap(),
-        "--client-ca",
-        pki.path("ca.crt").to_str().unwrap(),
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    let hub = Proc::spawn_with_env(&args, pki.path("hub-env.log"), &[("KUBECONFIG", cp_kc.to_str().unwrap())]);
-    hub.wait_stdout("hub listening", std::time::Duration::from_secs(20));
+    let hub = HubProc::start_with_env(&pki, free_port(), None, &[], &[("KUBECONFIG", cp_kc.to_str().unwrap())]);
+    let admin = hub.admin_port;
     let ready = eventually(std::time::Duration::from_secs(30), || {
         tokio::task::block_in_place(|| tokio::runtime::Handle::current().block_on(http_get(admin, "/readyz")))
             .contains("control-plane ok")
     })
     .await;
-    assert!(ready, "{}\n{}", http_get(admin, "/readyz").await, hub.stderr());
-    assert!(hub.stderr().contains("$KUBECONFIG"), "{}", hub.stderr());
+    assert!(ready, "{}\n{}", http_get(admin, "/readyz").await, hub.proc.stderr());
+    assert!(hub.proc.stderr().contains("$KUBECONFIG"), "{}", hub.proc.stderr());
 }

@@ -89,8 +89,7 @@ async fn kubectl_changes_reach_subscribers_through_field_filters() {
     .unwrap();
     // A directory with an invalid WatchConfig is refused at start, naming file and fault.
     let out = std::process::Command::new(BIN)
-        .args(["hub", "--listen", "127.0.0.1:0", "--cert", pki.path("hub.crt").to_str().unwrap()])
-        .args(["--key", pki.path("hub.key").to_str().unwrap(), "--client-ca", pki.path("ca.crt").to_str().unwrap()])
+        .args(hub_args(&pki, 0, 0))
         .args(["--watch-config", wc_dir.to_str().unwrap()])
         .output()
         .unwrap();

@@ -149,22 +149,32 @@ pub struct HubProc {
     pub admin_port: u16,
 }
 
+/// `fleetwatch hub` with the test PKI's certificates on these loopback ports.
+pub fn hub_args(pki: &Pki, port: u16, admin_port: u16) -> Vec<String> {
+    vec![
+        "hub".into(),
+        "--listen".into(),
+        format!("127.0.0.1:{port}"),
+        "--admin-listen".into(),
+        format!("127.0.0.1:{admin_port}"),
+        "--cert".into(),
+        pki.path("hub.crt").display().to_string(),
+        "--key".into(),
+        pki.path("hub.key").display().to_string(),
+        "--client-ca".into(),
+        pki.path("ca.crt").display().to_string(),
+    ]
+}
+
 impl HubProc {
     pub fn start(pki: &Pki, port: u16, data_dir: Option<&Path>, extra: &[&str]) -> Self {
+        Self::start_with_env(pki, port, data_dir, extra, &[])
+    }
+
+    /// Like [`HubProc::start`], with environment variables for the hub.
+    pub fn start_with_env(pki: &Pki, port: u16, data_dir: Option<&Path>, extra: &[&str], env: &[(&str, &str)]) -> Self {
         let admin_port = free_port();
-        let mut args: Vec<String> = vec![
-            "hub".into(),
-            "--listen".into(),
-            format!("127.0.0.1:{port}"),
-            "--admin-listen".into(),
-            format!("127.0.0.1:{admin_port}"),
-            "--cert".into(),
-            pki.path("hub.crt").display().to_string(),
-            "--key".into(),
-            pki.path("hub.key").display().to_string(),
-            "--client-ca".into(),
-            pki.path("ca.crt").display().to_string(),
-        ];
+        let mut args = hub_args(pki, port, admin_port);
         if !extra.contains(&"--idle-timeout") {
             args.extend(["--idle-timeout".into(), "6".into()]);
         }
@@ -174,7 +184,7 @@ impl HubProc {
         }
         args.extend(extra.iter().map(|s| s.to_string()));
         let log = pki.path(&format!("hub-{port}-{}.log", Instant::now().elapsed().as_nanos() ^ rand_u32()));
-        let proc = Proc::spawn(&args, log);
+        let proc = Proc::spawn_with_env(&args, log, env);
         proc.wait_stdout("hub listening", Duration::from_secs(20));
         Self { proc, port, admin_port }
     }

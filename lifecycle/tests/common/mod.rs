@@ -1,0 +1,19 @@
+//! Set-up shared by the lifecycle tests: a simulated control plane serving every CRD the
+//! operator needs (it waits for all of them before it starts).
+
+use fleetwatch_lifecycle::applier::Applier;
+use fleetwatch_shared::api::{ModuleReleaseMeta, ModuleTemplate, Runtime};
+use fleetwatch_shared::maintenance::MaintenancePolicy;
+use kube::CustomResourceExt;
+
+/// A sim control plane with the CRDs installed: the cluster, a client and an applier.
+pub async fn control_plane() -> (fleetwatch_sim::SimCluster, kube::Client, Applier) {
+    let sim = fleetwatch_sim::SimCluster::start(Default::default()).await.unwrap();
+    let client = sim.client().await.unwrap();
+    let cp = Applier::new(client.clone());
+    for crd in [Runtime::crd(), ModuleTemplate::crd(), ModuleReleaseMeta::crd(), MaintenancePolicy::crd()] {
+        // The sim establishes a CRD as it stores it: its kinds are served at once.
+        cp.apply(&serde_json::to_value(&crd).unwrap()).await.unwrap();
+    }
+    (sim, client, cp)
+}
