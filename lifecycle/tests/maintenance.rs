@@ -26,27 +26,42 @@ fn template(version: &str) -> serde_json::Value {
             "manager": {"apiVersion": "apps/v1", "kind": "Deployment", "namespace": "default", "name": "m-manager"}}})
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn downtime_upgrade_waits_for_the_window_and_repairs_drift_meanwhile() {
+/// A running operator and what the tests drive it with.
+struct Started {
+    _sim: fleetwatch_sim::SimCluster,
+    client: kube::Client,
+    cp: fleetwatch_lifecycle::applier::Applier,
+    clock: Arc<ManualClock>,
+    stop: tokio_util::sync::CancellationToken,
+}
+
+/// A control plane with `m` 1.0.0 and 2.0.0 (2.0.0 needs downtime), its regular channel at
+/// 1.0.0, `objects` applied, and the operator running on a manual clock set to a Friday.
+async fn start(objects: &[serde_json::Value]) -> Started {
     let (_sim, client, cp) = common::control_plane().await;
     cp.apply(&template("1.0.0")).await.unwrap();
     cp.apply(&template("2.0.0")).await.unwrap();
-    let meta = |v: &str| {
-        json!({"apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "ModuleReleaseMeta", "metadata": {"name": "m", "namespace": "default"},
-        "spec": {"moduleName": "m", "channels": [{"channel": "regular", "version": v}]}})
-    };
-    cp.apply(&meta("1.0.0")).await.unwrap();
-    // A lifecycle-manager format policy: trial runtimes on Saturday night, others Sunday.
-    cp.apply(&json!({"apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "MaintenancePolicy", "metadata": {"name": "default", "namespace": "default"},
-        "spec": {"rules": [{"match": {"plan": "trial"}, "windows": [{"days": ["Sat"], "begin": "02:00:00+00:00", "end": "04:00:00+00:00"}]}],
-                 "default": {"days": ["Sun"], "begin": "01:00:00+00:00", "end": "05:00:00+00:00"}}})).await.unwrap();
-
+    cp.apply(&common::release_meta("1.0.0")).await.unwrap();
+    for o in objects {
+        cp.apply(o).await.unwrap();
+    }
     let clock = Arc::new(ManualClock::new("2026-11-20T10:00:00Z".parse().unwrap())); // a Friday
     let stop = tokio_util::sync::CancellationToken::new();
     let mut config = fleetwatch_lifecycle::LifecycleConfig::new(client.clone());
     config.clock = clock.clone();
     config.resync = None;
     tokio::spawn(fleetwatch_lifecycle::run(config, Default::default(), stop.clone()));
+    Started { _sim, client, cp, clock, stop }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn downtime_upgrade_waits_for_the_window_and_repairs_drift_meanwhile() {
+    // A lifecycle-manager format policy: trial runtimes on Saturday night, others Sunday.
+    let policy = json!({"apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "MaintenancePolicy", "metadata": {"name": "default", "namespace": "default"},
+        "spec": {"rules": [{"match": {"plan": "trial"}, "windows": [{"days": ["Sat"], "begin": "02:00:00+00:00", "end": "04:00:00+00:00"}]}],
+                 "default": {"days": ["Sun"], "begin": "01:00:00+00:00", "end": "05:00:00+00:00"}}});
+    let Started { _sim, client, cp, clock, stop } = start(&[policy]).await;
+    let meta = common::release_meta;
     cp.apply(&json!({"apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "Runtime",
         "metadata": {"name": "r", "namespace": "default", "labels": {"operator.fleetwatch.dev/plan": "trial"}},
         "spec": {"modules": [{"name": "m"}]}}))
@@ -123,20 +138,8 @@ async fn downtime_upgrade_waits_for_the_window_and_repairs_drift_meanwhile() {
 /// Runtime's Ready condition names it, and fixing the policy lets the rule work again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_missing_or_invalid_policy_holds_downtime_upgrades() {
-    let (_sim, client, cp) = common::control_plane().await;
-    cp.apply(&template("1.0.0")).await.unwrap();
-    cp.apply(&template("2.0.0")).await.unwrap();
-    let meta = |v: &str| {
-        json!({"apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "ModuleReleaseMeta", "metadata": {"name": "m", "namespace": "default"},
-        "spec": {"moduleName": "m", "channels": [{"channel": "regular", "version": v}]}})
-    };
-    cp.apply(&meta("1.0.0")).await.unwrap();
-    let clock = Arc::new(ManualClock::new("2026-11-20T10:00:00Z".parse().unwrap())); // a Friday
-    let stop = tokio_util::sync::CancellationToken::new();
-    let mut config = fleetwatch_lifecycle::LifecycleConfig::new(client.clone());
-    config.clock = clock.clone();
-    config.resync = None;
-    tokio::spawn(fleetwatch_lifecycle::run(config, Default::default(), stop.clone()));
+    let Started { _sim, client, cp, clock, stop } = start(&[]).await;
+    let meta = common::release_meta;
     // The runtime names a policy that does not exist (a typo of "nightly").
     cp.apply(&json!({"apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "Runtime",
         "metadata": {"name": "r", "namespace": "default"},

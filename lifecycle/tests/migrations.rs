@@ -145,10 +145,7 @@ async fn a_failing_migration_stops_the_upgrade_and_is_retried_with_backoff() {
     let (_sim, client, cp) = common::control_plane().await;
     cp.apply(&template("1.0.0")).await.unwrap();
     cp.apply(&template("2.0.0")).await.unwrap();
-    let meta = |v: &str| {
-        json!({"apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "ModuleReleaseMeta", "metadata": {"name": "m", "namespace": "default"},
-        "spec": {"moduleName": "m", "channels": [{"channel": "regular", "version": v}]}})
-    };
+    let meta = common::release_meta;
     cp.apply(&meta("1.0.0")).await.unwrap();
     let log = Arc::new(Mutex::new(Vec::new()));
     let mut flaky = rec("flaky", Scope::Module("m".into()), Phase::Pre, &log);

@@ -151,22 +151,9 @@ async fn deny_list_fails_closed() {
     let pki = Pki::new();
     let deny = pki.path("deny-list");
     // Missing at start: the hub refuses to start, naming the file.
-    let mut p = Proc::spawn(
-        &[
-            "hub".into(),
-            "--listen".into(),
-            format!("127.0.0.1:{}", free_port()),
-            "--cert".into(),
-            pki.path("hub.crt").display().to_string(),
-            "--key".into(),
-            pki.path("hub.key").display().to_string(),
-            "--client-ca".into(),
-            pki.path("ca.crt").display().to_string(),
-            "--deny-list".into(),
-            deny.display().to_string(),
-        ],
-        pki.path("hub-missing-deny.log"),
-    );
+    let mut args = hub_args(&pki, free_port(), free_port());
+    args.extend(["--deny-list".into(), deny.display().to_string()]);
+    let mut p = Proc::spawn(&args, pki.path("hub-missing-deny.log"));
     assert_eq!(p.wait_exit(Duration::from_secs(20)), Some(1), "{}", p.stderr());
     assert!(p.stderr().contains(&format!("deny list {}", deny.display())), "{}", p.stderr());
 
@@ -370,20 +357,7 @@ async fn a_busy_port_is_reported_once() {
     let pki = Pki::new();
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = taken.local_addr().unwrap().port();
-    let mut p = Proc::spawn(
-        &[
-            "hub".into(),
-            "--listen".into(),
-            format!("127.0.0.1:{port}"),
-            "--cert".into(),
-            pki.path("hub.crt").display().to_string(),
-            "--key".into(),
-            pki.path("hub.key").display().to_string(),
-            "--client-ca".into(),
-            pki.path("ca.crt").display().to_string(),
-        ],
-        pki.path("busy.log"),
-    );
+    let mut p = Proc::spawn(&hub_args(&pki, port, free_port()), pki.path("busy.log"));
     assert_eq!(p.wait_exit(Duration::from_secs(20)), Some(1), "{}", p.stderr());
     let err = p.stderr();
     let line = err.lines().find(|l| l.starts_with("error:")).unwrap_or_else(|| panic!("{err}"));

@@ -169,17 +169,8 @@ async fn quickstart_tail_prints_events_and_resumes_a_durable_subscription() {
     let _b = agent(&pki, "us-1", &hub.url(), "synthetic:objects=3,rate=100,total=30", &[]);
     let sub = pki.subscriber("ops");
     let tail = |extra: &[&str]| {
-        let mut args = vec![
-            "tail".to_string(),
-            "--hub".into(),
-            hub.url(),
-            "--cert".into(),
-            sub.cert.display().to_string(),
-            "--key".into(),
-            sub.key.display().to_string(),
-            "--ca".into(),
-            pki.path("ca.crt").display().to_string(),
-        ];
+        let mut args = vec!["tail".to_string(), "--hub".into(), hub.url()];
+        args.extend(client_args(&sub));
         args.extend(extra.iter().map(|s| s.to_string()));
         Command::new(BIN).args(&args).output().unwrap()
     };
@@ -228,23 +219,8 @@ async fn quickstart_tail_prints_events_and_resumes_a_durable_subscription() {
 async fn tail_of_an_unknown_cluster_says_so_once_and_waits() {
     let pki = Pki::new();
     let hub = HubProc::start(&pki, free_port(), None, &[]);
-    let sub = pki.subscriber("ops");
-    let args: Vec<String> = [
-        "tail",
-        "--hub",
-        &hub.url(),
-        "--cert",
-        sub.cert.to_str().unwrap(),
-        "--key",
-        sub.key.to_str().unwrap(),
-        "--ca",
-        pki.path("ca.crt").to_str().unwrap(),
-        "--cluster",
-        "nosuch",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
+    let mut args: Vec<String> = vec!["tail".into(), "--hub".into(), hub.url(), "--cluster".into(), "nosuch".into()];
+    args.extend(client_args(&pki.subscriber("ops")));
     let mut tail = Proc::spawn(&args, pki.path("tail.log"));
     assert!(
         eventually(std::time::Duration::from_secs(30), || tail.stderr().contains("never seen")).await,

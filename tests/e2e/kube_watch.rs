@@ -203,14 +203,7 @@ async fn kubectl_changes_reach_subscribers_through_field_filters() {
     let sub = pki.subscriber("cli");
     let out = std::process::Command::new(BIN)
         .args(["tail", "--hub", &hub.url(), "--from", "earliest", "--count", "3", "--cluster", "rt1"])
-        .args([
-            "--cert",
-            sub.cert.to_str().unwrap(),
-            "--key",
-            sub.key.to_str().unwrap(),
-            "--ca",
-            pki.path("ca.crt").to_str().unwrap(),
-        ])
+        .args(client_args(&sub))
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);

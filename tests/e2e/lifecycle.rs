@@ -123,26 +123,13 @@ impl Fleet {
         let sub = pki.subscriber("lifecycle");
         let metrics_port = free_port();
         let metrics_addr = format!("127.0.0.1:{metrics_port}");
-        let args: Vec<String> = [
-            "lifecycle",
-            "--control-plane-kubeconfig",
-            cp_kc.to_str().unwrap(),
-            "--hub",
-            &hub.url(),
-            "--cert",
-            sub.cert.to_str().unwrap(),
-            "--key",
-            sub.key.to_str().unwrap(),
-            "--ca",
-            pki.path("ca.crt").to_str().unwrap(),
-            "--resync",
-            resync,
-            "--metrics-listen",
-            &metrics_addr,
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
+        let mut args: Vec<String> =
+            ["lifecycle", "--control-plane-kubeconfig", cp_kc.to_str().unwrap(), "--hub", &hub.url()]
+                .iter()
+                .map(|s| s.to_string())
+                .collect();
+        args.extend(client_args(&sub));
+        args.extend(["--resync".into(), resync.into(), "--metrics-listen".into(), metrics_addr]);
         let lifecycle = Proc::spawn(&args, pki.path("lifecycle.log"));
         lifecycle.wait_stdout("lifecycle operator running", Duration::from_secs(10));
         // No kubelet in a sim cluster: mark Deployments ready, as a cluster would.

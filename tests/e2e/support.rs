@@ -60,6 +60,16 @@ impl Pki {
     }
 }
 
+/// The `--cert/--key/--ca` flags of a client (agent, tail, lifecycle) with these files.
+pub fn client_args(files: &TlsFiles) -> Vec<String> {
+    let mut args =
+        vec!["--cert".to_string(), files.cert.display().to_string(), "--key".into(), files.key.display().to_string()];
+    for ca in &files.ca {
+        args.extend(["--ca".to_string(), ca.display().to_string()]);
+    }
+    args
+}
+
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
@@ -214,19 +224,8 @@ pub async fn http_get(port: u16, path: &str) -> String {
 
 /// Starts an agent process for `cluster` with extra arguments (its source).
 fn agent_with(pki: &Pki, cluster: &str, hub: &str, extra: &[&str]) -> Proc {
-    let files = pki.agent(cluster);
-    let mut args: Vec<String> = vec![
-        "agent".into(),
-        "--hub".into(),
-        hub.into(),
-        "--cert".into(),
-        files.cert.display().to_string(),
-        "--key".into(),
-        files.key.display().to_string(),
-        "--ca".into(),
-        pki.path("ca.crt").display().to_string(),
-        "--retry-first-connect".into(),
-    ];
+    let mut args: Vec<String> = vec!["agent".into(), "--hub".into(), hub.into(), "--retry-first-connect".into()];
+    args.extend(client_args(&pki.agent(cluster)));
     args.extend(extra.iter().map(|s| s.to_string()));
     Proc::spawn(&args, pki.path(&format!("agent-{cluster}-{}.log", rand_u32())))
 }

@@ -17,3 +17,12 @@ pub async fn control_plane() -> (fleetwatch_sim::SimCluster, kube::Client, Appli
     }
     (sim, client, cp)
 }
+
+/// The ModuleReleaseMeta of the tests' module `m`: its `regular` channel at `version`.
+// Each test binary compiles this module; not all of them use every helper.
+#[allow(dead_code)]
+pub fn release_meta(version: &str) -> serde_json::Value {
+    serde_json::json!({"apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "ModuleReleaseMeta",
+        "metadata": {"name": "m", "namespace": "default"},
+        "spec": {"moduleName": "m", "channels": [{"channel": "regular", "version": version}]}})
+}
