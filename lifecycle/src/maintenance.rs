@@ -54,7 +54,7 @@ pub const LABEL_PREFIX: &str = "operator.fleetwatch.dev/";
 /// What the rule decides for a downtime upgrade now.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Gate {
-    /// Go ahead (inside a window, windows skipped, or no policy at all).
+    /// Go ahead (inside a window, or windows skipped).
     Open,
     /// Wait for this window.
     Wait(Window),
@@ -88,8 +88,15 @@ pub fn gate(
                 let ns = rt.namespace().unwrap_or_default();
                 return Gate::Broken(format!("maintenance policy {ns}/{name} not found"));
             }
-            // No policy named and no `default` policy: nothing restricts when upgrades happen.
-            (None, None) => return Gate::Open,
+            // No policy named and no `default` one: no window is known, so a downtime
+            // upgrade is held (fails closed) until one is configured or windows are skipped.
+            (None, None) => {
+                let ns = rt.namespace().unwrap_or_default();
+                return Gate::Broken(format!(
+                    "no maintenance window is configured: name a MaintenancePolicy (maintenancePolicy), create \
+                     one called default in namespace {ns}, set maintenanceWindows, or set skipMaintenanceWindows"
+                ));
+            }
         }
     } else {
         rt.spec

@@ -212,3 +212,41 @@ async fn a_missing_or_invalid_policy_holds_downtime_upgrades() {
     .await;
     stop.cancel();
 }
+
+/// Without any maintenance policy (none named, no `default`) a downtime upgrade is held:
+/// no window known never means "upgrade now".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_policy_at_all_holds_downtime_upgrades() {
+    let Started { _sim, client, cp, clock: _clock, stop } = start(&[]).await;
+    cp.apply(&json!({"apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "Runtime",
+        "metadata": {"name": "r", "namespace": "default"}, "spec": {"modules": [{"name": "m"}]}}))
+        .await
+        .unwrap();
+    let runtimes: Api<Runtime> = Api::namespaced(client.clone(), "default");
+    let module = |rt: &Runtime| rt.status.as_ref().and_then(|s| s.modules.first().cloned());
+    let wait = |what: &'static str, cond: Box<dyn Fn(&ModuleStatus) -> bool + Send>| {
+        let runtimes = runtimes.clone();
+        async move {
+            let start = Instant::now();
+            while start.elapsed() < Duration::from_secs(30) {
+                if let Ok(rt) = runtimes.get("r").await
+                    && let Some(m) = module(&rt)
+                    && cond(&m)
+                {
+                    return m;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            panic!("timed out waiting for {what}: {:#?}", runtimes.get("r").await.ok().and_then(|r| r.status));
+        }
+    };
+    wait("1.0.0", Box::new(|m| m.state == State::Ready && m.installed_version.as_deref() == Some("1.0.0"))).await;
+    cp.apply(&common::release_meta("2.0.0")).await.unwrap();
+    let m = wait(
+        "held",
+        Box::new(|m| m.state == State::Warning && m.message.contains("no maintenance window is configured")),
+    )
+    .await;
+    assert_eq!(m.installed_version.as_deref(), Some("1.0.0"), "{m:#?}");
+    stop.cancel();
+}
