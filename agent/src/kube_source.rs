@@ -9,9 +9,9 @@ use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use fleetwatch_shared::ObjectKey;
-use fleetwatch_shared::protocol::{ModuleInventory, WatchPhase, WatchSpec, WatchState};
-use fleetwatch_shared::watchconfig::{DEFAULT_FIELDS, MAX_PROJECTION_BYTES, field_pointer};
+use fleetwatch_protocol::ObjectKey;
+use fleetwatch_protocol::message::{ModuleInventory, WatchPhase, WatchSpec, WatchState};
+use fleetwatch_protocol::watch::{DEFAULT_FIELDS, MAX_PROJECTION_BYTES, field_pointer};
 use futures_util::StreamExt;
 use kube::api::{Api, DynamicObject, GroupVersionKind};
 use kube::discovery::{ApiResource, Scope};
@@ -387,7 +387,7 @@ async fn inventory(client: kube::Client, changes: mpsc::Sender<Change>, cancel: 
 }
 
 /// The object key of inventory changes (their events carry the subject
-/// `fleetwatch_shared::event::INVENTORY_SUBJECT`).
+/// `fleetwatch_protocol::event::INVENTORY_SUBJECT`).
 pub fn inventory_key() -> ObjectKey {
     ObjectKey::new("fleetwatch.dev/v1", "Inventory", None, "modules")
 }

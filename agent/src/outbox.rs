@@ -14,7 +14,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use fleetwatch_shared::Event;
+use fleetwatch_protocol::Event;
 
 /// What the outbox holds, in seq order.
 #[derive(Debug, Clone, PartialEq)]
@@ -79,7 +79,7 @@ pub struct Frame {
 ///
 /// ```
 /// use fleetwatch_agent::outbox::Outbox;
-/// use fleetwatch_shared::ObjectKey;
+/// use fleetwatch_protocol::ObjectKey;
 /// let mut ob = Outbox::new("c1", 1, 100);
 /// let key = ObjectKey::new("v1", "ConfigMap", Some("ns"), "a");
 /// ob.push_applied(&key, serde_json::json!({"v": 1}));
@@ -117,7 +117,7 @@ impl Outbox {
             epoch,
             capacity: capacity.max(1),
             max_bytes: DEFAULT_MAX_BYTES,
-            max_event_bytes: fleetwatch_shared::Limits::default().max_event_bytes,
+            max_event_bytes: fleetwatch_protocol::Limits::default().max_event_bytes,
             bytes: 0,
             truncated: 0,
             last_seq: 0,
@@ -215,8 +215,8 @@ impl Outbox {
             ChangeKind::Deleted => Event::deleted(cluster, epoch, seq, &change.key, change.data),
             ChangeKind::Inventory => {
                 let mut e = Event::applied(cluster, epoch, seq, &change.key, change.data);
-                e.kind = fleetwatch_shared::event::TYPE_INVENTORY.into();
-                e.subject = fleetwatch_shared::event::INVENTORY_SUBJECT.into();
+                e.kind = fleetwatch_protocol::event::TYPE_INVENTORY.into();
+                e.subject = fleetwatch_protocol::event::INVENTORY_SUBJECT.into();
                 e
             }
         };
@@ -224,13 +224,13 @@ impl Outbox {
     }
 
     /// Records a change of an object.
-    pub fn push_applied(&mut self, key: &fleetwatch_shared::ObjectKey, data: serde_json::Value) -> u64 {
+    pub fn push_applied(&mut self, key: &fleetwatch_protocol::ObjectKey, data: serde_json::Value) -> u64 {
         let seq = self.last_seq + 1;
         self.push(Event::applied(&self.cluster, self.epoch, seq, key, data))
     }
 
     /// Records a deletion.
-    pub fn push_deleted(&mut self, key: &fleetwatch_shared::ObjectKey, data: serde_json::Value) -> u64 {
+    pub fn push_deleted(&mut self, key: &fleetwatch_protocol::ObjectKey, data: serde_json::Value) -> u64 {
         let seq = self.last_seq + 1;
         self.push(Event::deleted(&self.cluster, self.epoch, seq, key, data))
     }
@@ -333,7 +333,7 @@ impl Outbox {
     pub fn push_resync(&mut self, reason: &str) -> u64 {
         self.last_seq += 1;
         let mut reason = reason.to_string();
-        fleetwatch_shared::codec::cut_reason(&mut reason, fleetwatch_shared::Limits::default().max_reason_bytes);
+        fleetwatch_protocol::codec::cut_reason(&mut reason, fleetwatch_protocol::Limits::default().max_reason_bytes);
         self.resync = Some((self.last_seq, reason));
         self.last_seq
     }
@@ -383,13 +383,13 @@ impl Outbox {
             && *rs > after
             && self.by_seq.range(after + 1..*rs).next().is_none()
         {
-            let msg = fleetwatch_shared::protocol::AgentMessage::Resync(fleetwatch_shared::protocol::Resync {
+            let msg = fleetwatch_protocol::message::AgentMessage::Resync(fleetwatch_protocol::message::Resync {
                 epoch: self.epoch,
                 seq: *rs,
                 reason: reason.clone(),
                 objects: Vec::new(),
             });
-            return Some(Frame { last_seq: *rs, text: fleetwatch_shared::codec::encode(&msg) });
+            return Some(Frame { last_seq: *rs, text: fleetwatch_protocol::codec::encode(&msg) });
         }
         let until = match &self.resync {
             Some((rs, _)) if *rs > after => *rs,
@@ -412,7 +412,7 @@ impl Outbox {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use fleetwatch_shared::ObjectKey;
+    use fleetwatch_protocol::ObjectKey;
     use proptest::prelude::*;
 
     fn key(i: usize) -> ObjectKey {
@@ -454,8 +454,8 @@ mod tests {
 
     #[test]
     fn frames_decode_as_protocol_messages() {
-        use fleetwatch_shared::codec::{Limits, decode_agent};
-        use fleetwatch_shared::protocol::AgentMessage;
+        use fleetwatch_protocol::codec::{Limits, decode_agent};
+        use fleetwatch_protocol::message::AgentMessage;
         let mut ob = Outbox::new("c", 7, 10);
         ob.push_resync("agent started");
         for i in 0..4 {
@@ -520,8 +520,8 @@ mod tests {
 
     #[test]
     fn oversized_events_are_cut_down_not_sent_as_is() {
-        use fleetwatch_shared::codec::{Limits, decode_agent};
-        use fleetwatch_shared::protocol::AgentMessage;
+        use fleetwatch_protocol::codec::{Limits, decode_agent};
+        use fleetwatch_protocol::message::AgentMessage;
         let mut ob = Outbox::new("c", 1, 10).with_limits(1 << 20, 64 << 10);
         let big = serde_json::json!({
             "apiVersion": "v1", "kind": "ConfigMap", "generation": 7,

@@ -4,7 +4,7 @@
 use std::str::FromStr;
 use std::time::Duration;
 
-use fleetwatch_shared::ObjectKey;
+use fleetwatch_protocol::ObjectKey;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 

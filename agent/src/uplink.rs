@@ -5,13 +5,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fleetwatch_certs::TlsFiles;
-use fleetwatch_shared::Limits;
-use fleetwatch_shared::codec::{decode_hub_to_agent, encode};
-use fleetwatch_shared::protocol::{
+use fleetwatch_client::subscriber::reconnect_backoff;
+use fleetwatch_client::transport::{ClientWs, ConnectError, HubUrl, connect};
+use fleetwatch_protocol::Limits;
+use fleetwatch_protocol::codec::{decode_hub_to_agent, encode};
+use fleetwatch_protocol::message::{
     AgentMessage, ErrorCode, Hello, HubToAgent, PROTOCOL_VERSION, WatchSpec, WatchState, WatchStatusReport,
 };
-use fleetwatch_shared::subscriber::reconnect_backoff;
-use fleetwatch_shared::transport::{ClientWs, ConnectError, HubUrl, connect};
 use futures_util::{SinkExt, StreamExt};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;

@@ -3,7 +3,7 @@
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
-use fleetwatch_shared::identity::{Identity, Role};
+use fleetwatch_protocol::identity::{Identity, Role};
 use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose,
     PKCS_ECDSA_P256_SHA256, SanType, SerialNumber,

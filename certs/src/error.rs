@@ -27,7 +27,7 @@ pub enum CertError {
     AlreadyInitialised(PathBuf),
     /// An identity or name is invalid.
     #[error(transparent)]
-    Identity(#[from] fleetwatch_shared::identity::IdentityError),
+    Identity(#[from] fleetwatch_protocol::identity::IdentityError),
     /// The certificate and key do not belong together, or rustls refused the configuration.
     #[error("TLS configuration: {0}")]
     Tls(String),

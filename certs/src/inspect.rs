@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use fleetwatch_shared::identity::Identity;
+use fleetwatch_protocol::identity::Identity;
 use rustls_pki_types::CertificateDer;
 use rustls_pki_types::pem::PemObject;
 use x509_parser::extensions::GeneralName;

@@ -78,7 +78,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         None => {
             let client = match &args.kubeconfig {
                 Some(path) => {
-                    fleetwatch_shared::kubeconfig::client_from_kubeconfig(path).await.map_err(anyhow::Error::msg)?
+                    fleetwatch_client::kubeconfig::client_from_kubeconfig(path).await.map_err(anyhow::Error::msg)?
                 }
                 None => kube::Client::try_default().await.context(
                     "no --kubeconfig or --source given and no in-cluster configuration or $KUBECONFIG found",

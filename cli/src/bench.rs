@@ -10,9 +10,9 @@ use clap::{Args, Subcommand};
 use fleetwatch_agent::source::SyntheticSource;
 use fleetwatch_agent::{Agent, AgentConfig};
 use fleetwatch_certs::{Authority, LeafSpec, TlsFiles};
-use fleetwatch_shared::protocol::StartFrom;
-use fleetwatch_shared::subscriber::{Delivery, SubscriberOptions, Subscription};
-use fleetwatch_shared::transport::HubUrl;
+use fleetwatch_client::subscriber::{Delivery, SubscriberOptions, Subscription};
+use fleetwatch_client::transport::HubUrl;
+use fleetwatch_protocol::message::StartFrom;
 use futures_util::StreamExt;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::sync::mpsc;
@@ -539,7 +539,7 @@ async fn agent(b: AgentBench) -> anyhow::Result<()> {
 }
 
 async fn lifecycle(b: LifecycleBench) -> anyhow::Result<()> {
-    use fleetwatch_shared::api::{Runtime, State};
+    use fleetwatch_api::{Runtime, State};
     use kube::api::Api;
     use std::sync::atomic::Ordering;
     if b.runtimes == 0 || b.modules == 0 {

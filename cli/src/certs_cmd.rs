@@ -21,7 +21,7 @@ enum CertsCommand {
         #[arg(long)]
         dir: PathBuf,
         /// SPIFFE trust domain of all identities this CA issues.
-        #[arg(long, default_value = fleetwatch_shared::identity::DEFAULT_TRUST_DOMAIN)]
+        #[arg(long, default_value = fleetwatch_protocol::identity::DEFAULT_TRUST_DOMAIN)]
         trust_domain: String,
     },
     /// Issue a certificate signed by the CA in --dir.

@@ -18,13 +18,13 @@ pub struct CrdsArgs {
 
 /// Every CRD fleetwatch defines, as (file name, YAML).
 pub fn generated() -> anyhow::Result<Vec<(String, String)>> {
-    use fleetwatch_shared::api::{ModuleReleaseMeta, ModuleTemplate, Runtime};
+    use fleetwatch_api::{ModuleReleaseMeta, ModuleTemplate, Runtime};
     let crds = [
-        fleetwatch_shared::watchconfig::WatchConfig::crd(),
+        fleetwatch_api::watchconfig::WatchConfig::crd(),
         Runtime::crd(),
         ModuleTemplate::crd(),
         ModuleReleaseMeta::crd(),
-        fleetwatch_shared::maintenance::MaintenancePolicy::crd(),
+        fleetwatch_api::maintenance::MaintenancePolicy::crd(),
     ];
     crds.iter()
         .map(|crd| {

@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
-use fleetwatch_shared::protocol::StartFrom;
-use fleetwatch_shared::subscriber::SubscriberOptions;
-use fleetwatch_shared::transport::HubUrl;
+use fleetwatch_client::subscriber::SubscriberOptions;
+use fleetwatch_client::transport::HubUrl;
+use fleetwatch_protocol::message::StartFrom;
 
 #[derive(Args)]
 pub struct LifecycleArgs {
@@ -62,7 +62,7 @@ pub struct LifecycleArgs {
 
 pub async fn run(args: LifecycleArgs) -> anyhow::Result<()> {
     let client = match &args.control_plane_kubeconfig {
-        Some(path) => fleetwatch_shared::kubeconfig::client_from_kubeconfig(path)
+        Some(path) => fleetwatch_client::kubeconfig::client_from_kubeconfig(path)
             .await
             .map_err(anyhow::Error::msg)
             .context("cannot reach the control plane")?,

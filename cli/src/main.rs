@@ -199,7 +199,7 @@ pub(crate) struct HubClientArgs {
 
 impl HubClientArgs {
     /// The hub address and the TLS files.
-    pub(crate) fn resolve(&self) -> anyhow::Result<(fleetwatch_shared::transport::HubUrl, fleetwatch_certs::TlsFiles)> {
+    pub(crate) fn resolve(&self) -> anyhow::Result<(fleetwatch_client::transport::HubUrl, fleetwatch_certs::TlsFiles)> {
         Ok((self.hub.parse()?, tls_files(&self.cert, &self.key, &self.ca)))
     }
 }

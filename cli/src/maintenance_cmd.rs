@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::{Args, Subcommand};
-use fleetwatch_shared::maintenance::{MaintenanceError, MaintenancePolicySpec, NextWindowOptions, RuntimeLabels};
+use fleetwatch_api::maintenance::{MaintenanceError, MaintenancePolicySpec, NextWindowOptions, RuntimeLabels};
 use jiff::{SignedDuration, Timestamp};
 
 #[derive(Args)]

@@ -5,9 +5,9 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::{Args, ValueEnum};
-use fleetwatch_shared::codec::encode;
-use fleetwatch_shared::protocol::StartFrom;
-use fleetwatch_shared::subscriber::{Delivery, SubscriberOptions, Subscription};
+use fleetwatch_client::subscriber::{Delivery, SubscriberOptions, Subscription};
+use fleetwatch_protocol::codec::encode;
+use fleetwatch_protocol::message::StartFrom;
 
 #[derive(Args)]
 pub struct TailArgs {

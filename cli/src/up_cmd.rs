@@ -10,11 +10,11 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Args;
 use fleetwatch_agent::{Agent, AgentConfig};
+use fleetwatch_api::Runtime;
 use fleetwatch_certs::{Authority, LeafSpec, TlsFiles};
+use fleetwatch_client::subscriber::SubscriberOptions;
 use fleetwatch_hub::{Hub, HubConfig};
-use fleetwatch_shared::api::Runtime;
-use fleetwatch_shared::protocol::StartFrom;
-use fleetwatch_shared::subscriber::SubscriberOptions;
+use fleetwatch_protocol::message::StartFrom;
 use kube::Api;
 use kube::api::{DynamicObject, ListParams, Patch, PatchParams};
 use kube::discovery::ApiResource;
@@ -257,7 +257,7 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     hub_cfg.data_dir = Some(dir.join("hub-data"));
     hub_cfg.watch_source = fleetwatch_hub::watch_source::WatchSource::ControlPlane(Some(cp_kc.clone()));
     let hub = Hub::bind(hub_cfg).await.context("cannot start the hub (is another sandbox running? see --hub-port)")?;
-    let hub_url: fleetwatch_shared::transport::HubUrl = format!("wss://{}", hub.local_addr()).parse()?;
+    let hub_url: fleetwatch_client::transport::HubUrl = format!("wss://{}", hub.local_addr()).parse()?;
     let admin = hub.admin_addr().context("admin address")?;
     let tasks = tokio_util::task::TaskTracker::new();
     tasks.spawn(hub.run(shutdown.clone()));
@@ -380,7 +380,7 @@ async fn fake_kubelet(client: kube::Client, stop: CancellationToken) {
 
 /// The fleet's modules: those with a ModuleReleaseMeta, and any a runtime's status names.
 async fn fleet_modules(cp: &kube::Client) -> Vec<String> {
-    let metas: Api<fleetwatch_shared::api::ModuleReleaseMeta> = Api::namespaced(cp.clone(), NAMESPACE);
+    let metas: Api<fleetwatch_api::ModuleReleaseMeta> = Api::namespaced(cp.clone(), NAMESPACE);
     let mut names: Vec<String> = match metas.list(&Default::default()).await {
         Ok(list) => list.items.into_iter().map(|m| m.spec.module_name).collect(),
         Err(_) => MODULES.iter().map(|m| m.to_string()).collect(),
@@ -392,7 +392,7 @@ async fn fleet_modules(cp: &kube::Client) -> Vec<String> {
 
 /// A module's cell: its running version and state; an upgrade that waits shows where it is
 /// going and when ("1.0.0 → 2.0.0 waits for 02:00Z").
-fn module_cell(m: &fleetwatch_shared::api::ModuleStatus) -> String {
+fn module_cell(m: &fleetwatch_api::ModuleStatus) -> String {
     let running = m.actual_version.clone().or(m.installed_version.clone()).unwrap_or_else(|| "-".into());
     match (&m.next_maintenance_window, &m.desired_version) {
         (Some(w), Some(desired)) if *desired != running => {

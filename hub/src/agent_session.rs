@@ -10,9 +10,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
-use fleetwatch_shared::codec::{DecodeError, decode_agent, encode};
-use fleetwatch_shared::event::{event_id, source_for};
-use fleetwatch_shared::protocol::{
+use fleetwatch_protocol::codec::{DecodeError, decode_agent, encode};
+use fleetwatch_protocol::event::{event_id, source_for};
+use fleetwatch_protocol::message::{
     Ack, AgentMessage, Configure, ErrorCode, EventBatch, Hello, HubToAgent, PROTOCOL_VERSION, Resync, Welcome,
 };
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
@@ -319,8 +319,8 @@ impl Session {
             ev.id = event_id(&self.cluster, ev.epoch, ev.seq);
             ev.cursor = None;
             last = ev.seq;
-            if ev.kind == fleetwatch_shared::event::TYPE_INVENTORY
-                && let Ok(inv) = serde_json::from_value::<fleetwatch_shared::protocol::Inventory>(ev.data.clone())
+            if ev.kind == fleetwatch_protocol::event::TYPE_INVENTORY
+                && let Ok(inv) = serde_json::from_value::<fleetwatch_protocol::message::Inventory>(ev.data.clone())
             {
                 self.ctx.registry.inventory(&self.cluster, inv.modules);
             }
@@ -364,7 +364,7 @@ impl Session {
         // The decoder already cut the reason to the limit; cut again in case the limits
         // were configured apart.
         let mut reason = if r.reason.is_empty() { "agent resync".to_string() } else { r.reason };
-        fleetwatch_shared::codec::cut_reason(&mut reason, self.ctx.config.limits.max_reason_bytes);
+        fleetwatch_protocol::codec::cut_reason(&mut reason, self.ctx.config.limits.max_reason_bytes);
         let head = self.ctx.bus.head(&self.cluster);
         if self.ctx.registry.resync_pending(&self.cluster, head) {
             // Nothing was stored since the last marker: subscribers reconcile once anyway.

@@ -5,8 +5,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use fleetwatch_shared::codec::encode;
-use fleetwatch_shared::protocol::{ErrorCode, ErrorFrame};
+use fleetwatch_protocol::codec::encode;
+use fleetwatch_protocol::message::{ErrorCode, ErrorFrame};
 use futures_util::{SinkExt, StreamExt};
 use tokio::net::TcpStream;
 use tokio::time::Instant;

@@ -33,7 +33,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fleetwatch_certs::{CertError, ReloadingServerConfig, TlsFiles};
-use fleetwatch_shared::Limits;
+use fleetwatch_protocol::Limits;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -148,7 +148,7 @@ pub(crate) struct Context {
     /// The trust domain of the hub's own certificate; clients must share it.
     pub trust_domain: String,
     /// The watch configuration pushed to agents.
-    pub watches: tokio::sync::watch::Sender<Arc<Vec<fleetwatch_shared::protocol::WatchSpec>>>,
+    pub watches: tokio::sync::watch::Sender<Arc<Vec<fleetwatch_protocol::message::WatchSpec>>>,
     /// The deny list in force.
     pub revocation: revocation::Revocation,
     /// Open connections by id: who they are, and how to close them.

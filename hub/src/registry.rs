@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use fleetwatch_shared::protocol::{ModuleInventory, WatchState};
+use fleetwatch_protocol::message::{ModuleInventory, WatchState};
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 

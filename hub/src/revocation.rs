@@ -54,7 +54,7 @@ impl DenyList {
                 continue;
             }
             if entry.starts_with("spiffe://") {
-                entry.parse::<fleetwatch_shared::Identity>().map_err(|e| DenyListError::Parse {
+                entry.parse::<fleetwatch_protocol::Identity>().map_err(|e| DenyListError::Parse {
                     path: path.display().to_string(),
                     line: i + 1,
                     why: e.to_string(),

@@ -4,10 +4,10 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use fleetwatch_shared::identity::Role;
-use fleetwatch_shared::protocol::{ErrorCode, WS_PATH};
-use fleetwatch_shared::tls_hint;
-use fleetwatch_shared::transport::ws_config;
+use fleetwatch_client::tls_hint;
+use fleetwatch_client::transport::ws_config;
+use fleetwatch_protocol::identity::Role;
+use fleetwatch_protocol::message::{ErrorCode, WS_PATH};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsAcceptor;
 use tokio_tungstenite::tungstenite::handshake::server::{ErrorResponse, Request, Response};

@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use tokio::time::Instant;
 
-use fleetwatch_shared::codec::{DecodeError, decode_subscriber, encode};
-use fleetwatch_shared::protocol::{
+use fleetwatch_protocol::codec::{DecodeError, decode_subscriber, encode};
+use fleetwatch_protocol::message::{
     ErrorCode, HubToSubscriber, ResyncRequired, StartFrom, Subscribe, Subscribed, SubscriberMessage,
 };
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;

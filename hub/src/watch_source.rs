@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime};
 
-use fleetwatch_shared::protocol::WatchSpec;
-use fleetwatch_shared::watchconfig::{WatchConfig, load_dir};
+use fleetwatch_api::watchconfig::{WatchConfig, load_dir};
+use fleetwatch_protocol::message::WatchSpec;
 use futures_util::StreamExt;
 use kube::runtime::{WatchStreamExt, watcher};
 use tokio::sync::watch;
@@ -123,7 +123,7 @@ async fn follow_dir(dir: PathBuf, publish: &Publish) {
 async fn follow_control_plane(kubeconfig: Option<PathBuf>, publish: &Publish, synced: &AtomicBool) {
     let client = loop {
         let client = match &kubeconfig {
-            Some(path) => fleetwatch_shared::kubeconfig::client_from_kubeconfig(path).await,
+            Some(path) => fleetwatch_client::kubeconfig::client_from_kubeconfig(path).await,
             // In a pod: its service account; in a shell: $KUBECONFIG or ~/.kube/config.
             None => kube::Client::try_default().await.map_err(|e| e.to_string()),
         };

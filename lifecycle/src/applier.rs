@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-use fleetwatch_shared::api::{KindRef, ResourceRef};
+use fleetwatch_api::{KindRef, ResourceRef};
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::discovery::{ApiCapabilities, ApiResource, Scope};
 use serde_json::Value;

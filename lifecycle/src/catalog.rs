@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::hash::{Hash, Hasher};
 
-use fleetwatch_shared::api::{ModuleReleaseMeta, ModuleTemplate};
+use fleetwatch_api::{ModuleReleaseMeta, ModuleTemplate};
 use kube::ResourceExt;
 use serde_json::{Value, json};
 
@@ -71,7 +71,7 @@ pub async fn write(applier: &Applier, catalog: &Value) -> Result<(), Error> {
 
 /// Removes the catalog from the runtime cluster (its Runtime is being deleted).
 pub async fn remove(applier: &Applier) -> Result<(), Error> {
-    let r = fleetwatch_shared::api::ResourceRef {
+    let r = fleetwatch_api::ResourceRef {
         api_version: "v1".into(),
         kind: "ConfigMap".into(),
         namespace: Some(NAMESPACE.into()),
@@ -83,7 +83,7 @@ pub async fn remove(applier: &Applier) -> Result<(), Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use fleetwatch_shared::api::{ChannelVersion, ModuleReleaseMetaSpec, ModuleTemplateSpec};
+    use fleetwatch_api::{ChannelVersion, ModuleReleaseMetaSpec, ModuleTemplateSpec};
     use std::sync::Arc;
 
     #[test]

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use fleetwatch_shared::api::Runtime;
+use fleetwatch_api::Runtime;
 use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
 

@@ -3,14 +3,14 @@
 //! blocked, deletion done, errors. One Event per transition (a state or message change),
 //! never one per reconcile; repeats become an Event series.
 
-use fleetwatch_shared::api::{ModuleStatus, State};
+use fleetwatch_api::{ModuleStatus, State};
 use kube::runtime::events::{Event, EventType};
 
 /// The Events that the change from `prev` to `next` module statuses deserves.
 ///
 /// ```
 /// use fleetwatch_lifecycle::events::transitions;
-/// use fleetwatch_shared::api::{ModuleStatus, State};
+/// use fleetwatch_api::{ModuleStatus, State};
 /// let next = vec![ModuleStatus { name: "redis".into(), state: State::Ready, installed_version: Some("1.0.0".into()), ..Default::default() }];
 /// let evs = transitions(&[], &next);
 /// assert_eq!(evs[0].reason, "Installed");

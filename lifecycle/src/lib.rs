@@ -24,8 +24,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use fleetwatch_shared::api::{ModuleReleaseMeta, ModuleTemplate, Runtime};
-use fleetwatch_shared::subscriber::SubscriberOptions;
+use fleetwatch_api::{ModuleReleaseMeta, ModuleTemplate, Runtime};
+use fleetwatch_client::subscriber::SubscriberOptions;
 use futures_util::StreamExt;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::{self, Store};
@@ -142,7 +142,7 @@ pub struct Ctx {
     migrations: migration::Registry,
     clock: Arc<dyn maintenance::Clock>,
     min_window_remaining: jiff::SignedDuration,
-    policies: Store<fleetwatch_shared::maintenance::MaintenancePolicy>,
+    policies: Store<fleetwatch_api::maintenance::MaintenancePolicy>,
     /// Counters.
     pub metrics: Arc<Metrics>,
     backoff: std::sync::Mutex<std::collections::HashMap<String, u32>>,
@@ -197,7 +197,7 @@ fn required_kinds() -> Vec<(kube::api::GroupVersionKind, String)> {
         one::<Runtime>(),
         one::<ModuleTemplate>(),
         one::<ModuleReleaseMeta>(),
-        one::<fleetwatch_shared::maintenance::MaintenancePolicy>(),
+        one::<fleetwatch_api::maintenance::MaintenancePolicy>(),
     ]
 }
 
@@ -259,8 +259,8 @@ pub async fn run(config: LifecycleConfig, metrics: Arc<Metrics>, shutdown: Cance
         .reflect(templates_writer)
         .touched_objects();
 
-    let (policies, policies_writer) = reflector::store::<fleetwatch_shared::maintenance::MaintenancePolicy>();
-    let policies_stream = tolerant::watch::<fleetwatch_shared::maintenance::MaintenancePolicy>(
+    let (policies, policies_writer) = reflector::store::<fleetwatch_api::maintenance::MaintenancePolicy>();
+    let policies_stream = tolerant::watch::<fleetwatch_api::maintenance::MaintenancePolicy>(
         client.clone(),
         watcher::Config::default(),
         None,

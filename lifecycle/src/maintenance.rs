@@ -3,10 +3,8 @@
 
 use std::sync::Arc;
 
-use fleetwatch_shared::api::Runtime;
-use fleetwatch_shared::maintenance::{
-    MaintenancePolicy, MaintenancePolicySpec, NextWindowOptions, RuntimeLabels, Window,
-};
+use fleetwatch_api::Runtime;
+use fleetwatch_api::maintenance::{MaintenancePolicy, MaintenancePolicySpec, NextWindowOptions, RuntimeLabels, Window};
 use kube::ResourceExt;
 use kube::runtime::reflector::Store;
 

@@ -10,7 +10,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Instant;
 
-use fleetwatch_shared::api::ResourceRef;
+use fleetwatch_api::ResourceRef;
 use semver::Version;
 
 use crate::Error;

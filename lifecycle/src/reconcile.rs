@@ -5,10 +5,10 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use fleetwatch_shared::api::{
+use fleetwatch_api::policy::{Step, desired_version, next_step, parse};
+use fleetwatch_api::{
     CustomResourcePolicy, ModuleEntry, ModuleReleaseMeta, ModuleStatus, ModuleTemplate, Runtime, RuntimeStatus, State,
 };
-use fleetwatch_shared::policy::{Step, desired_version, next_step, parse};
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::{Resource, ResourceExt};
@@ -565,7 +565,7 @@ async fn write_status(api: &Api<Runtime>, rt: &Runtime, modules: Vec<ModuleStatu
         modules,
         observed_generation: rt.metadata.generation,
         last_reconcile: Some(now),
-        conditions: vec![fleetwatch_shared::api::Condition {
+        conditions: vec![fleetwatch_api::Condition {
             type_: "Ready".into(),
             status: status_str.into(),
             reason: format!("{state:?}"),

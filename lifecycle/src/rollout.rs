@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
 
-use fleetwatch_shared::api::{RolloutPolicy, RolloutStatus, Runtime};
+use fleetwatch_api::{RolloutPolicy, RolloutStatus, Runtime};
 use kube::runtime::reflector::ObjectRef;
 use semver::Version;
 use tokio::sync::mpsc;

@@ -1,9 +1,9 @@
 //! What starts a reconcile besides Runtime changes: release-meta and template changes (only
 //! the runtimes they affect) and hub events for a runtime's cluster.
 
-use fleetwatch_shared::api::{ModuleReleaseMeta, ModuleTemplate, Runtime};
-use fleetwatch_shared::policy::{desired_version, parse};
-use fleetwatch_shared::subscriber::{Delivery, SubscriberOptions, Subscription};
+use fleetwatch_api::policy::{desired_version, parse};
+use fleetwatch_api::{ModuleReleaseMeta, ModuleTemplate, Runtime};
+use fleetwatch_client::subscriber::{Delivery, SubscriberOptions, Subscription};
 use kube::ResourceExt;
 use kube::runtime::reflector::{ObjectRef, Store};
 use tokio::sync::mpsc;

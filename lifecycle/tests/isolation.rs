@@ -5,7 +5,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use fleetwatch_shared::api::{Runtime, State};
+use fleetwatch_api::{Runtime, State};
 use kube::Api;
 use kube::api::DynamicObject;
 use kube::core::ApiResource;

@@ -8,8 +8,8 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use fleetwatch_api::{ModuleStatus, Runtime, State};
 use fleetwatch_lifecycle::maintenance::ManualClock;
-use fleetwatch_shared::api::{ModuleStatus, Runtime, State};
 use kube::Api;
 use kube::api::{DynamicObject, Patch, PatchParams};
 use kube::discovery::ApiResource;

@@ -7,10 +7,10 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use fleetwatch_api::{ResourceRef, Runtime, State};
 use fleetwatch_lifecycle::Error;
 use fleetwatch_lifecycle::applier::Applier;
 use fleetwatch_lifecycle::migration::{BoxFuture, Migration, MigrationContext, Phase, Registry, RenameResource, Scope};
-use fleetwatch_shared::api::{ResourceRef, Runtime, State};
 use kube::Api;
 use semver::Version;
 use serde_json::json;

@@ -6,7 +6,7 @@ mod common;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use fleetwatch_shared::api::{ModuleReleaseMeta, Runtime, State};
+use fleetwatch_api::{ModuleReleaseMeta, Runtime, State};
 use kube::Api;
 use kube::api::{DynamicObject, ListParams, Patch, PatchParams};
 use kube::discovery::ApiResource;

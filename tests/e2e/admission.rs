@@ -6,9 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fleetwatch_certs::{LeafSpec, TlsFiles};
-use fleetwatch_shared::codec::{Limits, decode_hub_to_agent};
-use fleetwatch_shared::protocol::{ErrorCode, HubToAgent};
-use fleetwatch_shared::transport::{ClientWs, connect};
+use fleetwatch_client::transport::{ClientWs, connect};
+use fleetwatch_protocol::codec::{Limits, decode_hub_to_agent};
+use fleetwatch_protocol::message::{ErrorCode, HubToAgent};
 use futures_util::{SinkExt, StreamExt};
 use tokio_tungstenite::tungstenite::Message;
 

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use fleetwatch_shared::Event;
+use fleetwatch_protocol::Event;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use kube::discovery::ApiResource;
 use serde_json::json;
@@ -398,7 +398,7 @@ async fn control_plane_watch_configs_reach_every_agent_and_kinds_appear_later() 
 
     // A new WatchConfig, for a kind that does not exist yet in the runtime clusters.
     let started = Instant::now();
-    let wcs: Api<fleetwatch_shared::watchconfig::WatchConfig> = Api::all(cp_client.clone());
+    let wcs: Api<fleetwatch_api::watchconfig::WatchConfig> = Api::all(cp_client.clone());
     let widget = serde_json::from_str(&watch_config(
         "widgets",
         "example.com",

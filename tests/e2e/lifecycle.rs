@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use fleetwatch_shared::api::{Runtime, State};
+use fleetwatch_api::{Runtime, State};
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
 use kube::discovery::ApiResource;
 use serde_json::{Value, json};
@@ -155,12 +155,12 @@ impl Fleet {
         Api::namespaced(self.cp.clone(), NS)
     }
 
-    async fn status(&self, name: &str) -> Option<fleetwatch_shared::api::RuntimeStatus> {
+    async fn status(&self, name: &str) -> Option<fleetwatch_api::RuntimeStatus> {
         self.runtimes().get_opt(name).await.ok().flatten().and_then(|r| r.status)
     }
 
     /// Waits until the Runtime's status satisfies `cond`.
-    async fn wait(&self, name: &str, what: &str, cond: impl Fn(&fleetwatch_shared::api::RuntimeStatus) -> bool) {
+    async fn wait(&self, name: &str, what: &str, cond: impl Fn(&fleetwatch_api::RuntimeStatus) -> bool) {
         let start = Instant::now();
         let mut last = None;
         while start.elapsed() < Duration::from_secs(30) {
@@ -212,10 +212,7 @@ async fn fake_kubelet(rt: kube::Client, stop: tokio_util::sync::CancellationToke
     }
 }
 
-fn module<'a>(
-    s: &'a fleetwatch_shared::api::RuntimeStatus,
-    name: &str,
-) -> Option<&'a fleetwatch_shared::api::ModuleStatus> {
+fn module<'a>(s: &'a fleetwatch_api::RuntimeStatus, name: &str) -> Option<&'a fleetwatch_api::ModuleStatus> {
     s.modules.iter().find(|m| m.name == name)
 }
 

@@ -4,9 +4,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fleetwatch_certs::{LeafSpec, TlsFiles};
-use fleetwatch_shared::codec::{Limits, decode_hub_to_agent, decode_hub_to_subscriber};
-use fleetwatch_shared::protocol::{ErrorCode, HubToAgent, HubToSubscriber};
-use fleetwatch_shared::transport::{ClientWs, connect};
+use fleetwatch_client::transport::{ClientWs, connect};
+use fleetwatch_protocol::codec::{Limits, decode_hub_to_agent, decode_hub_to_subscriber};
+use fleetwatch_protocol::message::{ErrorCode, HubToAgent, HubToSubscriber};
 use futures_util::{SinkExt, StreamExt};
 use tokio_tungstenite::tungstenite::Message;
 

@@ -10,9 +10,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fleetwatch_agent::source::SyntheticSource;
-use fleetwatch_shared::protocol::{ErrorCode, StartFrom};
-use fleetwatch_shared::subscriber::{Delivery, SubscribeError, SubscriberOptions, Subscription};
-use fleetwatch_shared::transport::HubUrl;
+use fleetwatch_client::subscriber::{Delivery, SubscribeError, SubscriberOptions, Subscription};
+use fleetwatch_client::transport::HubUrl;
+use fleetwatch_protocol::message::{ErrorCode, StartFrom};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 

@@ -12,9 +12,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use fleetwatch_certs::{Authority, LeafSpec, TlsFiles};
-use fleetwatch_shared::protocol::StartFrom;
-use fleetwatch_shared::subscriber::{Delivery, SubscriberOptions, Subscription};
-use fleetwatch_shared::transport::HubUrl;
+use fleetwatch_client::subscriber::{Delivery, SubscriberOptions, Subscription};
+use fleetwatch_client::transport::HubUrl;
+use fleetwatch_protocol::message::StartFrom;
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 
@@ -309,7 +309,7 @@ pub struct Seen {
     pub max_seq: HashMap<String, u64>,
     pub events: u64,
     /// Every event, in arrival order.
-    pub all: Vec<fleetwatch_shared::Event>,
+    pub all: Vec<fleetwatch_protocol::Event>,
 }
 
 /// A durable subscriber in this test process that records what it sees.

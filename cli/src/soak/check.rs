@@ -10,8 +10,8 @@
 use std::collections::{HashMap, HashSet};
 use std::time::Instant;
 
-use fleetwatch_shared::Event;
-use fleetwatch_shared::protocol::ResyncRequired;
+use fleetwatch_protocol::Event;
+use fleetwatch_protocol::message::ResyncRequired;
 
 /// The field the churn writes and the watch projects: a per-object version.
 pub const VERSION_FIELD: &str = "/data/v";

@@ -19,9 +19,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use clap::Args;
 use fleetwatch_certs::{Authority, LeafSpec, TlsFiles};
-use fleetwatch_shared::event::ObjectKey;
-use fleetwatch_shared::protocol::StartFrom;
-use fleetwatch_shared::subscriber::{Delivery, SubscriberOptions, Subscription};
+use fleetwatch_client::subscriber::{Delivery, SubscriberOptions, Subscription};
+use fleetwatch_protocol::event::ObjectKey;
+use fleetwatch_protocol::message::StartFrom;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 

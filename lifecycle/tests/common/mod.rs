@@ -1,9 +1,9 @@
 //! Set-up shared by the lifecycle tests: a simulated control plane serving every CRD the
 //! operator needs (it waits for all of them before it starts).
 
+use fleetwatch_api::maintenance::MaintenancePolicy;
+use fleetwatch_api::{ModuleReleaseMeta, ModuleTemplate, Runtime};
 use fleetwatch_lifecycle::applier::Applier;
-use fleetwatch_shared::api::{ModuleReleaseMeta, ModuleTemplate, Runtime};
-use fleetwatch_shared::maintenance::MaintenancePolicy;
 use kube::CustomResourceExt;
 
 /// A sim control plane with the CRDs installed: the cluster, a client and an applier.

@@ -10,8 +10,8 @@ use tokio_rustls::TlsConnector;
 use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 
-use crate::codec::Limits;
-use crate::protocol::WS_PATH;
+use fleetwatch_protocol::codec::Limits;
+use fleetwatch_protocol::message::WS_PATH;
 
 /// A client's WebSocket to the hub.
 pub type ClientWs = WebSocketStream<tokio_rustls::client::TlsStream<TcpStream>>;
@@ -19,7 +19,7 @@ pub type ClientWs = WebSocketStream<tokio_rustls::client::TlsStream<TcpStream>>;
 /// A parsed `wss://host:port` hub address.
 ///
 /// ```
-/// use fleetwatch_shared::transport::HubUrl;
+/// use fleetwatch_client::transport::HubUrl;
 /// let u: HubUrl = "wss://127.0.0.1:7443".parse().unwrap();
 /// assert_eq!(u.authority(), "127.0.0.1:7443");
 /// assert!("http://x:1".parse::<HubUrl>().is_err());

@@ -1,7 +1,7 @@
 //! Pure module policy: which version a module should run (rule 1) and whether applying it
 //! is allowed (rule 2: no downgrades of what actually runs).
 
-use crate::api::{DEFAULT_CHANNEL, ModuleEntry, ModuleReleaseMetaSpec};
+use crate::module::{DEFAULT_CHANNEL, ModuleEntry, ModuleReleaseMetaSpec};
 
 /// Why no desired version can be found.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -28,8 +28,8 @@ pub enum PolicyError {
 /// else `regular`, looked up in the module's release meta.
 ///
 /// ```
-/// use fleetwatch_shared::api::{ModuleEntry, ModuleReleaseMetaSpec, ChannelVersion};
-/// use fleetwatch_shared::policy::desired_version;
+/// use fleetwatch_api::{ModuleEntry, ModuleReleaseMetaSpec, ChannelVersion};
+/// use fleetwatch_api::policy::desired_version;
 /// let meta = ModuleReleaseMetaSpec {
 ///     module_name: "redis".into(),
 ///     channels: vec![ChannelVersion { channel: "regular".into(), version: "1.2.0".into() },
@@ -95,7 +95,7 @@ pub enum Step {
 /// Rule 2: compare against the version actually running, whoever installed it.
 ///
 /// ```
-/// use fleetwatch_shared::policy::{next_step, Step};
+/// use fleetwatch_api::policy::{next_step, Step};
 /// let v = |s: &str| semver::Version::parse(s).unwrap();
 /// assert_eq!(next_step(None, &v("1.0.0")), Step::Install);
 /// assert_eq!(next_step(Some(&v("2.0.0")), &v("1.0.0")), Step::RefuseDowngrade { from: v("2.0.0") });
@@ -113,7 +113,7 @@ pub fn next_step(actual: Option<&semver::Version>, desired: &semver::Version) ->
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::ChannelVersion;
+    use crate::module::ChannelVersion;
 
     fn meta() -> ModuleReleaseMetaSpec {
         ModuleReleaseMetaSpec {

@@ -3,7 +3,7 @@
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 
-use crate::protocol::{AgentMessage, ErrorCode, HubToAgent, HubToSubscriber, SubscriberMessage};
+use crate::message::{AgentMessage, ErrorCode, HubToAgent, HubToSubscriber, SubscriberMessage};
 
 /// Limits on what a peer may send. The same defaults hold on both ends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,7 +31,7 @@ impl Default for Limits {
 ///
 /// ```
 /// let mut s = "é".repeat(10); // 20 bytes
-/// fleetwatch_shared::codec::cut_reason(&mut s, 7);
+/// fleetwatch_protocol::codec::cut_reason(&mut s, 7);
 /// assert!(s.len() <= 7 && s.ends_with('…'));
 /// ```
 pub fn cut_reason(text: &mut String, max: usize) {
@@ -148,7 +148,7 @@ fn decode<T: Tagged>(bytes: &[u8], limits: &Limits) -> Result<T, DecodeError> {
 /// Decodes a message from an agent.
 ///
 /// ```
-/// use fleetwatch_shared::codec::{decode_agent, DecodeError, Limits};
+/// use fleetwatch_protocol::codec::{decode_agent, DecodeError, Limits};
 /// let err = decode_agent(br#"{"type":"launch"}"#, &Limits::default()).unwrap_err();
 /// assert_eq!(err, DecodeError::UnknownType("launch".into()));
 /// ```
@@ -181,7 +181,7 @@ pub fn encode<T: serde::Serialize>(msg: &T) -> String {
 mod tests {
     use super::*;
     use crate::event::{Event, ObjectKey};
-    use crate::protocol::*;
+    use crate::message::*;
     use proptest::prelude::*;
 
     fn arb_event() -> impl Strategy<Value = Event> {

@@ -20,7 +20,7 @@
 //! The same document is the spec of the [`MaintenancePolicy`] custom resource:
 //!
 //! ```
-//! use fleetwatch_shared::maintenance::MaintenancePolicy;
+//! use fleetwatch_api::maintenance::MaintenancePolicy;
 //! let mp: MaintenancePolicy = serde_json::from_value(serde_json::json!({
 //!     "apiVersion": "operator.fleetwatch.dev/v1alpha1",
 //!     "kind": "MaintenancePolicy",
@@ -51,7 +51,7 @@
 //!   time qualifies, so a window in progress is returned while enough of it remains.
 //!
 //! ```
-//! use fleetwatch_shared::maintenance::{MaintenancePolicySpec, NextWindowOptions, RuntimeLabels, next_window};
+//! use fleetwatch_api::maintenance::{MaintenancePolicySpec, NextWindowOptions, RuntimeLabels, next_window};
 //! let policy = MaintenancePolicySpec::from_json(r#"{
 //!     "rules": [{"match": {"plan": "trial|free"},
 //!                "windows": [{"days": ["Sat"], "begin": "22:00:00Z", "end": "02:00:00Z"}]}],
@@ -309,7 +309,7 @@ impl fmt::Display for NoWindowReason {
 /// The runtime's labels that rules match on. An empty value matches no rule field.
 ///
 /// ```
-/// use fleetwatch_shared::maintenance::RuntimeLabels;
+/// use fleetwatch_api::maintenance::RuntimeLabels;
 /// let mut labels = RuntimeLabels::default();
 /// labels.set("plan", "trial").unwrap();
 /// labels.set("platformRegion", "cf-eu10").unwrap();
@@ -356,7 +356,7 @@ impl RuntimeLabels {
 /// How to pick a window.
 ///
 /// ```
-/// use fleetwatch_shared::maintenance::NextWindowOptions;
+/// use fleetwatch_api::maintenance::NextWindowOptions;
 /// let opts = NextWindowOptions { ongoing: true, ..NextWindowOptions::default() };
 /// assert_eq!(opts.min_remaining, jiff::SignedDuration::from_mins(20));
 /// ```
@@ -378,7 +378,7 @@ impl Default for NextWindowOptions {
 /// A resolved maintenance window; serializes as `{"begin": RFC 3339, "end": RFC 3339}`.
 ///
 /// ```
-/// use fleetwatch_shared::maintenance::Window;
+/// use fleetwatch_api::maintenance::Window;
 /// let w = Window { begin: "2024-10-12T22:00:00Z".parse().unwrap(), end: "2024-10-13T02:00:00Z".parse().unwrap() };
 /// assert!(w.contains("2024-10-13T01:00:00Z".parse().unwrap()));
 /// assert_eq!(serde_json::to_string(&w).unwrap(),
@@ -403,7 +403,7 @@ impl MaintenancePolicySpec {
     /// Parses a policy document (a lifecycle-manager maintenance policy file) and checks it.
     ///
     /// ```
-    /// use fleetwatch_shared::maintenance::MaintenancePolicySpec;
+    /// use fleetwatch_api::maintenance::MaintenancePolicySpec;
     /// let err = MaintenancePolicySpec::from_json(r#"{"default": {"days": ["Saturday"]}}"#).unwrap_err();
     /// assert!(err.to_string().contains(r#"unknown day "Saturday" in default.days"#));
     /// ```
@@ -417,7 +417,7 @@ impl MaintenancePolicySpec {
     /// parses days and times.
     ///
     /// ```
-    /// use fleetwatch_shared::maintenance::MaintenancePolicySpec;
+    /// use fleetwatch_api::maintenance::MaintenancePolicySpec;
     /// let spec: MaintenancePolicySpec = serde_json::from_str(r#"{"rules": [{"match": {"plan": "("}}]}"#).unwrap();
     /// let err = spec.compile().unwrap_err().to_string();
     /// assert!(err.starts_with(r#"invalid regular expression "(" in rules[0].match.plan"#), "{err}");
@@ -462,7 +462,7 @@ impl MaintenancePolicySpec {
 /// [`CompiledPolicy::next_window`] does. To resolve many times, compile once.
 ///
 /// ```
-/// use fleetwatch_shared::maintenance::{MaintenancePolicySpec, NextWindowOptions, RuntimeLabels, next_window};
+/// use fleetwatch_api::maintenance::{MaintenancePolicySpec, NextWindowOptions, RuntimeLabels, next_window};
 /// let policy = MaintenancePolicySpec::from_json(
 ///     r#"{"default": {"days": ["Sat"], "begin": "21:00:00+00:00", "end": "23:00:00+00:00"}}"#).unwrap();
 /// let at = "2024-10-12T22:00:00Z".parse().unwrap(); // Saturday, in the window
@@ -493,7 +493,7 @@ impl CompiledPolicy {
     /// matches, else (or when that rule yields none) from the default window.
     ///
     /// ```
-    /// use fleetwatch_shared::maintenance::{MaintenancePolicySpec, NextWindowOptions, RuntimeLabels};
+    /// use fleetwatch_api::maintenance::{MaintenancePolicySpec, NextWindowOptions, RuntimeLabels};
     /// let policy = MaintenancePolicySpec::from_json(r#"{"rules": [{"match": {"region": "eu-"},
     ///     "windows": [{"begin": "2024-10-10T20:00:00Z", "end": "2024-10-11T00:00:00Z"}]}]}"#)
     ///     .unwrap().compile().unwrap();

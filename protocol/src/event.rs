@@ -18,7 +18,7 @@ pub const INVENTORY_SUBJECT: &str = "fleetwatch.dev/Inventory";
 /// event to a subscriber: the event's position in the bus.
 ///
 /// ```
-/// use fleetwatch_shared::event::{Event, ObjectKey};
+/// use fleetwatch_protocol::event::{Event, ObjectKey};
 /// let key = ObjectKey::new("apps/v1", "Deployment", Some("default"), "web");
 /// let ev = Event::applied("eu-1", 7, 42, &key, serde_json::json!({"replicas": 3}));
 /// assert_eq!(ev.subject, "apps/v1/Deployment/default/web");
@@ -117,7 +117,7 @@ pub fn source_for(cluster: &str) -> String {
 /// the namespace of a cluster-scoped object.
 ///
 /// ```
-/// use fleetwatch_shared::event::ObjectKey;
+/// use fleetwatch_protocol::event::ObjectKey;
 /// assert_eq!(ObjectKey::new("v1", "Namespace", None, "prod").to_string(), "v1/Namespace/_/prod");
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -17,7 +17,7 @@ pub const DEFAULT_TRUST_DOMAIN: &str = "fleetwatch.local";
 /// What a certificate says its holder is.
 ///
 /// ```
-/// use fleetwatch_shared::identity::{Identity, Role};
+/// use fleetwatch_protocol::identity::{Identity, Role};
 /// let id: Identity = "spiffe://example.org/cluster/eu-1".parse().unwrap();
 /// assert_eq!(id.role, Role::Cluster("eu-1".into()));
 /// assert_eq!(id.to_string(), "spiffe://example.org/cluster/eu-1");

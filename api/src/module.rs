@@ -3,7 +3,7 @@
 //! version) and [`ModuleReleaseMeta`] (a module's channels and versions).
 //!
 //! ```
-//! use fleetwatch_shared::api::{Runtime, RuntimeSpec, ModuleEntry};
+//! use fleetwatch_api::{Runtime, RuntimeSpec, ModuleEntry};
 //! let rt = Runtime::new("eu-1", RuntimeSpec {
 //!     channel: Some("fast".into()),
 //!     modules: vec![ModuleEntry { name: "redis".into(), ..ModuleEntry::default() }],
@@ -437,4 +437,12 @@ pub struct VersionInfo {
     /// Deprecation message.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn states_display_their_api_names() {
+        assert_eq!(super::State::Ready.to_string(), "Ready");
+    }
 }

@@ -403,7 +403,6 @@ mod display_tests {
         assert_eq!(ErrorCode::LimitExceeded.to_string(), "limit-exceeded");
         assert_eq!(ErrorCode::Forbidden.to_string(), "forbidden");
         assert_eq!(WatchPhase::KindNotFound.to_string(), "kind-not-found");
-        assert_eq!(crate::api::State::Ready.to_string(), "Ready");
     }
 }
 

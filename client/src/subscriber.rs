@@ -12,12 +12,12 @@ use futures_util::{SinkExt, StreamExt};
 use rustls::ClientConfig;
 use tokio_tungstenite::tungstenite::Message;
 
-use crate::codec::{DecodeError, Limits, decode_hub_to_subscriber, encode};
-use crate::event::Event;
-use crate::protocol::{
+use crate::transport::{ClientWs, ConnectError, HubUrl, connect};
+use fleetwatch_protocol::codec::{DecodeError, Limits, decode_hub_to_subscriber, encode};
+use fleetwatch_protocol::event::Event;
+use fleetwatch_protocol::message::{
     CursorAck, ErrorFrame, HubToSubscriber, ResumePoint, ResyncRequired, StartFrom, Subscribe, SubscriberMessage,
 };
-use crate::transport::{ClientWs, ConnectError, HubUrl, connect};
 
 /// How to subscribe.
 #[derive(Clone)]
@@ -91,7 +91,7 @@ pub enum SubscribeError {
     #[error("hub refused the subscription: {code:?}: {message}")]
     Refused {
         /// The code.
-        code: crate::protocol::ErrorCode,
+        code: fleetwatch_protocol::message::ErrorCode,
         /// The hub's message.
         message: String,
     },
