@@ -94,7 +94,7 @@ impl WatchConfig {
             return Err(err("resource.version and resource.kind are required".into()));
         }
         for f in s.fields.iter().chain(&s.project) {
-            field_pointer(f).map_err(err)?;
+            field_pointer(f).map_err(|e| err(e.to_string()))?;
         }
         if let Some(sel) = &s.label_selector {
             validate_label_selector(sel).map_err(|why| err(format!("labelSelector {sel:?}: {why}")))?;
