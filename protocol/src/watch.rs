@@ -229,7 +229,8 @@ mod tests {
         for good in ["", "app=web", "app.kubernetes.io/name in (a, b),!legacy", "tier!=db,env", "k==v", "x notin (a)"] {
             assert_eq!(validate_label_selector(good), Ok(()), "{good}");
         }
-        let cases: [(&str, fn(&WatchSyntaxError) -> bool); 7] = [
+        type Is = fn(&WatchSyntaxError) -> bool;
+        let cases: [(&str, Is); 7] = [
             ("a,,b", |e| *e == WatchSyntaxError::EmptyRequirement),
             ("k=v,", |e| *e == WatchSyntaxError::EmptyRequirement),
             ("env in prod", |e| matches!(e, WatchSyntaxError::BadSet { op, .. } if op == "in")),
