@@ -25,6 +25,7 @@ mod apply;
 mod bench;
 mod cli;
 mod cluster;
+mod convert;
 mod discovery;
 mod error;
 mod faults;

@@ -33,12 +33,43 @@ pub struct ResourceDef {
     pub from_crd: bool,
     /// Merge keys of lists for strategic merge patch (built-in kinds only).
     pub strategic: bool,
+    /// Serves `/scale` (autoscaling/v1 Scale) with these paths.
+    pub scale: Option<ScalePaths>,
+    /// `additionalPrinterColumns` of a CRD version (server-side Table output).
+    pub printer_columns: Vec<PrinterColumn>,
+    /// The store key when it differs from `group/plural`: events.k8s.io/v1 Events are the
+    /// core v1 Events seen through another API, as in kube-apiserver.
+    pub storage: Option<(String, String)>,
+}
+
+/// Where a kind keeps the fields of its `/scale` subresource (paths without the leading
+/// dot, split at dots: `spec.replicas`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ScalePaths {
+    pub spec_replicas: String,
+    pub status_replicas: String,
+    /// Where the label selector (as a string) is; empty when the kind has none.
+    pub label_selector: String,
+}
+
+/// One `additionalPrinterColumns` entry of a CRD version.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PrinterColumn {
+    pub name: String,
+    pub type_: String,
+    pub format: String,
+    pub description: String,
+    pub priority: i64,
+    pub json_path: String,
 }
 
 impl ResourceDef {
     /// The store key (group/plural).
     pub fn key(&self) -> ResKey {
-        res_key(&self.group, &self.plural)
+        match &self.storage {
+            Some((g, p)) => res_key(g, p),
+            None => res_key(&self.group, &self.plural),
+        }
     }
 
     /// `v1` or `group/version`.
@@ -76,34 +107,77 @@ impl ResourceDef {
                 "verbs": ["get", "patch", "update"],
             }));
         }
+        if self.scale.is_some() {
+            out.push(serde_json::json!({
+                "name": format!("{}/scale", self.plural),
+                "singularName": "",
+                "namespaced": self.namespaced,
+                "group": "autoscaling",
+                "version": "v1",
+                "kind": "Scale",
+                "verbs": ["get", "patch", "update"],
+            }));
+        }
         out
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-fn builtin(
-    group: &str,
-    version: &str,
-    plural: &str,
-    kind: &str,
-    namespaced: bool,
-    short: &[&str],
-    has_status: bool,
-    tracks_generation: bool,
-) -> ResourceDef {
+/// A built-in resource: namespaced, no short names, no status, no generation (the
+/// builder methods below add them).
+fn builtin(group: &str, version: &str, plural: &str, kind: &str) -> ResourceDef {
     ResourceDef {
         group: group.into(),
         version: version.into(),
         plural: plural.into(),
         singular: kind.to_lowercase(),
         kind: kind.into(),
-        namespaced,
-        short_names: short.iter().map(|s| s.to_string()).collect(),
+        namespaced: true,
+        short_names: Vec::new(),
         categories: Vec::new(),
-        has_status,
-        tracks_generation,
+        has_status: false,
+        tracks_generation: false,
         from_crd: false,
         strategic: true,
+        scale: None,
+        printer_columns: Vec::new(),
+        storage: None,
+    }
+}
+
+impl ResourceDef {
+    fn cluster(mut self) -> Self {
+        self.namespaced = false;
+        self
+    }
+    fn short(mut self, s: &[&str]) -> Self {
+        self.short_names = s.iter().map(|s| s.to_string()).collect();
+        self
+    }
+    fn status(mut self) -> Self {
+        self.has_status = true;
+        self
+    }
+    fn generation(mut self) -> Self {
+        self.tracks_generation = true;
+        self
+    }
+    /// In the `all` category (`kubectl get all`).
+    fn all(mut self) -> Self {
+        self.categories = vec!["all".into()];
+        self
+    }
+    /// Serves `/scale` from `spec.replicas` / `status.replicas` and the `spec.selector`.
+    fn scalable(mut self) -> Self {
+        self.scale = Some(ScalePaths {
+            spec_replicas: "spec.replicas".into(),
+            status_replicas: "status.replicas".into(),
+            label_selector: "spec.selector".into(),
+        });
+        self
+    }
+    fn stored_as(mut self, group: &str, plural: &str) -> Self {
+        self.storage = Some((group.into(), plural.into()));
+        self
     }
 }
 
@@ -127,26 +201,40 @@ impl Registry {
     pub fn with_builtins() -> Self {
         let mut r = Registry { defs: BTreeMap::new(), group_versions: Vec::new() };
         for d in [
-            builtin("", "v1", "namespaces", "Namespace", false, &["ns"], true, false),
-            builtin("", "v1", "configmaps", "ConfigMap", true, &["cm"], false, false),
-            builtin("", "v1", "secrets", "Secret", true, &[], false, false),
-            builtin("", "v1", "serviceaccounts", "ServiceAccount", true, &["sa"], false, false),
-            builtin("", "v1", "services", "Service", true, &["svc"], true, false),
-            builtin("", "v1", "events", "Event", true, &["ev"], false, false),
-            builtin("", "v1", "pods", "Pod", true, &["po"], true, false),
-            builtin("apps", "v1", "deployments", "Deployment", true, &["deploy"], true, true),
-            builtin("coordination.k8s.io", "v1", "leases", "Lease", true, &[], false, false),
-            builtin("events.k8s.io", "v1", "events", "Event", true, &["ev"], false, false),
-            builtin(
-                "apiextensions.k8s.io",
-                "v1",
-                "customresourcedefinitions",
-                "CustomResourceDefinition",
-                false,
-                &["crd", "crds"],
-                true,
-                true,
-            ),
+            builtin("", "v1", "namespaces", "Namespace").cluster().short(&["ns"]).status(),
+            builtin("", "v1", "configmaps", "ConfigMap").short(&["cm"]),
+            builtin("", "v1", "secrets", "Secret"),
+            builtin("", "v1", "serviceaccounts", "ServiceAccount").short(&["sa"]),
+            builtin("", "v1", "services", "Service").short(&["svc"]).status().all(),
+            builtin("", "v1", "events", "Event").short(&["ev"]),
+            builtin("", "v1", "pods", "Pod").short(&["po"]).status().all(),
+            builtin("", "v1", "resourcequotas", "ResourceQuota").short(&["quota"]).status(),
+            builtin("apps", "v1", "deployments", "Deployment")
+                .short(&["deploy"])
+                .status()
+                .generation()
+                .all()
+                .scalable(),
+            builtin("apps", "v1", "statefulsets", "StatefulSet").short(&["sts"]).status().generation().all().scalable(),
+            builtin("apps", "v1", "daemonsets", "DaemonSet").short(&["ds"]).status().generation().all(),
+            builtin("apps", "v1", "replicasets", "ReplicaSet").short(&["rs"]).status().generation().all().scalable(),
+            builtin("batch", "v1", "jobs", "Job").status().generation().all(),
+            builtin("coordination.k8s.io", "v1", "leases", "Lease"),
+            builtin("events.k8s.io", "v1", "events", "Event").short(&["ev"]).stored_as("", "events"),
+            builtin("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget")
+                .short(&["pdb"])
+                .status()
+                .generation(),
+            builtin("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy").short(&["netpol"]).generation(),
+            builtin("rbac.authorization.k8s.io", "v1", "roles", "Role"),
+            builtin("rbac.authorization.k8s.io", "v1", "clusterroles", "ClusterRole").cluster(),
+            builtin("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding"),
+            builtin("rbac.authorization.k8s.io", "v1", "clusterrolebindings", "ClusterRoleBinding").cluster(),
+            builtin("apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition")
+                .cluster()
+                .short(&["crd", "crds"])
+                .status()
+                .generation(),
         ] {
             r.insert(d);
         }
@@ -233,6 +321,9 @@ impl Registry {
                 tracks_generation: true,
                 from_crd: true,
                 strategic: false,
+                scale: crd_scale(&v["subresources"]["scale"]),
+                printer_columns: crd_columns(v),
+                storage: None,
             });
         }
         Ok(res_key(&group, &plural))
@@ -250,6 +341,41 @@ impl Registry {
         self.group_versions.retain(|(_, vs)| !vs.is_empty());
         removed
     }
+}
+
+/// `subresources.scale` of a CRD version (paths given as `.spec.replicas`).
+fn crd_scale(v: &Value) -> Option<ScalePaths> {
+    let path = |k: &str| v[k].as_str().map(|p| p.trim_start_matches('.').to_string());
+    Some(ScalePaths {
+        spec_replicas: path("specReplicasPath")?,
+        status_replicas: path("statusReplicasPath")?,
+        label_selector: path("labelSelectorPath").unwrap_or_default(),
+    })
+}
+
+/// `additionalPrinterColumns` of a CRD version; like apiextensions-apiserver, a version
+/// that declares none gets an `Age` column.
+fn crd_columns(v: &Value) -> Vec<PrinterColumn> {
+    let Some(cols) = v["additionalPrinterColumns"].as_array().filter(|c| !c.is_empty()) else {
+        return vec![PrinterColumn {
+            name: "Age".into(),
+            type_: "date".into(),
+            format: String::new(),
+            description: String::new(),
+            priority: 0,
+            json_path: ".metadata.creationTimestamp".into(),
+        }];
+    };
+    cols.iter()
+        .map(|c| PrinterColumn {
+            name: c["name"].as_str().unwrap_or("").into(),
+            type_: c["type"].as_str().unwrap_or("string").into(),
+            format: c["format"].as_str().unwrap_or("").into(),
+            description: c["description"].as_str().unwrap_or("").into(),
+            priority: c["priority"].as_i64().unwrap_or(0),
+            json_path: c["jsonPath"].as_str().unwrap_or("").into(),
+        })
+        .collect()
 }
 
 #[cfg(test)]

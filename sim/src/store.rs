@@ -111,9 +111,7 @@ impl WatcherReg {
         if same_version {
             return Some(event_line(ty.as_str(), &ev.json));
         }
-        let mut o = (*ev.obj).clone();
-        o["apiVersion"] = Value::String(self.api_version.clone());
-        Some(render_line(ty.as_str(), &o))
+        Some(render_line(ty.as_str(), &crate::convert::convert(&ev.obj, &self.api_version)))
     }
 }
 

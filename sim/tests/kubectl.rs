@@ -281,3 +281,142 @@ async fn errors_are_kubernetes_statuses() {
     let err = env.fails(&["get", "configmap", "cm-y", "-n", "team"]);
     assert!(err.contains("NotFound"), "{err}");
 }
+
+/// The kinds a deployment of fleetwatch consists of.
+const DEPLOYMENT_KINDS: &str = r#"
+apiVersion: v1
+kind: ServiceAccount
+metadata: {name: fw}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: fw-read}
+rules: [{apiGroups: [""], resources: [configmaps], verbs: [get, list, watch]}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: fw-read}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: fw-read}
+subjects: [{kind: ServiceAccount, name: fw, namespace: default}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {name: fw-leases}
+rules: [{apiGroups: [coordination.k8s.io], resources: [leases], verbs: ["*"]}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: fw-leases}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: fw-leases}
+subjects: [{kind: ServiceAccount, name: fw}]
+---
+apiVersion: apps/v1
+kind: StatefulSet
+metadata: {name: hub}
+spec:
+  serviceName: hub
+  selector: {matchLabels: {app: hub}}
+  template:
+    metadata: {labels: {app: hub}}
+    spec: {containers: [{name: hub, image: fleetwatch:1}]}
+---
+apiVersion: apps/v1
+kind: DaemonSet
+metadata: {name: agent}
+spec:
+  selector: {matchLabels: {app: agent}}
+  template:
+    metadata: {labels: {app: agent}}
+    spec: {containers: [{name: agent, image: fleetwatch:1}]}
+---
+apiVersion: policy/v1
+kind: PodDisruptionBudget
+metadata: {name: hub}
+spec: {minAvailable: 1, selector: {matchLabels: {app: hub}}}
+---
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: hub}
+spec: {podSelector: {matchLabels: {app: hub}}, policyTypes: [Ingress]}
+---
+apiVersion: coordination.k8s.io/v1
+kind: Lease
+metadata: {name: fw-leader}
+spec: {holderIdentity: hub-0}
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deployment_kinds_apply_and_read_back() {
+    let env = Env::start(SimOptions::default()).await;
+    let out = env.apply(DEPLOYMENT_KINDS, &[]);
+    for line in [
+        "serviceaccount/fw created",
+        "clusterrole.rbac.authorization.k8s.io/fw-read created",
+        "clusterrolebinding.rbac.authorization.k8s.io/fw-read created",
+        "role.rbac.authorization.k8s.io/fw-leases created",
+        "rolebinding.rbac.authorization.k8s.io/fw-leases created",
+        "statefulset.apps/hub created",
+        "daemonset.apps/agent created",
+        "poddisruptionbudget.policy/hub created",
+        "networkpolicy.networking.k8s.io/hub created",
+        "lease.coordination.k8s.io/fw-leader created",
+    ] {
+        assert!(out.contains(line), "{line} missing from {out}");
+    }
+    let again = env.apply(DEPLOYMENT_KINDS, &[]);
+    // kubectl always resends a PodDisruptionBudget's selector (patchStrategy=replace), so
+    // only that one reports "configured" on a second apply, as against kube-apiserver.
+    assert_eq!(
+        again.lines().filter(|l| l.ends_with("unchanged") && !l.contains("poddisruptionbudget")).count(),
+        9,
+        "{again}"
+    );
+    let sts = env.get_json(&["statefulset", "hub"]);
+    assert_eq!(sts["spec"]["replicas"], 1, "defaulted like kube-apiserver");
+    assert_eq!(sts["metadata"]["generation"], 1);
+    let crb = env.get_json(&["clusterrolebinding", "fw-read"]);
+    assert!(crb["metadata"]["namespace"].is_null(), "cluster-scoped: {crb}");
+    assert_eq!(crb["subjects"][0]["name"], "fw");
+    assert_eq!(env.get_json(&["pdb", "hub"])["spec"]["minAvailable"], 1);
+    assert_eq!(env.get_json(&["netpol", "hub"])["spec"]["policyTypes"][0], "Ingress");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_are_one_object_through_both_apis() {
+    let env = Env::start(SimOptions::default()).await;
+    let ev = r#"
+apiVersion: events.k8s.io/v1
+kind: Event
+metadata: {name: hub-started}
+eventTime: "2026-01-01T00:00:00.000000Z"
+reportingController: fleetwatch.io/hub
+reportingInstance: hub-0
+action: Start
+reason: Started
+type: Normal
+note: hub is up
+regarding: {kind: StatefulSet, name: hub, namespace: default, apiVersion: apps/v1}
+"#;
+    assert!(env.apply(ev, &[]).contains("event.events.k8s.io/hub-started created"));
+    // The core v1 view of the same object carries the old field names.
+    let core = env.get_json(&["events.v1.", "hub-started"]);
+    assert_eq!(core["apiVersion"], "v1");
+    assert_eq!(core["message"], "hub is up");
+    assert_eq!(core["involvedObject"]["name"], "hub");
+    assert_eq!(core["reportingComponent"], "fleetwatch.io/hub");
+    assert!(core["note"].is_null());
+    // `kubectl get events` lists it.
+    let names: Vec<String> = env.get_json(&["events.v1."])["items"]
+        .as_array()
+        .expect("items")
+        .iter()
+        .filter_map(|e| e["metadata"]["name"].as_str().map(str::to_string))
+        .collect();
+    assert_eq!(names, ["hub-started"]);
+    // A change through the core API is seen through events.k8s.io/v1.
+    env.ok(&["annotate", "events.v1.", "hub-started", "seen=yes"]);
+    let new = env.get_json(&["events.v1.events.k8s.io", "hub-started"]);
+    assert_eq!(new["metadata"]["annotations"]["seen"], "yes");
+    assert_eq!(new["note"], "hub is up");
+    assert!(new["message"].is_null(), "{new}");
+}

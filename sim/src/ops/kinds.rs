@@ -59,7 +59,7 @@ pub(super) fn prepare_kind(st: &State, def: &ResourceDef, obj: &mut Value, creat
                 obj["spec"]["clusterIPs"] = json!([ip]);
             }
         }
-        ("apps", "deployments") if obj["spec"]["replicas"].is_null() => {
+        ("apps", "deployments" | "statefulsets" | "replicasets") if obj["spec"]["replicas"].is_null() => {
             obj["spec"]["replicas"] = json!(1);
         }
         ("apiextensions.k8s.io", "customresourcedefinitions") => {

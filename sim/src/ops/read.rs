@@ -34,11 +34,7 @@ pub fn get_json(st: &State, def: &ResourceDef, ns: Option<&str>, name: &str) -> 
 
 /// The object as seen through `def`'s version (CRD versions share storage).
 pub fn for_version(o: &Arc<Value>, def: &ResourceDef) -> Value {
-    let mut v = (**o).clone();
-    if v["apiVersion"].as_str() != Some(def.api_version().as_str()) {
-        v["apiVersion"] = Value::String(def.api_version());
-    }
-    v
+    crate::convert::convert(o, &def.api_version())
 }
 
 /// One listed object: the stored value and its JSON as seen through the listed version.

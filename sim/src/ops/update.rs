@@ -131,8 +131,12 @@ pub(super) fn write_existing(
         apply::track_update(Some(&existing), &mut new, &c);
     }
     new["metadata"]["resourceVersion"] = existing["metadata"]["resourceVersion"].clone();
-    if !new["apiVersion"].is_string() || new["apiVersion"] != existing["apiVersion"] {
-        new["apiVersion"] = existing["apiVersion"].clone();
+    if !new["apiVersion"].is_string() {
+        new["apiVersion"] = json!(av);
+    }
+    // Kept in the version it is stored in (CRD versions, the two Event APIs).
+    if new["apiVersion"] != existing["apiVersion"] {
+        new = crate::convert::convert(&new, existing["apiVersion"].as_str().unwrap_or(&av));
     }
     // A write that changes nothing is not stored and does not bump the resourceVersion.
     if same_ignoring_managed_time(&existing, &new) {
