@@ -10,6 +10,7 @@ use kube::discovery::{ApiCapabilities, ApiResource, Scope};
 use serde_json::Value;
 
 use crate::Error;
+use crate::error::ManifestError;
 
 /// The field manager fleetwatch applies with.
 pub const FIELD_MANAGER: &str = "fleetwatch-lifecycle";
@@ -18,6 +19,14 @@ pub const FIELD_MANAGER: &str = "fleetwatch-lifecycle";
 pub struct Applier {
     client: kube::Client,
     kinds: Mutex<HashMap<(String, String), (ApiResource, ApiCapabilities)>>,
+}
+
+/// `Kind namespace/name` (or `Kind name`), for errors.
+fn describe(r: &ResourceRef) -> String {
+    match &r.namespace {
+        Some(ns) => format!("{} {ns}/{}", r.kind, r.name),
+        None => format!("{} {}", r.kind, r.name),
+    }
 }
 
 fn split_api_version(api_version: &str) -> (&str, &str) {
@@ -52,7 +61,7 @@ impl Applier {
             }
             Err(kube::Error::Api(s)) if s.code == 404 => Ok(None),
             Err(kube::Error::Discovery(_)) => Ok(None),
-            Err(e) => Err(Error::Kube(format!("discovery of {api_version} {kind}: {e}"))),
+            Err(e) => Err(Error::kube("discovery of", format!("{api_version} {kind}"), e)),
         }
     }
 
@@ -75,10 +84,10 @@ impl Applier {
     pub fn reference(obj: &Value) -> Result<ResourceRef, Error> {
         let s = |p: &str| obj.pointer(p).and_then(Value::as_str).map(str::to_string);
         Ok(ResourceRef {
-            api_version: s("/apiVersion").ok_or_else(|| Error::Manifest("an object without apiVersion".into()))?,
-            kind: s("/kind").ok_or_else(|| Error::Manifest("an object without kind".into()))?,
+            api_version: s("/apiVersion").ok_or(ManifestError::MissingField { field: "apiVersion" })?,
+            kind: s("/kind").ok_or(ManifestError::MissingField { field: "kind" })?,
             namespace: s("/metadata/namespace"),
-            name: s("/metadata/name").ok_or_else(|| Error::Manifest("an object without metadata.name".into()))?,
+            name: s("/metadata/name").ok_or(ManifestError::MissingField { field: "metadata.name" })?,
         })
     }
 
@@ -86,13 +95,14 @@ impl Applier {
     /// the manager of what it installs).
     pub async fn apply(&self, obj: &Value) -> Result<ResourceRef, Error> {
         let r = Self::reference(obj)?;
-        let (ar, caps) = self.resolve(&r.api_version, &r.kind).await?.ok_or_else(|| {
-            Error::Manifest(format!("kind {} {} is not served by the cluster", r.api_version, r.kind))
-        })?;
+        let (ar, caps) = self
+            .resolve(&r.api_version, &r.kind)
+            .await?
+            .ok_or_else(|| ManifestError::KindNotServed { api_version: r.api_version.clone(), kind: r.kind.clone() })?;
         let api = self.api(&ar, &caps, r.namespace.as_deref());
         api.patch(&r.name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(obj))
             .await
-            .map_err(|e| Error::Kube(format!("apply {} {}: {e}", r.kind, r.name)))?;
+            .map_err(|e| Error::kube("apply", describe(&r), e))?;
         if r.kind == "CustomResourceDefinition" {
             self.forget_kinds();
         }
@@ -102,17 +112,18 @@ impl Applier {
     /// Creates an object unless it exists; never overwrites. Returns whether it created it.
     pub async fn create_once(&self, obj: &Value) -> Result<(ResourceRef, bool), Error> {
         let r = Self::reference(obj)?;
-        let (ar, caps) = self.resolve(&r.api_version, &r.kind).await?.ok_or_else(|| {
-            Error::Manifest(format!("kind {} {} is not served by the cluster", r.api_version, r.kind))
-        })?;
+        let (ar, caps) = self
+            .resolve(&r.api_version, &r.kind)
+            .await?
+            .ok_or_else(|| ManifestError::KindNotServed { api_version: r.api_version.clone(), kind: r.kind.clone() })?;
         let api = self.api(&ar, &caps, r.namespace.as_deref());
-        let dynobj: DynamicObject =
-            serde_json::from_value(obj.clone()).map_err(|e| Error::Manifest(format!("default configuration: {e}")))?;
+        let dynobj: DynamicObject = serde_json::from_value(obj.clone())
+            .map_err(|source| ManifestError::NotAnObject { kind: r.kind.clone(), name: r.name.clone(), source })?;
         match api.create(&PostParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() }, &dynobj).await
         {
             Ok(_) => Ok((r, true)),
             Err(kube::Error::Api(s)) if s.code == 409 => Ok((r, false)),
-            Err(e) => Err(Error::Kube(format!("create {} {}: {e}", r.kind, r.name))),
+            Err(e) => Err(Error::kube("create", describe(&r), e)),
         }
     }
 
@@ -122,7 +133,7 @@ impl Applier {
         self.api(&ar, &caps, r.namespace.as_deref())
             .get_opt(&r.name)
             .await
-            .map_err(|e| Error::Kube(format!("get {} {}: {e}", r.kind, r.name)))
+            .map_err(|e| Error::kube("get", describe(r), e))
     }
 
     /// Deletes an object; a missing object or kind is fine.
@@ -131,7 +142,7 @@ impl Applier {
         match self.api(&ar, &caps, r.namespace.as_deref()).delete(&r.name, &DeleteParams::background()).await {
             Ok(_) => Ok(()),
             Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-            Err(e) => Err(Error::Kube(format!("delete {} {}: {e}", r.kind, r.name))),
+            Err(e) => Err(Error::kube("delete", describe(r), e)),
         }
         .inspect(|_| {
             if r.kind == "CustomResourceDefinition" {
@@ -149,7 +160,7 @@ impl Applier {
         match api.list(&ListParams::default()).await {
             Ok(list) => Ok(list.items.len()),
             Err(kube::Error::Api(s)) if s.code == 404 => Ok(0),
-            Err(e) => Err(Error::Kube(format!("list {}: {e}", kind.kind))),
+            Err(e) => Err(Error::kube("list", format!("{api_version} {}", kind.kind), e)),
         }
     }
 }

@@ -61,10 +61,14 @@ pub fn fingerprint(catalog: &Value) -> u64 {
 /// Writes the catalog into the runtime cluster.
 pub async fn write(applier: &Applier, catalog: &Value) -> Result<(), Error> {
     applier.apply(&json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})).await?;
+    // An unserialisable catalog is an error, never an empty ConfigMap that says "nothing
+    // can be installed".
+    let text = serde_json::to_string_pretty(catalog)
+        .map_err(|source| Error::Serialize { what: "the module catalog".into(), source })?;
     let cm = json!({
         "apiVersion": "v1", "kind": "ConfigMap",
         "metadata": {"name": NAME, "namespace": NAMESPACE, "labels": {"app.kubernetes.io/managed-by": "fleetwatch"}},
-        "data": {"catalog.json": serde_json::to_string_pretty(catalog).unwrap_or_default()},
+        "data": {"catalog.json": text},
     });
     applier.apply(&cm).await.map(|_| ())
 }

@@ -5,12 +5,13 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use fleetwatch_api::Runtime;
+use fleetwatch_api::{Runtime, SecretKeyRef};
 use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
 
 use crate::Error;
 use crate::applier::Applier;
+use crate::error::ClusterError;
 
 /// (namespace, Secret name) → (the Secret's resourceVersion, its cluster's writer).
 type ApplierCache = HashMap<(String, String), (String, Arc<Applier>)>;
@@ -32,14 +33,20 @@ impl Clusters {
     pub async fn applier(&self, rt: &Runtime) -> Result<Arc<Applier>, Error> {
         let Some(secret_ref) = &rt.spec.kubeconfig_secret else { return Ok(self.local.clone()) };
         let ns = rt.metadata.namespace.clone().unwrap_or_else(|| "default".into());
-        let secrets: Api<Secret> = Api::namespaced(self.control_plane.clone(), &ns);
+        let runtime = format!("{ns}/{}", rt.metadata.name.as_deref().unwrap_or_default());
+        self.remote(&ns, secret_ref).await.map_err(|source| Error::Cluster { runtime, source })
+    }
+
+    async fn remote(&self, ns: &str, secret_ref: &SecretKeyRef) -> Result<Arc<Applier>, ClusterError> {
+        let secret_name = format!("{ns}/{}", secret_ref.name);
+        let secrets: Api<Secret> = Api::namespaced(self.control_plane.clone(), ns);
         let secret = secrets
             .get_opt(&secret_ref.name)
             .await
-            .map_err(|e| Error::Cluster(format!("reading Secret {ns}/{}: {e}", secret_ref.name)))?
-            .ok_or_else(|| Error::Cluster(format!("Secret {ns}/{} not found", secret_ref.name)))?;
+            .map_err(|source| ClusterError::ReadSecret { secret: secret_name.clone(), source })?
+            .ok_or_else(|| ClusterError::SecretNotFound { secret: secret_name.clone() })?;
         let version = secret.metadata.resource_version.clone().unwrap_or_default();
-        let key = (ns.clone(), secret_ref.name.clone());
+        let key = (ns.to_string(), secret_ref.name.clone());
         if let Some((v, a)) = self.cache.lock().ok().and_then(|c| c.get(&key).cloned())
             && v == version
         {
@@ -52,14 +59,15 @@ impl Clusters {
             .and_then(|d| d.get(&field))
             .map(|b| b.0.clone())
             .or_else(|| secret.string_data.as_ref().and_then(|d| d.get(&field)).map(|s| s.clone().into_bytes()))
-            .ok_or_else(|| Error::Cluster(format!("Secret {ns}/{} has no key {field:?}", secret_ref.name)))?;
-        let text = String::from_utf8(bytes).map_err(|_| Error::Cluster("kubeconfig is not UTF-8".into()))?;
-        let kc = kube::config::Kubeconfig::from_yaml(&text)
-            .map_err(|e| Error::Cluster(format!("Secret {ns}/{}: bad kubeconfig: {e}", secret_ref.name)))?;
+            .ok_or_else(|| ClusterError::MissingKey { secret: secret_name.clone(), key: field.clone() })?;
+        let text = String::from_utf8(bytes).map_err(|_| ClusterError::NotUtf8 { secret: secret_name.clone() })?;
+        let kubeconfig = |source| ClusterError::Kubeconfig { secret: secret_name.clone(), source };
+        let kc = kube::config::Kubeconfig::from_yaml(&text).map_err(kubeconfig)?;
         let config = kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
             .await
-            .map_err(|e| Error::Cluster(format!("Secret {ns}/{}: {e}", secret_ref.name)))?;
-        let client = kube::Client::try_from(config).map_err(|e| Error::Cluster(e.to_string()))?;
+            .map_err(kubeconfig)?;
+        let client =
+            kube::Client::try_from(config).map_err(|source| ClusterError::Client { secret: secret_name, source })?;
         let applier = Arc::new(Applier::new(client));
         if let Ok(mut c) = self.cache.lock() {
             c.insert(key, (version, applier.clone()));

@@ -12,6 +12,7 @@ pub mod applier;
 pub mod catalog;
 pub mod clusters;
 pub mod election;
+pub mod error;
 pub mod events;
 pub mod maintenance;
 pub mod migration;
@@ -33,22 +34,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, ResourceExt};
 use tokio_util::sync::CancellationToken;
 
-/// Operator failures (per reconcile; they never stop the operator).
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    /// The Kubernetes API failed.
-    #[error("{0}")]
-    Kube(String),
-    /// A runtime cluster cannot be reached.
-    #[error("runtime cluster unreachable: {0}")]
-    Cluster(String),
-    /// A template's manifest is unusable.
-    #[error("bad manifest: {0}")]
-    Manifest(String),
-    /// A migration failed.
-    #[error("migration failed: {0}")]
-    Migration(String),
-}
+pub use error::Error;
 
 /// Operator settings.
 #[derive(Clone)]

@@ -62,9 +62,28 @@ pub trait Migration: Send + Sync {
     /// The module version after which this code may be deleted.
     fn removable_after(&self) -> Version;
     /// Whether it must run, decided from cluster state.
-    fn needed<'a>(&'a self, cx: &'a MigrationContext<'a>) -> BoxFuture<'a, Result<bool, Error>>;
+    fn needed<'a>(&'a self, cx: &'a MigrationContext<'a>) -> BoxFuture<'a, Result<bool, MigrationError>>;
     /// Does the work; must be idempotent.
-    fn run<'a>(&'a self, cx: &'a MigrationContext<'a>) -> BoxFuture<'a, Result<(), Error>>;
+    fn run<'a>(&'a self, cx: &'a MigrationContext<'a>) -> BoxFuture<'a, Result<(), MigrationError>>;
+}
+
+/// Why a migration failed. The registry wraps it in [`Error::Migration`] with the
+/// migration's name, the module and the target version.
+#[derive(Debug, thiserror::Error)]
+pub enum MigrationError {
+    /// Reading or writing the runtime cluster failed.
+    #[error(transparent)]
+    Cluster(Box<Error>),
+    /// The cluster is in a state the migration cannot handle (yet); the reason is for the
+    /// runtime's owner, who sees it in the module's status.
+    #[error("{0}")]
+    NotPossible(String),
+}
+
+impl From<Error> for MigrationError {
+    fn from(e: Error) -> Self {
+        Self::Cluster(Box::new(e))
+    }
 }
 
 /// What ran, for status and tests.
@@ -145,8 +164,14 @@ impl Registry {
 
 async fn run_all(list: &[Arc<dyn Migration>], cx: &MigrationContext<'_>) -> Result<Vec<Ran>, Error> {
     let mut out = Vec::new();
+    let failed = |m: &Arc<dyn Migration>, source| Error::Migration {
+        migration: m.name().into(),
+        module: cx.module.into(),
+        to: cx.to.clone(),
+        source,
+    };
     for m in list {
-        if !m.needed(cx).await? {
+        if !m.needed(cx).await.map_err(|e| failed(m, e))? {
             out.push(Ran { name: m.name().into(), ran: false });
             continue;
         }
@@ -164,7 +189,7 @@ async fn run_all(list: &[Arc<dyn Migration>], cx: &MigrationContext<'_>) -> Resu
                 tracing::warn!(migration = m.name(), module = cx.module, to = %cx.to, ?took, error = %e, "migration failed")
             }
         }
-        result.map_err(|e| Error::Migration(format!("{}: {e}", m.name())))?;
+        result.map_err(|e| failed(m, e))?;
         out.push(Ran { name: m.name().into(), ran: true });
     }
     Ok(out)
@@ -204,16 +229,19 @@ impl Migration for RenameResource {
         self.removable_after.clone()
     }
 
-    fn needed<'a>(&'a self, cx: &'a MigrationContext<'a>) -> BoxFuture<'a, Result<bool, Error>> {
+    fn needed<'a>(&'a self, cx: &'a MigrationContext<'a>) -> BoxFuture<'a, Result<bool, MigrationError>> {
         Box::pin(async move { Ok(cx.to >= &self.since && cx.cluster.get(&self.from).await?.is_some()) })
     }
 
-    fn run<'a>(&'a self, cx: &'a MigrationContext<'a>) -> BoxFuture<'a, Result<(), Error>> {
+    fn run<'a>(&'a self, cx: &'a MigrationContext<'a>) -> BoxFuture<'a, Result<(), MigrationError>> {
         Box::pin(async move {
             let Some(old) = cx.cluster.get(&self.from).await? else { return Ok(()) };
             let to = ResourceRef { name: self.to_name.clone(), ..self.from.clone() };
             if cx.cluster.get(&to).await?.is_none() {
-                let mut copy = serde_json::to_value(&old).map_err(|e| Error::Migration(e.to_string()))?;
+                let mut copy = serde_json::to_value(&old).map_err(|source| Error::Serialize {
+                    what: format!("{} {}", self.from.kind, self.from.name),
+                    source,
+                })?;
                 let md = &mut copy["metadata"];
                 md["name"] = self.to_name.clone().into();
                 for f in ["uid", "resourceVersion", "creationTimestamp", "managedFields", "generation"] {
@@ -223,7 +251,7 @@ impl Migration for RenameResource {
                 }
                 cx.cluster.create_once(&copy).await?;
             }
-            cx.cluster.delete(&self.from).await
+            Ok(cx.cluster.delete(&self.from).await?)
         })
     }
 }

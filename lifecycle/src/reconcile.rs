@@ -13,6 +13,7 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::{Resource, ResourceExt};
 use serde_json::json;
+use tracing::Instrument;
 
 use crate::applier::Applier;
 use crate::{Ctx, Error};
@@ -37,13 +38,22 @@ struct Flags {
     window: Option<std::time::Duration>,
 }
 
-/// Reconciles one Runtime.
+/// Reconciles one Runtime, inside a `reconcile` span naming the runtime and its cluster.
+///
+/// The span is attached to the future with `.instrument()`, not entered with a guard: a
+/// guard held across an `.await` stays entered on the worker thread while this reconcile
+/// is parked, so other tasks' log lines would carry this runtime's name.
 pub async fn reconcile(rt: Arc<Runtime>, ctx: Arc<Ctx>) -> Result<Action, Error> {
+    let ns = rt.namespace().unwrap_or_else(|| "default".into());
+    let span =
+        tracing::info_span!("reconcile", runtime = %format!("{ns}/{}", rt.name_any()), cluster = %rt.cluster_id());
+    reconcile_runtime(rt, ctx).instrument(span).await
+}
+
+async fn reconcile_runtime(rt: Arc<Runtime>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     let name = rt.name_any();
     let ns = rt.namespace().unwrap_or_else(|| "default".into());
     let started = std::time::Instant::now();
-    let span = tracing::info_span!("reconcile", runtime = %format!("{ns}/{name}"), cluster = %rt.cluster_id());
-    let _g = span.enter();
     ctx.metrics.reconciles.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let api: Api<Runtime> = Api::namespaced(ctx.client.clone(), &ns);
     let deleting = rt.meta().deletion_timestamp.is_some();
@@ -51,7 +61,7 @@ pub async fn reconcile(rt: Arc<Runtime>, ctx: Arc<Ctx>) -> Result<Action, Error>
         let patch = json!({"metadata": {"finalizers": rt.finalizers().iter().cloned().chain([FINALIZER.to_string()]).collect::<Vec<_>>()}});
         api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
             .await
-            .map_err(|e| Error::Kube(format!("adding finalizer: {e}")))?;
+            .map_err(|e| Error::kube("adding the finalizer to", format!("Runtime {ns}/{name}"), e))?;
     }
     if deleting && !rt.finalizers().iter().any(|f| f == FINALIZER) {
         return Ok(Action::await_change());
@@ -104,7 +114,7 @@ pub async fn reconcile(rt: Arc<Runtime>, ctx: Arc<Ctx>) -> Result<Action, Error>
             let keep: Vec<String> = rt.finalizers().iter().filter(|f| *f != FINALIZER).cloned().collect();
             api.patch(&name, &PatchParams::default(), &Patch::Merge(&json!({"metadata": {"finalizers": keep}})))
                 .await
-                .map_err(|e| Error::Kube(format!("removing finalizer: {e}")))?;
+                .map_err(|e| Error::kube("removing the finalizer from", format!("Runtime {ns}/{name}"), e))?;
             tracing::info!("all modules removed; runtime released");
             return Ok(Action::await_change());
         }
@@ -575,6 +585,12 @@ async fn write_status(api: &Api<Runtime>, rt: &Runtime, modules: Vec<ModuleStatu
     };
     api.patch_status(&rt.name_any(), &PatchParams::default(), &Patch::Merge(&json!({ "status": status })))
         .await
-        .map_err(|e| Error::Kube(format!("writing status: {e}")))?;
+        .map_err(|e| {
+            Error::kube(
+                "writing the status of",
+                format!("Runtime {}/{}", rt.namespace().unwrap_or_default(), rt.name_any()),
+                e,
+            )
+        })?;
     Ok(())
 }

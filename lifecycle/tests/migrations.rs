@@ -8,9 +8,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use fleetwatch_api::{ResourceRef, Runtime, State};
-use fleetwatch_lifecycle::Error;
 use fleetwatch_lifecycle::applier::Applier;
-use fleetwatch_lifecycle::migration::{BoxFuture, Migration, MigrationContext, Phase, Registry, RenameResource, Scope};
+use fleetwatch_lifecycle::migration::{
+    BoxFuture, Migration, MigrationContext, MigrationError, Phase, Registry, RenameResource, Scope,
+};
 use kube::Api;
 use semver::Version;
 use serde_json::json;
@@ -37,14 +38,14 @@ impl Migration for Recorder {
     fn removable_after(&self) -> Version {
         Version::new(9, 0, 0)
     }
-    fn needed<'a>(&'a self, _cx: &'a MigrationContext<'a>) -> BoxFuture<'a, Result<bool, Error>> {
+    fn needed<'a>(&'a self, _cx: &'a MigrationContext<'a>) -> BoxFuture<'a, Result<bool, MigrationError>> {
         Box::pin(async move { Ok(self.needed) })
     }
-    fn run<'a>(&'a self, _cx: &'a MigrationContext<'a>) -> BoxFuture<'a, Result<(), Error>> {
+    fn run<'a>(&'a self, _cx: &'a MigrationContext<'a>) -> BoxFuture<'a, Result<(), MigrationError>> {
         Box::pin(async move {
             if self.fail_times.load(Ordering::SeqCst) > 0 {
                 self.fail_times.fetch_sub(1, Ordering::SeqCst);
-                return Err(Error::Migration(format!("{} is not possible yet", self.name)));
+                return Err(MigrationError::NotPossible(format!("{} is not possible yet", self.name)));
             }
             self.log.lock().unwrap().push(self.name.to_string());
             Ok(())
