@@ -119,6 +119,17 @@ impl ApiError {
         )
     }
 
+    /// `406 NotAcceptable`: no media type the client accepts can be produced.
+    pub fn not_acceptable(accept: &str) -> Self {
+        Self::new(
+            406,
+            "NotAcceptable",
+            format!(
+                "only the following media types are accepted: application/json, application/json;as=Table;v=v1;g=meta.k8s.io (got {accept})"
+            ),
+        )
+    }
+
     /// `500 InternalError` (also what the fault injector answers).
     pub fn internal(message: impl Into<String>) -> Self {
         Self::new(500, "InternalError", message)

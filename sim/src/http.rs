@@ -21,8 +21,9 @@ use crate::ops::{self, DeleteOpts, WriteOpts};
 use crate::patch::PatchType;
 use crate::resources::ResourceDef;
 use crate::selector::{FieldSelector, LabelSelector};
+use crate::table::{self, IncludeObject, TableRequest};
 use crate::watch::{self, WatchParams};
-use crate::{discovery, openapi};
+use crate::{discovery, openapi, protobuf};
 
 /// Response body type.
 pub type Body = BoxBody<Bytes, Infallible>;
@@ -157,6 +158,8 @@ struct Target {
     namespace: Option<String>,
     name: Option<String>,
     status: bool,
+    /// The `/scale` subresource.
+    scale: bool,
 }
 
 fn resolve(core: &Core, group: &str, version: &str, rest: &[String], path: &str) -> Result<Target, ApiError> {
@@ -177,21 +180,23 @@ fn resolve(core: &Core, group: &str, version: &str, rest: &[String], path: &str)
     if ns.is_none() && def.namespaced && name.is_some() {
         return Err(ApiError::no_route(path));
     }
-    let status = match sub {
-        None => false,
-        Some("status") if def.has_status => true,
+    let (status, scale) = match sub {
+        None => (false, false),
+        Some("status") if def.has_status => (true, false),
+        Some("scale") if def.scale.is_some() => (false, true),
         Some(_) => return Err(ApiError::no_route(path)),
     };
-    Ok(Target { def, namespace: ns.map(str::to_string), name: name.map(str::to_string), status })
+    Ok(Target { def, namespace: ns.map(str::to_string), name: name.map(str::to_string), status, scale })
 }
 
 async fn read_json(req: Request<Incoming>) -> Result<(Value, String), ApiError> {
     let ct =
         req.headers().get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("application/json").to_string();
-    // Protobuf (and CBOR) bodies are not decoded; client-go retries with JSON on 415.
-    if ct.starts_with("application/vnd.kubernetes.protobuf") || ct.starts_with("application/cbor") {
+    // CBOR bodies are not decoded (client-go retries with JSON on 415).
+    if ct.starts_with("application/cbor") {
         return Err(ApiError::unsupported_media_type(&ct));
     }
+    let protobuf = ct.starts_with("application/vnd.kubernetes.protobuf");
     let body = Limited::new(req.into_body(), MAX_BODY)
         .collect()
         .await
@@ -200,12 +205,54 @@ async fn read_json(req: Request<Incoming>) -> Result<(Value, String), ApiError> 
     if body.is_empty() {
         return Ok((Value::Null, ct));
     }
+    if protobuf {
+        return Ok((protobuf::decode_body(&body)?, ct));
+    }
     let v = serde_json::from_slice(&body).map_err(|e| {
         ApiError::bad_request(format!(
             "the body of the request could not be decoded as JSON (only JSON bodies are supported): {e}"
         ))
     })?;
     Ok((v, ct))
+}
+
+/// What a GET / LIST / WATCH answers with.
+enum Output {
+    Json,
+    Table(TableRequest),
+}
+
+/// Content negotiation on `Accept`: the first media type that can be produced wins.
+/// Protobuf is never produced (kubectl always offers JSON after it).
+fn negotiate(req: &Request<Incoming>, q: &Query) -> Result<Output, ApiError> {
+    let accept = req.headers().get(header::ACCEPT).and_then(|v| v.to_str().ok()).unwrap_or("").trim();
+    if accept.is_empty() {
+        return Ok(Output::Json);
+    }
+    for range in accept.split(',') {
+        let mut parts = range.split(';').map(str::trim);
+        let mt = parts.next().unwrap_or("");
+        let params: HashMap<&str, &str> =
+            parts.filter_map(|p| p.split_once('=')).map(|(k, v)| (k.trim(), v.trim())).collect();
+        if !matches!(mt, "application/json" | "application/*" | "*/*") {
+            continue;
+        }
+        match params.get("as").copied() {
+            None => return Ok(Output::Json),
+            Some("Table") if params.get("g").copied() == Some("meta.k8s.io") => {
+                let version = match params.get("v").copied() {
+                    Some("v1") => "v1",
+                    Some("v1beta1") => "v1beta1",
+                    _ => continue,
+                };
+                let include = IncludeObject::parse(q.get("includeObject"))?;
+                return Ok(Output::Table(TableRequest { version, include }));
+            }
+            // PartialObjectMetadata and other transformations are not produced.
+            Some(_) => continue,
+        }
+    }
+    Err(ApiError::not_acceptable(accept))
 }
 
 fn manager(req: &Request<Incoming>, q: &Query) -> String {
@@ -230,6 +277,19 @@ fn list_object(def: &ResourceDef, items: Vec<Value>, rv: u64, cont: Option<Strin
         meta["remainingItemCount"] = json!(n);
     }
     json!({"kind": format!("{}List", def.kind), "apiVersion": def.api_version(), "metadata": meta, "items": items})
+}
+
+/// A LIST answered as a Table.
+fn table_list_response(def: &ResourceDef, page: ops::ListPage, t: &TableRequest) -> Response<Body> {
+    let mut meta = json!({"resourceVersion": page.rv.to_string()});
+    if let Some(c) = page.continue_token {
+        meta["continue"] = json!(c);
+    }
+    if let Some(n) = page.remaining {
+        meta["remainingItemCount"] = json!(n);
+    }
+    let objs: Vec<Value> = page.items.iter().map(|i| ops::for_version(&i.obj, def)).collect();
+    json_response(200, &table::table(def, &objs, meta, t, true))
 }
 
 /// A LIST response assembled from the objects' stored JSON (no per-object
@@ -272,22 +332,33 @@ async fn resource(
     let ns = t.namespace.as_deref();
     let w = WriteOpts { manager: manager(&req, &q), dry_run: q.get("dryRun") == Some("All"), force: q.flag("force") };
     let method = req.method().clone();
+    if t.scale {
+        return scale(core, req, &t, &q, &w).await;
+    }
     match (&method, t.name.as_deref()) {
         (&Method::GET, None) => {
+            let output = negotiate(&req, &q)?;
             let labels = LabelSelector::parse(q.get("labelSelector").unwrap_or(""))?;
             let fields = FieldSelector::parse(q.get("fieldSelector").unwrap_or(""))?;
             if q.flag("watch") {
                 core.faults.watch_gate().await;
-                return start_watch(core, &t.def, &q, ns, labels, fields);
+                return start_watch(core, &t.def, &q, ns, labels, fields, output);
             }
             let limit = q.get("limit").and_then(|l| l.parse().ok());
             let page = ops::list(&core.lock(), &t.def, ns, &labels, &fields, limit, q.get("continue"))?;
-            Ok(list_response(&t.def, page))
+            Ok(match output {
+                Output::Json => list_response(&t.def, page),
+                Output::Table(tr) => table_list_response(&t.def, page, &tr),
+            })
         }
-        (&Method::GET, Some(name)) => {
-            let body = ops::get_json(&core.lock(), &t.def, ns, name)?;
-            Ok(bytes_response(200, body))
-        }
+        (&Method::GET, Some(name)) => match negotiate(&req, &q)? {
+            Output::Json => Ok(bytes_response(200, ops::get_json(&core.lock(), &t.def, ns, name)?)),
+            Output::Table(tr) => {
+                let obj = ops::get(&core.lock(), &t.def, ns, name)?;
+                let meta = json!({"resourceVersion": obj["metadata"]["resourceVersion"]});
+                Ok(json_response(200, &table::table(&t.def, [&obj], meta, &tr, true)))
+            }
+        },
         (&Method::POST, None) => {
             if t.def.namespaced && ns.is_none() {
                 return Err(ApiError::method_not_allowed());
@@ -339,6 +410,60 @@ async fn resource(
     }
 }
 
+/// GET, PUT and PATCH on `/scale`.
+async fn scale(
+    core: Arc<Core>,
+    req: Request<Incoming>,
+    t: &Target,
+    q: &Query,
+    w: &WriteOpts,
+) -> Result<Response<Body>, ApiError> {
+    let ns = t.namespace.as_deref();
+    let name = t.name.clone().ok_or_else(ApiError::method_not_allowed)?;
+    let method = req.method().clone();
+    let out = match method {
+        Method::GET => {
+            if let Output::Table(_) = negotiate(&req, q)? {
+                return Err(ApiError::not_acceptable("a Table of a Scale"));
+            }
+            ops::get_scale(&core.lock(), &t.def, ns, &name)?
+        }
+        Method::PUT => {
+            let (body, _) = read_json(req).await?;
+            ops::update_scale(&mut core.lock(), &t.def, ns, &name, &body, w)?
+        }
+        Method::PATCH => {
+            let (body, ct) = read_json(req).await?;
+            let kind = PatchType::from_content_type(&ct)?;
+            ops::patch_scale(&mut core.lock(), &t.def, ns, &name, kind, &body, w)?
+        }
+        _ => return Err(ApiError::method_not_allowed()),
+    };
+    Ok(json_response(200, &out))
+}
+
+/// Rewrites the lines of a watch chunk so that each object is a one-row Table (BOOKMARK
+/// and ERROR events pass unchanged), as kube-apiserver does for `kubectl get -w`.
+fn table_chunk(def: &ResourceDef, tr: &TableRequest, chunk: &Bytes) -> Bytes {
+    let mut out = Vec::with_capacity(chunk.len() * 2);
+    for line in chunk.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
+        let Ok(mut ev) = serde_json::from_slice::<Value>(line) else {
+            out.extend_from_slice(line);
+            out.push(b'\n');
+            continue;
+        };
+        if matches!(ev["type"].as_str(), Some("ADDED" | "MODIFIED" | "DELETED")) {
+            let obj = ev["object"].take();
+            let meta = json!({"resourceVersion": obj["metadata"]["resourceVersion"]});
+            ev["object"] = table::table(def, [&obj], meta, tr, true);
+        }
+        out.extend_from_slice(&serde_json::to_vec(&ev).unwrap_or_default());
+        out.push(b'\n');
+    }
+    Bytes::from(out)
+}
+
+#[allow(clippy::too_many_arguments)]
 fn start_watch(
     core: Arc<Core>,
     def: &ResourceDef,
@@ -346,6 +471,7 @@ fn start_watch(
     ns: Option<&str>,
     labels: LabelSelector,
     fields: FieldSelector,
+    output: Output,
 ) -> Result<Response<Body>, ApiError> {
     let p = WatchParams {
         namespace: ns.map(str::to_string),
@@ -359,10 +485,23 @@ fn start_watch(
     let reg = watch::register(&mut core.lock(), def, &p, core.options.watch_buffer)?;
     let timeout = p.timeout.unwrap_or(watch::DEFAULT_WATCH_TIMEOUT);
     let stream = watch::body_stream(core.clone(), def.clone(), reg, p.bookmarks, timeout);
+    let body = match output {
+        Output::Json => StreamBody::new(stream).boxed(),
+        Output::Table(tr) => {
+            let def = def.clone();
+            let stream = futures_util::StreamExt::map(stream, move |f| {
+                f.map(|frame| match frame.into_data() {
+                    Ok(chunk) => hyper::body::Frame::data(table_chunk(&def, &tr, &chunk)),
+                    Err(frame) => frame,
+                })
+            });
+            StreamBody::new(stream).boxed()
+        }
+    };
     Response::builder()
         .status(200)
         .header(header::CONTENT_TYPE, "application/json")
         .header(header::CACHE_CONTROL, "no-cache, private")
-        .body(StreamBody::new(stream).boxed())
+        .body(body)
         .map_err(|e| ApiError::internal(e.to_string()))
 }

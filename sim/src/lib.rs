@@ -36,9 +36,11 @@ mod meta;
 mod openapi;
 mod ops;
 mod patch;
+mod protobuf;
 mod resources;
 mod selector;
 mod store;
+mod table;
 mod tls;
 mod watch;
 

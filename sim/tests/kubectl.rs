@@ -420,3 +420,194 @@ regarding: {kind: StatefulSet, name: hub, namespace: default, apiVersion: apps/v
     assert_eq!(new["note"], "hub is up");
     assert!(new["message"].is_null(), "{new}");
 }
+
+/// Every typed `kubectl create` of a served kind sends a protobuf body; each must be
+/// decoded into the object kubectl built.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn typed_creates_send_protobuf_and_work() {
+    let env = Env::start(SimOptions::default()).await;
+    for (args, created) in [
+        (&["create", "namespace", "team"][..], "namespace/team created"),
+        (&["create", "configmap", "cfg", "--from-literal=a=1", "--from-literal=b=two"], "configmap/cfg created"),
+        (&["create", "secret", "generic", "sec", "--from-literal=pw=hunter2"], "secret/sec created"),
+        (
+            &["create", "deployment", "web", "--image=nginx:1.27", "--replicas=2", "--port=80"],
+            "deployment.apps/web created",
+        ),
+        (&["create", "deployment", "idle", "--image=nginx", "--replicas=0"], "deployment.apps/idle created"),
+        (&["create", "serviceaccount", "bot"], "serviceaccount/bot created"),
+        (&["create", "service", "clusterip", "web", "--tcp=80:8080"], "service/web created"),
+        (
+            &["create", "role", "reader", "--verb=get,list", "--resource=pods,configmaps"],
+            "role.rbac.authorization.k8s.io/reader created",
+        ),
+        (
+            &["create", "clusterrole", "creader", "--verb=get", "--resource=namespaces"],
+            "clusterrole.rbac.authorization.k8s.io/creader created",
+        ),
+        (
+            &["create", "rolebinding", "rb", "--role=reader", "--serviceaccount=default:bot"],
+            "rolebinding.rbac.authorization.k8s.io/rb created",
+        ),
+        (
+            &["create", "clusterrolebinding", "crb", "--clusterrole=creader", "--user=alice", "--group=devs"],
+            "clusterrolebinding.rbac.authorization.k8s.io/crb created",
+        ),
+        (
+            &["create", "poddisruptionbudget", "pdb", "--selector=app=web", "--min-available=50%"],
+            "poddisruptionbudget.policy/pdb created",
+        ),
+        (&["create", "job", "once", "--image=busybox", "--", "echo", "hi"], "job.batch/once created"),
+        (&["create", "quota", "q", "--hard=pods=10,configmaps=5"], "resourcequota/q created"),
+    ] {
+        assert_eq!(env.ok(args).trim(), created, "{args:?}");
+    }
+    // What kubectl sent is what is stored.
+    let cm = env.get_json(&["configmap", "cfg"]);
+    assert_eq!(cm["data"], serde_json::json!({"a": "1", "b": "two"}));
+    let sec = env.get_json(&["secret", "sec"]);
+    assert_eq!(sec["data"]["pw"], "aHVudGVyMg==", "bytes are base64 in JSON");
+    assert_eq!(sec["type"], "Opaque");
+    let d = env.get_json(&["deployment", "web"]);
+    assert_eq!(d["spec"]["replicas"], 2);
+    assert_eq!(d["spec"]["selector"]["matchLabels"]["app"], "web");
+    let c = &d["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!((c["name"].as_str(), c["image"].as_str()), (Some("nginx"), Some("nginx:1.27")));
+    assert_eq!(c["ports"][0]["containerPort"], 80);
+    assert_eq!(env.get_json(&["deployment", "idle"])["spec"]["replicas"], 0, "an explicit 0 is kept");
+    let svc = env.get_json(&["service", "web"]);
+    assert_eq!(svc["spec"]["ports"][0]["port"], 80);
+    assert_eq!(svc["spec"]["ports"][0]["targetPort"], 8080, "IntOrString as a number");
+    assert_eq!(svc["spec"]["type"], "ClusterIP");
+    let role = env.get_json(&["role", "reader"]);
+    assert_eq!(role["rules"][0]["verbs"], serde_json::json!(["get", "list"]));
+    let rb = env.get_json(&["rolebinding", "rb"]);
+    assert_eq!(rb["roleRef"]["kind"], "Role");
+    assert_eq!(rb["subjects"][0]["namespace"], "default");
+    let crb = env.get_json(&["clusterrolebinding", "crb"]);
+    assert_eq!(crb["subjects"].as_array().map(Vec::len), Some(2));
+    assert_eq!(env.get_json(&["pdb", "pdb"])["spec"]["minAvailable"], "50%", "IntOrString as a string");
+    let job = env.get_json(&["job", "once"]);
+    assert_eq!(job["spec"]["template"]["spec"]["containers"][0]["command"], serde_json::json!(["echo", "hi"]));
+    assert_eq!(env.get_json(&["quota", "q"])["spec"]["hard"]["pods"], "10", "Quantity as a string");
+    assert_eq!(env.get_json(&["namespace", "team"])["status"]["phase"], "Active");
+}
+
+/// `kubectl get` renders the server's Table: built-in columns, a CRD's
+/// additionalPrinterColumns, and priority > 0 columns only with `-o wide`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn get_prints_server_side_columns() {
+    let env = Env::start(SimOptions::default()).await;
+    let crd = CRD.replace(
+        "    subresources: {status: {}}",
+        r#"    subresources:
+      status: {}
+      scale: {specReplicasPath: .spec.replicas, statusReplicasPath: .status.replicas, labelSelectorPath: .status.selector}
+    additionalPrinterColumns:
+    - {name: Size, type: integer, jsonPath: .spec.replicas}
+    - {name: Color, type: string, jsonPath: .spec.color, description: the color}
+    - {name: Ready, type: string, jsonPath: '.status.conditions[?(@.type=="Ready")].status'}
+    - {name: Owner, type: string, jsonPath: .spec.owner, priority: 1}"#,
+    );
+    env.apply(&crd, &[]);
+    env.apply(
+        "apiVersion: example.com/v1\nkind: Widget\nmetadata: {name: w1}\nspec: {replicas: 2, color: blue, owner: ops}\n",
+        &[],
+    );
+    let out = env.ok(&["get", "widgets"]);
+    let lines: Vec<Vec<&str>> = out.lines().map(|l| l.split_whitespace().collect()).collect();
+    assert_eq!(lines[0], ["NAME", "SIZE", "COLOR", "READY"], "{out}");
+    assert_eq!(lines[1], ["w1", "2", "blue"], "a missing value is an empty cell: {out}");
+    let status =
+        r#"{"status": {"conditions": [{"type": "Synced", "status": "False"}, {"type": "Ready", "status": "True"}]}}"#;
+    env.ok(&["patch", "widget", "w1", "--subresource=status", "--type=merge", "-p", status]);
+    let wide = env.ok(&["get", "widgets", "-o", "wide"]);
+    let lines: Vec<Vec<&str>> = wide.lines().map(|l| l.split_whitespace().collect()).collect();
+    assert_eq!(lines[0], ["NAME", "SIZE", "COLOR", "READY", "OWNER"], "{wide}");
+    assert_eq!(lines[1], ["w1", "2", "blue", "True", "ops"], "{wide}");
+
+    env.ok(&["create", "deployment", "web", "--image=nginx:1.27", "--replicas=3"]);
+    let out = env.ok(&["get", "deployments", "-o", "wide"]);
+    let lines: Vec<Vec<&str>> = out.lines().map(|l| l.split_whitespace().collect()).collect();
+    assert_eq!(
+        lines[0],
+        ["NAME", "READY", "UP-TO-DATE", "AVAILABLE", "AGE", "CONTAINERS", "IMAGES", "SELECTOR"],
+        "{out}"
+    );
+    assert_eq!(
+        [lines[1][0], lines[1][1], lines[1][5], lines[1][6], lines[1][7]],
+        ["web", "0/3", "nginx", "nginx:1.27", "app=web"]
+    );
+    let out = env.ok(&["get", "namespaces", "default"]);
+    assert!(out.lines().next().is_some_and(|h| h.split_whitespace().eq(["NAME", "STATUS", "AGE"])), "{out}");
+    assert!(out.contains("Active"), "{out}");
+    // --show-labels needs the row's object metadata (includeObject=Metadata by default).
+    let out = env.ok(&["get", "deployments", "--show-labels"]);
+    assert!(out.contains("app=web"), "{out}");
+}
+
+/// `kubectl scale` (a merge patch on `/scale`) for a Deployment and a custom resource
+/// with `subresources.scale`, and `kubectl get all` through the `all` category.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scale_and_get_all() {
+    let env = Env::start(SimOptions::default()).await;
+    env.ok(&["create", "deployment", "web", "--image=nginx"]);
+    assert_eq!(env.ok(&["scale", "deployment", "web", "--replicas=4"]).trim(), "deployment.apps/web scaled");
+    let d = env.get_json(&["deployment", "web"]);
+    assert_eq!(d["spec"]["replicas"], 4);
+    assert_eq!(d["metadata"]["generation"], 2, "scaling changes the spec");
+    // --current-replicas is a precondition.
+    let err = env.fails(&["scale", "deployment", "web", "--current-replicas=1", "--replicas=2"]);
+    assert!(err.contains("Expected replicas to be 1, was 4"), "{err}");
+
+    let crd = CRD.replace(
+        "    subresources: {status: {}}",
+        "    subresources:\n      status: {}\n      scale: {specReplicasPath: .spec.size, statusReplicasPath: .status.size}",
+    );
+    env.apply(&crd, &[]);
+    env.apply("apiVersion: example.com/v1\nkind: Widget\nmetadata: {name: w1}\nspec: {size: 1}\n", &[]);
+    assert_eq!(env.ok(&["scale", "widget", "w1", "--replicas=5"]).trim(), "widget.example.com/w1 scaled");
+    assert_eq!(env.get_json(&["widget", "w1"])["spec"]["size"], 5);
+    let err = env.fails(&["scale", "configmap", "x", "--replicas=1"]);
+    assert!(err.contains("could not find") || err.contains("not found") || err.contains("scale"), "{err}");
+
+    env.ok(&["create", "service", "clusterip", "web", "--tcp=80"]);
+    env.ok(&["create", "configmap", "not-in-all"]);
+    let all = env.ok(&["get", "all"]);
+    assert!(all.contains("deployment.apps/web"), "{all}");
+    assert!(all.contains("service/web"), "{all}");
+    assert!(!all.contains("configmap"), "{all}");
+}
+
+/// `kubectl get events` prints an event created through events.k8s.io/v1 with the
+/// core columns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn get_events_shows_events_k8s_io_events() {
+    let env = Env::start(SimOptions::default()).await;
+    env.apply(
+        r#"
+apiVersion: events.k8s.io/v1
+kind: Event
+metadata: {name: hub-started}
+eventTime: "2026-01-01T00:00:00.000000Z"
+reportingController: fleetwatch.io/hub
+reportingInstance: hub-0
+action: Start
+reason: Started
+type: Normal
+note: hub is up
+regarding: {kind: StatefulSet, name: hub, namespace: default, apiVersion: apps/v1}
+"#,
+        &[],
+    );
+    let out = env.ok(&["get", "events"]);
+    let mut lines = out.lines();
+    let header: Vec<&str> = lines.next().unwrap_or("").split_whitespace().collect();
+    assert_eq!(header, ["LAST", "SEEN", "TYPE", "REASON", "OBJECT", "MESSAGE"], "{out}");
+    let row = lines.next().unwrap_or("");
+    for cell in ["Normal", "Started", "statefulset/hub", "hub is up"] {
+        assert!(row.contains(cell), "{cell} missing: {out}");
+    }
+    let wide = env.ok(&["get", "events", "-o", "wide"]);
+    assert!(wide.contains("fleetwatch.io/hub, hub-0"), "source column: {wide}");
+}

@@ -8,15 +8,15 @@ mod create;
 mod delete;
 mod kinds;
 mod read;
+mod scale;
 #[cfg(test)]
 mod tests;
 mod update;
 
 pub use create::create;
 pub use delete::{delete, delete_collection, has_dependents, remove};
-#[cfg(test)]
-pub use read::get;
-pub use read::{ListPage, for_version, get_json, list};
+pub use read::{ListPage, for_version, get, get_json, list};
+pub use scale::{get_scale, patch_scale, update_scale};
 pub use update::{patch, update};
 
 use serde_json::{Value, json};

@@ -12,8 +12,8 @@ use crate::resources::ResourceDef;
 use crate::selector::{FieldSelector, LabelSelector};
 use crate::store::{ObjKey, State};
 
-/// Reads an object the way a GET does (as a `Value`; the server answers with `get_json`).
-#[cfg(test)]
+/// Reads an object the way a GET does, as a `Value` (for Tables; plain GETs answer with
+/// `get_json`).
 pub fn get(st: &State, def: &ResourceDef, ns: Option<&str>, name: &str) -> Result<Value, ApiError> {
     st.get(&def.key(), &obj_key(def, ns, name))
         .map(|o| for_version(o, def))
