@@ -220,6 +220,8 @@ async fn read_json(req: Request<Incoming>) -> Result<(Value, String), ApiError> 
 enum Output {
     Json,
     Table(TableRequest),
+    /// `as=PartialObjectMetadata(List)`, with the meta.k8s.io version.
+    Metadata(&'static str),
 }
 
 /// Content negotiation on `Accept`: the first media type that can be produced wins.
@@ -248,7 +250,15 @@ fn negotiate(req: &Request<Incoming>, q: &Query) -> Result<Output, ApiError> {
                 let include = IncludeObject::parse(q.get("includeObject"))?;
                 return Ok(Output::Table(TableRequest { version, include }));
             }
-            // PartialObjectMetadata and other transformations are not produced.
+            Some("PartialObjectMetadata" | "PartialObjectMetadataList")
+                if params.get("g").copied() == Some("meta.k8s.io") =>
+            {
+                match params.get("v").copied() {
+                    Some("v1") => return Ok(Output::Metadata("v1")),
+                    Some("v1beta1") => return Ok(Output::Metadata("v1beta1")),
+                    _ => continue,
+                }
+            }
             Some(_) => continue,
         }
     }
@@ -277,6 +287,27 @@ fn list_object(def: &ResourceDef, items: Vec<Value>, rv: u64, cont: Option<Strin
         meta["remainingItemCount"] = json!(n);
     }
     json!({"kind": format!("{}List", def.kind), "apiVersion": def.api_version(), "metadata": meta, "items": items})
+}
+
+/// An object as `PartialObjectMetadata`.
+fn partial(obj: &Value, version: &str) -> Value {
+    json!({"kind": "PartialObjectMetadata", "apiVersion": format!("meta.k8s.io/{version}"), "metadata": obj["metadata"]})
+}
+
+/// A LIST answered as a `PartialObjectMetadataList`.
+fn metadata_list_response(page: ops::ListPage, version: &str) -> Response<Body> {
+    let mut meta = json!({"resourceVersion": page.rv.to_string()});
+    if let Some(c) = page.continue_token {
+        meta["continue"] = json!(c);
+    }
+    if let Some(n) = page.remaining {
+        meta["remainingItemCount"] = json!(n);
+    }
+    let items: Vec<Value> = page.items.iter().map(|i| partial(&i.obj, version)).collect();
+    json_response(
+        200,
+        &json!({"kind": "PartialObjectMetadataList", "apiVersion": format!("meta.k8s.io/{version}"), "metadata": meta, "items": items}),
+    )
 }
 
 /// A LIST answered as a Table.
@@ -349,6 +380,7 @@ async fn resource(
             Ok(match output {
                 Output::Json => list_response(&t.def, page),
                 Output::Table(tr) => table_list_response(&t.def, page, &tr),
+                Output::Metadata(v) => metadata_list_response(page, v),
             })
         }
         (&Method::GET, Some(name)) => match negotiate(&req, &q)? {
@@ -358,6 +390,7 @@ async fn resource(
                 let meta = json!({"resourceVersion": obj["metadata"]["resourceVersion"]});
                 Ok(json_response(200, &table::table(&t.def, [&obj], meta, &tr, true)))
             }
+            Output::Metadata(v) => Ok(json_response(200, &partial(&ops::get(&core.lock(), &t.def, ns, name)?, v))),
         },
         (&Method::POST, None) => {
             if t.def.namespaced && ns.is_none() {
@@ -423,8 +456,8 @@ async fn scale(
     let method = req.method().clone();
     let out = match method {
         Method::GET => {
-            if let Output::Table(_) = negotiate(&req, q)? {
-                return Err(ApiError::not_acceptable("a Table of a Scale"));
+            if !matches!(negotiate(&req, q)?, Output::Json) {
+                return Err(ApiError::not_acceptable("a Table or metadata of a Scale"));
             }
             ops::get_scale(&core.lock(), &t.def, ns, &name)?
         }
@@ -442,9 +475,10 @@ async fn scale(
     Ok(json_response(200, &out))
 }
 
-/// Rewrites the lines of a watch chunk so that each object is a one-row Table (BOOKMARK
-/// and ERROR events pass unchanged), as kube-apiserver does for `kubectl get -w`.
-fn table_chunk(def: &ResourceDef, tr: &TableRequest, chunk: &Bytes) -> Bytes {
+/// Rewrites the lines of a watch chunk so that each object is a one-row Table or a
+/// PartialObjectMetadata (BOOKMARK and ERROR events pass unchanged), as kube-apiserver
+/// does for `kubectl get -w` and metadata watches.
+fn transform_chunk(def: &ResourceDef, output: &Output, chunk: &Bytes) -> Bytes {
     let mut out = Vec::with_capacity(chunk.len() * 2);
     for line in chunk.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
         let Ok(mut ev) = serde_json::from_slice::<Value>(line) else {
@@ -454,8 +488,14 @@ fn table_chunk(def: &ResourceDef, tr: &TableRequest, chunk: &Bytes) -> Bytes {
         };
         if matches!(ev["type"].as_str(), Some("ADDED" | "MODIFIED" | "DELETED")) {
             let obj = ev["object"].take();
-            let meta = json!({"resourceVersion": obj["metadata"]["resourceVersion"]});
-            ev["object"] = table::table(def, [&obj], meta, tr, true);
+            ev["object"] = match output {
+                Output::Table(tr) => {
+                    let meta = json!({"resourceVersion": obj["metadata"]["resourceVersion"]});
+                    table::table(def, [&obj], meta, tr, true)
+                }
+                Output::Metadata(v) => partial(&obj, v),
+                Output::Json => obj,
+            };
         }
         out.extend_from_slice(&serde_json::to_vec(&ev).unwrap_or_default());
         out.push(b'\n');
@@ -487,11 +527,11 @@ fn start_watch(
     let stream = watch::body_stream(core.clone(), def.clone(), reg, p.bookmarks, timeout);
     let body = match output {
         Output::Json => StreamBody::new(stream).boxed(),
-        Output::Table(tr) => {
+        output => {
             let def = def.clone();
             let stream = futures_util::StreamExt::map(stream, move |f| {
                 f.map(|frame| match frame.into_data() {
-                    Ok(chunk) => hyper::body::Frame::data(table_chunk(&def, &tr, &chunk)),
+                    Ok(chunk) => hyper::body::Frame::data(transform_chunk(&def, &output, &chunk)),
                     Err(frame) => frame,
                 })
             });

@@ -318,3 +318,114 @@ async fn slow_watcher_is_closed_and_others_keep_their_events() {
     }
     assert!(seen < total, "a slow watcher is closed, it saw {seen} of {total} events");
 }
+
+#[tokio::test]
+async fn scale_subresource_through_kube_rs() {
+    use k8s_openapi::api::apps::v1::Deployment;
+    let (_sim, client) = sim().await;
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), "default");
+    let d: Deployment = serde_json::from_value(json!({
+        "metadata": {"name": "web"},
+        "spec": {"replicas": 2, "selector": {"matchLabels": {"app": "web"}},
+                 "template": {"metadata": {"labels": {"app": "web"}}, "spec": {"containers": [{"name": "c", "image": "nginx"}]}}}
+    }))
+    .expect("deployment");
+    deployments.create(&PostParams::default(), &d).await.expect("create");
+    let scale = deployments.get_scale("web").await.expect("get_scale");
+    assert_eq!(scale.spec.as_ref().and_then(|s| s.replicas), Some(2));
+    assert_eq!(scale.status.as_ref().and_then(|s| s.selector.as_deref()), Some("app=web"));
+    let scaled = deployments
+        .patch_scale("web", &PatchParams::default(), &Patch::Merge(json!({"spec": {"replicas": 5}})))
+        .await
+        .expect("patch_scale");
+    assert_eq!(scaled.spec.and_then(|s| s.replicas), Some(5));
+    let d = deployments.get("web").await.expect("get");
+    assert_eq!(d.spec.replicas, Some(5));
+    assert_eq!(d.metadata.generation, Some(2));
+    // A Scale with a stale resourceVersion conflicts; a negative count is invalid.
+    let mut stale = scale.clone();
+    stale.spec = Some(k8s_openapi::api::autoscaling::v1::ScaleSpec { replicas: Some(1) });
+    let e = deployments.replace_scale("web", &PostParams::default(), &stale).await.expect_err("stale");
+    assert_eq!(api_error(e).code, 409);
+    let e = deployments
+        .patch_scale("web", &PatchParams::default(), &Patch::Merge(json!({"spec": {"replicas": -1}})))
+        .await
+        .expect_err("negative");
+    assert_eq!(api_error(e).code, 422);
+    // Kinds without /scale answer 404.
+    let cms: Api<ConfigMap> = Api::namespaced(client, "default");
+    cms.create(&PostParams::default(), &cm("c", json!({}))).await.expect("create cm");
+    assert_eq!(api_error(cms.get_scale("c").await.expect_err("no scale")).code, 404);
+}
+
+#[tokio::test]
+async fn table_requests_with_the_accept_header() {
+    let (_sim, client) = sim().await;
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+    let mut c = cm("tab", json!({"app": "x"}));
+    c.data = Some([("a".to_string(), "1".to_string()), ("b".to_string(), "2".to_string())].into());
+    cms.create(&PostParams::default(), &c).await.expect("create");
+    let table = |uri: &str| {
+        http::Request::get(uri)
+            .header("Accept", "application/json;as=Table;v=v1;g=meta.k8s.io,application/json")
+            .body(Vec::new())
+            .expect("request")
+    };
+    let t: serde_json::Value = client.request(table("/api/v1/namespaces/default/configmaps")).await.expect("table");
+    assert_eq!((t["kind"].as_str(), t["apiVersion"].as_str()), (Some("Table"), Some("meta.k8s.io/v1")));
+    let cols: Vec<&str> =
+        t["columnDefinitions"].as_array().expect("columns").iter().filter_map(|c| c["name"].as_str()).collect();
+    assert_eq!(cols, ["Name", "Data", "Age"]);
+    assert_eq!(t["columnDefinitions"][0]["format"], "name");
+    let row = &t["rows"][0];
+    assert_eq!(row["cells"][0], "tab");
+    assert_eq!(row["cells"][1], 2);
+    assert!(row["cells"][2].as_str().is_some_and(|a| a.ends_with('s')), "{row}");
+    assert_eq!(row["object"]["kind"], "PartialObjectMetadata");
+    assert_eq!(row["object"]["metadata"]["labels"]["app"], "x");
+    assert!(t["metadata"]["resourceVersion"].is_string());
+    // includeObject=Object carries the whole object, None none; a single GET is a one-row Table.
+    let t: serde_json::Value =
+        client.request(table("/api/v1/namespaces/default/configmaps/tab?includeObject=Object")).await.expect("get");
+    assert_eq!(t["rows"].as_array().map(Vec::len), Some(1));
+    assert_eq!(t["rows"][0]["object"]["data"]["a"], "1");
+    let t: serde_json::Value =
+        client.request(table("/api/v1/namespaces/default/configmaps?includeObject=None")).await.expect("none");
+    assert!(t["rows"][0].get("object").is_none_or(|o| o.is_null()), "{t}");
+    // Only protobuf accepted: 406, as nothing else can be produced.
+    let req = http::Request::get("/api/v1/namespaces/default/configmaps")
+        .header("Accept", "application/vnd.kubernetes.protobuf")
+        .body(Vec::new())
+        .expect("request");
+    let e = client.request::<serde_json::Value>(req).await.expect_err("406");
+    assert_eq!(api_error(e).code, 406);
+}
+
+#[tokio::test]
+async fn metadata_only_get_list_and_watch() {
+    let (_sim, client) = sim().await;
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+    cms.create(&PostParams::default(), &cm("m1", json!({"app": "x"}))).await.expect("create");
+    let m = cms.get_metadata("m1").await.expect("get_metadata");
+    assert_eq!(m.metadata.labels.as_ref().and_then(|l| l.get("app")).map(String::as_str), Some("x"));
+    let list = cms.list_metadata(&ListParams::default()).await.expect("list_metadata");
+    assert_eq!(list.items.len(), 1);
+    assert_eq!(list.items[0].metadata.name.as_deref(), Some("m1"));
+    let raw = client
+        .request_text(
+            http::Request::get("/api/v1/namespaces/default/configmaps/m1")
+                .header("Accept", "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1")
+                .body(Vec::new())
+                .expect("request"),
+        )
+        .await
+        .expect("raw");
+    let v: serde_json::Value = serde_json::from_str(&raw).expect("json");
+    assert_eq!(v["kind"], "PartialObjectMetadata");
+    assert!(v.get("data").is_none(), "{v}");
+    let mut events = cms.watch_metadata(&kube::api::WatchParams::default(), "0").await.expect("watch").boxed();
+    match events.next().await {
+        Some(Ok(kube::api::WatchEvent::Added(o))) => assert_eq!(o.metadata.name.as_deref(), Some("m1")),
+        other => panic!("expected ADDED, got {other:?}"),
+    }
+}

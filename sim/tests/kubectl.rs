@@ -611,3 +611,41 @@ regarding: {kind: StatefulSet, name: hub, namespace: default, apiVersion: apps/v
     let wide = env.ok(&["get", "events", "-o", "wide"]);
     assert!(wide.contains("fleetwatch.io/hub, hub-0"), "source column: {wide}");
 }
+
+/// `kubectl get -w` without `-o` asks for Tables on the watch too: each event is printed
+/// with the server's columns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn get_watch_prints_table_rows() {
+    let env = Env::start(SimOptions::default()).await;
+    env.apply(CM, &[]);
+    let mut child = Command::new(KUBECTL)
+        .arg("--kubeconfig")
+        .arg(&env.kubeconfig)
+        .arg("--cache-dir")
+        .arg(env.dir.join("cache"))
+        .args(["get", "configmaps", "-w", "--output-watch-events"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("kubectl -w");
+    let stdout = child.stdout.take().expect("stdout");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let next = || -> Vec<String> {
+        rx.recv_timeout(Duration::from_secs(10)).expect("watch line").split_whitespace().map(str::to_string).collect()
+    };
+    assert_eq!(next()[..3], ["EVENT", "NAME", "DATA"]);
+    assert_eq!(next()[..3], ["ADDED", "demo", "1"]);
+    env.ok(&["create", "configmap", "two", "--from-literal=x=1", "--from-literal=y=2"]);
+    assert_eq!(next()[..3], ["ADDED", "two", "2"]);
+    env.ok(&["delete", "configmap", "two"]);
+    assert_eq!(next()[..3], ["DELETED", "two", "2"]);
+    let _ = child.kill();
+    let _ = child.wait();
+}
