@@ -395,17 +395,13 @@ impl Outbox {
             Some((rs, _)) if *rs > after => *rs,
             _ => u64::MAX,
         };
-        let mut text = String::from(r#"{"type":"events","events":["#);
+        let mut frame = fleetwatch_protocol::codec::EventsFrame::new();
         let mut last = None;
         for (seq, e) in self.by_seq.range(after + 1..until).take(max.max(1)) {
-            if last.is_some() {
-                text.push(',');
-            }
-            text.push_str(&e.json);
+            frame.push(&e.json);
             last = Some(*seq);
         }
-        text.push_str("]}");
-        last.map(|last_seq| Frame { last_seq, text })
+        Some(Frame { last_seq: last?, text: frame.take()? })
     }
 }
 

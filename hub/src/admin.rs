@@ -71,8 +71,10 @@ async fn storage_fault(State(ctx): State<Arc<Context>>, Query(q): Query<FaultQue
     if !ctx.bus.is_durable() {
         return (StatusCode::CONFLICT, "the bus has no data directory: nothing to fail\n".to_string());
     }
-    ctx.bus.inject_storage_fault(std::time::Duration::from_millis(q.fail_for_ms));
-    (StatusCode::OK, format!("storage writes fail for {} ms\n", q.fail_for_ms))
+    match ctx.bus.inject_storage_fault(std::time::Duration::from_millis(q.fail_for_ms)) {
+        Ok(()) => (StatusCode::OK, format!("storage writes fail for {} ms\n", q.fail_for_ms)),
+        Err(e) => (StatusCode::CONFLICT, format!("{e}\n")),
+    }
 }
 
 async fn metrics(State(ctx): State<Arc<Context>>) -> impl IntoResponse {

@@ -1,5 +1,8 @@
 //! One accepted WebSocket over TLS: receiving with keep-alive pings and an idle timeout,
-//! sending frames, errors and close codes.
+//! sending frames, errors and close codes, and how a session ends ([`End`]).
+//!
+//! Agent and subscriber sessions read the same way and end the same way; that lives here
+//! once, so the two sessions only hold what differs (their protocol).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -12,6 +15,7 @@ use tokio::net::TcpStream;
 use tokio::time::Instant;
 use tokio_tungstenite::WebSocketStream;
 
+use crate::metrics::Metrics;
 use crate::registry::Liveness;
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
@@ -32,6 +36,38 @@ pub enum Incoming {
     Invalid(String),
     /// Nothing for the idle timeout.
     Idle,
+}
+
+/// How a session ends, carried out by [`End::finish`].
+#[derive(Debug)]
+pub(crate) enum End {
+    /// The peer closed or the connection broke: nothing to send.
+    Closed(String),
+    /// A fatal error frame, then a close.
+    Fail(ErrorCode, String, CloseCode),
+    /// A close frame only.
+    Close(CloseCode, String),
+}
+
+impl End {
+    /// Logs why the session of `role` ends and tells the peer.
+    pub(crate) async fn finish(self, conn: Conn, role: &str) {
+        match self {
+            End::Closed(why) => tracing::info!(%why, "{role} disconnected"),
+            End::Fail(code, msg, close) => {
+                if code == ErrorCode::ShuttingDown || code == ErrorCode::Replaced {
+                    tracing::info!(%code, %msg, "closing {role} session");
+                } else {
+                    tracing::warn!(%code, %msg, "closing {role} session");
+                }
+                conn.fail(code, msg, close).await;
+            }
+            End::Close(close, msg) => {
+                tracing::info!(%msg, "closing {role} session");
+                conn.close(close, &msg).await;
+            }
+        }
+    }
 }
 
 /// An accepted connection.
@@ -113,16 +149,40 @@ impl Conn {
         }
     }
 
-    /// The session's first message, which must come within `timeout` (`Err` when it does
-    /// not); `None` when the hub shuts down meanwhile.
-    pub async fn first_message(
+    /// The next message's bytes; anything else ends the session (counted in `metrics`
+    /// when it is the peer's fault). Cancel-safe.
+    pub(crate) async fn next_message(&mut self, metrics: &Metrics) -> Result<bytes::Bytes, End> {
+        match self.recv().await {
+            Incoming::Message(b) => Ok(b),
+            Incoming::Closed(why) => Err(End::Closed(why)),
+            Incoming::Idle => Err(End::Close(CloseCode::Away, "idle timeout".into())),
+            Incoming::TooLarge(why) => {
+                metrics.reject("too-large");
+                Err(End::Close(CloseCode::Size, format!("message too large: {why}")))
+            }
+            Incoming::Invalid(why) => {
+                metrics.reject("invalid-frame");
+                Err(End::Fail(ErrorCode::Malformed, why, CloseCode::Invalid))
+            }
+        }
+    }
+
+    /// The session's first message, `expected` (e.g. `hello`), which must come within
+    /// `timeout`; the hub shutting down meanwhile ends the session too.
+    pub(crate) async fn first_message(
         &mut self,
+        expected: &str,
         timeout: Duration,
         shutdown: &tokio_util::sync::CancellationToken,
-    ) -> Option<Result<Incoming, tokio::time::error::Elapsed>> {
+        metrics: &Metrics,
+    ) -> Result<bytes::Bytes, End> {
         tokio::select! {
-            m = tokio::time::timeout(timeout, self.recv()) => Some(m),
-            _ = shutdown.cancelled() => None,
+            m = tokio::time::timeout(timeout, self.next_message(metrics)) => m.unwrap_or_else(|_| {
+                metrics.reject(&format!("{expected}-timeout"));
+                let msg = format!("no {expected} within the handshake timeout");
+                Err(End::Fail(ErrorCode::Forbidden, msg, CloseCode::Policy))
+            }),
+            _ = shutdown.cancelled() => Err(End::Close(CloseCode::Away, "hub shutting down".into())),
         }
     }
 

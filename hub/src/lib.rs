@@ -19,6 +19,7 @@ mod admission;
 mod agent_session;
 pub mod bus;
 mod conn;
+mod ingest;
 pub mod metrics;
 mod rate;
 pub mod registry;
@@ -141,7 +142,7 @@ pub enum HubError {
 /// State shared by all sessions.
 pub(crate) struct Context {
     pub config: HubConfig,
-    pub bus: Arc<Bus>,
+    pub bus: Arc<dyn Bus>,
     pub registry: SessionRegistry,
     pub metrics: Metrics,
     pub tls: ReloadingServerConfig,
@@ -267,7 +268,7 @@ impl Hub {
         fleetwatch_certs::install_crypto_provider();
         fit_open_file_limit(&mut config);
         let tls = ReloadingServerConfig::new(config.tls.clone())?;
-        let bus = Bus::open(BusOptions {
+        let bus = bus::open(BusOptions {
             dir: config.data_dir.clone(),
             retention: config.retention,
             segment_bytes: config.segment_bytes,
@@ -319,7 +320,7 @@ impl Hub {
     }
 
     /// The bus (for embedding and tests).
-    pub fn bus(&self) -> Arc<Bus> {
+    pub fn bus(&self) -> Arc<dyn Bus> {
         self.ctx.bus.clone()
     }
 
@@ -340,7 +341,7 @@ impl Hub {
         server::accept_loop(self.listener, self.ctx.clone(), shutdown.clone(), &tracker).await;
         tracker.close();
         tracker.wait().await;
-        self.ctx.bus.flush_cursors()?;
+        self.ctx.bus.flush_cursors().await?;
         tracing::info!("hub stopped");
         Ok(())
     }
@@ -383,7 +384,7 @@ async fn housekeeping(ctx: Arc<Context>, shutdown: CancellationToken) {
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = flush.tick() => {
-                if let Err(e) = ctx.bus.flush_cursors() {
+                if let Err(e) = ctx.bus.flush_cursors().await {
                     tracing::warn!(error = %e, "cannot store subscriber cursors");
                 }
             }

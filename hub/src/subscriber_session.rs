@@ -1,19 +1,23 @@
-//! One subscriber's session: where to start, events in bus order with their cursors,
-//! `resync-required` for history it cannot get, acks and durable cursors.
+//! One subscriber's session, the fan-out end of the bus: where to start, events in bus
+//! order with their cursors, `resync-required` for history it cannot get, acks, durable
+//! cursors, and disconnecting a subscriber that stops draining (so one slow reader cannot
+//! hold hub memory). Frames are built by [`EventsFrame`] from the stored JSON: the hub
+//! serialises an event once, on arrival, and never parses it again here.
 
 use std::sync::Arc;
 
 use tokio::time::Instant;
 
-use fleetwatch_protocol::codec::{DecodeError, decode_subscriber, encode};
+use fleetwatch_protocol::Limits;
+use fleetwatch_protocol::codec::{AGENT_MESSAGE_TYPES, DecodeError, EventsFrame, decode_subscriber, encode};
 use fleetwatch_protocol::message::{
     ErrorCode, HubToSubscriber, ResyncRequired, StartFrom, Subscribe, Subscribed, SubscriberMessage,
 };
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_util::sync::CancellationToken;
 
-use crate::bus::{ALL_CLUSTERS, Lookup, Record, RecordBody};
-use crate::conn::{Conn, Incoming};
+use crate::bus::{ALL_CLUSTERS, BusError, Lookup, Read, RecordBody};
+use crate::conn::{Conn, End};
 use crate::{Context, Peer};
 
 /// Most records read from the bus for one frame.
@@ -21,32 +25,10 @@ const READ_CHUNK: usize = 512;
 
 pub(crate) async fn run(mut conn: Conn, name: String, peer: Peer, ctx: Arc<Context>, shutdown: CancellationToken) {
     let limits = ctx.config.limits;
-    let Some(first) = conn.first_message(ctx.config.handshake_timeout, &shutdown).await else {
-        return conn.close(CloseCode::Away, "hub shutting down").await;
-    };
-    let sub = match first {
-        Err(_) => {
-            return conn
-                .fail(ErrorCode::Forbidden, "no subscribe within the handshake timeout", CloseCode::Policy)
-                .await;
-        }
-        Ok(Incoming::Message(bytes)) => match decode_subscriber(&bytes, &limits) {
-            Ok(SubscriberMessage::Subscribe(s)) => s,
-            Ok(_) => {
-                return conn.fail(ErrorCode::Forbidden, "the first message must be subscribe", CloseCode::Policy).await;
-            }
-            Err(DecodeError::UnknownType(t)) => {
-                ctx.metrics.reject("subscriber-sent-agent-message");
-                let msg = unexpected_type(&t);
-                return conn.fail(ErrorCode::Forbidden, msg, CloseCode::Policy).await;
-            }
-            Err(e) => return conn.fail(e.code(), e.to_string(), CloseCode::Invalid).await,
-        },
-        Ok(Incoming::Invalid(why)) => {
-            ctx.metrics.reject("invalid-frame");
-            return conn.fail(ErrorCode::Malformed, why, CloseCode::Invalid).await;
-        }
-        Ok(_) => return,
+    let first = conn.first_message("subscribe", ctx.config.handshake_timeout, &shutdown, &ctx.metrics).await;
+    let sub = match first.and_then(|bytes| first_subscribe(&ctx, &bytes, &limits)) {
+        Ok(sub) => sub,
+        Err(end) => return end.finish(conn, "subscriber").await,
     };
     // A durable subscription is named after the certificate, so one subscriber cannot
     // take over another's cursor.
@@ -68,17 +50,20 @@ pub(crate) async fn run(mut conn: Conn, name: String, peer: Peer, ctx: Arc<Conte
         None => end,
     };
     ctx.metrics.subscriber_sessions.dec();
-    match end {
-        End::Closed(why) => tracing::info!(%why, "subscriber disconnected"),
-        End::Fail(code, msg, close) => conn.fail(code, msg, close).await,
-        End::Close(close, msg) => conn.close(close, &msg).await,
-    }
+    end.finish(conn, "subscriber").await;
 }
 
-enum End {
-    Closed(String),
-    Fail(ErrorCode, String, CloseCode),
-    Close(CloseCode, String),
+/// The subscription the first message must be.
+fn first_subscribe(ctx: &Context, bytes: &[u8], limits: &Limits) -> Result<Subscribe, End> {
+    match decode_subscriber(bytes, limits) {
+        Ok(SubscriberMessage::Subscribe(s)) => Ok(s),
+        Ok(_) => Err(End::Fail(ErrorCode::Forbidden, "the first message must be subscribe".into(), CloseCode::Policy)),
+        Err(DecodeError::UnknownType(t)) => {
+            ctx.metrics.reject("subscriber-sent-agent-message");
+            Err(End::Fail(ErrorCode::Forbidden, unexpected_type(&t), CloseCode::Policy))
+        }
+        Err(e) => Err(End::Fail(e.code(), e.to_string(), CloseCode::Invalid)),
+    }
 }
 
 struct Session {
@@ -104,7 +89,7 @@ impl Session {
         let mut resync_all: Option<String> = None;
         let mut stored_known_or_new = true;
         let stored = match &self.durable {
-            Some((identity, name)) => match bus.durable_lookup(identity, name) {
+            Some((identity, name)) => match bus.durable_lookup(identity, name).await {
                 Ok(Lookup::Known(c)) => Some(c),
                 Ok(Lookup::New) => None,
                 Ok(Lookup::Lost) => {
@@ -114,7 +99,7 @@ impl Session {
                     ));
                     None
                 }
-                Err(e) => return End::Fail(ErrorCode::LimitExceeded, e.to_string(), CloseCode::Policy),
+                Err(e) => return durable_refused(e),
             },
             None => None,
         };
@@ -139,9 +124,9 @@ impl Session {
         // subscriber took the resync in, a reconnect must get it again.
         if let Some((identity, name)) = &self.durable
             && stored_known_or_new
-            && let Err(e) = bus.register_durable(identity, name, start)
+            && let Err(e) = bus.register_durable(identity, name, start).await
         {
-            return End::Fail(ErrorCode::LimitExceeded, e.to_string(), CloseCode::Policy);
+            return durable_refused(e);
         }
         self.acked = start;
         self.sent = start;
@@ -149,8 +134,12 @@ impl Session {
         let clusters = if self.clusters.is_empty() { "*".to_string() } else { self.clusters.join(",") };
         tracing::info!(durable, start, %clusters, "subscriber connected");
         // Clusters nobody has heard of: probably a typo, said once here, at subscribe.
-        let unknown_clusters: Vec<String> =
-            self.clusters.iter().filter(|c| !self.ctx.registry.knows(c) && bus.head(c).is_none()).cloned().collect();
+        let mut unknown_clusters: Vec<String> = Vec::new();
+        for c in self.clusters.iter().filter(|c| !self.ctx.registry.knows(c)) {
+            if matches!(bus.head(c).await, Ok(None)) {
+                unknown_clusters.push(c.clone());
+            }
+        }
         if !unknown_clusters.is_empty() {
             tracing::info!(unknown = %unknown_clusters.join(","), "subscriber filters on clusters this hub has never seen");
         }
@@ -184,26 +173,19 @@ impl Session {
             tokio::select! {
                 biased;
                 _ = shutdown.cancelled() => return End::Fail(ErrorCode::ShuttingDown, "hub shutting down".into(), CloseCode::Away),
-                m = conn.recv() => {
-                    match m {
-                        Incoming::Message(bytes) => {
-                            if let Err(end) = self.handle(conn, &bytes).await {
-                                return end;
-                            }
-                        }
-                        Incoming::Closed(why) => return End::Closed(why),
-                        Incoming::Idle => return End::Close(CloseCode::Away, "idle timeout".into()),
-                        Incoming::TooLarge(why) => return End::Close(CloseCode::Size, why),
-                        Incoming::Invalid(why) => {
-                            self.ctx.metrics.reject("invalid-frame");
-                            return End::Fail(ErrorCode::Malformed, why, CloseCode::Invalid);
-                        }
+                m = conn.next_message(&self.ctx.metrics) => {
+                    let handled = match m {
+                        Ok(bytes) => self.handle(conn, &bytes).await,
+                        Err(end) => Err(end),
+                    };
+                    if let Err(end) = handled {
+                        return end;
                     }
                 }
                 _ = std::future::ready(()), if can_send => {
                     match tokio::time::timeout(stall, self.send_more(conn)).await {
                         Ok(Ok(())) => {}
-                        Ok(Err(e)) => return End::Closed(e.to_string()),
+                        Ok(Err(end)) => return end,
                         // The socket stays blocked: only a close, best effort.
                         Err(_) => return self.stalled("a send did not complete", true),
                     }
@@ -261,8 +243,10 @@ impl Session {
                     self.window_full_since = None;
                     // Also at an equal cursor: the ack of a resync registers a name whose
                     // cursor was lost.
-                    if let Some((identity, name)) = &self.durable {
-                        self.ctx.bus.set_durable_cursor(identity, name, cursor);
+                    if let Some((identity, name)) = &self.durable
+                        && let Err(e) = self.ctx.bus.set_durable_cursor(identity, name, cursor).await
+                    {
+                        tracing::warn!(error = %e, "durable cursor not stored");
                     }
                 }
                 Ok(())
@@ -287,8 +271,16 @@ impl Session {
 
     /// Sends the next chunk: resync markers for evicted history first, then records in
     /// order, events batched into frames and each marker as its own frame.
-    async fn send_more(&mut self, conn: &mut Conn) -> Result<(), tokio_tungstenite::tungstenite::Error> {
-        let read = self.ctx.bus.read(self.sent + 1, READ_CHUNK);
+    async fn send_more(&mut self, conn: &mut Conn) -> Result<(), End> {
+        let read = self.ctx.bus.read(self.sent + 1, READ_CHUNK).await.map_err(|e| {
+            tracing::error!(error = %e, "bus read failed");
+            End::Fail(ErrorCode::Internal, format!("hub could not read events: {e}"), CloseCode::Error)
+        })?;
+        self.send_read(conn, read).await.map_err(|e| End::Closed(e.to_string()))
+    }
+
+    /// Sends what one read returned.
+    async fn send_read(&mut self, conn: &mut Conn, read: Read) -> Result<(), tokio_tungstenite::tungstenite::Error> {
         for (cluster, offset) in &read.evicted {
             if self.wants(cluster) {
                 let r = ResyncRequired {
@@ -300,30 +292,33 @@ impl Session {
                 self.delivered = self.delivered.max(*offset);
             }
         }
-        let mut frame = String::new();
-        let mut in_frame = 0u64;
+        let mut frame = EventsFrame::new();
         for rec in &read.records {
             if !self.wants(&rec.cluster) {
                 continue;
             }
             self.delivered = rec.offset;
-            match &rec.body {
-                RecordBody::Event(json) => {
-                    append_event(&mut frame, rec, json);
-                    in_frame += 1;
-                }
-                RecordBody::ResyncRequired(reason) => {
-                    self.flush(conn, &mut frame, &mut in_frame).await?;
-                    let r =
-                        ResyncRequired { cluster: rec.cluster.to_string(), cursor: rec.offset, reason: reason.clone() };
-                    conn.send_text(encode(&HubToSubscriber::ResyncRequired(r))).await?;
-                }
+            let marker = match &rec.body {
+                RecordBody::Event(json) => match frame.push_with_cursor(rec.offset, json) {
+                    Ok(()) => None,
+                    Err(e) => {
+                        // Never skipped silently: the subscriber reconciles the cluster.
+                        tracing::error!(offset = rec.offset, cluster = %rec.cluster, error = %e, "unreadable stored event");
+                        Some(format!("the hub's stored event at offset {} is unreadable: {e}", rec.offset))
+                    }
+                },
+                RecordBody::ResyncRequired(reason) => Some(reason.clone()),
+            };
+            if let Some(reason) = marker {
+                self.flush(conn, &mut frame).await?;
+                let r = ResyncRequired { cluster: rec.cluster.to_string(), cursor: rec.offset, reason };
+                conn.send_text(encode(&HubToSubscriber::ResyncRequired(r))).await?;
             }
-            if frame.len() > self.ctx.config.limits.max_message_bytes / 2 {
-                self.flush(conn, &mut frame, &mut in_frame).await?;
+            if frame.len_bytes() > self.ctx.config.limits.max_message_bytes / 2 {
+                self.flush(conn, &mut frame).await?;
             }
         }
-        self.flush(conn, &mut frame, &mut in_frame).await?;
+        self.flush(conn, &mut frame).await?;
         self.sent = read.next - 1;
         Ok(())
     }
@@ -331,17 +326,22 @@ impl Session {
     async fn flush(
         &self,
         conn: &mut Conn,
-        frame: &mut String,
-        in_frame: &mut u64,
+        frame: &mut EventsFrame,
     ) -> Result<(), tokio_tungstenite::tungstenite::Error> {
-        if *in_frame == 0 {
-            return Ok(());
-        }
-        frame.push_str("]}");
-        conn.send_text(std::mem::take(frame)).await?;
-        self.ctx.metrics.events_delivered.inc_by(*in_frame);
-        *in_frame = 0;
+        let events = frame.events() as u64;
+        let Some(text) = frame.take() else { return Ok(()) };
+        conn.send_text(text).await?;
+        self.ctx.metrics.events_delivered.inc_by(events);
         Ok(())
+    }
+}
+
+/// Ends a session whose durable subscription the bus refused: a name over the bounds is
+/// the subscriber's to fix, anything else is the hub's.
+fn durable_refused(e: BusError) -> End {
+    match e {
+        BusError::Durable(e) => End::Fail(ErrorCode::LimitExceeded, e.to_string(), CloseCode::Policy),
+        e => End::Fail(ErrorCode::Internal, format!("durable subscription: {e}"), CloseCode::Error),
     }
 }
 
@@ -356,23 +356,9 @@ async fn sleep_until_opt(deadline: Option<Instant>) {
 /// What to tell a subscriber that sent a type it may not: agent messages are refused by
 /// role, anything else is unknown.
 fn unexpected_type(t: &str) -> String {
-    if ["hello", "events", "resync", "inventory", "watch-status"].contains(&t) {
+    if AGENT_MESSAGE_TYPES.contains(&t) {
         format!("a subscriber certificate cannot publish ({t:?}); subscribers can only subscribe")
     } else {
         format!("unknown message type {t:?}")
     }
-}
-
-/// Adds one stored event to an `events` frame, splicing its cursor in as the first field:
-/// the stored JSON is reused as it is, never parsed again.
-fn append_event(frame: &mut String, rec: &Record, json: &[u8]) {
-    use std::fmt::Write;
-    if frame.is_empty() {
-        frame.push_str(r#"{"type":"events","events":["#);
-    } else {
-        frame.push(',');
-    }
-    let _ = write!(frame, r#"{{"cursor":{},"#, rec.offset);
-    // Stored events are JSON objects we serialized ourselves: `{` then at least one field.
-    frame.push_str(std::str::from_utf8(&json[1..]).unwrap_or("}"));
 }

@@ -88,8 +88,11 @@ trait Tagged: DeserializeOwned {
     fn cap_text(&mut self, _max: usize) {}
 }
 
+/// The `type`s an agent sends. The hub refuses them by role from a subscriber.
+pub const AGENT_MESSAGE_TYPES: &[&str] = &["hello", "events", "resync", "inventory", "watch-status"];
+
 impl Tagged for AgentMessage {
-    const TYPES: &'static [&'static str] = &["hello", "events", "resync", "inventory", "watch-status"];
+    const TYPES: &'static [&'static str] = AGENT_MESSAGE_TYPES;
 
     fn cap_text(&mut self, max: usize) {
         if let AgentMessage::Resync(r) = self {
@@ -175,6 +178,105 @@ pub fn decode_hub_to_subscriber(bytes: &[u8], limits: &Limits) -> Result<HubToSu
 pub fn encode<T: serde::Serialize>(msg: &T) -> String {
     // Serializing our own types to a String cannot fail: no maps with non-string keys.
     serde_json::to_string(msg).unwrap_or_else(|e| format!(r#"{{"type":"error","code":"internal","message":"{e}"}}"#))
+}
+
+/// Builds an `events` frame (`{"type":"events","events":[...]}`) from events that are
+/// already serialized, without parsing them again: the agent's outbox keeps events as JSON
+/// from the moment they are recorded, and the hub stores them as JSON on arrival. The hub
+/// also splices each event's bus cursor in as its first field ([`EventsFrame::push_with_cursor`]).
+/// This is the one place that knows the frame's layout, so both ends stay in step with
+/// [`crate::message`]'s `events` messages.
+///
+/// ```
+/// use fleetwatch_protocol::codec::{EventsFrame, Limits, decode_hub_to_subscriber};
+/// use fleetwatch_protocol::message::HubToSubscriber;
+/// let mut frame = EventsFrame::new();
+/// frame.push_with_cursor(7, br#"{"id":"a","seq":1}"#).unwrap();
+/// assert_eq!(frame.events(), 1);
+/// let text = frame.take().unwrap();
+/// assert_eq!(text, r#"{"type":"events","events":[{"cursor":7,"id":"a","seq":1}]}"#);
+/// assert!(frame.take().is_none()); // taken: empty again
+/// ```
+#[derive(Debug, Default)]
+pub struct EventsFrame {
+    text: String,
+    events: usize,
+}
+
+/// A stored event that cannot be spliced into a frame: not a JSON object in UTF-8.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("stored event is not a JSON object ({0})")]
+pub struct SpliceError(&'static str);
+
+const EVENTS_FRAME_START: &str = r#"{"type":"events","events":["#;
+const EVENTS_FRAME_END: &str = "]}";
+
+impl EventsFrame {
+    /// An empty frame.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Events added since the frame was started.
+    pub fn events(&self) -> usize {
+        self.events
+    }
+
+    /// Whether no event was added.
+    pub fn is_empty(&self) -> bool {
+        self.events == 0
+    }
+
+    /// Bytes of the frame so far (without its closing `]}`).
+    pub fn len_bytes(&self) -> usize {
+        self.text.len()
+    }
+
+    fn separator(&mut self) {
+        if self.events == 0 {
+            self.text.push_str(EVENTS_FRAME_START);
+        } else {
+            self.text.push(',');
+        }
+        self.events += 1;
+    }
+
+    /// Adds an event serialized from an [`crate::Event`] (a JSON object), as it is.
+    pub fn push(&mut self, event_json: &str) {
+        self.separator();
+        self.text.push_str(event_json);
+    }
+
+    /// Adds a stored event with its bus `cursor` spliced in as the first field. Checks
+    /// only what the splice needs (UTF-8, an object); the event is not parsed.
+    pub fn push_with_cursor(&mut self, cursor: u64, event_json: &[u8]) -> Result<(), SpliceError> {
+        let text = std::str::from_utf8(event_json).map_err(|_| SpliceError("not UTF-8"))?;
+        let trimmed = text.trim();
+        let Some(fields) = trimmed.strip_prefix('{').filter(|_| trimmed.ends_with('}')) else {
+            return Err(SpliceError("no enclosing braces"));
+        };
+        self.separator();
+        use std::fmt::Write;
+        // Writing to a String cannot fail.
+        let _ = write!(self.text, r#"{{"cursor":{cursor}"#);
+        if !fields.trim_start().starts_with('}') {
+            self.text.push(',');
+        }
+        self.text.push_str(fields);
+        Ok(())
+    }
+
+    /// The finished frame, leaving this builder empty for the next one; `None` when no
+    /// event was added.
+    pub fn take(&mut self) -> Option<String> {
+        if self.events == 0 {
+            return None;
+        }
+        self.events = 0;
+        let mut text = std::mem::take(&mut self.text);
+        text.push_str(EVENTS_FRAME_END);
+        Some(text)
+    }
 }
 
 #[cfg(test)]
@@ -318,5 +420,48 @@ mod tests {
         // Unknown fields are ignored.
         let m = decode_agent(br#"{"type":"hello","protocol":1,"epoch":5,"future":true}"#, &l).unwrap();
         assert!(matches!(m, AgentMessage::Hello(Hello { epoch: 5, .. })));
+    }
+
+    #[test]
+    fn events_frames_decode_on_both_ends() {
+        let key = ObjectKey::new("v1", "ConfigMap", Some("ns"), "a");
+        let a = Event::applied("c", 1, 1, &key, serde_json::json!({"v": 1}));
+        let b = Event::deleted("c", 1, 2, &key, serde_json::json!({}));
+        // Agent side: events as they are.
+        let mut frame = EventsFrame::new();
+        assert!(frame.take().is_none());
+        frame.push(&serde_json::to_string(&a).unwrap());
+        frame.push(&serde_json::to_string(&b).unwrap());
+        assert_eq!(frame.events(), 2);
+        let text = frame.take().unwrap();
+        assert!(frame.is_empty() && frame.len_bytes() == 0);
+        match decode_agent(text.as_bytes(), &Limits::default()).unwrap() {
+            AgentMessage::Events(batch) => assert_eq!(batch.events, vec![a.clone(), b.clone()]),
+            other => panic!("{other:?}"),
+        }
+        // Hub side: cursors spliced in.
+        frame.push_with_cursor(10, serde_json::to_string(&a).unwrap().as_bytes()).unwrap();
+        frame.push_with_cursor(11, serde_json::to_string(&b).unwrap().as_bytes()).unwrap();
+        let text = frame.take().unwrap();
+        let (mut a10, mut b11) = (a.clone(), b.clone());
+        a10.cursor = Some(10);
+        b11.cursor = Some(11);
+        match decode_hub_to_subscriber(text.as_bytes(), &Limits::default()).unwrap() {
+            HubToSubscriber::Events(batch) => assert_eq!(batch.events, vec![a10, b11]),
+            other => panic!("{other:?}"),
+        }
+        // Also into an empty object.
+        frame.push_with_cursor(12, b" { } ").unwrap();
+        let v: serde_json::Value = serde_json::from_str(&frame.take().unwrap()).unwrap();
+        assert_eq!(v["events"][0], serde_json::json!({"cursor": 12}));
+    }
+
+    #[test]
+    fn only_objects_are_spliced() {
+        let mut frame = EventsFrame::new();
+        assert!(frame.push_with_cursor(1, b"5").is_err());
+        assert!(frame.push_with_cursor(1, b"[1]").is_err());
+        assert!(frame.push_with_cursor(1, &[b'{', 0xff, b'}']).is_err());
+        assert!(frame.take().is_none(), "a refused event leaves the frame untouched");
     }
 }

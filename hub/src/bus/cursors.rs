@@ -197,10 +197,14 @@ impl CursorStore {
             return Ok(());
         }
         let text = match self.state.lock() {
-            Ok(s) => serde_json::to_vec(&*s).unwrap_or_default(),
+            Ok(s) => serde_json::to_vec(&*s).map_err(|e| StorageError {
+                path: path.clone(),
+                cause: format!("cannot serialise the cursor store: {e}"),
+            }),
             Err(_) => return Ok(()),
         };
-        storage.write_atomic(path, &text).inspect_err(|_| self.dirty.store(true, Ordering::Relaxed))
+        text.and_then(|text| storage.write_atomic(path, &text))
+            .inspect_err(|_| self.dirty.store(true, Ordering::Relaxed))
     }
 }
 

@@ -12,7 +12,6 @@
 //! `{"o":offset,"t":unix_ms,"c":cluster,"ep":epoch,"s":seq,"e":event}` or `…"r":reason}` for a
 //! `resync-required` marker. A zero-filled region never verifies: it has no magic.
 
-use std::io::Write;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -73,20 +72,73 @@ fn seal(buf: &mut [u8], start: usize) {
     buf[start + 8..start + 12].copy_from_slice(&crc.to_le_bytes());
 }
 
+/// Writes the payload JSON directly (the event is spliced in as stored): nothing here can
+/// fail, so nothing is swallowed.
 fn encode_payload(rec: &Record, buf: &mut Vec<u8>) {
-    let cluster = serde_json::to_string(&*rec.cluster).unwrap_or_default();
-    let _ =
-        write!(buf, r#"{{"o":{},"t":{},"c":{},"ep":{},"s":{},"#, rec.offset, rec.time_ms, cluster, rec.epoch, rec.seq);
+    buf.extend_from_slice(br#"{"o":"#);
+    push_u64(buf, rec.offset);
+    buf.extend_from_slice(br#","t":"#);
+    push_u64(buf, rec.time_ms);
+    buf.extend_from_slice(br#","c":"#);
+    push_json_str(buf, &rec.cluster);
+    buf.extend_from_slice(br#","ep":"#);
+    push_u64(buf, rec.epoch);
+    buf.extend_from_slice(br#","s":"#);
+    push_u64(buf, rec.seq);
     match &rec.body {
         RecordBody::Event(json) => {
-            buf.extend_from_slice(br#""e":"#);
+            buf.extend_from_slice(br#","e":"#);
             buf.extend_from_slice(json);
         }
         RecordBody::ResyncRequired(reason) => {
-            let _ = write!(buf, r#""r":{}"#, serde_json::to_string(reason).unwrap_or_default());
+            buf.extend_from_slice(br#","r":"#);
+            push_json_str(buf, reason);
         }
     }
     buf.push(b'}');
+}
+
+/// Appends `n` in decimal.
+fn push_u64(buf: &mut Vec<u8>, mut n: u64) {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    buf.extend_from_slice(&digits[at..]);
+}
+
+/// Appends `s` as a JSON string (quoted, with `"`, `\` and control characters escaped).
+pub(super) fn push_json_str(buf: &mut Vec<u8>, s: &str) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    buf.push(b'"');
+    let mut plain = 0;
+    let bytes = s.as_bytes();
+    for (i, &b) in bytes.iter().enumerate() {
+        let escape: &[u8] = match b {
+            b'"' => br#"\""#,
+            b'\\' => br"\\",
+            b'\n' => br"\n",
+            b'\r' => br"\r",
+            b'\t' => br"\t",
+            0..=0x1f => &[],
+            _ => continue,
+        };
+        buf.extend_from_slice(&bytes[plain..i]);
+        plain = i + 1;
+        if escape.is_empty() {
+            buf.extend_from_slice(&[b'\\', b'u', b'0', b'0', HEX[usize::from(b >> 4)], HEX[usize::from(b & 0xf)]]);
+        } else {
+            buf.extend_from_slice(escape);
+        }
+    }
+    buf.extend_from_slice(&bytes[plain..]);
+    buf.push(b'"');
 }
 
 /// The verified payload of the frame at `pos`, and the frame's total size.
@@ -198,5 +250,27 @@ mod tests {
         assert_eq!(frame_at(&zeroed, 0).unwrap_err(), FrameError::BadMagic);
         assert_eq!(next_valid_frame(&zeroed, 1), Some(second));
         assert_eq!(frame_at(&[0u8; 64], 0).unwrap_err(), FrameError::BadMagic);
+    }
+
+    #[test]
+    fn payload_is_the_json_serde_would_write() {
+        let reason = "a \"quoted\" \\ reason\n\t\u{1}é ✓".to_string();
+        let cluster = "c\"x\u{7f}";
+        let rec = Record {
+            offset: u64::MAX,
+            cluster: cluster.into(),
+            epoch: 0,
+            seq: 10,
+            time_ms: 1234567890123,
+            body: RecordBody::ResyncRequired(reason.clone()),
+        };
+        let mut buf = Vec::new();
+        encode_payload(&rec, &mut buf);
+        let expected =
+            serde_json::json!({"o": u64::MAX, "t": 1234567890123u64, "c": cluster, "ep": 0, "s": 10, "r": reason});
+        assert_eq!(serde_json::from_slice::<serde_json::Value>(&buf).unwrap(), expected);
+        let mut s = Vec::new();
+        push_json_str(&mut s, &reason);
+        assert_eq!(String::from_utf8(s).unwrap(), serde_json::to_string(&reason).unwrap());
     }
 }

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use super::Log;
+use super::log::Log;
 
 /// Retention limits; a record is evicted when any of them is exceeded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

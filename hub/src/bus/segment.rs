@@ -42,7 +42,15 @@ pub(super) fn write_index<'a>(
     clusters: impl Iterator<Item = &'a Arc<str>>,
 ) -> Result<(), StorageError> {
     let names: BTreeSet<&str> = clusters.map(|c| &**c).collect();
-    let payload = serde_json::to_vec(&serde_json::json!({ "clusters": names })).unwrap_or_default();
+    // `{"clusters":["a","b"]}`, written directly: nothing to fail.
+    let mut payload = br#"{"clusters":["#.to_vec();
+    for (i, name) in names.iter().enumerate() {
+        if i > 0 {
+            payload.push(b',');
+        }
+        record::push_json_str(&mut payload, name);
+    }
+    payload.extend_from_slice(b"]}");
     let mut buf = Vec::new();
     record::encode_raw(&payload, &mut buf);
     storage.write_atomic(&index_path(segment), &buf)
@@ -123,4 +131,18 @@ pub(super) fn scan(bytes: &[u8], intern: &mut impl FnMut(&str) -> Arc<str>) -> S
         pos = resume;
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn index_round_trips_any_cluster_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let seg = path(dir.path(), 1);
+        let names: Vec<Arc<str>> = vec!["b".into(), "a\"\\\n".into(), "b".into()];
+        write_index(&Storage::default(), &seg, names.iter()).unwrap();
+        assert_eq!(read_index(&seg).unwrap(), vec!["a\"\\\n".to_string(), "b".to_string()]);
+    }
 }

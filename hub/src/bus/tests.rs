@@ -1,7 +1,10 @@
-//! Bus tests: appends, retention, and the durable log under damage and failed writes.
+//! Segment-log tests: the durable log across restarts, under damage and failed writes.
+//! What every backend does is in [`super::conformance`].
 
 use std::io::Write;
 use std::time::{Duration, Instant};
+
+use std::path::{Path, PathBuf};
 
 use super::*;
 
@@ -24,13 +27,17 @@ fn disk(dir: &Path, segment_records: u64) -> BusOptions {
     }
 }
 
+fn open_disk(opts: BusOptions) -> Arc<SegmentLogBus> {
+    SegmentLogBus::open(opts.dir.clone().expect("a data directory"), opts).unwrap()
+}
+
 fn segments(dir: &Path) -> Vec<PathBuf> {
     segment::list(&dir.join("segments")).unwrap().into_iter().map(|(_, p)| p).collect()
 }
 
 /// `(cluster, reason)` of every resync-required record.
-fn resyncs(bus: &Bus) -> Vec<(String, String)> {
-    bus.read(0, usize::MAX)
+fn resyncs(bus: &SegmentLogBus) -> Vec<(String, String)> {
+    bus.read_now(0, usize::MAX)
         .records
         .iter()
         .filter_map(|r| match &r.body {
@@ -40,8 +47,8 @@ fn resyncs(bus: &Bus) -> Vec<(String, String)> {
         .collect()
 }
 
-fn events_of(bus: &Bus, cluster: &str) -> Vec<u64> {
-    bus.read(0, usize::MAX)
+fn events_of(bus: &SegmentLogBus, cluster: &str) -> Vec<u64> {
+    bus.read_now(0, usize::MAX)
         .records
         .iter()
         .filter(|r| &*r.cluster == cluster && matches!(r.body, RecordBody::Event(_)))
@@ -58,77 +65,12 @@ async fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn appends_dedupes_and_reads() {
-    let bus = Bus::open(BusOptions::default()).unwrap();
-    let c: Arc<str> = "c1".into();
-    assert_eq!(bus.append(c.clone(), vec![ev(1, 1), ev(1, 2)]).await.unwrap(), 2);
-    // A resend of seq 2 plus a new seq 3: only 3 is appended.
-    assert_eq!(bus.append(c.clone(), vec![ev(1, 2), ev(1, 3)]).await.unwrap(), 3);
-    assert_eq!(bus.head("c1"), Some((1, 3)));
-    let r = bus.read(1, 10);
-    assert_eq!(r.records.iter().map(|r| r.seq).collect::<Vec<_>>(), vec![1, 2, 3]);
-    assert_eq!(r.next, 4);
-    // A new epoch starts over.
-    bus.append(c.clone(), vec![ev(2, 1)]).await.unwrap();
-    assert_eq!(bus.head("c1"), Some((2, 1)));
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn eviction_reports_affected_clusters() {
-    let retention = Retention { records: 3, ..Retention::default() };
-    let bus = Bus::open(BusOptions { retention, ..BusOptions::default() }).unwrap();
-    bus.append("a".into(), vec![ev(1, 1), ev(1, 2)]).await.unwrap();
-    bus.append("b".into(), vec![ev(1, 1), ev(1, 2), ev(1, 3)]).await.unwrap();
-    let r = bus.read(1, 10);
-    assert_eq!(r.records.len(), 3);
-    let mut ev: Vec<_> = r.evicted.iter().map(|(c, _)| c.to_string()).collect();
-    ev.sort();
-    assert_eq!(ev, vec!["a"]);
-    assert!(bus.read(3, 10).evicted.is_empty());
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn retention_by_bytes_bounds_memory() {
-    let retention = Retention { records: 1_000_000, bytes: 64 << 10, age: None };
-    let bus = Bus::open(BusOptions { retention, ..BusOptions::default() }).unwrap();
-    for seq in 1..=200 {
-        bus.append("a".into(), vec![big(seq, 4096)]).await.unwrap();
-        // Never more than the limit plus one batch.
-        assert!(bus.retained_bytes() <= (64 << 10) + 4096 + 200, "{} bytes held", bus.retained_bytes());
-    }
-    assert!(bus.retained() < 20, "{} records held", bus.retained());
-    let r = bus.read(1, 10);
-    assert_eq!(r.evicted.iter().map(|(c, _)| c.to_string()).collect::<Vec<_>>(), vec!["a"]);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn retention_by_age_evicts_without_new_appends() {
-    let retention = Retention { records: 1_000_000, bytes: 1 << 30, age: Some(Duration::from_millis(200)) };
-    let bus = Bus::open(BusOptions { retention, ..BusOptions::default() }).unwrap();
-    bus.append("a".into(), vec![ev(1, 1), ev(1, 2)]).await.unwrap();
-    // The writer's periodic tick evicts records older than the age.
-    wait_for("age eviction", || bus.retained() == 0).await;
-    assert_eq!(bus.read(1, 10).evicted.len(), 1);
-    assert_eq!(bus.append("a".into(), vec![ev(1, 3)]).await.unwrap(), 3);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn reasons_are_capped_on_a_char_boundary() {
-    let bus = Bus::open(BusOptions::default()).unwrap();
-    let reason = "é".repeat(1000); // 2000 bytes
-    bus.append("a".into(), vec![Append { epoch: 1, seq: 1, body: RecordBody::ResyncRequired(reason) }]).await.unwrap();
-    let stored = &resyncs(&bus)[0].1;
-    assert_eq!(stored.len(), MAX_REASON_BYTES);
-    assert!(stored.chars().all(|c| c == 'é'));
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn survives_restart_and_cuts_a_torn_tail() {
     let dir = tempfile::tempdir().unwrap();
     let opts = disk(dir.path(), 4);
     let stream;
     {
-        let bus = Bus::open(opts.clone()).unwrap();
+        let bus = open_disk(opts.clone());
         stream = bus.stream_id().to_string();
         for i in 1..=10 {
             bus.append("c".into(), vec![ev(7, i)]).await.unwrap();
@@ -136,8 +78,8 @@ async fn survives_restart_and_cuts_a_torn_tail() {
         bus.append("c".into(), vec![Append { epoch: 7, seq: 11, body: RecordBody::ResyncRequired("x".into()) }])
             .await
             .unwrap();
-        bus.register_durable("id", "sub", 5).unwrap();
-        bus.flush_cursors().unwrap();
+        bus.register_durable("id", "sub", 5).await.unwrap();
+        bus.flush_cursors_now().unwrap();
     }
     // A write cut short at the end of the last segment (a crash, never acked).
     let last = segments(dir.path()).pop().unwrap();
@@ -146,14 +88,14 @@ async fn survives_restart_and_cuts_a_torn_tail() {
     let rec = Record { offset: 12, cluster: "c".into(), epoch: 7, seq: 12, time_ms: 0, body: ev(7, 12).body };
     record::encode(&rec, &mut frame);
     std::fs::OpenOptions::new().append(true).open(&last).unwrap().write_all(&frame[..frame.len() - 5]).unwrap();
-    let bus = Bus::open(opts).unwrap();
+    let bus = open_disk(opts);
     assert_eq!(std::fs::metadata(&last).unwrap().len(), len, "torn tail cut");
     assert_eq!(bus.stream_id(), stream);
-    assert_eq!(bus.head("c"), Some((7, 11)));
+    assert_eq!(bus.head_now("c"), Some((7, 11)));
     assert_eq!(bus.last_offset(), 11);
-    assert_eq!(bus.durable_lookup("id", "sub").unwrap(), Lookup::Known(5));
-    assert_eq!(bus.durable_lookup("id", "other").unwrap(), Lookup::New, "an intact store knows new names");
-    let r = bus.read(1, 100);
+    assert_eq!(bus.durable_lookup("id", "sub").await.unwrap(), Lookup::Known(5));
+    assert_eq!(bus.durable_lookup("id", "other").await.unwrap(), Lookup::New, "an intact store knows new names");
+    let r = bus.read_now(1, 100);
     assert_eq!(r.records.len(), 11);
     assert_eq!(resyncs(&bus), vec![("c".to_string(), "x".to_string())], "a torn tail is no loss");
     assert_eq!(bus.append("c".into(), vec![ev(7, 12)]).await.unwrap(), 12);
@@ -164,7 +106,7 @@ async fn flipped_digit_is_skipped_and_its_cluster_resynced() {
     let dir = tempfile::tempdir().unwrap();
     let opts = disk(dir.path(), 3);
     {
-        let bus = Bus::open(opts.clone()).unwrap();
+        let bus = open_disk(opts.clone());
         bus.append("a".into(), vec![ev(1, 1), ev(1, 2)]).await.unwrap();
         bus.append("b".into(), vec![ev(1, 1)]).await.unwrap(); // segment 1: a, a, b
         bus.append("c".into(), vec![ev(1, 1), ev(1, 2)]).await.unwrap(); // segment 2
@@ -174,7 +116,7 @@ async fn flipped_digit_is_skipped_and_its_cluster_resynced() {
     let at = bytes.windows(9).position(|w| w == br#"{"seq":2}"#).unwrap();
     bytes[at + 7] = b'3';
     std::fs::write(first, &bytes).unwrap();
-    let bus = Bus::open(opts.clone()).unwrap();
+    let bus = open_disk(opts.clone());
     // The changed record is not delivered; the rest of its segment is.
     assert_eq!(events_of(&bus, "a"), vec![1]);
     assert_eq!(events_of(&bus, "b"), vec![1]);
@@ -184,13 +126,13 @@ async fn flipped_digit_is_skipped_and_its_cluster_resynced() {
     let file = first.file_name().unwrap().to_string_lossy().into_owned();
     let reason = format!("records lost in segment {file} at offset {}: checksum mismatch", {
         let mut f = Vec::new();
-        record::encode(&bus.read(1, 1).records[0], &mut f);
+        record::encode(&bus.read_now(1, 1).records[0], &mut f);
         f.len()
     });
     assert_eq!(got, vec![("a".to_string(), reason.clone()), ("b".to_string(), reason)]);
     drop(bus);
     // The damage was removed: a second start records nothing new.
-    let bus = Bus::open(opts).unwrap();
+    let bus = open_disk(opts);
     assert_eq!(resyncs(&bus).len(), 2);
 }
 
@@ -199,7 +141,7 @@ async fn zeroed_block_in_an_older_segment_is_skipped_and_later_records_kept() {
     let dir = tempfile::tempdir().unwrap();
     let opts = disk(dir.path(), 100);
     {
-        let bus = Bus::open(opts.clone()).unwrap();
+        let bus = open_disk(opts.clone());
         for seq in 1..=50 {
             bus.append("a".into(), vec![big(seq, 200)]).await.unwrap();
             bus.append("b".into(), vec![big(seq, 200)]).await.unwrap();
@@ -215,7 +157,7 @@ async fn zeroed_block_in_an_older_segment_is_skipped_and_later_records_kept() {
     f.seek(std::io::SeekFrom::Start(8192)).unwrap();
     f.write_all(&[0u8; 4096]).unwrap();
     drop(f);
-    let bus = Bus::open(opts).unwrap();
+    let bus = open_disk(opts);
     let a = events_of(&bus, "a");
     let b = events_of(&bus, "b");
     assert!(a.len() < 50 && a.len() > 30, "a kept {}", a.len());
@@ -238,7 +180,7 @@ async fn zeroed_block_in_an_older_segment_is_skipped_and_later_records_kept() {
     let mut from = 1;
     let mut reads = 0;
     while from <= bus.last_offset() {
-        let r = bus.read(from, 7);
+        let r = bus.read_now(from, 7);
         assert!(r.next > from);
         from = r.next;
         reads += 1;
@@ -250,11 +192,11 @@ async fn zeroed_block_in_an_older_segment_is_skipped_and_later_records_kept() {
 async fn failed_write_is_cut_not_acked_and_appends_resume() {
     let dir = tempfile::tempdir().unwrap();
     let opts = disk(dir.path(), 1000);
-    let bus = Bus::open(opts.clone()).unwrap();
+    let bus = open_disk(opts.clone());
     bus.append("a".into(), vec![ev(1, 1)]).await.unwrap();
     let seg = segments(dir.path()).pop().unwrap();
     let len = std::fs::metadata(&seg).unwrap().len();
-    bus.inject_storage_fault(Duration::from_secs(3600));
+    bus.inject_storage_fault(Duration::from_secs(3600)).unwrap();
     let err = bus.append("a".into(), vec![ev(1, 2), ev(1, 3)]).await.unwrap_err();
     let msg = err.to_string();
     assert!(msg.starts_with("no space left on device ("), "{msg}");
@@ -265,12 +207,12 @@ async fn failed_write_is_cut_not_acked_and_appends_resume() {
     assert!(bus.append("a".into(), vec![ev(1, 2)]).await.is_err(), "no later append is acked while failing");
     assert_eq!(bus.last_offset(), 1);
     assert_eq!(bus.write_failures(), 2);
-    bus.inject_storage_fault(Duration::ZERO);
+    bus.inject_storage_fault(Duration::ZERO).unwrap();
     // The readiness probe clears the failure without any append.
     wait_for("readiness after the fault", || bus.health().is_ok()).await;
     assert_eq!(bus.append("a".into(), vec![ev(1, 2), ev(1, 3)]).await.unwrap(), 3);
     drop(bus);
-    let bus = Bus::open(opts).unwrap();
+    let bus = open_disk(opts);
     assert_eq!(events_of(&bus, "a"), vec![1, 2, 3]);
     assert!(resyncs(&bus).is_empty(), "a cut write is no damage: {:?}", resyncs(&bus));
 }
@@ -280,25 +222,25 @@ async fn cursor_beyond_the_end_gets_resync_and_offsets_are_not_reused() {
     let dir = tempfile::tempdir().unwrap();
     let opts = disk(dir.path(), 5);
     {
-        let bus = Bus::open(opts.clone()).unwrap();
+        let bus = open_disk(opts.clone());
         for seq in 1..=12 {
             bus.append("a".into(), vec![ev(1, seq)]).await.unwrap();
         }
-        bus.register_durable("id", "sub", 12).unwrap();
-        bus.flush_cursors().unwrap();
+        bus.register_durable("id", "sub", 12).await.unwrap();
+        bus.flush_cursors_now().unwrap();
     }
     // The log loses its end: the last segment (offsets 11, 12) is deleted.
     std::fs::remove_file(segments(dir.path()).pop().unwrap()).unwrap();
-    let bus = Bus::open(opts).unwrap();
-    assert_eq!(bus.durable_lookup("id", "sub").unwrap(), Lookup::Known(12));
+    let bus = open_disk(opts);
+    assert_eq!(bus.durable_lookup("id", "sub").await.unwrap(), Lookup::Known(12));
     assert!(bus.last_offset() > 12, "the log continues above every offset handed out");
-    let r = bus.read(13, 100);
+    let r = bus.read_now(13, 100);
     assert_eq!(r.records.len(), 1);
     assert_eq!(&*r.records[0].cluster, ALL_CLUSTERS);
     assert!(matches!(&r.records[0].body, RecordBody::ResyncRequired(s) if s.contains("missing")));
     let next = bus.append("a".into(), vec![ev(2, 1)]).await.unwrap();
     assert!(next > 12);
-    assert_eq!(bus.read(13, 100).records.len(), 2, "new records are readable after the cursor");
+    assert_eq!(bus.read_now(13, 100).records.len(), 2, "new records are readable after the cursor");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -306,21 +248,21 @@ async fn lost_cursor_store_makes_every_durable_name_unknown() {
     let dir = tempfile::tempdir().unwrap();
     let opts = disk(dir.path(), 100);
     {
-        let bus = Bus::open(opts.clone()).unwrap();
+        let bus = open_disk(opts.clone());
         bus.append("a".into(), vec![ev(1, 1)]).await.unwrap();
-        bus.register_durable("id", "sub", 1).unwrap();
-        bus.flush_cursors().unwrap();
+        bus.register_durable("id", "sub", 1).await.unwrap();
+        bus.flush_cursors_now().unwrap();
     }
     std::fs::remove_file(dir.path().join("cursors.json")).unwrap();
-    let bus = Bus::open(opts.clone()).unwrap();
-    assert_eq!(bus.durable_lookup("id", "sub").unwrap(), Lookup::Lost);
-    assert_eq!(bus.durable_lookup("id", "new").unwrap(), Lookup::Lost);
-    bus.register_durable("id", "sub", 1).unwrap();
-    bus.flush_cursors().unwrap();
+    let bus = open_disk(opts.clone());
+    assert_eq!(bus.durable_lookup("id", "sub").await.unwrap(), Lookup::Lost);
+    assert_eq!(bus.durable_lookup("id", "new").await.unwrap(), Lookup::Lost);
+    bus.register_durable("id", "sub", 1).await.unwrap();
+    bus.flush_cursors_now().unwrap();
     drop(bus);
-    let bus = Bus::open(opts).unwrap();
-    assert_eq!(bus.durable_lookup("id", "sub").unwrap(), Lookup::Known(1));
-    assert_eq!(bus.durable_lookup("id", "other").unwrap(), Lookup::Lost, "still unknown after a restart");
+    let bus = open_disk(opts);
+    assert_eq!(bus.durable_lookup("id", "sub").await.unwrap(), Lookup::Known(1));
+    assert_eq!(bus.durable_lookup("id", "other").await.unwrap(), Lookup::Lost, "still unknown after a restart");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -329,11 +271,11 @@ async fn an_older_format_is_moved_aside_and_a_new_stream_starts() {
     std::fs::create_dir_all(dir.path().join("segments")).unwrap();
     std::fs::write(dir.path().join("stream-id"), "abc").unwrap();
     std::fs::write(dir.path().join("segments/00000000000000000001.log"), "{\"o\":1}\n").unwrap();
-    let bus = Bus::open(disk(dir.path(), 100)).unwrap();
+    let bus = open_disk(disk(dir.path(), 100));
     assert_ne!(bus.stream_id(), "abc");
     assert_eq!(bus.last_offset(), 0);
     assert!(dir.path().join("segments-v1/00000000000000000001.log").exists());
-    assert_eq!(bus.durable_lookup("id", "sub").unwrap(), Lookup::Lost);
+    assert_eq!(bus.durable_lookup("id", "sub").await.unwrap(), Lookup::Lost);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -341,11 +283,11 @@ async fn corrupt_last_record_is_a_loss_for_every_cluster_and_offsets_move_on() {
     let dir = tempfile::tempdir().unwrap();
     let opts = disk(dir.path(), 100);
     {
-        let bus = Bus::open(opts.clone()).unwrap();
+        let bus = open_disk(opts.clone());
         for seq in 1..=5 {
             bus.append("a".into(), vec![ev(1, seq)]).await.unwrap();
         }
-        bus.flush_cursors().unwrap();
+        bus.flush_cursors_now().unwrap();
     }
     // The last record is complete but its content changed: acked, now unreadable.
     let seg = segments(dir.path()).pop().unwrap();
@@ -353,7 +295,7 @@ async fn corrupt_last_record_is_a_loss_for_every_cluster_and_offsets_move_on() {
     let n = bytes.len();
     bytes[n - 3] ^= 0x01;
     std::fs::write(&seg, &bytes).unwrap();
-    let bus = Bus::open(opts).unwrap();
+    let bus = open_disk(opts);
     assert_eq!(events_of(&bus, "a"), vec![1, 2, 3, 4]);
     let got = resyncs(&bus);
     assert_eq!(got.len(), 1);
@@ -367,13 +309,13 @@ async fn a_missing_middle_segment_is_reported() {
     let dir = tempfile::tempdir().unwrap();
     let opts = disk(dir.path(), 2);
     {
-        let bus = Bus::open(opts.clone()).unwrap();
+        let bus = open_disk(opts.clone());
         for seq in 1..=6 {
             bus.append("a".into(), vec![ev(1, seq)]).await.unwrap();
         }
     }
     std::fs::remove_file(&segments(dir.path())[1]).unwrap();
-    let bus = Bus::open(opts).unwrap();
+    let bus = open_disk(opts);
     assert_eq!(events_of(&bus, "a"), vec![1, 2, 5, 6]);
     let got = resyncs(&bus);
     assert_eq!(got.len(), 1, "{got:?}");

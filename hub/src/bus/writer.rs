@@ -14,9 +14,11 @@ use std::sync::{Arc, Weak};
 use tokio::sync::{mpsc, oneshot};
 
 use super::cursors::RESERVE_STEP;
+use super::log;
 use super::retention::{self, Retention};
+use super::segment_log::SegmentLogBus;
 use super::storage::StorageError;
-use super::{Append, Bus, BusError, Record, record, segment};
+use super::{Append, BusError, Record, record, segment};
 
 /// A request to the writer.
 pub(super) enum Request {
@@ -82,16 +84,16 @@ impl Disk {
 }
 
 pub(super) struct Writer {
-    /// Weak: when the last `Bus` handle goes, its sender goes and the writer stops.
-    pub bus: Weak<Bus>,
+    /// Weak: when the last bus handle goes, its sender goes and the writer stops.
+    pub bus: Weak<SegmentLogBus>,
     pub retention: Retention,
-    pub disk: Option<Disk>,
+    pub disk: Disk,
     /// Whether the last write failed (to log transitions once).
     failing: bool,
 }
 
 impl Writer {
-    pub(super) fn new(bus: Weak<Bus>, retention: Retention, disk: Option<Disk>) -> Self {
+    pub(super) fn new(bus: Weak<SegmentLogBus>, retention: Retention, disk: Disk) -> Self {
         Self { bus, retention, disk, failing: false }
     }
 
@@ -128,7 +130,7 @@ impl Writer {
             Ok((lasts, wrote)) => {
                 // Only a real write proves the disk works again (a batch of duplicates
                 // writes nothing).
-                if wrote || self.disk.is_none() {
+                if wrote {
                     self.set_failing(&bus, None);
                 }
                 for (req, last) in batch.drain(..).zip(lasts) {
@@ -149,7 +151,7 @@ impl Writer {
         }
     }
 
-    fn set_failing(&mut self, bus: &Bus, error: Option<&StorageError>) {
+    fn set_failing(&mut self, bus: &SegmentLogBus, error: Option<&StorageError>) {
         match error {
             Some(e) => {
                 if !self.failing {
@@ -168,62 +170,37 @@ impl Writer {
         }
     }
 
-    fn try_commit(&mut self, bus: &Bus, batch: &mut [Request]) -> Result<(Vec<u64>, bool), StorageError> {
+    fn try_commit(&mut self, bus: &SegmentLogBus, batch: &mut [Request]) -> Result<(Vec<u64>, bool), StorageError> {
         let now = retention::now_ms();
-        let mut end = bus.log.read().map(|l| l.end).unwrap_or(1);
+        let mut end = bus.core.log.read().map(|l| l.end).unwrap_or(1);
         let mut new_records: Vec<Arc<Record>> = Vec::new();
         let mut replies: Vec<u64> = Vec::new();
         let mut heads: HashMap<Arc<str>, (u64, u64)> = HashMap::new();
-        let mut buf = Vec::new();
         for req in batch.iter_mut() {
             let Request::Append { cluster, items, system, .. } = req else {
                 replies.push(0);
                 continue;
             };
-            let mut head = heads.get(&*cluster).copied().or_else(|| bus.head(cluster));
-            let mut last = end.saturating_sub(1);
-            for item in std::mem::take(items) {
-                if !*system
-                    && let Some((ep, seq)) = head
-                    && ep == item.epoch
-                    && item.seq <= seq
-                {
-                    continue; // duplicate from a resend
-                }
-                let rec = Record {
-                    offset: end,
-                    cluster: cluster.clone(),
-                    epoch: item.epoch,
-                    seq: item.seq,
-                    time_ms: now,
-                    body: item.body,
-                };
-                if self.disk.is_some() {
-                    record::encode(&rec, &mut buf);
-                }
-                if !*system {
-                    head = Some((item.epoch, item.seq));
-                }
-                last = end;
-                end += 1;
-                new_records.push(Arc::new(rec));
-            }
+            let mut head = heads.get(&*cluster).copied().or_else(|| bus.head_now(cluster));
+            let items = std::mem::take(items);
+            replies.push(log::assign(cluster, items, *system, &mut head, &mut end, now, &mut new_records));
             if let Some(h) = head
                 && !*system
             {
                 heads.insert(cluster.clone(), h);
             }
-            replies.push(last);
         }
-        if let Some(disk) = &mut self.disk
-            && !new_records.is_empty()
-        {
-            // Offsets past `reserved` are handed out only once the new mark is stored.
-            if end >= bus.cursors.reserved() {
-                let first = new_records[0].offset;
-                bus.cursors.reserve(end + RESERVE_STEP, first, &bus.storage)?;
+        if !new_records.is_empty() {
+            let mut buf = Vec::new();
+            for rec in &new_records {
+                record::encode(rec, &mut buf);
             }
-            write(disk, bus, &buf, &new_records)?;
+            // Offsets past `reserved` are handed out only once the new mark is stored.
+            if end >= bus.core.cursors.reserved() {
+                let first = new_records[0].offset;
+                bus.core.cursors.reserve(end + RESERVE_STEP, first, &bus.storage)?;
+            }
+            write(&mut self.disk, bus, &buf, &new_records)?;
         }
         let wrote = !new_records.is_empty();
         self.publish(bus, new_records, end, heads, now);
@@ -233,43 +210,36 @@ impl Writer {
     /// Makes records visible, applies retention and deletes segments fully evicted.
     fn publish(
         &mut self,
-        bus: &Bus,
+        bus: &SegmentLogBus,
         new_records: Vec<Arc<Record>>,
         end: u64,
         heads: HashMap<Arc<str>, (u64, u64)>,
         now: u64,
     ) {
         let base = {
-            let Ok(mut log) = bus.log.write() else { return };
-            log.bytes += new_records.iter().map(|r| r.size()).sum::<u64>();
-            log.records.extend(new_records);
-            log.end = end;
-            log.heads.extend(heads);
-            retention::evict(&mut log, &self.retention, now);
+            let Ok(mut log) = bus.core.log.write() else { return };
+            log.publish(new_records, end, heads, &self.retention, now);
             log.base
         };
-        if let Some(disk) = &mut self.disk {
-            drop_old_segments(disk, base);
-        }
-        bus.end_tx.send_if_modified(|e| std::mem::replace(e, end) != end);
+        drop_old_segments(&mut self.disk, base);
+        bus.core.announce(end);
     }
 
     /// Age retention, the readiness probe while writes fail, cursor flush.
     fn tick(&mut self) {
         let Some(bus) = self.bus.upgrade() else { return };
-        let end = bus.log.read().map(|l| l.end).unwrap_or(1);
+        let end = bus.core.log.read().map(|l| l.end).unwrap_or(1);
         self.publish(&bus, Vec::new(), end, HashMap::new(), retention::now_ms());
-        if self.failing
-            && let Some(disk) = &mut self.disk
-        {
+        if self.failing {
             // No append may come while the agents back off: probe, so readiness returns.
+            let disk = &mut self.disk;
             let probed = cut_back(disk, &bus).and_then(|()| bus.storage.probe(&disk.data_dir));
             match probed {
                 Ok(()) => self.set_failing(&bus, None),
                 Err(e) => self.set_failing(&bus, Some(&e)),
             }
         }
-        if let Err(e) = bus.flush_cursors()
+        if let Err(e) = bus.flush_cursors_now()
             && !self.failing
         {
             // While writes fail the cause is reported once, not every second.
@@ -279,7 +249,7 @@ impl Writer {
 }
 
 /// Cuts bytes a failed write left behind. Until this works nothing else is written.
-fn cut_back(disk: &mut Disk, bus: &Bus) -> Result<(), StorageError> {
+fn cut_back(disk: &mut Disk, bus: &SegmentLogBus) -> Result<(), StorageError> {
     let Some(a) = &mut disk.active else { return Ok(()) };
     if !a.needs_cut {
         return Ok(());
@@ -301,7 +271,7 @@ fn cut_back(disk: &mut Disk, bus: &Bus) -> Result<(), StorageError> {
 }
 
 /// Writes one batch durably to the active segment (rolling to a new one when full).
-fn write(disk: &mut Disk, bus: &Bus, buf: &[u8], records: &[Arc<Record>]) -> Result<(), StorageError> {
+fn write(disk: &mut Disk, bus: &SegmentLogBus, buf: &[u8], records: &[Arc<Record>]) -> Result<(), StorageError> {
     cut_back(disk, bus)?;
     let full =
         disk.active.as_ref().is_none_or(|a| a.good_len >= disk.segment_bytes || a.records >= disk.segment_records);
@@ -326,7 +296,7 @@ fn write(disk: &mut Disk, bus: &Bus, buf: &[u8], records: &[Arc<Record>]) -> Res
 }
 
 /// Closes the active segment (writing its cluster index) and starts one at `first`.
-fn roll(disk: &mut Disk, bus: &Bus, first: u64) -> Result<(), StorageError> {
+fn roll(disk: &mut Disk, bus: &SegmentLogBus, first: u64) -> Result<(), StorageError> {
     if let Some(a) = &disk.active
         && a.records > 0
         && let Err(e) = segment::write_index(&bus.storage, &a.path, a.clusters.iter())
