@@ -44,7 +44,7 @@ pub(crate) struct Check {
 
 /// Every readiness check. Add a check here to make `/readyz` depend on it.
 pub(crate) fn checks(ctx: &Context) -> Vec<Check> {
-    let mut checks = vec![Check { name: "bus", state: ctx.bus.health() }];
+    let mut checks = vec![Check { name: "bus", state: ctx.sessions.bus.health() }];
     checks.extend(ctx.readiness().into_iter().map(|(name, state)| Check { name, state }));
     checks
 }
@@ -68,30 +68,30 @@ struct FaultQuery {
 
 /// Makes every bus disk write fail with ENOSPC for `fail_for_ms` milliseconds.
 async fn storage_fault(State(ctx): State<Arc<Context>>, Query(q): Query<FaultQuery>) -> impl IntoResponse {
-    if !ctx.bus.is_durable() {
+    if !ctx.sessions.bus.is_durable() {
         return (StatusCode::CONFLICT, "the bus has no data directory: nothing to fail\n".to_string());
     }
-    match ctx.bus.inject_storage_fault(std::time::Duration::from_millis(q.fail_for_ms)) {
+    match ctx.sessions.bus.inject_storage_fault(std::time::Duration::from_millis(q.fail_for_ms)) {
         Ok(()) => (StatusCode::OK, format!("storage writes fail for {} ms\n", q.fail_for_ms)),
         Err(e) => (StatusCode::CONFLICT, format!("{e}\n")),
     }
 }
 
 async fn metrics(State(ctx): State<Arc<Context>>) -> impl IntoResponse {
-    let mut body = ctx.metrics.encode();
+    let mut body = ctx.sessions.metrics.encode();
     // Gauges read at scrape time rather than kept up to date on every append.
     body = body.replace("# EOF\n", "");
     body.push_str(&format!(
         "# HELP fleetwatch_hub_bus_records Records retained in the bus.\n# TYPE fleetwatch_hub_bus_records gauge\nfleetwatch_hub_bus_records {}\n# HELP fleetwatch_hub_bus_last_offset Offset of the newest record.\n# TYPE fleetwatch_hub_bus_last_offset gauge\nfleetwatch_hub_bus_last_offset {}\n# HELP fleetwatch_hub_bus_bytes Bytes of records retained in the bus.\n# TYPE fleetwatch_hub_bus_bytes gauge\nfleetwatch_hub_bus_bytes {}\n# HELP fleetwatch_hub_bus_writable Whether the bus can store records (0 while disk writes fail).\n# TYPE fleetwatch_hub_bus_writable gauge\nfleetwatch_hub_bus_writable {}\n# HELP fleetwatch_hub_bus_write_failures Batches refused because a disk write failed.\n# TYPE fleetwatch_hub_bus_write_failures counter\nfleetwatch_hub_bus_write_failures_total {}\n# EOF\n",
-        ctx.bus.retained(),
-        ctx.bus.last_offset(),
-        ctx.bus.retained_bytes(),
-        u8::from(ctx.bus.health().is_ok()),
-        ctx.bus.write_failures()
+        ctx.sessions.bus.retained(),
+        ctx.sessions.bus.last_offset(),
+        ctx.sessions.bus.retained_bytes(),
+        u8::from(ctx.sessions.bus.health().is_ok()),
+        ctx.sessions.bus.write_failures()
     ));
     ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], body)
 }
 
 async fn clusters(State(ctx): State<Arc<Context>>) -> impl IntoResponse {
-    axum::Json(serde_json::json!({ "clusters": ctx.registry.list() }))
+    axum::Json(serde_json::json!({ "clusters": ctx.sessions.registry.list() }))
 }

@@ -20,12 +20,12 @@ use crate::conn::{Conn, End};
 use crate::ingest::{self, Decision, Refusal};
 use crate::rate::{Budget, RESYNCS_PER_SEC};
 use crate::registry::{Admission, Opening};
-use crate::{Context, Peer};
+use crate::{Peer, Sessions};
 
-pub(crate) async fn run(mut conn: Conn, cluster: String, peer: Peer, ctx: Arc<Context>, shutdown: CancellationToken) {
-    let limits = ctx.config.limits;
+pub(crate) async fn run(mut conn: Conn, cluster: String, peer: Peer, ctx: Arc<Sessions>, shutdown: CancellationToken) {
+    let limits = ctx.settings.limits;
     // The first message must be a hello, within the handshake timeout.
-    let first = conn.first_message("hello", ctx.config.handshake_timeout, &shutdown, &ctx.metrics).await;
+    let first = conn.first_message("hello", ctx.settings.handshake_timeout, &shutdown, &ctx.metrics).await;
     let hello = match first.and_then(|bytes| ingest::hello(&cluster, &bytes, &limits).map_err(|r| refused(&ctx, r))) {
         Ok(hello) => hello,
         Err(end) => return end.finish(conn, "agent").await,
@@ -44,7 +44,7 @@ pub(crate) async fn run(mut conn: Conn, cluster: String, peer: Peer, ctx: Arc<Co
     };
     // A live session answers pings every ping interval: silence over two of them means
     // it missed a round and is presumed dead.
-    let stale_after = 2 * Conn::ping_interval(ctx.config.idle_timeout);
+    let stale_after = 2 * Conn::ping_interval(ctx.settings.idle_timeout);
     match ctx.registry.open(&cluster, opening, stale_after) {
         Admission::Opened { replaced: None } => {}
         Admission::Opened { replaced: Some(why) } => tracing::info!(%why, "new session replaces the old one"),
@@ -70,7 +70,7 @@ pub(crate) async fn run(mut conn: Conn, cluster: String, peer: Peer, ctx: Arc<Co
         cluster: cluster.clone(),
         epoch: hello.epoch,
         acked: 0,
-        budget: ctx.registry.budget(&cluster, ctx.config.max_events_per_sec),
+        budget: ctx.registry.budget(&cluster, ctx.settings.max_events_per_sec),
         warned_rate: false,
     };
     let end = session.serve(&mut conn, &hello, &session_id, &cancel, &shutdown, &peer).await;
@@ -80,7 +80,7 @@ pub(crate) async fn run(mut conn: Conn, cluster: String, peer: Peer, ctx: Arc<Co
 }
 
 /// Counts a refusal and turns a fatal one into how the session ends.
-fn refused(ctx: &Context, r: Refusal) -> End {
+fn refused(ctx: &Sessions, r: Refusal) -> End {
     if let Some(reject) = r.reject {
         ctx.metrics.reject(reject);
     }
@@ -88,7 +88,7 @@ fn refused(ctx: &Context, r: Refusal) -> End {
 }
 
 struct Session {
-    ctx: Arc<Context>,
+    ctx: Arc<Sessions>,
     cluster: Arc<str>,
     epoch: u64,
     acked: u64,
@@ -132,7 +132,7 @@ impl Session {
             epoch: self.epoch,
             acked_seq: self.acked,
             watches: watches_rx.borrow_and_update().as_ref().clone(),
-            max_event_bytes: Some(self.ctx.config.limits.max_event_bytes),
+            max_event_bytes: Some(self.ctx.settings.limits.max_event_bytes),
         });
         conn.send_text(encode(&welcome)).await.map_err(|e| End::Closed(e.to_string()))?;
         loop {
@@ -159,7 +159,7 @@ impl Session {
             // A batch in progress is finished (appended and acked) even when shutdown
             // starts meanwhile: cancellation is only looked at between messages.
             let state = ingest::State { cluster: &self.cluster, epoch: self.epoch, acked: self.acked };
-            match ingest::frame(state, &bytes, &self.ctx.config.limits) {
+            match ingest::frame(state, &bytes, &self.ctx.settings.limits) {
                 Decision::Append { items, last, inventory } => self.append_events(conn, items, last, inventory).await?,
                 Decision::Ack => self.ack(conn).await?,
                 Decision::Resync { seq, reason } => self.resync(conn, seq, reason).await?,
@@ -268,7 +268,7 @@ impl Session {
             self.warned_rate = true;
             let msg = format!(
                 "over {} events/s or {RESYNCS_PER_SEC} resyncs/s: acks are delayed",
-                self.ctx.config.max_events_per_sec
+                self.ctx.settings.max_events_per_sec
             );
             tracing::info!(%msg, "throttling agent");
             conn.send_error(ErrorCode::RateLimited, msg, false).await;

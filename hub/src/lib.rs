@@ -2,6 +2,16 @@
 //! events from agents into the bus (acking only what the bus accepted), and fans them out
 //! to subscribers.
 //!
+//! One module per arrow of the data path, so each rule has one home:
+//! `server` (accept, TLS, identity, admission budgets) → `agent_session` (a connection:
+//! carries decisions out) → `ingest` (pure: what to do with each frame) → [`bus`] (the
+//! log, a [`Bus`] trait with in-memory and segment-log backends) → `subscriber_session`
+//! (fan-out from a cursor; frames built once by the protocol's `EventsFrame`). Around
+//! them: [`registry`] (the one registry of connections and clusters), `conn` (reading,
+//! closing and how a session ends, shared by both kinds of session), [`admin`],
+//! [`metrics`], [`revocation`], [`watch_source`]. Shared state is split by who needs it:
+//! `Sessions` for sessions, `Context` for the hub around them.
+//!
 //! ```no_run
 //! # async fn demo() -> Result<(), fleetwatch_hub::HubError> {
 //! use fleetwatch_hub::{Hub, HubConfig};
@@ -139,21 +149,49 @@ pub enum HubError {
     WatchConfig(String),
 }
 
-/// State shared by all sessions.
-pub(crate) struct Context {
-    pub config: HubConfig,
+/// What agent and subscriber sessions need, and nothing else: their settings, the bus,
+/// the registry, the metrics, the watch configuration pushed to agents, the deny list.
+pub(crate) struct Sessions {
+    pub settings: SessionSettings,
     pub bus: Arc<dyn Bus>,
     pub registry: SessionRegistry,
     pub metrics: Metrics,
-    pub tls: ReloadingServerConfig,
-    /// The trust domain of the hub's own certificate; clients must share it.
-    pub trust_domain: String,
     /// The watch configuration pushed to agents.
     pub watches: tokio::sync::watch::Sender<Arc<Vec<fleetwatch_protocol::message::WatchSpec>>>,
     /// The deny list in force.
     pub revocation: revocation::Revocation,
-    /// Open connections by id: who they are, and how to close them.
-    pub live: std::sync::Mutex<std::collections::HashMap<u64, (Peer, CancellationToken)>>,
+}
+
+/// The limits and timeouts sessions apply (from [`HubConfig`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SessionSettings {
+    pub limits: Limits,
+    pub handshake_timeout: Duration,
+    pub idle_timeout: Duration,
+    pub max_events_per_sec: u32,
+    pub subscriber_stall_timeout: Duration,
+}
+
+impl SessionSettings {
+    fn from_config(c: &HubConfig) -> Self {
+        Self {
+            limits: c.limits,
+            handshake_timeout: c.handshake_timeout,
+            idle_timeout: c.idle_timeout,
+            max_events_per_sec: c.max_events_per_sec,
+            subscriber_stall_timeout: c.subscriber_stall_timeout,
+        }
+    }
+}
+
+/// What the hub itself needs around the sessions: accepting connections (TLS, admission
+/// budgets, trust domain), the admin endpoint (readiness) and housekeeping (reloads).
+pub(crate) struct Context {
+    pub config: HubConfig,
+    pub sessions: Arc<Sessions>,
+    pub tls: ReloadingServerConfig,
+    /// The trust domain of the hub's own certificate; clients must share it.
+    pub trust_domain: String,
     /// Handshake and session budgets, refusal counts.
     pub admission: admission::Admission,
     /// Whether the control-plane WatchConfig watch has listed everything (always true for
@@ -189,7 +227,7 @@ impl Peer {
     }
 }
 
-impl Context {
+impl Sessions {
     /// Whether the peer's certificate is denied now.
     pub(crate) fn revoked(&self, peer: &Peer) -> bool {
         self.revocation.current().denies(&peer.identity, &peer.serial)
@@ -199,18 +237,17 @@ impl Context {
     pub(crate) fn end_reason(&self, peer: &Peer) -> Option<String> {
         peer.ended.get().cloned().or_else(|| self.revoked(peer).then(|| "certificate revoked".to_string()))
     }
+}
 
+impl Context {
     /// Closes every open connection whose certificate the deny list now denies, that has
     /// expired, or (when `recheck_chains`, after the CA bundles changed) no longer verifies.
     fn close_revoked(&self, recheck_chains: bool) {
-        let list = self.revocation.current();
+        let list = self.sessions.revocation.current();
         let now = jiff::Timestamp::now();
         // Copied out: chain verification is too slow to run under the lock new
         // connections take.
-        let peers: Vec<(Peer, CancellationToken)> = match self.live.lock() {
-            Ok(live) => live.values().filter(|(_, t)| !t.is_cancelled()).cloned().collect(),
-            Err(_) => return,
-        };
+        let peers = self.sessions.registry.open_connections();
         for (peer, token) in peers {
             let (label, why) = if list.denies(&peer.identity, &peer.serial) {
                 ("revoked", "certificate revoked".to_string())
@@ -222,7 +259,7 @@ impl Context {
                 continue;
             };
             tracing::warn!(identity = %peer.identity, serial = %peer.serial, reason = %why, "closing session");
-            self.metrics.sessions_expired.get_or_create(&metrics::ReasonLabel { reason: label.into() }).inc();
+            self.sessions.metrics.sessions_expired.get_or_create(&metrics::ReasonLabel { reason: label.into() }).inc();
             let _ = peer.ended.set(why);
             token.cancel();
         }
@@ -241,7 +278,7 @@ impl Context {
         };
         let mut checks = vec![("certificates", certificates)];
         if self.config.deny_list.is_some() {
-            let stale = self.revocation.stale().map(|e| format!("stale, the last good list is in force: {e}"));
+            let stale = self.sessions.revocation.stale().map(|e| format!("stale, the last good list is in force: {e}"));
             checks.push(("deny-list", stale.map_or(Ok(()), Err)));
         }
         if matches!(self.config.watch_source, watch_source::WatchSource::ControlPlane(_)) {
@@ -289,6 +326,14 @@ impl Hub {
         let initial_watches = config.watch_source.initial()?;
         let revocation = revocation::Revocation::load(config.deny_list.clone())?;
         let watch_synced = !matches!(config.watch_source, watch_source::WatchSource::ControlPlane(_));
+        let sessions = Arc::new(Sessions {
+            settings: SessionSettings::from_config(&config),
+            bus,
+            registry: SessionRegistry::default(),
+            metrics: Metrics::default(),
+            watches: tokio::sync::watch::channel(Arc::new(initial_watches)).0,
+            revocation,
+        });
         let ctx = Arc::new(Context {
             admission: admission::Admission::new(
                 config.max_connections,
@@ -297,14 +342,9 @@ impl Hub {
             ),
             watch_synced: Arc::new(std::sync::atomic::AtomicBool::new(watch_synced)),
             config,
-            bus,
-            registry: SessionRegistry::default(),
-            metrics: Metrics::default(),
+            sessions,
             tls,
             trust_domain,
-            watches: tokio::sync::watch::channel(Arc::new(initial_watches)).0,
-            revocation,
-            live: Default::default(),
         });
         Ok(Self { ctx, listener, admin })
     }
@@ -321,7 +361,7 @@ impl Hub {
 
     /// The bus (for embedding and tests).
     pub fn bus(&self) -> Arc<dyn Bus> {
-        self.ctx.bus.clone()
+        self.ctx.sessions.bus.clone()
     }
 
     /// Serves until `shutdown` is cancelled, then closes every session after its current
@@ -334,14 +374,14 @@ impl Hub {
         tracker.spawn(housekeeping(self.ctx.clone(), shutdown.clone()));
         tracker.spawn(watch_source::run(
             self.ctx.config.watch_source.clone(),
-            self.ctx.watches.clone(),
+            self.ctx.sessions.watches.clone(),
             self.ctx.watch_synced.clone(),
             shutdown.clone(),
         ));
         server::accept_loop(self.listener, self.ctx.clone(), shutdown.clone(), &tracker).await;
         tracker.close();
         tracker.wait().await;
-        self.ctx.bus.flush_cursors().await?;
+        self.ctx.sessions.bus.flush_cursors().await?;
         tracing::info!("hub stopped");
         Ok(())
     }
@@ -384,7 +424,7 @@ async fn housekeeping(ctx: Arc<Context>, shutdown: CancellationToken) {
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = flush.tick() => {
-                if let Err(e) = ctx.bus.flush_cursors().await {
+                if let Err(e) = ctx.sessions.bus.flush_cursors().await {
                     tracing::warn!(error = %e, "cannot store subscriber cursors");
                 }
             }
@@ -405,20 +445,21 @@ async fn housekeeping(ctx: Arc<Context>, shutdown: CancellationToken) {
                         false
                     }
                 };
-                match ctx.revocation.reload_if_changed() {
+                let sessions = &ctx.sessions;
+                match sessions.revocation.reload_if_changed() {
                     revocation::Reload::Replaced => {
-                        tracing::info!(entries = ctx.revocation.current().len(), "reloaded the deny list");
-                        ctx.metrics.deny_list_stale.set(0);
+                        tracing::info!(entries = sessions.revocation.current().len(), "reloaded the deny list");
+                        sessions.metrics.deny_list_stale.set(0);
                     }
                     revocation::Reload::Unchanged => {}
                     revocation::Reload::Failed(e) => {
                         tracing::error!(
                             error = %e,
-                            entries = ctx.revocation.current().len(),
+                            entries = sessions.revocation.current().len(),
                             "deny list cannot be used; the last good list stays in force"
                         );
-                        ctx.metrics.deny_list_errors.inc();
-                        ctx.metrics.deny_list_stale.set(1);
+                        sessions.metrics.deny_list_errors.inc();
+                        sessions.metrics.deny_list_stale.set(1);
                     }
                 }
                 ctx.close_revoked(bundles_changed);

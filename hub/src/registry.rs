@@ -1,4 +1,7 @@
-//! What the hub knows about each cluster, connected or not, and which session serves it.
+//! The hub's one session registry: every authenticated connection (agents and
+//! subscribers, so a revoked or expired certificate can be closed wherever it is used),
+//! and what the hub knows about each cluster, connected or not, and which session serves
+//! it.
 //!
 //! One session per cluster id. When a hello arrives for a cluster that already has a live
 //! session, the rule is:
@@ -21,6 +24,7 @@ use fleetwatch_protocol::message::{ModuleInventory, WatchState};
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
+use crate::Peer;
 use crate::rate::Budget;
 
 /// When a connection last received a frame (data, ping or pong), readable from other
@@ -152,13 +156,48 @@ pub enum Admission {
     },
 }
 
-/// Live sessions and per-cluster state. One session per cluster (see the module doc).
+/// Open connections, live sessions and per-cluster state. One session per cluster (see
+/// the module doc).
 #[derive(Default)]
 pub struct SessionRegistry {
     clusters: Mutex<HashMap<String, Entry>>,
+    /// Every authenticated connection by id: who it is, and how to close it.
+    connections: Mutex<HashMap<u64, (Peer, CancellationToken)>>,
+}
+
+/// An authenticated connection's place in the registry; leaving it removes the entry.
+pub(crate) struct Connected<'a> {
+    registry: &'a SessionRegistry,
+    id: u64,
+}
+
+impl Drop for Connected<'_> {
+    fn drop(&mut self) {
+        if let Ok(mut map) = self.registry.connections.lock() {
+            map.remove(&self.id);
+        }
+    }
 }
 
 impl SessionRegistry {
+    /// Registers an authenticated connection of `peer`, closed through `token`, for as long
+    /// as the returned guard lives.
+    pub(crate) fn connected(&self, peer: Peer, token: CancellationToken) -> Connected<'_> {
+        let id = rand::random::<u64>();
+        if let Ok(mut map) = self.connections.lock() {
+            map.insert(id, (peer, token));
+        }
+        Connected { registry: self, id }
+    }
+
+    /// The open connections that are not being closed already.
+    pub(crate) fn open_connections(&self) -> Vec<(Peer, CancellationToken)> {
+        match self.connections.lock() {
+            Ok(map) => map.values().filter(|(_, t)| !t.is_cancelled()).cloned().collect(),
+            Err(_) => Vec::new(),
+        }
+    }
+
     /// Admits a new session for `cluster` by the rule in the module doc: replaces the live
     /// session of the same epoch or a stale one (silent for longer than `stale_after`),
     /// refuses it while another epoch's session is alive.
@@ -375,6 +414,29 @@ mod tests {
         let second = reg.budget("c", 10);
         assert!(Arc::ptr_eq(&first, &second));
         assert!(!second.lock().unwrap().take_events(10).is_zero());
+    }
+
+    #[test]
+    fn connections_are_listed_while_their_guard_lives() {
+        let reg = SessionRegistry::default();
+        let peer = |id: &str| Peer {
+            identity: id.into(),
+            serial: "01".into(),
+            not_after: jiff::Timestamp::MAX,
+            chain: Arc::default(),
+            ended: Arc::default(),
+        };
+        let a = reg.connected(peer("a"), CancellationToken::new());
+        let closing = CancellationToken::new();
+        let b = reg.connected(peer("b"), closing.clone());
+        let mut ids: Vec<_> = reg.open_connections().into_iter().map(|(p, _)| p.identity).collect();
+        ids.sort();
+        assert_eq!(ids, ["a", "b"]);
+        closing.cancel();
+        assert_eq!(reg.open_connections().len(), 1, "a connection being closed is not listed");
+        drop(b);
+        drop(a);
+        assert!(reg.open_connections().is_empty());
     }
 
     #[test]

@@ -39,7 +39,7 @@ pub(crate) async fn accept_loop(
                 let slot = match ctx.admission.begin_handshake(peer.ip()) {
                     Ok(slot) => slot,
                     Err(why) => {
-                        ctx.admission.refuse(why, &ctx.metrics);
+                        ctx.admission.refuse(why, &ctx.sessions.metrics);
                         drop(tcp);
                         continue;
                     }
@@ -99,7 +99,7 @@ async fn handle(tcp: TcpStream, peer: SocketAddr, ctx: Arc<Context>, shutdown: C
     };
     let (ws, certificate) = match tokio::time::timeout(ctx.config.handshake_timeout, handshake).await {
         Err(_) => {
-            ctx.metrics.reject("handshake-timeout");
+            ctx.sessions.metrics.reject("handshake-timeout");
             if ctx.admission.log_failure() {
                 let timeout = ctx.config.handshake_timeout.as_secs_f64();
                 tracing::warn!("handshake not finished within --handshake-timeout {timeout}s; closed");
@@ -107,7 +107,7 @@ async fn handle(tcp: TcpStream, peer: SocketAddr, ctx: Arc<Context>, shutdown: C
             return;
         }
         Ok(Err(HandshakeFailure { reason, message })) => {
-            ctx.metrics.reject(reason);
+            ctx.sessions.metrics.reject(reason);
             if ctx.admission.log_failure() {
                 tracing::warn!(reason, "handshake failed: {message}");
             }
@@ -121,7 +121,7 @@ async fn handle(tcp: TcpStream, peer: SocketAddr, ctx: Arc<Context>, shutdown: C
     let _session_slot = match ctx.admission.begin_session() {
         Ok(permit) => permit,
         Err(why) => {
-            ctx.admission.refuse(why, &ctx.metrics);
+            ctx.admission.refuse(why, &ctx.sessions.metrics);
             let msg =
                 format!("hub is full: {} sessions open (--max-connections); retry later", ctx.config.max_connections);
             conn.fail(ErrorCode::LimitExceeded, msg, CloseCode::Again).await;
@@ -132,7 +132,7 @@ async fn handle(tcp: TcpStream, peer: SocketAddr, ctx: Arc<Context>, shutdown: C
     let certificate = match certificate {
         Ok(c) => c,
         Err(e) => {
-            ctx.metrics.reject("no-identity");
+            ctx.sessions.metrics.reject("no-identity");
             tracing::warn!("refused: {e}");
             conn.fail(ErrorCode::Forbidden, e.to_string(), CloseCode::Policy).await;
             return;
@@ -140,15 +140,15 @@ async fn handle(tcp: TcpStream, peer: SocketAddr, ctx: Arc<Context>, shutdown: C
     };
     let identity = certificate.identity.clone();
     if identity.trust_domain != ctx.trust_domain {
-        ctx.metrics.reject("trust-domain");
+        ctx.sessions.metrics.reject("trust-domain");
         let msg = format!("identity {identity} is not in the hub's trust domain {}", ctx.trust_domain);
         tracing::warn!("refused: {msg}");
         conn.fail(ErrorCode::Forbidden, msg, CloseCode::Policy).await;
         return;
     }
     let peer_cert = Peer::new(certificate);
-    if ctx.revoked(&peer_cert) {
-        ctx.metrics.reject("revoked");
+    if ctx.sessions.revoked(&peer_cert) {
+        ctx.sessions.metrics.reject("revoked");
         tracing::warn!(identity = %peer_cert.identity, serial = %peer_cert.serial, "revoked certificate refused");
         let msg = format!("certificate {} of {} is revoked", peer_cert.serial, peer_cert.identity);
         conn.fail(ErrorCode::Forbidden, msg, CloseCode::Policy).await;
@@ -157,25 +157,21 @@ async fn handle(tcp: TcpStream, peer: SocketAddr, ctx: Arc<Context>, shutdown: C
     // The connection's own token: cancelled by hub shutdown, a revocation, the certificate's
     // expiry or its CA leaving the bundle.
     let lifeline = shutdown.child_token();
-    let conn_id = rand::random::<u64>();
-    if let Ok(mut live) = ctx.live.lock() {
-        live.insert(conn_id, (peer_cert.clone(), lifeline.clone()));
-    }
+    let _connected = ctx.sessions.registry.connected(peer_cert.clone(), lifeline.clone());
     match identity.role {
         Role::Cluster(cluster) => {
             let span = tracing::info_span!("agent", %cluster);
-            crate::agent_session::run(conn, cluster, peer_cert, ctx.clone(), lifeline).instrument(span).await;
+            crate::agent_session::run(conn, cluster, peer_cert, ctx.sessions.clone(), lifeline).instrument(span).await;
         }
         Role::Subscriber(name) => {
             let span = tracing::info_span!("subscriber", %name);
-            crate::subscriber_session::run(conn, name, peer_cert, ctx.clone(), lifeline).instrument(span).await;
+            crate::subscriber_session::run(conn, name, peer_cert, ctx.sessions.clone(), lifeline)
+                .instrument(span)
+                .await;
         }
         Role::Hub | Role::TrustDomain => {
-            ctx.metrics.reject("wrong-role");
+            ctx.sessions.metrics.reject("wrong-role");
             conn.fail(ErrorCode::Forbidden, format!("{identity} may not connect as a client"), CloseCode::Policy).await;
         }
-    }
-    if let Ok(mut live) = ctx.live.lock() {
-        live.remove(&conn_id);
     }
 }

@@ -18,14 +18,14 @@ use tokio_util::sync::CancellationToken;
 
 use crate::bus::{ALL_CLUSTERS, BusError, Lookup, Read, RecordBody};
 use crate::conn::{Conn, End};
-use crate::{Context, Peer};
+use crate::{Peer, Sessions};
 
 /// Most records read from the bus for one frame.
 const READ_CHUNK: usize = 512;
 
-pub(crate) async fn run(mut conn: Conn, name: String, peer: Peer, ctx: Arc<Context>, shutdown: CancellationToken) {
-    let limits = ctx.config.limits;
-    let first = conn.first_message("subscribe", ctx.config.handshake_timeout, &shutdown, &ctx.metrics).await;
+pub(crate) async fn run(mut conn: Conn, name: String, peer: Peer, ctx: Arc<Sessions>, shutdown: CancellationToken) {
+    let limits = ctx.settings.limits;
+    let first = conn.first_message("subscribe", ctx.settings.handshake_timeout, &shutdown, &ctx.metrics).await;
     let sub = match first.and_then(|bytes| first_subscribe(&ctx, &bytes, &limits)) {
         Ok(sub) => sub,
         Err(end) => return end.finish(conn, "subscriber").await,
@@ -54,7 +54,7 @@ pub(crate) async fn run(mut conn: Conn, name: String, peer: Peer, ctx: Arc<Conte
 }
 
 /// The subscription the first message must be.
-fn first_subscribe(ctx: &Context, bytes: &[u8], limits: &Limits) -> Result<Subscribe, End> {
+fn first_subscribe(ctx: &Sessions, bytes: &[u8], limits: &Limits) -> Result<Subscribe, End> {
     match decode_subscriber(bytes, limits) {
         Ok(SubscriberMessage::Subscribe(s)) => Ok(s),
         Ok(_) => Err(End::Fail(ErrorCode::Forbidden, "the first message must be subscribe".into(), CloseCode::Policy)),
@@ -67,7 +67,7 @@ fn first_subscribe(ctx: &Context, bytes: &[u8], limits: &Limits) -> Result<Subsc
 }
 
 struct Session {
-    ctx: Arc<Context>,
+    ctx: Arc<Sessions>,
     /// The subscriber's name, from its certificate.
     name: String,
     /// (subscriber identity, durable name).
@@ -157,7 +157,7 @@ impl Session {
         }
         let window = u64::from(sub.max_in_flight.unwrap_or(10_000).clamp(1, 100_000));
         let mut end_rx = bus.watch_end();
-        let stall = self.ctx.config.subscriber_stall_timeout;
+        let stall = self.ctx.settings.subscriber_stall_timeout;
         self.delivered = self.sent;
         loop {
             let more = self.sent < bus.last_offset();
@@ -205,7 +205,7 @@ impl Session {
     /// Ends a session whose subscriber stopped draining: its durable cursor is kept. With
     /// the socket blocked only a close frame is tried; otherwise an error frame first.
     fn stalled(&self, what: &str, socket_blocked: bool) -> End {
-        let stall = self.ctx.config.subscriber_stall_timeout;
+        let stall = self.ctx.settings.subscriber_stall_timeout;
         self.ctx.metrics.subscriber_stalls.inc();
         self.ctx.metrics.reject("subscriber-stalled");
         let msg = format!(
@@ -235,7 +235,7 @@ impl Session {
     }
 
     async fn handle(&mut self, conn: &mut Conn, bytes: &[u8]) -> Result<(), End> {
-        match decode_subscriber(bytes, &self.ctx.config.limits) {
+        match decode_subscriber(bytes, &self.ctx.settings.limits) {
             Ok(SubscriberMessage::Ack(a)) => {
                 let cursor = a.cursor.min(self.sent);
                 if cursor >= self.acked {
@@ -314,7 +314,7 @@ impl Session {
                 let r = ResyncRequired { cluster: rec.cluster.to_string(), cursor: rec.offset, reason };
                 conn.send_text(encode(&HubToSubscriber::ResyncRequired(r))).await?;
             }
-            if frame.len_bytes() > self.ctx.config.limits.max_message_bytes / 2 {
+            if frame.len_bytes() > self.ctx.settings.limits.max_message_bytes / 2 {
                 self.flush(conn, &mut frame).await?;
             }
         }

@@ -1,7 +1,7 @@
 //! The conformance suite: what every [`Bus`] backend must do, written once as functions
 //! that take a factory (retention in, fresh bus out) and run against each backend below.
-//! A new backend (NATS JetStream next) adds one line to [`for_each_backend`]'s users and
-//! must pass all of it before sessions may use it.
+//! A new backend (NATS JetStream next) adds a factory and one `mod` to `for_each_backend`,
+//! and must pass all of it before sessions may use it.
 //!
 //! Backend-specific behaviour (recovery of damaged segment files, failed disk writes)
 //! stays in the backend's own tests ([`super::tests`]).
