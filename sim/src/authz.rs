@@ -43,7 +43,11 @@ impl User {
     pub fn service_account(ns: &str, name: &str, uid: &str) -> User {
         User {
             name: format!("system:serviceaccount:{ns}:{name}"),
-            groups: vec!["system:serviceaccounts".into(), format!("system:serviceaccounts:{ns}"), "system:authenticated".into()],
+            groups: vec![
+                "system:serviceaccounts".into(),
+                format!("system:serviceaccounts:{ns}"),
+                "system:authenticated".into(),
+            ],
             uid: uid.to_string(),
         }
     }
@@ -78,8 +82,7 @@ impl Tokens {
         let b: [u8; 24] = rand::random();
         let token = format!("fwsa.{}", b.iter().map(|x| format!("{x:02x}")).collect::<String>());
         let expires = SystemTime::now() + ttl;
-        self.issued
-            .insert(token.clone(), Issued { namespace: ns.to_string(), name: name.to_string(), uid, expires });
+        self.issued.insert(token.clone(), Issued { namespace: ns.to_string(), name: name.to_string(), uid, expires });
         Ok((token, expires))
     }
 
@@ -235,7 +238,11 @@ pub fn bootstrap_cluster_role(name: &str) -> Option<Vec<Value>> {
         r.push(rule(&["policy"], &["poddisruptionbudgets"], WRITE));
         r.push(rule(&["networking.k8s.io"], &["ingresses", "networkpolicies"], WRITE));
         r.push(rule(&["autoscaling"], &["horizontalpodautoscalers"], WRITE));
-        r.push(rule(&["coordination.k8s.io"], &["leases"], &["get", "list", "watch", "create", "delete", "patch", "update"]));
+        r.push(rule(
+            &["coordination.k8s.io"],
+            &["leases"],
+            &["get", "list", "watch", "create", "delete", "patch", "update"],
+        ));
         r
     };
     Some(match name {
@@ -318,7 +325,10 @@ fn grants(st: &State, user: &User, namespace: &str) -> Vec<Grant> {
     for (bname, role, group) in BOOTSTRAP_BINDINGS {
         let stored = st.get(CLUSTERROLEBINDINGS, &(String::new(), bname.to_string())).is_some();
         if !stored && user.groups.iter().any(|g| g == group) {
-            push(cluster_role_rules(st, role), format!("ClusterRoleBinding \"{bname}\" of ClusterRole \"{role}\" to Group \"{group}\""));
+            push(
+                cluster_role_rules(st, role),
+                format!("ClusterRoleBinding \"{bname}\" of ClusterRole \"{role}\" to Group \"{group}\""),
+            );
         }
     }
     for (_, b) in st.all(CLUSTERROLEBINDINGS) {
@@ -328,7 +338,10 @@ fn grants(st: &State, user: &User, namespace: &str) -> Vec<Grant> {
         if strs_obj(&b["subjects"]).any(|s| subject_matches(s, user, "")) {
             let role = b["roleRef"]["name"].as_str().unwrap_or("");
             let bname = b["metadata"]["name"].as_str().unwrap_or("");
-            push(cluster_role_rules(st, role), format!("ClusterRoleBinding \"{bname}\" of ClusterRole \"{role}\" to {user_desc}"));
+            push(
+                cluster_role_rules(st, role),
+                format!("ClusterRoleBinding \"{bname}\" of ClusterRole \"{role}\" to {user_desc}"),
+            );
         }
     }
     if namespace.is_empty() {
@@ -364,18 +377,16 @@ pub fn rule_allows(rule: &Value, a: &Attributes) -> bool {
         return false;
     }
     if !a.resource_request {
-        return strs(&rule["nonResourceURLs"]).any(|u| {
-            u == "*" || u == a.path || (u.ends_with('*') && a.path.starts_with(u.trim_end_matches('*')))
-        });
+        return strs(&rule["nonResourceURLs"])
+            .any(|u| u == "*" || u == a.path || (u.ends_with('*') && a.path.starts_with(u.trim_end_matches('*'))));
     }
     if !has(&rule["apiGroups"], &a.group) {
         return false;
     }
-    let combined = if a.subresource.is_empty() { a.resource.clone() } else { format!("{}/{}", a.resource, a.subresource) };
+    let combined =
+        if a.subresource.is_empty() { a.resource.clone() } else { format!("{}/{}", a.resource, a.subresource) };
     let resource_ok = strs(&rule["resources"]).any(|r| {
-        r == "*"
-            || r == combined
-            || (!a.subresource.is_empty() && r.strip_prefix("*/") == Some(a.subresource.as_str()))
+        r == "*" || r == combined || (!a.subresource.is_empty() && r.strip_prefix("*/") == Some(a.subresource.as_str()))
     });
     if !resource_ok {
         return false;
@@ -511,7 +522,10 @@ mod tests {
     #[test]
     fn request_attributes_follow_request_info() {
         let a = attributes("GET", "/apis/apps/v1/namespaces/team/deployments", false, None);
-        assert_eq!((a.verb.as_str(), a.group.as_str(), a.resource.as_str(), a.namespace.as_str()), ("list", "apps", "deployments", "team"));
+        assert_eq!(
+            (a.verb.as_str(), a.group.as_str(), a.resource.as_str(), a.namespace.as_str()),
+            ("list", "apps", "deployments", "team")
+        );
         let a = attributes("GET", "/api/v1/pods", true, None);
         assert_eq!((a.verb.as_str(), a.namespace.as_str()), ("watch", ""));
         let a = attributes("PUT", "/apis/apps/v1/namespaces/team/deployments/web/scale", false, None);
@@ -527,12 +541,20 @@ mod tests {
     #[test]
     fn role_binding_grants_only_in_its_namespace_and_subresources_are_separate() {
         let st = st_with(&[
-            ("rbac.authorization.k8s.io/roles", "team", json!({"metadata": {"name": "r", "namespace": "team"},
+            (
+                "rbac.authorization.k8s.io/roles",
+                "team",
+                json!({"metadata": {"name": "r", "namespace": "team"},
                 "rules": [{"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["get", "list"]},
-                          {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": ["cfg"], "verbs": ["*"]}]})),
-            ("rbac.authorization.k8s.io/rolebindings", "team", json!({"metadata": {"name": "b", "namespace": "team"},
+                          {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": ["cfg"], "verbs": ["*"]}]}),
+            ),
+            (
+                "rbac.authorization.k8s.io/rolebindings",
+                "team",
+                json!({"metadata": {"name": "b", "namespace": "team"},
                 "roleRef": {"kind": "Role", "name": "r", "apiGroup": "rbac.authorization.k8s.io"},
-                "subjects": [{"kind": "ServiceAccount", "name": "bot"}]})),
+                "subjects": [{"kind": "ServiceAccount", "name": "bot"}]}),
+            ),
         ]);
         let ok = |m: &str, p: &str| authorize(&st, &sa(), &attributes(m, p, false, None)).is_some();
         assert!(ok("GET", "/apis/apps/v1/namespaces/team/deployments"));
@@ -557,20 +579,36 @@ mod tests {
             "configmaps \"x\" is forbidden: User \"system:serviceaccount:team:bot\" cannot delete resource \"configmaps\" in API group \"\" in the namespace \"team\""
         );
         let e = forbidden(&sa(), &attributes("GET", "/api/v1/nodes", false, None));
-        assert!(e.message.ends_with("cannot list resource \"nodes\" in API group \"\" at the cluster scope"), "{}", e.message);
+        assert!(
+            e.message.ends_with("cannot list resource \"nodes\" in API group \"\" at the cluster scope"),
+            "{}",
+            e.message
+        );
     }
 
     #[test]
     fn cluster_role_bindings_groups_and_wildcards() {
         let st = st_with(&[
-            ("rbac.authorization.k8s.io/clusterroles", "", json!({"metadata": {"name": "scaler"},
-                "rules": [{"apiGroups": ["*"], "resources": ["*/scale"], "verbs": ["update"]}]})),
-            ("rbac.authorization.k8s.io/clusterrolebindings", "", json!({"metadata": {"name": "all-sa"},
+            (
+                "rbac.authorization.k8s.io/clusterroles",
+                "",
+                json!({"metadata": {"name": "scaler"},
+                "rules": [{"apiGroups": ["*"], "resources": ["*/scale"], "verbs": ["update"]}]}),
+            ),
+            (
+                "rbac.authorization.k8s.io/clusterrolebindings",
+                "",
+                json!({"metadata": {"name": "all-sa"},
                 "roleRef": {"kind": "ClusterRole", "name": "scaler"},
-                "subjects": [{"kind": "Group", "name": "system:serviceaccounts"}]})),
-            ("rbac.authorization.k8s.io/rolebindings", "team", json!({"metadata": {"name": "v", "namespace": "team"},
+                "subjects": [{"kind": "Group", "name": "system:serviceaccounts"}]}),
+            ),
+            (
+                "rbac.authorization.k8s.io/rolebindings",
+                "team",
+                json!({"metadata": {"name": "v", "namespace": "team"},
                 "roleRef": {"kind": "ClusterRole", "name": "view"},
-                "subjects": [{"kind": "ServiceAccount", "name": "bot", "namespace": "team"}]})),
+                "subjects": [{"kind": "ServiceAccount", "name": "bot", "namespace": "team"}]}),
+            ),
         ]);
         let ok = |m: &str, p: &str| authorize(&st, &sa(), &attributes(m, p, false, None)).is_some();
         assert!(ok("PUT", "/apis/apps/v1/namespaces/x/deployments/web/scale"));
@@ -581,7 +619,9 @@ mod tests {
         let r = rules_review(&st, &sa(), &json!({"spec": {"namespace": "team"}}), true);
         let rr = r["status"]["resourceRules"].as_array().unwrap();
         assert!(rr.iter().any(|r| r["resources"] == json!(["*/scale"])));
-        assert!(rr.iter().any(|r| r["verbs"] == json!(["create"]) && r["apiGroups"] == json!(["authorization.k8s.io"])));
+        assert!(
+            rr.iter().any(|r| r["verbs"] == json!(["create"]) && r["apiGroups"] == json!(["authorization.k8s.io"]))
+        );
         assert!(r["status"]["nonResourceRules"].as_array().unwrap().iter().any(|r| has(&r["nonResourceURLs"], "/api")));
     }
 
@@ -598,7 +638,11 @@ mod tests {
 
     #[test]
     fn tokens_are_bound_to_the_service_account() {
-        let mut st = st_with(&[("/serviceaccounts", "team", json!({"metadata": {"name": "bot", "namespace": "team", "uid": "u1"}}))]);
+        let mut st = st_with(&[(
+            "/serviceaccounts",
+            "team",
+            json!({"metadata": {"name": "bot", "namespace": "team", "uid": "u1"}}),
+        )]);
         let mut t = Tokens::default();
         assert_eq!(t.issue(&st, "team", "nobody", Duration::from_secs(60)).unwrap_err().code, 404);
         let (tok, _) = t.issue(&st, "team", "bot", Duration::from_secs(60)).unwrap();
@@ -607,7 +651,12 @@ mod tests {
         st.commit("/serviceaccounts", ("team".into(), "bot".into()), None, None);
         assert_eq!(t.authenticate(&st, &tok), None, "deleting the account revokes its tokens");
         let (expired, _) = {
-            st.commit("/serviceaccounts", ("team".into(), "bot".into()), Some(json!({"metadata": {"name": "bot", "uid": "u2"}})), None);
+            st.commit(
+                "/serviceaccounts",
+                ("team".into(), "bot".into()),
+                Some(json!({"metadata": {"name": "bot", "uid": "u2"}})),
+                None,
+            );
             t.issue(&st, "team", "bot", Duration::ZERO).unwrap()
         };
         assert_eq!(t.authenticate(&st, &expired), None);

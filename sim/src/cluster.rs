@@ -278,14 +278,16 @@ pub(crate) fn token_request(core: &Core, ns: &str, name: &str, mut request: Valu
             "TokenRequest",
             "authentication.k8s.io",
             name,
-            &[("spec.expirationSeconds", format!("Invalid value: {secs}: may not specify a duration less than 10 minutes"))],
+            &[(
+                "spec.expirationSeconds",
+                format!("Invalid value: {secs}: may not specify a duration less than 10 minutes"),
+            )],
         ));
     }
     let mut tokens = core.tokens.lock().unwrap_or_else(|p| p.into_inner());
     let (token, expires) = tokens.issue(&core.lock(), ns, name, Duration::from_secs(secs))?;
-    let expires = jiff::Timestamp::try_from(expires)
-        .map(|t| t.strftime("%Y-%m-%dT%H:%M:%SZ").to_string())
-        .unwrap_or_default();
+    let expires =
+        jiff::Timestamp::try_from(expires).map(|t| t.strftime("%Y-%m-%dT%H:%M:%SZ").to_string()).unwrap_or_default();
     if !request["spec"]["audiences"].as_array().is_some_and(|a| !a.is_empty()) {
         request["spec"]["audiences"] = json!(["https://kubernetes.default.svc.cluster.local"]);
     }

@@ -21,6 +21,7 @@ use crate::error::ApiError;
 use crate::ops::{self, DeleteOpts, WriteOpts};
 use crate::patch::PatchType;
 use crate::resources::ResourceDef;
+use crate::schema::FieldValidation;
 use crate::selector::{FieldSelector, LabelSelector};
 use crate::table::{self, IncludeObject, TableRequest};
 use crate::watch::{self, WatchParams};
@@ -44,6 +45,18 @@ fn bytes_response(code: u16, bytes: Bytes) -> Response<Body> {
         .header("Audit-Id", crate::meta::new_uid())
         .body(Full::new(bytes).boxed())
         .unwrap_or_else(|_| Response::new(Full::new(Bytes::new()).boxed()))
+}
+
+/// Adds one `Warning: 299 - "…"` header per warning (how kube-apiserver reports
+/// dropped unknown fields under `fieldValidation=Warn`; kubectl prints them).
+fn with_warnings(mut r: Response<Body>, warnings: &crate::schema::Warnings) -> Response<Body> {
+    for w in warnings.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+        let text = format!("299 - {}", serde_json::to_string(w).unwrap_or_default());
+        if let Ok(v) = header::HeaderValue::from_str(&text) {
+            r.headers_mut().append(header::WARNING, v);
+        }
+    }
+    r
 }
 
 fn error_response(e: &ApiError) -> Response<Body> {
@@ -86,7 +99,8 @@ async fn handle_inner(core: Arc<Core>, req: Request<Incoming>) -> Response<Body>
     };
     if core.options.rbac {
         let q = Query::parse(req.uri().query());
-        let by_name = q.get("fieldSelector").and_then(|f| f.strip_prefix("metadata.name=")).filter(|n| !n.contains(','));
+        let by_name =
+            q.get("fieldSelector").and_then(|f| f.strip_prefix("metadata.name=")).filter(|n| !n.contains(','));
         let a = authz::attributes(req.method().as_str(), &path, q.flag("watch"), by_name);
         if authz::authorize(&core.lock(), &user, &a).is_none() {
             tracing::debug!(user = %user.name, verb = %a.verb, %path, "forbidden");
@@ -236,7 +250,8 @@ async fn read_review(req: Request<Incoming>) -> Result<Value, ApiError> {
     if body.is_empty() {
         return Ok(json!({}));
     }
-    serde_json::from_slice(&body).map_err(|e| ApiError::bad_request(format!("the body of the request could not be decoded as JSON: {e}")))
+    serde_json::from_slice(&body)
+        .map_err(|e| ApiError::bad_request(format!("the body of the request could not be decoded as JSON: {e}")))
 }
 
 async fn read_json(req: Request<Incoming>) -> Result<(Value, String), ApiError> {
@@ -411,7 +426,13 @@ async fn resource(
     let t = resolve(&core, group, version, rest, &path)?;
     let q = Query::parse(req.uri().query());
     let ns = t.namespace.as_deref();
-    let w = WriteOpts { manager: manager(&req, &q), dry_run: q.get("dryRun") == Some("All"), force: q.flag("force") };
+    let w = WriteOpts {
+        manager: manager(&req, &q),
+        dry_run: q.get("dryRun") == Some("All"),
+        force: q.flag("force"),
+        field_validation: FieldValidation::parse(q.get("fieldValidation"))?,
+        warnings: Default::default(),
+    };
     let method = req.method().clone();
     if t.scale {
         return scale(core, req, &t, &q, &w).await;
@@ -450,13 +471,13 @@ async fn resource(
             let created = ops::create(&mut core.lock(), &t.def, ns, body, &w)?;
             // An object created with ownerReferences to owners that are gone is collected.
             core.gc_wake.notify_one();
-            Ok(json_response(201, &created))
+            Ok(with_warnings(json_response(201, &created), &w.warnings))
         }
         (&Method::PUT, Some(name)) => {
             let (body, _) = read_json(req).await?;
             let updated = ops::update(&mut core.lock(), &t.def, ns, name, body, t.status, &w)?;
             core.gc_wake.notify_one();
-            Ok(json_response(200, &updated))
+            Ok(with_warnings(json_response(200, &updated), &w.warnings))
         }
         (&Method::PATCH, Some(name)) => {
             let name = name.to_string();
@@ -464,7 +485,7 @@ async fn resource(
             let kind = PatchType::from_content_type(&ct)?;
             let (obj, created) = ops::patch(&mut core.lock(), &t.def, ns, &name, kind, body, t.status, &w)?;
             core.gc_wake.notify_one();
-            Ok(json_response(if created { 201 } else { 200 }, &obj))
+            Ok(with_warnings(json_response(if created { 201 } else { 200 }, &obj), &w.warnings))
         }
         (&Method::DELETE, name) => {
             let (body, _) = read_json(req).await?;

@@ -137,7 +137,10 @@ fn spec(kind: &str, s: &[(u64, Field<'_>)]) -> Option<Value> {
                     }
                     2 => {
                         let na = message(f)?;
-                        out.insert("nonResourceAttributes".into(), Value::Object(strings(&na, &[(1, "path"), (2, "verb")])));
+                        out.insert(
+                            "nonResourceAttributes".into(),
+                            Value::Object(strings(&na, &[(1, "path"), (2, "verb")])),
+                        );
                     }
                     _ => {}
                 }

@@ -431,7 +431,12 @@ fn validate_node(v: &Value, s: &Value, path: &str, ptr: &str, errs: &mut Vec<Fie
     if int_or_string {
         if !matches!(type_of(v), "integer" | "string") && !type_matches("integer", v) {
             let got = type_of(v);
-            errs.push(type_invalid(path, ptr, got, format!("{path} in body must be of type integer,string: \"{got}\"")));
+            errs.push(type_invalid(
+                path,
+                ptr,
+                got,
+                format!("{path} in body must be of type integer,string: \"{got}\""),
+            ));
             return;
         }
     } else if let Some(t) = ty
@@ -529,7 +534,12 @@ fn validate_object(m: &Map<String, Value>, s: &Value, path: &str, ptr: &str, err
     if let Some(min) = int(s, "minProperties")
         && n < min
     {
-        errs.push(invalid(path, ptr, &Value::from(min), format!("{path} in body should have at least {min} properties")));
+        errs.push(invalid(
+            path,
+            ptr,
+            &Value::from(min),
+            format!("{path} in body should have at least {min} properties"),
+        ));
         return;
     }
     if let Some(max) = int(s, "maxProperties")
@@ -684,8 +694,21 @@ fn is_duration(s: &str) -> bool {
         return n.parse::<f64>().is_ok()
             && matches!(
                 unit.trim_end_matches('s'),
-                "ns" | "n" | "us" | "u" | "ms" | "m" | "sec" | "second" | "minute" | "min" | "hour" | "h" | "day"
-                    | "d" | "week" | "w"
+                "ns" | "n"
+                    | "us"
+                    | "u"
+                    | "ms"
+                    | "m"
+                    | "sec"
+                    | "second"
+                    | "minute"
+                    | "min"
+                    | "hour"
+                    | "h"
+                    | "day"
+                    | "d"
+                    | "week"
+                    | "w"
             );
     }
     let body = s.strip_prefix(['-', '+']).unwrap_or(s);
@@ -842,10 +865,19 @@ mod tests {
             "tags": ["a", "b", "a"], "labels": {"a": "1", "b": "2", "c": "3"}
         }}));
         assert!(m.contains(&"spec.name: Too long: may not be longer than 5".to_string()), "{m:?}");
-        assert!(m.contains(&r#"spec.name: Invalid value: "ABCDEF": spec.name in body should match '^[a-z]+$'"#.to_string()));
-        assert!(m.contains(&"spec.replicas: Invalid value: 11: spec.replicas in body should be less than or equal to 10".to_string()));
+        assert!(
+            m.contains(&r#"spec.name: Invalid value: "ABCDEF": spec.name in body should match '^[a-z]+$'"#.to_string())
+        );
+        assert!(m.contains(
+            &"spec.replicas: Invalid value: 11: spec.replicas in body should be less than or equal to 10".to_string()
+        ));
         assert!(m.contains(&"spec.ratio: Invalid value: 1.5: spec.ratio in body should be less than 1.5".to_string()));
-        assert!(m.contains(&r#"spec.at: Invalid value: "yesterday": spec.at in body must be of type date-time: "yesterday""#.to_string()));
+        assert!(
+            m.contains(
+                &r#"spec.at: Invalid value: "yesterday": spec.at in body must be of type date-time: "yesterday""#
+                    .to_string()
+            )
+        );
         assert!(m.contains(&"spec.tags: Too many: 3: must have at most 2 items".to_string()));
         assert!(m.contains(&r#"spec.tags[2]: Duplicate value: "a""#.to_string()));
         assert!(m.contains(&"spec.labels: Too many: 3: must have at most 2 items".to_string()));
@@ -872,7 +904,10 @@ mod tests {
             ]
         );
         let m = messages(json!({"spec": {"name": "ab", "tags": [null]}}));
-        assert_eq!(m, vec![r#"spec.tags[0]: Invalid value: "null": spec.tags[0] in body must be of type string: "null""#]);
+        assert_eq!(
+            m,
+            vec![r#"spec.tags[0]: Invalid value: "null": spec.tags[0] in body must be of type string: "null""#]
+        );
     }
 
     #[test]
@@ -909,7 +944,10 @@ mod tests {
         let old = json!({"spec": {"name": "ab", "mode": "legacy"}});
         let new = json!({"spec": {"name": "ab", "mode": "legacy", "replicas": 0}});
         let m: Vec<String> = validate_update(&new, &old, &schema()).iter().map(FieldError::message).collect();
-        assert_eq!(m, vec!["spec.replicas: Invalid value: 0: spec.replicas in body should be greater than or equal to 1"]);
+        assert_eq!(
+            m,
+            vec!["spec.replicas: Invalid value: 0: spec.replicas in body should be greater than or equal to 1"]
+        );
     }
 
     #[test]
@@ -926,7 +964,8 @@ mod tests {
                 "spec.versions[0].schema.openAPIV3Schema.properties[spec].type: Required value: must not be empty for specified object fields",
             ]
         );
-        let m: Vec<String> = check_structural(&json!({"type": "string"}), "s").iter().map(FieldError::message).collect();
+        let m: Vec<String> =
+            check_structural(&json!({"type": "string"}), "s").iter().map(FieldError::message).collect();
         assert_eq!(m, vec![r#"s.type: Invalid value: "string": must be object at the root"#]);
         assert!(check_structural(&schema(), "s").is_empty());
     }
