@@ -288,7 +288,7 @@ pub(crate) fn token_request(core: &Core, ns: &str, name: &str, mut request: Valu
     let (token, expires) = tokens.issue(&core.lock(), ns, name, Duration::from_secs(secs))?;
     let expires =
         jiff::Timestamp::try_from(expires).map(|t| t.strftime("%Y-%m-%dT%H:%M:%SZ").to_string()).unwrap_or_default();
-    if !request["spec"]["audiences"].as_array().is_some_and(|a| !a.is_empty()) {
+    if request["spec"]["audiences"].as_array().is_none_or(|a| a.is_empty()) {
         request["spec"]["audiences"] = json!(["https://kubernetes.default.svc.cluster.local"]);
     }
     request["spec"]["expirationSeconds"] = json!(secs);
