@@ -419,6 +419,7 @@ regarding: {kind: StatefulSet, name: hub, namespace: default, apiVersion: apps/v
     assert_eq!(new["metadata"]["annotations"]["seen"], "yes");
     assert_eq!(new["note"], "hub is up");
     assert!(new["message"].is_null(), "{new}");
+}
 
 fn runtime(spec: &str) -> String {
     format!("apiVersion: fleetwatch.io/v1\nkind: Runtime\nmetadata: {{name: rt1}}\nspec: {spec}\n")
