@@ -80,8 +80,9 @@ fn cluster_name(i: usize, n: usize) -> String {
     if n == 1 { "sim".to_string() } else { format!("sim-{i}") }
 }
 
-/// Serves the clusters `args` describe until `shutdown` is cancelled. Prints one line per
-/// cluster: `cluster NAME URL kubeconfig PATH`.
+/// Serves the clusters `args` describe until `shutdown` is cancelled (printing one line
+/// per cluster: `cluster NAME URL kubeconfig PATH`), or runs the helper subcommand
+/// (`token`) against a running sim.
 pub async fn run(args: SimArgs, shutdown: CancellationToken) -> Result<(), SimError> {
     if let Some(SimCommand::Token(t)) = args.command {
         return token(t).await;
@@ -208,6 +209,35 @@ mod tests {
         let c = Cli::parse_from(["x", "token", "team/bot", "--kubeconfig", "/tmp/k", "--kubeconfig-out", "/tmp/o"]);
         let Some(SimCommand::Token(t)) = c.sim.command else { panic!("token subcommand") };
         assert_eq!((t.account.as_str(), t.duration), ("team/bot", 86_400));
+    }
+
+    #[cfg(feature = "kube-client")]
+    #[tokio::test]
+    async fn token_subcommand_writes_a_kubeconfig_that_authenticates_as_the_account() {
+        let sim = SimCluster::start(SimOptions { rbac: true, ..SimOptions::default() }).await.unwrap();
+        let dir = std::env::temp_dir().join(format!("fw-sim-token-{}", std::process::id()));
+        let (admin, out) = (dir.join("admin.kubeconfig"), dir.join("bot.kubeconfig"));
+        sim.write_kubeconfig(&admin).unwrap();
+        sim.token_for("default", "bot").unwrap();
+        let (a, o) = (admin.to_str().unwrap(), out.to_str().unwrap());
+        let c = Cli::parse_from(["x", "token", "default/bot", "--kubeconfig", a, "--kubeconfig-out", o]);
+        run(c.sim, CancellationToken::new()).await.unwrap();
+        let text = std::fs::read_to_string(&out).unwrap();
+        let kc = kube::config::Kubeconfig::from_yaml(&text).unwrap();
+        let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await.unwrap();
+        let client = kube::Client::try_from(cfg).unwrap();
+        let cms: kube::Api<k8s_openapi::api::core::v1::ConfigMap> = kube::Api::namespaced(client, "default");
+        // Authenticated (not 401) as the ServiceAccount, which nothing grants anything yet.
+        match cms.list(&Default::default()).await {
+            Err(kube::Error::Api(s)) => {
+                assert_eq!(s.code, 403);
+                assert!(s.message.contains("system:serviceaccount:default:bot"), "{}", s.message);
+            }
+            other => panic!("expected 403, got {other:?}"),
+        }
+        let c = Cli::parse_from(["x", "token", "default/nobody", "--kubeconfig", a]);
+        assert!(run(c.sim, CancellationToken::new()).await.is_err(), "no such ServiceAccount");
+        let _ = std::fs::remove_dir_all(dir);
     }
 
     #[tokio::test]
