@@ -6,21 +6,31 @@ mod common;
 use std::time::{Duration, Instant};
 
 use fleetwatch_api::{Runtime, State};
-use kube::Api;
 use kube::api::DynamicObject;
 use kube::core::ApiResource;
+use kube::{Api, CustomResourceExt};
 use serde_json::json;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_undecodable_runtime_is_reported_and_the_others_reconciled() {
     let (_sim, client, cp) = common::control_plane().await;
-    // A Runtime with a value the operator's types do not know (the sim, like an API server
-    // without that enum in its schema, stores it), created before the operator starts.
+    // A Runtime with a value the operator's types do not know, created before the operator
+    // starts. It was stored while the CRD had no enum for that field: an API server (the sim
+    // too) validates writes against the schema, not what it already stores, so it stays.
+    let runtime_crd = serde_json::to_value(Runtime::crd()).unwrap();
+    let mut without_enum = runtime_crd.clone();
+    without_enum
+        .pointer_mut("/spec/versions/0/schema/openAPIV3Schema/properties/spec/properties/modules/items/properties/customResourcePolicy")
+        .and_then(serde_json::Value::as_object_mut)
+        .expect("customResourcePolicy in the Runtime CRD")
+        .remove("enum");
+    cp.apply(&without_enum).await.unwrap();
     cp.apply(&json!({"apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "Runtime",
         "metadata": {"name": "bad", "namespace": "default"},
         "spec": {"modules": [{"name": "m", "customResourcePolicy": "DeleteEverything"}]}}))
         .await
         .unwrap();
+    cp.apply(&runtime_crd).await.unwrap();
     let stop = tokio_util::sync::CancellationToken::new();
     let mut config = fleetwatch_lifecycle::LifecycleConfig::new(client.clone());
     config.resync = None;

@@ -35,6 +35,44 @@ pub struct SimArgs {
     /// gets 410 Gone and must relist.
     #[arg(long, value_name = "N", default_value_t = DEFAULT_HISTORY)]
     pub history: usize,
+
+    /// Enforce RBAC for ServiceAccount tokens (Roles, ClusterRoles and their bindings);
+    /// the cluster's own token keeps full access. Get a ServiceAccount's token with
+    /// `fleetwatch sim token NS/NAME` or `kubectl create token NAME -n NS`.
+    #[arg(long)]
+    pub rbac: bool,
+
+    /// Instead of serving: a helper command against a running sim.
+    #[command(subcommand)]
+    pub command: Option<SimCommand>,
+}
+
+/// Helper commands against a running sim.
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum SimCommand {
+    /// Print a bearer token for a ServiceAccount (through the TokenRequest API, as
+    /// `kubectl create token` does), optionally writing a kubeconfig that uses it.
+    Token(TokenArgs),
+}
+
+/// `fleetwatch sim token`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct TokenArgs {
+    /// The ServiceAccount, NAMESPACE/NAME (it must exist).
+    #[arg(value_name = "NAMESPACE/NAME")]
+    pub account: String,
+
+    /// The sim's kubeconfig (the one `fleetwatch sim` wrote; its token may create tokens).
+    #[arg(long, value_name = "FILE", env = "KUBECONFIG")]
+    pub kubeconfig: PathBuf,
+
+    /// Also write a kubeconfig authenticating as the ServiceAccount to FILE (mode 0600).
+    #[arg(long, value_name = "FILE")]
+    pub kubeconfig_out: Option<PathBuf>,
+
+    /// Lifetime of the token in seconds (at least 600).
+    #[arg(long, value_name = "SECONDS", default_value_t = 86_400)]
+    pub duration: u64,
 }
 
 /// Name of cluster `i` of `n`.
@@ -42,9 +80,13 @@ fn cluster_name(i: usize, n: usize) -> String {
     if n == 1 { "sim".to_string() } else { format!("sim-{i}") }
 }
 
-/// Serves the clusters `args` describe until `shutdown` is cancelled. Prints one line per
-/// cluster: `cluster NAME URL kubeconfig PATH`.
+/// Serves the clusters `args` describe until `shutdown` is cancelled (printing one line
+/// per cluster: `cluster NAME URL kubeconfig PATH`), or runs the helper subcommand
+/// (`token`) against a running sim.
 pub async fn run(args: SimArgs, shutdown: CancellationToken) -> Result<(), SimError> {
+    if let Some(SimCommand::Token(t)) = args.command {
+        return token(t).await;
+    }
     if args.clusters == 0 {
         return Err(SimError::Args("--clusters must be at least 1".into()));
     }
@@ -67,6 +109,7 @@ pub async fn run(args: SimArgs, shutdown: CancellationToken) -> Result<(), SimEr
             name: name.clone(),
             listen,
             history: args.history,
+            rbac: args.rbac,
             ..SimOptions::default()
         })
         .await?;
@@ -89,6 +132,62 @@ pub async fn run(args: SimArgs, shutdown: CancellationToken) -> Result<(), SimEr
     Ok(())
 }
 
+/// `fleetwatch sim token NS/NAME`: asks the running sim for a token through the
+/// TokenRequest API with the admin kubeconfig and prints it.
+#[cfg(feature = "kube-client")]
+async fn token(args: TokenArgs) -> Result<(), SimError> {
+    let (ns, name) = args
+        .account
+        .split_once('/')
+        .filter(|(n, a)| !n.is_empty() && !a.is_empty())
+        .ok_or_else(|| SimError::Args(format!("expected NAMESPACE/NAME, got {:?}", args.account)))?;
+    let text = std::fs::read_to_string(&args.kubeconfig)
+        .map_err(|e| SimError::io(format!("reading {}", args.kubeconfig.display()), e))?;
+    let kc = kube::config::Kubeconfig::from_yaml(&text).map_err(|e| SimError::Kube(e.to_string()))?;
+    let cfg = kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+        .await
+        .map_err(|e| SimError::Kube(e.to_string()))?;
+    let client = kube::Client::try_from(cfg).map_err(|e| SimError::Kube(e.to_string()))?;
+    let body = serde_json::json!({
+        "apiVersion": "authentication.k8s.io/v1",
+        "kind": "TokenRequest",
+        "spec": {"expirationSeconds": args.duration},
+    });
+    let req = http::Request::post(format!("/api/v1/namespaces/{ns}/serviceaccounts/{name}/token"))
+        .header(http::header::CONTENT_TYPE, "application/json")
+        .body(serde_json::to_vec(&body).unwrap_or_default())
+        .map_err(|e| SimError::Kube(e.to_string()))?;
+    let resp: serde_json::Value =
+        client.request(req).await.map_err(|e| SimError::Kube(format!("requesting a token for {ns}/{name}: {e}")))?;
+    let token = resp["status"]["token"]
+        .as_str()
+        .ok_or_else(|| SimError::Kube(format!("the TokenRequest answer has no token: {resp}")))?;
+    if let Some(out) = &args.kubeconfig_out {
+        let mut kc: serde_json::Value = serde_json::from_str(&text).map_err(|e| {
+            SimError::Args(format!("--kubeconfig-out needs the JSON kubeconfig fleetwatch sim writes: {e}"))
+        })?;
+        let user = kc["contexts"]
+            .as_array()
+            .and_then(|cs| cs.iter().find(|c| c["name"] == kc["current-context"]))
+            .and_then(|c| c["context"]["user"].as_str())
+            .map(str::to_string)
+            .ok_or_else(|| SimError::Args("the kubeconfig has no current context".into()))?;
+        for u in kc["users"].as_array_mut().into_iter().flatten() {
+            if u["name"] == user.as_str() {
+                u["user"] = serde_json::json!({"token": token});
+            }
+        }
+        crate::cluster::write_private(out, &serde_json::to_string_pretty(&kc).unwrap_or_default())?;
+    }
+    println!("{token}");
+    Ok(())
+}
+
+#[cfg(not(feature = "kube-client"))]
+async fn token(_args: TokenArgs) -> Result<(), SimError> {
+    Err(SimError::Args("fleetwatch sim token needs the kube-client feature".into()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -105,8 +204,40 @@ mod tests {
         let c = Cli::parse_from(["x"]);
         assert_eq!(c.sim.listen.to_string(), "127.0.0.1:6443");
         assert_eq!(c.sim.clusters, 1);
-        let c = Cli::parse_from(["x", "--clusters", "3", "--dir", "/tmp/d", "--history", "5"]);
-        assert_eq!((c.sim.clusters, c.sim.history), (3, 5));
+        let c = Cli::parse_from(["x", "--clusters", "3", "--dir", "/tmp/d", "--history", "5", "--rbac"]);
+        assert_eq!((c.sim.clusters, c.sim.history, c.sim.rbac), (3, 5, true));
+        let c = Cli::parse_from(["x", "token", "team/bot", "--kubeconfig", "/tmp/k", "--kubeconfig-out", "/tmp/o"]);
+        let Some(SimCommand::Token(t)) = c.sim.command else { panic!("token subcommand") };
+        assert_eq!((t.account.as_str(), t.duration), ("team/bot", 86_400));
+    }
+
+    #[cfg(feature = "kube-client")]
+    #[tokio::test]
+    async fn token_subcommand_writes_a_kubeconfig_that_authenticates_as_the_account() {
+        let sim = SimCluster::start(SimOptions { rbac: true, ..SimOptions::default() }).await.unwrap();
+        let dir = std::env::temp_dir().join(format!("fw-sim-token-{}", std::process::id()));
+        let (admin, out) = (dir.join("admin.kubeconfig"), dir.join("bot.kubeconfig"));
+        sim.write_kubeconfig(&admin).unwrap();
+        sim.token_for("default", "bot").unwrap();
+        let (a, o) = (admin.to_str().unwrap(), out.to_str().unwrap());
+        let c = Cli::parse_from(["x", "token", "default/bot", "--kubeconfig", a, "--kubeconfig-out", o]);
+        run(c.sim, CancellationToken::new()).await.unwrap();
+        let text = std::fs::read_to_string(&out).unwrap();
+        let kc = kube::config::Kubeconfig::from_yaml(&text).unwrap();
+        let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await.unwrap();
+        let client = kube::Client::try_from(cfg).unwrap();
+        let cms: kube::Api<k8s_openapi::api::core::v1::ConfigMap> = kube::Api::namespaced(client, "default");
+        // Authenticated (not 401) as the ServiceAccount, which nothing grants anything yet.
+        match cms.list(&Default::default()).await {
+            Err(kube::Error::Api(s)) => {
+                assert_eq!(s.code, 403);
+                assert!(s.message.contains("system:serviceaccount:default:bot"), "{}", s.message);
+            }
+            other => panic!("expected 403, got {other:?}"),
+        }
+        let c = Cli::parse_from(["x", "token", "default/nobody", "--kubeconfig", a]);
+        assert!(run(c.sim, CancellationToken::new()).await.is_err(), "no such ServiceAccount");
+        let _ = std::fs::remove_dir_all(dir);
     }
 
     #[tokio::test]

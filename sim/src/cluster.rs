@@ -14,7 +14,8 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use crate::error::SimError;
+use crate::authz::Tokens;
+use crate::error::{ApiError, SimError};
 use crate::faults::{FaultState, Faults};
 use crate::ops::{self, WriteOpts};
 use crate::store::State;
@@ -47,6 +48,9 @@ pub struct SimOptions {
     pub token: Option<String>,
     /// Safety-net period of the garbage collector (it also runs after every delete).
     pub gc_period: Duration,
+    /// Enforce RBAC for ServiceAccount tokens (the cluster's own token keeps full
+    /// access). Off: every authenticated caller may do everything.
+    pub rbac: bool,
 }
 
 impl Default for SimOptions {
@@ -59,6 +63,7 @@ impl Default for SimOptions {
             watch_buffer: 1024,
             token: None,
             gc_period: Duration::from_secs(5),
+            rbac: false,
         }
     }
 }
@@ -72,6 +77,8 @@ pub(crate) struct Core {
     pub options: SimOptions,
     pub token: String,
     pub server_addr: String,
+    /// ServiceAccount tokens. Lock order: `tokens` before `state`.
+    pub tokens: Mutex<Tokens>,
 }
 
 impl Core {
@@ -121,6 +128,7 @@ impl SimCluster {
             shutdown: CancellationToken::new(),
             token,
             server_addr: addr.to_string(),
+            tokens: Mutex::new(Tokens::default()),
             options,
         });
         let span = tracing::info_span!("sim", cluster = %core.options.name, %addr);
@@ -168,17 +176,36 @@ impl SimCluster {
 
     /// Writes the kubeconfig to `path` (mode 0600, as it holds a credential).
     pub fn write_kubeconfig(&self, path: &Path) -> Result<(), SimError> {
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir).map_err(|e| SimError::io(format!("creating {}", dir.display()), e))?;
+        write_private(path, &self.kubeconfig_yaml())
+    }
+
+    /// A bearer token for the ServiceAccount `ns/name`, valid for a year or until the
+    /// account is deleted; the account is created when it does not exist (the namespace
+    /// must). Under [`SimOptions::rbac`] the token gets what the account's bindings grant.
+    pub fn token_for(&self, ns: &str, name: &str) -> Result<String, ApiError> {
+        let mut tokens = self.core.tokens.lock().unwrap_or_else(|p| p.into_inner());
+        let mut st = self.core.lock();
+        if st.get(SERVICEACCOUNTS, &(ns.to_string(), name.to_string())).is_none() {
+            let def = st
+                .registry
+                .get("", "v1", "serviceaccounts")
+                .cloned()
+                .ok_or_else(|| ApiError::internal("serviceaccounts are not served"))?;
+            let w = WriteOpts { manager: "fleetwatch-sim".into(), ..Default::default() };
+            ops::create(&mut st, &def, Some(ns), json!({"metadata": {"name": name}}), &w)?;
         }
-        std::fs::write(path, self.kubeconfig_yaml())
-            .map_err(|e| SimError::io(format!("writing {}", path.display()), e))?;
-        #[cfg(unix)]
-        {
-            use std::os::unix::fs::PermissionsExt;
-            let _ = std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600));
-        }
-        Ok(())
+        Ok(tokens.issue(&st, ns, name, Duration::from_secs(365 * 24 * 3600))?.0)
+    }
+
+    /// A kubeconfig like [`SimCluster::kubeconfig`] that authenticates with `token`.
+    pub fn kubeconfig_with_token(&self, token: &str) -> Value {
+        kubeconfig::build(self.name(), &self.url(), &self.ca_pem, token)
+    }
+
+    /// Writes a kubeconfig for the ServiceAccount `ns/name` (see [`SimCluster::token_for`]).
+    pub fn write_kubeconfig_for(&self, path: &Path, ns: &str, name: &str) -> Result<(), SimError> {
+        let token = self.token_for(ns, name).map_err(|e| SimError::Args(format!("token for {ns}/{name}: {e}")))?;
+        write_private(path, &serde_json::to_string_pretty(&self.kubeconfig_with_token(&token)).unwrap_or_default())
     }
 
     /// The fault-injection handle.
@@ -223,6 +250,55 @@ impl Drop for SimCluster {
     fn drop(&mut self) {
         self.core.shutdown.cancel();
     }
+}
+
+/// Writes a file holding a credential (mode 0600), creating its directory.
+pub(crate) fn write_private(path: &Path, text: &str) -> Result<(), SimError> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(|e| SimError::io(format!("creating {}", dir.display()), e))?;
+    }
+    std::fs::write(path, text).map_err(|e| SimError::io(format!("writing {}", path.display()), e))?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let _ = std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600));
+    }
+    Ok(())
+}
+
+/// Store key of ServiceAccounts.
+const SERVICEACCOUNTS: &str = "/serviceaccounts";
+
+/// `POST …/serviceaccounts/NAME/token` (the TokenRequest API `kubectl create token` uses):
+/// issues a token for an existing ServiceAccount and answers the TokenRequest with it.
+pub(crate) fn token_request(core: &Core, ns: &str, name: &str, mut request: Value) -> Result<Value, ApiError> {
+    let secs = request["spec"]["expirationSeconds"].as_u64().unwrap_or(3600);
+    if secs < 600 {
+        return Err(ApiError::invalid(
+            "TokenRequest",
+            "authentication.k8s.io",
+            name,
+            &[(
+                "spec.expirationSeconds",
+                format!("Invalid value: {secs}: may not specify a duration less than 10 minutes"),
+            )],
+        ));
+    }
+    let mut tokens = core.tokens.lock().unwrap_or_else(|p| p.into_inner());
+    let (token, expires) = tokens.issue(&core.lock(), ns, name, Duration::from_secs(secs))?;
+    let expires =
+        jiff::Timestamp::try_from(expires).map(|t| t.strftime("%Y-%m-%dT%H:%M:%SZ").to_string()).unwrap_or_default();
+    if request["spec"]["audiences"].as_array().is_none_or(|a| a.is_empty()) {
+        request["spec"]["audiences"] = json!(["https://kubernetes.default.svc.cluster.local"]);
+    }
+    request["spec"]["expirationSeconds"] = json!(secs);
+    Ok(json!({
+        "kind": "TokenRequest",
+        "apiVersion": "authentication.k8s.io/v1",
+        "metadata": {"name": name, "namespace": ns, "creationTimestamp": null},
+        "spec": request["spec"],
+        "status": {"token": token, "expirationTimestamp": expires},
+    }))
 }
 
 /// The namespaces every cluster starts with.

@@ -15,11 +15,13 @@ use hyper::body::Incoming;
 use serde_json::{Value, json};
 use tracing::Instrument;
 
+use crate::authz::{self, User};
 use crate::cluster::Core;
 use crate::error::ApiError;
 use crate::ops::{self, DeleteOpts, WriteOpts};
 use crate::patch::PatchType;
 use crate::resources::ResourceDef;
+use crate::schema::FieldValidation;
 use crate::selector::{FieldSelector, LabelSelector};
 use crate::table::{self, IncludeObject, TableRequest};
 use crate::watch::{self, WatchParams};
@@ -45,6 +47,18 @@ fn bytes_response(code: u16, bytes: Bytes) -> Response<Body> {
         .unwrap_or_else(|_| Response::new(Full::new(Bytes::new()).boxed()))
 }
 
+/// Adds one `Warning: 299 - "…"` header per warning (how kube-apiserver reports
+/// dropped unknown fields under `fieldValidation=Warn`; kubectl prints them).
+fn with_warnings(mut r: Response<Body>, warnings: &crate::schema::Warnings) -> Response<Body> {
+    for w in warnings.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+        let text = format!("299 - {}", serde_json::to_string(w).unwrap_or_default());
+        if let Ok(v) = header::HeaderValue::from_str(&text) {
+            r.headers_mut().append(header::WARNING, v);
+        }
+    }
+    r
+}
+
 fn error_response(e: &ApiError) -> Response<Body> {
     let mut r = json_response(e.code, &e.to_status());
     if e.code == 429
@@ -66,14 +80,32 @@ async fn handle_inner(core: Arc<Core>, req: Request<Incoming>) -> Response<Body>
     if matches!(path.as_str(), "/healthz" | "/livez" | "/readyz") {
         return Response::new(Full::new(Bytes::from_static(b"ok")).boxed());
     }
-    let authorized = req
+    let bearer = req
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
-        .is_some_and(|t| t.trim() == core.token);
-    if !authorized {
-        return error_response(&ApiError::unauthorized());
+        .map(str::trim);
+    let user = match bearer {
+        Some(t) if t == core.token => User::admin(),
+        Some(t) => {
+            let tokens = core.tokens.lock().unwrap_or_else(|p| p.into_inner());
+            match tokens.authenticate(&core.lock(), t) {
+                Some(u) => u,
+                None => return error_response(&ApiError::unauthorized()),
+            }
+        }
+        None => return error_response(&ApiError::unauthorized()),
+    };
+    if core.options.rbac {
+        let q = Query::parse(req.uri().query());
+        let by_name =
+            q.get("fieldSelector").and_then(|f| f.strip_prefix("metadata.name=")).filter(|n| !n.contains(','));
+        let a = authz::attributes(req.method().as_str(), &path, q.flag("watch"), by_name);
+        if authz::authorize(&core.lock(), &user, &a).is_none() {
+            tracing::debug!(user = %user.name, verb = %a.verb, %path, "forbidden");
+            return error_response(&authz::forbidden(&user, &a));
+        }
     }
     let delay = core.faults.delay();
     if !delay.is_zero() {
@@ -83,7 +115,7 @@ async fn handle_inner(core: Arc<Core>, req: Request<Incoming>) -> Response<Body>
         tracing::debug!(code = e.code, %path, "injected failure");
         return error_response(&e);
     }
-    match route(core, req).await {
+    match route(core, req, &user).await {
         Ok(r) => r,
         Err(e) => {
             tracing::debug!(code = e.code, reason = e.reason, message = %e.message, %path, "request failed");
@@ -110,11 +142,25 @@ impl Query {
     }
 }
 
-async fn route(core: Arc<Core>, req: Request<Incoming>) -> Result<Response<Body>, ApiError> {
+async fn route(core: Arc<Core>, req: Request<Incoming>, user: &User) -> Result<Response<Body>, ApiError> {
     let path = req.uri().path().to_string();
     let segs: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
     let get = req.method() == Method::GET;
+    let post = req.method() == Method::POST;
     match segs.as_slice() {
+        ["apis", "authorization.k8s.io", "v1", "selfsubjectaccessreviews"] if post => {
+            let review = read_review(req).await?;
+            Ok(json_response(201, &authz::access_review(&core.lock(), user, &review, core.options.rbac)))
+        }
+        ["apis", "authorization.k8s.io", "v1", "selfsubjectrulesreviews"] if post => {
+            let review = read_review(req).await?;
+            Ok(json_response(201, &authz::rules_review(&core.lock(), user, &review, core.options.rbac)))
+        }
+        ["api", "v1", "namespaces", ns, "serviceaccounts", name, "token"] if post => {
+            let (ns, name) = (ns.to_string(), name.to_string());
+            let request = read_review(req).await?;
+            Ok(json_response(201, &crate::cluster::token_request(&core, &ns, &name, request)?))
+        }
         ["version"] if get => Ok(json_response(200, &discovery::version())),
         ["api"] if get => Ok(json_response(200, &discovery::core_versions(&core.server_addr))),
         ["api", "v1"] if get => {
@@ -130,13 +176,13 @@ async fn route(core: Arc<Core>, req: Request<Incoming>) -> Result<Response<Body>
             let doc = discovery::resource_list(&core.lock().registry, g, v);
             doc.map(|d| json_response(200, &d)).ok_or_else(|| ApiError::no_route(&path))
         }
-        ["openapi", "v3"] if get => Ok(json_response(200, &openapi::root(&core.lock().registry))),
+        ["openapi", "v3"] if get => Ok(json_response(200, &openapi::root(&core.lock()))),
         ["openapi", "v3", "api", v] if get => {
-            let doc = openapi::gv_doc(&core.lock().registry, "", v);
+            let doc = openapi::gv_doc(&core.lock(), "", v);
             doc.map(|d| json_response(200, &d)).ok_or_else(|| ApiError::no_route(&path))
         }
         ["openapi", "v3", "apis", g, v] if get => {
-            let doc = openapi::gv_doc(&core.lock().registry, g, v);
+            let doc = openapi::gv_doc(&core.lock(), g, v);
             doc.map(|d| json_response(200, &d)).ok_or_else(|| ApiError::no_route(&path))
         }
         ["api", "v1", rest @ ..] if !rest.is_empty() => {
@@ -187,6 +233,25 @@ fn resolve(core: &Core, group: &str, version: &str, rest: &[String], path: &str)
         Some(_) => return Err(ApiError::no_route(path)),
     };
     Ok(Target { def, namespace: ns.map(str::to_string), name: name.map(str::to_string), status, scale })
+}
+
+/// The body of a review or TokenRequest: JSON, or the protobuf kubectl sends for them.
+async fn read_review(req: Request<Incoming>) -> Result<Value, ApiError> {
+    let ct =
+        req.headers().get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("application/json").to_string();
+    let body = Limited::new(req.into_body(), MAX_BODY)
+        .collect()
+        .await
+        .map_err(|e| ApiError::bad_request(format!("reading request body: {e}")))?
+        .to_bytes();
+    if ct.starts_with("application/vnd.kubernetes.protobuf") {
+        return crate::pbwire::decode(&body).ok_or_else(|| ApiError::unsupported_media_type(&ct));
+    }
+    if body.is_empty() {
+        return Ok(json!({}));
+    }
+    serde_json::from_slice(&body)
+        .map_err(|e| ApiError::bad_request(format!("the body of the request could not be decoded as JSON: {e}")))
 }
 
 async fn read_json(req: Request<Incoming>) -> Result<(Value, String), ApiError> {
@@ -361,7 +426,13 @@ async fn resource(
     let t = resolve(&core, group, version, rest, &path)?;
     let q = Query::parse(req.uri().query());
     let ns = t.namespace.as_deref();
-    let w = WriteOpts { manager: manager(&req, &q), dry_run: q.get("dryRun") == Some("All"), force: q.flag("force") };
+    let w = WriteOpts {
+        manager: manager(&req, &q),
+        dry_run: q.get("dryRun") == Some("All"),
+        force: q.flag("force"),
+        field_validation: FieldValidation::parse(q.get("fieldValidation"))?,
+        warnings: Default::default(),
+    };
     let method = req.method().clone();
     if t.scale {
         return scale(core, req, &t, &q, &w).await;
@@ -400,13 +471,13 @@ async fn resource(
             let created = ops::create(&mut core.lock(), &t.def, ns, body, &w)?;
             // An object created with ownerReferences to owners that are gone is collected.
             core.gc_wake.notify_one();
-            Ok(json_response(201, &created))
+            Ok(with_warnings(json_response(201, &created), &w.warnings))
         }
         (&Method::PUT, Some(name)) => {
             let (body, _) = read_json(req).await?;
             let updated = ops::update(&mut core.lock(), &t.def, ns, name, body, t.status, &w)?;
             core.gc_wake.notify_one();
-            Ok(json_response(200, &updated))
+            Ok(with_warnings(json_response(200, &updated), &w.warnings))
         }
         (&Method::PATCH, Some(name)) => {
             let name = name.to_string();
@@ -414,7 +485,7 @@ async fn resource(
             let kind = PatchType::from_content_type(&ct)?;
             let (obj, created) = ops::patch(&mut core.lock(), &t.def, ns, &name, kind, body, t.status, &w)?;
             core.gc_wake.notify_one();
-            Ok(json_response(if created { 201 } else { 200 }, &obj))
+            Ok(with_warnings(json_response(if created { 201 } else { 200 }, &obj), &w.warnings))
         }
         (&Method::DELETE, name) => {
             let (body, _) = read_json(req).await?;

@@ -21,6 +21,7 @@
 //! See `docs/sim.md` for what is simulated and what is not.
 
 mod apply;
+mod authz;
 #[cfg(feature = "kube-client")]
 mod bench;
 mod cli;
@@ -36,8 +37,10 @@ mod meta;
 mod openapi;
 mod ops;
 mod patch;
+mod pbwire;
 mod protobuf;
 mod resources;
+mod schema;
 mod selector;
 mod store;
 mod table;
@@ -46,7 +49,7 @@ mod watch;
 
 #[cfg(feature = "kube-client")]
 pub use bench::{BenchOptions, BenchReport, bench};
-pub use cli::{SimArgs, run};
+pub use cli::{SimArgs, SimCommand, TokenArgs, run};
 pub use cluster::{DEFAULT_HISTORY, SimCluster, SimOptions};
 pub use error::{ApiError, SimError};
 pub use faults::Faults;

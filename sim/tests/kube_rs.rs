@@ -429,3 +429,112 @@ async fn metadata_only_get_list_and_watch() {
         other => panic!("expected ADDED, got {other:?}"),
     }
 }
+
+#[tokio::test]
+async fn custom_resource_schema_violations_are_422_with_causes() {
+    let (_sim, client) = sim().await;
+    let crds: Api<DynamicObject> = Api::all_with(
+        client.clone(),
+        &kube::api::ApiResource::from_gvk(&GroupVersionKind::gvk(
+            "apiextensions.k8s.io",
+            "v1",
+            "CustomResourceDefinition",
+        )),
+    );
+    let crd: serde_json::Value = json!({
+    "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+    "metadata": {"name": "runtimes.fleetwatch.io"},
+    "spec": {"group": "fleetwatch.io", "scope": "Namespaced",
+        "names": {"plural": "runtimes", "singular": "runtime", "kind": "Runtime"},
+        "versions": [{"name": "v1", "served": true, "storage": true, "schema": {"openAPIV3Schema": {
+            "type": "object",
+            "properties": {"spec": {"type": "object", "required": ["name"], "properties": {
+                "name": {"type": "string"},
+                "mode": {"type": "string", "enum": ["a", "b"], "default": "a"},
+            }}}}}}]}});
+    crds.create(&PostParams::default(), &serde_json::from_value(crd).unwrap()).await.expect("crd created");
+    let ar = kube::api::ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("fleetwatch.io", "v1", "Runtime"),
+        "runtimes",
+    );
+    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), "default", &ar);
+    let bad: DynamicObject = serde_json::from_value(
+        json!({"apiVersion": "fleetwatch.io/v1", "kind": "Runtime", "metadata": {"name": "x"}, "spec": {"mode": "c"}}),
+    )
+    .unwrap();
+    let status = match api.create(&PostParams::default(), &bad).await {
+        Err(kube::Error::Api(s)) => s,
+        other => panic!("expected a 422, got {other:?}"),
+    };
+    assert_eq!((status.code, status.reason.as_str()), (422, "Invalid"));
+    assert!(status.is_invalid());
+    assert_eq!(
+        status.message,
+        r#"Runtime.fleetwatch.io "x" is invalid: [spec.mode: Unsupported value: "c": supported values: "a", "b", spec.name: Required value]"#
+    );
+    let details = status.details.expect("details");
+    let causes: Vec<(&str, &str, &str)> =
+        details.causes.iter().map(|c| (c.reason.as_str(), c.field.as_str(), c.message.as_str())).collect();
+    assert_eq!(
+        causes,
+        vec![
+            ("FieldValueNotSupported", "spec.mode", r#"Unsupported value: "c": supported values: "a", "b""#),
+            ("FieldValueRequired", "spec.name", "Required value"),
+        ]
+    );
+    // Defaults are applied on write.
+    let ok: DynamicObject = serde_json::from_value(
+        json!({"apiVersion": "fleetwatch.io/v1", "kind": "Runtime", "metadata": {"name": "x"}, "spec": {"name": "alpha"}}),
+    )
+    .unwrap();
+    let created = api.create(&PostParams::default(), &ok).await.expect("valid object created");
+    assert_eq!(created.data["spec"]["mode"], "a");
+}
+
+#[tokio::test]
+async fn rbac_denials_are_403_forbidden_and_access_reviews_agree() {
+    use k8s_openapi::api::authorization::v1::{
+        ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
+    };
+    let sim = SimCluster::start(SimOptions { rbac: true, ..SimOptions::default() }).await.expect("sim starts");
+    let token = sim.token_for("default", "bot").expect("token for a new ServiceAccount");
+    let kc = kube::config::Kubeconfig::from_yaml(&sim.kubeconfig_with_token(&token).to_string()).unwrap();
+    let cfg = kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default()).await.unwrap();
+    let bot = kube::Client::try_from(cfg).unwrap();
+    let cms: Api<ConfigMap> = Api::namespaced(bot.clone(), "default");
+    let e = api_error(cms.list(&ListParams::default()).await.expect_err("nothing granted yet"));
+    assert_eq!((e.code, e.reason.as_str()), (403, "Forbidden"));
+    assert_eq!(
+        e.message,
+        r#"configmaps is forbidden: User "system:serviceaccount:default:bot" cannot list resource "configmaps" in API group "" in the namespace "default""#
+    );
+    // Grant list through a ClusterRole bound in the namespace, as the admin.
+    let admin = sim.client().await.unwrap();
+    let rb_ar =
+        kube::api::ApiResource::from_gvk(&GroupVersionKind::gvk("rbac.authorization.k8s.io", "v1", "RoleBinding"));
+    let rbs: Api<DynamicObject> = Api::namespaced_with(admin.clone(), "default", &rb_ar);
+    let rb = json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": {"name": "bot-view"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "view"},
+        "subjects": [{"kind": "ServiceAccount", "name": "bot", "namespace": "default"}]});
+    rbs.create(&PostParams::default(), &serde_json::from_value(rb).unwrap()).await.expect("binding created");
+    assert!(cms.list(&ListParams::default()).await.is_ok(), "view grants list");
+    let e = api_error(cms.create(&PostParams::default(), &cm("x", json!({}))).await.expect_err("view does not write"));
+    assert_eq!(e.code, 403);
+    let reviews: Api<SelfSubjectAccessReview> = Api::all(bot);
+    let ask = |verb: &str| SelfSubjectAccessReview {
+        spec: SelfSubjectAccessReviewSpec {
+            resource_attributes: Some(ResourceAttributes {
+                verb: Some(verb.into()),
+                resource: Some("configmaps".into()),
+                namespace: Some("default".into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let r = reviews.create(&PostParams::default(), &ask("list")).await.expect("review");
+    assert!(r.status.as_ref().is_some_and(|s| s.allowed), "{r:?}");
+    let r = reviews.create(&PostParams::default(), &ask("create")).await.expect("review");
+    assert!(r.status.as_ref().is_some_and(|s| !s.allowed), "{r:?}");
+}

@@ -421,6 +421,192 @@ regarding: {kind: StatefulSet, name: hub, namespace: default, apiVersion: apps/v
     assert!(new["message"].is_null(), "{new}");
 }
 
+fn runtime(spec: &str) -> String {
+    format!("apiVersion: fleetwatch.io/v1\nkind: Runtime\nmetadata: {{name: rt1}}\nspec: {spec}\n")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crd_schema_validates_prunes_and_defaults() {
+    let env = Env::start(SimOptions::default()).await;
+    env.apply(common::RUNTIME_CRD, &[]);
+    let apply_fails = |manifest: &str, extra: &[&str]| {
+        let mut args = vec!["apply", "-f", "-"];
+        args.extend_from_slice(extra);
+        let out = env.kubectl_stdin(&args, Some(manifest));
+        assert!(!out.status.success(), "apply of {manifest} unexpectedly succeeded");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    // kube-apiserver's field errors, one per bad field, as kubectl prints the causes.
+    let err = apply_fails(&runtime("{name: alpha, mode: c}"), &[]);
+    assert!(err.contains(r#"The Runtime "rt1" is invalid"#), "{err}");
+    assert!(err.contains(r#"spec.mode: Unsupported value: "c": supported values: "a", "b""#), "{err}");
+    let err = apply_fails(&runtime("{replicas: two}"), &[]);
+    assert!(
+        err.contains(
+            r#"spec.replicas: Invalid value: "string": spec.replicas in body must be of type integer: "string""#
+        ),
+        "{err}"
+    );
+    assert!(err.contains("spec.name: Required value"), "{err}");
+    // kubectl asks for strict field validation by default: unknown fields are an error...
+    let bogus = runtime("{name: alpha, bogus: 1}") + "extra: 2\n";
+    let err = apply_fails(&bogus, &[]);
+    assert!(
+        err.contains(r#"Runtime in version "v1" cannot be handled as a Runtime: strict decoding error: unknown field "extra", unknown field "spec.bogus""#),
+        "{err}"
+    );
+    // ...with --validate=warn they are pruned and reported as warnings; defaults are applied.
+    let out = env.kubectl_stdin(&["apply", "--validate=warn", "-f", "-"], Some(&bogus));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let warnings = String::from_utf8_lossy(&out.stderr);
+    assert!(warnings.contains(r#"Warning: unknown field "spec.bogus""#), "{warnings}");
+    let rt = env.get_json(&["runtime", "rt1"]);
+    assert!(rt.get("extra").is_none() && rt["spec"].get("bogus").is_none(), "pruned: {rt}");
+    assert_eq!(rt["spec"], serde_json::json!({"name": "alpha", "mode": "a", "replicas": 1}), "defaulted: {rt}");
+    // Patches and the status subresource are validated too.
+    let err = env.fails(&["patch", "runtime", "rt1", "--type", "merge", "-p", r#"{"spec":{"replicas":0}}"#]);
+    assert!(
+        err.contains("spec.replicas: Invalid value: 0: spec.replicas in body should be greater than or equal to 1"),
+        "{err}"
+    );
+    let err = env.fails(&[
+        "patch",
+        "runtime",
+        "rt1",
+        "--subresource",
+        "status",
+        "--type",
+        "merge",
+        "-p",
+        r#"{"status":{"ready":"yes"}}"#,
+    ]);
+    assert!(err.contains("status.ready in body must be of type boolean"), "{err}");
+    env.ok(&[
+        "patch",
+        "runtime",
+        "rt1",
+        "--subresource",
+        "status",
+        "--type",
+        "merge",
+        "-p",
+        r#"{"status":{"ready":true}}"#,
+    ]);
+    assert_eq!(env.get_json(&["runtime", "rt1"])["status"]["ready"], true);
+    // A CRD whose schema is not structural is refused.
+    let bad = common::RUNTIME_CRD
+        .replace("name: runtimes.fleetwatch.io", "name: gadgets.fleetwatch.io")
+        .replace(
+            "{plural: runtimes, singular: runtime, kind: Runtime, shortNames: [rt]}",
+            "{plural: gadgets, kind: Gadget}",
+        )
+        .replace(
+            "              replicas: {type: integer, minimum: 1, default: 1}",
+            "              replicas: {minimum: 1}",
+        );
+    let out = env.kubectl_stdin(&["apply", "-f", "-"], Some(&bad));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("spec.versions[0].schema.openAPIV3Schema.properties[spec].properties[replicas].type: Required value: must not be empty for specified object fields"),
+        "{err}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn explain_reads_the_crd_schema() {
+    let env = Env::start(SimOptions::default()).await;
+    env.apply(common::RUNTIME_CRD, &[]);
+    let out = env.ok(&["explain", "runtimes.spec"]);
+    assert!(out.contains("KIND:       Runtime") && out.contains("GROUP:      fleetwatch.io"), "{out}");
+    assert!(out.contains("Desired state of the runtime."), "{out}");
+    assert!(out.contains("name\t<string> -required-") && out.contains("Upgrade mode."), "{out}");
+    let out = env.ok(&["explain", "runtimes", "--recursive"]);
+    assert!(out.contains("Runtime is one runtime cluster."), "{out}");
+    assert!(out.contains("labels\t<map[string]string>") && out.contains("ready\t<boolean>"), "{out}");
+    let out = env.ok(&["explain", "rt.spec.template"]);
+    assert!(out.contains("What every module gets."), "{out}");
+}
+
+const SA_RBAC: &str = r#"
+apiVersion: v1
+kind: ServiceAccount
+metadata: {name: bot, namespace: default}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {name: cm-reader, namespace: default}
+rules:
+- apiGroups: [""]
+  resources: [configmaps]
+  verbs: [get, list, watch]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: bot-reads, namespace: default}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: cm-reader}
+subjects:
+- {kind: ServiceAccount, name: bot, namespace: default}
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auth_can_i_without_rbac_allows_everything() {
+    let env = Env::start(SimOptions::default()).await;
+    assert_eq!(env.ok(&["auth", "can-i", "create", "deployments"]).trim(), "yes");
+    let list = env.ok(&["auth", "can-i", "--list"]);
+    assert!(list.lines().any(|l| l.starts_with("*.*") && l.contains("[*]")), "{list}");
+    // A ServiceAccount token authenticates, and without --rbac it may do everything.
+    env.apply(SA_RBAC, &[]);
+    let kc = env.dir.join("bot.kubeconfig");
+    env.sim.write_kubeconfig_for(&kc, "default", "bot").expect("kubeconfig for bot");
+    let out = env.kubectl_as(&kc, &["auth", "can-i", "delete", "namespaces"], None);
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "yes");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rbac_grants_what_is_bound_and_forbids_the_rest() {
+    let env = Env::start(SimOptions { rbac: true, ..SimOptions::default() }).await;
+    env.apply(SA_RBAC, &[]);
+    env.apply(CM, &[]);
+    // The TokenRequest API, as `kubectl create token` uses it (protobuf body).
+    let token = env.ok(&["create", "token", "bot"]);
+    let token = token.trim();
+    assert!(!token.is_empty());
+    let kc = env.dir.join("bot.kubeconfig");
+    std::fs::write(&kc, serde_json::to_string(&env.sim.kubeconfig_with_token(token)).unwrap()).unwrap();
+    let run = |args: &[&str]| env.kubectl_as(&kc, args, None);
+    let text = |o: &std::process::Output| {
+        (String::from_utf8_lossy(&o.stdout).into_owned(), String::from_utf8_lossy(&o.stderr).into_owned())
+    };
+    let out = run(&["get", "configmap", "demo", "-o", "name"]);
+    assert!(out.status.success(), "granted: {:?}", text(&out));
+    assert_eq!(text(&out).0.trim(), "configmap/demo");
+    let out = run(&["get", "deployments"]);
+    assert!(!out.status.success());
+    assert!(
+        text(&out).1.contains(r#"Error from server (Forbidden): deployments.apps is forbidden: User "system:serviceaccount:default:bot" cannot list resource "deployments" in API group "apps" in the namespace "default""#),
+        "{:?}",
+        text(&out)
+    );
+    let out = run(&["get", "configmaps", "-A"]);
+    assert!(
+        text(&out).1.contains(r#"cannot list resource "configmaps" in API group "" at the cluster scope"#),
+        "{:?}",
+        text(&out)
+    );
+    let out = run(&["delete", "configmap", "demo"]);
+    assert!(text(&out).1.contains(r#"configmaps "demo" is forbidden"#), "{:?}", text(&out));
+    assert_eq!(text(&run(&["auth", "can-i", "list", "configmaps"])).0.trim(), "yes");
+    assert_eq!(text(&run(&["auth", "can-i", "create", "deployments"])).0.trim(), "no");
+    let list = text(&run(&["auth", "can-i", "--list"])).0;
+    assert!(list.lines().any(|l| l.starts_with("configmaps ") && l.contains("[get list watch]")), "{list}");
+    assert!(!list.contains("*.*"), "{list}");
+    // The admin token keeps full access; a forged token is 401.
+    assert_eq!(env.ok(&["auth", "can-i", "create", "deployments"]).trim(), "yes");
+    std::fs::write(&kc, serde_json::to_string(&env.sim.kubeconfig_with_token("fwsa.forged")).unwrap()).unwrap();
+    let out = run(&["get", "configmaps"]);
+    assert!(text(&out).1.contains("Unauthorized"), "{:?}", text(&out));
+}
+
 /// Every typed `kubectl create` of a served kind sends a protobuf body; each must be
 /// decoded into the object kubectl built.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

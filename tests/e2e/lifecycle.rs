@@ -567,7 +567,19 @@ async fn one_instance_leads_and_another_takes_over_when_it_dies() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_objects_are_isolated_and_a_missing_policy_fails_closed() {
     let f = Fleet::start("3600").await;
+    // The broken Runtime was stored while the CRD had no enum for that field (an API server,
+    // the sim too, validates writes against the schema, not what it already stores).
+    let enum_path = "/spec/versions/0/schema/openAPIV3Schema/properties/spec/properties/modules/items/properties/customResourcePolicy/enum";
+    let crd_patch = |op: Value| {
+        kubectl(
+            &f.cp_kc,
+            &["patch", "crd", "runtimes.operator.fleetwatch.dev", "--type=json", "-p", &json!([op]).to_string()],
+            None,
+        )
+    };
+    crd_patch(json!({"op": "remove", "path": enum_path}));
     apply_json(&f.cp_kc, &runtime("broken", json!([{"name": "redis", "customResourcePolicy": "DeleteEverything"}])));
+    crd_patch(json!({"op": "add", "path": enum_path, "value": ["CreateAndDelete", "Ignore"]}));
     apply_json(&f.cp_kc, &runtime("rt1", json!([{"name": "redis"}])));
     f.wait("rt1", "redis 1.0.0 Ready", |s| {
         module(s, "redis").is_some_and(|m| m.state == State::Ready && m.installed_version.as_deref() == Some("1.0.0"))

@@ -66,6 +66,7 @@ pub(super) fn finish_create(
             m.remove("status");
         }
     }
+    crate::schema::admit(st, def, &mut body, None, w.field_validation, &w.warnings)?;
     prepare_kind(st, def, &mut body, true)?;
     let av = def.api_version();
     let c = ctx(def, w, &now, &av, None);

@@ -63,6 +63,7 @@ pub(super) fn prepare_kind(st: &State, def: &ResourceDef, obj: &mut Value, creat
             obj["spec"]["replicas"] = json!(1);
         }
         ("apiextensions.k8s.io", "customresourcedefinitions") => {
+            crate::schema::check_crd(obj)?;
             let mut reg = st.registry.clone();
             let group = obj["spec"]["group"].as_str().unwrap_or("");
             let plural = obj["spec"]["names"]["plural"].as_str().unwrap_or("");

@@ -41,6 +41,11 @@ pub struct WriteOpts {
     pub dry_run: bool,
     /// `force=true` for server-side apply.
     pub force: bool,
+    /// `fieldValidation`: unknown fields of custom resources are dropped silently,
+    /// with a warning, or rejected.
+    pub field_validation: crate::schema::FieldValidation,
+    /// Warnings for the response's `Warning` headers.
+    pub warnings: crate::schema::Warnings,
 }
 
 /// `DeleteOptions` (body or query).

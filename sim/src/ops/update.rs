@@ -118,6 +118,7 @@ pub(super) fn write_existing(
             )));
         }
     }
+    crate::schema::admit(st, def, &mut new, Some(&existing), w.field_validation, &w.warnings)?;
     prepare_kind(st, def, &mut new, false)?;
     if def.tracks_generation && spec_part(&existing) != spec_part(&new) {
         let g = existing["metadata"]["generation"].as_i64().unwrap_or(0) + 1;

@@ -32,9 +32,15 @@ impl Env {
     }
 
     pub fn kubectl_stdin(&self, args: &[&str], stdin: Option<&str>) -> Output {
+        self.kubectl_as(&self.kubeconfig, args, stdin)
+    }
+
+    /// Runs kubectl with another kubeconfig (e.g. a ServiceAccount's) and its own cache.
+    pub fn kubectl_as(&self, kubeconfig: &std::path::Path, args: &[&str], stdin: Option<&str>) -> Output {
         use std::io::Write;
+        let cache = self.dir.join(format!("cache-{}", kubeconfig.file_name().and_then(|f| f.to_str()).unwrap_or("x")));
         let mut cmd = Command::new(KUBECTL);
-        cmd.arg("--kubeconfig").arg(&self.kubeconfig).arg("--cache-dir").arg(self.dir.join("cache")).args(args);
+        cmd.arg("--kubeconfig").arg(kubeconfig).arg("--cache-dir").arg(cache).args(args);
         cmd.stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped());
@@ -117,4 +123,43 @@ spec:
       openAPIV3Schema:
         type: object
         x-kubernetes-preserve-unknown-fields: true
+"#;
+
+/// A CRD with a structural schema: enum, default, required, bounds, a map, a status.
+pub const RUNTIME_CRD: &str = r#"
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata:
+  name: runtimes.fleetwatch.io
+spec:
+  group: fleetwatch.io
+  scope: Namespaced
+  names: {plural: runtimes, singular: runtime, kind: Runtime, shortNames: [rt]}
+  versions:
+  - name: v1
+    served: true
+    storage: true
+    subresources: {status: {}}
+    schema:
+      openAPIV3Schema:
+        type: object
+        description: Runtime is one runtime cluster.
+        properties:
+          spec:
+            type: object
+            description: Desired state of the runtime.
+            required: [name]
+            properties:
+              name: {type: string, maxLength: 20, description: Name of the runtime.}
+              mode: {type: string, enum: [a, b], default: a, description: Upgrade mode.}
+              replicas: {type: integer, minimum: 1, default: 1}
+              template:
+                type: object
+                description: What every module gets.
+                properties:
+                  labels: {type: object, additionalProperties: {type: string}}
+          status:
+            type: object
+            properties:
+              ready: {type: boolean}
 "#;
