@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use fleetwatch_api::policy::{Step, desired_version, next_step, parse};
 use fleetwatch_api::{
-    CustomResourcePolicy, ModuleEntry, ModuleReleaseMeta, ModuleStatus, ModuleTemplate, Runtime, RuntimeStatus, State,
+    CustomResourcePolicy, ModuleEntry, ModuleReleaseMeta, ModuleStatus, ModuleTemplate, RolloutStatus, Runtime,
+    RuntimeStatus, State,
 };
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::Action;
@@ -266,11 +267,12 @@ async fn install(
         && !flags.waiting
     {
         let name = rt.name_any();
+        let recorded = recorded_rollout(&meta, &desired);
         match st.state {
             State::Ready if st.installed_version.as_deref() == Some(desired.to_string().as_str()) => {
-                ctx.rollouts.report(ns, &entry.name, &desired, &name, true, policy)
+                ctx.rollouts.report(ns, &entry.name, &desired, &name, true, policy, recorded)
             }
-            State::Error => ctx.rollouts.report(ns, &entry.name, &desired, &name, false, policy),
+            State::Error => ctx.rollouts.report(ns, &entry.name, &desired, &name, false, policy, recorded),
             _ => {}
         }
     }
@@ -336,7 +338,18 @@ async fn install_inner(
     };
     if let Some(policy) = &rollout {
         let total = affected(ctx, ns, &entry.name, &desired, &metas);
-        if let crate::rollout::Admission::Wait(why) = ctx.rollouts.admit(ns, &entry.name, &desired, policy, rt, total) {
+        let recorded = find_meta(&metas, ns, &entry.name).and_then(|m| recorded_rollout(m, &desired));
+        let admission = ctx.rollouts.admit(ns, &entry.name, &desired, policy, rt, total, recorded);
+        // The admission is recorded before the upgrade starts: an instance taking over
+        // counts this runtime as in flight. Not recorded, not started (it is retried).
+        let why = match admission {
+            crate::rollout::Admission::Wait(why) => Some(why),
+            crate::rollout::Admission::Go if !write_rollouts(ctx).await => {
+                Some(format!("waiting to record the rollout admission of {} {desired}", entry.name))
+            }
+            crate::rollout::Admission::Go => None,
+        };
+        if let Some(why) = why {
             // The current version keeps running and being what status reports.
             flags.waiting = true;
             st.state = if prev.is_some_and(|p| p.state == State::Ready) { State::Ready } else { State::Processing };
@@ -548,16 +561,29 @@ async fn publish_events(ctx: &Ctx, rt: &Runtime, previous: &[ModuleStatus], next
     }
 }
 
-/// Writes changed rollout progress into the ModuleReleaseMetas' status.
-async fn write_rollouts(ctx: &Ctx) {
+/// This version's rollout as the release meta's status records it.
+fn recorded_rollout<'a>(meta: &'a ModuleReleaseMeta, version: &semver::Version) -> Option<&'a RolloutStatus> {
+    let version = version.to_string();
+    meta.status.as_ref()?.rollouts.iter().find(|r| r.version == version)
+}
+
+/// Writes changed rollout progress into the ModuleReleaseMetas' status, one write at a time
+/// (an older snapshot never lands after a newer one). `false` when a write failed; what it
+/// carried is written again with the next one.
+async fn write_rollouts(ctx: &Ctx) -> bool {
+    let _one_at_a_time = ctx.rollouts.writing().await;
+    let mut ok = true;
     for (ns, module, rollouts) in ctx.rollouts.take_changed() {
         let Some(meta) = find_meta(&ctx.metas.state(), &ns, &module).map(|m| m.name_any()) else { continue };
         let api: Api<ModuleReleaseMeta> = Api::namespaced(ctx.client.clone(), &ns);
         let patch = json!({"status": {"rollouts": rollouts}});
         if let Err(e) = api.patch_status(&meta, &PatchParams::default(), &Patch::Merge(&patch)).await {
             tracing::warn!(%module, error = %e, "cannot write rollout status");
+            ctx.rollouts.mark_changed(&ns, &module);
+            ok = false;
         }
     }
+    ok
 }
 
 /// Writes status: modules, the runtime's state (the worst module state; Unmanaged counts as
