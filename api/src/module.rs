@@ -414,6 +414,16 @@ pub struct RolloutStatus {
     /// Why it halted, when it did.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub message: String,
+    /// The runtimes admitted so far (names, in the release meta's namespace). Recorded before
+    /// each upgrade starts, so an operator instance taking over knows which are in flight.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub admitted_runtimes: Vec<String>,
+    /// The admitted runtimes running it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub upgraded_runtimes: Vec<String>,
+    /// The admitted runtimes whose upgrade failed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub failed_runtimes: Vec<String>,
 }
 
 /// A channel and its version.

@@ -2,7 +2,9 @@
 //!
 //! A [`Subscription`] reconnects by itself, with exponential backoff and jitter, and
 //! resumes after the last cursor it acknowledged. Delivery is at least once: events
-//! delivered but not acknowledged before a disconnect come again.
+//! delivered but not acknowledged before a disconnect come again. Consumers usually do not
+//! call `next` and `ack` themselves: they implement [`crate::sink::Sink`] and let
+//! [`crate::sink::pump`] acknowledge what the sink accepted.
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -57,6 +57,26 @@ pub enum Error {
         #[source]
         source: serde_json::Error,
     },
+    /// The Runtime finalizer could not be added or removed (cleanup errors are the other
+    /// variants, passed through).
+    #[error("finalizer of Runtime {runtime}: {source}")]
+    Finalizer {
+        /// The Runtime, `namespace/name`.
+        runtime: String,
+        /// kube-runtime's finalizer error.
+        #[source]
+        source: Box<kube::runtime::finalizer::Error<Error>>,
+    },
+    /// Not a failure: a deleted Runtime's modules are still being removed (e.g. waiting for
+    /// their managed resources to go), so its finalizer stays and the reconcile looks again
+    /// soon, without backing off.
+    #[error("Runtime {runtime} is being deleted; waiting for modules {} to be removed", modules.join(", "))]
+    CleanupPending {
+        /// The Runtime, `namespace/name`.
+        runtime: String,
+        /// The modules not removed yet.
+        modules: Vec<String>,
+    },
 }
 
 impl Error {

@@ -162,6 +162,11 @@ impl Ctx {
 }
 
 fn error_policy(rt: Arc<Runtime>, err: &Error, ctx: Arc<Ctx>) -> Action {
+    if let Error::CleanupPending { .. } = err {
+        // Removal in progress (it keeps the finalizer by not succeeding): look again soon.
+        tracing::debug!(%err, "runtime deletion in progress");
+        return Action::requeue(reconcile::BUSY_REQUEUE);
+    }
     ctx.metrics.failures.fetch_add(1, Ordering::Relaxed);
     let key = format!("{}/{}", rt.namespace().unwrap_or_default(), rt.name_any());
     let wait = ctx.next_backoff(&key);
@@ -259,7 +264,8 @@ pub async fn run(config: LifecycleConfig, metrics: Arc<Metrics>, shutdown: Cance
         policies_stream.for_each(|_| futures_util::future::ready(())).await;
     });
 
-    // Runtimes: only spec changes and deletion start a reconcile, not our own status writes.
+    // Runtimes: only spec changes, deletion and our finalizer start a reconcile, not our own
+    // status writes.
     let (runtimes, runtimes_writer) = reflector::store::<Runtime>();
     let (invalid_tx, invalid_rx) = tokio::sync::mpsc::channel(256);
     tokio::spawn(report_invalid_runtimes(client.clone(), invalid_rx));
@@ -273,6 +279,9 @@ pub async fn run(config: LifecycleConfig, metrics: Arc<Metrics>, shutdown: Cance
                 let mut h = std::collections::hash_map::DefaultHasher::new();
                 rt.metadata.generation.hash(&mut h);
                 rt.metadata.deletion_timestamp.is_some().hash(&mut h);
+                // The finalizer helper adds the finalizer and waits for the change it made:
+                // that change must start the reconcile that installs.
+                rt.finalizers().iter().any(|f| f == reconcile::FINALIZER).hash(&mut h);
                 Some(h.finish())
             },
             Default::default(),

@@ -7,10 +7,12 @@ use std::time::Duration;
 
 use fleetwatch_api::policy::{Step, desired_version, next_step, parse};
 use fleetwatch_api::{
-    CustomResourcePolicy, ModuleEntry, ModuleReleaseMeta, ModuleStatus, ModuleTemplate, Runtime, RuntimeStatus, State,
+    CustomResourcePolicy, ModuleEntry, ModuleReleaseMeta, ModuleStatus, ModuleTemplate, RolloutStatus, Runtime,
+    RuntimeStatus, State,
 };
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::Action;
+use kube::runtime::finalizer::{self, Event as FinalizerEvent, finalizer};
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 use tracing::Instrument;
@@ -23,7 +25,7 @@ pub const FINALIZER: &str = "operator.fleetwatch.dev/lifecycle";
 /// The label carrying a module's running version on its manager workload.
 pub const VERSION_LABEL: &str = "app.kubernetes.io/version";
 /// How soon to look again while something is in progress.
-const BUSY_REQUEUE: Duration = Duration::from_secs(2);
+pub(crate) const BUSY_REQUEUE: Duration = Duration::from_secs(2);
 /// How often a runtime waiting for a maintenance window looks at the clock.
 const WINDOW_POLL: Duration = Duration::from_secs(2);
 
@@ -43,35 +45,42 @@ struct Flags {
 /// The span is attached to the future with `.instrument()`, not entered with a guard: a
 /// guard held across an `.await` stays entered on the worker thread while this reconcile
 /// is parked, so other tasks' log lines would carry this runtime's name.
+///
+/// The finalizer is kube-runtime's helper: it adds [`FINALIZER`] before the first apply and
+/// removes it after a successful cleanup, each with a JSON patch whose `test` operation
+/// makes it fail (and the reconcile retry) when someone else changed the finalizer list
+/// meanwhile, instead of overwriting their change with a whole-list merge patch.
 pub async fn reconcile(rt: Arc<Runtime>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     let ns = rt.namespace().unwrap_or_else(|| "default".into());
-    let span =
-        tracing::info_span!("reconcile", runtime = %format!("{ns}/{}", rt.name_any()), cluster = %rt.cluster_id());
-    reconcile_runtime(rt, ctx).instrument(span).await
+    let runtime = format!("{ns}/{}", rt.name_any());
+    let span = tracing::info_span!("reconcile", runtime = %runtime, cluster = %rt.cluster_id());
+    async move {
+        ctx.metrics.reconciles.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let api: Api<Runtime> = Api::namespaced(ctx.client.clone(), &ns);
+        finalizer(&api, FINALIZER, rt, |event| async {
+            match event {
+                FinalizerEvent::Apply(rt) => apply(rt, &ctx).await,
+                FinalizerEvent::Cleanup(rt) => cleanup(rt, &ctx).await,
+            }
+        })
+        .await
+        .map_err(|e| match e {
+            // Our own errors come back as they were.
+            finalizer::Error::ApplyFailed(e) | finalizer::Error::CleanupFailed(e) => e,
+            other => Error::Finalizer { runtime, source: Box::new(other) },
+        })
+    }
+    .instrument(span)
+    .await
 }
 
-async fn reconcile_runtime(rt: Arc<Runtime>, ctx: Arc<Ctx>) -> Result<Action, Error> {
-    let name = rt.name_any();
-    let ns = rt.namespace().unwrap_or_else(|| "default".into());
-    let started = std::time::Instant::now();
-    ctx.metrics.reconciles.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let api: Api<Runtime> = Api::namespaced(ctx.client.clone(), &ns);
-    let deleting = rt.meta().deletion_timestamp.is_some();
-    if !deleting && !rt.finalizers().iter().any(|f| f == FINALIZER) {
-        let patch = json!({"metadata": {"finalizers": rt.finalizers().iter().cloned().chain([FINALIZER.to_string()]).collect::<Vec<_>>()}});
-        api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-            .map_err(|e| Error::kube("adding the finalizer to", format!("Runtime {ns}/{name}"), e))?;
-    }
-    if deleting && !rt.finalizers().iter().any(|f| f == FINALIZER) {
-        return Ok(Action::await_change());
-    }
-    let previous: Vec<ModuleStatus> = rt.status.as_ref().map(|s| s.modules.clone()).unwrap_or_default();
-    let applier = match ctx.clusters.applier(&rt).await {
-        Ok(a) => a,
+/// The writer for the Runtime's cluster; when it is out of reach, every module's status says
+/// so (those never reconciled too: an unreachable runtime is never "0/0 ready") and the
+/// error is returned, so the reconcile backs off.
+async fn reach(rt: &Runtime, ctx: &Ctx, api: &Api<Runtime>, previous: &[ModuleStatus]) -> Result<Arc<Applier>, Error> {
+    match ctx.clusters.applier(rt).await {
+        Ok(a) => Ok(a),
         Err(e) => {
-            // The whole cluster is out of reach: every module says so (those never reconciled
-            // too: an unreachable runtime is never "0/0 ready"), and we back off.
             let mut modules: Vec<ModuleStatus> = previous
                 .iter()
                 .cloned()
@@ -91,42 +100,58 @@ async fn reconcile_runtime(rt: Arc<Runtime>, ctx: Arc<Ctx>) -> Result<Action, Er
                     });
                 }
             }
-            write_status(&api, &rt, modules).await?;
-            return Err(e);
+            write_status(api, rt, modules).await?;
+            Err(e)
         }
-    };
+    }
+}
+
+/// The Runtime is being deleted: every module goes, with the policy it was installed under,
+/// then the catalog. Only when all of that is done does this return `Ok`, and the finalizer
+/// is removed; until then [`Error::CleanupPending`] keeps it (and the Runtime).
+async fn cleanup(rt: Arc<Runtime>, ctx: &Ctx) -> Result<Action, Error> {
+    let ns = rt.namespace().unwrap_or_else(|| "default".into());
+    let key = format!("{ns}/{}", rt.name_any());
+    let api: Api<Runtime> = Api::namespaced(ctx.client.clone(), &ns);
+    let previous: Vec<ModuleStatus> = rt.status.as_ref().map(|s| s.modules.clone()).unwrap_or_default();
+    let applier = reach(&rt, ctx, &api, &previous).await?;
+    let mut statuses = Vec::new();
+    for prev in &previous {
+        if let Some(st) = remove(&applier, prev).await {
+            statuses.push(st);
+        }
+    }
+    if statuses.is_empty() {
+        // The catalog goes with the Runtime; a failure is retried like any other.
+        crate::catalog::remove(&applier).await?;
+        if let Ok(mut c) = ctx.catalogs.lock() {
+            c.remove(&key);
+        }
+        tracing::info!("all modules removed; runtime released");
+        return Ok(Action::await_change());
+    }
+    let waiting = statuses.iter().map(|m| m.name.clone()).collect();
+    publish_events(ctx, &rt, &previous, &statuses).await;
+    write_status(&api, &rt, statuses).await?;
+    Err(Error::CleanupPending { runtime: key, modules: waiting })
+}
+
+/// Reconciles a Runtime that is not being deleted (the finalizer is in place).
+async fn apply(rt: Arc<Runtime>, ctx: &Ctx) -> Result<Action, Error> {
+    let name = rt.name_any();
+    let ns = rt.namespace().unwrap_or_else(|| "default".into());
+    let started = std::time::Instant::now();
+    let api: Api<Runtime> = Api::namespaced(ctx.client.clone(), &ns);
+    let previous: Vec<ModuleStatus> = rt.status.as_ref().map(|s| s.modules.clone()).unwrap_or_default();
+    let applier = reach(&rt, ctx, &api, &previous).await?;
     let mut statuses = Vec::new();
     let mut busy = false;
     let mut flags = Flags::default();
-    if deleting {
-        // Every module goes, with the policy it was installed under.
-        for prev in &previous {
-            if let Some(st) = remove(&applier, prev).await {
-                statuses.push(st);
-            }
-        }
-        if statuses.is_empty() {
-            // The catalog goes with the Runtime; a failure is retried like any other.
-            crate::catalog::remove(&applier).await?;
-            if let Ok(mut c) = ctx.catalogs.lock() {
-                c.remove(&format!("{ns}/{name}"));
-            }
-            let keep: Vec<String> = rt.finalizers().iter().filter(|f| *f != FINALIZER).cloned().collect();
-            api.patch(&name, &PatchParams::default(), &Patch::Merge(&json!({"metadata": {"finalizers": keep}})))
-                .await
-                .map_err(|e| Error::kube("removing the finalizer from", format!("Runtime {ns}/{name}"), e))?;
-            tracing::info!("all modules removed; runtime released");
-            return Ok(Action::await_change());
-        }
-        publish_events(&ctx, &rt, &previous, &statuses).await;
-        write_status(&api, &rt, statuses).await?;
-        return Ok(Action::requeue(BUSY_REQUEUE));
-    }
     let by_name: HashMap<&str, &ModuleStatus> = previous.iter().map(|m| (m.name.as_str(), m)).collect();
     for entry in &rt.spec.modules {
         let prev = by_name.get(entry.name.as_str()).copied();
         let st = if entry.managed {
-            install(&ctx, &applier, &rt, &ns, entry, prev, &mut flags).await
+            install(ctx, &applier, &rt, &ns, entry, prev, &mut flags).await
         } else {
             // `managed: false` only unmanages (as in lifecycle-manager): reconciling stops and
             // everything installed stays, whatever the deletion policy. Removing the entry is
@@ -175,9 +200,9 @@ async fn reconcile_runtime(rt: Arc<Runtime>, ctx: Arc<Ctx>) -> Result<Action, Er
             Err(e) => tracing::warn!(error = %e, "cannot write the module catalog"),
         }
     }
-    publish_events(&ctx, &rt, &previous, &statuses).await;
+    publish_events(ctx, &rt, &previous, &statuses).await;
     write_status(&api, &rt, statuses).await?;
-    write_rollouts(&ctx).await;
+    write_rollouts(ctx).await;
     ctx.metrics.record_duration(started.elapsed());
     if flags.retry {
         return Ok(Action::requeue(ctx.next_backoff(&key)));
@@ -242,11 +267,12 @@ async fn install(
         && !flags.waiting
     {
         let name = rt.name_any();
+        let recorded = recorded_rollout(&meta, &desired);
         match st.state {
             State::Ready if st.installed_version.as_deref() == Some(desired.to_string().as_str()) => {
-                ctx.rollouts.report(ns, &entry.name, &desired, &name, true, policy)
+                ctx.rollouts.report(ns, &entry.name, &desired, &name, true, policy, recorded)
             }
-            State::Error => ctx.rollouts.report(ns, &entry.name, &desired, &name, false, policy),
+            State::Error => ctx.rollouts.report(ns, &entry.name, &desired, &name, false, policy, recorded),
             _ => {}
         }
     }
@@ -312,7 +338,18 @@ async fn install_inner(
     };
     if let Some(policy) = &rollout {
         let total = affected(ctx, ns, &entry.name, &desired, &metas);
-        if let crate::rollout::Admission::Wait(why) = ctx.rollouts.admit(ns, &entry.name, &desired, policy, rt, total) {
+        let recorded = find_meta(&metas, ns, &entry.name).and_then(|m| recorded_rollout(m, &desired));
+        let admission = ctx.rollouts.admit(ns, &entry.name, &desired, policy, rt, total, recorded);
+        // The admission is recorded before the upgrade starts: an instance taking over
+        // counts this runtime as in flight. Not recorded, not started (it is retried).
+        let why = match admission {
+            crate::rollout::Admission::Wait(why) => Some(why),
+            crate::rollout::Admission::Go if !write_rollouts(ctx).await => {
+                Some(format!("waiting to record the rollout admission of {} {desired}", entry.name))
+            }
+            crate::rollout::Admission::Go => None,
+        };
+        if let Some(why) = why {
             // The current version keeps running and being what status reports.
             flags.waiting = true;
             st.state = if prev.is_some_and(|p| p.state == State::Ready) { State::Ready } else { State::Processing };
@@ -524,16 +561,29 @@ async fn publish_events(ctx: &Ctx, rt: &Runtime, previous: &[ModuleStatus], next
     }
 }
 
-/// Writes changed rollout progress into the ModuleReleaseMetas' status.
-async fn write_rollouts(ctx: &Ctx) {
+/// This version's rollout as the release meta's status records it.
+fn recorded_rollout<'a>(meta: &'a ModuleReleaseMeta, version: &semver::Version) -> Option<&'a RolloutStatus> {
+    let version = version.to_string();
+    meta.status.as_ref()?.rollouts.iter().find(|r| r.version == version)
+}
+
+/// Writes changed rollout progress into the ModuleReleaseMetas' status, one write at a time
+/// (an older snapshot never lands after a newer one). `false` when a write failed; what it
+/// carried is written again with the next one.
+async fn write_rollouts(ctx: &Ctx) -> bool {
+    let _one_at_a_time = ctx.rollouts.writing().await;
+    let mut ok = true;
     for (ns, module, rollouts) in ctx.rollouts.take_changed() {
         let Some(meta) = find_meta(&ctx.metas.state(), &ns, &module).map(|m| m.name_any()) else { continue };
         let api: Api<ModuleReleaseMeta> = Api::namespaced(ctx.client.clone(), &ns);
         let patch = json!({"status": {"rollouts": rollouts}});
         if let Err(e) = api.patch_status(&meta, &PatchParams::default(), &Patch::Merge(&patch)).await {
             tracing::warn!(%module, error = %e, "cannot write rollout status");
+            ctx.rollouts.mark_changed(&ns, &module);
+            ok = false;
         }
     }
+    ok
 }
 
 /// Writes status: modules, the runtime's state (the worst module state; Unmanaged counts as

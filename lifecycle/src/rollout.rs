@@ -1,6 +1,14 @@
 //! Paced rollouts: when a channel moves, the runtimes it affects upgrade in waves — at most
 //! `maxInFlight` at once, `stepPercent` of them per wave, and no new admissions once the
-//! failure ratio passes `maxFailureRatio`. Progress goes to the ModuleReleaseMeta status.
+//! failure ratio passes `maxFailureRatio`.
+//!
+//! Progress lives in the ModuleReleaseMeta status, not in this process. Every decision first
+//! folds in what the status records (the wave, which runtimes were admitted, upgraded or
+//! failed), and an admission is written there before the runtime starts upgrading. So an
+//! instance that takes over after a leader change (or a restart) continues a rollout where
+//! the last one stopped — same wave, the runtimes in flight still counted against
+//! `maxInFlight` — instead of starting again from wave 1. The state kept here is only what
+//! this instance learnt since its last status write, and who waits to be woken.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
@@ -32,6 +40,31 @@ struct Rollout {
 }
 
 impl Rollout {
+    /// Folds in what the status records (written by this or an earlier instance). Sets only
+    /// grow; an upgrade that succeeded after failing counts as upgraded.
+    fn merge(&mut self, recorded: &RolloutStatus) {
+        if recorded.wave > self.wave {
+            self.wave = recorded.wave;
+        }
+        for r in &recorded.admitted_runtimes {
+            self.admitted.insert(r.clone());
+        }
+        for r in &recorded.upgraded_runtimes {
+            self.admitted.insert(r.clone());
+            self.failed.remove(r);
+            self.done.insert(r.clone());
+        }
+        for r in &recorded.failed_runtimes {
+            self.admitted.insert(r.clone());
+            if !self.done.contains(r) {
+                self.failed.insert(r.clone());
+            }
+        }
+        if self.halted.is_none() && recorded.phase == "Halted" && !recorded.message.is_empty() {
+            self.halted = Some(recorded.message.clone());
+        }
+    }
+
     fn in_flight(&self) -> usize {
         self.admitted.len() - self.done.len() - self.failed.len()
     }
@@ -53,6 +86,9 @@ impl Rollout {
             failed: self.failed.len() as u32,
             wave: self.wave,
             message: self.halted.clone().unwrap_or_default(),
+            admitted_runtimes: self.admitted.iter().cloned().collect(),
+            upgraded_runtimes: self.done.iter().cloned().collect(),
+            failed_runtimes: self.failed.iter().cloned().collect(),
         }
     }
 }
@@ -63,16 +99,39 @@ type Key = (String, String, Version);
 pub struct Rollouts {
     inner: Mutex<BTreeMap<Key, Rollout>>,
     wake: mpsc::Sender<ObjectRef<Runtime>>,
+    writer: tokio::sync::Mutex<()>,
+}
+
+/// The rollout of `version`, created at wave 1 if new, with what the status records folded in.
+fn entry<'a>(
+    map: &'a mut BTreeMap<Key, Rollout>,
+    ns: &str,
+    module: &str,
+    version: &Version,
+    recorded: Option<&RolloutStatus>,
+) -> &'a mut Rollout {
+    let r = map.entry((ns.into(), module.into(), version.clone())).or_insert_with(|| Rollout {
+        wave: 1,
+        dirty: true,
+        ..Default::default()
+    });
+    if let Some(st) = recorded {
+        r.merge(st);
+    }
+    r
 }
 
 impl Rollouts {
     /// Rollouts that wake waiting runtimes through `wake`.
     pub fn new(wake: mpsc::Sender<ObjectRef<Runtime>>) -> Self {
-        Self { inner: Mutex::new(BTreeMap::new()), wake }
+        Self { inner: Mutex::new(BTreeMap::new()), wake, writer: tokio::sync::Mutex::new(()) }
     }
 
     /// Asks whether `runtime` may upgrade `module` to `version` now. `total` is the number
-    /// of runtimes the channel move affects.
+    /// of runtimes the channel move affects; `recorded` is this version's rollout as the
+    /// ModuleReleaseMeta status has it. An admission changes the status: write it (see
+    /// [`Rollouts::take_changed`]) before the upgrade starts.
+    #[allow(clippy::too_many_arguments)]
     pub fn admit(
         &self,
         ns: &str,
@@ -81,13 +140,13 @@ impl Rollouts {
         policy: &RolloutPolicy,
         runtime: &Runtime,
         total: u32,
+        recorded: Option<&RolloutStatus>,
     ) -> Admission {
-        let Ok(mut map) = self.inner.lock() else { return Admission::Go };
-        let r = map.entry((ns.into(), module.into(), version.clone())).or_insert_with(|| Rollout {
-            wave: 1,
-            dirty: true,
-            ..Default::default()
-        });
+        // Fail closed: without the bookkeeping no upgrade is paced, so none starts.
+        let Ok(mut map) = self.inner.lock() else {
+            return Admission::Wait(format!("rollout of {module} {version}: bookkeeping unavailable"));
+        };
+        let r = entry(&mut map, ns, module, version, recorded);
         let id = runtime.metadata.name.clone().unwrap_or_default();
         if r.total != total {
             r.total = total;
@@ -123,9 +182,23 @@ impl Rollouts {
 
     /// Records how an admitted runtime's upgrade ended; wakes waiting runtimes when that
     /// frees a place.
-    pub fn report(&self, ns: &str, module: &str, version: &Version, runtime: &str, ok: bool, policy: &RolloutPolicy) {
+    #[allow(clippy::too_many_arguments)]
+    pub fn report(
+        &self,
+        ns: &str,
+        module: &str,
+        version: &Version,
+        runtime: &str,
+        ok: bool,
+        policy: &RolloutPolicy,
+        recorded: Option<&RolloutStatus>,
+    ) {
         let Ok(mut map) = self.inner.lock() else { return };
-        let Some(r) = map.get_mut(&(ns.into(), module.into(), version.clone())) else { return };
+        let key = (ns.to_string(), module.to_string(), version.clone());
+        if !map.contains_key(&key) && recorded.is_none() {
+            return; // no rollout of this version (e.g. a pinned upgrade)
+        }
+        let r = entry(&mut map, ns, module, version, recorded);
         if !r.admitted.contains(runtime) {
             // It got there without a wave (e.g. before an operator restart): count it.
             if ok && r.admitted.insert(runtime.into()) {
@@ -159,6 +232,21 @@ impl Rollouts {
         for (_, obj) in std::mem::take(&mut r.waiting) {
             let _ = self.wake.try_send(obj);
         }
+    }
+
+    /// Marks the rollouts of a module changed again (their status write failed).
+    pub fn mark_changed(&self, ns: &str, module: &str) {
+        let Ok(mut map) = self.inner.lock() else { return };
+        for ((n, m, _), r) in map.iter_mut() {
+            if n == ns && m == module {
+                r.dirty = true;
+            }
+        }
+    }
+
+    /// Serialises status writes, so an older snapshot never lands after a newer one.
+    pub async fn writing(&self) -> tokio::sync::MutexGuard<'_, ()> {
+        self.writer.lock().await
     }
 
     /// Rollout statuses changed since the last call, per (namespace, module).
@@ -200,31 +288,58 @@ mod tests {
         let v = Version::new(2, 0, 0);
         let p = RolloutPolicy { max_in_flight: 2, step_percent: 30, max_failure_ratio: 0.3 };
         let names: Vec<String> = (0..10).map(|i| format!("r{i}")).collect();
-        let admit = |n: &str| ro.admit("ns", "m", &v, &p, &rt(n), 10);
+        let admit = |n: &str| ro.admit("ns", "m", &v, &p, &rt(n), 10, None);
         // Wave 1 holds 3 runtimes, at most 2 in flight.
         assert_eq!(admit(&names[0]), Admission::Go);
         assert_eq!(admit(&names[1]), Admission::Go);
         assert!(matches!(admit(&names[2]), Admission::Wait(_)), "max in flight");
-        ro.report("ns", "m", &v, &names[0], true, &p);
+        ro.report("ns", "m", &v, &names[0], true, &p, None);
         assert!(rx.try_recv().is_ok(), "a waiting runtime is woken");
         assert_eq!(admit(&names[2]), Admission::Go);
         assert!(matches!(admit(&names[3]), Admission::Wait(_)), "wave 1 is full");
-        ro.report("ns", "m", &v, &names[1], true, &p);
+        ro.report("ns", "m", &v, &names[1], true, &p, None);
         assert!(matches!(admit(&names[3]), Admission::Wait(_)), "wave 1 not through yet");
-        ro.report("ns", "m", &v, &names[2], true, &p);
+        ro.report("ns", "m", &v, &names[2], true, &p, None);
         assert_eq!(admit(&names[3]), Admission::Go, "wave 2 opens");
         let st = ro.take_changed();
         assert_eq!(st[0].2[0].upgraded, 3);
         assert_eq!(st[0].2[0].wave, 2);
         // Failures beyond the ratio halt the rollout.
         assert_eq!(admit(&names[4]), Admission::Go);
-        ro.report("ns", "m", &v, &names[3], false, &p);
-        ro.report("ns", "m", &v, &names[4], false, &p);
+        ro.report("ns", "m", &v, &names[3], false, &p, None);
+        ro.report("ns", "m", &v, &names[4], false, &p, None);
         assert_eq!(
             admit(&names[5]),
             Admission::Wait("rollout of m 2.0.0 halted: 2 of 5 admitted upgrades failed (more than 30 %)".into())
         );
         let st = ro.take_changed();
         assert_eq!(st[0].2[0].phase, "Halted");
+    }
+
+    #[test]
+    fn a_new_instance_continues_from_the_recorded_status() {
+        let (tx, _rx) = mpsc::channel(100);
+        let v = Version::new(2, 0, 0);
+        let p = RolloutPolicy { max_in_flight: 2, step_percent: 30, max_failure_ratio: 0.3 };
+        let first = Rollouts::new(tx.clone());
+        for r in ["r0", "r1"] {
+            assert_eq!(first.admit("ns", "m", &v, &p, &rt(r), 10, None), Admission::Go);
+        }
+        first.report("ns", "m", &v, "r0", true, &p, None);
+        assert_eq!(first.admit("ns", "m", &v, &p, &rt("r2"), 10, None), Admission::Go);
+        let recorded = first.take_changed().remove(0).2.remove(0);
+        assert_eq!(recorded.admitted_runtimes, ["r0", "r1", "r2"]);
+        assert_eq!(recorded.upgraded_runtimes, ["r0"]);
+
+        // A new instance knows nothing but the status: r1 and r2 are still in flight.
+        let second = Rollouts::new(tx);
+        let admit = |r: &str| second.admit("ns", "m", &v, &p, &rt(r), 10, Some(&recorded));
+        assert!(matches!(admit("r3"), Admission::Wait(_)), "maxInFlight counts the first instance's admissions");
+        assert_eq!(admit("r1"), Admission::Go, "an admitted runtime goes on");
+        second.report("ns", "m", &v, "r1", true, &p, Some(&recorded));
+        second.report("ns", "m", &v, "r2", true, &p, Some(&recorded));
+        assert_eq!(admit("r3"), Admission::Go, "wave 2 opens after the recorded wave 1");
+        let now = second.take_changed().remove(0).2.remove(0);
+        assert_eq!((now.wave, now.upgraded, now.admitted), (2, 3, 4));
     }
 }

@@ -1,8 +1,12 @@
 //! What starts a reconcile besides Runtime changes: release-meta and template changes (only
 //! the runtimes they affect) and hub events for a runtime's cluster.
+//!
+//! The hub side is a [`Sink`] like any other consumer of the stream: the subscriber
+//! client's pump acknowledges a delivery only after the reconciles it causes are queued.
 
 use fleetwatch_api::policy::{desired_version, parse};
 use fleetwatch_api::{ModuleReleaseMeta, ModuleTemplate, Runtime};
+use fleetwatch_client::sink::{Accepted, PumpError, Sink, SinkError, pump};
 use fleetwatch_client::subscriber::{Delivery, SubscriberOptions, Subscription};
 use kube::ResourceExt;
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -55,8 +59,50 @@ pub fn affected_by_template(runtimes: &Store<Runtime>, tpl: &ModuleTemplate) -> 
         .collect()
 }
 
-/// Follows the hub: every event (or resync-required) for a cluster triggers the Runtimes
-/// of that cluster.
+/// The lifecycle operator's sink: every event (or resync-required) for a cluster triggers
+/// the Runtimes of that cluster. A delivery is accepted once its reconciles are queued, so
+/// the hub's cursor moves on only when nothing of it can be lost any more (a reconcile reads
+/// the latest state, so queuing it is handling the event).
+pub struct TriggerSink {
+    runtimes: Store<Runtime>,
+    trigger: mpsc::Sender<ObjectRef<Runtime>>,
+}
+
+impl TriggerSink {
+    /// A sink that queues reconciles of `runtimes` into `trigger`.
+    pub fn new(runtimes: Store<Runtime>, trigger: mpsc::Sender<ObjectRef<Runtime>>) -> Self {
+        Self { runtimes, trigger }
+    }
+}
+
+impl Sink for TriggerSink {
+    fn name(&self) -> &str {
+        "lifecycle-trigger"
+    }
+
+    async fn deliver(&mut self, delivery: &Delivery) -> Result<Accepted, SinkError> {
+        let mut clusters: Vec<&str> = match delivery {
+            Delivery::Events(evs) => evs.iter().map(|e| e.cluster.as_str()).collect(),
+            Delivery::ResyncRequired(r) => vec![r.cluster.as_str()],
+        };
+        clusters.sort_unstable();
+        clusters.dedup();
+        for rt in self.runtimes.state() {
+            let id = rt.cluster_id();
+            if clusters.iter().any(|c| *c == "*" || *c == id) {
+                tracing::debug!(runtime = %rt.name_any(), cluster = %id, "hub event triggers reconcile");
+                // The receiver is the controller: gone means the operator is stopping.
+                self.trigger
+                    .send(ObjectRef::from_obj(rt.as_ref()))
+                    .await
+                    .map_err(|e| SinkError::Fatal { sink: "lifecycle-trigger".into(), source: Box::new(e) })?;
+            }
+        }
+        Ok(Accepted::All)
+    }
+}
+
+/// Follows the hub: deliveries go into a [`TriggerSink`] until `cancel` or the operator stops.
 pub async fn follow_hub(
     opts: SubscriberOptions,
     runtimes: Store<Runtime>,
@@ -77,36 +123,21 @@ pub async fn follow_hub(
         }
     };
     tracing::info!("subscribed to the hub");
+    let mut sink = TriggerSink::new(runtimes, trigger);
     loop {
-        let d = tokio::select! {
-            _ = cancel.cancelled() => return,
-            d = sub.next() => d,
-        };
-        let d = match d {
-            Ok(d) => d,
-            Err(e) => {
-                tracing::warn!(error = %e, "hub subscription failed");
-                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
-                continue;
+        match pump(&mut sub, &mut sink, &cancel).await {
+            Ok(_) => return,
+            Err(PumpError::Sink(e)) => {
+                tracing::debug!(error = %e, "no longer following the hub");
+                return;
             }
-        };
-        let mut clusters: Vec<String> = match &d {
-            Delivery::Events(evs) => evs.iter().map(|e| e.cluster.clone()).collect(),
-            Delivery::ResyncRequired(r) => vec![r.cluster.clone()],
-        };
-        clusters.sort();
-        clusters.dedup();
-        for rt in runtimes.state() {
-            let id = rt.cluster_id();
-            if clusters.iter().any(|c| c == "*" || *c == id) {
-                tracing::debug!(runtime = %rt.name_any(), cluster = %id, "hub event triggers reconcile");
-                if trigger.send(ObjectRef::from_obj(rt.as_ref())).await.is_err() {
-                    return;
+            Err(PumpError::Subscription(e)) => {
+                tracing::warn!(error = %e, "hub subscription failed");
+                tokio::select! {
+                    _ = cancel.cancelled() => return,
+                    _ = tokio::time::sleep(std::time::Duration::from_secs(1)) => {}
                 }
             }
-        }
-        if let Some(c) = d.last_cursor() {
-            let _ = sub.ack(c).await;
         }
     }
 }

@@ -1,5 +1,6 @@
 //! Paced rollouts over ten simulated runtime clusters: waves within the limits, progress in
-//! the ModuleReleaseMeta status, and a halt when upgrades fail.
+//! the ModuleReleaseMeta status, a halt when upgrades fail, and a new operator instance
+//! continuing a rollout from that status.
 
 mod common;
 
@@ -34,8 +35,8 @@ fn meta(version: &str) -> serde_json::Value {
                  "rollout": {"maxInFlight": 2, "stepPercent": 30, "maxFailureRatio": 0.3}}})
 }
 
-/// Marks a Deployment ready 200 ms after it changed, like a slow cluster would.
-async fn slow_kubelet(client: kube::Client) {
+/// Marks a Deployment ready `delay` after it changed, like a slow cluster would.
+async fn slow_kubelet(client: kube::Client, delay: Duration) {
     let ar = ApiResource::erase::<k8s_openapi::api::apps::v1::Deployment>(&());
     let api: Api<DynamicObject> = Api::namespaced_with(client, "default", &ar);
     let mut seen: HashMap<String, Instant> = HashMap::new();
@@ -53,7 +54,7 @@ async fn slow_kubelet(client: kube::Client) {
                 let first = *seen.entry(version.clone()).or_insert_with(Instant::now);
                 let ready = d.data["status"]["readyReplicas"].as_i64() == Some(1)
                     && d.data["status"]["observedVersion"] == version.as_str();
-                if !ready && first.elapsed() > Duration::from_millis(200) {
+                if !ready && first.elapsed() > delay {
                     let _ = api
                         .patch_status(
                             "m-manager",
@@ -78,7 +79,7 @@ async fn channel_moves_roll_out_in_waves_and_halt_on_failures() {
     let mut sims = Vec::new();
     for i in 0..N {
         let sim = fleetwatch_sim::SimCluster::start(Default::default()).await.unwrap();
-        tokio::spawn(slow_kubelet(sim.client().await.unwrap()));
+        tokio::spawn(slow_kubelet(sim.client().await.unwrap(), Duration::from_millis(200)));
         cp.apply(
             &json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": format!("r{i}"), "namespace": "default"},
             "stringData": {"config": sim.kubeconfig_yaml()}}),
@@ -173,5 +174,130 @@ async fn channel_moves_roll_out_in_waves_and_halt_on_failures() {
         .count();
     assert!(untouched >= N - 3, "runtimes not admitted must keep 2.0.0 and say the rollout halted: {untouched}");
     stop.cancel();
+    drop(sims);
+}
+
+/// Whether the runtime cluster runs `version` of the module's manager but not ready yet:
+/// an upgrade in flight, as the cluster itself shows it.
+async fn upgrading(client: &kube::Client, version: &str) -> bool {
+    let ar = ApiResource::erase::<k8s_openapi::api::apps::v1::Deployment>(&());
+    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), "default", &ar);
+    let Ok(Some(d)) = api.get_opt("m-manager").await else { return false };
+    let labelled = d.metadata.labels.as_ref().and_then(|l| l.get("app.kubernetes.io/version")).map(String::as_str);
+    labelled == Some(version) && d.data["status"]["observedVersion"] != version
+}
+
+fn start_operator(client: &kube::Client) -> (tokio_util::sync::CancellationToken, tokio::task::JoinHandle<()>) {
+    let stop = tokio_util::sync::CancellationToken::new();
+    let config = fleetwatch_lifecycle::LifecycleConfig {
+        resync: None,
+        concurrency: 8,
+        migrations: Default::default(),
+        ..fleetwatch_lifecycle::LifecycleConfig::new(client.clone())
+    };
+    (stop.clone(), tokio::spawn(fleetwatch_lifecycle::run(config, Default::default(), stop)))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_instance_continues_a_rollout_where_the_last_one_stopped() {
+    let (_cp_sim, cp_client, cp) = common::control_plane().await;
+    for v in ["1.0.0", "2.0.0"] {
+        cp.apply(&template(v, false)).await.unwrap();
+    }
+    cp.apply(&meta("1.0.0")).await.unwrap();
+    let mut sims = Vec::new();
+    let mut clients = Vec::new();
+    for i in 0..N {
+        let sim = fleetwatch_sim::SimCluster::start(Default::default()).await.unwrap();
+        let client = sim.client().await.unwrap();
+        // Slow enough that the operator can be stopped with the rollout halfway.
+        tokio::spawn(slow_kubelet(client.clone(), Duration::from_millis(800)));
+        clients.push(client);
+        cp.apply(
+            &json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": format!("r{i}"), "namespace": "default"},
+            "stringData": {"config": sim.kubeconfig_yaml()}}),
+        )
+        .await
+        .unwrap();
+        cp.apply(&json!({"apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "Runtime", "metadata": {"name": format!("r{i}"), "namespace": "default"},
+            "spec": {"kubeconfigSecret": {"name": format!("r{i}")}, "modules": [{"name": "m"}]}})).await.unwrap();
+        sims.push(sim);
+    }
+    let runtimes: Api<Runtime> = Api::namespaced(cp_client.clone(), "default");
+    let metas: Api<ModuleReleaseMeta> = Api::namespaced(cp_client.clone(), "default");
+    let ready_on = |version: &'static str| {
+        let runtimes = runtimes.clone();
+        async move {
+            runtimes
+                .list(&Default::default())
+                .await
+                .unwrap()
+                .items
+                .iter()
+                .filter(|r| {
+                    r.status
+                        .as_ref()
+                        .and_then(|s| s.modules.first())
+                        .is_some_and(|m| m.state == State::Ready && m.installed_version.as_deref() == Some(version))
+                })
+                .count()
+        }
+    };
+    let rollout = || {
+        let metas = metas.clone();
+        async move {
+            metas.get("m").await.unwrap().status.unwrap_or_default().rollouts.into_iter().find(|r| r.version == "2.0.0")
+        }
+    };
+    let (stop, first) = start_operator(&cp_client);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while ready_on("1.0.0").await < N {
+        assert!(Instant::now() < deadline, "initial install did not converge");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // The channel moves; the first instance stops once the second wave is under way.
+    cp.apply(&meta("2.0.0")).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Some(r) = rollout().await
+            && r.wave >= 2
+            && r.upgraded >= 3
+        {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the rollout did not reach its second wave: {:?}", rollout().await);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    stop.cancel();
+    first.await.unwrap();
+    let before = rollout().await.expect("the rollout's status");
+    assert!(before.upgraded < N as u32, "the rollout finished before the operator stopped: {before:?}");
+    assert_eq!(before.admitted_runtimes.len() as u32, before.admitted, "{before:?}");
+
+    // A new instance, with nothing in memory, continues from the status.
+    let (stop, second) = start_operator(&cp_client);
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let mut in_flight = 0;
+        for c in &clients {
+            in_flight += usize::from(upgrading(c, "2.0.0").await);
+        }
+        assert!(in_flight <= 2, "{in_flight} runtimes upgrading at once, more than maxInFlight");
+        let r = rollout().await.expect("the rollout's status");
+        assert!(r.wave >= before.wave, "the rollout went back to wave {} from {}: {r:?}", r.wave, before.wave);
+        assert!(r.upgraded >= before.upgraded && r.admitted >= before.admitted, "progress lost: {before:?} -> {r:?}");
+        assert!(r.admitted - r.upgraded - r.failed <= 2, "more than maxInFlight admitted: {r:?}");
+        if r.phase == "Complete" {
+            assert_eq!((r.upgraded, r.failed, r.total), (N as u32, 0, N as u32), "{r:?}");
+            assert!(r.wave >= 4, "10 runtimes in waves of 3 take 4 waves: {r:?}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "the rollout did not complete after the restart: {r:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(ready_on("2.0.0").await, N);
+    stop.cancel();
+    second.await.unwrap();
     drop(sims);
 }

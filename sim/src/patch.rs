@@ -46,7 +46,18 @@ pub fn apply_patch(target: &Value, patch: &Value, kind: PatchType, strategic_ok:
             let p: json_patch::Patch = serde_json::from_value(patch.clone()).map_err(|e| {
                 ApiError::bad_request(format!("the server rejected our request due to an error in our request: {e}"))
             })?;
-            json_patch::patch(&mut out, &p).map_err(|e| ApiError::invalid_patch(&e.to_string()))?;
+            // As the API server's JSON patch library does, a `test` for `null` passes when the
+            // member is absent (its parent exists); kube-runtime's finalizer helper relies on it.
+            for op in p.0 {
+                if let json_patch::PatchOperation::Test(t) = &op
+                    && t.value.is_null()
+                    && out.pointer(t.path.as_str()).is_none()
+                    && t.path.parent().is_some_and(|parent| out.pointer(parent.as_str()).is_some_and(Value::is_object))
+                {
+                    continue;
+                }
+                json_patch::patch(&mut out, &[op]).map_err(|e| ApiError::invalid_patch(&e.to_string()))?;
+            }
         }
         PatchType::Strategic => {
             if !strategic_ok {
@@ -208,6 +219,16 @@ mod tests {
             apply_patch(&json!({"a": 1}), &json!([{"op": "replace", "path": "/a", "value": 2}]), PatchType::Json, true)
                 .unwrap();
         assert_eq!(ok, json!({"a": 2}));
+    }
+
+    #[test]
+    fn json_patch_test_for_null_passes_on_an_absent_member() {
+        let patch = json!([{"op": "test", "path": "/metadata/finalizers", "value": null},
+                           {"op": "add", "path": "/metadata/finalizers", "value": ["f"]}]);
+        let out = apply_patch(&json!({"metadata": {"name": "x"}}), &patch, PatchType::Json, true).unwrap();
+        assert_eq!(out, json!({"metadata": {"name": "x", "finalizers": ["f"]}}));
+        let e = apply_patch(&json!({"metadata": {"finalizers": ["g"]}}), &patch, PatchType::Json, true).unwrap_err();
+        assert_eq!(e.code, 422, "a present member is not null");
     }
 
     #[test]
