@@ -182,7 +182,8 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         Authority::init(&dir, "test.local").unwrap();
         Authority::load(&dir).unwrap().issue(&dir, &LeafSpec::Agent { cluster: "c1".into() }, 1).unwrap();
-        let files = TlsFiles { cert: dir.join("agent-c1.crt"), key: dir.join("agent-c1.key"), ca: vec![dir.join("ca.crt")] };
+        let files =
+            TlsFiles { cert: dir.join("agent-c1.crt"), key: dir.join("agent-c1.key"), ca: vec![dir.join("ca.crt")] };
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let config = AgentConfig::new(format!("wss://127.0.0.1:{port}").parse().unwrap(), files);
         (AgentRuntime::new(config).unwrap(), dir)

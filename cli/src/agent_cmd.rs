@@ -69,8 +69,9 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         .filter(|d| !d.is_zero())
         .context("--refused-retry must be a positive number of seconds")?;
     let runtime = AgentRuntime::new(config).context("cannot start agent")?.fail_fast(!args.retry_first_connect);
+    let shutdown = crate::shutdown_on_signals();
     let stats = match synthetic {
-        Some(source) => run_until_signal(runtime, source).await?,
+        Some(source) => run_agent(runtime, source, shutdown).await?,
         None => {
             let client = match &args.kubeconfig {
                 Some(path) => fleetwatch_client::kubeconfig::client_from_kubeconfig(path).await?,
@@ -79,7 +80,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
                 )?,
             };
             let origin = args.kubeconfig.as_ref().map_or_else(|| "in-cluster".into(), |p| p.display().to_string());
-            run_until_signal(runtime, KubeSource::new(client, origin)).await?
+            run_agent(runtime, KubeSource::new(client, origin), shutdown).await?
         }
     };
     // One machine-readable line: what was produced and what the hub acked.
@@ -90,9 +91,13 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Runs the agent over `source` until a signal (then it drains) or, failing fast, its error.
-async fn run_until_signal<S: Source>(runtime: AgentRuntime, source: S) -> anyhow::Result<AgentStats> {
+/// Runs the agent over `source` until `shutdown` (then it drains) or, failing fast, its error.
+async fn run_agent<S: Source>(
+    runtime: AgentRuntime,
+    source: S,
+    shutdown: tokio_util::sync::CancellationToken,
+) -> anyhow::Result<AgentStats> {
     let span = tracing::info_span!("agent", cluster = %runtime.cluster());
-    let agent = runtime.start(source, crate::shutdown_on_signals());
+    let agent = runtime.start(source, shutdown);
     Ok(agent.wait().instrument(span).await?)
 }
