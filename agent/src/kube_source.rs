@@ -1,17 +1,18 @@
-//! The Kubernetes source: one watcher per configured watch (started and stopped as the hub
-//! pushes configuration), a digest per object so only changes of the configured fields
-//! become events, synthetic deletes after a relist, and the module inventory.
+//! The Kubernetes source: one watcher per configured watch, started and stopped as the hub
+//! pushes configuration, plus a watcher of module manager Deployments for the module
+//! inventory.
 //!
-//! Read-only: list and watch, nothing else.
+//! This module only watches: deciding which observed objects become events (digests, relist
+//! diff, synthetic deletes) is the pure [`crate::filter`], so it can be tested without a
+//! cluster. Read-only: list and watch, nothing else.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
-use std::hash::{Hash, Hasher};
+use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use fleetwatch_protocol::ObjectKey;
 use fleetwatch_protocol::message::{ModuleInventory, WatchPhase, WatchSpec, WatchState};
-use fleetwatch_protocol::watch::{DEFAULT_FIELDS, MAX_PROJECTION_BYTES, field_pointer};
 use futures_util::StreamExt;
 use kube::api::{Api, DynamicObject, GroupVersionKind};
 use kube::discovery::{ApiResource, Scope};
@@ -19,8 +20,10 @@ use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::{Value, json};
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
-use crate::source::{Change, ChangeKind};
+use crate::filter::WatchFilter;
+use crate::source::{Change, ChangeKind, Source, SourceIo};
 
 /// Label that marks a module's manager Deployment; its value is the module name.
 pub const MODULE_LABEL: &str = "operator.fleetwatch.dev/module";
@@ -60,8 +63,38 @@ impl States {
     }
 }
 
+/// The Kubernetes source: watches what the hub configures in the cluster `client` reaches.
+#[derive(Clone)]
+pub struct KubeSource {
+    client: kube::Client,
+    origin: String,
+}
+
+impl KubeSource {
+    /// A source over `client`; `origin` says where its configuration came from (a kubeconfig
+    /// path, `in-cluster`), for logs.
+    pub fn new(client: kube::Client, origin: impl Into<String>) -> Self {
+        Self { client, origin: origin.into() }
+    }
+}
+
+impl Source for KubeSource {
+    fn describe(&self) -> String {
+        format!("kubernetes ({})", self.origin)
+    }
+
+    fn reports_watch_status(&self) -> bool {
+        true
+    }
+
+    fn run(self, io: SourceIo) -> impl Future<Output = ()> + Send {
+        run(self.client, io.watches, io.changes, io.status, io.shutdown)
+    }
+}
+
 /// Runs until `shutdown`: follows the pushed watch configuration and the module inventory.
-pub async fn run(
+/// Returns once every watcher it started has stopped.
+async fn run(
     client: kube::Client,
     mut specs: watch::Receiver<Vec<WatchSpec>>,
     changes: mpsc::Sender<Change>,
@@ -69,7 +102,10 @@ pub async fn run(
     shutdown: CancellationToken,
 ) {
     let states = States { map: Arc::default(), publish: status };
-    tokio::spawn(inventory(client.clone(), changes.clone(), shutdown.child_token()));
+    // The watchers' own token: cancelled when this function stops, for whatever reason.
+    let watchers = shutdown.child_token();
+    let tasks = TaskTracker::new();
+    tasks.spawn(inventory(client.clone(), changes.clone(), watchers.child_token()));
     let mut running: HashMap<String, (WatchSpec, CancellationToken)> = HashMap::new();
     loop {
         let wanted: HashMap<String, WatchSpec> =
@@ -89,74 +125,22 @@ pub async fn run(
                 continue;
             }
             tracing::info!(watch = %name, kind = %spec.kind, "starting watch");
-            let cancel = shutdown.child_token();
-            tokio::spawn(run_watch(client.clone(), spec.clone(), changes.clone(), states.clone(), cancel.clone()));
+            let cancel = watchers.child_token();
+            tasks.spawn(run_watch(client.clone(), spec.clone(), changes.clone(), states.clone(), cancel.clone()));
             running.insert(name, (spec, cancel));
         }
-        tokio::select! {
-            _ = shutdown.cancelled() => return,
-            changed = specs.changed() => if changed.is_err() { return },
+        let stop = tokio::select! {
+            _ = shutdown.cancelled() => true,
+            changed = specs.changed() => changed.is_err(),
+        };
+        if stop {
+            break;
         }
     }
-}
-
-/// The pointers whose values make an object's digest.
-fn change_pointers(spec: &WatchSpec) -> Vec<String> {
-    let fields: Vec<&str> =
-        if spec.fields.is_empty() { DEFAULT_FIELDS.to_vec() } else { spec.fields.iter().map(String::as_str).collect() };
-    fields.into_iter().filter_map(|f| field_pointer(f).ok()).collect()
-}
-
-/// A digest of the configured fields of an object.
-pub fn digest(obj: &Value, pointers: &[String]) -> u64 {
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    for p in pointers {
-        p.hash(&mut h);
-        match obj.pointer(p) {
-            Some(v) => v.to_string().hash(&mut h),
-            None => 0u8.hash(&mut h),
-        }
-    }
-    h.finish()
-}
-
-/// What an event carries about an object: identity, and the projected fields.
-pub fn event_data(obj: &Value, project: &[String]) -> Value {
-    let md = &obj["metadata"];
-    let mut data = json!({
-        "apiVersion": obj["apiVersion"],
-        "kind": obj["kind"],
-        "metadata": {
-            "name": md["name"], "namespace": md["namespace"], "uid": md["uid"],
-            "resourceVersion": md["resourceVersion"], "generation": md["generation"],
-        },
-    });
-    if !project.is_empty() {
-        let mut projected = serde_json::Map::new();
-        let mut size = 0;
-        for p in project {
-            let Ok(ptr) = field_pointer(p) else { continue };
-            if let Some(v) = obj.pointer(&ptr) {
-                size += v.to_string().len();
-                if size > MAX_PROJECTION_BYTES {
-                    data["projectionTruncated"] = Value::Bool(true);
-                    break;
-                }
-                projected.insert(p.clone(), v.clone());
-            }
-        }
-        data["projected"] = Value::Object(projected);
-    }
-    data
-}
-
-fn object_key(ar: &ApiResource, obj: &DynamicObject) -> ObjectKey {
-    ObjectKey::new(
-        &ar.api_version,
-        &ar.kind,
-        obj.metadata.namespace.as_deref(),
-        obj.metadata.name.as_deref().unwrap_or(""),
-    )
+    // Without a configuration to follow (its sender gone), the watchers stop too.
+    watchers.cancel();
+    tasks.close();
+    tasks.wait().await;
 }
 
 /// How a Kubernetes error shows in the watch status.
@@ -217,11 +201,7 @@ async fn run_watch(
     if let Some(sel) = &spec.label_selector {
         cfg = cfg.labels(sel);
     }
-    let pointers = change_pointers(&spec);
-    // One watch covers one kind: namespace and name identify an object, and keeping only
-    // those (not whole objects, not full keys) is what keeps the agent small.
-    let mut digests: HashMap<Box<str>, u64> = HashMap::new();
-    let mut relisting: Option<HashSet<Box<str>>> = None;
+    let mut filter = WatchFilter::new(&spec, &ar.api_version, &ar.kind);
     let stream = watcher(api, cfg).default_backoff();
     futures_util::pin_mut!(stream);
     loop {
@@ -232,53 +212,30 @@ async fn run_watch(
         let Some(ev) = ev else { return };
         let mut out = Vec::new();
         match ev {
-            Ok(watcher::Event::Init) => relisting = Some(HashSet::new()),
+            Ok(watcher::Event::Init) => filter.relist_started(),
             Ok(watcher::Event::InitApply(obj)) => {
-                if let Some(seen) = relisting.as_mut() {
-                    seen.insert(short_key(&obj));
+                if let Some(v) = to_json(&name, &ar, &obj) {
+                    out.extend(filter.listed(&v));
                 }
-                out.extend(applied(&spec, &pointers, &mut digests, object_key(&ar, &obj), obj));
             }
             Ok(watcher::Event::InitDone) => {
-                // Whatever we knew that the fresh list lacks was deleted while we were not
-                // watching: say so.
-                if let Some(seen) = relisting.take() {
-                    let gone: Vec<Box<str>> = digests.keys().filter(|k| !seen.contains(*k)).cloned().collect();
-                    for short in gone {
-                        digests.remove(&short);
-                        let (ns, obj_name) = short.split_once('/').unwrap_or(("", &short));
-                        let key = ObjectKey::new(&ar.api_version, &ar.kind, (!ns.is_empty()).then_some(ns), obj_name);
-                        tracing::debug!(watch = %name, object = %key, "vanished during relist");
-                        out.push(Change {
-                            data: json!({"apiVersion": key.api_version, "kind": key.kind,
-                                "metadata": {"name": key.name, "namespace": key.namespace}, "vanished": true}),
-                            key,
-                            kind: ChangeKind::Deleted,
-                            watch: Some(name.clone()),
-                        });
-                    }
-                }
-                states.set(&name, WatchPhase::Running, String::new(), digests.len() as u64);
+                out.extend(filter.relist_done());
+                states.set(&name, WatchPhase::Running, String::new(), filter.len() as u64);
             }
             Ok(watcher::Event::Apply(obj)) => {
-                let key = object_key(&ar, &obj);
-                out.extend(applied(&spec, &pointers, &mut digests, key, obj));
+                if let Some(v) = to_json(&name, &ar, &obj) {
+                    out.extend(filter.applied(&v));
+                }
             }
             Ok(watcher::Event::Delete(obj)) => {
-                let key = object_key(&ar, &obj);
-                if digests.remove(&short_key(&obj)).is_some() {
-                    let v = serde_json::to_value(&obj).unwrap_or_default();
-                    out.push(Change {
-                        key,
-                        kind: ChangeKind::Deleted,
-                        data: event_data(&v, &spec.project),
-                        watch: Some(name.clone()),
-                    });
-                }
+                // A delete must not be lost: without the whole object, its identity still
+                // says which object went.
+                let v = to_json(&name, &ar, &obj).unwrap_or_else(|| identity_json(&ar, &obj));
+                out.extend(filter.deleted(&v));
             }
             Err(e) => {
                 let (phase, msg) = classify_watcher(&e);
-                states.set(&name, phase, msg, digests.len() as u64);
+                states.set(&name, phase, msg, filter.len() as u64);
             }
         }
         for ch in out {
@@ -289,25 +246,35 @@ async fn run_watch(
     }
 }
 
-/// `namespace/name` (empty namespace for cluster-scoped objects).
-fn short_key(obj: &DynamicObject) -> Box<str> {
-    format!("{}/{}", obj.metadata.namespace.as_deref().unwrap_or(""), obj.metadata.name.as_deref().unwrap_or("")).into()
+/// The object as JSON for the filter. A failure is logged with the object's identity and
+/// gives `None`: the caller skips the change (or, for a delete, falls back to the identity)
+/// rather than emitting an empty object.
+fn to_json(watch: &str, ar: &ApiResource, obj: &DynamicObject) -> Option<Value> {
+    match serde_json::to_value(obj) {
+        Ok(v) => Some(v),
+        Err(e) => {
+            tracing::error!(
+                watch,
+                api_version = %ar.api_version,
+                kind = %ar.kind,
+                namespace = obj.metadata.namespace.as_deref().unwrap_or(""),
+                name = obj.metadata.name.as_deref().unwrap_or(""),
+                error = %e,
+                "cannot serialise a watched object; its change is skipped"
+            );
+            None
+        }
+    }
 }
 
-fn applied(
-    spec: &WatchSpec,
-    pointers: &[String],
-    digests: &mut HashMap<Box<str>, u64>,
-    key: ObjectKey,
-    obj: DynamicObject,
-) -> Option<Change> {
-    let short = short_key(&obj);
-    let v = serde_json::to_value(&obj).ok()?;
-    let d = digest(&v, pointers);
-    if digests.insert(short, d) == Some(d) {
-        return None; // nothing we watch changed
-    }
-    Some(Change { key, kind: ChangeKind::Applied, data: event_data(&v, &spec.project), watch: Some(spec.name.clone()) })
+/// An object's identity as JSON, from its typed metadata (which cannot fail to serialise).
+fn identity_json(ar: &ApiResource, obj: &DynamicObject) -> Value {
+    let md = &obj.metadata;
+    json!({
+        "apiVersion": ar.api_version, "kind": ar.kind,
+        "metadata": {"name": md.name, "namespace": md.namespace, "uid": md.uid,
+                     "resourceVersion": md.resource_version, "generation": md.generation},
+    })
 }
 
 /// Follows module manager Deployments and emits the inventory whenever it changes.
@@ -397,27 +364,26 @@ mod tests {
     use super::*;
 
     #[test]
-    fn digest_follows_only_configured_fields() {
-        let spec_only = vec![field_pointer("spec").unwrap()];
-        let a = json!({"spec": {"x": 1}, "status": {"ready": false}, "metadata": {"resourceVersion": "1"}});
-        let mut b = a.clone();
-        b["status"]["ready"] = json!(true);
-        b["metadata"]["resourceVersion"] = json!("2");
-        assert_eq!(digest(&a, &spec_only), digest(&b, &spec_only));
-        let with_status = vec![field_pointer("spec").unwrap(), field_pointer("status").unwrap()];
-        assert_ne!(digest(&a, &with_status), digest(&b, &with_status));
-        b["spec"]["x"] = json!(2);
-        assert_ne!(digest(&a, &spec_only), digest(&b, &spec_only));
+    fn identity_survives_without_the_object() {
+        let ar = ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&());
+        let mut obj = DynamicObject::new("a", &ar).within("ns");
+        obj.metadata.uid = Some("u-1".into());
+        let v = identity_json(&ar, &obj);
+        assert_eq!(v["apiVersion"], "v1");
+        assert_eq!(v["kind"], "ConfigMap");
+        assert_eq!(v["metadata"]["name"], "a");
+        assert_eq!(v["metadata"]["namespace"], "ns");
+        assert_eq!(v["metadata"]["uid"], "u-1");
+        assert_eq!(to_json("w", &ar, &obj).unwrap()["metadata"]["name"], "a");
     }
 
     #[test]
-    fn event_data_projects_and_limits() {
-        let obj = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "a", "namespace": "ns"},
-            "data": {"k": "v", "big": "x".repeat(MAX_PROJECTION_BYTES)}});
-        let d = event_data(&obj, &["/data/k".into(), "metadata.name".into()]);
-        assert_eq!(d["projected"]["/data/k"], "v");
-        assert_eq!(d["projected"]["metadata.name"], "a");
-        let d = event_data(&obj, &["/data/big".into(), "/data/k".into()]);
-        assert_eq!(d["projectionTruncated"], true);
+    fn kube_errors_map_to_watch_phases() {
+        let status = |code: u16| {
+            kube::Error::Api(kube::core::Status { code, message: format!("m{code}"), ..Default::default() }.boxed())
+        };
+        assert_eq!(classify(&status(403)), (WatchPhase::Forbidden, "m403".into()));
+        assert_eq!(classify(&status(404)), (WatchPhase::KindNotFound, "m404".into()));
+        assert_eq!(classify(&status(500)).0, WatchPhase::Error);
     }
 }

@@ -2,12 +2,19 @@
 //! coalescing outbox, and streams them to the hub over one mutual-TLS WebSocket,
 //! reconnecting forever and resuming from the last acked seq.
 //!
-//! Pipeline: source → outbox → uplink.
+//! Pipeline, one module per arrow: [`source`] (a [`source::Source`]: Kubernetes in
+//! [`kube_source`], or synthetic) → [`filter`] (only changes of watched fields, synthetic
+//! deletes after a relist) → [`outbox`] (coalescing, bounded) → the uplink (to the hub).
+//! [`runtime::AgentRuntime`] wires them together and owns their tasks; every program that
+//! runs an agent goes through it.
 #![warn(missing_docs)]
 
+pub mod filter;
 pub mod kube_source;
 pub mod outbox;
+pub mod runtime;
 pub mod source;
 mod uplink;
 
-pub use uplink::{Agent, AgentConfig, AgentError, AgentStats};
+pub use runtime::{AgentHandle, AgentRuntime};
+pub use uplink::{AgentConfig, AgentError, AgentStats, LinkError};

@@ -1,12 +1,48 @@
-//! Sources of change events. The synthetic source stands in for a Kubernetes cluster in
-//! the fleet simulator, benchmarks and tests.
+//! Sources of change events: the first arrow of the agent's pipeline
+//! (source → outbox → uplink).
+//!
+//! The runtime ([`crate::runtime`]) does not care where changes come from, so a source is a
+//! trait: the Kubernetes source ([`crate::kube_source::KubeSource`]) in production, and the
+//! [`SyntheticSource`] here, which stands in for a cluster in the fleet simulator, benchmarks
+//! and tests (its output is known in advance, so a test can check every event arrived).
 
+use std::future::Future;
 use std::str::FromStr;
 use std::time::Duration;
 
 use fleetwatch_protocol::ObjectKey;
-use tokio::sync::mpsc;
+use fleetwatch_protocol::message::{WatchSpec, WatchState};
+use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
+
+/// What a running source is handed by the runtime.
+#[derive(Debug)]
+pub struct SourceIo {
+    /// Where changes go; a source stops when the receiver is gone.
+    pub changes: mpsc::Sender<Change>,
+    /// The watch configuration the hub pushed last (sources that watch a cluster follow it).
+    pub watches: watch::Receiver<Vec<WatchSpec>>,
+    /// Where the source publishes the state of its watches; the uplink reports them to the
+    /// hub when [`Source::reports_watch_status`] says so.
+    pub status: watch::Sender<Vec<WatchState>>,
+    /// Stops the source.
+    pub shutdown: CancellationToken,
+}
+
+/// A producer of changes.
+pub trait Source: Send + 'static {
+    /// A short description for logs (`synthetic:objects=…`, `kubernetes`).
+    fn describe(&self) -> String;
+
+    /// Whether the source publishes watch states the hub should see. Only sources that
+    /// follow the pushed watch configuration do; the others would report an empty list.
+    fn reports_watch_status(&self) -> bool {
+        false
+    }
+
+    /// Produces changes into `io.changes` until done, shut down, or the receiver is gone.
+    fn run(self, io: SourceIo) -> impl Future<Output = ()> + Send;
+}
 
 /// One observed change.
 #[derive(Debug, Clone, PartialEq)]
@@ -115,7 +151,7 @@ impl SyntheticSource {
     }
 
     /// Produces changes into `tx` until done, cancelled, or the receiver is gone.
-    pub async fn run(self, tx: mpsc::Sender<Change>, cancel: CancellationToken) {
+    pub async fn produce(self, tx: mpsc::Sender<Change>, cancel: CancellationToken) {
         let tick = Duration::from_millis(5);
         let mut interval = tokio::time::interval(tick);
         interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -146,6 +182,23 @@ impl SyntheticSource {
                 return;
             }
         }
+    }
+}
+
+impl Source for SyntheticSource {
+    fn describe(&self) -> String {
+        let mut d = format!("synthetic:objects={},rate={}", self.objects, self.rate);
+        if let Some(t) = self.total {
+            d += &format!(",total={t}");
+        }
+        if self.payload > 0 {
+            d += &format!(",payload={}", self.payload);
+        }
+        d
+    }
+
+    fn run(self, io: SourceIo) -> impl Future<Output = ()> + Send {
+        self.produce(io.changes, io.shutdown)
     }
 }
 
@@ -182,7 +235,7 @@ mod tests {
     async fn produces_total_changes() {
         let s: SyntheticSource = "synthetic:objects=3,rate=1000,total=10".parse().unwrap();
         let (tx, mut rx) = mpsc::channel(100);
-        s.run(tx, CancellationToken::new()).await;
+        s.produce(tx, CancellationToken::new()).await;
         let mut got = Vec::new();
         while let Ok(c) = rx.try_recv() {
             got.push(c);
@@ -190,5 +243,14 @@ mod tests {
         assert_eq!(got.len(), 10);
         assert_eq!(got[9].data["generation"], 4);
         assert_eq!(got[9].key.name, "obj-0");
+    }
+
+    #[test]
+    fn describes_itself_as_its_spec() {
+        for spec in ["synthetic:objects=3,rate=1000,total=10", "synthetic:objects=1,rate=2.5,payload=64"] {
+            let s: SyntheticSource = spec.parse().unwrap();
+            assert_eq!(s.describe(), spec);
+            assert_eq!(s.describe().parse::<SyntheticSource>().unwrap(), s);
+        }
     }
 }

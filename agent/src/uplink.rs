@@ -1,14 +1,20 @@
-//! The uplink: one task owns the outbox and the connection, and selects over source
-//! changes, hub messages, sending and shutdown.
+//! The uplink: the last arrow in the agent (source → outbox → uplink → hub).
+//!
+//! One task owns the outbox and the connection, and selects over source changes, hub
+//! messages, sending and shutdown: with a single owner there is no lock around the outbox
+//! and no ordering question between "take a change" and "send what is pending". It
+//! reconnects forever with its own backoff ([`fleetwatch_client::backoff`]), resumes from
+//! the hub's last ack, and keeps absorbing changes while disconnected (the outbox coalesces
+//! them). Programs run it through [`crate::runtime::AgentRuntime`], not directly.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use fleetwatch_certs::TlsFiles;
-use fleetwatch_client::subscriber::reconnect_backoff;
+use fleetwatch_client::backoff::Reconnect;
 use fleetwatch_client::transport::{ClientWs, ConnectError, HubUrl, connect};
 use fleetwatch_protocol::Limits;
-use fleetwatch_protocol::codec::{decode_hub_to_agent, encode};
+use fleetwatch_protocol::codec::{DecodeError, decode_hub_to_agent, encode};
 use fleetwatch_protocol::message::{
     AgentMessage, ErrorCode, Hello, HubToAgent, PROTOCOL_VERSION, WatchSpec, WatchState, WatchStatusReport,
 };
@@ -51,6 +57,9 @@ pub struct AgentConfig {
     /// How long to wait before reconnecting after the hub refused this agent for good
     /// (revoked, wrong identity): long, because retrying fast does not fix those.
     pub refused_retry: Duration,
+    /// Delays between reconnects after a failed connect or a lost connection (restarted
+    /// after every session that got as far as a welcome).
+    pub reconnect: Reconnect,
 }
 
 impl AgentConfig {
@@ -68,6 +77,7 @@ impl AgentConfig {
             drain_timeout: Duration::from_secs(5),
             limits: Limits::default(),
             refused_retry: Duration::from_secs(30),
+            reconnect: Reconnect::default(),
         }
     }
 }
@@ -92,6 +102,61 @@ pub enum AgentError {
     /// The first connection failed (later ones are retried forever).
     #[error(transparent)]
     Connect(#[from] ConnectError),
+    /// One of the agent's tasks panicked or was aborted.
+    #[error("agent task failed: {0}")]
+    Task(#[from] tokio::task::JoinError),
+}
+
+/// Why a connection to the hub was lost; the uplink reconnects after each.
+#[derive(Debug, thiserror::Error)]
+pub enum LinkError {
+    /// Sending a frame failed.
+    #[error(transparent)]
+    Send(tokio_tungstenite::tungstenite::Error),
+    /// Our keep-alive ping could not be sent.
+    #[error("cannot ping the hub: {0}")]
+    Ping(#[source] tokio_tungstenite::tungstenite::Error),
+    /// Reading a frame failed.
+    #[error(transparent)]
+    Receive(tokio_tungstenite::tungstenite::Error),
+    /// The hub sent something that is not a valid message.
+    #[error(transparent)]
+    Decode(#[from] DecodeError),
+    /// The hub closed the connection (with its close frame, if any).
+    #[error("hub closed the connection{}", close_detail(.0.as_ref()))]
+    Closed(Option<CloseFrame>),
+    /// The connection ended without a close frame.
+    #[error("connection closed")]
+    Ended,
+    /// The hub did not answer our hello in time.
+    #[error("no welcome from hub")]
+    NoWelcome,
+    /// The hub answered our hello with something else.
+    #[error("expected welcome, got {0}")]
+    NotWelcome(String),
+    /// The hub welcomed another epoch than ours.
+    #[error("welcome for epoch {got} but ours is {ours}")]
+    EpochMismatch {
+        /// The welcome's epoch.
+        got: u64,
+        /// Ours.
+        ours: u64,
+    },
+    /// The hub reported a fatal error that retrying may fix.
+    #[error("{code}: {message}")]
+    Hub {
+        /// The code.
+        code: ErrorCode,
+        /// The hub's message.
+        message: String,
+    },
+    /// Nothing arrived from the hub for the idle timeout.
+    #[error("no frame from the hub (not even a pong to our pings) for {0:?}")]
+    Idle(Duration),
+}
+
+fn close_detail(frame: Option<&CloseFrame>) -> String {
+    frame.map(|f| format!(": {} {}", u16::from(f.code), f.reason)).unwrap_or_default()
 }
 
 /// Counters an embedding program can watch.
@@ -117,8 +182,8 @@ pub struct AgentStats {
     pub sessions: u64,
 }
 
-/// A configured agent.
-pub struct Agent {
+/// A configured uplink, ready to run.
+pub struct Uplink {
     config: AgentConfig,
     cluster: String,
     tls: Arc<rustls::ClientConfig>,
@@ -129,14 +194,14 @@ pub struct Agent {
 
 enum SessionEnd {
     /// Lost the connection; reconnect.
-    Lost(String),
+    Lost(LinkError),
     /// Shutdown finished.
     Done,
     /// The hub refused us for good.
     Refused(ErrorCode, String),
 }
 
-impl Agent {
+impl Uplink {
     /// Loads the certificate and finds the cluster id in it.
     pub fn new(config: AgentConfig) -> Result<Self, AgentError> {
         fleetwatch_certs::install_crypto_provider();
@@ -194,7 +259,7 @@ impl Agent {
         outbox.push_resync("agent started");
         let mut stats = AgentStats::default();
         let mut source_open = true;
-        let mut backoff = reconnect_backoff();
+        let mut backoff = self.config.reconnect.delays();
         let mut first = true;
         let mut connected_once = false;
         loop {
@@ -239,7 +304,7 @@ impl Agent {
             let end = self.session(ws, &mut outbox, &mut changes, &mut source_open, &mut stats, &shutdown).await;
             if stats.connected {
                 // The session got as far as a welcome: start the backoff afresh.
-                backoff = reconnect_backoff();
+                backoff = self.config.reconnect.delays();
                 connected_once = true;
             }
             stats.connected = false;
@@ -313,18 +378,18 @@ impl Agent {
             last_acked_seq: outbox.acked(),
         });
         if let Err(e) = ws.send(Message::text(encode(&hello))).await {
-            return SessionEnd::Lost(e.to_string());
+            return SessionEnd::Lost(LinkError::Send(e));
         }
         let idle = self.config.idle_timeout;
         let welcome = match tokio::time::timeout(idle, next_data_message(&mut ws, &self.config.limits)).await {
-            Err(_) => return SessionEnd::Lost("no welcome from hub".into()),
+            Err(_) => return SessionEnd::Lost(LinkError::NoWelcome),
             Ok(Err(e)) => return SessionEnd::Lost(e),
             Ok(Ok(HubToAgent::Welcome(w))) => w,
             Ok(Ok(HubToAgent::Error(e))) if e.fatal => return refused_or_lost(e.code, e.message),
-            Ok(Ok(other)) => return SessionEnd::Lost(format!("expected welcome, got {other:?}")),
+            Ok(Ok(other)) => return SessionEnd::Lost(LinkError::NotWelcome(format!("{other:?}"))),
         };
         if welcome.epoch != outbox.epoch() {
-            return SessionEnd::Lost(format!("welcome for epoch {} but ours is {}", welcome.epoch, outbox.epoch()));
+            return SessionEnd::Lost(LinkError::EpochMismatch { got: welcome.epoch, ours: outbox.epoch() });
         }
         outbox.ack(welcome.acked_seq);
         if let Some(hub_limit) = welcome.max_event_bytes {
@@ -341,7 +406,7 @@ impl Agent {
             let watches = st.borrow_and_update().clone();
             let msg = AgentMessage::WatchStatus(WatchStatusReport { watches });
             if let Err(e) = ws.send(Message::text(encode(&msg))).await {
-                return SessionEnd::Lost(e.to_string());
+                return SessionEnd::Lost(LinkError::Send(e));
             }
         }
         let mut sent = outbox.acked();
@@ -390,7 +455,7 @@ impl Agent {
                 }
                 _ = ping_tick.tick() => {
                     if let Err(e) = ws.send(Message::Ping(Default::default())).await {
-                        return SessionEnd::Lost(format!("cannot ping the hub: {e}"));
+                        return SessionEnd::Lost(LinkError::Ping(e));
                     }
                 }
                 ch = changes.recv(), if *source_open => match ch {
@@ -407,7 +472,7 @@ impl Agent {
                 Some(watches) = next_status(&mut status) => {
                     let msg = AgentMessage::WatchStatus(WatchStatusReport { watches });
                     if let Err(e) = ws.send(Message::text(encode(&msg))).await {
-                        return SessionEnd::Lost(e.to_string());
+                        return SessionEnd::Lost(LinkError::Send(e));
                     }
                 }
                 _ = tokio::time::sleep_until(deadline) => {
@@ -416,7 +481,7 @@ impl Agent {
                         close(&mut ws, "agent shutting down").await;
                         return SessionEnd::Done;
                     }
-                    return SessionEnd::Lost(format!("no frame from the hub (not even a pong to our pings) for {idle:?}"));
+                    return SessionEnd::Lost(LinkError::Idle(idle));
                 }
             }
             if draining.is_some() && outbox.is_empty() && !changes_pending(changes) {
@@ -429,11 +494,11 @@ impl Agent {
     }
 
     /// Sends the next frame after `sent`; returns the highest seq it carried.
-    async fn send_next(&self, ws: &mut ClientWs, outbox: &Outbox, sent: u64) -> Result<u64, String> {
+    async fn send_next(&self, ws: &mut ClientWs, outbox: &Outbox, sent: u64) -> Result<u64, LinkError> {
         let Some(frame) = outbox.next_frame(sent, self.config.batch_size) else {
             return Ok(outbox.last_seq()); // only coalesced-away seqs remain
         };
-        ws.send(Message::text(frame.text)).await.map_err(|e| e.to_string())?;
+        ws.send(Message::text(frame.text)).await.map_err(LinkError::Send)?;
         Ok(frame.last_seq)
     }
 }
@@ -462,7 +527,7 @@ fn refused_or_lost(code: ErrorCode, message: String) -> SessionEnd {
         | ErrorCode::Forbidden
         | ErrorCode::UnsupportedVersion
         | ErrorCode::ClusterAlreadyConnected => SessionEnd::Refused(code, message),
-        _ => SessionEnd::Lost(format!("{code}: {message}")),
+        _ => SessionEnd::Lost(LinkError::Hub { code, message }),
     }
 }
 
@@ -504,22 +569,19 @@ async fn close(ws: &mut ClientWs, reason: &str) {
 
 /// The next frame from the hub: a message, or `None` for a ping or pong (liveness only;
 /// tungstenite answers pings itself). Cancel-safe.
-async fn next_message(ws: &mut ClientWs, limits: &Limits) -> Result<Option<HubToAgent>, String> {
+async fn next_message(ws: &mut ClientWs, limits: &Limits) -> Result<Option<HubToAgent>, LinkError> {
     match ws.next().await {
-        Some(Ok(Message::Text(t))) => decode_hub_to_agent(t.as_bytes(), limits).map(Some).map_err(|e| e.to_string()),
-        Some(Ok(Message::Binary(b))) => decode_hub_to_agent(&b, limits).map(Some).map_err(|e| e.to_string()),
-        Some(Ok(Message::Close(f))) => Err(format!(
-            "hub closed the connection{}",
-            f.map(|f| format!(": {} {}", u16::from(f.code), f.reason)).unwrap_or_default()
-        )),
+        Some(Ok(Message::Text(t))) => Ok(Some(decode_hub_to_agent(t.as_bytes(), limits)?)),
+        Some(Ok(Message::Binary(b))) => Ok(Some(decode_hub_to_agent(&b, limits)?)),
+        Some(Ok(Message::Close(f))) => Err(LinkError::Closed(f)),
         Some(Ok(_)) => Ok(None),
-        Some(Err(e)) => Err(e.to_string()),
-        None => Err("connection closed".into()),
+        Some(Err(e)) => Err(LinkError::Receive(e)),
+        None => Err(LinkError::Ended),
     }
 }
 
 /// The next message from the hub, skipping pings and pongs.
-async fn next_data_message(ws: &mut ClientWs, limits: &Limits) -> Result<HubToAgent, String> {
+async fn next_data_message(ws: &mut ClientWs, limits: &Limits) -> Result<HubToAgent, LinkError> {
     loop {
         if let Some(msg) = next_message(ws, limits).await? {
             return Ok(msg);

@@ -1,12 +1,15 @@
-//! `fleetwatch agent`.
+//! `fleetwatch agent`: flags to an [`AgentRuntime`] over the chosen source (a cluster, or a
+//! synthetic source for tests and benchmarks). The wiring itself lives in the agent crate,
+//! shared with `up` and `bench`.
 
 use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::Args;
-use fleetwatch_agent::source::SyntheticSource;
-use fleetwatch_agent::{Agent, AgentConfig};
-use tokio::sync::mpsc;
+use fleetwatch_agent::kube_source::KubeSource;
+use fleetwatch_agent::source::{Source, SyntheticSource};
+use fleetwatch_agent::{AgentConfig, AgentRuntime, AgentStats};
+use tracing::Instrument;
 
 #[derive(Args)]
 pub struct AgentArgs {
@@ -65,39 +68,36 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         .ok()
         .filter(|d| !d.is_zero())
         .context("--refused-retry must be a positive number of seconds")?;
-    let mut agent = Agent::new(config).context("cannot start agent")?;
-    let span = tracing::info_span!("agent", cluster = %agent.cluster());
+    let runtime = AgentRuntime::new(config).context("cannot start agent")?.fail_fast(!args.retry_first_connect);
     let shutdown = crate::shutdown_on_signals();
-    let (tx, rx) = mpsc::channel(4096);
-    match synthetic {
-        Some(source) => {
-            let spec = args.source.as_deref().unwrap_or_default();
-            tracing::info!(parent: &span, source = spec, "agent starting with a synthetic source");
-            tokio::spawn(source.run(tx, shutdown.child_token()));
-        }
+    let stats = match synthetic {
+        Some(source) => run_agent(runtime, source, shutdown).await?,
         None => {
             let client = match &args.kubeconfig {
-                Some(path) => {
-                    fleetwatch_client::kubeconfig::client_from_kubeconfig(path).await.map_err(anyhow::Error::msg)?
-                }
+                Some(path) => fleetwatch_client::kubeconfig::client_from_kubeconfig(path).await?,
                 None => kube::Client::try_default().await.context(
                     "no --kubeconfig or --source given and no in-cluster configuration or $KUBECONFIG found",
                 )?,
             };
-            let kubeconfig = args.kubeconfig.as_ref().map_or_else(|| "in-cluster".into(), |p| p.display().to_string());
-            tracing::info!(parent: &span, %kubeconfig, "agent starting: watching the cluster");
-            let (status_tx, status_rx) = tokio::sync::watch::channel(Vec::new());
-            let specs = agent.watches();
-            agent = agent.with_watch_status(status_rx);
-            tokio::spawn(fleetwatch_agent::kube_source::run(client, specs, tx, status_tx, shutdown.child_token()));
+            let origin = args.kubeconfig.as_ref().map_or_else(|| "in-cluster".into(), |p| p.display().to_string());
+            run_agent(runtime, KubeSource::new(client, origin), shutdown).await?
         }
-    }
-    let _span = span.entered();
-    let stats = agent.run(rx, shutdown, !args.retry_first_connect).await?;
+    };
     // One machine-readable line: what was produced and what the hub acked.
     println!(
         "agent stopped changes={} last_seq={} acked_seq={} pending={}",
         stats.changes, stats.last_seq, stats.acked_seq, stats.outbox_len
     );
     Ok(())
+}
+
+/// Runs the agent over `source` until `shutdown` (then it drains) or, failing fast, its error.
+async fn run_agent<S: Source>(
+    runtime: AgentRuntime,
+    source: S,
+    shutdown: tokio_util::sync::CancellationToken,
+) -> anyhow::Result<AgentStats> {
+    let span = tracing::info_span!("agent", cluster = %runtime.cluster());
+    let agent = runtime.start(source, shutdown);
+    Ok(agent.wait().instrument(span).await?)
 }

@@ -64,7 +64,6 @@ pub async fn run(args: LifecycleArgs) -> anyhow::Result<()> {
     let client = match &args.control_plane_kubeconfig {
         Some(path) => fleetwatch_client::kubeconfig::client_from_kubeconfig(path)
             .await
-            .map_err(anyhow::Error::msg)
             .context("cannot reach the control plane")?,
         None => kube::Client::try_default()
             .await

@@ -1,5 +1,6 @@
 //! `fleetwatch`: one binary, a subcommand per role. Wiring only; the work is in the libraries.
 
+mod admin_http;
 mod agent_cmd;
 mod bench;
 mod certs_cmd;

@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
-use fleetwatch_agent::{Agent, AgentConfig};
+use fleetwatch_agent::kube_source::KubeSource;
+use fleetwatch_agent::{AgentConfig, AgentRuntime};
 use fleetwatch_api::Runtime;
 use fleetwatch_certs::{Authority, LeafSpec, TlsFiles};
 use fleetwatch_client::subscriber::SubscriberOptions;
@@ -264,16 +265,11 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
 
     // An agent per runtime cluster.
     for (n, s) in names.iter().zip(&runtimes_sims) {
-        let agent = Agent::new(AgentConfig::new(hub_url.clone(), files(&format!("agent-{n}"))))?;
+        let runtime = AgentRuntime::new(AgentConfig::new(hub_url.clone(), files(&format!("agent-{n}"))))?;
         let client = s.client().await?;
-        let (tx, rx) = tokio::sync::mpsc::channel(4096);
-        let (status_tx, status_rx) = tokio::sync::watch::channel(Vec::new());
-        let specs = agent.watches();
-        let agent = agent.with_watch_status(status_rx);
-        tasks.spawn(fleetwatch_agent::kube_source::run(client.clone(), specs, tx, status_tx, shutdown.child_token()));
-        let sd = shutdown.clone();
+        let agent = runtime.start(KubeSource::new(client.clone(), format!("simulated cluster {n}")), shutdown.clone());
         tasks.spawn(async move {
-            if let Err(e) = agent.run(rx, sd, false).await {
+            if let Err(e) = agent.wait().await {
                 tracing::error!(error = %e, "agent stopped");
             }
         });
@@ -410,7 +406,7 @@ async fn rows(cp: &kube::Client, admin: &str, modules: &[String]) -> Vec<Vec<Str
     // says so instead of emptying the table.
     let runtimes: Api<kube::api::DynamicObject> =
         Api::namespaced_with(cp.clone(), NAMESPACE, &kube::core::ApiResource::erase::<Runtime>(&()));
-    let clusters: Value = crate::bench::http_get(admin, "/api/v1/clusters")
+    let clusters: Value = crate::admin_http::get(admin, "/api/v1/clusters")
         .await
         .ok()
         .and_then(|b| serde_json::from_str(&b).ok())

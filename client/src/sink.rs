@@ -20,7 +20,8 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::subscriber::{Delivery, SubscribeError, Subscription, reconnect_backoff};
+use crate::backoff::reconnect as reconnect_backoff;
+use crate::subscriber::{Delivery, SubscribeError, Subscription};
 
 /// Any error a sink's target reports.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;

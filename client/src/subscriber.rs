@@ -9,7 +9,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use backon::{BackoffBuilder, ExponentialBuilder};
+use crate::backoff::reconnect as reconnect_backoff;
 use futures_util::{SinkExt, StreamExt};
 use rustls::ClientConfig;
 use tokio_tungstenite::tungstenite::Message;
@@ -220,16 +220,6 @@ impl Subscription {
             let _ = ws.close(None).await;
         }
     }
-}
-
-/// Backoff between reconnects: exponential from 100 ms to 5 s, with jitter, forever.
-pub fn reconnect_backoff() -> impl Iterator<Item = Duration> {
-    ExponentialBuilder::default()
-        .with_min_delay(Duration::from_millis(100))
-        .with_max_delay(Duration::from_secs(5))
-        .with_jitter()
-        .without_max_times()
-        .build()
 }
 
 async fn send(ws: &mut ClientWs, msg: &SubscriberMessage) -> Result<(), SubscribeError> {

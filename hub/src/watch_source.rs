@@ -123,7 +123,7 @@ async fn follow_dir(dir: PathBuf, publish: &Publish) {
 async fn follow_control_plane(kubeconfig: Option<PathBuf>, publish: &Publish, synced: &AtomicBool) {
     let client = loop {
         let client = match &kubeconfig {
-            Some(path) => fleetwatch_client::kubeconfig::client_from_kubeconfig(path).await,
+            Some(path) => fleetwatch_client::kubeconfig::client_from_kubeconfig(path).await.map_err(|e| e.to_string()),
             // In a pod: its service account; in a shell: $KUBECONFIG or ~/.kube/config.
             None => kube::Client::try_default().await.map_err(|e| e.to_string()),
         };

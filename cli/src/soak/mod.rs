@@ -370,7 +370,7 @@ async fn subscribe(mut sub: Subscription, observed: Arc<Mutex<Observed>>, stop: 
 async fn wait_connected(admin: SocketAddr, n: usize, timeout: Duration) -> anyhow::Result<()> {
     let start = Instant::now();
     loop {
-        let body = crate::bench::http_get(&admin.to_string(), "/api/v1/clusters").await.unwrap_or_default();
+        let body = crate::admin_http::get(&admin.to_string(), "/api/v1/clusters").await.unwrap_or_default();
         let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
         let connected = v["clusters"].as_array().map_or(0, |a| a.iter().filter(|c| c["connected"] == true).count());
         if connected >= n {

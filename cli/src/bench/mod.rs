@@ -1,0 +1,197 @@
+//! `fleetwatch bench`: measured, not asserted. Figures go to the README.
+//!
+//! One file per benchmark (`hub`, `agent`, `lifecycle`, `sim`; the chaos soak lives in
+//! `crate::soak`), so each reads top to bottom as the experiment it is; this file holds the
+//! subcommand and what the benchmarks share: a throw-away PKI, a hub child process, and
+//! reading a process's memory and CPU from `/proc`.
+
+mod agent;
+mod hub;
+mod lifecycle;
+mod sim;
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Args, Subcommand};
+use fleetwatch_certs::{Authority, LeafSpec};
+use fleetwatch_client::transport::HubUrl;
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+#[derive(Args)]
+pub struct BenchArgs {
+    #[command(subcommand)]
+    what: BenchWhat,
+}
+
+#[derive(Subcommand)]
+enum BenchWhat {
+    /// Start a hub (a child process) and N synthetic agents over mTLS, and measure what one
+    /// subscriber receives: events/s, delivery latency (agent to subscriber) and hub RSS.
+    Hub(hub::HubBench),
+    /// An agent process watching a simulated cluster with many objects: its RSS and CPU
+    /// idle and under load, and the latency from an API write to the subscriber.
+    Agent(agent::AgentBench),
+    /// The lifecycle operator over many sim runtime clusters: time to converge at first
+    /// and after one module's channel moves, and reconciles per second.
+    Lifecycle(lifecycle::LifecycleBench),
+    /// The simulated API server: LIST of many objects, and watch fan-out latency from a
+    /// write to every watcher's event.
+    Sim(sim::SimBench),
+    /// A chaos soak: a durable hub, agents under Kubernetes-like churn and a durable
+    /// subscriber while hub kills, TCP cuts, agent restarts, disk-full, a damaged segment
+    /// and deny-list flips are injected; checks per object that nothing was lost.
+    Soak(crate::soak::SoakBench),
+}
+
+pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
+    match args.what {
+        BenchWhat::Hub(b) => hub::run(b).await,
+        BenchWhat::Agent(b) => agent::run(b).await,
+        BenchWhat::Lifecycle(b) => lifecycle::run(b).await,
+        BenchWhat::Sim(b) => sim::run(b).await,
+        BenchWhat::Soak(b) => crate::soak::run(b).await,
+    }
+}
+
+/// A hub running as a child process of the benchmark.
+struct HubProcess {
+    /// The process (killed on drop).
+    child: tokio::process::Child,
+    /// Its WebSocket address.
+    wss: HubUrl,
+    /// Its admin address (`host:port`).
+    admin: String,
+}
+
+/// Starts a hub child process with the certificates in `dir` (memory only, or with a data
+/// directory when `durable`) and waits until it listens.
+async fn start_hub(dir: &Path, durable: bool, extra: &[&str]) -> anyhow::Result<HubProcess> {
+    let exe = std::env::current_exe().context("cannot find own executable")?;
+    let mut cmd = tokio::process::Command::new(exe);
+    cmd.args(["--log", "warn", "hub", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
+        .arg("--cert")
+        .arg(dir.join("hub.crt"))
+        .arg("--key")
+        .arg(dir.join("hub.key"))
+        .arg("--client-ca")
+        .arg(dir.join("ca.crt"))
+        .args(["--max-events-per-sec", "1000000"]);
+    if durable {
+        cmd.arg("--data-dir").arg(dir.join("hub-data"));
+    }
+    cmd.args(extra);
+    cmd.stdout(Stdio::piped()).stderr(Stdio::inherit()).kill_on_drop(true);
+    let mut child = cmd.spawn().context("cannot start hub process")?;
+    let stdout = child.stdout.take().context("hub stdout")?;
+    let mut lines = BufReader::new(stdout).lines();
+    let line = tokio::time::timeout(Duration::from_secs(20), lines.next_line())
+        .await
+        .context("hub did not start in 20 s")??
+        .context("hub exited before listening")?;
+    let (wss, admin) = parse_listening(&line).with_context(|| format!("unexpected hub output {line:?}"))?;
+    Ok(HubProcess { child, wss: wss.parse()?, admin })
+}
+
+/// Reads `hub listening wss=wss://A admin=http://B`.
+fn parse_listening(line: &str) -> Option<(String, String)> {
+    let mut wss = None;
+    let mut admin = None;
+    for part in line.split_whitespace() {
+        if let Some(v) = part.strip_prefix("wss=") {
+            wss = Some(v.to_string());
+        }
+        if let Some(v) = part.strip_prefix("admin=http://") {
+            admin = Some(v.to_string());
+        }
+    }
+    Some((wss?, admin?))
+}
+
+/// A `/proc/<pid>/status` memory field (`VmRSS:`, `VmHWM:`) in KiB.
+fn rss_kib(pid: u32, field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status.lines().find(|l| l.starts_with(field))?.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// The `p` quantile of sorted microseconds, in milliseconds.
+fn percentile(sorted: &[u64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let idx = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[idx] as f64 / 1000.0
+}
+
+/// A temporary CA with a hub certificate, a `bench` subscriber and one agent per cluster.
+fn bench_pki(clusters: &[String]) -> anyhow::Result<(TempDir, PathBuf)> {
+    let tmp = tempdir()?;
+    let dir = tmp.path().to_path_buf();
+    Authority::init(&dir, "bench.local")?;
+    let ca = Authority::load(&dir)?;
+    ca.issue(&dir, &LeafSpec::Hub { dns: vec!["localhost".into()], ips: vec!["127.0.0.1".parse()?] }, 1)?;
+    ca.issue(&dir, &LeafSpec::Subscriber { name: "bench".into() }, 1)?;
+    for c in clusters {
+        ca.issue(&dir, &LeafSpec::Agent { cluster: c.clone() }, 1)?;
+    }
+    Ok((tmp, dir))
+}
+
+/// A temporary directory removed on drop.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A fresh directory under the system temp directory.
+fn tempdir() -> anyhow::Result<TempDir> {
+    let p = std::env::temp_dir().join(format!(
+        "fleetwatch-bench-{}-{}",
+        std::process::id(),
+        jiff::Timestamp::now().as_millisecond()
+    ));
+    std::fs::create_dir_all(&p)?;
+    Ok(TempDir(p))
+}
+
+/// CPU seconds (user + system) a process used so far.
+fn cpu_seconds(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name (which is in parentheses and may hold spaces).
+    let rest = stat.rsplit_once(')')?.1;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: f64 = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
+    Some(ticks / 100.0) // USER_HZ is 100 on Linux
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_the_hub_listening_line() {
+        let line = "hub listening wss=wss://127.0.0.1:4431 admin=http://127.0.0.1:9191";
+        assert_eq!(parse_listening(line), Some(("wss://127.0.0.1:4431".into(), "127.0.0.1:9191".into())));
+        assert_eq!(parse_listening("hub listening wss=wss://127.0.0.1:4431"), None);
+    }
+
+    #[test]
+    fn percentiles_in_milliseconds() {
+        let us = [1_000, 2_000, 3_000, 4_000, 5_000];
+        assert_eq!(percentile(&us, 0.0), 1.0);
+        assert_eq!(percentile(&us, 0.5), 3.0);
+        assert_eq!(percentile(&us, 1.0), 5.0);
+        assert!(percentile(&[], 0.5).is_nan());
+    }
+}
