@@ -17,8 +17,6 @@ use fleetwatch_client::subscriber::SubscriberOptions;
 use fleetwatch_hub::{Hub, HubConfig};
 use fleetwatch_protocol::message::StartFrom;
 use kube::Api;
-use kube::api::{DynamicObject, ListParams, Patch, PatchParams};
-use kube::discovery::ApiResource;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
@@ -273,7 +271,8 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
                 tracing::error!(error = %e, "agent stopped");
             }
         });
-        tasks.spawn(fake_kubelet(client, shutdown.child_token()));
+        // No kubelet runs in a simulated cluster: report Deployments rolled out, as one would.
+        tasks.spawn(fleetwatch_sim::roll_out_deployments(client, Duration::ZERO, shutdown.child_token()));
     }
 
     // The lifecycle operator, subscribed to the hub.
@@ -342,36 +341,6 @@ fn print_intro(dir: &Path, cp_kc: &Path, names: &[String], hub: &str, admin: &st
     println!("  logs:           {}", dir.join("fleetwatch.log").display());
     println!("  note:           the simulated clusters start afresh at every `up` (see README.txt there)");
     println!("Ctrl-C stops everything.");
-}
-
-/// No kubelet runs in a simulated cluster: mark Deployments ready, as one would.
-async fn fake_kubelet(client: kube::Client, stop: CancellationToken) {
-    let ar = ApiResource::erase::<k8s_openapi::api::apps::v1::Deployment>(&());
-    let all: Api<DynamicObject> = Api::all_with(client.clone(), &ar);
-    while !stop.is_cancelled() {
-        if let Ok(list) = all.list(&ListParams::default()).await {
-            for d in list.items {
-                let want = d.data["spec"]["replicas"].as_i64().unwrap_or(1);
-                if d.data["status"]["readyReplicas"].as_i64() != Some(want) {
-                    let api: Api<DynamicObject> =
-                        Api::namespaced_with(client.clone(), &d.metadata.namespace.clone().unwrap_or_default(), &ar);
-                    let status =
-                        json!({"status": {"replicas": want, "readyReplicas": want, "availableReplicas": want}});
-                    let _ = api
-                        .patch_status(
-                            &d.metadata.name.clone().unwrap_or_default(),
-                            &PatchParams::default(),
-                            &Patch::Merge(&status),
-                        )
-                        .await;
-                }
-            }
-        }
-        tokio::select! {
-            _ = stop.cancelled() => return,
-            _ = tokio::time::sleep(Duration::from_millis(300)) => {}
-        }
-    }
 }
 
 /// The fleet's modules: those with a ModuleReleaseMeta, and any a runtime's status names.

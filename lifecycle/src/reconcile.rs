@@ -440,12 +440,10 @@ async fn install_inner(
         Ok(Some(d)) => {
             let v = d.labels().get(VERSION_LABEL).cloned();
             st.actual_version = v.clone();
-            let want = d.data["spec"]["replicas"].as_i64().unwrap_or(1);
-            let ready = d.data["status"]["readyReplicas"].as_i64().unwrap_or(0);
             if v.as_deref().and_then(|v| parse(v).ok()).as_ref() != Some(&desired) {
                 (State::Processing, format!("manager runs {:?}, waiting for {desired}", v))
-            } else if ready < want {
-                (State::Processing, format!("waiting for manager: {ready}/{want} replicas ready"))
+            } else if let Some(waiting) = manager_rollout_pending(&d) {
+                (State::Processing, waiting)
             } else {
                 (State::Ready, String::new())
             }
@@ -643,4 +641,68 @@ async fn write_status(api: &Api<Runtime>, rt: &Runtime, modules: Vec<ModuleStatu
             )
         })?;
     Ok(())
+}
+
+/// Why the manager has not finished rolling out its current spec, or `None` once it has.
+///
+/// Like `kubectl rollout status`: the controller must have observed the latest generation
+/// (otherwise the replica counts still describe the previous spec, and an upgrade would
+/// count as done the moment its manifest was applied), and the updated and ready replicas
+/// must reach the desired count. Kinds that track no generation are judged by replicas.
+fn manager_rollout_pending(d: &kube::api::DynamicObject) -> Option<String> {
+    let want = d.data["spec"]["replicas"].as_i64().unwrap_or(1);
+    let status = &d.data["status"];
+    if let Some(generation) = d.metadata.generation {
+        let observed = status["observedGeneration"].as_i64().unwrap_or(0);
+        if observed < generation {
+            return Some(format!("waiting for manager: generation {generation} not yet observed ({observed})"));
+        }
+        let updated = status["updatedReplicas"].as_i64().unwrap_or(0);
+        if updated < want {
+            return Some(format!("waiting for manager: {updated}/{want} replicas updated"));
+        }
+    }
+    let ready = status["readyReplicas"].as_i64().unwrap_or(0);
+    (ready < want).then(|| format!("waiting for manager: {ready}/{want} replicas ready"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::manager_rollout_pending;
+
+    fn deployment(generation: Option<i64>, status: serde_json::Value) -> kube::api::DynamicObject {
+        let mut d: kube::api::DynamicObject = serde_json::from_value(serde_json::json!({
+            "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "m"},
+            "spec": {"replicas": 2}, "status": status}))
+        .unwrap();
+        d.metadata.generation = generation;
+        d
+    }
+
+    #[test]
+    fn an_unobserved_generation_is_not_rolled_out_even_with_ready_replicas() {
+        // The old pods are ready, but the controller has not seen the upgrade yet.
+        let d =
+            deployment(Some(3), serde_json::json!({"observedGeneration": 2, "updatedReplicas": 2, "readyReplicas": 2}));
+        assert!(manager_rollout_pending(&d).unwrap().contains("generation 3"));
+    }
+
+    #[test]
+    fn updated_and_ready_replicas_must_reach_the_spec() {
+        let d =
+            deployment(Some(3), serde_json::json!({"observedGeneration": 3, "updatedReplicas": 1, "readyReplicas": 2}));
+        assert!(manager_rollout_pending(&d).unwrap().contains("1/2 replicas updated"));
+        let d =
+            deployment(Some(3), serde_json::json!({"observedGeneration": 3, "updatedReplicas": 2, "readyReplicas": 1}));
+        assert!(manager_rollout_pending(&d).unwrap().contains("1/2 replicas ready"));
+        let d =
+            deployment(Some(3), serde_json::json!({"observedGeneration": 3, "updatedReplicas": 2, "readyReplicas": 2}));
+        assert_eq!(manager_rollout_pending(&d), None);
+    }
+
+    #[test]
+    fn kinds_without_a_generation_are_judged_by_ready_replicas() {
+        assert_eq!(manager_rollout_pending(&deployment(None, serde_json::json!({"readyReplicas": 2}))), None);
+        assert!(manager_rollout_pending(&deployment(None, serde_json::json!({}))).is_some());
+    }
 }

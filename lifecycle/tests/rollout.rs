@@ -4,12 +4,11 @@
 
 mod common;
 
-use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use fleetwatch_api::{ModuleReleaseMeta, Runtime, State};
 use kube::Api;
-use kube::api::{DynamicObject, ListParams, Patch, PatchParams};
+use kube::api::DynamicObject;
 use kube::discovery::ApiResource;
 use serde_json::json;
 
@@ -18,7 +17,7 @@ const N: usize = 10;
 fn template(version: &str, broken: bool) -> serde_json::Value {
     let mut manifest = vec![json!({"apiVersion": "apps/v1", "kind": "Deployment",
         "metadata": {"name": "m-manager", "namespace": "default", "labels": {"app.kubernetes.io/version": version}},
-        "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "m"}}, "template": {"metadata": {"labels": {"app": "m"}}, "spec": {"containers": [{"name": "c", "image": "m"}]}}}})];
+        "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "m"}}, "template": {"metadata": {"labels": {"app": "m", "app.kubernetes.io/version": version}}, "spec": {"containers": [{"name": "c", "image": "m"}]}}}})];
     if broken {
         manifest
             .insert(0, json!({"apiVersion": "nowhere.example.com/v1", "kind": "Missing", "metadata": {"name": "x"}}));
@@ -35,38 +34,9 @@ fn meta(version: &str) -> serde_json::Value {
                  "rollout": {"maxInFlight": 2, "stepPercent": 30, "maxFailureRatio": 0.3}}})
 }
 
-/// Marks a Deployment ready `delay` after it changed, like a slow cluster would.
-async fn slow_kubelet(client: kube::Client, delay: Duration) {
-    let ar = ApiResource::erase::<k8s_openapi::api::apps::v1::Deployment>(&());
-    let api: Api<DynamicObject> = Api::namespaced_with(client, "default", &ar);
-    let mut seen: HashMap<String, Instant> = HashMap::new();
-    loop {
-        if let Ok(list) = api.list(&ListParams::default()).await {
-            for d in list.items {
-                let version = d
-                    .metadata
-                    .labels
-                    .clone()
-                    .unwrap_or_default()
-                    .get("app.kubernetes.io/version")
-                    .cloned()
-                    .unwrap_or_default();
-                let first = *seen.entry(version.clone()).or_insert_with(Instant::now);
-                let ready = d.data["status"]["readyReplicas"].as_i64() == Some(1)
-                    && d.data["status"]["observedVersion"] == version.as_str();
-                if !ready && first.elapsed() > delay {
-                    let _ = api
-                        .patch_status(
-                            "m-manager",
-                            &PatchParams::default(),
-                            &Patch::Merge(&json!({"status": {"readyReplicas": 1, "observedVersion": version}})),
-                        )
-                        .await;
-                }
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+/// A slow cluster: Deployments roll out `delay` after each change of their spec.
+fn slow_kubelet(client: kube::Client, delay: Duration) -> impl std::future::Future<Output = ()> {
+    fleetwatch_sim::roll_out_deployments(client, delay, tokio_util::sync::CancellationToken::new())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -184,7 +154,7 @@ async fn upgrading(client: &kube::Client, version: &str) -> bool {
     let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), "default", &ar);
     let Ok(Some(d)) = api.get_opt("m-manager").await else { return false };
     let labelled = d.metadata.labels.as_ref().and_then(|l| l.get("app.kubernetes.io/version")).map(String::as_str);
-    labelled == Some(version) && d.data["status"]["observedVersion"] != version
+    labelled == Some(version) && d.data["status"]["observedGeneration"].as_i64() != d.metadata.generation
 }
 
 fn start_operator(client: &kube::Client) -> (tokio_util::sync::CancellationToken, tokio::task::JoinHandle<()>) {

@@ -27,6 +27,8 @@ mod bench;
 mod cli;
 mod cluster;
 mod convert;
+#[cfg(feature = "kube-client")]
+mod deployments;
 mod discovery;
 mod error;
 mod faults;
@@ -51,5 +53,7 @@ mod watch;
 pub use bench::{BenchOptions, BenchReport, bench};
 pub use cli::{SimArgs, SimCommand, TokenArgs, run};
 pub use cluster::{DEFAULT_HISTORY, SimCluster, SimOptions};
+#[cfg(feature = "kube-client")]
+pub use deployments::roll_out_deployments;
 pub use error::{ApiError, SimError};
 pub use faults::Faults;

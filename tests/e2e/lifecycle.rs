@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use fleetwatch_api::{Runtime, State};
-use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams};
 use kube::discovery::ApiResource;
 use serde_json::{Value, json};
 
@@ -134,7 +134,7 @@ impl Fleet {
         lifecycle.wait_stdout("lifecycle operator running", Duration::from_secs(10));
         // No kubelet in a sim cluster: mark Deployments ready, as a cluster would.
         let kubelet = tokio_util::sync::CancellationToken::new();
-        tokio::spawn(fake_kubelet(rt.clone(), kubelet.clone()));
+        tokio::spawn(fleetwatch_sim::roll_out_deployments(rt.clone(), Duration::ZERO, kubelet.clone()));
         Fleet {
             pki,
             _cp: cp_sim,
@@ -186,29 +186,6 @@ impl Fleet {
 
     fn redis_configs(&self) -> Api<DynamicObject> {
         dyn_api(&self.rt, "example.com/v1", "RedisConfig", "redisconfigs", Some("redis-system"))
-    }
-}
-
-async fn fake_kubelet(rt: kube::Client, stop: tokio_util::sync::CancellationToken) {
-    let deps = dyn_api(&rt, "apps/v1", "Deployment", "deployments", None);
-    while !stop.is_cancelled() {
-        if let Ok(list) = deps.list(&ListParams::default()).await {
-            for d in list.items {
-                let want = d.data["spec"]["replicas"].as_i64().unwrap_or(1);
-                if d.data["status"]["readyReplicas"].as_i64() != Some(want) {
-                    let ns = d.metadata.namespace.clone().unwrap_or_default();
-                    let api = dyn_api(&rt, "apps/v1", "Deployment", "deployments", Some(&ns));
-                    let _ = api
-                        .patch_status(
-                            &d.metadata.name.clone().unwrap(),
-                            &PatchParams::default(),
-                            &Patch::Merge(&json!({"status": {"readyReplicas": want, "replicas": want}})),
-                        )
-                        .await;
-                }
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 

@@ -11,6 +11,12 @@ pub async fn control_plane() -> (fleetwatch_sim::SimCluster, kube::Client, Appli
     let sim = fleetwatch_sim::SimCluster::start(Default::default()).await.unwrap();
     let client = sim.client().await.unwrap();
     let cp = Applier::new(client.clone());
+    // The tests' runtime clusters are this one too; its Deployments roll out as a cluster's would.
+    tokio::spawn(fleetwatch_sim::roll_out_deployments(
+        client.clone(),
+        std::time::Duration::ZERO,
+        tokio_util::sync::CancellationToken::new(),
+    ));
     for crd in [Runtime::crd(), ModuleTemplate::crd(), ModuleReleaseMeta::crd(), MaintenancePolicy::crd()] {
         // The sim establishes a CRD as it stores it: its kinds are served at once.
         cp.apply(&serde_json::to_value(&crd).unwrap()).await.unwrap();
