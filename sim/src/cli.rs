@@ -42,6 +42,12 @@ pub struct SimArgs {
     #[arg(long)]
     pub rbac: bool,
 
+    /// Do not report Deployments as rolled out. By default the sim stands in for the
+    /// Deployment controller and kubelets (no pods run here): it sets a Deployment's
+    /// observedGeneration and replica counts to its spec, as a healthy cluster would.
+    #[arg(long)]
+    pub no_deployment_controller: bool,
+
     /// Instead of serving: a helper command against a running sim.
     #[command(subcommand)]
     pub command: Option<SimCommand>,
@@ -120,6 +126,11 @@ pub async fn run(args: SimArgs, shutdown: CancellationToken) -> Result<(), SimEr
         };
         if let Some(p) = &path {
             sim.write_kubeconfig(p)?;
+        }
+        #[cfg(feature = "kube-client")]
+        if !args.no_deployment_controller {
+            let client = sim.client().await?;
+            tokio::spawn(crate::roll_out_deployments(client, std::time::Duration::ZERO, shutdown.child_token()));
         }
         let shown = path.as_ref().map(|p| p.display().to_string()).unwrap_or_else(|| "-".into());
         println!("cluster {name} {} kubeconfig {shown}", sim.url());
