@@ -185,7 +185,10 @@ mod tests {
         let files =
             TlsFiles { cert: dir.join("agent-c1.crt"), key: dir.join("agent-c1.key"), ca: vec![dir.join("ca.crt")] };
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let config = AgentConfig::new(format!("wss://127.0.0.1:{port}").parse().unwrap(), files);
+        let config = AgentConfig::new(
+            format!("wss://127.0.0.1:{port}").parse::<fleetwatch_client::transport::HubUrls>().unwrap(),
+            files,
+        );
         (AgentRuntime::new(config).unwrap(), dir)
     }
 

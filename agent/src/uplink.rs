@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use fleetwatch_certs::TlsFiles;
 use fleetwatch_client::backoff::Reconnect;
-use fleetwatch_client::transport::{ClientWs, ConnectError, HubUrl, connect};
+use fleetwatch_client::transport::{ClientWs, ConnectError, HubUrls, connect_any};
 use fleetwatch_protocol::Limits;
 use fleetwatch_protocol::codec::{DecodeError, decode_hub_to_agent, encode};
 use fleetwatch_protocol::message::{
@@ -32,8 +32,9 @@ use crate::source::Change;
 /// Agent settings.
 #[derive(Debug, Clone)]
 pub struct AgentConfig {
-    /// The hub.
-    pub hub: HubUrl,
+    /// The hub replicas, tried in order: the agent stays with the one it reached and moves
+    /// to the next when it cannot connect.
+    pub hub: HubUrls,
     /// Client certificate, key and the CA that signed the hub's certificate.
     pub tls: TlsFiles,
     /// Objects the outbox holds before it collapses into a resync marker.
@@ -64,9 +65,9 @@ pub struct AgentConfig {
 
 impl AgentConfig {
     /// Settings with defaults.
-    pub fn new(hub: HubUrl, tls: TlsFiles) -> Self {
+    pub fn new(hub: impl Into<HubUrls>, tls: TlsFiles) -> Self {
         Self {
-            hub,
+            hub: hub.into(),
             tls,
             outbox_capacity: 100_000,
             outbox_max_bytes: crate::outbox::DEFAULT_MAX_BYTES,
@@ -262,10 +263,18 @@ impl Uplink {
         let mut backoff = self.config.reconnect.delays();
         let mut first = true;
         let mut connected_once = false;
+        // The replica to try first: the one reached last (a restarted hub is back quickly;
+        // a dead one fails at once and the next is tried within the same attempt).
+        let mut current = 0;
         loop {
             // Disconnected: keep absorbing changes while connecting.
-            let connecting =
-                connect(&self.config.hub, self.tls.clone(), &self.config.limits, self.config.connect_timeout);
+            let connecting = connect_any(
+                &self.config.hub,
+                current,
+                self.tls.clone(),
+                &self.config.limits,
+                self.config.connect_timeout,
+            );
             tokio::pin!(connecting);
             let ws = loop {
                 tokio::select! {
@@ -285,7 +294,13 @@ impl Uplink {
                 return Ok(self.final_stats(&stats, &outbox));
             };
             let ws = match ws {
-                Ok(ws) => ws,
+                Ok((ws, reached)) => {
+                    if reached != current {
+                        tracing::info!(hub = %self.config.hub.get(reached), "failed over to another hub");
+                    }
+                    current = reached;
+                    ws
+                }
                 Err(e) => {
                     if first && fail_fast {
                         return Err(e.into());

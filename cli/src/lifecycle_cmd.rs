@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Args;
 use fleetwatch_client::subscriber::SubscriberOptions;
-use fleetwatch_client::transport::HubUrl;
+use fleetwatch_client::transport::HubUrls;
 use fleetwatch_protocol::message::StartFrom;
 
 #[derive(Args)]
@@ -19,8 +19,10 @@ pub struct LifecycleArgs {
     control_plane_kubeconfig: Option<PathBuf>,
     /// The hub to subscribe to, as wss://HOST:PORT: its events make reconciles event-driven.
     /// Without it only changes in the control plane and the resync trigger reconciles.
-    #[arg(long, env = "FLEETWATCH_HUB", requires_all = ["cert", "key", "ca"])]
-    hub: Option<String>,
+    /// Several hub replicas: repeat the flag or separate with commas; they are tried in
+    /// order and the operator fails over to the next when one is unreachable.
+    #[arg(long, env = "FLEETWATCH_HUB", value_delimiter = ',', requires_all = ["cert", "key", "ca"])]
+    hub: Vec<String>,
     /// Subscriber certificate for the hub.
     #[arg(long, env = "FLEETWATCH_CERT")]
     cert: Option<PathBuf>,
@@ -69,19 +71,16 @@ pub async fn run(args: LifecycleArgs) -> anyhow::Result<()> {
             .await
             .context("no --control-plane-kubeconfig given and no in-cluster configuration or $KUBECONFIG found")?,
     };
-    let hub = match &args.hub {
-        Some(url) => {
-            let url: HubUrl = url.parse()?;
-            let (Some(cert), Some(key)) = (&args.cert, &args.key) else {
-                anyhow::bail!("--hub needs --cert and --key")
-            };
-            let tls = Arc::new(fleetwatch_certs::client_config(&crate::tls_files(cert, key, &args.ca))?);
-            let mut opts = SubscriberOptions::new(url, tls);
-            opts.durable = Some("lifecycle".into());
-            opts.from = StartFrom::Latest;
-            Some(opts)
-        }
-        None => None,
+    let hub = if args.hub.is_empty() {
+        None
+    } else {
+        let url = HubUrls::parse_all(&args.hub)?;
+        let (Some(cert), Some(key)) = (&args.cert, &args.key) else { anyhow::bail!("--hub needs --cert and --key") };
+        let tls = Arc::new(fleetwatch_certs::client_config(&crate::tls_files(cert, key, &args.ca))?);
+        let mut opts = SubscriberOptions::new(url, tls);
+        opts.durable = Some("lifecycle".into());
+        opts.from = StartFrom::Latest;
+        Some(opts)
     };
     let resync =
         if args.resync > 0.0 { Some(Duration::try_from_secs_f64(args.resync).context("--resync")?) } else { None };

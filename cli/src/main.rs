@@ -184,9 +184,11 @@ pub(crate) fn shutdown_on_signals() -> tokio_util::sync::CancellationToken {
 /// How a client (agent or subscriber) reaches the hub: the flags `agent` and `tail` share.
 #[derive(clap::Args)]
 pub(crate) struct HubClientArgs {
-    /// The hub, as wss://HOST:PORT.
-    #[arg(long, env = "FLEETWATCH_HUB")]
-    hub: String,
+    /// The hub, as wss://HOST:PORT. Several hub replicas (on one JetStream stream): repeat
+    /// the flag or separate with commas; they are tried in order, and the client stays with
+    /// the one it reached until it becomes unreachable, then fails over to the next.
+    #[arg(long, env = "FLEETWATCH_HUB", value_delimiter = ',', required = true)]
+    hub: Vec<String>,
     /// This client's certificate (its identity is the one in it).
     #[arg(long, env = "FLEETWATCH_CERT")]
     cert: std::path::PathBuf,
@@ -200,8 +202,10 @@ pub(crate) struct HubClientArgs {
 
 impl HubClientArgs {
     /// The hub address and the TLS files.
-    pub(crate) fn resolve(&self) -> anyhow::Result<(fleetwatch_client::transport::HubUrl, fleetwatch_certs::TlsFiles)> {
-        Ok((self.hub.parse()?, tls_files(&self.cert, &self.key, &self.ca)))
+    pub(crate) fn resolve(
+        &self,
+    ) -> anyhow::Result<(fleetwatch_client::transport::HubUrls, fleetwatch_certs::TlsFiles)> {
+        Ok((fleetwatch_client::transport::HubUrls::parse_all(&self.hub)?, tls_files(&self.cert, &self.key, &self.ca)))
     }
 }
 

@@ -14,7 +14,7 @@ use futures_util::{SinkExt, StreamExt};
 use rustls::ClientConfig;
 use tokio_tungstenite::tungstenite::Message;
 
-use crate::transport::{ClientWs, ConnectError, HubUrl, connect};
+use crate::transport::{ClientWs, ConnectError, HubUrls, connect_any};
 use fleetwatch_protocol::codec::{DecodeError, Limits, decode_hub_to_subscriber, encode};
 use fleetwatch_protocol::event::Event;
 use fleetwatch_protocol::message::{
@@ -24,8 +24,10 @@ use fleetwatch_protocol::message::{
 /// How to subscribe.
 #[derive(Clone)]
 pub struct SubscriberOptions {
-    /// The hub.
-    pub hub: HubUrl,
+    /// The hub replicas, tried in order: the subscription stays with the one it reached and
+    /// moves to the next when it cannot connect (replicas on one JetStream stream share the
+    /// stream id and durable cursors, so it resumes where it was).
+    pub hub: HubUrls,
     /// TLS settings carrying the subscriber certificate.
     pub tls: Arc<ClientConfig>,
     /// Durable name: the hub keeps the cursor under it.
@@ -48,9 +50,9 @@ pub struct SubscriberOptions {
 
 impl SubscriberOptions {
     /// Options with defaults: start at the latest event, reconnect forever.
-    pub fn new(hub: HubUrl, tls: Arc<ClientConfig>) -> Self {
+    pub fn new(hub: impl Into<HubUrls>, tls: Arc<ClientConfig>) -> Self {
         Self {
-            hub,
+            hub: hub.into(),
             tls,
             durable: None,
             clusters: Vec::new(),
@@ -113,13 +115,15 @@ pub struct Subscription {
     acked: Option<u64>,
     /// The unknown clusters last warned about.
     unknown_clusters_said: Vec<String>,
+    /// The hub replica to try first (the one reached last).
+    current: usize,
 }
 
 impl Subscription {
     /// Connects and subscribes. The first connection's failure is returned, so a CLI can
     /// report a wrong address or certificate at once; later ones are retried.
     pub async fn connect(opts: SubscriberOptions) -> Result<Self, SubscribeError> {
-        let mut sub = Self { opts, ws: None, stream: None, acked: None, unknown_clusters_said: Vec::new() };
+        let mut sub = Self { opts, ws: None, stream: None, acked: None, unknown_clusters_said: Vec::new(), current: 0 };
         sub.open().await?;
         Ok(sub)
     }
@@ -130,8 +134,18 @@ impl Subscription {
     }
 
     async fn open(&mut self) -> Result<(), SubscribeError> {
-        let mut ws =
-            connect(&self.opts.hub, self.opts.tls.clone(), &self.opts.limits, self.opts.connect_timeout).await?;
+        let (mut ws, reached) = connect_any(
+            &self.opts.hub,
+            self.current,
+            self.opts.tls.clone(),
+            &self.opts.limits,
+            self.opts.connect_timeout,
+        )
+        .await?;
+        if reached != self.current {
+            tracing::info!(hub = %self.opts.hub.get(reached), "failed over to another hub");
+            self.current = reached;
+        }
         let subscribe = SubscriberMessage::Subscribe(Subscribe {
             durable: self.opts.durable.clone(),
             clusters: self.opts.clusters.clone(),

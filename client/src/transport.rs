@@ -70,6 +70,87 @@ impl std::str::FromStr for HubUrl {
     }
 }
 
+/// The hub replicas a client may reach, in the order it tries them: several hubs on one
+/// JetStream stream serve the same fleet, so a client fails over to the next when one is
+/// unreachable. Never empty.
+///
+/// ```
+/// use fleetwatch_client::transport::HubUrls;
+/// let hubs: HubUrls = "wss://hub-0:7443,wss://hub-1:7443".parse().unwrap();
+/// assert_eq!(hubs.len(), 2);
+/// assert_eq!(hubs.to_string(), "wss://hub-0:7443,wss://hub-1:7443");
+/// assert!("".parse::<HubUrls>().is_err());
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HubUrls(Vec<HubUrl>);
+
+impl HubUrls {
+    /// The list; refuses an empty one.
+    pub fn new(urls: Vec<HubUrl>) -> Result<Self, ConnectError> {
+        if urls.is_empty() {
+            return Err(ConnectError::BadUrl("no hub address given".into()));
+        }
+        Ok(Self(urls))
+    }
+
+    /// Parses every address (each may itself be a comma-separated list).
+    pub fn parse_all<S: AsRef<str>>(items: &[S]) -> Result<Self, ConnectError> {
+        let mut urls = Vec::new();
+        for item in items {
+            for part in item.as_ref().split(',').map(str::trim).filter(|p| !p.is_empty()) {
+                urls.push(part.parse()?);
+            }
+        }
+        Self::new(urls)
+    }
+
+    /// How many hubs.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Always false: the list is never empty (for clippy's `len_without_is_empty`).
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The hubs, in order.
+    pub fn iter(&self) -> impl Iterator<Item = &HubUrl> {
+        self.0.iter()
+    }
+
+    /// The hub at `i`, wrapping around.
+    pub fn get(&self, i: usize) -> &HubUrl {
+        &self.0[i % self.0.len()]
+    }
+}
+
+impl From<HubUrl> for HubUrls {
+    fn from(url: HubUrl) -> Self {
+        Self(vec![url])
+    }
+}
+
+impl std::fmt::Display for HubUrls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (i, u) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str(",")?;
+            }
+            write!(f, "{u}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::str::FromStr for HubUrls {
+    type Err = ConnectError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::parse_all(&[s])
+    }
+}
+
 /// Why a connection to the hub failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ConnectError {
@@ -144,4 +225,34 @@ pub async fn connect(
         Ok(ws)
     };
     tokio::time::timeout(timeout, fut).await.map_err(|_| ConnectError::Timeout(addr.clone()))?
+}
+
+/// Connects to the first hub of `hubs` that answers, starting at index `start` and going
+/// round once in order; answers the connection and the index of the hub it reached. When
+/// none answers, the error of the last attempt says why (each attempt is logged).
+///
+/// A refusal after the WebSocket upgrade (revoked, identity in use) is the hub's verdict,
+/// not a reachability problem, and is the caller's to handle: this only fails over on
+/// errors where another replica may do better.
+pub async fn connect_any(
+    hubs: &HubUrls,
+    start: usize,
+    tls: Arc<ClientConfig>,
+    limits: &Limits,
+    timeout: Duration,
+) -> Result<(ClientWs, usize), ConnectError> {
+    let mut last = None;
+    for k in 0..hubs.len() {
+        let i = (start + k) % hubs.len();
+        match connect(hubs.get(i), tls.clone(), limits, timeout).await {
+            Ok(ws) => return Ok((ws, i)),
+            Err(e) => {
+                if hubs.len() > 1 {
+                    tracing::warn!(hub = %hubs.get(i), error = %e, "hub unreachable; trying the next");
+                }
+                last = Some(e);
+            }
+        }
+    }
+    Err(last.unwrap_or_else(|| ConnectError::BadUrl("no hub address given".into())))
 }

@@ -1,6 +1,6 @@
 //! The delivery guarantee, checked per object with real processes: nothing lost through a
-//! hub crash and restart, a network partition, an in-memory hub restart and an outbox
-//! overflow.
+//! hub crash and restart, a network partition, an in-memory hub restart, fail-over to
+//! another hub and an outbox overflow.
 
 use std::time::Duration;
 
@@ -100,6 +100,39 @@ async fn memory_hub_restart_tells_subscribers_to_resync() {
     assert!(seen.resyncs.contains_key("*"), "{:?}", seen.resyncs);
     let m1 = &seen.resyncs["m1"];
     assert!(m1.iter().any(|(_, why)| why.contains("hub lost acked events")), "{m1:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_and_subscriber_fail_over_to_the_next_hub() {
+    let pki = Pki::new();
+    let mut first = HubProc::start(&pki, free_port(), None, &[]);
+    let second = HubProc::start(&pki, free_port(), None, &[]);
+    let hubs = format!("{},{}", first.url(), second.url());
+    let spec = "synthetic:objects=20,rate=200,total=1600";
+    let source: SyntheticSource = spec.parse().unwrap();
+    let agent = agent(&pki, "f1", &hubs, spec, &[]);
+    let collector = Collector::start(&pki, &hubs, "checker").await;
+    assert!(eventually(Duration::from_secs(10), || collector.seen.lock().unwrap().events > 100).await);
+    // Both reached the first hub (the order is the order given).
+    let listed = first.clusters().await;
+    assert!(listed.to_string().contains("\"f1\""), "{listed}");
+
+    first.proc.signal("KILL");
+    first.proc.wait_exit(Duration::from_secs(5));
+
+    // Both move to the second hub: every object reaches its final state there.
+    let done =
+        eventually(Duration::from_secs(40), || missing(&collector.seen.lock().unwrap(), &["f1"], &source).is_empty())
+            .await;
+    assert!(second.clusters().await.to_string().contains("\"f1\""));
+    let seen = collector.seen.lock().unwrap();
+    assert!(done, "{:?}\n{}", missing(&seen, &["f1"], &source), agent.stderr());
+    // Two independent in-memory hubs are two streams: the subscriber was told to resync.
+    // (Replicas on one JetStream stream share it, and resume where they were.)
+    assert!(seen.resyncs.contains_key("*"), "{:?}", seen.resyncs);
+    let log = agent.stderr();
+    let line = log.lines().find(|l| l.contains("failed over to another hub")).unwrap_or_default();
+    assert!(line.contains(&format!(":{}", second.port)), "{log}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

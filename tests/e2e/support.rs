@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use fleetwatch_certs::{Authority, LeafSpec, TlsFiles};
 use fleetwatch_client::subscriber::{Delivery, SubscriberOptions, Subscription};
-use fleetwatch_client::transport::HubUrl;
+use fleetwatch_client::transport::HubUrls;
 use fleetwatch_protocol::message::StartFrom;
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
@@ -322,7 +322,7 @@ impl Collector {
     pub async fn start(pki: &Pki, hub: &str, name: &str) -> Self {
         let files = pki.subscriber(name);
         let tls = Arc::new(fleetwatch_certs::client_config(&files).unwrap());
-        let mut opts = SubscriberOptions::new(hub.parse::<HubUrl>().unwrap(), tls);
+        let mut opts = SubscriberOptions::new(hub.parse::<HubUrls>().unwrap(), tls);
         opts.durable = Some("collector".into());
         opts.from = StartFrom::Earliest;
         opts.idle_timeout = Duration::from_secs(8);

@@ -225,7 +225,10 @@ async fn soak(
         key: pki.join("subscriber-soak.key"),
         ca: vec![pki.join("ca.crt")],
     })?);
-    let mut opts = SubscriberOptions::new(format!("wss://{}", subscriber_proxy.addr()).parse()?, tls);
+    let mut opts = SubscriberOptions::new(
+        format!("wss://{}", subscriber_proxy.addr()).parse::<fleetwatch_client::transport::HubUrls>()?,
+        tls,
+    );
     opts.durable = Some("soak".into());
     opts.from = StartFrom::Earliest;
     opts.connect_timeout = Duration::from_secs(5);
