@@ -63,6 +63,9 @@ pub struct HubConfig {
     pub tls: TlsFiles,
     /// Bus storage: `None` keeps events in memory only.
     pub data_dir: Option<PathBuf>,
+    /// Run the bus on NATS JetStream instead (shared by hub replicas); `data_dir` is then
+    /// unused and the retention becomes the stream's limits.
+    pub nats: Option<bus::NatsOptions>,
     /// What the bus retains (records, bytes, age); see [`bus::Retention`] for the
     /// defaults in memory and on disk.
     pub retention: bus::Retention,
@@ -106,6 +109,7 @@ impl HubConfig {
             admin_listen: None,
             tls,
             data_dir: None,
+            nats: None,
             retention: bus::Retention::default(),
             fault_injection: false,
             segment_bytes: BusOptions::default().segment_bytes,
@@ -305,12 +309,17 @@ impl Hub {
         fleetwatch_certs::install_crypto_provider();
         fit_open_file_limit(&mut config);
         let tls = ReloadingServerConfig::new(config.tls.clone())?;
-        let bus = bus::open(BusOptions {
-            dir: config.data_dir.clone(),
-            retention: config.retention,
-            segment_bytes: config.segment_bytes,
-            ..BusOptions::default()
-        })?;
+        let bus: Arc<dyn Bus> = match config.nats.clone() {
+            Some(nats) => bus::NatsBus::open(bus::NatsOptions { retention: config.retention, ..nats })
+                .await
+                .map_err(bus::BusError::from)?,
+            None => bus::open(BusOptions {
+                dir: config.data_dir.clone(),
+                retention: config.retention,
+                segment_bytes: config.segment_bytes,
+                ..BusOptions::default()
+            })?,
+        };
         let listener =
             TcpListener::bind(config.listen).await.map_err(|source| HubError::Bind { addr: config.listen, source })?;
         let admin = match config.admin_listen {

@@ -1,7 +1,8 @@
 //! The conformance suite: what every [`Bus`] backend must do, written once as functions
 //! that take a factory (retention in, fresh bus out) and run against each backend below.
-//! A new backend (NATS JetStream next) adds a factory and one `mod` to `for_each_backend`,
-//! and must pass all of it before sessions may use it.
+//! A new backend adds a factory and one `mod` to `for_each_backend`, and must pass all of
+//! it before sessions may use it. The NATS backend runs against a real `nats-server`
+//! started per test (the Debian package; the test fails, saying so, when it is missing).
 //!
 //! Backend-specific behaviour (recovery of damaged segment files, failed disk writes)
 //! stays in the backend's own tests ([`super::tests`]).
@@ -14,8 +15,9 @@ use bytes::Bytes;
 
 use super::{
     Append, Bus, BusError, BusOptions, DurableError, Lookup, MAX_NAMES_PER_IDENTITY, MAX_REASON_BYTES, MemoryBus,
-    RecordBody, Retention, SegmentLogBus,
+    NatsBus, NatsOptions, RecordBody, Retention, SegmentLogBus,
 };
+use crate::bus::nats_server::LocalNatsServer;
 
 /// Opens a fresh, empty bus with the given retention.
 pub(super) type Factory = Box<dyn Fn(Retention) -> Arc<dyn Bus> + Send + Sync>;
@@ -217,6 +219,25 @@ fn segment_log() -> Factory {
     })
 }
 
+/// A factory for the NATS bus: one `nats-server -js` for the factory, a new stream per bus
+/// (so offsets start at 1 each time).
+pub(super) fn nats() -> Factory {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let server = LocalNatsServer::start(dir.path()).unwrap_or_else(|e| panic!("{e}"));
+    let url = server.url();
+    let n = AtomicU64::new(0);
+    Box::new(move |retention| {
+        let _alive = (&server, &dir);
+        let opts = NatsOptions {
+            stream: format!("t{}", n.fetch_add(1, Ordering::Relaxed)),
+            ..NatsOptions::new(vec![url.clone()], retention)
+        };
+        let open = NatsBus::open(opts);
+        tokio::task::block_in_place(|| tokio::runtime::Handle::current().block_on(open))
+            .unwrap_or_else(|e| panic!("NATS bus opens: {e}"))
+    })
+}
+
 /// Runs one conformance function against every backend.
 macro_rules! for_each_backend {
     ($($name:ident),* $(,)?) => {
@@ -225,6 +246,14 @@ macro_rules! for_each_backend {
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $name() {
                     super::$name(super::memory()).await
+                }
+            )*
+        }
+        mod nats_bus {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(super::nats()).await
                 }
             )*
         }

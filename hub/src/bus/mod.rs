@@ -7,9 +7,9 @@
 //! - [`SegmentLogBus`] ([`segment_log`]): the same index in memory, plus checksummed
 //!   segment files written by one writer thread with group commit ([`writer`]), recovery
 //!   of damaged files at start ([`recovery`]) and durable cursors on disk ([`cursors`]).
-//! - NATS JetStream (next): a backend over the network, which is why every operation that
-//!   may need a round trip returns a future ([`BusFuture`]) and errors are typed
-//!   ([`BusError`]).
+//! - [`NatsBus`] ([`nats`]): NATS JetStream, shared by several hub replicas; a backend
+//!   over the network, which is why every operation that may need a round trip returns a
+//!   future ([`BusFuture`]) and errors are typed ([`BusError`]).
 //!
 //! What every backend must do is written down as the conformance suite ([`conformance`]),
 //! run against each implementation: duplicates by (epoch, seq) skipped, reads that always
@@ -30,6 +30,8 @@ mod conformance;
 mod cursors;
 mod log;
 mod memory;
+pub mod nats;
+pub mod nats_server;
 mod record;
 mod recovery;
 mod retention;
@@ -49,6 +51,7 @@ use tokio::sync::watch;
 
 pub use cursors::{DurableError, Lookup, MAX_NAME_BYTES, MAX_NAMES_PER_IDENTITY};
 pub use memory::MemoryBus;
+pub use nats::{NatsBus, NatsError, NatsOptions};
 pub use retention::{DEFAULT_AGE_DISK, DEFAULT_AGE_MEMORY, DEFAULT_BYTES_DISK, DEFAULT_BYTES_MEMORY, Retention};
 pub use segment_log::SegmentLogBus;
 pub use storage::StorageError;
@@ -205,6 +208,9 @@ pub enum BusError {
     /// A durable subscription name the bus refuses (too long, too many).
     #[error(transparent)]
     Durable(#[from] DurableError),
+    /// NATS JetStream failed (unreachable, refused, not acked).
+    #[error(transparent)]
+    Nats(#[from] NatsError),
     /// The bus is shut down.
     #[error("bus is closed")]
     Closed,

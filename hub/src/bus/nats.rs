@@ -1,0 +1,988 @@
+//! The NATS JetStream bus: hub replicas share one JetStream stream, so any replica can
+//! take over an agent or a subscriber and the loss of one hub loses nothing that was acked.
+//!
+//! # Layout in JetStream
+//! - One stream (`--bus-stream`, default `fleetwatch`) on subjects `<stream>.<cluster>`
+//!   (a cluster name that is not a plain subject token is written `=<hex>`). A record is
+//!   one message: the event JSON (or the resync reason) as payload, `Fw-Epoch`, `Fw-Seq`
+//!   and `Fw-Kind` headers. **Offset = stream sequence**, so every replica hands out the
+//!   same offsets and a subscriber's cursor means the same thing on each of them.
+//! - Retention is the stream's limits (`max_msgs`, `max_bytes`, `max_age`, discard old),
+//!   set from the hub's retention flags.
+//! - Key-value bucket `<stream>_heads`: per cluster the (epoch, seq, offset) of its latest
+//!   acked record, written after the publish acks, so an agent resumes on any replica
+//!   without a full resync, even after its records were evicted.
+//! - Key-value bucket `<stream>_cursors`: per subscriber identity its durable names and
+//!   cursors (stream sequences).
+//!
+//! # Appends
+//! The records left after duplicate filtering (seq not above the cluster's head in the same
+//! epoch, as every backend does) are published back to back and their acks awaited
+//! together: one round trip per batch, not per record. Each publish carries
+//! `Nats-Msg-Id = <cluster>/<epoch>/<seq>`, so a resend after a hub died between the
+//! publish and the agent's ack (or two replicas racing) is dropped by JetStream's duplicate
+//! window. The append answers only after every ack, the head write to the key-value bucket,
+//! and the record's arrival in the local tail (below), so a reader on this replica sees what
+//! was just acked. When a later publish of a batch was stored but an earlier one was not
+//! (the connection dropped in between), the cluster has a hole: the next append for it on
+//! this replica stores a `resync-required` first.
+//!
+//! # Reads: a local tail
+//! Each replica keeps the retained records in memory, fed by one ordered push consumer over
+//! the whole stream, and applies the same retention to it ([`super::log::Log`], shared with
+//! the embedded backends). So `first_offset`, `last_offset`, `watch_end` and `retained`
+//! stay synchronous, reads and subscriber fan-out are local (no consumer per subscriber on
+//! the server), and every replica reports the same evicted clusters: eviction is decided by
+//! the same rule over the same sequence of records. Reading older offsets back from
+//! JetStream would not help: the local tail holds everything the retention keeps, and what
+//! it evicted the stream evicts too (same limits). History that was evicted before a
+//! replica started is attributed to the clusters whose head offset (in the key-value
+//! bucket) lies at or above the reader's cursor: a superset of the clusters concerned, so a
+//! subscriber may resync a cluster more than needed, never less. A gap in the sequence
+//! delivered while running (the replica fell behind the stream's eviction) evicts the local
+//! tail and reports `*`.
+//!
+//! # Durable subscriptions: cursors in a key-value bucket
+//! The issue suggested one JetStream durable consumer per durable name. That does not fit
+//! the [`Bus`] contract: a registration may store a *lower* cursor, which a consumer's ack
+//! floor cannot express without deleting and recreating it; moving a cursor would need every
+//! record delivered through that consumer a second time (the fan-out is already local); and
+//! a subscriber acks many times a second, which would be one consumer update per ack. So a
+//! cursor is a stream sequence stored in the `<stream>_cursors` bucket, one entry per
+//! identity (its names and cursors, bounded like the embedded store), updated with
+//! compare-and-set. Registrations are written at once; cursor moves are kept in memory and
+//! written every second by the hub's housekeeping ([`Bus::flush_cursors`]), as the segment
+//! log does.
+//!
+//! # Health
+//! [`Bus::health`] is `Err(cause)` while the NATS connection is down, the stream does not
+//! answer (checked every second), or the last publish failed: the hub's `/readyz` turns 503
+//! and agents are not acked (they keep their outboxes and resend).
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use async_nats::jetstream::{self, consumer, kv, stream};
+use async_nats::{HeaderMap, ServerAddr};
+use futures_util::{FutureExt, StreamExt};
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+use tokio::task::AbortHandle;
+
+use super::cursors::{DurableError, Lookup, MAX_NAME_BYTES, MAX_NAMES_PER_IDENTITY};
+use super::log::{Core, Log};
+use super::retention::{self, Retention};
+use super::{ALL_CLUSTERS, Append, Bus, BusError, BusFuture, Read, Record, RecordBody, cap_reasons};
+
+/// Default stream name.
+pub const DEFAULT_STREAM: &str = "fleetwatch";
+
+/// JetStream's duplicate window (capped by the age retention, which it may not exceed).
+const DUPLICATE_WINDOW: Duration = Duration::from_secs(120);
+/// How long an append waits for its records to reach the local tail.
+const LOCAL_WAIT: Duration = Duration::from_secs(30);
+/// Timeout of one JetStream request (publish ack, stream info, key-value operation).
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// Compare-and-set attempts on a cursor entry before giving up.
+const CAS_ATTEMPTS: usize = 16;
+
+const H_EPOCH: &str = "Fw-Epoch";
+const H_SEQ: &str = "Fw-Seq";
+const H_KIND: &str = "Fw-Kind";
+const KIND_EVENT: &str = "event";
+const KIND_RESYNC: &str = "resync-required";
+
+/// Why the NATS bus failed; every variant names what it was doing.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum NatsError {
+    /// A `--bus` address or setting is malformed.
+    #[error("invalid --bus setting: {0}")]
+    Settings(String),
+    /// The credentials file could not be read.
+    #[error("cannot read NATS credentials {path}: {cause}", path = path.display())]
+    Credentials {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        cause: String,
+    },
+    /// No server could be reached or it refused us.
+    #[error("cannot connect to NATS at {servers}: {cause}")]
+    Connect {
+        /// The servers tried.
+        servers: String,
+        /// Why (unreachable, authorization violation, TLS).
+        cause: String,
+    },
+    /// The stream could not be created, found or used.
+    #[error("JetStream stream {stream}: {cause}")]
+    Stream {
+        /// The stream.
+        stream: String,
+        /// Why.
+        cause: String,
+    },
+    /// The stream exists with settings this hub would not have given it.
+    #[error(
+        "JetStream stream {stream} exists with conflicting settings: {what} (start every hub replica with the same --bus-replicas and retention flags, or delete the stream)"
+    )]
+    Conflict {
+        /// The stream.
+        stream: String,
+        /// What differs.
+        what: String,
+    },
+    /// A key-value operation failed.
+    #[error("JetStream key-value bucket {bucket}: {cause}")]
+    KeyValue {
+        /// The bucket.
+        bucket: String,
+        /// Why.
+        cause: String,
+    },
+    /// A publish was not acked: the batch is not stored (or not completely).
+    #[error("JetStream did not store the batch for cluster {cluster}: {cause}")]
+    Publish {
+        /// The cluster.
+        cluster: String,
+        /// Why.
+        cause: String,
+    },
+    /// The local tail did not receive an acked record in time.
+    #[error("the local tail of stream {stream} has not received offset {offset} within {LOCAL_WAIT:?}")]
+    Lagging {
+        /// The stream.
+        stream: String,
+        /// The offset waited for.
+        offset: u64,
+    },
+}
+
+/// Where and how to reach JetStream.
+#[derive(Debug, Clone)]
+pub struct NatsOptions {
+    /// Server URLs (`nats://host:port`, `tls://host:port`); the client fails over between them.
+    pub servers: Vec<String>,
+    /// Client certificate and key (PEM) for mutual TLS.
+    pub tls_cert: Option<PathBuf>,
+    /// The client certificate's key.
+    pub tls_key: Option<PathBuf>,
+    /// CA bundle (PEM) that signed the servers' certificates.
+    pub tls_ca: Option<PathBuf>,
+    /// A NATS `.creds` file (user JWT and nkey seed).
+    pub creds: Option<PathBuf>,
+    /// The stream name (also the subject prefix); letters, digits, `-` and `_`.
+    pub stream: String,
+    /// Stream (and bucket) replicas in a JetStream cluster.
+    pub replicas: usize,
+    /// What the stream and the local tail retain.
+    pub retention: Retention,
+}
+
+impl NatsOptions {
+    /// Options for `servers` with the defaults (stream [`DEFAULT_STREAM`], one replica).
+    pub fn new(servers: Vec<String>, retention: Retention) -> Self {
+        Self {
+            servers,
+            tls_cert: None,
+            tls_key: None,
+            tls_ca: None,
+            creds: None,
+            stream: DEFAULT_STREAM.into(),
+            replicas: 1,
+            retention,
+        }
+    }
+}
+
+/// A cluster's latest record as far as this replica knows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+struct Head {
+    epoch: u64,
+    seq: u64,
+    offset: u64,
+}
+
+/// The NATS JetStream bus (see the module docs).
+pub struct NatsBus {
+    client: async_nats::Client,
+    js: jetstream::Context,
+    stream: String,
+    servers: String,
+    stream_id: String,
+    durable: bool,
+    core: Core,
+    retention: Retention,
+    heads: Mutex<HashMap<Arc<str>, Head>>,
+    heads_kv: kv::Store,
+    heads_bucket: String,
+    cursors_kv: kv::Store,
+    cursors_bucket: String,
+    /// Cursor moves not yet written: identity → name → cursor.
+    dirty: Mutex<HashMap<String, BTreeMap<String, u64>>>,
+    /// Clusters with a hole from a partly stored batch: the reason of the marker owed.
+    holes: Mutex<HashMap<Arc<str>, String>>,
+    unhealthy: Mutex<Option<String>>,
+    write_failures: AtomicU64,
+    tasks: Mutex<Vec<AbortHandle>>,
+}
+
+impl Drop for NatsBus {
+    fn drop(&mut self) {
+        for t in self.tasks.get_mut().map(std::mem::take).unwrap_or_default() {
+            t.abort();
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // A poisoned lock only means a panic elsewhere mid-update of a plain map.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn hex(s: &str) -> String {
+    s.bytes().map(|b| format!("{b:02x}")).collect()
+}
+
+fn unhex(s: &str) -> Option<String> {
+    if !s.len().is_multiple_of(2) {
+        return None;
+    }
+    let bytes: Option<Vec<u8>> =
+        (0..s.len()).step_by(2).map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok()).collect();
+    String::from_utf8(bytes?).ok()
+}
+
+/// A name as a subject token / key-value key: itself when plain, `=<hex>` otherwise.
+fn token(name: &str) -> String {
+    if !name.is_empty() && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_') {
+        name.to_string()
+    } else {
+        format!("={}", hex(name))
+    }
+}
+
+fn untoken(t: &str) -> Option<String> {
+    match t.strip_prefix('=') {
+        Some(h) => unhex(h),
+        None => Some(t.to_string()),
+    }
+}
+
+fn valid_stream_name(name: &str) -> bool {
+    !name.is_empty() && name.len() <= 200 && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
+impl NatsBus {
+    /// Connects, creates (or checks) the stream and the buckets, loads the retained records
+    /// into the local tail and starts following the stream. Fails with one error naming
+    /// the cause when the servers are unreachable, refuse the credentials, or the stream
+    /// exists with other settings.
+    pub async fn open(opts: NatsOptions) -> Result<Arc<Self>, NatsError> {
+        if !valid_stream_name(&opts.stream) {
+            return Err(NatsError::Settings(format!(
+                "stream name {:?}: use letters, digits, '-' and '_' (at most 200)",
+                opts.stream
+            )));
+        }
+        if opts.replicas == 0 || opts.replicas > 5 {
+            return Err(NatsError::Settings(format!("--bus-replicas {}: JetStream allows 1 to 5", opts.replicas)));
+        }
+        let (client, servers) = connect(&opts).await?;
+        let js = jetstream::ContextBuilder::new().timeout(REQUEST_TIMEOUT).build(client.clone());
+        let stream_err = |cause: String| NatsError::Stream { stream: opts.stream.clone(), cause };
+        let info = ensure_stream(&js, &opts).await?;
+        let stream_id = format!("{}-{:x}", opts.stream, info.created.unix_timestamp_nanos());
+        let durable = matches!(info.config.storage, stream::StorageType::File);
+        let heads_bucket = format!("{}_heads", opts.stream);
+        let cursors_bucket = format!("{}_cursors", opts.stream);
+        let heads_kv = ensure_bucket(&js, &heads_bucket, opts.replicas).await?;
+        let cursors_kv = ensure_bucket(&js, &cursors_bucket, opts.replicas).await?;
+
+        // Heads of every cluster, and what was evicted before this replica started.
+        let heads = load_heads(&heads_kv, &heads_bucket).await?;
+        let first = info.state.first_sequence.max(1);
+        let mut log = Log::new();
+        if info.state.messages == 0 {
+            log.base = info.state.last_sequence + 1;
+        } else {
+            log.base = first;
+        }
+        log.end = log.base;
+        for (cluster, h) in &heads {
+            if h.offset < log.base {
+                log.evicted.insert(cluster.clone(), h.offset);
+            } else if log.base > 1 {
+                log.evicted.insert(cluster.clone(), log.base - 1);
+            }
+            log.heads.insert(cluster.clone(), (h.epoch, h.seq));
+        }
+        let start_end = log.end;
+        let bus = Arc::new(Self {
+            client: client.clone(),
+            js: js.clone(),
+            stream: opts.stream.clone(),
+            servers,
+            stream_id: stream_id.clone(),
+            durable,
+            core: Core::new(log, super::cursors::CursorStore::memory(), stream_id),
+            retention: opts.retention,
+            heads: Mutex::new(heads),
+            heads_kv,
+            heads_bucket,
+            cursors_kv,
+            cursors_bucket,
+            dirty: Mutex::new(HashMap::new()),
+            holes: Mutex::new(HashMap::new()),
+            unhealthy: Mutex::new(None),
+            write_failures: AtomicU64::new(0),
+            tasks: Mutex::new(Vec::new()),
+        });
+
+        // The local tail: one ordered consumer over the whole stream.
+        let stream = js.get_stream(&opts.stream).await.map_err(|e| stream_err(e.to_string()))?;
+        let consumer = stream
+            .create_consumer(consumer::push::OrderedConfig {
+                deliver_subject: client.new_inbox(),
+                deliver_policy: consumer::DeliverPolicy::ByStartSequence { start_sequence: start_end },
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| stream_err(format!("cannot create the ordered consumer of the local tail: {e}")))?;
+        let messages = consumer.messages().await.map_err(|e| stream_err(format!("cannot follow the stream: {e}")))?;
+        let tail = tokio::spawn(follow(Arc::downgrade(&bus), messages));
+        let probe = tokio::spawn(probe(Arc::downgrade(&bus), stream));
+        let age = tokio::spawn(age_retention(Arc::downgrade(&bus)));
+        lock(&bus.tasks).extend([tail.abort_handle(), probe.abort_handle(), age.abort_handle()]);
+
+        // Serve only once the retained history is loaded.
+        let last = info.state.last_sequence;
+        if last >= start_end {
+            tracing::info!(stream = %opts.stream, records = info.state.messages, "loading the retained records from JetStream");
+            bus.wait_local(last).await?;
+        }
+        tracing::info!(stream = %opts.stream, servers = %bus.servers, first = bus.first_offset(), last = bus.last_offset(), "bus on NATS JetStream");
+        Ok(bus)
+    }
+
+    fn subject(&self, cluster: &str) -> String {
+        format!("{}.{}", self.stream, token(cluster))
+    }
+
+    fn fail(&self, e: NatsError) -> BusError {
+        *lock(&self.unhealthy) = Some(e.to_string());
+        BusError::Nats(e)
+    }
+
+    async fn wait_local(&self, offset: u64) -> Result<(), NatsError> {
+        let mut end = self.core.end_tx.subscribe();
+        match tokio::time::timeout(LOCAL_WAIT, end.wait_for(|e| *e > offset)).await {
+            Ok(Ok(_)) => Ok(()),
+            _ => Err(NatsError::Lagging { stream: self.stream.clone(), offset }),
+        }
+    }
+
+    /// The cluster's head: the later (by offset) of the key-value entry and what the
+    /// local tail saw.
+    async fn head_of(&self, cluster: &str) -> Result<Option<Head>, BusError> {
+        let stored = self.heads_kv.get(token(cluster)).await.map_err(|e| {
+            self.fail(NatsError::KeyValue {
+                bucket: self.heads_bucket.clone(),
+                cause: format!("read head of {cluster}: {e}"),
+            })
+        })?;
+        let stored: Option<Head> = stored.and_then(|b| serde_json::from_slice(&b).ok());
+        let mut heads = lock(&self.heads);
+        if let Some(h) = stored {
+            let entry = heads.entry(cluster.into()).or_insert(h);
+            if h.offset > entry.offset {
+                *entry = h;
+            }
+        }
+        Ok(heads.get(cluster).copied())
+    }
+
+    async fn append_inner(&self, cluster: Arc<str>, mut items: Vec<Append>) -> Result<u64, BusError> {
+        cap_reasons(&mut items);
+        let known = lock(&self.heads).get(&cluster).copied();
+        let mut head = match known {
+            Some(h) => Some(h),
+            None => self.head_of(&cluster).await?,
+        }
+        .map(|h| (h.epoch, h.seq));
+        let mut fresh = Vec::with_capacity(items.len());
+        for item in items {
+            if let Some((ep, seq)) = head
+                && ep == item.epoch
+                && item.seq <= seq
+            {
+                continue; // duplicate from a resend
+            }
+            head = Some((item.epoch, item.seq));
+            fresh.push(item);
+        }
+        let Some(last_item) = fresh.last() else { return Ok(self.last_offset()) };
+        let (epoch, seq) = (last_item.epoch, last_item.seq);
+        let owed = lock(&self.holes).get(&cluster).cloned();
+        if let Some(reason) = owed {
+            let first = &fresh[0];
+            let marker = Append { epoch: first.epoch, seq: first.seq, body: RecordBody::ResyncRequired(reason) };
+            fresh.insert(0, marker);
+        }
+
+        // Publish back to back, then await every ack.
+        let subject = self.subject(&cluster);
+        let publish_err = |cause: String| NatsError::Publish { cluster: cluster.to_string(), cause };
+        let mut acks = Vec::with_capacity(fresh.len());
+        for item in fresh {
+            let mut headers = HeaderMap::new();
+            headers.insert(H_EPOCH, item.epoch.to_string().as_str());
+            headers.insert(H_SEQ, item.seq.to_string().as_str());
+            let (kind, payload, suffix) = match item.body {
+                RecordBody::Event(b) => (KIND_EVENT, b, ""),
+                RecordBody::ResyncRequired(r) => (KIND_RESYNC, bytes::Bytes::from(r), "/r"),
+            };
+            headers.insert(H_KIND, kind);
+            let id = format!("{}/{}/{}{suffix}", token(&cluster), item.epoch, item.seq);
+            let publish = jetstream::message::PublishMessage::build().payload(payload).headers(headers).message_id(id);
+            match self.js.send_publish(subject.clone(), publish).await {
+                Ok(ack) => acks.push(ack.into_future()),
+                Err(e) => {
+                    // Nothing after a refused send was sent; earlier ones may be stored.
+                    acks.push(Box::pin(std::future::ready(Err(e))));
+                    break;
+                }
+            }
+        }
+        let results = futures_util::future::join_all(acks).await;
+        let mut last_offset = 0;
+        let mut failure = None;
+        let mut hole = false;
+        for r in results {
+            match r {
+                Ok(ack) => {
+                    hole |= failure.is_some();
+                    last_offset = last_offset.max(ack.sequence);
+                }
+                Err(e) => {
+                    failure.get_or_insert_with(|| e.to_string());
+                }
+            }
+        }
+        if let Some(cause) = failure {
+            self.write_failures.fetch_add(1, Ordering::Relaxed);
+            if hole {
+                tracing::warn!(%cluster, %cause, "part of a batch was stored after an earlier record failed: subscribers will be told to resync the cluster");
+                lock(&self.holes)
+                    .insert(cluster.clone(), format!("records were lost in a failed JetStream publish: {cause}"));
+                if last_offset > 0 {
+                    // The stored records moved the head: resends of the lost ones are
+                    // skipped, the owed marker covers them.
+                    self.note_head(&cluster, Head { epoch, seq, offset: last_offset });
+                }
+            }
+            return Err(self.fail(publish_err(cause)));
+        }
+        lock(&self.holes).remove(&cluster);
+        let h = Head { epoch, seq, offset: last_offset };
+        self.note_head(&cluster, h);
+        let value = serde_json::to_vec(&h).unwrap_or_default();
+        let (stored, local) =
+            tokio::join!(self.heads_kv.put(token(&cluster), value.into()), self.wait_local(last_offset));
+        stored.map_err(|e| {
+            self.fail(NatsError::KeyValue {
+                bucket: self.heads_bucket.clone(),
+                cause: format!("write head of {cluster}: {e}"),
+            })
+        })?;
+        local.map_err(|e| self.fail(e))?;
+        Ok(last_offset)
+    }
+
+    fn note_head(&self, cluster: &Arc<str>, h: Head) {
+        let mut heads = lock(&self.heads);
+        let entry = heads.entry(cluster.clone()).or_insert(h);
+        if h.offset > entry.offset {
+            *entry = h;
+        }
+    }
+
+    /// Takes delivered messages into the local tail.
+    fn ingest(&self, batch: Vec<jetstream::Message>) {
+        let now = retention::now_ms();
+        let Ok(mut log) = self.core.log.write() else { return };
+        let mut end = log.end;
+        let mut records = Vec::with_capacity(batch.len());
+        let mut new_heads = Vec::new();
+        for msg in batch {
+            let Ok(info) = msg.info() else { continue };
+            let offset = info.stream_sequence;
+            if offset < end {
+                continue; // delivered again after the consumer was recreated
+            }
+            if offset > end {
+                // JetStream evicted records this replica had not received yet: everything
+                // older goes too, and every cluster may have lost something.
+                tracing::warn!(stream = %self.stream, from = end, to = offset, "the local tail fell behind the stream's retention");
+                let mut dropped = std::mem::take(&mut records);
+                dropped.extend(log.records.drain(..));
+                for r in dropped {
+                    log.evicted.insert(r.cluster.clone(), r.offset);
+                }
+                log.bytes = 0;
+                log.evicted.insert(ALL_CLUSTERS.into(), offset - 1);
+                log.base = offset;
+            }
+            end = offset + 1;
+            let time_ms = u64::try_from(info.published.unix_timestamp_nanos() / 1_000_000).unwrap_or(now);
+            match decode(&self.stream, &msg, offset, time_ms) {
+                Ok(rec) => {
+                    new_heads.push((rec.cluster.clone(), Head { epoch: rec.epoch, seq: rec.seq, offset }));
+                    records.push(Arc::new(rec));
+                }
+                Err(why) => {
+                    tracing::warn!(stream = %self.stream, offset, "skipping a message that is not a fleetwatch record: {why}")
+                }
+            }
+        }
+        let log_heads: Vec<_> = new_heads.iter().map(|(c, h)| (c.clone(), (h.epoch, h.seq))).collect();
+        log.publish(records, end, log_heads, &self.retention, now);
+        drop(log);
+        for (c, h) in new_heads {
+            self.note_head(&c, h);
+        }
+        self.core.announce(end);
+    }
+
+    async fn cursor_entry(&self, identity: &str) -> Result<(BTreeMap<String, u64>, Option<u64>), BusError> {
+        let entry = self.cursors_kv.entry(token(identity)).await.map_err(|e| self.cursor_err(identity, e))?;
+        Ok(match entry {
+            Some(e) if matches!(e.operation, kv::Operation::Put) => {
+                (serde_json::from_slice(&e.value).unwrap_or_default(), Some(e.revision))
+            }
+            Some(e) => (BTreeMap::new(), Some(e.revision)),
+            None => (BTreeMap::new(), None),
+        })
+    }
+
+    fn cursor_err(&self, identity: &str, e: impl std::fmt::Display) -> BusError {
+        BusError::Nats(NatsError::KeyValue {
+            bucket: self.cursors_bucket.clone(),
+            cause: format!("cursors of {identity}: {e}"),
+        })
+    }
+
+    /// Changes one identity's cursors with compare-and-set.
+    async fn update_cursors(
+        &self,
+        identity: &str,
+        change: impl Fn(&mut BTreeMap<String, u64>) -> Result<(), DurableError>,
+    ) -> Result<(), BusError> {
+        for _ in 0..CAS_ATTEMPTS {
+            let (mut names, revision) = self.cursor_entry(identity).await?;
+            change(&mut names)?;
+            let value: bytes::Bytes = serde_json::to_vec(&names).unwrap_or_default().into();
+            let key = token(identity);
+            let written = match revision {
+                Some(rev) => self.cursors_kv.update(&key, value, rev).await.map(|_| ()).map_err(|e| e.to_string()),
+                None => self.cursors_kv.create(&key, value).await.map(|_| ()).map_err(|e| e.to_string()),
+            };
+            match written {
+                Ok(()) => return Ok(()),
+                Err(e) => tracing::debug!(identity, error = %e, "cursor entry changed meanwhile; retrying"),
+            }
+        }
+        Err(self.cursor_err(identity, "kept changing on every attempt"))
+    }
+}
+
+fn check_name(name: &str) -> Result<(), DurableError> {
+    if name.len() > MAX_NAME_BYTES {
+        return Err(DurableError::NameTooLong { len: name.len() });
+    }
+    Ok(())
+}
+
+fn decode(stream: &str, msg: &jetstream::Message, offset: u64, time_ms: u64) -> Result<Record, String> {
+    let t = msg.subject.as_str().strip_prefix(stream).and_then(|s| s.strip_prefix('.')).ok_or("foreign subject")?;
+    let cluster = untoken(t).ok_or("undecodable cluster token")?;
+    let headers = msg.headers.as_ref().ok_or("no headers")?;
+    let num = |h: &str| -> Result<u64, String> {
+        headers.get(h).ok_or(format!("no {h}"))?.as_str().parse().map_err(|e| format!("{h}: {e}"))
+    };
+    let (epoch, seq) = (num(H_EPOCH)?, num(H_SEQ)?);
+    let body = match headers.get(H_KIND).map(|v| v.as_str()) {
+        Some(KIND_EVENT) => RecordBody::Event(msg.payload.clone()),
+        Some(KIND_RESYNC) => RecordBody::ResyncRequired(String::from_utf8_lossy(&msg.payload).into_owned()),
+        other => return Err(format!("unknown kind {other:?}")),
+    };
+    Ok(Record { offset, cluster: cluster.into(), epoch, seq, time_ms, body })
+}
+
+async fn connect(opts: &NatsOptions) -> Result<(async_nats::Client, String), NatsError> {
+    if opts.servers.is_empty() {
+        return Err(NatsError::Settings("no NATS server given".into()));
+    }
+    let mut addrs = Vec::new();
+    for s in &opts.servers {
+        let addr: ServerAddr = s.parse().map_err(|e| NatsError::Settings(format!("server address {s:?}: {e}")))?;
+        addrs.push(addr);
+    }
+    let servers = opts.servers.join(",");
+    let mut o = async_nats::ConnectOptions::new()
+        .name("fleetwatch-hub")
+        .connection_timeout(REQUEST_TIMEOUT)
+        .request_timeout(Some(REQUEST_TIMEOUT))
+        .max_reconnects(None);
+    if let Some(path) = &opts.creds {
+        o = o
+            .credentials_file(path)
+            .await
+            .map_err(|e| NatsError::Credentials { path: path.clone(), cause: e.to_string() })?;
+    }
+    for p in [&opts.tls_cert, &opts.tls_key, &opts.tls_ca].into_iter().flatten() {
+        std::fs::metadata(p).map_err(|e| NatsError::Settings(format!("cannot read {}: {e}", p.display())))?;
+    }
+    match (&opts.tls_cert, &opts.tls_key) {
+        (Some(c), Some(k)) => o = o.add_client_certificate(c.clone(), k.clone()).require_tls(true),
+        (None, None) => {}
+        _ => return Err(NatsError::Settings("--bus-tls-cert and --bus-tls-key go together".into())),
+    }
+    if let Some(ca) = &opts.tls_ca {
+        o = o.add_root_certificates(ca.clone()).require_tls(true);
+    }
+    let client =
+        o.connect(addrs).await.map_err(|e| NatsError::Connect { servers: servers.clone(), cause: e.to_string() })?;
+    Ok((client, servers))
+}
+
+fn wanted_config(opts: &NatsOptions) -> stream::Config {
+    let age = opts.retention.age.unwrap_or(Duration::ZERO);
+    let window = if age.is_zero() { DUPLICATE_WINDOW } else { DUPLICATE_WINDOW.min(age) };
+    stream::Config {
+        name: opts.stream.clone(),
+        description: Some("fleetwatch hub bus: one message per record, subject <stream>.<cluster>".into()),
+        subjects: vec![format!("{}.>", opts.stream)],
+        retention: stream::RetentionPolicy::Limits,
+        discard: stream::DiscardPolicy::Old,
+        max_messages: i64::try_from(opts.retention.records).unwrap_or(i64::MAX),
+        max_bytes: i64::try_from(opts.retention.bytes).unwrap_or(i64::MAX),
+        max_age: age,
+        storage: stream::StorageType::File,
+        num_replicas: opts.replicas,
+        duplicate_window: window,
+        ..Default::default()
+    }
+}
+
+/// Creates the stream, or checks that the existing one has our settings.
+async fn ensure_stream(js: &jetstream::Context, opts: &NatsOptions) -> Result<stream::Info, NatsError> {
+    let want = wanted_config(opts);
+    let stream_err = |cause: String| NatsError::Stream { stream: opts.stream.clone(), cause };
+    match js.get_stream(&opts.stream).await {
+        Ok(mut s) => {
+            let info = s.info().await.map_err(|e| stream_err(e.to_string()))?.clone();
+            let have = &info.config;
+            let mut diffs = Vec::new();
+            let mut differs = |what: &str, have: String, want: String| {
+                if have != want {
+                    diffs.push(format!("{what} is {have}, this hub wants {want}"));
+                }
+            };
+            differs("subjects", format!("{:?}", have.subjects), format!("{:?}", want.subjects));
+            differs("retention policy", format!("{:?}", have.retention), format!("{:?}", want.retention));
+            differs("discard policy", format!("{:?}", have.discard), format!("{:?}", want.discard));
+            differs("storage", format!("{:?}", have.storage), format!("{:?}", want.storage));
+            differs("replicas", have.num_replicas.to_string(), want.num_replicas.to_string());
+            differs("max_msgs", have.max_messages.to_string(), want.max_messages.to_string());
+            differs("max_bytes", have.max_bytes.to_string(), want.max_bytes.to_string());
+            differs("max_age", format!("{:?}", have.max_age), format!("{:?}", want.max_age));
+            if diffs.is_empty() {
+                Ok(info)
+            } else {
+                Err(NatsError::Conflict { stream: opts.stream.clone(), what: diffs.join("; ") })
+            }
+        }
+        Err(e)
+            if matches!(e.kind(), jetstream::context::GetStreamErrorKind::JetStream(je)
+                if je.error_code() == jetstream::ErrorCode::STREAM_NOT_FOUND) =>
+        {
+            let mut s = js.create_stream(want).await.map_err(|e| stream_err(format!("cannot create: {e}")))?;
+            Ok(s.info().await.map_err(|e| stream_err(e.to_string()))?.clone())
+        }
+        Err(e) => Err(stream_err(format!("{e} (is JetStream enabled on the server?)"))),
+    }
+}
+
+async fn ensure_bucket(js: &jetstream::Context, bucket: &str, replicas: usize) -> Result<kv::Store, NatsError> {
+    if let Ok(store) = js.get_key_value(bucket).await {
+        return Ok(store);
+    }
+    // The bucket's stream, as the client library would create it. Created directly because
+    // the library's `create_key_value` first parses the account info in a shape newer
+    // servers send (2.10+), which Debian's nats-server 2.9 does not.
+    let config = stream::Config {
+        name: format!("KV_{bucket}"),
+        description: Some("fleetwatch hub state".into()),
+        subjects: vec![format!("$KV.{bucket}.>")],
+        max_messages_per_subject: 1,
+        storage: stream::StorageType::File,
+        num_replicas: replicas,
+        allow_rollup: true,
+        deny_delete: true,
+        allow_direct: true,
+        discard: stream::DiscardPolicy::New,
+        duplicate_window: DUPLICATE_WINDOW,
+        ..Default::default()
+    };
+    let create = js.create_stream(config).await.err();
+    // Another replica may have created it meanwhile: the bucket opens either way, or the
+    // creation error says why not.
+    js.get_key_value(bucket).await.map_err(|e| NatsError::KeyValue {
+        bucket: bucket.into(),
+        cause: match create {
+            Some(c) => format!("cannot create: {c}"),
+            None => e.to_string(),
+        },
+    })
+}
+
+async fn load_heads(store: &kv::Store, bucket: &str) -> Result<HashMap<Arc<str>, Head>, NatsError> {
+    let err = |cause: String| NatsError::KeyValue { bucket: bucket.into(), cause };
+    let mut keys = store.keys().await.map_err(|e| err(format!("cannot list heads: {e}")))?;
+    let mut names = Vec::new();
+    while let Some(k) = keys.next().await {
+        names.push(k.map_err(|e| err(format!("cannot list heads: {e}")))?);
+    }
+    let mut heads = HashMap::new();
+    for key in names {
+        let Some(cluster) = untoken(&key) else { continue };
+        if let Some(v) = store.get(&key).await.map_err(|e| err(format!("cannot read head {key}: {e}")))?
+            && let Ok(h) = serde_json::from_slice::<Head>(&v)
+        {
+            heads.insert(Arc::from(cluster), h);
+        }
+    }
+    Ok(heads)
+}
+
+/// Feeds the local tail from the ordered consumer, in batches of what is already there.
+async fn follow(bus: Weak<NatsBus>, mut messages: consumer::push::Ordered) {
+    loop {
+        let mut batch = Vec::new();
+        let mut next = messages.next().await;
+        let mut ended = false;
+        loop {
+            match next {
+                Some(Ok(m)) => batch.push(m),
+                Some(Err(e)) => tracing::warn!(error = %e, "local tail consumer interrupted; it resumes where it was"),
+                None => {
+                    ended = true;
+                    break;
+                }
+            }
+            if batch.len() >= 1024 {
+                break;
+            }
+            match messages.next().now_or_never() {
+                Some(n) => next = n,
+                None => break,
+            }
+        }
+        let Some(bus) = bus.upgrade() else { return };
+        if !batch.is_empty() {
+            bus.ingest(batch);
+        }
+        if ended {
+            *lock(&bus.unhealthy) = Some(format!("the local tail of stream {} stopped", bus.stream));
+            return;
+        }
+    }
+}
+
+/// Checks every second that the connection is up and the stream answers.
+async fn probe(bus: Weak<NatsBus>, stream: stream::Stream) {
+    let mut every = tokio::time::interval(Duration::from_secs(1));
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        every.tick().await;
+        let Some(bus) = bus.upgrade() else { return };
+        let state = bus.client.connection_state();
+        let verdict = if state != async_nats::connection::State::Connected {
+            Some(format!("not connected to NATS at {} ({state})", bus.servers))
+        } else {
+            match tokio::time::timeout(REQUEST_TIMEOUT, stream.get_info()).await {
+                Ok(Ok(_)) => None,
+                Ok(Err(e)) => Some(format!("JetStream stream {} does not answer: {e}", bus.stream)),
+                Err(_) => Some(format!("JetStream stream {} does not answer within {REQUEST_TIMEOUT:?}", bus.stream)),
+            }
+        };
+        let mut unhealthy = lock(&bus.unhealthy);
+        if *unhealthy != verdict {
+            match &verdict {
+                Some(cause) => tracing::warn!(%cause, "bus not ready"),
+                None => tracing::info!(stream = %bus.stream, "JetStream reachable again"),
+            }
+            *unhealthy = verdict;
+        }
+    }
+}
+
+/// Evicts by age once a second, so old records go without new appends.
+async fn age_retention(bus: Weak<NatsBus>) {
+    let mut every = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        every.tick().await;
+        let Some(bus) = bus.upgrade() else { return };
+        if bus.retention.age.is_some()
+            && let Ok(mut log) = bus.core.log.write()
+        {
+            let end = log.end;
+            log.publish(Vec::new(), end, None, &bus.retention, retention::now_ms());
+        }
+    }
+}
+
+impl Bus for NatsBus {
+    fn stream_id(&self) -> &str {
+        &self.stream_id
+    }
+
+    fn is_durable(&self) -> bool {
+        self.durable
+    }
+
+    fn append(&self, cluster: Arc<str>, items: Vec<Append>) -> BusFuture<'_, u64> {
+        Box::pin(self.append_inner(cluster, items))
+    }
+
+    fn head<'a>(&'a self, cluster: &'a str) -> BusFuture<'a, Option<(u64, u64)>> {
+        Box::pin(async move { Ok(self.head_of(cluster).await?.map(|h| (h.epoch, h.seq))) })
+    }
+
+    fn read(&self, from: u64, max: usize) -> BusFuture<'_, Read> {
+        super::ready(Ok(self.core.read(from, max)))
+    }
+
+    fn first_offset(&self) -> u64 {
+        self.core.first_offset()
+    }
+
+    fn last_offset(&self) -> u64 {
+        self.core.last_offset()
+    }
+
+    fn watch_end(&self) -> watch::Receiver<u64> {
+        self.core.end_tx.subscribe()
+    }
+
+    fn durable_lookup<'a>(&'a self, identity: &'a str, name: &'a str) -> BusFuture<'a, Lookup> {
+        Box::pin(async move {
+            check_name(name)?;
+            let (names, _) = self.cursor_entry(identity).await?;
+            let pending = lock(&self.dirty).get(identity).and_then(|m| m.get(name)).copied();
+            Ok(match (names.get(name).copied(), pending) {
+                (Some(s), Some(p)) => Lookup::Known(s.max(p)),
+                (Some(c), None) | (None, Some(c)) => Lookup::Known(c),
+                (None, None) => Lookup::New,
+            })
+        })
+    }
+
+    fn register_durable<'a>(&'a self, identity: &'a str, name: &'a str, cursor: u64) -> BusFuture<'a, ()> {
+        Box::pin(async move {
+            check_name(name)?;
+            self.update_cursors(identity, |names| {
+                if !names.contains_key(name) && names.len() >= MAX_NAMES_PER_IDENTITY {
+                    return Err(DurableError::TooMany { identity: identity.into() });
+                }
+                names.insert(name.into(), cursor);
+                Ok(())
+            })
+            .await?;
+            if let Some(m) = lock(&self.dirty).get_mut(identity) {
+                m.remove(name);
+            }
+            Ok(())
+        })
+    }
+
+    fn set_durable_cursor<'a>(&'a self, identity: &'a str, name: &'a str, cursor: u64) -> BusFuture<'a, ()> {
+        Box::pin(async move {
+            check_name(name)?;
+            let mut dirty = lock(&self.dirty);
+            let names = dirty.entry(identity.into()).or_default();
+            if !names.contains_key(name) && names.len() >= MAX_NAMES_PER_IDENTITY {
+                return Err(DurableError::TooMany { identity: identity.into() }.into());
+            }
+            let c = names.entry(name.into()).or_insert(cursor);
+            *c = (*c).max(cursor);
+            Ok(())
+        })
+    }
+
+    fn flush_cursors(&self) -> BusFuture<'_, ()> {
+        Box::pin(async move {
+            let pending = std::mem::take(&mut *lock(&self.dirty));
+            for (identity, moved) in pending {
+                let written = self
+                    .update_cursors(&identity, |names| {
+                        for (name, cursor) in &moved {
+                            let c = names.entry(name.clone()).or_insert(*cursor);
+                            *c = (*c).max(*cursor);
+                        }
+                        Ok(())
+                    })
+                    .await;
+                if let Err(e) = written {
+                    // Keep them for the next flush (merged with newer moves).
+                    let mut dirty = lock(&self.dirty);
+                    let names = dirty.entry(identity).or_default();
+                    for (name, cursor) in moved {
+                        let c = names.entry(name).or_insert(cursor);
+                        *c = (*c).max(cursor);
+                    }
+                    return Err(e);
+                }
+            }
+            Ok(())
+        })
+    }
+
+    fn health(&self) -> Result<(), String> {
+        match &*lock(&self.unhealthy) {
+            None => Ok(()),
+            Some(cause) => Err(cause.clone()),
+        }
+    }
+
+    fn write_failures(&self) -> u64 {
+        self.write_failures.load(Ordering::Relaxed)
+    }
+
+    fn retained(&self) -> usize {
+        self.core.retained()
+    }
+
+    fn retained_bytes(&self) -> u64 {
+        self.core.retained_bytes()
+    }
+}
+
+#[cfg(test)]
+mod unit {
+    use super::*;
+
+    #[test]
+    fn tokens_round_trip_and_stay_subject_safe() {
+        for name in ["prod-eu-1", "a.b", "*", "x y", "=plain", "é"] {
+            let t = token(name);
+            assert!(!t.contains('.') && !t.contains('*') && !t.contains('>') && !t.contains(' '), "{t}");
+            assert_eq!(untoken(&t).as_deref(), Some(name));
+        }
+        assert_eq!(token("prod-eu-1"), "prod-eu-1");
+    }
+}
