@@ -31,34 +31,9 @@ pub struct HubArgs {
     /// Without it events live in memory only and a restart makes subscribers resync.
     #[arg(long, env = "FLEETWATCH_DATA_DIR")]
     data_dir: Option<PathBuf>,
-    /// Run the bus on NATS JetStream instead of the embedded one: comma-separated server
-    /// URLs (nats://HOST:PORT, tls://HOST:PORT), tried in turn. Several hub replicas on the
-    /// same stream share the history, agent resume points and durable cursors, so agents
-    /// and subscribers may reach any of them. Retention (--retention*) becomes the stream's
-    /// limits. Without --bus the embedded bus (memory or --data-dir) is used.
-    #[arg(long, env = "FLEETWATCH_BUS", value_delimiter = ',', conflicts_with = "data_dir", value_name = "URLS")]
-    bus: Vec<String>,
-    /// Client certificate (PEM) for mutual TLS to NATS (with --bus-tls-key).
-    #[arg(long, env = "FLEETWATCH_BUS_TLS_CERT", requires = "bus_tls_key")]
-    bus_tls_cert: Option<PathBuf>,
-    /// Key (PEM) of --bus-tls-cert.
-    #[arg(long, env = "FLEETWATCH_BUS_TLS_KEY", requires = "bus_tls_cert")]
-    bus_tls_key: Option<PathBuf>,
-    /// CA bundle (PEM) that signed the NATS servers' certificates (implies TLS).
-    #[arg(long, env = "FLEETWATCH_BUS_TLS_CA")]
-    bus_tls_ca: Option<PathBuf>,
-    /// NATS credentials file (.creds: user JWT and nkey seed).
-    #[arg(long, env = "FLEETWATCH_BUS_CREDS")]
-    bus_creds: Option<PathBuf>,
-    /// JetStream stream holding the events (also the subject prefix, and the prefix of the
-    /// `<stream>_heads` and `<stream>_cursors` key-value buckets). Created when missing; an
-    /// existing one must have the settings this hub would give it.
-    #[arg(long, env = "FLEETWATCH_BUS_STREAM", default_value = "fleetwatch")]
-    bus_stream: String,
-    /// Replicas of the stream and buckets in a JetStream cluster (1-5; 3 survives the loss
-    /// of one NATS server).
-    #[arg(long, env = "FLEETWATCH_BUS_REPLICAS", default_value_t = 1)]
-    bus_replicas: usize,
+    /// NATS JetStream bus settings (boxed: most hubs run without them).
+    #[command(flatten)]
+    bus: Box<BusArgs>,
     /// Events the bus retains; subscribers further behind get resync-required.
     #[arg(long, env = "FLEETWATCH_RETENTION", default_value_t = 200_000)]
     retention: usize,
@@ -137,6 +112,39 @@ pub struct HubArgs {
     subscriber_stall_timeout: f64,
 }
 
+/// `--bus*`: the hub's bus on NATS JetStream.
+#[derive(Args)]
+pub struct BusArgs {
+    /// Run the bus on NATS JetStream instead of the embedded one: comma-separated server
+    /// URLs (nats://HOST:PORT, tls://HOST:PORT), tried in turn. Several hub replicas on the
+    /// same stream share the history, agent resume points and durable cursors, so agents
+    /// and subscribers may reach any of them. Retention (--retention*) becomes the stream's
+    /// limits. Without --bus the embedded bus (memory or --data-dir) is used.
+    #[arg(long, env = "FLEETWATCH_BUS", value_delimiter = ',', value_name = "URLS")]
+    bus: Vec<String>,
+    /// Client certificate (PEM) for mutual TLS to NATS (with --bus-tls-key).
+    #[arg(long, env = "FLEETWATCH_BUS_TLS_CERT", requires = "bus_tls_key")]
+    bus_tls_cert: Option<PathBuf>,
+    /// Key (PEM) of --bus-tls-cert.
+    #[arg(long, env = "FLEETWATCH_BUS_TLS_KEY", requires = "bus_tls_cert")]
+    bus_tls_key: Option<PathBuf>,
+    /// CA bundle (PEM) that signed the NATS servers' certificates (implies TLS).
+    #[arg(long, env = "FLEETWATCH_BUS_TLS_CA")]
+    bus_tls_ca: Option<PathBuf>,
+    /// NATS credentials file (.creds: user JWT and nkey seed).
+    #[arg(long, env = "FLEETWATCH_BUS_CREDS")]
+    bus_creds: Option<PathBuf>,
+    /// JetStream stream holding the events (also the subject prefix, and the prefix of the
+    /// `<stream>_heads` and `<stream>_cursors` key-value buckets). Created when missing; an
+    /// existing one must have the settings this hub would give it.
+    #[arg(long, env = "FLEETWATCH_BUS_STREAM", default_value = "fleetwatch")]
+    bus_stream: String,
+    /// Replicas of the stream and buckets in a JetStream cluster (1-5; 3 survives the loss
+    /// of one NATS server).
+    #[arg(long, env = "FLEETWATCH_BUS_REPLICAS", default_value_t = 1)]
+    bus_replicas: usize,
+}
+
 fn secs(name: &str, v: f64) -> anyhow::Result<Duration> {
     Duration::try_from_secs_f64(v)
         .ok()
@@ -184,23 +192,26 @@ pub async fn run(args: HubArgs) -> anyhow::Result<()> {
     let mut config = HubConfig::new(args.listen, tls);
     config.admin_listen = args.admin_listen;
     config.data_dir = args.data_dir.clone();
-    let bus_flags = [&args.bus_tls_cert, &args.bus_tls_ca, &args.bus_creds].iter().any(|f| f.is_some());
-    if args.bus.is_empty() && bus_flags {
+    let bus_flags = [&args.bus.bus_tls_cert, &args.bus.bus_tls_ca, &args.bus.bus_creds].iter().any(|f| f.is_some());
+    if !args.bus.bus.is_empty() && args.data_dir.is_some() {
+        anyhow::bail!("--bus and --data-dir exclude each other: with --bus the history is kept in JetStream");
+    }
+    if args.bus.bus.is_empty() && bus_flags {
         anyhow::bail!("--bus-tls-*, --bus-creds need --bus nats://HOST:PORT");
     }
-    if !args.bus.is_empty() {
+    if !args.bus.bus.is_empty() {
         config.nats = Some(fleetwatch_hub::bus::NatsOptions {
-            tls_cert: args.bus_tls_cert.clone(),
-            tls_key: args.bus_tls_key.clone(),
-            tls_ca: args.bus_tls_ca.clone(),
-            creds: args.bus_creds.clone(),
-            stream: args.bus_stream.clone(),
-            replicas: args.bus_replicas,
-            ..fleetwatch_hub::bus::NatsOptions::new(args.bus.clone(), Retention::default())
+            tls_cert: args.bus.bus_tls_cert.clone(),
+            tls_key: args.bus.bus_tls_key.clone(),
+            tls_ca: args.bus.bus_tls_ca.clone(),
+            creds: args.bus.bus_creds.clone(),
+            stream: args.bus.bus_stream.clone(),
+            replicas: args.bus.bus_replicas,
+            ..fleetwatch_hub::bus::NatsOptions::new(args.bus.bus.clone(), Retention::default())
         });
     }
     // JetStream keeps the history on disk like --data-dir: the same retention defaults.
-    let durable = args.data_dir.is_some() || !args.bus.is_empty();
+    let durable = args.data_dir.is_some() || !args.bus.bus.is_empty();
     config.retention = Retention {
         records: args.retention.max(1),
         bytes: args.retention_bytes.unwrap_or(if durable { DEFAULT_BYTES_DISK } else { DEFAULT_BYTES_MEMORY }).max(1),

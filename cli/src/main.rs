@@ -41,7 +41,7 @@ enum Command {
     /// Write the CRD manifests generated from the Rust types (deploy/crds).
     Crds(crds_cmd::CrdsArgs),
     /// Run the hub: serve agents and subscribers over wss with mutual TLS.
-    Hub(Box<hub_cmd::HubArgs>),
+    Hub(hub_cmd::HubArgs),
     /// Run an agent: stream a cluster's changes to the hub.
     Agent(agent_cmd::AgentArgs),
     /// Run the module lifecycle operator: keep each Runtime's modules in their desired state.
@@ -79,7 +79,7 @@ fn main() -> std::process::ExitCode {
             };
             rt.block_on(async move {
                 match other {
-                    Command::Hub(args) => hub_cmd::run(*args).await,
+                    Command::Hub(args) => hub_cmd::run(args).await,
                     Command::Agent(args) => agent_cmd::run(args).await,
                     Command::Tail(args) => tail_cmd::run(args).await,
                     Command::Up(args) => up_cmd::run(args).await,

@@ -6,6 +6,7 @@ mod delivery;
 mod kube_watch;
 mod lifecycle;
 mod maintenance;
+mod nats;
 mod protocol;
 mod sandbox;
 mod sessions;

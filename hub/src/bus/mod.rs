@@ -275,4 +275,6 @@ fn cap_reasons(items: &mut [Append]) {
 }
 
 #[cfg(test)]
+mod nats_tests;
+#[cfg(test)]
 mod tests;

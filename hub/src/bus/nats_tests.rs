@@ -1,0 +1,151 @@
+//! Tests of what only the NATS backend does, against a real `nats-server`: several
+//! replicas on one stream, heads kept in the key-value bucket, JetStream going away and
+//! coming back. What every backend does is in [`super::conformance`].
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+
+use super::nats_server::LocalNatsServer;
+use super::{Append, Bus, BusError, NatsBus, NatsOptions, RecordBody, Retention};
+
+fn ev(epoch: u64, seq: u64) -> Append {
+    Append { epoch, seq, body: RecordBody::Event(Bytes::from(format!(r#"{{"seq":{seq}}}"#))) }
+}
+
+fn keep_all() -> Retention {
+    Retention { records: 1_000_000, bytes: 1 << 30, age: None }
+}
+
+async fn open(url: &str, stream: &str, retention: Retention) -> Arc<NatsBus> {
+    let opts = NatsOptions { stream: stream.into(), ..NatsOptions::new(vec![url.into()], retention) };
+    NatsBus::open(opts).await.unwrap_or_else(|e| panic!("NATS bus opens: {e}"))
+}
+
+async fn wait_for(what: &str, timeout: Duration, mut cond: impl AsyncFnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !cond().await {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn server() -> (LocalNatsServer, tempfile::TempDir) {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let s = LocalNatsServer::start(dir.path()).unwrap_or_else(|e| panic!("{e}"));
+    (s, dir)
+}
+
+/// Two replicas on one stream: an agent that moves from one to the other resumes from the
+/// head the first one stored, its resends are skipped, and both serve the same offsets.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_share_heads_and_skip_resends() {
+    let (server, _dir) = server();
+    let a = open(&server.url(), "fw", keep_all()).await;
+    let b = open(&server.url(), "fw", keep_all()).await;
+    assert_eq!(a.stream_id(), b.stream_id(), "one stream, one id");
+    assert!(a.is_durable());
+    let c: Arc<str> = "eu-1".into();
+    assert_eq!(a.append(c.clone(), vec![ev(1, 1), ev(1, 2), ev(1, 3)]).await.unwrap(), 3);
+    // The agent reconnects to b: b knows the head without having served it.
+    assert_eq!(b.head("eu-1").await.unwrap(), Some((1, 3)));
+    // Its resend of 2 and 3 with a new 4: only 4 is stored.
+    assert_eq!(b.append(c.clone(), vec![ev(1, 2), ev(1, 3), ev(1, 4)]).await.unwrap(), 4);
+    assert_eq!(b.append(c.clone(), vec![ev(1, 4)]).await.unwrap(), 4, "a resend alone stores nothing");
+    for bus in [&a, &b] {
+        wait_for("both tails at offset 4", Duration::from_secs(30), async || bus.last_offset() == 4).await;
+        let r = bus.read(1, 10).await.unwrap();
+        assert_eq!(
+            r.records.iter().map(|r| (r.offset, r.seq)).collect::<Vec<_>>(),
+            vec![(1, 1), (2, 2), (3, 3), (4, 4)]
+        );
+    }
+    // Back on a: it saw b's append through its tail and skips it as well.
+    assert_eq!(a.head("eu-1").await.unwrap(), Some((1, 4)));
+    assert_eq!(a.append(c.clone(), vec![ev(1, 4), ev(1, 5)]).await.unwrap(), 5);
+    // A durable cursor moved on one replica is found on the other once flushed.
+    a.register_durable("sub", "d", 1).await.unwrap();
+    a.set_durable_cursor("sub", "d", 4).await.unwrap();
+    a.flush_cursors().await.unwrap();
+    assert_eq!(b.durable_lookup("sub", "d").await.unwrap(), super::Lookup::Known(4));
+}
+
+/// A replica started after a cluster's records were evicted still knows its head (from the
+/// key-value bucket), and tells a reader from below the stream's first offset to resync
+/// every cluster that may have lost something.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_replica_resumes_heads_from_the_bucket_after_eviction() {
+    let (server, _dir) = server();
+    let retention = Retention { records: 2, ..keep_all() };
+    let a = open(&server.url(), "fw", retention).await;
+    a.append("old".into(), vec![ev(7, 1), ev(7, 2)]).await.unwrap();
+    a.append("new".into(), vec![ev(1, 1), ev(1, 2)]).await.unwrap();
+    assert_eq!(a.first_offset(), 3);
+    let b = open(&server.url(), "fw", retention).await;
+    assert_eq!((b.first_offset(), b.last_offset()), (3, 4), "b loaded what the stream retains");
+    assert_eq!(b.head("old").await.unwrap(), Some((7, 2)), "the head survives the eviction");
+    assert_eq!(b.append("old".into(), vec![ev(7, 2)]).await.unwrap(), 4, "a resend is still a duplicate");
+    let mut evicted: Vec<String> = b.read(1, 10).await.unwrap().evicted.iter().map(|(c, _)| c.to_string()).collect();
+    evicted.sort();
+    assert_eq!(evicted, vec!["new", "old"], "every cluster that may have lost records below offset 3");
+    assert!(b.read(3, 10).await.unwrap().evicted.is_empty());
+}
+
+/// JetStream stopped: appends fail with an error naming JetStream, health turns `Err`;
+/// restarted: health recovers, appends succeed, nothing acked before was lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jetstream_down_refuses_appends_and_recovers() {
+    let (mut server, _dir) = server();
+    let bus = open(&server.url(), "fw", keep_all()).await;
+    let c: Arc<str> = "eu-1".into();
+    assert_eq!(bus.append(c.clone(), vec![ev(1, 1), ev(1, 2)]).await.unwrap(), 2);
+    assert!(bus.health().is_ok());
+    server.stop();
+    let err = bus.append(c.clone(), vec![ev(1, 3)]).await.unwrap_err();
+    assert!(matches!(err, BusError::Nats(_)), "{err}");
+    assert!(err.to_string().contains("JetStream"), "the error names JetStream: {err}");
+    wait_for("health to report the outage", Duration::from_secs(30), async || bus.health().is_err()).await;
+    assert!(bus.write_failures() >= 1);
+    server.restart().unwrap_or_else(|e| panic!("{e}"));
+    wait_for("health to recover", Duration::from_secs(60), async || bus.health().is_ok()).await;
+    // The agent resends what was not acked (3) plus more; nothing acked before is lost.
+    let mut last = 0;
+    wait_for("an append to succeed", Duration::from_secs(60), async || {
+        match bus.append(c.clone(), vec![ev(1, 3), ev(1, 4)]).await {
+            Ok(off) => {
+                last = off;
+                true
+            }
+            Err(_) => false,
+        }
+    })
+    .await;
+    let seqs: Vec<u64> = bus.read(1, 100).await.unwrap().records.iter().map(|r| r.seq).collect();
+    assert_eq!(seqs, vec![1, 2, 3, 4], "each seq once, in order (last offset {last})");
+    assert_eq!(bus.head("eu-1").await.unwrap(), Some((1, 4)));
+}
+
+/// Bad settings give one error naming the cause.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_settings_name_the_cause() {
+    let (server, _dir) = server();
+    let _first = open(&server.url(), "fw", keep_all()).await;
+    let conflicting = NatsOptions {
+        stream: "fw".into(),
+        replicas: 1,
+        ..NatsOptions::new(vec![server.url()], Retention { records: 5, ..keep_all() })
+    };
+    let err = NatsBus::open(conflicting).await.err().expect("a conflicting stream is refused");
+    assert!(err.to_string().contains("conflicting settings: max_msgs is 1000000, this hub wants 5"), "{err}");
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let closed = format!("nats://{}", listener.local_addr().unwrap());
+    drop(listener);
+    let err = NatsBus::open(NatsOptions::new(vec![closed.clone()], keep_all())).await.err().expect("unreachable");
+    assert!(err.to_string().starts_with(&format!("cannot connect to NATS at {closed}")), "{err}");
+    let err = NatsBus::open(NatsOptions { stream: "a.b".into(), ..NatsOptions::new(vec![server.url()], keep_all()) })
+        .await
+        .err()
+        .expect("a bad stream name");
+    assert!(err.to_string().contains("stream name"), "{err}");
+}

@@ -1,0 +1,166 @@
+//! Hub replicas on NATS JetStream, with real processes: a real `nats-server -js` (the
+//! Debian package), two `fleetwatch hub --bus` processes on one stream, agents producing and
+//! a durable subscriber, each reaching the hubs through a TCP proxy that moves to the
+//! surviving hub when the one behind it is killed (what a load balancer does).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
+use std::time::Duration;
+
+use fleetwatch_agent::source::SyntheticSource;
+use fleetwatch_hub::bus::nats_server::LocalNatsServer;
+use tokio::net::{TcpListener, TcpStream};
+
+use crate::support::*;
+
+/// A TCP proxy to whichever port `target` holds; `switch` moves it and drops the
+/// connections to the old target.
+struct Balancer {
+    port: u16,
+    target: Arc<AtomicU16>,
+    generation: Arc<AtomicU64>,
+}
+
+impl Balancer {
+    async fn start(target: u16) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let target = Arc::new(AtomicU16::new(target));
+        let generation = Arc::new(AtomicU64::new(0));
+        let (t, g) = (target.clone(), generation.clone());
+        tokio::spawn(async move {
+            loop {
+                let Ok((mut inbound, _)) = listener.accept().await else { return };
+                let (to, my_gen, g) = (t.load(Ordering::SeqCst), g.load(Ordering::SeqCst), g.clone());
+                tokio::spawn(async move {
+                    let Ok(mut outbound) = TcpStream::connect(("127.0.0.1", to)).await else { return };
+                    let copy = tokio::io::copy_bidirectional(&mut inbound, &mut outbound);
+                    tokio::pin!(copy);
+                    loop {
+                        tokio::select! {
+                            _ = &mut copy => return,
+                            _ = tokio::time::sleep(Duration::from_millis(20)) => {
+                                if g.load(Ordering::SeqCst) != my_gen {
+                                    return;
+                                }
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        Self { port, target, generation }
+    }
+
+    fn url(&self) -> String {
+        format!("wss://127.0.0.1:{}", self.port)
+    }
+
+    fn switch(&self, to: u16) {
+        self.target.store(to, Ordering::SeqCst);
+        self.generation.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+fn missing(seen: &Seen, clusters: &[&str], source: &SyntheticSource) -> Vec<String> {
+    let mut out = Vec::new();
+    for c in clusters {
+        if seen.resyncs.get(*c).is_some_and(|r| r.iter().any(|(_, why)| why != "agent started")) {
+            continue; // told to resync this cluster: it reconciles it in full
+        }
+        for n in 0..source.objects {
+            let want = source.final_generation(n).unwrap();
+            let got = seen.generation.get(&(c.to_string(), synthetic_subject(n))).copied().unwrap_or(0);
+            if got != want {
+                out.push(format!("{c}/obj-{n}: got generation {got}, want {want}"));
+            }
+        }
+    }
+    out
+}
+
+/// SIGKILL of the hub replica the agents and the subscriber are connected to, while they
+/// produce: they continue on the other replica; per object the latest state reaches the
+/// durable subscriber, nothing is lost and nothing needed a resync.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_hub_replica_loses_nothing() {
+    let pki = Pki::new();
+    let js = LocalNatsServer::start(&pki.path("jetstream")).unwrap_or_else(|e| panic!("{e}"));
+    let bus = ["--bus", &js.url(), "--bus-stream", "fleet"];
+    let (pa, pb) = (free_port(), free_port());
+    let mut a = HubProc::start(&pki, pa, None, &bus);
+    let b = HubProc::start(&pki, pb, None, &bus);
+    let to_agents = Balancer::start(pa).await;
+    let to_subscriber = Balancer::start(pa).await;
+    let spec = "synthetic:objects=40,rate=250,total=3000";
+    let source: SyntheticSource = spec.parse().unwrap();
+    let clusters = ["c1", "c2", "c3"];
+    let _agents: Vec<_> = clusters.iter().map(|c| agent(&pki, c, &to_agents.url(), spec, &[])).collect();
+    let collector = Collector::start(&pki, &to_subscriber.url(), "checker").await;
+
+    // Kill replica a once every agent streams through it.
+    let all_flowing = eventually(Duration::from_secs(60), || {
+        let seen = collector.seen.lock().unwrap();
+        clusters.iter().all(|c| seen.max_seq.get(*c).is_some_and(|s| *s > 200))
+    })
+    .await;
+    assert!(all_flowing, "agents did not stream through replica a:\n{}", a.proc.stderr());
+    a.proc.signal("KILL");
+    assert!(a.proc.wait_exit(Duration::from_secs(5)).is_some());
+    to_agents.switch(pb);
+    to_subscriber.switch(pb);
+
+    let done =
+        eventually(Duration::from_secs(90), || missing(&collector.seen.lock().unwrap(), &clusters, &source).is_empty())
+            .await;
+    {
+        let seen = collector.seen.lock().unwrap();
+        let left = missing(&seen, &clusters, &source);
+        assert!(done, "objects not delivered: {:?}\nhub b log:\n{}", &left[..5.min(left.len())], b.proc.stderr());
+        // JetStream kept everything: no cluster needed a resync beyond its agent's start.
+        for c in clusters {
+            let r = seen.resyncs.get(c).cloned().unwrap_or_default();
+            assert!(r.iter().all(|(_, why)| why == "agent started"), "cluster {c} resyncs: {r:?}");
+        }
+        assert!(!seen.resyncs.contains_key("*"), "{:?}", seen.resyncs);
+    }
+    // Replica b resumed each agent's stream from the heads a stored.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let body = b.clusters().await;
+        let acked = body["clusters"].as_array().cloned().unwrap_or_default();
+        if acked.len() == 3 && acked.iter().all(|c| c["ackedSeq"].as_u64() == Some(3001)) {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{acked:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Bad `--bus` settings: one error line naming the cause, non-zero exit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_bus_settings_fail_with_one_line() {
+    let pki = Pki::new();
+    let js = LocalNatsServer::start(&pki.path("jetstream")).unwrap_or_else(|e| panic!("{e}"));
+    let first = HubProc::start(&pki, free_port(), None, &["--bus", &js.url()]);
+    let run = |extra: &[&str]| {
+        let mut args = hub_args(&pki, free_port(), free_port());
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let mut p = Proc::spawn(&args, pki.path(&format!("bad-hub-{}.log", free_port())));
+        let code = p.wait_exit(Duration::from_secs(30));
+        let errors: Vec<String> = p.stderr().lines().filter(|l| l.starts_with("error:")).map(String::from).collect();
+        (code, errors)
+    };
+    let (code, errors) = run(&["--bus", &js.url(), "--bus-replicas", "3"]);
+    assert_eq!(code, Some(1));
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert!(
+        errors[0].contains("stream fleetwatch exists with conflicting settings: replicas is 1, this hub wants 3"),
+        "{errors:?}"
+    );
+    let closed = format!("nats://127.0.0.1:{}", free_port());
+    let (code, errors) = run(&["--bus", &closed]);
+    assert_eq!(code, Some(1));
+    assert!(errors.len() == 1 && errors[0].contains(&format!("cannot connect to NATS at {closed}")), "{errors:?}");
+    drop(first);
+}
