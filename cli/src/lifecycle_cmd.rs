@@ -60,6 +60,13 @@ pub struct LifecycleArgs {
     /// Seconds a leader's Lease is valid without renewal: how long a dead leader is waited for.
     #[arg(long, env = "FLEETWATCH_LEADER_ELECT_LEASE_DURATION", default_value_t = 15.0)]
     leader_elect_lease_duration: f64,
+    /// Share the Runtimes among instances in this many shards, each guarded by its own Lease
+    /// `<lease>-shard-<i>` (a Runtime's shard is FNV-1a of `namespace/name` modulo N). Every
+    /// instance takes up to ceil(N / live instances) shards and reconciles only their
+    /// Runtimes; a lost instance's shards are taken over within the lease duration. 1: one
+    /// leader reconciles everything. Give every instance the same N.
+    #[arg(long, env = "FLEETWATCH_SHARDS", default_value_t = 1)]
+    shards: u32,
 }
 
 pub async fn run(args: LifecycleArgs) -> anyhow::Result<()> {
@@ -71,6 +78,13 @@ pub async fn run(args: LifecycleArgs) -> anyhow::Result<()> {
             .await
             .context("no --control-plane-kubeconfig given and no in-cluster configuration or $KUBECONFIG found")?,
     };
+    if args.shards == 0 {
+        anyhow::bail!("--shards must be at least 1");
+    }
+    if args.shards > 1 && !args.leader_elect {
+        anyhow::bail!("--shards {} needs leader election (Leases): drop --leader-elect=false", args.shards);
+    }
+    let identity = instance_identity();
     let hub = if args.hub.is_empty() {
         None
     } else {
@@ -78,7 +92,12 @@ pub async fn run(args: LifecycleArgs) -> anyhow::Result<()> {
         let (Some(cert), Some(key)) = (&args.cert, &args.key) else { anyhow::bail!("--hub needs --cert and --key") };
         let tls = Arc::new(fleetwatch_certs::client_config(&crate::tls_files(cert, key, &args.ca))?);
         let mut opts = SubscriberOptions::new(url, tls);
-        opts.durable = Some("lifecycle".into());
+        // Sharded instances follow the hub without a durable name: one shared cursor would
+        // let one instance ack what another has not seen, and a name per process would pile
+        // up in the hub. The subscription resumes from its own acked cursor across
+        // reconnects; a new process starts from the latest events and reconciles every
+        // Runtime of each shard it takes, so nothing it missed is lost.
+        opts.durable = (args.shards == 1).then(|| "lifecycle".into());
         opts.from = StartFrom::Latest;
         Some(opts)
     };
@@ -122,15 +141,19 @@ pub async fn run(args: LifecycleArgs) -> anyhow::Result<()> {
         .ok()
         .filter(|d| *d >= Duration::from_secs(1))
         .context("--leader-elect-lease-duration must be at least 1 second")?;
-    // Who we are, as the Lease shows it: the pod (or host) name plus a per-process suffix.
-    let host = std::env::var("POD_NAME")
-        .ok()
-        .or_else(|| std::fs::read_to_string("/etc/hostname").ok().map(|h| h.trim().to_string()))
-        .filter(|h| !h.is_empty())
-        .unwrap_or_else(|| "lifecycle".into());
-    let nanos =
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
-    let identity = format!("{host}-{}-{nanos:08x}", std::process::id());
+    if args.shards > 1 {
+        let shards = fleetwatch_lifecycle::shards::ShardConfig::new(
+            &args.leader_elect_namespace,
+            &args.leader_elect_lease,
+            &identity,
+            args.shards,
+        )
+        .with_lease_duration(lease_duration);
+        tracing::info!(%identity, shards = args.shards, leases = %format!("{}/{}-shard-*", args.leader_elect_namespace, args.leader_elect_lease), "sharded");
+        let config = fleetwatch_lifecycle::LifecycleConfig { shards: Some(shards), ..config };
+        fleetwatch_lifecycle::run(config, metrics, shutdown).await;
+        return Ok(());
+    }
     let election = fleetwatch_lifecycle::election::ElectionConfig::new(
         &args.leader_elect_namespace,
         &args.leader_elect_lease,
@@ -141,4 +164,17 @@ pub async fn run(args: LifecycleArgs) -> anyhow::Result<()> {
     let lock = fleetwatch_lifecycle::election::LeaseLock::new(client, election);
     lock.run(shutdown, move |leading| fleetwatch_lifecycle::run(config.clone(), metrics.clone(), leading)).await;
     Ok(())
+}
+
+/// Who this instance is, as the Leases show it: the pod (or host) name plus a per-process
+/// suffix, so two processes never share an identity.
+fn instance_identity() -> String {
+    let host = std::env::var("POD_NAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/etc/hostname").ok().map(|h| h.trim().to_string()))
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "lifecycle".into());
+    let nanos =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
+    format!("{host}-{}-{nanos:08x}", std::process::id())
 }

@@ -18,6 +18,7 @@ pub mod maintenance;
 pub mod migration;
 pub mod reconcile;
 pub mod rollout;
+pub mod shards;
 pub mod tolerant;
 pub mod triggers;
 
@@ -29,7 +30,7 @@ use fleetwatch_api::{ModuleReleaseMeta, ModuleTemplate, Runtime};
 use fleetwatch_client::subscriber::SubscriberOptions;
 use futures_util::StreamExt;
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::reflector::{self, Store};
+use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, ResourceExt};
 use tokio_util::sync::CancellationToken;
@@ -53,6 +54,21 @@ pub struct LifecycleConfig {
     pub clock: Arc<dyn maintenance::Clock>,
     /// How much of a maintenance window must be left for a downtime upgrade to start.
     pub min_window_remaining: jiff::SignedDuration,
+    /// Share the Runtimes with other instances by shard Leases ([`shards`]); `None`: this
+    /// instance reconciles every Runtime (alone, or as the one leader of [`election`]).
+    pub shards: Option<shards::ShardConfig>,
+    /// Told when each reconcile starts and ends (tests and benchmarks count with it).
+    pub observer: Option<Arc<dyn ReconcileObserver>>,
+}
+
+/// Watches reconciles from outside: `started` when a reconcile of a Runtime this instance
+/// acts on begins, `finished` when it ends (also when it is cancelled because its shard was
+/// lost). Keys are `namespace/name`.
+pub trait ReconcileObserver: Send + Sync {
+    /// A reconcile of `runtime` begins.
+    fn started(&self, runtime: &str);
+    /// That reconcile ended.
+    fn finished(&self, runtime: &str);
 }
 
 impl LifecycleConfig {
@@ -66,6 +82,8 @@ impl LifecycleConfig {
             migrations: migration::Registry::builtin(),
             clock: Arc::new(maintenance::SystemClock),
             min_window_remaining: jiff::SignedDuration::from_mins(20),
+            shards: None,
+            observer: None,
         }
     }
 }
@@ -140,6 +158,10 @@ pub struct Ctx {
     catalogs: std::sync::Mutex<std::collections::HashMap<String, u64>>,
     /// Publishes Kubernetes Events on Runtimes.
     recorder: kube::runtime::events::Recorder,
+    /// The shards this instance holds, when sharded.
+    shards: Option<Arc<shards::ShardMap>>,
+    /// Told about each reconcile.
+    observer: Option<Arc<dyn ReconcileObserver>>,
 }
 
 impl Ctx {
@@ -287,8 +309,14 @@ pub async fn run(config: LifecycleConfig, metrics: Arc<Metrics>, shutdown: Cance
             Default::default(),
         );
 
-    // Reconciles requested from outside the watches: hub events and rollout waves opening.
+    // Reconciles requested from outside the watches: hub events, rollout waves opening and
+    // shards taken over.
     let (hub_tx, hub_rx) = tokio::sync::mpsc::channel(4096);
+    let sharding = config.shards.clone().map(|sc| {
+        let (map, acquired) = shards::ShardMap::new(sc.count);
+        (sc, map, acquired)
+    });
+    let shard_map = sharding.as_ref().map(|(_, map, _)| map.clone());
     let ctx = Arc::new(Ctx {
         client: client.clone(),
         clusters: clusters::Clusters::new(client.clone()),
@@ -311,13 +339,57 @@ pub async fn run(config: LifecycleConfig, metrics: Arc<Metrics>, shutdown: Cance
             },
         ),
         runtimes: runtimes.clone(),
+        shards: shard_map.clone(),
+        observer: config.observer.clone(),
     });
+    // Shards: keep our share of the Leases; a shard taken reconciles all of its Runtimes
+    // (the previous holder's work continues from the cluster and the statuses).
+    let keep_shards = {
+        let client = client.clone();
+        let shutdown = shutdown.clone();
+        let runtimes = runtimes.clone();
+        let trigger = hub_tx.clone();
+        async move {
+            let Some((sc, map, mut acquired)) = sharding else { return };
+            let wake = {
+                let map = map.clone();
+                async move {
+                    while let Some(shard) = acquired.recv().await {
+                        for rt in runtimes.state() {
+                            if map.shard(&rt) == shard && trigger.send(ObjectRef::from_obj(rt.as_ref())).await.is_err()
+                            {
+                                return;
+                            }
+                        }
+                    }
+                }
+            };
+            tokio::select! {
+                _ = shards::maintain(client, sc, map, shutdown) => {}
+                _ = wake => {}
+            }
+        }
+    };
     if let Some(opts) = config.hub.clone() {
-        tokio::spawn(triggers::follow_hub(opts, runtimes.clone(), hub_tx, shutdown.child_token()));
+        let owns: triggers::Owns = match &shard_map {
+            Some(map) => {
+                let map = map.clone();
+                Arc::new(move |rt: &Runtime| map.owns(rt))
+            }
+            None => Arc::new(|_: &Runtime| true),
+        };
+        tokio::spawn(triggers::follow_hub(opts, runtimes.clone(), owns, hub_tx, shutdown.child_token()));
     }
     let by_meta = {
         let store = runtimes.clone();
-        move |meta: ModuleReleaseMeta| triggers::affected_by_meta(&store, &meta)
+        let progress = triggers::RolloutProgress::default();
+        move |meta: ModuleReleaseMeta| {
+            let mut affected = triggers::affected_by_meta(&store, &meta);
+            if progress.progressed(&meta) {
+                affected.extend(triggers::waiting_for_rollout(&store, &meta));
+            }
+            affected
+        }
     };
     let by_template = {
         let store = runtimes.clone();
@@ -333,12 +405,17 @@ pub async fn run(config: LifecycleConfig, metrics: Arc<Metrics>, shutdown: Cance
         .for_each(|_| futures_util::future::ready(()));
     // kube-runtime's runner waits for its store to be ready even after a graceful shutdown
     // (a Runtime list that never succeeds would hold it forever): bound the wait.
-    tokio::select! {
-        _ = controller => tracing::info!("lifecycle operator stopped"),
-        _ = async { shutdown.cancelled().await; tokio::time::sleep(SHUTDOWN_GRACE).await } => {
-            tracing::warn!(grace = ?SHUTDOWN_GRACE, "reconciles still running after shutdown; stopping anyway");
+    // Both run in this task (nothing acting is spawned), so dropping it stops all of it at
+    // once; the shard keeper gives its shards back on a clean shutdown.
+    let controller = async {
+        tokio::select! {
+            _ = controller => tracing::info!("lifecycle operator stopped"),
+            _ = async { shutdown.cancelled().await; tokio::time::sleep(SHUTDOWN_GRACE).await } => {
+                tracing::warn!(grace = ?SHUTDOWN_GRACE, "reconciles still running after shutdown; stopping anyway");
+            }
         }
-    }
+    };
+    tokio::join!(controller, keep_shards);
 }
 
 /// Tells the owner of a Runtime that cannot be decoded why, in its status (the Ready

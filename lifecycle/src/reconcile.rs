@@ -10,7 +10,7 @@ use fleetwatch_api::{
     CustomResourcePolicy, ModuleEntry, ModuleReleaseMeta, ModuleStatus, ModuleTemplate, RolloutStatus, Runtime,
     RuntimeStatus, State,
 };
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::finalizer::{self, Event as FinalizerEvent, finalizer};
 use kube::{Resource, ResourceExt};
@@ -50,9 +50,58 @@ struct Flags {
 /// removes it after a successful cleanup, each with a JSON patch whose `test` operation
 /// makes it fail (and the reconcile retry) when someone else changed the finalizer list
 /// meanwhile, instead of overwriting their change with a whole-list merge patch.
+///
+/// A sharded instance reconciles only Runtimes of shards it holds (others are skipped: their
+/// holder does it, and taking a shard over triggers all of its Runtimes). A reconcile whose
+/// shard is lost meanwhile is cancelled, and the shard is given up only after it ended.
 pub async fn reconcile(rt: Arc<Runtime>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     let ns = rt.namespace().unwrap_or_else(|| "default".into());
     let runtime = format!("{ns}/{}", rt.name_any());
+    let entered = match &ctx.shards {
+        Some(map) => match map.enter(&rt) {
+            Some(e) => Some(e),
+            None => return Ok(Action::await_change()),
+        },
+        None => None,
+    };
+    let _observed = ctx.observer.clone().map(|o| Observed::new(o, runtime.clone()));
+    // `_observed` is dropped before `entered`: the observer hears of the end before the
+    // shard can be given up.
+    let work = reconcile_held(rt, ctx, ns, runtime);
+    match &entered {
+        None => work.await,
+        Some(entered) => {
+            tokio::select! {
+                r = work => r,
+                _ = entered.cancelled.cancelled() => {
+                    tracing::info!("shard lost; reconcile cancelled");
+                    Ok(Action::await_change())
+                }
+            }
+        }
+    }
+}
+
+/// Tells the observer that a reconcile ended when dropped (also when cancelled).
+struct Observed {
+    observer: Arc<dyn crate::ReconcileObserver>,
+    runtime: String,
+}
+
+impl Observed {
+    fn new(observer: Arc<dyn crate::ReconcileObserver>, runtime: String) -> Self {
+        observer.started(&runtime);
+        Self { observer, runtime }
+    }
+}
+
+impl Drop for Observed {
+    fn drop(&mut self) {
+        self.observer.finished(&self.runtime);
+    }
+}
+
+async fn reconcile_held(rt: Arc<Runtime>, ctx: Arc<Ctx>, ns: String, runtime: String) -> Result<Action, Error> {
     let span = tracing::info_span!("reconcile", runtime = %runtime, cluster = %rt.cluster_id());
     async move {
         ctx.metrics.reconciles.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -338,15 +387,10 @@ async fn install_inner(
     };
     if let Some(policy) = &rollout {
         let total = affected(ctx, ns, &entry.name, &desired, &metas);
-        let recorded = find_meta(&metas, ns, &entry.name).and_then(|m| recorded_rollout(m, &desired));
-        let admission = ctx.rollouts.admit(ns, &entry.name, &desired, policy, rt, total, recorded);
         // The admission is recorded before the upgrade starts: an instance taking over
         // counts this runtime as in flight. Not recorded, not started (it is retried).
-        let why = match admission {
+        let why = match admit_recorded(ctx, ns, &entry.name, &desired, policy, rt, total).await {
             crate::rollout::Admission::Wait(why) => Some(why),
-            crate::rollout::Admission::Go if !write_rollouts(ctx).await => {
-                Some(format!("waiting to record the rollout admission of {} {desired}", entry.name))
-            }
             crate::rollout::Admission::Go => None,
         };
         if let Some(why) = why {
@@ -565,18 +609,104 @@ fn recorded_rollout<'a>(meta: &'a ModuleReleaseMeta, version: &semver::Version) 
     meta.status.as_ref()?.rollouts.iter().find(|r| r.version == version)
 }
 
+/// A message prefix of runtimes waiting for a rollout; a change of the rollout's status
+/// (another instance's upgrade ended) wakes them.
+pub(crate) const WAITING_FOR_ROLLOUT: &str = "waiting for rollout of";
+/// How often an admission or a progress write is tried again after losing a race.
+const STATUS_WRITE_ATTEMPTS: usize = 8;
+
+/// Whether `runtime` may upgrade `module` to `version` now, decided on the status as it is
+/// in the API server and recorded there before the answer is `Go`.
+///
+/// Several instances (shards) admit runtimes of one rollout: each reads the
+/// ModuleReleaseMeta, decides on what it records (plus what this instance learnt), and
+/// writes the admission with the resourceVersion it read. A concurrent admission makes the
+/// write fail with 409; the admission is taken back and decided again on the newer status,
+/// so two instances never admit beyond `maxInFlight` together.
+#[allow(clippy::too_many_arguments)]
+async fn admit_recorded(
+    ctx: &Ctx,
+    ns: &str,
+    module: &str,
+    version: &semver::Version,
+    policy: &fleetwatch_api::RolloutPolicy,
+    rt: &Runtime,
+    total: u32,
+) -> crate::rollout::Admission {
+    use crate::rollout::Admission;
+    let Some(meta_name) = find_meta(&ctx.metas.state(), ns, module).map(|m| m.name_any()) else {
+        return Admission::Wait(format!("rollout of {module} {version}: no ModuleReleaseMeta"));
+    };
+    let name = rt.name_any();
+    let api: Api<ModuleReleaseMeta> = Api::namespaced(ctx.client.clone(), ns);
+    let _one_at_a_time = ctx.rollouts.writing().await;
+    for _ in 0..STATUS_WRITE_ATTEMPTS {
+        let mut meta = match api.get(&meta_name).await {
+            Ok(m) => m,
+            Err(e) => return Admission::Wait(format!("waiting to read the rollout of {module} {version}: {e}")),
+        };
+        let recorded = recorded_rollout(&meta, version);
+        let already = recorded.is_some_and(|r| r.admitted_runtimes.contains(&name));
+        let admission = ctx.rollouts.admit(ns, module, version, policy, rt, total, recorded);
+        if already || matches!(admission, Admission::Wait(_)) {
+            return admission;
+        }
+        let statuses =
+            ctx.rollouts.merged(ns, module, &meta.status.as_ref().map(|s| s.rollouts.clone()).unwrap_or_default());
+        meta.status.get_or_insert_with(Default::default).rollouts = statuses;
+        match api.replace_status(&meta_name, &PostParams::default(), &meta).await {
+            Ok(_) => return Admission::Go,
+            Err(kube::Error::Api(s)) if s.code == 409 => {
+                ctx.rollouts.retract(ns, module, version, &name);
+            }
+            Err(e) => {
+                ctx.rollouts.retract(ns, module, version, &name);
+                return Admission::Wait(format!("waiting to record the rollout admission of {module} {version}: {e}"));
+            }
+        }
+    }
+    Admission::Wait(format!("waiting to record the rollout admission of {module} {version}: concurrent writes"))
+}
+
 /// Writes changed rollout progress into the ModuleReleaseMetas' status, one write at a time
-/// (an older snapshot never lands after a newer one). `false` when a write failed; what it
-/// carried is written again with the next one.
+/// per instance, each a read-merge-write guarded by the resourceVersion read (another
+/// instance's admissions and results are kept, never overwritten). `false` when a write
+/// failed; what it carried is written again with the next one.
 async fn write_rollouts(ctx: &Ctx) -> bool {
     let _one_at_a_time = ctx.rollouts.writing().await;
     let mut ok = true;
-    for (ns, module, rollouts) in ctx.rollouts.take_changed() {
-        let Some(meta) = find_meta(&ctx.metas.state(), &ns, &module).map(|m| m.name_any()) else { continue };
+    for (ns, module) in ctx.rollouts.take_changed_modules() {
+        let Some(name) = find_meta(&ctx.metas.state(), &ns, &module).map(|m| m.name_any()) else { continue };
         let api: Api<ModuleReleaseMeta> = Api::namespaced(ctx.client.clone(), &ns);
-        let patch = json!({"status": {"rollouts": rollouts}});
-        if let Err(e) = api.patch_status(&meta, &PatchParams::default(), &Patch::Merge(&patch)).await {
-            tracing::warn!(%module, error = %e, "cannot write rollout status");
+        let mut written = false;
+        for _ in 0..STATUS_WRITE_ATTEMPTS {
+            let mut meta = match api.get(&name).await {
+                Ok(m) => m,
+                Err(e) => {
+                    tracing::warn!(%module, error = %e, "cannot read the rollout status");
+                    break;
+                }
+            };
+            let recorded = meta.status.as_ref().map(|s| s.rollouts.clone()).unwrap_or_default();
+            let statuses = ctx.rollouts.merged(&ns, &module, &recorded);
+            if statuses == recorded {
+                written = true;
+                break;
+            }
+            meta.status.get_or_insert_with(Default::default).rollouts = statuses;
+            match api.replace_status(&name, &PostParams::default(), &meta).await {
+                Ok(_) => {
+                    written = true;
+                    break;
+                }
+                Err(kube::Error::Api(s)) if s.code == 409 => continue,
+                Err(e) => {
+                    tracing::warn!(%module, error = %e, "cannot write rollout status");
+                    break;
+                }
+            }
+        }
+        if !written {
             ctx.rollouts.mark_changed(&ns, &module);
             ok = false;
         }

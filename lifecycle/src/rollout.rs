@@ -46,6 +46,9 @@ impl Rollout {
         if recorded.wave > self.wave {
             self.wave = recorded.wave;
         }
+        if self.total == 0 {
+            self.total = recorded.total;
+        }
         for r in &recorded.admitted_runtimes {
             self.admitted.insert(r.clone());
         }
@@ -234,6 +237,53 @@ impl Rollouts {
         }
     }
 
+    /// Takes back an admission of `runtime` that could not be recorded (another instance
+    /// wrote the status first): it is decided again on the newer status.
+    pub fn retract(&self, ns: &str, module: &str, version: &Version, runtime: &str) {
+        let Ok(mut map) = self.inner.lock() else { return };
+        if let Some(r) = map.get_mut(&(ns.to_string(), module.to_string(), version.clone()))
+            && !r.done.contains(runtime)
+            && !r.failed.contains(runtime)
+        {
+            r.admitted.remove(runtime);
+        }
+    }
+
+    /// Folds every rollout the status of a module's ModuleReleaseMeta records into what this
+    /// instance knows (sets only grow), and returns the module's rollouts as they must be
+    /// written back: what the status had, plus what this instance learnt.
+    pub fn merged(&self, ns: &str, module: &str, recorded: &[RolloutStatus]) -> Vec<RolloutStatus> {
+        let Ok(mut map) = self.inner.lock() else { return recorded.to_vec() };
+        for st in recorded {
+            // A version that does not parse is kept as it was written.
+            if let Ok(v) = Version::parse(&st.version) {
+                let r = map
+                    .entry((ns.into(), module.into(), v))
+                    .or_insert_with(|| Rollout { wave: 1, ..Default::default() });
+                r.merge(st);
+            }
+        }
+        let mut out: Vec<RolloutStatus> =
+            map.iter().filter(|((n, m, _), _)| n == ns && m == module).map(|((_, _, v), r)| r.status(v)).collect();
+        for st in recorded {
+            if Version::parse(&st.version).is_err() {
+                out.push(st.clone());
+            }
+        }
+        out
+    }
+
+    /// Modules whose rollouts changed since the last call; clears the mark.
+    pub fn take_changed_modules(&self) -> Vec<(String, String)> {
+        let Ok(mut map) = self.inner.lock() else { return Vec::new() };
+        let changed: BTreeSet<(String, String)> =
+            map.iter().filter(|(_, r)| r.dirty).map(|((ns, m, _), _)| (ns.clone(), m.clone())).collect();
+        for r in map.values_mut() {
+            r.dirty = false;
+        }
+        changed.into_iter().collect()
+    }
+
     /// Marks the rollouts of a module changed again (their status write failed).
     pub fn mark_changed(&self, ns: &str, module: &str) {
         let Ok(mut map) = self.inner.lock() else { return };
@@ -314,6 +364,39 @@ mod tests {
         );
         let st = ro.take_changed();
         assert_eq!(st[0].2[0].phase, "Halted");
+    }
+
+    #[test]
+    fn two_instances_admitting_on_one_status_stay_within_max_in_flight() {
+        // What the reconciler does with the ModuleReleaseMeta status: read it, admit, write
+        // it back with the resourceVersion read; the loser of a race retracts and decides
+        // again on the winner's status.
+        let (tx, _rx) = mpsc::channel(100);
+        let v = Version::new(2, 0, 0);
+        let p = RolloutPolicy { max_in_flight: 1, step_percent: 100, max_failure_ratio: 0.5 };
+        let (a, b) = (Rollouts::new(tx.clone()), Rollouts::new(tx));
+        let status0: Vec<RolloutStatus> = Vec::new();
+        // Both read the same (empty) status; each alone would admit.
+        assert_eq!(a.admit("ns", "m", &v, &p, &rt("r0"), 4, None), Admission::Go);
+        assert_eq!(b.admit("ns", "m", &v, &p, &rt("r1"), 4, None), Admission::Go);
+        // A writes first; B's write carries the old resourceVersion and is refused.
+        let status1 = a.merged("ns", "m", &status0);
+        b.retract("ns", "m", &v, "r1");
+        let find = |st: &[RolloutStatus]| st.iter().find(|r| r.version == "2.0.0").cloned();
+        let recorded = find(&status1);
+        assert!(matches!(b.admit("ns", "m", &v, &p, &rt("r1"), 4, recorded.as_ref()), Admission::Wait(_)));
+        // B's own status write keeps A's admission.
+        let status2 = b.merged("ns", "m", &status1);
+        assert_eq!(find(&status2).unwrap().admitted_runtimes, ["r0"]);
+        // A's upgrade ends; B learns it from the status and admits r1.
+        a.report("ns", "m", &v, "r0", true, &p, recorded.as_ref());
+        let status3 = a.merged("ns", "m", &status2);
+        let recorded = find(&status3);
+        assert_eq!(b.admit("ns", "m", &v, &p, &rt("r1"), 4, recorded.as_ref()), Admission::Go);
+        let status4 = find(&b.merged("ns", "m", &status3)).unwrap();
+        assert_eq!(status4.admitted_runtimes, ["r0", "r1"]);
+        assert_eq!(status4.upgraded_runtimes, ["r0"]);
+        assert_eq!(status4.total, 4);
     }
 
     #[test]

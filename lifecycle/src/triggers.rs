@@ -41,6 +41,55 @@ pub fn affected_by_meta(runtimes: &Store<Runtime>, meta: &ModuleReleaseMeta) -> 
         .collect()
 }
 
+/// One rollout's progress as a waiting runtime cares about it: version, upgraded, failed,
+/// wave, phase.
+type Progress = (String, u32, u32, u32, String);
+
+/// Remembers how far each ModuleReleaseMeta's rollouts were, to tell when an upgrade ended.
+#[derive(Default)]
+pub struct RolloutProgress {
+    seen: std::sync::Mutex<std::collections::HashMap<String, Vec<Progress>>>,
+}
+
+impl RolloutProgress {
+    /// Whether an upgrade of this meta's rollouts ended (or a wave opened, or it halted)
+    /// since the last look: places may have freed up for waiting runtimes.
+    pub fn progressed(&self, meta: &ModuleReleaseMeta) -> bool {
+        let key = format!("{}/{}", meta.namespace().unwrap_or_default(), meta.name_any());
+        let now: Vec<_> = meta
+            .status
+            .iter()
+            .flat_map(|s| &s.rollouts)
+            .map(|r| (r.version.clone(), r.upgraded, r.failed, r.wave, r.phase.clone()))
+            .collect();
+        let Ok(mut seen) = self.seen.lock() else { return true };
+        seen.insert(key, now.clone()).is_none_or(|before| before != now)
+    }
+}
+
+/// Runtimes of the meta's namespace that wait for a rollout of its module (a wave, a free
+/// place, or to record their admission). Another instance's upgrade ending frees a place
+/// for them; this instance learns of it from the status.
+pub fn waiting_for_rollout(runtimes: &Store<Runtime>, meta: &ModuleReleaseMeta) -> Vec<ObjectRef<Runtime>> {
+    let module = &meta.spec.module_name;
+    runtimes
+        .state()
+        .iter()
+        .filter(|rt| rt.namespace() == meta.namespace())
+        .filter(|rt| {
+            rt.status.as_ref().is_some_and(|s| {
+                s.modules.iter().any(|m| {
+                    &m.name == module
+                        && (m.message.starts_with(crate::reconcile::WAITING_FOR_ROLLOUT)
+                            || m.message.starts_with("waiting to record the rollout")
+                            || m.message.starts_with("waiting to read the rollout"))
+                })
+            })
+        })
+        .map(|rt| ObjectRef::from_obj(rt.as_ref()))
+        .collect()
+}
+
 /// Runtimes that want exactly this template's module version.
 pub fn affected_by_template(runtimes: &Store<Runtime>, tpl: &ModuleTemplate) -> Vec<ObjectRef<Runtime>> {
     let Ok(version) = parse(&tpl.spec.version) else { return Vec::new() };
@@ -65,13 +114,17 @@ pub fn affected_by_template(runtimes: &Store<Runtime>, tpl: &ModuleTemplate) -> 
 /// the latest state, so queuing it is handling the event).
 pub struct TriggerSink {
     runtimes: Store<Runtime>,
+    owns: Owns,
     trigger: mpsc::Sender<ObjectRef<Runtime>>,
 }
 
+/// Whether this instance acts on a Runtime (sharded instances: its shard is held).
+pub type Owns = std::sync::Arc<dyn Fn(&Runtime) -> bool + Send + Sync>;
+
 impl TriggerSink {
-    /// A sink that queues reconciles of `runtimes` into `trigger`.
-    pub fn new(runtimes: Store<Runtime>, trigger: mpsc::Sender<ObjectRef<Runtime>>) -> Self {
-        Self { runtimes, trigger }
+    /// A sink that queues reconciles of those `runtimes` this instance `owns` into `trigger`.
+    pub fn new(runtimes: Store<Runtime>, owns: Owns, trigger: mpsc::Sender<ObjectRef<Runtime>>) -> Self {
+        Self { runtimes, owns, trigger }
     }
 }
 
@@ -89,7 +142,7 @@ impl Sink for TriggerSink {
         clusters.dedup();
         for rt in self.runtimes.state() {
             let id = rt.cluster_id();
-            if clusters.iter().any(|c| *c == "*" || *c == id) {
+            if clusters.iter().any(|c| *c == "*" || *c == id) && (self.owns)(&rt) {
                 tracing::debug!(runtime = %rt.name_any(), cluster = %id, "hub event triggers reconcile");
                 // The receiver is the controller: gone means the operator is stopping.
                 self.trigger
@@ -102,10 +155,12 @@ impl Sink for TriggerSink {
     }
 }
 
-/// Follows the hub: deliveries go into a [`TriggerSink`] until `cancel` or the operator stops.
+/// Follows the hub: deliveries go into a [`TriggerSink`] (only the Runtimes this instance
+/// `owns` are triggered) until `cancel` or the operator stops.
 pub async fn follow_hub(
     opts: SubscriberOptions,
     runtimes: Store<Runtime>,
+    owns: Owns,
     trigger: mpsc::Sender<ObjectRef<Runtime>>,
     cancel: CancellationToken,
 ) {
@@ -123,7 +178,7 @@ pub async fn follow_hub(
         }
     };
     tracing::info!("subscribed to the hub");
-    let mut sink = TriggerSink::new(runtimes, trigger);
+    let mut sink = TriggerSink::new(runtimes, owns, trigger);
     loop {
         match pump(&mut sub, &mut sink, &cancel).await {
             Ok(_) => return,
