@@ -196,3 +196,35 @@ pub async fn follow_hub(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fleetwatch_protocol::message::ResyncRequired;
+    use kube::runtime::{reflector, watcher};
+
+    #[tokio::test]
+    async fn hub_events_trigger_only_the_runtimes_of_held_shards() {
+        let (store, mut writer) = reflector::store::<Runtime>();
+        for i in 0..30 {
+            let mut rt = Runtime::new(&format!("rt{i}"), Default::default());
+            rt.metadata.namespace = Some("kcp".into());
+            writer.apply_watcher_event(&watcher::Event::Apply(rt));
+        }
+        let owns: Owns = std::sync::Arc::new(|rt: &Runtime| crate::shards::shard_of_runtime(rt, 3) == 1);
+        let (tx, mut rx) = mpsc::channel(100);
+        let mut sink = TriggerSink::new(store, owns, tx);
+        let all = Delivery::ResyncRequired(ResyncRequired { cluster: "*".into(), cursor: 1, reason: String::new() });
+        assert!(matches!(sink.deliver(&all).await, Ok(Accepted::All)));
+        let mut triggered = Vec::new();
+        while let Ok(r) = rx.try_recv() {
+            triggered.push(r.name);
+        }
+        triggered.sort();
+        let mut expected: Vec<String> =
+            (0..30).map(|i| format!("rt{i}")).filter(|n| crate::shards::shard_of("kcp", n, 3) == 1).collect();
+        expected.sort();
+        assert!(!expected.is_empty() && expected.len() < 30);
+        assert_eq!(triggered, expected);
+    }
+}

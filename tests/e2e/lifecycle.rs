@@ -539,6 +539,118 @@ async fn one_instance_leads_and_another_takes_over_when_it_dies() {
     assert_eq!(b.wait_exit(Duration::from_secs(30)), Some(0), "{}", b.stderr());
 }
 
+/// `fleetwatch lifecycle --shards 3`, two processes: the shards spread over both (each holds
+/// at most two), every Runtime is reconciled, and when one process is killed the other takes
+/// its shards over once their Leases expire and reconciles new Runtimes of those shards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sharded_instances_share_the_runtimes_and_take_over_a_killed_one() {
+    let pki = Pki::new();
+    let (cp_sim, cp_kc) = sim_cluster(&pki, "control-plane").await;
+    let crds = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/crds");
+    kubectl(&cp_kc, &["apply", "-f", crds.to_str().unwrap()], None);
+    let spawn = |log: &str| {
+        let args: Vec<String> = ["lifecycle", "--shards", "3", "--leader-elect-lease-duration", "3"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        Proc::spawn_with_env(&args, pki.path(log), &[("KUBECONFIG", cp_kc.to_str().unwrap())])
+    };
+    let mut a = spawn("lifecycle-shard-a.log");
+    let mut b = spawn("lifecycle-shard-b.log");
+    let cp = cp_sim.client().await.unwrap();
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> = Api::namespaced(cp.clone(), "default");
+    let holders = || {
+        let leases = leases.clone();
+        async move {
+            let mut out = Vec::new();
+            for i in 0..3 {
+                let h = leases
+                    .get_opt(&format!("fleetwatch-lifecycle-shard-{i}"))
+                    .await
+                    .unwrap()
+                    .and_then(|l| l.spec)
+                    .and_then(|s| s.holder_identity)
+                    .unwrap_or_default();
+                out.push(h);
+            }
+            out
+        }
+    };
+    // Both take part: three shards, two holders, nobody holds all three.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let spread = loop {
+        let h = holders().await;
+        let distinct: std::collections::BTreeSet<&String> = h.iter().filter(|x| !x.is_empty()).collect();
+        if h.iter().all(|x| !x.is_empty()) && distinct.len() == 2 {
+            break h;
+        }
+        assert!(Instant::now() < deadline, "shards not spread: {h:?}\n{}\n{}", a.stderr(), b.stderr());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let runtimes: Api<Runtime> = Api::namespaced(cp, "default");
+    let all_ready = |names: Vec<String>| {
+        let runtimes = runtimes.clone();
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(60);
+            for name in names {
+                while runtimes.get(&name).await.ok().and_then(|r| r.status).and_then(|s| s.state) != Some(State::Ready)
+                {
+                    assert!(Instant::now() < deadline, "{name} not reconciled");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        }
+    };
+    // Two Runtimes in each shard, so each process (and the survivor, for the victim's shards)
+    // has work.
+    let create = |prefix: &str| {
+        let mut names: Vec<String> = Vec::new();
+        let mut per = [0; 3];
+        for i in 0.. {
+            let n = format!("{prefix}{i}");
+            let shard = fleetwatch_lifecycle::shards::shard_of("default", &n, 3) as usize;
+            if per[shard] < 2 {
+                per[shard] += 1;
+                names.push(n);
+            }
+            if per.iter().all(|c| *c == 2) {
+                break;
+            }
+        }
+        for n in &names {
+            apply_json(
+                &cp_kc,
+                &json!({"apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "Runtime",
+                "metadata": {"name": n, "namespace": "default"}, "spec": {"modules": []}}),
+            );
+        }
+        names
+    };
+    all_ready(create("one-")).await;
+    // Both processes reconciled: each logs the runtimes of its own shards.
+    assert!(a.stderr().contains("took the shard") && b.stderr().contains("took the shard"));
+
+    // The process holding shard 0 is killed without giving anything back.
+    let a_holds_0 = a.stderr().contains(&spread[0]);
+    let (victim, survivor) = if a_holds_0 { (&mut a, &mut b) } else { (&mut b, &mut a) };
+    victim.signal("KILL");
+    victim.wait_exit(Duration::from_secs(10));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let h = holders().await;
+        if h.iter().all(|x| !x.is_empty() && *x != spread[0]) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "shards not taken over: {h:?}\n{}", survivor.stderr());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    all_ready(create("two-")).await;
+    survivor.signal("TERM");
+    assert_eq!(survivor.wait_exit(Duration::from_secs(30)), Some(0), "{}", survivor.stderr());
+    let h = holders().await;
+    assert!(h.iter().all(String::is_empty), "a clean stop gives the shards back: {h:?}");
+}
+
 /// With real processes: one undecodable Runtime is marked and the others reconcile; a
 /// misspelt maintenance policy holds a downtime upgrade (fails closed) with a Warning.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,6 +1,10 @@
 //! `fleetwatch bench lifecycle`: the lifecycle operator over many simulated runtime
 //! clusters: time to converge at first install and after one module's channel moves, and
 //! reconciles per second. No hub: the operator's own resync and watches drive it.
+//!
+//! `--shards N` (N > 1) runs N operator instances in this process, sharing the Runtimes by
+//! shard Leases as `fleetwatch lifecycle --shards N` does; the channel move is measured once
+//! every instance holds its share.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -17,17 +21,20 @@ pub(super) struct LifecycleBench {
     /// Modules per runtime.
     #[arg(long, default_value_t = 5)]
     modules: usize,
-    /// Reconciles running at once.
+    /// Reconciles running at once (per instance).
     #[arg(long, default_value_t = 16)]
     concurrency: u16,
+    /// Shards, and as many operator instances sharing them; 1: one instance, unsharded.
+    #[arg(long, default_value_t = 1)]
+    shards: u32,
 }
 
 pub(super) async fn run(b: LifecycleBench) -> anyhow::Result<()> {
     use fleetwatch_api::{Runtime, State};
     use kube::api::Api;
     use std::sync::atomic::Ordering;
-    if b.runtimes == 0 || b.modules == 0 {
-        bail!("--runtimes and --modules must be positive");
+    if b.runtimes == 0 || b.modules == 0 || b.shards == 0 {
+        bail!("--runtimes, --modules and --shards must be positive");
     }
     let ns = "kcp";
     let cp = fleetwatch_sim::SimCluster::start(fleetwatch_sim::SimOptions {
@@ -79,19 +86,29 @@ pub(super) async fn run(b: LifecycleBench) -> anyhow::Result<()> {
         sims.push(sim);
     }
     eprintln!("started {} sim runtime clusters in {:.1} s", b.runtimes, started.elapsed().as_secs_f64());
-    let metrics = Arc::new(fleetwatch_lifecycle::Metrics::default());
+    let mut all_metrics: Vec<Arc<fleetwatch_lifecycle::Metrics>> = Vec::new();
     let stop = CancellationToken::new();
-    let config = fleetwatch_lifecycle::LifecycleConfig {
-        client: client.clone(),
-        hub: None,
-        resync: None,
-        concurrency: b.concurrency,
-        migrations: fleetwatch_lifecycle::migration::Registry::builtin(),
-        ..fleetwatch_lifecycle::LifecycleConfig::new(client.clone())
-    };
-    tokio::spawn(fleetwatch_lifecycle::run(config, metrics.clone(), stop.clone()));
+    let mut instances = Vec::new();
+    for k in 0..b.shards {
+        let metrics = Arc::new(fleetwatch_lifecycle::Metrics::default());
+        let shards = (b.shards > 1).then(|| {
+            fleetwatch_lifecycle::shards::ShardConfig::new(ns, "bench-lifecycle", &format!("bench-{k}"), b.shards)
+        });
+        let config = fleetwatch_lifecycle::LifecycleConfig {
+            client: client.clone(),
+            hub: None,
+            resync: None,
+            concurrency: b.concurrency,
+            migrations: fleetwatch_lifecycle::migration::Registry::builtin(),
+            shards,
+            ..fleetwatch_lifecycle::LifecycleConfig::new(client.clone())
+        };
+        instances.push(tokio::spawn(fleetwatch_lifecycle::run(config, metrics.clone(), stop.clone())));
+        all_metrics.push(metrics);
+    }
+    let reconciles = || all_metrics.iter().map(|m| m.reconciles.load(Ordering::Relaxed)).sum::<u64>();
     let t0 = Instant::now();
-    let r0 = metrics.reconciles.load(Ordering::Relaxed);
+    let r0 = reconciles();
     for i in 0..b.runtimes {
         let modules: Vec<_> = (0..b.modules).map(|m| serde_json::json!({"name": format!("m{m}")})).collect();
         apply(serde_json::json!({"apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "Runtime",
@@ -130,16 +147,40 @@ pub(super) async fn run(b: LifecycleBench) -> anyhow::Result<()> {
         }
     };
     let install_secs = converge("1.0.0", t0).await?;
-    let install_reconciles = metrics.reconciles.load(Ordering::Relaxed) - r0;
+    let install_reconciles = reconciles() - r0;
+    if b.shards > 1 {
+        // Measure the sharded steady state: every instance holds one shard.
+        let leases: Api<k8s_openapi::api::coordination::v1::Lease> = Api::namespaced(client.clone(), ns);
+        let since = Instant::now();
+        loop {
+            let mut holders = std::collections::BTreeSet::new();
+            for i in 0..b.shards {
+                if let Some(l) = leases.get_opt(&format!("bench-lifecycle-shard-{i}")).await? {
+                    holders.extend(l.spec.and_then(|s| s.holder_identity));
+                }
+            }
+            if holders.len() == b.shards as usize {
+                break;
+            }
+            if since.elapsed() > Duration::from_secs(120) {
+                bail!("the {} instances did not share the shards within 120 s: holders {holders:?}", b.shards);
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
     tokio::time::sleep(Duration::from_secs(3)).await; // let busy requeues settle
     // One module's channel moves.
-    let r1 = metrics.reconciles.load(Ordering::Relaxed);
+    let r1 = reconciles();
     let t1 = Instant::now();
     apply(meta(0, "2.0.0")).await?;
     let move_secs = converge("2.0.0", t1).await?;
-    let move_reconciles = metrics.reconciles.load(Ordering::Relaxed) - r1;
+    let move_reconciles = reconciles() - r1;
     stop.cancel();
+    for task in instances {
+        let _ = task.await;
+    }
     println!("runtimes × modules:        {} × {}", b.runtimes, b.modules);
+    println!("shards (instances):        {}", b.shards);
     println!(
         "initial install converged: {install_secs:.1} s, {install_reconciles} reconciles = {:.0} reconciles/s",
         install_reconciles as f64 / install_secs
@@ -150,7 +191,7 @@ pub(super) async fn run(b: LifecycleBench) -> anyhow::Result<()> {
     );
     println!(
         "{}",
-        serde_json::json!({"bench": "lifecycle", "runtimes": b.runtimes, "modules": b.modules, "install_s": install_secs,
+        serde_json::json!({"bench": "lifecycle", "runtimes": b.runtimes, "modules": b.modules, "shards": b.shards, "install_s": install_secs,
             "install_reconciles": install_reconciles, "channel_move_s": move_secs, "channel_move_reconciles": move_reconciles})
     );
     drop(sims);
