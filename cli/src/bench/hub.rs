@@ -1,21 +1,32 @@
-//! `fleetwatch bench hub`: many synthetic agents (in this process) into one hub (a child
-//! process), measured at one subscriber: delivered events/s, agent-to-subscriber latency
-//! and the hub's peak RSS. The agents run in-process so that hundreds of them cost little
-//! besides what is measured.
+//! `fleetwatch bench hub`: many synthetic agents (in this process) into one hub or several
+//! hub replicas (child processes), measured at one subscriber: delivered events/s,
+//! agent-to-subscriber latency and the hubs' peak RSS. The agents run in-process so that
+//! hundreds of them cost little besides what is measured.
+//!
+//! `--bus embedded,nats` runs the same load once per bus, one after the other, and prints
+//! them side by side. On NATS JetStream the hubs are `--hub-replicas` processes on one
+//! stream (a local `nats-server` the bench starts, unless `--nats-url` names one); agents
+//! are spread over the replicas (each lists all of them, its own first) and
+//! `--kill-replica-after S` SIGKILLs one replica S seconds into the measurement, then
+//! reports how long its agents took to be connected again and, per object, whether the
+//! final state (or a `resync-required` for its cluster) reached the subscriber.
 
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use clap::Args;
 use fleetwatch_agent::source::SyntheticSource;
-use fleetwatch_agent::{AgentConfig, AgentRuntime};
+use fleetwatch_agent::{AgentConfig, AgentHandle, AgentRuntime};
 use fleetwatch_certs::TlsFiles;
 use fleetwatch_client::subscriber::{Delivery, SubscriberOptions, Subscription};
+use fleetwatch_client::transport::{HubUrl, HubUrls};
+use fleetwatch_hub::bus::nats_server::LocalNatsServer;
 use fleetwatch_protocol::message::StartFrom;
 use tokio_util::sync::CancellationToken;
 
-use super::{bench_pki, percentile, rss_kib, start_hub};
+use super::{HubProcess, bench_pki, percentile, rss_kib, start_hub};
 
 #[derive(Args)]
 pub(super) struct HubBench {
@@ -37,20 +48,139 @@ pub(super) struct HubBench {
     /// Bytes of padding per event.
     #[arg(long, default_value_t = 0)]
     payload: usize,
-    /// Give the hub a data directory (durable log with fsync) instead of memory only.
+    /// Give the embedded bus a data directory (durable log with fsync) instead of memory only.
     #[arg(long)]
     durable: bool,
+    /// The buses to measure, one run each, printed side by side: `embedded` (memory, or
+    /// the segment log with --durable) and `nats` (JetStream).
+    #[arg(long, value_delimiter = ',', default_value = "embedded")]
+    bus: Vec<BusKind>,
+    /// A running NATS server (nats://HOST:PORT) for `--bus nats`; without it the bench
+    /// starts a local `nats-server -js` (the Debian package) in a temporary directory.
+    #[arg(long)]
+    nats_url: Option<String>,
+    /// Hub processes on the JetStream bus (the embedded bus runs one).
+    #[arg(long, default_value_t = 1)]
+    hub_replicas: usize,
+    /// SIGKILL the last replica this many seconds into the measurement (needs
+    /// --hub-replicas 2 or more); agents fail over and nothing may be lost.
+    #[arg(long)]
+    kill_replica_after: Option<f64>,
+}
+
+/// A bus the bench can run on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum BusKind {
+    /// The hub's own bus (memory, or the segment log with --durable).
+    Embedded,
+    /// NATS JetStream, shared by the hub replicas.
+    Nats,
+}
+
+/// What one run measured.
+struct Report {
+    bus: BusKind,
+    replicas: usize,
+    connect_secs: f64,
+    delivered_per_sec: f64,
+    p50: f64,
+    p99: f64,
+    max: f64,
+    peak_rss_mib: f64,
+    resyncs: u64,
+    kill: Option<KillReport>,
+}
+
+/// What a replica kill did.
+struct KillReport {
+    agents_moved: usize,
+    reconnected_secs: Option<f64>,
+    objects: u64,
+    lost: u64,
+    resynced_clusters: usize,
 }
 
 pub(super) async fn run(b: HubBench) -> anyhow::Result<()> {
-    if b.agents == 0 || b.rate <= 0.0 || b.duration <= 0.0 {
-        bail!("--agents, --rate and --duration must be positive");
+    if b.agents == 0 || b.rate <= 0.0 || b.duration <= 0.0 || b.hub_replicas == 0 {
+        bail!("--agents, --rate, --duration and --hub-replicas must be positive");
     }
+    if b.hub_replicas > 1 && !b.bus.contains(&BusKind::Nats) {
+        bail!("--hub-replicas > 1 needs --bus nats: independent embedded hubs are independent streams");
+    }
+    if let Some(k) = b.kill_replica_after {
+        if b.hub_replicas < 2 || b.bus != [BusKind::Nats] {
+            bail!("--kill-replica-after needs --bus nats and --hub-replicas 2 or more");
+        }
+        if !(0.0..b.duration).contains(&k) {
+            bail!("--kill-replica-after must fall within --duration");
+        }
+    }
+    let mut reports = Vec::new();
+    for &bus in &b.bus {
+        let report = run_one(&b, bus).await.with_context(|| format!("bench on the {bus:?} bus"))?;
+        print_report(&b, &report);
+        reports.push(report);
+    }
+    if reports.len() > 1 {
+        println!();
+        println!(
+            "{:<10} {:>8} {:>12} {:>9} {:>9} {:>12}",
+            "bus", "replicas", "delivered/s", "p50 ms", "p99 ms", "peak RSS MiB"
+        );
+        for r in &reports {
+            println!(
+                "{:<10} {:>8} {:>12.0} {:>9.2} {:>9.2} {:>12.1}",
+                format!("{:?}", r.bus).to_lowercase(),
+                r.replicas,
+                r.delivered_per_sec,
+                r.p50,
+                r.p99,
+                r.peak_rss_mib
+            );
+        }
+    }
+    Ok(())
+}
+
+async fn run_one(b: &HubBench, bus: BusKind) -> anyhow::Result<Report> {
     let clusters: Vec<String> = (0..b.agents).map(|i| format!("bench-{i}")).collect();
     let (_tmp, dir) = bench_pki(&clusters)?;
-    let mut hub = start_hub(&dir, b.durable, &[]).await?;
-    let hub_pid = hub.child.id().context("hub pid")?;
-    eprintln!("hub pid {hub_pid} at {} (admin {})", hub.wss, hub.admin);
+
+    // The bus and the hubs.
+    let mut nats = None;
+    let replicas = if bus == BusKind::Nats { b.hub_replicas } else { 1 };
+    let mut extra: Vec<String> = Vec::new();
+    if bus == BusKind::Nats {
+        let url = match &b.nats_url {
+            Some(u) => u.clone(),
+            None => {
+                let store = dir.join("nats");
+                let server = tokio::task::spawn_blocking(move || LocalNatsServer::start(&store))
+                    .await?
+                    .context("cannot start a local nats-server for --bus nats")?;
+                let url = server.url();
+                nats = Some(server);
+                url
+            }
+        };
+        // A fresh stream per run: earlier runs' history must not count.
+        let stream = format!("bench{}", jiff::Timestamp::now().as_millisecond());
+        extra.extend(["--bus".into(), url, "--bus-stream".into(), stream]);
+    }
+    let extra_refs: Vec<&str> = extra.iter().map(String::as_str).collect();
+    let mut hubs: Vec<HubProcess> = Vec::new();
+    for _ in 0..replicas {
+        hubs.push(start_hub(&dir, b.durable && bus == BusKind::Embedded, &extra_refs).await?);
+    }
+    let pids: Vec<u32> = hubs.iter().map(|h| h.child.id().context("hub pid")).collect::<Result<_, _>>()?;
+    for (h, pid) in hubs.iter().zip(&pids) {
+        eprintln!("hub pid {pid} at {} (admin {})", h.wss, h.admin);
+    }
+    let urls: Vec<HubUrl> = hubs.iter().map(|h| h.wss.clone()).collect();
+    // Replica `first` first, then the others in order.
+    let rotated = |first: usize| -> anyhow::Result<HubUrls> {
+        Ok(HubUrls::new((0..urls.len()).map(|k| urls[(first + k) % urls.len()].clone()).collect())?)
+    };
 
     let files = |stem: &str| TlsFiles {
         cert: dir.join(format!("{stem}.crt")),
@@ -58,29 +188,34 @@ pub(super) async fn run(b: HubBench) -> anyhow::Result<()> {
         ca: vec![dir.join("ca.crt")],
     };
     let tls = Arc::new(fleetwatch_certs::client_config(&files("subscriber-bench"))?);
-    let mut opts = SubscriberOptions::new(hub.wss.clone(), tls);
+    let mut opts = SubscriberOptions::new(rotated(0)?, tls);
     opts.from = StartFrom::Latest;
     opts.max_in_flight = 100_000;
+    if b.kill_replica_after.is_some() {
+        // Through the kill the subscriber must resume where it was: durable.
+        opts.durable = Some("bench".into());
+    }
     let mut sub = Subscription::connect(opts).await.context("subscriber")?;
 
-    let stop = CancellationToken::new();
+    // With a kill, every source stops after a known number of changes, so the final state of
+    // every object is known and can be checked at the subscriber.
     let per_agent = b.rate / b.agents as f64;
+    let total = b.kill_replica_after.map(|_| ((b.warmup + b.duration) * per_agent).ceil().max(b.objects as f64) as u64);
+    let source = SyntheticSource { objects: b.objects, rate: per_agent, total, payload: b.payload };
+    let stop = CancellationToken::new();
+    let mut agents: Vec<AgentHandle> = Vec::new();
     for i in 0..b.agents {
-        let mut cfg = AgentConfig::new(hub.wss.clone(), files(&format!("agent-bench-{i}")));
+        let mut cfg = AgentConfig::new(rotated(i % replicas)?, files(&format!("agent-bench-{i}")));
         cfg.outbox_capacity = 1_000_000;
-        let source = SyntheticSource { objects: b.objects, rate: per_agent, total: None, payload: b.payload };
-        // Runs until `stop`; the handle is not needed (nothing waits for the agents).
-        AgentRuntime::new(cfg)?.changes_buffer(1024).start(source, stop.clone());
+        agents.push(AgentRuntime::new(cfg)?.changes_buffer(1024).start(source.clone(), stop.clone()));
         if i % 50 == 49 {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
-    // Wait until every agent is connected.
     let connect_started = Instant::now();
+    let all_connected = |agents: &[AgentHandle]| agents.iter().filter(|a| a.stats().borrow().connected).count();
     loop {
-        let body = crate::admin_http::get(&hub.admin, "/api/v1/clusters").await.unwrap_or_default();
-        let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
-        let connected = v["clusters"].as_array().map_or(0, |a| a.iter().filter(|c| c["connected"] == true).count());
+        let connected = all_connected(&agents);
         if connected >= b.agents {
             eprintln!("{connected} agents connected in {:.1} s", connect_started.elapsed().as_secs_f64());
             break;
@@ -88,64 +223,198 @@ pub(super) async fn run(b: HubBench) -> anyhow::Result<()> {
         if connect_started.elapsed() > Duration::from_secs(120) {
             bail!("only {connected} of {} agents connected after 120 s", b.agents);
         }
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    let connect_secs = connect_started.elapsed().as_secs_f64();
 
     let warmup_end = Instant::now() + Duration::from_secs_f64(b.warmup);
     let end = warmup_end + Duration::from_secs_f64(b.duration);
+    let kill_at = b.kill_replica_after.map(|k| warmup_end + Duration::from_secs_f64(k));
+    let mut killed: Option<Instant> = None;
+    let mut reconnected: Option<f64> = None;
+    let victim = replicas - 1;
+    let moved: Vec<usize> = (0..b.agents).filter(|i| i % replicas == victim).collect();
     let mut latencies_us: Vec<u64> = Vec::new();
     let mut counted = 0u64;
     let mut resyncs = 0u64;
-    let mut peak_rss = 0u64;
+    // For the kill check: (cluster, subject) -> highest generation, clusters resynced.
+    let mut generations: HashMap<(String, String), u64> = HashMap::new();
+    let mut resynced: HashSet<String> = HashSet::new();
+    let mut peak_rss = vec![0u64; replicas];
     let mut last_sample = Instant::now();
-    while Instant::now() < end {
-        let d = match tokio::time::timeout_at(end.into(), sub.next()).await {
+    // With a kill, keep reading after the measurement until every object is final (or 60 s).
+    let drain_end = end + if kill_at.is_some() { Duration::from_secs(60) } else { Duration::ZERO };
+    loop {
+        let now = Instant::now();
+        if now >= drain_end || (now >= end && kill_at.is_none()) {
+            break;
+        }
+        if let (Some(at), None) = (kill_at, killed)
+            && now >= at
+        {
+            let _ = hubs[victim].child.start_kill();
+            killed = Some(now);
+            eprintln!("killed replica {victim} (pid {}); {} agents must move", pids[victim], moved.len());
+        }
+        if let (Some(k), None) = (killed, reconnected) {
+            // Each moved agent ended its session on the victim and is connected again.
+            let back = moved.iter().all(|&i| {
+                let s = agents[i].stats().borrow().clone();
+                s.connected && s.sessions >= 2
+            });
+            if back {
+                reconnected = Some(k.elapsed().as_secs_f64());
+                eprintln!(
+                    "all {} agents of the killed replica connected again in {:.2} s",
+                    moved.len(),
+                    k.elapsed().as_secs_f64()
+                );
+            }
+        }
+        if now >= end
+            && killed.is_some()
+            && reconnected.is_some()
+            && missing(&source, &clusters, &generations, &resynced) == 0
+        {
+            break;
+        }
+        let deadline = if now < end { end } else { drain_end };
+        let d = match tokio::time::timeout_at((now + Duration::from_millis(100)).min(deadline).into(), sub.next()).await
+        {
             Ok(d) => d?,
-            Err(_) => break,
+            Err(_) => continue,
         };
         let now = Instant::now();
         let wall = jiff::Timestamp::now();
         match &d {
-            Delivery::Events(evs) if now >= warmup_end => {
-                for e in evs {
-                    let lat = wall.as_microsecond() - e.time.as_microsecond();
-                    latencies_us.push(lat.max(0) as u64);
+            Delivery::Events(evs) => {
+                if now >= warmup_end && now < end {
+                    for e in evs {
+                        let lat = wall.as_microsecond() - e.time.as_microsecond();
+                        latencies_us.push(lat.max(0) as u64);
+                    }
+                    counted += evs.len() as u64;
                 }
-                counted += evs.len() as u64;
+                if total.is_some() {
+                    for e in evs {
+                        let g = e.data["generation"].as_u64().unwrap_or(0);
+                        let slot = generations.entry((e.cluster.clone(), e.subject.clone())).or_default();
+                        *slot = (*slot).max(g);
+                    }
+                }
             }
-            Delivery::ResyncRequired(_) => resyncs += 1,
-            _ => {}
+            Delivery::ResyncRequired(r) => {
+                resyncs += 1;
+                if killed.is_some() {
+                    resynced.insert(r.cluster.clone());
+                }
+            }
         }
         if let Some(c) = d.last_cursor() {
             sub.ack(c).await?;
         }
         if now.duration_since(last_sample) > Duration::from_millis(250) {
             last_sample = now;
-            peak_rss = peak_rss.max(rss_kib(hub_pid, "VmRSS:").unwrap_or(0));
+            for (i, pid) in pids.iter().enumerate() {
+                if killed.is_none() || i != victim {
+                    peak_rss[i] = peak_rss[i].max(rss_kib(*pid, "VmRSS:").unwrap_or(0));
+                }
+            }
         }
     }
-    let hwm = rss_kib(hub_pid, "VmHWM:").unwrap_or(peak_rss);
+    for (i, pid) in pids.iter().enumerate() {
+        if killed.is_none() || i != victim {
+            peak_rss[i] = peak_rss[i].max(rss_kib(*pid, "VmHWM:").unwrap_or(0));
+        }
+    }
     stop.cancel();
+    // Let the agents finish (they drain what is pending) before the hubs go away.
+    let finished = futures_util::future::join_all(agents.into_iter().map(|a| a.wait()));
+    let _ = tokio::time::timeout(Duration::from_secs(10), finished).await;
     latencies_us.sort_unstable();
-    let rate = counted as f64 / b.duration;
-    let p50 = percentile(&latencies_us, 0.50);
-    let p99 = percentile(&latencies_us, 0.99);
-    let max = percentile(&latencies_us, 1.0);
-    println!("agents:               {}", b.agents);
+    let kill = killed.map(|_| {
+        let lost = missing(&source, &clusters, &generations, &resynced);
+        KillReport {
+            agents_moved: moved.len(),
+            reconnected_secs: reconnected,
+            objects: b.objects * b.agents as u64,
+            lost,
+            resynced_clusters: resynced.iter().filter(|c| c.as_str() != "*").count(),
+        }
+    });
+    for h in &mut hubs {
+        let _ = h.child.start_kill();
+        let _ = h.child.wait().await;
+    }
+    drop(nats);
+    Ok(Report {
+        bus,
+        replicas,
+        connect_secs,
+        delivered_per_sec: counted as f64 / b.duration,
+        p50: percentile(&latencies_us, 0.50),
+        p99: percentile(&latencies_us, 0.99),
+        max: percentile(&latencies_us, 1.0),
+        peak_rss_mib: peak_rss.iter().copied().max().unwrap_or(0) as f64 / 1024.0,
+        resyncs,
+        kill,
+    })
+}
+
+/// Objects whose final generation did not reach the subscriber, not counting clusters it
+/// was told to resync (whole-fleet `*` counts for all).
+fn missing(
+    source: &SyntheticSource,
+    clusters: &[String],
+    seen: &HashMap<(String, String), u64>,
+    resynced: &HashSet<String>,
+) -> u64 {
+    if resynced.contains("*") {
+        return 0;
+    }
+    let mut lost = 0;
+    for c in clusters.iter().filter(|c| !resynced.contains(*c)) {
+        for n in 0..source.objects {
+            let Some(want) = source.final_generation(n) else { continue };
+            let key = (c.clone(), SyntheticSource::key(n).to_string());
+            if seen.get(&key).copied().unwrap_or(0) < want {
+                lost += 1;
+            }
+        }
+    }
+    lost
+}
+
+fn print_report(b: &HubBench, r: &Report) {
+    let bus = format!("{:?}", r.bus).to_lowercase();
+    println!("bus:                  {bus} ({} hub replica{})", r.replicas, if r.replicas == 1 { "" } else { "s" });
+    println!("agents:               {} (all connected in {:.1} s)", b.agents, r.connect_secs);
     println!("offered rate:         {:.0} events/s", b.rate);
-    println!("delivered:            {counted} events in {:.1} s = {rate:.0} events/s", b.duration);
-    println!("latency p50 / p99:    {p50:.2} ms / {p99:.2} ms (max {max:.2} ms)");
-    println!("hub peak RSS:         {:.1} MiB", hwm as f64 / 1024.0);
-    println!("resync-required seen: {resyncs}");
-    println!(
-        "{}",
-        serde_json::json!({
-            "bench": "hub", "agents": b.agents, "offered_rate": b.rate, "durable": b.durable,
-            "delivered_per_sec": rate.round(), "latency_ms_p50": p50, "latency_ms_p99": p99,
-            "latency_ms_max": max, "hub_peak_rss_mib": (hwm as f64 / 1024.0 * 10.0).round() / 10.0,
-        })
-    );
-    let _ = hub.child.start_kill();
-    let _ = hub.child.wait().await;
-    Ok(())
+    println!("delivered:            {:.0} events/s over {:.1} s", r.delivered_per_sec, b.duration);
+    println!("latency p50 / p99:    {:.2} ms / {:.2} ms (max {:.2} ms)", r.p50, r.p99, r.max);
+    println!("hub peak RSS:         {:.1} MiB (largest replica)", r.peak_rss_mib);
+    println!("resync-required seen: {}", r.resyncs);
+    let mut json = serde_json::json!({
+        "bench": "hub", "bus": bus, "hub_replicas": r.replicas, "agents": b.agents, "offered_rate": b.rate,
+        "durable": b.durable, "connect_s": r.connect_secs, "delivered_per_sec": r.delivered_per_sec.round(),
+        "latency_ms_p50": r.p50, "latency_ms_p99": r.p99, "latency_ms_max": r.max,
+        "hub_peak_rss_mib": (r.peak_rss_mib * 10.0).round() / 10.0,
+    });
+    if let Some(k) = &r.kill {
+        match k.reconnected_secs {
+            Some(s) => {
+                println!("replica kill:         {} agents moved, all connected again in {s:.2} s", k.agents_moved)
+            }
+            None => println!("replica kill:         {} agents moved, NOT all connected again", k.agents_moved),
+        }
+        println!(
+            "objects:              {} (lost {}, clusters told to resync {})",
+            k.objects, k.lost, k.resynced_clusters
+        );
+        json["kill"] = serde_json::json!({
+            "agents_moved": k.agents_moved, "reconnected_s": k.reconnected_secs, "objects": k.objects,
+            "lost": k.lost, "resynced_clusters": k.resynced_clusters,
+        });
+    }
+    println!("{json}");
 }
