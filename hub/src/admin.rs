@@ -92,6 +92,79 @@ async fn metrics(State(ctx): State<Arc<Context>>) -> impl IntoResponse {
     ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], body)
 }
 
+/// This replica's clusters, plus, on a shared bus, those of the other replicas (`hub` says
+/// which replica an entry comes from; a cluster connected elsewhere replaces a
+/// disconnected entry here).
 async fn clusters(State(ctx): State<Arc<Context>>) -> impl IntoResponse {
-    axum::Json(serde_json::json!({ "clusters": ctx.sessions.registry.list() }))
+    let local = serde_json::to_value(ctx.sessions.registry.list()).unwrap_or_default();
+    if !ctx.sessions.bus.is_shared() {
+        return axum::Json(serde_json::json!({ "clusters": local }));
+    }
+    let others = match ctx.sessions.bus.shared_clusters(&ctx.replica).await {
+        Ok(o) => o,
+        Err(e) => {
+            tracing::debug!(error = %e, "cannot read the other replicas' clusters");
+            Vec::new()
+        }
+    };
+    axum::Json(serde_json::json!({ "clusters": merge_replicas(&ctx.replica, local, others) }))
+}
+
+/// Merges cluster lists of several replicas (see [`clusters`]).
+fn merge_replicas(
+    me: &str,
+    local: serde_json::Value,
+    others: Vec<(String, serde_json::Value)>,
+) -> Vec<serde_json::Value> {
+    let mut by_cluster: std::collections::BTreeMap<String, serde_json::Value> = std::collections::BTreeMap::new();
+    let tagged = |hub: &str, list: serde_json::Value| {
+        let hub = hub.to_string();
+        list.as_array().cloned().unwrap_or_default().into_iter().filter_map(move |mut c| {
+            let name = c["cluster"].as_str()?.to_string();
+            c["hub"] = hub.clone().into();
+            Some((name, c))
+        })
+    };
+    for (name, c) in tagged(me, local) {
+        by_cluster.insert(name, c);
+    }
+    for (hub, list) in others {
+        for (name, c) in tagged(&hub, list) {
+            let replace = match by_cluster.get(&name) {
+                None => true,
+                Some(have) => have["connected"] != true && c["connected"] == true,
+            };
+            if replace {
+                by_cluster.insert(name, c);
+            }
+        }
+    }
+    by_cluster.into_values().collect()
+}
+
+#[cfg(test)]
+mod merge_tests {
+    use serde_json::json;
+
+    #[test]
+    fn a_cluster_connected_elsewhere_wins_over_a_disconnected_entry_here() {
+        let local = json!([{"cluster": "a", "connected": false}, {"cluster": "b", "connected": true}]);
+        let others = vec![(
+            "hub-2".to_string(),
+            json!([{"cluster": "a", "connected": true}, {"cluster": "b", "connected": false}, {"cluster": "c", "connected": true}]),
+        )];
+        let merged = super::merge_replicas("hub-1", local, others);
+        let view: Vec<(String, String, bool)> = merged
+            .iter()
+            .map(|c| (c["cluster"].as_str().unwrap().into(), c["hub"].as_str().unwrap().into(), c["connected"] == true))
+            .collect();
+        assert_eq!(
+            view,
+            vec![
+                ("a".into(), "hub-2".into(), true),
+                ("b".into(), "hub-1".into(), true),
+                ("c".into(), "hub-2".into(), true)
+            ]
+        );
+    }
 }

@@ -201,6 +201,8 @@ pub(crate) struct Context {
     /// Whether the control-plane WatchConfig watch has listed everything (always true for
     /// other sources).
     pub watch_synced: Arc<std::sync::atomic::AtomicBool>,
+    /// This replica's name among hubs sharing a bus: its wss address.
+    pub replica: String,
 }
 
 /// Who is on the other end of a connection, from its certificate.
@@ -350,6 +352,7 @@ impl Hub {
                 config.max_handshakes_per_ip,
             ),
             watch_synced: Arc::new(std::sync::atomic::AtomicBool::new(watch_synced)),
+            replica: listener.local_addr().unwrap_or(config.listen).to_string(),
             config,
             sessions,
             tls,
@@ -426,6 +429,8 @@ fn fit_open_file_limit(config: &mut HubConfig) {
 /// is no longer good, cursor flush, the refusal summary.
 async fn housekeeping(ctx: Arc<Context>, shutdown: CancellationToken) {
     let mut flush = tokio::time::interval(Duration::from_secs(1));
+    // Well within the bus's expiry of shared cluster lists (15 s on NATS).
+    let mut share = tokio::time::interval(Duration::from_secs(3));
     let mut reload = tokio::time::interval(ctx.config.tls_reload_interval);
     let mut summary = tokio::time::interval(admission::SUMMARY_INTERVAL);
     summary.tick().await; // the first tick is immediate; summaries cover a whole interval
@@ -435,6 +440,12 @@ async fn housekeeping(ctx: Arc<Context>, shutdown: CancellationToken) {
             _ = flush.tick() => {
                 if let Err(e) = ctx.sessions.bus.flush_cursors().await {
                     tracing::warn!(error = %e, "cannot store subscriber cursors");
+                }
+            }
+            _ = share.tick(), if ctx.sessions.bus.is_shared() => {
+                let clusters = serde_json::to_value(ctx.sessions.registry.list()).unwrap_or_default();
+                if let Err(e) = ctx.sessions.bus.share_clusters(&ctx.replica, clusters).await {
+                    tracing::debug!(error = %e, "cannot share this replica's clusters");
                 }
             }
             _ = summary.tick() => {

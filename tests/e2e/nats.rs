@@ -105,6 +105,18 @@ async fn a_killed_hub_replica_loses_nothing() {
     })
     .await;
     assert!(all_flowing, "agents did not stream through replica a:\n{}", a.proc.stderr());
+    // Replica b's /api/v1/clusters shows the agents connected to a.
+    let on_a = format!("127.0.0.1:{pa}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let body = b.clusters().await;
+        let list = body["clusters"].as_array().cloned().unwrap_or_default();
+        if list.len() == 3 && list.iter().all(|c| c["connected"] == true && c["hub"] == on_a.as_str()) {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "b does not show the fleet on a: {list:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     a.proc.signal("KILL");
     assert!(a.proc.wait_exit(Duration::from_secs(5)).is_some());
     to_agents.switch(pb);
@@ -129,7 +141,8 @@ async fn a_killed_hub_replica_loses_nothing() {
     loop {
         let body = b.clusters().await;
         let acked = body["clusters"].as_array().cloned().unwrap_or_default();
-        if acked.len() == 3 && acked.iter().all(|c| c["ackedSeq"].as_u64() == Some(3001)) {
+        let on_b = format!("127.0.0.1:{pb}");
+        if acked.len() == 3 && acked.iter().all(|c| c["ackedSeq"].as_u64() == Some(3001) && c["hub"] == on_b.as_str()) {
             break;
         }
         assert!(std::time::Instant::now() < deadline, "{acked:?}");
@@ -163,4 +176,104 @@ async fn bad_bus_settings_fail_with_one_line() {
     assert_eq!(code, Some(1));
     assert!(errors.len() == 1 && errors[0].contains(&format!("cannot connect to NATS at {closed}")), "{errors:?}");
     drop(first);
+    // A server that wants a user and password, given none: the refusal is named.
+    let auth = ["--user", "fleet", "--pass", "secret"].map(String::from);
+    let secured = LocalNatsServer::start_with(&pki.path("jetstream-auth"), 0, &auth).unwrap_or_else(|e| panic!("{e}"));
+    let (code, errors) = run(&["--bus", &secured.url()]);
+    assert_eq!(code, Some(1));
+    assert!(errors.len() == 1 && errors[0].contains("authorization violation"), "{errors:?}");
+    let with_password = secured.url().replace("nats://", "nats://fleet:secret@");
+    let hub = HubProc::start(&pki, free_port(), None, &["--bus", &with_password]);
+    assert!(http_get(hub.admin_port, "/readyz").await.contains("ready"));
+}
+
+/// A 3-node JetStream cluster on loopback; `--bus-replicas 3`; the node holding the most
+/// client connections is killed (SIGKILL) while agents produce: per object the latest state
+/// reaches the durable subscriber (or a `resync-required` for its cluster), nothing lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_jetstream_node_of_three_loses_nothing() {
+    let pki = Pki::new();
+    let route_ports = [free_port(), free_port(), free_port()];
+    let monitor_ports = [free_port(), free_port(), free_port()];
+    let routes = route_ports.iter().map(|p| format!("nats://127.0.0.1:{p}")).collect::<Vec<_>>().join(",");
+    let mut nodes: Vec<Option<LocalNatsServer>> = (0..3)
+        .map(|i| {
+            let extra: Vec<String> = [
+                "-n",
+                &format!("node-{i}"),
+                "--cluster_name",
+                "fw",
+                "--cluster",
+                &format!("nats://127.0.0.1:{}", route_ports[i]),
+                "--routes",
+                &routes,
+                "-m",
+                &monitor_ports[i].to_string(),
+            ]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+            let node = LocalNatsServer::start_with(&pki.path(&format!("js-{i}")), 0, &extra);
+            Some(node.unwrap_or_else(|e| panic!("{e}")))
+        })
+        .collect();
+    // JetStream serves replicated streams once the nodes elected a meta leader.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let jsz = http_get(monitor_ports[0], "/jsz").await;
+        let leader = serde_json::from_str::<serde_json::Value>(&jsz).ok().and_then(|v| {
+            let m = &v["meta_cluster"];
+            (m["leader"].as_str().is_some_and(|l| !l.is_empty()) && m["cluster_size"].as_u64() == Some(3)).then_some(())
+        });
+        if leader.is_some() {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "no JetStream meta leader: {jsz}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let urls = nodes.iter().map(|n| n.as_ref().unwrap().url()).collect::<Vec<_>>().join(",");
+    let bus = ["--bus", &urls, "--bus-replicas", "3"];
+    let (pa, pb) = (free_port(), free_port());
+    let a = HubProc::start(&pki, pa, None, &bus);
+    let b = HubProc::start(&pki, pb, None, &bus);
+    let spec = "synthetic:objects=40,rate=250,total=3000";
+    let source: SyntheticSource = spec.parse().unwrap();
+    let clusters = ["c1", "c2", "c3"];
+    let _agents: Vec<_> = clusters.iter().map(|c| agent(&pki, c, &a.url(), spec, &[])).collect();
+    let collector = Collector::start(&pki, &b.url(), "checker").await;
+    let flowing = eventually(Duration::from_secs(60), || {
+        let seen = collector.seen.lock().unwrap();
+        clusters.iter().all(|c| seen.max_seq.get(*c).is_some_and(|s| *s > 200))
+    })
+    .await;
+    assert!(flowing, "agents did not stream:\n{}", a.proc.stderr());
+
+    // Kill the node most clients are connected to.
+    let mut busiest = (0, 0);
+    for (i, port) in monitor_ports.iter().enumerate() {
+        let varz = http_get(*port, "/varz").await;
+        let conns = serde_json::from_str::<serde_json::Value>(&varz).ok().and_then(|v| v["connections"].as_u64());
+        if conns.unwrap_or(0) >= busiest.1 {
+            busiest = (i, conns.unwrap_or(0));
+        }
+    }
+    nodes[busiest.0].take().expect("the node runs").stop();
+
+    let done = eventually(Duration::from_secs(120), || {
+        missing(&collector.seen.lock().unwrap(), &clusters, &source).is_empty()
+    })
+    .await;
+    let seen = collector.seen.lock().unwrap();
+    let left = missing(&seen, &clusters, &source);
+    assert!(
+        done,
+        "objects not delivered after node-{} died: {:?}\nresyncs: {:?}\nhub a log:\n{}\nhub b log:\n{}",
+        busiest.0,
+        &left[..5.min(left.len())],
+        seen.resyncs,
+        a.proc.stderr(),
+        b.proc.stderr()
+    );
+    assert!(!seen.resyncs.contains_key("*"), "{:?}", seen.resyncs);
+    eprintln!("node-{} killed; resyncs seen: {:?}", busiest.0, seen.resyncs);
 }

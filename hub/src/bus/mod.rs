@@ -119,6 +119,22 @@ pub trait Bus: Send + Sync + 'static {
     /// Bytes of records retained (as counted for retention).
     fn retained_bytes(&self) -> u64;
 
+    /// Whether other hub replicas share this bus (then they exchange their cluster lists).
+    fn is_shared(&self) -> bool {
+        false
+    }
+
+    /// Shares this replica's clusters (as `/api/v1/clusters` shows them) with the other
+    /// replicas on the bus; entries of a replica that stops sharing expire.
+    fn share_clusters<'a>(&'a self, _replica: &'a str, _clusters: serde_json::Value) -> BusFuture<'a, ()> {
+        ready(Ok(()))
+    }
+
+    /// What the other replicas shared: (replica, clusters).
+    fn shared_clusters<'a>(&'a self, _replica: &'a str) -> BusFuture<'a, Vec<(String, serde_json::Value)>> {
+        ready(Ok(Vec::new()))
+    }
+
     /// Makes every storage write fail for `d` through the path a real failure takes
     /// (tests and the chaos soak).
     fn inject_storage_fault(&self, _d: Duration) -> Result<(), BusError> {

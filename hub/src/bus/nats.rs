@@ -14,6 +14,9 @@
 //!   without a full resync, even after its records were evicted.
 //! - Key-value bucket `<stream>_cursors`: per subscriber identity its durable names and
 //!   cursors (stream sequences).
+//! - Key-value bucket `<stream>_replicas`: per hub replica the clusters it serves, rewritten
+//!   every few seconds and expiring after [`REPLICA_TTL`], so `/api/v1/clusters` on any
+//!   replica shows the whole fleet and where each agent is connected.
 //!
 //! # Appends
 //! The records left after duplicate filtering (seq not above the cluster's head in the same
@@ -86,6 +89,8 @@ const DUPLICATE_WINDOW: Duration = Duration::from_secs(120);
 const LOCAL_WAIT: Duration = Duration::from_secs(30);
 /// Timeout of one JetStream request (publish ack, stream info, key-value operation).
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a replica's shared cluster list outlives its last write.
+pub const REPLICA_TTL: Duration = Duration::from_secs(15);
 /// Compare-and-set attempts on a cursor entry before giving up.
 const CAS_ATTEMPTS: usize = 16;
 
@@ -221,11 +226,16 @@ pub struct NatsBus {
     heads_bucket: String,
     cursors_kv: kv::Store,
     cursors_bucket: String,
+    replicas_kv: kv::Store,
+    replicas_bucket: String,
     /// Cursor moves not yet written: identity → name → cursor.
     dirty: Mutex<HashMap<String, BTreeMap<String, u64>>>,
     /// Clusters with a hole from a partly stored batch: the reason of the marker owed.
     holes: Mutex<HashMap<Arc<str>, String>>,
     unhealthy: Mutex<Option<String>>,
+    /// The stream's last sequence as last seen (stream info, publish acks): the local tail
+    /// is behind while its end is not above it.
+    stream_last: AtomicU64,
     write_failures: AtomicU64,
     tasks: Mutex<Vec<AbortHandle>>,
 }
@@ -299,8 +309,10 @@ impl NatsBus {
         let durable = matches!(info.config.storage, stream::StorageType::File);
         let heads_bucket = format!("{}_heads", opts.stream);
         let cursors_bucket = format!("{}_cursors", opts.stream);
-        let heads_kv = ensure_bucket(&js, &heads_bucket, opts.replicas).await?;
-        let cursors_kv = ensure_bucket(&js, &cursors_bucket, opts.replicas).await?;
+        let replicas_bucket = format!("{}_replicas", opts.stream);
+        let heads_kv = ensure_bucket(&js, &heads_bucket, opts.replicas, Duration::ZERO).await?;
+        let cursors_kv = ensure_bucket(&js, &cursors_bucket, opts.replicas, Duration::ZERO).await?;
+        let replicas_kv = ensure_bucket(&js, &replicas_bucket, opts.replicas, REPLICA_TTL).await?;
 
         // Heads of every cluster, and what was evicted before this replica started.
         let heads = load_heads(&heads_kv, &heads_bucket).await?;
@@ -335,25 +347,20 @@ impl NatsBus {
             heads_bucket,
             cursors_kv,
             cursors_bucket,
+            replicas_kv,
+            replicas_bucket,
             dirty: Mutex::new(HashMap::new()),
             holes: Mutex::new(HashMap::new()),
             unhealthy: Mutex::new(None),
+            stream_last: AtomicU64::new(info.state.last_sequence),
             write_failures: AtomicU64::new(0),
             tasks: Mutex::new(Vec::new()),
         });
 
         // The local tail: one ordered consumer over the whole stream.
         let stream = js.get_stream(&opts.stream).await.map_err(|e| stream_err(e.to_string()))?;
-        let consumer = stream
-            .create_consumer(consumer::push::OrderedConfig {
-                deliver_subject: client.new_inbox(),
-                deliver_policy: consumer::DeliverPolicy::ByStartSequence { start_sequence: start_end },
-                ..Default::default()
-            })
-            .await
-            .map_err(|e| stream_err(format!("cannot create the ordered consumer of the local tail: {e}")))?;
-        let messages = consumer.messages().await.map_err(|e| stream_err(format!("cannot follow the stream: {e}")))?;
-        let tail = tokio::spawn(follow(Arc::downgrade(&bus), messages));
+        let messages = tail_consumer(&client, &stream, start_end).await.map_err(stream_err)?;
+        let tail = tokio::spawn(follow(Arc::downgrade(&bus), stream.clone(), messages));
         let probe = tokio::spawn(probe(Arc::downgrade(&bus), stream));
         let age = tokio::spawn(age_retention(Arc::downgrade(&bus)));
         lock(&bus.tasks).extend([tail.abort_handle(), probe.abort_handle(), age.abort_handle()]);
@@ -487,6 +494,7 @@ impl NatsBus {
             return Err(self.fail(publish_err(cause)));
         }
         lock(&self.holes).remove(&cluster);
+        self.stream_last.fetch_max(last_offset, Ordering::Relaxed);
         let h = Head { epoch, seq, offset: last_offset };
         self.note_head(&cluster, h);
         let value = serde_json::to_vec(&h).unwrap_or_default();
@@ -631,12 +639,18 @@ async fn connect(opts: &NatsOptions) -> Result<(async_nats::Client, String), Nat
         let addr: ServerAddr = s.parse().map_err(|e| NatsError::Settings(format!("server address {s:?}: {e}")))?;
         addrs.push(addr);
     }
-    let servers = opts.servers.join(",");
+    // Shown in errors and logs without a password.
+    let servers =
+        addrs.iter().map(|a| format!("{}://{}:{}", a.scheme(), a.host(), a.port())).collect::<Vec<_>>().join(",");
     let mut o = async_nats::ConnectOptions::new()
         .name("fleetwatch-hub")
         .connection_timeout(REQUEST_TIMEOUT)
         .request_timeout(Some(REQUEST_TIMEOUT))
         .max_reconnects(None);
+    // nats://USER:PASSWORD@HOST:PORT: the client library does not read them from the URL.
+    if let Some(a) = addrs.iter().find(|a| a.has_user_pass()) {
+        o = o.user_and_password(a.username().unwrap_or_default().into(), a.password().unwrap_or_default().into());
+    }
     if let Some(path) = &opts.creds {
         o = o
             .credentials_file(path)
@@ -717,7 +731,12 @@ async fn ensure_stream(js: &jetstream::Context, opts: &NatsOptions) -> Result<st
     }
 }
 
-async fn ensure_bucket(js: &jetstream::Context, bucket: &str, replicas: usize) -> Result<kv::Store, NatsError> {
+async fn ensure_bucket(
+    js: &jetstream::Context,
+    bucket: &str,
+    replicas: usize,
+    max_age: Duration,
+) -> Result<kv::Store, NatsError> {
     if let Ok(store) = js.get_key_value(bucket).await {
         return Ok(store);
     }
@@ -729,13 +748,14 @@ async fn ensure_bucket(js: &jetstream::Context, bucket: &str, replicas: usize) -
         description: Some("fleetwatch hub state".into()),
         subjects: vec![format!("$KV.{bucket}.>")],
         max_messages_per_subject: 1,
+        max_age,
         storage: stream::StorageType::File,
         num_replicas: replicas,
         allow_rollup: true,
         deny_delete: true,
         allow_direct: true,
         discard: stream::DiscardPolicy::New,
-        duplicate_window: DUPLICATE_WINDOW,
+        duplicate_window: if max_age.is_zero() { DUPLICATE_WINDOW } else { DUPLICATE_WINDOW.min(max_age) },
         ..Default::default()
     };
     let create = js.create_stream(config).await.err();
@@ -769,11 +789,62 @@ async fn load_heads(store: &kv::Store, bucket: &str) -> Result<HashMap<Arc<str>,
     Ok(heads)
 }
 
+/// An ordered push consumer over the whole stream from offset `from`.
+async fn tail_consumer(
+    client: &async_nats::Client,
+    stream: &stream::Stream,
+    from: u64,
+) -> Result<consumer::push::Ordered, String> {
+    let consumer = stream
+        .create_consumer(consumer::push::OrderedConfig {
+            deliver_subject: client.new_inbox(),
+            deliver_policy: consumer::DeliverPolicy::ByStartSequence { start_sequence: from },
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| format!("cannot create the ordered consumer of the local tail: {e}"))?;
+    consumer.messages().await.map_err(|e| format!("cannot follow the stream: {e}"))
+}
+
+/// How long the local tail may make no progress while the stream has more before its
+/// consumer is recreated.
+const TAIL_STALL: Duration = Duration::from_secs(5);
+
 /// Feeds the local tail from the ordered consumer, in batches of what is already there.
-async fn follow(bus: Weak<NatsBus>, mut messages: consumer::push::Ordered) {
+/// The consumer recreates itself after most failures; as a backstop (a consumer lost with
+/// a JetStream node, a recreation that hangs), one that makes no progress for
+/// [`TAIL_STALL`] while the stream has more is replaced from the local end.
+async fn follow(bus: Weak<NatsBus>, stream: stream::Stream, mut messages: consumer::push::Ordered) {
+    let mut check = tokio::time::interval(Duration::from_secs(1));
+    check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut stalled: Option<(std::time::Instant, u64)> = None;
     loop {
+        let first = tokio::select! {
+            next = messages.next() => next,
+            _ = check.tick() => {
+                let Some(bus) = bus.upgrade() else { return };
+                let end = bus.core.log.read().map(|l| l.end).unwrap_or(0);
+                if bus.stream_last.load(Ordering::Relaxed) < end {
+                    stalled = None;
+                    continue;
+                }
+                match stalled {
+                    Some((since, at)) if at == end && since.elapsed() >= TAIL_STALL => {
+                        tracing::warn!(stream = %bus.stream, end, "the local tail made no progress while the stream has more: recreating its consumer");
+                        match tail_consumer(&bus.client, &stream, end).await {
+                            Ok(m) => messages = m,
+                            Err(e) => tracing::warn!(error = %e, "cannot recreate the local tail's consumer; retrying"),
+                        }
+                        stalled = None;
+                    }
+                    Some((_, at)) if at == end => {}
+                    _ => stalled = Some((std::time::Instant::now(), end)),
+                }
+                continue;
+            }
+        };
         let mut batch = Vec::new();
-        let mut next = messages.next().await;
+        let mut next = first;
         let mut ended = false;
         loop {
             match next {
@@ -797,8 +868,15 @@ async fn follow(bus: Weak<NatsBus>, mut messages: consumer::push::Ordered) {
             bus.ingest(batch);
         }
         if ended {
-            *lock(&bus.unhealthy) = Some(format!("the local tail of stream {} stopped", bus.stream));
-            return;
+            // The subscription closed: start a new consumer from the local end.
+            let end = bus.core.log.read().map(|l| l.end).unwrap_or(0);
+            match tail_consumer(&bus.client, &stream, end).await {
+                Ok(m) => messages = m,
+                Err(e) => {
+                    *lock(&bus.unhealthy) = Some(format!("the local tail of stream {} stopped: {e}", bus.stream));
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+            }
         }
     }
 }
@@ -815,7 +893,10 @@ async fn probe(bus: Weak<NatsBus>, stream: stream::Stream) {
             Some(format!("not connected to NATS at {} ({state})", bus.servers))
         } else {
             match tokio::time::timeout(REQUEST_TIMEOUT, stream.get_info()).await {
-                Ok(Ok(_)) => None,
+                Ok(Ok(info)) => {
+                    bus.stream_last.fetch_max(info.state.last_sequence, Ordering::Relaxed);
+                    None
+                }
                 Ok(Err(e)) => Some(format!("JetStream stream {} does not answer: {e}", bus.stream)),
                 Err(_) => Some(format!("JetStream stream {} does not answer within {REQUEST_TIMEOUT:?}", bus.stream)),
             }
@@ -949,6 +1030,45 @@ impl Bus for NatsBus {
                 }
             }
             Ok(())
+        })
+    }
+
+    fn is_shared(&self) -> bool {
+        true
+    }
+
+    fn share_clusters<'a>(&'a self, replica: &'a str, clusters: serde_json::Value) -> BusFuture<'a, ()> {
+        Box::pin(async move {
+            let value = serde_json::to_vec(&clusters).unwrap_or_default();
+            self.replicas_kv.put(token(replica), value.into()).await.map(|_| ()).map_err(|e| {
+                BusError::Nats(NatsError::KeyValue {
+                    bucket: self.replicas_bucket.clone(),
+                    cause: format!("share the clusters of {replica}: {e}"),
+                })
+            })
+        })
+    }
+
+    fn shared_clusters<'a>(&'a self, replica: &'a str) -> BusFuture<'a, Vec<(String, serde_json::Value)>> {
+        Box::pin(async move {
+            let err =
+                |e: String| BusError::Nats(NatsError::KeyValue { bucket: self.replicas_bucket.clone(), cause: e });
+            let mut keys = self.replicas_kv.keys().await.map_err(|e| err(e.to_string()))?;
+            let mut out = Vec::new();
+            let own = token(replica);
+            while let Some(key) = keys.next().await {
+                let key = key.map_err(|e| err(e.to_string()))?;
+                if key == own {
+                    continue;
+                }
+                let Some(name) = untoken(&key) else { continue };
+                if let Some(v) = self.replicas_kv.get(&key).await.map_err(|e| err(e.to_string()))?
+                    && let Ok(clusters) = serde_json::from_slice(&v)
+                {
+                    out.push((name, clusters));
+                }
+            }
+            Ok(out)
         })
     }
 
