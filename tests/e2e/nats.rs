@@ -184,7 +184,8 @@ async fn bad_bus_settings_fail_with_one_line() {
     assert!(errors.len() == 1 && errors[0].contains("authorization violation"), "{errors:?}");
     let with_password = secured.url().replace("nats://", "nats://fleet:secret@");
     let hub = HubProc::start(&pki, free_port(), None, &["--bus", &with_password]);
-    assert!(http_get(hub.admin_port, "/readyz").await.contains("ready"));
+    let ready = http_get(hub.admin_port, "/readyz").await;
+    assert!(ready.starts_with("ready"), "{ready}");
 }
 
 /// A 3-node JetStream cluster on loopback; `--bus-replicas 3`; the node holding the most
@@ -276,4 +277,44 @@ async fn a_killed_jetstream_node_of_three_loses_nothing() {
     );
     assert!(!seen.resyncs.contains_key("*"), "{:?}", seen.resyncs);
     eprintln!("node-{} killed; resyncs seen: {:?}", busiest.0, seen.resyncs);
+}
+
+/// A NATS server that requires mutual TLS: the hub connects with `--bus-tls-ca`,
+/// `--bus-tls-cert` and `--bus-tls-key`; without a client certificate it is refused with
+/// one line naming the cause.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mutual_tls_to_nats() {
+    let pki = Pki::new();
+    let client = pki.subscriber("hub-to-nats");
+    let tls: Vec<String> = [
+        "--tls",
+        "--tlscert",
+        &pki.path("hub.crt").display().to_string(),
+        "--tlskey",
+        &pki.path("hub.key").display().to_string(),
+        "--tlscacert",
+        &pki.path("ca.crt").display().to_string(),
+        "--tlsverify",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let js = LocalNatsServer::start_with(&pki.path("jetstream"), 0, &tls).unwrap_or_else(|e| panic!("{e}"));
+    let url = js.url().replace("nats://", "tls://");
+    let ca = pki.path("ca.crt").display().to_string();
+    let (cert, key) = (client.cert.display().to_string(), client.key.display().to_string());
+    let hub = HubProc::start(
+        &pki,
+        free_port(),
+        None,
+        &["--bus", &url, "--bus-tls-ca", &ca, "--bus-tls-cert", &cert, "--bus-tls-key", &key],
+    );
+    let ready = http_get(hub.admin_port, "/readyz").await;
+    assert!(ready.starts_with("ready"), "{ready}");
+    let mut args = hub_args(&pki, free_port(), free_port());
+    args.extend(["--bus", &url, "--bus-tls-ca", &ca].map(String::from));
+    let mut p = Proc::spawn(&args, pki.path("no-client-cert.log"));
+    assert_eq!(p.wait_exit(Duration::from_secs(30)), Some(1));
+    let errors: Vec<String> = p.stderr().lines().filter(|l| l.starts_with("error:")).map(String::from).collect();
+    assert!(errors.len() == 1 && errors[0].contains("cannot connect to NATS at tls://127.0.0.1"), "{errors:?}");
 }
