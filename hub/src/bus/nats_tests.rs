@@ -149,3 +149,41 @@ async fn bad_settings_name_the_cause() {
         .expect("a bad stream name");
     assert!(err.to_string().contains("stream name"), "{err}");
 }
+
+/// The consumers feeding the local tails vanish on the server (as with the JetStream node
+/// that held them): the tails recover and still receive every record, on both replicas.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_tails_recover_when_their_consumers_vanish() {
+    let (server, _dir) = server();
+    let a = open(&server.url(), "fw", keep_all()).await;
+    let b = open(&server.url(), "fw", keep_all()).await;
+    assert_eq!(a.append("c".into(), vec![ev(1, 1)]).await.unwrap(), 1);
+    let client = async_nats::connect(server.url()).await.unwrap();
+    let js = async_nats::jetstream::new(client);
+    let stream = js.get_stream("fw").await.unwrap();
+    let names: Vec<String> = futures_util::StreamExt::collect::<Vec<_>>(stream.consumer_names())
+        .await
+        .into_iter()
+        .map(|n| n.unwrap())
+        .collect();
+    assert_eq!(names.len(), 2, "one tail consumer per replica: {names:?}");
+    for n in &names {
+        stream.delete_consumer(n).await.unwrap();
+    }
+    // Appends go on (an append waits for its own tail, which recovers meanwhile).
+    let mut last = 0;
+    wait_for("an append after the consumers vanished", Duration::from_secs(90), async || {
+        match a.append("c".into(), vec![ev(1, 2), ev(1, 3)]).await {
+            Ok(off) => {
+                last = off;
+                true
+            }
+            Err(_) => false,
+        }
+    })
+    .await;
+    assert_eq!(last, 3);
+    wait_for("b's tail to recover", Duration::from_secs(60), async || b.last_offset() == 3).await;
+    let seqs: Vec<u64> = b.read(1, 10).await.unwrap().records.iter().map(|r| r.seq).collect();
+    assert_eq!(seqs, vec![1, 2, 3]);
+}
