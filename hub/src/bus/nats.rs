@@ -444,7 +444,9 @@ impl NatsBus {
         let subject = self.subject(&cluster);
         let publish_err = |cause: String| NatsError::Publish { cluster: cluster.to_string(), cause };
         let mut acks = Vec::with_capacity(fresh.len());
+        let mut keys = Vec::with_capacity(fresh.len());
         for item in fresh {
+            keys.push((item.epoch, item.seq));
             let mut headers = HeaderMap::new();
             headers.insert(H_EPOCH, item.epoch.to_string().as_str());
             headers.insert(H_SEQ, item.seq.to_string().as_str());
@@ -466,13 +468,17 @@ impl NatsBus {
         }
         let results = futures_util::future::join_all(acks).await;
         let mut last_offset = 0;
+        let mut last_stored = None;
         let mut failure = None;
         let mut hole = false;
-        for r in results {
+        for (r, key) in results.into_iter().zip(keys) {
             match r {
                 Ok(ack) => {
                     hole |= failure.is_some();
-                    last_offset = last_offset.max(ack.sequence);
+                    if ack.sequence >= last_offset {
+                        last_offset = ack.sequence;
+                        last_stored = Some(key);
+                    }
                 }
                 Err(e) => {
                     failure.get_or_insert_with(|| e.to_string());
@@ -485,7 +491,7 @@ impl NatsBus {
                 tracing::warn!(%cluster, %cause, "part of a batch was stored after an earlier record failed: subscribers will be told to resync the cluster");
                 lock(&self.holes)
                     .insert(cluster.clone(), format!("records were lost in a failed JetStream publish: {cause}"));
-                if last_offset > 0 {
+                if let Some((epoch, seq)) = last_stored {
                     // The stored records moved the head: resends of the lost ones are
                     // skipped, the owed marker covers them.
                     self.note_head(&cluster, Head { epoch, seq, offset: last_offset });

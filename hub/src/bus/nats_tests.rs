@@ -187,3 +187,38 @@ async fn local_tails_recover_when_their_consumers_vanish() {
     let seqs: Vec<u64> = b.read(1, 10).await.unwrap().records.iter().map(|r| r.seq).collect();
     assert_eq!(seqs, vec![1, 2, 3]);
 }
+
+/// A batch of which a middle record was refused but later ones stored leaves a hole in the
+/// cluster's stream: the append fails, and the next one for the cluster stores a
+/// `resync-required` first, so subscribers reconcile the cluster instead of missing the hole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hole_in_a_batch_is_followed_by_a_resync_marker() {
+    let (server, _dir) = server();
+    let bus = open(&server.url(), "fw", keep_all()).await;
+    let c: Arc<str> = "eu-1".into();
+    assert_eq!(bus.append(c.clone(), vec![ev(1, 1)]).await.unwrap(), 1);
+    // The stream now refuses records over 300 bytes.
+    let js = async_nats::jetstream::new(async_nats::connect(server.url()).await.unwrap());
+    let mut stream = js.get_stream("fw").await.unwrap();
+    let mut config = stream.info().await.unwrap().config.clone();
+    config.max_message_size = 300;
+    js.update_stream(config).await.unwrap();
+    let big = |seq| Append { epoch: 1, seq, body: RecordBody::Event(Bytes::from(format!("\"{}\"", "x".repeat(1000)))) };
+    // 3 and 5 are refused, 2 and 4 stored: the head is 4, not 5.
+    let err = bus.append(c.clone(), vec![ev(1, 2), big(3), ev(1, 4), big(5)]).await.unwrap_err();
+    assert!(err.to_string().contains("JetStream did not store the batch for cluster eu-1"), "{err}");
+    // The agent resends from 2 on; 2 and 4 are stored, so only 5 is new, after a marker.
+    assert_eq!(bus.append(c.clone(), vec![ev(1, 2), ev(1, 3), ev(1, 4), ev(1, 5)]).await.unwrap(), 5);
+    let r = bus.read(1, 10).await.unwrap();
+    let kinds: Vec<(u64, bool)> =
+        r.records.iter().map(|r| (r.seq, matches!(r.body, RecordBody::ResyncRequired(_)))).collect();
+    assert_eq!(kinds, vec![(1, false), (2, false), (4, false), (5, true), (5, false)]);
+    match &r.records[3].body {
+        RecordBody::ResyncRequired(reason) => {
+            assert!(reason.contains("records were lost in a failed JetStream publish"), "{reason}")
+        }
+        other => panic!("{other:?}"),
+    }
+    // Only once.
+    assert_eq!(bus.append(c.clone(), vec![ev(1, 6)]).await.unwrap(), 6);
+}
