@@ -73,6 +73,8 @@ pub(super) async fn run(b: LifecycleBench) -> anyhow::Result<()> {
     }
     // The runtime clusters, their kubeconfig Secrets and Runtimes.
     let started = Instant::now();
+    let kubelet_stop = CancellationToken::new();
+    let _stop_kubelets = kubelet_stop.clone().drop_guard();
     let mut sims = Vec::with_capacity(b.runtimes);
     for i in 0..b.runtimes {
         let sim = fleetwatch_sim::SimCluster::start(fleetwatch_sim::SimOptions {
@@ -80,6 +82,9 @@ pub(super) async fn run(b: LifecycleBench) -> anyhow::Result<()> {
             ..Default::default()
         })
         .await?;
+        // The cluster's Deployment controller: a manager counts as rolled out only once
+        // its controller observed the new generation (what the operator waits for).
+        tokio::spawn(kubelet(sim.client().await?, kubelet_stop.clone()));
         let secret = serde_json::json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": format!("rt{i}-kubeconfig"), "namespace": ns},
             "stringData": {"config": sim.kubeconfig_yaml()}});
         apply(secret).await?;
@@ -196,4 +201,43 @@ pub(super) async fn run(b: LifecycleBench) -> anyhow::Result<()> {
     );
     drop(sims);
     Ok(())
+}
+
+/// Stands in for a runtime cluster's Deployment controller: on every change of a Deployment
+/// that is not rolled out yet, reports its current generation observed and its replicas
+/// updated and ready. Watch-driven (one idle watch per cluster), unlike the sim's polling
+/// helper, so a thousand clusters cost nothing while nothing changes.
+async fn kubelet(client: kube::Client, stop: CancellationToken) {
+    use futures_util::StreamExt;
+    use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
+    use kube::runtime::{WatchStreamExt, watcher};
+    let ar = ApiResource::erase::<k8s_openapi::api::apps::v1::Deployment>(&());
+    let all: Api<DynamicObject> = Api::all_with(client.clone(), &ar);
+    let changes = watcher(all, watcher::Config::default()).default_backoff().applied_objects();
+    let mut changes = std::pin::pin!(changes);
+    loop {
+        let d = tokio::select! {
+            _ = stop.cancelled() => return,
+            next = changes.next() => match next {
+                Some(Ok(d)) => d,
+                Some(Err(_)) => continue,
+                None => return,
+            },
+        };
+        let generation = d.metadata.generation.unwrap_or(1);
+        let want = d.data["spec"]["replicas"].as_i64().unwrap_or(1);
+        let status = &d.data["status"];
+        let done = status["observedGeneration"].as_i64() == Some(generation)
+            && status["updatedReplicas"].as_i64().unwrap_or(0) >= want
+            && status["readyReplicas"].as_i64().unwrap_or(0) >= want;
+        let (Some(ns), Some(name)) = (d.metadata.namespace.as_deref(), d.metadata.name.as_deref()) else { continue };
+        if done {
+            continue;
+        }
+        let patch = serde_json::json!({"status": {"observedGeneration": generation, "replicas": want,
+            "updatedReplicas": want, "readyReplicas": want, "availableReplicas": want}});
+        let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &ar);
+        // A failed write shows up again as the next change (or the operator's requeue).
+        let _ = api.patch_status(name, &PatchParams::default(), &Patch::Merge(&patch)).await;
+    }
 }
