@@ -6,7 +6,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use fleetwatch_api::{ModuleReleaseMeta, Runtime, State};
+use fleetwatch_api::{ModuleReleaseMeta, Runtime};
 use kube::Api;
 use kube::api::DynamicObject;
 use kube::discovery::ApiResource;
@@ -72,26 +72,8 @@ async fn channel_moves_roll_out_in_waves_and_halt_on_failures() {
     tokio::spawn(fleetwatch_lifecycle::run(config, Default::default(), stop.clone()));
     let runtimes: Api<Runtime> = Api::namespaced(cp_client.clone(), "default");
     let metas: Api<ModuleReleaseMeta> = Api::namespaced(cp_client.clone(), "default");
-    let count = |version: &'static str, state: State| {
-        let runtimes = runtimes.clone();
-        async move {
-            runtimes
-                .list(&Default::default())
-                .await
-                .unwrap()
-                .items
-                .iter()
-                .filter(|r| {
-                    r.status
-                        .as_ref()
-                        .and_then(|s| s.modules.first())
-                        .is_some_and(|m| m.state == state && m.installed_version.as_deref() == Some(version))
-                })
-                .count()
-        }
-    };
     let deadline = Instant::now() + Duration::from_secs(30);
-    while count("1.0.0", State::Ready).await < N {
+    while common::ready_on(&cp_client, "1.0.0").await < N {
         assert!(Instant::now() < deadline, "initial install did not converge");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -117,7 +99,7 @@ async fn channel_moves_roll_out_in_waves_and_halt_on_failures() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert!(seen_partial, "the rollout went all at once");
-    assert_eq!(count("2.0.0", State::Ready).await, N);
+    assert_eq!(common::ready_on(&cp_client, "2.0.0").await, N);
 
     // 3.0.0 is broken: the first upgrades fail and the rollout halts; the rest stay on 2.0.0.
     cp.apply(&meta("3.0.0")).await.unwrap();
@@ -193,26 +175,7 @@ async fn a_new_instance_continues_a_rollout_where_the_last_one_stopped() {
             "spec": {"kubeconfigSecret": {"name": format!("r{i}")}, "modules": [{"name": "m"}]}})).await.unwrap();
         sims.push(sim);
     }
-    let runtimes: Api<Runtime> = Api::namespaced(cp_client.clone(), "default");
     let metas: Api<ModuleReleaseMeta> = Api::namespaced(cp_client.clone(), "default");
-    let ready_on = |version: &'static str| {
-        let runtimes = runtimes.clone();
-        async move {
-            runtimes
-                .list(&Default::default())
-                .await
-                .unwrap()
-                .items
-                .iter()
-                .filter(|r| {
-                    r.status
-                        .as_ref()
-                        .and_then(|s| s.modules.first())
-                        .is_some_and(|m| m.state == State::Ready && m.installed_version.as_deref() == Some(version))
-                })
-                .count()
-        }
-    };
     let rollout = || {
         let metas = metas.clone();
         async move {
@@ -221,7 +184,7 @@ async fn a_new_instance_continues_a_rollout_where_the_last_one_stopped() {
     };
     let (stop, first) = start_operator(&cp_client);
     let deadline = Instant::now() + Duration::from_secs(60);
-    while ready_on("1.0.0").await < N {
+    while common::ready_on(&cp_client, "1.0.0").await < N {
         assert!(Instant::now() < deadline, "initial install did not converge");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -266,7 +229,7 @@ async fn a_new_instance_continues_a_rollout_where_the_last_one_stopped() {
         assert!(Instant::now() < deadline, "the rollout did not complete after the restart: {r:?}");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    assert_eq!(ready_on("2.0.0").await, N);
+    assert_eq!(common::ready_on(&cp_client, "2.0.0").await, N);
     stop.cancel();
     second.await.unwrap();
     drop(sims);

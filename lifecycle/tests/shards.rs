@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use fleetwatch_api::{ModuleReleaseMeta, Runtime, State};
+use fleetwatch_api::ModuleReleaseMeta;
 use fleetwatch_lifecycle::shards::{ShardConfig, fair_share};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
@@ -153,23 +153,6 @@ async fn apply(client: &kube::Client, v: &serde_json::Value) {
     fleetwatch_lifecycle::applier::Applier::new(client.clone()).apply(v).await.unwrap();
 }
 
-async fn ready_on(client: &kube::Client, version: &str) -> usize {
-    let runtimes: Api<Runtime> = Api::namespaced(client.clone(), "default");
-    runtimes
-        .list(&Default::default())
-        .await
-        .unwrap()
-        .items
-        .iter()
-        .filter(|r| {
-            r.status
-                .as_ref()
-                .and_then(|s| s.modules.first())
-                .is_some_and(|m| m.state == State::Ready && m.installed_version.as_deref() == Some(version))
-        })
-        .count()
-}
-
 async fn wait_for<F, Fut>(what: &str, within: Duration, mut check: F)
 where
     F: FnMut() -> Fut,
@@ -194,7 +177,7 @@ async fn three_instances_share_the_runtimes_and_take_over_a_crashed_one() {
     let mut running: Vec<(CancellationToken, JoinHandle<()>)> = names.iter().map(|n| instance(&f, n, SHARDS)).collect();
 
     wait_for("every runtime converges with three instances", Duration::from_secs(90), || async {
-        let ready = ready_on(&f.cp_client, "1.0.0").await;
+        let ready = common::ready_on(&f.cp_client, "1.0.0").await;
         let h = holders(&f.cp_client, SHARDS).await;
         if ready == N && balanced(&h, SHARDS, &names) { Ok(()) } else { Err(format!("{ready}/{N} ready; {h:?}")) }
     })
@@ -222,7 +205,7 @@ async fn three_instances_share_the_runtimes_and_take_over_a_crashed_one() {
     eprintln!("shards {crashed:?} of the crashed instance taken over after {:?} (lease 3 s)", crash.elapsed());
     apply(&f.cp_client, &meta("2.0.0", false)).await;
     wait_for("the channel move reaches every runtime", Duration::from_secs(90), || async {
-        let n = ready_on(&f.cp_client, "2.0.0").await;
+        let n = common::ready_on(&f.cp_client, "2.0.0").await;
         if n == N { Ok(()) } else { Err(format!("{n}/{N} on 2.0.0; {:?}", holders(&f.cp_client, SHARDS).await)) }
     })
     .await;
@@ -262,7 +245,7 @@ async fn a_rollout_across_shards_stays_within_max_in_flight() {
     let names = ["a", "b", "c"];
     let running: Vec<(CancellationToken, JoinHandle<()>)> = names.iter().map(|n| instance(&f, n, SHARDS)).collect();
     wait_for("every runtime converges", Duration::from_secs(90), || async {
-        let ready = ready_on(&f.cp_client, "1.0.0").await;
+        let ready = common::ready_on(&f.cp_client, "1.0.0").await;
         let h = holders(&f.cp_client, SHARDS).await;
         if ready == N && balanced(&h, SHARDS, &names) { Ok(()) } else { Err(format!("{ready}/{N} ready; {h:?}")) }
     })
@@ -294,7 +277,7 @@ async fn a_rollout_across_shards_stays_within_max_in_flight() {
     assert_eq!((done.upgraded, done.failed, done.total), (N as u32, 0, N as u32), "{done:?}");
     assert!(done.wave >= 4, "10 runtimes in waves of 3 take 4 waves: {done:?}");
     assert!(most_upgrading >= 1, "no upgrade was ever seen in flight");
-    assert_eq!(ready_on(&f.cp_client, "2.0.0").await, N);
+    assert_eq!(common::ready_on(&f.cp_client, "2.0.0").await, N);
     // The upgrades were done by more than one instance: admissions came from several.
     let after = f.tracker.started.lock().unwrap().clone();
     let upgraders: BTreeSet<&String> =

@@ -384,6 +384,22 @@ pub async fn eventually(timeout: Duration, mut cond: impl FnMut() -> bool) -> bo
 }
 
 /// The subject of synthetic object `n`.
+/// Every object of every cluster that has not reached its final generation at the
+/// subscriber, one line each.
+pub fn missing(seen: &Seen, clusters: &[&str], source: &fleetwatch_agent::source::SyntheticSource) -> Vec<String> {
+    let mut out = Vec::new();
+    for c in clusters {
+        for n in 0..source.objects {
+            let want = source.final_generation(n).unwrap();
+            let got = seen.generation.get(&(c.to_string(), synthetic_subject(n))).copied().unwrap_or(0);
+            if got != want {
+                out.push(format!("{c}/obj-{n}: got generation {got}, want {want}"));
+            }
+        }
+    }
+    out
+}
+
 pub fn synthetic_subject(n: u64) -> String {
     fleetwatch_agent::source::SyntheticSource::key(n).to_string()
 }

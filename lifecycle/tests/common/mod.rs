@@ -32,3 +32,22 @@ pub fn release_meta(version: &str) -> serde_json::Value {
         "metadata": {"name": "m", "namespace": "default"},
         "spec": {"moduleName": "m", "channels": [{"channel": "regular", "version": version}]}})
 }
+
+/// How many Runtimes in `default` run module `m` (their first) at `version`, Ready.
+// Each test binary compiles this module; not all of them use every helper.
+#[allow(dead_code)]
+pub async fn ready_on(client: &kube::Client, version: &str) -> usize {
+    let runtimes: kube::Api<Runtime> = kube::Api::namespaced(client.clone(), "default");
+    runtimes
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .filter(|r| {
+            r.status.as_ref().and_then(|s| s.modules.first()).is_some_and(|m| {
+                m.state == fleetwatch_api::State::Ready && m.installed_version.as_deref() == Some(version)
+            })
+        })
+        .count()
+}
