@@ -8,21 +8,6 @@ use fleetwatch_agent::source::SyntheticSource;
 
 use crate::support::*;
 
-/// Every object of every cluster reached its final generation at the subscriber.
-fn missing(seen: &Seen, clusters: &[&str], source: &SyntheticSource) -> Vec<String> {
-    let mut out = Vec::new();
-    for c in clusters {
-        for n in 0..source.objects {
-            let want = source.final_generation(n).unwrap();
-            let got = seen.generation.get(&(c.to_string(), synthetic_subject(n))).copied().unwrap_or(0);
-            if got != want {
-                out.push(format!("{c}/obj-{n}: got generation {got}, want {want}"));
-            }
-        }
-    }
-    out
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn durable_hub_loses_nothing_through_crash_restart_and_partition() {
     let pki = Pki::new();
@@ -162,6 +147,23 @@ async fn outbox_overflow_during_an_outage_becomes_one_resync() {
     assert!(ok, "resyncs {:?} max seq {:?}\nagent log:\n{}", seen.resyncs, seen.max_seq, a.stderr());
 }
 
+/// Waits until process `p` has used `secs` of CPU: progress measured in work done, not in
+/// wall-clock time, so a busy machine only makes a test slower.
+async fn until_cpu(p: &Proc, secs: f64) {
+    let cpu = || -> f64 {
+        let s = std::fs::read_to_string(format!("/proc/{}/stat", p.child.id())).unwrap_or_default();
+        // utime and stime, the 14th and 15th fields, counted after the parenthesised name.
+        let fields: Vec<&str> = s.rsplit_once(')').map(|(_, r)| r.split_whitespace().collect()).unwrap_or_default();
+        let ticks: u64 = fields.get(11..13).map_or(0, |f| f.iter().filter_map(|t| t.parse::<u64>().ok()).sum());
+        ticks as f64 / 100.0
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(180);
+    while cpu() < secs {
+        assert!(std::time::Instant::now() < deadline, "process did not use {secs} s of CPU:\n{}", p.stderr());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// The agent's memory stays flat while the hub is unreachable: the outbox coalesces per
 /// object, so a long outage costs no more than a short one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -174,12 +176,13 @@ async fn agent_memory_stays_flat_through_an_outage() {
         s.lines().find(|l| l.starts_with("VmRSS:")).and_then(|l| l.split_whitespace().nth(1)?.parse().ok()).unwrap_or(0)
     };
     let pid = a.child.id();
-    // By 3 s every object has been changed several times: the outbox is at its size.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // After two CPU seconds every object has been changed many times: the outbox is at its size.
+    until_cpu(&a, 2.0).await;
     let early = rss(pid);
-    tokio::time::sleep(Duration::from_secs(6)).await;
+    // Three times the work, so three times as many changes; memory must not follow.
+    until_cpu(&a, 6.0).await;
     let late = rss(pid);
     assert!(early > 0, "agent not running:\n{}", a.stderr());
-    // Three times as many changes; memory must not follow (allow allocator noise).
+    // Allow allocator noise.
     assert!(late < early + 6 * 1024, "agent RSS grew from {early} KiB to {late} KiB during the outage");
 }
