@@ -187,11 +187,21 @@ pub enum ConnectError {
     Timeout(String),
 }
 
+/// Bytes tungstenite reads (and first zeroes) per read of a WebSocket.
+///
+/// Its default, 128 KiB, is allocated per connection and zeroed on *every* read, however
+/// small the frame: with a thousand agents sending small batches that memset was a quarter
+/// of the CPU of each side, and 128 KiB of every connection's memory. Our frames are
+/// mostly a few KiB; a larger one is read in several reads into a buffer reserved for its
+/// whole length once its header is known.
+pub const READ_BUFFER_BYTES: usize = 8 << 10;
+
 /// The WebSocket settings matching our limits. The write buffer is bounded too (tungstenite
 /// leaves it unbounded by default): a peer that stops reading cannot make us buffer more
-/// than about two messages; the send then waits (and a stall timeout ends it).
+/// than about two messages; the send then waits (and a stall timeout ends it). Reads use
+/// [`READ_BUFFER_BYTES`].
 pub fn ws_config(limits: &Limits) -> WebSocketConfig {
-    let base = WebSocketConfig::default();
+    let base = WebSocketConfig::default().read_buffer_size(READ_BUFFER_BYTES);
     let max_write = base.write_buffer_size + 2 * limits.max_message_bytes + (64 << 10);
     base.max_message_size(Some(limits.max_message_bytes))
         .max_frame_size(Some(limits.max_message_bytes))

@@ -104,7 +104,8 @@ pub trait Bus: Send + Sync + 'static {
     /// Moves a durable subscription's cursor forward (never back).
     fn set_durable_cursor<'a>(&'a self, identity: &'a str, name: &'a str, cursor: u64) -> BusFuture<'a, ()>;
 
-    /// Stores durable cursors that changed (a no-op where they are stored at once).
+    /// Stores durable cursors that changed (a no-op where they are stored at once), and
+    /// whatever else a backend writes coalesced (the NATS bus: cluster heads).
     fn flush_cursors(&self) -> BusFuture<'_, ()>;
 
     /// Whether the bus can store records: `Err(cause)` while writes fail.

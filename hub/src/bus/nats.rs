@@ -10,8 +10,11 @@
 //! - Retention is the stream's limits (`max_msgs`, `max_bytes`, `max_age`, discard old),
 //!   set from the hub's retention flags.
 //! - Key-value bucket `<stream>_heads`: per cluster the (epoch, seq, offset) of its latest
-//!   acked record, written after the publish acks, so an agent resumes on any replica
-//!   without a full resync, even after its records were evicted.
+//!   acked record, so an agent resumes on any replica without a full resync even after its
+//!   records were evicted. Written by the replica that appended, coalesced: once a second
+//!   ([`Bus::flush_cursors`]), not per batch — a put per batch doubled JetStream's work on
+//!   the hot path. While the cluster's records are retained the stream itself is the
+//!   authority (below); the bucket only matters once they were evicted.
 //! - Key-value bucket `<stream>_cursors`: per subscriber identity its durable names and
 //!   cursors (stream sequences).
 //! - Key-value bucket `<stream>_replicas`: per hub replica the clusters it serves, rewritten
@@ -24,9 +27,16 @@
 //! together: one round trip per batch, not per record. Each publish carries
 //! `Nats-Msg-Id = <cluster>/<epoch>/<seq>`, so a resend after a hub died between the
 //! publish and the agent's ack (or two replicas racing) is dropped by JetStream's duplicate
-//! window. The append answers only after every ack, the head write to the key-value bucket,
-//! and the record's arrival in the local tail (below), so a reader on this replica sees what
-//! was just acked. When a later publish of a batch was stored but an earlier one was not
+//! window. The append answers only after every ack and the record's arrival in the local
+//! tail (below), so a reader on this replica sees what was just acked.
+//!
+//! # Heads
+//! An agent that says hello gets its cluster's head from the stream's last message on the
+//! cluster's subject (one request to the stream leader), the later of that, the bucket and
+//! the local tail: right after another replica acked a batch and died, this replica's tail
+//! may not have the batch yet and the bucket may be a second old, but the stream has it.
+//! Appends filter resends by the head this replica knows (its own appends and its tail);
+//! a resend it does not recognise is dropped by JetStream's duplicate window. When a later publish of a batch was stored but an earlier one was not
 //! (the connection dropped in between), the cluster has a hole: the next append for it on
 //! this replica stores a `resync-required` first.
 //!
@@ -230,6 +240,10 @@ pub struct NatsBus {
     replicas_bucket: String,
     /// Cursor moves not yet written: identity → name → cursor.
     dirty: Mutex<HashMap<String, BTreeMap<String, u64>>>,
+    /// Heads this replica appended and has not written to the bucket yet.
+    dirty_heads: Mutex<HashMap<Arc<str>, Head>>,
+    /// The stream, for reading a cluster's last message.
+    stream_handle: stream::Stream,
     /// Clusters with a hole from a partly stored batch: the reason of the marker owed.
     holes: Mutex<HashMap<Arc<str>, String>>,
     unhealthy: Mutex<Option<String>>,
@@ -350,6 +364,8 @@ impl NatsBus {
             replicas_kv,
             replicas_bucket,
             dirty: Mutex::new(HashMap::new()),
+            dirty_heads: Mutex::new(HashMap::new()),
+            stream_handle: js.get_stream(&opts.stream).await.map_err(|e| stream_err(e.to_string()))?,
             holes: Mutex::new(HashMap::new()),
             unhealthy: Mutex::new(None),
             stream_last: AtomicU64::new(info.state.last_sequence),
@@ -392,10 +408,25 @@ impl NatsBus {
         }
     }
 
-    /// The cluster's head: the later (by offset) of the key-value entry and what the
-    /// local tail saw.
+    /// The cluster's head: the latest (by offset) of the stream's last message on the
+    /// cluster's subject, the key-value entry and what this replica saw.
     async fn head_of(&self, cluster: &str) -> Result<Option<Head>, BusError> {
-        let stored = self.heads_kv.get(token(cluster)).await.map_err(|e| {
+        let subject = self.subject(cluster);
+        let (last, stored) = tokio::join!(
+            self.stream_handle.get_last_raw_message_by_subject(&subject),
+            self.heads_kv.get(token(cluster))
+        );
+        let last = match last {
+            Ok(msg) => head_from_headers(&msg.headers, msg.sequence),
+            Err(e) if matches!(e.kind(), stream::LastRawMessageErrorKind::NoMessageFound) => None,
+            Err(e) => {
+                return Err(self.fail(NatsError::Stream {
+                    stream: self.stream.clone(),
+                    cause: format!("read the last record of {cluster}: {e}"),
+                }));
+            }
+        };
+        let stored = stored.map_err(|e| {
             self.fail(NatsError::KeyValue {
                 bucket: self.heads_bucket.clone(),
                 cause: format!("read head of {cluster}: {e}"),
@@ -403,13 +434,39 @@ impl NatsBus {
         })?;
         let stored: Option<Head> = stored.and_then(|b| serde_json::from_slice(&b).ok());
         let mut heads = lock(&self.heads);
-        if let Some(h) = stored {
+        for h in [stored, last].into_iter().flatten() {
             let entry = heads.entry(cluster.into()).or_insert(h);
             if h.offset > entry.offset {
                 *entry = h;
             }
         }
         Ok(heads.get(cluster).copied())
+    }
+
+    /// Writes the heads appended since the last call to the bucket; what fails is kept
+    /// for the next call (unless a later head replaced it meanwhile).
+    async fn flush_heads(&self) -> Result<(), BusError> {
+        let pending: Vec<(Arc<str>, Head)> = std::mem::take(&mut *lock(&self.dirty_heads)).into_iter().collect();
+        if pending.is_empty() {
+            return Ok(());
+        }
+        let puts = pending.iter().map(|(cluster, h)| {
+            let value = serde_json::to_vec(h).unwrap_or_default();
+            self.heads_kv.put(token(cluster), value.into())
+        });
+        let results = futures_util::future::join_all(puts).await;
+        let mut failure = None;
+        let mut dirty = lock(&self.dirty_heads);
+        for ((cluster, h), r) in pending.into_iter().zip(results) {
+            if let Err(e) = r {
+                failure.get_or_insert_with(|| format!("write head of {cluster}: {e}"));
+                dirty.entry(cluster).or_insert(h);
+            }
+        }
+        match failure {
+            None => Ok(()),
+            Some(cause) => Err(BusError::Nats(NatsError::KeyValue { bucket: self.heads_bucket.clone(), cause })),
+        }
     }
 
     async fn append_inner(&self, cluster: Arc<str>, mut items: Vec<Append>) -> Result<u64, BusError> {
@@ -503,16 +560,14 @@ impl NatsBus {
         self.stream_last.fetch_max(last_offset, Ordering::Relaxed);
         let h = Head { epoch, seq, offset: last_offset };
         self.note_head(&cluster, h);
-        let value = serde_json::to_vec(&h).unwrap_or_default();
-        let (stored, local) =
-            tokio::join!(self.heads_kv.put(token(&cluster), value.into()), self.wait_local(last_offset));
-        stored.map_err(|e| {
-            self.fail(NatsError::KeyValue {
-                bucket: self.heads_bucket.clone(),
-                cause: format!("write head of {cluster}: {e}"),
-            })
-        })?;
-        local.map_err(|e| self.fail(e))?;
+        {
+            let mut dirty = lock(&self.dirty_heads);
+            let entry = dirty.entry(cluster.clone()).or_insert(h);
+            if h.offset > entry.offset {
+                *entry = h;
+            }
+        }
+        self.wait_local(last_offset).await.map_err(|e| self.fail(e))?;
         Ok(last_offset)
     }
 
@@ -634,6 +689,12 @@ fn decode(stream: &str, msg: &jetstream::Message, offset: u64, time_ms: u64) -> 
         other => return Err(format!("unknown kind {other:?}")),
     };
     Ok(Record { offset, cluster: cluster.into(), epoch, seq, time_ms, body })
+}
+
+/// The head a stored record stands for, from its `Fw-Epoch` and `Fw-Seq` headers.
+fn head_from_headers(headers: &HeaderMap, offset: u64) -> Option<Head> {
+    let num = |h: &str| headers.get(h)?.as_str().parse::<u64>().ok();
+    Some(Head { epoch: num(H_EPOCH)?, seq: num(H_SEQ)?, offset })
 }
 
 async fn connect(opts: &NatsOptions) -> Result<(async_nats::Client, String), NatsError> {
@@ -1013,6 +1074,7 @@ impl Bus for NatsBus {
 
     fn flush_cursors(&self) -> BusFuture<'_, ()> {
         Box::pin(async move {
+            self.flush_heads().await?;
             let pending = std::mem::take(&mut *lock(&self.dirty));
             for (identity, moved) in pending {
                 let written = self

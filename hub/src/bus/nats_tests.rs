@@ -82,6 +82,8 @@ async fn a_new_replica_resumes_heads_from_the_bucket_after_eviction() {
     a.append("old".into(), vec![ev(7, 1), ev(7, 2)]).await.unwrap();
     a.append("new".into(), vec![ev(1, 1), ev(1, 2)]).await.unwrap();
     assert_eq!(a.first_offset(), 3);
+    // Heads reach the bucket with the next flush (the hub's housekeeping, every second).
+    a.flush_cursors().await.unwrap();
     let b = open(&server.url(), "fw", retention).await;
     assert_eq!((b.first_offset(), b.last_offset()), (3, 4), "b loaded what the stream retains");
     assert_eq!(b.head("old").await.unwrap(), Some((7, 2)), "the head survives the eviction");
