@@ -121,15 +121,25 @@ async fn rendered_manifests_apply_server_side_and_every_pod_is_restricted_and_pr
             docs.len(),
             "{name}: one applied line per document:\n{first}"
         );
-        // Idempotent: a second apply of the same manifests changes nothing and conflicts with nothing.
-        let rv = cluster.resource_version();
-        kubectl(&kc, &["apply", "--server-side", "--field-manager=fleetwatch-test", "-f", file], None);
-        assert_eq!(cluster.resource_version(), rv, "{name}: a second apply changed objects");
-        // Every document is there, as written.
-        let got: Value = serde_json::from_str(&kubectl(&kc, &["get", "-f", file, "-o", "json"], None)).unwrap();
-        let got: Vec<String> = got["items"].as_array().unwrap().iter().map(key).collect();
+        // CRDs become Established in the background; wait, so that only the apply can change things.
+        if docs.iter().any(|d| d["kind"] == "CustomResourceDefinition") {
+            kubectl(&kc, &["wait", "--for=condition=Established", "--all", "crd", "--timeout=60s"], None);
+        }
+        // Every document is there, as written, and a second apply changes none of them.
+        let state = || {
+            let got: Value = serde_json::from_str(&kubectl(&kc, &["get", "-f", file, "-o", "json"], None)).unwrap();
+            got["items"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|o| (key(o), o["metadata"]["resourceVersion"].as_str().unwrap().to_string()))
+                .collect::<Vec<_>>()
+        };
+        let before = state();
         let want: Vec<String> = docs.iter().map(key).collect();
-        assert_eq!(got, want, "{name}");
+        assert_eq!(before.iter().map(|(k, _)| k.clone()).collect::<Vec<_>>(), want, "{name}");
+        kubectl(&kc, &["apply", "--server-side", "--field-manager=fleetwatch-test", "-f", file], None);
+        assert_eq!(state(), before, "{name}: a second apply changed objects");
 
         let pods = workloads(&docs);
         assert!(!pods.is_empty(), "{name} has no workload");
@@ -704,4 +714,58 @@ fn chart_values_that_cannot_work_are_refused() {
             .any(|a| a.as_str().unwrap().starts_with("--data-dir"))
     );
     assert_eq!(find(&cp, "PodDisruptionBudget", "fleetwatch-hub")["spec"]["minAvailable"], 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nats_mode_hub_replicas_run_with_their_rendered_args_and_share_the_stream() {
+    let pki = Pki::new();
+    let dir = pki.path("deploy");
+    std::fs::create_dir_all(&dir).unwrap();
+    let js = fleetwatch_hub::bus::nats_server::LocalNatsServer::start(&pki.path("jetstream"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let docs = helm_template(
+        "fleetwatch",
+        "fleetwatch-system",
+        &["hub.bus=nats", "hub.replicas=2", &format!("hub.nats.urls={{{}}}", js.url())],
+    )
+    .unwrap();
+    let hub = find(&docs, "Deployment", "fleetwatch-hub");
+    assert_eq!(hub["spec"]["replicas"], 2);
+    // The control plane the hubs read WatchConfigs from (their ServiceAccount's view).
+    let cp = sim("control-plane", true).await;
+    let cp_kc = dir.join("cp.kubeconfig");
+    cp.write_kubeconfig(&cp_kc).unwrap();
+    kubectl(&cp_kc, &["apply", "--server-side", "-f", manifest_path("control-plane.yaml").to_str().unwrap()], None);
+    let hub_kc = dir.join("hub.kubeconfig");
+    cp.write_kubeconfig_for(&hub_kc, "fleetwatch-system", "fleetwatch-hub").unwrap();
+    let mut files = VolumeFiles::new();
+    files.insert("fleetwatch-hub-tls".into(), vec![("tls.crt", pki.path("hub.crt")), ("tls.key", pki.path("hub.key"))]);
+    files.insert("fleetwatch-trust-bundle".into(), vec![("ca.crt", pki.path("ca.crt"))]);
+
+    // Two replicas, each from the rendered Deployment (own ports, same stream).
+    let replica = |n: usize| {
+        let d = dir.join(format!("replica-{n}"));
+        std::fs::create_dir_all(&d).unwrap();
+        Workload::start(&docs, "Deployment", "fleetwatch-hub", &files, None, &hub_kc, &d)
+    };
+    let mut a = replica(0);
+    let mut b = replica(1);
+    a.wait_ready("hub replica 0").await;
+    b.wait_ready("hub replica 1").await;
+    let (url_a, url_b) = (format!("wss://localhost:{}", a.port("wss")), format!("wss://localhost:{}", b.port("wss")));
+
+    // An agent on replica 0, a subscriber on replica 1: the stream is shared.
+    let _agent = agent(&pki, "eu-1", &url_a, "synthetic:objects=5,rate=50,total=5", &[]);
+    let collector = Collector::start(&pki, &url_b, "ops").await;
+    let all = eventually(Duration::from_secs(30), || {
+        let seen = collector.seen.lock().unwrap();
+        (0..5).all(|n| seen.generation.contains_key(&("eu-1".to_string(), synthetic_subject(n))))
+    })
+    .await;
+    assert!(
+        all,
+        "replica 1 did not deliver what replica 0 took:\n{}\n{}",
+        tail(&a.proc.stderr()),
+        tail(&b.proc.stderr())
+    );
 }

@@ -93,6 +93,16 @@ pub(super) fn prepare_kind(st: &State, def: &ResourceDef, obj: &mut Value, creat
                 .map(|vs| vs.iter().filter(|v| v["storage"] == json!(true)).map(|v| v["name"].clone()).collect())
                 .unwrap_or_default();
             let now = meta::now();
+            // A condition keeps its lastTransitionTime while its status stays the same (as in
+            // kube-apiserver), so re-applying an unchanged CRD is a no-op.
+            let since = |kind: &str| {
+                obj["status"]["conditions"]
+                    .as_array()
+                    .and_then(|cs| cs.iter().find(|c| c["type"] == kind && c["status"] == "True"))
+                    .and_then(|c| c["lastTransitionTime"].as_str())
+                    .map_or_else(|| now.clone(), str::to_string)
+            };
+            let (names_since, established_since) = (since("NamesAccepted"), since("Established"));
             let mut accepted = obj["spec"]["names"].clone();
             if accepted["singular"].is_null() {
                 accepted["singular"] = json!(accepted["kind"].as_str().unwrap_or("").to_lowercase());
@@ -104,8 +114,8 @@ pub(super) fn prepare_kind(st: &State, def: &ResourceDef, obj: &mut Value, creat
                 "acceptedNames": accepted,
                 "storedVersions": stored,
                 "conditions": [
-                    {"type": "NamesAccepted", "status": "True", "reason": "NoConflicts", "message": "no conflicts found", "lastTransitionTime": now},
-                    {"type": "Established", "status": "True", "reason": "InitialNamesAccepted", "message": "the initial names have been accepted", "lastTransitionTime": now},
+                    {"type": "NamesAccepted", "status": "True", "reason": "NoConflicts", "message": "no conflicts found", "lastTransitionTime": names_since},
+                    {"type": "Established", "status": "True", "reason": "InitialNamesAccepted", "message": "the initial names have been accepted", "lastTransitionTime": established_since},
                 ],
             });
         }
