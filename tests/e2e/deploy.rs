@@ -414,6 +414,7 @@ async fn rendered_workloads_run_with_their_args_and_service_account_rbac() {
     hub.wait_ready("hub").await;
     let hub_url = format!("wss://localhost:{}", hub.port("wss"));
     let admin = hub.port("admin");
+    assert_eq!(http_status(admin, "/metrics").await, Some(200), "the ServiceMonitor's hub endpoint");
 
     // The agent with the agent chart's ServiceAccount.
     let mut agent =
@@ -494,6 +495,11 @@ async fn rendered_workloads_run_with_their_args_and_service_account_rbac() {
     let mut lifecycle =
         Workload::start(&cp_docs, "Deployment", "fleetwatch-lifecycle", &files, Some(&hub_url), &lifecycle_kc, &dir);
     lifecycle.wait_ready("lifecycle").await;
+    assert_eq!(
+        http_status(lifecycle.port("metrics"), "/metrics").await,
+        Some(200),
+        "the ServiceMonitor's operator endpoint"
+    );
     let holder = |kc: PathBuf, ns: String| async move {
         let (ok, out, _) = kubectl_try(
             &kc,
@@ -768,4 +774,46 @@ async fn nats_mode_hub_replicas_run_with_their_rendered_args_and_share_the_strea
         tail(&a.proc.stderr()),
         tail(&b.proc.stderr())
     );
+}
+
+#[test]
+fn the_service_monitor_scrapes_the_ports_that_serve_metrics() {
+    let cp = helm_template("fleetwatch", "fleetwatch-system", &["monitoring.serviceMonitor.enabled=true"]).unwrap();
+    let sm = cp.iter().find(|d| d["kind"] == "ServiceMonitor").expect("a ServiceMonitor");
+    let selector = &sm["spec"]["selector"];
+    let wanted: Vec<&Value> = selector["matchExpressions"][0]["values"].as_array().unwrap().iter().collect();
+    // The Services it selects, and on them the ports its endpoints name.
+    let selected: Vec<&Value> = cp
+        .iter()
+        .filter(|d| d["kind"] == "Service")
+        .filter(|s| {
+            let labels = &s["metadata"]["labels"];
+            wanted.contains(&&labels["app.kubernetes.io/component"])
+                && selector["matchLabels"].as_object().unwrap().iter().all(|(k, v)| &labels[k] == v)
+        })
+        .collect();
+    assert_eq!(selected.len(), 2, "hub admin and lifecycle metrics Services");
+    for endpoint in sm["spec"]["endpoints"].as_array().unwrap() {
+        assert_eq!(endpoint["path"], "/metrics");
+        let service = selected
+            .iter()
+            .find(|s| s["spec"]["ports"].as_array().unwrap().iter().any(|p| p["name"] == endpoint["port"]))
+            .unwrap_or_else(|| panic!("no selected Service has port {}", endpoint["port"]));
+        // …and that port leads to a container port of a workload whose binary serves /metrics there.
+        let port = service["spec"]["ports"].as_array().unwrap().iter().find(|p| p["name"] == endpoint["port"]).unwrap();
+        let target = &port["targetPort"];
+        let serving = workloads(&cp)
+            .into_iter()
+            .find(|w| pod_spec(w)["containers"][0]["ports"].as_array().unwrap().iter().any(|p| &p["name"] == target));
+        let w = serving.unwrap_or_else(|| panic!("no container port {target}"));
+        let flag = if w["kind"] == "StatefulSet" { "--admin-listen" } else { "--metrics-listen" };
+        let container_port = pod_spec(w)["containers"][0]["ports"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| &p["name"] == target)
+            .unwrap()["containerPort"]
+            .clone();
+        assert_eq!(arg(w, flag), format!("0.0.0.0:{container_port}"), "{}", key(w));
+    }
 }
