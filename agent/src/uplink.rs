@@ -7,7 +7,6 @@
 //! the hub's last ack, and keeps absorbing changes while disconnected (the outbox coalesces
 //! them). Programs run it through [`crate::runtime::AgentRuntime`], not directly.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use fleetwatch_certs::TlsFiles;
@@ -61,6 +60,11 @@ pub struct AgentConfig {
     /// Delays between reconnects after a failed connect or a lost connection (restarted
     /// after every session that got as far as a welcome).
     pub reconnect: Reconnect,
+    /// How often the certificate, key and CA files are read for changes. A renewed
+    /// certificate makes the agent reconnect with it (gracefully: in-flight events are
+    /// acked first, the outbox is kept); a changed CA bundle is used from the next
+    /// connection on.
+    pub tls_reload_interval: Duration,
 }
 
 impl AgentConfig {
@@ -79,6 +83,7 @@ impl AgentConfig {
             limits: Limits::default(),
             refused_retry: Duration::from_secs(30),
             reconnect: Reconnect::default(),
+            tls_reload_interval: Duration::from_secs(5),
         }
     }
 }
@@ -181,13 +186,19 @@ pub struct AgentStats {
     pub overflows: u64,
     /// Sessions opened.
     pub sessions: u64,
+    /// Serial (lower-case hex) of the client certificate in use.
+    pub cert_serial: String,
+    /// When the client certificate in use expires.
+    pub cert_not_after: Option<jiff::Timestamp>,
+    /// Reconnects made to put a renewed certificate in use.
+    pub renewals: u64,
 }
 
 /// A configured uplink, ready to run.
 pub struct Uplink {
     config: AgentConfig,
     cluster: String,
-    tls: Arc<rustls::ClientConfig>,
+    tls: fleetwatch_certs::ReloadingClientConfig,
     stats: watch::Sender<AgentStats>,
     watches: watch::Sender<Vec<WatchSpec>>,
     watch_status: Option<watch::Receiver<Vec<WatchState>>>,
@@ -200,6 +211,8 @@ enum SessionEnd {
     Done,
     /// The hub refused us for good.
     Refused(ErrorCode, String),
+    /// Closed to reconnect with a renewed certificate.
+    Renewed,
 }
 
 impl Uplink {
@@ -211,7 +224,7 @@ impl Uplink {
             .identity
             .and_then(|id| id.cluster_id().map(str::to_string))
             .ok_or_else(|| AgentError::NotAnAgent(config.tls.cert.display().to_string()))?;
-        let tls = Arc::new(fleetwatch_certs::client_config(&config.tls)?);
+        let tls = fleetwatch_certs::ReloadingClientConfig::new(config.tls.clone())?;
         Ok(Self {
             config,
             cluster,
@@ -259,6 +272,7 @@ impl Uplink {
         // This agent has no memory of what it sent before it started: ask for a full resync.
         outbox.push_resync("agent started");
         let mut stats = AgentStats::default();
+        self.note_certificate(&mut stats);
         let mut source_open = true;
         let mut backoff = self.config.reconnect.delays();
         let mut first = true;
@@ -267,11 +281,14 @@ impl Uplink {
         // a dead one fails at once and the next is tried within the same attempt).
         let mut current = 0;
         loop {
+            // A certificate renewed while disconnected (perhaps the reason the last
+            // attempt failed: the old one expired) is used for this attempt.
+            self.reload_tls(&mut stats);
             // Disconnected: keep absorbing changes while connecting.
             let connecting = connect_any(
                 &self.config.hub,
                 current,
-                self.tls.clone(),
+                self.tls.current(),
                 &self.config.limits,
                 self.config.connect_timeout,
             );
@@ -326,6 +343,12 @@ impl Uplink {
             self.publish(&stats, &outbox);
             match end {
                 SessionEnd::Done => return Ok(self.final_stats(&stats, &outbox)),
+                SessionEnd::Renewed => {
+                    // At once: the renewed certificate should be in use well before the
+                    // old one expires, and the hub resumes this epoch where it acked.
+                    stats.renewals += 1;
+                    tracing::info!(serial = %stats.cert_serial, "reconnecting with the renewed certificate");
+                }
                 SessionEnd::Refused(code, message) => {
                     tracing::error!(%code, %message, retry_in = ?self.config.refused_retry, "hub refused this agent");
                     // Another agent holding our cluster id after we were connected is a
@@ -357,6 +380,34 @@ impl Uplink {
                         return Ok(self.final_stats(&stats, &outbox));
                     }
                 }
+            }
+        }
+    }
+
+    /// Shows the certificate in force in the stats.
+    fn note_certificate(&self, stats: &mut AgentStats) {
+        let info = self.tls.certificate();
+        stats.cert_serial = info.serial;
+        stats.cert_not_after = Some(info.not_after);
+    }
+
+    /// Reads the TLS files again; true when the agent's own certificate was renewed.
+    /// Unusable files are logged (once per content) and the configuration in force stays.
+    fn reload_tls(&self, stats: &mut AgentStats) -> bool {
+        match self.tls.reload_if_changed() {
+            Ok(fleetwatch_certs::ClientReload::Unchanged) => false,
+            Ok(fleetwatch_certs::ClientReload::Bundles) => {
+                tracing::info!("reloaded the CA bundle; the next connection uses it");
+                false
+            }
+            Ok(fleetwatch_certs::ClientReload::Certificate { serial, not_after }) => {
+                tracing::info!(%serial, %not_after, "certificate renewed on disk");
+                self.note_certificate(stats);
+                true
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "certificate files changed but cannot be used; keeping the ones in force");
+                false
             }
         }
     }
@@ -427,17 +478,22 @@ impl Uplink {
         let mut sent = outbox.acked();
         let mut last_rx = Instant::now();
         let mut draining: Option<Instant> = None;
+        // A renewed certificate: stop sending, let the hub ack what is in flight (until
+        // this deadline), then close and reconnect with it.
+        let mut renewing: Option<Instant> = None;
+        let mut reload_tick =
+            tokio::time::interval_at(Instant::now() + self.config.tls_reload_interval, self.config.tls_reload_interval);
+        reload_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut publish_tick = tokio::time::interval(Duration::from_millis(250));
         // Our own pings: the hub answers with pongs, which count as traffic, so a silent
         // but healthy hub keeps the session and a half-open connection is noticed.
         let mut ping_tick = tokio::time::interval_at(Instant::now() + idle / 3, idle / 3);
         ping_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            let can_send = sent < outbox.last_seq() && sent - outbox.acked() < self.config.window;
-            let deadline = match draining {
-                Some(d) => d.min(last_rx + idle),
-                None => last_rx + idle,
-            };
+            let can_send = (renewing.is_none() || draining.is_some())
+                && sent < outbox.last_seq()
+                && sent - outbox.acked() < self.config.window;
+            let deadline = [draining, renewing].into_iter().flatten().fold(last_rx + idle, Instant::min);
             tokio::select! {
                 biased;
                 _ = shutdown.cancelled(), if draining.is_none() => {
@@ -484,6 +540,11 @@ impl Uplink {
                     }
                 }
                 _ = publish_tick.tick() => self.publish(stats, outbox),
+                _ = reload_tick.tick(), if renewing.is_none() && draining.is_none() => {
+                    if self.reload_tls(stats) {
+                        renewing = Some(Instant::now() + self.config.drain_timeout);
+                    }
+                }
                 Some(watches) = next_status(&mut status) => {
                     let msg = AgentMessage::WatchStatus(WatchStatusReport { watches });
                     if let Err(e) = ws.send(Message::text(encode(&msg))).await {
@@ -491,6 +552,11 @@ impl Uplink {
                     }
                 }
                 _ = tokio::time::sleep_until(deadline) => {
+                    if draining.is_none() && renewing.is_some_and(|r| r <= Instant::now()) {
+                        tracing::warn!(unacked = sent.saturating_sub(outbox.acked()), "in-flight events not acked in time; reconnecting with the renewed certificate anyway (they are resent)");
+                        close(&mut ws, "certificate renewed").await;
+                        return SessionEnd::Renewed;
+                    }
                     if draining.is_some() {
                         tracing::warn!(pending = outbox.len(), "drain timeout: closing with events unacked");
                         close(&mut ws, "agent shutting down").await;
@@ -498,6 +564,15 @@ impl Uplink {
                     }
                     return SessionEnd::Lost(LinkError::Idle(idle));
                 }
+            }
+            if draining.is_none() && renewing.is_some() && outbox.acked() >= sent {
+                tracing::info!(
+                    acked = outbox.acked(),
+                    "in-flight events acked; closing to reconnect with the renewed certificate"
+                );
+                self.publish(stats, outbox);
+                close(&mut ws, "certificate renewed").await;
+                return SessionEnd::Renewed;
             }
             if draining.is_some() && outbox.is_empty() && !changes_pending(changes) {
                 tracing::info!(acked = outbox.acked(), "all events acked; closing");

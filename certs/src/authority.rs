@@ -131,9 +131,24 @@ impl Authority {
         let key_path = dir.join("ca.key");
         let cert_pem = std::fs::read_to_string(&cert_path).map_err(io_err(&cert_path))?;
         let key_pem = std::fs::read_to_string(&key_path).map_err(io_err(&key_path))?;
-        let key = KeyPair::from_pem(&key_pem)
+        Self::from_pem_named(&cert_pem, &key_pem, cert_path, key_path)
+    }
+
+    /// A CA from its certificate and key in PEM (e.g. the data of a Kubernetes Secret);
+    /// `origin` names where they come from in errors (`namespace/secret`).
+    pub fn from_pem(cert_pem: &str, key_pem: &str, origin: &str) -> Result<Self, CertError> {
+        Self::from_pem_named(
+            cert_pem,
+            key_pem,
+            PathBuf::from(format!("{origin}: ca.crt")),
+            PathBuf::from(format!("{origin}: ca.key")),
+        )
+    }
+
+    fn from_pem_named(cert_pem: &str, key_pem: &str, cert_path: PathBuf, key_path: PathBuf) -> Result<Self, CertError> {
+        let key = KeyPair::from_pem(key_pem)
             .map_err(|e| CertError::Pem { path: key_path.clone(), what: format!("not a private key: {e}") })?;
-        let info = inspect_pem(&cert_pem, &cert_path)?;
+        let info = inspect_pem(cert_pem, &cert_path)?;
         let trust_domain = match info.identity {
             Some(Identity { trust_domain, role: Role::TrustDomain }) => trust_domain,
             _ => {
@@ -143,7 +158,7 @@ impl Authority {
                 });
             }
         };
-        let issuer = Issuer::from_ca_cert_pem(&cert_pem, key)
+        let issuer = Issuer::from_ca_cert_pem(cert_pem, key)
             .map_err(|e| CertError::Pem { path: cert_path.clone(), what: format!("cannot use as issuer: {e}") })?;
         Ok(Self { issuer, trust_domain })
     }

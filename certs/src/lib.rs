@@ -21,6 +21,6 @@ pub use authority::{Authority, IssuedFiles, LeafSpec};
 pub use error::CertError;
 pub use inspect::{CertInfo, Purpose, inspect_file, inspect_pem};
 pub use tls::{
-    PeerCert, ReloadingServerConfig, TlsFiles, client_config, install_crypto_provider, peer_certificate, peer_identity,
-    server_config,
+    ClientReload, PeerCert, ReloadingClientConfig, ReloadingServerConfig, TlsFiles, client_config,
+    install_crypto_provider, peer_certificate, peer_identity, server_config,
 };

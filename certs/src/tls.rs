@@ -275,6 +275,144 @@ impl ReloadingServerConfig {
     }
 }
 
+/// What a client configuration was built from, and what its certificate says.
+struct ClientLoaded {
+    /// The bytes of the certificate, key and CA files, to notice any change.
+    contents: Vec<Vec<u8>>,
+    config: Arc<ClientConfig>,
+    info: crate::CertInfo,
+}
+
+/// What [`ReloadingClientConfig::reload_if_changed`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClientReload {
+    /// The files are as they were.
+    Unchanged,
+    /// Only the CA bundles changed: the next connection uses them.
+    Bundles,
+    /// The client's own certificate changed (renewed): a connection should be reopened
+    /// with it before the old one expires.
+    Certificate {
+        /// The serial of the certificate now in force.
+        serial: String,
+        /// When it expires.
+        not_after: jiff::Timestamp,
+    },
+}
+
+/// A client configuration (agent, subscriber) that follows its files, as
+/// [`ReloadingServerConfig`] does for the hub: renewed certificates (a cert-manager
+/// Secret, the lifecycle operator's rotation, a kubelet updating a mounted Secret) and
+/// CA bundle changes take effect without a restart.
+///
+/// Files are compared by content, not modification time: a kubelet swaps a Secret volume
+/// through a symlink, and a renewal may keep the time stamp. A half-written pair (a new
+/// certificate with the old key) does not load; the previous configuration stays in force
+/// and the next check tries again. The new certificate must carry the same SPIFFE identity.
+pub struct ReloadingClientConfig {
+    files: TlsFiles,
+    state: RwLock<ClientLoaded>,
+    /// The contents whose load failed, and why: reported once, not at every check.
+    failed: RwLock<Option<(Vec<Vec<u8>>, String)>>,
+}
+
+impl ReloadingClientConfig {
+    /// Loads the configuration once (see [`client_config`]); fails when the files are
+    /// unusable.
+    pub fn new(files: TlsFiles) -> Result<Self, CertError> {
+        let loaded = load_client(&files, &read_all(&files))?;
+        Ok(Self { files, state: RwLock::new(loaded), failed: RwLock::new(None) })
+    }
+
+    /// The configuration for the next connection.
+    pub fn current(&self) -> Arc<ClientConfig> {
+        self.state.read().map(|s| s.config.clone()).unwrap_or_else(|p| p.into_inner().config.clone())
+    }
+
+    /// What the certificate in force says (identity, serial, validity).
+    pub fn certificate(&self) -> crate::CertInfo {
+        self.state.read().map(|s| s.info.clone()).unwrap_or_else(|p| p.into_inner().info.clone())
+    }
+
+    /// Why the files on disk cannot be loaded (the previous configuration is in force), if so.
+    pub fn load_error(&self) -> Option<String> {
+        self.failed.read().ok().and_then(|f| f.as_ref().map(|(_, e)| e.clone()))
+    }
+
+    /// Reloads when a file's content changed. On error the old configuration stays in
+    /// force; the same broken contents are reported only once (then `Ok(Unchanged)`).
+    pub fn reload_if_changed(&self) -> Result<ClientReload, CertError> {
+        let now = read_all(&self.files);
+        let (changed, old) = match self.state.read() {
+            Ok(s) => (s.contents != now, s.info.clone()),
+            Err(p) => {
+                let s = p.into_inner();
+                (s.contents != now, s.info.clone())
+            }
+        };
+        if !changed {
+            if let Ok(mut f) = self.failed.write() {
+                *f = None;
+            }
+            return Ok(ClientReload::Unchanged);
+        }
+        if self.failed.read().is_ok_and(|f| f.as_ref().is_some_and(|(c, _)| *c == now)) {
+            return Ok(ClientReload::Unchanged);
+        }
+        let loaded = load_client(&self.files, &now).and_then(|l| {
+            if l.info.identity != old.identity {
+                let show = |i: &Option<Identity>| i.as_ref().map_or("none".to_string(), |i| i.to_string());
+                return Err(CertError::Pem {
+                    path: self.files.cert.clone(),
+                    what: format!(
+                        "the new certificate's identity {} differs from the one in use ({}); keeping the old one",
+                        show(&l.info.identity),
+                        show(&old.identity)
+                    ),
+                });
+            }
+            Ok(l)
+        });
+        match loaded {
+            Ok(l) => {
+                let outcome = if l.info.serial != old.serial {
+                    ClientReload::Certificate { serial: l.info.serial.clone(), not_after: l.info.not_after }
+                } else {
+                    ClientReload::Bundles
+                };
+                if let Ok(mut s) = self.state.write() {
+                    *s = l;
+                }
+                if let Ok(mut f) = self.failed.write() {
+                    *f = None;
+                }
+                Ok(outcome)
+            }
+            Err(e) => {
+                if let Ok(mut f) = self.failed.write() {
+                    *f = Some((now, e.to_string()));
+                }
+                Err(e)
+            }
+        }
+    }
+}
+
+/// The bytes of every file (empty when unreadable: a load then fails with the reason).
+fn read_all(files: &TlsFiles) -> Vec<Vec<u8>> {
+    std::iter::once(&files.cert)
+        .chain(std::iter::once(&files.key))
+        .chain(files.ca.iter())
+        .map(|p| std::fs::read(p).unwrap_or_default())
+        .collect()
+}
+
+fn load_client(files: &TlsFiles, contents: &[Vec<u8>]) -> Result<ClientLoaded, CertError> {
+    let config = client_config(files)?;
+    let info = crate::inspect_file(&files.cert)?;
+    Ok(ClientLoaded { contents: contents.to_vec(), config: Arc::new(config), info })
+}
+
 fn load(files: &TlsFiles) -> Result<Loaded, CertError> {
     let stamps = stamps(files);
     let verifier = client_verifier(files)?;
@@ -332,6 +470,66 @@ mod tests {
     }
 
     const AGENT: &str = "spiffe://td/cluster/a";
+
+    #[test]
+    fn a_client_configuration_follows_its_files() {
+        let ca = Ca::new();
+        let auth = Authority::load(ca.dir.path()).unwrap();
+        let issued = auth.issue(ca.dir.path(), &LeafSpec::Agent { cluster: "x".into() }, 1).unwrap();
+        let files =
+            TlsFiles { cert: issued.cert.clone(), key: issued.key.clone(), ca: vec![ca.dir.path().join("ca.crt")] };
+        let reloading = ReloadingClientConfig::new(files.clone()).unwrap();
+        let first = reloading.certificate().serial;
+        assert_eq!(reloading.reload_if_changed().unwrap(), ClientReload::Unchanged);
+
+        // Renewed: a new certificate and key, same identity.
+        let (cert, key, _) = auth.issue_pem(&LeafSpec::Agent { cluster: "x".into() }, 1).unwrap();
+        // Half-written (the new certificate with the old key): refused once, old in force.
+        std::fs::write(&files.cert, &cert).unwrap();
+        let err = reloading.reload_if_changed().unwrap_err().to_string();
+        assert!(err.contains("do not match"), "{err}");
+        assert!(reloading.load_error().is_some());
+        assert_eq!(reloading.reload_if_changed().unwrap(), ClientReload::Unchanged, "reported once");
+        assert_eq!(reloading.certificate().serial, first);
+        std::fs::write(&files.key, &key).unwrap();
+        match reloading.reload_if_changed().unwrap() {
+            ClientReload::Certificate { serial, .. } => {
+                assert_ne!(serial, first);
+                assert_eq!(reloading.certificate().serial, serial);
+            }
+            other => panic!("expected a new certificate, got {other:?}"),
+        }
+        assert!(reloading.load_error().is_none());
+
+        // Another identity is never taken over.
+        let (cert, key, _) = auth.issue_pem(&LeafSpec::Agent { cluster: "y".into() }, 1).unwrap();
+        std::fs::write(&files.cert, &cert).unwrap();
+        std::fs::write(&files.key, &key).unwrap();
+        let err = reloading.reload_if_changed().unwrap_err().to_string();
+        assert!(err.contains("differs from the one in use"), "{err}");
+        assert_eq!(reloading.certificate().identity.unwrap().to_string(), "spiffe://td/cluster/x");
+
+        // Only the bundle changes: no new certificate.
+        let (cert, key, _) = auth.issue_pem(&LeafSpec::Agent { cluster: "x".into() }, 1).unwrap();
+        std::fs::write(&files.cert, &cert).unwrap();
+        std::fs::write(&files.key, &key).unwrap();
+        assert!(matches!(reloading.reload_if_changed().unwrap(), ClientReload::Certificate { .. }));
+        let mut bundle = std::fs::read_to_string(&files.ca[0]).unwrap();
+        bundle.push_str(&std::fs::read_to_string(&files.ca[0]).unwrap());
+        std::fs::write(&files.ca[0], bundle).unwrap();
+        assert_eq!(reloading.reload_if_changed().unwrap(), ClientReload::Bundles);
+    }
+
+    #[test]
+    fn a_ca_loads_from_pem() {
+        let ca = Ca::new();
+        let cert = std::fs::read_to_string(ca.dir.path().join("ca.crt")).unwrap();
+        let key = std::fs::read_to_string(ca.dir.path().join("ca.key")).unwrap();
+        let auth = Authority::from_pem(&cert, &key, "ns/ca").unwrap();
+        assert_eq!(auth.trust_domain(), "td");
+        let err = Authority::from_pem(&key, &key, "ns/ca").err().unwrap().to_string();
+        assert!(err.contains("ns/ca: ca.crt"), "{err}");
+    }
 
     #[test]
     fn a_proper_client_certificate_passes() {

@@ -47,6 +47,12 @@ pub struct AgentArgs {
     /// wrong identity).
     #[arg(long, env = "FLEETWATCH_REFUSED_RETRY", default_value_t = 30.0)]
     refused_retry: f64,
+    /// Seconds between reads of the certificate, key and CA files: a renewed certificate
+    /// (e.g. a Secret the lifecycle operator or cert-manager rotated) makes the agent
+    /// reconnect with it, keeping its pending events; a changed CA bundle is used from the
+    /// next connection. No restart needed.
+    #[arg(long, env = "FLEETWATCH_TLS_RELOAD_INTERVAL", default_value_t = 5.0)]
+    tls_reload_interval: f64,
     /// Keep retrying when the first connection fails, instead of exiting with its error.
     #[arg(long, env = "FLEETWATCH_RETRY_FIRST_CONNECT")]
     retry_first_connect: bool,
@@ -73,6 +79,10 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         .ok()
         .filter(|d| !d.is_zero())
         .context("--refused-retry must be a positive number of seconds")?;
+    config.tls_reload_interval = std::time::Duration::try_from_secs_f64(args.tls_reload_interval)
+        .ok()
+        .filter(|d| !d.is_zero())
+        .context("--tls-reload-interval must be a positive number of seconds")?;
     let runtime = AgentRuntime::new(config).context("cannot start agent")?.fail_fast(!args.retry_first_connect);
     let shutdown = crate::shutdown_on_signals();
     let health = match args.health_listen {

@@ -38,8 +38,9 @@ pub struct LifecycleArgs {
     /// Reconciles running at once.
     #[arg(long, env = "FLEETWATCH_CONCURRENCY", default_value_t = 16)]
     concurrency: u16,
-    /// Serve `/metrics` (Prometheus text: reconciles, failures, migrations and their time)
-    /// and `/healthz` on this address.
+    /// Serve `/metrics` (Prometheus text: reconciles, failures, migrations and their time,
+    /// reconcile duration histogram, modules by state, queue depth, shards held) and
+    /// `/healthz` on this address.
     #[arg(long, env = "FLEETWATCH_METRICS_LISTEN")]
     metrics_listen: Option<std::net::SocketAddr>,
     /// How much of a maintenance window must be left for an upgrade that needs downtime to
@@ -67,6 +68,20 @@ pub struct LifecycleArgs {
     /// leader reconciles everything. Give every instance the same N.
     #[arg(long, env = "FLEETWATCH_SHARDS", default_value_t = 1)]
     shards: u32,
+    /// Install the agent into every Runtime's cluster and issue its certificate from this
+    /// CA: a control-plane Secret NAMESPACE/NAME with `ca.crt` and `ca.key` (as `fleetwatch
+    /// certs init` writes them; `tls.crt`/`tls.key` work too) and optionally `hub-ca.crt`,
+    /// the CA bundle agents trust for the hub (default: `ca.crt`). Every Runtime then gets
+    /// the module `fleetwatch-agent` (its ModuleTemplate: `fleetwatch agent-module`) and, in
+    /// its cluster, the Secret fleetwatch-system/fleetwatch-agent-tls with `tls.crt`
+    /// (identity spiffe://<trust-domain>/cluster/<clusterId>, clientAuth), `tls.key` and
+    /// `ca.crt`, renewed at two thirds of its lifetime; agents reload it without a restart.
+    #[arg(long, env = "FLEETWATCH_AGENT_CA_SECRET")]
+    agent_ca_secret: Option<String>,
+    /// How long the agent certificates issued with --agent-ca-secret are valid (e.g.
+    /// `30d`, `720h`, `45s`); each is renewed when two thirds of it have passed.
+    #[arg(long, env = "FLEETWATCH_AGENT_CERT_LIFETIME", default_value = "30d", requires = "agent_ca_secret")]
+    agent_cert_lifetime: String,
 }
 
 pub async fn run(args: LifecycleArgs) -> anyhow::Result<()> {
@@ -107,7 +122,28 @@ pub async fn run(args: LifecycleArgs) -> anyhow::Result<()> {
         .min_window_remaining
         .parse()
         .with_context(|| format!("--min-window-remaining {:?}", args.min_window_remaining))?;
+    let agent_certs = match &args.agent_ca_secret {
+        Some(secret) => {
+            let lifetime: jiff::SignedDuration = args
+                .agent_cert_lifetime
+                .parse()
+                .or_else(|_| {
+                    args.agent_cert_lifetime
+                        .parse::<jiff::Span>()
+                        .and_then(|s| s.to_duration(jiff::SpanRelativeTo::days_are_24_hours()))
+                })
+                .with_context(|| format!("--agent-cert-lifetime {:?}", args.agent_cert_lifetime))?;
+            let lifetime = std::time::Duration::try_from(lifetime)
+                .with_context(|| format!("--agent-cert-lifetime {:?} must be positive", args.agent_cert_lifetime))?;
+            let certs = fleetwatch_lifecycle::agent_module::AgentCerts::new(secret, lifetime)
+                .map_err(|e| anyhow::anyhow!("--agent-ca-secret: {e}"))?;
+            tracing::info!(ca = %secret, lifetime_secs = lifetime.as_secs(), "installing agents and issuing their certificates");
+            Some(certs)
+        }
+        None => None,
+    };
     let config = fleetwatch_lifecycle::LifecycleConfig {
+        agent_certs,
         min_window_remaining,
         client: client.clone(),
         hub,
@@ -127,7 +163,15 @@ pub async fn run(args: LifecycleArgs) -> anyhow::Result<()> {
             "/metrics",
             axum::routing::get(move || {
                 let m = m.clone();
-                async move { m.encode() }
+                async move {
+                    (
+                        [(
+                            axum::http::header::CONTENT_TYPE,
+                            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                        )],
+                        m.encode(),
+                    )
+                }
             }),
         );
         let sd = shutdown.clone();

@@ -2,6 +2,7 @@
 
 mod admin_http;
 mod agent_cmd;
+mod agent_module_cmd;
 mod bench;
 mod certs_cmd;
 mod crds_cmd;
@@ -46,6 +47,9 @@ enum Command {
     Agent(agent_cmd::AgentArgs),
     /// Run the module lifecycle operator: keep each Runtime's modules in their desired state.
     Lifecycle(lifecycle_cmd::LifecycleArgs),
+    /// Print the agent's ModuleTemplate and ModuleReleaseMeta (YAML) for `lifecycle
+    /// --agent-ca-secret`, which installs it into every Runtime's cluster.
+    AgentModule(agent_module_cmd::AgentModuleArgs),
     /// Print events from the hub, one JSON document per line.
     Tail(tail_cmd::TailArgs),
     /// Resolve maintenance windows from a maintenance policy (lifecycle-manager format).
@@ -69,6 +73,7 @@ fn main() -> std::process::ExitCode {
         Command::Certs(args) => certs_cmd::run(args),
         Command::Crds(args) => crds_cmd::run(args),
         Command::Maintenance(args) => maintenance_cmd::run(args),
+        Command::AgentModule(args) => agent_module_cmd::run(args),
         other => {
             let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
                 Ok(rt) => rt,
@@ -89,7 +94,9 @@ fn main() -> std::process::ExitCode {
                         let shutdown = shutdown_on_signals();
                         fleetwatch_sim::run(args, shutdown).await.map_err(anyhow::Error::from)
                     }
-                    Command::Certs(_) | Command::Crds(_) | Command::Maintenance(_) => unreachable!("handled above"),
+                    Command::Certs(_) | Command::Crds(_) | Command::Maintenance(_) | Command::AgentModule(_) => {
+                        unreachable!("handled above")
+                    }
                 }
             })
         }

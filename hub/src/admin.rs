@@ -79,17 +79,164 @@ async fn storage_fault(State(ctx): State<Arc<Context>>, Query(q): Query<FaultQue
 
 async fn metrics(State(ctx): State<Arc<Context>>) -> impl IntoResponse {
     let mut body = ctx.sessions.metrics.encode();
-    // Gauges read at scrape time rather than kept up to date on every append.
-    body = body.replace("# EOF\n", "");
-    body.push_str(&format!(
-        "# HELP fleetwatch_hub_bus_records Records retained in the bus.\n# TYPE fleetwatch_hub_bus_records gauge\nfleetwatch_hub_bus_records {}\n# HELP fleetwatch_hub_bus_last_offset Offset of the newest record.\n# TYPE fleetwatch_hub_bus_last_offset gauge\nfleetwatch_hub_bus_last_offset {}\n# HELP fleetwatch_hub_bus_bytes Bytes of records retained in the bus.\n# TYPE fleetwatch_hub_bus_bytes gauge\nfleetwatch_hub_bus_bytes {}\n# HELP fleetwatch_hub_bus_writable Whether the bus can store records (0 while disk writes fail).\n# TYPE fleetwatch_hub_bus_writable gauge\nfleetwatch_hub_bus_writable {}\n# HELP fleetwatch_hub_bus_write_failures Batches refused because a disk write failed.\n# TYPE fleetwatch_hub_bus_write_failures counter\nfleetwatch_hub_bus_write_failures_total {}\n# EOF\n",
-        ctx.sessions.bus.retained(),
-        ctx.sessions.bus.last_offset(),
-        ctx.sessions.bus.retained_bytes(),
-        u8::from(ctx.sessions.bus.health().is_ok()),
-        ctx.sessions.bus.write_failures()
-    ));
+    body.push_str(&scrape(&ctx).await);
     ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], body)
+}
+
+/// The families read at scrape time (see [`crate::metrics`]): bus size and evictions,
+/// readiness, per-cluster liveness, client certificate expiry, subscriber lag.
+async fn scrape(ctx: &Context) -> String {
+    use crate::metrics::Text;
+    let bus = &ctx.sessions.bus;
+    let now = jiff::Timestamp::now();
+    let now_secs = now.as_millisecond() as f64 / 1000.0;
+    let mut t = Text::default();
+    let last = bus.last_offset();
+    t.single("fleetwatch_hub_bus_records", "gauge", "Records retained in the bus", bus.retained() as f64);
+    t.single("fleetwatch_hub_bus_last_offset", "gauge", "Offset of the newest record", last as f64);
+    t.single(
+        "fleetwatch_hub_bus_first_offset",
+        "gauge",
+        "Offset of the oldest retained record",
+        bus.first_offset() as f64,
+    );
+    t.single(
+        "fleetwatch_hub_bus_evicted_records",
+        "counter",
+        "Records evicted by retention since the log began (offsets below the oldest retained one)",
+        bus.first_offset().saturating_sub(1) as f64,
+    );
+    t.single("fleetwatch_hub_bus_bytes", "gauge", "Bytes of records retained in the bus", bus.retained_bytes() as f64);
+    t.single(
+        "fleetwatch_hub_bus_writable",
+        "gauge",
+        "Whether the bus can store records (0 while writes fail)",
+        f64::from(u8::from(bus.health().is_ok())),
+    );
+    t.single(
+        "fleetwatch_hub_bus_write_failures",
+        "counter",
+        "Batches refused because a write failed",
+        bus.write_failures() as f64,
+    );
+    let ready = checks(ctx).iter().all(|c| c.state.is_ok());
+    t.single(
+        "fleetwatch_hub_ready",
+        "gauge",
+        "Whether /readyz answers ready (1) or not (0)",
+        f64::from(u8::from(ready)),
+    );
+
+    // Per cluster this replica knows: connected, last heard of, sessions opened.
+    let clusters = ctx.sessions.registry.list();
+    t.family("fleetwatch_hub_cluster_connected", "gauge", "Whether the cluster's agent is connected to this hub");
+    for c in &clusters {
+        t.sample("fleetwatch_hub_cluster_connected", &[("cluster", &c.cluster)], f64::from(u8::from(c.connected)));
+    }
+    t.family(
+        "fleetwatch_hub_cluster_last_seen_timestamp_seconds",
+        "gauge",
+        "When this hub last heard from the cluster's agent (Unix seconds)",
+    );
+    for c in &clusters {
+        if let Some(seen) = c.last_seen {
+            let v = seen.as_millisecond() as f64 / 1000.0;
+            t.sample("fleetwatch_hub_cluster_last_seen_timestamp_seconds", &[("cluster", &c.cluster)], v);
+        }
+    }
+    t.family("fleetwatch_hub_cluster_sessions", "counter", "Agent sessions opened per cluster since the hub started");
+    for c in &clusters {
+        t.sample("fleetwatch_hub_cluster_sessions_total", &[("cluster", &c.cluster)], c.sessions as f64);
+    }
+
+    t.family(
+        "fleetwatch_hub_cluster_watches",
+        "gauge",
+        "Watches of each connected cluster's agent, by phase (running, starting, kind-not-found, forbidden, error)",
+    );
+    for c in clusters.iter().filter(|c| c.connected) {
+        let mut phases: std::collections::BTreeMap<String, u64> = Default::default();
+        for w in &c.watches {
+            *phases.entry(w.phase.to_string()).or_default() += 1;
+        }
+        for (phase, n) in phases {
+            t.sample("fleetwatch_hub_cluster_watches", &[("cluster", &c.cluster), ("phase", &phase)], n as f64);
+        }
+    }
+
+    // Certificates: the hub's own, and the client certificates of the open connections.
+    t.single(
+        "fleetwatch_hub_cert_expiry_timestamp_seconds",
+        "gauge",
+        "When the hub's own certificate in force expires (Unix seconds)",
+        ctx.tls.not_after().as_millisecond() as f64 / 1000.0,
+    );
+    let mut earliest: Option<jiff::Timestamp> = None;
+    let mut agents: std::collections::BTreeMap<String, jiff::Timestamp> = Default::default();
+    for (peer, _) in ctx.sessions.registry.open_connections() {
+        earliest = Some(earliest.map_or(peer.not_after, |e| e.min(peer.not_after)));
+        let cluster = peer
+            .identity
+            .parse::<fleetwatch_protocol::identity::Identity>()
+            .ok()
+            .and_then(|id| id.cluster_id().map(str::to_string));
+        if let Some(cluster) = cluster {
+            let e = agents.entry(cluster).or_insert(peer.not_after);
+            *e = (*e).min(peer.not_after);
+        }
+    }
+    t.family(
+        "fleetwatch_hub_agent_cert_expiry_timestamp_seconds",
+        "gauge",
+        "When the certificate of each connected agent expires (Unix seconds)",
+    );
+    for (cluster, not_after) in &agents {
+        let v = not_after.as_millisecond() as f64 / 1000.0;
+        t.sample("fleetwatch_hub_agent_cert_expiry_timestamp_seconds", &[("cluster", cluster)], v);
+    }
+    t.family(
+        "fleetwatch_hub_client_cert_earliest_expiry_seconds",
+        "gauge",
+        "Seconds until the earliest expiry among the certificates of connected agents and subscribers",
+    );
+    if let Some(e) = earliest {
+        let v = e.as_millisecond() as f64 / 1000.0 - now_secs;
+        t.sample("fleetwatch_hub_client_cert_earliest_expiry_seconds", &[], v);
+    }
+
+    // Subscriber lag: records not acked yet, and the age of the oldest of them.
+    let subs = ctx.sessions.metrics.subscribers.all();
+    // Several sessions of one name (instances without a durable name): the worst one.
+    let mut lags: std::collections::BTreeMap<(&str, &str), (u64, f64)> = Default::default();
+    for p in &subs {
+        let (records, oldest) = p.lag(last);
+        let age = match oldest {
+            Some(offset) => match bus.read(offset, 1).await {
+                Ok(read) => read.records.first().map_or(0.0, |r| (now_secs - r.time_ms as f64 / 1000.0).max(0.0)),
+                Err(_) => 0.0,
+            },
+            None => 0.0,
+        };
+        let e = lags.entry((p.name.as_str(), p.durable.as_str())).or_insert((0, 0.0));
+        *e = (e.0.max(records), e.1.max(age));
+    }
+    t.family("fleetwatch_hub_subscriber_lag_records", "gauge", "Records a subscriber session has not acked yet");
+    for ((name, durable), (records, _)) in &lags {
+        t.sample(
+            "fleetwatch_hub_subscriber_lag_records",
+            &[("subscriber", name), ("durable", durable)],
+            *records as f64,
+        );
+    }
+    t.family(
+        "fleetwatch_hub_subscriber_lag_seconds",
+        "gauge",
+        "Age of the oldest record a subscriber session has not acked yet",
+    );
+    for ((name, durable), (_, age)) in &lags {
+        t.sample("fleetwatch_hub_subscriber_lag_seconds", &[("subscriber", name), ("durable", durable)], *age);
+    }
+    t.finish()
 }
 
 /// This replica's clusters, plus, on a shared bus, those of the other replicas (`hub` says

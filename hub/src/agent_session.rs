@@ -62,7 +62,9 @@ pub(crate) async fn run(mut conn: Conn, cluster: String, peer: Peer, ctx: Arc<Se
             return conn.fail(ErrorCode::ClusterAlreadyConnected, msg, CloseCode::Policy).await;
         }
     }
+    ctx.registry.certificate(&cluster, &peer.serial, peer.not_after);
     ctx.metrics.agent_sessions.inc();
+    ctx.metrics.connected("agent");
     tracing::info!(session = %session_id, epoch = hello.epoch, last_acked = hello.last_acked_seq, "agent connected");
     let cluster: Arc<str> = Arc::from(cluster);
     let mut session = Session {
@@ -75,6 +77,7 @@ pub(crate) async fn run(mut conn: Conn, cluster: String, peer: Peer, ctx: Arc<Se
     };
     let end = session.serve(&mut conn, &hello, &session_id, &cancel, &shutdown, &peer).await;
     ctx.metrics.agent_sessions.dec();
+    ctx.metrics.disconnected("agent", end.reason());
     ctx.registry.close(&cluster, &session_id);
     end.finish(conn, "agent").await;
 }
@@ -274,6 +277,7 @@ impl Session {
             conn.send_error(ErrorCode::RateLimited, msg, false).await;
         }
         self.ctx.metrics.throttled_seconds.inc_by(wait.as_secs_f64());
+        self.ctx.metrics.throttled_acks.inc();
         tokio::time::sleep(wait).await;
     }
 

@@ -45,11 +45,21 @@ pub(crate) enum End {
     Closed(String),
     /// A fatal error frame, then a close.
     Fail(ErrorCode, String, CloseCode),
-    /// A close frame only.
-    Close(CloseCode, String),
+    /// A close frame only; the label says why for the metrics (`idle-timeout`, ...).
+    Close(CloseCode, &'static str, String),
 }
 
 impl End {
+    /// Why the session ends, as the `reason` label of the disconnect counter: the error
+    /// code sent, the close's label, or `peer-closed`.
+    pub(crate) fn reason(&self) -> &'static str {
+        match self {
+            End::Closed(_) => "peer-closed",
+            End::Fail(code, ..) => code.as_str(),
+            End::Close(_, label, _) => label,
+        }
+    }
+
     /// Logs why the session of `role` ends and tells the peer.
     pub(crate) async fn finish(self, conn: Conn, role: &str) {
         match self {
@@ -62,7 +72,7 @@ impl End {
                 }
                 conn.fail(code, msg, close).await;
             }
-            End::Close(close, msg) => {
+            End::Close(close, _, msg) => {
                 tracing::info!(%msg, "closing {role} session");
                 conn.close(close, &msg).await;
             }
@@ -155,10 +165,10 @@ impl Conn {
         match self.recv().await {
             Incoming::Message(b) => Ok(b),
             Incoming::Closed(why) => Err(End::Closed(why)),
-            Incoming::Idle => Err(End::Close(CloseCode::Away, "idle timeout".into())),
+            Incoming::Idle => Err(End::Close(CloseCode::Away, "idle-timeout", "idle timeout".into())),
             Incoming::TooLarge(why) => {
                 metrics.reject("too-large");
-                Err(End::Close(CloseCode::Size, format!("message too large: {why}")))
+                Err(End::Close(CloseCode::Size, "too-large", format!("message too large: {why}")))
             }
             Incoming::Invalid(why) => {
                 metrics.reject("invalid-frame");
@@ -182,7 +192,7 @@ impl Conn {
                 let msg = format!("no {expected} within the handshake timeout");
                 Err(End::Fail(ErrorCode::Forbidden, msg, CloseCode::Policy))
             }),
-            _ = shutdown.cancelled() => Err(End::Close(CloseCode::Away, "hub shutting down".into())),
+            _ = shutdown.cancelled() => Err(End::Close(CloseCode::Away, "shutting-down", "hub shutting down".into())),
         }
     }
 

@@ -1,4 +1,17 @@
 //! Prometheus metrics of the hub.
+//!
+//! Two kinds: instruments kept up to date where things happen (counters, gauges, the
+//! append histogram; a [`prometheus_client`] registry), and state read at scrape time
+//! (bus size, per-cluster liveness, certificate expiry, subscriber lag; written by the
+//! admin endpoint with [`Text`]), because keeping those current on every event would cost
+//! the hot path for a number read every few seconds. The names are a contract with
+//! `deploy/observability/` (dashboard and alert rules), checked by a test against a
+//! running hub.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -13,6 +26,28 @@ pub struct ReasonLabel {
     /// The reason.
     pub reason: String,
 }
+
+/// Label: the role of a session (`agent` or `subscriber`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RoleLabel {
+    /// `agent` or `subscriber`.
+    pub role: String,
+}
+
+/// Labels: the role of a session and why it ended.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DisconnectLabel {
+    /// `agent` or `subscriber`.
+    pub role: String,
+    /// Why: the error code sent (`replaced`, `shutting-down`, `forbidden`, ...), the close's
+    /// label (`idle-timeout`, `too-large`, `stalled`) or `peer-closed`.
+    pub reason: String,
+}
+
+/// Why a connection fails before its session begins: the `reason` labels of
+/// `handshake_failures`.
+pub const HANDSHAKE_FAILURES: &[&str] =
+    &["tls-handshake", "ws-handshake", "handshake-timeout", "no-identity", "trust-domain", "revoked", "wrong-role"];
 
 /// All hub metrics.
 pub struct Metrics {
@@ -47,6 +82,16 @@ pub struct Metrics {
     pub pings_sent: Counter,
     /// Subscribers disconnected because they did not drain within the stall timeout.
     pub subscriber_stalls: Counter,
+    /// Sessions that completed their opening (agent welcomed, subscriber subscribed), by role.
+    pub connects: Family<RoleLabel, Counter>,
+    /// Sessions that ended, by role and reason.
+    pub disconnects: Family<DisconnectLabel, Counter>,
+    /// Connections that failed before a session began (TLS, WebSocket, identity), by reason.
+    pub handshake_failures: Family<ReasonLabel, Counter>,
+    /// Acks delayed by the per-cluster rate limits.
+    pub throttled_acks: Counter,
+    /// Where each subscriber session is, for the lag read at scrape time.
+    pub subscribers: SubscriberBoard,
 }
 
 impl Default for Metrics {
@@ -68,6 +113,11 @@ impl Default for Metrics {
             resyncs_coalesced: Counter::default(),
             pings_sent: Counter::default(),
             subscriber_stalls: Counter::default(),
+            connects: Family::default(),
+            disconnects: Family::default(),
+            handshake_failures: Family::default(),
+            throttled_acks: Counter::default(),
+            subscribers: SubscriberBoard::default(),
             registry: Registry::default(),
         };
         registry.register("agent_sessions", "Agent sessions open", m.agent_sessions.clone());
@@ -105,6 +155,33 @@ impl Default for Metrics {
             "Subscribers disconnected for not draining within the stall timeout",
             m.subscriber_stalls.clone(),
         );
+        registry.register(
+            "connects",
+            "Sessions opened (agent welcomed, subscriber subscribed), by role",
+            m.connects.clone(),
+        );
+        registry.register("disconnects", "Sessions ended, by role and reason", m.disconnects.clone());
+        registry.register(
+            "handshake_failures",
+            "Connections that failed before a session began (TLS, WebSocket, identity, revoked), by reason",
+            m.handshake_failures.clone(),
+        );
+        registry.register("throttled_acks", "Acks delayed by the per-cluster rate limits", m.throttled_acks.clone());
+        // The usual label values start at 0, so every family is served from the start
+        // (dashboards and alerts see a series before the first event, rate() works at once).
+        for reason in HANDSHAKE_FAILURES {
+            let _ = m.handshake_failures.get_or_create(&ReasonLabel { reason: (*reason).into() });
+            let _ = m.rejected.get_or_create(&ReasonLabel { reason: (*reason).into() });
+        }
+        for reason in ["revoked", "expired", "untrusted"] {
+            let _ = m.sessions_expired.get_or_create(&ReasonLabel { reason: reason.into() });
+        }
+        for role in ["agent", "subscriber"] {
+            let _ = m.connects.get_or_create(&RoleLabel { role: role.into() });
+            for reason in ["peer-closed", "idle-timeout", "replaced", "shutting-down", "forbidden"] {
+                let _ = m.disconnects.get_or_create(&DisconnectLabel { role: role.into(), reason: reason.into() });
+            }
+        }
         Self { registry, ..m }
     }
 }
@@ -115,10 +192,195 @@ impl Metrics {
         self.rejected.get_or_create(&ReasonLabel { reason: reason.into() }).inc();
     }
 
-    /// The Prometheus text exposition.
+    /// Counts a connection that failed before its session began: `handshake_failures` by
+    /// `reason`, and the same reason in `rejected` (kept for existing dashboards).
+    pub fn handshake_failed(&self, reason: &str) {
+        self.handshake_failures.get_or_create(&ReasonLabel { reason: reason.into() }).inc();
+        self.reject(reason);
+    }
+
+    /// Counts a session that opened.
+    pub fn connected(&self, role: &str) {
+        self.connects.get_or_create(&RoleLabel { role: role.into() }).inc();
+    }
+
+    /// Counts a session that ended, and why.
+    pub fn disconnected(&self, role: &str, reason: &str) {
+        self.disconnects.get_or_create(&DisconnectLabel { role: role.into(), reason: reason.into() }).inc();
+    }
+
+    /// The Prometheus text exposition of the instruments, without the closing `# EOF`
+    /// (the admin endpoint appends the scrape-time families, then closes).
     pub fn encode(&self) -> String {
         let mut out = String::new();
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        if let Some(body) = out.strip_suffix("# EOF\n") {
+            out.truncate(body.len());
+        }
         out
+    }
+}
+
+/// One subscriber session's position, updated by the session, read at scrape time.
+#[derive(Debug, Default)]
+pub struct SubscriberProgress {
+    /// The subscriber's name (from its certificate).
+    pub name: String,
+    /// Its durable subscription name, or `-`.
+    pub durable: String,
+    /// The highest offset it acked.
+    pub acked: AtomicU64,
+    /// The highest offset read for it (sent, or skipped by its filter).
+    pub sent: AtomicU64,
+    /// The highest offset actually sent to it.
+    pub delivered: AtomicU64,
+}
+
+impl SubscriberProgress {
+    /// Records not yet acked that concern it: read but unacked, plus not read yet up to
+    /// `last_offset`; and the offset of the oldest of them (for its age), if any.
+    pub fn lag(&self, last_offset: u64) -> (u64, Option<u64>) {
+        let acked = self.acked.load(Ordering::Relaxed);
+        let sent = self.sent.load(Ordering::Relaxed);
+        let delivered = self.delivered.load(Ordering::Relaxed);
+        let unacked = delivered.saturating_sub(acked);
+        let unread = last_offset.saturating_sub(sent);
+        let oldest = if unacked > 0 {
+            Some(acked + 1)
+        } else if unread > 0 {
+            Some(sent + 1)
+        } else {
+            None
+        };
+        (unacked + unread, oldest)
+    }
+}
+
+/// The subscriber sessions open now, for the lag metrics.
+#[derive(Debug, Default)]
+pub struct SubscriberBoard {
+    sessions: Mutex<HashMap<u64, Arc<SubscriberProgress>>>,
+}
+
+/// A subscriber's entry on the board; dropping it removes the entry.
+pub struct BoardEntry<'a> {
+    board: &'a SubscriberBoard,
+    id: u64,
+    /// The position to update.
+    pub progress: Arc<SubscriberProgress>,
+}
+
+impl Drop for BoardEntry<'_> {
+    fn drop(&mut self) {
+        if let Ok(mut s) = self.board.sessions.lock() {
+            s.remove(&self.id);
+        }
+    }
+}
+
+impl SubscriberBoard {
+    /// Puts a session on the board for as long as the entry lives.
+    pub fn join(&self, name: &str, durable: Option<&str>) -> BoardEntry<'_> {
+        let progress = Arc::new(SubscriberProgress {
+            name: name.into(),
+            durable: durable.unwrap_or("-").into(),
+            ..Default::default()
+        });
+        let id = rand::random::<u64>();
+        if let Ok(mut s) = self.sessions.lock() {
+            s.insert(id, progress.clone());
+        }
+        BoardEntry { board: self, id, progress }
+    }
+
+    /// Every open session's position.
+    pub fn all(&self) -> Vec<Arc<SubscriberProgress>> {
+        self.sessions.lock().map(|s| s.values().cloned().collect()).unwrap_or_default()
+    }
+}
+
+/// Writes metric families in the OpenMetrics text format (scrape-time state).
+#[derive(Default)]
+pub struct Text {
+    out: String,
+}
+
+impl Text {
+    /// Starts a family: `kind` is `gauge` or `counter` (whose samples get `_total`).
+    pub fn family(&mut self, name: &str, kind: &str, help: &str) {
+        let _ = write!(self.out, "# HELP {name} {help}.\n# TYPE {name} {kind}\n");
+    }
+
+    /// One sample of `name` (with the `_total` suffix for counters) with labels.
+    pub fn sample(&mut self, name: &str, labels: &[(&str, &str)], value: f64) {
+        self.out.push_str(name);
+        if !labels.is_empty() {
+            self.out.push('{');
+            for (i, (k, v)) in labels.iter().enumerate() {
+                if i > 0 {
+                    self.out.push(',');
+                }
+                let v = v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n");
+                let _ = write!(self.out, "{k}=\"{v}\"");
+            }
+            self.out.push('}');
+        }
+        let _ = writeln!(self.out, " {value}");
+    }
+
+    /// A family with one unlabelled sample.
+    pub fn single(&mut self, name: &str, kind: &str, help: &str, value: f64) {
+        self.family(name, kind, help);
+        let sample = if kind == "counter" { format!("{name}_total") } else { name.to_string() };
+        self.sample(&sample, &[], value);
+    }
+
+    /// The text, closed with `# EOF`.
+    pub fn finish(mut self) -> String {
+        self.out.push_str("# EOF\n");
+        self.out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lag_counts_unacked_and_unread_records() {
+        let p = SubscriberProgress::default();
+        assert_eq!(p.lag(0), (0, None));
+        p.sent.store(10, Ordering::Relaxed);
+        p.delivered.store(10, Ordering::Relaxed);
+        p.acked.store(7, Ordering::Relaxed);
+        assert_eq!(p.lag(15), (3 + 5, Some(8)));
+        p.acked.store(10, Ordering::Relaxed);
+        assert_eq!(p.lag(15), (5, Some(11)));
+        // Records its filter skipped were read for it: they are not lag.
+        p.sent.store(15, Ordering::Relaxed);
+        assert_eq!(p.lag(15), (0, None));
+    }
+
+    #[test]
+    fn text_escapes_label_values_and_closes() {
+        let mut t = Text::default();
+        t.family("x", "gauge", "An x");
+        t.sample("x", &[("a", "q\"b\\")], 1.5);
+        let out = t.finish();
+        assert_eq!(out, "# HELP x An x.\n# TYPE x gauge\nx{a=\"q\\\"b\\\\\"} 1.5\n# EOF\n");
+    }
+
+    #[test]
+    fn instruments_are_encoded_without_eof() {
+        let m = Metrics::default();
+        m.connected("agent");
+        m.disconnected("agent", "peer-closed");
+        m.handshake_failed("tls-handshake");
+        let out = m.encode();
+        assert!(!out.contains("# EOF"), "{out}");
+        assert!(out.contains("fleetwatch_hub_connects_total{role=\"agent\"} 1"), "{out}");
+        assert!(out.contains("fleetwatch_hub_disconnects_total{role=\"agent\",reason=\"peer-closed\"} 1"), "{out}");
+        assert!(out.contains("fleetwatch_hub_handshake_failures_total{reason=\"tls-handshake\"} 1"), "{out}");
+        assert!(out.contains("fleetwatch_hub_rejected_total{reason=\"tls-handshake\"} 1"), "{out}");
     }
 }

@@ -96,6 +96,12 @@ pub struct ClusterStatus {
     /// How each configured watch is doing in the agent.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub watches: Vec<WatchState>,
+    /// Serial (lower-case hex) of the certificate the live (or last) session presented.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cert_serial: Option<String>,
+    /// When that certificate expires.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cert_not_after: Option<jiff::Timestamp>,
     /// Agents refused because this cluster id was already connected from elsewhere.
     pub conflicts: u64,
     /// The address of the last refused agent.
@@ -195,6 +201,16 @@ impl SessionRegistry {
         match self.connections.lock() {
             Ok(map) => map.values().filter(|(_, t)| !t.is_cancelled()).cloned().collect(),
             Err(_) => Vec::new(),
+        }
+    }
+
+    /// Records the certificate the cluster's new session presented.
+    pub fn certificate(&self, cluster: &str, serial: &str, not_after: jiff::Timestamp) {
+        if let Ok(mut map) = self.clusters.lock()
+            && let Some(e) = map.get_mut(cluster)
+        {
+            e.status.cert_serial = Some(serial.into());
+            e.status.cert_not_after = Some(not_after);
         }
     }
 

@@ -99,7 +99,7 @@ async fn handle(tcp: TcpStream, peer: SocketAddr, ctx: Arc<Context>, shutdown: C
     };
     let (ws, certificate) = match tokio::time::timeout(ctx.config.handshake_timeout, handshake).await {
         Err(_) => {
-            ctx.sessions.metrics.reject("handshake-timeout");
+            ctx.sessions.metrics.handshake_failed("handshake-timeout");
             if ctx.admission.log_failure() {
                 let timeout = ctx.config.handshake_timeout.as_secs_f64();
                 tracing::warn!("handshake not finished within --handshake-timeout {timeout}s; closed");
@@ -107,7 +107,7 @@ async fn handle(tcp: TcpStream, peer: SocketAddr, ctx: Arc<Context>, shutdown: C
             return;
         }
         Ok(Err(HandshakeFailure { reason, message })) => {
-            ctx.sessions.metrics.reject(reason);
+            ctx.sessions.metrics.handshake_failed(reason);
             if ctx.admission.log_failure() {
                 tracing::warn!(reason, "handshake failed: {message}");
             }
@@ -132,7 +132,7 @@ async fn handle(tcp: TcpStream, peer: SocketAddr, ctx: Arc<Context>, shutdown: C
     let certificate = match certificate {
         Ok(c) => c,
         Err(e) => {
-            ctx.sessions.metrics.reject("no-identity");
+            ctx.sessions.metrics.handshake_failed("no-identity");
             tracing::warn!("refused: {e}");
             conn.fail(ErrorCode::Forbidden, e.to_string(), CloseCode::Policy).await;
             return;
@@ -140,7 +140,7 @@ async fn handle(tcp: TcpStream, peer: SocketAddr, ctx: Arc<Context>, shutdown: C
     };
     let identity = certificate.identity.clone();
     if identity.trust_domain != ctx.trust_domain {
-        ctx.sessions.metrics.reject("trust-domain");
+        ctx.sessions.metrics.handshake_failed("trust-domain");
         let msg = format!("identity {identity} is not in the hub's trust domain {}", ctx.trust_domain);
         tracing::warn!("refused: {msg}");
         conn.fail(ErrorCode::Forbidden, msg, CloseCode::Policy).await;
@@ -148,7 +148,7 @@ async fn handle(tcp: TcpStream, peer: SocketAddr, ctx: Arc<Context>, shutdown: C
     }
     let peer_cert = Peer::new(certificate);
     if ctx.sessions.revoked(&peer_cert) {
-        ctx.sessions.metrics.reject("revoked");
+        ctx.sessions.metrics.handshake_failed("revoked");
         tracing::warn!(identity = %peer_cert.identity, serial = %peer_cert.serial, "revoked certificate refused");
         let msg = format!("certificate {} of {} is revoked", peer_cert.serial, peer_cert.identity);
         conn.fail(ErrorCode::Forbidden, msg, CloseCode::Policy).await;
@@ -170,7 +170,7 @@ async fn handle(tcp: TcpStream, peer: SocketAddr, ctx: Arc<Context>, shutdown: C
                 .await;
         }
         Role::Hub | Role::TrustDomain => {
-            ctx.sessions.metrics.reject("wrong-role");
+            ctx.sessions.metrics.handshake_failed("wrong-role");
             conn.fail(ErrorCode::Forbidden, format!("{identity} may not connect as a client"), CloseCode::Policy).await;
         }
     }

@@ -34,7 +34,10 @@ pub(crate) async fn run(mut conn: Conn, name: String, peer: Peer, ctx: Arc<Sessi
     // take over another's cursor.
     let durable = sub.durable.clone().map(|d| (name.clone(), d));
     ctx.metrics.subscriber_sessions.inc();
+    ctx.metrics.connected("subscriber");
+    let board = ctx.metrics.subscribers.join(&name, sub.durable.as_deref());
     let mut session = Session {
+        progress: board.progress.clone(),
         ctx: ctx.clone(),
         name: name.clone(),
         durable,
@@ -50,6 +53,8 @@ pub(crate) async fn run(mut conn: Conn, name: String, peer: Peer, ctx: Arc<Sessi
         None => end,
     };
     ctx.metrics.subscriber_sessions.dec();
+    ctx.metrics.disconnected("subscriber", end.reason());
+    drop(board);
     end.finish(conn, "subscriber").await;
 }
 
@@ -80,6 +85,8 @@ struct Session {
     delivered: u64,
     /// Since when the unacked window is full while more records wait, with no ack since.
     window_full_since: Option<Instant>,
+    /// Where the session is, for the lag metrics.
+    progress: Arc<crate::metrics::SubscriberProgress>,
 }
 
 impl Session {
@@ -130,6 +137,7 @@ impl Session {
         }
         self.acked = start;
         self.sent = start;
+        self.publish_progress();
         let durable = self.durable.as_ref().map(|(_, d)| d.as_str()).unwrap_or("-");
         let clusters = if self.clusters.is_empty() { "*".to_string() } else { self.clusters.join(",") };
         tracing::info!(durable, start, %clusters, "subscriber connected");
@@ -221,7 +229,7 @@ impl Session {
             "{msg}"
         );
         if socket_blocked {
-            End::Close(CloseCode::Away, msg)
+            End::Close(CloseCode::Away, "stalled", msg)
         } else {
             End::Fail(ErrorCode::LimitExceeded, msg, CloseCode::Policy)
         }
@@ -241,6 +249,7 @@ impl Session {
                 if cursor >= self.acked {
                     self.acked = cursor;
                     self.window_full_since = None;
+                    self.publish_progress();
                     // Also at an equal cursor: the ack of a resync registers a name whose
                     // cursor was lost.
                     if let Some((identity, name)) = &self.durable
@@ -320,7 +329,16 @@ impl Session {
         }
         self.flush(conn, &mut frame).await?;
         self.sent = read.next - 1;
+        self.publish_progress();
         Ok(())
+    }
+
+    /// Shows where the session is to the lag metrics.
+    fn publish_progress(&self) {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.progress.acked.store(self.acked, Relaxed);
+        self.progress.sent.store(self.sent, Relaxed);
+        self.progress.delivered.store(self.delivered.max(self.acked), Relaxed);
     }
 
     async fn flush(

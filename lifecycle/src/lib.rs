@@ -8,6 +8,7 @@
 //! periodic resync is only a safety net.
 #![warn(missing_docs)]
 
+pub mod agent_module;
 pub mod applier;
 pub mod catalog;
 pub mod clusters;
@@ -59,6 +60,9 @@ pub struct LifecycleConfig {
     pub shards: Option<shards::ShardConfig>,
     /// Told when each reconcile starts and ends (tests and benchmarks count with it).
     pub observer: Option<Arc<dyn ReconcileObserver>>,
+    /// Install the agent into every Runtime's cluster and issue its certificate
+    /// ([`agent_module`]); `None`: agents are installed some other way.
+    pub agent_certs: Option<agent_module::AgentCerts>,
 }
 
 /// Watches reconciles from outside: `started` when a reconcile of a Runtime this instance
@@ -84,11 +88,66 @@ impl LifecycleConfig {
             min_window_remaining: jiff::SignedDuration::from_mins(20),
             shards: None,
             observer: None,
+            agent_certs: None,
         }
     }
 }
 
-/// Counters, read by benchmarks and logs.
+/// Upper bounds of the reconcile duration histogram, in seconds.
+const DURATION_BUCKETS: [f64; 12] = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0];
+
+/// A histogram of durations with fixed buckets (lock-free: one counter per bucket).
+#[derive(Default)]
+pub struct DurationHistogram {
+    /// Observations at or below each bound of [`DURATION_BUCKETS`] (not cumulative).
+    buckets: [AtomicU64; DURATION_BUCKETS.len()],
+    /// Observations above the last bound.
+    over: AtomicU64,
+    /// Sum of all observations, in microseconds.
+    sum_micros: AtomicU64,
+}
+
+impl DurationHistogram {
+    /// Records one duration.
+    pub fn observe(&self, d: Duration) {
+        let secs = d.as_secs_f64();
+        match DURATION_BUCKETS.iter().position(|b| secs <= *b) {
+            Some(i) => self.buckets[i].fetch_add(1, Ordering::Relaxed),
+            None => self.over.fetch_add(1, Ordering::Relaxed),
+        };
+        self.sum_micros.fetch_add(d.as_micros() as u64, Ordering::Relaxed);
+    }
+
+    /// The observations so far.
+    pub fn count(&self) -> u64 {
+        self.buckets.iter().map(|b| b.load(Ordering::Relaxed)).sum::<u64>() + self.over.load(Ordering::Relaxed)
+    }
+
+    fn encode(&self, name: &str, help: &str, out: &mut String) {
+        use std::fmt::Write as _;
+        let _ = write!(out, "# HELP {name} {help}.\n# TYPE {name} histogram\n");
+        let mut cumulative = 0;
+        for (bound, n) in DURATION_BUCKETS.iter().zip(&self.buckets) {
+            cumulative += n.load(Ordering::Relaxed);
+            let _ = writeln!(out, "{name}_bucket{{le=\"{bound}\"}} {cumulative}");
+        }
+        let count = cumulative + self.over.load(Ordering::Relaxed);
+        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {count}");
+        let _ = writeln!(out, "{name}_sum {}", self.sum_micros.load(Ordering::Relaxed) as f64 / 1e6);
+        let _ = writeln!(out, "{name}_count {count}");
+    }
+}
+
+/// What the operator acts on, for the gauges read at scrape time; set while [`run`] acts.
+struct View {
+    runtimes: Store<Runtime>,
+    shards: Option<Arc<shards::ShardMap>>,
+    /// The queue of requested reconciles (hub events, rollout waves, shards taken).
+    triggers: tokio::sync::mpsc::Sender<ObjectRef<Runtime>>,
+}
+
+/// Counters, read by benchmarks and logs, and served as Prometheus metrics
+/// (`--metrics-listen`). The names are a contract with `deploy/observability/`.
 #[derive(Default)]
 pub struct Metrics {
     /// Reconciles started.
@@ -103,36 +162,101 @@ pub struct Metrics {
     pub migrations_failed: AtomicU64,
     /// Time spent in migrations, in microseconds.
     pub migration_micros: AtomicU64,
+    /// How long reconciles took (every outcome, cancelled ones included).
+    pub reconcile_duration: DurationHistogram,
+    /// Reconciles running now.
+    pub in_flight: AtomicU64,
+    view: std::sync::Mutex<Option<View>>,
 }
 
 impl Metrics {
-    /// The Prometheus text exposition of the counters.
+    /// The Prometheus text exposition (OpenMetrics, closed with `# EOF`).
     pub fn encode(&self) -> String {
+        use std::fmt::Write as _;
         let c = |v: &AtomicU64| v.load(Ordering::Relaxed);
         let mut out = String::new();
+        let family = |out: &mut String, name: &str, kind: &str, help: &str| {
+            let _ = write!(out, "# HELP {name} {help}.\n# TYPE {name} {kind}\n");
+        };
         for (name, help, value) in [
-            ("fleetwatch_lifecycle_reconciles_total", "Reconciles started", c(&self.reconciles)),
-            ("fleetwatch_lifecycle_reconcile_failures_total", "Reconciles that failed", c(&self.failures)),
-            ("fleetwatch_lifecycle_migrations_total", "Migrations that ran", c(&self.migrations_run)),
-            ("fleetwatch_lifecycle_migration_failures_total", "Migrations that failed", c(&self.migrations_failed)),
+            ("fleetwatch_lifecycle_reconciles", "Reconciles started", c(&self.reconciles)),
+            ("fleetwatch_lifecycle_reconcile_failures", "Reconciles that failed", c(&self.failures)),
+            ("fleetwatch_lifecycle_migrations", "Migrations that ran", c(&self.migrations_run)),
+            ("fleetwatch_lifecycle_migration_failures", "Migrations that failed", c(&self.migrations_failed)),
         ] {
-            out.push_str(&format!("# HELP {name} {help}.\n# TYPE {name} counter\n{name} {value}\n"));
+            family(&mut out, name, "counter", help);
+            let _ = writeln!(out, "{name}_total {value}");
         }
         for (name, help, micros) in [
-            (
-                "fleetwatch_lifecycle_reconcile_seconds_total",
-                "Time spent in successful reconciles",
-                c(&self.busy_micros),
-            ),
-            ("fleetwatch_lifecycle_migration_seconds_total", "Time spent in migrations", c(&self.migration_micros)),
+            ("fleetwatch_lifecycle_reconcile_seconds", "Time spent in successful reconciles", c(&self.busy_micros)),
+            ("fleetwatch_lifecycle_migration_seconds", "Time spent in migrations", c(&self.migration_micros)),
         ] {
-            out.push_str(&format!("# HELP {name} {help}.\n# TYPE {name} counter\n{name} {}\n", micros as f64 / 1e6));
+            family(&mut out, name, "counter", help);
+            let _ = writeln!(out, "{name}_total {}", micros as f64 / 1e6);
         }
+        self.reconcile_duration.encode(
+            "fleetwatch_lifecycle_reconcile_duration_seconds",
+            "How long reconciles took, every outcome",
+            &mut out,
+        );
+        family(&mut out, "fleetwatch_lifecycle_reconciles_in_flight", "gauge", "Reconciles running now");
+        let _ = writeln!(out, "fleetwatch_lifecycle_reconciles_in_flight {}", c(&self.in_flight));
+
+        let view = self.view.lock().ok();
+        let view = view.as_ref().and_then(|v| v.as_ref());
+        family(
+            &mut out,
+            "fleetwatch_lifecycle_queue_depth",
+            "gauge",
+            "Requested reconciles (hub events, rollout waves, shards taken over) waiting to enter the controller",
+        );
+        let depth = view.map_or(0, |v| v.triggers.max_capacity() - v.triggers.capacity());
+        let _ = writeln!(out, "fleetwatch_lifecycle_queue_depth {depth}");
+        family(
+            &mut out,
+            "fleetwatch_lifecycle_shards_held",
+            "gauge",
+            "Shards this instance acts on (unsharded: 1 while it is the acting leader)",
+        );
+        let held = match view {
+            Some(View { shards: Some(map), .. }) => map.held().len(),
+            Some(View { shards: None, .. }) => 1,
+            None => 0,
+        };
+        let _ = writeln!(out, "fleetwatch_lifecycle_shards_held {held}");
+        family(
+            &mut out,
+            "fleetwatch_lifecycle_modules",
+            "gauge",
+            "Modules of the Runtimes this instance acts on, by module and state (from the Runtime status)",
+        );
+        let mut counts: std::collections::BTreeMap<(String, String), u64> = Default::default();
+        if let Some(v) = view {
+            for rt in v.runtimes.state() {
+                if v.shards.as_ref().is_some_and(|m| !m.owns(&rt)) {
+                    continue;
+                }
+                for m in rt.status.iter().flat_map(|s| &s.modules) {
+                    *counts.entry((m.name.clone(), m.state.to_string())).or_default() += 1;
+                }
+            }
+        }
+        for ((module, state), n) in counts {
+            let module = module.replace('\\', "\\\\").replace('"', "\\\"");
+            let _ = writeln!(out, "fleetwatch_lifecycle_modules{{module=\"{module}\",state=\"{state}\"}} {n}");
+        }
+        out.push_str("# EOF\n");
         out
     }
 
     fn record_duration(&self, d: Duration) {
         self.busy_micros.fetch_add(d.as_micros() as u64, Ordering::Relaxed);
+    }
+
+    fn set_view(&self, view: Option<View>) {
+        if let Ok(mut v) = self.view.lock() {
+            *v = view;
+        }
     }
 }
 
@@ -162,6 +286,8 @@ pub struct Ctx {
     shards: Option<Arc<shards::ShardMap>>,
     /// Told about each reconcile.
     observer: Option<Arc<dyn ReconcileObserver>>,
+    /// Agent installation and certificates, when on.
+    agent_certs: Option<agent_module::AgentCerts>,
 }
 
 impl Ctx {
@@ -341,7 +467,13 @@ pub async fn run(config: LifecycleConfig, metrics: Arc<Metrics>, shutdown: Cance
         runtimes: runtimes.clone(),
         shards: shard_map.clone(),
         observer: config.observer.clone(),
+        agent_certs: config.agent_certs.clone(),
     });
+    ctx.metrics.set_view(Some(View {
+        runtimes: runtimes.clone(),
+        shards: shard_map.clone(),
+        triggers: hub_tx.clone(),
+    }));
     // Shards: keep our share of the Leases; a shard taken reconciles all of its Runtimes
     // (the previous holder's work continues from the cluster and the statuses).
     let keep_shards = {
@@ -380,10 +512,15 @@ pub async fn run(config: LifecycleConfig, metrics: Arc<Metrics>, shutdown: Cance
         };
         tokio::spawn(triggers::follow_hub(opts, runtimes.clone(), owns, hub_tx, shutdown.child_token()));
     }
+    let agents_installed = config.agent_certs.is_some();
     let by_meta = {
         let store = runtimes.clone();
         let progress = triggers::RolloutProgress::default();
         move |meta: ModuleReleaseMeta| {
+            // Every Runtime has the agent module (not in its spec).
+            if agents_installed && meta.spec.module_name == agent_module::MODULE {
+                return store.state().iter().map(|rt| ObjectRef::from_obj(rt.as_ref())).collect();
+            }
             let mut affected = triggers::affected_by_meta(&store, &meta);
             if progress.progressed(&meta) {
                 affected.extend(triggers::waiting_for_rollout(&store, &meta));
@@ -393,8 +530,14 @@ pub async fn run(config: LifecycleConfig, metrics: Arc<Metrics>, shutdown: Cance
     };
     let by_template = {
         let store = runtimes.clone();
-        move |tpl: ModuleTemplate| triggers::affected_by_template(&store, &tpl)
+        move |tpl: ModuleTemplate| {
+            if agents_installed && tpl.spec.module_name == agent_module::MODULE {
+                return store.state().iter().map(|rt| ObjectRef::from_obj(rt.as_ref())).collect();
+            }
+            triggers::affected_by_template(&store, &tpl)
+        }
     };
+    let metrics = ctx.metrics.clone();
     let controller = Controller::for_stream(runtime_stream, runtimes)
         .with_config(kube::runtime::controller::Config::default().concurrency(config.concurrency))
         .watches_stream(metas_stream, by_meta)
@@ -416,6 +559,7 @@ pub async fn run(config: LifecycleConfig, metrics: Arc<Metrics>, shutdown: Cance
         }
     };
     tokio::join!(controller, keep_shards);
+    metrics.set_view(None);
 }
 
 /// Tells the owner of a Runtime that cannot be decoded why, in its status (the Ready

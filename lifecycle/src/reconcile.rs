@@ -65,6 +65,7 @@ pub async fn reconcile(rt: Arc<Runtime>, ctx: Arc<Ctx>) -> Result<Action, Error>
         None => None,
     };
     let _observed = ctx.observer.clone().map(|o| Observed::new(o, runtime.clone()));
+    let _timed = Timed::new(ctx.metrics.clone());
     // `_observed` is dropped before `entered`: the observer hears of the end before the
     // shard can be given up.
     let work = reconcile_held(rt, ctx, ns, runtime);
@@ -79,6 +80,26 @@ pub async fn reconcile(rt: Arc<Runtime>, ctx: Arc<Ctx>) -> Result<Action, Error>
                 }
             }
         }
+    }
+}
+
+/// Counts a reconcile in flight and records its duration when dropped (also when cancelled).
+struct Timed {
+    metrics: Arc<crate::Metrics>,
+    started: std::time::Instant,
+}
+
+impl Timed {
+    fn new(metrics: Arc<crate::Metrics>) -> Self {
+        metrics.in_flight.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Self { metrics, started: std::time::Instant::now() }
+    }
+}
+
+impl Drop for Timed {
+    fn drop(&mut self) {
+        self.metrics.in_flight.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+        self.metrics.reconcile_duration.observe(self.started.elapsed());
     }
 }
 
@@ -173,6 +194,10 @@ async fn cleanup(rt: Arc<Runtime>, ctx: &Ctx) -> Result<Action, Error> {
     if statuses.is_empty() {
         // The catalog goes with the Runtime; a failure is retried like any other.
         crate::catalog::remove(&applier).await?;
+        if ctx.agent_certs.is_some() {
+            // The agent went with the modules; its certificate goes too.
+            crate::agent_module::remove_certificate(&applier).await?;
+        }
         if let Ok(mut c) = ctx.catalogs.lock() {
             c.remove(&key);
         }
@@ -187,6 +212,10 @@ async fn cleanup(rt: Arc<Runtime>, ctx: &Ctx) -> Result<Action, Error> {
 
 /// Reconciles a Runtime that is not being deleted (the finalizer is in place).
 async fn apply(rt: Arc<Runtime>, ctx: &Ctx) -> Result<Action, Error> {
+    let rt = match &ctx.agent_certs {
+        Some(_) => crate::agent_module::with_agent_module(rt),
+        None => rt,
+    };
     let name = rt.name_any();
     let ns = rt.namespace().unwrap_or_else(|| "default".into());
     let started = std::time::Instant::now();
@@ -249,6 +278,28 @@ async fn apply(rt: Arc<Runtime>, ctx: &Ctx) -> Result<Action, Error> {
             Err(e) => tracing::warn!(error = %e, "cannot write the module catalog"),
         }
     }
+    // The agent's certificate: issued, renewed at two thirds of its lifetime, and the
+    // reconcile comes back at that moment. A failure shows on the agent module.
+    let mut renew_in = None;
+    if let Some(certs) = &ctx.agent_certs {
+        match crate::agent_module::ensure_certificate(&ctx.client, certs, &rt, &applier).await {
+            Ok(state) => {
+                if state.issued {
+                    let note = format!("agent certificate {} issued for cluster {}", state.serial, rt.cluster_id());
+                    publish_note(ctx, &rt, "AgentCertificateIssued", note).await;
+                }
+                renew_in = Some(state.renew_in);
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "agent certificate not written");
+                if let Some(st) = statuses.iter_mut().find(|m| m.name == crate::agent_module::MODULE) {
+                    st.state = State::Error;
+                    st.message = e.to_string();
+                }
+                flags.retry = true;
+            }
+        }
+    }
     publish_events(ctx, &rt, &previous, &statuses).await;
     write_status(&api, &rt, statuses).await?;
     write_rollouts(ctx).await;
@@ -257,17 +308,23 @@ async fn apply(rt: Arc<Runtime>, ctx: &Ctx) -> Result<Action, Error> {
         return Ok(Action::requeue(ctx.next_backoff(&key)));
     }
     ctx.reset_backoff(&key);
-    Ok(if busy {
-        Action::requeue(BUSY_REQUEUE)
+    let next = if busy {
+        Some(BUSY_REQUEUE)
     } else if let Some(until) = flags.window {
         // Look again when the window opens (and now and then, in case the clock jumps).
-        Action::requeue(until.clamp(Duration::from_secs(1), Duration::from_secs(60)).min(WINDOW_POLL))
+        Some(until.clamp(Duration::from_secs(1), Duration::from_secs(60)).min(WINDOW_POLL))
     } else if flags.waiting {
         // Woken when its wave opens; this is only the safety net.
-        Action::requeue(Duration::from_secs(10))
+        Some(Duration::from_secs(10))
     } else {
-        ctx.resync.map(Action::requeue).unwrap_or_else(Action::await_change)
-    })
+        ctx.resync
+    };
+    // Back in time to renew the agent's certificate, whatever else is pending.
+    let next = match (next, renew_in) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
+    Ok(next.map(Action::requeue).unwrap_or_else(Action::await_change))
 }
 
 async fn actual_version(applier: &Applier, st: &ModuleStatus) -> Option<String> {
@@ -600,6 +657,20 @@ async fn publish_events(ctx: &Ctx, rt: &Runtime, previous: &[ModuleStatus], next
         if let Err(e) = ctx.recorder.publish(&ev, &reference).await {
             tracing::debug!(reason = %ev.reason, error = %e, "cannot publish an Event");
         }
+    }
+}
+
+/// Publishes one Normal Event on the Runtime (best effort, like [`publish_events`]).
+async fn publish_note(ctx: &Ctx, rt: &Runtime, reason: &str, note: String) {
+    let ev = kube::runtime::events::Event {
+        type_: kube::runtime::events::EventType::Normal,
+        reason: reason.into(),
+        note: Some(note),
+        action: "Certificate".into(),
+        secondary: None,
+    };
+    if let Err(e) = ctx.recorder.publish(&ev, &rt.object_ref(&())).await {
+        tracing::debug!(%reason, error = %e, "cannot publish an Event");
     }
 }
 

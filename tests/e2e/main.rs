@@ -1,6 +1,7 @@
 //! End-to-end tests: real `fleetwatch` processes over real mutual TLS on loopback.
 
 mod admission;
+mod agent_certs;
 mod cli;
 mod delivery;
 mod deploy;
@@ -8,6 +9,7 @@ mod kube_watch;
 mod lifecycle;
 mod maintenance;
 mod nats;
+mod observability;
 mod protocol;
 mod sandbox;
 mod sessions;

@@ -1,0 +1,321 @@
+//! `deploy/observability/`: every metric the Grafana dashboard and the Prometheus alert
+//! rules use is served by the running components (a real hub and lifecycle operator,
+//! scraped over HTTP), so a renamed metric breaks this test instead of a dashboard.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use crate::support::*;
+
+const NS: &str = "kcp";
+
+/// The families a `/metrics` answer declares (`# TYPE name kind`) and the sample names it
+/// carries.
+#[derive(Debug, Default)]
+struct Exposition {
+    families: BTreeMap<String, String>,
+    samples: BTreeSet<String>,
+}
+
+impl Exposition {
+    fn parse(text: &str) -> Self {
+        let mut e = Exposition::default();
+        for line in text.lines() {
+            if let Some(rest) = line.strip_prefix("# TYPE ") {
+                let mut parts = rest.split_whitespace();
+                if let (Some(name), Some(kind)) = (parts.next(), parts.next()) {
+                    e.families.insert(name.to_string(), kind.to_string());
+                }
+            } else if !line.starts_with('#') && !line.is_empty() {
+                let name: String =
+                    line.chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_' || *c == ':').collect();
+                e.samples.insert(name);
+            }
+        }
+        e
+    }
+
+    /// Whether a query's metric name is served: as a sample now, or as the sample name its
+    /// declared family produces (a labelled family may have no samples yet).
+    fn serves(&self, name: &str) -> bool {
+        if self.samples.contains(name) {
+            return true;
+        }
+        self.families.iter().any(|(family, kind)| match kind.as_str() {
+            "counter" => name == format!("{family}_total"),
+            "histogram" => ["_bucket", "_sum", "_count"].iter().any(|s| name == format!("{family}{s}")),
+            _ => name == family,
+        })
+    }
+
+    /// The value of one sample line (`name{labels}` exactly as served).
+    fn value(text: &str, series: &str) -> Option<f64> {
+        text.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.trim().parse().ok())
+    }
+}
+
+/// Every `fleetwatch_*` metric name in a PromQL expression.
+fn metric_names(expr: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    let mut rest = expr;
+    while let Some(i) = rest.find("fleetwatch_") {
+        // Only at the start of an identifier.
+        let before = rest[..i].chars().last();
+        let name: String =
+            rest[i..].chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_' || *c == ':').collect();
+        if !before.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_') {
+            out.insert(name.clone());
+        }
+        rest = &rest[i + name.len()..];
+    }
+    out
+}
+
+/// Every `expr` of the dashboard's panels (rows included), with the panel's title.
+fn dashboard_exprs(dashboard: &Value) -> Vec<(String, String)> {
+    fn walk(panels: &Value, out: &mut Vec<(String, String)>) {
+        for p in panels.as_array().into_iter().flatten() {
+            let title = p["title"].as_str().unwrap_or("?").to_string();
+            for t in p["targets"].as_array().into_iter().flatten() {
+                if let Some(e) = t["expr"].as_str() {
+                    out.push((title.clone(), e.to_string()));
+                }
+            }
+            walk(&p["panels"], out);
+        }
+    }
+    let mut out = Vec::new();
+    walk(&dashboard["panels"], &mut out);
+    out
+}
+
+fn observability_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/observability")
+}
+
+#[test]
+fn metric_names_are_found_in_promql() {
+    let names = metric_names(
+        "time() - max by (cluster) (fleetwatch_hub_cluster_last_seen_timestamp_seconds{job=~\"x\"}) > 300 and \
+         rate(fleetwatch_lifecycle_reconciles_total[5m]) and my_fleetwatch_other",
+    );
+    let want: BTreeSet<String> =
+        ["fleetwatch_hub_cluster_last_seen_timestamp_seconds", "fleetwatch_lifecycle_reconciles_total"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+    assert_eq!(names, want);
+    let e = Exposition::parse(
+        "# TYPE a counter\na_total 1\n# TYPE h histogram\n# TYPE g gauge\ng{x=\"1\"} 2\n# TYPE empty gauge\n# EOF\n",
+    );
+    assert!(e.serves("a_total") && e.serves("h_bucket") && e.serves("g") && e.serves("empty"));
+    assert!(!e.serves("a") && !e.serves("h") && !e.serves("g_total") && !e.serves("missing"));
+}
+
+/// The alert rules: (name, expr, for) of every rule, after checking each is complete.
+fn alert_rules() -> Vec<(String, String)> {
+    let text = std::fs::read_to_string(observability_dir().join("alerts.yaml")).unwrap();
+    let rules: Value = serde_saphyr::from_str(&text).expect("alerts.yaml is YAML");
+    let mut out = Vec::new();
+    for group in rules["groups"].as_array().expect("groups") {
+        assert!(group["name"].is_string(), "group without a name: {group}");
+        for rule in group["rules"].as_array().expect("rules") {
+            let name = rule["alert"].as_str().expect("every rule is an alert with a name").to_string();
+            let expr = rule["expr"].as_str().unwrap_or_else(|| panic!("{name}: no expr")).to_string();
+            assert!(rule["labels"]["severity"].is_string(), "{name}: no severity label");
+            assert!(rule["annotations"]["summary"].is_string(), "{name}: no summary");
+            assert!(rule["for"].is_string(), "{name}: no `for`");
+            out.push((name, expr));
+        }
+    }
+    out
+}
+
+fn apply_json(kc: &Path, v: &Value) {
+    kubectl(kc, &["apply", "--server-side", "--force-conflicts", "-f", "-"], Some(&v.to_string()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_metric_the_dashboard_and_alerts_use_is_served() {
+    // The files first: what they must contain.
+    let dashboard: Value =
+        serde_json::from_str(&std::fs::read_to_string(observability_dir().join("dashboard.json")).unwrap())
+            .expect("dashboard.json is JSON");
+    assert!(dashboard["title"].is_string() && dashboard["uid"].is_string(), "a Grafana dashboard needs title and uid");
+    let panels = dashboard_exprs(&dashboard);
+    assert!(panels.len() >= 20, "dashboard has only {} queries", panels.len());
+    let rules = alert_rules();
+    let names: BTreeSet<&str> = rules.iter().map(|(n, _)| n.as_str()).collect();
+    for required in [
+        "FleetwatchClusterNotSeen",
+        "FleetwatchAgentFlapping",
+        "FleetwatchSubscriberLagging",
+        "FleetwatchModuleError",
+        "FleetwatchAgentCertificateExpiring",
+        "FleetwatchHubNotReady",
+    ] {
+        assert!(names.contains(required), "alert {required} missing from alerts.yaml");
+    }
+    let module_error = rules.iter().find(|(n, _)| n == "FleetwatchModuleError").unwrap();
+    assert!(module_error.1.contains("state=\"Error\""), "{module_error:?}");
+    let mut used: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for (title, expr) in panels.iter().chain(rules.iter()) {
+        let found = metric_names(expr);
+        assert!(!found.is_empty(), "{title}: {expr:?} uses no fleetwatch metric");
+        for n in found {
+            used.entry(n).or_default().push(title.clone());
+        }
+    }
+
+    // A fleet: control plane and runtime sims, hub, agent, lifecycle operator, a durable
+    // subscriber, and a Runtime with a module installed.
+    let pki = Pki::new();
+    let (_cp, cp_kc) = sim_cluster(&pki, "control-plane").await;
+    let (rt_sim, rt_kc) = sim_cluster(&pki, "rt1").await;
+    let rt_client = rt_sim.client().await.unwrap();
+    let crds = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/crds");
+    kubectl(&cp_kc, &["apply", "-f", crds.to_str().unwrap()], None);
+    apply_json(&cp_kc, &json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}}));
+    apply_json(
+        &cp_kc,
+        &json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "rt1-kubeconfig", "namespace": NS},
+                "stringData": {"config": std::fs::read_to_string(&rt_kc).unwrap()}}),
+    );
+    apply_json(
+        &cp_kc,
+        &json!({"apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "ModuleTemplate",
+            "metadata": {"name": "hello-1.0.0", "namespace": NS},
+            "spec": {"moduleName": "hello", "version": "1.0.0", "manifest": [
+                {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "hello-system"}},
+                {"apiVersion": "apps/v1", "kind": "Deployment",
+                 "metadata": {"name": "hello-manager", "namespace": "hello-system",
+                              "labels": {"operator.fleetwatch.dev/module": "hello", "app.kubernetes.io/version": "1.0.0"}},
+                 "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "hello"}},
+                          "template": {"metadata": {"labels": {"app": "hello"}},
+                                       "spec": {"containers": [{"name": "m", "image": "hello:1.0.0"}]}}}}],
+                "manager": {"apiVersion": "apps/v1", "kind": "Deployment", "namespace": "hello-system", "name": "hello-manager"}}}),
+    );
+    apply_json(
+        &cp_kc,
+        &json!({"apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "ModuleReleaseMeta",
+            "metadata": {"name": "hello", "namespace": NS},
+            "spec": {"moduleName": "hello", "channels": [{"channel": "regular", "version": "1.0.0"}]}}),
+    );
+    let wc = pki.path("wc");
+    std::fs::create_dir_all(&wc).unwrap();
+    std::fs::write(
+        wc.join("cm.json"),
+        json!({"apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "WatchConfig", "metadata": {"name": "cms"},
+               "spec": {"resource": {"version": "v1", "kind": "ConfigMap"}, "fields": ["data"]}})
+        .to_string(),
+    )
+    .unwrap();
+    let hub = HubProc::start(&pki, free_port(), None, &["--watch-config", wc.to_str().unwrap()]);
+    let _agent = kube_agent(&pki, "rt1", &hub.url(), &rt_kc);
+    let _collector = Collector::start(&pki, &hub.url(), "ops").await;
+    let metrics_port = free_port();
+    let mut args: Vec<String> = vec![
+        "lifecycle".into(),
+        "--control-plane-kubeconfig".into(),
+        cp_kc.display().to_string(),
+        "--hub".into(),
+        hub.url(),
+        "--leader-elect=false".into(),
+        "--metrics-listen".into(),
+        format!("127.0.0.1:{metrics_port}"),
+    ];
+    args.extend(client_args(&pki.subscriber("lifecycle")));
+    let lifecycle = Proc::spawn(&args, pki.path("lifecycle.log"));
+    lifecycle.wait_stdout("lifecycle operator running", Duration::from_secs(10));
+    let kubelet = tokio_util::sync::CancellationToken::new();
+    let _kubelet = kubelet.clone().drop_guard();
+    tokio::spawn(fleetwatch_sim::roll_out_deployments(rt_client, Duration::ZERO, kubelet));
+    apply_json(
+        &cp_kc,
+        &json!({"apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "Runtime",
+            "metadata": {"name": "rt1", "namespace": NS},
+            "spec": {"clusterId": "rt1", "kubeconfigSecret": {"name": "rt1-kubeconfig"}, "modules": [{"name": "hello"}]}}),
+    );
+
+    // Wait until both report the fleet: the agent connected with a watch running, the
+    // module Ready in the operator's gauge.
+    let start = Instant::now();
+    let (hub_text, lc_text) = loop {
+        let hub_text = http_get(hub.admin_port, "/metrics").await;
+        let lc_text = http_get(metrics_port, "/metrics").await;
+        let ready = Exposition::value(&hub_text, "fleetwatch_hub_cluster_connected{cluster=\"rt1\"}") == Some(1.0)
+            && Exposition::value(&hub_text, "fleetwatch_hub_cluster_watches{cluster=\"rt1\",phase=\"running\"}")
+                == Some(1.0)
+            && Exposition::value(&lc_text, "fleetwatch_lifecycle_modules{module=\"hello\",state=\"Ready\"}")
+                == Some(1.0);
+        if ready {
+            break (hub_text, lc_text);
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "fleet not reported in time\nhub:\n{hub_text}\nlifecycle:\n{lc_text}\nlifecycle log:\n{}",
+            lifecycle.stderr()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let hub_metrics = Exposition::parse(&hub_text);
+    let lc_metrics = Exposition::parse(&lc_text);
+    assert!(hub_text.ends_with("# EOF\n") && lc_text.ends_with("# EOF\n"), "OpenMetrics answers end with # EOF");
+    assert_eq!(hub_text.matches("# EOF").count(), 1, "{hub_text}");
+
+    // Every metric used is served by the component it names.
+    let mut unserved = Vec::new();
+    for (name, users) in &used {
+        let served = if name.starts_with("fleetwatch_hub_") {
+            hub_metrics.serves(name)
+        } else if name.starts_with("fleetwatch_lifecycle_") {
+            lc_metrics.serves(name)
+        } else {
+            false
+        };
+        if !served {
+            unserved.push(format!("{name} (used by {})", users.join(", ")));
+        }
+    }
+    assert!(unserved.is_empty(), "not served:\n{}\nhub:\n{hub_text}\nlifecycle:\n{lc_text}", unserved.join("\n"));
+
+    // And the values mean what they say.
+    assert_eq!(Exposition::value(&hub_text, "fleetwatch_hub_ready"), Some(1.0), "{hub_text}");
+    assert!(Exposition::value(&hub_text, "fleetwatch_hub_connects_total{role=\"agent\"}").is_some_and(|v| v >= 1.0));
+    assert!(
+        Exposition::value(&hub_text, "fleetwatch_hub_connects_total{role=\"subscriber\"}").is_some_and(|v| v >= 2.0)
+    );
+    let expiry = Exposition::value(&hub_text, "fleetwatch_hub_client_cert_earliest_expiry_seconds").unwrap();
+    assert!(expiry > 0.0 && expiry <= 86_400.0 + 60.0, "test certificates live one day: {expiry}");
+    let agent_expiry =
+        Exposition::value(&hub_text, "fleetwatch_hub_agent_cert_expiry_timestamp_seconds{cluster=\"rt1\"}").unwrap();
+    let now = jiff::Timestamp::now().as_second() as f64;
+    assert!(agent_expiry > now, "{agent_expiry} vs now {now}");
+    assert_eq!(Exposition::value(&lc_text, "fleetwatch_lifecycle_shards_held"), Some(1.0), "{lc_text}");
+    assert!(
+        Exposition::value(&lc_text, "fleetwatch_lifecycle_reconcile_duration_seconds_count").is_some_and(|v| v >= 1.0),
+        "{lc_text}"
+    );
+    // The durable subscriber drains: its lag comes back to zero.
+    let start = Instant::now();
+    loop {
+        let text = http_get(hub.admin_port, "/metrics").await;
+        let lag =
+            Exposition::value(&text, "fleetwatch_hub_subscriber_lag_records{subscriber=\"ops\",durable=\"collector\"}");
+        if lag == Some(0.0) {
+            assert_eq!(
+                Exposition::value(
+                    &text,
+                    "fleetwatch_hub_subscriber_lag_seconds{subscriber=\"ops\",durable=\"collector\"}"
+                ),
+                Some(0.0)
+            );
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(30), "collector lag never 0:\n{text}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
