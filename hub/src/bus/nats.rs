@@ -252,6 +252,40 @@ pub struct NatsBus {
     stream_last: AtomicU64,
     write_failures: AtomicU64,
     tasks: Mutex<Vec<AbortHandle>>,
+    /// Runs the NATS connection; dropped last (fields drop in order).
+    _io: IoThread,
+}
+
+/// A thread of its own for the NATS client's connection task.
+///
+/// On the hub's runtime that task — which reads every publish ack and every record of the
+/// local tail off the socket and hands them on — waited in the run queue behind a thousand
+/// agent sessions: publish acks that JetStream sent within milliseconds reached the append
+/// tens of milliseconds later. On its own single-threaded runtime it runs as soon as the
+/// socket has data; the futures waiting for acks stay on the hub's runtime (the hand-over is
+/// a channel, which works across runtimes).
+struct IoThread {
+    handle: tokio::runtime::Handle,
+    /// Dropping it ends the thread's `block_on`, which drops the runtime and its tasks.
+    _stop: tokio::sync::oneshot::Sender<()>,
+}
+
+impl IoThread {
+    fn start() -> Result<Self, NatsError> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| NatsError::Settings(format!("cannot start the NATS connection thread: {e}")))?;
+        let handle = rt.handle().clone();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        std::thread::Builder::new()
+            .name("fleetwatch-nats".into())
+            .spawn(move || {
+                let _ = rt.block_on(stopped);
+            })
+            .map_err(|e| NatsError::Settings(format!("cannot start the NATS connection thread: {e}")))?;
+        Ok(Self { handle, _stop: stop })
+    }
 }
 
 impl Drop for NatsBus {
@@ -315,7 +349,13 @@ impl NatsBus {
         if opts.replicas == 0 || opts.replicas > 5 {
             return Err(NatsError::Settings(format!("--bus-replicas {}: JetStream allows 1 to 5", opts.replicas)));
         }
-        let (client, servers) = connect(&opts).await?;
+        let io = IoThread::start()?;
+        let connecting = opts.clone();
+        let (client, servers) = io
+            .handle
+            .spawn(async move { connect(&connecting).await })
+            .await
+            .map_err(|e| NatsError::Settings(format!("the NATS connection thread failed: {e}")))??;
         let js = jetstream::ContextBuilder::new().timeout(REQUEST_TIMEOUT).build(client.clone());
         let stream_err = |cause: String| NatsError::Stream { stream: opts.stream.clone(), cause };
         let info = ensure_stream(&js, &opts).await?;
@@ -371,6 +411,7 @@ impl NatsBus {
             stream_last: AtomicU64::new(info.state.last_sequence),
             write_failures: AtomicU64::new(0),
             tasks: Mutex::new(Vec::new()),
+            _io: io,
         });
 
         // The local tail: one ordered consumer over the whole stream.
