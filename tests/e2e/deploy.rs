@@ -279,8 +279,9 @@ impl Workload {
         self.ports[&p["containerPort"].as_u64().unwrap()]
     }
 
-    /// Waits until the readiness probe's endpoint answers 200 (liveness too).
-    async fn wait_ready(&mut self, what: &str) {
+    /// Waits until the readiness probe's endpoint answers 200 (liveness too); `Err` with the
+    /// log when the process exited first or did not get ready within 60 s.
+    async fn ready(&mut self, what: &str) -> Result<(), String> {
         let start = Instant::now();
         let probe = |p: &str| {
             let get = &self.container[p]["httpGet"];
@@ -291,15 +292,39 @@ impl Workload {
         let mut last = None;
         while start.elapsed() < Duration::from_secs(60) {
             if let Some(code) = self.proc.child.try_wait().unwrap() {
-                panic!("{what} exited ({code}) before it was ready:\n{}", tail(&self.proc.stderr()));
+                return Err(format!("{what} exited ({code}) before it was ready:\n{}", self.proc.stderr()));
             }
             last = http_status(ready_port, &ready_path).await;
             if last == Some(200) && http_status(live_port, &live_path).await == Some(200) {
-                return;
+                return Ok(());
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        panic!("{what}: {ready_path} answered {last:?}, not 200, within 60 s:\n{}", tail(&self.proc.stderr()));
+        Err(format!("{what}: {ready_path} answered {last:?}, not 200, within 60 s:\n{}", self.proc.stderr()))
+    }
+}
+
+/// [`Workload::start`], then waits until it is ready. The free ports it picks can be taken
+/// by another process before it binds them: then it starts again on new ones.
+#[allow(clippy::too_many_arguments)]
+async fn start_ready(
+    docs: &[Value],
+    kind: &str,
+    name: &str,
+    files: &VolumeFiles,
+    hub_url: Option<&str>,
+    kubeconfig: &Path,
+    dir: &Path,
+) -> Workload {
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let mut w = Workload::start(docs, kind, name, files, hub_url, kubeconfig, dir);
+        match w.ready(name).await {
+            Ok(()) => return w,
+            Err(e) if attempt < 3 && e.contains("Address already in use") => continue,
+            Err(e) => panic!("{}", tail(&e)),
+        }
     }
 }
 
@@ -410,16 +435,14 @@ async fn rendered_workloads_run_with_their_args_and_service_account_rbac() {
     );
 
     // The hub, reading WatchConfigs with its own token.
-    let mut hub = Workload::start(&cp_docs, "StatefulSet", "fleetwatch-hub", &files, None, &hub_kc, &dir);
-    hub.wait_ready("hub").await;
+    let hub = start_ready(&cp_docs, "StatefulSet", "fleetwatch-hub", &files, None, &hub_kc, &dir).await;
     let hub_url = format!("wss://localhost:{}", hub.port("wss"));
     let admin = hub.port("admin");
     assert_eq!(http_status(admin, "/metrics").await, Some(200), "the ServiceMonitor's hub endpoint");
 
     // The agent with the agent chart's ServiceAccount.
-    let mut agent =
-        Workload::start(&agent_docs, "Deployment", "fleetwatch-agent", &files, Some(&hub_url), &agent_kc, &dir);
-    agent.wait_ready("agent").await;
+    let agent =
+        start_ready(&agent_docs, "Deployment", "fleetwatch-agent", &files, Some(&hub_url), &agent_kc, &dir).await;
     let collector = Collector::start(&pki, &hub_url, "ops").await;
 
     // It watches what the WatchConfig names…
@@ -492,9 +515,8 @@ async fn rendered_workloads_run_with_their_args_and_service_account_rbac() {
     // The lifecycle operator with its own token: takes its Lease and brings a Runtime to Ready.
     let (ok, _, _) = kubectl_try(&cp_kc, &["get", "lease", "fleetwatch-lifecycle", "-n", &ns]);
     assert!(!ok, "no Lease before the operator runs");
-    let mut lifecycle =
-        Workload::start(&cp_docs, "Deployment", "fleetwatch-lifecycle", &files, Some(&hub_url), &lifecycle_kc, &dir);
-    lifecycle.wait_ready("lifecycle").await;
+    let lifecycle =
+        start_ready(&cp_docs, "Deployment", "fleetwatch-lifecycle", &files, Some(&hub_url), &lifecycle_kc, &dir).await;
     assert_eq!(
         http_status(lifecycle.port("metrics"), "/metrics").await,
         Some(200),
@@ -749,15 +771,11 @@ async fn nats_mode_hub_replicas_run_with_their_rendered_args_and_share_the_strea
     files.insert("fleetwatch-trust-bundle".into(), vec![("ca.crt", pki.path("ca.crt"))]);
 
     // Two replicas, each from the rendered Deployment (own ports, same stream).
-    let replica = |n: usize| {
-        let d = dir.join(format!("replica-{n}"));
-        std::fs::create_dir_all(&d).unwrap();
-        Workload::start(&docs, "Deployment", "fleetwatch-hub", &files, None, &hub_kc, &d)
-    };
-    let mut a = replica(0);
-    let mut b = replica(1);
-    a.wait_ready("hub replica 0").await;
-    b.wait_ready("hub replica 1").await;
+    let (dir_a, dir_b) = (dir.join("replica-0"), dir.join("replica-1"));
+    std::fs::create_dir_all(&dir_a).unwrap();
+    std::fs::create_dir_all(&dir_b).unwrap();
+    let a = start_ready(&docs, "Deployment", "fleetwatch-hub", &files, None, &hub_kc, &dir_a).await;
+    let b = start_ready(&docs, "Deployment", "fleetwatch-hub", &files, None, &hub_kc, &dir_b).await;
     let (url_a, url_b) = (format!("wss://localhost:{}", a.port("wss")), format!("wss://localhost:{}", b.port("wss")));
 
     // An agent on replica 0, a subscriber on replica 1: the stream is shared.
@@ -816,4 +834,125 @@ fn the_service_monitor_scrapes_the_ports_that_serve_metrics() {
             .clone();
         assert_eq!(arg(w, flag), format!("0.0.0.0:{container_port}"), "{}", key(w));
     }
+}
+
+#[test]
+fn monitoring_objects_carry_the_observability_files_unchanged() {
+    let cp = helm_template(
+        "fleetwatch",
+        "fleetwatch-system",
+        &["monitoring.prometheusRule.enabled=true", "monitoring.grafanaDashboard.enabled=true"],
+    )
+    .unwrap();
+    let rules: Value =
+        serde_saphyr::from_str(&std::fs::read_to_string(repo().join("deploy/observability/alerts.yaml")).unwrap())
+            .unwrap();
+    let rule = cp.iter().find(|d| d["kind"] == "PrometheusRule").expect("a PrometheusRule");
+    assert_eq!(rule["spec"], rules);
+    assert!(!rules["groups"].as_array().unwrap().is_empty());
+    let dashboard: Value =
+        serde_json::from_str(&std::fs::read_to_string(repo().join("deploy/observability/dashboard.json")).unwrap())
+            .unwrap();
+    let cm = find(&cp, "ConfigMap", "fleetwatch-dashboard");
+    assert_eq!(cm["metadata"]["labels"]["grafana_dashboard"], "1");
+    let shipped: Value = serde_json::from_str(cm["data"]["fleetwatch.json"].as_str().unwrap()).unwrap();
+    assert_eq!(shipped, dashboard);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn built_in_agent_certificates_work_under_the_chart_rbac() {
+    let pki = Pki::new();
+    let dir = pki.path("deploy");
+    std::fs::create_dir_all(&dir).unwrap();
+    let ns = "fleetwatch-system";
+    let docs =
+        helm_template("fleetwatch", ns, &["createNamespace=true", &format!("lifecycle.agentCASecret={ns}/fleet-ca")])
+            .unwrap();
+    // Only the CA Secret, by name, read only.
+    let role = find(&docs, "Role", "fleetwatch-lifecycle-agent-ca");
+    assert_eq!(
+        role["rules"],
+        json!([{"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["fleet-ca"], "verbs": ["get"]}])
+    );
+    let err = helm_template("fleetwatch", ns, &["lifecycle.agentCASecret=fleet-ca"]).unwrap_err();
+    assert!(err.contains("NAMESPACE/NAME"), "{err}");
+
+    let cp = sim("control-plane", true).await;
+    let rt = sim("eu-1", false).await;
+    let (cp_kc, rt_kc) = (dir.join("cp.kubeconfig"), dir.join("rt.kubeconfig"));
+    cp.write_kubeconfig(&cp_kc).unwrap();
+    rt.write_kubeconfig(&rt_kc).unwrap();
+    kubectl(&cp_kc, &["apply", "--server-side", "-f", repo().join("deploy/crds").to_str().unwrap()], None);
+    for d in &docs {
+        apply(&cp_kc, d);
+    }
+    let (hub_kc, lifecycle_kc) = (dir.join("hub.kubeconfig"), dir.join("lifecycle.kubeconfig"));
+    cp.write_kubeconfig_for(&hub_kc, ns, "fleetwatch-hub").unwrap();
+    cp.write_kubeconfig_for(&lifecycle_kc, ns, "fleetwatch-lifecycle").unwrap();
+    let lifecycle_files = pki.subscriber("lifecycle");
+    let mut files = VolumeFiles::new();
+    files.insert("fleetwatch-hub-tls".into(), vec![("tls.crt", pki.path("hub.crt")), ("tls.key", pki.path("hub.key"))]);
+    files.insert("fleetwatch-trust-bundle".into(), vec![("ca.crt", pki.path("ca.crt"))]);
+    files.insert(
+        "fleetwatch-lifecycle-tls".into(),
+        vec![("tls.crt", lifecycle_files.cert.clone()), ("tls.key", lifecycle_files.key.clone())],
+    );
+    let hub = start_ready(&docs, "StatefulSet", "fleetwatch-hub", &files, None, &hub_kc, &dir).await;
+    let hub_url = format!("wss://localhost:{}", hub.port("wss"));
+
+    // The CA Secret, the agent module's template, a runtime cluster's kubeconfig and its Runtime.
+    let ca = |f: &str| std::fs::read_to_string(pki.path(f)).unwrap();
+    apply(
+        &cp_kc,
+        &json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "fleet-ca", "namespace": ns},
+                          "stringData": {"ca.crt": ca("ca.crt"), "ca.key": ca("ca.key")}}),
+    );
+    let out =
+        std::process::Command::new(BIN).args(["agent-module", "--hub", &hub_url, "--namespace", ns]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    for d in documents(&String::from_utf8_lossy(&out.stdout)) {
+        apply(&cp_kc, &d);
+    }
+    apply(
+        &cp_kc,
+        &json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "eu-1-kubeconfig", "namespace": ns},
+                          "stringData": {"config": std::fs::read_to_string(&rt_kc).unwrap()}}),
+    );
+    apply(
+        &cp_kc,
+        &json!({"apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "Runtime",
+        "metadata": {"name": "eu-1", "namespace": ns},
+        "spec": {"clusterId": "eu-1", "kubeconfigSecret": {"name": "eu-1-kubeconfig"}, "modules": []}}),
+    );
+
+    // The operator, with its own token, reads the CA and writes the agent's certificate.
+    let lifecycle =
+        start_ready(&docs, "Deployment", "fleetwatch-lifecycle", &files, Some(&hub_url), &lifecycle_kc, &dir).await;
+    let issued = |kc: PathBuf| async move {
+        let (ok, out, _) = kubectl_try(
+            &kc,
+            &["get", "secret", "fleetwatch-agent-tls", "-n", "fleetwatch-system", "-o", "jsonpath={.data.tls\\.crt}"],
+        );
+        ok && !out.is_empty()
+    };
+    wait_until("the agent certificate in the runtime cluster", || issued(rt_kc.clone()), &|| {
+        tail(&lifecycle.proc.stderr())
+    })
+    .await;
+    let pem = kubectl(
+        &rt_kc,
+        &[
+            "get",
+            "secret",
+            "fleetwatch-agent-tls",
+            "-n",
+            "fleetwatch-system",
+            "-o",
+            "go-template={{index .data \"tls.crt\" | base64decode}}",
+        ],
+        None,
+    );
+    let info = fleetwatch_certs::inspect_pem(&pem, Path::new("tls.crt")).unwrap();
+    assert_eq!(info.identity.unwrap().to_string(), "spiffe://test.local/cluster/eu-1");
+    assert!(!lifecycle.proc.stderr().contains("is forbidden"), "lifecycle log:\n{}", tail(&lifecycle.proc.stderr()));
 }
