@@ -181,8 +181,17 @@ async fn deny_list_fails_closed() {
     assert!(ready.contains("deny-list: stale"), "{ready}\n{}\n{}", hub.proc.stderr(), metrics(&hub));
     let errors = || hub.proc.stderr().lines().filter(|l| l.contains("ERROR") && l.contains("deny list")).count();
 
-    // Replaced by a directory: the same.
-    std::fs::create_dir(&deny).unwrap();
+    // Replaced by a directory: the same. (Behind a symlink, swapped atomically as a kubelet
+    // swaps a mounted ConfigMap, so the hub never sees a moment without a file between
+    // this step and the next — that would be a third change, reported a third time.)
+    let dir = deny.with_extension("dir");
+    std::fs::create_dir(&dir).unwrap();
+    let swap_in = |target: &std::path::Path| {
+        let link = deny.with_extension("link");
+        std::os::unix::fs::symlink(target, &link).unwrap();
+        std::fs::rename(&link, &deny).unwrap();
+    };
+    swap_in(&dir);
     let again =
         eventually(Duration::from_secs(10), || metrics(&hub).contains("fleetwatch_hub_deny_list_errors_total 2")).await;
     assert!(again, "{}", metrics(&hub));
@@ -190,8 +199,9 @@ async fn deny_list_fails_closed() {
     assert!(refused(&s), "un-revoked when the deny list became a directory: {s:?}");
 
     // A readable list again is taken as it is: the agent is no longer denied.
-    std::fs::remove_dir(&deny).unwrap();
-    std::fs::write(&deny, "# nobody\n").unwrap();
+    let nobody = deny.with_extension("new");
+    std::fs::write(&nobody, "# nobody\n").unwrap();
+    swap_in(&nobody);
     let fresh =
         eventually(Duration::from_secs(10), || metrics(&hub).contains("\nfleetwatch_hub_deny_list_stale 0\n")).await;
     assert!(fresh, "{}", metrics(&hub));
