@@ -1,5 +1,5 @@
 //! `fleetwatch agent-module`: the agent's ModuleTemplate and ModuleReleaseMeta, rendered
-//! from its one manifest source (`deploy/modules/fleetwatch-agent.yaml`), for the
+//! from its one manifest source (`deploy/manifests/agent.yaml`, the agent chart rendered), for the
 //! lifecycle operator's built-in agent installation (`lifecycle --agent-ca-secret`).
 
 use anyhow::Context;

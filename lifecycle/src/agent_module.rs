@@ -4,8 +4,8 @@
 //! Secret. With [`AgentCerts`] configured (`fleetwatch lifecycle --agent-ca-secret`),
 //! every Runtime gets the module [`MODULE`] as if its spec listed it (installed through the
 //! same ModuleTemplate / ModuleReleaseMeta path as any module), and the operator writes
-//! into the runtime cluster the Secret [`AGENT_NAMESPACE`]/[`CERT_SECRET`] the agent's
-//! Deployment mounts: `tls.crt` (identity `spiffe://<trust-domain>/cluster/<clusterId>`,
+//! into the runtime cluster the Secret the agent's Deployment mounts (its namespace and name
+//! come from the manifest: [`layout`]): `tls.crt` (identity `spiffe://<trust-domain>/cluster/<clusterId>`,
 //! clientAuth), `tls.key` and `ca.crt` (the CA bundle the agent trusts for the hub).
 //!
 //! Rotation without a gap: a certificate is renewed once two thirds of its lifetime have
@@ -15,8 +15,9 @@
 //! keeping its outbox ([`fleetwatch_agent`'s uplink]). A certificate from another CA, for
 //! another identity, or unreadable is replaced at once.
 //!
-//! The agent's manifests have one source, `deploy/modules/fleetwatch-agent.yaml`, wrapped
-//! into a ModuleTemplate by [`render`] (and `fleetwatch agent-module`).
+//! The agent's manifests have one source, `deploy/manifests/agent.yaml` (the agent Helm
+//! chart rendered with default values), wrapped into a ModuleTemplate by [`render`] (and
+//! `fleetwatch agent-module`), which sets the hub address, image and version label.
 //!
 //! [`fleetwatch_agent`'s uplink]: https://docs.rs/fleetwatch-agent
 
@@ -34,14 +35,12 @@ use crate::applier::Applier;
 
 /// The module name of the agent.
 pub const MODULE: &str = "fleetwatch-agent";
-/// The namespace the agent runs in, in each runtime cluster.
-pub const AGENT_NAMESPACE: &str = "fleetwatch-system";
-/// The Secret holding the agent's certificate, key and CA bundle.
-pub const CERT_SECRET: &str = "fleetwatch-agent-tls";
 /// The name of the agent's Deployment (the module's manager workload).
 pub const DEPLOYMENT: &str = "fleetwatch-agent";
 /// The agent's manifests (one source; see the module docs).
-const MANIFEST: &str = include_str!("../../deploy/modules/fleetwatch-agent.yaml");
+const MANIFEST: &str = include_str!("../../deploy/manifests/agent.yaml");
+/// The manifest file, for messages.
+const MANIFEST_PATH: &str = "deploy/manifests/agent.yaml";
 /// The field manager of the certificate Secret.
 const FIELD_MANAGER: &str = "fleetwatch-lifecycle-certs";
 /// Annotations on the certificate Secret: what is in it, and when it is renewed.
@@ -61,6 +60,40 @@ pub struct AgentCerts {
     pub ca_secret_name: String,
     /// How long an agent certificate is valid; renewed after two thirds of it.
     pub lifetime: Duration,
+    /// Where the agent's manifest expects its certificate.
+    pub layout: Layout,
+}
+
+/// Where the agent runs and reads its certificate, as its manifest says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Layout {
+    /// The agent Deployment's namespace in each runtime cluster.
+    pub namespace: String,
+    /// The Secret its pod mounts (`tls.crt`, `tls.key`, `ca.crt`).
+    pub secret: String,
+}
+
+/// The agent's namespace and certificate Secret, from the manifest's Deployment.
+pub fn layout() -> Result<Layout, RenderError> {
+    let objects = manifest_objects()?;
+    let d = agent_deployment(&objects)?;
+    let namespace = d["metadata"]["namespace"]
+        .as_str()
+        .ok_or_else(|| RenderError::Shape(format!("the Deployment {DEPLOYMENT} has no namespace")))?;
+    let secret = d["spec"]["template"]["spec"]["volumes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find_map(|v| v["secret"]["secretName"].as_str())
+        .ok_or_else(|| RenderError::Shape(format!("the Deployment {DEPLOYMENT} mounts no Secret")))?;
+    Ok(Layout { namespace: namespace.into(), secret: secret.into() })
+}
+
+fn agent_deployment(objects: &[Value]) -> Result<&Value, RenderError> {
+    objects
+        .iter()
+        .find(|o| o["kind"] == "Deployment" && o["metadata"]["name"] == DEPLOYMENT)
+        .ok_or_else(|| RenderError::Shape(format!("no Deployment named {DEPLOYMENT}")))
 }
 
 impl AgentCerts {
@@ -73,7 +106,8 @@ impl AgentCerts {
         if lifetime < Duration::from_secs(3) {
             return Err("the certificate lifetime must be at least 3 seconds".into());
         }
-        Ok(Self { ca_secret_namespace: ns.into(), ca_secret_name: name.into(), lifetime })
+        let layout = layout().map_err(|e| e.to_string())?;
+        Ok(Self { ca_secret_namespace: ns.into(), ca_secret_name: name.into(), lifetime, layout })
     }
 
     fn ca_secret(&self) -> String {
@@ -180,13 +214,11 @@ pub async fn ensure_certificate(
     let want = fleetwatch_protocol::identity::Identity::cluster(authority.trust_domain(), &cluster)
         .map_err(|e| CertFailure::Issue(e.into()))?;
     let issuer = issuer_fingerprint(&ca_pem);
-    let api: Api<Secret> = Api::namespaced(applier.client().clone(), AGENT_NAMESPACE);
-    let object = format!("Secret {AGENT_NAMESPACE}/{CERT_SECRET}");
-    let existing = api.get_opt(CERT_SECRET).await.map_err(|source| Error::Kube {
-        action: "reading",
-        object: object.clone(),
-        source,
-    })?;
+    let (namespace, name) = (cfg.layout.namespace.as_str(), cfg.layout.secret.as_str());
+    let api: Api<Secret> = Api::namespaced(applier.client().clone(), namespace);
+    let object = format!("Secret {namespace}/{name}");
+    let existing =
+        api.get_opt(name).await.map_err(|source| Error::Kube { action: "reading", object: object.clone(), source })?;
     let now = jiff::Timestamp::now();
     if let Some(secret) = &existing
         && let Some(reason) = current(secret, &want, &issuer, &bundle, cfg, now)
@@ -196,10 +228,11 @@ pub async fn ensure_certificate(
     if existing.is_none() {
         // The module's manifest creates the namespace too; the Secret must not wait for it.
         let ns_api: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(applier.client().clone());
-        let ns = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": AGENT_NAMESPACE}});
-        ns_api.patch(AGENT_NAMESPACE, &PatchParams::apply(FIELD_MANAGER), &Patch::Apply(&ns)).await.map_err(
-            |source| Error::Kube { action: "creating", object: format!("Namespace {AGENT_NAMESPACE}"), source },
-        )?;
+        let ns = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}});
+        ns_api
+            .patch(namespace, &PatchParams::apply(FIELD_MANAGER), &Patch::Apply(&ns))
+            .await
+            .map_err(|source| Error::Kube { action: "creating", object: format!("Namespace {namespace}"), source })?;
     }
     let (cert_pem, key_pem, _) =
         authority.issue_pem_for(&fleetwatch_certs::LeafSpec::Agent { cluster: cluster.clone() }, cfg.lifetime)?;
@@ -213,7 +246,7 @@ pub async fn ensure_certificate(
     let secret = json!({
         "apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls",
         "metadata": {
-            "name": CERT_SECRET, "namespace": AGENT_NAMESPACE,
+            "name": name, "namespace": namespace,
             "labels": {"app.kubernetes.io/managed-by": "fleetwatch-lifecycle", "operator.fleetwatch.dev/module": MODULE},
             "annotations": {
                 ANNOTATION_SERIAL: info.serial,
@@ -224,13 +257,13 @@ pub async fn ensure_certificate(
         },
         "data": data,
     });
-    api.patch(CERT_SECRET, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&secret))
+    api.patch(name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&secret))
         .await
         .map_err(|source| Error::Kube { action: "writing", object, source })?;
     let previous = existing
         .as_ref()
         .and_then(|s| secret_bytes(s, "tls.crt"))
-        .and_then(|pem| fleetwatch_certs::inspect_pem(&pem, std::path::Path::new(CERT_SECRET)).ok().map(|i| i.serial));
+        .and_then(|pem| fleetwatch_certs::inspect_pem(&pem, std::path::Path::new(name)).ok().map(|i| i.serial));
     tracing::info!(
         cluster = %cluster,
         serial = %info.serial,
@@ -260,7 +293,7 @@ fn current(
         return None;
     }
     let pem = secret_bytes(secret, "tls.crt")?;
-    let info = fleetwatch_certs::inspect_pem(&pem, std::path::Path::new(CERT_SECRET)).ok()?;
+    let info = fleetwatch_certs::inspect_pem(&pem, std::path::Path::new("tls.crt")).ok()?;
     if info.identity.as_ref() != Some(want) {
         return None;
     }
@@ -273,14 +306,13 @@ fn until(now: jiff::Timestamp, then: jiff::Timestamp) -> Duration {
 }
 
 /// Deletes the certificate Secret (the Runtime is going away); a missing one is fine.
-pub async fn remove_certificate(applier: &Applier) -> Result<(), Error> {
-    let api: Api<Secret> = Api::namespaced(applier.client().clone(), AGENT_NAMESPACE);
-    match api.delete(CERT_SECRET, &Default::default()).await {
+pub async fn remove_certificate(cfg: &AgentCerts, applier: &Applier) -> Result<(), Error> {
+    let Layout { namespace, secret } = &cfg.layout;
+    let api: Api<Secret> = Api::namespaced(applier.client().clone(), namespace);
+    match api.delete(secret, &Default::default()).await {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-        Err(source) => {
-            Err(Error::Kube { action: "deleting", object: format!("Secret {AGENT_NAMESPACE}/{CERT_SECRET}"), source })
-        }
+        Err(source) => Err(Error::Kube { action: "deleting", object: format!("Secret {namespace}/{secret}"), source }),
     }
 }
 
@@ -301,10 +333,10 @@ pub struct ModuleSpec {
 #[derive(Debug, thiserror::Error)]
 pub enum RenderError {
     /// The manifest file is not YAML.
-    #[error("deploy/modules/fleetwatch-agent.yaml: {0}")]
+    #[error("{MANIFEST_PATH}: {0}")]
     Yaml(String),
     /// It lacks what the operator relies on.
-    #[error("deploy/modules/fleetwatch-agent.yaml: {0}")]
+    #[error("{MANIFEST_PATH}: {0}")]
     Shape(String),
 }
 
@@ -319,6 +351,7 @@ pub fn manifest_objects() -> Result<Vec<Value>, RenderError> {
 /// version label (the module's running version, for downgrade protection) filled in.
 pub fn render(spec: &ModuleSpec) -> Result<Vec<Value>, RenderError> {
     let mut objects = manifest_objects()?;
+    let layout = layout()?;
     let deployment = objects
         .iter_mut()
         .find(|o| o["kind"] == "Deployment" && o["metadata"]["name"] == DEPLOYMENT)
@@ -336,19 +369,14 @@ pub fn render(spec: &ModuleSpec) -> Result<Vec<Value>, RenderError> {
     if let Some(image) = &spec.image {
         container["image"] = json!(image);
     }
-    let env =
-        container["env"].as_array_mut().ok_or_else(|| RenderError::Shape("the agent container has no env".into()))?;
-    let hub = env
-        .iter_mut()
-        .find(|e| e["name"] == "FLEETWATCH_HUB")
-        .ok_or_else(|| RenderError::Shape("the agent container sets no FLEETWATCH_HUB".into()))?;
-    hub["value"] = json!(spec.hub.join(","));
+    set_hub(container, &spec.hub.join(","))?;
+    allow_hub_egress(&mut objects, &layout.namespace, &spec.hub);
     let template = json!({
         "apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "ModuleTemplate",
         "metadata": {"name": format!("{MODULE}-{}", spec.version), "namespace": spec.namespace},
         "spec": {
             "moduleName": MODULE, "version": spec.version, "manifest": objects,
-            "manager": {"apiVersion": "apps/v1", "kind": "Deployment", "namespace": AGENT_NAMESPACE, "name": DEPLOYMENT},
+            "manager": {"apiVersion": "apps/v1", "kind": "Deployment", "namespace": layout.namespace, "name": DEPLOYMENT},
         },
     });
     let meta = json!({
@@ -357,6 +385,73 @@ pub fn render(spec: &ModuleSpec) -> Result<Vec<Value>, RenderError> {
         "spec": {"moduleName": MODULE, "channels": [{"channel": "regular", "version": spec.version}]},
     });
     Ok(vec![template, meta])
+}
+
+/// Lets the agent reach the hub's port(s) through the NetworkPolicies of its namespace (the
+/// chart's default allows 443 only): one more egress rule per policy, which only widens it
+/// by those ports.
+fn allow_hub_egress(objects: &mut [Value], namespace: &str, hubs: &[String]) {
+    let mut ports: Vec<u16> = hubs
+        .iter()
+        .filter_map(|h| {
+            let rest = h.strip_prefix("wss://")?;
+            let authority = rest.split('/').next()?;
+            match authority.rsplit_once(':') {
+                Some((_, port)) if !port.ends_with(']') => port.parse().ok(),
+                _ => Some(443),
+            }
+        })
+        .collect();
+    ports.sort_unstable();
+    ports.dedup();
+    if ports.is_empty() {
+        return;
+    }
+    for policy in objects.iter_mut().filter(|o| o["kind"] == "NetworkPolicy" && o["metadata"]["namespace"] == namespace)
+    {
+        let allows = |p: u16| {
+            policy["spec"]["egress"].as_array().into_iter().flatten().any(|rule| {
+                rule["ports"].as_array().into_iter().flatten().any(|x| x["port"] == p)
+                    && rule["to"].as_array().is_some_and(|to| to.iter().any(|t| t["ipBlock"]["cidr"] == "0.0.0.0/0"))
+            })
+        };
+        let missing: Vec<Value> =
+            ports.iter().filter(|p| !allows(**p)).map(|p| json!({"port": p, "protocol": "TCP"})).collect();
+        if missing.is_empty() {
+            continue;
+        }
+        if let Some(egress) = policy["spec"]["egress"].as_array_mut() {
+            egress.push(json!({"to": [{"ipBlock": {"cidr": "0.0.0.0/0"}}], "ports": missing}));
+        }
+    }
+}
+
+/// Points the agent container at `hub`: its `--hub=` or `--hub` argument, else its
+/// `FLEETWATCH_HUB` variable, else a new `--hub=` argument.
+fn set_hub(container: &mut Value, hub: &str) -> Result<(), RenderError> {
+    if let Some(args) = container["args"].as_array_mut() {
+        if let Some(a) = args.iter_mut().find(|a| a.as_str().is_some_and(|a| a.starts_with("--hub="))) {
+            *a = json!(format!("--hub={hub}"));
+            return Ok(());
+        }
+        if let Some(i) = args.iter().position(|a| a == "--hub")
+            && let Some(v) = args.get_mut(i + 1)
+        {
+            *v = json!(hub);
+            return Ok(());
+        }
+    }
+    if let Some(e) =
+        container["env"].as_array_mut().and_then(|env| env.iter_mut().find(|e| e["name"] == "FLEETWATCH_HUB"))
+    {
+        e["value"] = json!(hub);
+        return Ok(());
+    }
+    match container["args"].as_array_mut() {
+        Some(args) => args.push(json!(format!("--hub={hub}"))),
+        None => return Err(RenderError::Shape("the agent container has no args".into())),
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -378,16 +473,25 @@ mod tests {
         assert_eq!(d["metadata"]["labels"]["app.kubernetes.io/version"], "1.2.3");
         let c = &d["spec"]["template"]["spec"]["containers"][0];
         assert_eq!(c["image"], "registry/fleetwatch:1.2.3");
-        assert!(
-            c["env"]
+        let hubs: Vec<&Value> =
+            c["args"].as_array().unwrap().iter().filter(|a| a.as_str().unwrap().starts_with("--hub")).collect();
+        assert_eq!(hubs, [&json!("--hub=wss://a:1,wss://b:1")]);
+        // The Deployment mounts the Secret the operator writes.
+        let layout = layout().unwrap();
+        assert_eq!(d["spec"]["template"]["spec"]["volumes"][0]["secret"]["secretName"], json!(layout.secret));
+        assert_eq!(d["metadata"]["namespace"], json!(layout.namespace));
+        assert_eq!(tpl.spec.manager.namespace.as_deref(), Some(layout.namespace.as_str()));
+        // The hub's port is let through the agent's NetworkPolicy.
+        for policy in tpl.spec.manifest.iter().filter(|o| o["kind"] == "NetworkPolicy") {
+            let ports: Vec<&Value> = policy["spec"]["egress"]
                 .as_array()
                 .unwrap()
                 .iter()
-                .any(|e| e["name"] == "FLEETWATCH_HUB" && e["value"] == "wss://a:1,wss://b:1")
-        );
-        // The Deployment mounts the Secret the operator writes.
-        assert_eq!(d["spec"]["template"]["spec"]["volumes"][0]["secret"]["secretName"], CERT_SECRET);
-        assert_eq!(d["metadata"]["namespace"], AGENT_NAMESPACE);
+                .flat_map(|r| r["ports"].as_array().unwrap())
+                .map(|p| &p["port"])
+                .collect();
+            assert!(ports.contains(&&json!(1)), "{policy}");
+        }
         // Read-only RBAC.
         let role = tpl.spec.manifest.iter().find(|o| o["kind"] == "ClusterRole").unwrap();
         for rule in role["rules"].as_array().unwrap() {
@@ -395,6 +499,19 @@ mod tests {
         }
         let meta: fleetwatch_api::ModuleReleaseMeta = serde_json::from_value(out[1].clone()).unwrap();
         assert_eq!(meta.spec.channels[0].version, "1.2.3");
+    }
+
+    #[test]
+    fn the_hub_goes_where_the_container_takes_it() {
+        let mut c = json!({"args": ["agent", "--hub", "wss://old"]});
+        set_hub(&mut c, "wss://new").unwrap();
+        assert_eq!(c["args"], json!(["agent", "--hub", "wss://new"]));
+        let mut c = json!({"args": ["agent"], "env": [{"name": "FLEETWATCH_HUB", "value": "wss://old"}]});
+        set_hub(&mut c, "wss://new").unwrap();
+        assert_eq!(c["env"][0]["value"], "wss://new");
+        let mut c = json!({"args": ["agent"]});
+        set_hub(&mut c, "wss://new").unwrap();
+        assert_eq!(c["args"], json!(["agent", "--hub=wss://new"]));
     }
 
     #[test]

@@ -194,9 +194,9 @@ async fn cleanup(rt: Arc<Runtime>, ctx: &Ctx) -> Result<Action, Error> {
     if statuses.is_empty() {
         // The catalog goes with the Runtime; a failure is retried like any other.
         crate::catalog::remove(&applier).await?;
-        if ctx.agent_certs.is_some() {
+        if let Some(certs) = &ctx.agent_certs {
             // The agent went with the modules; its certificate goes too.
-            crate::agent_module::remove_certificate(&applier).await?;
+            crate::agent_module::remove_certificate(certs, &applier).await?;
         }
         if let Ok(mut c) = ctx.catalogs.lock() {
             c.remove(&key);

@@ -138,10 +138,13 @@ async fn a_runtime_gets_an_agent_whose_certificate_rotates_without_loss() {
                 "metadata": {"name": "rt1", "namespace": NS},
                 "spec": {"clusterId": "rt1", "kubeconfigSecret": {"name": "rt1-kubeconfig"}}}),
     );
-    let secrets: Api<Secret> = Api::namespaced(rt.clone(), "fleetwatch-system");
-    let deployments: Api<Deployment> = Api::namespaced(rt.clone(), "fleetwatch-system");
+    // Where the agent's manifest (the chart rendered) expects its certificate.
+    let layout = fleetwatch_lifecycle::agent_module::layout().unwrap();
+    let secret_name = layout.secret.clone();
+    let secrets: Api<Secret> = Api::namespaced(rt.clone(), &layout.namespace);
+    let deployments: Api<Deployment> = Api::namespaced(rt.clone(), &layout.namespace);
     let first = wait_until("the certificate Secret in the runtime cluster", Duration::from_secs(60), async || {
-        secrets.get_opt("fleetwatch-agent-tls").await.ok().flatten()
+        secrets.get_opt(&secret_name).await.ok().flatten()
     })
     .await;
     // The right identity, for clients, from the Secret's CA; the hub's CA bundle with it.
@@ -166,12 +169,12 @@ async fn a_runtime_gets_an_agent_whose_certificate_rotates_without_loss() {
     std::fs::create_dir_all(&volume).unwrap();
     write_secret_volume(&volume, &first, 0);
     {
-        let (secrets, volume, stop) = (secrets.clone(), volume.clone(), kubelet.clone());
+        let (secrets, volume, stop, name) = (secrets.clone(), volume.clone(), kubelet.clone(), secret_name.clone());
         let mut version = first.metadata.resource_version.clone();
         tokio::spawn(async move {
             let mut generation = 0;
             while !stop.is_cancelled() {
-                if let Ok(Some(s)) = secrets.get_opt("fleetwatch-agent-tls").await
+                if let Ok(Some(s)) = secrets.get_opt(&name).await
                     && s.metadata.resource_version != version
                 {
                     generation += 1;
@@ -183,18 +186,27 @@ async fn a_runtime_gets_an_agent_whose_certificate_rotates_without_loss() {
         });
     }
     // The agent process, started with the Deployment's args and environment, its mount
-    // path pointing at the synced directory (and the sim's kubeconfig: no in-cluster config).
+    // path pointing at the synced directory, its health port on a free loopback port (and
+    // the sim's kubeconfig: a sim gives no in-cluster configuration).
     let pod = deployment.spec.template.spec.expect("a pod template");
     let container = &pod.containers[0];
-    let agent_args = container.args.clone().unwrap();
+    let health_port = free_port();
+    let local = |v: &str| -> String {
+        let v = v.replace(MOUNT, volume.to_str().unwrap());
+        match v.strip_prefix("--health-listen=") {
+            Some(_) => format!("--health-listen=127.0.0.1:{health_port}"),
+            None => v,
+        }
+    };
+    let agent_args: Vec<String> = container.args.clone().unwrap().iter().map(|a| local(a)).collect();
+    assert!(agent_args.contains(&format!("--hub={}", hub.url())), "{agent_args:?}");
     let mut env: Vec<(String, String)> = container
         .env
         .clone()
         .unwrap_or_default()
         .into_iter()
-        .map(|e| (e.name, e.value.unwrap_or_default().replace(MOUNT, volume.to_str().unwrap())))
+        .map(|e| (e.name, local(&e.value.unwrap_or_default())))
         .collect();
-    assert!(env.iter().any(|(k, v)| k == "FLEETWATCH_HUB" && *v == hub.url()), "{env:?}");
     env.push(("FLEETWATCH_KUBECONFIG".into(), rt_kc.display().to_string()));
     env.push(("FLEETWATCH_TLS_RELOAD_INTERVAL".into(), "1".into()));
     let env_refs: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
@@ -232,7 +244,7 @@ async fn a_runtime_gets_an_agent_whose_certificate_rotates_without_loss() {
     // Rotated: a new certificate in the Secret before the old one expires, and the agent
     // reconnected with it.
     let second = wait_until("the certificate renewed", Duration::from_secs(60), async || {
-        secrets.get_opt("fleetwatch-agent-tls").await.ok().flatten().filter(|s| secret_serial(s) != first_serial)
+        secrets.get_opt(&secret_name).await.ok().flatten().filter(|s| secret_serial(s) != first_serial)
     })
     .await;
     let second_serial = secret_serial(&second);

@@ -928,12 +928,15 @@ async fn built_in_agent_certificates_work_under_the_chart_rbac() {
     // The operator, with its own token, reads the CA and writes the agent's certificate.
     let lifecycle =
         start_ready(&docs, "Deployment", "fleetwatch-lifecycle", &files, Some(&hub_url), &lifecycle_kc, &dir).await;
-    let issued = |kc: PathBuf| async move {
-        let (ok, out, _) = kubectl_try(
-            &kc,
-            &["get", "secret", "fleetwatch-agent-tls", "-n", "fleetwatch-system", "-o", "jsonpath={.data.tls\\.crt}"],
-        );
-        ok && !out.is_empty()
+    // Where the agent module (the agent chart rendered) mounts its certificate from.
+    let layout = fleetwatch_lifecycle::agent_module::layout().unwrap();
+    let issued = |kc: PathBuf| {
+        let (secret, agent_ns) = (layout.secret.clone(), layout.namespace.clone());
+        async move {
+            let (ok, out, _) =
+                kubectl_try(&kc, &["get", "secret", &secret, "-n", &agent_ns, "-o", "jsonpath={.data.tls\\.crt}"]);
+            ok && !out.is_empty()
+        }
     };
     wait_until("the agent certificate in the runtime cluster", || issued(rt_kc.clone()), &|| {
         tail(&lifecycle.proc.stderr())
@@ -944,9 +947,9 @@ async fn built_in_agent_certificates_work_under_the_chart_rbac() {
         &[
             "get",
             "secret",
-            "fleetwatch-agent-tls",
+            &layout.secret,
             "-n",
-            "fleetwatch-system",
+            &layout.namespace,
             "-o",
             "go-template={{index .data \"tls.crt\" | base64decode}}",
         ],
