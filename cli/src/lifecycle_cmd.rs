@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
+use axum::http::StatusCode;
 use clap::Args;
 use fleetwatch_client::subscriber::SubscriberOptions;
 use fleetwatch_client::transport::HubUrls;
@@ -39,8 +40,9 @@ pub struct LifecycleArgs {
     #[arg(long, env = "FLEETWATCH_CONCURRENCY", default_value_t = 16)]
     concurrency: u16,
     /// Serve `/metrics` (Prometheus text: reconciles, failures, migrations and their time,
-    /// reconcile duration histogram, modules by state, queue depth, shards held) and
-    /// `/healthz` on this address.
+    /// reconcile duration histogram, modules by state, queue depth, shards held), `/healthz`
+    /// (the process answers) and `/readyz` (200 only while the control plane's API server
+    /// answers a list of Runtimes within 2 s; 503 with the cause otherwise) on this address.
     #[arg(long, env = "FLEETWATCH_METRICS_LISTEN")]
     metrics_listen: Option<std::net::SocketAddr>,
     /// How much of a maintenance window must be left for an upgrade that needs downtime to
@@ -159,21 +161,25 @@ pub async fn run(args: LifecycleArgs) -> anyhow::Result<()> {
     if let Some(addr) = args.metrics_listen {
         let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("cannot listen on {addr}"))?;
         let m = metrics.clone();
-        let app = axum::Router::new().route("/healthz", axum::routing::get(|| async { "ok\n" })).route(
-            "/metrics",
-            axum::routing::get(move || {
-                let m = m.clone();
-                async move {
-                    (
-                        [(
-                            axum::http::header::CONTENT_TYPE,
-                            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                        )],
-                        m.encode(),
-                    )
-                }
-            }),
-        );
+        let runtimes: kube::Api<fleetwatch_api::Runtime> = kube::Api::all(client.clone());
+        let app = axum::Router::new()
+            .route("/healthz", axum::routing::get(|| async { "ok\n" }))
+            .route("/readyz", axum::routing::get(move || ready(runtimes.clone())))
+            .route(
+                "/metrics",
+                axum::routing::get(move || {
+                    let m = m.clone();
+                    async move {
+                        (
+                            [(
+                                axum::http::header::CONTENT_TYPE,
+                                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                            )],
+                            m.encode(),
+                        )
+                    }
+                }),
+            );
         let sd = shutdown.clone();
         tokio::spawn(async move { axum::serve(listener, app).with_graceful_shutdown(sd.cancelled_owned()).await });
     }
@@ -221,4 +227,16 @@ fn instance_identity() -> String {
     let nanos =
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
     format!("{host}-{}-{nanos:08x}", std::process::id())
+}
+
+/// `/readyz`: the operator can only act while its API server answers, so readiness is one
+/// cheap list (a single Runtime) answered within 2 s (the probe itself gives up after 3).
+async fn ready(runtimes: kube::Api<fleetwatch_api::Runtime>) -> (StatusCode, String) {
+    let one = kube::api::ListParams::default().limit(1);
+    let probe = runtimes.list_metadata(&one);
+    match tokio::time::timeout(Duration::from_secs(2), probe).await {
+        Ok(Ok(_)) => (StatusCode::OK, "ready\n".into()),
+        Ok(Err(e)) => (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: cannot list Runtimes: {e}\n")),
+        Err(_) => (StatusCode::SERVICE_UNAVAILABLE, "not ready: the API server did not answer within 2 s\n".into()),
+    }
 }

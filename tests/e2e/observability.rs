@@ -173,7 +173,7 @@ async fn every_metric_the_dashboard_and_alerts_use_is_served() {
     // A fleet: control plane and runtime sims, hub, agent, lifecycle operator, a durable
     // subscriber, and a Runtime with a module installed.
     let pki = Pki::new();
-    let (_cp, cp_kc) = sim_cluster(&pki, "control-plane").await;
+    let (cp, cp_kc) = sim_cluster(&pki, "control-plane").await;
     let (rt_sim, rt_kc) = sim_cluster(&pki, "rt1").await;
     let rt_client = rt_sim.client().await.unwrap();
     let crds = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/crds");
@@ -316,6 +316,18 @@ async fn every_metric_the_dashboard_and_alerts_use_is_served() {
             break;
         }
         assert!(start.elapsed() < Duration::from_secs(30), "collector lag never 0:\n{text}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The operator's readiness follows its API server: ready now, not ready once it is gone.
+    assert_eq!(http_get(metrics_port, "/readyz").await, "ready\n");
+    cp.shutdown();
+    let start = Instant::now();
+    loop {
+        let body = http_get(metrics_port, "/readyz").await;
+        if body.starts_with("not ready: ") {
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(30), "/readyz still says {body:?} with the API server gone");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
