@@ -10,7 +10,8 @@
 # mounted read-only), so it runs with a read-only root filesystem; the Helm charts set
 # readOnlyRootFilesystem, drop every capability and mount a volume for the hub's data.
 
-ARG RUST_VERSION=1.89
+# The toolchain CI builds and tests with (edition 2024; some dependencies need a recent one).
+ARG RUST_VERSION=1.95
 
 FROM rust:${RUST_VERSION}-bookworm AS build
 WORKDIR /src

@@ -40,6 +40,8 @@ echo "== CRD manifests up to date"
 cargo run --quiet --locked -p fleetwatch -- crds --check
 echo "== Helm charts: lint, and deploy/manifests/ rendered from them up to date"
 bash scripts/manifests.sh --check
+echo "== release build (the binary the Dockerfile ships)"
+cargo build --release --locked -p fleetwatch
 echo "== doc tests"
 cargo test --workspace --doc --locked --quiet
 echo "== tests"
