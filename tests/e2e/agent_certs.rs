@@ -26,10 +26,6 @@ const NS: &str = "kcp";
 /// Where the Deployment mounts the Secret (the manifest's mountPath).
 const MOUNT: &str = "/etc/fleetwatch/tls";
 
-fn apply_json(kc: &Path, v: &Value) {
-    kubectl(kc, &["apply", "--server-side", "--force-conflicts", "-f", "-"], Some(&v.to_string()));
-}
-
 /// Writes a Secret's data into `dir` as a kubelet does: a fresh timestamped directory, then
 /// the `..data` symlink swapped to it in one rename, with each key a symlink through it.
 fn write_secret_volume(dir: &Path, secret: &Secret, generation: u64) {
@@ -260,19 +256,7 @@ async fn a_runtime_gets_an_agent_whose_certificate_rotates_without_loss() {
     stop.cancel();
     let writes = writer.await.unwrap();
     assert!(writes > 100, "the writer made only {writes} changes");
-    let finals: HashMap<String, String> = cms
-        .list(&Default::default())
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .map(|o| {
-            (
-                format!("v1/ConfigMap/app/{}", o.metadata.name.unwrap()),
-                o.data["data"]["v"].as_str().unwrap().to_string(),
-            )
-        })
-        .collect();
+    let finals = configmap_values(&cms, "app").await;
     let missing = |seen: &Seen| -> Vec<String> {
         let mut latest: HashMap<&str, &Event> = HashMap::new();
         for e in seen.all.iter().filter(|e| e.cluster == "rt1" && e.watch.as_deref() == Some("cms")) {

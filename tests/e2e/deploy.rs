@@ -367,10 +367,6 @@ fn watch_config(name: &str, resource: Value, extra: Value) -> Value {
     json!({"apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "WatchConfig", "metadata": {"name": name}, "spec": spec})
 }
 
-fn apply(kc: &Path, v: &Value) {
-    kubectl(kc, &["apply", "--server-side", "--force-conflicts", "-f", "-"], Some(&v.to_string()));
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rendered_workloads_run_with_their_args_and_service_account_rbac() {
     let pki = Pki::new();
@@ -421,7 +417,7 @@ async fn rendered_workloads_run_with_their_args_and_service_account_rbac() {
 
     // WatchConfigs in the control plane: one within the agent's ClusterRole, one outside it.
     kubectl(&rt_kc, &["create", "namespace", "apps"], None);
-    apply(
+    apply_json(
         &cp_kc,
         &watch_config(
             "app-config",
@@ -429,7 +425,7 @@ async fn rendered_workloads_run_with_their_args_and_service_account_rbac() {
             json!({"namespace": "apps", "fields": ["data"]}),
         ),
     );
-    apply(
+    apply_json(
         &cp_kc,
         &watch_config("app-secrets", json!({"version": "v1", "kind": "Secret"}), json!({"namespace": "apps"})),
     );
@@ -446,7 +442,7 @@ async fn rendered_workloads_run_with_their_args_and_service_account_rbac() {
     let collector = Collector::start(&pki, &hub_url, "ops").await;
 
     // It watches what the WatchConfig names…
-    apply(
+    apply_json(
         &rt_kc,
         &json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "color", "namespace": "apps"}, "data": {"color": "blue"}}),
     );
@@ -538,11 +534,11 @@ async fn rendered_workloads_run_with_their_args_and_service_account_rbac() {
     let _stop = kubelet.clone().drop_guard();
     tokio::spawn(fleetwatch_sim::roll_out_deployments(rt.client().await.unwrap(), Duration::ZERO, kubelet));
     let runtime_kubeconfig = std::fs::read_to_string(&rt_kc).unwrap();
-    apply(
+    apply_json(
         &cp_kc,
         &json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "eu-1-kubeconfig", "namespace": ns}, "stringData": {"config": runtime_kubeconfig}}),
     );
-    apply(
+    apply_json(
         &cp_kc,
         &json!({
             "apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "ModuleTemplate",
@@ -559,13 +555,13 @@ async fn rendered_workloads_run_with_their_args_and_service_account_rbac() {
                      "manager": {"apiVersion": "apps/v1", "kind": "Deployment", "namespace": "hello-system", "name": "hello-manager"}}
         }),
     );
-    apply(
+    apply_json(
         &cp_kc,
         &json!({"apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "ModuleReleaseMeta",
         "metadata": {"name": "hello", "namespace": ns},
         "spec": {"moduleName": "hello", "channels": [{"channel": "regular", "version": "1.0.0"}]}}),
     );
-    apply(
+    apply_json(
         &cp_kc,
         &json!({"apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "Runtime",
         "metadata": {"name": "eu-1", "namespace": ns},
@@ -884,7 +880,7 @@ async fn built_in_agent_certificates_work_under_the_chart_rbac() {
     rt.write_kubeconfig(&rt_kc).unwrap();
     kubectl(&cp_kc, &["apply", "--server-side", "-f", repo().join("deploy/crds").to_str().unwrap()], None);
     for d in &docs {
-        apply(&cp_kc, d);
+        apply_json(&cp_kc, d);
     }
     let (hub_kc, lifecycle_kc) = (dir.join("hub.kubeconfig"), dir.join("lifecycle.kubeconfig"));
     cp.write_kubeconfig_for(&hub_kc, ns, "fleetwatch-hub").unwrap();
@@ -902,7 +898,7 @@ async fn built_in_agent_certificates_work_under_the_chart_rbac() {
 
     // The CA Secret, the agent module's template, a runtime cluster's kubeconfig and its Runtime.
     let ca = |f: &str| std::fs::read_to_string(pki.path(f)).unwrap();
-    apply(
+    apply_json(
         &cp_kc,
         &json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "fleet-ca", "namespace": ns},
                           "stringData": {"ca.crt": ca("ca.crt"), "ca.key": ca("ca.key")}}),
@@ -911,14 +907,14 @@ async fn built_in_agent_certificates_work_under_the_chart_rbac() {
         std::process::Command::new(BIN).args(["agent-module", "--hub", &hub_url, "--namespace", ns]).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     for d in documents(&String::from_utf8_lossy(&out.stdout)) {
-        apply(&cp_kc, &d);
+        apply_json(&cp_kc, &d);
     }
-    apply(
+    apply_json(
         &cp_kc,
         &json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "eu-1-kubeconfig", "namespace": ns},
                           "stringData": {"config": std::fs::read_to_string(&rt_kc).unwrap()}}),
     );
-    apply(
+    apply_json(
         &cp_kc,
         &json!({"apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "Runtime",
         "metadata": {"name": "eu-1", "namespace": ns},

@@ -307,19 +307,7 @@ async fn nothing_lost_through_relists_restarts_and_deletes_during_outages() {
     assert!(writes > 200, "writer made only {writes} changes");
 
     // Expected: the cluster's final state.
-    let finals: HashMap<String, String> = cms
-        .list(&Default::default())
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .map(|o| {
-            (
-                format!("v1/ConfigMap/load/{}", o.metadata.name.unwrap()),
-                o.data["data"]["v"].as_str().unwrap().to_string(),
-            )
-        })
-        .collect();
+    let finals = configmap_values(&cms, "load").await;
     let check = |seen: &Seen| -> Vec<String> {
         let mut problems = Vec::new();
         let last_resync = seen.resyncs.get("rt2").and_then(|r| r.iter().map(|(c, _)| *c).max()).unwrap_or(0);

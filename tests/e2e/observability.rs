@@ -134,10 +134,6 @@ fn alert_rules() -> Vec<(String, String)> {
     out
 }
 
-fn apply_json(kc: &Path, v: &Value) {
-    kubectl(kc, &["apply", "--server-side", "--force-conflicts", "-f", "-"], Some(&v.to_string()));
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_metric_the_dashboard_and_alerts_use_is_served() {
     // The files first: what they must contain.

@@ -404,6 +404,29 @@ pub fn synthetic_subject(n: u64) -> String {
     fleetwatch_agent::source::SyntheticSource::key(n).to_string()
 }
 
+/// `kubectl apply --server-side --force-conflicts` of one object.
+pub fn apply_json(kubeconfig: &Path, object: &serde_json::Value) {
+    kubectl(kubeconfig, &["apply", "--server-side", "--force-conflicts", "-f", "-"], Some(&object.to_string()));
+}
+
+/// The written value (`data.v`) of every ConfigMap `cms` lists, keyed by the subject the
+/// agent reports it under (`v1/ConfigMap/<namespace>/<name>`): the final state a subscriber
+/// must have seen.
+pub async fn configmap_values(cms: &kube::Api<kube::api::DynamicObject>, namespace: &str) -> HashMap<String, String> {
+    cms.list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .map(|o| {
+            (
+                format!("v1/ConfigMap/{namespace}/{}", o.metadata.name.unwrap()),
+                o.data["data"]["v"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
 /// Runs the real kubectl against a kubeconfig; returns stdout, panics with stderr on failure.
 pub fn kubectl(kubeconfig: &Path, args: &[&str], stdin: Option<&str>) -> String {
     use std::io::Write;

@@ -32,8 +32,8 @@
 //!
 //! # Heads
 //! An agent that says hello gets its cluster's head from the stream's last message on the
-//! cluster's subject (one request to the stream leader), the later of that, the bucket and
-//! the local tail: right after another replica acked a batch and died, this replica's tail
+//! cluster's subject (one request to the stream leader; the bucket is read only when the
+//! stream holds nothing of the cluster), or the local tail's if later: right after another replica acked a batch and died, this replica's tail
 //! may not have the batch yet and the bucket may be a second old, but the stream has it.
 //! Appends filter resends by the head this replica knows (its own appends and its tail);
 //! a resend it does not recognise is dropped by JetStream's duplicate window. When a later publish of a batch was stored but an earlier one was not
@@ -449,17 +449,24 @@ impl NatsBus {
         }
     }
 
-    /// The cluster's head: the latest (by offset) of the stream's last message on the
-    /// cluster's subject, the key-value entry and what this replica saw.
+    /// The cluster's head: the later (by offset) of the stream's last message on the
+    /// cluster's subject — or the key-value entry when the stream holds none of it — and
+    /// what this replica saw.
     async fn head_of(&self, cluster: &str) -> Result<Option<Head>, BusError> {
         let subject = self.subject(cluster);
-        let (last, stored) = tokio::join!(
-            self.stream_handle.get_last_raw_message_by_subject(&subject),
-            self.heads_kv.get(token(cluster))
-        );
-        let last = match last {
+        let found = match self.stream_handle.get_last_raw_message_by_subject(&subject).await {
             Ok(msg) => head_from_headers(&msg.headers, msg.sequence),
-            Err(e) if matches!(e.kind(), stream::LastRawMessageErrorKind::NoMessageFound) => None,
+            // The bucket only matters once the stream holds nothing of the cluster: while it
+            // does, its last record is at least as new as anything the bucket was given.
+            Err(e) if matches!(e.kind(), stream::LastRawMessageErrorKind::NoMessageFound) => {
+                let stored = self.heads_kv.get(token(cluster)).await.map_err(|e| {
+                    self.fail(NatsError::KeyValue {
+                        bucket: self.heads_bucket.clone(),
+                        cause: format!("read head of {cluster}: {e}"),
+                    })
+                })?;
+                stored.and_then(|b| serde_json::from_slice(&b).ok())
+            }
             Err(e) => {
                 return Err(self.fail(NatsError::Stream {
                     stream: self.stream.clone(),
@@ -467,21 +474,10 @@ impl NatsBus {
                 }));
             }
         };
-        let stored = stored.map_err(|e| {
-            self.fail(NatsError::KeyValue {
-                bucket: self.heads_bucket.clone(),
-                cause: format!("read head of {cluster}: {e}"),
-            })
-        })?;
-        let stored: Option<Head> = stored.and_then(|b| serde_json::from_slice(&b).ok());
-        let mut heads = lock(&self.heads);
-        for h in [stored, last].into_iter().flatten() {
-            let entry = heads.entry(cluster.into()).or_insert(h);
-            if h.offset > entry.offset {
-                *entry = h;
-            }
+        if let Some(h) = found {
+            self.note_head(&cluster.into(), h);
         }
-        Ok(heads.get(cluster).copied())
+        Ok(lock(&self.heads).get(cluster).copied())
     }
 
     /// Writes the heads appended since the last call to the bucket; what fails is kept
@@ -601,23 +597,13 @@ impl NatsBus {
         self.stream_last.fetch_max(last_offset, Ordering::Relaxed);
         let h = Head { epoch, seq, offset: last_offset };
         self.note_head(&cluster, h);
-        {
-            let mut dirty = lock(&self.dirty_heads);
-            let entry = dirty.entry(cluster.clone()).or_insert(h);
-            if h.offset > entry.offset {
-                *entry = h;
-            }
-        }
+        keep_latest(&mut lock(&self.dirty_heads), &cluster, h);
         self.wait_local(last_offset).await.map_err(|e| self.fail(e))?;
         Ok(last_offset)
     }
 
     fn note_head(&self, cluster: &Arc<str>, h: Head) {
-        let mut heads = lock(&self.heads);
-        let entry = heads.entry(cluster.clone()).or_insert(h);
-        if h.offset > entry.offset {
-            *entry = h;
-        }
+        keep_latest(&mut lock(&self.heads), cluster, h);
     }
 
     /// Takes delivered messages into the local tail.
@@ -730,6 +716,14 @@ fn decode(stream: &str, msg: &jetstream::Message, offset: u64, time_ms: u64) -> 
         other => return Err(format!("unknown kind {other:?}")),
     };
     Ok(Record { offset, cluster: cluster.into(), epoch, seq, time_ms, body })
+}
+
+/// Keeps the later (by offset) of `h` and what `heads` has for the cluster.
+fn keep_latest(heads: &mut HashMap<Arc<str>, Head>, cluster: &Arc<str>, h: Head) {
+    let entry = heads.entry(cluster.clone()).or_insert(h);
+    if h.offset > entry.offset {
+        *entry = h;
+    }
 }
 
 /// The head a stored record stands for, from its `Fw-Epoch` and `Fw-Seq` headers.
