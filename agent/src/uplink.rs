@@ -499,6 +499,9 @@ impl Uplink {
                 _ = shutdown.cancelled(), if draining.is_none() => {
                     tracing::info!(pending = outbox.len(), "shutting down: waiting for the hub to ack pending events");
                     draining = Some(Instant::now() + self.config.drain_timeout);
+                    // What the source queued before it stopped goes out with the rest (no
+                    // branch takes changes once the source is closed).
+                    stats.changes += drain_ready(changes, outbox, changes.len());
                     *source_open = false;
                 }
                 msg = next_message(&mut ws, &self.config.limits) => {
@@ -529,16 +532,25 @@ impl Uplink {
                         return SessionEnd::Lost(LinkError::Ping(e));
                     }
                 }
-                ch = changes.recv(), if *source_open => match ch {
-                    Some(ch) => { push(outbox, ch); stats.changes += 1; }
-                    None => *source_open = false,
-                },
+                // Sending comes before taking changes: a source that never pauses must not
+                // starve the link. What arrives while a frame is on its way coalesces in the
+                // outbox, so delivery stays at the link's capacity however fast the source.
                 _ = std::future::ready(()), if can_send => {
                     match self.send_next(&mut ws, outbox, sent).await {
                         Ok(last) => sent = last,
                         Err(e) => return SessionEnd::Lost(e),
                     }
                 }
+                ch = changes.recv(), if *source_open => match ch {
+                    Some(ch) => {
+                        push(outbox, ch);
+                        stats.changes += 1;
+                        // Take what is already queued, up to a frame's worth, so the next
+                        // frame carries a batch rather than one change.
+                        stats.changes += drain_ready(changes, outbox, self.config.batch_size.saturating_sub(1));
+                    }
+                    None => *source_open = false,
+                },
                 _ = publish_tick.tick() => self.publish(stats, outbox),
                 _ = reload_tick.tick(), if renewing.is_none() && draining.is_none() => {
                     if self.reload_tls(stats) {
@@ -574,7 +586,11 @@ impl Uplink {
                 close(&mut ws, "certificate renewed").await;
                 return SessionEnd::Renewed;
             }
-            if draining.is_some() && outbox.is_empty() && !changes_pending(changes) {
+            if draining.is_some() {
+                // Changes the source queued while stopping.
+                stats.changes += drain_ready(changes, outbox, changes.len());
+            }
+            if draining.is_some() && outbox.is_empty() {
                 tracing::info!(acked = outbox.acked(), "all events acked; closing");
                 self.publish(stats, outbox);
                 close(&mut ws, "agent shutting down").await;
@@ -607,10 +623,6 @@ async fn next_status(status: &mut Option<watch::Receiver<Vec<WatchState>>>) -> O
     }
 }
 
-fn changes_pending(changes: &mpsc::Receiver<Change>) -> bool {
-    !changes.is_empty()
-}
-
 fn refused_or_lost(code: ErrorCode, message: String) -> SessionEnd {
     match code {
         ErrorCode::IdentityMismatch
@@ -623,6 +635,22 @@ fn refused_or_lost(code: ErrorCode, message: String) -> SessionEnd {
 
 fn push(outbox: &mut Outbox, ch: Change) {
     outbox.push_change(ch);
+}
+
+/// Moves up to `max` changes that are already queued into the outbox without waiting;
+/// returns how many.
+fn drain_ready(changes: &mut mpsc::Receiver<Change>, outbox: &mut Outbox, max: usize) -> u64 {
+    let mut taken = 0;
+    while taken < max as u64 {
+        match changes.try_recv() {
+            Ok(ch) => {
+                push(outbox, ch);
+                taken += 1;
+            }
+            Err(_) => break,
+        }
+    }
+    taken
 }
 
 /// Sleeps `wait` while still taking changes into the outbox; true when shut down meanwhile.

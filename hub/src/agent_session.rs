@@ -28,7 +28,7 @@ pub(crate) async fn run(mut conn: Conn, cluster: String, peer: Peer, ctx: Arc<Se
     let first = conn.first_message("hello", ctx.settings.handshake_timeout, &shutdown, &ctx.metrics).await;
     let hello = match first.and_then(|bytes| ingest::hello(&cluster, &bytes, &limits).map_err(|r| refused(&ctx, r))) {
         Ok(hello) => hello,
-        Err(end) => return end.finish(conn, "agent").await,
+        Err(end) => return Box::pin(end.finish(conn, "agent")).await,
     };
 
     let session_id = format!("{:016x}", rand::random::<u64>());
@@ -59,7 +59,7 @@ pub(crate) async fn run(mut conn: Conn, cluster: String, peer: Peer, ctx: Arc<Se
                 hello.epoch
             );
             tracing::warn!(%connected_from, epoch = hello.epoch, "second agent for a connected cluster refused");
-            return conn.fail(ErrorCode::ClusterAlreadyConnected, msg, CloseCode::Policy).await;
+            return Box::pin(conn.fail(ErrorCode::ClusterAlreadyConnected, msg, CloseCode::Policy)).await;
         }
     }
     ctx.registry.certificate(&cluster, &peer.serial, peer.not_after);
@@ -79,7 +79,7 @@ pub(crate) async fn run(mut conn: Conn, cluster: String, peer: Peer, ctx: Arc<Se
     ctx.metrics.agent_sessions.dec();
     ctx.metrics.disconnected("agent", end.reason());
     ctx.registry.close(&cluster, &session_id);
-    end.finish(conn, "agent").await;
+    Box::pin(end.finish(conn, "agent")).await;
 }
 
 /// Counts a refusal and turns a fatal one into how the session ends.

@@ -82,7 +82,10 @@ impl End {
 
 /// An accepted connection.
 pub struct Conn {
-    ws: ServerWs,
+    /// Boxed: the stream (TLS state and WebSocket codec) is about 1.5 KiB, and a `Conn`
+    /// passed by value into the session and close futures would otherwise be copied into
+    /// each of them, per connection, for the connection's life.
+    ws: Box<ServerWs>,
     /// The peer address.
     pub peer: SocketAddr,
     idle: Duration,
@@ -99,7 +102,7 @@ impl Conn {
         let mut ping = tokio::time::interval(idle / 3);
         ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let liveness = Arc::new(Liveness::new());
-        Self { ws, peer, idle, last_rx: Instant::now(), ping, liveness, pings_sent: None, broken: false }
+        Self { ws: Box::new(ws), peer, idle, last_rx: Instant::now(), ping, liveness, pings_sent: None, broken: false }
     }
 
     /// When this connection last heard from its peer.
@@ -231,7 +234,7 @@ impl Conn {
         }
         let frame = CloseFrame { code, reason: Utf8Bytes::from(reason[..end].to_string()) };
         let _ = tokio::time::timeout(Duration::from_secs(2), async {
-            let _ = self.ws.close(Some(frame)).await;
+            let _ = (*self.ws).close(Some(frame)).await;
             if self.broken {
                 // After an oversized or invalid frame tungstenite reads no more, but the
                 // rest of that frame (and what follows) may still be arriving. Closing a socket with unread data sends a reset

@@ -203,7 +203,14 @@ fn events(state: State<'_>, batch: EventBatch, limits: &Limits) -> Decision {
             let msg = format!("event {} of {} bytes exceeds {}", ev.subject, json.len(), limits.max_event_bytes);
             return refuse(Some("event-too-large"), ErrorCode::LimitExceeded, msg, CloseCode::Size);
         }
-        items.push(Append { epoch: ev.epoch, seq: ev.seq, body: RecordBody::Event(Bytes::from(json)) });
+        // Exactly its length: `Bytes::from(Vec)` keeps the vector's spare capacity (up to
+        // as much again), which the bus would hold for as long as it retains the event
+        // while its byte limits count only the length.
+        items.push(Append {
+            epoch: ev.epoch,
+            seq: ev.seq,
+            body: RecordBody::Event(Bytes::from(json.into_boxed_slice())),
+        });
     }
     if items.is_empty() { Decision::Ack } else { Decision::Append { items, last, inventory } }
 }

@@ -97,7 +97,10 @@ async fn handle(tcp: TcpStream, peer: SocketAddr, ctx: Arc<Context>, shutdown: C
             .map_err(|e| HandshakeFailure { reason: "ws-handshake", message: format!("WebSocket handshake: {e}") })?;
         Ok::<_, HandshakeFailure>((ws, certificate))
     };
-    let (ws, certificate) = match tokio::time::timeout(ctx.config.handshake_timeout, handshake).await {
+    // Boxed here and below: a task's future is as large as its largest state, and the
+    // handshake's (TLS and HTTP buffers) and a session's states never coexist. Inline, every
+    // connection would keep room for both for its whole life.
+    let (ws, certificate) = match tokio::time::timeout(ctx.config.handshake_timeout, Box::pin(handshake)).await {
         Err(_) => {
             ctx.sessions.metrics.handshake_failed("handshake-timeout");
             if ctx.admission.log_failure() {
@@ -115,16 +118,27 @@ async fn handle(tcp: TcpStream, peer: SocketAddr, ctx: Arc<Context>, shutdown: C
         }
         Ok(Ok(v)) => v,
     };
-    // Authenticated from here: the session budget is taken, then the handshake budget
-    // released (a refusal keeps it while saying why, so refusals stay bounded too).
-    let conn = Conn::new(ws, peer, ctx.config.idle_timeout);
+    Box::pin(authenticated(Conn::new(ws, peer, ctx.config.idle_timeout), certificate, ctx, shutdown, slot)).await
+}
+
+/// An authenticated connection: admitted or refused with the reason, then served as its
+/// certificate's role.
+async fn authenticated(
+    conn: Conn,
+    certificate: Result<fleetwatch_certs::PeerCert, fleetwatch_certs::CertError>,
+    ctx: Arc<Context>,
+    shutdown: CancellationToken,
+    slot: HandshakeSlot,
+) {
+    // The session budget is taken, then the handshake budget released (a refusal keeps it
+    // while saying why, so refusals stay bounded too).
     let _session_slot = match ctx.admission.begin_session() {
         Ok(permit) => permit,
         Err(why) => {
             ctx.admission.refuse(why, &ctx.sessions.metrics);
             let msg =
                 format!("hub is full: {} sessions open (--max-connections); retry later", ctx.config.max_connections);
-            conn.fail(ErrorCode::LimitExceeded, msg, CloseCode::Again).await;
+            Box::pin(conn.fail(ErrorCode::LimitExceeded, msg, CloseCode::Again)).await;
             return;
         }
     };
@@ -134,7 +148,7 @@ async fn handle(tcp: TcpStream, peer: SocketAddr, ctx: Arc<Context>, shutdown: C
         Err(e) => {
             ctx.sessions.metrics.handshake_failed("no-identity");
             tracing::warn!("refused: {e}");
-            conn.fail(ErrorCode::Forbidden, e.to_string(), CloseCode::Policy).await;
+            Box::pin(conn.fail(ErrorCode::Forbidden, e.to_string(), CloseCode::Policy)).await;
             return;
         }
     };
@@ -143,7 +157,7 @@ async fn handle(tcp: TcpStream, peer: SocketAddr, ctx: Arc<Context>, shutdown: C
         ctx.sessions.metrics.handshake_failed("trust-domain");
         let msg = format!("identity {identity} is not in the hub's trust domain {}", ctx.trust_domain);
         tracing::warn!("refused: {msg}");
-        conn.fail(ErrorCode::Forbidden, msg, CloseCode::Policy).await;
+        Box::pin(conn.fail(ErrorCode::Forbidden, msg, CloseCode::Policy)).await;
         return;
     }
     let peer_cert = Peer::new(certificate);
@@ -151,7 +165,7 @@ async fn handle(tcp: TcpStream, peer: SocketAddr, ctx: Arc<Context>, shutdown: C
         ctx.sessions.metrics.handshake_failed("revoked");
         tracing::warn!(identity = %peer_cert.identity, serial = %peer_cert.serial, "revoked certificate refused");
         let msg = format!("certificate {} of {} is revoked", peer_cert.serial, peer_cert.identity);
-        conn.fail(ErrorCode::Forbidden, msg, CloseCode::Policy).await;
+        Box::pin(conn.fail(ErrorCode::Forbidden, msg, CloseCode::Policy)).await;
         return;
     }
     // The connection's own token: cancelled by hub shutdown, a revocation, the certificate's
@@ -161,17 +175,24 @@ async fn handle(tcp: TcpStream, peer: SocketAddr, ctx: Arc<Context>, shutdown: C
     match identity.role {
         Role::Cluster(cluster) => {
             let span = tracing::info_span!("agent", %cluster);
-            crate::agent_session::run(conn, cluster, peer_cert, ctx.sessions.clone(), lifeline).instrument(span).await;
+            Box::pin(crate::agent_session::run(conn, cluster, peer_cert, ctx.sessions.clone(), lifeline))
+                .instrument(span)
+                .await;
         }
         Role::Subscriber(name) => {
             let span = tracing::info_span!("subscriber", %name);
-            crate::subscriber_session::run(conn, name, peer_cert, ctx.sessions.clone(), lifeline)
+            Box::pin(crate::subscriber_session::run(conn, name, peer_cert, ctx.sessions.clone(), lifeline))
                 .instrument(span)
                 .await;
         }
         Role::Hub | Role::TrustDomain => {
             ctx.sessions.metrics.handshake_failed("wrong-role");
-            conn.fail(ErrorCode::Forbidden, format!("{identity} may not connect as a client"), CloseCode::Policy).await;
+            Box::pin(conn.fail(
+                ErrorCode::Forbidden,
+                format!("{identity} may not connect as a client"),
+                CloseCode::Policy,
+            ))
+            .await;
         }
     }
 }

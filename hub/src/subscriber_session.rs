@@ -28,7 +28,7 @@ pub(crate) async fn run(mut conn: Conn, name: String, peer: Peer, ctx: Arc<Sessi
     let first = conn.first_message("subscribe", ctx.settings.handshake_timeout, &shutdown, &ctx.metrics).await;
     let sub = match first.and_then(|bytes| first_subscribe(&ctx, &bytes, &limits)) {
         Ok(sub) => sub,
-        Err(end) => return end.finish(conn, "subscriber").await,
+        Err(end) => return Box::pin(end.finish(conn, "subscriber")).await,
     };
     // A durable subscription is named after the certificate, so one subscriber cannot
     // take over another's cursor.
@@ -55,7 +55,7 @@ pub(crate) async fn run(mut conn: Conn, name: String, peer: Peer, ctx: Arc<Sessi
     ctx.metrics.subscriber_sessions.dec();
     ctx.metrics.disconnected("subscriber", end.reason());
     drop(board);
-    end.finish(conn, "subscriber").await;
+    Box::pin(end.finish(conn, "subscriber")).await;
 }
 
 /// The subscription the first message must be.

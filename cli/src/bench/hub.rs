@@ -1,7 +1,8 @@
-//! `fleetwatch bench hub`: many synthetic agents (in this process) into one hub or several
-//! hub replicas (child processes), measured at one subscriber: delivered events/s,
-//! agent-to-subscriber latency and the hubs' peak RSS. The agents run in-process so that
-//! hundreds of them cost little besides what is measured.
+//! `fleetwatch bench hub`: many synthetic agents into one hub or several hub replicas (child
+//! processes), measured at one subscriber in the bench process: delivered events/s,
+//! agent-to-subscriber latency, the hubs' peak RSS, and the CPU of the hubs and of the load
+//! apart. The agents run in `--load-procs` child processes (see [`super::load`]), or in the
+//! bench process with `--load-procs 0`.
 //!
 //! `--bus embedded,nats` runs the same load once per bus, one after the other, and prints
 //! them side by side. On NATS JetStream the hubs are `--hub-replicas` processes on one
@@ -18,14 +19,13 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use clap::Args;
 use fleetwatch_agent::source::SyntheticSource;
-use fleetwatch_agent::{AgentConfig, AgentHandle, AgentRuntime};
 use fleetwatch_certs::TlsFiles;
 use fleetwatch_client::subscriber::{Delivery, SubscriberOptions, Subscription};
 use fleetwatch_client::transport::{HubUrl, HubUrls};
 use fleetwatch_hub::bus::nats_server::LocalNatsServer;
 use fleetwatch_protocol::message::StartFrom;
-use tokio_util::sync::CancellationToken;
 
+use super::load::{Load, LoadSpec};
 use super::{HubProcess, bench_pki, percentile, rss_kib, start_hub};
 
 #[derive(Args)]
@@ -66,6 +66,14 @@ pub(super) struct HubBench {
     /// --hub-replicas 2 or more); agents fail over and nothing may be lost.
     #[arg(long)]
     kill_replica_after: Option<f64>,
+    /// Run the agents in this many child processes (0: in the bench process). Keeps the load
+    /// generator's CPU apart from the measuring subscriber's, reports it separately from
+    /// the hub's, and is needed past ~19,000 agents (a process's open-file limit).
+    #[arg(long, default_value_t = 1)]
+    load_procs: usize,
+    /// Print one JSON object with every figure as the last line.
+    #[arg(long)]
+    json: bool,
 }
 
 /// A bus the bench can run on.
@@ -81,12 +89,18 @@ enum BusKind {
 struct Report {
     bus: BusKind,
     replicas: usize,
+    agents_connected: usize,
     connect_secs: f64,
     delivered_per_sec: f64,
     p50: f64,
     p99: f64,
+    p999: f64,
     max: f64,
-    peak_rss_mib: f64,
+    peak_rss_bytes: u64,
+    /// CPU the hub replicas used during the measurement, in % of one core (summed).
+    hub_cpu_percent: f64,
+    /// CPU the load processes and the bench process used meanwhile, in % of one core.
+    load_cpu_percent: f64,
     resyncs: u64,
     kill: Option<KillReport>,
 }
@@ -124,22 +138,35 @@ pub(super) async fn run(b: HubBench) -> anyhow::Result<()> {
     if reports.len() > 1 {
         println!();
         println!(
-            "{:<10} {:>8} {:>12} {:>9} {:>9} {:>12}",
-            "bus", "replicas", "delivered/s", "p50 ms", "p99 ms", "peak RSS MiB"
+            "{:<10} {:>8} {:>12} {:>9} {:>9} {:>12} {:>8} {:>8}",
+            "bus", "replicas", "delivered/s", "p50 ms", "p99 ms", "peak RSS MiB", "hub CPU", "load CPU"
         );
         for r in &reports {
             println!(
-                "{:<10} {:>8} {:>12.0} {:>9.2} {:>9.2} {:>12.1}",
+                "{:<10} {:>8} {:>12.0} {:>9.2} {:>9.2} {:>12.1} {:>7.0}% {:>7.0}%",
                 format!("{:?}", r.bus).to_lowercase(),
                 r.replicas,
                 r.delivered_per_sec,
                 r.p50,
                 r.p99,
-                r.peak_rss_mib
+                mib(r.peak_rss_bytes),
+                r.hub_cpu_percent,
+                r.load_cpu_percent,
             );
         }
     }
+    if b.json {
+        // The first run's figures at the top level, every run under "runs".
+        let runs: Vec<serde_json::Value> = reports.iter().map(|r| report_json(&b, r)).collect();
+        let mut json = runs.first().cloned().unwrap_or_default();
+        json["runs"] = serde_json::Value::Array(runs);
+        println!("{json}");
+    }
     Ok(())
+}
+
+fn mib(bytes: u64) -> f64 {
+    bytes as f64 / (1 << 20) as f64
 }
 
 async fn run_one(b: &HubBench, bus: BusKind) -> anyhow::Result<Report> {
@@ -202,20 +229,11 @@ async fn run_one(b: &HubBench, bus: BusKind) -> anyhow::Result<Report> {
     let per_agent = b.rate / b.agents as f64;
     let total = b.kill_replica_after.map(|_| ((b.warmup + b.duration) * per_agent).ceil().max(b.objects as f64) as u64);
     let source = SyntheticSource { objects: b.objects, rate: per_agent, total, payload: b.payload };
-    let stop = CancellationToken::new();
-    let mut agents: Vec<AgentHandle> = Vec::new();
-    for i in 0..b.agents {
-        let mut cfg = AgentConfig::new(rotated(i % replicas)?, files(&format!("agent-bench-{i}")));
-        cfg.outbox_capacity = 1_000_000;
-        agents.push(AgentRuntime::new(cfg)?.changes_buffer(1024).start(source.clone(), stop.clone()));
-        if i % 50 == 49 {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
+    let spec = LoadSpec { pki: dir.clone(), hubs: urls.clone(), agents: b.agents, source: source.clone() };
     let connect_started = Instant::now();
-    let all_connected = |agents: &[AgentHandle]| agents.iter().filter(|a| a.stats().borrow().connected).count();
+    let mut load = Load::start(&spec, b.load_procs).await?;
     loop {
-        let connected = all_connected(&agents);
+        let connected = load.connected();
         if connected >= b.agents {
             eprintln!("{connected} agents connected in {:.1} s", connect_started.elapsed().as_secs_f64());
             break;
@@ -223,12 +241,26 @@ async fn run_one(b: &HubBench, bus: BusKind) -> anyhow::Result<Report> {
         if connect_started.elapsed() > Duration::from_secs(120) {
             bail!("only {connected} of {} agents connected after 120 s", b.agents);
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        // Keep reading meanwhile (not counted): a subscriber that stops reading is a stalled
+        // one, and the hub disconnects it.
+        if let Ok(d) = tokio::time::timeout(Duration::from_millis(100), sub.next()).await
+            && let Some(c) = d?.last_cursor()
+        {
+            sub.ack(c).await?;
+        }
     }
     let connect_secs = connect_started.elapsed().as_secs_f64();
 
+    let agents_connected = load.connected();
     let warmup_end = Instant::now() + Duration::from_secs_f64(b.warmup);
     let end = warmup_end + Duration::from_secs_f64(b.duration);
+    // CPU seconds at the start of the measurement: hubs, load processes, this process.
+    let mut cpu_at_start: Option<(f64, f64)> = None;
+    let mut cpu_used = (0.0, 0.0);
+    let cpu_now = |load: &Load| {
+        let hubs: f64 = pids.iter().filter_map(|p| super::cpu_seconds(*p)).sum();
+        (hubs, load.cpu_seconds() + super::cpu_seconds(std::process::id()).unwrap_or(0.0))
+    };
     let kill_at = b.kill_replica_after.map(|k| warmup_end + Duration::from_secs_f64(k));
     let mut killed: Option<Instant> = None;
     let mut reconnected: Option<f64> = None;
@@ -236,8 +268,7 @@ async fn run_one(b: &HubBench, bus: BusKind) -> anyhow::Result<Report> {
     // Agents seen losing their session after the kill (those that were on the victim: its
     // sockets close at once). Which agent was on which replica is not known beforehand:
     // under a connection storm some fail over from their first choice at the start.
-    let mut sessions_at_kill: Vec<u64> = Vec::new();
-    let mut moved: HashSet<usize> = HashSet::new();
+    let mut moved = 0usize;
     let mut latencies_us: Vec<u64> = Vec::new();
     let mut counted = 0u64;
     let mut resyncs = 0u64;
@@ -250,31 +281,32 @@ async fn run_one(b: &HubBench, bus: BusKind) -> anyhow::Result<Report> {
     let drain_end = end + if kill_at.is_some() { Duration::from_secs(60) } else { Duration::ZERO };
     loop {
         let now = Instant::now();
+        if now >= warmup_end && cpu_at_start.is_none() {
+            cpu_at_start = Some(cpu_now(&load));
+        }
+        if now >= end && cpu_used == (0.0, 0.0) {
+            // The victim's CPU is gone with it after a kill: count the survivors only.
+            let (h0, l0) = cpu_at_start.unwrap_or_default();
+            let (h1, l1) = cpu_now(&load);
+            cpu_used = ((h1 - h0).max(0.0), (l1 - l0).max(0.0));
+        }
         if now >= drain_end || (now >= end && kill_at.is_none()) {
             break;
         }
         if let (Some(at), None) = (kill_at, killed)
             && now >= at
         {
-            sessions_at_kill = agents.iter().map(|a| a.stats().borrow().sessions).collect();
+            load.mark().await?;
             let _ = hubs[victim].child.start_kill();
             killed = Some(now);
             eprintln!("killed replica {victim} (pid {})", pids[victim]);
         }
         if let (Some(k), None) = (killed, reconnected) {
-            let mut all_connected = true;
-            for (i, a) in agents.iter().enumerate() {
-                let s = a.stats().borrow().clone();
-                if !s.connected || s.sessions > sessions_at_kill[i] {
-                    moved.insert(i);
-                }
-                all_connected &= s.connected;
-            }
-            if all_connected && !moved.is_empty() {
+            moved = moved.max(load.moved());
+            if load.connected() >= b.agents && moved > 0 {
                 reconnected = Some(k.elapsed().as_secs_f64());
                 eprintln!(
-                    "the {} agents of the killed replica connected again in {:.2} s",
-                    moved.len(),
+                    "the {moved} agents of the killed replica connected again in {:.2} s",
                     k.elapsed().as_secs_f64()
                 );
             }
@@ -335,15 +367,18 @@ async fn run_one(b: &HubBench, bus: BusKind) -> anyhow::Result<Report> {
             peak_rss[i] = peak_rss[i].max(rss_kib(*pid, "VmHWM:").unwrap_or(0));
         }
     }
-    stop.cancel();
+    if cpu_used == (0.0, 0.0) {
+        let (h0, l0) = cpu_at_start.unwrap_or_default();
+        let (h1, l1) = cpu_now(&load);
+        cpu_used = ((h1 - h0).max(0.0), (l1 - l0).max(0.0));
+    }
     // Let the agents finish (they drain what is pending) before the hubs go away.
-    let finished = futures_util::future::join_all(agents.into_iter().map(|a| a.wait()));
-    let _ = tokio::time::timeout(Duration::from_secs(10), finished).await;
+    load.stop().await;
     latencies_us.sort_unstable();
     let kill = killed.map(|_| {
         let lost = missing(&source, &clusters, &generations, &resynced);
         KillReport {
-            agents_moved: moved.len(),
+            agents_moved: moved,
             reconnected_secs: reconnected,
             objects: b.objects * b.agents as u64,
             lost,
@@ -358,12 +393,16 @@ async fn run_one(b: &HubBench, bus: BusKind) -> anyhow::Result<Report> {
     Ok(Report {
         bus,
         replicas,
+        agents_connected,
         connect_secs,
         delivered_per_sec: counted as f64 / b.duration,
         p50: percentile(&latencies_us, 0.50),
         p99: percentile(&latencies_us, 0.99),
+        p999: percentile(&latencies_us, 0.999),
         max: percentile(&latencies_us, 1.0),
-        peak_rss_mib: peak_rss.iter().copied().max().unwrap_or(0) as f64 / 1024.0,
+        peak_rss_bytes: peak_rss.iter().copied().max().unwrap_or(0) * 1024,
+        hub_cpu_percent: cpu_used.0 / b.duration * 100.0,
+        load_cpu_percent: cpu_used.1 / b.duration * 100.0,
         resyncs,
         kill,
     })
@@ -396,18 +435,24 @@ fn missing(
 fn print_report(b: &HubBench, r: &Report) {
     let bus = format!("{:?}", r.bus).to_lowercase();
     println!("bus:                  {bus} ({} hub replica{})", r.replicas, if r.replicas == 1 { "" } else { "s" });
-    println!("agents:               {} (all connected in {:.1} s)", b.agents, r.connect_secs);
+    println!(
+        "agents:               {} (all connected in {:.1} s, {} load process{})",
+        b.agents,
+        r.connect_secs,
+        b.load_procs,
+        if b.load_procs == 1 { "" } else { "es" }
+    );
     println!("offered rate:         {:.0} events/s", b.rate);
     println!("delivered:            {:.0} events/s over {:.1} s", r.delivered_per_sec, b.duration);
-    println!("latency p50 / p99:    {:.2} ms / {:.2} ms (max {:.2} ms)", r.p50, r.p99, r.max);
-    println!("hub peak RSS:         {:.1} MiB (largest replica)", r.peak_rss_mib);
+    println!("latency p50/p99/p999: {:.2} / {:.2} / {:.2} ms (max {:.2} ms)", r.p50, r.p99, r.p999, r.max);
+    println!("hub peak RSS:         {:.1} MiB (largest replica)", mib(r.peak_rss_bytes));
+    println!(
+        "CPU (% of one core):  hub {:.0} %, load {:.0} % (of {} % on this machine)",
+        r.hub_cpu_percent,
+        r.load_cpu_percent,
+        100 * std::thread::available_parallelism().map_or(1, |n| n.get())
+    );
     println!("resync-required seen: {}", r.resyncs);
-    let mut json = serde_json::json!({
-        "bench": "hub", "bus": bus, "hub_replicas": r.replicas, "agents": b.agents, "offered_rate": b.rate,
-        "durable": b.durable, "connect_s": r.connect_secs, "delivered_per_sec": r.delivered_per_sec.round(),
-        "latency_ms_p50": r.p50, "latency_ms_p99": r.p99, "latency_ms_max": r.max,
-        "hub_peak_rss_mib": (r.peak_rss_mib * 10.0).round() / 10.0,
-    });
     if let Some(k) = &r.kill {
         match k.reconnected_secs {
             Some(s) => {
@@ -419,10 +464,26 @@ fn print_report(b: &HubBench, r: &Report) {
             "objects:              {} (lost {}, clusters told to resync {})",
             k.objects, k.lost, k.resynced_clusters
         );
+    }
+}
+
+/// One run's figures as JSON (the names `--json` promises).
+fn report_json(b: &HubBench, r: &Report) -> serde_json::Value {
+    let round2 = |x: f64| if x.is_finite() { (x * 100.0).round() / 100.0 } else { -1.0 };
+    let mut json = serde_json::json!({
+        "bench": "hub", "bus": format!("{:?}", r.bus).to_lowercase(), "hub_replicas": r.replicas,
+        "agents": b.agents, "agents_connected": r.agents_connected, "load_procs": b.load_procs,
+        "durable": b.durable, "connect_seconds": round2(r.connect_secs),
+        "offered_per_sec": b.rate, "delivered_per_sec": r.delivered_per_sec.round(),
+        "p50_ms": round2(r.p50), "p99_ms": round2(r.p99), "p999_ms": round2(r.p999), "max_ms": round2(r.max),
+        "hub_peak_rss_bytes": r.peak_rss_bytes, "hub_cpu_percent": round2(r.hub_cpu_percent),
+        "load_cpu_percent": round2(r.load_cpu_percent), "resyncs": r.resyncs,
+    });
+    if let Some(k) = &r.kill {
         json["kill"] = serde_json::json!({
             "agents_moved": k.agents_moved, "reconnected_s": k.reconnected_secs, "objects": k.objects,
             "lost": k.lost, "resynced_clusters": k.resynced_clusters,
         });
     }
-    println!("{json}");
+    json
 }

@@ -8,6 +8,7 @@
 mod agent;
 mod hub;
 mod lifecycle;
+mod load;
 mod sim;
 
 use std::path::{Path, PathBuf};
@@ -44,6 +45,9 @@ enum BenchWhat {
     /// subscriber while hub kills, TCP cuts, agent restarts, disk-full, a damaged segment
     /// and deny-list flips are injected; checks per object that nothing was lost.
     Soak(crate::soak::SoakBench),
+    /// One load process of `bench hub --load-procs` (started by it, not by hand).
+    #[command(hide = true)]
+    HubLoad(load::HubLoadArgs),
 }
 
 pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
@@ -53,6 +57,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         BenchWhat::Lifecycle(b) => lifecycle::run(b).await,
         BenchWhat::Sim(b) => sim::run(b).await,
         BenchWhat::Soak(b) => crate::soak::run(b).await,
+        BenchWhat::HubLoad(a) => load::run_child(a).await,
     }
 }
 
@@ -70,7 +75,16 @@ struct HubProcess {
 /// directory when `durable`) and waits until it listens.
 async fn start_hub(dir: &Path, durable: bool, extra: &[&str]) -> anyhow::Result<HubProcess> {
     let exe = std::env::current_exe().context("cannot find own executable")?;
-    let mut cmd = tokio::process::Command::new(exe);
+    // A profiler to run the hub under (e.g. `heaptrack`, `valgrind --tool=massif`).
+    let mut cmd = match std::env::var("FLEETWATCH_BENCH_HUB_WRAPPER") {
+        Ok(w) if !w.trim().is_empty() => {
+            let mut parts = w.split_whitespace();
+            let mut c = tokio::process::Command::new(parts.next().unwrap_or_default());
+            c.args(parts).arg(exe);
+            c
+        }
+        _ => tokio::process::Command::new(exe),
+    };
     cmd.args(["--log", "warn", "hub", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
         .arg("--cert")
         .arg(dir.join("hub.crt"))
@@ -87,11 +101,24 @@ async fn start_hub(dir: &Path, durable: bool, extra: &[&str]) -> anyhow::Result<
     let mut child = cmd.spawn().context("cannot start hub process")?;
     let stdout = child.stdout.take().context("hub stdout")?;
     let mut lines = BufReader::new(stdout).lines();
-    let line = tokio::time::timeout(Duration::from_secs(20), lines.next_line())
-        .await
-        .context("hub did not start in 20 s")??
-        .context("hub exited before listening")?;
-    let (wss, admin) = parse_listening(&line).with_context(|| format!("unexpected hub output {line:?}"))?;
+    let listening = async {
+        // A wrapper may print lines of its own first.
+        let mut other = Vec::new();
+        loop {
+            let Some(line) = lines.next_line().await? else {
+                anyhow::bail!("hub exited before listening (it printed {other:?})");
+            };
+            match parse_listening(&line) {
+                Some(found) => return Ok(found),
+                None if other.len() < 10 => other.push(line),
+                None => anyhow::bail!("unexpected hub output {other:?}"),
+            }
+        }
+    };
+    let (wss, admin) =
+        tokio::time::timeout(Duration::from_secs(60), listening).await.context("hub did not start in 60 s")??;
+    // Keep draining its stdout, so a chatty wrapper never blocks on a full pipe.
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
     Ok(HubProcess { child, wss: wss.parse()?, admin })
 }
 

@@ -1,0 +1,332 @@
+//! The hub bench's load: synthetic agents, each with its own certificate and connection,
+//! run in the bench process or spread over `--load-procs` child processes (`fleetwatch
+//! bench hub-load`, hidden). Child processes keep the load generator's CPU out of the
+//! measuring process and its figures, let the bench report hub CPU and load CPU apart,
+//! and go past the per-process open-file limit (20,000 here) with more agents.
+//!
+//! A load process takes its agents as a range of indices into the bench PKI, reports
+//! `{"connected":N,"moved":M}` on stdout every 100 ms, takes `mark` on stdin (remember
+//! each agent's session count; `moved` counts agents that lost their session or opened a
+//! new one since), and `stop` (or end of input) to stop its sources, let the agents drain
+//! and exit.
+
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use clap::Args;
+use fleetwatch_agent::source::{Source, SyntheticSource};
+use fleetwatch_agent::{AgentConfig, AgentHandle, AgentRuntime};
+use fleetwatch_certs::TlsFiles;
+use fleetwatch_client::transport::{HubUrl, HubUrls};
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use super::cpu_seconds;
+
+/// Connections one process may hold: the open-file hard limit here is 20,000, and each
+/// agent is one socket (plus a few files of the process itself).
+pub(super) const MAX_AGENTS_PER_PROCESS: usize = 19_000;
+
+/// What the load is: which agents, where they connect, what they send.
+#[derive(Clone)]
+pub(super) struct LoadSpec {
+    /// The bench PKI (`agent-bench-{i}.crt` / `.key`, `ca.crt`).
+    pub pki: PathBuf,
+    /// The hub replicas; agent `i` lists them starting at replica `i % len`.
+    pub hubs: Vec<HubUrl>,
+    /// Number of agents.
+    pub agents: usize,
+    /// What each agent's source produces.
+    pub source: SyntheticSource,
+}
+
+/// A load process's report line.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+struct LoadStatus {
+    /// Agents with an open session.
+    connected: usize,
+    /// Agents that lost their session or opened a new one since the last `mark`.
+    moved: usize,
+}
+
+/// The running load.
+pub(super) enum Load {
+    /// Agents in the bench process itself.
+    InProcess(AgentGroup),
+    /// Agents in child processes.
+    Procs(Vec<LoadProc>),
+}
+
+impl Load {
+    /// Starts the agents: in this process when `procs` is 0, else spread evenly over
+    /// `procs` child processes.
+    pub async fn start(spec: &LoadSpec, procs: usize) -> anyhow::Result<Self> {
+        if procs == 0 {
+            if spec.agents > MAX_AGENTS_PER_PROCESS {
+                bail!(
+                    "{} agents do not fit in one process (open-file limit; at most {MAX_AGENTS_PER_PROCESS}): use \
+                     --load-procs",
+                    spec.agents
+                );
+            }
+            return Ok(Load::InProcess(AgentGroup::start(spec, 0..spec.agents).await?));
+        }
+        let per = spec.agents.div_ceil(procs);
+        if per > MAX_AGENTS_PER_PROCESS {
+            bail!(
+                "{per} agents per load process exceed the open-file limit (at most {MAX_AGENTS_PER_PROCESS}): raise \
+                 --load-procs"
+            );
+        }
+        let mut children = Vec::new();
+        for k in 0..procs {
+            let range = (k * per).min(spec.agents)..((k + 1) * per).min(spec.agents);
+            if !range.is_empty() {
+                children.push(LoadProc::spawn(spec, range).await?);
+            }
+        }
+        Ok(Load::Procs(children))
+    }
+
+    /// Agents with an open session.
+    pub fn connected(&self) -> usize {
+        match self {
+            Load::InProcess(g) => g.status().connected,
+            Load::Procs(ps) => ps.iter().map(|p| p.status.borrow().connected).sum(),
+        }
+    }
+
+    /// Agents that lost their session or opened a new one since [`mark`](Self::mark).
+    pub fn moved(&self) -> usize {
+        match self {
+            Load::InProcess(g) => g.status().moved,
+            Load::Procs(ps) => ps.iter().map(|p| p.status.borrow().moved).sum(),
+        }
+    }
+
+    /// Remembers every agent's session count now.
+    pub async fn mark(&mut self) -> anyhow::Result<()> {
+        match self {
+            Load::InProcess(g) => g.mark(),
+            Load::Procs(ps) => {
+                for p in ps {
+                    p.command("mark").await?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// CPU seconds the load processes used so far (0 in process: the caller counts its own
+    /// process).
+    pub fn cpu_seconds(&self) -> f64 {
+        match self {
+            Load::InProcess(_) => 0.0,
+            Load::Procs(ps) => ps.iter().filter_map(|p| p.child.id().and_then(cpu_seconds)).sum(),
+        }
+    }
+
+    /// Stops the sources and waits (up to 10 s) for the agents to drain what is pending.
+    pub async fn stop(self) {
+        match self {
+            Load::InProcess(g) => g.stop().await,
+            Load::Procs(ps) => {
+                let waits = ps.into_iter().map(|mut p| async move {
+                    let _ = p.command("stop").await;
+                    if tokio::time::timeout(Duration::from_secs(15), p.child.wait()).await.is_err() {
+                        let _ = p.child.start_kill();
+                    }
+                });
+                futures_util::future::join_all(waits).await;
+            }
+        }
+    }
+}
+
+/// Agents running in this process.
+pub(super) struct AgentGroup {
+    agents: Vec<AgentHandle>,
+    marks: Vec<u64>,
+    stop: CancellationToken,
+}
+
+impl AgentGroup {
+    /// Starts agents `range` of `spec`, a few at a time so the handshakes do not all land
+    /// in the same instant.
+    async fn start(spec: &LoadSpec, range: Range<usize>) -> anyhow::Result<Self> {
+        if spec.hubs.is_empty() {
+            bail!("no hub to connect to");
+        }
+        let stop = CancellationToken::new();
+        let mut agents = Vec::with_capacity(range.len());
+        for (n, i) in range.enumerate() {
+            let first = i % spec.hubs.len();
+            let hubs =
+                HubUrls::new((0..spec.hubs.len()).map(|k| spec.hubs[(first + k) % spec.hubs.len()].clone()).collect())?;
+            let mut cfg = AgentConfig::new(hubs, agent_files(&spec.pki, i));
+            cfg.outbox_capacity = 1_000_000;
+            let runtime = AgentRuntime::new(cfg).with_context(|| format!("agent {i}"))?;
+            agents.push(runtime.changes_buffer(1024).start(spec.source.clone(), stop.clone()));
+            if n % 50 == 49 {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+        Ok(Self { marks: vec![0; agents.len()], agents, stop })
+    }
+
+    fn status(&self) -> LoadStatus {
+        let mut s = LoadStatus::default();
+        for (a, mark) in self.agents.iter().zip(&self.marks) {
+            let st = a.stats();
+            let st = st.borrow();
+            s.connected += usize::from(st.connected);
+            s.moved += usize::from(*mark > 0 && (!st.connected || st.sessions > *mark));
+        }
+        s
+    }
+
+    fn mark(&mut self) {
+        // An agent not yet connected has 0 sessions; count it from 1 so it is not "moved"
+        // only because it connects late.
+        self.marks = self.agents.iter().map(|a| a.stats().borrow().sessions.max(1)).collect();
+    }
+
+    async fn stop(self) {
+        self.stop.cancel();
+        let finished = futures_util::future::join_all(self.agents.into_iter().map(|a| a.wait()));
+        let _ = tokio::time::timeout(Duration::from_secs(10), finished).await;
+    }
+}
+
+/// Agent `i`'s certificate files in the bench PKI.
+fn agent_files(pki: &Path, i: usize) -> TlsFiles {
+    TlsFiles {
+        cert: pki.join(format!("agent-bench-{i}.crt")),
+        key: pki.join(format!("agent-bench-{i}.key")),
+        ca: vec![pki.join("ca.crt")],
+    }
+}
+
+/// A load child process and its latest report.
+pub(super) struct LoadProc {
+    child: tokio::process::Child,
+    stdin: tokio::process::ChildStdin,
+    status: watch::Receiver<LoadStatus>,
+}
+
+impl LoadProc {
+    async fn spawn(spec: &LoadSpec, range: Range<usize>) -> anyhow::Result<Self> {
+        let exe = std::env::current_exe().context("cannot find own executable")?;
+        let mut cmd = tokio::process::Command::new(exe);
+        cmd.args(["--log", "warn", "bench", "hub-load", "--pki"])
+            .arg(&spec.pki)
+            .args(["--from", &range.start.to_string(), "--to", &range.end.to_string()])
+            .args(["--source", &spec.source.describe()]);
+        for h in &spec.hubs {
+            cmd.args(["--hub", &h.to_string()]);
+        }
+        cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::inherit()).kill_on_drop(true);
+        let mut child = cmd.spawn().context("cannot start a load process")?;
+        let stdin = child.stdin.take().context("load process stdin")?;
+        let stdout = child.stdout.take().context("load process stdout")?;
+        let (tx, status) = watch::channel(LoadStatus::default());
+        tokio::spawn(async move {
+            let mut lines = BufReader::new(stdout).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                match serde_json::from_str::<LoadStatus>(&line) {
+                    Ok(s) => {
+                        tx.send_replace(s);
+                    }
+                    Err(e) => tracing::warn!(%line, "load process says something unexpected: {e}"),
+                }
+            }
+        });
+        Ok(Self { child, stdin, status })
+    }
+
+    async fn command(&mut self, what: &str) -> anyhow::Result<()> {
+        self.stdin.write_all(format!("{what}\n").as_bytes()).await.context("load process gone")?;
+        self.stdin.flush().await.context("load process gone")
+    }
+}
+
+/// `fleetwatch bench hub-load` (hidden): one load process of `bench hub --load-procs`.
+#[derive(Args)]
+pub(super) struct HubLoadArgs {
+    /// The bench PKI directory.
+    #[arg(long)]
+    pki: PathBuf,
+    /// The hub replicas (repeat), in the order agent 0 lists them.
+    #[arg(long, required = true)]
+    hub: Vec<HubUrl>,
+    /// First agent index.
+    #[arg(long)]
+    from: usize,
+    /// One past the last agent index.
+    #[arg(long)]
+    to: usize,
+    /// Each agent's source (`synthetic:objects=N,rate=R[,total=T][,payload=B]`).
+    #[arg(long)]
+    source: SyntheticSource,
+}
+
+/// Runs one load process until told to stop (or its input ends).
+pub(super) async fn run_child(args: HubLoadArgs) -> anyhow::Result<()> {
+    if args.from >= args.to || args.to - args.from > MAX_AGENTS_PER_PROCESS {
+        bail!("--from..--to must hold 1 to {MAX_AGENTS_PER_PROCESS} agents");
+    }
+    let spec = LoadSpec { pki: args.pki, hubs: args.hub, agents: args.to, source: args.source };
+    let mut group = AgentGroup::start(&spec, args.from..args.to).await?;
+    let mut commands = BufReader::new(tokio::io::stdin()).lines();
+    let mut out = tokio::io::stdout();
+    let mut tick = tokio::time::interval(Duration::from_millis(100));
+    loop {
+        tokio::select! {
+            line = commands.next_line() => match line {
+                Ok(Some(l)) if l.trim() == "mark" => group.mark(),
+                Ok(Some(l)) if l.trim() != "stop" => tracing::warn!(command = %l, "unknown load command"),
+                _ => break,
+            },
+            _ = tick.tick() => {
+                let line = serde_json::to_string(&group.status())? + "\n";
+                out.write_all(line.as_bytes()).await?;
+                out.flush().await?;
+            }
+        }
+    }
+    group.stop().await;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_lines_round_trip() {
+        let s = LoadStatus { connected: 7, moved: 2 };
+        let line = serde_json::to_string(&s).unwrap();
+        assert_eq!(line, r#"{"connected":7,"moved":2}"#);
+        assert_eq!(serde_json::from_str::<LoadStatus>(&line).unwrap(), s);
+    }
+
+    #[tokio::test]
+    async fn refuses_more_agents_than_a_process_can_hold() {
+        let spec = LoadSpec {
+            pki: PathBuf::from("/nonexistent"),
+            hubs: vec!["wss://127.0.0.1:1".parse().unwrap()],
+            agents: MAX_AGENTS_PER_PROCESS + 1,
+            source: "synthetic:objects=1,rate=1".parse().unwrap(),
+        };
+        let err = Load::start(&spec, 0).await.err().expect("refused").to_string();
+        assert!(err.contains("--load-procs"), "{err}");
+        let spec = LoadSpec { agents: 2 * MAX_AGENTS_PER_PROCESS + 2, ..spec };
+        let err = Load::start(&spec, 2).await.err().expect("refused").to_string();
+        assert!(err.contains("raise --load-procs"), "{err}");
+    }
+}
