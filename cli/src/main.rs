@@ -60,6 +60,20 @@ enum Command {
     Bench(bench::BenchArgs),
 }
 
+/// The agent is a small process beside a cluster's workloads. glibc gives a threaded
+/// process up to 8 malloc arenas per core, which cost the agent about 3 MiB of RSS for
+/// nothing at its allocation rate (a few percent of a core): one arena will do.
+/// `bench agent --objects 50000`, 3 runs each: idle RSS 29.7–31.4 MiB with the default,
+/// the same with 2 arenas, 27.2–27.4 MiB with 1; latency and CPU unchanged.
+fn limit_malloc_arenas() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only sets an allocator tunable, and this runs before any thread
+    // is started.
+    unsafe {
+        libc::mallopt(libc::M_ARENA_MAX, 1);
+    }
+}
+
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     // The sandbox draws a table on stdout: its logs go to a file in its directory.
@@ -67,6 +81,9 @@ fn main() -> std::process::ExitCode {
         Command::Up(args) => Some(args.log_file()),
         _ => None,
     };
+    if matches!(cli.command, Command::Agent(_)) {
+        limit_malloc_arenas();
+    }
     init_logging(&cli.log, cli.log_json, log_file);
     fleetwatch_certs::install_crypto_provider();
     let result = match cli.command {

@@ -22,6 +22,12 @@ use crate::rate::{Budget, RESYNCS_PER_SEC};
 use crate::registry::{Admission, Opening};
 use crate::{Peer, Sessions};
 
+/// Records a subscriber may be behind for want of the hub's CPU before batches wait
+/// (four of its reads; about 20 ms at 100,000 events/s).
+const FANOUT_LAG: u64 = 2_048;
+/// The longest a batch waits for subscribers to catch up.
+const FANOUT_WAIT: std::time::Duration = std::time::Duration::from_millis(20);
+
 pub(crate) async fn run(mut conn: Conn, cluster: String, peer: Peer, ctx: Arc<Sessions>, shutdown: CancellationToken) {
     let limits = ctx.settings.limits;
     // The first message must be a hello, within the handshake timeout.
@@ -230,6 +236,7 @@ impl Session {
             self.ctx.registry.inventory(&self.cluster, modules);
         }
         let n = items.len() as u64;
+        self.yield_to_fanout().await;
         // A poisoned lock only means a panic elsewhere mid-update: the budget is still usable.
         let wait = self.budget.lock().unwrap_or_else(|e| e.into_inner()).take_events(items.len());
         self.delay_ack(conn, wait).await;
@@ -238,6 +245,24 @@ impl Session {
         self.ctx.metrics.events_received.inc_by(n);
         self.ctx.registry.acked(&self.cluster, self.epoch, last, n);
         self.ack(conn).await
+    }
+
+    /// Delivering what is stored comes before storing more. While some subscriber that could
+    /// take more is over [`FANOUT_LAG`] records behind because the hub has not sent them yet
+    /// (its CPU spent on ingest), this batch waits, up to [`FANOUT_WAIT`]. The agent's window
+    /// then fills and its outbox coalesces changes, so an overloaded hub delivers at its
+    /// capacity instead of taking in everything and sending out little (measured before: at
+    /// 200,000 offered events/s, 155,000/s accepted, 21,000/s delivered). Bounded, so a
+    /// subscriber stuck for another reason slows ingest but never stops it.
+    async fn yield_to_fanout(&self) {
+        let started = Instant::now();
+        loop {
+            let last = self.ctx.bus.last_offset();
+            if !self.ctx.metrics.subscribers.hub_behind(last, FANOUT_LAG) || started.elapsed() >= FANOUT_WAIT {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        }
     }
 
     /// Carries out [`Decision::Resync`]: throttle, store unless one is pending, ack.

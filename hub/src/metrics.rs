@@ -234,6 +234,8 @@ pub struct SubscriberProgress {
     pub sent: AtomicU64,
     /// The highest offset actually sent to it.
     pub delivered: AtomicU64,
+    /// Its window: how many sent records it may leave unacked.
+    pub window: AtomicU64,
 }
 
 impl SubscriberProgress {
@@ -291,6 +293,17 @@ impl SubscriberBoard {
             s.insert(id, progress.clone());
         }
         BoardEntry { board: self, id, progress }
+    }
+
+    /// Whether some open session is more than `lag` records behind `last_offset` while its
+    /// window has room: the hub, not the subscriber, is what holds it back.
+    pub fn hub_behind(&self, last_offset: u64, lag: u64) -> bool {
+        let Ok(s) = self.sessions.lock() else { return false };
+        s.values().any(|p| {
+            let sent = p.sent.load(Ordering::Relaxed);
+            let unacked = p.delivered.load(Ordering::Relaxed).saturating_sub(p.acked.load(Ordering::Relaxed));
+            last_offset.saturating_sub(sent) > lag && unacked < p.window.load(Ordering::Relaxed)
+        })
     }
 
     /// Every open session's position.

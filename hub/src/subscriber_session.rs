@@ -164,6 +164,7 @@ impl Session {
             }
         }
         let window = u64::from(sub.max_in_flight.unwrap_or(10_000).clamp(1, 100_000));
+        self.progress.window.store(window, std::sync::atomic::Ordering::Relaxed);
         let mut end_rx = bus.watch_end();
         let stall = self.ctx.settings.subscriber_stall_timeout;
         self.delivered = self.sent;

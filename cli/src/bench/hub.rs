@@ -92,6 +92,8 @@ struct Report {
     agents_connected: usize,
     connect_secs: f64,
     delivered_per_sec: f64,
+    /// Events the hubs accepted per second (from their metrics; not with a replica kill).
+    hub_received_per_sec: Option<f64>,
     p50: f64,
     p99: f64,
     p999: f64,
@@ -257,6 +259,18 @@ async fn run_one(b: &HubBench, bus: BusKind) -> anyhow::Result<Report> {
     // CPU seconds at the start of the measurement: hubs, load processes, this process.
     let mut cpu_at_start: Option<(f64, f64)> = None;
     let mut cpu_used = (0.0, 0.0);
+    // Events the hubs accepted (summed over replicas) at the start and end of the
+    // measurement: beside what the subscriber got, it shows where a shortfall is.
+    let admins: Vec<String> = hubs.iter().map(|h| h.admin.clone()).collect();
+    let received = || async {
+        let mut total = 0.0;
+        for a in &admins {
+            total += super::hub_counter(a, "fleetwatch_hub_events_received_total").await.unwrap_or(0.0);
+        }
+        total
+    };
+    let mut received_at_start: Option<f64> = None;
+    let mut received_during: Option<f64> = None;
     let cpu_now = |load: &Load| {
         let hubs: f64 = pids.iter().filter_map(|p| super::cpu_seconds(*p)).sum();
         (hubs, load.cpu_seconds() + super::cpu_seconds(std::process::id()).unwrap_or(0.0))
@@ -283,6 +297,10 @@ async fn run_one(b: &HubBench, bus: BusKind) -> anyhow::Result<Report> {
         let now = Instant::now();
         if now >= warmup_end && cpu_at_start.is_none() {
             cpu_at_start = Some(cpu_now(&load));
+            received_at_start = Some(received().await);
+        }
+        if now >= end && received_during.is_none() && kill_at.is_none() {
+            received_during = Some(received().await - received_at_start.unwrap_or(0.0));
         }
         if now >= end && cpu_used == (0.0, 0.0) {
             // The victim's CPU is gone with it after a kill: count the survivors only.
@@ -396,6 +414,7 @@ async fn run_one(b: &HubBench, bus: BusKind) -> anyhow::Result<Report> {
         agents_connected,
         connect_secs,
         delivered_per_sec: counted as f64 / b.duration,
+        hub_received_per_sec: received_during.map(|r| r / b.duration),
         p50: percentile(&latencies_us, 0.50),
         p99: percentile(&latencies_us, 0.99),
         p999: percentile(&latencies_us, 0.999),
@@ -444,6 +463,9 @@ fn print_report(b: &HubBench, r: &Report) {
     );
     println!("offered rate:         {:.0} events/s", b.rate);
     println!("delivered:            {:.0} events/s over {:.1} s", r.delivered_per_sec, b.duration);
+    if let Some(h) = r.hub_received_per_sec {
+        println!("hub accepted:         {h:.0} events/s (the rest of the offered changes coalesced in agents)");
+    }
     println!("latency p50/p99/p999: {:.2} / {:.2} / {:.2} ms (max {:.2} ms)", r.p50, r.p99, r.p999, r.max);
     println!("hub peak RSS:         {:.1} MiB (largest replica)", mib(r.peak_rss_bytes));
     println!(
@@ -475,6 +497,7 @@ fn report_json(b: &HubBench, r: &Report) -> serde_json::Value {
         "agents": b.agents, "agents_connected": r.agents_connected, "load_procs": b.load_procs,
         "durable": b.durable, "connect_seconds": round2(r.connect_secs),
         "offered_per_sec": b.rate, "delivered_per_sec": r.delivered_per_sec.round(),
+        "hub_received_per_sec": r.hub_received_per_sec.map(f64::round),
         "p50_ms": round2(r.p50), "p99_ms": round2(r.p99), "p999_ms": round2(r.p999), "max_ms": round2(r.max),
         "hub_peak_rss_bytes": r.peak_rss_bytes, "hub_cpu_percent": round2(r.hub_cpu_percent),
         "load_cpu_percent": round2(r.load_cpu_percent), "resyncs": r.resyncs,

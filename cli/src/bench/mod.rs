@@ -137,6 +137,30 @@ fn parse_listening(line: &str) -> Option<(String, String)> {
     Some((wss?, admin?))
 }
 
+/// A counter from a hub's `/metrics` (summed over its label sets), e.g.
+/// `fleetwatch_hub_events_received_total`; `None` when the hub does not answer.
+async fn hub_counter(admin: &str, name: &str) -> Option<f64> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let fetch = async {
+        let mut tcp = tokio::net::TcpStream::connect(admin).await.ok()?;
+        let req = format!("GET /metrics HTTP/1.0\r\nHost: {admin}\r\n\r\n");
+        tcp.write_all(req.as_bytes()).await.ok()?;
+        let mut body = String::new();
+        tcp.read_to_string(&mut body).await.ok()?;
+        Some(body)
+    };
+    let body = tokio::time::timeout(Duration::from_secs(5), fetch).await.ok()??;
+    let mut sum = None;
+    for line in body.lines() {
+        let Some(rest) = line.strip_prefix(name) else { continue };
+        if rest.starts_with(' ') || rest.starts_with('{') {
+            let v: f64 = rest.rsplit(' ').next()?.parse().ok()?;
+            sum = Some(sum.unwrap_or(0.0) + v);
+        }
+    }
+    sum
+}
+
 /// A `/proc/<pid>/status` memory field (`VmRSS:`, `VmHWM:`) in KiB.
 fn rss_kib(pid: u32, field: &str) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
