@@ -360,6 +360,28 @@ mod tests {
     use super::*;
 
     #[test]
+    fn hub_is_behind_only_for_a_subscriber_with_room_that_waits_for_it() {
+        let board = SubscriberBoard::default();
+        assert!(!board.hub_behind(1_000_000, 10), "no subscriber: nothing to wait for");
+        let entry = board.join("s", None);
+        let p = &entry.progress;
+        p.window.store(100, Ordering::Relaxed);
+        p.sent.store(50, Ordering::Relaxed);
+        p.delivered.store(50, Ordering::Relaxed);
+        assert!(board.hub_behind(100, 10), "50 records unread, 50 of 100 in flight");
+        assert!(!board.hub_behind(55, 10), "only 5 unread");
+        // Its window is full: the subscriber, not the hub, holds it back.
+        p.sent.store(120, Ordering::Relaxed);
+        p.delivered.store(120, Ordering::Relaxed);
+        p.acked.store(20, Ordering::Relaxed);
+        assert!(!board.hub_behind(1_000, 10));
+        p.acked.store(21, Ordering::Relaxed);
+        assert!(board.hub_behind(1_000, 10));
+        drop(entry);
+        assert!(!board.hub_behind(1_000, 10), "gone from the board");
+    }
+
+    #[test]
     fn lag_counts_unacked_and_unread_records() {
         let p = SubscriberProgress::default();
         assert_eq!(p.lag(0), (0, None));
