@@ -152,7 +152,10 @@ impl SyntheticSource {
 
     /// Produces changes into `tx` until done, cancelled, or the receiver is gone.
     pub async fn produce(self, tx: mpsc::Sender<Change>, cancel: CancellationToken) {
-        let tick = Duration::from_millis(5);
+        // One wake-up per event at low rates (a load process runs thousands of sources:
+        // ticking each every 5 ms whatever its rate cost more CPU than their connections),
+        // at most every 5 ms at high rates, at least every second.
+        let tick = Duration::try_from_secs_f64((1.0 / self.rate).clamp(0.005, 1.0)).unwrap_or(Duration::from_secs(1));
         let mut interval = tokio::time::interval(tick);
         interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let started = tokio::time::Instant::now();

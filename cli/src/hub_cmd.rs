@@ -98,7 +98,8 @@ pub struct HubArgs {
     #[arg(long, env = "FLEETWATCH_MAX_CONNECTIONS", default_value_t = 50_000)]
     max_connections: usize,
     /// Most connections still in the TLS or WebSocket handshake (unauthenticated), from all
-    /// addresses together.
+    /// addresses together. While they are all taken the hub accepts nothing: new
+    /// connections wait in the kernel's accept queue (4,096 deep) until a slot frees.
     #[arg(long, env = "FLEETWATCH_MAX_HANDSHAKES", default_value_t = 1024)]
     max_handshakes: usize,
     /// Most connections still in the handshake from one source address: idle sockets from

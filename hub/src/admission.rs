@@ -2,7 +2,10 @@
 //!
 //! Connections still in the TLS or WebSocket handshake are unauthenticated: they have
 //! their own small budget, globally and per source address, so idle sockets from one
-//! address cannot lock out real clients. Only connections that completed both handshakes
+//! address cannot lock out real clients. While the global budget is used up the hub does
+//! not accept at all: new connections wait in the kernel's accept queue and are served as
+//! slots free, instead of being reset and backing off (a fleet reconnecting after a hub
+//! restart comes back at handshake speed). Only connections that completed both handshakes
 //! count toward `--max-connections`. Refusals are counted and logged as one summary line
 //! per interval, so a scanner cannot flood the log.
 
@@ -29,8 +32,6 @@ pub(crate) enum Refusal {
     MaxConnections,
     /// Too many handshakes in progress from one source address.
     HandshakesPerIp,
-    /// Too many handshakes in progress overall.
-    Handshakes,
 }
 
 impl Refusal {
@@ -39,7 +40,6 @@ impl Refusal {
         match self {
             Refusal::MaxConnections => "max-connections",
             Refusal::HandshakesPerIp => "max-handshakes-per-ip",
-            Refusal::Handshakes => "max-handshakes",
         }
     }
 }
@@ -54,6 +54,9 @@ pub(crate) struct Admission {
     failures: AtomicU64,
     failures_logged: AtomicU64,
 }
+
+/// A place in the global handshake budget, taken before a connection is accepted.
+pub(crate) struct HandshakePermit(OwnedSemaphorePermit);
 
 /// A connection's place in the handshake budget; released on drop.
 pub(crate) struct HandshakeSlot {
@@ -89,10 +92,16 @@ impl Admission {
         }
     }
 
-    /// A handshake slot for a new connection from `ip`, or why not.
-    pub(crate) fn begin_handshake(&self, ip: IpAddr) -> Result<HandshakeSlot, Refusal> {
+    /// A place in the global handshake budget: waits while all are taken (the accept loop
+    /// takes one before it accepts). `None` only if the budget was closed.
+    pub(crate) async fn handshake_permit(&self) -> Option<HandshakePermit> {
+        self.handshakes.clone().acquire_owned().await.ok().map(HandshakePermit)
+    }
+
+    /// A handshake slot for a new connection from `ip`, holding `permit`, or why not.
+    pub(crate) fn begin_handshake(&self, ip: IpAddr, permit: HandshakePermit) -> Result<HandshakeSlot, Refusal> {
         let ip = source_key(ip);
-        let mut map = self.per_ip.lock().map_err(|_| Refusal::Handshakes)?;
+        let mut map = self.per_ip.lock().map_err(|_| Refusal::HandshakesPerIp)?;
         let n = map.entry(ip).or_default();
         if *n >= self.per_ip_limit {
             if *n == 0 {
@@ -100,9 +109,8 @@ impl Admission {
             }
             return Err(Refusal::HandshakesPerIp);
         }
-        let global = self.handshakes.clone().try_acquire_owned().map_err(|_| Refusal::Handshakes)?;
         *n += 1;
-        Ok(HandshakeSlot { _global: global, ip, per_ip: self.per_ip.clone() })
+        Ok(HandshakeSlot { _global: permit.0, ip, per_ip: self.per_ip.clone() })
     }
 
     /// A session slot for a connection that completed its handshakes, or why not.
@@ -194,41 +202,54 @@ pub(crate) fn fit_to_fd_limit(sessions: usize, handshakes: usize, fd_limit: u64)
 mod tests {
     use super::*;
 
+    /// A handshake slot from `ip` (a global permit must be free: the tests never wait).
+    fn begin(a: &Admission, ip: &str) -> Result<HandshakeSlot, Refusal> {
+        let permit = a.handshakes.clone().try_acquire_owned().map(HandshakePermit).expect("a free global permit");
+        a.begin_handshake(ip.parse().unwrap(), permit)
+    }
+
     #[test]
     fn per_address_budget_leaves_room_for_others() {
         let a = Admission::new(2, 10, 3);
-        let x: IpAddr = "10.0.0.1".parse().unwrap();
-        let y: IpAddr = "10.0.0.2".parse().unwrap();
-        let held: Vec<_> = (0..3).map(|_| a.begin_handshake(x).unwrap()).collect();
-        assert_eq!(a.begin_handshake(x).err(), Some(Refusal::HandshakesPerIp));
-        let other = a.begin_handshake(y).unwrap();
+        let held: Vec<_> = (0..3).map(|_| begin(&a, "10.0.0.1").unwrap()).collect();
+        assert_eq!(begin(&a, "10.0.0.1").err(), Some(Refusal::HandshakesPerIp));
+        let other = begin(&a, "10.0.0.2").unwrap();
         drop(held);
-        assert!(a.begin_handshake(x).is_ok(), "slots come back when handshakes end");
+        assert!(begin(&a, "10.0.0.1").is_ok(), "slots come back when handshakes end");
         drop(other);
         assert!(a.per_ip.lock().unwrap().len() <= 1);
+        assert_eq!(a.handshakes.available_permits(), 10, "a refusal gives its global permit back");
     }
 
     #[test]
     fn an_ipv6_host_is_one_source_per_64() {
         let a = Admission::new(1, 10, 2);
-        let _x = a.begin_handshake("2001:db8::1".parse().unwrap()).unwrap();
-        let _y = a.begin_handshake("2001:db8::2".parse().unwrap()).unwrap();
-        assert_eq!(a.begin_handshake("2001:db8::3".parse().unwrap()).err(), Some(Refusal::HandshakesPerIp));
-        assert!(a.begin_handshake("2001:db8:0:1::1".parse().unwrap()).is_ok());
-        let _m = a.begin_handshake("::ffff:10.0.0.9".parse().unwrap()).unwrap();
-        let _n = a.begin_handshake("10.0.0.9".parse().unwrap()).unwrap();
-        assert!(a.begin_handshake("10.0.0.9".parse().unwrap()).is_err(), "mapped and plain IPv4 are one source");
+        let _x = begin(&a, "2001:db8::1").unwrap();
+        let _y = begin(&a, "2001:db8::2").unwrap();
+        assert_eq!(begin(&a, "2001:db8::3").err(), Some(Refusal::HandshakesPerIp));
+        assert!(begin(&a, "2001:db8:0:1::1").is_ok());
+        let _m = begin(&a, "::ffff:10.0.0.9").unwrap();
+        let _n = begin(&a, "10.0.0.9").unwrap();
+        assert!(begin(&a, "10.0.0.9").is_err(), "mapped and plain IPv4 are one source");
+    }
+
+    #[tokio::test]
+    async fn a_full_global_budget_waits_instead_of_refusing() {
+        let a = Admission::new(1, 2, 10);
+        let p1 = a.handshake_permit().await.unwrap();
+        let h1 = a.begin_handshake("10.0.0.1".parse().unwrap(), p1).unwrap();
+        let _h2 = a.begin_handshake("10.0.0.2".parse().unwrap(), a.handshake_permit().await.unwrap()).unwrap();
+        let third = a.handshake_permit();
+        tokio::pin!(third);
+        assert!(futures_util::poll!(&mut third).is_pending(), "no third handshake while two are in progress");
+        drop(h1);
+        let p3 = third.await.expect("a slot once a handshake ended");
+        assert!(a.begin_handshake("10.0.0.3".parse().unwrap(), p3).is_ok());
     }
 
     #[test]
-    fn global_budget_and_sessions() {
+    fn sessions_have_their_own_budget() {
         let a = Admission::new(1, 2, 10);
-        let ip: IpAddr = "10.0.0.1".parse().unwrap();
-        let _h1 = a.begin_handshake(ip).unwrap();
-        let _h2 = a.begin_handshake("10.0.0.2".parse().unwrap()).unwrap();
-        assert_eq!(a.begin_handshake("10.0.0.3".parse().unwrap()).err(), Some(Refusal::Handshakes));
-        // A refused attempt does not leak a per-address count.
-        assert_eq!(a.per_ip.lock().unwrap().get(&"10.0.0.3".parse().unwrap()).copied().unwrap_or(0), 0);
         let s = a.begin_session().unwrap();
         assert_eq!(a.begin_session().err(), Some(Refusal::MaxConnections));
         drop(s);

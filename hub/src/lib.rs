@@ -322,10 +322,9 @@ impl Hub {
                 ..BusOptions::default()
             })?,
         };
-        let listener =
-            TcpListener::bind(config.listen).await.map_err(|source| HubError::Bind { addr: config.listen, source })?;
+        let listener = bind_retrying(config.listen).await?;
         let admin = match config.admin_listen {
-            Some(addr) => Some(TcpListener::bind(addr).await.map_err(|source| HubError::Bind { addr, source })?),
+            Some(addr) => Some(bind_retrying(addr).await?),
             None => None,
         };
         // Clients must share the trust domain of the hub's own SPIFFE id.
@@ -485,5 +484,65 @@ async fn housekeeping(ctx: Arc<Context>, shutdown: CancellationToken) {
                 ctx.close_revoked(bundles_changed);
             }
         }
+    }
+}
+
+/// How long a hub keeps trying a listen address that is in use.
+const BIND_RETRY_FOR: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Connections the kernel queues before the hub accepts them (capped by
+/// `net.core.somaxconn`). tokio's default of 1,024 overflows when a fleet reconnects at
+/// once after a restart, and every dropped SYN costs its agent a second or more.
+const LISTEN_BACKLOG: u32 = 4096;
+
+/// A listener with `SO_REUSEADDR` (connections of a previous process in `TIME_WAIT` do not
+/// block it) and a [`LISTEN_BACKLOG`] deep accept queue.
+fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() { tokio::net::TcpSocket::new_v4()? } else { tokio::net::TcpSocket::new_v6()? };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(LISTEN_BACKLOG)
+}
+
+/// Binds a listener (see [`listen`]). An address still in use usually means the previous hub is
+/// still exiting — closing ten thousand sockets after a SIGKILL takes a moment — so that is
+/// retried with backoff for [`BIND_RETRY_FOR`], then refused with the address named.
+pub async fn bind_retrying(addr: SocketAddr) -> Result<TcpListener, HubError> {
+    use backon::{ExponentialBuilder, Retryable};
+    let backoff = ExponentialBuilder::default()
+        .with_min_delay(std::time::Duration::from_millis(10))
+        .with_max_delay(std::time::Duration::from_millis(500))
+        .with_total_delay(Some(BIND_RETRY_FOR))
+        .without_max_times();
+    let mut warned = false;
+    (|| async move { listen(addr) })
+        .retry(backoff)
+        .when(|e| e.kind() == std::io::ErrorKind::AddrInUse)
+        .notify(|_, _| {
+            if !warned {
+                warned = true;
+                tracing::warn!(%addr, "address in use (a previous hub still exiting?): retrying for up to {}s", BIND_RETRY_FOR.as_secs());
+            }
+        })
+        .await
+        .map_err(|source| HubError::Bind { addr, source })
+}
+
+#[cfg(test)]
+mod bind_tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn an_address_in_use_is_retried_until_it_is_free() {
+        let holder = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = holder.local_addr().unwrap();
+        let bind = bind_retrying(addr);
+        tokio::pin!(bind);
+        // The first attempt finds the address taken and waits to try again, instead of
+        // failing as a plain bind does.
+        assert!(futures_util::poll!(&mut bind).is_pending());
+        drop(holder);
+        let listener = bind.await.expect("bound once the address was free");
+        assert_eq!(listener.local_addr().unwrap(), addr);
     }
 }

@@ -28,15 +28,24 @@ pub(crate) async fn accept_loop(
     tracker: &TaskTracker,
 ) {
     loop {
+        // Unauthenticated connections have their own budget: they cannot take the places
+        // of sessions. While it is used up nothing is accepted; connections wait in the
+        // listen backlog rather than being reset (and backing off) by the thousand.
+        let permit = tokio::select! {
+            _ = shutdown.cancelled() => break,
+            permit = ctx.admission.handshake_permit() => match permit {
+                Some(p) => p,
+                None => break,
+            },
+        };
         let accepted = tokio::select! {
             _ = shutdown.cancelled() => break,
             accepted = listener.accept() => accepted,
         };
         match accepted {
             Ok((tcp, peer)) => {
-                // Unauthenticated connections have their own budget: they cannot take the
-                // places of sessions, and one address cannot take them all.
-                let slot = match ctx.admission.begin_handshake(peer.ip()) {
+                // One address cannot take the whole budget.
+                let slot = match ctx.admission.begin_handshake(peer.ip(), permit) {
                     Ok(slot) => slot,
                     Err(why) => {
                         ctx.admission.refuse(why, &ctx.sessions.metrics);

@@ -24,6 +24,7 @@ use fleetwatch_client::subscriber::{Delivery, SubscriberOptions, Subscription};
 use fleetwatch_client::transport::{HubUrl, HubUrls};
 use fleetwatch_hub::bus::nats_server::LocalNatsServer;
 use fleetwatch_protocol::message::StartFrom;
+use futures_util::StreamExt;
 
 use super::load::{Load, LoadSpec};
 use super::{HubProcess, bench_pki, percentile, rss_kib, start_hub};
@@ -71,6 +72,15 @@ pub(super) struct HubBench {
     /// the hub's, and is needed past ~19,000 agents (a process's open-file limit).
     #[arg(long, default_value_t = 1)]
     load_procs: usize,
+    /// Also run the same load straight against nats-server JetStream (file storage, the
+    /// same events and mutual TLS, one durable consumer; the bench starts the server),
+    /// alternating with the hub for `--rounds` rounds, and print the ratios
+    /// fleetwatch/JetStream of delivered/s, p99 and server RSS (medians over the rounds).
+    #[arg(long)]
+    vs_nats: bool,
+    /// Rounds of each side with --vs-nats (the order alternates every round).
+    #[arg(long, default_value_t = 3, requires = "vs_nats")]
+    rounds: usize,
     /// Print one JSON object with every figure as the last line.
     #[arg(long)]
     json: bool,
@@ -83,6 +93,9 @@ enum BusKind {
     Embedded,
     /// NATS JetStream, shared by the hub replicas.
     Nats,
+    /// No hub: the agents publish to JetStream directly (`--vs-nats`).
+    #[value(skip)]
+    JetStreamDirect,
 }
 
 /// What one run measured.
@@ -130,6 +143,9 @@ pub(super) async fn run(b: HubBench) -> anyhow::Result<()> {
         if !(0.0..b.duration).contains(&k) {
             bail!("--kill-replica-after must fall within --duration");
         }
+    }
+    if b.vs_nats {
+        return vs_nats(&b).await;
     }
     let mut reports = Vec::new();
     for &bus in &b.bus {
@@ -231,7 +247,8 @@ async fn run_one(b: &HubBench, bus: BusKind) -> anyhow::Result<Report> {
     let per_agent = b.rate / b.agents as f64;
     let total = b.kill_replica_after.map(|_| ((b.warmup + b.duration) * per_agent).ceil().max(b.objects as f64) as u64);
     let source = SyntheticSource { objects: b.objects, rate: per_agent, total, payload: b.payload };
-    let spec = LoadSpec { pki: dir.clone(), hubs: urls.clone(), agents: b.agents, source: source.clone() };
+    let spec =
+        LoadSpec { pki: dir.clone(), hubs: urls.clone(), agents: b.agents, source: source.clone(), jetstream: None };
     let connect_started = Instant::now();
     let mut load = Load::start(&spec, b.load_procs).await?;
     loop {
@@ -453,7 +470,11 @@ fn missing(
 
 fn print_report(b: &HubBench, r: &Report) {
     let bus = format!("{:?}", r.bus).to_lowercase();
-    println!("bus:                  {bus} ({} hub replica{})", r.replicas, if r.replicas == 1 { "" } else { "s" });
+    if r.bus == BusKind::JetStreamDirect {
+        println!("server:               nats-server JetStream directly (no hub; file storage, one durable consumer)");
+    } else {
+        println!("bus:                  {bus} ({} hub replica{})", r.replicas, if r.replicas == 1 { "" } else { "s" });
+    }
     println!(
         "agents:               {} (all connected in {:.1} s, {} load process{})",
         b.agents,
@@ -467,9 +488,15 @@ fn print_report(b: &HubBench, r: &Report) {
         println!("hub accepted:         {h:.0} events/s (the rest of the offered changes coalesced in agents)");
     }
     println!("latency p50/p99/p999: {:.2} / {:.2} / {:.2} ms (max {:.2} ms)", r.p50, r.p99, r.p999, r.max);
-    println!("hub peak RSS:         {:.1} MiB (largest replica)", mib(r.peak_rss_bytes));
+    let server = if r.bus == BusKind::JetStreamDirect { "server" } else { "hub" };
     println!(
-        "CPU (% of one core):  hub {:.0} %, load {:.0} % (of {} % on this machine)",
+        "{server} peak RSS:{:>pad$}{:.1} MiB (largest replica)",
+        "",
+        mib(r.peak_rss_bytes),
+        pad = 13 - server.len()
+    );
+    println!(
+        "CPU (% of one core):  {server} {:.0} %, load {:.0} % (of {} % on this machine)",
         r.hub_cpu_percent,
         r.load_cpu_percent,
         100 * std::thread::available_parallelism().map_or(1, |n| n.get())
@@ -509,4 +536,184 @@ fn report_json(b: &HubBench, r: &Report) -> serde_json::Value {
         });
     }
     json
+}
+
+/// One figure of a report.
+type Figure = fn(&Report) -> f64;
+
+/// `--vs-nats`: `--rounds` rounds of the hub (the embedded bus, `--durable` as given) and of
+/// JetStream directly, alternating which goes first, then the medians and their ratios.
+async fn vs_nats(b: &HubBench) -> anyhow::Result<()> {
+    if b.bus != [BusKind::Embedded] || b.hub_replicas != 1 || b.kill_replica_after.is_some() {
+        bail!(
+            "--vs-nats compares one hub on the embedded bus with JetStream: leave out --bus, --hub-replicas and --kill-replica-after"
+        );
+    }
+    if b.rounds == 0 {
+        bail!("--rounds must be at least 1");
+    }
+    let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+    for round in 0..b.rounds {
+        for side in if round % 2 == 0 { [false, true] } else { [true, false] } {
+            if side {
+                let r = run_jetstream(b).await.context("bench against JetStream")?;
+                println!("round {}: JetStream", round + 1);
+                print_report(b, &r);
+                theirs.push(r);
+            } else {
+                let r = run_one(b, BusKind::Embedded).await.context("bench on the hub")?;
+                println!("round {}: fleetwatch", round + 1);
+                print_report(b, &r);
+                ours.push(r);
+            }
+            println!();
+        }
+    }
+    let median = |rs: &[Report], f: fn(&Report) -> f64| {
+        let mut v: Vec<f64> = rs.iter().map(f).collect();
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let figures: [(&str, Figure); 4] = [
+        ("delivered_per_sec", |r| r.delivered_per_sec),
+        ("p99_ms", |r| r.p99),
+        ("server_rss_bytes", |r| r.peak_rss_bytes as f64),
+        ("server_cpu_percent", |r| r.hub_cpu_percent),
+    ];
+    let fsync = if b.durable {
+        "fleetwatch fsyncs every group commit of its log (--durable); nats-server syncs its files every 2 minutes"
+    } else {
+        "fleetwatch keeps memory only (no --durable); nats-server writes files and syncs them every 2 minutes"
+    };
+    println!(
+        "fleetwatch vs JetStream, {} agents, {:.0} events/s offered, medians of {} rounds ({fsync}):",
+        b.agents, b.rate, b.rounds
+    );
+    println!("{:<20} {:>14} {:>14} {:>8}", "", "fleetwatch", "JetStream", "ratio");
+    let mut json = serde_json::Map::new();
+    for (name, f) in figures {
+        let (a, j) = (median(&ours, f), median(&theirs, f));
+        let ratio = a / j;
+        let (a_s, j_s) = if name == "server_rss_bytes" {
+            (format!("{:.1} MiB", a / (1 << 20) as f64), format!("{:.1} MiB", j / (1 << 20) as f64))
+        } else {
+            (format!("{a:.1}"), format!("{j:.1}"))
+        };
+        println!("{name:<20} {a_s:>14} {j_s:>14} {ratio:>8.2}");
+        json.insert(
+            name.into(),
+            serde_json::json!({ "fleetwatch": a, "jetstream": j, "ratio": if ratio.is_finite() { ratio } else { -1.0 } }),
+        );
+    }
+    if b.json {
+        let mut top = report_json(b, &ours[ours.len() / 2]);
+        top["vs_nats"] = serde_json::Value::Object(json);
+        top["vs_nats"]["rounds"] = b.rounds.into();
+        top["vs_nats"]["fsync"] = fsync.into();
+        top["runs"] = ours.iter().chain(&theirs).map(|r| report_json(b, r)).collect();
+        println!("{top}");
+    }
+    Ok(())
+}
+
+/// The hub bench's load and measurement against nats-server JetStream with no hub: the
+/// agents are publishers ([`super::jetstream`]), the subscriber a durable pull consumer.
+async fn run_jetstream(b: &HubBench) -> anyhow::Result<Report> {
+    let clusters: Vec<String> = (0..b.agents).map(|i| format!("bench-{i}")).collect();
+    let (_tmp, dir) = bench_pki(&clusters)?;
+    let server = super::jetstream::start_server(&dir, &dir.join("jetstream")).await?;
+    let pid = server.pid().context("nats-server pid")?;
+    eprintln!("nats-server pid {pid} at {}", server.url());
+    let client = super::jetstream::connect(&dir, &server.url(), "subscriber-bench").await?;
+    let mut messages = super::jetstream::subscribe(&client).await?;
+
+    let source =
+        SyntheticSource { objects: b.objects, rate: b.rate / b.agents as f64, total: None, payload: b.payload };
+    let spec = LoadSpec { pki: dir.clone(), hubs: Vec::new(), agents: b.agents, source, jetstream: Some(server.url()) };
+    let connect_started = Instant::now();
+    let load = Load::start(&spec, b.load_procs).await?;
+    let mut unacked: Option<async_nats::jetstream::Message> = None;
+    // Takes what arrives within `wait`: the latency of each message, and an ack (cumulative)
+    // every 64 messages and whenever the stream pauses.
+    let mut taken = 0u64;
+    let mut next = async |wait: Duration, latencies: Option<&mut Vec<u64>>| -> anyhow::Result<()> {
+        match tokio::time::timeout(wait, messages.next()).await {
+            Ok(Some(m)) => {
+                let m = m.map_err(|e| anyhow::anyhow!("consumer: {e}"))?;
+                if let Some(l) = latencies
+                    && let Ok(e) = serde_json::from_slice::<fleetwatch_protocol::event::Event>(&m.payload)
+                {
+                    l.push((jiff::Timestamp::now().as_microsecond() - e.time.as_microsecond()).max(0) as u64);
+                }
+                taken += 1;
+                if taken.is_multiple_of(64) {
+                    m.ack().await.map_err(|e| anyhow::anyhow!("ack: {e}"))?;
+                } else {
+                    unacked = Some(m);
+                }
+            }
+            Ok(None) => bail!("the consumer's stream ended"),
+            Err(_) => {
+                if let Some(m) = unacked.take() {
+                    m.ack().await.map_err(|e| anyhow::anyhow!("ack: {e}"))?;
+                }
+            }
+        }
+        Ok(())
+    };
+    while load.connected() < b.agents {
+        if connect_started.elapsed() > Duration::from_secs(120) {
+            bail!("only {} of {} publishers connected after 120 s", load.connected(), b.agents);
+        }
+        next(Duration::from_millis(50), None).await?;
+    }
+    let connect_secs = connect_started.elapsed().as_secs_f64();
+    eprintln!("{} publishers connected in {connect_secs:.1} s", b.agents);
+    let agents_connected = load.connected();
+    let warmup_end = Instant::now() + Duration::from_secs_f64(b.warmup);
+    let end = warmup_end + Duration::from_secs_f64(b.duration);
+    while Instant::now() < warmup_end {
+        next(Duration::from_millis(10), None).await?;
+    }
+    let cpu = |load: &Load| {
+        (
+            super::cpu_seconds(pid).unwrap_or(0.0),
+            load.cpu_seconds() + super::cpu_seconds(std::process::id()).unwrap_or(0.0),
+        )
+    };
+    let (h0, l0) = cpu(&load);
+    let mut latencies_us = Vec::new();
+    let mut peak_rss = 0u64;
+    let mut last_sample = Instant::now();
+    while Instant::now() < end {
+        next(Duration::from_millis(10), Some(&mut latencies_us)).await?;
+        if last_sample.elapsed() > Duration::from_millis(250) {
+            last_sample = Instant::now();
+            peak_rss = peak_rss.max(rss_kib(pid, "VmRSS:").unwrap_or(0));
+        }
+    }
+    let (h1, l1) = cpu(&load);
+    peak_rss = peak_rss.max(rss_kib(pid, "VmHWM:").unwrap_or(0));
+    load.stop().await;
+    drop(messages);
+    let _ = client.drain().await;
+    drop(server);
+    latencies_us.sort_unstable();
+    Ok(Report {
+        bus: BusKind::JetStreamDirect,
+        replicas: 1,
+        agents_connected,
+        connect_secs,
+        delivered_per_sec: latencies_us.len() as f64 / b.duration,
+        hub_received_per_sec: None,
+        p50: percentile(&latencies_us, 0.50),
+        p99: percentile(&latencies_us, 0.99),
+        p999: percentile(&latencies_us, 0.999),
+        max: percentile(&latencies_us, 1.0),
+        peak_rss_bytes: peak_rss * 1024,
+        hub_cpu_percent: (h1 - h0).max(0.0) / b.duration * 100.0,
+        load_cpu_percent: (l1 - l0).max(0.0) / b.duration * 100.0,
+        resyncs: 0,
+        kill: None,
+    })
 }

@@ -5,7 +5,7 @@
 //! and go past the per-process open-file limit (20,000 here) with more agents.
 //!
 //! A load process takes its agents as a range of indices into the bench PKI, reports
-//! `{"connected":N,"moved":M}` on stdout every 100 ms, takes `mark` on stdin (remember
+//! `{"connected":N,"moved":M,"back":B}` on stdout every 100 ms, takes `mark` on stdin (remember
 //! each agent's session count; `moved` counts agents that lost their session or opened a
 //! new one since), and `stop` (or end of input) to stop its sources, let the agents drain
 //! and exit.
@@ -43,6 +43,9 @@ pub(super) struct LoadSpec {
     pub agents: usize,
     /// What each agent's source produces.
     pub source: SyntheticSource,
+    /// Publish straight to this NATS JetStream server instead (`bench hub --vs-nats`): each
+    /// agent a JetStream publisher, see [`super::jetstream`].
+    pub jetstream: Option<String>,
 }
 
 /// A load process's report line.
@@ -52,12 +55,16 @@ struct LoadStatus {
     connected: usize,
     /// Agents that lost their session or opened a new one since the last `mark`.
     moved: usize,
+    /// Agents back since the last `mark`: in a new session, and everything they had produced
+    /// by the mark acked in it.
+    #[serde(default)]
+    back: usize,
 }
 
 /// The running load.
 pub(super) enum Load {
     /// Agents in the bench process itself.
-    InProcess(AgentGroup),
+    InProcess(Group),
     /// Agents in child processes.
     Procs(Vec<LoadProc>),
 }
@@ -74,7 +81,7 @@ impl Load {
                     spec.agents
                 );
             }
-            return Ok(Load::InProcess(AgentGroup::start(spec, 0..spec.agents).await?));
+            return Ok(Load::InProcess(Group::start(spec, 0..spec.agents).await?));
         }
         let per = spec.agents.div_ceil(procs);
         if per > MAX_AGENTS_PER_PROCESS {
@@ -109,7 +116,16 @@ impl Load {
         }
     }
 
-    /// Remembers every agent's session count now.
+    /// Agents back since [`mark`](Self::mark): connected in a new session that acked
+    /// everything they had produced by the mark.
+    pub fn back(&self) -> usize {
+        match self {
+            Load::InProcess(g) => g.status().back,
+            Load::Procs(ps) => ps.iter().map(|p| p.status.borrow().back).sum(),
+        }
+    }
+
+    /// Remembers every agent's session count and last seq now.
     pub async fn mark(&mut self) -> anyhow::Result<()> {
         match self {
             Load::InProcess(g) => g.mark(),
@@ -148,10 +164,50 @@ impl Load {
     }
 }
 
+/// The agents of one process: fleetwatch agents, or JetStream publishers with `--vs-nats`.
+pub(super) enum Group {
+    /// Agents connected to hubs.
+    Agents(AgentGroup),
+    /// Publishers connected to a JetStream server.
+    Publishers(super::jetstream::PublisherGroup),
+}
+
+impl Group {
+    async fn start(spec: &LoadSpec, range: Range<usize>) -> anyhow::Result<Self> {
+        Ok(match &spec.jetstream {
+            Some(url) => {
+                Group::Publishers(super::jetstream::PublisherGroup::start(&spec.pki, url, range, &spec.source).await?)
+            }
+            None => Group::Agents(AgentGroup::start(spec, range).await?),
+        })
+    }
+
+    fn status(&self) -> LoadStatus {
+        match self {
+            Group::Agents(g) => g.status(),
+            Group::Publishers(p) => LoadStatus { connected: p.connected(), ..LoadStatus::default() },
+        }
+    }
+
+    fn mark(&mut self) {
+        if let Group::Agents(g) = self {
+            g.mark();
+        }
+    }
+
+    async fn stop(self) {
+        match self {
+            Group::Agents(g) => g.stop().await,
+            Group::Publishers(p) => p.stop().await,
+        }
+    }
+}
+
 /// Agents running in this process.
 pub(super) struct AgentGroup {
     agents: Vec<AgentHandle>,
-    marks: Vec<u64>,
+    /// Per agent at the last mark: (sessions, last seq); sessions 0 before any mark.
+    marks: Vec<(u64, u64)>,
     stop: CancellationToken,
 }
 
@@ -176,16 +232,18 @@ impl AgentGroup {
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
         }
-        Ok(Self { marks: vec![0; agents.len()], agents, stop })
+        Ok(Self { marks: vec![(0, 0); agents.len()], agents, stop })
     }
 
     fn status(&self) -> LoadStatus {
         let mut s = LoadStatus::default();
-        for (a, mark) in self.agents.iter().zip(&self.marks) {
+        for (a, &(sessions, last_seq)) in self.agents.iter().zip(&self.marks) {
             let st = a.stats();
             let st = st.borrow();
             s.connected += usize::from(st.connected);
-            s.moved += usize::from(*mark > 0 && (!st.connected || st.sessions > *mark));
+            let marked = sessions > 0;
+            s.moved += usize::from(marked && (!st.connected || st.sessions > sessions));
+            s.back += usize::from(marked && st.connected && st.sessions > sessions && st.acked_seq >= last_seq);
         }
         s
     }
@@ -193,7 +251,14 @@ impl AgentGroup {
     fn mark(&mut self) {
         // An agent not yet connected has 0 sessions; count it from 1 so it is not "moved"
         // only because it connects late.
-        self.marks = self.agents.iter().map(|a| a.stats().borrow().sessions.max(1)).collect();
+        self.marks = self
+            .agents
+            .iter()
+            .map(|a| {
+                let st = a.stats().borrow().clone();
+                (st.sessions.max(1), st.last_seq)
+            })
+            .collect();
     }
 
     async fn stop(self) {
@@ -230,6 +295,9 @@ impl LoadProc {
         for h in &spec.hubs {
             cmd.args(["--hub", &h.to_string()]);
         }
+        if let Some(url) = &spec.jetstream {
+            cmd.args(["--jetstream", url]);
+        }
         cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::inherit()).kill_on_drop(true);
         let mut child = cmd.spawn().context("cannot start a load process")?;
         let stdin = child.stdin.take().context("load process stdin")?;
@@ -262,8 +330,11 @@ pub(super) struct HubLoadArgs {
     #[arg(long)]
     pki: PathBuf,
     /// The hub replicas (repeat), in the order agent 0 lists them.
-    #[arg(long, required = true)]
+    #[arg(long, required_unless_present = "jetstream")]
     hub: Vec<HubUrl>,
+    /// Publish to this JetStream server instead of connecting agents to hubs.
+    #[arg(long, conflicts_with = "hub")]
+    jetstream: Option<String>,
     /// First agent index.
     #[arg(long)]
     from: usize,
@@ -280,8 +351,9 @@ pub(super) async fn run_child(args: HubLoadArgs) -> anyhow::Result<()> {
     if args.from >= args.to || args.to - args.from > MAX_AGENTS_PER_PROCESS {
         bail!("--from..--to must hold 1 to {MAX_AGENTS_PER_PROCESS} agents");
     }
-    let spec = LoadSpec { pki: args.pki, hubs: args.hub, agents: args.to, source: args.source };
-    let mut group = AgentGroup::start(&spec, args.from..args.to).await?;
+    let spec =
+        LoadSpec { pki: args.pki, hubs: args.hub, agents: args.to, source: args.source, jetstream: args.jetstream };
+    let mut group = Group::start(&spec, args.from..args.to).await?;
     let mut commands = BufReader::new(tokio::io::stdin()).lines();
     let mut out = tokio::io::stdout();
     let mut tick = tokio::time::interval(Duration::from_millis(100));
@@ -309,9 +381,9 @@ mod tests {
 
     #[test]
     fn status_lines_round_trip() {
-        let s = LoadStatus { connected: 7, moved: 2 };
+        let s = LoadStatus { connected: 7, moved: 2, back: 1 };
         let line = serde_json::to_string(&s).unwrap();
-        assert_eq!(line, r#"{"connected":7,"moved":2}"#);
+        assert_eq!(line, r#"{"connected":7,"moved":2,"back":1}"#);
         assert_eq!(serde_json::from_str::<LoadStatus>(&line).unwrap(), s);
     }
 
@@ -322,6 +394,7 @@ mod tests {
             hubs: vec!["wss://127.0.0.1:1".parse().unwrap()],
             agents: MAX_AGENTS_PER_PROCESS + 1,
             source: "synthetic:objects=1,rate=1".parse().unwrap(),
+            jetstream: None,
         };
         let err = Load::start(&spec, 0).await.err().expect("refused").to_string();
         assert!(err.contains("--load-procs"), "{err}");

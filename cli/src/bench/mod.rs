@@ -7,9 +7,11 @@
 
 mod agent;
 mod hub;
+mod jetstream;
 mod lifecycle;
 mod load;
 mod sim;
+mod storm;
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -45,6 +47,9 @@ enum BenchWhat {
     /// subscriber while hub kills, TCP cuts, agent restarts, disk-full, a damaged segment
     /// and deny-list flips are injected; checks per object that nothing was lost.
     Soak(crate::soak::SoakBench),
+    /// A reconnect storm: N agents connected, the hub SIGKILLed and restarted on its port at
+    /// once; how long until 50/90/99/100 % of the agents are back and resynced.
+    Storm(storm::StormBench),
     /// One load process of `bench hub --load-procs` (started by it, not by hand).
     #[command(hide = true)]
     HubLoad(load::HubLoadArgs),
@@ -57,6 +62,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         BenchWhat::Lifecycle(b) => lifecycle::run(b).await,
         BenchWhat::Sim(b) => sim::run(b).await,
         BenchWhat::Soak(b) => crate::soak::run(b).await,
+        BenchWhat::Storm(b) => storm::run(b).await,
         BenchWhat::HubLoad(a) => load::run_child(a).await,
     }
 }
@@ -74,6 +80,12 @@ struct HubProcess {
 /// Starts a hub child process with the certificates in `dir` (memory only, or with a data
 /// directory when `durable`) and waits until it listens.
 async fn start_hub(dir: &Path, durable: bool, extra: &[&str]) -> anyhow::Result<HubProcess> {
+    start_hub_at(dir, durable, 0, "warn", extra).await
+}
+
+/// [`start_hub`] on a given WebSocket port (0: any free one), logging at `log` (a storm
+/// would print one warning per agent).
+async fn start_hub_at(dir: &Path, durable: bool, port: u16, log: &str, extra: &[&str]) -> anyhow::Result<HubProcess> {
     let exe = std::env::current_exe().context("cannot find own executable")?;
     // A profiler to run the hub under (e.g. `heaptrack`, `valgrind --tool=massif`).
     let mut cmd = match std::env::var("FLEETWATCH_BENCH_HUB_WRAPPER") {
@@ -85,7 +97,8 @@ async fn start_hub(dir: &Path, durable: bool, extra: &[&str]) -> anyhow::Result<
         }
         _ => tokio::process::Command::new(exe),
     };
-    cmd.args(["--log", "warn", "hub", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
+    let listen = format!("127.0.0.1:{port}");
+    cmd.args(["--log", log, "hub", "--listen", &listen, "--admin-listen", "127.0.0.1:0"])
         .arg("--cert")
         .arg(dir.join("hub.crt"))
         .arg("--key")

@@ -1,0 +1,154 @@
+//! `fleetwatch bench storm`: a reconnect storm. N synthetic agents connect to a hub (a child
+//! process); the hub is SIGKILLed and at once restarted on the same port (with the same
+//! data directory when `--durable`); the bench reports how long after the kill 50, 90, 99
+//! and 100 % of the agents were back: connected in a new session that acked everything the
+//! agent had produced by the kill (so the new hub holds their state: resynced). A memory hub
+//! starts over, so subscribers get `resync-required`; a durable one resumes each stream.
+//!
+//! Agents report their state a few times a second (the agent every 250 ms, a load process
+//! every 100 ms), so each time is late by up to about 0.35 s.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use clap::Args;
+use fleetwatch_agent::source::SyntheticSource;
+
+use super::load::{Load, LoadSpec};
+use super::{bench_pki, cpu_seconds, rss_kib, start_hub_at};
+
+#[derive(Args)]
+pub(super) struct StormBench {
+    /// Number of agents (each its own certificate and connection).
+    #[arg(long, default_value_t = 1000)]
+    agents: usize,
+    /// Objects per agent.
+    #[arg(long, default_value_t = 10)]
+    objects: u64,
+    /// Events per second offered by all agents together (they keep producing through the
+    /// storm).
+    #[arg(long, default_value_t = 1000.0)]
+    rate: f64,
+    /// Give the hub a data directory (durable log), kept through the restart.
+    #[arg(long)]
+    durable: bool,
+    /// Run the agents in this many child processes (0: in the bench process).
+    #[arg(long, default_value_t = 1)]
+    load_procs: usize,
+    /// Give up waiting for agents after this many seconds.
+    #[arg(long, default_value_t = 120.0)]
+    timeout: f64,
+    /// The hub's `--max-handshakes` and `--max-handshakes-per-ip` (all bench agents share
+    /// one source address, where a fleet's come from many).
+    #[arg(long, default_value_t = 1024)]
+    handshakes: usize,
+    /// Print one JSON object with every figure as the last line.
+    #[arg(long)]
+    json: bool,
+}
+
+/// The hub's log level: a memory hub warns once per agent that it lost its events.
+const HUB_LOG: &str = "error";
+
+/// The fractions of agents whose return is timed.
+const MILESTONES: [f64; 4] = [0.5, 0.9, 0.99, 1.0];
+
+pub(super) async fn run(b: StormBench) -> anyhow::Result<()> {
+    if b.agents == 0 || b.rate <= 0.0 || b.objects == 0 || b.timeout <= 0.0 {
+        bail!("--agents, --objects, --rate and --timeout must be positive");
+    }
+    let clusters: Vec<String> = (0..b.agents).map(|i| format!("bench-{i}")).collect();
+    let (_tmp, dir) = bench_pki(&clusters)?;
+    let handshakes = b.handshakes.to_string();
+    let hub_args = ["--max-handshakes", &handshakes, "--max-handshakes-per-ip", &handshakes];
+    let mut hub = start_hub_at(&dir, b.durable, 0, HUB_LOG, &hub_args).await?;
+    let port = hub.wss.port;
+    let source = SyntheticSource { objects: b.objects, rate: b.rate / b.agents as f64, total: None, payload: 0 };
+    let spec = LoadSpec { pki: dir.clone(), hubs: vec![hub.wss.clone()], agents: b.agents, source, jetstream: None };
+    let started = Instant::now();
+    let mut load = Load::start(&spec, b.load_procs).await?;
+    while load.connected() < b.agents {
+        if started.elapsed() > Duration::from_secs_f64(b.timeout) {
+            bail!("only {} of {} agents connected after {} s", load.connected(), b.agents, b.timeout);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let connect_secs = started.elapsed().as_secs_f64();
+    eprintln!("{} agents connected in {connect_secs:.1} s; killing the hub", b.agents);
+
+    load.mark().await?;
+    // Let the mark reach every load process before the kill (they answer within 100 ms).
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let killed = Instant::now();
+    hub.child.start_kill().context("kill hub")?;
+    let _ = hub.child.wait().await;
+    // Restarted at once: the new hub must get the port although the old one's sockets are
+    // still closing (it retries an address in use).
+    hub = start_hub_at(&dir, b.durable, port, HUB_LOG, &hub_args).await.context("restarting the hub on its port")?;
+    let restarted_secs = killed.elapsed().as_secs_f64();
+    let pid = hub.child.id().context("hub pid")?;
+    let cpu_at_restart = cpu_seconds(pid).unwrap_or(0.0);
+    let load_cpu_at_restart = load.cpu_seconds();
+    let mut times: Vec<Option<f64>> = vec![None; MILESTONES.len()];
+    let mut peak_rss = 0;
+    while times.iter().any(Option::is_none) && killed.elapsed() < Duration::from_secs_f64(b.timeout) {
+        let back = load.back();
+        let t = killed.elapsed().as_secs_f64();
+        for (slot, frac) in times.iter_mut().zip(MILESTONES) {
+            if slot.is_none() && back >= needed(b.agents, frac) {
+                *slot = Some(t);
+            }
+        }
+        peak_rss = peak_rss.max(rss_kib(pid, "VmRSS:").unwrap_or(0));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let hub_cpu = cpu_seconds(pid).unwrap_or(0.0) - cpu_at_restart;
+    let load_cpu = load.cpu_seconds() - load_cpu_at_restart;
+    peak_rss = peak_rss.max(rss_kib(pid, "VmHWM:").unwrap_or(0));
+    let back = load.back();
+    load.stop().await;
+
+    println!("agents:            {} ({} load process(es); connected in {connect_secs:.1} s)", b.agents, b.load_procs);
+    println!(
+        "hub:               {}; restarted {restarted_secs:.2} s after the kill",
+        if b.durable { "durable" } else { "memory" }
+    );
+    for (frac, t) in MILESTONES.iter().zip(&times) {
+        match t {
+            Some(t) => println!("{:>4.0} % back:        {t:.2} s after the kill", frac * 100.0),
+            None => println!("{:>4.0} % back:        not within {} s ({back} back)", frac * 100.0, b.timeout),
+        }
+    }
+    println!("hub after restart: {hub_cpu:.1} CPU s until all were back, peak RSS {:.1} MiB", peak_rss as f64 / 1024.0);
+    println!("load after restart: {load_cpu:.1} CPU s (the agents' side of the handshakes)");
+    if b.json {
+        let json = serde_json::json!({
+            "bench": "storm", "agents": b.agents, "durable": b.durable, "load_procs": b.load_procs,
+            "connect_seconds": connect_secs, "restarted_seconds": restarted_secs,
+            "back_50_s": times[0], "back_90_s": times[1], "back_99_s": times[2], "back_100_s": times[3],
+            "agents_back": back, "hub_cpu_seconds": hub_cpu, "load_cpu_seconds": load_cpu, "hub_peak_rss_bytes": peak_rss * 1024,
+        });
+        println!("{json}");
+    }
+    Ok(())
+}
+
+/// Agents needed for a fraction of `n` (rounded up: 99 % of 10 is all 10).
+fn needed(n: usize, frac: f64) -> usize {
+    ((n as f64 * frac).ceil() as usize).clamp(1, n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn milestones_round_up() {
+        assert_eq!(needed(10_000, 0.5), 5_000);
+        assert_eq!(needed(10_000, 0.99), 9_900);
+        assert_eq!(needed(10, 0.99), 10);
+        assert_eq!(needed(3, 0.5), 2);
+        assert_eq!(needed(1, 0.5), 1);
+        assert_eq!(needed(7, 1.0), 7);
+    }
+}
