@@ -192,15 +192,18 @@ pub enum FollowError {
 }
 
 /// Follows the Watchers of the control plane `client` reaches until `shutdown`: applies
-/// WatchConfigs and publishes routes (`default` stays in every published set).
+/// WatchConfigs and publishes routes (`default` stays in every published set). `synced`
+/// fires after the first complete pass (routes published, WatchConfigs applied).
 pub async fn follow(
     client: kube::Client,
     target: Option<String>,
     relay: String,
     default: Option<Route>,
     routes: tokio::sync::watch::Sender<Arc<Routes>>,
+    synced: tokio::sync::oneshot::Sender<()>,
     shutdown: CancellationToken,
 ) {
+    let mut synced = Some(synced);
     let api: Api<DynamicObject> = Api::all_with(client.clone(), &watcher_resource());
     let mut stream = watcher(api, watcher::Config::default()).boxed();
     let mut watchers: BTreeMap<String, DynamicObject> = BTreeMap::new();
@@ -247,8 +250,25 @@ pub async fn follow(
             }
         }
         backoff = fleetwatch_client::backoff::Reconnect::default().delays();
-        if let Err(e) = reconcile(&client, &watchers, target.as_deref(), &relay, &default, &routes, &mut said).await {
-            tracing::warn!(error = %e, "cannot apply the WatchConfigs of the Watchers; retrying at the next change");
+        // Until it worked (or a newer change comes, which reconciles everything anyway).
+        let mut retry = fleetwatch_client::backoff::Reconnect::default().delays();
+        loop {
+            match reconcile(&client, &watchers, target.as_deref(), &relay, &default, &routes, &mut said).await {
+                Ok(()) => {
+                    if let Some(s) = synced.take() {
+                        let _ = s.send(());
+                    }
+                    break;
+                }
+                Err(e) => {
+                    let wait = retry.next().unwrap_or(std::time::Duration::from_secs(5));
+                    tracing::warn!(error = %e, retry_in = ?wait, "cannot apply the WatchConfigs of the Watchers");
+                    tokio::select! {
+                        _ = shutdown.cancelled() => return,
+                        _ = tokio::time::sleep(wait) => {}
+                    }
+                }
+            }
         }
     }
 }

@@ -246,9 +246,7 @@ impl Sink for WebhookSink {
                 items
             }
             Delivery::ResyncRequired(r) => {
-                let span = tracing::info_span!("resync", cluster = %r.cluster);
-                let _g = span.enter();
-                tracing::info!(reason = %r.reason, "relaying resync-required");
+                tracing::info!(cluster = %r.cluster, reason = %r.reason, "relaying resync-required");
                 vec![(r.cursor, resync_event(r))]
             }
         };
