@@ -64,6 +64,9 @@ fn certs(path: &PathBuf) -> Result<Vec<CertificateDer<'static>>, HttpError> {
 
 /// The client for `opts`.
 pub fn client(opts: &HttpOptions) -> Result<reqwest::Client, HttpError> {
+    if rustls::crypto::CryptoProvider::get_default().is_none() {
+        return Err(HttpError::Client("no rustls crypto provider installed (install ring's at start-up)".into()));
+    }
     let mut builder = reqwest::Client::builder()
         .timeout(opts.timeout)
         .connect_timeout(opts.timeout)
