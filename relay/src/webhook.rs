@@ -62,9 +62,17 @@ impl WebhookConfig {
 
     /// Signs bodies with `secret`.
     pub fn with_secret(mut self, secret: &[u8]) -> Self {
-        self.hmac = Some(ring::hmac::Key::new(ring::hmac::HMAC_SHA256, secret));
+        self.hmac = Some(hmac_key(secret));
         self
     }
+}
+
+/// An HMAC-SHA256 key.
+pub type HmacKey = ring::hmac::Key;
+
+/// The HMAC-SHA256 key of `secret`.
+pub fn hmac_key(secret: &[u8]) -> HmacKey {
+    ring::hmac::Key::new(ring::hmac::HMAC_SHA256, secret)
 }
 
 /// The signature header's value for `body`: `sha256=<hex of HMAC-SHA256(secret, body)>`.
