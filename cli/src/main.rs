@@ -10,6 +10,7 @@ mod hub_cmd;
 mod kube_apply;
 mod lifecycle_cmd;
 mod maintenance_cmd;
+mod relay_cmd;
 mod soak;
 mod tail_cmd;
 mod up_cmd;
@@ -52,6 +53,9 @@ enum Command {
     AgentModule(agent_module_cmd::AgentModuleArgs),
     /// Print events from the hub, one JSON document per line.
     Tail(tail_cmd::TailArgs),
+    /// Relay events to another system (lifecycle-manager's listener, a CloudEvents webhook),
+    /// acknowledging the hub only after the target accepted them.
+    Relay(relay_cmd::RelayArgs),
     /// Resolve maintenance windows from a maintenance policy (lifecycle-manager format).
     Maintenance(maintenance_cmd::MaintenanceArgs),
     /// Serve simulated Kubernetes clusters (an in-memory API server kubectl accepts).
@@ -104,6 +108,7 @@ fn main() -> std::process::ExitCode {
                     Command::Hub(args) => hub_cmd::run(args).await,
                     Command::Agent(args) => agent_cmd::run(args).await,
                     Command::Tail(args) => tail_cmd::run(args).await,
+                    Command::Relay(args) => relay_cmd::run(args).await,
                     Command::Up(args) => up_cmd::run(args).await,
                     Command::Lifecycle(args) => lifecycle_cmd::run(args).await,
                     Command::Bench(args) => bench::run(args).await,

@@ -11,6 +11,7 @@ mod maintenance;
 mod nats;
 mod observability;
 mod protocol;
+mod relay;
 mod sandbox;
 mod sessions;
 mod shutdown;
