@@ -348,6 +348,17 @@ fn admin_token_file(pki: &Pki) -> PathBuf {
     path
 }
 
+/// The body of `GET path` on the hub's admin port, with the admin token.
+async fn admin_get(port: u16, path: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let Ok(mut s) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await else { return String::new() };
+    let req = format!("GET {path} HTTP/1.0\r\nHost: x\r\nAuthorization: Bearer {ADMIN_TOKEN}\r\n\r\n");
+    let _ = s.write_all(req.as_bytes()).await;
+    let mut buf = String::new();
+    let _ = s.read_to_string(&mut buf).await;
+    buf.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default()
+}
+
 /// The status code of `GET path` with extra header lines (each ending in CRLF).
 async fn http_status_with(port: u16, path: &str, headers: &str) -> Option<u16> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -479,7 +490,7 @@ async fn rendered_workloads_run_with_their_args_and_service_account_rbac() {
     );
     let start = Instant::now();
     let last = loop {
-        let body = http_get(admin, "/api/v1/clusters").await;
+        let body = admin_get(admin, "/api/v1/clusters").await;
         let clusters: Value = serde_json::from_str(&body).unwrap_or_default();
         let watch = clusters["clusters"]
             .as_array()
