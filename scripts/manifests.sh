@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Lints the Helm charts and renders the plain manifests in deploy/manifests/ from them with
 # default values (plus the Namespace object and the CRDs, so `kubectl apply` works on an
-# empty cluster).
+# empty cluster). One exception: the hub's admin token Secret is not rendered (the chart
+# makes a random one, which plain manifests cannot); create it before applying them
+# (docs/deploy.md).
 #   bash scripts/manifests.sh           rewrite deploy/manifests/*.yaml
 #   bash scripts/manifests.sh --check   fail when they differ from what the charts render
 set -euo pipefail
@@ -11,7 +13,7 @@ helm="$(bash scripts/helm.sh)"
 render() { # chart release namespace [extra helm args]
   local chart="$1" release="$2" ns="$3"; shift 3
   printf '# Rendered from deploy/helm/%s with default values by scripts/manifests.sh; do not edit.\n' "$chart"
-  printf '# helm template %s deploy/helm/%s --namespace %s --include-crds --set createNamespace=true\n' "$release" "$chart" "$ns"
+  printf '# helm template %s deploy/helm/%s --namespace %s --include-crds --set createNamespace=true%s\n' "$release" "$chart" "$ns" "${*:+ $*}"
   "$helm" template "$release" "deploy/helm/$chart" --namespace "$ns" --include-crds --set createNamespace=true "$@" \
     2> >(grep -v "found symbolic link in path" >&2)
 }
@@ -23,7 +25,9 @@ done
 
 out="$(mktemp -d)"
 trap 'rm -rf "$out"' EXIT
-render fleetwatch fleetwatch fleetwatch-system > "$out/control-plane.yaml"
+# The admin token Secret: create it yourself (kubectl create secret generic
+# fleetwatch-hub-admin-token -n fleetwatch-system --from-literal=token=$(openssl rand -hex 32)).
+render fleetwatch fleetwatch fleetwatch-system --set hub.adminToken.createSecret=false > "$out/control-plane.yaml"
 render fleetwatch-agent fleetwatch-agent fleetwatch-agent > "$out/agent.yaml"
 
 if [ "${1:-}" = --check ]; then

@@ -7,6 +7,8 @@ cd "$(dirname "$0")/.."
 need_apt=()
 # NATS JetStream backend tests and e2e run a real server (Debian package).
 command -v nats-server >/dev/null || need_apt+=(nats-server)
+# The web view's e2e test drives headless Chromium (Debian package).
+command -v chromium >/dev/null || need_apt+=(chromium)
 command -v kubectl >/dev/null || echo "warning: kubectl not found; the sim scenario tests need it" >&2
 if [ ${#need_apt[@]} -gt 0 ]; then
   apt-get update -qq && apt-get install -y -qq "${need_apt[@]}"

@@ -15,6 +15,7 @@
 pub mod maintenance;
 pub mod module;
 pub mod policy;
+pub mod summary;
 pub mod watchconfig;
 
 pub use module::*;

@@ -24,9 +24,20 @@ pub struct HubArgs {
     /// Reloaded from disk when they change.
     #[arg(long = "client-ca", env = "FLEETWATCH_CLIENT_CA", required = true)]
     client_ca: Vec<PathBuf>,
-    /// Plain-HTTP admin endpoint: /healthz, /readyz, /metrics, /api/v1/clusters.
+    /// Admin endpoint: /healthz, /readyz, /metrics, the admin API (/api/v1/...) and the web
+    /// view (/). On an address other than loopback it needs --admin-token-file or
+    /// --admin-client-ca (the hub refuses to start otherwise).
     #[arg(long, env = "FLEETWATCH_ADMIN_LISTEN")]
     admin_listen: Option<SocketAddr>,
+    /// File with the bearer token the admin endpoint requires (`Authorization: Bearer
+    /// TOKEN`, or the web view's sign-in); everything but /healthz and /readyz needs it.
+    #[arg(long, env = "FLEETWATCH_ADMIN_TOKEN_FILE")]
+    admin_token_file: Option<PathBuf>,
+    /// CA bundle of the client certificates the admin endpoint requires: it then speaks
+    /// TLS with the hub's certificate (--cert) and every connection needs such a
+    /// certificate.
+    #[arg(long, env = "FLEETWATCH_ADMIN_CLIENT_CA")]
+    admin_client_ca: Option<PathBuf>,
     /// Keep the event log and subscriber cursors here, so acked events survive a restart.
     /// Without it events live in memory only and a restart makes subscribers resync.
     #[arg(long, env = "FLEETWATCH_DATA_DIR")]
@@ -192,6 +203,10 @@ pub async fn run(args: HubArgs) -> anyhow::Result<()> {
     let tls = crate::tls_files(&args.cert, &args.key, &args.client_ca);
     let mut config = HubConfig::new(args.listen, tls);
     config.admin_listen = args.admin_listen;
+    config.admin_auth = fleetwatch_hub::admin_auth::AdminAuthConfig {
+        token_file: args.admin_token_file.clone(),
+        client_ca: args.admin_client_ca.clone(),
+    };
     config.data_dir = args.data_dir.clone();
     let bus_flags = [&args.bus.bus_tls_cert, &args.bus.bus_tls_ca, &args.bus.bus_creds].iter().any(|f| f.is_some());
     if !args.bus.bus.is_empty() && args.data_dir.is_some() {
@@ -256,7 +271,8 @@ pub async fn run(args: HubArgs) -> anyhow::Result<()> {
         (None, None) => WatchSource::None,
     };
     let hub = Hub::bind(config).await.context("cannot start hub")?;
-    let admin = hub.admin_addr().map(|a| format!(" admin=http://{a}")).unwrap_or_default();
+    let scheme = if args.admin_client_ca.is_some() { "https" } else { "http" };
+    let admin = hub.admin_addr().map(|a| format!(" admin={scheme}://{a}")).unwrap_or_default();
     // One machine-readable line on stdout: scripts and tests wait for it.
     println!("hub listening wss=wss://{}{admin}", hub.local_addr());
     let shutdown = crate::shutdown_on_signals();

@@ -12,6 +12,7 @@ mod lifecycle_cmd;
 mod maintenance_cmd;
 mod relay_cmd;
 mod soak;
+mod status_cmd;
 mod tail_cmd;
 mod up_cmd;
 
@@ -56,6 +57,9 @@ enum Command {
     /// Relay events to another system (lifecycle-manager's listener, a CloudEvents webhook),
     /// acknowledging the hub only after the target accepted them.
     Relay(relay_cmd::RelayArgs),
+    /// Show the fleet (clusters, watches, subscriber lag, modules by state); exits 1 when
+    /// something is unhealthy, 2 when the hub cannot be asked.
+    Status(status_cmd::StatusArgs),
     /// Resolve maintenance windows from a maintenance policy (lifecycle-manager format).
     Maintenance(maintenance_cmd::MaintenanceArgs),
     /// Serve simulated Kubernetes clusters (an in-memory API server kubectl accepts).
@@ -90,7 +94,11 @@ fn main() -> std::process::ExitCode {
     }
     init_logging(&cli.log, cli.log_json, log_file);
     fleetwatch_certs::install_crypto_provider();
-    let result = match cli.command {
+    let command = match cli.command {
+        Command::Status(args) => return status(args),
+        other => other,
+    };
+    let result = match command {
         Command::Certs(args) => certs_cmd::run(args),
         Command::Crds(args) => crds_cmd::run(args),
         Command::Maintenance(args) => maintenance_cmd::run(args),
@@ -116,7 +124,11 @@ fn main() -> std::process::ExitCode {
                         let shutdown = shutdown_on_signals();
                         fleetwatch_sim::run(args, shutdown).await.map_err(anyhow::Error::from)
                     }
-                    Command::Certs(_) | Command::Crds(_) | Command::Maintenance(_) | Command::AgentModule(_) => {
+                    Command::Certs(_)
+                    | Command::Crds(_)
+                    | Command::Maintenance(_)
+                    | Command::AgentModule(_)
+                    | Command::Status(_) => {
                         unreachable!("handled above")
                     }
                 }
@@ -128,6 +140,25 @@ fn main() -> std::process::ExitCode {
         Err(e) => {
             eprintln!("error: {}", one_line(&e));
             std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+/// `fleetwatch status`: 0 healthy, 1 unhealthy, 2 when the hub cannot be asked.
+fn status(args: status_cmd::StatusArgs) -> std::process::ExitCode {
+    let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return std::process::ExitCode::from(2);
+        }
+    };
+    match rt.block_on(status_cmd::run(args)) {
+        Ok(true) => std::process::ExitCode::SUCCESS,
+        Ok(false) => std::process::ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("error: {}", one_line(&e));
+            std::process::ExitCode::from(2)
         }
     }
 }

@@ -330,6 +330,11 @@ fn print_intro(dir: &Path, cp_kc: &Path, names: &[String], hub: &str, admin: &st
         println!("  runtime {n}:   kubectl --kubeconfig {}", dir.join(format!("{n}.kubeconfig")).display());
     }
     println!("  hub:            {hub}   admin: http://{admin}/api/v1/clusters");
+    println!("  web view:       http://{admin}/");
+    println!(
+        "  status:         fleetwatch status --admin http://{admin} --control-plane-kubeconfig {}",
+        cp_kc.display()
+    );
     println!(
         "  tail events:    fleetwatch tail --hub {hub} --cert {0}/subscriber-ops.crt --key {0}/subscriber-ops.key --ca {0}/ca.crt",
         dir.join("pki").display()

@@ -5,32 +5,148 @@
 //! otherwise `503 not ready: bus: no space left on device (…)` listing each failing check
 //! as `name: reason`, separated by `; `.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use axum::Router;
-use axum::extract::{Query, State};
+use axum::extract::{FromRef, Path, Query, Request, State};
 use axum::http::{StatusCode, header};
-use axum::response::IntoResponse;
-use axum::routing::{get, post};
+use axum::middleware::Next;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{Html, IntoResponse, Redirect, Response};
+use axum::routing::{MethodRouter, get, post};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::Context;
+use crate::admin_auth;
+use crate::fleet::{self, Rates};
+
+/// Most browsers following the live overview at once; more get 503.
+pub const MAX_STREAMS: usize = 64;
+/// How often the live overview is rebuilt while someone follows it (and at once when a
+/// cluster connects or disconnects).
+pub const OVERVIEW_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// The admin endpoint's state: the hub's context and the live overview.
+#[derive(Clone)]
+pub(crate) struct Admin {
+    ctx: Arc<Context>,
+    /// Event totals of the last overview, for rates.
+    rates: Arc<Mutex<Rates>>,
+    /// The newest overview document; each follower reads only the newest one, so a slow
+    /// browser skips documents instead of queueing them.
+    overview: Arc<tokio::sync::watch::Sender<Arc<str>>>,
+    /// Places for followers of the live overview.
+    streams: Arc<tokio::sync::Semaphore>,
+}
+
+impl FromRef<Admin> for Arc<Context> {
+    fn from_ref(admin: &Admin) -> Self {
+        admin.ctx.clone()
+    }
+}
+
+/// Every route of the admin endpoint: path, methods, handler. The OpenAPI document
+/// (`/api/v1/openapi.json`) lists exactly these (a test checks both ways).
+pub(crate) fn routes() -> Vec<(&'static str, &'static [&'static str], MethodRouter<Admin>)> {
+    vec![
+        ("/healthz", &["get"], get(|| async { "ok\n" })),
+        ("/readyz", &["get"], get(ready)),
+        ("/metrics", &["get"], get(metrics)),
+        ("/api/v1/clusters", &["get"], get(clusters)),
+        ("/api/v1/clusters/{id}", &["get"], get(cluster)),
+        ("/api/v1/subscriptions", &["get"], get(subscriptions_handler)),
+        ("/api/v1/runtimes", &["get"], get(runtimes)),
+        ("/api/v1/overview", &["get"], get(overview_handler)),
+        ("/api/v1/overview/stream", &["get"], get(overview_stream)),
+        ("/api/v1/openapi.json", &["get"], get(openapi)),
+        ("/", &["get"], get(page)),
+        ("/clusters/{id}", &["get"], get(page)),
+        ("/assets/app.js", &["get"], get(app_js)),
+        ("/assets/app.css", &["get"], get(app_css)),
+        ("/login", &["get", "post"], get(login_form).post(login)),
+        // Only with --fault-injection (see `router`).
+        ("/debug/faults/storage", &["post"], post(storage_fault)),
+    ]
+}
+
+/// The OpenAPI 3 document of the admin endpoint.
+pub const OPENAPI: &str = include_str!("openapi.json");
+
+fn router(admin: Admin) -> Router {
+    let mut app = Router::new();
+    for (path, _, handler) in routes() {
+        // The fault hook exists only with --fault-injection: otherwise 404.
+        if path.starts_with("/debug/") && !admin.ctx.config.fault_injection {
+            continue;
+        }
+        app = app.route(path, handler);
+    }
+    app.layer(axum::middleware::from_fn_with_state(admin.clone(), authenticate)).with_state(admin)
+}
+
+/// Lets a request through when [`admin_auth::allowed`] says so, else 401.
+async fn authenticate(State(admin): State<Admin>, req: Request, next: Next) -> Response {
+    let headers = req.headers();
+    let text = |name| headers.get(name).and_then(|v: &header::HeaderValue| v.to_str().ok());
+    let ok = admin_auth::allowed(
+        req.uri().path(),
+        admin.ctx.admin_token.as_ref(),
+        text(header::AUTHORIZATION),
+        text(header::COOKIE),
+    );
+    if ok {
+        return next.run(req).await;
+    }
+    let browser = text(header::ACCEPT).is_some_and(|a| a.contains("text/html"));
+    if browser {
+        return Redirect::to("/login").into_response();
+    }
+    (
+        StatusCode::UNAUTHORIZED,
+        [(header::WWW_AUTHENTICATE, "Bearer realm=\"fleetwatch-admin\"")],
+        "unauthorized: send Authorization: Bearer <the token in --admin-token-file>\n",
+    )
+        .into_response()
+}
 
 pub(crate) async fn serve(listener: TcpListener, ctx: Arc<Context>, shutdown: CancellationToken) {
-    let mut app = Router::new()
-        .route("/healthz", get(|| async { "ok\n" }))
-        .route("/readyz", get(ready))
-        .route("/metrics", get(metrics))
-        .route("/api/v1/clusters", get(clusters));
-    if ctx.config.fault_injection {
-        // Only with --fault-injection: otherwise the route does not exist (404).
-        app = app.route("/debug/faults/storage", post(storage_fault));
-    }
-    let app = app.with_state(ctx);
-    let result = axum::serve(listener, app).with_graceful_shutdown(shutdown.cancelled_owned()).await;
+    let admin = Admin {
+        ctx: ctx.clone(),
+        rates: Arc::new(Mutex::new(Rates::default())),
+        overview: Arc::new(tokio::sync::watch::channel(Arc::from("")).0),
+        streams: Arc::new(tokio::sync::Semaphore::new(MAX_STREAMS)),
+    };
+    tokio::spawn(follow_overview(admin.clone(), shutdown.clone()));
+    let app = router(admin);
+    let result = match ctx.admin_tls.clone() {
+        Some(tls) => {
+            let listener = crate::admin_tls::TlsListener::new(listener, tls, shutdown.clone());
+            axum::serve(listener, app).with_graceful_shutdown(shutdown.cancelled_owned()).await
+        }
+        None => axum::serve(listener, app).with_graceful_shutdown(shutdown.cancelled_owned()).await,
+    };
     if let Err(e) = result {
         tracing::error!(error = %e, "admin endpoint failed");
+    }
+}
+
+/// Rebuilds the overview every [`OVERVIEW_INTERVAL`] and when a cluster connects or
+/// disconnects, while someone follows it.
+async fn follow_overview(admin: Admin, shutdown: CancellationToken) {
+    let mut tick = tokio::time::interval(OVERVIEW_INTERVAL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tick.tick() => {}
+            _ = admin.ctx.sessions.registry.changed() => {}
+        }
+        if admin.overview.receiver_count() == 0 {
+            continue;
+        }
+        let doc = overview(&admin).await;
+        admin.overview.send_replace(Arc::from(doc.to_string()));
     }
 }
 
@@ -242,10 +358,10 @@ async fn scrape(ctx: &Context) -> String {
 /// This replica's clusters, plus, on a shared bus, those of the other replicas (`hub` says
 /// which replica an entry comes from; a cluster connected elsewhere replaces a
 /// disconnected entry here).
-async fn clusters(State(ctx): State<Arc<Context>>) -> impl IntoResponse {
+async fn cluster_list(ctx: &Context) -> Vec<serde_json::Value> {
     let local = serde_json::to_value(ctx.sessions.registry.list()).unwrap_or_default();
     if !ctx.sessions.bus.is_shared() {
-        return axum::Json(serde_json::json!({ "clusters": local }));
+        return local.as_array().cloned().unwrap_or_default();
     }
     let others = match ctx.sessions.bus.shared_clusters(&ctx.replica).await {
         Ok(o) => o,
@@ -254,7 +370,201 @@ async fn clusters(State(ctx): State<Arc<Context>>) -> impl IntoResponse {
             Vec::new()
         }
     };
-    axum::Json(serde_json::json!({ "clusters": merge_replicas(&ctx.replica, local, others) }))
+    merge_replicas(&ctx.replica, local, others)
+}
+
+async fn clusters(State(ctx): State<Arc<Context>>) -> impl IntoResponse {
+    axum::Json(serde_json::json!({ "clusters": cluster_list(&ctx).await }))
+}
+
+fn not_found(what: String) -> Response {
+    (StatusCode::NOT_FOUND, axum::Json(serde_json::json!({ "error": what }))).into_response()
+}
+
+/// One cluster: its status (watches, inventory, certificate, conflicts) and, when its
+/// agent is connected to this replica or was, its recent events.
+async fn cluster(State(ctx): State<Arc<Context>>, Path(id): Path<String>) -> Response {
+    if let Some((status, recent)) = ctx.sessions.registry.get(&id) {
+        let mut doc = serde_json::to_value(status).unwrap_or_default();
+        doc["recentEvents"] = serde_json::to_value(recent).unwrap_or_default();
+        if ctx.sessions.bus.is_shared() {
+            doc["hub"] = ctx.replica.clone().into();
+        }
+        // Connected to another replica: that one's entry (without recent events).
+        if doc["connected"] != true
+            && let Some(other) = cluster_list(&ctx).await.into_iter().find(|c| c["cluster"] == id.as_str())
+            && other["connected"] == true
+        {
+            return axum::Json(other).into_response();
+        }
+        return axum::Json(doc).into_response();
+    }
+    match cluster_list(&ctx).await.into_iter().find(|c| c["cluster"] == id.as_str()) {
+        Some(other) => axum::Json(other).into_response(),
+        None => not_found(format!("no cluster {id:?} has connected to this hub since it started")),
+    }
+}
+
+/// The age in seconds of the record at `offset` (0 when it is gone or unreadable).
+async fn age_of(ctx: &Context, offset: Option<u64>, now_secs: f64) -> f64 {
+    let Some(offset) = offset else { return 0.0 };
+    match ctx.sessions.bus.read(offset, 1).await {
+        Ok(read) => read.records.first().map_or(0.0, |r| (now_secs - r.time_ms as f64 / 1000.0).max(0.0)),
+        Err(_) => 0.0,
+    }
+}
+
+/// Open subscriber sessions and durable subscriptions seen since the start, with lag.
+async fn subscriptions(ctx: &Context) -> Vec<crate::metrics::Subscription> {
+    let now_secs = jiff::Timestamp::now().as_millisecond() as f64 / 1000.0;
+    let mut subs = ctx.sessions.metrics.subscribers.subscriptions(ctx.sessions.bus.last_offset());
+    for s in &mut subs {
+        s.lag_seconds = (age_of(ctx, s.oldest, now_secs).await * 1000.0).round() / 1000.0;
+    }
+    subs
+}
+
+async fn subscriptions_handler(State(ctx): State<Arc<Context>>) -> impl IntoResponse {
+    let subs = subscriptions(&ctx).await;
+    axum::Json(serde_json::json!({ "lastOffset": ctx.sessions.bus.last_offset(), "subscriptions": subs }))
+}
+
+async fn runtimes(State(ctx): State<Arc<Context>>) -> impl IntoResponse {
+    let view = ctx.runtimes.read().map(|v| v.clone()).unwrap_or_default();
+    axum::Json(view)
+}
+
+/// The overview document (see [`crate::fleet`]): what the web view shows.
+async fn overview(admin: &Admin) -> serde_json::Value {
+    let ctx = &admin.ctx;
+    let list = cluster_list(ctx).await;
+    let mut hubs = std::collections::HashMap::new();
+    let statuses: Vec<crate::ClusterStatus> = list
+        .into_iter()
+        .filter_map(|v| {
+            if let Some(hub) = v["hub"].as_str() {
+                hubs.insert(v["cluster"].as_str().unwrap_or_default().to_string(), hub.to_string());
+            }
+            serde_json::from_value(v).ok()
+        })
+        .collect();
+    let mut rows = match admin.rates.lock() {
+        Ok(mut rates) => rates.rows(&statuses, &hubs),
+        Err(_) => Vec::new(),
+    };
+    let connected = rows.iter().filter(|r| r.connected).count();
+    let total_rate: f64 = rows.iter().map(|r| r.events_per_sec).sum();
+    let clusters_total = rows.len();
+    let clusters_omitted = fleet::bounded(&mut rows, fleet::OVERVIEW_CLUSTERS, |r| !r.connected);
+    let mut subs = subscriptions(ctx).await;
+    let subscriptions_omitted = fleet::bounded(&mut subs, fleet::OVERVIEW_CLUSTERS, |s| s.lag_records > 0);
+    let mut runtimes = ctx.runtimes.read().map(|v| v.clone()).unwrap_or_default();
+    let runtimes_omitted = fleet::bounded(&mut runtimes.items, fleet::OVERVIEW_RUNTIMES, |r| !r.healthy());
+    let ready = checks(ctx).iter().all(|c| c.state.is_ok());
+    serde_json::json!({
+        "time": jiff::Timestamp::now(),
+        "hub": ctx.replica,
+        "ready": ready,
+        "bus": {"records": ctx.sessions.bus.retained(), "lastOffset": ctx.sessions.bus.last_offset()},
+        "totals": {
+            "clusters": clusters_total,
+            "connected": connected,
+            "disconnected": clusters_total - connected,
+            "eventsPerSec": (total_rate * 10.0).round() / 10.0,
+        },
+        "clusters": rows,
+        "clustersOmitted": clusters_omitted,
+        "subscriptions": subs,
+        "subscriptionsOmitted": subscriptions_omitted,
+        "runtimes": runtimes,
+        "runtimesOmitted": runtimes_omitted,
+    })
+}
+
+async fn overview_handler(State(admin): State<Admin>) -> impl IntoResponse {
+    axum::Json(overview(&admin).await)
+}
+
+/// The overview as server-sent events (`event: overview`): one now, then the newest one
+/// whenever it changes; a slow reader skips to the newest (nothing queues up).
+async fn overview_stream(State(admin): State<Admin>) -> Response {
+    let Ok(permit) = admin.streams.clone().try_acquire_owned() else {
+        let msg = format!("too many followers of the live overview (at most {MAX_STREAMS}); try again later\n");
+        return (StatusCode::SERVICE_UNAVAILABLE, msg).into_response();
+    };
+    let first: Arc<str> = Arc::from(overview(&admin).await.to_string());
+    let rx = admin.overview.subscribe();
+    let stream = futures_util::stream::unfold((Some(first), rx, permit), |(first, mut rx, permit)| async move {
+        let doc = match first {
+            Some(doc) => doc,
+            None => {
+                rx.changed().await.ok()?;
+                rx.borrow_and_update().clone()
+            }
+        };
+        let event = Event::default().event("overview").data(&*doc);
+        Some((Ok::<_, std::convert::Infallible>(event), (None, rx, permit)))
+    });
+    Sse::new(stream).keep_alive(KeepAlive::default()).into_response()
+}
+
+async fn openapi() -> impl IntoResponse {
+    ([(header::CONTENT_TYPE, "application/json")], OPENAPI)
+}
+
+const INDEX_HTML: &str = include_str!("web/index.html");
+const APP_JS: &str = include_str!("web/app.js");
+const APP_CSS: &str = include_str!("web/app.css");
+const LOGIN_HTML: &str = include_str!("web/login.html");
+
+/// Headers of every page: no framing, no scripts or styles from elsewhere.
+fn page_headers() -> [(header::HeaderName, &'static str); 3] {
+    [
+        (
+            header::CONTENT_SECURITY_POLICY,
+            "default-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'",
+        ),
+        (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+        (header::CACHE_CONTROL, "no-store"),
+    ]
+}
+
+/// The web view (the overview at `/`, a cluster at `/clusters/{id}`: one page, the script
+/// reads the address).
+async fn page() -> impl IntoResponse {
+    (page_headers(), Html(INDEX_HTML))
+}
+
+async fn app_js() -> impl IntoResponse {
+    (page_headers(), [(header::CONTENT_TYPE, "text/javascript; charset=utf-8")], APP_JS)
+}
+
+async fn app_css() -> impl IntoResponse {
+    (page_headers(), [(header::CONTENT_TYPE, "text/css; charset=utf-8")], APP_CSS)
+}
+
+async fn login_form() -> impl IntoResponse {
+    (page_headers(), Html(LOGIN_HTML))
+}
+
+#[derive(serde::Deserialize)]
+struct LoginForm {
+    token: String,
+}
+
+/// Checks a token typed into the login page and keeps it in an HTTP-only cookie.
+async fn login(State(ctx): State<Arc<Context>>, form: axum::Form<LoginForm>) -> Response {
+    let token = form.token.trim();
+    let Some(expected) = ctx.admin_token.as_ref() else {
+        return Redirect::to("/").into_response();
+    };
+    if !expected.matches(token) {
+        tracing::warn!("admin login with a wrong token");
+        return (StatusCode::UNAUTHORIZED, page_headers(), Html(LOGIN_HTML)).into_response();
+    }
+    let secure = if ctx.admin_tls.is_some() { "; Secure" } else { "" };
+    let cookie = format!("{}={token}; HttpOnly; SameSite=Strict; Path=/{secure}", admin_auth::COOKIE);
+    ([(header::SET_COOKIE, cookie)], Redirect::to("/")).into_response()
 }
 
 /// Merges cluster lists of several replicas (see [`clusters`]).
@@ -313,5 +623,42 @@ mod merge_tests {
                 ("c".into(), "hub-2".into(), true)
             ]
         );
+    }
+}
+
+#[cfg(test)]
+mod openapi_tests {
+    use std::collections::BTreeSet;
+
+    #[test]
+    fn the_openapi_document_lists_exactly_the_routes_served() {
+        let doc: serde_json::Value = serde_json::from_str(super::OPENAPI).expect("openapi.json is JSON");
+        assert_eq!(doc["openapi"].as_str().map(|v| v.starts_with("3.")), Some(true));
+        let mut documented = BTreeSet::new();
+        for (path, item) in doc["paths"].as_object().expect("paths") {
+            for method in item.as_object().expect("path item").keys() {
+                documented.insert((path.clone(), method.clone()));
+            }
+        }
+        let served: BTreeSet<(String, String)> = super::routes()
+            .into_iter()
+            .flat_map(|(path, methods, _)| methods.iter().map(move |m| (path.to_string(), m.to_string())))
+            .collect();
+        assert_eq!(
+            served.difference(&documented).collect::<Vec<_>>(),
+            Vec::<&(String, String)>::new(),
+            "served but not in openapi.json"
+        );
+        assert_eq!(
+            documented.difference(&served).collect::<Vec<_>>(),
+            Vec::<&(String, String)>::new(),
+            "in openapi.json but not served"
+        );
+        // Every reference points at a component that exists.
+        let text = super::OPENAPI;
+        for r in text.split("\"$ref\": \"#/components/").skip(1) {
+            let path: Vec<&str> = r.split('"').next().unwrap_or_default().split('/').collect();
+            assert!(!doc["components"][path[0]][path[1]].is_null(), "dangling $ref {path:?}");
+        }
     }
 }

@@ -19,7 +19,7 @@ use crate::bus::{Append, BusError, RecordBody};
 use crate::conn::{Conn, End};
 use crate::ingest::{self, Decision, Refusal};
 use crate::rate::{Budget, RESYNCS_PER_SEC};
-use crate::registry::{Admission, Opening};
+use crate::registry::{Admission, Opening, RecentEvent};
 use crate::{Peer, Sessions};
 
 /// Records a subscriber may be behind for want of the hub's CPU before batches wait
@@ -169,7 +169,10 @@ impl Session {
             // starts meanwhile: cancellation is only looked at between messages.
             let state = ingest::State { cluster: &self.cluster, epoch: self.epoch, acked: self.acked };
             match ingest::frame(state, &bytes, &self.ctx.settings.limits) {
-                Decision::Append { items, last, inventory } => self.append_events(conn, items, last, inventory).await?,
+                Decision::Append { items, last, inventory, recent } => {
+                    self.append_events(conn, items, last, inventory).await?;
+                    self.ctx.registry.recent(&self.cluster, recent);
+                }
                 Decision::Ack => self.ack(conn).await?,
                 Decision::Resync { seq, reason } => self.resync(conn, seq, reason).await?,
                 Decision::Inventory(modules) => self.ctx.registry.inventory(&self.cluster, modules),
@@ -278,8 +281,10 @@ impl Session {
             self.ctx.metrics.resyncs_coalesced.inc();
         } else {
             tracing::info!(%reason, seq, "agent requested resync");
+            let entry = RecentEvent::new(seq, "resync-required", &reason, jiff::Timestamp::now(), None);
             self.append(vec![Append { epoch: self.epoch, seq, body: RecordBody::ResyncRequired(reason) }]).await?;
             self.ctx.registry.resync_stored(&self.cluster, self.epoch, seq);
+            self.ctx.registry.recent(&self.cluster, [entry]);
             self.ctx.metrics.resyncs.inc();
         }
         self.acked = seq;

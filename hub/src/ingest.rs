@@ -21,6 +21,7 @@ use fleetwatch_protocol::message::{
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 
 use crate::bus::{Append, RecordBody};
+use crate::registry::{RECENT_EVENTS, RecentEvent};
 
 /// What an agent's session knows when a frame arrives.
 #[derive(Debug, Clone, Copy)]
@@ -62,7 +63,8 @@ impl Refusal {
 pub(crate) enum Decision {
     /// Store these events (costing `items.len()` from the event budget), then ack `last`.
     /// `inventory` is the newest inventory carried as an event, for the cluster's status.
-    Append { items: Vec<Append>, last: u64, inventory: Option<Vec<ModuleInventory>> },
+    /// `recent` summarises the batch's last few events for the cluster's recent events.
+    Append { items: Vec<Append>, last: u64, inventory: Option<Vec<ModuleInventory>>, recent: Vec<RecentEvent> },
     /// Nothing new (resends only, or an empty batch): ack what is acked.
     Ack,
     /// A new resync marker at `seq` (costing one resync): stored unless one is pending,
@@ -157,10 +159,13 @@ fn events(state: State<'_>, batch: EventBatch, limits: &Limits) -> Decision {
         ));
     }
     let mut items = Vec::with_capacity(batch.events.len());
+    let mut recent = Vec::new();
+    // Only the last few events of a batch can stay among the cluster's recent ones.
+    let recent_from = batch.events.len().saturating_sub(RECENT_EVENTS);
     let mut last = state.acked;
     let mut inventory = None;
     let source = source_for(state.cluster);
-    for mut ev in batch.events {
+    for (index, mut ev) in batch.events.into_iter().enumerate() {
         if !ev.cluster.is_empty() && *ev.cluster != *state.cluster {
             let msg =
                 format!("event {} claims cluster {:?}; the certificate says {:?}", ev.id, ev.cluster, state.cluster);
@@ -206,13 +211,16 @@ fn events(state: State<'_>, batch: EventBatch, limits: &Limits) -> Decision {
         // Exactly its length: `Bytes::from(Vec)` keeps the vector's spare capacity (up to
         // as much again), which the bus would hold for as long as it retains the event
         // while its byte limits count only the length.
+        if index >= recent_from {
+            recent.push(RecentEvent::new(ev.seq, &ev.kind, &ev.subject, ev.time, ev.watch.as_deref()));
+        }
         items.push(Append {
             epoch: ev.epoch,
             seq: ev.seq,
             body: RecordBody::Event(Bytes::from(json.into_boxed_slice())),
         });
     }
-    if items.is_empty() { Decision::Ack } else { Decision::Append { items, last, inventory } }
+    if items.is_empty() { Decision::Ack } else { Decision::Append { items, last, inventory, recent } }
 }
 
 fn refuse(reject: Option<&'static str>, code: ErrorCode, message: String, close: CloseCode) -> Decision {
@@ -317,8 +325,10 @@ mod tests {
         spoofed.cursor = Some(99);
         let frame_bytes = batch(vec![event(C, 5, 1), event(C, 5, 2), spoofed]);
         match frame(state(2), &frame_bytes, &Limits::default()) {
-            Decision::Append { items, last, inventory } => {
+            Decision::Append { items, last, inventory, recent } => {
                 assert_eq!(last, 3);
+                assert_eq!(recent.len(), 1, "the stored event is among the recent ones");
+                assert_eq!(recent[0].seq, 3);
                 assert!(inventory.is_none());
                 assert_eq!(items.len(), 1, "seqs 1 and 2 were acked: resends are skipped");
                 let RecordBody::Event(json) = &items[0].body else { panic!("{:?}", items[0].body) };

@@ -25,10 +25,13 @@
 #![warn(missing_docs)]
 
 pub mod admin;
+pub mod admin_auth;
+mod admin_tls;
 mod admission;
 mod agent_session;
 pub mod bus;
 mod conn;
+pub mod fleet;
 mod ingest;
 pub mod metrics;
 mod rate;
@@ -57,8 +60,11 @@ pub use registry::{ClusterStatus, SessionRegistry};
 pub struct HubConfig {
     /// Where agents and subscribers connect (wss).
     pub listen: SocketAddr,
-    /// Plain-HTTP admin endpoint (health, metrics, clusters).
+    /// Admin endpoint (health, metrics, the admin API, the web view); plain HTTP unless
+    /// `admin_auth.client_ca` is set.
     pub admin_listen: Option<SocketAddr>,
+    /// Who may use the admin endpoint (required beyond loopback, see [`admin_auth`]).
+    pub admin_auth: admin_auth::AdminAuthConfig,
     /// Server certificate, key and the client CA bundles.
     pub tls: TlsFiles,
     /// Bus storage: `None` keeps events in memory only.
@@ -107,6 +113,7 @@ impl HubConfig {
         Self {
             listen,
             admin_listen: None,
+            admin_auth: admin_auth::AdminAuthConfig::default(),
             tls,
             data_dir: None,
             nats: None,
@@ -151,6 +158,9 @@ pub enum HubError {
     /// The watch configuration cannot be loaded.
     #[error("watch configuration: {0}")]
     WatchConfig(String),
+    /// The admin endpoint cannot be protected as configured.
+    #[error(transparent)]
+    AdminAuth(#[from] admin_auth::AdminAuthError),
 }
 
 /// What agent and subscriber sessions need, and nothing else: their settings, the bus,
@@ -203,6 +213,12 @@ pub(crate) struct Context {
     pub watch_synced: Arc<std::sync::atomic::AtomicBool>,
     /// This replica's name among hubs sharing a bus: its wss address.
     pub replica: String,
+    /// The admin endpoint's bearer token, when one is configured.
+    pub admin_token: Option<admin_auth::Token>,
+    /// The admin endpoint's TLS (client certificates required), when configured.
+    pub admin_tls: Option<Arc<rustls::ServerConfig>>,
+    /// Runtime statuses from the control plane (modules by state), when the hub reads it.
+    pub runtimes: fleet::SharedRuntimes,
 }
 
 /// Who is on the other end of a connection, from its certificate.
@@ -310,6 +326,22 @@ impl Hub {
     pub async fn bind(mut config: HubConfig) -> Result<Self, HubError> {
         fleetwatch_certs::install_crypto_provider();
         fit_open_file_limit(&mut config);
+        // The admin endpoint's protection is checked before anything listens or is opened: fail closed.
+        let (admin_token, admin_tls) = match config.admin_listen {
+            Some(addr) => {
+                let token = admin_auth::check(addr, &config.admin_auth)?;
+                let tls = match &config.admin_auth.client_ca {
+                    Some(ca) => Some(Arc::new(fleetwatch_certs::server_config(&TlsFiles {
+                        cert: config.tls.cert.clone(),
+                        key: config.tls.key.clone(),
+                        ca: vec![ca.clone()],
+                    })?)),
+                    None => None,
+                };
+                (token, tls)
+            }
+            None => (None, None),
+        };
         let tls = ReloadingServerConfig::new(config.tls.clone())?;
         let bus: Arc<dyn Bus> = match config.nats.clone() {
             Some(nats) => bus::NatsBus::open(bus::NatsOptions { retention: config.retention, ..nats })
@@ -352,6 +384,9 @@ impl Hub {
             ),
             watch_synced: Arc::new(std::sync::atomic::AtomicBool::new(watch_synced)),
             replica: listener.local_addr().unwrap_or(config.listen).to_string(),
+            admin_token,
+            admin_tls,
+            runtimes: fleet::SharedRuntimes::default(),
             config,
             sessions,
             tls,
@@ -383,6 +418,10 @@ impl Hub {
             tracker.spawn(admin::serve(admin, self.ctx.clone(), shutdown.clone()));
         }
         tracker.spawn(housekeeping(self.ctx.clone(), shutdown.clone()));
+        // Reading WatchConfigs from the control plane, the hub shows its Runtimes too.
+        if let watch_source::WatchSource::ControlPlane(kubeconfig) = &self.ctx.config.watch_source {
+            tracker.spawn(fleet::follow_runtimes(kubeconfig.clone(), self.ctx.runtimes.clone(), shutdown.clone()));
+        }
         tracker.spawn(watch_source::run(
             self.ctx.config.watch_source.clone(),
             self.ctx.sessions.watches.clone(),

@@ -258,10 +258,42 @@ impl SubscriberProgress {
     }
 }
 
-/// The subscriber sessions open now, for the lag metrics.
+/// Most durable subscriptions remembered after their session ended (the oldest are
+/// forgotten first).
+pub const DEPARTED_DURABLES: usize = 1024;
+
+/// The subscriber sessions open now, for the lag metrics, and the durable subscriptions
+/// whose session ended since the hub started (for `/api/v1/subscriptions`).
 #[derive(Debug, Default)]
 pub struct SubscriberBoard {
     sessions: Mutex<HashMap<u64, Arc<SubscriberProgress>>>,
+    /// (subscriber, durable name) → (acked cursor, when its session ended).
+    departed: Mutex<HashMap<(String, String), (u64, jiff::Timestamp)>>,
+}
+
+/// One subscription as `/api/v1/subscriptions` shows it.
+#[derive(Debug, Clone, serde::Serialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Subscription {
+    /// The subscriber's name (from its certificate).
+    pub subscriber: String,
+    /// Its durable name, if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub durable: Option<String>,
+    /// Whether a session is open.
+    pub connected: bool,
+    /// The highest offset it acked.
+    pub cursor: u64,
+    /// Records it has not acked yet (read but unacked, plus not read yet).
+    pub lag_records: u64,
+    /// Age of the oldest of them, in seconds.
+    pub lag_seconds: f64,
+    /// When its session ended (disconnected durable subscriptions).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub disconnected_at: Option<jiff::Timestamp>,
+    /// The offset of its oldest unacked record (for the age), not shown.
+    #[serde(skip)]
+    pub oldest: Option<u64>,
 }
 
 /// A subscriber's entry on the board; dropping it removes the entry.
@@ -276,6 +308,18 @@ impl Drop for BoardEntry<'_> {
     fn drop(&mut self) {
         if let Ok(mut s) = self.board.sessions.lock() {
             s.remove(&self.id);
+        }
+        let p = &self.progress;
+        if p.durable != "-"
+            && let Ok(mut d) = self.board.departed.lock()
+        {
+            if d.len() >= DEPARTED_DURABLES
+                && let Some(oldest) = d.iter().min_by_key(|(_, (_, at))| *at).map(|(k, _)| k.clone())
+            {
+                d.remove(&oldest);
+            }
+            let acked = p.acked.load(Ordering::Relaxed);
+            d.insert((p.name.clone(), p.durable.clone()), (acked, jiff::Timestamp::now()));
         }
     }
 }
@@ -292,7 +336,52 @@ impl SubscriberBoard {
         if let Ok(mut s) = self.sessions.lock() {
             s.insert(id, progress.clone());
         }
+        if let Some(durable) = durable
+            && let Ok(mut d) = self.departed.lock()
+        {
+            d.remove(&(name.to_string(), durable.to_string()));
+        }
         BoardEntry { board: self, id, progress }
+    }
+
+    /// Every open session, then every durable subscription whose session ended, sorted
+    /// by subscriber and durable name; `lag_seconds` is left 0 (the caller reads the
+    /// oldest record's time from the bus).
+    pub fn subscriptions(&self, last_offset: u64) -> Vec<Subscription> {
+        let mut out: Vec<Subscription> = self
+            .all()
+            .iter()
+            .map(|p| {
+                let (lag_records, oldest) = p.lag(last_offset);
+                Subscription {
+                    subscriber: p.name.clone(),
+                    durable: (p.durable != "-").then(|| p.durable.clone()),
+                    connected: true,
+                    cursor: p.acked.load(Ordering::Relaxed),
+                    lag_records,
+                    lag_seconds: 0.0,
+                    disconnected_at: None,
+                    oldest,
+                }
+            })
+            .collect();
+        if let Ok(d) = self.departed.lock() {
+            for ((name, durable), (acked, at)) in d.iter() {
+                let lag_records = last_offset.saturating_sub(*acked);
+                out.push(Subscription {
+                    subscriber: name.clone(),
+                    durable: Some(durable.clone()),
+                    connected: false,
+                    cursor: *acked,
+                    lag_records,
+                    lag_seconds: 0.0,
+                    disconnected_at: Some(*at),
+                    oldest: (lag_records > 0).then_some(acked + 1),
+                });
+            }
+        }
+        out.sort_by(|a, b| (&a.subscriber, &a.durable, !a.connected).cmp(&(&b.subscriber, &b.durable, !b.connected)));
+        out
     }
 
     /// Whether some open session is more than `lag` records behind `last_offset` while its
@@ -379,6 +468,44 @@ mod tests {
         assert!(board.hub_behind(1_000, 10));
         drop(entry);
         assert!(!board.hub_behind(1_000, 10), "gone from the board");
+    }
+
+    #[test]
+    fn durable_subscriptions_are_remembered_after_their_session_ends() {
+        let board = SubscriberBoard::default();
+        let a = board.join("ops", Some("d1"));
+        a.progress.acked.store(5, Ordering::Relaxed);
+        a.progress.sent.store(5, Ordering::Relaxed);
+        a.progress.delivered.store(5, Ordering::Relaxed);
+        let b = board.join("tail", None);
+        let subs = board.subscriptions(8);
+        assert_eq!(subs.len(), 2);
+        assert!(subs.iter().all(|s| s.connected));
+        assert_eq!(
+            (subs[0].subscriber.as_str(), subs[0].durable.as_deref(), subs[0].lag_records),
+            ("ops", Some("d1"), 3)
+        );
+        drop(a);
+        drop(b);
+        // The durable one stays listed, disconnected, with its cursor; the other is gone.
+        let subs = board.subscriptions(10);
+        assert_eq!(subs.len(), 1);
+        assert_eq!((subs[0].connected, subs[0].cursor, subs[0].lag_records, subs[0].oldest), (false, 5, 5, Some(6)));
+        assert!(subs[0].disconnected_at.is_some());
+        // Back: connected again, listed once.
+        let _again = board.join("ops", Some("d1"));
+        let subs = board.subscriptions(10);
+        assert_eq!(subs.len(), 1);
+        assert!(subs[0].connected);
+    }
+
+    #[test]
+    fn departed_durables_are_bounded() {
+        let board = SubscriberBoard::default();
+        for i in 0..DEPARTED_DURABLES + 10 {
+            drop(board.join("s", Some(&format!("d{i}"))));
+        }
+        assert_eq!(board.subscriptions(0).len(), DEPARTED_DURABLES);
     }
 
     #[test]

@@ -15,7 +15,7 @@
 //!   missed at least one ping round, so it is presumed dead and replaced (an agent
 //!   restarted elsewhere while its old connection was half-open).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -60,8 +60,8 @@ impl Default for Liveness {
 }
 
 /// One cluster as the admin API shows it.
-#[derive(Debug, Clone, Serialize, Default)]
-#[serde(rename_all = "camelCase")]
+#[derive(Debug, Clone, Serialize, serde::Deserialize, Default)]
+#[serde(rename_all = "camelCase", default)]
 pub struct ClusterStatus {
     /// The cluster id.
     pub cluster: String,
@@ -112,6 +112,76 @@ pub struct ClusterStatus {
     pub last_conflict_at: Option<jiff::Timestamp>,
 }
 
+/// Most recent events kept per cluster for `/api/v1/clusters/{id}`.
+pub const RECENT_EVENTS: usize = 32;
+/// Most bytes (of subjects, types, watch names and reasons) kept per cluster for them.
+pub const RECENT_EVENT_BYTES: usize = 16 << 10;
+/// Longest text kept in one field of a recent event; longer ones are cut (with `…`).
+pub const RECENT_FIELD_BYTES: usize = 256;
+
+/// One recent event of a cluster, as the hub took it in (kept in memory, never read back
+/// from the bus).
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct RecentEvent {
+    /// The agent's seq.
+    pub seq: u64,
+    /// The CloudEvents type, or `resync-required`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// The object key (cut to [`RECENT_FIELD_BYTES`]); for a resync, its reason.
+    pub subject: String,
+    /// When the agent saw the change (when the hub stored it, for a resync).
+    pub time: jiff::Timestamp,
+    /// The WatchConfig that produced it, if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub watch: Option<String>,
+}
+
+impl RecentEvent {
+    /// An entry with every text cut to [`RECENT_FIELD_BYTES`].
+    pub fn new(seq: u64, kind: &str, subject: &str, time: jiff::Timestamp, watch: Option<&str>) -> Self {
+        Self { seq, kind: cut(kind), subject: cut(subject), time, watch: watch.map(cut) }
+    }
+
+    fn bytes(&self) -> usize {
+        self.kind.len() + self.subject.len() + self.watch.as_ref().map_or(0, String::len) + 32
+    }
+}
+
+/// `s` cut to at most [`RECENT_FIELD_BYTES`] bytes on a character boundary.
+fn cut(s: &str) -> String {
+    if s.len() <= RECENT_FIELD_BYTES {
+        return s.to_string();
+    }
+    let mut end = RECENT_FIELD_BYTES - '…'.len_utf8();
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &s[..end])
+}
+
+/// A cluster's recent events, newest last, bounded by [`RECENT_EVENTS`] and
+/// [`RECENT_EVENT_BYTES`]: the oldest go first.
+#[derive(Debug, Default)]
+struct RecentRing {
+    events: VecDeque<RecentEvent>,
+    bytes: usize,
+}
+
+impl RecentRing {
+    fn push(&mut self, e: RecentEvent) {
+        self.bytes += e.bytes();
+        self.events.push_back(e);
+        while self.events.len() > RECENT_EVENTS || self.bytes > RECENT_EVENT_BYTES {
+            match self.events.pop_front() {
+                Some(old) => self.bytes -= old.bytes(),
+                None => break,
+            }
+        }
+    }
+}
+
 /// The live session of a cluster.
 struct Live {
     epoch: u64,
@@ -127,6 +197,8 @@ struct Entry {
     last_resync: Option<(u64, u64)>,
     /// The cluster's rate budget, kept across its sessions.
     budget: Option<Arc<Mutex<Budget>>>,
+    /// Its recent events.
+    recent: RecentRing,
 }
 
 /// A new agent session as [`SessionRegistry::open`] sees it.
@@ -167,6 +239,8 @@ pub enum Admission {
 #[derive(Default)]
 pub struct SessionRegistry {
     clusters: Mutex<HashMap<String, Entry>>,
+    /// Woken when a cluster connects or disconnects (the web view's live updates).
+    changed: tokio::sync::Notify,
     /// Every authenticated connection by id: who it is, and how to close it.
     connections: Mutex<HashMap<u64, (Peer, CancellationToken)>>,
 }
@@ -227,6 +301,7 @@ impl SessionRegistry {
             live: None,
             last_resync: None,
             budget: None,
+            recent: RecentRing::default(),
         });
         let mut replaced = None;
         if let Some(live) = &e.live {
@@ -260,6 +335,8 @@ impl SessionRegistry {
         e.status.agent_version = Some(new.agent_version.into());
         e.status.last_seen = Some(now);
         e.status.sessions += 1;
+        drop(map);
+        self.changed.notify_waiters();
         Admission::Opened { replaced }
     }
 
@@ -273,7 +350,31 @@ impl SessionRegistry {
             e.status.connected_since = None;
             e.status.session = None;
             e.live = None;
+            drop(map);
+            self.changed.notify_waiters();
         }
+    }
+
+    /// Resolves at the next connect or disconnect of any cluster.
+    pub async fn changed(&self) {
+        self.changed.notified().await
+    }
+
+    /// Keeps `events` (oldest first) among the cluster's recent events.
+    pub fn recent(&self, cluster: &str, events: impl IntoIterator<Item = RecentEvent>) {
+        if let Ok(mut map) = self.clusters.lock()
+            && let Some(e) = map.get_mut(cluster)
+        {
+            for ev in events {
+                e.recent.push(ev);
+            }
+        }
+    }
+
+    /// One cluster's status and its recent events (oldest first), if the hub knows it.
+    pub fn get(&self, cluster: &str) -> Option<(ClusterStatus, Vec<RecentEvent>)> {
+        let map = self.clusters.lock().ok()?;
+        map.get(cluster).map(|e| (e.status.clone(), e.recent.events.iter().cloned().collect()))
     }
 
     /// The cluster's rate budget for `rate` events/s: one per cluster, so a reconnect
@@ -453,6 +554,29 @@ mod tests {
         drop(b);
         drop(a);
         assert!(reg.open_connections().is_empty());
+    }
+
+    #[test]
+    fn recent_events_are_bounded_in_count_and_bytes() {
+        let reg = SessionRegistry::default();
+        reg.open("c", opening("s1", "a:1", 1, &CancellationToken::new()), Duration::from_secs(60));
+        let now = jiff::Timestamp::now();
+        reg.recent("c", (1..=100).map(|i| RecentEvent::new(i, "t", &format!("s{i}"), now, None)));
+        let (_, recent) = reg.get("c").unwrap();
+        assert_eq!(recent.len(), RECENT_EVENTS);
+        assert_eq!((recent[0].seq, recent[RECENT_EVENTS - 1].seq), (100 - RECENT_EVENTS as u64 + 1, 100));
+        // Long subjects: cut, and the byte bound keeps fewer of them.
+        let long = "ü".repeat(10_000);
+        reg.recent("c", (101..=200).map(|i| RecentEvent::new(i, "t", &long, now, Some(&long))));
+        let (_, recent) = reg.get("c").unwrap();
+        assert!(recent.iter().all(|e| e.subject.len() <= RECENT_FIELD_BYTES && e.subject.ends_with('…')));
+        let bytes: usize = recent.iter().map(RecentEvent::bytes).sum();
+        assert!(bytes <= RECENT_EVENT_BYTES, "{bytes}");
+        assert!(recent.len() < RECENT_EVENTS && !recent.is_empty());
+        assert_eq!(recent.last().unwrap().seq, 200);
+        // An unknown cluster keeps nothing.
+        reg.recent("nope", [RecentEvent::new(1, "t", "s", now, None)]);
+        assert!(reg.get("nope").is_none());
     }
 
     #[test]

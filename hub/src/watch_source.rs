@@ -120,22 +120,27 @@ async fn follow_dir(dir: PathBuf, publish: &Publish) {
     }
 }
 
-async fn follow_control_plane(kubeconfig: Option<PathBuf>, publish: &Publish, synced: &AtomicBool) {
-    let client = loop {
+/// A client of the control plane: `kubeconfig`, else in a pod its service account, in a
+/// shell `$KUBECONFIG` or `~/.kube/config`. Retries every 5 s until it can build one.
+pub async fn control_plane_client(kubeconfig: Option<PathBuf>) -> kube::Client {
+    loop {
         let client = match &kubeconfig {
             Some(path) => fleetwatch_client::kubeconfig::client_from_kubeconfig(path).await.map_err(|e| e.to_string()),
-            // In a pod: its service account; in a shell: $KUBECONFIG or ~/.kube/config.
             None => kube::Client::try_default().await.map_err(|e| e.to_string()),
         };
         match client {
-            Ok(c) => break c,
+            Ok(c) => return c,
             Err(e) => {
                 let path = kubeconfig.as_ref().map_or("in-cluster or $KUBECONFIG".into(), |p| p.display().to_string());
                 tracing::error!(error = %e, %path, "cannot reach the control plane; retrying");
                 tokio::time::sleep(Duration::from_secs(5)).await;
             }
         }
-    };
+    }
+}
+
+async fn follow_control_plane(kubeconfig: Option<PathBuf>, publish: &Publish, synced: &AtomicBool) {
+    let client = control_plane_client(kubeconfig).await;
     let api: kube::Api<WatchConfig> = kube::Api::all(client);
     let mut current: BTreeMap<String, WatchConfig> = BTreeMap::new();
     let mut building: Option<BTreeMap<String, WatchConfig>> = None;

@@ -336,9 +336,34 @@ fn tail(log: &str) -> String {
 
 /// The status code of `GET path` on a loopback port, `None` when nothing answers.
 async fn http_status(port: u16, path: &str) -> Option<u16> {
+    http_status_with(port, path, "").await
+}
+
+/// The admin token the rendered hub reads (the Secret `fleetwatch-hub-admin-token` holds).
+const ADMIN_TOKEN: &str = "test-admin-token-0123456789";
+
+fn admin_token_file(pki: &Pki) -> PathBuf {
+    let path = pki.path("admin-token");
+    std::fs::write(&path, format!("{ADMIN_TOKEN}\n")).unwrap();
+    path
+}
+
+/// The body of `GET path` on the hub's admin port, with the admin token.
+async fn admin_get(port: u16, path: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let Ok(mut s) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await else { return String::new() };
+    let req = format!("GET {path} HTTP/1.0\r\nHost: x\r\nAuthorization: Bearer {ADMIN_TOKEN}\r\n\r\n");
+    let _ = s.write_all(req.as_bytes()).await;
+    let mut buf = String::new();
+    let _ = s.read_to_string(&mut buf).await;
+    buf.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default()
+}
+
+/// The status code of `GET path` with extra header lines (each ending in CRLF).
+async fn http_status_with(port: u16, path: &str, headers: &str) -> Option<u16> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.ok()?;
-    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").as_bytes()).await.ok()?;
+    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: x\r\n{headers}\r\n").as_bytes()).await.ok()?;
     let mut buf = String::new();
     s.read_to_string(&mut buf).await.ok()?;
     buf.split_whitespace().nth(1)?.parse().ok()
@@ -405,6 +430,7 @@ async fn rendered_workloads_run_with_their_args_and_service_account_rbac() {
     let ca = pki.path("ca.crt");
     let mut files = VolumeFiles::new();
     files.insert("fleetwatch-hub-tls".into(), vec![("tls.crt", pki.path("hub.crt")), ("tls.key", pki.path("hub.key"))]);
+    files.insert("fleetwatch-hub-admin-token".into(), vec![("token", admin_token_file(&pki))]);
     files.insert("fleetwatch-trust-bundle".into(), vec![("ca.crt", ca.clone())]);
     files.insert(
         "fleetwatch-lifecycle-tls".into(),
@@ -434,7 +460,11 @@ async fn rendered_workloads_run_with_their_args_and_service_account_rbac() {
     let hub = start_ready(&cp_docs, "StatefulSet", "fleetwatch-hub", &files, None, &hub_kc, &dir).await;
     let hub_url = format!("wss://localhost:{}", hub.port("wss"));
     let admin = hub.port("admin");
-    assert_eq!(http_status(admin, "/metrics").await, Some(200), "the ServiceMonitor's hub endpoint");
+    // The admin port needs the token from the Secret (the ServiceMonitor sends it); probes do not.
+    let bearer = format!("Authorization: Bearer {ADMIN_TOKEN}\r\n");
+    assert_eq!(http_status_with(admin, "/metrics", &bearer).await, Some(200), "the ServiceMonitor's hub endpoint");
+    assert_eq!(http_status(admin, "/metrics").await, Some(401), "the admin API without the token");
+    assert_eq!(http_status(admin, "/api/v1/clusters").await, Some(401), "the admin API without the token");
 
     // The agent with the agent chart's ServiceAccount.
     let agent =
@@ -460,7 +490,7 @@ async fn rendered_workloads_run_with_their_args_and_service_account_rbac() {
     );
     let start = Instant::now();
     let last = loop {
-        let body = http_get(admin, "/api/v1/clusters").await;
+        let body = admin_get(admin, "/api/v1/clusters").await;
         let clusters: Value = serde_json::from_str(&body).unwrap_or_default();
         let watch = clusters["clusters"]
             .as_array()
@@ -764,6 +794,7 @@ async fn nats_mode_hub_replicas_run_with_their_rendered_args_and_share_the_strea
     cp.write_kubeconfig_for(&hub_kc, "fleetwatch-system", "fleetwatch-hub").unwrap();
     let mut files = VolumeFiles::new();
     files.insert("fleetwatch-hub-tls".into(), vec![("tls.crt", pki.path("hub.crt")), ("tls.key", pki.path("hub.key"))]);
+    files.insert("fleetwatch-hub-admin-token".into(), vec![("token", admin_token_file(&pki))]);
     files.insert("fleetwatch-trust-bundle".into(), vec![("ca.crt", pki.path("ca.crt"))]);
 
     // Two replicas, each from the rendered Deployment (own ports, same stream).
@@ -830,6 +861,18 @@ fn the_service_monitor_scrapes_the_ports_that_serve_metrics() {
             .clone();
         assert_eq!(arg(w, flag), format!("0.0.0.0:{container_port}"), "{}", key(w));
     }
+    // The hub's endpoint sends the token the hub requires: the Secret it mounts for
+    // --admin-token-file, which the chart creates (random) with default values.
+    let hub = find(&cp, "StatefulSet", "fleetwatch-hub");
+    let endpoint = sm["spec"]["endpoints"].as_array().unwrap().iter().find(|e| e["port"] == "admin").unwrap();
+    assert_eq!(endpoint["authorization"]["type"], "Bearer");
+    let secret = endpoint["authorization"]["credentials"]["name"].as_str().unwrap();
+    let token_file = arg(hub, "--admin-token-file");
+    let (dir, file) = token_file.rsplit_once('/').unwrap();
+    assert_eq!(mounted_source(hub, dir), secret);
+    assert_eq!(endpoint["authorization"]["credentials"]["key"], file);
+    let token = find(&cp, "Secret", secret)["data"][file].as_str().unwrap_or_default().to_string();
+    assert!(token.len() >= 32, "the chart's admin token Secret holds a long token: {token:?}");
 }
 
 #[test]
@@ -888,6 +931,7 @@ async fn built_in_agent_certificates_work_under_the_chart_rbac() {
     let lifecycle_files = pki.subscriber("lifecycle");
     let mut files = VolumeFiles::new();
     files.insert("fleetwatch-hub-tls".into(), vec![("tls.crt", pki.path("hub.crt")), ("tls.key", pki.path("hub.key"))]);
+    files.insert("fleetwatch-hub-admin-token".into(), vec![("token", admin_token_file(&pki))]);
     files.insert("fleetwatch-trust-bundle".into(), vec![("ca.crt", pki.path("ca.crt"))]);
     files.insert(
         "fleetwatch-lifecycle-tls".into(),

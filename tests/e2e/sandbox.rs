@@ -68,6 +68,16 @@ fn sandbox_comes_up_and_follows_a_channel_move() {
         .and_then(|p| p.parse().ok())
         .unwrap_or_else(|| panic!("no lifecycle metrics address in the intro: {metrics_line:?}"));
     let metrics = futures_block(http_get(port, "/metrics"));
+    // ... and the web view's address, which serves the page.
+    let web_line = lines.lock().unwrap().iter().find(|l| l.contains("web view:")).cloned().unwrap_or_default();
+    let web_port: u16 = web_line
+        .split("127.0.0.1:")
+        .nth(1)
+        .and_then(|r| r.split('/').next())
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no web view address in the intro: {web_line:?}"));
+    let page = futures_block(http_get(web_port, "/"));
+    assert!(page.contains("/assets/app.js"), "{page}");
     assert!(metrics.contains("fleetwatch_lifecycle_reconciles_total"), "{metrics}");
     assert!(std::fs::read_to_string(sbx.join("README.txt")).unwrap().contains("start empty"));
     // A second sandbox in the same folder is refused before it touches anything.

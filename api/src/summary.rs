@@ -1,0 +1,171 @@
+//! A Runtime's status summarised for people: modules by state, pending upgrades and the
+//! maintenance windows they wait for. `fleetwatch status` and the hub's web view show it.
+//!
+//! ```
+//! use fleetwatch_api::summary::RuntimeSummary;
+//! let rt: fleetwatch_api::Runtime = serde_json::from_value(serde_json::json!({
+//!     "apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "Runtime",
+//!     "metadata": {"name": "rt-1", "namespace": "kcp"},
+//!     "spec": {"modules": [{"name": "redis"}]},
+//!     "status": {"state": "Ready", "modules": [{"name": "redis", "state": "Ready",
+//!       "desiredVersion": "1.0.0", "actualVersion": "1.0.0", "customResourcePolicy": "CreateAndDelete"}]}
+//! })).unwrap();
+//! let s = RuntimeSummary::from_runtime(&rt);
+//! assert_eq!(s.modules_by_state.get("Ready"), Some(&1));
+//! assert!(s.healthy());
+//! ```
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::{ModuleStatus, Runtime, State};
+
+/// One module of a runtime, for people.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct ModuleSummary {
+    /// Module name.
+    pub name: String,
+    /// State (`Ready`, `Processing`, `Warning`, `Error`, ...).
+    pub state: String,
+    /// The version running (the cluster's own report, else the one fleetwatch applied).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub running: Option<String>,
+    /// The version the rules ask for, when it differs from the running one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pending_upgrade: Option<String>,
+    /// The maintenance window the upgrade waits for (`begin/end`, RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_maintenance_window: Option<String>,
+    /// Why, for people (cut to 512 bytes).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
+}
+
+/// One Runtime, for people.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct RuntimeSummary {
+    /// `namespace/name` of the Runtime.
+    pub runtime: String,
+    /// The cluster id its agent connects with.
+    pub cluster: String,
+    /// The runtime's overall state, if reconciled yet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<String>,
+    /// Number of modules per state.
+    pub modules_by_state: BTreeMap<String, u32>,
+    /// Its modules.
+    pub modules: Vec<ModuleSummary>,
+}
+
+/// Longest module message kept.
+const MESSAGE_BYTES: usize = 512;
+
+fn cut(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_string();
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &s[..end])
+}
+
+impl ModuleSummary {
+    /// The summary of one module's status.
+    pub fn from_status(m: &ModuleStatus) -> Self {
+        let running = m.actual_version.clone().or_else(|| m.installed_version.clone());
+        let pending_upgrade = m.desired_version.clone().filter(|d| running.as_ref() != Some(d));
+        Self {
+            name: m.name.clone(),
+            state: m.state.to_string(),
+            running,
+            next_maintenance_window: pending_upgrade.as_ref().and(m.next_maintenance_window.clone()),
+            pending_upgrade,
+            message: cut(&m.message, MESSAGE_BYTES),
+        }
+    }
+}
+
+impl RuntimeSummary {
+    /// The summary of a Runtime's status.
+    pub fn from_runtime(rt: &Runtime) -> Self {
+        let modules: Vec<ModuleSummary> =
+            rt.status.as_ref().map(|s| s.modules.iter().map(ModuleSummary::from_status).collect()).unwrap_or_default();
+        let mut modules_by_state = BTreeMap::new();
+        for m in &modules {
+            *modules_by_state.entry(m.state.clone()).or_insert(0) += 1;
+        }
+        Self {
+            runtime: format!(
+                "{}/{}",
+                rt.metadata.namespace.as_deref().unwrap_or_default(),
+                rt.metadata.name.as_deref().unwrap_or_default()
+            ),
+            cluster: rt.cluster_id(),
+            state: rt.status.as_ref().and_then(|s| s.state).map(|s| s.to_string()),
+            modules_by_state,
+            modules,
+        }
+    }
+
+    /// No module in `Error` or `Warning`.
+    pub fn healthy(&self) -> bool {
+        let bad = [State::Error.to_string(), State::Warning.to_string()];
+        !self.modules.iter().any(|m| bad.contains(&m.state))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_waiting_upgrade_shows_where_it_goes_and_when() {
+        let m = ModuleStatus {
+            name: "nats".into(),
+            desired_version: Some("2.0.0".into()),
+            installed_version: Some("1.0.0".into()),
+            actual_version: Some("1.0.0".into()),
+            state: State::Ready,
+            next_maintenance_window: Some("2030-01-01T02:00:00Z/2030-01-01T04:00:00Z".into()),
+            message: "x".repeat(2000),
+            ..Default::default()
+        };
+        let s = ModuleSummary::from_status(&m);
+        assert_eq!(s.running.as_deref(), Some("1.0.0"));
+        assert_eq!(s.pending_upgrade.as_deref(), Some("2.0.0"));
+        assert!(s.next_maintenance_window.is_some());
+        assert!(s.message.len() <= MESSAGE_BYTES + '…'.len_utf8());
+        // Up to date: nothing pending, no window shown.
+        let done = ModuleStatus { actual_version: Some("2.0.0".into()), ..m };
+        let s = ModuleSummary::from_status(&done);
+        assert_eq!((s.pending_upgrade, s.next_maintenance_window), (None, None));
+    }
+
+    #[test]
+    fn errors_and_warnings_are_unhealthy() {
+        let mut rt: Runtime = serde_json::from_value(serde_json::json!({
+            "apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "Runtime",
+            "metadata": {"name": "rt", "namespace": "kcp"}, "spec": {"clusterId": "c-1"}
+        }))
+        .unwrap();
+        let s = RuntimeSummary::from_runtime(&rt);
+        assert_eq!((s.runtime.as_str(), s.cluster.as_str(), s.state.as_deref()), ("kcp/rt", "c-1", None));
+        assert!(s.healthy());
+        rt.status = Some(crate::RuntimeStatus {
+            modules: vec![
+                ModuleStatus { name: "a".into(), state: State::Ready, ..Default::default() },
+                ModuleStatus { name: "b".into(), state: State::Error, ..Default::default() },
+                ModuleStatus { name: "c".into(), state: State::Ready, ..Default::default() },
+            ],
+            ..Default::default()
+        });
+        let s = RuntimeSummary::from_runtime(&rt);
+        assert_eq!(s.modules_by_state, BTreeMap::from([("Error".into(), 1), ("Ready".into(), 2)]));
+        assert!(!s.healthy());
+    }
+}

@@ -1,0 +1,520 @@
+//! `fleetwatch status`: one table of the fleet from the hub's admin API (clusters,
+//! connection, last seen, watches, subscriber lag) and, with the control plane, each
+//! runtime's modules by state. Exits 1 when something is unhealthy, so scripts can use it.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::{Args, ValueEnum};
+use fleetwatch_api::Runtime;
+use fleetwatch_api::summary::RuntimeSummary;
+use fleetwatch_hub::ClusterStatus;
+use serde::{Deserialize, Serialize};
+
+#[derive(Args)]
+pub struct StatusArgs {
+    /// The hub's admin endpoint (plain HTTP), as http://HOST:PORT.
+    #[arg(long, env = "FLEETWATCH_ADMIN", default_value = "http://127.0.0.1:9090")]
+    admin: String,
+    /// File with the admin endpoint's bearer token (the hub's --admin-token-file).
+    #[arg(long, env = "FLEETWATCH_ADMIN_TOKEN_FILE")]
+    admin_token_file: Option<PathBuf>,
+    /// Read Runtimes from the control plane this kubeconfig reaches, for modules by state.
+    /// Without it, the hub's own view of them is shown when it reads the control plane.
+    #[arg(long, env = "FLEETWATCH_CONTROL_PLANE_KUBECONFIG")]
+    control_plane_kubeconfig: Option<PathBuf>,
+    /// Output: a table, a wide table, or one JSON document.
+    #[arg(short = 'o', long, value_enum, default_value_t = Output::Table)]
+    output: Output,
+    /// A subscriber whose oldest unacked record is older than this many seconds is unhealthy.
+    #[arg(long, default_value_t = 60.0)]
+    max_lag_seconds: f64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Output {
+    Table,
+    Wide,
+    Json,
+}
+
+/// One subscription as `/api/v1/subscriptions` lists it.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase", default)]
+pub struct Subscription {
+    pub subscriber: String,
+    pub durable: Option<String>,
+    pub connected: bool,
+    pub cursor: u64,
+    pub lag_records: u64,
+    pub lag_seconds: f64,
+}
+
+/// What `status` shows.
+#[derive(Debug, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Fleet {
+    pub clusters: Vec<ClusterStatus>,
+    pub subscriptions: Vec<Subscription>,
+    /// `None` without a control plane.
+    pub runtimes: Option<Vec<RuntimeSummary>>,
+    /// Why the Runtimes could not be read.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub runtimes_error: Option<String>,
+}
+
+/// Everything unhealthy, one line each: disconnected agents, failing watches, subscribers
+/// too far behind or disconnected with records waiting, modules in Error or Warning,
+/// runtimes whose agent never connected, Runtimes that cannot be read.
+pub fn problems(fleet: &Fleet, max_lag_seconds: f64) -> Vec<String> {
+    let mut out = Vec::new();
+    for c in &fleet.clusters {
+        if !c.connected {
+            let seen = c.last_seen.map(|t| format!(" (last seen {t})")).unwrap_or_default();
+            out.push(format!("cluster {}: agent not connected{seen}", c.cluster));
+        }
+        for w in &c.watches {
+            let phase = w.phase.to_string();
+            if phase != "running" && phase != "starting" {
+                let msg = if w.message.is_empty() { String::new() } else { format!(": {}", w.message) };
+                out.push(format!("cluster {}: watch {} is {phase}{msg}", c.cluster, w.name));
+            }
+        }
+    }
+    for s in &fleet.subscriptions {
+        let name = sub_name(s);
+        if s.lag_seconds > max_lag_seconds {
+            out.push(format!(
+                "subscriber {name}: {} records behind, the oldest {:.0} s old (over {max_lag_seconds} s)",
+                s.lag_records, s.lag_seconds
+            ));
+        } else if !s.connected && s.lag_records > 0 {
+            out.push(format!("subscriber {name}: disconnected with {} records waiting", s.lag_records));
+        }
+    }
+    if let Some(e) = &fleet.runtimes_error {
+        out.push(format!("control plane: {e}"));
+    }
+    for r in fleet.runtimes.iter().flatten() {
+        for m in r.modules.iter().filter(|m| m.state == "Error" || m.state == "Warning") {
+            let msg = if m.message.is_empty() { String::new() } else { format!(": {}", m.message) };
+            out.push(format!("runtime {}: module {} is {}{msg}", r.runtime, m.name, m.state));
+        }
+        if !fleet.clusters.iter().any(|c| c.cluster == r.cluster) {
+            out.push(format!("runtime {}: its agent (cluster {}) has not connected to the hub", r.runtime, r.cluster));
+        }
+    }
+    out
+}
+
+fn sub_name(s: &Subscription) -> String {
+    match &s.durable {
+        Some(d) => format!("{}/{d}", s.subscriber),
+        None => s.subscriber.clone(),
+    }
+}
+
+/// "3s ago", "5m ago", "2h ago", "4d ago", or "never".
+pub fn ago(t: Option<jiff::Timestamp>, now: jiff::Timestamp) -> String {
+    let Some(t) = t else { return "never".into() };
+    let s = now.duration_since(t).as_secs().max(0);
+    match s {
+        0..120 => format!("{s}s ago"),
+        120..7200 => format!("{}m ago", s / 60),
+        7200..172_800 => format!("{}h ago", s / 3600),
+        _ => format!("{}d ago", s / 86_400),
+    }
+}
+
+fn modules_cell(r: &RuntimeSummary, wide: bool) -> String {
+    let mut parts: Vec<String> = r.modules_by_state.iter().map(|(s, n)| format!("{s}={n}")).collect();
+    if wide {
+        for m in &r.modules {
+            if let Some(to) = &m.pending_upgrade {
+                let window = m
+                    .next_maintenance_window
+                    .as_deref()
+                    .map(|w| format!(" @{}", w.split('/').next().unwrap_or_default()))
+                    .unwrap_or_default();
+                parts.push(format!("{} {}→{to}{window}", m.name, m.running.as_deref().unwrap_or("-")));
+            }
+        }
+    }
+    if parts.is_empty() { "-".into() } else { parts.join(" ") }
+}
+
+fn columns(rows: &[Vec<String>]) -> String {
+    let n = rows.iter().map(Vec::len).max().unwrap_or(0);
+    let widths: Vec<usize> =
+        (0..n).map(|i| rows.iter().map(|r| r.get(i).map_or(0, |c| c.chars().count())).max().unwrap_or(0)).collect();
+    let mut out = String::new();
+    for r in rows {
+        let line: Vec<String> = r.iter().zip(&widths).map(|(c, w)| format!("{c:<w$}")).collect();
+        let _ = writeln!(out, "{}", line.join("  ").trim_end());
+    }
+    out
+}
+
+/// The tables (clusters with their runtimes' modules, then subscribers) and a summary.
+pub fn render(fleet: &Fleet, problems: &[String], wide: bool, now: jiff::Timestamp) -> String {
+    let by_cluster: BTreeMap<&str, Vec<&RuntimeSummary>> =
+        fleet.runtimes.iter().flatten().fold(BTreeMap::new(), |mut m, r| {
+            m.entry(r.cluster.as_str()).or_default().push(r);
+            m
+        });
+    let mut head = vec!["CLUSTER", "AGENT", "LAST SEEN", "WATCHES"];
+    if fleet.runtimes.is_some() {
+        head.extend(["RUNTIME", "MODULES"]);
+    }
+    if wide {
+        head.extend(["AGENT VERSION", "ADDRESS", "EVENTS", "HUB"]);
+    }
+    let mut rows = vec![head.iter().map(|h| h.to_string()).collect::<Vec<_>>()];
+    let runtime_cells = |cluster: &str| -> Vec<String> {
+        match by_cluster.get(cluster) {
+            Some(rts) => vec![
+                rts.iter().map(|r| r.runtime.as_str()).collect::<Vec<_>>().join(","),
+                rts.iter().map(|r| modules_cell(r, wide)).collect::<Vec<_>>().join(" | "),
+            ],
+            None => vec!["-".into(), "-".into()],
+        }
+    };
+    for c in &fleet.clusters {
+        let running = c.watches.iter().filter(|w| w.phase.to_string() == "running").count();
+        let failed =
+            c.watches.iter().filter(|w| !matches!(w.phase.to_string().as_str(), "running" | "starting")).count();
+        let watches =
+            if failed > 0 { format!("{running} running, {failed} failed") } else { format!("{running} running") };
+        let mut row = vec![
+            c.cluster.clone(),
+            if c.connected { "connected".into() } else { "disconnected".into() },
+            ago(c.last_seen, now),
+            watches,
+        ];
+        if fleet.runtimes.is_some() {
+            row.extend(runtime_cells(&c.cluster));
+        }
+        if wide {
+            row.extend([
+                c.agent_version.clone().unwrap_or_else(|| "-".into()),
+                c.remote.clone().unwrap_or_else(|| "-".into()),
+                c.events_received.to_string(),
+                "-".into(),
+            ]);
+        }
+        rows.push(row);
+    }
+    // Runtimes whose agent never reached the hub.
+    for (cluster, _) in by_cluster.iter().filter(|(id, _)| !fleet.clusters.iter().any(|c| c.cluster == **id)) {
+        let mut row = vec![cluster.to_string(), "never".into(), "never".into(), "-".into()];
+        row.extend(runtime_cells(cluster));
+        if wide {
+            row.extend(["-".into(), "-".into(), "0".into(), "-".into()]);
+        }
+        rows.push(row);
+    }
+    let mut out = columns(&rows);
+    out.push('\n');
+    if fleet.subscriptions.is_empty() {
+        out.push_str("no subscriber\n");
+    } else {
+        let mut subs = vec![
+            ["SUBSCRIBER", "DURABLE", "CONNECTED", "CURSOR", "LAG", "LAG AGE"].iter().map(|h| h.to_string()).collect(),
+        ];
+        for s in &fleet.subscriptions {
+            subs.push(vec![
+                s.subscriber.clone(),
+                s.durable.clone().unwrap_or_else(|| "-".into()),
+                if s.connected { "yes".into() } else { "no".into() },
+                s.cursor.to_string(),
+                s.lag_records.to_string(),
+                format!("{:.1}s", s.lag_seconds),
+            ]);
+        }
+        out.push_str(&columns(&subs));
+    }
+    let connected = fleet.clusters.iter().filter(|c| c.connected).count();
+    let _ = write!(
+        out,
+        "\n{} clusters ({connected} connected), {} subscriptions",
+        fleet.clusters.len(),
+        fleet.subscriptions.len()
+    );
+    if let Some(rts) = &fleet.runtimes {
+        let _ = write!(out, ", {} runtimes", rts.len());
+    }
+    if problems.is_empty() {
+        out.push_str(": healthy\n");
+    } else {
+        let _ = writeln!(out, ": {} problems", problems.len());
+        for p in problems {
+            let _ = writeln!(out, "  - {p}");
+        }
+    }
+    out
+}
+
+/// `host:port` of an `http://host:port[/]` address.
+fn admin_addr(url: &str) -> anyhow::Result<String> {
+    if url.starts_with("https://") {
+        anyhow::bail!(
+            "--admin {url}: status speaks plain HTTP; for an admin port with client certificates, reach it through a \
+             loopback port-forward or use curl --cert"
+        );
+    }
+    let rest = url.strip_prefix("http://").unwrap_or(url);
+    let hostport = rest.split('/').next().unwrap_or_default();
+    anyhow::ensure!(!hostport.is_empty(), "--admin {url:?}: expected http://HOST:PORT");
+    Ok(if hostport.contains(':') { hostport.to_string() } else { format!("{hostport}:80") })
+}
+
+async fn get_json<T: serde::de::DeserializeOwned>(addr: &str, path: &str, token: Option<&str>) -> anyhow::Result<T> {
+    let (status, body) = crate::admin_http::request(addr, path, token).await?;
+    match status {
+        200 => serde_json::from_str(&body).with_context(|| format!("http://{addr}{path}: unexpected answer")),
+        401 => anyhow::bail!("http://{addr}{path}: 401 unauthorized: give the hub's token with --admin-token-file"),
+        other => anyhow::bail!("http://{addr}{path}: HTTP {other}: {}", body.trim()),
+    }
+}
+
+/// Every Runtime in the control plane, summarised (one that cannot be decoded is an error
+/// line, not a failure of the whole list).
+async fn read_runtimes(kubeconfig: &std::path::Path) -> anyhow::Result<(Vec<RuntimeSummary>, Vec<String>)> {
+    let client = fleetwatch_client::kubeconfig::client_from_kubeconfig(kubeconfig)
+        .await
+        .with_context(|| format!("cannot use the control plane's kubeconfig {}", kubeconfig.display()))?;
+    let api: kube::Api<kube::api::DynamicObject> =
+        kube::Api::all_with(client, &kube::core::ApiResource::erase::<Runtime>(&()));
+    let list = api.list(&Default::default()).await.context("cannot list Runtimes in the control plane")?;
+    let mut out = Vec::new();
+    let mut bad = Vec::new();
+    for obj in list.items {
+        let name = format!(
+            "{}/{}",
+            obj.metadata.namespace.as_deref().unwrap_or_default(),
+            obj.metadata.name.as_deref().unwrap_or_default()
+        );
+        match serde_json::to_value(&obj).and_then(serde_json::from_value::<Runtime>) {
+            Ok(rt) => out.push(RuntimeSummary::from_runtime(&rt)),
+            Err(e) => bad.push(format!("runtime {name}: cannot be read: {e}")),
+        }
+    }
+    out.sort_by(|a, b| a.runtime.cmp(&b.runtime));
+    Ok((out, bad))
+}
+
+/// Returns whether the fleet is healthy; `Err` when the hub cannot be asked.
+pub async fn run(args: StatusArgs) -> anyhow::Result<bool> {
+    let addr = admin_addr(&args.admin)?;
+    let token = match &args.admin_token_file {
+        Some(f) => Some(
+            std::fs::read_to_string(f)
+                .with_context(|| format!("cannot read --admin-token-file {}", f.display()))?
+                .trim()
+                .to_string(),
+        ),
+        None => None,
+    };
+    let token = token.as_deref();
+    #[derive(Deserialize)]
+    struct Clusters {
+        clusters: Vec<ClusterStatus>,
+    }
+    #[derive(Deserialize)]
+    struct Subs {
+        subscriptions: Vec<Subscription>,
+    }
+    let clusters: Clusters = get_json(&addr, "/api/v1/clusters", token).await?;
+    let subs: Subs = get_json(&addr, "/api/v1/subscriptions", token).await?;
+    let mut fleet = Fleet { clusters: clusters.clusters, subscriptions: subs.subscriptions, ..Default::default() };
+    let mut extra = Vec::new();
+    match &args.control_plane_kubeconfig {
+        Some(kc) => match read_runtimes(kc).await {
+            Ok((rts, bad)) => {
+                fleet.runtimes = Some(rts);
+                extra = bad;
+            }
+            Err(e) => {
+                fleet.runtimes = Some(Vec::new());
+                fleet.runtimes_error = Some(format!("{e:#}"));
+            }
+        },
+        None => {
+            // The hub's own view, when it reads the control plane.
+            let view: fleetwatch_hub::fleet::RuntimesView = get_json(&addr, "/api/v1/runtimes", token).await?;
+            if view.configured {
+                fleet.runtimes = Some(view.items);
+                fleet.runtimes_error = view.error;
+            }
+        }
+    }
+    let mut problems = problems(&fleet, args.max_lag_seconds);
+    problems.extend(extra);
+    let healthy = problems.is_empty();
+    match args.output {
+        Output::Json => {
+            let doc = serde_json::json!({
+                "healthy": healthy,
+                "problems": problems,
+                "clusters": fleet.clusters,
+                "subscriptions": fleet.subscriptions,
+                "runtimes": fleet.runtimes,
+            });
+            println!("{}", serde_json::to_string_pretty(&doc)?);
+        }
+        Output::Table | Output::Wide => {
+            print!("{}", render(&fleet, &problems, args.output == Output::Wide, jiff::Timestamp::now()));
+        }
+    }
+    Ok(healthy)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fleetwatch_api::summary::ModuleSummary;
+    use fleetwatch_protocol::message::{WatchPhase, WatchState};
+
+    fn now() -> jiff::Timestamp {
+        "2030-01-01T12:00:00Z".parse().unwrap()
+    }
+
+    fn cluster(id: &str, connected: bool) -> ClusterStatus {
+        ClusterStatus {
+            cluster: id.into(),
+            connected,
+            last_seen: Some("2030-01-01T11:59:57Z".parse().unwrap()),
+            watches: vec![WatchState {
+                name: "w".into(),
+                phase: WatchPhase::Running,
+                message: String::new(),
+                objects: 1,
+            }],
+            ..Default::default()
+        }
+    }
+
+    fn runtime(cluster: &str, states: &[&str]) -> RuntimeSummary {
+        let modules: Vec<ModuleSummary> = states
+            .iter()
+            .enumerate()
+            .map(|(i, s)| ModuleSummary {
+                name: format!("m{i}"),
+                state: s.to_string(),
+                running: Some("1.0.0".into()),
+                pending_upgrade: None,
+                next_maintenance_window: None,
+                message: String::new(),
+            })
+            .collect();
+        let mut by = BTreeMap::new();
+        for s in states {
+            *by.entry(s.to_string()).or_insert(0) += 1;
+        }
+        RuntimeSummary {
+            runtime: format!("kcp/{cluster}"),
+            cluster: cluster.into(),
+            state: Some("Ready".into()),
+            modules_by_state: by,
+            modules,
+        }
+    }
+
+    #[test]
+    fn a_healthy_fleet_has_no_problems_and_renders_one_row_per_cluster() {
+        let fleet = Fleet {
+            clusters: vec![cluster("rt-1", true), cluster("rt-2", true)],
+            subscriptions: vec![Subscription {
+                subscriber: "lifecycle".into(),
+                durable: Some("lifecycle".into()),
+                connected: true,
+                cursor: 42,
+                ..Default::default()
+            }],
+            runtimes: Some(vec![runtime("rt-1", &["Ready", "Ready"]), runtime("rt-2", &["Ready"])]),
+            runtimes_error: None,
+        };
+        let p = problems(&fleet, 60.0);
+        assert!(p.is_empty(), "{p:?}");
+        let out = render(&fleet, &p, false, now());
+        let lines: Vec<&str> = out.lines().collect();
+        assert!(lines[0].starts_with("CLUSTER") && lines[0].contains("MODULES"), "{out}");
+        assert!(
+            lines[1].starts_with("rt-1  ") && lines[1].contains("connected") && lines[1].contains("3s ago"),
+            "{out}"
+        );
+        assert!(lines[1].contains("Ready=2") && lines[1].contains("1 running"), "{out}");
+        assert!(out.contains("lifecycle   lifecycle  yes"), "{out}");
+        assert!(out.trim_end().ends_with("2 clusters (2 connected), 1 subscriptions, 2 runtimes: healthy"), "{out}");
+    }
+
+    #[test]
+    fn every_kind_of_trouble_is_a_problem() {
+        let mut broken = cluster("rt-2", false);
+        broken.watches.push(WatchState {
+            name: "secrets".into(),
+            phase: WatchPhase::Forbidden,
+            message: "403".into(),
+            objects: 0,
+        });
+        let fleet = Fleet {
+            clusters: vec![cluster("rt-1", true), broken],
+            subscriptions: vec![
+                Subscription {
+                    subscriber: "slow".into(),
+                    connected: true,
+                    lag_records: 9,
+                    lag_seconds: 120.0,
+                    ..Default::default()
+                },
+                Subscription {
+                    subscriber: "gone".into(),
+                    durable: Some("d".into()),
+                    connected: false,
+                    lag_records: 3,
+                    lag_seconds: 5.0,
+                    ..Default::default()
+                },
+                Subscription { subscriber: "idle".into(), durable: Some("x".into()), ..Default::default() },
+            ],
+            runtimes: Some(vec![runtime("rt-1", &["Ready", "Error"]), runtime("rt-9", &["Ready"])]),
+            runtimes_error: None,
+        };
+        let p = problems(&fleet, 60.0);
+        let want = [
+            "cluster rt-2: agent not connected (last seen 2030-01-01T11:59:57Z)",
+            "cluster rt-2: watch secrets is forbidden: 403",
+            "subscriber slow: 9 records behind, the oldest 120 s old (over 60 s)",
+            "subscriber gone/d: disconnected with 3 records waiting",
+            "runtime kcp/rt-1: module m1 is Error",
+            "runtime kcp/rt-9: its agent (cluster rt-9) has not connected to the hub",
+        ];
+        assert_eq!(p, want);
+        let out = render(&fleet, &p, true, now());
+        assert!(out.contains("1 running, 1 failed"), "{out}");
+        assert!(out.lines().any(|l| l.starts_with("rt-9") && l.contains("never")), "{out}");
+        assert!(out.contains("AGENT VERSION"), "{out}");
+        assert!(out.contains(": 6 problems"), "{out}");
+    }
+
+    #[test]
+    fn pending_upgrades_show_in_wide_output() {
+        let mut r = runtime("rt-1", &["Ready"]);
+        r.modules[0].pending_upgrade = Some("2.0.0".into());
+        r.modules[0].next_maintenance_window = Some("2030-01-02T02:00:00Z/2030-01-02T04:00:00Z".into());
+        assert_eq!(modules_cell(&r, false), "Ready=1");
+        assert_eq!(modules_cell(&r, true), "Ready=1 m0 1.0.0→2.0.0 @2030-01-02T02:00:00Z");
+    }
+
+    #[test]
+    fn admin_addresses_and_ages() {
+        assert_eq!(admin_addr("http://127.0.0.1:9090").unwrap(), "127.0.0.1:9090");
+        assert_eq!(admin_addr("http://hub/").unwrap(), "hub:80");
+        assert!(admin_addr("https://hub:9090").is_err());
+        assert_eq!(ago(None, now()), "never");
+        assert_eq!(ago(Some("2030-01-01T11:00:00Z".parse().unwrap()), now()), "60m ago");
+        assert_eq!(ago(Some("2029-12-30T12:00:00Z".parse().unwrap()), now()), "2d ago");
+    }
+}

@@ -1,0 +1,188 @@
+//! Who may use the admin endpoint.
+//!
+//! On a loopback address nothing is required by default (only local processes reach it).
+//! Bound anywhere else, the hub refuses to start unless a bearer token
+//! (`--admin-token-file`) or client certificates (`--admin-client-ca`: the admin port then
+//! speaks TLS with the hub's certificate and requires a client certificate signed by that
+//! CA) protect it. Configured protection is enforced on every address. `/healthz` and
+//! `/readyz` stay open for probes (they tell nothing but "alive" and "ready: bus ok"), and
+//! so does the login page that turns a token into a cookie for browsers; everything else
+//! needs `Authorization: Bearer <token>` or that cookie.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+/// The admin endpoint's protection, as configured.
+#[derive(Debug, Clone, Default)]
+pub struct AdminAuthConfig {
+    /// A file holding the bearer token (surrounding whitespace is ignored).
+    pub token_file: Option<PathBuf>,
+    /// CA bundle whose client certificates may use the admin endpoint (TLS).
+    pub client_ca: Option<PathBuf>,
+}
+
+/// Why the admin endpoint cannot be protected as configured.
+#[derive(Debug, thiserror::Error)]
+pub enum AdminAuthError {
+    /// Bound beyond loopback with nothing protecting it.
+    #[error(
+        "--admin-listen {0} is not a loopback address: refusing to serve the admin API unprotected; give \
+         --admin-token-file FILE (a bearer token) or --admin-client-ca FILE (client certificates), or listen on 127.0.0.1"
+    )]
+    Unprotected(SocketAddr),
+    /// The token file cannot be read.
+    #[error("cannot read the admin token file {path}: {source}")]
+    TokenFile {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The token has characters a header or cookie cannot carry.
+    #[error("the admin token in {0} may only contain printable ASCII without spaces, ';', ',', '\"' or '\\'")]
+    BadToken(PathBuf),
+    /// The token is too short to be a secret.
+    #[error("the admin token in {0} is shorter than 16 characters: use a long random one (e.g. openssl rand -hex 32)")]
+    WeakToken(PathBuf),
+}
+
+/// The token checked on each request (never printed).
+#[derive(Clone)]
+pub struct Token(String);
+
+impl std::fmt::Debug for Token {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Token(<redacted>)")
+    }
+}
+
+impl Token {
+    /// Reads and checks a token file.
+    pub fn load(path: &Path) -> Result<Self, AdminAuthError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|source| AdminAuthError::TokenFile { path: path.to_path_buf(), source })?;
+        let token = text.trim();
+        if !token.chars().all(|c| c.is_ascii_graphic() && !matches!(c, ';' | ',' | '"' | '\\')) {
+            return Err(AdminAuthError::BadToken(path.to_path_buf()));
+        }
+        if token.len() < 16 {
+            return Err(AdminAuthError::WeakToken(path.to_path_buf()));
+        }
+        Ok(Self(token.to_string()))
+    }
+
+    /// Compares in time independent of where the first difference is.
+    pub fn matches(&self, presented: &str) -> bool {
+        constant_time_eq(self.0.as_bytes(), presented.as_bytes())
+    }
+}
+
+/// `a == b`, looking at every byte whatever differs (the length is not secret).
+pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    let diff = a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y));
+    std::hint::black_box(diff) == 0
+}
+
+/// Checks the configuration before anything binds: fails closed.
+pub fn check(listen: SocketAddr, config: &AdminAuthConfig) -> Result<Option<Token>, AdminAuthError> {
+    let token = config.token_file.as_deref().map(Token::load).transpose()?;
+    if !listen.ip().is_loopback() && token.is_none() && config.client_ca.is_none() {
+        return Err(AdminAuthError::Unprotected(listen));
+    }
+    Ok(token)
+}
+
+/// Paths served without authentication.
+pub fn is_open(path: &str) -> bool {
+    matches!(path, "/healthz" | "/readyz" | "/login")
+}
+
+/// The cookie a browser gets from the login page.
+pub const COOKIE: &str = "fleetwatch_admin";
+
+/// The credential a request presents: the bearer token, else the login cookie.
+pub fn presented<'a>(authorization: Option<&'a str>, cookie: Option<&'a str>) -> Option<&'a str> {
+    if let Some(bearer) = authorization.and_then(|h| h.strip_prefix("Bearer ")) {
+        return Some(bearer.trim());
+    }
+    cookie?.split(';').map(str::trim).find_map(|c| c.strip_prefix(COOKIE)?.strip_prefix('='))
+}
+
+/// Whether a request may go on: open paths always; otherwise the token must match when
+/// one is configured (client certificates were checked in the TLS handshake already).
+pub fn allowed(path: &str, token: Option<&Token>, authorization: Option<&str>, cookie: Option<&str>) -> bool {
+    if is_open(path) {
+        return true;
+    }
+    match token {
+        None => true,
+        Some(t) => presented(authorization, cookie).is_some_and(|p| t.matches(p)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn token_file(dir: &Path, content: &str) -> PathBuf {
+        let p = dir.join("token");
+        std::fs::write(&p, content).unwrap();
+        p
+    }
+
+    #[test]
+    fn beyond_loopback_something_must_protect_the_admin_api() {
+        let dir = tempfile::tempdir().unwrap();
+        let any: SocketAddr = "0.0.0.0:9090".parse().unwrap();
+        let lo: SocketAddr = "127.0.0.1:9090".parse().unwrap();
+        let err = check(any, &AdminAuthConfig::default()).unwrap_err();
+        assert!(err.to_string().contains("--admin-token-file"), "{err}");
+        assert!(check(lo, &AdminAuthConfig::default()).unwrap().is_none());
+        assert!(check("[::1]:9090".parse().unwrap(), &AdminAuthConfig::default()).is_ok());
+        let with_ca = AdminAuthConfig { client_ca: Some(dir.path().join("ca.crt")), ..Default::default() };
+        assert!(check(any, &with_ca).unwrap().is_none());
+        let with_token = AdminAuthConfig {
+            token_file: Some(token_file(dir.path(), "0123456789abcdef0123\n")),
+            ..Default::default()
+        };
+        assert!(check(any, &with_token).unwrap().unwrap().matches("0123456789abcdef0123"));
+        // A missing or weak token fails closed, on loopback too.
+        let missing = AdminAuthConfig { token_file: Some(dir.path().join("nope")), ..Default::default() };
+        assert!(matches!(check(lo, &missing), Err(AdminAuthError::TokenFile { .. })));
+        let weak = AdminAuthConfig { token_file: Some(token_file(dir.path(), " short \n")), ..Default::default() };
+        assert!(matches!(check(lo, &weak), Err(AdminAuthError::WeakToken(_))));
+        let spaced =
+            AdminAuthConfig { token_file: Some(token_file(dir.path(), "0123456789 abcdef0123")), ..Default::default() };
+        assert!(matches!(check(lo, &spaced), Err(AdminAuthError::BadToken(_))));
+    }
+
+    #[test]
+    fn requests_need_the_token_except_on_probe_paths() {
+        let t = Token("0123456789abcdef".into());
+        let good = Some("Bearer 0123456789abcdef");
+        assert!(allowed("/api/v1/clusters", Some(&t), good, None));
+        assert!(!allowed("/api/v1/clusters", Some(&t), None, None));
+        assert!(!allowed("/metrics", Some(&t), Some("Bearer 0123456789abcdeX"), None));
+        assert!(!allowed("/metrics", Some(&t), Some("Bearer 0123456789abcdef0"), None));
+        assert!(!allowed("/metrics", Some(&t), Some("Basic 0123456789abcdef"), None));
+        assert!(allowed("/", Some(&t), None, Some("a=b; fleetwatch_admin=0123456789abcdef")));
+        assert!(!allowed("/", Some(&t), None, Some("fleetwatch_admin_x=0123456789abcdef")));
+        for open in ["/healthz", "/readyz", "/login"] {
+            assert!(allowed(open, Some(&t), None, None), "{open}");
+        }
+        // Nothing configured (loopback): open.
+        assert!(allowed("/metrics", None, None, None));
+        assert!(format!("{t:?}").contains("redacted"));
+    }
+
+    #[test]
+    fn comparison_is_exact() {
+        assert!(constant_time_eq(b"abc", b"abc"));
+        assert!(!constant_time_eq(b"abc", b"abd"));
+        assert!(!constant_time_eq(b"abc", b"ab"));
+        assert!(constant_time_eq(b"", b""));
+    }
+}
