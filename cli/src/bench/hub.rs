@@ -72,6 +72,10 @@ pub(super) struct HubBench {
     /// the hub's, and is needed past ~19,000 agents (a process's open-file limit).
     #[arg(long, default_value_t = 1)]
     load_procs: usize,
+    /// Subscribers reading everything (one measured, the others only read and acknowledge):
+    /// what each further subscriber costs the hub.
+    #[arg(long, default_value_t = 1)]
+    subscribers: usize,
     /// Also run the same load straight against nats-server JetStream (file storage, the
     /// same events and mutual TLS, one durable consumer; the bench starts the server),
     /// alternating with the hub for `--rounds` rounds, and print the ratios
@@ -130,8 +134,8 @@ struct KillReport {
 }
 
 pub(super) async fn run(b: HubBench) -> anyhow::Result<()> {
-    if b.agents == 0 || b.rate <= 0.0 || b.duration <= 0.0 || b.hub_replicas == 0 {
-        bail!("--agents, --rate, --duration and --hub-replicas must be positive");
+    if b.agents == 0 || b.rate <= 0.0 || b.duration <= 0.0 || b.hub_replicas == 0 || b.subscribers == 0 {
+        bail!("--agents, --rate, --duration, --hub-replicas and --subscribers must be positive");
     }
     if b.hub_replicas > 1 && !b.bus.contains(&BusKind::Nats) {
         bail!("--hub-replicas > 1 needs --bus nats: independent embedded hubs are independent streams");
@@ -240,6 +244,37 @@ async fn run_one(b: &HubBench, bus: BusKind) -> anyhow::Result<Report> {
         // Through the kill the subscriber must resume where it was: durable.
         opts.durable = Some("bench".into());
     }
+    // Extra subscribers (`--subscribers`): they read and acknowledge everything, so the hub
+    // fans every event out to all of them; only the first is measured.
+    let stop_extra = tokio_util::sync::CancellationToken::new();
+    for k in 1..b.subscribers {
+        let mut o = opts.clone();
+        o.durable = opts.durable.as_ref().map(|d| format!("{d}-{k}"));
+        let mut extra = Subscription::connect(o).await.with_context(|| format!("subscriber {k}"))?;
+        let stop = stop_extra.clone();
+        tokio::spawn(async move {
+            loop {
+                let d = tokio::select! {
+                    _ = stop.cancelled() => break,
+                    d = extra.next() => d,
+                };
+                match d {
+                    Ok(d) => {
+                        if let Some(c) = d.last_cursor()
+                            && extra.ack(c).await.is_err()
+                        {
+                            break;
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!("extra subscriber {k}: {e}");
+                        break;
+                    }
+                }
+            }
+        });
+    }
+    let _stop_extra = stop_extra.drop_guard();
     let mut sub = Subscription::connect(opts).await.context("subscriber")?;
 
     // With a kill, every source stops after a known number of changes, so the final state of
@@ -483,6 +518,9 @@ fn print_report(b: &HubBench, r: &Report) {
         if b.load_procs == 1 { "" } else { "es" }
     );
     println!("offered rate:         {:.0} events/s", b.rate);
+    if b.subscribers > 1 {
+        println!("subscribers:          {} (each gets every event; the first is measured)", b.subscribers);
+    }
     println!("delivered:            {:.0} events/s over {:.1} s", r.delivered_per_sec, b.duration);
     if let Some(h) = r.hub_received_per_sec {
         println!("hub accepted:         {h:.0} events/s (the rest of the offered changes coalesced in agents)");
@@ -526,7 +564,7 @@ fn report_json(b: &HubBench, r: &Report) -> serde_json::Value {
         "offered_per_sec": b.rate, "delivered_per_sec": r.delivered_per_sec.round(),
         "hub_received_per_sec": r.hub_received_per_sec.map(f64::round),
         "p50_ms": round2(r.p50), "p99_ms": round2(r.p99), "p999_ms": round2(r.p999), "max_ms": round2(r.max),
-        "hub_peak_rss_bytes": r.peak_rss_bytes, "hub_cpu_percent": round2(r.hub_cpu_percent),
+        "hub_peak_rss_bytes": r.peak_rss_bytes, "hub_cpu_percent": round2(r.hub_cpu_percent), "subscribers": b.subscribers,
         "load_cpu_percent": round2(r.load_cpu_percent), "resyncs": r.resyncs,
     });
     if let Some(k) = &r.kill {
