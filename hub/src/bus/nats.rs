@@ -30,15 +30,35 @@
 //! window. The append answers only after every ack and the record's arrival in the local
 //! tail (below), so a reader on this replica sees what was just acked.
 //!
+//! A session keeps several appends in flight ([`Bus::start_append`]: publishing is done
+//! when the outer future resolves, in call order; the acks come with the inner one) and
+//! acks its agent only up to the last batch whose predecessors were all stored. That is safe
+//! only if a record stored after one that was lost cannot pass for a complete history: the
+//! agent resends the lost records after reconnecting, and the head (from the later, stored
+//! batch) calls them duplicates. So every record names its predecessor: `Fw-Prev =
+//! <epoch>/<seq>` of the record this replica published just before it for the cluster (its
+//! appends in flight chain up; with none in flight, the head it knows, then with
+//! `@<offset>`), or `-` when it knew of none. Each replica's tail checks, in stream order, that a record's `Fw-Prev` is the
+//! cluster's latest record it took in, and delivers one that is not as `resync-required`
+//! (its change, and the lost ones before it, are then reconciled from the cluster). The
+//! check needs only the stream, so every replica decides alike, the appending replica may
+//! die right after, and a replica started later decides from the records it loads; where it
+//! cannot see the predecessor (evicted before it started) it accepts one named with an
+//! offset below what it loaded (stored, as its ack said) and otherwise delivers the marker
+//! too: a resync more than needed, never one less. JetStream's
+//! own per-subject expectation (`Nats-Expected-Last-Subject-Sequence`) would refuse such a
+//! record instead, but needs the previous record's stream sequence, known only from its ack:
+//! it cannot chain publishes in flight. Two replicas appending for one cluster at once (a
+//! session moving while the old one still publishes) also break the chain and cost a resync.
+//!
 //! # Heads
 //! An agent that says hello gets its cluster's head from the stream's last message on the
 //! cluster's subject (one request to the stream leader; the bucket is read only when the
-//! stream holds nothing of the cluster), or the local tail's if later: right after another replica acked a batch and died, this replica's tail
-//! may not have the batch yet and the bucket may be a second old, but the stream has it.
-//! Appends filter resends by the head this replica knows (its own appends and its tail);
-//! a resend it does not recognise is dropped by JetStream's duplicate window. When a later publish of a batch was stored but an earlier one was not
-//! (the connection dropped in between), the cluster has a hole: the next append for it on
-//! this replica stores a `resync-required` first.
+//! stream holds nothing of the cluster), or the local tail's if later: right after another
+//! replica acked a batch and died, this replica's tail may not have the batch yet and the
+//! bucket may be a second old, but the stream has it. Appends filter resends by the head
+//! this replica knows (its own appends in flight, its acks and its tail); a resend it does
+//! not recognise is dropped by JetStream's duplicate window.
 //!
 //! # Reads: a local tail
 //! Each replica keeps the retained records in memory, fed by one ordered push consumer over
@@ -108,8 +128,9 @@ const H_EPOCH: &str = "Fw-Epoch";
 const H_SEQ: &str = "Fw-Seq";
 const H_KIND: &str = "Fw-Kind";
 /// The (epoch, seq) of the record its publisher put on the cluster's subject just before
-/// this one (`<epoch>/<seq>`), or `-` when it knew of none: lets every replica's tail see
-/// from the stream alone that a record follows one that was never stored.
+/// this one (`<epoch>/<seq>`, `@<offset>` added when its ack was in), or `-` when it knew
+/// of none: lets every replica's tail see from the stream alone that a record follows one
+/// that was never stored.
 const H_PREV: &str = "Fw-Prev";
 const KIND_EVENT: &str = "event";
 const KIND_RESYNC: &str = "resync-required";
@@ -230,9 +251,9 @@ struct Pending {
 /// Per cluster the (epoch, seq) of the latest record the local tail took in.
 struct Chain {
     last: HashMap<Arc<str>, (u64, u64)>,
-    /// Whether the tail saw the stream from its first record, so a cluster missing from
-    /// `last` has none (otherwise its predecessor may have been evicted unseen).
-    complete: bool,
+    /// The first offset the tail saw: a cluster missing from `last` has no record below it
+    /// only when it is 1 (otherwise its latest may have been evicted unseen).
+    seen_from: u64,
 }
 
 impl Chain {
@@ -246,10 +267,18 @@ impl Chain {
             // Its publisher knew of no record of the cluster.
             return if last.is_none() { Ok(()) } else { Err(BROKEN) };
         }
-        let named = prev.split_once('/').and_then(|(e, s)| Some((e.parse::<u64>().ok()?, s.parse::<u64>().ok()?)));
-        match (last, named) {
-            (Some(last), Some(named)) if last == named => Ok(()),
-            (None, Some(_)) if !self.complete => Err(UNKNOWN),
+        let (key, offset) = match prev.split_once('@') {
+            Some((key, offset)) => (key, offset.parse::<u64>().ok()),
+            None => (prev, None),
+        };
+        let named = key.split_once('/').and_then(|(e, s)| Some((e.parse::<u64>().ok()?, s.parse::<u64>().ok()?)));
+        match (last, named, offset) {
+            (Some(last), Some(named), _) if last == named => Ok(()),
+            // A predecessor this tail never saw, but which was stored (its publisher knew its
+            // offset from the ack) where the tail did not look: nothing of its publisher lies
+            // between the two, and what other publishers lost is marked at their own records.
+            (None, Some(_), Some(offset)) if offset < self.seen_from => Ok(()),
+            (None, Some(_), _) if self.seen_from > 1 => Err(UNKNOWN),
             _ => Err(BROKEN),
         }
     }
@@ -469,7 +498,7 @@ impl NatsBus {
         let start_end = log.end;
         // The tail checks each record's predecessor; what it cannot see (records evicted
         // before this replica started) it knows only from heads written before them.
-        let mut chain = Chain { last: HashMap::new(), complete: log.base == 1 };
+        let mut chain = Chain { last: HashMap::new(), seen_from: log.base };
         for (cluster, h) in &heads {
             if h.offset < log.base {
                 chain.last.insert(cluster.clone(), (h.epoch, h.seq));
@@ -606,15 +635,16 @@ impl NatsBus {
     async fn start_inner(&self, cluster: Arc<str>, mut items: Vec<Append>) -> Result<BusFuture<'_, u64>, BusError> {
         cap_reasons(&mut items);
         let pending = lock(&self.pending).get(&cluster).copied();
-        let mut tip = match pending {
-            Some(p) => Some(p.tip),
+        // The predecessor of the first record, with its offset when it is known stored.
+        let (mut tip, mut tip_offset) = match pending {
+            Some(p) => (Some(p.tip), None),
             None => {
                 let known = lock(&self.heads).get(&cluster).copied();
-                match known {
+                let head = match known {
                     Some(h) => Some(h),
                     None => self.head_of(&cluster).await?,
-                }
-                .map(|h| (h.epoch, h.seq))
+                };
+                (head.map(|h| (h.epoch, h.seq)), head.map(|h| h.offset))
             }
         };
         let mut fresh = Vec::with_capacity(items.len());
@@ -625,8 +655,8 @@ impl NatsBus {
             {
                 continue; // duplicate from a resend
             }
-            fresh.push((tip, item));
-            tip = fresh.last().map(|(_, i)| (i.epoch, i.seq));
+            fresh.push((tip, tip_offset.take(), item));
+            tip = fresh.last().map(|(_, _, i)| (i.epoch, i.seq));
         }
         if fresh.is_empty() {
             return Ok(super::ready(Ok(self.last_offset())));
@@ -637,11 +667,15 @@ impl NatsBus {
         let mut acks = Vec::with_capacity(fresh.len());
         let mut keys = Vec::with_capacity(fresh.len());
         let mut refused = None;
-        for (prev, item) in fresh {
+        for (prev, prev_offset, item) in fresh {
             let mut headers = HeaderMap::new();
             headers.insert(H_EPOCH, item.epoch.to_string().as_str());
             headers.insert(H_SEQ, item.seq.to_string().as_str());
-            let prev = prev.map_or_else(|| "-".to_string(), |(e, s)| format!("{e}/{s}"));
+            let prev = match (prev, prev_offset) {
+                (None, _) => "-".to_string(),
+                (Some((e, s)), None) => format!("{e}/{s}"),
+                (Some((e, s)), Some(offset)) => format!("{e}/{s}@{offset}"),
+            };
             headers.insert(H_PREV, prev.as_str());
             let (kind, payload, suffix) = match item.body {
                 RecordBody::Event(b) => (KIND_EVENT, b, ""),
@@ -759,7 +793,7 @@ impl NatsBus {
                 log.evicted.insert(ALL_CLUSTERS.into(), offset - 1);
                 log.base = offset;
                 // What the dropped records carried is unseen: predecessors are unknown now.
-                chain.complete = false;
+                chain.seen_from = offset;
                 chain.last.clear();
             }
             end = offset + 1;
@@ -1355,7 +1389,7 @@ mod unit {
     #[test]
     fn a_record_follows_only_the_latest_one_its_tail_saw() {
         let c: Arc<str> = "c".into();
-        let mut chain = Chain { last: HashMap::new(), complete: true };
+        let mut chain = Chain { last: HashMap::new(), seen_from: 1 };
         assert_eq!(chain.follow(&c, Some("-"), (1, 1)), Ok(()), "the first record of a cluster");
         assert_eq!(chain.follow(&c, Some("1/1"), (1, 2)), Ok(()));
         assert_eq!(chain.follow(&c, Some("1/3"), (1, 4)), Err(BROKEN), "3 is missing");
@@ -1366,8 +1400,13 @@ mod unit {
         assert_eq!(chain.follow(&c, Some("garbage"), (3, 2)), Err(BROKEN));
         let d: Arc<str> = "d".into();
         assert_eq!(chain.follow(&d, Some("1/1"), (1, 2)), Err(BROKEN), "a predecessor never seen");
-        let mut partial = Chain { last: HashMap::new(), complete: false };
+        assert_eq!(chain.follow(&c, Some("3/1@7"), (3, 3)), Err(BROKEN), "an offset does not excuse a gap seen");
+        let mut partial = Chain { last: HashMap::new(), seen_from: 10 };
         assert_eq!(partial.follow(&d, Some("1/1"), (1, 2)), Err(UNKNOWN), "a predecessor evicted unseen");
+        let e: Arc<str> = "e".into();
+        assert_eq!(partial.follow(&e, Some("1/1@9"), (1, 2)), Ok(()), "stored below what the tail saw");
+        let f: Arc<str> = "f".into();
+        assert_eq!(partial.follow(&f, Some("1/1@10"), (1, 2)), Err(UNKNOWN), "where the tail looked");
         assert_eq!(partial.follow(&c, Some("-"), (1, 1)), Ok(()));
     }
 }

@@ -92,6 +92,17 @@ async fn a_new_replica_resumes_heads_from_the_bucket_after_eviction() {
     evicted.sort();
     assert_eq!(evicted, vec!["new", "old"], "every cluster that may have lost records below offset 3");
     assert!(b.read(3, 10).await.unwrap().evicted.is_empty());
+    // The records b loaded and the next ones follow their predecessors as b sees them: an
+    // evicted one (old 7/2) by the offset its publisher had from the ack.
+    assert_eq!(a.append("old".into(), vec![ev(7, 3)]).await.unwrap(), 5);
+    wait_for("b's tail at offset 5", Duration::from_secs(30), async || b.last_offset() == 5).await;
+    assert_eq!(kinds(&b).await, vec![(2, false), (3, false)], "offsets 4 and 5 retained, no marker");
+    // A replica started now cannot see new 1/1 (offset 3, evicted), and new 1/2 named it
+    // without an offset (both were in one batch, not acked yet): it cannot tell that
+    // nothing is missing before new 1/2, so it delivers a marker — one resync more than
+    // needed, never one less.
+    let c = open(&server.url(), "fw", retention).await;
+    assert_eq!(kinds(&c).await, vec![(2, true), (3, false)]);
 }
 
 /// JetStream stopped: appends fail with an error naming JetStream, health turns `Err`;
