@@ -4,8 +4,12 @@
 //!
 //! What it owns is what the pure ingest step cannot: the socket, the bus round trip, the
 //! clock (rate budgets delay acks, never drop), and the registry's shared state. Acks are
-//! sent only after the bus accepted a batch. A second agent for a connected cluster id is
-//! refused (see [`crate::registry`]).
+//! sent only after the bus accepted a batch. Up to [`MAX_IN_FLIGHT`] batches are being
+//! stored at once (a network bus's round trips then overlap instead of queueing the
+//! agent's next batch); acks stay cumulative and in order, and the first failure ends the
+//! session, nothing after it acked (see [`crate::bus::Bus::start_append`] for why a later
+//! batch stored meanwhile cannot hide the loss). A second agent for a connected cluster id
+//! is refused (see [`crate::registry`]).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
