@@ -37,7 +37,7 @@ const FANOUT_LAG: u64 = 2_048;
 const FANOUT_WAIT: std::time::Duration = std::time::Duration::from_millis(20);
 /// Batches of one session being stored at once; beyond it the session waits for the oldest
 /// before it reads the next frame.
-const MAX_IN_FLIGHT: usize = 32;
+const MAX_IN_FLIGHT: usize = 4;
 
 pub(crate) async fn run(mut conn: Conn, cluster: String, peer: Peer, ctx: Arc<Sessions>, shutdown: CancellationToken) {
     let limits = ctx.settings.limits;
