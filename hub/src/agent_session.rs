@@ -4,18 +4,26 @@
 //!
 //! What it owns is what the pure ingest step cannot: the socket, the bus round trip, the
 //! clock (rate budgets delay acks, never drop), and the registry's shared state. Acks are
-//! sent only after the bus accepted a batch. A second agent for a connected cluster id is
-//! refused (see [`crate::registry`]).
+//! sent only after the bus accepted a batch. Up to [`MAX_IN_FLIGHT`] batches are being
+//! stored at once (a network bus's round trips then overlap instead of queueing the
+//! agent's next batch); acks stay cumulative and in order, and the first failure ends the
+//! session, nothing after it acked (see [`crate::bus::Bus::start_append`] for why a later
+//! batch stored meanwhile cannot hide the loss). A second agent for a connected cluster id
+//! is refused (see [`crate::registry`]).
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Instant;
+
+use futures_util::stream::FuturesOrdered;
+use futures_util::{FutureExt, StreamExt};
 
 use fleetwatch_protocol::codec::encode;
 use fleetwatch_protocol::message::{Ack, Configure, ErrorCode, Hello, HubToAgent, PROTOCOL_VERSION, Welcome};
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_util::sync::CancellationToken;
 
-use crate::bus::{Append, BusError, RecordBody};
+use crate::bus::{Append, Bus, BusError, BusFuture, RecordBody};
 use crate::conn::{Conn, End};
 use crate::ingest::{self, Decision, Refusal};
 use crate::rate::{Budget, RESYNCS_PER_SEC};
@@ -27,6 +35,9 @@ use crate::{Peer, Sessions};
 const FANOUT_LAG: u64 = 2_048;
 /// The longest a batch waits for subscribers to catch up.
 const FANOUT_WAIT: std::time::Duration = std::time::Duration::from_millis(20);
+/// Batches of one session being stored at once; beyond it the session waits for the oldest
+/// before it reads the next frame.
+const MAX_IN_FLIGHT: usize = 4;
 
 pub(crate) async fn run(mut conn: Conn, cluster: String, peer: Peer, ctx: Arc<Sessions>, shutdown: CancellationToken) {
     let limits = ctx.settings.limits;
@@ -78,6 +89,7 @@ pub(crate) async fn run(mut conn: Conn, cluster: String, peer: Peer, ctx: Arc<Se
         cluster: cluster.clone(),
         epoch: hello.epoch,
         acked: 0,
+        submitted: 0,
         budget: ctx.registry.budget(&cluster, ctx.settings.max_events_per_sec),
         warned_rate: false,
     };
@@ -86,6 +98,20 @@ pub(crate) async fn run(mut conn: Conn, cluster: String, peer: Peer, ctx: Arc<Se
     ctx.metrics.disconnected("agent", end.reason());
     ctx.registry.close(&cluster, &session_id);
     Box::pin(end.finish(conn, "agent")).await;
+}
+
+/// A batch being stored: the seq its ack covers, its events, when it was handed on.
+struct Batch {
+    last: u64,
+    n: u64,
+    started: Instant,
+}
+
+/// The batches of a session being stored, oldest first, and their answers in that order.
+#[derive(Default)]
+struct InFlight<'b> {
+    futures: FuturesOrdered<BusFuture<'b, u64>>,
+    batches: VecDeque<Batch>,
 }
 
 /// Counts a refusal and turns a fatal one into how the session ends.
@@ -100,7 +126,10 @@ struct Session {
     ctx: Arc<Sessions>,
     cluster: Arc<str>,
     epoch: u64,
+    /// The highest seq stored and acked.
     acked: u64,
+    /// The highest seq handed to the bus (stored, or in flight).
+    submitted: u64,
     /// The cluster's rate budget, shared by its sessions: reconnecting does not refill it.
     budget: Arc<std::sync::Mutex<Budget>>,
     warned_rate: bool,
@@ -133,6 +162,7 @@ impl Session {
         peer: &Peer,
     ) -> Result<std::convert::Infallible, End> {
         self.acked = self.resume_point(hello).await?;
+        self.submitted = self.acked;
         let mut watches_rx = self.ctx.watches.subscribe();
         let welcome = HubToAgent::Welcome(Welcome {
             protocol: PROTOCOL_VERSION,
@@ -144,9 +174,22 @@ impl Session {
             max_event_bytes: Some(self.ctx.settings.limits.max_event_bytes),
         });
         conn.send_text(encode(&welcome)).await.map_err(|e| End::Closed(e.to_string()))?;
+        // Batches being stored, oldest first: the agent is acked in this order, each batch
+        // only once it and every batch before it were stored. The first failure ends the
+        // session (the agent resends from its last ack); a later batch that was stored
+        // meanwhile is the bus's to mark (see `Bus::start_append`).
+        let bus = self.ctx.bus.clone();
+        let mut in_flight = InFlight::default();
         loop {
+            if in_flight.batches.len() >= MAX_IN_FLIGHT {
+                self.stored(conn, &mut in_flight).await?;
+            }
             let bytes = tokio::select! {
                 m = conn.next_message(&self.ctx.metrics) => m?,
+                r = in_flight.futures.next(), if !in_flight.batches.is_empty() => {
+                    self.acknowledge(conn, &mut in_flight, r).await?;
+                    continue;
+                }
                 Ok(()) = watches_rx.changed() => {
                     let watches = watches_rx.borrow_and_update().as_ref().clone();
                     tracing::info!(watches = watches.len(), "pushing new watch configuration");
@@ -155,6 +198,10 @@ impl Session {
                     continue;
                 }
                 _ = cancel.cancelled() => {
+                    // Batches in progress are finished (stored and acked) first.
+                    while !in_flight.batches.is_empty() {
+                        self.stored(conn, &mut in_flight).await?;
+                    }
                     return Err(if let Some(why) = self.ctx.end_reason(peer) {
                         End::Fail(ErrorCode::Forbidden, why, CloseCode::Policy)
                     } else if shutdown.is_cancelled() {
@@ -167,14 +214,25 @@ impl Session {
             self.ctx.registry.seen(&self.cluster);
             // A batch in progress is finished (appended and acked) even when shutdown
             // starts meanwhile: cancellation is only looked at between messages.
-            let state = ingest::State { cluster: &self.cluster, epoch: self.epoch, acked: self.acked };
+            let state = ingest::State { cluster: &self.cluster, epoch: self.epoch, acked: self.submitted };
             match ingest::frame(state, &bytes, &self.ctx.settings.limits) {
                 Decision::Append { items, last, inventory, recent } => {
-                    self.append_events(conn, items, last, inventory).await?;
+                    let n = items.len() as u64;
+                    let started = Instant::now();
+                    let storing = self.start_events(conn, &*bus, items, last, inventory).await?;
+                    in_flight.futures.push_back(storing);
+                    in_flight.batches.push_back(Batch { last, n, started });
+                    // The web view's recent events: shown once handed to the bus.
                     self.ctx.registry.recent(&self.cluster, recent);
                 }
                 Decision::Ack => self.ack(conn).await?,
-                Decision::Resync { seq, reason } => self.resync(conn, seq, reason).await?,
+                Decision::Resync { seq, reason } => {
+                    // A marker decides from the cluster's head: everything before it first.
+                    while !in_flight.batches.is_empty() {
+                        self.stored(conn, &mut in_flight).await?;
+                    }
+                    self.resync(conn, seq, reason).await?;
+                }
                 Decision::Inventory(modules) => self.ctx.registry.inventory(&self.cluster, modules),
                 Decision::WatchStatus(watches) => {
                     tracing::debug!(watches = watches.len(), "watch status");
@@ -189,6 +247,39 @@ impl Session {
                 Decision::Refuse(r) => return Err(refused(&self.ctx, r)),
             }
         }
+    }
+
+    /// Waits for the oldest batch in flight to be stored and acks it.
+    async fn stored(&mut self, conn: &mut Conn, in_flight: &mut InFlight<'_>) -> Result<(), End> {
+        let r = in_flight.futures.next().await;
+        self.acknowledge(conn, in_flight, r).await
+    }
+
+    /// Takes the answer for the oldest batch in flight (and those of the next ones that are
+    /// ready too), then sends one cumulative ack. A failure ends the session with its
+    /// cause; nothing after it is acked.
+    async fn acknowledge(
+        &mut self,
+        conn: &mut Conn,
+        in_flight: &mut InFlight<'_>,
+        mut answer: Option<Result<u64, BusError>>,
+    ) -> Result<(), End> {
+        while let Some(r) = answer {
+            let Some(batch) = in_flight.batches.pop_front() else { break };
+            r.map_err(|e| {
+                tracing::warn!(error = %e, "bus append failed: batch not acked");
+                bus_failed(e)
+            })?;
+            self.ctx.metrics.append_seconds.observe(batch.started.elapsed().as_secs_f64());
+            self.acked = batch.last;
+            self.ctx.metrics.events_received.inc_by(batch.n);
+            self.ctx.registry.acked(&self.cluster, self.epoch, batch.last, batch.n);
+            if in_flight.batches.is_empty() {
+                break;
+            }
+            answer = in_flight.futures.next().now_or_never().flatten();
+        }
+        self.ack(conn).await
     }
 
     /// Works out what the hub has of this agent's stream. When the agent was acked more
@@ -227,27 +318,29 @@ impl Session {
         Ok(())
     }
 
-    /// Carries out [`Decision::Append`]: throttle, store, ack.
-    async fn append_events(
+    /// Starts carrying out [`Decision::Append`]: throttle, hand the batch to the bus; the
+    /// returned future answers once it is stored (then the session acks it).
+    async fn start_events<'b>(
         &mut self,
         conn: &mut Conn,
+        bus: &'b dyn Bus,
         items: Vec<Append>,
         last: u64,
         inventory: Option<Vec<fleetwatch_protocol::message::ModuleInventory>>,
-    ) -> Result<(), End> {
+    ) -> Result<BusFuture<'b, u64>, End> {
         if let Some(modules) = inventory {
             self.ctx.registry.inventory(&self.cluster, modules);
         }
-        let n = items.len() as u64;
         self.yield_to_fanout().await;
         // A poisoned lock only means a panic elsewhere mid-update: the budget is still usable.
         let wait = self.budget.lock().unwrap_or_else(|e| e.into_inner()).take_events(items.len());
         self.delay_ack(conn, wait).await;
-        self.append(items).await?;
-        self.acked = last;
-        self.ctx.metrics.events_received.inc_by(n);
-        self.ctx.registry.acked(&self.cluster, self.epoch, last, n);
-        self.ack(conn).await
+        let storing = bus.start_append(self.cluster.clone(), items).await.map_err(|e| {
+            tracing::warn!(error = %e, "bus append failed: batch not acked");
+            bus_failed(e)
+        })?;
+        self.submitted = last;
+        Ok(storing)
     }
 
     /// Delivering what is stored comes before storing more. While some subscriber that could

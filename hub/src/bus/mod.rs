@@ -78,6 +78,21 @@ pub trait Bus: Send + Sync + 'static {
     /// [`MAX_REASON_BYTES`] are cut.
     fn append(&self, cluster: Arc<str>, items: Vec<Append>) -> BusFuture<'_, u64>;
 
+    /// Starts an append whose answer may come later, so a session can have several batches
+    /// in flight. The outer future resolves once the records are handed to the backend:
+    /// appends started one after another (each outer future awaited before the next call)
+    /// are stored in that order or not at all past a failure — a later batch stored after
+    /// an earlier one failed is turned into a `resync-required` for the cluster by the
+    /// backend itself (see [`NatsBus`]). The inner future answers as [`Bus::append`] does.
+    /// The default stores the whole batch in the outer future (backends that answer at
+    /// once or after their own group commit gain nothing from more in flight).
+    fn start_append(&self, cluster: Arc<str>, items: Vec<Append>) -> BusFuture<'_, BusFuture<'_, u64>> {
+        Box::pin(async move {
+            let offset = self.append(cluster, items).await?;
+            Ok(ready(Ok(offset)))
+        })
+    }
+
     /// The (epoch, seq) of a cluster's latest record.
     fn head<'a>(&'a self, cluster: &'a str) -> BusFuture<'a, Option<(u64, u64)>>;
 

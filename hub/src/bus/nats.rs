@@ -30,15 +30,35 @@
 //! window. The append answers only after every ack and the record's arrival in the local
 //! tail (below), so a reader on this replica sees what was just acked.
 //!
+//! A session keeps several appends in flight ([`Bus::start_append`]: publishing is done
+//! when the outer future resolves, in call order; the acks come with the inner one) and
+//! acks its agent only up to the last batch whose predecessors were all stored. That is safe
+//! only if a record stored after one that was lost cannot pass for a complete history: the
+//! agent resends the lost records after reconnecting, and the head (from the later, stored
+//! batch) calls them duplicates. So every record names its predecessor: `Fw-Prev =
+//! <epoch>/<seq>` of the record this replica published just before it for the cluster (its
+//! appends in flight chain up; with none in flight, the head it knows, then with
+//! `@<offset>`), or `-` when it knew of none. Each replica's tail checks, in stream order, that a record's `Fw-Prev` is the
+//! cluster's latest record it took in, and delivers one that is not as `resync-required`
+//! (its change, and the lost ones before it, are then reconciled from the cluster). The
+//! check needs only the stream, so every replica decides alike, the appending replica may
+//! die right after, and a replica started later decides from the records it loads; where it
+//! cannot see the predecessor (evicted before it started) it accepts one named with an
+//! offset below what it loaded (stored, as its ack said) and otherwise delivers the marker
+//! too: a resync more than needed, never one less. JetStream's
+//! own per-subject expectation (`Nats-Expected-Last-Subject-Sequence`) would refuse such a
+//! record instead, but needs the previous record's stream sequence, known only from its ack:
+//! it cannot chain publishes in flight. Two replicas appending for one cluster at once (a
+//! session moving while the old one still publishes) also break the chain and cost a resync.
+//!
 //! # Heads
 //! An agent that says hello gets its cluster's head from the stream's last message on the
 //! cluster's subject (one request to the stream leader; the bucket is read only when the
-//! stream holds nothing of the cluster), or the local tail's if later: right after another replica acked a batch and died, this replica's tail
-//! may not have the batch yet and the bucket may be a second old, but the stream has it.
-//! Appends filter resends by the head this replica knows (its own appends and its tail);
-//! a resend it does not recognise is dropped by JetStream's duplicate window. When a later publish of a batch was stored but an earlier one was not
-//! (the connection dropped in between), the cluster has a hole: the next append for it on
-//! this replica stores a `resync-required` first.
+//! stream holds nothing of the cluster), or the local tail's if later: right after another
+//! replica acked a batch and died, this replica's tail may not have the batch yet and the
+//! bucket may be a second old, but the stream has it. Appends filter resends by the head
+//! this replica knows (its own appends in flight, its acks and its tail); a resend it does
+//! not recognise is dropped by JetStream's duplicate window.
 //!
 //! # Reads: a local tail
 //! Each replica keeps the retained records in memory, fed by one ordered push consumer over
@@ -107,6 +127,11 @@ const CAS_ATTEMPTS: usize = 16;
 const H_EPOCH: &str = "Fw-Epoch";
 const H_SEQ: &str = "Fw-Seq";
 const H_KIND: &str = "Fw-Kind";
+/// The (epoch, seq) of the record its publisher put on the cluster's subject just before
+/// this one (`<epoch>/<seq>`, `@<offset>` added when its ack was in), or `-` when it knew
+/// of none: lets every replica's tail see from the stream alone that a record follows one
+/// that was never stored.
+const H_PREV: &str = "Fw-Prev";
 const KIND_EVENT: &str = "event";
 const KIND_RESYNC: &str = "resync-required";
 
@@ -213,6 +238,57 @@ impl NatsOptions {
     }
 }
 
+/// Appends of one cluster in flight on this replica (see [`NatsBus::start_inner`]).
+#[derive(Debug, Clone, Copy)]
+struct Pending {
+    /// (epoch, seq) of the record published last.
+    tip: (u64, u64),
+    /// Appends whose acks are outstanding.
+    in_flight: usize,
+    generation: u64,
+}
+
+/// Per cluster the (epoch, seq) of the latest record the local tail took in.
+struct Chain {
+    last: HashMap<Arc<str>, (u64, u64)>,
+    /// The first offset the tail saw: a cluster missing from `last` has no record below it
+    /// only when it is 1 (otherwise its latest may have been evicted unseen).
+    seen_from: u64,
+}
+
+impl Chain {
+    /// Whether a record of `cluster` naming `prev` as its predecessor follows the cluster's
+    /// latest record: `Err(why)` when it does not (or cannot be known to), and it takes the
+    /// record's place as the latest either way.
+    fn follow(&mut self, cluster: &Arc<str>, prev: Option<&str>, now: (u64, u64)) -> Result<(), &'static str> {
+        let last = self.last.insert(cluster.clone(), now);
+        let Some(prev) = prev else { return Ok(()) }; // written by a hub that did not say
+        if prev == "-" {
+            // Its publisher knew of no record of the cluster.
+            return if last.is_none() { Ok(()) } else { Err(BROKEN) };
+        }
+        let (key, offset) = match prev.split_once('@') {
+            Some((key, offset)) => (key, offset.parse::<u64>().ok()),
+            None => (prev, None),
+        };
+        let named = key.split_once('/').and_then(|(e, s)| Some((e.parse::<u64>().ok()?, s.parse::<u64>().ok()?)));
+        match (last, named, offset) {
+            (Some(last), Some(named), _) if last == named => Ok(()),
+            // A predecessor this tail never saw, but which was stored (its publisher knew its
+            // offset from the ack) where the tail did not look: nothing of its publisher lies
+            // between the two, and what other publishers lost is marked at their own records.
+            (None, Some(_), Some(offset)) if offset < self.seen_from => Ok(()),
+            (None, Some(_), _) if self.seen_from > 1 => Err(UNKNOWN),
+            _ => Err(BROKEN),
+        }
+    }
+}
+
+const BROKEN: &str = "records of the cluster may be missing before this one (a JetStream publish failed or was \
+                      overtaken while a later one of the cluster was stored)";
+const UNKNOWN: &str = "this hub replica cannot check that no record of the cluster is missing before this one (its \
+                       predecessor was evicted before the replica started)";
+
 /// A cluster's latest record as far as this replica knows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 struct Head {
@@ -244,8 +320,14 @@ pub struct NatsBus {
     dirty_heads: Mutex<HashMap<Arc<str>, Head>>,
     /// The stream, for reading a cluster's last message.
     stream_handle: stream::Stream,
-    /// Clusters with a hole from a partly stored batch: the reason of the marker owed.
-    holes: Mutex<HashMap<Arc<str>, String>>,
+    /// Clusters with appends of this replica in flight: the record published last (the
+    /// predecessor the next publish names) and how many appends wait for their acks.
+    pending: Mutex<HashMap<Arc<str>, Pending>>,
+    /// Generations of [`Pending`] entries, so an append of an entry that was dropped after a
+    /// failure does not count down a newer one.
+    generation: AtomicU64,
+    /// What the local tail knows of each cluster's chain of records, to check `Fw-Prev`.
+    chain: Mutex<Chain>,
     unhealthy: Mutex<Option<String>>,
     /// The stream's last sequence as last seen (stream info, publish acks): the local tail
     /// is behind while its end is not above it.
@@ -254,6 +336,33 @@ pub struct NatsBus {
     tasks: Mutex<Vec<AbortHandle>>,
     /// Runs the NATS connection; dropped last (fields drop in order).
     _io: IoThread,
+}
+
+/// One append of a cluster in flight: counts down its [`Pending`] entry when done, and drops
+/// it when the append failed or was abandoned, so the next append starts from the heads
+/// this replica knows (and names a predecessor the tails can check) instead of from a
+/// record that may not have been stored.
+struct InFlight<'a> {
+    bus: &'a NatsBus,
+    cluster: Arc<str>,
+    /// `None` when the entry was already dropped.
+    generation: Option<u64>,
+    stored: bool,
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        let Some(generation) = self.generation else { return };
+        let mut pending = lock(&self.bus.pending);
+        let Some(p) = pending.get_mut(&self.cluster) else { return };
+        if p.generation != generation {
+            return;
+        }
+        p.in_flight -= 1;
+        if !self.stored || p.in_flight == 0 {
+            pending.remove(&self.cluster);
+        }
+    }
 }
 
 /// A thread of its own for the NATS client's connection task.
@@ -387,6 +496,14 @@ impl NatsBus {
             log.heads.insert(cluster.clone(), (h.epoch, h.seq));
         }
         let start_end = log.end;
+        // The tail checks each record's predecessor; what it cannot see (records evicted
+        // before this replica started) it knows only from heads written before them.
+        let mut chain = Chain { last: HashMap::new(), seen_from: log.base };
+        for (cluster, h) in &heads {
+            if h.offset < log.base {
+                chain.last.insert(cluster.clone(), (h.epoch, h.seq));
+            }
+        }
         let bus = Arc::new(Self {
             client: client.clone(),
             js: js.clone(),
@@ -406,7 +523,9 @@ impl NatsBus {
             dirty: Mutex::new(HashMap::new()),
             dirty_heads: Mutex::new(HashMap::new()),
             stream_handle: js.get_stream(&opts.stream).await.map_err(|e| stream_err(e.to_string()))?,
-            holes: Mutex::new(HashMap::new()),
+            pending: Mutex::new(HashMap::new()),
+            generation: AtomicU64::new(0),
+            chain: Mutex::new(chain),
             unhealthy: Mutex::new(None),
             stream_last: AtomicU64::new(info.state.last_sequence),
             write_failures: AtomicU64::new(0),
@@ -506,44 +625,58 @@ impl NatsBus {
         }
     }
 
-    async fn append_inner(&self, cluster: Arc<str>, mut items: Vec<Append>) -> Result<u64, BusError> {
+    /// Publishes the records of one append and returns the future of their acks. Publishes
+    /// of one cluster on this replica form a chain: each names the record published before
+    /// it (`Fw-Prev`), so a record stored after one that was not is noticed by every
+    /// replica's tail ([`Chain`]) and turned into a `resync-required`, which is what makes
+    /// several appends of a session in flight safe: the agent is acked only up to the last
+    /// batch whose predecessors were all stored, and its resend after a failure may be
+    /// skipped as duplicates of a later stored batch, whose marker covers what was lost.
+    async fn start_inner(&self, cluster: Arc<str>, mut items: Vec<Append>) -> Result<BusFuture<'_, u64>, BusError> {
         cap_reasons(&mut items);
-        let known = lock(&self.heads).get(&cluster).copied();
-        let mut head = match known {
-            Some(h) => Some(h),
-            None => self.head_of(&cluster).await?,
-        }
-        .map(|h| (h.epoch, h.seq));
+        let pending = lock(&self.pending).get(&cluster).copied();
+        // The predecessor of the first record, with its offset when it is known stored.
+        let (mut tip, mut tip_offset) = match pending {
+            Some(p) => (Some(p.tip), None),
+            None => {
+                let known = lock(&self.heads).get(&cluster).copied();
+                let head = match known {
+                    Some(h) => Some(h),
+                    None => self.head_of(&cluster).await?,
+                };
+                (head.map(|h| (h.epoch, h.seq)), head.map(|h| h.offset))
+            }
+        };
         let mut fresh = Vec::with_capacity(items.len());
         for item in items {
-            if let Some((ep, seq)) = head
+            if let Some((ep, seq)) = tip
                 && ep == item.epoch
                 && item.seq <= seq
             {
                 continue; // duplicate from a resend
             }
-            head = Some((item.epoch, item.seq));
-            fresh.push(item);
+            fresh.push((tip, tip_offset.take(), item));
+            tip = fresh.last().map(|(_, _, i)| (i.epoch, i.seq));
         }
-        let Some(last_item) = fresh.last() else { return Ok(self.last_offset()) };
-        let (epoch, seq) = (last_item.epoch, last_item.seq);
-        let owed = lock(&self.holes).get(&cluster).cloned();
-        if let Some(reason) = owed {
-            let first = &fresh[0];
-            let marker = Append { epoch: first.epoch, seq: first.seq, body: RecordBody::ResyncRequired(reason) };
-            fresh.insert(0, marker);
+        if fresh.is_empty() {
+            return Ok(super::ready(Ok(self.last_offset())));
         }
 
-        // Publish back to back, then await every ack.
+        // Publish back to back; the acks are awaited by the returned future.
         let subject = self.subject(&cluster);
-        let publish_err = |cause: String| NatsError::Publish { cluster: cluster.to_string(), cause };
         let mut acks = Vec::with_capacity(fresh.len());
         let mut keys = Vec::with_capacity(fresh.len());
-        for item in fresh {
-            keys.push((item.epoch, item.seq));
+        let mut refused = None;
+        for (prev, prev_offset, item) in fresh {
             let mut headers = HeaderMap::new();
             headers.insert(H_EPOCH, item.epoch.to_string().as_str());
             headers.insert(H_SEQ, item.seq.to_string().as_str());
+            let prev = match (prev, prev_offset) {
+                (None, _) => "-".to_string(),
+                (Some((e, s)), None) => format!("{e}/{s}"),
+                (Some((e, s)), Some(offset)) => format!("{e}/{s}@{offset}"),
+            };
+            headers.insert(H_PREV, prev.as_str());
             let (kind, payload, suffix) = match item.body {
                 RecordBody::Event(b) => (KIND_EVENT, b, ""),
                 RecordBody::ResyncRequired(r) => (KIND_RESYNC, bytes::Bytes::from(r), "/r"),
@@ -552,23 +685,54 @@ impl NatsBus {
             let id = format!("{}/{}/{}{suffix}", token(&cluster), item.epoch, item.seq);
             let publish = jetstream::message::PublishMessage::build().payload(payload).headers(headers).message_id(id);
             match self.js.send_publish(subject.clone(), publish).await {
-                Ok(ack) => acks.push(ack.into_future()),
+                Ok(ack) => {
+                    acks.push(ack.into_future());
+                    keys.push((item.epoch, item.seq));
+                }
                 Err(e) => {
                     // Nothing after a refused send was sent; earlier ones may be stored.
-                    acks.push(Box::pin(std::future::ready(Err(e))));
+                    refused = Some(e.to_string());
                     break;
                 }
             }
         }
+        let generation = {
+            let mut pending = lock(&self.pending);
+            if refused.is_some() {
+                pending.remove(&cluster);
+                None
+            } else {
+                let generation = self.generation.fetch_add(1, Ordering::Relaxed);
+                let tip = keys.last().copied().unwrap_or_default();
+                let p = pending.entry(cluster.clone()).or_insert(Pending { tip, in_flight: 0, generation });
+                p.tip = tip;
+                p.in_flight += 1;
+                Some(p.generation)
+            }
+        };
+        let guard = InFlight { bus: self, cluster: cluster.clone(), generation, stored: false };
+        Ok(Box::pin(self.finish(guard, acks, keys, refused)))
+    }
+
+    /// Awaits the acks of one append's publishes (see [`NatsBus::start_inner`]).
+    async fn finish<F>(
+        &self,
+        mut guard: InFlight<'_>,
+        acks: Vec<F>,
+        keys: Vec<(u64, u64)>,
+        refused: Option<String>,
+    ) -> Result<u64, BusError>
+    where
+        F: std::future::Future<Output = Result<jetstream::publish::PublishAck, jetstream::context::PublishError>>,
+    {
+        let cluster = guard.cluster.clone();
         let results = futures_util::future::join_all(acks).await;
         let mut last_offset = 0;
         let mut last_stored = None;
-        let mut failure = None;
-        let mut hole = false;
+        let mut failure = refused;
         for (r, key) in results.into_iter().zip(keys) {
             match r {
                 Ok(ack) => {
-                    hole |= failure.is_some();
                     if ack.sequence >= last_offset {
                         last_offset = ack.sequence;
                         last_stored = Some(key);
@@ -579,25 +743,21 @@ impl NatsBus {
                 }
             }
         }
+        if let Some((epoch, seq)) = last_stored {
+            // Stored, whatever else failed: resends of it are duplicates (a marker at the
+            // first record stored after a lost one covers what was lost).
+            self.stream_last.fetch_max(last_offset, Ordering::Relaxed);
+            self.note_head(&cluster, Head { epoch, seq, offset: last_offset });
+        }
         if let Some(cause) = failure {
             self.write_failures.fetch_add(1, Ordering::Relaxed);
-            if hole {
-                tracing::warn!(%cluster, %cause, "part of a batch was stored after an earlier record failed: subscribers will be told to resync the cluster");
-                lock(&self.holes)
-                    .insert(cluster.clone(), format!("records were lost in a failed JetStream publish: {cause}"));
-                if let Some((epoch, seq)) = last_stored {
-                    // The stored records moved the head: resends of the lost ones are
-                    // skipped, the owed marker covers them.
-                    self.note_head(&cluster, Head { epoch, seq, offset: last_offset });
-                }
-            }
-            return Err(self.fail(publish_err(cause)));
+            return Err(self.fail(NatsError::Publish { cluster: cluster.to_string(), cause }));
         }
-        lock(&self.holes).remove(&cluster);
-        self.stream_last.fetch_max(last_offset, Ordering::Relaxed);
-        let h = Head { epoch, seq, offset: last_offset };
-        self.note_head(&cluster, h);
-        keep_latest(&mut lock(&self.dirty_heads), &cluster, h);
+        guard.stored = true;
+        drop(guard);
+        if let Some((epoch, seq)) = last_stored {
+            keep_latest(&mut lock(&self.dirty_heads), &cluster, Head { epoch, seq, offset: last_offset });
+        }
         self.wait_local(last_offset).await.map_err(|e| self.fail(e))?;
         Ok(last_offset)
     }
@@ -610,6 +770,7 @@ impl NatsBus {
     fn ingest(&self, batch: Vec<jetstream::Message>) {
         let now = retention::now_ms();
         let Ok(mut log) = self.core.log.write() else { return };
+        let mut chain = lock(&self.chain);
         let mut end = log.end;
         let mut records = Vec::with_capacity(batch.len());
         let mut new_heads = Vec::new();
@@ -631,11 +792,22 @@ impl NatsBus {
                 log.bytes = 0;
                 log.evicted.insert(ALL_CLUSTERS.into(), offset - 1);
                 log.base = offset;
+                // What the dropped records carried is unseen: predecessors are unknown now.
+                chain.seen_from = offset;
+                chain.last.clear();
             }
             end = offset + 1;
             let time_ms = u64::try_from(info.published.unix_timestamp_nanos() / 1_000_000).unwrap_or(now);
             match decode(&self.stream, &msg, offset, time_ms) {
-                Ok(rec) => {
+                Ok(mut rec) => {
+                    let prev = msg.headers.as_ref().and_then(|h| h.get(H_PREV)).map(|v| v.as_str());
+                    // A marker that does not follow already asks for what a replacement would.
+                    if let Err(why) = chain.follow(&rec.cluster, prev, (rec.epoch, rec.seq))
+                        && matches!(rec.body, RecordBody::Event(_))
+                    {
+                        tracing::warn!(stream = %self.stream, cluster = %rec.cluster, offset, why, "a record does not follow its cluster's latest one: delivered as resync-required");
+                        rec.body = RecordBody::ResyncRequired(format!("offset {offset}: {why}"));
+                    }
                     new_heads.push((rec.cluster.clone(), Head { epoch: rec.epoch, seq: rec.seq, offset }));
                     records.push(Arc::new(rec));
                 }
@@ -646,6 +818,7 @@ impl NatsBus {
         }
         let log_heads: Vec<_> = new_heads.iter().map(|(c, h)| (c.clone(), (h.epoch, h.seq))).collect();
         log.publish(records, end, log_heads, &self.retention, now);
+        drop(chain);
         drop(log);
         for (c, h) in new_heads {
             self.note_head(&c, h);
@@ -1039,7 +1212,11 @@ impl Bus for NatsBus {
     }
 
     fn append(&self, cluster: Arc<str>, items: Vec<Append>) -> BusFuture<'_, u64> {
-        Box::pin(self.append_inner(cluster, items))
+        Box::pin(async move { self.start_inner(cluster, items).await?.await })
+    }
+
+    fn start_append(&self, cluster: Arc<str>, items: Vec<Append>) -> BusFuture<'_, BusFuture<'_, u64>> {
+        Box::pin(self.start_inner(cluster, items))
     }
 
     fn head<'a>(&'a self, cluster: &'a str) -> BusFuture<'a, Option<(u64, u64)>> {
@@ -1207,5 +1384,29 @@ mod unit {
             assert_eq!(untoken(&t).as_deref(), Some(name));
         }
         assert_eq!(token("prod-eu-1"), "prod-eu-1");
+    }
+
+    #[test]
+    fn a_record_follows_only_the_latest_one_its_tail_saw() {
+        let c: Arc<str> = "c".into();
+        let mut chain = Chain { last: HashMap::new(), seen_from: 1 };
+        assert_eq!(chain.follow(&c, Some("-"), (1, 1)), Ok(()), "the first record of a cluster");
+        assert_eq!(chain.follow(&c, Some("1/1"), (1, 2)), Ok(()));
+        assert_eq!(chain.follow(&c, Some("1/3"), (1, 4)), Err(BROKEN), "3 is missing");
+        assert_eq!(chain.follow(&c, Some("1/4"), (1, 5)), Ok(()), "it took 4's place");
+        assert_eq!(chain.follow(&c, None, (1, 9)), Ok(()), "a record of a hub that did not say");
+        assert_eq!(chain.follow(&c, Some("-"), (2, 1)), Err(BROKEN), "its publisher missed the cluster's records");
+        assert_eq!(chain.follow(&c, Some("2/1"), (3, 1)), Ok(()), "epochs change within a chain");
+        assert_eq!(chain.follow(&c, Some("garbage"), (3, 2)), Err(BROKEN));
+        let d: Arc<str> = "d".into();
+        assert_eq!(chain.follow(&d, Some("1/1"), (1, 2)), Err(BROKEN), "a predecessor never seen");
+        assert_eq!(chain.follow(&c, Some("3/1@7"), (3, 3)), Err(BROKEN), "an offset does not excuse a gap seen");
+        let mut partial = Chain { last: HashMap::new(), seen_from: 10 };
+        assert_eq!(partial.follow(&d, Some("1/1"), (1, 2)), Err(UNKNOWN), "a predecessor evicted unseen");
+        let e: Arc<str> = "e".into();
+        assert_eq!(partial.follow(&e, Some("1/1@9"), (1, 2)), Ok(()), "stored below what the tail saw");
+        let f: Arc<str> = "f".into();
+        assert_eq!(partial.follow(&f, Some("1/1@10"), (1, 2)), Err(UNKNOWN), "where the tail looked");
+        assert_eq!(partial.follow(&c, Some("-"), (1, 1)), Ok(()));
     }
 }

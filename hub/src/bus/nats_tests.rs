@@ -92,6 +92,17 @@ async fn a_new_replica_resumes_heads_from_the_bucket_after_eviction() {
     evicted.sort();
     assert_eq!(evicted, vec!["new", "old"], "every cluster that may have lost records below offset 3");
     assert!(b.read(3, 10).await.unwrap().evicted.is_empty());
+    // The records b loaded and the next ones follow their predecessors as b sees them: an
+    // evicted one (old 7/2) by the offset its publisher had from the ack.
+    assert_eq!(a.append("old".into(), vec![ev(7, 3)]).await.unwrap(), 5);
+    wait_for("b's tail at offset 5", Duration::from_secs(30), async || b.last_offset() == 5).await;
+    assert_eq!(kinds(&b).await, vec![(2, false), (3, false)], "offsets 4 and 5 retained, no marker");
+    // A replica started now cannot see new 1/1 (offset 3, evicted), and new 1/2 named it
+    // without an offset (both were in one batch, not acked yet): it cannot tell that
+    // nothing is missing before new 1/2, so it delivers a marker — one resync more than
+    // needed, never one less.
+    let c = open(&server.url(), "fw", retention).await;
+    assert_eq!(kinds(&c).await, vec![(2, true), (3, false)]);
 }
 
 /// JetStream stopped: appends fail with an error naming JetStream, health turns `Err`;
@@ -190,37 +201,114 @@ async fn local_tails_recover_when_their_consumers_vanish() {
     assert_eq!(seqs, vec![1, 2, 3]);
 }
 
+/// Makes the stream refuse records over 300 bytes; `big` makes one.
+async fn refuse_big_records(url: &str) {
+    let js = async_nats::jetstream::new(async_nats::connect(url).await.unwrap());
+    let mut stream = js.get_stream("fw").await.unwrap();
+    let mut config = stream.info().await.unwrap().config.clone();
+    config.max_message_size = 300;
+    js.update_stream(config).await.unwrap();
+}
+
+fn big(seq: u64) -> Append {
+    Append { epoch: 1, seq, body: RecordBody::Event(Bytes::from(format!("\"{}\"", "x".repeat(1000)))) }
+}
+
+/// (seq, is a resync marker) of every record.
+async fn kinds(bus: &NatsBus) -> Vec<(u64, bool)> {
+    let r = bus.read(1, 100).await.unwrap();
+    r.records.iter().map(|r| (r.seq, matches!(r.body, RecordBody::ResyncRequired(_)))).collect()
+}
+
 /// A batch of which a middle record was refused but later ones stored leaves a hole in the
-/// cluster's stream: the append fails, and the next one for the cluster stores a
-/// `resync-required` first, so subscribers reconcile the cluster instead of missing the hole.
+/// cluster's stream: the append fails, and the first record stored after the hole reaches
+/// subscribers as a `resync-required`, so they reconcile the cluster instead of missing it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hole_in_a_batch_is_followed_by_a_resync_marker() {
     let (server, _dir) = server();
     let bus = open(&server.url(), "fw", keep_all()).await;
     let c: Arc<str> = "eu-1".into();
     assert_eq!(bus.append(c.clone(), vec![ev(1, 1)]).await.unwrap(), 1);
-    // The stream now refuses records over 300 bytes.
-    let js = async_nats::jetstream::new(async_nats::connect(server.url()).await.unwrap());
-    let mut stream = js.get_stream("fw").await.unwrap();
-    let mut config = stream.info().await.unwrap().config.clone();
-    config.max_message_size = 300;
-    js.update_stream(config).await.unwrap();
-    let big = |seq| Append { epoch: 1, seq, body: RecordBody::Event(Bytes::from(format!("\"{}\"", "x".repeat(1000)))) };
+    refuse_big_records(&server.url()).await;
     // 3 and 5 are refused, 2 and 4 stored: the head is 4, not 5.
     let err = bus.append(c.clone(), vec![ev(1, 2), big(3), ev(1, 4), big(5)]).await.unwrap_err();
     assert!(err.to_string().contains("JetStream did not store the batch for cluster eu-1"), "{err}");
-    // The agent resends from 2 on; 2 and 4 are stored, so only 5 is new, after a marker.
-    assert_eq!(bus.append(c.clone(), vec![ev(1, 2), ev(1, 3), ev(1, 4), ev(1, 5)]).await.unwrap(), 5);
-    let r = bus.read(1, 10).await.unwrap();
-    let kinds: Vec<(u64, bool)> =
-        r.records.iter().map(|r| (r.seq, matches!(r.body, RecordBody::ResyncRequired(_)))).collect();
-    assert_eq!(kinds, vec![(1, false), (2, false), (4, false), (5, true), (5, false)]);
-    match &r.records[3].body {
+    // The agent resends from 2 on; 2 and 4 are stored, so only 5 is new.
+    assert_eq!(bus.append(c.clone(), vec![ev(1, 2), ev(1, 3), ev(1, 4), ev(1, 5)]).await.unwrap(), 4);
+    assert_eq!(kinds(&bus).await, vec![(1, false), (2, false), (4, true), (5, false)]);
+    match &bus.read(3, 1).await.unwrap().records[0].body {
         RecordBody::ResyncRequired(reason) => {
-            assert!(reason.contains("records were lost in a failed JetStream publish"), "{reason}")
+            assert!(reason.contains("records of the cluster may be missing before this one"), "{reason}")
         }
         other => panic!("{other:?}"),
     }
     // Only once.
-    assert_eq!(bus.append(c.clone(), vec![ev(1, 6)]).await.unwrap(), 6);
+    assert_eq!(bus.append(c.clone(), vec![ev(1, 6)]).await.unwrap(), 5);
+    assert_eq!(kinds(&bus).await.last(), Some(&(6, false)));
+}
+
+/// Two appends of a session in flight (as a session pipelines them): the first is refused,
+/// the second stored. The agent is never acked for either, but the second moved the head,
+/// so its resend of the first is skipped as duplicates: the second's record must reach
+/// subscribers as a `resync-required` — on the replica that appended, on one that only
+/// follows the stream, and on one started afterwards (the appending one may die right
+/// after; nothing it remembers may be needed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_stored_after_a_failed_one_is_a_resync_marker_on_every_replica() {
+    let (server, _dir) = server();
+    let a = open(&server.url(), "fw", keep_all()).await;
+    let b = open(&server.url(), "fw", keep_all()).await;
+    let c: Arc<str> = "eu-1".into();
+    assert_eq!(a.append(c.clone(), vec![ev(1, 1)]).await.unwrap(), 1);
+    refuse_big_records(&server.url()).await;
+    let first = a.start_append(c.clone(), vec![ev(1, 2), big(3)]).await.unwrap();
+    let second = a.start_append(c.clone(), vec![ev(1, 4)]).await.unwrap();
+    let err = first.await.unwrap_err();
+    assert!(err.to_string().contains("JetStream did not store the batch for cluster eu-1"), "{err}");
+    assert_eq!(second.await.unwrap(), 3, "the later batch was stored (and would not be acked)");
+    let late = open(&server.url(), "fw", keep_all()).await;
+    for bus in [&a, &b, &late] {
+        wait_for("the tail at offset 3", Duration::from_secs(30), async || bus.last_offset() == 3).await;
+        assert_eq!(kinds(bus).await, vec![(1, false), (2, false), (4, true)], "3 was lost: 4 is a marker");
+    }
+    // The agent reconnects to b, which reads the head from the stream, and resends from 2.
+    assert_eq!(b.head("eu-1").await.unwrap(), Some((1, 4)));
+    assert_eq!(b.append(c.clone(), vec![ev(1, 2), ev(1, 3), ev(1, 4), ev(1, 5)]).await.unwrap(), 4);
+    for bus in [&a, &b, &late] {
+        wait_for("the tail at offset 4", Duration::from_secs(30), async || bus.last_offset() == 4).await;
+        assert_eq!(kinds(bus).await, vec![(1, false), (2, false), (4, true), (5, false)], "no second marker");
+    }
+}
+
+/// Appends of a cluster in flight on one replica chain up: none of them is a marker when
+/// all are stored, whichever order their acks are awaited in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pipelined_appends_that_all_succeed_need_no_marker() {
+    let (server, _dir) = server();
+    let bus = open(&server.url(), "fw", keep_all()).await;
+    let c: Arc<str> = "eu-1".into();
+    let mut started = Vec::new();
+    for seq in 1..=20 {
+        started.push(bus.start_append(c.clone(), vec![ev(1, seq)]).await.unwrap());
+    }
+    // Resends of what is in flight are skipped (the session's own filter already does so).
+    let resend = bus.start_append(c.clone(), vec![ev(1, 19), ev(1, 20), ev(1, 21)]).await.unwrap();
+    let mut offsets = Vec::new();
+    for f in started.into_iter().rev() {
+        offsets.push(f.await.unwrap());
+    }
+    assert_eq!(resend.await.unwrap(), 21);
+    offsets.sort();
+    assert_eq!(offsets, (1..=20).collect::<Vec<u64>>());
+    let want: Vec<(u64, bool)> = (1..=21).map(|s| (s, false)).collect();
+    assert_eq!(kinds(&bus).await, want);
+    // Once nothing is in flight, the next append starts from the head (also from another
+    // replica's appends, which its tail saw).
+    let other = open(&server.url(), "fw", keep_all()).await;
+    assert_eq!(other.head("eu-1").await.unwrap(), Some((1, 21)));
+    assert_eq!(other.append(c.clone(), vec![ev(1, 22)]).await.unwrap(), 22);
+    wait_for("the tail at offset 22", Duration::from_secs(30), async || bus.last_offset() == 22).await;
+    assert_eq!(bus.append(c.clone(), vec![ev(1, 22), ev(1, 23)]).await.unwrap(), 23);
+    let want: Vec<(u64, bool)> = (1..=23).map(|s| (s, false)).collect();
+    assert_eq!(kinds(&bus).await, want);
 }
