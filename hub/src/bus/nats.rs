@@ -328,6 +328,10 @@ pub struct NatsBus {
     generation: AtomicU64,
     /// What the local tail knows of each cluster's chain of records, to check `Fw-Prev`.
     chain: Mutex<Chain>,
+    /// Appends waiting for their last record in the local tail, by that record's offset.
+    /// Keyed so that a tail advance wakes only the appends it completes: a watch channel
+    /// woke every waiting append (a thousand sessions) at every advance.
+    local_waiters: Mutex<BTreeMap<u64, Vec<tokio::sync::oneshot::Sender<()>>>>,
     unhealthy: Mutex<Option<String>>,
     /// The stream's last sequence as last seen (stream info, publish acks): the local tail
     /// is behind while its end is not above it.
@@ -522,6 +526,7 @@ impl NatsBus {
             replicas_bucket,
             dirty: Mutex::new(HashMap::new()),
             dirty_heads: Mutex::new(HashMap::new()),
+            local_waiters: Mutex::new(BTreeMap::new()),
             stream_handle: js.get_stream(&opts.stream).await.map_err(|e| stream_err(e.to_string()))?,
             pending: Mutex::new(HashMap::new()),
             generation: AtomicU64::new(0),
@@ -560,11 +565,36 @@ impl NatsBus {
         BusError::Nats(e)
     }
 
+    /// Waits until the local tail holds `offset` (at most [`LOCAL_WAIT`]).
     async fn wait_local(&self, offset: u64) -> Result<(), NatsError> {
-        let mut end = self.core.end_tx.subscribe();
-        match tokio::time::timeout(LOCAL_WAIT, end.wait_for(|e| *e > offset)).await {
-            Ok(Ok(_)) => Ok(()),
+        let arrived = {
+            // The end is read under the waiters' lock and [`Self::release_local`] takes it
+            // after every advance, so an advance is either seen here or releases us.
+            let mut waiters = lock(&self.local_waiters);
+            if *self.core.end_tx.borrow() > offset {
+                return Ok(());
+            }
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            waiters.entry(offset).or_default().push(tx);
+            rx
+        };
+        match tokio::time::timeout(LOCAL_WAIT, arrived).await {
+            Ok(Ok(())) => Ok(()),
             _ => Err(NatsError::Lagging { stream: self.stream.clone(), offset }),
+        }
+    }
+
+    /// Wakes the appends whose records the local tail now holds (offsets below its end).
+    /// Entries of appends that gave up are dropped here too, once the end passes them.
+    fn release_local(&self) {
+        let ready = {
+            let mut waiters = lock(&self.local_waiters);
+            let end = *self.core.end_tx.borrow();
+            let later = waiters.split_off(&end);
+            std::mem::replace(&mut *waiters, later)
+        };
+        for tx in ready.into_values().flatten() {
+            let _ = tx.send(());
         }
     }
 
@@ -824,6 +854,7 @@ impl NatsBus {
             self.note_head(&c, h);
         }
         self.core.announce(end);
+        self.release_local();
     }
 
     async fn cursor_entry(&self, identity: &str) -> Result<(BTreeMap<String, u64>, Option<u64>), BusError> {
