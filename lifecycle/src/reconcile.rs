@@ -524,6 +524,12 @@ async fn install_inner(
             Ok(r) => st.default_config = Some(r),
             Err(e) => return fail(st, State::Error, e.to_string()),
         }
+        // The cached Runtime may predate the status write that recorded an earlier creation
+        // (a busy API server or watch): ask the API server before creating, so a
+        // configuration the user deleted meanwhile is not created again.
+        if !st.default_config_created && created_before(ctx, rt, &entry.name).await {
+            st.default_config_created = true;
+        }
         if !st.default_config_created {
             match applier.create_once(cfg).await {
                 Ok((_, created)) => {
@@ -558,6 +564,24 @@ async fn install_inner(
 }
 
 /// Keeps (and repairs) the running version while an upgrade waits.
+/// Whether the Runtime's current status (read from the API server, not the cache) records
+/// module `module`'s default configuration as created. A failed read answers `false`: the
+/// caller then creates the configuration once, as it did from the cached status alone.
+async fn created_before(ctx: &Ctx, rt: &Runtime, module: &str) -> bool {
+    let ns = rt.namespace().unwrap_or_else(|| "default".into());
+    let api: Api<Runtime> = Api::namespaced(ctx.client.clone(), &ns);
+    match api.get_status(&rt.name_any()).await {
+        Ok(fresh) => fresh
+            .status
+            .as_ref()
+            .is_some_and(|s| s.modules.iter().any(|m| m.name == module && m.default_config_created)),
+        Err(e) => {
+            tracing::debug!(%module, "cannot read the Runtime's current status: {e}");
+            false
+        }
+    }
+}
+
 async fn keep_current(
     applier: &Applier,
     ns: &str,
