@@ -18,7 +18,7 @@
 use std::ops::Range;
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use anyhow::Context;
@@ -159,13 +159,14 @@ async fn publish(client: async_nats::Client, cluster: &str, source: SyntheticSou
     let epoch = jiff::Timestamp::now().as_millisecond() as u64;
     let mut seq = 0u64;
     let mut pending = FuturesOrdered::new();
-    let refused = AtomicBool::new(false);
+    let mut refused = false;
     loop {
         tokio::select! {
             biased;
             Some(acked) = pending.next(), if !pending.is_empty() => {
                 let acked: Result<_, async_nats::jetstream::context::PublishError> = acked;
-                if let Err(e) = acked && !refused.swap(true, Ordering::Relaxed) {
+                if let Err(e) = acked && !refused {
+                    refused = true;
                     tracing::warn!(%cluster, "JetStream refused a publish: {e}");
                 }
             }
