@@ -92,6 +92,10 @@ struct Session {
 impl Session {
     async fn serve(&mut self, conn: &mut Conn, sub: &Subscribe, shutdown: &CancellationToken) -> End {
         let bus = self.ctx.bus.clone();
+        // The NATS bus starts following the stream with this replica's first reader.
+        if let Err(e) = bus.prepare_reads().await {
+            return End::Fail(ErrorCode::Internal, format!("hub cannot read events: {e}"), CloseCode::Error);
+        }
         // Why the subscriber must reconcile every cluster before reading on, if it must.
         let mut resync_all: Option<String> = None;
         let mut stored_known_or_new = true;

@@ -151,6 +151,7 @@ pub(super) async fn retention_by_age_evicts_without_appends(open: Factory) {
 /// The end signal follows appends, also from many appenders at once, and never goes back.
 pub(super) async fn concurrent_appends_get_distinct_offsets_and_the_end_follows(open: Factory) {
     let bus = open(keep_all());
+    bus.prepare_reads().await.unwrap();
     let mut end = bus.watch_end();
     assert_eq!(*end.borrow_and_update(), 1);
     bus.append("first".into(), vec![ev(1, 1)]).await.unwrap();
@@ -220,7 +221,7 @@ fn segment_log() -> Factory {
 }
 
 /// A factory for the NATS bus: one `nats-server -js` for the factory, a new stream per bus
-/// (so offsets start at 1 each time).
+/// (so offsets start at 1 each time), its local tail started.
 pub(super) fn nats() -> Factory {
     let dir = tempfile::tempdir().expect("a temporary directory");
     let server = LocalNatsServer::start(dir.path()).unwrap_or_else(|e| panic!("{e}"));
@@ -232,7 +233,13 @@ pub(super) fn nats() -> Factory {
             stream: format!("t{}", n.fetch_add(1, Ordering::Relaxed)),
             ..NatsOptions::new(vec![url.clone()], retention)
         };
-        let open = NatsBus::open(opts);
+        // A replica with a reader from the start, as a hub with subscribers is (its local
+        // tail follows every append; one started later is `nats_tests::lazy_tails_…`).
+        let open = async move {
+            let bus = NatsBus::open(opts).await?;
+            bus.start_tail().await?;
+            Ok::<_, super::NatsError>(bus)
+        };
         tokio::task::block_in_place(|| tokio::runtime::Handle::current().block_on(open))
             .unwrap_or_else(|e| panic!("NATS bus opens: {e}"))
     })

@@ -96,6 +96,13 @@ pub trait Bus: Send + Sync + 'static {
     /// The (epoch, seq) of a cluster's latest record.
     fn head<'a>(&'a self, cluster: &'a str) -> BusFuture<'a, Option<(u64, u64)>>;
 
+    /// Gets the bus ready for this hub's readers; called before a subscriber session reads.
+    /// The NATS bus starts following the stream here (its local tail), so a replica that
+    /// serves only agents never receives the stream. The embedded backends are always ready.
+    fn prepare_reads(&self) -> BusFuture<'_, ()> {
+        ready(Ok(()))
+    }
+
     /// Reads up to `max` records from offset `from` on, with the clusters whose records
     /// below the oldest retained one were evicted (see [`Read`]).
     fn read(&self, from: u64, max: usize) -> BusFuture<'_, Read>;
@@ -106,7 +113,8 @@ pub trait Bus: Send + Sync + 'static {
     /// The offset of the newest record (0 when empty).
     fn last_offset(&self) -> u64;
 
-    /// A receiver that changes whenever records are appended (its value: the next offset).
+    /// A receiver that changes whenever records are appended (its value: the next offset);
+    /// call [`Bus::prepare_reads`] first.
     fn watch_end(&self) -> watch::Receiver<u64>;
 
     /// What is stored for durable subscription `name` of subscriber `identity`; refuses

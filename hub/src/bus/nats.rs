@@ -94,7 +94,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -248,6 +248,54 @@ struct Pending {
     generation: u64,
 }
 
+/// Whether this replica follows the stream (see [`NatsBus::start_tail`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum TailState {
+    /// No reader yet: nothing is delivered to this replica.
+    Stopped,
+    /// Its consumer runs; the retained records are on their way.
+    Loading,
+    /// It holds the retained records and follows the stream.
+    Ready,
+}
+
+/// The stream's first offset and size as last seen (start, probe), answered by a replica
+/// without a local tail.
+#[derive(Debug, Clone, Copy)]
+struct StreamState {
+    first: u64,
+    messages: u64,
+    bytes: u64,
+}
+
+impl From<&stream::State> for StreamState {
+    fn from(s: &stream::State) -> Self {
+        let first = if s.messages == 0 { s.last_sequence + 1 } else { s.first_sequence.max(1) };
+        Self { first, messages: s.messages, bytes: s.bytes }
+    }
+}
+
+/// The local tail's starting point: the stream's retained range, and what was evicted
+/// before it (from the heads in the bucket). The tail checks each record's predecessor;
+/// what it cannot see (records evicted before it started) it knows only from heads written
+/// before them.
+fn initial_log(state: &stream::State, heads: &HashMap<Arc<str>, Head>) -> (Log, Chain) {
+    let mut log = Log::new();
+    log.base = StreamState::from(state).first;
+    log.end = log.base;
+    let mut chain = Chain { last: HashMap::new(), seen_from: log.base };
+    for (cluster, h) in heads {
+        if h.offset < log.base {
+            log.evicted.insert(cluster.clone(), h.offset);
+            chain.last.insert(cluster.clone(), (h.epoch, h.seq));
+        } else if log.base > 1 {
+            log.evicted.insert(cluster.clone(), log.base - 1);
+        }
+        log.heads.insert(cluster.clone(), (h.epoch, h.seq));
+    }
+    (log, chain)
+}
+
 /// Per cluster the (epoch, seq) of the latest record the local tail took in.
 struct Chain {
     last: HashMap<Arc<str>, (u64, u64)>,
@@ -328,6 +376,16 @@ pub struct NatsBus {
     generation: AtomicU64,
     /// What the local tail knows of each cluster's chain of records, to check `Fw-Prev`.
     chain: Mutex<Chain>,
+    /// Where the local tail is; held while it starts, so only the first reader starts it.
+    tail: tokio::sync::Mutex<TailState>,
+    /// The tail was started: appends wait for their records in it (read your writes).
+    tail_started: AtomicBool,
+    /// The tail holds the retained records: offsets and counts come from it.
+    tail_ready: AtomicBool,
+    /// The stream's state as last seen, for a replica without a local tail.
+    stream_state: Mutex<StreamState>,
+    /// Itself, for the tasks it starts later.
+    me: Weak<NatsBus>,
     /// Appends waiting for their last record in the local tail, by that record's offset.
     /// Keyed so that a tail advance wakes only the appends it completes: a watch channel
     /// woke every waiting append (a thousand sessions) at every advance.
@@ -481,41 +539,19 @@ impl NatsBus {
         let cursors_kv = ensure_bucket(&js, &cursors_bucket, opts.replicas, Duration::ZERO).await?;
         let replicas_kv = ensure_bucket(&js, &replicas_bucket, opts.replicas, REPLICA_TTL).await?;
 
-        // Heads of every cluster, and what was evicted before this replica started.
+        // Heads of every cluster (the tail, once started, loads them again).
         let heads = load_heads(&heads_kv, &heads_bucket).await?;
-        let first = info.state.first_sequence.max(1);
-        let mut log = Log::new();
-        if info.state.messages == 0 {
-            log.base = info.state.last_sequence + 1;
-        } else {
-            log.base = first;
-        }
-        log.end = log.base;
-        for (cluster, h) in &heads {
-            if h.offset < log.base {
-                log.evicted.insert(cluster.clone(), h.offset);
-            } else if log.base > 1 {
-                log.evicted.insert(cluster.clone(), log.base - 1);
-            }
-            log.heads.insert(cluster.clone(), (h.epoch, h.seq));
-        }
-        let start_end = log.end;
-        // The tail checks each record's predecessor; what it cannot see (records evicted
-        // before this replica started) it knows only from heads written before them.
-        let mut chain = Chain { last: HashMap::new(), seen_from: log.base };
-        for (cluster, h) in &heads {
-            if h.offset < log.base {
-                chain.last.insert(cluster.clone(), (h.epoch, h.seq));
-            }
-        }
-        let bus = Arc::new(Self {
+        let stream_handle = js.get_stream(&opts.stream).await.map_err(|e| stream_err(e.to_string()))?;
+        let bus = Arc::new_cyclic(|me| Self {
+            me: me.clone(),
             client: client.clone(),
             js: js.clone(),
             stream: opts.stream.clone(),
             servers,
             stream_id: stream_id.clone(),
             durable,
-            core: Core::new(log, super::cursors::CursorStore::memory(), stream_id),
+            // Empty until the local tail starts (see [`NatsBus::start_tail`]).
+            core: Core::new(Log::new(), super::cursors::CursorStore::memory(), stream_id),
             retention: opts.retention,
             heads: Mutex::new(heads),
             heads_kv,
@@ -527,10 +563,14 @@ impl NatsBus {
             dirty: Mutex::new(HashMap::new()),
             dirty_heads: Mutex::new(HashMap::new()),
             local_waiters: Mutex::new(BTreeMap::new()),
-            stream_handle: js.get_stream(&opts.stream).await.map_err(|e| stream_err(e.to_string()))?,
+            stream_handle,
             pending: Mutex::new(HashMap::new()),
             generation: AtomicU64::new(0),
-            chain: Mutex::new(chain),
+            chain: Mutex::new(Chain { last: HashMap::new(), seen_from: 1 }),
+            tail: tokio::sync::Mutex::new(TailState::Stopped),
+            tail_started: AtomicBool::new(false),
+            tail_ready: AtomicBool::new(false),
+            stream_state: Mutex::new(StreamState::from(&info.state)),
             unhealthy: Mutex::new(None),
             stream_last: AtomicU64::new(info.state.last_sequence),
             write_failures: AtomicU64::new(0),
@@ -538,22 +578,76 @@ impl NatsBus {
             _io: io,
         });
 
-        // The local tail: one ordered consumer over the whole stream.
-        let stream = js.get_stream(&opts.stream).await.map_err(|e| stream_err(e.to_string()))?;
-        let messages = tail_consumer(&client, &stream, start_end).await.map_err(stream_err)?;
-        let tail = tokio::spawn(follow(Arc::downgrade(&bus), stream.clone(), messages));
-        let probe = tokio::spawn(probe(Arc::downgrade(&bus), stream));
+        let probe = tokio::spawn(probe(Arc::downgrade(&bus), bus.stream_handle.clone()));
         let age = tokio::spawn(age_retention(Arc::downgrade(&bus)));
-        lock(&bus.tasks).extend([tail.abort_handle(), probe.abort_handle(), age.abort_handle()]);
-
-        // Serve only once the retained history is loaded.
-        let last = info.state.last_sequence;
-        if last >= start_end {
-            tracing::info!(stream = %opts.stream, records = info.state.messages, "loading the retained records from JetStream");
-            bus.wait_local(last).await?;
-        }
+        lock(&bus.tasks).extend([probe.abort_handle(), age.abort_handle()]);
         tracing::info!(stream = %opts.stream, servers = %bus.servers, first = bus.first_offset(), last = bus.last_offset(), "bus on NATS JetStream");
         Ok(bus)
+    }
+
+    /// Starts the local tail, once: loads the retained records and follows the stream from
+    /// then on; answers when what the stream held at the call is in it. Called by the first
+    /// reader (a subscriber session, a read): until then this replica only appends, and
+    /// neither it nor JetStream spends anything on delivering it the stream.
+    pub(super) async fn start_tail(&self) -> Result<(), NatsError> {
+        if self.tail_ready.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let mut state = self.tail.lock().await;
+        if *state == TailState::Stopped {
+            // From here on, appends wait for their records in the tail: whatever is acked
+            // before the stream's state is read below is loaded with the retained records.
+            self.tail_started.store(true, Ordering::SeqCst);
+            if let Err(e) = self.spawn_tail().await {
+                self.tail_started.store(false, Ordering::SeqCst);
+                // Appends that began waiting for the tail need not: nothing reads here yet.
+                let waiting = std::mem::take(&mut *lock(&self.local_waiters));
+                for tx in waiting.into_values().flatten() {
+                    let _ = tx.send(());
+                }
+                return Err(e);
+            }
+            *state = TailState::Loading;
+        }
+        // Loaded once it holds what the stream holds now (a retry after a timeout waits again).
+        let info = self.stream_handle.get_info().await.map_err(|e| self.stream_error(format!("stream info: {e}")))?;
+        let last = info.state.last_sequence;
+        if last >= self.core.first_offset() {
+            tracing::info!(stream = %self.stream, records = info.state.messages, "loading the retained records from JetStream into the local tail");
+            self.wait_local(last).await?;
+        }
+        *state = TailState::Ready;
+        self.tail_ready.store(true, Ordering::Release);
+        tracing::info!(stream = %self.stream, first = self.first_offset(), last = self.last_offset(), "local tail ready");
+        Ok(())
+    }
+
+    /// Sets the local tail up from the stream's state and the heads in the bucket, and
+    /// starts its consumer.
+    async fn spawn_tail(&self) -> Result<(), NatsError> {
+        let info = self.stream_handle.get_info().await.map_err(|e| self.stream_error(format!("stream info: {e}")))?;
+        // The bucket's heads are up to a second old (appending replicas write them once a
+        // second): this replica's own acks and lookups may be newer.
+        let mut heads = load_heads(&self.heads_kv, &self.heads_bucket).await?;
+        for (cluster, h) in lock(&self.heads).iter() {
+            keep_latest(&mut heads, cluster, *h);
+        }
+        let (log, chain) = initial_log(&info.state, &heads);
+        let start = log.end;
+        *self.core.log.write().map_err(|_| self.stream_error("local tail lock poisoned".into()))? = log;
+        *lock(&self.chain) = chain;
+        for (cluster, h) in heads {
+            self.note_head(&cluster, h);
+        }
+        let messages =
+            tail_consumer(&self.client, &self.stream_handle, start).await.map_err(|e| self.stream_error(e))?;
+        let tail = tokio::spawn(follow(self.me.clone(), self.stream_handle.clone(), messages));
+        lock(&self.tasks).push(tail.abort_handle());
+        Ok(())
+    }
+
+    fn stream_error(&self, cause: String) -> NatsError {
+        NatsError::Stream { stream: self.stream.clone(), cause }
     }
 
     fn subject(&self, cluster: &str) -> String {
@@ -788,7 +882,10 @@ impl NatsBus {
         if let Some((epoch, seq)) = last_stored {
             keep_latest(&mut lock(&self.dirty_heads), &cluster, Head { epoch, seq, offset: last_offset });
         }
-        self.wait_local(last_offset).await.map_err(|e| self.fail(e))?;
+        // A reader on this replica sees what was just acked; without one, nothing waits.
+        if self.tail_started.load(Ordering::SeqCst) {
+            self.wait_local(last_offset).await.map_err(|e| self.fail(e))?;
+        }
         Ok(last_offset)
     }
 
@@ -1201,6 +1298,7 @@ async fn probe(bus: Weak<NatsBus>, stream: stream::Stream) {
             match tokio::time::timeout(REQUEST_TIMEOUT, stream.get_info()).await {
                 Ok(Ok(info)) => {
                     bus.stream_last.fetch_max(info.state.last_sequence, Ordering::Relaxed);
+                    *lock(&bus.stream_state) = StreamState::from(&info.state);
                     None
                 }
                 Ok(Err(e)) => Some(format!("JetStream stream {} does not answer: {e}", bus.stream)),
@@ -1254,16 +1352,29 @@ impl Bus for NatsBus {
         Box::pin(async move { Ok(self.head_of(cluster).await?.map(|h| (h.epoch, h.seq))) })
     }
 
+    fn prepare_reads(&self) -> BusFuture<'_, ()> {
+        Box::pin(async move { self.start_tail().await.map_err(|e| self.fail(e)) })
+    }
+
     fn read(&self, from: u64, max: usize) -> BusFuture<'_, Read> {
-        super::ready(Ok(self.core.read(from, max)))
+        Box::pin(async move {
+            self.start_tail().await.map_err(|e| self.fail(e))?;
+            Ok(self.core.read(from, max))
+        })
     }
 
     fn first_offset(&self) -> u64 {
-        self.core.first_offset()
+        match self.tail_ready.load(Ordering::Acquire) {
+            true => self.core.first_offset(),
+            false => lock(&self.stream_state).first,
+        }
     }
 
     fn last_offset(&self) -> u64 {
-        self.core.last_offset()
+        match self.tail_ready.load(Ordering::Acquire) {
+            true => self.core.last_offset(),
+            false => self.stream_last.load(Ordering::Relaxed),
+        }
     }
 
     fn watch_end(&self) -> watch::Receiver<u64> {
@@ -1395,11 +1506,17 @@ impl Bus for NatsBus {
     }
 
     fn retained(&self) -> usize {
-        self.core.retained()
+        match self.tail_ready.load(Ordering::Acquire) {
+            true => self.core.retained(),
+            false => usize::try_from(lock(&self.stream_state).messages).unwrap_or(usize::MAX),
+        }
     }
 
     fn retained_bytes(&self) -> u64 {
-        self.core.retained_bytes()
+        match self.tail_ready.load(Ordering::Acquire) {
+            true => self.core.retained_bytes(),
+            false => lock(&self.stream_state).bytes,
+        }
     }
 }
 
