@@ -599,7 +599,21 @@ impl NatsBus {
         if self.tail_ready.load(Ordering::Acquire) {
             return Ok(());
         }
+        // On a task of its own: a reader that gives up (its connection closed) must not
+        // leave the tail half set up while appends already wait for it.
+        let Some(bus) = self.me.upgrade() else {
+            return Err(self.stream_error("the bus is shutting down".into()));
+        };
+        tokio::spawn(async move { bus.start_tail_now().await })
+            .await
+            .map_err(|e| self.stream_error(format!("starting the local tail failed: {e}")))?
+    }
+
+    async fn start_tail_now(&self) -> Result<(), NatsError> {
         let mut state = self.tail.lock().await;
+        if *state == TailState::Ready {
+            return Ok(());
+        }
         if *state == TailState::Stopped {
             // From here on, appends wait for their records in the tail: whatever is acked
             // before the stream's state is read below is loaded with the retained records.
