@@ -224,6 +224,12 @@ async fn scrape(ctx: &Context) -> String {
     );
     t.single("fleetwatch_hub_bus_bytes", "gauge", "Bytes of records retained in the bus", bus.retained_bytes() as f64);
     t.single(
+        "fleetwatch_hub_bus_held_in_memory",
+        "gauge",
+        "Whether this hub holds the retained records in memory (a replica on JetStream does once a subscriber connected to it)",
+        f64::from(u8::from(bus.holds_records())),
+    );
+    t.single(
         "fleetwatch_hub_bus_writable",
         "gauge",
         "Whether the bus can store records (0 while writes fail)",
@@ -465,7 +471,11 @@ async fn overview(admin: &Admin) -> serde_json::Value {
         "time": jiff::Timestamp::now(),
         "hub": ctx.replica,
         "ready": ready,
-        "bus": {"records": ctx.sessions.bus.retained(), "lastOffset": ctx.sessions.bus.last_offset()},
+        "bus": {
+            "records": ctx.sessions.bus.retained(),
+            "lastOffset": ctx.sessions.bus.last_offset(),
+            "heldInMemory": ctx.sessions.bus.holds_records(),
+        },
         "totals": {
             "clusters": clusters_total,
             "connected": connected,

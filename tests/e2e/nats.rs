@@ -108,6 +108,11 @@ async fn a_killed_hub_replica_loses_nothing() {
         assert!(std::time::Instant::now() < deadline, "b does not show the fleet on a: {list:?}");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    // b has had no reader: it holds none of the stream (its local tail starts with one).
+    let held = |metrics: &str| {
+        metrics.lines().find_map(|l| l.strip_prefix("fleetwatch_hub_bus_held_in_memory ")).map(str::to_string)
+    };
+    assert_eq!(held(&http_get(b.admin_port, "/metrics").await).as_deref(), Some("0"));
     a.proc.signal("KILL");
     assert!(a.proc.wait_exit(Duration::from_secs(5)).is_some());
     to_agents.switch(pb);
@@ -128,6 +133,8 @@ async fn a_killed_hub_replica_loses_nothing() {
         }
         assert!(!seen.resyncs.contains_key("*"), "{:?}", seen.resyncs);
     }
+    // The subscriber's move started b's tail, which loaded what a had stored.
+    assert_eq!(held(&http_get(b.admin_port, "/metrics").await).as_deref(), Some("1"));
     // Replica b resumed each agent's stream from the heads a stored.
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     loop {

@@ -140,6 +140,13 @@ pub trait Bus: Send + Sync + 'static {
     /// Number of records retained.
     fn retained(&self) -> usize;
 
+    /// Whether this hub holds the retained records in its memory. The NATS bus does once
+    /// its local tail started (with the replica's first reader); until then it answers
+    /// [`Bus::retained`] and the offsets from the stream's state as last seen.
+    fn holds_records(&self) -> bool {
+        true
+    }
+
     /// Bytes of records retained (as counted for retention).
     fn retained_bytes(&self) -> u64;
 

@@ -1532,6 +1532,10 @@ impl Bus for NatsBus {
         }
     }
 
+    fn holds_records(&self) -> bool {
+        self.tail_ready.load(Ordering::Acquire)
+    }
+
     fn retained_bytes(&self) -> u64 {
         match self.tail_ready.load(Ordering::Acquire) {
             true => self.core.retained_bytes(),
