@@ -22,5 +22,5 @@ pub use error::CertError;
 pub use inspect::{CertInfo, Purpose, inspect_file, inspect_pem};
 pub use tls::{
     ClientReload, PeerCert, ReloadingClientConfig, ReloadingServerConfig, TlsFiles, client_config,
-    install_crypto_provider, peer_certificate, peer_identity, server_config,
+    install_crypto_provider, peer_certificate, peer_identity, server_config, server_config_optional_client,
 };

@@ -94,10 +94,18 @@ fn check_own_purpose(files: &TlsFiles, chain: &[CertificateDer<'_>], purpose: Pu
 
 /// The client verifier over the CA bundles, with the clientAuth check.
 fn client_verifier(files: &TlsFiles) -> Result<Arc<dyn ClientCertVerifier>, CertError> {
+    client_verifier_with(files, false)
+}
+
+/// Verifies client certificates against the CA bundles; with `optional`, a client may also
+/// present none (a certificate it presents must still verify).
+fn client_verifier_with(files: &TlsFiles, optional: bool) -> Result<Arc<dyn ClientCertVerifier>, CertError> {
     let roots = Arc::new(load_roots(&files.ca)?);
-    let inner = WebPkiClientVerifier::builder_with_provider(roots, provider())
-        .build()
-        .map_err(|e| CertError::Tls(format!("client verifier: {e}")))?;
+    let mut builder = WebPkiClientVerifier::builder_with_provider(roots, provider());
+    if optional {
+        builder = builder.allow_unauthenticated();
+    }
+    let inner = builder.build().map_err(|e| CertError::Tls(format!("client verifier: {e}")))?;
     Ok(Arc::new(ClientAuthVerifier { inner }))
 }
 
@@ -123,6 +131,21 @@ fn build_server_config(
 /// certificate must name serverAuth.
 pub fn server_config(files: &TlsFiles) -> Result<ServerConfig, CertError> {
     build_server_config(files, client_verifier(files)?).map(|(cfg, _)| cfg)
+}
+
+/// Like [`server_config`], but a client may connect without a certificate; one it presents
+/// must verify. The connection's `peer_certificates()` then say whether it was given, so
+/// the server decides per request (the hub's admin endpoint: open probes, the rest needs
+/// a certificate).
+///
+/// ```no_run
+/// # use fleetwatch_certs::{TlsFiles, server_config_optional_client};
+/// let files = TlsFiles { cert: "hub.crt".into(), key: "hub.key".into(), ca: vec!["admin-ca.crt".into()] };
+/// let config = server_config_optional_client(&files)?;
+/// # Ok::<(), fleetwatch_certs::CertError>(())
+/// ```
+pub fn server_config_optional_client(files: &TlsFiles) -> Result<ServerConfig, CertError> {
+    build_server_config(files, client_verifier_with(files, true)?).map(|(cfg, _)| cfg)
 }
 
 /// A client configuration (agent or subscriber): trusts the CA bundles, presents the

@@ -95,6 +95,20 @@ async fn authenticate(State(admin): State<Admin>, req: Request, next: Next) -> R
         text(header::AUTHORIZATION),
         text(header::COOKIE),
     );
+    // With --admin-client-ca, the rest needs a verified client certificate as well; a
+    // connection whose peer is unknown counts as without one.
+    let peer = req.extensions().get::<axum::extract::ConnectInfo<crate::admin_tls::AdminPeer>>().map(|p| p.0);
+    let certified = admin.ctx.admin_tls.is_none()
+        || admin_auth::is_open(req.uri().path())
+        || peer.is_some_and(|p| p.verified_client);
+    if !certified {
+        tracing::debug!(peer = ?peer.map(|p| p.addr), path = req.uri().path(), "admin request without a client certificate refused");
+        return (
+            StatusCode::UNAUTHORIZED,
+            "unauthorized: connect with a client certificate signed by the hub's --admin-client-ca\n",
+        )
+            .into_response();
+    }
     if ok {
         return next.run(req).await;
     }
@@ -122,6 +136,7 @@ pub(crate) async fn serve(listener: TcpListener, ctx: Arc<Context>, shutdown: Ca
     let result = match ctx.admin_tls.clone() {
         Some(tls) => {
             let listener = crate::admin_tls::TlsListener::new(listener, tls, shutdown.clone());
+            let app = app.into_make_service_with_connect_info::<crate::admin_tls::AdminPeer>();
             axum::serve(listener, app).with_graceful_shutdown(shutdown.cancelled_owned()).await
         }
         None => axum::serve(listener, app).with_graceful_shutdown(shutdown.cancelled_owned()).await,

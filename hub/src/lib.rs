@@ -331,7 +331,8 @@ impl Hub {
             Some(addr) => {
                 let token = admin_auth::check(addr, &config.admin_auth)?;
                 let tls = match &config.admin_auth.client_ca {
-                    Some(ca) => Some(Arc::new(fleetwatch_certs::server_config(&TlsFiles {
+                    // A client certificate is checked per request, so probes need none.
+                    Some(ca) => Some(Arc::new(fleetwatch_certs::server_config_optional_client(&TlsFiles {
                         cert: config.tls.cert.clone(),
                         key: config.tls.key.clone(),
                         ca: vec![ca.clone()],

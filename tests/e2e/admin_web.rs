@@ -168,6 +168,75 @@ async fn the_admin_endpoint_fails_closed_beyond_loopback_and_requires_its_token(
     assert_eq!(code, 0, "{out}{err}");
 }
 
+/// GET over TLS with `config`; the response's status, or why there was none.
+async fn https_status(port: u16, path: &str, config: rustls::ClientConfig) -> Result<u16, String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.map_err(|e| e.to_string())?;
+    let name = rustls_pki_types::ServerName::try_from("localhost").map_err(|e| e.to_string())?;
+    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
+    let mut tls = connector.connect(name, tcp).await.map_err(|e| format!("handshake: {e}"))?;
+    tls.write_all(format!("GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").as_bytes()).await.map_err(|e| e.to_string())?;
+    let mut buf = Vec::new();
+    // A refused certificate arrives as an alert on the first read (TLS 1.3).
+    let read = (&mut tls).take(1 << 20).read_to_end(&mut buf).await;
+    let status = String::from_utf8_lossy(&buf).split_whitespace().nth(1).and_then(|s| s.parse().ok());
+    match (status, read) {
+        (Some(code), _) => Ok(code),
+        (None, Err(e)) => Err(e.to_string()),
+        (None, Ok(_)) => Err("connection closed without a response".into()),
+    }
+}
+
+/// A TLS client that trusts `ca` and presents no certificate.
+fn anonymous_client(ca: &Path) -> rustls::ClientConfig {
+    use rustls_pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls_pki_types::CertificateDer::pem_file_iter(ca).unwrap() {
+        roots.add(cert.unwrap()).unwrap();
+    }
+    rustls::ClientConfig::builder().with_root_certificates(roots).with_no_client_auth()
+}
+
+/// `--admin-client-ca`: the admin port speaks TLS; probes and the login page need no
+/// certificate (so kubelet's HTTPS probes work), everything else needs one signed by that
+/// CA; a certificate of another CA fails the handshake, and plain HTTP gets no answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_endpoint_with_client_certificates_admits_only_that_ca() {
+    let pki = Pki::new();
+    let (port, admin_port) = (free_port(), free_port());
+    let mut args = hub_args(&pki, port, admin_port);
+    let at = args.iter().position(|a| a == "--admin-listen").unwrap();
+    args[at + 1] = format!("0.0.0.0:{admin_port}");
+    args.extend(["--admin-client-ca".into(), pki.path("ca.crt").display().to_string()]);
+    let hub = Proc::spawn(&args, pki.path("hub-admin-ca.log"));
+    hub.wait_stdout("hub listening", Duration::from_secs(20));
+
+    let operator = || fleetwatch_certs::client_config(&pki.subscriber("operator")).unwrap();
+    let anonymous = || anonymous_client(&pki.path("ca.crt"));
+    for path in ["/healthz", "/readyz", "/login"] {
+        assert_eq!(https_status(admin_port, path, anonymous()).await, Ok(200), "{path} without a certificate");
+    }
+    for path in ["/metrics", "/api/v1/clusters", "/api/v1/subscriptions", "/api/v1/openapi.json", "/", "/assets/app.js"]
+    {
+        assert_eq!(https_status(admin_port, path, operator()).await, Ok(200), "{path} with the CA's certificate");
+        assert_eq!(https_status(admin_port, path, anonymous()).await, Ok(401), "{path} without a certificate");
+    }
+    // A certificate of another CA is refused in the handshake, even for the probes.
+    let other = Pki::new();
+    let stranger = other.subscriber("stranger");
+    let stranger = fleetwatch_certs::TlsFiles { ca: vec![pki.path("ca.crt")], ..stranger };
+    for path in ["/api/v1/clusters", "/healthz"] {
+        let got = https_status(admin_port, path, fleetwatch_certs::client_config(&stranger).unwrap()).await;
+        assert!(got.is_err(), "{path} with another CA's certificate: {got:?}");
+    }
+    // Plain HTTP gets no HTTP answer.
+    assert_eq!(status_code(admin_port, "/api/v1/clusters", "").await, None);
+    // `fleetwatch status` speaks plain HTTP and says how to reach such a port.
+    let (code, _, err) = status(&["--admin", &format!("https://127.0.0.1:{admin_port}")]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("plain HTTP"), "{err}");
+}
+
 /// The Chromium binary, if installed.
 fn chromium() -> Option<PathBuf> {
     ["chromium", "chromium-browser"].iter().find_map(|name| {
