@@ -11,6 +11,8 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+use std::time::SystemTime;
 
 /// The admin endpoint's protection, as configured.
 #[derive(Debug, Clone, Default)]
@@ -46,9 +48,20 @@ pub enum AdminAuthError {
     WeakToken(PathBuf),
 }
 
-/// The token checked on each request (never printed).
+/// The token checked on each request (never printed). Loaded from its file, it follows
+/// the file: a rotated token (a new Secret mounted by Kubernetes, a file rewritten) is in
+/// force from the next request on, without a restart. A replacement that cannot be read
+/// or is not a valid token is refused with a warning, and the token in force stays: the
+/// endpoint never ends up unprotected.
 #[derive(Clone)]
-pub struct Token(String);
+pub struct Token(Arc<TokenState>);
+
+struct TokenState {
+    /// Where it came from (none for a fixed token).
+    path: Option<PathBuf>,
+    /// The token in force, and the file's (modified time, length) it was read at.
+    current: RwLock<(String, Option<(SystemTime, u64)>)>,
+}
 
 impl std::fmt::Debug for Token {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -56,24 +69,66 @@ impl std::fmt::Debug for Token {
     }
 }
 
+/// A file's (modified time, length): a rewrite changes one of them.
+fn stamp(path: &Path) -> Option<(SystemTime, u64)> {
+    let meta = std::fs::metadata(path).ok()?;
+    Some((meta.modified().ok()?, meta.len()))
+}
+
+/// Reads and checks a token file.
+fn read_token(path: &Path) -> Result<String, AdminAuthError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|source| AdminAuthError::TokenFile { path: path.to_path_buf(), source })?;
+    let token = text.trim();
+    if !token.chars().all(|c| c.is_ascii_graphic() && !matches!(c, ';' | ',' | '"' | '\\')) {
+        return Err(AdminAuthError::BadToken(path.to_path_buf()));
+    }
+    if token.len() < 16 {
+        return Err(AdminAuthError::WeakToken(path.to_path_buf()));
+    }
+    Ok(token.to_string())
+}
+
 impl Token {
-    /// Reads and checks a token file.
+    /// Reads and checks a token file; the token then follows the file (see [`Token`]).
     pub fn load(path: &Path) -> Result<Self, AdminAuthError> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|source| AdminAuthError::TokenFile { path: path.to_path_buf(), source })?;
-        let token = text.trim();
-        if !token.chars().all(|c| c.is_ascii_graphic() && !matches!(c, ';' | ',' | '"' | '\\')) {
-            return Err(AdminAuthError::BadToken(path.to_path_buf()));
+        let before = stamp(path);
+        let token = read_token(path)?;
+        Ok(Self(Arc::new(TokenState { path: Some(path.to_path_buf()), current: RwLock::new((token, before)) })))
+    }
+
+    /// A token that is not read from a file.
+    pub fn fixed(token: &str) -> Self {
+        Self(Arc::new(TokenState { path: None, current: RwLock::new((token.to_string(), None)) }))
+    }
+
+    /// Takes a rewritten file's token in, if it is valid (else keeps the one in force).
+    fn refresh(&self) {
+        let Some(path) = &self.0.path else { return };
+        let now = stamp(path);
+        if now.is_none() || self.0.current.read().map(|c| c.1 == now).unwrap_or(true) {
+            return; // unchanged, or gone for the moment (a Secret's files are swapped)
         }
-        if token.len() < 16 {
-            return Err(AdminAuthError::WeakToken(path.to_path_buf()));
+        let mut current = self.0.current.write().unwrap_or_else(|e| e.into_inner());
+        match read_token(path) {
+            Ok(token) => {
+                if token != current.0 {
+                    tracing::info!(file = %path.display(), "admin token rotated: the new token is in force");
+                }
+                *current = (token, now);
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "the rewritten admin token file is refused; the token in force stays");
+                current.1 = now; // said once per rewrite
+            }
         }
-        Ok(Self(token.to_string()))
     }
 
     /// Compares in time independent of where the first difference is.
     pub fn matches(&self, presented: &str) -> bool {
-        constant_time_eq(self.0.as_bytes(), presented.as_bytes())
+        self.refresh();
+        let current = self.0.current.read().unwrap_or_else(|e| e.into_inner());
+        constant_time_eq(current.0.as_bytes(), presented.as_bytes())
     }
 }
 
@@ -161,7 +216,7 @@ mod tests {
 
     #[test]
     fn requests_need_the_token_except_on_probe_paths() {
-        let t = Token("0123456789abcdef".into());
+        let t = Token::fixed("0123456789abcdef");
         let good = Some("Bearer 0123456789abcdef");
         assert!(allowed("/api/v1/clusters", Some(&t), good, None));
         assert!(!allowed("/api/v1/clusters", Some(&t), None, None));
@@ -176,6 +231,32 @@ mod tests {
         // Nothing configured (loopback): open.
         assert!(allowed("/metrics", None, None, None));
         assert!(format!("{t:?}").contains("redacted"));
+    }
+
+    #[test]
+    fn a_rotated_token_file_is_in_force_at_once_and_a_bad_one_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = token_file(dir.path(), "first-token-0123456789\n");
+        let t = Token::load(&path).unwrap();
+        assert!(t.matches("first-token-0123456789"));
+        let rewrite = |content: &str, age: u64| {
+            std::fs::write(&path, content).unwrap();
+            // Different modification times even on a coarse clock.
+            let when = SystemTime::now() - std::time::Duration::from_secs(age);
+            std::fs::File::options().write(true).open(&path).unwrap().set_modified(when).unwrap();
+        };
+        rewrite("second-token-0123456789\n", 100);
+        assert!(t.matches("second-token-0123456789"), "the new token is in force");
+        assert!(!t.matches("first-token-0123456789"), "the old one is not");
+        // A weak, malformed or missing replacement leaves the token in force.
+        rewrite("short\n", 50);
+        assert!(t.matches("second-token-0123456789") && !t.matches("short"));
+        rewrite("has a space 0123456789\n", 40);
+        assert!(t.matches("second-token-0123456789"));
+        std::fs::remove_file(&path).unwrap();
+        assert!(t.matches("second-token-0123456789"), "a file gone for the moment changes nothing");
+        rewrite("third-token-0123456789\n", 30);
+        assert!(t.matches("third-token-0123456789") && !t.matches("second-token-0123456789"));
     }
 
     #[test]

@@ -166,6 +166,17 @@ async fn the_admin_endpoint_fails_closed_beyond_loopback_and_requires_its_token(
     let (code, out, err) =
         status(&["--admin", &admin, "--admin-token-file", pki.path("admin-token").to_str().unwrap()]);
     assert_eq!(code, 0, "{out}{err}");
+    // The token is rotated (the file rewritten, as Kubernetes does with a Secret's): the new
+    // one is in force from the next request on, the old one no longer; no restart.
+    let rotated = "a-rotated-admin-token-with-another-length-42";
+    std::fs::write(pki.path("admin-token"), format!("{rotated}\n")).unwrap();
+    let new_bearer = format!("Authorization: Bearer {rotated}\r\n");
+    assert_eq!(status_code(admin_port, "/api/v1/clusters", &new_bearer).await, Some(200));
+    assert_eq!(status_code(admin_port, "/api/v1/clusters", &bearer).await, Some(401));
+    // A weak replacement is refused and the rotated token stays in force.
+    std::fs::write(pki.path("admin-token"), "weak\n").unwrap();
+    assert_eq!(status_code(admin_port, "/api/v1/clusters", &new_bearer).await, Some(200));
+    assert_eq!(status_code(admin_port, "/api/v1/clusters", "Authorization: Bearer weak\r\n").await, Some(401));
 }
 
 /// GET over TLS with `config`; the response's status, or why there was none.
