@@ -166,8 +166,9 @@ pub fn presented<'a>(authorization: Option<&'a str>, cookie: Option<&'a str>) ->
     cookie?.split(';').map(str::trim).find_map(|c| c.strip_prefix(COOKIE)?.strip_prefix('='))
 }
 
-/// Whether a request may go on: open paths always; otherwise the token must match when
-/// one is configured (client certificates were checked in the TLS handshake already).
+/// Whether a request may go on as far as the token is concerned: open paths always;
+/// otherwise the token must match when one is configured. (With `--admin-client-ca` the
+/// admin router also requires a verified client certificate on the connection.)
 pub fn allowed(path: &str, token: Option<&Token>, authorization: Option<&str>, cookie: Option<&str>) -> bool {
     if is_open(path) {
         return true;

@@ -254,17 +254,6 @@ struct Pending {
     generation: u64,
 }
 
-/// Whether this replica follows the stream (see [`NatsBus::start_tail`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum TailState {
-    /// No reader yet: nothing is delivered to this replica.
-    Stopped,
-    /// Its consumer runs; the retained records are on their way.
-    Loading,
-    /// It holds the retained records and follows the stream.
-    Ready,
-}
-
 /// The stream's first offset and size as last seen (start, probe), answered by a replica
 /// without a local tail.
 #[derive(Debug, Clone, Copy)]
@@ -382,9 +371,10 @@ pub struct NatsBus {
     generation: AtomicU64,
     /// What the local tail knows of each cluster's chain of records, to check `Fw-Prev`.
     chain: Mutex<Chain>,
-    /// Where the local tail is; held while it starts, so only the first reader starts it.
-    tail: tokio::sync::Mutex<TailState>,
-    /// The tail was started: appends wait for their records in it (read your writes).
+    /// Held while the local tail starts, so only the first reader starts it.
+    tail_starting: tokio::sync::Mutex<()>,
+    /// The tail was started (its consumer runs): appends wait for their records in it
+    /// (read your writes). Changed only under `tail_starting`.
     tail_started: AtomicBool,
     /// The tail holds the retained records: offsets and counts come from it.
     tail_ready: AtomicBool,
@@ -573,7 +563,7 @@ impl NatsBus {
             pending: Mutex::new(HashMap::new()),
             generation: AtomicU64::new(0),
             chain: Mutex::new(Chain { last: HashMap::new(), seen_from: 1 }),
-            tail: tokio::sync::Mutex::new(TailState::Stopped),
+            tail_starting: tokio::sync::Mutex::new(()),
             tail_started: AtomicBool::new(false),
             tail_ready: AtomicBool::new(false),
             stream_state: Mutex::new(StreamState::from(&info.state)),
@@ -610,11 +600,11 @@ impl NatsBus {
     }
 
     async fn start_tail_now(&self) -> Result<(), NatsError> {
-        let mut state = self.tail.lock().await;
-        if *state == TailState::Ready {
+        let _starting = self.tail_starting.lock().await;
+        if self.tail_ready.load(Ordering::Acquire) {
             return Ok(());
         }
-        if *state == TailState::Stopped {
+        if !self.tail_started.load(Ordering::SeqCst) {
             // From here on, appends wait for their records in the tail: whatever is acked
             // before the stream's state is read below is loaded with the retained records.
             self.tail_started.store(true, Ordering::SeqCst);
@@ -627,7 +617,6 @@ impl NatsBus {
                 }
                 return Err(e);
             }
-            *state = TailState::Loading;
         }
         // Loaded once it holds what the stream holds now (a retry after a timeout waits again).
         let info = self.stream_handle.get_info().await.map_err(|e| self.stream_error(format!("stream info: {e}")))?;
@@ -636,7 +625,6 @@ impl NatsBus {
             tracing::info!(stream = %self.stream, records = info.state.messages, "loading the retained records from JetStream into the local tail");
             self.wait_local(last).await?;
         }
-        *state = TailState::Ready;
         self.tail_ready.store(true, Ordering::Release);
         tracing::info!(stream = %self.stream, first = self.first_offset(), last = self.last_offset(), "local tail ready");
         Ok(())
@@ -1384,17 +1372,11 @@ impl Bus for NatsBus {
     }
 
     fn first_offset(&self) -> u64 {
-        match self.tail_ready.load(Ordering::Acquire) {
-            true => self.core.first_offset(),
-            false => lock(&self.stream_state).first,
-        }
+        if self.holds_records() { self.core.first_offset() } else { lock(&self.stream_state).first }
     }
 
     fn last_offset(&self) -> u64 {
-        match self.tail_ready.load(Ordering::Acquire) {
-            true => self.core.last_offset(),
-            false => self.stream_last.load(Ordering::Relaxed),
-        }
+        if self.holds_records() { self.core.last_offset() } else { self.stream_last.load(Ordering::Relaxed) }
     }
 
     fn watch_end(&self) -> watch::Receiver<u64> {
@@ -1526,7 +1508,7 @@ impl Bus for NatsBus {
     }
 
     fn retained(&self) -> usize {
-        match self.tail_ready.load(Ordering::Acquire) {
+        match self.holds_records() {
             true => self.core.retained(),
             false => usize::try_from(lock(&self.stream_state).messages).unwrap_or(usize::MAX),
         }
@@ -1537,10 +1519,7 @@ impl Bus for NatsBus {
     }
 
     fn retained_bytes(&self) -> u64 {
-        match self.tail_ready.load(Ordering::Acquire) {
-            true => self.core.retained_bytes(),
-            false => lock(&self.stream_state).bytes,
-        }
+        if self.holds_records() { self.core.retained_bytes() } else { lock(&self.stream_state).bytes }
     }
 }
 
