@@ -481,9 +481,11 @@ async fn a_durable_name_lost_with_the_cursor_store_is_reported_lost() {
     for bus in [&a, &b, &late] {
         assert_eq!(bus.durable_lookup("op", "lifecycle").await.unwrap(), Lookup::Lost);
     }
-    // Stored again at the subscriber's first ack after its resync: known from then on.
-    b.set_durable_cursor("op", "lifecycle", 9).await.unwrap();
-    b.flush_cursors().await.unwrap();
+    // Stored again at the subscriber's first ack after its resync (on a, which registered
+    // the name before the loss): known from then on, everywhere.
+    a.set_durable_cursor("op", "lifecycle", 9).await.unwrap();
+    assert_eq!(a.durable_lookup("op", "lifecycle").await.unwrap(), Lookup::Known(9), "before the flush too");
+    a.flush_cursors().await.unwrap();
     for bus in [&a, &b, &late] {
         assert_eq!(bus.durable_lookup("op", "lifecycle").await.unwrap(), Lookup::Known(9));
     }
