@@ -153,9 +153,7 @@ impl Observed {
             return;
         }
         self.resync_count += 1;
-        // Reasons carry sequence numbers; count them by their wording only.
-        let kind: String = r.reason.chars().take_while(|c| !c.is_ascii_digit()).collect();
-        *self.resync_reasons.entry(kind.trim().to_string()).or_default() += 1;
+        *self.resync_reasons.entry(reason_kind(&r.reason)).or_default() += 1;
     }
 
     /// The last view of an object and when it arrived.
@@ -167,6 +165,26 @@ impl Observed {
     pub fn last_resync(&self, cluster: &str) -> Option<Instant> {
         self.resyncs.get(cluster).copied().max(self.resyncs.get("*").copied())
     }
+}
+
+/// A reason's wording without its numbers (sequence numbers, offsets, cursors), at most
+/// 100 characters: resyncs are counted by it.
+fn reason_kind(reason: &str) -> String {
+    let mut out = String::new();
+    for c in reason.chars() {
+        if c.is_ascii_digit() {
+            if !out.ends_with('N') {
+                out.push('N');
+            }
+        } else {
+            out.push(c);
+        }
+        if out.len() >= 100 {
+            out.push('…');
+            break;
+        }
+    }
+    out.trim().to_string()
 }
 
 #[cfg(test)]

@@ -299,7 +299,8 @@ async fn soak(
     opts.connect_timeout = Duration::from_secs(5);
     opts.idle_timeout = Duration::from_secs(15);
     let sub = Subscription::connect(opts).await.context("subscriber")?;
-    let subscriber = tokio::spawn(subscribe(sub, observed.clone(), stop.child_token()));
+    let subscriber_stop = stop.child_token();
+    let subscriber = tokio::spawn(subscribe(sub, observed.clone(), subscriber_stop.clone()));
 
     let admins: Vec<SocketAddr> = hubs.iter().map(|h| h.admin).collect();
     wait_connected(&admins, clusters.len(), Duration::from_secs(60)).await?;
@@ -355,7 +356,9 @@ async fn soak(
         tokio::time::sleep(Duration::from_millis(500)).await;
     };
     let settled = settle_start.elapsed();
-    stop.cancel();
+    // The processes stop first, the proxies (`stop`) last: a hub cut off from NATS would
+    // not finish its shutdown.
+    subscriber_stop.cancel();
     let _ = subscriber.await;
     for a in &mut fleet.agents {
         if a.proc.exited().is_some() {
@@ -369,6 +372,7 @@ async fn soak(
         }
         h.proc.stop(procs::Stop::Term, Duration::from_secs(10)).await;
     }
+    stop.cancel();
     let stats = churns.iter().map(|c| c.stats()).fold(churn::ChurnStats::default(), |t, s| churn::ChurnStats {
         writes: t.writes + s.writes,
         errors: t.errors + s.errors,
