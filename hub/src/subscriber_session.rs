@@ -118,7 +118,7 @@ impl Session {
             (Some(r), stored) if r.stream == bus.stream_id() => r.cursor.max(stored.unwrap_or(0)),
             (Some(_), _) => {
                 // The client's cursor is from a bus that no longer exists.
-                resync_all = Some("the hub's event history was lost (restart without a data directory)".into());
+                resync_all = Some(bus.lost_history_reason().into());
                 stored.unwrap_or_else(|| self.default_start(sub.from))
             }
             (None, Some(c)) => c,

@@ -231,6 +231,7 @@ pub(super) fn nats() -> Factory {
         let _alive = (&server, &dir);
         let opts = NatsOptions {
             stream: format!("t{}", n.fetch_add(1, Ordering::Relaxed)),
+            missing_stream_wait: Duration::ZERO,
             ..NatsOptions::new(vec![url.clone()], retention)
         };
         // A replica with a reader from the start, as a hub with subscribers is (its local

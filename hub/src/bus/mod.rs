@@ -32,6 +32,7 @@ mod log;
 mod memory;
 pub mod nats;
 pub mod nats_server;
+mod nats_state;
 mod record;
 mod recovery;
 mod retention;
@@ -130,6 +131,12 @@ pub trait Bus: Send + Sync + 'static {
     /// Stores durable cursors that changed (a no-op where they are stored at once), and
     /// whatever else a backend writes coalesced (the NATS bus: cluster heads).
     fn flush_cursors(&self) -> BusFuture<'_, ()>;
+
+    /// The reason of the `resync-required` `*` for a subscriber that resumes with the
+    /// cursor of another stream id: why this bus's history before it is gone.
+    fn lost_history_reason(&self) -> &'static str {
+        "the hub's event history was lost (restart without a data directory)"
+    }
 
     /// Whether the bus can store records: `Err(cause)` while writes fail.
     fn health(&self) -> Result<(), String>;

@@ -113,6 +113,7 @@ use tokio::task::AbortHandle;
 
 use super::cursors::{DurableError, Lookup, MAX_NAME_BYTES, MAX_NAMES_PER_IDENTITY};
 use super::log::{Core, Log};
+use super::nats_state::{self, Cursors, Lineage, META_KEY, Meta, Move};
 use super::retention::{self, Retention};
 use super::{ALL_CLUSTERS, Append, Bus, BusError, BusFuture, Read, Record, RecordBody, cap_reasons};
 
@@ -226,7 +227,20 @@ pub struct NatsOptions {
     pub replicas: usize,
     /// What the stream and the local tail retain.
     pub retention: Retention,
+    /// How long a hub that finds no stream at start waits for one to appear before it
+    /// creates a new bus: right after NATS restarted with an empty store, a running replica
+    /// recreates the stream as the continuation of its bus within seconds (see
+    /// [`DEFAULT_MISSING_STREAM_WAIT`]); a new bus created meanwhile would make it unusable.
+    pub missing_stream_wait: Duration,
 }
+
+/// [`NatsOptions::missing_stream_wait`] by default: longer than a running replica takes to
+/// reconnect (at most [`RECONNECT_DELAY_MAX`]) and to see the stream gone on two probes a
+/// second apart.
+pub const DEFAULT_MISSING_STREAM_WAIT: Duration = Duration::from_secs(5);
+
+/// The longest pause between reconnection attempts to NATS (the client's default is 4 s).
+const RECONNECT_DELAY_MAX: Duration = Duration::from_secs(1);
 
 impl NatsOptions {
     /// Options for `servers` with the defaults (stream [`DEFAULT_STREAM`], one replica).
@@ -240,6 +254,7 @@ impl NatsOptions {
             stream: DEFAULT_STREAM.into(),
             replicas: 1,
             retention,
+            missing_stream_wait: DEFAULT_MISSING_STREAM_WAIT,
         }
     }
 }
@@ -263,10 +278,11 @@ struct StreamState {
     bytes: u64,
 }
 
-impl From<&stream::State> for StreamState {
-    fn from(s: &stream::State) -> Self {
+impl StreamState {
+    /// The state in offsets (stream sequence + `base`).
+    fn of(s: &stream::State, base: u64) -> Self {
         let first = if s.messages == 0 { s.last_sequence + 1 } else { s.first_sequence.max(1) };
-        Self { first, messages: s.messages, bytes: s.bytes }
+        Self { first: first + base, messages: s.messages, bytes: s.bytes }
     }
 }
 
@@ -274,9 +290,9 @@ impl From<&stream::State> for StreamState {
 /// before it (from the heads in the bucket). The tail checks each record's predecessor;
 /// what it cannot see (records evicted before it started) it knows only from heads written
 /// before them.
-fn initial_log(state: &stream::State, heads: &HashMap<Arc<str>, Head>) -> (Log, Chain) {
+fn initial_log(state: &stream::State, base: u64, heads: &HashMap<Arc<str>, Head>) -> (Log, Chain) {
     let mut log = Log::new();
-    log.base = StreamState::from(state).first;
+    log.base = StreamState::of(state, base).first;
     log.end = log.base;
     let mut chain = Chain { last: HashMap::new(), seen_from: log.base };
     for (cluster, h) in heads {
@@ -357,8 +373,32 @@ pub struct NatsBus {
     cursors_bucket: String,
     replicas_kv: kv::Store,
     replicas_bucket: String,
-    /// Cursor moves not yet written: identity → name → cursor.
-    dirty: Mutex<HashMap<String, BTreeMap<String, u64>>>,
+    /// Cursor moves not yet written: identity → name → cursor and registration.
+    dirty: Mutex<HashMap<String, BTreeMap<String, Move>>>,
+    /// The registration this replica last wrote per (identity, name): its cursor moves
+    /// belong to it (see [`Cursors::current`]).
+    regs: Mutex<HashMap<(String, String), u64>>,
+    /// What the stream and buckets are created with (again, after JetStream lost them).
+    opts: NatsOptions,
+    /// Offset = stream sequence + base: 0 for a stream created fresh, above every earlier
+    /// offset for one recreated after JetStream lost its store (see [`nats_state`]).
+    base: AtomicU64,
+    /// When the stream this replica uses was created (Unix nanoseconds): a different one
+    /// means it was recreated.
+    created: Mutex<i128>,
+    /// Set while this replica takes a recreated stream on: appends are refused meanwhile,
+    /// so none is acked with an offset of the old stream's numbering.
+    adopting: AtomicBool,
+    /// Set for good when the stream was recreated by a hub that did not know this bus (its
+    /// offsets may repeat ones this replica handed out): every operation fails with it.
+    poisoned: Mutex<Option<String>>,
+    /// Wakes the probe at once (an ack showed the stream went backwards).
+    recheck: Arc<tokio::sync::Notify>,
+    /// Which local tail ingests: a tail restarted on a recreated stream bumps it, so a batch
+    /// of the old consumer still in flight is dropped.
+    tail_generation: AtomicU64,
+    /// The task feeding the local tail.
+    tail_task: Mutex<Option<AbortHandle>>,
     /// Heads this replica appended and has not written to the bucket yet.
     dirty_heads: Mutex<HashMap<Arc<str>, Head>>,
     /// The stream, for reading a cluster's last message.
@@ -460,6 +500,9 @@ impl Drop for NatsBus {
         for t in self.tasks.get_mut().map(std::mem::take).unwrap_or_default() {
             t.abort();
         }
+        if let Some(t) = self.tail_task.get_mut().ok().and_then(Option::take) {
+            t.abort();
+        }
     }
 }
 
@@ -526,7 +569,8 @@ impl NatsBus {
         let js = jetstream::ContextBuilder::new().timeout(REQUEST_TIMEOUT).build(client.clone());
         let stream_err = |cause: String| NatsError::Stream { stream: opts.stream.clone(), cause };
         let info = ensure_stream(&js, &opts).await?;
-        let stream_id = format!("{}-{:x}", opts.stream, info.created.unix_timestamp_nanos());
+        let lineage = lineage_of(&opts.stream, &info);
+        let stream_id = lineage.id.clone();
         let durable = matches!(info.config.storage, stream::StorageType::File);
         let heads_bucket = format!("{}_heads", opts.stream);
         let cursors_bucket = format!("{}_cursors", opts.stream);
@@ -534,6 +578,10 @@ impl NatsBus {
         let heads_kv = ensure_bucket(&js, &heads_bucket, opts.replicas, Duration::ZERO).await?;
         let cursors_kv = ensure_bucket(&js, &cursors_bucket, opts.replicas, Duration::ZERO).await?;
         let replicas_kv = ensure_bucket(&js, &replicas_bucket, opts.replicas, REPLICA_TTL).await?;
+        // A cursor store first written while the bus already has history was recreated (or
+        // is from a release that did not write the entry): names not in it may have existed.
+        let had_history = info.state.last_sequence > 0 || lineage.base > 0;
+        ensure_meta(&cursors_kv, &cursors_bucket, had_history).await?;
 
         // Heads of every cluster (the tail, once started, loads them again).
         let heads = load_heads(&heads_kv, &heads_bucket).await?;
@@ -557,6 +605,15 @@ impl NatsBus {
             replicas_kv,
             replicas_bucket,
             dirty: Mutex::new(HashMap::new()),
+            regs: Mutex::new(HashMap::new()),
+            opts: opts.clone(),
+            base: AtomicU64::new(lineage.base),
+            created: Mutex::new(info.created.unix_timestamp_nanos()),
+            adopting: AtomicBool::new(false),
+            poisoned: Mutex::new(None),
+            recheck: Arc::new(tokio::sync::Notify::new()),
+            tail_generation: AtomicU64::new(0),
+            tail_task: Mutex::new(None),
             dirty_heads: Mutex::new(HashMap::new()),
             local_waiters: Mutex::new(BTreeMap::new()),
             stream_handle,
@@ -566,15 +623,15 @@ impl NatsBus {
             tail_starting: tokio::sync::Mutex::new(()),
             tail_started: AtomicBool::new(false),
             tail_ready: AtomicBool::new(false),
-            stream_state: Mutex::new(StreamState::from(&info.state)),
+            stream_state: Mutex::new(StreamState::of(&info.state, lineage.base)),
             unhealthy: Mutex::new(None),
-            stream_last: AtomicU64::new(info.state.last_sequence),
+            stream_last: AtomicU64::new(info.state.last_sequence + lineage.base),
             write_failures: AtomicU64::new(0),
             tasks: Mutex::new(Vec::new()),
             _io: io,
         });
 
-        let probe = tokio::spawn(probe(Arc::downgrade(&bus), bus.stream_handle.clone()));
+        let probe = tokio::spawn(probe(Arc::downgrade(&bus), bus.stream_handle.clone(), bus.recheck.clone()));
         let age = tokio::spawn(age_retention(Arc::downgrade(&bus)));
         lock(&bus.tasks).extend([probe.abort_handle(), age.abort_handle()]);
         tracing::info!(stream = %opts.stream, servers = %bus.servers, first = bus.first_offset(), last = bus.last_offset(), "bus on NATS JetStream");
@@ -620,7 +677,7 @@ impl NatsBus {
         }
         // Loaded once it holds what the stream holds now (a retry after a timeout waits again).
         let info = self.stream_handle.get_info().await.map_err(|e| self.stream_error(format!("stream info: {e}")))?;
-        let last = info.state.last_sequence;
+        let last = info.state.last_sequence + self.base.load(Ordering::SeqCst);
         if last >= self.core.first_offset() {
             tracing::info!(stream = %self.stream, records = info.state.messages, "loading the retained records from JetStream into the local tail");
             self.wait_local(last).await?;
@@ -640,17 +697,150 @@ impl NatsBus {
         for (cluster, h) in lock(&self.heads).iter() {
             keep_latest(&mut heads, cluster, *h);
         }
-        let (log, chain) = initial_log(&info.state, &heads);
+        let base = self.base.load(Ordering::SeqCst);
+        let (log, chain) = initial_log(&info.state, base, &heads);
         let start = log.end;
-        *self.core.log.write().map_err(|_| self.stream_error("local tail lock poisoned".into()))? = log;
-        *lock(&self.chain) = chain;
+        let generation = {
+            let mut current =
+                self.core.log.write().map_err(|_| self.stream_error("local tail lock poisoned".into()))?;
+            *current = log;
+            *lock(&self.chain) = chain;
+            // Batches of a consumer started before are dropped from now on.
+            self.tail_generation.fetch_add(1, Ordering::SeqCst) + 1
+        };
         for (cluster, h) in heads {
             self.note_head(&cluster, h);
         }
+        // A tail restarted on a recreated stream starts above the old end: readers and
+        // appends waiting for old offsets go on.
+        self.core.announce(start);
+        self.release_local();
         let messages =
-            tail_consumer(&self.client, &self.stream_handle, start).await.map_err(|e| self.stream_error(e))?;
-        let tail = tokio::spawn(follow(self.me.clone(), self.stream_handle.clone(), messages));
-        lock(&self.tasks).push(tail.abort_handle());
+            tail_consumer(&self.client, &self.stream_handle, start - base).await.map_err(|e| self.stream_error(e))?;
+        let tail = tokio::spawn(follow(self.me.clone(), self.stream_handle.clone(), messages, generation));
+        if let Some(old) = lock(&self.tail_task).replace(tail.abort_handle()) {
+            old.abort();
+        }
+        Ok(())
+    }
+
+    /// Offset = stream sequence + this (above 0 once a recreated stream was taken on).
+    #[cfg(test)]
+    pub(super) fn offset_base(&self) -> u64 {
+        self.base.load(Ordering::SeqCst)
+    }
+
+    /// `Err` for good once the stream was recreated by a hub that did not know this bus.
+    fn usable(&self) -> Result<(), BusError> {
+        match &*lock(&self.poisoned) {
+            None => Ok(()),
+            Some(cause) => Err(BusError::Nats(self.stream_error(cause.clone()))),
+        }
+    }
+
+    /// The highest offset this replica knows to exist (acks, probes, its tail, heads).
+    fn known_last(&self) -> u64 {
+        let heads = lock(&self.heads).values().map(|h| h.offset).max().unwrap_or(0);
+        let tail = if self.tail_started.load(Ordering::SeqCst) { self.core.last_offset() } else { 0 };
+        self.stream_last.load(Ordering::SeqCst).max(heads).max(tail)
+    }
+
+    /// JetStream lost the stream (NATS restarted with an empty store): creates it again as
+    /// the continuation of this bus — the same bus id, offsets above every offset this
+    /// replica knew (its description says so, see [`nats_state`]) — and takes it on. Another
+    /// replica may have been first: then its stream is taken on.
+    async fn recreate(&self) -> Result<(), NatsError> {
+        let lineage = Lineage { id: self.stream_id.clone(), base: nats_state::next_base(self.known_last()) };
+        let mut config = wanted_config(&self.opts);
+        config.description = Some(nats_state::describe(Some(&lineage)));
+        tracing::warn!(stream = %self.stream, base = lineage.base, "the JetStream stream is gone (NATS lost its store?): recreating it");
+        let refused = self.js.create_stream(config).await.err();
+        let info = self.stream_handle.get_info().await.map_err(|e| {
+            self.stream_error(match refused {
+                Some(c) => format!("cannot recreate the stream: {c}"),
+                None => format!("stream info after recreating it: {e}"),
+            })
+        })?;
+        if info.created.unix_timestamp_nanos() == *lock(&self.created) {
+            // It was there after all (a server still starting up answered "not found").
+            return Ok(());
+        }
+        self.adopt(info).await
+    }
+
+    /// Takes on a stream that was recreated (by this replica or another): the buckets are
+    /// created again where they went with it, a cursor store found without its meta entry
+    /// is marked as having lost names, the `resync-required` `*` is recorded once (every
+    /// replica publishes it with the same message id, JetStream keeps one), and offsets
+    /// continue above the old ones — a subscriber reading on from an old cursor reads the
+    /// marker next. Until done, appends are refused.
+    async fn adopt(&self, info: stream::Info) -> Result<(), NatsError> {
+        let lineage = lineage_of(&self.stream, &info);
+        let known = self.known_last();
+        if lineage.id != self.stream_id || lineage.base < known {
+            let cause = format!(
+                "the JetStream stream {} was recreated by a hub that did not know bus {} (bus {}, offsets from {}, while \
+                 this replica handed out offsets up to {known}): restart this hub replica",
+                self.stream,
+                self.stream_id,
+                lineage.id,
+                lineage.base + 1
+            );
+            tracing::error!(%cause, "bus unusable");
+            *lock(&self.poisoned) = Some(cause.clone());
+            // Readers waiting for more read now and fail, so their sessions end and the
+            // subscribers reconnect (to a replica that works, or to this one restarted).
+            self.core.announce(u64::MAX);
+            self.release_local();
+            return Err(self.stream_error(cause));
+        }
+        self.adopting.store(true, Ordering::SeqCst);
+        self.adopt_now(&info, &lineage).await?;
+        *lock(&self.created) = info.created.unix_timestamp_nanos();
+        self.adopting.store(false, Ordering::SeqCst);
+        tracing::warn!(stream = %self.stream, base = lineage.base, "taken on the recreated JetStream stream: offsets continue above {}; subscribers get resync-required *", lineage.base);
+        Ok(())
+    }
+
+    async fn adopt_now(&self, info: &stream::Info, lineage: &Lineage) -> Result<(), NatsError> {
+        // The key-value handles name their buckets: they work on buckets created again.
+        ensure_bucket(&self.js, &self.heads_bucket, self.opts.replicas, Duration::ZERO).await?;
+        ensure_bucket(&self.js, &self.cursors_bucket, self.opts.replicas, Duration::ZERO).await?;
+        ensure_bucket(&self.js, &self.replicas_bucket, self.opts.replicas, REPLICA_TTL).await?;
+        ensure_meta(&self.cursors_kv, &self.cursors_bucket, true).await?;
+        self.publish_recreated_marker(lineage.base).await?;
+        let _starting = self.tail_starting.lock().await;
+        if let Ok(_log) = self.core.log.write() {
+            // The old stream's consumer ingests nothing more.
+            self.tail_generation.fetch_add(1, Ordering::SeqCst);
+            self.base.store(lineage.base, Ordering::SeqCst);
+        }
+        self.stream_last.fetch_max(info.state.last_sequence + lineage.base, Ordering::SeqCst);
+        *lock(&self.stream_state) = StreamState::of(&info.state, lineage.base);
+        // Appends in flight chained onto records of the old stream.
+        lock(&self.pending).clear();
+        if self.tail_started.load(Ordering::SeqCst) {
+            self.spawn_tail().await?;
+        }
+        Ok(())
+    }
+
+    /// Records `resync-required` `*` in a recreated stream, as its first record unless
+    /// appends of replicas that had not noticed yet came first (then right after them).
+    async fn publish_recreated_marker(&self, base: u64) -> Result<(), NatsError> {
+        let mut headers = HeaderMap::new();
+        headers.insert(H_EPOCH, "0");
+        headers.insert(H_SEQ, base.to_string().as_str());
+        headers.insert(H_KIND, KIND_RESYNC);
+        headers.insert(H_PREV, "-");
+        let reason = format!("{RECREATED}: the records before offset {} are lost", base + 1);
+        let publish = jetstream::message::PublishMessage::build()
+            .payload(reason.into())
+            .headers(headers)
+            .message_id(format!("{}/recreated/{base}", token(ALL_CLUSTERS)));
+        let failed = |e: String| NatsError::Publish { cluster: ALL_CLUSTERS.into(), cause: e };
+        let ack = self.js.send_publish(self.subject(ALL_CLUSTERS), publish).await.map_err(|e| failed(e.to_string()))?;
+        ack.into_future().await.map_err(|e| failed(e.to_string()))?;
         Ok(())
     }
 
@@ -706,7 +896,7 @@ impl NatsBus {
     async fn head_of(&self, cluster: &str) -> Result<Option<Head>, BusError> {
         let subject = self.subject(cluster);
         let found = match self.stream_handle.get_last_raw_message_by_subject(&subject).await {
-            Ok(msg) => head_from_headers(&msg.headers, msg.sequence),
+            Ok(msg) => head_from_headers(&msg.headers, msg.sequence + self.base.load(Ordering::SeqCst)),
             // The bucket only matters once the stream holds nothing of the cluster: while it
             // does, its last record is at least as new as anything the bucket was given.
             Err(e) if matches!(e.kind(), stream::LastRawMessageErrorKind::NoMessageFound) => {
@@ -765,7 +955,17 @@ impl NatsBus {
     /// batch whose predecessors were all stored, and its resend after a failure may be
     /// skipped as duplicates of a later stored batch, whose marker covers what was lost.
     async fn start_inner(&self, cluster: Arc<str>, mut items: Vec<Append>) -> Result<BusFuture<'_, u64>, BusError> {
+        self.usable()?;
+        if self.adopting.load(Ordering::SeqCst) {
+            return Err(BusError::Nats(NatsError::Publish {
+                cluster: cluster.to_string(),
+                cause: format!("the JetStream stream {} is being recreated; resend", self.stream),
+            }));
+        }
         cap_reasons(&mut items);
+        // Every record stored from here on gets a sequence above this: an ack below it
+        // comes from a stream that was recreated under this replica.
+        let known = self.stream_last.load(Ordering::SeqCst);
         let pending = lock(&self.pending).get(&cluster).copied();
         // The predecessor of the first record, with its offset when it is known stored.
         let (mut tip, mut tip_offset) = match pending {
@@ -843,7 +1043,7 @@ impl NatsBus {
             }
         };
         let guard = InFlight { bus: self, cluster: cluster.clone(), generation, stored: false };
-        Ok(Box::pin(self.finish(guard, acks, keys, refused)))
+        Ok(Box::pin(self.finish(guard, acks, keys, refused, known)))
     }
 
     /// Awaits the acks of one append's publishes (see [`NatsBus::start_inner`]).
@@ -853,6 +1053,7 @@ impl NatsBus {
         acks: Vec<F>,
         keys: Vec<(u64, u64)>,
         refused: Option<String>,
+        known: u64,
     ) -> Result<u64, BusError>
     where
         F: std::future::Future<Output = Result<jetstream::publish::PublishAck, jetstream::context::PublishError>>,
@@ -862,11 +1063,22 @@ impl NatsBus {
         let mut last_offset = 0;
         let mut last_stored = None;
         let mut failure = refused;
+        let base = self.base.load(Ordering::SeqCst);
         for (r, key) in results.into_iter().zip(keys) {
             match r {
+                Ok(ack) if !ack.duplicate && ack.sequence + base <= known => {
+                    // Numbered as by a stream that started again: JetStream lost its store
+                    // and another replica recreated the stream before this one noticed.
+                    // Not acked; the probe takes the new stream on, the agent resends.
+                    self.recheck.notify_one();
+                    failure.get_or_insert_with(|| {
+                        format!("stored at sequence {} of a stream that was recreated meanwhile; resend", ack.sequence)
+                    });
+                }
                 Ok(ack) => {
-                    if ack.sequence >= last_offset {
-                        last_offset = ack.sequence;
+                    let offset = ack.sequence + base;
+                    if offset >= last_offset {
+                        last_offset = offset;
                         last_stored = Some(key);
                     }
                 }
@@ -882,6 +1094,8 @@ impl NatsBus {
             self.note_head(&cluster, Head { epoch, seq, offset: last_offset });
         }
         if let Some(cause) = failure {
+            // The stream may be gone: the probe looks now rather than within a second.
+            self.recheck.notify_one();
             self.write_failures.fetch_add(1, Ordering::Relaxed);
             return Err(self.fail(NatsError::Publish { cluster: cluster.to_string(), cause }));
         }
@@ -901,17 +1115,22 @@ impl NatsBus {
         keep_latest(&mut lock(&self.heads), cluster, h);
     }
 
-    /// Takes delivered messages into the local tail.
-    fn ingest(&self, batch: Vec<jetstream::Message>) {
+    /// Takes delivered messages into the local tail (unless they come from the consumer of
+    /// an earlier `generation` of it).
+    fn ingest(&self, batch: Vec<jetstream::Message>, generation: u64) {
         let now = retention::now_ms();
         let Ok(mut log) = self.core.log.write() else { return };
+        if self.tail_generation.load(Ordering::SeqCst) != generation {
+            return;
+        }
+        let base = self.base.load(Ordering::SeqCst);
         let mut chain = lock(&self.chain);
         let mut end = log.end;
         let mut records = Vec::with_capacity(batch.len());
         let mut new_heads = Vec::new();
         for msg in batch {
             let Ok(info) = msg.info() else { continue };
-            let offset = info.stream_sequence;
+            let offset = info.stream_sequence + base;
             if offset < end {
                 continue; // delivered again after the consumer was recreated
             }
@@ -962,15 +1181,25 @@ impl NatsBus {
         self.release_local();
     }
 
-    async fn cursor_entry(&self, identity: &str) -> Result<(BTreeMap<String, u64>, Option<u64>), BusError> {
+    async fn cursor_entry(&self, identity: &str) -> Result<(Cursors, Option<u64>), BusError> {
         let entry = self.cursors_kv.entry(token(identity)).await.map_err(|e| self.cursor_err(identity, e))?;
         Ok(match entry {
-            Some(e) if matches!(e.operation, kv::Operation::Put) => {
-                (serde_json::from_slice(&e.value).unwrap_or_default(), Some(e.revision))
-            }
-            Some(e) => (BTreeMap::new(), Some(e.revision)),
-            None => (BTreeMap::new(), None),
+            Some(e) if matches!(e.operation, kv::Operation::Put) => (Cursors::parse(&e.value), Some(e.revision)),
+            Some(e) => (Cursors::default(), Some(e.revision)),
+            None => (Cursors::default(), None),
         })
+    }
+
+    /// Whether names not in the cursor store may have existed: its meta entry says so, or
+    /// is missing (the bucket was lost after this replica opened it).
+    async fn names_lost(&self) -> Result<bool, BusError> {
+        let meta = self.cursors_kv.get(META_KEY).await.map_err(|e| {
+            BusError::Nats(NatsError::KeyValue {
+                bucket: self.cursors_bucket.clone(),
+                cause: format!("read the meta entry: {e}"),
+            })
+        })?;
+        Ok(meta.and_then(|m| serde_json::from_slice::<Meta>(&m).ok()).is_none_or(|m| m.names_lost))
     }
 
     fn cursor_err(&self, identity: &str, e: impl std::fmt::Display) -> BusError {
@@ -984,7 +1213,7 @@ impl NatsBus {
     async fn update_cursors(
         &self,
         identity: &str,
-        change: impl Fn(&mut BTreeMap<String, u64>) -> Result<(), DurableError>,
+        change: impl Fn(&mut Cursors) -> Result<(), DurableError>,
     ) -> Result<(), BusError> {
         for _ in 0..CAS_ATTEMPTS {
             let (mut names, revision) = self.cursor_entry(identity).await?;
@@ -1057,7 +1286,11 @@ async fn connect(opts: &NatsOptions) -> Result<(async_nats::Client, String), Nat
         .name("fleetwatch-hub")
         .connection_timeout(REQUEST_TIMEOUT)
         .request_timeout(Some(REQUEST_TIMEOUT))
-        .max_reconnects(None);
+        .max_reconnects(None)
+        .reconnect_delay_callback(|attempts| {
+            Duration::from_millis(2u64.saturating_pow(u32::try_from(attempts).unwrap_or(u32::MAX)))
+                .min(RECONNECT_DELAY_MAX)
+        });
     // nats://USER:PASSWORD@HOST:PORT: the client library does not read them from the URL.
     if let Some(a) = addrs.iter().find(|a| a.has_user_pass()) {
         o = o.user_and_password(a.username().unwrap_or_default().into(), a.password().unwrap_or_default().into());
@@ -1107,7 +1340,14 @@ fn wanted_config(opts: &NatsOptions) -> stream::Config {
 async fn ensure_stream(js: &jetstream::Context, opts: &NatsOptions) -> Result<stream::Info, NatsError> {
     let want = wanted_config(opts);
     let stream_err = |cause: String| NatsError::Stream { stream: opts.stream.clone(), cause };
-    match js.get_stream(&opts.stream).await {
+    let deadline = std::time::Instant::now() + opts.missing_stream_wait;
+    let mut found = js.get_stream(&opts.stream).await;
+    while found.as_ref().is_err_and(get_not_found) && std::time::Instant::now() < deadline {
+        tracing::info!(stream = %opts.stream, wait = ?opts.missing_stream_wait, "no JetStream stream: waiting for a running hub replica to recreate it (NATS may have lost its store) before creating a new bus");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        found = js.get_stream(&opts.stream).await;
+    }
+    match found {
         Ok(mut s) => {
             let info = s.info().await.map_err(|e| stream_err(e.to_string()))?.clone();
             let have = &info.config;
@@ -1131,10 +1371,7 @@ async fn ensure_stream(js: &jetstream::Context, opts: &NatsOptions) -> Result<st
                 Err(NatsError::Conflict { stream: opts.stream.clone(), what: diffs.join("; ") })
             }
         }
-        Err(e)
-            if matches!(e.kind(), jetstream::context::GetStreamErrorKind::JetStream(je)
-                if je.error_code() == jetstream::ErrorCode::STREAM_NOT_FOUND) =>
-        {
+        Err(e) if get_not_found(&e) => {
             let mut s = js.create_stream(want).await.map_err(|e| stream_err(format!("cannot create: {e}")))?;
             Ok(s.info().await.map_err(|e| stream_err(e.to_string()))?.clone())
         }
@@ -1225,7 +1462,7 @@ const TAIL_STALL: Duration = Duration::from_secs(5);
 /// The consumer recreates itself after most failures; as a backstop (a consumer lost with
 /// a JetStream node, a recreation that hangs), one that makes no progress for
 /// [`TAIL_STALL`] while the stream has more is replaced from the local end.
-async fn follow(bus: Weak<NatsBus>, stream: stream::Stream, mut messages: consumer::push::Ordered) {
+async fn follow(bus: Weak<NatsBus>, stream: stream::Stream, mut messages: consumer::push::Ordered, generation: u64) {
     let mut check = tokio::time::interval(Duration::from_secs(1));
     check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut stalled: Option<(std::time::Instant, u64)> = None;
@@ -1242,7 +1479,8 @@ async fn follow(bus: Weak<NatsBus>, stream: stream::Stream, mut messages: consum
                 match stalled {
                     Some((since, at)) if at == end && since.elapsed() >= TAIL_STALL => {
                         tracing::warn!(stream = %bus.stream, end, "the local tail made no progress while the stream has more: recreating its consumer");
-                        match tail_consumer(&bus.client, &stream, end).await {
+                        let from = end.saturating_sub(bus.base.load(Ordering::SeqCst)).max(1);
+                        match tail_consumer(&bus.client, &stream, from).await {
                             Ok(m) => messages = m,
                             Err(e) => tracing::warn!(error = %e, "cannot recreate the local tail's consumer; retrying"),
                         }
@@ -1276,12 +1514,13 @@ async fn follow(bus: Weak<NatsBus>, stream: stream::Stream, mut messages: consum
         }
         let Some(bus) = bus.upgrade() else { return };
         if !batch.is_empty() {
-            bus.ingest(batch);
+            bus.ingest(batch, generation);
         }
         if ended {
             // The subscription closed: start a new consumer from the local end.
             let end = bus.core.log.read().map(|l| l.end).unwrap_or(0);
-            match tail_consumer(&bus.client, &stream, end).await {
+            let from = end.saturating_sub(bus.base.load(Ordering::SeqCst)).max(1);
+            match tail_consumer(&bus.client, &stream, from).await {
                 Ok(m) => messages = m,
                 Err(e) => {
                     *lock(&bus.unhealthy) = Some(format!("the local tail of stream {} stopped: {e}", bus.stream));
@@ -1292,24 +1531,50 @@ async fn follow(bus: Weak<NatsBus>, stream: stream::Stream, mut messages: consum
     }
 }
 
-/// Checks every second that the connection is up and the stream answers.
-async fn probe(bus: Weak<NatsBus>, stream: stream::Stream) {
+/// Checks every second (and at once when an ack showed the stream went backwards) that
+/// the connection is up and the stream answers; recreates the stream when JetStream lost
+/// it, and takes on one another replica recreated (see [`NatsBus::recreate`]).
+async fn probe(bus: Weak<NatsBus>, stream: stream::Stream, recheck: Arc<tokio::sync::Notify>) {
     let mut every = tokio::time::interval(Duration::from_secs(1));
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // Since when probes in a row found no stream: a moment alone may be a server still
+    // starting up.
+    let mut missing: Option<std::time::Instant> = None;
     loop {
-        every.tick().await;
+        tokio::select! {
+            _ = every.tick() => {}
+            _ = recheck.notified() => {}
+        }
         let Some(bus) = bus.upgrade() else { return };
         let state = bus.client.connection_state();
         let verdict = if state != async_nats::connection::State::Connected {
+            missing = None;
             Some(format!("not connected to NATS at {} ({state})", bus.servers))
         } else {
             match tokio::time::timeout(REQUEST_TIMEOUT, stream.get_info()).await {
                 Ok(Ok(info)) => {
-                    bus.stream_last.fetch_max(info.state.last_sequence, Ordering::Relaxed);
-                    *lock(&bus.stream_state) = StreamState::from(&info.state);
-                    None
+                    missing = None;
+                    if info.created.unix_timestamp_nanos() != *lock(&bus.created) {
+                        bus.adopt(info).await.err().map(|e| e.to_string())
+                    } else {
+                        let base = bus.base.load(Ordering::SeqCst);
+                        bus.stream_last.fetch_max(info.state.last_sequence + base, Ordering::Relaxed);
+                        *lock(&bus.stream_state) = StreamState::of(&info.state, base);
+                        None
+                    }
                 }
-                Ok(Err(e)) => Some(format!("JetStream stream {} does not answer: {e}", bus.stream)),
+                Ok(Err(e)) if stream_not_found(&e) => {
+                    let since = *missing.get_or_insert_with(std::time::Instant::now);
+                    if since.elapsed() < MISSING_CONFIRM {
+                        Some(format!("JetStream stream {} does not exist (did NATS lose its store?)", bus.stream))
+                    } else {
+                        bus.recreate().await.err().map(|e| e.to_string())
+                    }
+                }
+                Ok(Err(e)) => {
+                    missing = None;
+                    Some(format!("JetStream stream {} does not answer: {e}", bus.stream))
+                }
                 Err(_) => Some(format!("JetStream stream {} does not answer within {REQUEST_TIMEOUT:?}", bus.stream)),
             }
         };
@@ -1321,6 +1586,53 @@ async fn probe(bus: Weak<NatsBus>, stream: stream::Stream) {
             }
             *unhealthy = verdict;
         }
+    }
+}
+
+/// How long the stream must be found missing before it is recreated.
+const MISSING_CONFIRM: Duration = Duration::from_secs(1);
+
+/// Whether looking the stream up failed because it does not exist.
+fn get_not_found(e: &jetstream::context::GetStreamError) -> bool {
+    matches!(e.kind(), jetstream::context::GetStreamErrorKind::JetStream(je)
+        if je.error_code() == jetstream::ErrorCode::STREAM_NOT_FOUND)
+}
+
+/// Whether a stream request failed because the stream does not exist.
+fn stream_not_found(e: &jetstream::context::RequestError) -> bool {
+    std::error::Error::source(e)
+        .and_then(|s| s.downcast_ref::<jetstream::Error>())
+        .is_some_and(|je| je.error_code() == jetstream::ErrorCode::STREAM_NOT_FOUND)
+}
+
+/// The reason of the `resync-required` `*` recorded in a recreated stream.
+pub const RECREATED: &str = "the JetStream stream was recreated empty";
+
+/// Which bus the stream continues: its description's lineage, or (a stream created fresh)
+/// a new bus id from its creation time with offsets equal to stream sequences.
+fn lineage_of(stream: &str, info: &stream::Info) -> Lineage {
+    info.config
+        .description
+        .as_deref()
+        .and_then(nats_state::parse_lineage)
+        .unwrap_or_else(|| Lineage { id: format!("{stream}-{:x}", info.created.unix_timestamp_nanos()), base: 0 })
+}
+
+/// Writes the cursors bucket's meta entry unless it exists (see [`Meta`]).
+async fn ensure_meta(store: &kv::Store, bucket: &str, names_lost: bool) -> Result<(), NatsError> {
+    let value = serde_json::to_vec(&Meta { names_lost }).unwrap_or_default();
+    match store.create(META_KEY, value.into()).await {
+        Ok(_) => {
+            if names_lost {
+                tracing::warn!(
+                    bucket,
+                    "the durable cursor store was recreated while the bus had history: a durable subscriber whose name is not found gets resync-required *"
+                );
+            }
+            Ok(())
+        }
+        Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(NatsError::KeyValue { bucket: bucket.into(), cause: format!("write the meta entry: {e}") }),
     }
 }
 
@@ -1361,11 +1673,15 @@ impl Bus for NatsBus {
     }
 
     fn prepare_reads(&self) -> BusFuture<'_, ()> {
-        Box::pin(async move { self.start_tail().await.map_err(|e| self.fail(e)) })
+        Box::pin(async move {
+            self.usable()?;
+            self.start_tail().await.map_err(|e| self.fail(e))
+        })
     }
 
     fn read(&self, from: u64, max: usize) -> BusFuture<'_, Read> {
         Box::pin(async move {
+            self.usable()?;
             self.start_tail().await.map_err(|e| self.fail(e))?;
             Ok(self.core.read(from, max))
         })
@@ -1386,12 +1702,14 @@ impl Bus for NatsBus {
     fn durable_lookup<'a>(&'a self, identity: &'a str, name: &'a str) -> BusFuture<'a, Lookup> {
         Box::pin(async move {
             check_name(name)?;
-            let (names, _) = self.cursor_entry(identity).await?;
+            self.usable()?;
+            let (entry, _) = self.cursor_entry(identity).await?;
             let pending = lock(&self.dirty).get(identity).and_then(|m| m.get(name)).copied();
-            Ok(match (names.get(name).copied(), pending) {
-                (Some(s), Some(p)) => Lookup::Known(s.max(p)),
-                (Some(c), None) | (None, Some(c)) => Lookup::Known(c),
-                (None, None) => Lookup::New,
+            Ok(match entry.cursor(name, pending) {
+                Some(c) => Lookup::Known(c),
+                // A cursor store recreated under a bus with history may have lost it.
+                None if self.names_lost().await? => Lookup::Lost,
+                None => Lookup::New,
             })
         })
     }
@@ -1399,14 +1717,19 @@ impl Bus for NatsBus {
     fn register_durable<'a>(&'a self, identity: &'a str, name: &'a str, cursor: u64) -> BusFuture<'a, ()> {
         Box::pin(async move {
             check_name(name)?;
-            self.update_cursors(identity, |names| {
-                if !names.contains_key(name) && names.len() >= MAX_NAMES_PER_IDENTITY {
+            self.usable()?;
+            // This registration's own id: moves made under an earlier one (on any replica,
+            // maybe not written yet) no longer apply to the name.
+            let reg = rand::random::<u64>();
+            self.update_cursors(identity, |c| {
+                if !c.names.contains_key(name) && c.names.len() >= MAX_NAMES_PER_IDENTITY {
                     return Err(DurableError::TooMany { identity: identity.into() });
                 }
-                names.insert(name.into(), cursor);
+                c.register(name, cursor, reg);
                 Ok(())
             })
             .await?;
+            lock(&self.regs).insert((identity.into(), name.into()), reg);
             if let Some(m) = lock(&self.dirty).get_mut(identity) {
                 m.remove(name);
             }
@@ -1417,13 +1740,18 @@ impl Bus for NatsBus {
     fn set_durable_cursor<'a>(&'a self, identity: &'a str, name: &'a str, cursor: u64) -> BusFuture<'a, ()> {
         Box::pin(async move {
             check_name(name)?;
+            let reg = lock(&self.regs).get(&(identity.to_string(), name.to_string())).copied();
             let mut dirty = lock(&self.dirty);
             let names = dirty.entry(identity.into()).or_default();
             if !names.contains_key(name) && names.len() >= MAX_NAMES_PER_IDENTITY {
                 return Err(DurableError::TooMany { identity: identity.into() }.into());
             }
-            let c = names.entry(name.into()).or_insert(cursor);
-            *c = (*c).max(cursor);
+            let m = names.entry(name.into()).or_insert(Move { cursor, reg });
+            if m.reg == reg {
+                m.cursor = m.cursor.max(cursor);
+            } else {
+                *m = Move { cursor, reg };
+            }
             Ok(())
         })
     }
@@ -1434,21 +1762,30 @@ impl Bus for NatsBus {
             let pending = std::mem::take(&mut *lock(&self.dirty));
             for (identity, moved) in pending {
                 let written = self
-                    .update_cursors(&identity, |names| {
-                        for (name, cursor) in &moved {
-                            let c = names.entry(name.clone()).or_insert(*cursor);
-                            *c = (*c).max(*cursor);
+                    .update_cursors(&identity, |c| {
+                        for (name, m) in &moved {
+                            if !c.apply(name, *m) {
+                                tracing::debug!(
+                                    identity,
+                                    name,
+                                    cursor = m.cursor,
+                                    "a cursor move of an earlier registration of the name is dropped"
+                                );
+                            }
                         }
                         Ok(())
                     })
                     .await;
                 if let Err(e) = written {
-                    // Keep them for the next flush (merged with newer moves).
+                    // Keep them for the next flush (merged with newer moves of the same
+                    // registration; a newer registration's move replaces them).
                     let mut dirty = lock(&self.dirty);
                     let names = dirty.entry(identity).or_default();
-                    for (name, cursor) in moved {
-                        let c = names.entry(name).or_insert(cursor);
-                        *c = (*c).max(cursor);
+                    for (name, m) in moved {
+                        let kept = names.entry(name).or_insert(m);
+                        if kept.reg == m.reg {
+                            kept.cursor = kept.cursor.max(m.cursor);
+                        }
                     }
                     return Err(e);
                 }
@@ -1496,7 +1833,15 @@ impl Bus for NatsBus {
         })
     }
 
+    fn lost_history_reason(&self) -> &'static str {
+        "the hub's event history was lost: the JetStream stream was recreated empty (this subscriber's cursor is \
+         of an earlier stream)"
+    }
+
     fn health(&self) -> Result<(), String> {
+        if let Some(cause) = &*lock(&self.poisoned) {
+            return Err(cause.clone());
+        }
         match &*lock(&self.unhealthy) {
             None => Ok(()),
             Some(cause) => Err(cause.clone()),

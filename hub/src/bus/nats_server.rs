@@ -20,6 +20,14 @@ pub enum LocalServerError {
     /// It started but did not become ready.
     #[error("nats-server did not become ready: {0}")]
     NotReady(String),
+    /// Its store directory could not be emptied.
+    #[error("cannot empty the nats-server store {path}: {cause}", path = path.display())]
+    Store {
+        /// The store directory.
+        path: PathBuf,
+        /// Why.
+        cause: std::io::Error,
+    },
 }
 
 /// A running local `nats-server -js`.
@@ -116,6 +124,20 @@ impl LocalNatsServer {
     /// Starts it again on the same port with the same store.
     pub fn restart(&mut self) -> Result<(), LocalServerError> {
         self.stop();
+        self.spawn()
+    }
+
+    /// Starts it again on the same port with an empty store, as a server that lost its
+    /// disk: every stream and key-value bucket is gone.
+    pub fn restart_empty(&mut self) -> Result<(), LocalServerError> {
+        self.stop();
+        let store_err = |cause| LocalServerError::Store { path: self.store.clone(), cause };
+        match std::fs::remove_dir_all(&self.store) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(store_err(e)),
+        }
+        std::fs::create_dir_all(&self.store).map_err(store_err)?;
         self.spawn()
     }
 }

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 
 use super::nats_server::LocalNatsServer;
-use super::{Append, Bus, BusError, NatsBus, NatsOptions, RecordBody, Retention};
+use super::{Append, Bus, BusError, Lookup, NatsBus, NatsOptions, RecordBody, Retention};
 
 fn ev(epoch: u64, seq: u64) -> Append {
     Append { epoch, seq, body: RecordBody::Event(Bytes::from(format!(r#"{{"seq":{seq}}}"#))) }
@@ -19,7 +19,11 @@ fn keep_all() -> Retention {
 }
 
 async fn open(url: &str, stream: &str, retention: Retention) -> Arc<NatsBus> {
-    let opts = NatsOptions { stream: stream.into(), ..NatsOptions::new(vec![url.into()], retention) };
+    let opts = NatsOptions {
+        stream: stream.into(),
+        missing_stream_wait: Duration::ZERO,
+        ..NatsOptions::new(vec![url.into()], retention)
+    };
     let bus = NatsBus::open(opts).await.unwrap_or_else(|e| panic!("NATS bus opens: {e}"));
     // A replica with a reader: its local tail follows the stream (see `lazy_tails`).
     bus.prepare_reads().await.unwrap_or_else(|e| panic!("local tail starts: {e}"));
@@ -71,7 +75,7 @@ async fn replicas_share_heads_and_skip_resends() {
     a.register_durable("sub", "d", 1).await.unwrap();
     a.set_durable_cursor("sub", "d", 4).await.unwrap();
     a.flush_cursors().await.unwrap();
-    assert_eq!(b.durable_lookup("sub", "d").await.unwrap(), super::Lookup::Known(4));
+    assert_eq!(b.durable_lookup("sub", "d").await.unwrap(), Lookup::Known(4));
 }
 
 /// A replica started after a cluster's records were evicted still knows its head (from the
@@ -330,7 +334,11 @@ async fn tail_consumers(url: &str) -> usize {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lazy_tails_start_with_the_first_reader() {
     let (server, _dir) = server();
-    let opts = || NatsOptions { stream: "fw".into(), ..NatsOptions::new(vec![server.url()], keep_all()) };
+    let opts = || NatsOptions {
+        stream: "fw".into(),
+        missing_stream_wait: Duration::ZERO,
+        ..NatsOptions::new(vec![server.url()], keep_all())
+    };
     let a = NatsBus::open(opts()).await.unwrap();
     let b = NatsBus::open(opts()).await.unwrap();
     assert_eq!(a.append("c".into(), vec![ev(1, 1), ev(1, 2), ev(1, 3)]).await.unwrap(), 3);
@@ -363,4 +371,194 @@ async fn lazy_tails_start_with_the_first_reader() {
     a.prepare_reads().await.unwrap();
     assert_eq!(a.read(1, 10).await.unwrap().records.len(), 7);
     assert_eq!(tail_consumers(&server.url()).await, 2);
+}
+
+/// (offset, cluster, reason) of every `resync-required` record from `from` on.
+async fn markers(bus: &NatsBus, from: u64) -> Vec<(u64, String, String)> {
+    let r = bus.read(from, 1000).await.unwrap();
+    r.records
+        .iter()
+        .filter_map(|r| match &r.body {
+            RecordBody::ResyncRequired(why) => Some((r.offset, r.cluster.to_string(), why.clone())),
+            RecordBody::Event(_) => None,
+        })
+        .collect()
+}
+
+/// Whether the bus took a recreated stream on and is healthy.
+fn recreated(bus: &NatsBus) -> bool {
+    bus.offset_base() > 0 && bus.health().is_ok()
+}
+
+/// Appends until JetStream takes it (an agent resending after its session ended).
+async fn append_eventually(bus: &NatsBus, cluster: &str, items: impl Fn() -> Vec<Append>) -> u64 {
+    let mut last = 0;
+    wait_for("an append to be stored", Duration::from_secs(60), async || {
+        match bus.append(cluster.into(), items()).await {
+            Ok(off) => {
+                last = off;
+                true
+            }
+            Err(_) => false,
+        }
+    })
+    .await;
+    last
+}
+
+/// NATS restarted with an empty store (its disk lost): without a hub restart, the replicas
+/// recreate the stream and its buckets and become healthy again; all of them agree on the
+/// bus id and the offsets (one recreates, the other takes the new stream on, a replica
+/// started later reads the same); offsets continue above the old ones, and the first
+/// record of the new stream is one `resync-required` `*` with the true reason, so a
+/// reader going on from an old cursor learns of the loss; appends go on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jetstream_restarted_empty_is_recreated_and_every_replica_agrees() {
+    let (mut server, _dir) = server();
+    let a = open(&server.url(), "fw", keep_all()).await;
+    // b serves only agents (no local tail) until its first reader comes.
+    let opts = NatsOptions {
+        stream: "fw".into(),
+        missing_stream_wait: Duration::ZERO,
+        ..NatsOptions::new(vec![server.url()], keep_all())
+    };
+    let b = NatsBus::open(opts).await.unwrap();
+    let id = a.stream_id().to_string();
+    assert_eq!(a.append("c".into(), vec![ev(1, 1), ev(1, 2), ev(1, 3)]).await.unwrap(), 3);
+    assert_eq!(b.append("d".into(), vec![ev(1, 1)]).await.unwrap(), 4);
+    wait_for("a's tail at offset 4", Duration::from_secs(30), async || a.last_offset() == 4).await;
+
+    server.restart_empty().unwrap_or_else(|e| panic!("{e}"));
+    for bus in [&a, &b] {
+        wait_for("the recreated stream taken on", Duration::from_secs(90), async || recreated(bus)).await;
+    }
+    let next_c = append_eventually(&a, "c", || vec![ev(1, 4)]).await;
+    let next_d = append_eventually(&b, "d", || vec![ev(1, 2)]).await;
+    assert!(next_c > 4 && next_d > 4, "offsets continue above the old ones: {next_c}, {next_d}");
+    let late = open(&server.url(), "fw", keep_all()).await;
+    b.prepare_reads().await.unwrap();
+    for bus in [&a, &b, &late] {
+        assert_eq!(bus.stream_id(), id, "the recreated stream continues the bus");
+        wait_for("the tail holds both appends", Duration::from_secs(30), async || {
+            bus.last_offset() == next_c.max(next_d)
+        })
+        .await;
+        // A reader going on from its old cursor (4) reads the marker first.
+        let read = bus.read(5, 100).await.unwrap();
+        let first = read.records.first().expect("records after the recreation");
+        assert_eq!(first.cluster.as_ref(), "*");
+        match &first.body {
+            RecordBody::ResyncRequired(why) => assert!(why.contains(super::nats::RECREATED), "{why}"),
+            other => panic!("the first record of the recreated stream is {other:?}"),
+        }
+        let all_markers = markers(bus, 1).await;
+        assert_eq!(all_markers.len(), 1, "one marker, recorded once for all replicas: {all_markers:?}");
+        assert_eq!(bus.first_offset(), first.offset, "the new stream holds no older offset");
+    }
+    assert_eq!(late.head("c").await.unwrap(), Some((1, 4)));
+}
+
+/// The durable cursor store went with JetStream's store: a durable subscriber returning
+/// afterwards (e.g. the lifecycle operator, `from: latest` without a resume cursor) must
+/// not be taken for a new one and placed after the loss — its name is `Lost`, on the
+/// replica that recreated the stream, on one that took it on, and on one started later
+/// (the flag lives in the bucket). A name stored since is known again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_durable_name_lost_with_the_cursor_store_is_reported_lost() {
+    let (mut server, _dir) = server();
+    let a = open(&server.url(), "fw", keep_all()).await;
+    let b = open(&server.url(), "fw", keep_all()).await;
+    assert_eq!(a.durable_lookup("op", "lifecycle").await.unwrap(), Lookup::New, "a fresh bus has lost nothing");
+    a.append("c".into(), vec![ev(1, 1), ev(1, 2)]).await.unwrap();
+    a.register_durable("op", "lifecycle", 2).await.unwrap();
+    assert_eq!(b.durable_lookup("op", "lifecycle").await.unwrap(), Lookup::Known(2));
+
+    server.restart_empty().unwrap_or_else(|e| panic!("{e}"));
+    for bus in [&a, &b] {
+        wait_for("the recreated stream taken on", Duration::from_secs(90), async || recreated(bus)).await;
+    }
+    let late = open(&server.url(), "fw", keep_all()).await;
+    for bus in [&a, &b, &late] {
+        assert_eq!(bus.durable_lookup("op", "lifecycle").await.unwrap(), Lookup::Lost);
+    }
+    // Stored again at the subscriber's first ack after its resync: known from then on.
+    b.set_durable_cursor("op", "lifecycle", 9).await.unwrap();
+    b.flush_cursors().await.unwrap();
+    for bus in [&a, &b, &late] {
+        assert_eq!(bus.durable_lookup("op", "lifecycle").await.unwrap(), Lookup::Known(9));
+    }
+}
+
+/// A replica restarted on a stream whose cursor store lost its meta entry (the bucket
+/// deleted while the stream kept its history) reports unknown names as `Lost` too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cursor_store_recreated_under_a_stream_with_history_has_lost_names() {
+    let (server, _dir) = server();
+    let a = open(&server.url(), "fw", keep_all()).await;
+    a.append("c".into(), vec![ev(1, 1)]).await.unwrap();
+    a.register_durable("op", "d", 1).await.unwrap();
+    drop(a);
+    let js = async_nats::jetstream::new(async_nats::connect(server.url()).await.unwrap());
+    js.delete_stream("KV_fw_cursors").await.unwrap();
+    let b = open(&server.url(), "fw", keep_all()).await;
+    assert_eq!(b.durable_lookup("op", "d").await.unwrap(), Lookup::Lost);
+}
+
+/// A durable registration on one replica is not overtaken by an older cursor move that
+/// another replica had not written yet: registering stores the start point even when
+/// lower (the `Bus` contract), and a move made under an earlier registration of the name
+/// is dropped when flushed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registration_is_not_overtaken_by_an_older_unflushed_cursor() {
+    let (server, _dir) = server();
+    let a = open(&server.url(), "fw", keep_all()).await;
+    let b = open(&server.url(), "fw", keep_all()).await;
+    a.register_durable("sub", "d", 1).await.unwrap();
+    a.set_durable_cursor("sub", "d", 500).await.unwrap(); // acked on a, not flushed yet
+    // The subscriber moved to b, which registers it lower (its cursor was beyond the log).
+    b.register_durable("sub", "d", 400).await.unwrap();
+    a.flush_cursors().await.unwrap();
+    for bus in [&a, &b] {
+        assert_eq!(bus.durable_lookup("sub", "d").await.unwrap(), Lookup::Known(400));
+    }
+    // Moves of the current registration still go forward, from any replica.
+    b.set_durable_cursor("sub", "d", 450).await.unwrap();
+    b.flush_cursors().await.unwrap();
+    assert_eq!(a.durable_lookup("sub", "d").await.unwrap(), Lookup::Known(450));
+    // And a's later moves of its old registration stay dropped.
+    a.set_durable_cursor("sub", "d", 600).await.unwrap();
+    a.flush_cursors().await.unwrap();
+    assert_eq!(b.durable_lookup("sub", "d").await.unwrap(), Lookup::Known(450));
+}
+
+/// A hub replica that crashes right after a batch was partly stored (a hole, then a stored
+/// record) owes nothing: the record after the hole names its lost predecessor (`Fw-Prev`),
+/// so every replica — one following the stream, one started after the crash — delivers it
+/// as `resync-required` from the stream alone, and the agent's resend on another replica
+/// is skipped up to the stored head without hiding the loss.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_right_after_a_partly_stored_batch_still_marks_the_loss() {
+    let (server, _dir) = server();
+    let follower = open(&server.url(), "fw", keep_all()).await;
+    let c: Arc<str> = "eu-1".into();
+    {
+        let crashing = open(&server.url(), "fw", keep_all()).await;
+        assert_eq!(crashing.append(c.clone(), vec![ev(1, 1)]).await.unwrap(), 1);
+        refuse_big_records(&server.url()).await;
+        // 3 refused, 4 stored: the batch fails and the replica dies before anything else
+        // (no heads flushed, no marker appended, the agent never acked).
+        assert!(crashing.append(c.clone(), vec![ev(1, 2), big(3), ev(1, 4)]).await.is_err());
+    }
+    let late = open(&server.url(), "fw", keep_all()).await;
+    for bus in [&follower, &late] {
+        wait_for("the tail at offset 3", Duration::from_secs(30), async || bus.last_offset() == 3).await;
+        assert_eq!(kinds(bus).await, vec![(1, false), (2, false), (4, true)], "3 was lost: 4 is a marker");
+    }
+    // The agent resends from 2 to the late replica: 2 and 4 are duplicates, 5 is new.
+    assert_eq!(late.head("eu-1").await.unwrap(), Some((1, 4)));
+    assert_eq!(late.append(c.clone(), vec![ev(1, 2), ev(1, 3), ev(1, 4), ev(1, 5)]).await.unwrap(), 4);
+    for bus in [&follower, &late] {
+        wait_for("the tail at offset 4", Duration::from_secs(30), async || bus.last_offset() == 4).await;
+        assert_eq!(kinds(bus).await, vec![(1, false), (2, false), (4, true), (5, false)]);
+    }
 }

@@ -1,0 +1,192 @@
+//! What the NATS bus keeps in JetStream besides the records, as plain data with its rules
+//! (the I/O is in [`super::nats`]):
+//!
+//! - the stream's **lineage**: a stream recreated after JetStream lost its store continues
+//!   the bus it replaces — same bus id, offsets above every offset handed out before — and
+//!   says so in its description, written atomically with the stream, so every replica (also
+//!   one started later) reads the same id and offset base;
+//! - the cursor store's **meta entry**: whether durable names may have been lost (the
+//!   bucket was recreated empty while the bus had history);
+//! - one subscriber identity's **durable cursors**, each with the registration it belongs
+//!   to, so a cursor move made under an older registration (unflushed on another replica)
+//!   cannot overtake a newer registration.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// A recreated stream's offsets start above a multiple of this past every offset the
+/// recreating replica knew: other replicas may have seen a little more (their tails and
+/// probes lag by seconds of appends, far below a million records).
+pub(super) const BASE_STEP: u64 = 1 << 20;
+
+/// The first part of the stream's description, written by every hub.
+const DESCRIPTION: &str = "fleetwatch hub bus: one message per record, subject <stream>.<cluster>";
+const CONTINUES: &str = "; continues bus ";
+const ABOVE: &str = " at offsets above ";
+
+/// Which bus a stream continues, and where its offsets start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Lineage {
+    /// The bus id subscribers know (the first stream's).
+    pub(super) id: String,
+    /// Offset = stream sequence + base.
+    pub(super) base: u64,
+}
+
+/// The stream description for a stream created fresh (`None`) or recreated.
+pub(super) fn describe(lineage: Option<&Lineage>) -> String {
+    match lineage {
+        None => DESCRIPTION.to_string(),
+        Some(l) => format!("{DESCRIPTION}{CONTINUES}{}{ABOVE}{}", l.id, l.base),
+    }
+}
+
+/// The lineage a stream description states, if any.
+pub(super) fn parse_lineage(description: &str) -> Option<Lineage> {
+    let rest = description.split_once(CONTINUES)?.1;
+    let (id, base) = rest.rsplit_once(ABOVE)?;
+    Some(Lineage { id: id.to_string(), base: base.trim().parse().ok()? })
+}
+
+/// The offset base of a stream recreated by a replica that knew offsets up to `known`:
+/// above it, on a multiple of [`BASE_STEP`] with at least one step of margin.
+pub(super) fn next_base(known: u64) -> u64 {
+    (known / BASE_STEP + 1).saturating_add(1).saturating_mul(BASE_STEP)
+}
+
+/// The key of the meta entry in the cursors bucket. Identity keys never contain a '.'
+/// (see `token`), so it cannot collide with one.
+pub(super) const META_KEY: &str = "meta.bus";
+
+/// The cursors bucket's meta entry, written once when the bucket is (re)created. A bucket
+/// without it was recreated (lost) after this hub opened it: names may be lost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub(super) struct Meta {
+    /// Names not in the bucket may have existed: a durable subscriber whose name is not
+    /// found must reconcile everything (`Lookup::Lost`).
+    pub(super) names_lost: bool,
+}
+
+/// One identity's durable names: cursor and registration of each.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct Cursors {
+    /// Name → cursor (a stream offset).
+    pub(super) names: BTreeMap<String, u64>,
+    /// Name → the registration that set its start point (random, per registration).
+    pub(super) regs: BTreeMap<String, u64>,
+}
+
+/// A cursor move not written yet: the cursor and the registration it was made under
+/// (`None`: the name was not registered through this replica, e.g. a lost name stored at
+/// its first ack).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Move {
+    pub(super) cursor: u64,
+    pub(super) reg: Option<u64>,
+}
+
+impl Cursors {
+    /// Reads an entry; an entry of an older release (name → cursor) has no registrations.
+    pub(super) fn parse(bytes: &[u8]) -> Self {
+        serde_json::from_slice::<Cursors>(bytes)
+            .or_else(|_| {
+                serde_json::from_slice::<BTreeMap<String, u64>>(bytes).map(|names| Cursors { names, ..Self::default() })
+            })
+            .unwrap_or_default()
+    }
+
+    /// Registers `name`'s start point, even when lower than its cursor.
+    pub(super) fn register(&mut self, name: &str, cursor: u64, reg: u64) {
+        self.names.insert(name.into(), cursor);
+        self.regs.insert(name.into(), reg);
+    }
+
+    /// Whether a move made under `reg` still belongs to the name's current registration: a
+    /// name registered since (on any replica) is not moved by what an older registration's
+    /// subscriber acked.
+    pub(super) fn current(&self, name: &str, reg: Option<u64>) -> bool {
+        match reg {
+            Some(r) => self.regs.get(name) == Some(&r),
+            // Made without a registration: only while none was made (by anyone) since.
+            None => !self.regs.contains_key(name),
+        }
+    }
+
+    /// Applies a move (forward only) if it belongs to the current registration; answers
+    /// whether it did.
+    pub(super) fn apply(&mut self, name: &str, m: Move) -> bool {
+        if !self.current(name, m.reg) {
+            return false;
+        }
+        let c = self.names.entry(name.into()).or_insert(m.cursor);
+        *c = (*c).max(m.cursor);
+        true
+    }
+
+    /// The name's cursor counting a move not written yet.
+    pub(super) fn cursor(&self, name: &str, pending: Option<Move>) -> Option<u64> {
+        let pending = pending.filter(|m| self.current(name, m.reg)).map(|m| m.cursor);
+        match (self.names.get(name).copied(), pending) {
+            (Some(s), Some(p)) => Some(s.max(p)),
+            (s, p) => s.or(p),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lineage_round_trips_through_the_description() {
+        assert_eq!(parse_lineage(&describe(None)), None);
+        let l = Lineage { id: "fw-18a2b3c4d5e6f708".into(), base: 3 << 20 };
+        assert_eq!(parse_lineage(&describe(Some(&l))), Some(l));
+        assert_eq!(parse_lineage("someone else's stream"), None);
+        assert_eq!(parse_lineage(&format!("{DESCRIPTION}{CONTINUES}x{ABOVE}not-a-number")), None);
+    }
+
+    #[test]
+    fn a_recreated_stream_starts_well_above_what_was_known() {
+        assert_eq!(next_base(0), 2 * BASE_STEP);
+        assert_eq!(next_base(BASE_STEP - 1), 2 * BASE_STEP);
+        assert_eq!(next_base(BASE_STEP), 3 * BASE_STEP);
+        for known in [0, 1, 5000, BASE_STEP * 7 + 3] {
+            assert!(next_base(known) >= known + BASE_STEP, "{known}");
+        }
+        assert_eq!(next_base(u64::MAX), u64::MAX, "saturates");
+    }
+
+    #[test]
+    fn a_move_of_an_older_registration_does_not_overtake_a_newer_one() {
+        let mut c = Cursors::default();
+        c.register("d", 1, 11);
+        assert!(c.apply("d", Move { cursor: 500, reg: Some(11) }));
+        assert_eq!(c.cursor("d", None), Some(500));
+        // Registered again elsewhere, lower (e.g. its cursor was beyond the log's end).
+        c.register("d", 400, 22);
+        assert!(!c.apply("d", Move { cursor: 600, reg: Some(11) }), "the old registration's move is dropped");
+        assert!(!c.apply("d", Move { cursor: 600, reg: None }));
+        assert_eq!(c.cursor("d", Some(Move { cursor: 600, reg: Some(11) })), Some(400));
+        assert!(c.apply("d", Move { cursor: 450, reg: Some(22) }));
+        assert!(c.apply("d", Move { cursor: 420, reg: Some(22) }));
+        assert_eq!(c.names["d"], 450, "never back");
+        assert_eq!(c.cursor("d", Some(Move { cursor: 470, reg: Some(22) })), Some(470));
+        // A name stored at its first ack (lost before): no registration, moves apply.
+        assert!(c.apply("lost", Move { cursor: 9, reg: None }));
+        assert_eq!(c.cursor("lost", None), Some(9));
+    }
+
+    #[test]
+    fn entries_of_the_older_format_are_read() {
+        let old = Cursors::parse(br#"{"a":3,"b":7}"#);
+        assert_eq!(old.names.get("b"), Some(&7));
+        assert!(old.regs.is_empty());
+        let mut c = Cursors::default();
+        c.register("names", 5, 1);
+        assert_eq!(Cursors::parse(&serde_json::to_vec(&c).unwrap()), c);
+        assert_eq!(Cursors::parse(b"garbage"), Cursors::default());
+    }
+}
