@@ -69,15 +69,16 @@ impl FaultKind {
         FaultKind::Deny,
     ];
 
-    /// The kinds on by default with `--bus nats`.
+    /// The kinds on by default with `--bus nats` (the JetStream ones first: the first
+    /// round goes in this order).
     pub const NATS: [FaultKind; 7] = [
-        FaultKind::Kill,
-        FaultKind::Cut,
-        FaultKind::AgentRestart,
-        FaultKind::Deny,
-        FaultKind::NodeKill,
         FaultKind::JsEmpty,
+        FaultKind::NodeKill,
         FaultKind::BusCut,
+        FaultKind::Kill,
+        FaultKind::AgentRestart,
+        FaultKind::Cut,
+        FaultKind::Deny,
     ];
 
     /// The name used in `--faults` and the summary.
@@ -204,12 +205,18 @@ pub async fn run(mut fleet: Fleet, plan: Plan, stop: CancellationToken) -> (Flee
         _ = stop.cancelled() => {}
     }
     let mut n = 0u64;
+    let mut rounds = 0u64;
     while !stop.is_cancelled() && Instant::now() < plan.until && !plan.kinds.is_empty() {
         watch_crashes(&mut fleet).await;
-        // Every kind once per round, in a shuffled order: short runs still see them all.
+        // Every kind once per round: short runs still see them all. The first round in
+        // the order given (a short run sees those first for sure), later ones shuffled.
         if order.is_empty() {
             order = plan.kinds.clone();
-            order.shuffle(&mut rand::rng());
+            if rounds > 0 {
+                order.shuffle(&mut rand::rng());
+            }
+            order.reverse(); // popped from the end
+            rounds += 1;
         }
         let Some(kind) = order.pop() else { break };
         n += 1;

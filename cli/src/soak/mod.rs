@@ -64,9 +64,10 @@ pub struct SoakBench {
     /// of them.
     #[arg(long, default_value_t = 3)]
     hub_replicas: usize,
-    /// Fault kinds to inject, comma-separated. Default on the embedded bus:
+    /// Fault kinds to inject, comma-separated; each round injects each once, the first
+    /// round in this order, later ones shuffled. Default on the embedded bus:
     /// kill,cut,agent-restart,disk-full,corrupt,deny; with `--bus nats`:
-    /// kill,cut,agent-restart,deny,node-kill,js-empty,bus-cut.
+    /// js-empty,node-kill,bus-cut,kill,agent-restart,cut,deny.
     #[arg(long, value_enum, value_delimiter = ',')]
     faults: Vec<FaultKind>,
     /// Mean seconds between faults (jittered ±50 %).
