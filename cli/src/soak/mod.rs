@@ -38,6 +38,8 @@ use proxy::CutProxy;
 
 /// The WatchConfig the soak's agents follow.
 const WATCH: &str = "soak-cms";
+/// Writes each sim cluster keeps for watches resuming from an older resourceVersion.
+const SIM_HISTORY: usize = 2_000;
 /// Most lost objects listed one by one.
 const LIST_LOST: usize = 20;
 
@@ -166,9 +168,12 @@ async fn soak(
     let mut sims = Vec::with_capacity(clusters.len());
     let mut churns = Vec::with_capacity(clusters.len());
     for c in &clusters {
-        let sim =
-            fleetwatch_sim::SimCluster::start(fleetwatch_sim::SimOptions { name: c.clone(), ..Default::default() })
-                .await?;
+        // A bounded watch history: the default (10,000 writes per cluster) grew the soak's
+        // memory for its first five minutes; 2,000 is a minute of churn, far longer than an
+        // agent is down (beyond it a watch resumes with 410 Gone and the agent re-lists,
+        // which is a path worth exercising too).
+        let options = fleetwatch_sim::SimOptions { name: c.clone(), history: SIM_HISTORY, ..Default::default() };
+        let sim = fleetwatch_sim::SimCluster::start(options).await?;
         sim.write_kubeconfig(&dir.join(format!("{c}.kubeconfig")))?;
         let client = sim.client().await?;
         let churn = Churn::new(c, client.clone(), b.objects);
