@@ -294,6 +294,15 @@ mod tests {
         assert_eq!(verdict(&o, &Truth::Present("7".into()), write_v7), Verdict::Lost);
     }
 
+    #[test]
+    fn reasons_are_counted_by_their_wording() {
+        assert_eq!(
+            reason_kind("records lost in segment 00000012.log at offset 4096: checksum mismatch"),
+            "records lost in segment N.log at offset N: checksum mismatch"
+        );
+        assert_eq!(reason_kind(&"x".repeat(300)).chars().count(), 101);
+    }
+
     /// After a reconnect the hub redelivers from the acked cursor: the stale event and then
     /// the resync again. The subscriber applies both again, so the redelivered resync
     /// (after the redelivered event) covers the object; it is counted once.
