@@ -317,3 +317,156 @@ async fn mutual_tls_to_nats() {
     let errors: Vec<String> = p.stderr().lines().filter(|l| l.starts_with("error:")).map(String::from).collect();
     assert!(errors.len() == 1 && errors[0].contains("cannot connect to NATS at tls://127.0.0.1"), "{errors:?}");
 }
+
+/// Lines `tail` printed that are a `resync-required` for every cluster (`*`).
+fn resync_all_lines(tail: &Proc) -> Vec<serde_json::Value> {
+    tail.stdout_lines
+        .lock()
+        .unwrap()
+        .iter()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["type"] == "resync-required" && v["cluster"] == "*")
+        .collect()
+}
+
+fn tail_proc(pki: &Pki, hub: &str, name: &str, log: &str) -> Proc {
+    tail_of(pki, hub, name, log, &[])
+}
+
+fn tail_of(pki: &Pki, hub: &str, name: &str, log: &str, extra: &[&str]) -> Proc {
+    let mut args: Vec<String> = ["tail", "--hub", hub, "--name", name, "--from", "latest"].map(String::from).to_vec();
+    args.extend(extra.iter().map(|s| s.to_string()));
+    args.extend(client_args(&pki.subscriber("ops")));
+    Proc::spawn(&args, pki.path(log))
+}
+
+/// NATS restarted with an empty store (its disk lost) under two running hub replicas, an
+/// agent producing, a durable subscriber reading live and a durable `tail` that is away:
+/// without restarting anything of fleetwatch, the hubs recreate the stream, become ready
+/// again and agree; the live subscriber is told `resync-required` `*` with the true reason
+/// and then receives the agent's new events (its session resumed); the `tail` returning
+/// with `--from latest` (as the lifecycle operator subscribes) is told `*` too instead of
+/// being placed silently after the loss.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jetstream_restarted_empty_recovers_without_a_hub_restart() {
+    let pki = Pki::new();
+    let mut js = LocalNatsServer::start(&pki.path("jetstream")).unwrap_or_else(|e| panic!("{e}"));
+    let bus = ["--bus", &js.url()];
+    let a = HubProc::start(&pki, free_port(), None, &bus);
+    let b = HubProc::start(&pki, free_port(), None, &bus);
+    let _agent = agent(&pki, "c1", &a.url(), "synthetic:objects=20,rate=40,total=1000000", &[]);
+    let collector = Collector::start(&pki, &b.url(), "checker").await;
+    let mut tail = tail_proc(&pki, &a.url(), "ops", "tail-1.log");
+    tail.wait_stdout(r#""c1""#, Duration::from_secs(60));
+    let flowing = eventually(Duration::from_secs(60), || {
+        collector.seen.lock().unwrap().max_seq.get("c1").is_some_and(|s| *s > 20)
+    })
+    .await;
+    assert!(flowing, "the agent's events do not reach the subscriber:\n{}", a.proc.stderr());
+    tail.signal("KILL");
+    assert!(tail.wait_exit(Duration::from_secs(5)).is_some());
+    // A durable subscriber of a quiet cluster: registered, never acked anything, so no hub
+    // holds a cursor move of it: only the cursor store knew the name.
+    let mut quiet = tail_of(&pki, &b.url(), "quiet", "quiet-1.log", &["--cluster", "c2"]);
+    let registered = eventually(Duration::from_secs(30), || {
+        b.proc.stderr().lines().any(|l| l.contains("subscriber connected") && l.contains("quiet"))
+    })
+    .await;
+    assert!(registered, "{}", b.proc.stderr());
+    quiet.signal("KILL");
+    assert!(quiet.wait_exit(Duration::from_secs(5)).is_some());
+
+    js.restart_empty().unwrap_or_else(|e| panic!("{e}"));
+    let told = eventually(Duration::from_secs(90), || {
+        let seen = collector.seen.lock().unwrap();
+        seen.resyncs
+            .get("*")
+            .is_some_and(|r| r.iter().any(|(_, why)| why.contains("the JetStream stream was recreated empty")))
+    })
+    .await;
+    assert!(
+        told,
+        "no resync-required * for the recreated stream: {:?}\nhub a:\n{}\nhub b:\n{}",
+        collector.seen.lock().unwrap().resyncs,
+        a.proc.stderr(),
+        b.proc.stderr()
+    );
+    let at_marker = collector.seen.lock().unwrap().max_seq.get("c1").copied().unwrap_or(0);
+    for hub in [&a, &b] {
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let ready = http_get(hub.admin_port, "/readyz").await;
+            if ready.starts_with("ready") {
+                break;
+            }
+            assert!(std::time::Instant::now() < deadline, "hub not ready again: {ready}\n{}", hub.proc.stderr());
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    // The agent's session resumed: new events reach the live subscriber after the marker.
+    let resumed = eventually(Duration::from_secs(90), || {
+        collector.seen.lock().unwrap().max_seq.get("c1").is_some_and(|s| *s > at_marker + 20)
+    })
+    .await;
+    assert!(resumed, "no events after the recreation (last seq {at_marker}):\nhub a:\n{}", a.proc.stderr());
+    // The durable tail comes back from latest: its stored cursor went with JetStream's store.
+    let tail = tail_proc(&pki, &a.url(), "ops", "tail-2.log");
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while resync_all_lines(&tail).is_empty() {
+        assert!(std::time::Instant::now() < deadline, "the returning tail was not told to resync:\n{}", tail.stderr());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Its name is lost with the cursor store (`Lookup::Lost`), or — when hub a wrote the
+    // killed tail's last acks into the recreated store — known at an old cursor, below
+    // the marker, which it then reads: told either way.
+    let quiet = tail_of(&pki, &a.url(), "quiet", "quiet-2.log", &["--cluster", "c2"]);
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while resync_all_lines(&quiet).is_empty() {
+        assert!(std::time::Instant::now() < deadline, "the returning quiet tail was not told:\n{}", quiet.stderr());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let told = resync_all_lines(&quiet);
+    assert!(told[0]["reason"].as_str().is_some_and(|r| r.contains("lost its durable cursor store")), "{told:?}");
+    let told = resync_all_lines(&tail);
+    let why = told[0]["reason"].as_str().unwrap_or_default();
+    assert!(
+        why.contains("lost its durable cursor store") || why.contains("the JetStream stream was recreated empty"),
+        "{told:?}"
+    );
+}
+
+/// NATS lost its store while no hub ran: the hub started afterwards cannot continue the old
+/// bus and creates a new one; a subscriber resuming with the old bus's cursor is told
+/// `resync-required` `*` with the true reason (it said "restart without a data directory").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscriber_resuming_after_nats_lost_its_store_under_a_stopped_hub_is_told_why() {
+    let pki = Pki::new();
+    let mut js = LocalNatsServer::start(&pki.path("jetstream")).unwrap_or_else(|e| panic!("{e}"));
+    let bus = ["--bus", &js.url()];
+    let port = free_port();
+    let mut hub = HubProc::start(&pki, port, None, &bus);
+    let _agent = agent(&pki, "c1", &hub.url(), "synthetic:objects=20,rate=40,total=1000000", &[]);
+    let collector = Collector::start(&pki, &hub.url(), "checker").await;
+    let flowing = eventually(Duration::from_secs(60), || {
+        collector.seen.lock().unwrap().max_seq.get("c1").is_some_and(|s| *s > 20)
+    })
+    .await;
+    assert!(flowing, "the agent's events do not reach the subscriber:\n{}", hub.proc.stderr());
+    hub.proc.signal("KILL");
+    assert!(hub.proc.wait_exit(Duration::from_secs(5)).is_some());
+    js.restart_empty().unwrap_or_else(|e| panic!("{e}"));
+    hub = HubProc::start(&pki, port, None, &bus);
+    let told = eventually(Duration::from_secs(90), || {
+        let seen = collector.seen.lock().unwrap();
+        seen.resyncs
+            .get("*")
+            .is_some_and(|r| r.iter().any(|(_, why)| why.contains("the JetStream stream was recreated empty")))
+    })
+    .await;
+    let resyncs = collector.seen.lock().unwrap().resyncs.clone();
+    assert!(told, "no resync-required * with the true reason: {resyncs:?}\nhub:\n{}", hub.proc.stderr());
+    assert!(
+        !resyncs.values().flatten().any(|(_, why)| why.contains("restart without a data directory")),
+        "{resyncs:?}"
+    );
+}

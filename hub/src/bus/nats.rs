@@ -5,8 +5,9 @@
 //! - One stream (`--bus-stream`, default `fleetwatch`) on subjects `<stream>.<cluster>`
 //!   (a cluster name that is not a plain subject token is written `=<hex>`). A record is
 //!   one message: the event JSON (or the resync reason) as payload, `Fw-Epoch`, `Fw-Seq`
-//!   and `Fw-Kind` headers. **Offset = stream sequence**, so every replica hands out the
-//!   same offsets and a subscriber's cursor means the same thing on each of them.
+//!   and `Fw-Kind` headers. **Offset = stream sequence** (plus the base of a recreated
+//!   stream, below), so every replica hands out the same offsets and a subscriber's cursor
+//!   means the same thing on each of them.
 //! - Retention is the stream's limits (`max_msgs`, `max_bytes`, `max_age`, discard old),
 //!   set from the hub's retention flags.
 //! - Key-value bucket `<stream>_heads`: per cluster the (epoch, seq, offset) of its latest
@@ -16,7 +17,8 @@
 //!   the hot path. While the cluster's records are retained the stream itself is the
 //!   authority (below); the bucket only matters once they were evicted.
 //! - Key-value bucket `<stream>_cursors`: per subscriber identity its durable names and
-//!   cursors (stream sequences).
+//!   cursors (offsets), each name with the id of its registration; and the entry
+//!   `meta.bus` (below).
 //! - Key-value bucket `<stream>_replicas`: per hub replica the clusters it serves, rewritten
 //!   every few seconds and expiring after [`REPLICA_TTL`], so `/api/v1/clusters` on any
 //!   replica shows the whole fleet and where each agent is connected.
@@ -91,7 +93,35 @@
 //! identity (its names and cursors, bounded like the embedded store), updated with
 //! compare-and-set. Registrations are written at once; cursor moves are kept in memory and
 //! written every second by the hub's housekeeping ([`Bus::flush_cursors`]), as the segment
-//! log does.
+//! log does. A registration stores a random id with the name, and a move is written only
+//! if the name still has the registration it was made under ([`Cursors::current`]): a
+//! subscriber that moved to another replica and registered there (maybe lower, as the
+//! contract allows) is not overtaken by what the old replica had not written yet.
+//!
+//! The bucket's entry `meta.bus` ([`Meta`]) is created with the bucket: `names_lost` when
+//! the bus already had history then (the bucket was recreated). A name not found while it
+//! says so, or while it is missing (the bucket was lost after this replica opened it), is
+//! [`Lookup::Lost`]: the subscriber gets `resync-required` `*` instead of being taken for a
+//! new one and placed after the loss.
+//!
+//! # JetStream restarted empty
+//! The probe finds the stream missing (for a second: not a server still starting) and
+//! recreates it as the continuation of this bus ([`NatsBus::recreate`]): the same bus id,
+//! offsets = stream sequence + a base above every offset this replica knew
+//! ([`nats_state::next_base`]), both in the stream's description, which is created with the
+//! stream in one step, so whichever replica creates it decides for all ([`nats_state`]).
+//! Every replica takes the new stream on ([`NatsBus::adopt`]; the others notice its new
+//! creation time): buckets created again, the cursor store's meta entry (names lost),
+//! `resync-required` `*` ("the JetStream stream was recreated empty") published with one
+//! message id so JetStream keeps it once, the local tail restarted above the old offsets
+//! (readers go on from their cursors into the marker), appends refused until then. An ack
+//! numbered below what this replica knew fails its append (the stream was recreated
+//! before this replica noticed). NATS 2.9 streams cannot start at a chosen sequence
+//! (`first_seq` is 2.10), hence the base here. A stream recreated by a hub that did not
+//! know the bus (a new bus id, offsets from 1) would repeat offsets: the replica refuses to
+//! go on (health, appends, reads fail, "restart this hub replica"); a hub that finds no
+//! stream at start waits [`NatsOptions::missing_stream_wait`] for a running replica to
+//! recreate it first.
 //!
 //! # Health
 //! [`Bus::health`] is `Err(cause)` while the NATS connection is down, the stream does not

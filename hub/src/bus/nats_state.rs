@@ -105,12 +105,14 @@ impl Cursors {
 
     /// Whether a move made under `reg` still belongs to the name's current registration: a
     /// name registered since (on any replica) is not moved by what an older registration's
-    /// subscriber acked.
+    /// subscriber acked. A name without a registration in the entry (lost with the store,
+    /// stored at its first ack, or of an older release) takes any move: offsets never
+    /// repeat, so an older cursor still means what it meant.
     pub(super) fn current(&self, name: &str, reg: Option<u64>) -> bool {
-        match reg {
-            Some(r) => self.regs.get(name) == Some(&r),
-            // Made without a registration: only while none was made (by anyone) since.
-            None => !self.regs.contains_key(name),
+        match (reg, self.regs.get(name)) {
+            (_, None) => true,
+            (Some(r), Some(now)) => r == *now,
+            (None, Some(_)) => false,
         }
     }
 
@@ -174,9 +176,13 @@ mod tests {
         assert!(c.apply("d", Move { cursor: 420, reg: Some(22) }));
         assert_eq!(c.names["d"], 450, "never back");
         assert_eq!(c.cursor("d", Some(Move { cursor: 470, reg: Some(22) })), Some(470));
-        // A name stored at its first ack (lost before): no registration, moves apply.
+        // A name stored at its first ack (lost before): no registration, moves apply, also
+        // one made under a registration the lost store had.
         assert!(c.apply("lost", Move { cursor: 9, reg: None }));
         assert_eq!(c.cursor("lost", None), Some(9));
+        assert!(c.apply("lost", Move { cursor: 12, reg: Some(33) }));
+        assert_eq!(c.cursor("lost", None), Some(12));
+        assert_eq!(c.cursor("new", Some(Move { cursor: 3, reg: Some(44) })), Some(3));
     }
 
     #[test]

@@ -481,9 +481,11 @@ async fn a_durable_name_lost_with_the_cursor_store_is_reported_lost() {
     for bus in [&a, &b, &late] {
         assert_eq!(bus.durable_lookup("op", "lifecycle").await.unwrap(), Lookup::Lost);
     }
-    // Stored again at the subscriber's first ack after its resync: known from then on.
-    b.set_durable_cursor("op", "lifecycle", 9).await.unwrap();
-    b.flush_cursors().await.unwrap();
+    // Stored again at the subscriber's first ack after its resync (on a, which registered
+    // the name before the loss): known from then on, everywhere.
+    a.set_durable_cursor("op", "lifecycle", 9).await.unwrap();
+    assert_eq!(a.durable_lookup("op", "lifecycle").await.unwrap(), Lookup::Known(9), "before the flush too");
+    a.flush_cursors().await.unwrap();
     for bus in [&a, &b, &late] {
         assert_eq!(bus.durable_lookup("op", "lifecycle").await.unwrap(), Lookup::Known(9));
     }
@@ -561,4 +563,48 @@ async fn a_crash_right_after_a_partly_stored_batch_still_marks_the_loss() {
         wait_for("the tail at offset 4", Duration::from_secs(30), async || bus.last_offset() == 4).await;
         assert_eq!(kinds(bus).await, vec![(1, false), (2, false), (4, true), (5, false)]);
     }
+}
+
+/// A hub that starts while NATS has just come back empty waits for the running replica to
+/// recreate the stream as the continuation of the bus, instead of creating a new bus of
+/// its own (whose offsets would repeat the running replica's): both end up on one bus.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hub_starting_right_after_nats_lost_its_store_joins_the_recreated_stream() {
+    let (mut server, _dir) = server();
+    let a = open(&server.url(), "fw", keep_all()).await;
+    a.append("c".into(), vec![ev(1, 1)]).await.unwrap();
+    server.restart_empty().unwrap_or_else(|e| panic!("{e}"));
+    // Started at once, with a generous wait (the default is shorter) for a busy machine.
+    let opts = NatsOptions {
+        stream: "fw".into(),
+        missing_stream_wait: Duration::from_secs(60),
+        ..NatsOptions::new(vec![server.url()], keep_all())
+    };
+    let c = NatsBus::open(opts).await.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(c.stream_id(), a.stream_id(), "one bus");
+    wait_for("a took the stream on", Duration::from_secs(60), async || recreated(&a)).await;
+    assert!(c.offset_base() > 1 && c.offset_base() == a.offset_base());
+    c.prepare_reads().await.unwrap();
+    assert!(c.append("c".into(), vec![ev(1, 2)]).await.unwrap() > c.offset_base());
+}
+
+/// A stream recreated by a hub that did not know this bus (a new bus, offsets from 1) is
+/// not taken on as if it continued it: the replica says why it cannot go on, refuses
+/// appends and reads (its subscribers reconnect elsewhere and resync), instead of handing
+/// out offsets it already handed out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_recreated_as_another_bus_makes_the_replica_refuse_to_go_on() {
+    let (server, _dir) = server();
+    let a = open(&server.url(), "fw", keep_all()).await;
+    a.append("c".into(), vec![ev(1, 1), ev(1, 2)]).await.unwrap();
+    let js = async_nats::jetstream::new(async_nats::connect(server.url()).await.unwrap());
+    js.delete_stream("fw").await.unwrap();
+    // Another hub creates a new bus at once, before a notices the stream gone.
+    let other = open(&server.url(), "fw", keep_all()).await;
+    assert_ne!(other.stream_id(), a.stream_id());
+    wait_for("a to refuse", Duration::from_secs(60), async || a.health().is_err_and(|e| e.contains("restart"))).await;
+    let err = a.append("c".into(), vec![ev(1, 3)]).await.unwrap_err();
+    assert!(err.to_string().contains("did not know bus"), "{err}");
+    assert!(a.read(1, 10).await.is_err(), "a reader's session ends instead of waiting for offsets");
+    assert!(other.health().is_ok());
 }
