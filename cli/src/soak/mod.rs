@@ -62,10 +62,10 @@ pub struct SoakBench {
     /// hubs on a 3-node JetStream cluster the soak starts on loopback).
     #[arg(long, value_enum, default_value = "embedded")]
     bus: SoakBus,
-    /// Hub replicas on the stream with `--bus nats`; agents and the subscriber are given all
-    /// of them.
-    #[arg(long, default_value_t = 3)]
-    hub_replicas: usize,
+    /// Hub replicas on the stream with `--bus nats` (default 3); agents and the subscriber
+    /// are given all of them.
+    #[arg(long)]
+    hub_replicas: Option<usize>,
     /// Fault kinds to inject, comma-separated; each round injects each once, the first
     /// round in this order, later ones shuffled. Default on the embedded bus:
     /// kill,cut,agent-restart,disk-full,corrupt,deny; with `--bus nats`:
@@ -90,6 +90,16 @@ pub struct SoakBench {
     dir: Option<PathBuf>,
 }
 
+impl SoakBench {
+    /// Hub processes: the replicas on NATS, one on the embedded bus.
+    fn replicas(&self) -> usize {
+        match self.bus {
+            SoakBus::Nats => self.hub_replicas.unwrap_or(3),
+            SoakBus::Embedded => 1,
+        }
+    }
+}
+
 /// The bus of `bench soak --bus`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum SoakBus {
@@ -101,16 +111,23 @@ pub enum SoakBus {
 
 /// Runs the soak; fails when an object was lost or a process crashed.
 pub async fn run(mut b: SoakBench) -> anyhow::Result<()> {
-    if b.clusters == 0 || b.objects == 0 || b.rate <= 0.0 || b.hub_replicas == 0 {
+    if b.clusters == 0 || b.objects == 0 || b.rate <= 0.0 || b.hub_replicas == Some(0) {
         bail!("--clusters, --objects, --rate and --hub-replicas must be positive");
     }
     let nats = b.bus == SoakBus::Nats;
+    if !nats && b.hub_replicas.is_some() {
+        bail!("--hub-replicas needs --bus nats: the embedded bus runs one hub");
+    }
     if b.faults.is_empty() {
         b.faults = if nats { FaultKind::NATS.to_vec() } else { FaultKind::EMBEDDED.to_vec() };
     }
     let misfits: Vec<&str> = b.faults.iter().filter(|k| !k.fits(nats)).map(|k| k.name()).collect();
     if !misfits.is_empty() {
-        bail!("--faults {} cannot be injected with --bus {:?}", misfits.join(","), b.bus);
+        bail!(
+            "--faults {} cannot be injected with --bus {}",
+            misfits.join(","),
+            if nats { "nats" } else { "embedded" }
+        );
     }
     let secs = |name: &str, v: f64| {
         Duration::try_from_secs_f64(v)
@@ -203,7 +220,7 @@ async fn soak(
                 "fields": ["data"], "project": [check::VERSION_FIELD]}})
         .to_string(),
     )?;
-    let replicas = if nats { b.hub_replicas } else { 1 };
+    let replicas = b.replicas();
     let mut hubs = Vec::with_capacity(replicas);
     let mut agent_proxies = Vec::with_capacity(replicas);
     let mut subscriber_proxies = Vec::with_capacity(replicas);
@@ -553,7 +570,7 @@ fn print_summary(b: &SoakBench, o: &Outcome, obs: &Observed) {
     }
     let bus = match b.bus {
         SoakBus::Embedded => "embedded bus".to_string(),
-        SoakBus::Nats => format!("{} hub replicas on {}-node JetStream", b.hub_replicas, jetstream::NODES),
+        SoakBus::Nats => format!("{} hub replicas on {}-node JetStream", b.replicas(), jetstream::NODES),
     };
     println!(
         "soak: {:.0} s (+{:.1} s to settle), {bus}, {} clusters, {} writes ({} failed)",
@@ -577,7 +594,7 @@ fn print_summary(b: &SoakBench, o: &Outcome, obs: &Observed) {
     }
     println!(
         "{}",
-        serde_json::json!({"bench": "soak", "bus": format!("{:?}", b.bus).to_lowercase(), "hub_replicas": if b.bus == SoakBus::Nats { b.hub_replicas } else { 1 },
+        serde_json::json!({"bench": "soak", "bus": format!("{:?}", b.bus).to_lowercase(), "hub_replicas": b.replicas(),
             "duration_s": o.elapsed.as_secs_f64().round(), "clusters": b.clusters,
             "deletes_while_down": o.stats.deletes_while_down, "creates_while_down": o.stats.creates_while_down,
             "faults": o.counts.injected.iter().map(|(k, n)| (k.name(), *n)).collect::<BTreeMap<_, _>>(),
