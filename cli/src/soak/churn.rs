@@ -1,8 +1,12 @@
 //! Kubernetes-like churn in one simulated cluster: ConfigMaps created, changed (a version
 //! counter in `data.v`) and deleted through the real API, one write at a time, with a
-//! ledger of each object's last write for the final check.
+//! ledger of each object's last write for the final check. While the cluster's agent
+//! process is down ([`Churn::set_agent_down`]) the churn mostly deletes, and deletes and
+//! recreates at once: the agent must find both by its relist when it comes back (a
+//! synthetic delete for what vanished, the new state of what was recreated).
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -34,6 +38,10 @@ pub struct ChurnStats {
     pub writes: u64,
     /// Writes that failed (their outcome is read back from the cluster at the end).
     pub errors: u64,
+    /// Deletes that succeeded while the agent process was down.
+    pub deletes_while_down: u64,
+    /// Creates (of objects deleted before) that succeeded while the agent process was down.
+    pub creates_while_down: u64,
 }
 
 /// The churn of one cluster.
@@ -44,6 +52,8 @@ pub struct Churn {
     /// Object name → its log.
     ledger: Arc<Mutex<HashMap<String, ObjectLog>>>,
     stats: Arc<Mutex<ChurnStats>>,
+    /// Set while the cluster's agent process is stopped.
+    agent_down: AtomicBool,
 }
 
 /// The name of object `i`.
@@ -61,6 +71,7 @@ impl Churn {
             objects: objects.max(1),
             ledger: Default::default(),
             stats: Default::default(),
+            agent_down: AtomicBool::new(false),
         }
     }
 
@@ -76,9 +87,16 @@ impl Churn {
         let body = serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}});
         ns.patch(NAMESPACE, &PatchParams::apply("fleetwatch-soak").force(), &Patch::Apply(body)).await?;
         for i in (0..self.objects).step_by(2) {
-            self.write(i, Op::Create).await;
+            // A failed create is in the ledger and read back at the end.
+            let _ = self.write(i, Op::Create).await;
         }
         Ok(())
+    }
+
+    /// Whether the cluster's agent process is down: the churn then deletes and recreates
+    /// objects rather than only changing them.
+    pub fn set_agent_down(&self, down: bool) {
+        self.agent_down.store(down, Ordering::Relaxed);
     }
 
     /// Writes at `rate` per second until `stop`.
@@ -96,16 +114,23 @@ impl Churn {
                 (rng.random_range(0..self.objects), rng.random_range(0..100u32))
             };
             let exists = self.ledger.lock().map(|l| l.get(&object_name(i)).is_some_and(|o| o.exists)).unwrap_or(false);
-            let op = match (exists, roll) {
-                (false, _) => Op::Create,
-                (true, 0..15) => Op::Delete,
-                (true, _) => Op::Update,
+            let down = self.agent_down.load(Ordering::Relaxed);
+            // A failed write is in the ledger and read back at the end.
+            let _ = match (exists, down, roll) {
+                (false, _, _) => self.write(i, Op::Create).await,
+                (true, false, 0..15) => self.write(i, Op::Delete).await,
+                (true, false, _) => self.write(i, Op::Update).await,
+                // Agent down: deleted (and left so, or created again later), or deleted and
+                // recreated at once (same name, new object, new version), some updates.
+                (true, true, 0..35) => self.write(i, Op::Delete).await,
+                (true, true, 35..75) => self.write(i, Op::Delete).await && self.write(i, Op::Create).await,
+                (true, true, _) => self.write(i, Op::Update).await,
             };
-            self.write(i, op).await;
         }
     }
 
-    async fn write(&self, i: usize, op: Op) {
+    /// One write and its ledger entry; whether it succeeded.
+    async fn write(&self, i: usize, op: Op) -> bool {
         let name = object_name(i);
         let version = self.ledger.lock().map(|l| l.get(&name).map_or(0, |o| o.version)).unwrap_or(0) + 1;
         let v = version.to_string();
@@ -130,8 +155,19 @@ impl Churn {
                 false
             }
         };
+        let down = self.agent_down.load(Ordering::Relaxed);
         if let Ok(mut stats) = self.stats.lock() {
-            if ok { stats.writes += 1 } else { stats.errors += 1 }
+            if ok {
+                stats.writes += 1
+            } else {
+                stats.errors += 1
+            }
+            match op {
+                Op::Delete if ok && down => stats.deletes_while_down += 1,
+                // A create of an object that had a version was a recreate.
+                Op::Create if ok && down && version > 1 => stats.creates_while_down += 1,
+                _ => {}
+            }
         }
         if let Ok(mut ledger) = self.ledger.lock() {
             let entry = ledger.entry(name).or_insert(ObjectLog { version: 0, exists: false, last_write: now });
@@ -150,6 +186,7 @@ impl Churn {
                 entry.version = version;
             }
         }
+        ok
     }
 
     /// Counters so far.

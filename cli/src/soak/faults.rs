@@ -1,25 +1,32 @@
-//! The faults the soak injects, one at a time, each undone before the next.
+//! The faults the soak injects, one at a time, each undone before the next. Some need the
+//! embedded bus (its disk: `disk-full`, `corrupt`), some the JetStream cluster of
+//! `--bus nats` (`node-kill`, `js-empty`, `bus-cut`); the others work on both.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rand::Rng;
 use rand::seq::SliceRandom;
 use tokio_util::sync::CancellationToken;
 
+use super::churn::Churn;
+use super::jetstream::{JetStream, JetStreamError, RECOVER_TIMEOUT};
 use super::procs::{ProcError, Restartable, Stop};
 use super::proxy::CutProxy;
 
 /// A kind of fault.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, clap::ValueEnum)]
 pub enum FaultKind {
-    /// SIGKILL the hub, start it again on the same data directory and port.
+    /// SIGKILL the hub, start it again on the same data directory and port. With
+    /// `--bus nats`: one hub replica, started again after a few seconds.
     Kill,
     /// Cut the TCP path of all agents, or of the subscriber, for a few seconds.
     Cut,
-    /// Stop one agent (SIGKILL or SIGTERM) and start it again.
+    /// Stop one agent (SIGKILL or SIGTERM) for a few seconds, while its cluster's churn
+    /// deletes and recreates objects, and start it again.
     AgentRestart,
     /// Make the hub's storage fail with ENOSPC for a few seconds (needs the hub's
     /// `--fault-injection` admin hook).
@@ -29,16 +36,48 @@ pub enum FaultKind {
     /// Put one agent's certificate (its serial or SPIFFE id) on the deny list, then take
     /// it off again.
     Deny,
+    /// SIGKILL one JetStream node for a few seconds, start it again on its store.
+    NodeKill,
+    /// JetStream restarted empty: SIGKILL every node, wipe every store, start them again.
+    JsEmpty,
+    /// Cut the TCP path between the hubs and one JetStream node, or all of them, for a few
+    /// seconds.
+    BusCut,
 }
 
 impl FaultKind {
     /// Every kind, in the order the summary prints them.
-    pub const ALL: [FaultKind; 6] = [
+    pub const ALL: [FaultKind; 9] = [
         FaultKind::Kill,
         FaultKind::Cut,
         FaultKind::AgentRestart,
         FaultKind::DiskFull,
         FaultKind::Corrupt,
+        FaultKind::Deny,
+        FaultKind::NodeKill,
+        FaultKind::JsEmpty,
+        FaultKind::BusCut,
+    ];
+
+    /// The kinds on by default on the embedded bus.
+    pub const EMBEDDED: [FaultKind; 6] = [
+        FaultKind::Kill,
+        FaultKind::Cut,
+        FaultKind::AgentRestart,
+        FaultKind::DiskFull,
+        FaultKind::Corrupt,
+        FaultKind::Deny,
+    ];
+
+    /// The kinds on by default with `--bus nats` (the JetStream ones first: the first
+    /// round goes in this order).
+    pub const NATS: [FaultKind; 7] = [
+        FaultKind::JsEmpty,
+        FaultKind::NodeKill,
+        FaultKind::BusCut,
+        FaultKind::Kill,
+        FaultKind::AgentRestart,
+        FaultKind::Cut,
         FaultKind::Deny,
     ];
 
@@ -51,7 +90,15 @@ impl FaultKind {
             FaultKind::DiskFull => "disk-full",
             FaultKind::Corrupt => "corrupt",
             FaultKind::Deny => "deny",
+            FaultKind::NodeKill => "node-kill",
+            FaultKind::JsEmpty => "js-empty",
+            FaultKind::BusCut => "bus-cut",
         }
+    }
+
+    /// Whether the kind can be injected on this bus.
+    pub fn fits(self, nats: bool) -> bool {
+        if nats { FaultKind::NATS.contains(&self) } else { FaultKind::EMBEDDED.contains(&self) }
     }
 }
 
@@ -61,6 +108,9 @@ pub enum FaultError {
     /// A process could not be started again.
     #[error(transparent)]
     Proc(#[from] ProcError),
+    /// The JetStream cluster could not be started again.
+    #[error(transparent)]
+    JetStream(#[from] JetStreamError),
     /// A file could not be changed.
     #[error("{what} {path}: {source}")]
     File {
@@ -83,26 +133,39 @@ pub struct AgentProc {
     pub identity: String,
     /// Serial of its certificate (hex).
     pub serial: String,
+    /// Its cluster's churn (told while the agent is down).
+    pub churn: Arc<Churn>,
+}
+
+/// One hub process.
+pub struct HubProc {
+    /// The process.
+    pub proc: Restartable,
+    /// Its admin address.
+    pub admin: SocketAddr,
 }
 
 /// Everything the faults act on; handed back when the run is over.
 pub struct Fleet {
-    /// The hub process.
-    pub hub: Restartable,
-    /// Its admin address.
-    pub admin: SocketAddr,
-    /// Its data directory.
-    pub data_dir: PathBuf,
-    /// Its deny-list file.
+    /// The hub processes: one on the embedded bus, the replicas with `--bus nats`.
+    pub hubs: Vec<HubProc>,
+    /// The embedded hub's data directory.
+    pub data_dir: Option<PathBuf>,
+    /// The hubs' deny-list file.
     pub deny_list: PathBuf,
     /// The agents.
     pub agents: Vec<AgentProc>,
-    /// The path between agents and hub.
-    pub agent_proxy: CutProxy,
-    /// The path between the subscriber and the hub.
-    pub subscriber_proxy: CutProxy,
+    /// The paths between agents and hubs, one per hub.
+    pub agent_proxies: Vec<CutProxy>,
+    /// The paths between the subscriber and the hubs, one per hub.
+    pub subscriber_proxies: Vec<CutProxy>,
+    /// The JetStream cluster, with `--bus nats`.
+    pub jetstream: Option<JetStream>,
     /// Processes that exited by themselves, by name.
     pub crashes: Vec<String>,
+    /// Things that went wrong without losing anything yet, e.g. hubs not ready long after
+    /// JetStream came back (printed in the summary).
+    pub notes: Vec<String>,
 }
 
 /// Fault counts.
@@ -142,12 +205,18 @@ pub async fn run(mut fleet: Fleet, plan: Plan, stop: CancellationToken) -> (Flee
         _ = stop.cancelled() => {}
     }
     let mut n = 0u64;
+    let mut rounds = 0u64;
     while !stop.is_cancelled() && Instant::now() < plan.until && !plan.kinds.is_empty() {
         watch_crashes(&mut fleet).await;
-        // Every kind once per round, in a shuffled order: short runs still see them all.
+        // Every kind once per round: short runs still see them all. The first round in
+        // the order given (a short run sees those first for sure), later ones shuffled.
         if order.is_empty() {
             order = plan.kinds.clone();
-            order.shuffle(&mut rand::rng());
+            if rounds > 0 {
+                order.shuffle(&mut rand::rng());
+            }
+            order.reverse(); // popped from the end
+            rounds += 1;
         }
         let Some(kind) = order.pop() else { break };
         n += 1;
@@ -176,11 +245,13 @@ pub async fn run(mut fleet: Fleet, plan: Plan, stop: CancellationToken) -> (Flee
 
 /// Starts again any process that exited by itself, and remembers it.
 async fn watch_crashes(fleet: &mut Fleet) {
-    if let Some(status) = fleet.hub.exited() {
-        tracing::error!(%status, "the hub exited by itself: starting it again");
-        fleet.crashes.push(format!("hub ({status}; log {})", fleet.hub.log().display()));
-        if let Err(e) = fleet.hub.start(Some("hub listening"), HUB_START_TIMEOUT).await {
-            tracing::error!(error = %e, "cannot start the hub again");
+    for (i, hub) in fleet.hubs.iter_mut().enumerate() {
+        if let Some(status) = hub.proc.exited() {
+            tracing::error!(hub = i, %status, "a hub exited by itself: starting it again");
+            fleet.crashes.push(format!("hub {i} ({status}; log {})", hub.proc.log().display()));
+            if let Err(e) = hub.proc.start(Some("hub listening"), HUB_START_TIMEOUT).await {
+                tracing::error!(hub = i, error = %e, "cannot start the hub again");
+            }
         }
     }
     for a in &mut fleet.agents {
@@ -199,15 +270,24 @@ async fn watch_crashes(fleet: &mut Fleet) {
 async fn inject(fleet: &mut Fleet, kind: FaultKind, plan: &Plan, k: u64) -> Result<bool, FaultError> {
     match kind {
         FaultKind::Kill => {
-            fleet.hub.stop(Stop::Kill, Duration::ZERO).await;
-            fleet.hub.start(Some("hub listening"), HUB_START_TIMEOUT).await?;
+            let i = rand::rng().random_range(0..fleet.hubs.len().max(1));
+            let replicas = fleet.hubs.len();
+            let Some(hub) = fleet.hubs.get_mut(i) else { return Ok(false) };
+            hub.proc.stop(Stop::Kill, Duration::ZERO).await;
+            if replicas > 1 {
+                // Replicas: the others carry the load meanwhile.
+                tracing::info!(hub = i, "hub replica killed");
+                tokio::time::sleep(plan.hold).await;
+            }
+            hub.proc.start(Some("hub listening"), HUB_START_TIMEOUT).await?;
             Ok(true)
         }
         FaultKind::Corrupt => {
-            fleet.hub.stop(Stop::Kill, Duration::ZERO).await;
+            let (Some(hub), Some(data_dir)) = (fleet.hubs.first_mut(), &fleet.data_dir) else { return Ok(false) };
+            hub.proc.stop(Stop::Kill, Duration::ZERO).await;
             // First a zeroed block (a lost page), then flipped bytes, alternating.
-            let damaged = corrupt_closed_segment(&fleet.data_dir, !k.is_multiple_of(2));
-            fleet.hub.start(Some("hub listening"), HUB_START_TIMEOUT).await?;
+            let damaged = corrupt_closed_segment(data_dir, !k.is_multiple_of(2));
+            hub.proc.start(Some("hub listening"), HUB_START_TIMEOUT).await?;
             match damaged? {
                 Some((path, offset, len)) => {
                     tracing::info!(path = %path.display(), offset, len, "damaged a closed bus segment");
@@ -217,23 +297,26 @@ async fn inject(fleet: &mut Fleet, kind: FaultKind, plan: &Plan, k: u64) -> Resu
             }
         }
         FaultKind::Cut => {
-            let (proxy, what) = if k.is_multiple_of(2) {
-                (&fleet.subscriber_proxy, "subscriber")
+            let (proxies, what) = if k.is_multiple_of(2) {
+                (&fleet.subscriber_proxies, "subscriber")
             } else {
-                (&fleet.agent_proxy, "agents")
+                (&fleet.agent_proxies, "agents")
             };
             tracing::info!(path = what, "cutting the TCP path");
-            proxy.cut();
+            proxies.iter().for_each(CutProxy::cut);
             tokio::time::sleep(plan.hold).await;
-            proxy.restore();
+            proxies.iter().for_each(CutProxy::restore);
             Ok(true)
         }
         FaultKind::AgentRestart => {
             let i = rand::rng().random_range(0..fleet.agents.len().max(1));
             let Some(a) = fleet.agents.get_mut(i) else { return Ok(false) };
             let how = if k.is_multiple_of(2) { Stop::Kill } else { Stop::Term };
-            tracing::info!(cluster = %a.cluster, signal = %how, "restarting agent");
+            tracing::info!(cluster = %a.cluster, signal = %how, "stopping agent; its churn deletes and recreates");
             a.proc.stop(how, Duration::from_secs(10)).await;
+            a.churn.set_agent_down(true);
+            tokio::time::sleep(plan.hold).await;
+            a.churn.set_agent_down(false);
             a.proc.start(None, Duration::ZERO).await?;
             Ok(true)
         }
@@ -248,8 +331,9 @@ async fn inject(fleet: &mut Fleet, kind: FaultKind, plan: &Plan, k: u64) -> Resu
             Ok(true)
         }
         FaultKind::DiskFull => {
+            let Some(hub) = fleet.hubs.first() else { return Ok(false) };
             let ms = plan.hold.as_millis();
-            match super::http_post(fleet.admin, &format!("/debug/faults/storage?fail_for_ms={ms}")).await {
+            match super::http_post(hub.admin, &format!("/debug/faults/storage?fail_for_ms={ms}")).await {
                 Ok((status, _)) if (200..300).contains(&status) => {
                     tokio::time::sleep(plan.hold).await;
                     Ok(true)
@@ -264,6 +348,73 @@ async fn inject(fleet: &mut Fleet, kind: FaultKind, plan: &Plan, k: u64) -> Resu
                 }
             }
         }
+        FaultKind::NodeKill => {
+            let Some(js) = fleet.jetstream.as_mut() else { return Ok(false) };
+            let i = rand::rng().random_range(0..js.node_count().max(1));
+            tracing::info!(node = i, "killing a JetStream node");
+            js.kill(i).await;
+            tokio::time::sleep(plan.hold).await;
+            js.start_nodes(&[i]).await?;
+            // The next fault may take another node: this one must have caught up first,
+            // or two of three would be behind (no quorum: a stall, not a fault to test).
+            if !js.wait_healthy(i, RECOVER_TIMEOUT).await {
+                fleet
+                    .notes
+                    .push(format!("JetStream node {i} not healthy {} s after its restart", RECOVER_TIMEOUT.as_secs()));
+            }
+            Ok(true)
+        }
+        FaultKind::JsEmpty => {
+            let Some(js) = fleet.jetstream.as_mut() else { return Ok(false) };
+            tracing::info!("restarting JetStream empty: every node killed, every store wiped");
+            js.restart_empty().await?;
+            if !js.wait_meta_leader(RECOVER_TIMEOUT).await {
+                fleet.notes.push("no JetStream meta leader after the restart empty".into());
+            }
+            // The hubs must recover by themselves (recreate the stream, tell subscribers).
+            let unready = wait_hubs_ready(&fleet.hubs, RECOVER_TIMEOUT).await;
+            for (i, why) in unready {
+                fleet.notes.push(format!(
+                    "hub {i} not ready {} s after JetStream restarted empty: {why}",
+                    RECOVER_TIMEOUT.as_secs()
+                ));
+            }
+            Ok(true)
+        }
+        FaultKind::BusCut => {
+            let Some(js) = fleet.jetstream.as_ref() else { return Ok(false) };
+            // One node's path (the hubs fail over), then every path (the hubs lose NATS).
+            let node = (!k.is_multiple_of(2)).then(|| rand::rng().random_range(0..js.node_count().max(1)));
+            tracing::info!(node = ?node, "cutting the TCP path between the hubs and JetStream");
+            js.cut(node);
+            tokio::time::sleep(plan.hold).await;
+            js.restore();
+            Ok(true)
+        }
+    }
+}
+
+/// Waits until every hub's `/readyz` answers 200; returns the ones that did not within
+/// `timeout`, with their last answer.
+async fn wait_hubs_ready(hubs: &[HubProc], timeout: Duration) -> Vec<(usize, String)> {
+    let start = Instant::now();
+    loop {
+        let mut unready = Vec::new();
+        for (i, h) in hubs.iter().enumerate() {
+            let addr = h.admin.to_string();
+            let answer =
+                tokio::time::timeout(Duration::from_secs(5), crate::admin_http::request(&addr, "/readyz", None)).await;
+            match answer {
+                Ok(Ok((200, _))) => {}
+                Ok(Ok((status, body))) => unready.push((i, format!("{status} {}", body.trim()))),
+                Ok(Err(e)) => unready.push((i, format!("{e:#}"))),
+                Err(_) => unready.push((i, "no answer within 5 s".into())),
+            }
+        }
+        if unready.is_empty() || start.elapsed() > timeout {
+            return unready;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
     }
 }
 

@@ -1,12 +1,16 @@
 //! `fleetwatch bench soak`: a chaos soak. A durable hub (a child process), one real agent
 //! process per simulated cluster with Kubernetes-like churn, and a durable subscriber,
-//! while faults are injected: hub SIGKILL, TCP cuts, agent restarts, disk-full, a damaged
-//! log segment, deny-list flips. At the end every object's final state, or a
-//! `resync-required` for its cluster, must have reached the subscriber.
+//! while faults are injected: hub SIGKILL, TCP cuts, agent restarts (with deletes and
+//! recreates meanwhile), disk-full, a damaged log segment, deny-list flips. With
+//! `--bus nats` the hubs are several replicas on a 3-node JetStream cluster on loopback,
+//! and the faults include JetStream node kills, JetStream restarted empty and cuts between
+//! the hubs and NATS. At the end every object's final state, or a `resync-required` for its
+//! cluster delivered after it (see [`check`]), must have reached the subscriber.
 
 pub mod check;
 pub mod churn;
 pub mod faults;
+pub mod jetstream;
 pub mod procs;
 pub mod proxy;
 
@@ -27,12 +31,15 @@ use tokio_util::sync::CancellationToken;
 
 use check::{Observed, Verdict};
 use churn::Churn;
-use faults::{AgentProc, FaultKind, Fleet, Plan};
+use faults::{AgentProc, FaultKind, Fleet, HubProc, Plan};
+use jetstream::JetStream;
 use procs::Restartable;
 use proxy::CutProxy;
 
 /// The WatchConfig the soak's agents follow.
 const WATCH: &str = "soak-cms";
+/// Writes each sim cluster keeps for watches resuming from an older resourceVersion.
+const SIM_HISTORY: usize = 2_000;
 /// Most lost objects listed one by one.
 const LIST_LOST: usize = 20;
 
@@ -51,8 +58,19 @@ pub struct SoakBench {
     /// Writes per second over all clusters.
     #[arg(long, default_value_t = 200.0)]
     rate: f64,
-    /// Fault kinds to inject, comma-separated.
-    #[arg(long, value_enum, value_delimiter = ',', default_value = "kill,cut,agent-restart,disk-full,corrupt,deny")]
+    /// The hubs' bus: `embedded` (one hub with a data directory) or `nats` (`--hub-replicas`
+    /// hubs on a 3-node JetStream cluster the soak starts on loopback).
+    #[arg(long, value_enum, default_value = "embedded")]
+    bus: SoakBus,
+    /// Hub replicas on the stream with `--bus nats` (default 3); agents and the subscriber
+    /// are given all of them.
+    #[arg(long)]
+    hub_replicas: Option<usize>,
+    /// Fault kinds to inject, comma-separated; each round injects each once, the first
+    /// round in this order, later ones shuffled. Default on the embedded bus:
+    /// kill,cut,agent-restart,disk-full,corrupt,deny; with `--bus nats`:
+    /// js-empty,node-kill,bus-cut,kill,agent-restart,cut,deny.
+    #[arg(long, value_enum, value_delimiter = ',')]
     faults: Vec<FaultKind>,
     /// Mean seconds between faults (jittered ±50 %).
     #[arg(long, default_value_t = 4.0)]
@@ -72,10 +90,44 @@ pub struct SoakBench {
     dir: Option<PathBuf>,
 }
 
+impl SoakBench {
+    /// Hub processes: the replicas on NATS, one on the embedded bus.
+    fn replicas(&self) -> usize {
+        match self.bus {
+            SoakBus::Nats => self.hub_replicas.unwrap_or(3),
+            SoakBus::Embedded => 1,
+        }
+    }
+}
+
+/// The bus of `bench soak --bus`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum SoakBus {
+    /// One hub on its embedded segment log (`--data-dir`).
+    Embedded,
+    /// Hub replicas on NATS JetStream (a 3-node cluster started by the soak).
+    Nats,
+}
+
 /// Runs the soak; fails when an object was lost or a process crashed.
-pub async fn run(b: SoakBench) -> anyhow::Result<()> {
-    if b.clusters == 0 || b.objects == 0 || b.rate <= 0.0 {
-        bail!("--clusters, --objects and --rate must be positive");
+pub async fn run(mut b: SoakBench) -> anyhow::Result<()> {
+    if b.clusters == 0 || b.objects == 0 || b.rate <= 0.0 || b.hub_replicas == Some(0) {
+        bail!("--clusters, --objects, --rate and --hub-replicas must be positive");
+    }
+    let nats = b.bus == SoakBus::Nats;
+    if !nats && b.hub_replicas.is_some() {
+        bail!("--hub-replicas needs --bus nats: the embedded bus runs one hub");
+    }
+    if b.faults.is_empty() {
+        b.faults = if nats { FaultKind::NATS.to_vec() } else { FaultKind::EMBEDDED.to_vec() };
+    }
+    let misfits: Vec<&str> = b.faults.iter().filter(|k| !k.fits(nats)).map(|k| k.name()).collect();
+    if !misfits.is_empty() {
+        bail!(
+            "--faults {} cannot be injected with --bus {}",
+            misfits.join(","),
+            if nats { "nats" } else { "embedded" }
+        );
     }
     let secs = |name: &str, v: f64| {
         Duration::try_from_secs_f64(v)
@@ -110,9 +162,9 @@ struct Outcome {
     counts: faults::FaultCounts,
     verdicts: BTreeMap<&'static str, u64>,
     lost: Vec<String>,
-    writes: u64,
-    write_errors: u64,
+    stats: churn::ChurnStats,
     crashes: Vec<String>,
+    notes: Vec<String>,
 }
 
 async fn soak(
@@ -123,6 +175,7 @@ async fn soak(
     fault_interval: Duration,
     hold: Duration,
 ) -> anyhow::Result<bool> {
+    let nats = b.bus == SoakBus::Nats;
     let stop = CancellationToken::new();
     let _stop_on_exit = stop.clone().drop_guard();
     let clusters: Vec<String> = (0..b.clusters).map(|i| format!("soak-{i}")).collect();
@@ -132,9 +185,12 @@ async fn soak(
     let mut sims = Vec::with_capacity(clusters.len());
     let mut churns = Vec::with_capacity(clusters.len());
     for c in &clusters {
-        let sim =
-            fleetwatch_sim::SimCluster::start(fleetwatch_sim::SimOptions { name: c.clone(), ..Default::default() })
-                .await?;
+        // A bounded watch history: the default (10,000 writes per cluster) grew the soak's
+        // memory for its first five minutes; 2,000 is a minute of churn, far longer than an
+        // agent is down (beyond it a watch resumes with 410 Gone and the agent re-lists,
+        // which is a path worth exercising too).
+        let options = fleetwatch_sim::SimOptions { name: c.clone(), history: SIM_HISTORY, ..Default::default() };
+        let sim = fleetwatch_sim::SimCluster::start(options).await?;
         sim.write_kubeconfig(&dir.join(format!("{c}.kubeconfig")))?;
         let client = sim.client().await?;
         let churn = Churn::new(c, client.clone(), b.objects);
@@ -143,10 +199,16 @@ async fn soak(
         sims.push(sim);
     }
 
-    // The hub, behind two cut-able paths: one for the agents, one for the subscriber.
-    let hub_addr = procs::free_port()?;
-    let admin = procs::free_port()?;
-    let data_dir = dir.join("hub-data");
+    // The bus: the embedded one in the hub's data directory, or a JetStream cluster.
+    let jetstream = if nats {
+        eprintln!("soak: starting a {}-node JetStream cluster", jetstream::NODES);
+        Some(JetStream::start(dir, &stop).await.context("JetStream cluster")?)
+    } else {
+        None
+    };
+    let data_dir = (!nats).then(|| dir.join("hub-data"));
+
+    // The hubs, each behind two cut-able paths: one for the agents, one for the subscriber.
     let deny_list = dir.join("deny-list");
     std::fs::write(&deny_list, "# fleetwatch bench soak: nothing denied\n")?;
     let wc_dir = dir.join("watch-configs");
@@ -158,35 +220,62 @@ async fn soak(
                 "fields": ["data"], "project": [check::VERSION_FIELD]}})
         .to_string(),
     )?;
-    let mut hub_args: Vec<String> = vec!["--log".into(), "info".into(), "hub".into()];
-    for (flag, value) in [
-        ("--listen", hub_addr.to_string()),
-        ("--admin-listen", admin.to_string()),
-        ("--cert", pki.join("hub.crt").display().to_string()),
-        ("--key", pki.join("hub.key").display().to_string()),
-        ("--client-ca", pki.join("ca.crt").display().to_string()),
-        ("--data-dir", data_dir.display().to_string()),
-        ("--watch-config", wc_dir.display().to_string()),
-        ("--deny-list", deny_list.display().to_string()),
-        ("--tls-reload-interval", "1".into()),
-        ("--idle-timeout", "10".into()),
-        // Small segments, so there are closed (indexed) segments for `corrupt` to damage.
-        ("--segment-bytes", "1MiB".into()),
-    ] {
-        hub_args.push(flag.into());
-        hub_args.push(value);
+    let replicas = b.replicas();
+    let mut hubs = Vec::with_capacity(replicas);
+    let mut agent_proxies = Vec::with_capacity(replicas);
+    let mut subscriber_proxies = Vec::with_capacity(replicas);
+    for i in 0..replicas {
+        let hub_addr = procs::free_port()?;
+        let admin = procs::free_port()?;
+        let mut hub_args: Vec<String> = vec!["--log".into(), "info".into(), "hub".into()];
+        for (flag, value) in [
+            ("--listen", hub_addr.to_string()),
+            ("--admin-listen", admin.to_string()),
+            ("--cert", pki.join("hub.crt").display().to_string()),
+            ("--key", pki.join("hub.key").display().to_string()),
+            ("--client-ca", pki.join("ca.crt").display().to_string()),
+            ("--watch-config", wc_dir.display().to_string()),
+            ("--deny-list", deny_list.display().to_string()),
+            ("--tls-reload-interval", "1".into()),
+            ("--idle-timeout", "10".into()),
+        ] {
+            hub_args.push(flag.into());
+            hub_args.push(value);
+        }
+        match (&jetstream, &data_dir) {
+            (Some(js), _) => {
+                let replicas = jetstream::NODES.to_string();
+                hub_args.extend(["--bus".into(), js.urls(), "--bus-replicas".into(), replicas]);
+                hub_args.extend(["--bus-stream".into(), "soak".into()]);
+            }
+            (None, Some(data_dir)) => {
+                hub_args.extend(["--data-dir".into(), data_dir.display().to_string()]);
+                // Small segments, so there are closed (indexed) segments for `corrupt` to damage.
+                hub_args.extend(["--segment-bytes".into(), "1MiB".into()]);
+            }
+            (None, None) => bail!("neither a data directory nor a JetStream cluster"),
+        }
+        if b.faults.contains(&FaultKind::DiskFull) {
+            hub_args.push("--fault-injection".into());
+        }
+        hub_args.extend(b.hub_arg.iter().cloned());
+        // One hub keeps the name its log always had.
+        let log = if nats { dir.join(format!("hub-{i}.log")) } else { dir.join("hub.log") };
+        let mut proc = Restartable::new(format!("hub {i}"), hub_args, log);
+        proc.start(Some("hub listening"), Duration::from_secs(60)).await?;
+        agent_proxies.push(CutProxy::start(hub_addr, stop.child_token()).await?);
+        subscriber_proxies.push(CutProxy::start(hub_addr, stop.child_token()).await?);
+        hubs.push(HubProc { proc, admin });
     }
-    if b.faults.contains(&FaultKind::DiskFull) {
-        hub_args.push("--fault-injection".into());
-    }
-    hub_args.extend(b.hub_arg.iter().cloned());
-    let mut hub = Restartable::new("hub", hub_args, dir.join("hub.log"));
-    hub.start(Some("hub listening"), Duration::from_secs(60)).await?;
-    let agent_proxy = CutProxy::start(hub_addr, stop.child_token()).await?;
-    let subscriber_proxy = CutProxy::start(hub_addr, stop.child_token()).await?;
+    let hub_urls = |proxies: &[CutProxy], first: usize| -> String {
+        (0..proxies.len())
+            .map(|k| format!("wss://{}", proxies[(first + k) % proxies.len()].addr()))
+            .collect::<Vec<_>>()
+            .join(",")
+    };
 
     let mut agents = Vec::with_capacity(clusters.len());
-    for c in &clusters {
+    for (n, (c, churn)) in clusters.iter().zip(&churns).enumerate() {
         let cert = pki.join(format!("agent-{c}.crt"));
         let info = fleetwatch_certs::inspect_file(&cert)?;
         let identity = info.identity.map(|i| i.to_string()).context("agent certificate without identity")?;
@@ -195,7 +284,8 @@ async fn soak(
             "info",
             "agent",
             "--hub",
-            &format!("wss://{}", agent_proxy.addr()),
+            // Every hub, a different one first per agent: the replicas share the load.
+            &hub_urls(&agent_proxies, n),
             "--cert",
             &cert.display().to_string(),
             "--key",
@@ -215,7 +305,7 @@ async fn soak(
         .collect();
         let mut proc = Restartable::new(format!("agent {c}"), args, dir.join(format!("agent-{c}.log")));
         proc.start(None, Duration::ZERO).await?;
-        agents.push(AgentProc { cluster: c.clone(), proc, identity, serial: info.serial });
+        agents.push(AgentProc { cluster: c.clone(), proc, identity, serial: info.serial, churn: churn.clone() });
     }
 
     // The durable subscriber.
@@ -225,18 +315,18 @@ async fn soak(
         key: pki.join("subscriber-soak.key"),
         ca: vec![pki.join("ca.crt")],
     })?);
-    let mut opts = SubscriberOptions::new(
-        format!("wss://{}", subscriber_proxy.addr()).parse::<fleetwatch_client::transport::HubUrls>()?,
-        tls,
-    );
+    let mut opts =
+        SubscriberOptions::new(hub_urls(&subscriber_proxies, 0).parse::<fleetwatch_client::transport::HubUrls>()?, tls);
     opts.durable = Some("soak".into());
     opts.from = StartFrom::Earliest;
     opts.connect_timeout = Duration::from_secs(5);
     opts.idle_timeout = Duration::from_secs(15);
     let sub = Subscription::connect(opts).await.context("subscriber")?;
-    let subscriber = tokio::spawn(subscribe(sub, observed.clone(), stop.child_token()));
+    let subscriber_stop = stop.child_token();
+    let subscriber = tokio::spawn(subscribe(sub, observed.clone(), subscriber_stop.clone()));
 
-    wait_connected(admin, clusters.len(), Duration::from_secs(60)).await?;
+    let admins: Vec<SocketAddr> = hubs.iter().map(|h| h.admin).collect();
+    wait_connected(&admins, clusters.len(), Duration::from_secs(60)).await?;
     eprintln!("soak: {} agents watching; churn and faults for {:.0} s", clusters.len(), duration.as_secs_f64());
 
     // Churn and faults.
@@ -245,7 +335,17 @@ async fn soak(
     let per_cluster = b.rate / clusters.len() as f64;
     let churn_tasks: Vec<_> =
         churns.iter().map(|c| tokio::spawn(c.clone().run(per_cluster, churn_stop.clone()))).collect();
-    let fleet = Fleet { hub, admin, data_dir, deny_list, agents, agent_proxy, subscriber_proxy, crashes: Vec::new() };
+    let fleet = Fleet {
+        hubs,
+        data_dir,
+        deny_list,
+        agents,
+        agent_proxies,
+        subscriber_proxies,
+        jetstream,
+        crashes: Vec::new(),
+        notes: Vec::new(),
+    };
     // Faults start after a tenth of the run and end before its last sixth, so the
     // churn's final writes happen on a healthy fleet as well as during faults.
     let plan = Plan {
@@ -279,7 +379,9 @@ async fn soak(
         tokio::time::sleep(Duration::from_millis(500)).await;
     };
     let settled = settle_start.elapsed();
-    stop.cancel();
+    // The processes stop first, the proxies (`stop`) last: a hub cut off from NATS would
+    // not finish its shutdown.
+    subscriber_stop.cancel();
     let _ = subscriber.await;
     for a in &mut fleet.agents {
         if a.proc.exited().is_some() {
@@ -287,14 +389,29 @@ async fn soak(
         }
         a.proc.stop(procs::Stop::Kill, Duration::ZERO).await;
     }
-    if fleet.hub.exited().is_some() {
-        fleet.crashes.push("hub".into());
+    for (i, h) in fleet.hubs.iter_mut().enumerate() {
+        if h.proc.exited().is_some() {
+            fleet.crashes.push(format!("hub {i}"));
+        }
+        h.proc.stop(procs::Stop::Term, Duration::from_secs(10)).await;
     }
-    fleet.hub.stop(procs::Stop::Term, Duration::from_secs(10)).await;
-    let (writes, write_errors) =
-        churns.iter().map(|c| c.stats()).fold((0, 0), |(w, e), s| (w + s.writes, e + s.errors));
-    let outcome =
-        Outcome { elapsed, settled, counts, verdicts, lost, writes, write_errors, crashes: fleet.crashes.clone() };
+    stop.cancel();
+    let stats = churns.iter().map(|c| c.stats()).fold(churn::ChurnStats::default(), |t, s| churn::ChurnStats {
+        writes: t.writes + s.writes,
+        errors: t.errors + s.errors,
+        deletes_while_down: t.deletes_while_down + s.deletes_while_down,
+        creates_while_down: t.creates_while_down + s.creates_while_down,
+    });
+    let outcome = Outcome {
+        elapsed,
+        settled,
+        counts,
+        verdicts,
+        lost,
+        stats,
+        crashes: fleet.crashes.clone(),
+        notes: fleet.notes.clone(),
+    };
     let ok = outcome.lost.is_empty() && outcome.crashes.is_empty();
     let obs = observed.lock().map_err(|_| anyhow::anyhow!("observer poisoned"))?;
     print_summary(b, &outcome, &obs);
@@ -317,7 +434,7 @@ async fn judge_all(
         for (name, truth, last_write) in truth {
             let subject = ObjectKey::new("v1", "ConfigMap", Some(churn::NAMESPACE), &name).to_string();
             let view = obs.view(churn.cluster(), &subject);
-            let verdict = check::judge(&truth, view.map(|v| &v.0), last_write, last_resync);
+            let verdict = check::judge(&truth, view, last_write, last_resync);
             *verdicts
                 .entry(match verdict {
                     Verdict::Final => "final",
@@ -326,11 +443,15 @@ async fn judge_all(
                 })
                 .or_default() += 1;
             if verdict == Verdict::Lost {
-                let seen = view.map_or("nothing".to_string(), |v| v.0.to_string());
+                let seen = view.map_or("nothing".to_string(), |(v, _)| v.to_string());
+                let resync = match (last_resync, view) {
+                    (None, _) => "none",
+                    (Some(r), Some((_, seen_at))) if r < seen_at => "before the last event for it",
+                    (Some(_), _) => "before its last write",
+                };
                 lost.push(format!(
-                    "{}/{name}: the cluster has it {truth}; the subscriber saw {seen}; last resync for the cluster: {}",
+                    "{}/{name}: the cluster has it {truth}; the subscriber saw {seen}; last resync for the cluster: {resync}",
                     churn.cluster(),
-                    if last_resync.is_some() { "before its last write" } else { "none" }
                 ));
             }
         }
@@ -369,13 +490,20 @@ async fn subscribe(mut sub: Subscription, observed: Arc<Mutex<Observed>>, stop: 
     }
 }
 
-/// Waits until the hub reports `n` connected agents.
-async fn wait_connected(admin: SocketAddr, n: usize, timeout: Duration) -> anyhow::Result<()> {
+/// Waits until the hubs report `n` connected agents (replicas on one stream each list
+/// every agent: the first that answers is asked).
+async fn wait_connected(admins: &[SocketAddr], n: usize, timeout: Duration) -> anyhow::Result<()> {
     let start = Instant::now();
     loop {
-        let body = crate::admin_http::get(&admin.to_string(), "/api/v1/clusters").await.unwrap_or_default();
-        let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
-        let connected = v["clusters"].as_array().map_or(0, |a| a.iter().filter(|c| c["connected"] == true).count());
+        let mut connected = 0;
+        for admin in admins {
+            let addr = admin.to_string();
+            let answer = crate::admin_http::get(&addr, "/api/v1/clusters");
+            let Ok(Ok(body)) = tokio::time::timeout(Duration::from_secs(5), answer).await else { continue };
+            let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+            connected = connected
+                .max(v["clusters"].as_array().map_or(0, |a| a.iter().filter(|c| c["connected"] == true).count()));
+        }
         if connected >= n {
             return Ok(());
         }
@@ -413,6 +541,7 @@ pub(crate) async fn http_post(addr: SocketAddr, path: &str) -> std::io::Result<(
 fn print_summary(b: &SoakBench, o: &Outcome, obs: &Observed) {
     let faults: Vec<String> = FaultKind::ALL
         .iter()
+        .filter(|k| k.fits(b.bus == SoakBus::Nats))
         .map(|k| {
             let n = o.counts.injected.get(k).copied().unwrap_or(0);
             let skipped = o.counts.skipped.get(k).copied().unwrap_or(0);
@@ -436,13 +565,24 @@ fn print_summary(b: &SoakBench, o: &Outcome, obs: &Observed) {
     for c in &o.crashes {
         println!("CRASH {c}");
     }
+    for n in &o.notes {
+        println!("NOTE {n}");
+    }
+    let bus = match b.bus {
+        SoakBus::Embedded => "embedded bus".to_string(),
+        SoakBus::Nats => format!("{} hub replicas on {}-node JetStream", b.replicas(), jetstream::NODES),
+    };
     println!(
-        "soak: {:.0} s (+{:.1} s to settle), {} clusters, {} writes ({} failed)",
+        "soak: {:.0} s (+{:.1} s to settle), {bus}, {} clusters, {} writes ({} failed)",
         o.elapsed.as_secs_f64(),
         o.settled.as_secs_f64(),
         b.clusters,
-        o.writes,
-        o.write_errors
+        o.stats.writes,
+        o.stats.errors
+    );
+    println!(
+        "while agents were down: {} deletes, {} recreates",
+        o.stats.deletes_while_down, o.stats.creates_while_down
     );
     println!("faults: {}", faults.join(", "));
     println!("objects {objects} (final {}, resync {}, lost {})", v("final"), v("resync"), v("lost"));
@@ -454,9 +594,11 @@ fn print_summary(b: &SoakBench, o: &Outcome, obs: &Observed) {
     }
     println!(
         "{}",
-        serde_json::json!({"bench": "soak", "duration_s": o.elapsed.as_secs_f64().round(), "clusters": b.clusters,
+        serde_json::json!({"bench": "soak", "bus": format!("{:?}", b.bus).to_lowercase(), "hub_replicas": b.replicas(),
+            "duration_s": o.elapsed.as_secs_f64().round(), "clusters": b.clusters,
+            "deletes_while_down": o.stats.deletes_while_down, "creates_while_down": o.stats.creates_while_down,
             "faults": o.counts.injected.iter().map(|(k, n)| (k.name(), *n)).collect::<BTreeMap<_, _>>(),
             "objects": objects, "final": v("final"), "resync": v("resync"), "lost": v("lost"),
-            "events": obs.events, "resyncs": obs.resync_count, "writes": o.writes, "crashes": o.crashes.len()})
+            "events": obs.events, "resyncs": obs.resync_count, "writes": o.stats.writes, "crashes": o.crashes.len(), "notes": o.notes.len()})
     );
 }

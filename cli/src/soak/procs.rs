@@ -1,14 +1,21 @@
 //! The soak's child processes: one durable hub and one agent per simulated cluster, each
 //! a real `fleetwatch` process that can be killed and started again with the same
-//! arguments. Their logs go to files in the soak directory (appended across restarts).
+//! arguments. Their logs go to files in the soak directory (appended across restarts,
+//! rotated once past [`LOG_FILE_MAX`], so a long soak's disk use stays bounded).
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
+use std::io::Write;
+
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
+use tokio::process::{Child, ChildStderr, Command};
+
+/// Most bytes of one process's log file: past it the file becomes `<log>.1` (replacing an
+/// older one) and a new one is begun, so each process keeps at most twice this on disk.
+pub const LOG_FILE_MAX: u64 = 16 << 20;
 
 /// Why a child process could not be started or stopped.
 #[derive(Debug, thiserror::Error)]
@@ -84,20 +91,19 @@ impl Restartable {
     /// that starts with it.
     pub async fn start(&mut self, wait_for: Option<&str>, timeout: Duration) -> Result<(), ProcError> {
         let exe = std::env::current_exe().map_err(|source| ProcError::Spawn { what: self.what.clone(), source })?;
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.log)
-            .map_err(|source| ProcError::Log { path: self.log.clone(), source })?;
+        let log = LogFile::open(self.log.clone())?;
         let mut child = Command::new(exe)
             .args(&self.args)
             .env_remove("RUST_LOG")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(log)
+            .stderr(Stdio::piped())
             .kill_on_drop(true)
             .spawn()
             .map_err(|source| ProcError::Spawn { what: self.what.clone(), source })?;
+        if let Some(stderr) = child.stderr.take() {
+            tokio::spawn(copy_log(stderr, log));
+        }
         let mut lines = child.stdout.take().map(|o| BufReader::new(o).lines());
         self.child = Some(child);
         if let (Some(needle), Some(lines)) = (wait_for, lines.as_mut()) {
@@ -161,6 +167,54 @@ impl Restartable {
     /// Whether it exited by itself (a crash); returns its status then.
     pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
         self.child.as_mut().and_then(|c| c.try_wait().ok().flatten())
+    }
+}
+
+/// A log file that is rotated once past [`LOG_FILE_MAX`].
+struct LogFile {
+    path: PathBuf,
+    file: std::fs::File,
+    len: u64,
+}
+
+impl LogFile {
+    fn open(path: PathBuf) -> Result<Self, ProcError> {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .map_err(|source| ProcError::Log { path: path.clone(), source })?;
+        let len = file.metadata().map(|m| m.len()).unwrap_or(0);
+        Ok(Self { path, file, len })
+    }
+
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        if self.len + bytes.len() as u64 > LOG_FILE_MAX && self.len > 0 {
+            let mut old = self.path.clone().into_os_string();
+            old.push(".1");
+            std::fs::rename(&self.path, &old)?;
+            self.file = std::fs::OpenOptions::new().create(true).append(true).open(&self.path)?;
+            self.len = 0;
+        }
+        self.file.write_all(bytes)?;
+        self.len += bytes.len() as u64;
+        Ok(())
+    }
+}
+
+/// Copies a child's stderr into its log file until the child closes it.
+async fn copy_log(mut stderr: ChildStderr, mut log: LogFile) {
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        match stderr.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => {
+                if let Err(e) = log.write(&buf[..n]) {
+                    // Keep reading: a child blocked on a full pipe would stall the soak.
+                    tracing::warn!(log = %log.path.display(), error = %e, "cannot write a process log");
+                }
+            }
+        }
     }
 }
 
