@@ -14,7 +14,7 @@ use futures_util::{SinkExt, StreamExt};
 use rustls::ClientConfig;
 use tokio_tungstenite::tungstenite::Message;
 
-use crate::transport::{ClientWs, ConnectError, HubUrls, connect_any};
+use crate::transport::{ClientWs, ConnectError, Dialer, HubUrls, connect_any};
 use fleetwatch_protocol::codec::{DecodeError, Limits, decode_hub_to_subscriber, encode};
 use fleetwatch_protocol::event::Event;
 use fleetwatch_protocol::message::{
@@ -46,6 +46,8 @@ pub struct SubscriberOptions {
     pub idle_timeout: Duration,
     /// Reconnect after a lost connection instead of returning the error.
     pub reconnect: bool,
+    /// How the hub is reached: TCP unless a simulation supplies its own network.
+    pub dialer: Dialer,
 }
 
 impl SubscriberOptions {
@@ -62,6 +64,7 @@ impl SubscriberOptions {
             connect_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(45),
             reconnect: true,
+            dialer: Dialer::default(),
         }
     }
 }
@@ -128,6 +131,11 @@ impl Subscription {
         Ok(sub)
     }
 
+    /// The id of the stream the subscription reads (known once subscribed).
+    pub fn stream(&self) -> Option<&str> {
+        self.stream.as_deref()
+    }
+
     /// The stream and cursor acknowledged last.
     pub fn resume_point(&self) -> Option<ResumePoint> {
         Some(ResumePoint { stream: self.stream.clone()?, cursor: self.acked? })
@@ -135,6 +143,7 @@ impl Subscription {
 
     async fn open(&mut self) -> Result<(), SubscribeError> {
         let (mut ws, reached) = connect_any(
+            &self.opts.dialer,
             &self.opts.hub,
             self.current,
             self.opts.tls.clone(),
