@@ -93,6 +93,16 @@ impl HubHost {
     }
 }
 
+/// What the driver tells an agent host: stop gracefully (the cluster is decommissioned),
+/// and whether that stop had every event acked.
+#[derive(Debug, Default)]
+pub struct AgentControl {
+    /// Cancelled to stop the running process gracefully (it drains its outbox first).
+    pub stop: Mutex<CancellationToken>,
+    /// After a graceful stop: whether the hub had acked every event.
+    pub drained: Mutex<Option<bool>>,
+}
+
 /// One agent process of one cluster.
 #[derive(Debug, Clone)]
 pub struct AgentHost {
@@ -104,6 +114,8 @@ pub struct AgentHost {
     pub index: u64,
     /// Cuts this host's connections.
     pub cuts: CutSwitch,
+    /// The driver's instructions.
+    pub control: Arc<AgentControl>,
 }
 
 impl AgentHost {

@@ -22,6 +22,7 @@
 //! (streams other than TCP), the agent's epoch, and tokio's clock (simulated here) where
 //! std's decided behaviour (session liveness, rate budgets).
 
+pub mod batch;
 pub mod cluster;
 pub mod hosts;
 pub mod net;
@@ -31,6 +32,7 @@ pub mod sim;
 pub mod source;
 pub mod storage;
 
+pub use batch::{Summary, run_seeds};
 pub use sim::{Options, Report, Storage, replay_command, run};
 
 /// Logs to stderr when `DST_LOG` is set (an env filter, e.g. `info` or

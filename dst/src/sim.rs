@@ -12,11 +12,14 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use crate::cluster::ClusterModel;
-use crate::hosts::{AgentHost, Clusters, HubHost, SubscriberControl, SubscriberHost, lock};
+use crate::hosts::{AgentControl, AgentHost, Clusters, HubHost, SubscriberControl, SubscriberHost, lock};
 use crate::net::CutSwitch;
 use crate::oracle::SubscriberModel;
 use crate::pki::{HUB_HOST, MAX_CLUSTERS, Pki, cluster_id};
 use crate::storage;
+
+/// Simulated time per step.
+const TICK: Duration = Duration::from_millis(20);
 
 /// Where the hub keeps its bus.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,11 +64,22 @@ pub struct Options {
     pub fault_time: Duration,
     /// Longest simulated time after the faults for everything to converge.
     pub heal_time: Duration,
+    /// Whether the durable subscriber's process crashes too (its knowledge and the hub's
+    /// cursor outliving it). Off by default: on the memory bus a restarted hub has
+    /// forgotten every durable name, and a durable subscriber restarting after that gets
+    /// no resync (see docs/DESIGN.md, found by this simulation); the live subscriber
+    /// crashes either way.
+    pub durable_crashes: bool,
 }
 
 impl Default for Options {
     fn default() -> Self {
-        Self { storage: Storage::Mixed, fault_time: Duration::from_secs(20), heal_time: Duration::from_secs(60) }
+        Self {
+            storage: Storage::Mixed,
+            fault_time: Duration::from_secs(10),
+            heal_time: Duration::from_secs(60),
+            durable_crashes: false,
+        }
     }
 }
 
@@ -102,9 +116,10 @@ impl Report {
 /// The command that replays `seed` with `opts`.
 pub fn replay_command(seed: u64, opts: &Options) -> String {
     format!(
-        "cargo run -p fleetwatch-dst -- --seed {seed} --storage {} --fault-secs {} --verbose",
+        "cargo run -p fleetwatch-dst -- --seed {seed} --storage {} --fault-secs {}{}",
         opts.storage,
-        opts.fault_time.as_secs()
+        opts.fault_time.as_secs(),
+        if opts.durable_crashes { " --durable-crashes" } else { "" }
     )
 }
 
@@ -116,6 +131,86 @@ enum Action {
     Bounce(String),
     Crash(String),
     Unstall(usize),
+    /// The decommissioned cluster's agent stops (gracefully).
+    StopAgent(String),
+}
+
+/// How often each thing happens in one run (per simulated second). Drawn per seed, with
+/// some kinds switched off entirely ("swarm testing": a run without cuts reaches states a
+/// run drowned in cuts never does, e.g. a resync marker staying a cluster's head).
+#[derive(Debug, Clone)]
+struct Profile {
+    writes: f64,
+    deletes: f64,
+    watch_expiry: f64,
+    cut: f64,
+    partition: f64,
+    hold: f64,
+    hub_crash: f64,
+    agent_crash: f64,
+    second_agent: f64,
+    subscriber_crash: f64,
+    stall: f64,
+    /// When (into the fault phase) a cluster is decommissioned: writes stop, its agent
+    /// drains and stops for good.
+    decommission_at: Option<Duration>,
+    /// After the decommissioned agent drained, the hub crashes within this.
+    crash_after_drain: Option<Duration>,
+}
+
+impl Profile {
+    fn draw(rng: &mut StdRng, fault_time: Duration) -> Self {
+        let mut rate = |base: f64| if rng.random_bool(0.25) { 0.0 } else { base * rng.random_range(0.3..3.0) };
+        let mut p = Profile {
+            writes: 0.0,
+            deletes: 0.0,
+            watch_expiry: rate(0.2),
+            cut: rate(0.4),
+            partition: rate(0.15),
+            hold: rate(0.1),
+            hub_crash: rate(0.15),
+            agent_crash: rate(0.3),
+            second_agent: rate(0.05),
+            subscriber_crash: rate(0.1),
+            stall: rate(0.06),
+            decommission_at: None,
+            crash_after_drain: None,
+        };
+        // Writes per second, from a quiet cluster to a busy one.
+        p.writes = rng.random_range(0.2f64.ln()..20f64.ln()).exp();
+        p.deletes = rng.random_range(0.1..0.5);
+        if rng.random_bool(0.4) {
+            p.decommission_at = Some(fault_time.mul_f64(rng.random_range(0.2..0.7)));
+            if rng.random_bool(0.6) {
+                p.crash_after_drain = Some(Duration::from_millis(rng.random_range(0..1_000)));
+            }
+        }
+        p
+    }
+
+    fn describe(&self) -> String {
+        let mut s = format!("writes/s {:.1} (deletes {:.0}%)", self.writes, self.deletes * 100.0);
+        for (k, v) in [
+            ("watch-expiry", self.watch_expiry),
+            ("cut", self.cut),
+            ("partition", self.partition),
+            ("hold", self.hold),
+            ("hub-crash", self.hub_crash),
+            ("agent-crash", self.agent_crash),
+            ("second-agent", self.second_agent),
+            ("subscriber-crash", self.subscriber_crash),
+            ("stall", self.stall),
+        ] {
+            s += &format!(", {k} {v:.2}/s");
+        }
+        if let Some(t) = self.decommission_at {
+            s += &format!(", decommission at {:.1}s", t.as_secs_f64());
+            if let Some(c) = self.crash_after_drain {
+                s += &format!(" then hub crash {}ms after the drain", c.as_millis());
+            }
+        }
+        s
+    }
 }
 
 /// Runs seed `seed`.
@@ -136,9 +231,11 @@ pub fn run(seed: u64, opts: &Options) -> anyhow::Result<Report> {
     // Mostly ample retention; sometimes so small that a slow subscriber loses history.
     let retention_records = if rng.random_bool(0.2) { rng.random_range(5..40) } else { 100_000 };
     let data_dir = disk.then(|| storage::temp_dir(seed));
+    let profile = Profile::draw(&mut rng, opts.fault_time);
     let scenario = format!(
-        "{n_clusters} cluster(s), {names_per_cluster} names each, bus {}, retention {retention_records} records",
-        if disk { "segment log" } else { "memory" }
+        "{n_clusters} cluster(s), {names_per_cluster} names each, bus {}, retention {retention_records} records; {}",
+        if disk { "segment log" } else { "memory" },
+        profile.describe()
     );
 
     let clusters = Arc::new(Clusters {
@@ -153,9 +250,10 @@ pub fn run(seed: u64, opts: &Options) -> anyhow::Result<Report> {
         }
     }
 
+    let tick = TICK;
     let mut sim = turmoil::Builder::new()
         .rng_seed(seed)
-        .tick_duration(Duration::from_millis(10))
+        .tick_duration(tick)
         .simulation_duration(Duration::from_secs(3600))
         .min_message_latency(Duration::from_millis(1))
         .max_message_latency(Duration::from_millis(20))
@@ -166,7 +264,8 @@ pub fn run(seed: u64, opts: &Options) -> anyhow::Result<Report> {
     sim.host(HUB_HOST, move || hub.clone().run());
 
     let mut cuts: BTreeMap<String, CutSwitch> = BTreeMap::new();
-    let mut agent_hosts = Vec::new();
+    // Agent hosts: (host, cluster index, control).
+    let mut agents: Vec<(String, usize, Arc<AgentControl>)> = Vec::new();
     for (i, id) in clusters.ids.iter().enumerate() {
         // The agent of each cluster, and for the first one a second process.
         let copies: &[&str] = if i == 0 { &["", "-b"] } else { &[""] };
@@ -174,14 +273,16 @@ pub fn run(seed: u64, opts: &Options) -> anyhow::Result<Report> {
             let host = format!("agent-{id}{suffix}");
             let cut = CutSwitch::default();
             cuts.insert(host.clone(), cut.clone());
+            let control = Arc::new(AgentControl::default());
             let agent = AgentHost {
                 cluster: id.clone(),
                 model: clusters.models[i].clone(),
                 index: (i * 2 + k) as u64,
                 cuts: cut,
+                control: control.clone(),
             };
             sim.host(host.as_str(), move || agent.clone().run());
-            agent_hosts.push(host);
+            agents.push((host, i, control));
         }
     }
     let mut subs = Vec::new();
@@ -209,14 +310,21 @@ pub fn run(seed: u64, opts: &Options) -> anyhow::Result<Report> {
     sim.crash(second.as_str());
     let mut down: BTreeSet<String> = BTreeSet::from([second.clone()]);
 
+    // The decommissioned cluster (the last one), once decommissioning started.
+    let decommission = n_clusters - 1;
+    let mut decommissioned = false;
+    let mut drain_seen = false;
+    let is_retired =
+        |decommissioned: bool, h: &str| decommissioned && agents.iter().any(|(a, i, _)| a == h && *i == decommission);
+
     let mut faults: BTreeMap<&'static str, u64> = BTreeMap::new();
     let mut writes = 0u64;
     let mut schedule: Vec<(Duration, Action)> = Vec::new();
     // Links of the hub to another host that are partitioned or held.
     let mut partitioned: BTreeSet<String> = BTreeSet::new();
     let mut held: BTreeSet<String> = BTreeSet::new();
-    let tick = Duration::from_millis(10);
-    let per_tick = |per_sec: f64| per_sec * tick.as_secs_f64();
+    let per_tick = |per_sec: f64| (per_sec * tick.as_secs_f64()).min(1.0);
+    let agent_hosts: Vec<String> = agents.iter().map(|(h, _, _)| h.clone()).collect();
     let mut others: Vec<String> = agent_hosts.clone();
     others.extend(subs.iter().map(|(h, _)| h.clone()));
 
@@ -261,8 +369,9 @@ pub fn run(seed: u64, opts: &Options) -> anyhow::Result<Report> {
                             count(&mut faults, "cursor-store-lost");
                         }
                     }
-                    sim.bounce(h.as_str());
-                    down.remove(&h);
+                    if down.remove(&h) {
+                        sim.bounce(h.as_str());
+                    }
                 }
                 Action::Crash(h) => {
                     if !down.contains(&h) {
@@ -271,34 +380,83 @@ pub fn run(seed: u64, opts: &Options) -> anyhow::Result<Report> {
                     }
                 }
                 Action::Unstall(k) => lock(&subs[k].1.control).stalled_until = None,
+                Action::StopAgent(h) => {
+                    if let Some((_, _, control)) = agents.iter().find(|(a, _, _)| *a == h) {
+                        lock(&control.stop).cancel();
+                    }
+                }
+            }
+        }
+        // Decommissioning: writes stop now, the agent (running) stops gracefully later.
+        if !decommissioned && profile.decommission_at.is_some_and(|t| now >= t) {
+            decommissioned = true;
+            count(&mut faults, "decommission");
+            for (h, i, _) in &agents {
+                if *i != decommission {
+                    continue;
+                }
+                if *h == second {
+                    if !down.contains(h) {
+                        sim.crash(h.as_str());
+                        down.insert(h.clone());
+                    }
+                    continue;
+                }
+                if down.remove(h) {
+                    sim.bounce(h.as_str());
+                }
+                schedule.push((now + Duration::from_secs(2), Action::StopAgent(h.clone())));
+            }
+        }
+        if decommissioned
+            && !drain_seen
+            && let Some((_, _, control)) = agents.iter().find(|(h, i, _)| *i == decommission && *h != second)
+            && let Some(drained) = *lock(&control.drained)
+        {
+            drain_seen = true;
+            if drained
+                && let Some(after) = profile.crash_after_drain
+                && !down.contains(HUB_HOST)
+            {
+                // Right after the last ack: the records may not have reached the disk.
+                let writers = storage::writer_threads();
+                sim.crash(HUB_HOST);
+                if data_dir.is_some() {
+                    storage::wait_for_writer_exit(writers);
+                }
+                down.insert(HUB_HOST.to_string());
+                schedule.push((now + after + Duration::from_millis(10), Action::Bounce(HUB_HOST.to_string())));
+                count(&mut faults, "hub-crash-after-drain");
             }
         }
         // Writes to the clusters, also while agents are down.
-        if rng.random_bool(per_tick(20.0)) {
+        if rng.random_bool(per_tick(profile.writes)) {
             let c = rng.random_range(0..clusters.models.len());
-            let name = format!("o{}", rng.random_range(0..names_per_cluster));
-            let mut m = lock(&clusters.models[c]);
-            if m.names().contains(&name) && rng.random_bool(0.35) {
-                m.delete(&name);
-            } else {
-                m.apply(&name);
+            if !(decommissioned && c == decommission) {
+                let name = format!("o{}", rng.random_range(0..names_per_cluster));
+                let mut m = lock(&clusters.models[c]);
+                if m.names().contains(&name) && rng.random_bool(profile.deletes) {
+                    m.delete(&name);
+                } else {
+                    m.apply(&name);
+                }
+                m.trim_history(200);
+                writes += 1;
             }
-            m.trim_history(200);
-            writes += 1;
         }
-        if rng.random_bool(per_tick(0.2)) {
+        if rng.random_bool(per_tick(profile.watch_expiry)) {
             let c = rng.random_range(0..clusters.models.len());
             lock(&clusters.models[c]).compact();
             count(&mut faults, "watch-expired");
         }
         // Connection cuts.
-        if rng.random_bool(per_tick(0.4)) {
+        if rng.random_bool(per_tick(profile.cut)) {
             let h = &others[rng.random_range(0..others.len())];
             cuts[h].cut();
             count(&mut faults, "cut");
         }
         // Partitions and held links between the hub and one host.
-        if rng.random_bool(per_tick(0.15)) {
+        if rng.random_bool(per_tick(profile.partition)) {
             let h = others[rng.random_range(0..others.len())].clone();
             if !partitioned.contains(&h) && !held.contains(&h) {
                 sim.partition(HUB_HOST, h.as_str());
@@ -308,7 +466,7 @@ pub fn run(seed: u64, opts: &Options) -> anyhow::Result<Report> {
                 count(&mut faults, "partition");
             }
         }
-        if rng.random_bool(per_tick(0.1)) {
+        if rng.random_bool(per_tick(profile.hold)) {
             let h = others[rng.random_range(0..others.len())].clone();
             if !partitioned.contains(&h) && !held.contains(&h) {
                 sim.hold(HUB_HOST, h.as_str());
@@ -319,7 +477,7 @@ pub fn run(seed: u64, opts: &Options) -> anyhow::Result<Report> {
             }
         }
         // The hub crashes.
-        if rng.random_bool(per_tick(0.06)) && !down.contains(HUB_HOST) {
+        if rng.random_bool(per_tick(profile.hub_crash)) && !down.contains(HUB_HOST) {
             let writers = storage::writer_threads();
             sim.crash(HUB_HOST);
             if data_dir.is_some() {
@@ -331,18 +489,21 @@ pub fn run(seed: u64, opts: &Options) -> anyhow::Result<Report> {
             count(&mut faults, "hub-crash");
         }
         // An agent crashes (its cluster keeps changing meanwhile).
-        if rng.random_bool(per_tick(0.12)) {
+        if rng.random_bool(per_tick(profile.agent_crash)) {
             let h = agent_hosts[rng.random_range(0..agent_hosts.len())].clone();
-            if h != second && !down.contains(&h) {
+            if h != second && !down.contains(&h) && !is_retired(decommissioned, &h) {
                 sim.crash(h.as_str());
                 down.insert(h.clone());
-                let until = now + Duration::from_millis(rng.random_range(100..5_000));
+                let until = now + Duration::from_millis(rng.random_range(100..8_000));
                 schedule.push((until, Action::Bounce(h)));
                 count(&mut faults, "agent-crash");
             }
         }
         // A second agent process of the first cluster runs for a while.
-        if rng.random_bool(per_tick(0.05)) && down.contains(&second) {
+        if rng.random_bool(per_tick(profile.second_agent))
+            && down.contains(&second)
+            && !is_retired(decommissioned, &second)
+        {
             sim.bounce(second.as_str());
             down.remove(&second);
             let until = now + Duration::from_millis(rng.random_range(500..8_000));
@@ -350,10 +511,10 @@ pub fn run(seed: u64, opts: &Options) -> anyhow::Result<Report> {
             count(&mut faults, "second-agent");
         }
         // A subscriber crashes and comes back from `earliest` or `latest`.
-        if rng.random_bool(per_tick(0.1)) {
+        if rng.random_bool(per_tick(profile.subscriber_crash)) {
             let k = rng.random_range(0..subs.len());
             let (h, s) = &subs[k];
-            if !down.contains(h) {
+            if !down.contains(h) && (opts.durable_crashes || !s.durable) {
                 sim.crash(h.as_str());
                 down.insert(h.clone());
                 lock(&s.control).from = if rng.random_bool(0.5) { StartFrom::Earliest } else { StartFrom::Latest };
@@ -363,7 +524,7 @@ pub fn run(seed: u64, opts: &Options) -> anyhow::Result<Report> {
             }
         }
         // A subscriber stops reading for a while (past the hub's stall timeout or not).
-        if rng.random_bool(per_tick(0.06)) {
+        if rng.random_bool(per_tick(profile.stall)) {
             let k = rng.random_range(0..subs.len());
             let mut c = lock(&subs[k].1.control);
             if c.stalled_until.is_none() {
@@ -376,7 +537,8 @@ pub fn run(seed: u64, opts: &Options) -> anyhow::Result<Report> {
     }
 
     // Heal: every link repaired, every process of the fleet running (the second agent
-    // process stopped), subscribers reading; then wait for them to converge.
+    // process stopped, a decommissioned cluster's agent gone for good once it drained),
+    // subscribers reading; then wait for them to converge.
     let heal_started = sim.elapsed();
     if failure.is_none() {
         for h in &partitioned {
@@ -391,6 +553,15 @@ pub fn run(seed: u64, opts: &Options) -> anyhow::Result<Report> {
         if !down.contains(&second) {
             sim.crash(second.as_str());
         }
+        // A decommissioned agent that has not stopped yet stops now.
+        for (time, action) in &schedule {
+            if let Action::StopAgent(h) = action {
+                let _ = time;
+                if let Some((_, _, control)) = agents.iter().find(|(a, _, _)| a == h) {
+                    lock(&control.stop).cancel();
+                }
+            }
+        }
         for h in down.iter().filter(|h| **h != second) {
             sim.bounce(h.as_str());
         }
@@ -402,9 +573,15 @@ pub fn run(seed: u64, opts: &Options) -> anyhow::Result<Report> {
                 break;
             }
             steps += 1;
-            // A subscriber that gave up (refused) is started again.
+            // A subscriber that gave up (refused) is started again; so is an agent whose
+            // stop did not get everything acked (its cluster is not done).
             for (h, _) in &subs {
                 if !sim.is_host_running(h.as_str()) {
+                    sim.bounce(h.as_str());
+                }
+            }
+            for (h, _, control) in &agents {
+                if *h != second && !sim.is_host_running(h.as_str()) && *lock(&control.drained) != Some(true) {
                     sim.bounce(h.as_str());
                 }
             }

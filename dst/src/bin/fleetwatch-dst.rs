@@ -1,10 +1,10 @@
 //! Runs simulation seeds: `fleetwatch-dst [--seed S | --seeds N [--first F]] [--storage
-//! memory|disk|mixed] [--fault-secs T]`. Prints each failing seed with its violations and
+//! memory|disk|mixed] [--fault-secs T] [--durable-crashes] [--jobs J]`. Prints each failing seed with its violations and
 //! the command that replays it; exits 1 when one failed. `DST_LOG=info` logs a replay.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use fleetwatch_dst::{Options, Storage, replay_command, run};
+use fleetwatch_dst::{Options, Storage, replay_command, run_seeds};
 
 fn main() {
     if let Err(e) = real_main() {
@@ -18,6 +18,7 @@ fn real_main() -> Result<(), String> {
     let mut seeds: Option<u64> = None;
     let mut seed: Option<u64> = None;
     let mut first = 0u64;
+    let mut jobs: Option<usize> = None;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let mut value = |name: &str| args.next().ok_or_else(|| format!("{name} needs a value"));
@@ -26,9 +27,10 @@ fn real_main() -> Result<(), String> {
             "--seed" => seed = Some(num(value("--seed")?, "--seed")?),
             "--seeds" => seeds = Some(num(value("--seeds")?, "--seeds")?),
             "--first" => first = num(value("--first")?, "--first")?,
+            "--jobs" => jobs = Some(num(value("--jobs")?, "--jobs")? as usize),
             "--storage" => opts.storage = value("--storage")?.parse::<Storage>()?,
             "--fault-secs" => opts.fault_time = Duration::from_secs(num(value("--fault-secs")?, "--fault-secs")?),
-            "--verbose" => {}
+            "--durable-crashes" => opts.durable_crashes = true,
             other => return Err(format!("unknown argument {other:?}")),
         }
     }
@@ -36,13 +38,14 @@ fn real_main() -> Result<(), String> {
         (Some(s), _) => vec![s],
         (None, n) => (first..first + n.unwrap_or(100)).collect(),
     };
-    let started = Instant::now();
-    let mut failed = Vec::new();
-    for s in &list {
-        let r = run(*s, &opts).map_err(|e| format!("seed {s}: {e:#}"))?;
-        if list.len() == 1 {
+    let single = list.len() == 1;
+    let jobs =
+        if single { 1 } else { jobs.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())) };
+    let summary = run_seeds(&list, &opts, jobs, |r| {
+        if single {
             println!(
-                "seed {s}: {} ; writes {} ; faults {:?} ; delivered {:?} ; {:.1}s simulated in {:.2}s ; fingerprint {:016x}",
+                "seed {}: {} ; writes {} ; faults {:?} ; delivered {:?} ; {:.1}s simulated in {:.2}s ; fingerprint {:016x}",
+                r.seed,
                 r.scenario,
                 r.writes,
                 r.faults,
@@ -53,19 +56,20 @@ fn real_main() -> Result<(), String> {
             );
         }
         if !r.passed() {
-            println!("FAILED seed {s} ({}):", r.scenario);
+            println!("FAILED seed {} ({}):", r.seed, r.scenario);
             for v in &r.violations {
                 println!("  {v}");
             }
-            println!("  replay: {}", replay_command(*s, &opts));
-            failed.push(*s);
+            println!("  replay: {}", replay_command(r.seed, &opts));
         }
-    }
-    let secs = started.elapsed().as_secs_f64();
+    })
+    .map_err(|e| format!("{e:#}"))?;
+    let secs = summary.wall.as_secs_f64().max(1e-9);
+    let failed: Vec<u64> = summary.failed.iter().map(|r| r.seed).collect();
     println!(
-        "{} seeds in {secs:.1}s ({:.1} seeds/s), {} failed{}",
-        list.len(),
-        list.len() as f64 / secs.max(1e-9),
+        "{} seeds in {secs:.1}s on {jobs} threads ({:.1} seeds/s), {} failed{}",
+        summary.ran,
+        summary.ran as f64 / secs,
         failed.len(),
         if failed.is_empty() { String::new() } else { format!(": {failed:?}") }
     );
