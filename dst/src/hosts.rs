@@ -150,8 +150,8 @@ pub struct SubscriberControl {
 }
 
 /// A subscriber process: durable (its knowledge and the hub's cursor outlive it) or live
-/// (a new process knows nothing: from `latest` it re-lists, from `earliest` it reads the
-/// retained history).
+/// (a new process re-lists the clusters, then reads from `latest` or replays the retained
+/// history from `earliest` on top).
 #[derive(Debug, Clone)]
 pub struct SubscriberHost {
     /// Certificate name (`durable`, `live`).
@@ -203,8 +203,11 @@ impl SubscriberHost {
                 }
             }
         };
-        if !self.durable && from == StartFrom::Latest {
-            // A process starting from `latest` reads the clusters' state first.
+        if !self.durable {
+            // A process without state reads the clusters first, from `latest` or from
+            // `earliest` alike: the retained history is bounded (and a restarted hub
+            // without a data directory has none), so replaying it cannot rebuild objects
+            // whose last change was evicted.
             let states = self.clusters.states();
             lock(&self.model).relist(&states);
         }
