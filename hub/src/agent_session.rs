@@ -28,7 +28,7 @@ use crate::bus::{Append, Bus, BusError, BusFuture, RecordBody};
 use crate::conn::{Conn, End};
 use crate::ingest::{self, Decision, Refusal};
 use crate::rate::{Budget, RESYNCS_PER_SEC};
-use crate::registry::{Admission, Opening, RecentEvent};
+use crate::registry::{Admission, Opening, RecentEvent, StoredMarker};
 use crate::{Peer, Sessions};
 
 /// Records a subscriber may be behind for want of the hub's CPU before batches wait
@@ -286,37 +286,41 @@ impl Session {
     /// Works out what the hub has of this agent's stream. When the agent was acked more
     /// than the cluster's head shows, subscribers may have missed something: a resync
     /// marker is recorded with the true reason (see [`ingest::resume_gap`]), unless one
-    /// is already pending at the head.
+    /// this hub stored is still the head and unread (see
+    /// [`crate::registry::SessionRegistry::resync_pending`]).
     async fn resume_point(&mut self, hello: &Hello) -> Result<u64, End> {
         let head = self.ctx.bus.head(&self.cluster).await.map_err(bus_failed)?;
         let (have, reason) = ingest::resume_gap(head, hello.epoch, hello.last_acked_seq, self.ctx.bus.is_durable());
         let Some(reason) = reason else { return Ok(have) };
-        if self.ctx.registry.resync_pending(&self.cluster, head) {
-            tracing::info!(%reason, "a resync-required is already pending for this cluster; not recording another");
+        if self.ctx.registry.resync_pending(&self.cluster, head, self.ctx.bus.is_shared()) {
+            tracing::info!(%reason, "a resync-required no subscriber has read yet is pending for this cluster; not recording another");
             return Ok(hello.last_acked_seq);
         }
         tracing::warn!(%reason, "recording resync-required");
-        self.append(vec![Append {
-            epoch: hello.epoch,
-            seq: hello.last_acked_seq,
-            body: RecordBody::ResyncRequired(reason),
-        }])
-        .await?;
-        self.ctx.registry.resync_stored(&self.cluster, hello.epoch, hello.last_acked_seq);
+        let offset = self
+            .append(vec![Append {
+                epoch: hello.epoch,
+                seq: hello.last_acked_seq,
+                body: RecordBody::ResyncRequired(reason),
+            }])
+            .await?;
+        let marker = StoredMarker { epoch: hello.epoch, seq: hello.last_acked_seq, offset };
+        self.ctx.registry.resync_stored(&self.cluster, marker);
         self.ctx.metrics.resyncs.inc();
         Ok(hello.last_acked_seq)
     }
 
     /// Appends to the bus. A failure ends the session with its real cause (the batch is
-    /// not acked; the agent resends it after reconnecting).
-    async fn append(&self, items: Vec<Append>) -> Result<(), End> {
+    /// not acked; the agent resends it after reconnecting). Answers the offset of the
+    /// last record.
+    async fn append(&self, items: Vec<Append>) -> Result<u64, End> {
         let started = Instant::now();
-        self.ctx.bus.append(self.cluster.clone(), items).await.map_err(|e| {
+        let offset = self.ctx.bus.append(self.cluster.clone(), items).await.map_err(|e| {
             tracing::warn!(error = %e, "bus append failed: batch not acked");
             bus_failed(e)
         })?;
         self.ctx.metrics.append_seconds.observe(started.elapsed().as_secs_f64());
-        Ok(())
+        Ok(offset)
     }
 
     /// Starts carrying out [`Decision::Append`]: throttle, hand the batch to the bus; the
@@ -362,22 +366,25 @@ impl Session {
         }
     }
 
-    /// Carries out [`Decision::Resync`]: throttle, store unless one is pending, ack.
+    /// Carries out [`Decision::Resync`]: throttle, store unless an unread one is pending
+    /// (see [`crate::registry::SessionRegistry::resync_pending`]), ack.
     async fn resync(&mut self, conn: &mut Conn, seq: u64, reason: String) -> Result<(), End> {
         // Every resync counts, stored or coalesced: a flood of them is slowed down like
         // a flood of events.
         let wait = self.budget.lock().unwrap_or_else(|e| e.into_inner()).take_resync();
         self.delay_ack(conn, wait).await;
         let head = self.ctx.bus.head(&self.cluster).await.map_err(bus_failed)?;
-        if self.ctx.registry.resync_pending(&self.cluster, head) {
-            // Nothing was stored since the last marker: subscribers reconcile once anyway.
-            tracing::info!(%reason, seq, "agent requested resync; one is already pending, acked without storing");
+        if self.ctx.registry.resync_pending(&self.cluster, head, self.ctx.bus.is_shared()) {
+            // Nothing was stored since the last marker and no subscriber was sent it yet:
+            // they reconcile once, after this request, anyway.
+            tracing::info!(%reason, seq, "agent requested resync; an unread one is already pending, acked without storing");
             self.ctx.metrics.resyncs_coalesced.inc();
         } else {
             tracing::info!(%reason, seq, "agent requested resync");
             let entry = RecentEvent::new(seq, "resync-required", &reason, jiff::Timestamp::now(), None);
-            self.append(vec![Append { epoch: self.epoch, seq, body: RecordBody::ResyncRequired(reason) }]).await?;
-            self.ctx.registry.resync_stored(&self.cluster, self.epoch, seq);
+            let offset =
+                self.append(vec![Append { epoch: self.epoch, seq, body: RecordBody::ResyncRequired(reason) }]).await?;
+            self.ctx.registry.resync_stored(&self.cluster, StoredMarker { epoch: self.epoch, seq, offset });
             self.ctx.registry.recent(&self.cluster, [entry]);
             self.ctx.metrics.resyncs.inc();
         }

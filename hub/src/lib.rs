@@ -422,10 +422,14 @@ impl Hub {
         let initial_watches = config.watch_source.initial()?;
         let revocation = revocation::Revocation::load(config.deny_list.clone())?;
         let watch_synced = !matches!(config.watch_source, watch_source::WatchSource::ControlPlane(_));
+        // Subscribers of an earlier run may have read up to the log's end: markers already
+        // there are never coalesced into (see `SessionRegistry::resync_pending`).
+        let registry = SessionRegistry::default();
+        registry.read_past(bus.last_offset());
         let sessions = Arc::new(Sessions {
             settings: SessionSettings::from_config(&config),
             bus,
-            registry: SessionRegistry::default(),
+            registry,
             metrics: Metrics::default(),
             watches: tokio::sync::watch::channel(Arc::new(initial_watches)).0,
             revocation,

@@ -192,13 +192,26 @@ struct Live {
 struct Entry {
     status: ClusterStatus,
     live: Option<Live>,
-    /// The (epoch, seq) of the last resync marker stored for this cluster: while it is
-    /// the cluster's head in the bus, another one adds nothing (coalescing).
-    last_resync: Option<(u64, u64)>,
+    /// The last resync marker this hub stored for the cluster: while it is the cluster's
+    /// head in the bus and no subscriber was sent or placed past it, another one adds
+    /// nothing (coalescing, see [`SessionRegistry::resync_pending`]).
+    last_resync: Option<StoredMarker>,
     /// The cluster's rate budget, kept across its sessions.
     budget: Option<Arc<Mutex<Budget>>>,
     /// Its recent events.
     recent: RecentRing,
+}
+
+/// A `resync-required` marker this hub stored for a cluster: its (epoch, seq) and the
+/// offset the bus answered for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StoredMarker {
+    /// The epoch it carries.
+    pub epoch: u64,
+    /// The seq it carries.
+    pub seq: u64,
+    /// Its offset in the bus.
+    pub offset: u64,
 }
 
 /// A new agent session as [`SessionRegistry::open`] sees it.
@@ -243,6 +256,9 @@ pub struct SessionRegistry {
     changed: tokio::sync::Notify,
     /// Every authenticated connection by id: who it is, and how to close it.
     connections: Mutex<HashMap<u64, (Peer, CancellationToken)>>,
+    /// The highest bus offset any subscriber session of this hub was sent or placed at
+    /// (only rises). A marker at or below it may have been consumed: never coalesced into.
+    read_mark: AtomicU64,
 }
 
 /// An authenticated connection's place in the registry; leaving it removes the entry.
@@ -388,21 +404,39 @@ impl SessionRegistry {
         }
     }
 
-    /// Remembers the (epoch, seq) of a resync marker just stored for `cluster`.
-    pub fn resync_stored(&self, cluster: &str, epoch: u64, seq: u64) {
+    /// Remembers the resync marker just stored for `cluster`.
+    pub fn resync_stored(&self, cluster: &str, marker: StoredMarker) {
         if let Ok(mut map) = self.clusters.lock()
             && let Some(e) = map.get_mut(cluster)
         {
-            e.last_resync = Some((epoch, seq));
+            e.last_resync = Some(marker);
         }
     }
 
-    /// Whether the cluster's head record in the bus, `head`, is a resync marker this hub
-    /// stored: then a subscriber has not been given anything since, and another marker
-    /// would add nothing.
-    pub fn resync_pending(&self, cluster: &str, head: Option<(u64, u64)>) -> bool {
+    /// Notes that a subscriber session was placed at, or is about to be sent records up
+    /// to, `offset`. Called before the records are sent, so a marker coalesced into (see
+    /// [`SessionRegistry::resync_pending`]) reaches its subscribers only after the request
+    /// it absorbed: they reconcile after it.
+    pub fn read_past(&self, offset: u64) {
+        self.read_mark.fetch_max(offset, Ordering::SeqCst);
+    }
+
+    /// Whether a new resync for `cluster` can be absorbed by the marker this hub stored
+    /// before: that marker is still the cluster's head in the bus (`head`, nothing stored
+    /// after it), and no subscriber session has been sent it or placed past it (its offset
+    /// is above the read mark). A subscriber that consumed the marker already reconciled
+    /// from an older state, so only a new marker tells it about changes since. On a bus
+    /// `shared` with other hub replicas, their readers are unknown: never.
+    ///
+    /// Subscribers that read before this hub started cannot have read the marker: this
+    /// hub stored it, and the read mark starts at the log's end (see `lib.rs`).
+    pub fn resync_pending(&self, cluster: &str, head: Option<(u64, u64)>, shared: bool) -> bool {
+        if shared {
+            return false;
+        }
         let Ok(map) = self.clusters.lock() else { return false };
-        head.is_some() && map.get(cluster).is_some_and(|e| e.last_resync == head)
+        let Some(marker) = map.get(cluster).and_then(|e| e.last_resync) else { return false };
+        head == Some((marker.epoch, marker.seq)) && marker.offset > self.read_mark.load(Ordering::SeqCst)
     }
 
     /// Records accepted events.
@@ -580,14 +614,37 @@ mod tests {
     }
 
     #[test]
-    fn a_resync_is_pending_while_it_is_the_head() {
+    fn a_resync_is_pending_while_it_is_the_head_and_unread() {
         let reg = SessionRegistry::default();
         reg.open("c", opening("s1", "a:1", 1, &CancellationToken::new()), Duration::from_secs(60));
-        assert!(!reg.resync_pending("c", Some((1, 1))));
-        reg.resync_stored("c", 1, 1);
-        assert!(reg.resync_pending("c", Some((1, 1))));
+        assert!(!reg.resync_pending("c", Some((1, 1)), false));
+        reg.resync_stored("c", StoredMarker { epoch: 1, seq: 1, offset: 7 });
+        assert!(reg.resync_pending("c", Some((1, 1)), false));
         // An event appended after it: the head moved on.
-        assert!(!reg.resync_pending("c", Some((1, 2))));
-        assert!(!reg.resync_pending("c", None));
+        assert!(!reg.resync_pending("c", Some((1, 2)), false));
+        assert!(!reg.resync_pending("c", None, false));
+        // Other replicas' readers are unknown.
+        assert!(!reg.resync_pending("c", Some((1, 1)), true));
+        // A subscriber read up to just before it: still unread.
+        reg.read_past(6);
+        assert!(reg.resync_pending("c", Some((1, 1)), false));
+    }
+
+    #[test]
+    fn a_resync_a_subscriber_was_sent_is_never_coalesced_into() {
+        let reg = SessionRegistry::default();
+        reg.open("c", opening("s1", "a:1", 1, &CancellationToken::new()), Duration::from_secs(60));
+        reg.resync_stored("c", StoredMarker { epoch: 1, seq: 5, offset: 7 });
+        // A subscriber was sent the marker (or placed past it, e.g. `from: latest`).
+        reg.read_past(7);
+        assert!(!reg.resync_pending("c", Some((1, 5)), false));
+        // The mark only rises: a session that reads from an older cursor does not lower it.
+        reg.read_past(3);
+        assert!(!reg.resync_pending("c", Some((1, 5)), false));
+        // A marker stored after it is coalescible again until read.
+        reg.resync_stored("c", StoredMarker { epoch: 2, seq: 1, offset: 9 });
+        assert!(reg.resync_pending("c", Some((2, 1)), false));
+        reg.read_past(12);
+        assert!(!reg.resync_pending("c", Some((2, 1)), false));
     }
 }

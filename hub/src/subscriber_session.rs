@@ -139,6 +139,9 @@ impl Session {
         {
             return durable_refused(e);
         }
+        // Placed past everything up to `start`: a resync marker there is no longer one
+        // nobody read (a later resync must not be coalesced into it).
+        self.ctx.registry.read_past(start);
         self.acked = start;
         self.sent = start;
         self.publish_progress();
@@ -290,6 +293,8 @@ impl Session {
             tracing::error!(error = %e, "bus read failed");
             End::Fail(ErrorCode::Internal, format!("hub could not read events: {e}"), CloseCode::Error)
         })?;
+        // Before anything is sent: see `SessionRegistry::read_past`.
+        self.ctx.registry.read_past(read.next.saturating_sub(1));
         self.send_read(conn, read).await.map_err(|e| End::Closed(e.to_string()))
     }
 

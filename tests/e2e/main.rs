@@ -4,6 +4,7 @@ mod admin_web;
 mod admission;
 mod agent_certs;
 mod cli;
+mod coalescing;
 mod delivery;
 mod deploy;
 mod kube_watch;

@@ -398,3 +398,74 @@ async fn damaged_segment_is_skipped_and_a_subscriber_reads_across_the_gap() {
     hub.proc.signal("TERM");
     assert!(hub.proc.wait_exit(Duration::from_secs(20)).is_some(), "hub did not stop on SIGTERM");
 }
+
+/// Cuts the last record of a segment file at its record boundary (frames: magic, length
+/// u32 LE, CRC32C, payload): what remains reads back as a valid, shorter log.
+fn cut_last_record(seg: &Path) {
+    let bytes = std::fs::read(seg).unwrap();
+    let (mut pos, mut last) = (0usize, None);
+    while pos + 12 <= bytes.len() && &bytes[pos..pos + 4] == b"FWR2" {
+        let len = u32::from_le_bytes(bytes[pos + 4..pos + 8].try_into().unwrap()) as usize;
+        last = Some(pos);
+        pos += 12 + len;
+    }
+    assert_eq!(pos, bytes.len(), "{} is not a sequence of whole records", seg.display());
+    let at = last.expect("a record to cut");
+    std::fs::OpenOptions::new().write(true).open(seg).unwrap().set_len(at as u64).unwrap();
+}
+
+/// Issue 26, break 4: the hub is SIGKILLed, the last acked record is cut from its log at a
+/// record boundary, and the agent never comes back. The hub alone must tell subscribers
+/// which cluster lost acked records.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_cut_from_the_end_after_a_crash_resyncs_its_cluster() {
+    let pki = Pki::new();
+    let data = pki.path("data");
+    let port = free_port();
+    let mut hub = HubProc::start(&pki, port, Some(&data), &[]);
+    let mut agent_proc = agent(&pki, "c1", &hub.url(), "synthetic:objects=5,rate=200,total=100", &[]);
+    let start = std::time::Instant::now();
+    loop {
+        let clusters = hub.clusters().await;
+        let acked = clusters["clusters"].as_array().and_then(|a| a.first()).and_then(|c| c["ackedSeq"].as_u64());
+        if acked == Some(101) {
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(60), "not all acked: {clusters}\n{}", agent_proc.stderr());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The agent is gone for good (its cluster was deleted); the hub crashes.
+    agent_proc.signal("KILL");
+    assert!(agent_proc.wait_exit(Duration::from_secs(10)).is_some());
+    hub.proc.signal("KILL");
+    assert!(hub.proc.wait_exit(Duration::from_secs(10)).is_some());
+    let mut segs: Vec<_> = std::fs::read_dir(data.join("segments"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "log"))
+        .collect();
+    segs.sort();
+    cut_last_record(segs.last().unwrap());
+
+    hub = HubProc::start(&pki, port, Some(&data), &[]);
+    let mut sub =
+        Subscription::connect(subscriber_opts(&pki, &hub.url(), "reader", StartFrom::Earliest)).await.unwrap();
+    let mut lost = None;
+    while lost.is_none() {
+        let d = tokio::time::timeout(Duration::from_secs(30), sub.next())
+            .await
+            .unwrap_or_else(|_| panic!("no resync-required for c1; hub log:\n{}", hub.proc.stderr()))
+            .unwrap();
+        match &d {
+            Delivery::ResyncRequired(r) if r.cluster == "c1" && r.reason != "agent started" => {
+                lost = Some(r.reason.clone())
+            }
+            Delivery::ResyncRequired(r) if r.cluster == "*" => panic!("the log's mark names the cluster: {r:?}"),
+            _ => {}
+        }
+        sub.ack(d.last_cursor().unwrap()).await.unwrap();
+    }
+    let reason = lost.unwrap();
+    assert!(reason.contains("up to seq 101 of epoch") && reason.contains("are missing"), "{reason}");
+    assert!(reason.contains("the end of the log was cut"), "{reason}");
+}

@@ -24,11 +24,14 @@
 //! - `segments/<first offset>.log`: checksummed records; `.idx`: the clusters of a closed
 //!   segment, to attribute damage found later.
 //! - `cursors.json`: durable cursors and the offset high-water mark ([`cursors`]).
+//! - `marks`: the log's end and each recent cluster's latest record, synced with every
+//!   group commit, so a log cut at a record boundary is noticed at start ([`marks`]).
 
 #[cfg(test)]
 mod conformance;
 mod cursors;
 mod log;
+mod marks;
 mod memory;
 pub mod nats;
 pub mod nats_server;

@@ -5,7 +5,9 @@
 //! with one `fdatasync` (group commit), then makes them visible and answers. The hub acks
 //! an agent only after that answer. At start the segments are read back
 //! ([`super::recovery`]); records found lost become `resync-required` markers before the
-//! bus serves anything. Durable cursors live in `cursors.json` ([`super::cursors`]).
+//! bus serves anything, and so do acked records cut from the end of the log, which the
+//! log's mark tells ([`super::marks`]). Durable cursors live in `cursors.json`
+//! ([`super::cursors`]).
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -15,6 +17,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 
 use super::cursors::CursorStore;
 use super::log::{Core, Log};
+use super::marks::{self, Marks};
 use super::storage::{self, Storage};
 use super::writer::{Disk, Request, Writer};
 use super::{
@@ -31,6 +34,8 @@ pub struct SegmentLogBus {
     health: Mutex<Option<String>>,
     /// Batches refused because a disk write failed.
     pub(super) write_failures: std::sync::atomic::AtomicU64,
+    /// Readiness probes run while writes failed (tests wait for them).
+    pub(super) probes: std::sync::atomic::AtomicU64,
 }
 
 impl SegmentLogBus {
@@ -61,8 +66,25 @@ impl SegmentLogBus {
             log.end = log.end.max(*first);
         }
         let (max_cursor, stored_end, reserved) = cursors.marks();
+        let marks_path = dir.join("marks");
+        let mark = marks::load(&marks_path);
         // (A damaged tail was reported already, with its file and offset.)
-        if !rec.tail_lost && (stored_end > log.end || (max_cursor > 0 && max_cursor >= log.end)) {
+        if !rec.tail_lost
+            && let Some(mark) = &mark
+        {
+            let losses = marks::losses(mark, log.end);
+            if !losses.is_empty() {
+                for loss in &losses {
+                    tracing::warn!(cluster = loss.cluster.as_deref().unwrap_or(ALL_CLUSTERS), reason = %loss.reason, "bus log lost acked records at its end");
+                }
+                rec.losses.extend(losses);
+                rec.tail_lost = true;
+            }
+        }
+        // Offsets the mark vouches for were checked above; the cursor store's marks catch
+        // what lies beyond (a mark lost or older than the store).
+        let checked = mark.as_ref().map(|m| m.end).unwrap_or(0).max(log.end);
+        if !rec.tail_lost && (stored_end > checked || (max_cursor > 0 && max_cursor >= checked)) {
             let reason = format!(
                 "records {}..={} are missing: the log ends at offset {} but later offsets were stored or delivered (log truncated or a segment deleted)",
                 log.end,
@@ -75,10 +97,12 @@ impl SegmentLogBus {
         }
         if rec.tail_lost {
             // Continue above every offset ever handed out: no cursor can alias a new record.
-            log.end = log.end.max(reserved).max(stored_end).max(max_cursor + 1);
+            let marked = mark.as_ref().map(|m| m.end).unwrap_or(0);
+            log.end = log.end.max(reserved).max(stored_end).max(max_cursor + 1).max(marked);
         }
         log.base = log.records.front().map(|r| r.offset).unwrap_or(log.end);
-        let mut disk = Disk::new(dir.clone(), seg_dir, opts.segment_bytes.max(1), opts.segment_records.max(1));
+        let marks = Marks::new(marks_path, mark.as_ref(), log.end, log.records.iter().map(|r| &**r));
+        let mut disk = Disk::new(dir.clone(), seg_dir, opts.segment_bytes.max(1), opts.segment_records.max(1), marks);
         disk.segments = rec.segments.clone().into();
         retention::evict(&mut log, &opts.retention, retention::now_ms());
         let (tx, rx) = mpsc::channel(4096);
@@ -88,6 +112,7 @@ impl SegmentLogBus {
             storage,
             health: Mutex::new(None),
             write_failures: 0.into(),
+            probes: 0.into(),
         });
         let mut writer = Writer::new(Arc::downgrade(&bus), opts.retention, disk);
         if !rec.close_last {

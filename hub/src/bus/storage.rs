@@ -14,6 +14,9 @@ use std::time::{Duration, Instant};
 #[derive(Default)]
 pub(crate) struct Storage {
     fail_until: Mutex<Option<Instant>>,
+    /// Tests: the bytes a disk that is nearly full still takes per write; a larger write
+    /// writes what fits, then fails with ENOSPC.
+    free: Mutex<Option<usize>>,
 }
 
 /// `ENOSPC`: what an injected fault reports, as a full disk would.
@@ -25,6 +28,20 @@ impl Storage {
         if let Ok(mut until) = self.fail_until.lock() {
             *until = Some(Instant::now() + d);
         }
+    }
+
+    /// Tests: writes larger than `bytes` fail with ENOSPC (after writing what fits), as
+    /// on a disk with only that much space left; `None` lifts it.
+    #[cfg(test)]
+    pub(crate) fn set_free(&self, bytes: Option<usize>) {
+        if let Ok(mut free) = self.free.lock() {
+            *free = bytes;
+        }
+    }
+
+    /// How much of a write of `len` bytes fits, when not all of it does.
+    fn fits(&self, len: usize) -> Option<usize> {
+        self.free.lock().ok().and_then(|f| *f).filter(|free| len > *free)
     }
 
     fn check(&self) -> std::io::Result<()> {
@@ -39,7 +56,32 @@ impl Storage {
             let _ = file.write_all(&buf[..buf.len() / 2]);
             return Err(e);
         }
+        if let Some(free) = self.fits(buf.len()) {
+            let _ = file.write_all(&buf[..free]);
+            return Err(std::io::Error::from_raw_os_error(ENOSPC));
+        }
         file.write_all(buf)
+    }
+
+    /// Writes all of `buf` at `offset` (in place). Under an injected fault, half of it is
+    /// written first, as [`Storage::write_all`] does.
+    pub(crate) fn write_at(&self, file: &File, buf: &[u8], offset: u64) -> std::io::Result<()> {
+        use std::os::unix::fs::FileExt;
+        if let Err(e) = self.check() {
+            let _ = file.write_all_at(&buf[..buf.len() / 2], offset);
+            return Err(e);
+        }
+        if let Some(free) = self.fits(buf.len()) {
+            let _ = file.write_all_at(&buf[..free], offset);
+            return Err(std::io::Error::from_raw_os_error(ENOSPC));
+        }
+        file.write_all_at(buf, offset)
+    }
+
+    /// Opens (creating it) a file written in place ([`Storage::write_at`]).
+    pub(crate) fn open_mark(&self, path: &Path) -> std::io::Result<File> {
+        self.check()?;
+        std::fs::OpenOptions::new().create(true).truncate(false).read(true).write(true).open(path)
     }
 
     /// `fdatasync`.
@@ -82,10 +124,13 @@ impl Storage {
         Ok(())
     }
 
-    /// Checks that the directory takes a small durable write (readiness after a fault).
-    pub(crate) fn probe(&self, dir: &Path) -> Result<(), StorageError> {
+    /// Checks that the directory takes a durable write of `bytes` (at least 4 KiB): after
+    /// a failure, as large as the write that failed, so readiness is not claimed on the
+    /// strength of a write smaller than every real one.
+    pub(crate) fn probe(&self, dir: &Path, bytes: u64) -> Result<(), StorageError> {
         let path = dir.join("write-probe");
-        let result = self.write_atomic(&path, &[0u8; 4096]);
+        let len = usize::try_from(bytes).unwrap_or(usize::MAX).max(4096);
+        let result = self.write_atomic(&path, &vec![0u8; len]);
         let _ = std::fs::remove_file(&path);
         result
     }

@@ -236,7 +236,8 @@ async fn cursor_beyond_the_end_gets_resync_and_offsets_are_not_reused() {
     assert!(bus.last_offset() > 12, "the log continues above every offset handed out");
     let r = bus.read_now(13, 100);
     assert_eq!(r.records.len(), 1);
-    assert_eq!(&*r.records[0].cluster, ALL_CLUSTERS);
+    // The log's mark names the cluster whose acked records went with the segment.
+    assert_eq!(&*r.records[0].cluster, "a");
     assert!(matches!(&r.records[0].body, RecordBody::ResyncRequired(s) if s.contains("missing")));
     let next = bus.append("a".into(), vec![ev(2, 1)]).await.unwrap();
     assert!(next > 12);
@@ -321,4 +322,93 @@ async fn a_missing_middle_segment_is_reported() {
     assert_eq!(got.len(), 1, "{got:?}");
     assert_eq!(got[0].0, ALL_CLUSTERS);
     assert!(got[0].1.starts_with("records 3..=4 missing before segment"), "{}", got[0].1);
+}
+
+/// Byte positions where each record of a segment starts (frames walked from the start).
+fn frame_starts(bytes: &[u8]) -> Vec<usize> {
+    let mut starts = Vec::new();
+    let mut pos = 0;
+    while let Ok((_, len)) = record::frame_at(bytes, pos) {
+        starts.push(pos);
+        pos += len;
+    }
+    starts
+}
+
+/// Cuts the last `n` records of a segment at a record boundary: what a file system that
+/// lost its last writes, or a restore, leaves behind. The rest reads back as valid.
+fn cut_last_records(seg: &Path, n: usize) {
+    let bytes = std::fs::read(seg).unwrap();
+    let starts = frame_starts(&bytes);
+    let at = starts[starts.len() - n];
+    std::fs::OpenOptions::new().write(true).open(seg).unwrap().set_len(at as u64).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_cut_at_a_record_boundary_after_a_crash_resync_their_clusters() {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = disk(dir.path(), 100);
+    {
+        // No cursor flush after the appends: the hub is killed within a second of its last
+        // ack, so the cursor store's end is behind.
+        let bus = open_disk(opts.clone());
+        bus.append("a".into(), vec![ev(1, 1), ev(1, 2)]).await.unwrap();
+        bus.append("b".into(), vec![ev(7, 1)]).await.unwrap();
+        bus.append("a".into(), vec![ev(1, 3)]).await.unwrap();
+        bus.append("b".into(), vec![ev(7, 2)]).await.unwrap();
+    }
+    // b's last record (offset 5) is cut.
+    let seg = segments(dir.path()).pop().unwrap();
+    cut_last_records(&seg, 1);
+    {
+        let bus = open_disk(opts.clone());
+        assert_eq!(events_of(&bus, "b"), vec![1]);
+        let got = resyncs(&bus);
+        assert_eq!(got.len(), 1, "{got:?}");
+        assert_eq!(got[0].0, "b", "only b lost acked records: {got:?}");
+        assert!(got[0].1.contains("up to seq 2 of epoch 7 (offset 5) are missing"), "{}", got[0].1);
+        assert!(got[0].1.contains("the log ends at offset 4"), "{}", got[0].1);
+        // Offsets of the lost records are never handed out again.
+        assert!(bus.append("c".into(), vec![ev(1, 1)]).await.unwrap() > 5);
+    }
+    // A restart after the markers were stored finds nothing more to report.
+    let bus = open_disk(opts.clone());
+    assert_eq!(resyncs(&bus).len(), 1, "{:?}", resyncs(&bus));
+    drop(bus);
+    // Cut deeper, through records of both clusters (and the marker): both, and the
+    // marker's `b` again, are reported.
+    let seg = segments(dir.path()).pop().unwrap();
+    let starts = frame_starts(&std::fs::read(&seg).unwrap());
+    cut_last_records(&seg, starts.len() - 2);
+    let bus = open_disk(opts);
+    assert_eq!(events_of(&bus, "a"), vec![1, 2]);
+    let mut clusters: Vec<_> = resyncs(&bus).into_iter().map(|(c, _)| c).collect();
+    clusters.sort();
+    clusters.dedup();
+    assert_eq!(clusters, ["a", "b", "c"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nearly_full_disk_keeps_the_bus_unready_until_a_batch_fits() {
+    let dir = tempfile::tempdir().unwrap();
+    let bus = open_disk(disk(dir.path(), 1000));
+    bus.append("a".into(), vec![ev(1, 1)]).await.unwrap();
+    // 8 KiB left: more than the 4 KiB a fixed probe writes, less than a batch.
+    bus.storage.set_free(Some(8 << 10));
+    let err = bus.append("a".into(), vec![big(2, 32 << 10)]).await.unwrap_err();
+    assert!(err.to_string().starts_with("no space left on device ("), "{err}");
+    assert!(bus.health().is_err());
+    // Readiness probes run (once a second) and must not clear it: a batch as large as
+    // the refused one still does not fit.
+    let probes = bus.probes.load(std::sync::atomic::Ordering::SeqCst);
+    wait_for("two readiness probes", || {
+        bus.health().is_ok() || bus.probes.load(std::sync::atomic::Ordering::SeqCst) >= probes + 2
+    })
+    .await;
+    let why = bus.health().expect_err("ready while every batch is refused");
+    assert!(why.starts_with("no space left on device ("), "{why}");
+    // Space again: the probe clears it without an append, and the batch is stored.
+    bus.storage.set_free(None);
+    wait_for("readiness once space is back", || bus.health().is_ok()).await;
+    assert_eq!(bus.append("a".into(), vec![big(2, 32 << 10)]).await.unwrap(), 2);
 }

@@ -15,6 +15,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::cursors::RESERVE_STEP;
 use super::log;
+use super::marks::Marks;
 use super::retention::{self, Retention};
 use super::segment_log::SegmentLogBus;
 use super::storage::StorageError;
@@ -57,11 +58,19 @@ pub(super) struct Disk {
     /// All segments, oldest first; the last one is the active one when `active` is set.
     pub segments: VecDeque<(u64, PathBuf)>,
     active: Option<Active>,
+    /// The log's high-water mark, stored after every commit (see [`super::marks`]).
+    pub marks: Marks,
 }
 
 impl Disk {
-    pub(super) fn new(data_dir: PathBuf, seg_dir: PathBuf, segment_bytes: u64, segment_records: u64) -> Self {
-        Self { data_dir, seg_dir, segment_bytes, segment_records, segments: VecDeque::new(), active: None }
+    pub(super) fn new(
+        data_dir: PathBuf,
+        seg_dir: PathBuf,
+        segment_bytes: u64,
+        segment_records: u64,
+        marks: Marks,
+    ) -> Self {
+        Self { data_dir, seg_dir, segment_bytes, segment_records, segments: VecDeque::new(), active: None, marks }
     }
 
     /// Continues appending to the last segment, which holds `records`.
@@ -90,11 +99,15 @@ pub(super) struct Writer {
     pub disk: Disk,
     /// Whether the last write failed (to log transitions once).
     failing: bool,
+    /// The largest write refused since writes began to fail: the readiness probe must
+    /// store as much before the bus reports ready again (a small probe fits into the last
+    /// free bytes of a disk that refuses every real batch).
+    refused_bytes: u64,
 }
 
 impl Writer {
     pub(super) fn new(bus: Weak<SegmentLogBus>, retention: Retention, disk: Disk) -> Self {
-        Self { bus, retention, disk, failing: false }
+        Self { bus, retention, disk, failing: false, refused_bytes: 0 }
     }
 
     /// Runs on its own thread: disk writes and fsync block, and must not stall the async
@@ -165,6 +178,7 @@ impl Writer {
                     tracing::info!("bus writes succeed again");
                 }
                 self.failing = false;
+                self.refused_bytes = 0;
                 bus.set_health(None);
             }
         }
@@ -200,7 +214,10 @@ impl Writer {
                 let first = new_records[0].offset;
                 bus.core.cursors.reserve(end + RESERVE_STEP, first, &bus.storage)?;
             }
-            write(&mut self.disk, bus, &buf, &new_records)?;
+            if let Err(e) = write(&mut self.disk, bus, &buf, &new_records) {
+                self.refused_bytes = self.refused_bytes.max(buf.len() as u64);
+                return Err(e);
+            }
         }
         let wrote = !new_records.is_empty();
         self.publish(bus, new_records, end, heads, now);
@@ -231,13 +248,17 @@ impl Writer {
         let end = bus.core.log.read().map(|l| l.end).unwrap_or(1);
         self.publish(&bus, Vec::new(), end, HashMap::new(), retention::now_ms());
         if self.failing {
-            // No append may come while the agents back off: probe, so readiness returns.
+            // No append may come while the agents back off (or while not being ready keeps
+            // them away): probe with a write as large as the largest one refused, so the
+            // bus is ready again only once such a batch would be stored.
             let disk = &mut self.disk;
-            let probed = cut_back(disk, &bus).and_then(|()| bus.storage.probe(&disk.data_dir));
+            let size = self.refused_bytes;
+            let probed = cut_back(disk, &bus).and_then(|()| bus.storage.probe(&disk.data_dir, size));
             match probed {
                 Ok(()) => self.set_failing(&bus, None),
                 Err(e) => self.set_failing(&bus, Some(&e)),
             }
+            bus.probes.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         }
         if let Err(e) = bus.flush_cursors_now()
             && !self.failing
@@ -270,7 +291,9 @@ fn cut_back(disk: &mut Disk, bus: &SegmentLogBus) -> Result<(), StorageError> {
     Ok(())
 }
 
-/// Writes one batch durably to the active segment (rolling to a new one when full).
+/// Writes one batch durably to the active segment (rolling to a new one when full), then
+/// the log's mark. Either failing leaves nothing of the batch behind: it is refused, and
+/// its offsets are handed out again.
 fn write(disk: &mut Disk, bus: &SegmentLogBus, buf: &[u8], records: &[Arc<Record>]) -> Result<(), StorageError> {
     cut_back(disk, bus)?;
     let full =
@@ -288,6 +311,15 @@ fn write(disk: &mut Disk, bus: &SegmentLogBus, buf: &[u8], records: &[Arc<Record
             tracing::error!(error = %cut, "cannot cut a failed write back yet; will retry before the next write");
         }
         return Err(err);
+    }
+    // The mark after the records are synced: a crash in between leaves it behind them.
+    if let Err(e) = disk.marks.commit(records, &bus.storage) {
+        // The records are on disk but will not be acked: cut them back.
+        a.needs_cut = true;
+        if let Err(cut) = cut_back(disk, bus) {
+            tracing::error!(error = %cut, "cannot cut a failed write back yet; will retry before the next write");
+        }
+        return Err(e);
     }
     a.good_len += buf.len() as u64;
     a.records += records.len() as u64;
