@@ -554,9 +554,8 @@ pub fn run(seed: u64, opts: &Options) -> anyhow::Result<Report> {
             sim.crash(second.as_str());
         }
         // A decommissioned agent that has not stopped yet stops now.
-        for (time, action) in &schedule {
+        for (_, action) in &schedule {
             if let Action::StopAgent(h) = action {
-                let _ = time;
                 if let Some((_, _, control)) = agents.iter().find(|(a, _, _)| a == h) {
                     lock(&control.stop).cancel();
                 }
@@ -585,7 +584,7 @@ pub fn run(seed: u64, opts: &Options) -> anyhow::Result<Report> {
                     sim.bounce(h.as_str());
                 }
             }
-            if steps % 10 == 0 {
+            if steps.is_multiple_of(10) {
                 let finals = clusters.states();
                 if subs.iter().all(|(_, s)| lock(&s.model).differences(&finals).is_empty()) {
                     converged = true;

@@ -7,7 +7,7 @@
 use fleetwatch_dst::{Options, Storage, replay_command, run};
 
 /// Seeds per shard (each a few tenths of a second of CPU in a debug build).
-const PER_SHARD: u64 = 60;
+const PER_SHARD: u64 = 30;
 
 fn shard(storage: Storage, index: u64) {
     let opts = Options { storage, ..Options::default() };
@@ -34,21 +34,41 @@ fn shard(storage: Storage, index: u64) {
 }
 
 #[test]
-fn memory_bus_seeds_0_to_59() {
+fn memory_bus_seeds_0_to_29() {
     shard(Storage::Memory, 0);
 }
 
 #[test]
-fn memory_bus_seeds_60_to_119() {
+fn memory_bus_seeds_30_to_59() {
     shard(Storage::Memory, 1);
 }
 
 #[test]
-fn segment_log_seeds_120_to_179() {
-    shard(Storage::Disk, 2);
+fn memory_bus_seeds_60_to_89() {
+    shard(Storage::Memory, 2);
 }
 
 #[test]
-fn segment_log_seeds_180_to_239() {
-    shard(Storage::Disk, 3);
+fn memory_bus_seeds_90_to_119() {
+    shard(Storage::Memory, 3);
+}
+
+#[test]
+fn segment_log_seeds_120_to_149() {
+    shard(Storage::Disk, 4);
+}
+
+#[test]
+fn segment_log_seeds_150_to_179() {
+    shard(Storage::Disk, 5);
+}
+
+#[test]
+fn segment_log_seeds_180_to_209() {
+    shard(Storage::Disk, 6);
+}
+
+#[test]
+fn segment_log_seeds_210_to_239() {
+    shard(Storage::Disk, 7);
 }
