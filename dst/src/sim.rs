@@ -113,10 +113,14 @@ impl Report {
     }
 }
 
-/// The command that replays `seed` with `opts`.
+/// The command that replays `seed` with `opts`. Built with `--cfg tokio_unstable` (its own
+/// target directory, so the workspace's build is untouched) turmoil seeds tokio's `select!`
+/// too, and a memory-bus run replays exactly (the same fingerprint); without it the same
+/// fault schedule runs with possibly other interleavings.
 pub fn replay_command(seed: u64, opts: &Options) -> String {
     format!(
-        "cargo run -p fleetwatch-dst -- --seed {seed} --storage {} --fault-secs {}{}",
+        "RUSTFLAGS='--cfg tokio_unstable' CARGO_TARGET_DIR=target/dst-replay DST_LOG=info cargo run -p fleetwatch-dst -- \
+         --seed {seed} --storage {} --fault-secs {}{}",
         opts.storage,
         opts.fault_time.as_secs(),
         if opts.durable_crashes { " --durable-crashes" } else { "" }
