@@ -217,8 +217,17 @@ impl Profile {
     }
 }
 
-/// Runs seed `seed`.
+/// Runs seed `seed`. Logs only with `DST_LOG` set (see [`crate::init_logging`]): a
+/// program's own log subscriber (the CLI's) is silenced on this thread meanwhile.
 pub fn run(seed: u64, opts: &Options) -> anyhow::Result<Report> {
+    if std::env::var_os("DST_LOG").is_some() {
+        run_seed(seed, opts)
+    } else {
+        tracing::subscriber::with_default(tracing::subscriber::NoSubscriber::default(), || run_seed(seed, opts))
+    }
+}
+
+fn run_seed(seed: u64, opts: &Options) -> anyhow::Result<Report> {
     let wall = Instant::now();
     Pki::get()?;
     crate::init_logging();
