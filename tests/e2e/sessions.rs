@@ -242,7 +242,6 @@ async fn a_subscriber_that_stops_acking_is_disconnected_and_keeps_its_cursor() {
 async fn resyncs_are_rate_limited_coalesced_and_their_reasons_cut() {
     let pki = Pki::new();
     let hub = HubProc::start(&pki, free_port(), None, &["--max-events-per-sec", "10"]);
-    let collector = Collector::start(&pki, &hub.url(), "watch").await;
     let mut ws = raw(&pki.agent("flappy"), hub.port).await;
     welcome(&mut ws, "flappy").await;
     // Seven resyncs in a row with a 5,000-byte reason, nothing in between: two more than
@@ -260,9 +259,11 @@ async fn resyncs_are_rate_limited_coalesced_and_their_reasons_cut() {
         }
     }
     let metrics = http_get(hub.admin_port, "/metrics").await;
-    // Stored once; the six others acked without storing, and the last ones throttled.
+    // Stored once; the six others acked without storing (no subscriber has read the first
+    // yet: the subscriber starts only now), and the last ones throttled.
     assert_eq!(metric(&metrics, "fleetwatch_hub_resyncs_coalesced_total"), 6.0, "{metrics}");
     assert!(metric(&metrics, "fleetwatch_hub_throttled_seconds_total") > 0.0, "{metrics}");
+    let collector = Collector::start(&pki, &hub.url(), "watch").await;
     // An event after them, then one more resync: that one is stored (the head moved on).
     let ev = r#"{"specversion":"1.0","id":"x","source":"x","type":"dev.fleetwatch.object.applied","subject":"v1/ConfigMap/ns/a","time":"2026-01-01T00:00:00Z","cluster":"flappy","epoch":7,"seq":8,"data":{"generation":1}}"#;
     ws.send(Message::text(format!(r#"{{"type":"events","events":[{ev}]}}"#))).await.unwrap();

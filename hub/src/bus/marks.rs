@@ -10,6 +10,11 @@
 //! cluster whose marked record is gone gets a `resync-required` with the true reason, or
 //! `*` when the loss reaches below the window (the clusters there cannot be told).
 //!
+//! The mark is written after the records and synced beside them (two `fdatasync`s at
+//! once, on two threads), so a commit costs one sync's time. A power loss between the two
+//! can leave the mark ahead of records that were never acked: a resync more than needed at
+//! start, never one less.
+//!
 //! The window holds at most [`MAX_CLUSTERS`] clusters; when a commit would go beyond, the
 //! window restarts at that commit (with more clusters than that in one commit, it names
 //! none: `*`). So the mark stays small (one write of at most [`SLOT`] bytes per commit,
@@ -17,9 +22,7 @@
 //!
 //! Layout: two slots of [`SLOT`] bytes, written alternately in place, each one framed
 //! record (magic, length, CRC32C, JSON: see [`super::record`]). A write torn by a crash
-//! spoils only the older slot; the newer one still holds a valid, lower mark. The mark is
-//! written after the records are synced: a crash in between leaves it behind records that
-//! were never acked, never ahead of the log.
+//! spoils only the older slot; the newer one still holds a valid, lower mark.
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -146,10 +149,36 @@ impl Marks {
         Self { path, file: None, mark: Mark { generation, end, since, clusters: Some(clusters) } }
     }
 
-    /// Stores the mark after `records` (just synced, in offset order) durably. On an
-    /// error the records must not be acked (the caller cuts them back).
+    /// Stores the mark after `records` (in offset order) durably: [`Marks::write`],
+    /// [`Marks::sync`], [`Marks::done`] in one. On an error the records must not be acked
+    /// (the caller cuts them back).
+    #[cfg(test)]
     pub(super) fn commit(&mut self, records: &[Arc<Record>], storage: &Storage) -> Result<(), StorageError> {
-        let Some(last) = records.last() else { return Ok(()) };
+        let next = self.write(records, storage)?;
+        self.sync(storage)?;
+        self.done(next);
+        Ok(())
+    }
+
+    /// Makes the mark once the records it covers are stored: the mark written after them
+    /// ([`Marks::write`]) is now synced with them ([`Marks::sync`]).
+    pub(super) fn done(&mut self, next: Mark) {
+        self.mark = next;
+    }
+
+    /// Syncs the mark written last (`fdatasync`): the writer runs it beside the segment's
+    /// own, so a commit waits for one sync's time, not two.
+    pub(super) fn sync(&self, storage: &Storage) -> Result<(), StorageError> {
+        match &self.file {
+            Some(f) => storage.sync(f).map_err(|e| StorageError::new(&self.path, e)),
+            None => Ok(()),
+        }
+    }
+
+    /// Writes the mark after `records` (in offset order) into the older slot, not synced;
+    /// answers it for [`Marks::done`].
+    pub(super) fn write(&mut self, records: &[Arc<Record>], storage: &Storage) -> Result<Mark, StorageError> {
+        let Some(last) = records.last() else { return Ok(self.mark.clone()) };
         let mut next = self.mark.clone();
         next.generation += 1;
         next.end = next.end.max(last.offset + 1);
@@ -186,14 +215,12 @@ impl Marks {
             Some(f) => f,
             None => self.file.insert(storage.open_mark(&self.path).map_err(|e| StorageError::new(&self.path, e))?),
         };
-        let written = storage.write_at(file, &buf, slot * SLOT).and_then(|()| storage.sync(file));
-        if let Err(e) = written {
+        if let Err(e) = storage.write_at(file, &buf, slot * SLOT) {
             // Reopened next time, in case the descriptor is what failed.
             self.file = None;
             return Err(StorageError::new(&self.path, e));
         }
-        self.mark = next;
-        Ok(())
+        Ok(next)
     }
 }
 

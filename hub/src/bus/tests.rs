@@ -324,6 +324,14 @@ async fn a_missing_middle_segment_is_reported() {
     assert!(got[0].1.starts_with("records 3..=4 missing before segment"), "{}", got[0].1);
 }
 
+/// Drops `bus` and waits until its writer let go of it too (a tick in progress holds it),
+/// so a bus opened next on the directory does not race its last cursor flush.
+async fn closed(bus: Arc<SegmentLogBus>) {
+    let weak = Arc::downgrade(&bus);
+    drop(bus);
+    wait_for("the writer to let go of the bus", || weak.upgrade().is_none()).await;
+}
+
 /// Byte positions where each record of a segment starts (frames walked from the start).
 fn frame_starts(bytes: &[u8]) -> Vec<usize> {
     let mut starts = Vec::new();
@@ -356,6 +364,7 @@ async fn records_cut_at_a_record_boundary_after_a_crash_resync_their_clusters() 
         bus.append("b".into(), vec![ev(7, 1)]).await.unwrap();
         bus.append("a".into(), vec![ev(1, 3)]).await.unwrap();
         bus.append("b".into(), vec![ev(7, 2)]).await.unwrap();
+        closed(bus).await;
     }
     // b's last record (offset 5) is cut.
     let seg = segments(dir.path()).pop().unwrap();
@@ -370,11 +379,12 @@ async fn records_cut_at_a_record_boundary_after_a_crash_resync_their_clusters() 
         assert!(got[0].1.contains("the log ends at offset 4"), "{}", got[0].1);
         // Offsets of the lost records are never handed out again.
         assert!(bus.append("c".into(), vec![ev(1, 1)]).await.unwrap() > 5);
+        closed(bus).await;
     }
     // A restart after the markers were stored finds nothing more to report.
     let bus = open_disk(opts.clone());
     assert_eq!(resyncs(&bus).len(), 1, "{:?}", resyncs(&bus));
-    drop(bus);
+    closed(bus).await;
     // Cut deeper, through records of both clusters (and the marker): both, and the
     // marker's `b` again, are reported.
     let seg = segments(dir.path()).pop().unwrap();

@@ -303,23 +303,27 @@ fn write(disk: &mut Disk, bus: &SegmentLogBus, buf: &[u8], records: &[Arc<Record
     }
     let Some(a) = &mut disk.active else { return Ok(()) };
     let Some(file) = &mut a.file else { return Ok(()) };
-    let written = bus.storage.write_all(file, buf).and_then(|()| bus.storage.sync(file));
-    if let Err(e) = written {
-        let err = StorageError::new(&a.path, e);
+    let (marks, storage, path) = (&mut disk.marks, &bus.storage, &a.path);
+    // The records, then the mark after them; both synced at once (see `super::marks`).
+    let written = storage.write_all(file, buf).map_err(|e| StorageError::new(path, e)).and_then(|()| {
+        let next = marks.write(records, storage)?;
+        let marks_ref = &*marks;
+        let (segment, mark) = std::thread::scope(|s| {
+            let mark = s.spawn(|| marks_ref.sync(storage));
+            (storage.sync(file), mark.join())
+        });
+        segment.map_err(|e| StorageError::new(path, e))?;
+        mark.unwrap_or_else(|_| Err(StorageError { path: path.clone(), cause: "the mark's sync panicked".into() }))?;
+        marks.done(next);
+        Ok(())
+    });
+    if let Err(err) = written {
+        // Nothing of the batch is acked: cut it back, so its offsets are handed out again.
         a.needs_cut = true;
         if let Err(cut) = cut_back(disk, bus) {
             tracing::error!(error = %cut, "cannot cut a failed write back yet; will retry before the next write");
         }
         return Err(err);
-    }
-    // The mark after the records are synced: a crash in between leaves it behind them.
-    if let Err(e) = disk.marks.commit(records, &bus.storage) {
-        // The records are on disk but will not be acked: cut them back.
-        a.needs_cut = true;
-        if let Err(cut) = cut_back(disk, bus) {
-            tracing::error!(error = %cut, "cannot cut a failed write back yet; will retry before the next write");
-        }
-        return Err(e);
     }
     a.good_len += buf.len() as u64;
     a.records += records.len() as u64;
