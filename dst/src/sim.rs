@@ -568,10 +568,10 @@ fn run_seed(seed: u64, opts: &Options) -> anyhow::Result<Report> {
         }
         // A decommissioned agent that has not stopped yet stops now.
         for (_, action) in &schedule {
-            if let Action::StopAgent(h) = action {
-                if let Some((_, _, control)) = agents.iter().find(|(a, _, _)| a == h) {
-                    lock(&control.stop).cancel();
-                }
+            if let Action::StopAgent(h) = action
+                && let Some((_, _, control)) = agents.iter().find(|(a, _, _)| a == h)
+            {
+                lock(&control.stop).cancel();
             }
         }
         for h in down.iter().filter(|h| **h != second) {
