@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use fleetwatch_certs::TlsFiles;
 use fleetwatch_client::backoff::Reconnect;
-use fleetwatch_client::transport::{ClientWs, ConnectError, HubUrls, connect_any};
+use fleetwatch_client::transport::{ClientWs, ConnectError, Dialer, HubUrls, connect_any};
 use fleetwatch_protocol::Limits;
 use fleetwatch_protocol::codec::{DecodeError, decode_hub_to_agent, encode};
 use fleetwatch_protocol::message::{
@@ -65,6 +65,11 @@ pub struct AgentConfig {
     /// acked first, the outbox is kept); a changed CA bundle is used from the next
     /// connection on.
     pub tls_reload_interval: Duration,
+    /// How the hub is reached: TCP unless a simulation supplies its own network.
+    pub dialer: Dialer,
+    /// The epoch of this agent process; `None` takes the start time in microseconds (a
+    /// new epoch per start). A simulation sets it from its own clock so a run replays.
+    pub epoch: Option<u64>,
 }
 
 impl AgentConfig {
@@ -84,6 +89,8 @@ impl AgentConfig {
             refused_retry: Duration::from_secs(30),
             reconnect: Reconnect::default(),
             tls_reload_interval: Duration::from_secs(5),
+            dialer: Dialer::default(),
+            epoch: None,
         }
     }
 }
@@ -266,7 +273,7 @@ impl Uplink {
         fail_fast: bool,
     ) -> Result<AgentStats, AgentError> {
         // A new epoch per start: the hub then knows earlier unacked events are gone.
-        let epoch = jiff::Timestamp::now().as_microsecond().max(1) as u64;
+        let epoch = self.config.epoch.unwrap_or_else(|| jiff::Timestamp::now().as_microsecond().max(1) as u64);
         let mut outbox = Outbox::new(&self.cluster, epoch, self.config.outbox_capacity)
             .with_limits(self.config.outbox_max_bytes, self.config.limits.max_event_bytes);
         // This agent has no memory of what it sent before it started: ask for a full resync.
@@ -286,6 +293,7 @@ impl Uplink {
             self.reload_tls(&mut stats);
             // Disconnected: keep absorbing changes while connecting.
             let connecting = connect_any(
+                &self.config.dialer,
                 &self.config.hub,
                 current,
                 self.tls.current(),

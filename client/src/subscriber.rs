@@ -14,7 +14,7 @@ use futures_util::{SinkExt, StreamExt};
 use rustls::ClientConfig;
 use tokio_tungstenite::tungstenite::Message;
 
-use crate::transport::{ClientWs, ConnectError, HubUrls, connect_any};
+use crate::transport::{ClientWs, ConnectError, Dialer, HubUrls, connect_any};
 use fleetwatch_protocol::codec::{DecodeError, Limits, decode_hub_to_subscriber, encode};
 use fleetwatch_protocol::event::Event;
 use fleetwatch_protocol::message::{
@@ -46,6 +46,8 @@ pub struct SubscriberOptions {
     pub idle_timeout: Duration,
     /// Reconnect after a lost connection instead of returning the error.
     pub reconnect: bool,
+    /// How the hub is reached: TCP unless a simulation supplies its own network.
+    pub dialer: Dialer,
 }
 
 impl SubscriberOptions {
@@ -62,6 +64,7 @@ impl SubscriberOptions {
             connect_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(45),
             reconnect: true,
+            dialer: Dialer::default(),
         }
     }
 }
@@ -111,8 +114,14 @@ pub enum SubscribeError {
 pub struct Subscription {
     opts: SubscriberOptions,
     ws: Option<ClientWs>,
+    /// The resume point: the stream and cursor acknowledged last. It moves to another
+    /// stream only with the first ack there, so a connection lost before that presents
+    /// the old stream again and the hub tells the subscriber again that its history is
+    /// gone (the resync-required `*` it may not have read).
     stream: Option<String>,
     acked: Option<u64>,
+    /// The stream of the current (or last) connection.
+    reading: Option<String>,
     /// The unknown clusters last warned about.
     unknown_clusters_said: Vec<String>,
     /// The hub replica to try first (the one reached last).
@@ -123,9 +132,22 @@ impl Subscription {
     /// Connects and subscribes. The first connection's failure is returned, so a CLI can
     /// report a wrong address or certificate at once; later ones are retried.
     pub async fn connect(opts: SubscriberOptions) -> Result<Self, SubscribeError> {
-        let mut sub = Self { opts, ws: None, stream: None, acked: None, unknown_clusters_said: Vec::new(), current: 0 };
+        let mut sub = Self {
+            opts,
+            ws: None,
+            stream: None,
+            acked: None,
+            reading: None,
+            unknown_clusters_said: Vec::new(),
+            current: 0,
+        };
         sub.open().await?;
         Ok(sub)
+    }
+
+    /// The id of the stream the subscription reads (known once subscribed).
+    pub fn stream(&self) -> Option<&str> {
+        self.reading.as_deref()
     }
 
     /// The stream and cursor acknowledged last.
@@ -135,6 +157,7 @@ impl Subscription {
 
     async fn open(&mut self) -> Result<(), SubscribeError> {
         let (mut ws, reached) = connect_any(
+            &self.opts.dialer,
             &self.opts.hub,
             self.current,
             self.opts.tls.clone(),
@@ -165,10 +188,14 @@ impl Subscription {
                     );
                     self.unknown_clusters_said = s.unknown_clusters.clone();
                 }
-                if self.stream.as_deref() != Some(s.stream.as_str()) {
-                    self.acked = None;
+                if self.stream.is_none() {
+                    // The first subscription: it starts after `s.cursor` (where `from` put
+                    // it). Resuming there after a lost connection, rather than asking for
+                    // `latest` again, skips nothing stored meanwhile.
+                    self.stream = Some(s.stream.clone());
+                    self.acked = Some(s.cursor);
                 }
-                self.stream = Some(s.stream);
+                self.reading = Some(s.stream);
                 self.ws = Some(ws);
                 Ok(())
             }
@@ -216,7 +243,13 @@ impl Subscription {
     /// Acknowledges everything up to `cursor`. While disconnected the ack is remembered and
     /// sent as the resume point.
     pub async fn ack(&mut self, cursor: u64) -> Result<(), SubscribeError> {
-        self.acked = Some(self.acked.map_or(cursor, |a| a.max(cursor)));
+        if self.reading.is_some() && self.reading != self.stream {
+            // The first ack in a new stream: the resume point moves there.
+            self.stream = self.reading.clone();
+            self.acked = Some(cursor);
+        } else {
+            self.acked = Some(self.acked.map_or(cursor, |a| a.max(cursor)));
+        }
         if let Some(ws) = self.ws.as_mut()
             && let Err(e) = send(ws, &SubscriberMessage::Ack(CursorAck { cursor })).await
         {

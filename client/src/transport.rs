@@ -1,10 +1,15 @@
 //! WebSocket over mutual TLS: the client side used by agents and subscribers.
 
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use rustls::ClientConfig;
 use rustls_pki_types::ServerName;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 use tokio_tungstenite::WebSocketStream;
@@ -14,7 +19,119 @@ use fleetwatch_protocol::codec::Limits;
 use fleetwatch_protocol::message::WS_PATH;
 
 /// A client's WebSocket to the hub.
-pub type ClientWs = WebSocketStream<tokio_rustls::client::TlsStream<TcpStream>>;
+pub type ClientWs = WebSocketStream<tokio_rustls::client::TlsStream<Stream>>;
+
+/// A byte stream TLS can run over: anything that reads and writes asynchronously.
+pub trait ByteStream: AsyncRead + AsyncWrite + Unpin + Send + 'static {}
+
+impl<T: AsyncRead + AsyncWrite + Unpin + Send + 'static> ByteStream for T {}
+
+/// The byte stream under a connection's TLS, on both ends: a TCP socket in every program,
+/// or another stream (the deterministic simulation's network, `fleetwatch-dst`). An enum
+/// rather than a boxed stream so the TCP path costs one branch, no allocation or vtable.
+pub enum Stream {
+    /// A TCP socket.
+    Tcp(TcpStream),
+    /// Any other byte stream.
+    Other(Box<dyn ByteStream>),
+}
+
+impl std::fmt::Debug for Stream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Stream::Tcp(t) => t.fmt(f),
+            Stream::Other(_) => f.write_str("Stream::Other"),
+        }
+    }
+}
+
+impl AsyncRead for Stream {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Stream::Tcp(s) => Pin::new(s).poll_read(cx, buf),
+            Stream::Other(s) => Pin::new(s).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Stream {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Stream::Tcp(s) => Pin::new(s).poll_write(cx, buf),
+            Stream::Other(s) => Pin::new(s).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Stream::Tcp(s) => Pin::new(s).poll_flush(cx),
+            Stream::Other(s) => Pin::new(s).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Stream::Tcp(s) => Pin::new(s).poll_shutdown(cx),
+            Stream::Other(s) => Pin::new(s).poll_shutdown(cx),
+        }
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Stream::Tcp(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            Stream::Other(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            Stream::Tcp(s) => s.is_write_vectored(),
+            Stream::Other(s) => s.is_write_vectored(),
+        }
+    }
+}
+
+/// What a [`Dialer`] answers: a connected stream, or why not.
+pub type DialFuture<'a> = Pin<Box<dyn Future<Output = io::Result<Box<dyn ByteStream>>> + Send + 'a>>;
+
+/// Opens byte streams to `host:port` addresses another way than TCP (the simulation).
+pub trait Dial: Send + Sync + 'static {
+    /// Connects to `addr` (`host:port`).
+    fn dial<'a>(&'a self, addr: &'a str) -> DialFuture<'a>;
+}
+
+/// How clients reach the hub: TCP (the default), or a [`Dial`] implementation.
+#[derive(Clone, Default)]
+pub struct Dialer(Option<Arc<dyn Dial>>);
+
+impl Dialer {
+    /// Dials with `dial` instead of TCP.
+    pub fn custom(dial: Arc<dyn Dial>) -> Self {
+        Self(Some(dial))
+    }
+
+    /// A connected stream to `addr`.
+    async fn open(&self, addr: &str) -> io::Result<Stream> {
+        match &self.0 {
+            None => {
+                let tcp = TcpStream::connect(addr).await?;
+                let _ = tcp.set_nodelay(true);
+                Ok(Stream::Tcp(tcp))
+            }
+            Some(d) => Ok(Stream::Other(d.dial(addr).await?)),
+        }
+    }
+}
+
+impl std::fmt::Debug for Dialer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() { "Dialer(custom)" } else { "Dialer(tcp)" })
+    }
+}
 
 /// A parsed `wss://host:port` hub address.
 ///
@@ -208,8 +325,19 @@ pub fn ws_config(limits: &Limits) -> WebSocketConfig {
         .max_write_buffer_size(max_write)
 }
 
-/// Opens a WebSocket over mutual TLS to the hub.
+/// Opens a WebSocket over mutual TLS over TCP to the hub.
 pub async fn connect(
+    url: &HubUrl,
+    tls: Arc<ClientConfig>,
+    limits: &Limits,
+    timeout: Duration,
+) -> Result<ClientWs, ConnectError> {
+    connect_with(&Dialer::default(), url, tls, limits, timeout).await
+}
+
+/// Opens a WebSocket over mutual TLS to the hub, over a stream from `dialer`.
+pub async fn connect_with(
+    dialer: &Dialer,
     url: &HubUrl,
     tls: Arc<ClientConfig>,
     limits: &Limits,
@@ -217,8 +345,7 @@ pub async fn connect(
 ) -> Result<ClientWs, ConnectError> {
     let addr = url.authority();
     let fut = async {
-        let tcp = TcpStream::connect(&addr).await.map_err(|source| ConnectError::Tcp { addr: addr.clone(), source })?;
-        let _ = tcp.set_nodelay(true);
+        let tcp = dialer.open(&addr).await.map_err(|source| ConnectError::Tcp { addr: addr.clone(), source })?;
         let name = ServerName::try_from(url.host.clone()).map_err(|e| ConnectError::BadUrl(format!("{url}: {e}")))?;
         let tls_stream = TlsConnector::from(tls).connect(name, tcp).await.map_err(|e| ConnectError::Tls {
             addr: addr.clone(),
@@ -245,6 +372,7 @@ pub async fn connect(
 /// not a reachability problem, and is the caller's to handle: this only fails over on
 /// errors where another replica may do better.
 pub async fn connect_any(
+    dialer: &Dialer,
     hubs: &HubUrls,
     start: usize,
     tls: Arc<ClientConfig>,
@@ -254,7 +382,7 @@ pub async fn connect_any(
     let mut last = None;
     for k in 0..hubs.len() {
         let i = (start + k) % hubs.len();
-        match connect(hubs.get(i), tls.clone(), limits, timeout).await {
+        match connect_with(dialer, hubs.get(i), tls.clone(), limits, timeout).await {
             Ok(ws) => return Ok((ws, i)),
             Err(e) => {
                 if hubs.len() > 1 {

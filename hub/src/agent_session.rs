@@ -13,7 +13,8 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::time::Instant;
+// tokio's clock (std's in programs): the simulation runs sessions on simulated time.
+use tokio::time::Instant;
 
 use futures_util::stream::FuturesOrdered;
 use futures_util::{FutureExt, StreamExt};

@@ -8,10 +8,10 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use fleetwatch_client::transport::Stream;
 use fleetwatch_protocol::codec::encode;
 use fleetwatch_protocol::message::{ErrorCode, ErrorFrame};
 use futures_util::{SinkExt, StreamExt};
-use tokio::net::TcpStream;
 use tokio::time::Instant;
 use tokio_tungstenite::WebSocketStream;
 
@@ -21,8 +21,8 @@ use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::{Error as WsError, Message, Utf8Bytes};
 
-/// A server-side WebSocket over TLS.
-pub type ServerWs = WebSocketStream<tokio_rustls::server::TlsStream<TcpStream>>;
+/// A server-side WebSocket over TLS (over TCP, or the simulation's network).
+pub type ServerWs = WebSocketStream<tokio_rustls::server::TlsStream<Stream>>;
 
 /// What arrived.
 pub enum Incoming {

@@ -314,16 +314,66 @@ impl Context {
     }
 }
 
+/// Where the hub accepts agents and subscribers: a TCP listener, or another source of
+/// connections (the deterministic simulation's network, `fleetwatch-dst`).
+pub enum Listener {
+    /// A TCP listener (every program).
+    Tcp(TcpListener),
+    /// Any other source of connections.
+    Other(Box<dyn Accept>),
+}
+
+/// What [`Accept::accept`] answers: a connection and its peer's address.
+pub type Accepted<'a> = std::pin::Pin<
+    Box<
+        dyn std::future::Future<Output = std::io::Result<(fleetwatch_client::transport::Stream, SocketAddr)>>
+            + Send
+            + 'a,
+    >,
+>;
+
+/// A source of connections other than TCP.
+pub trait Accept: Send + 'static {
+    /// The next connection. Cancel-safe.
+    fn accept(&mut self) -> Accepted<'_>;
+    /// The address it listens on.
+    fn local_addr(&self) -> std::io::Result<SocketAddr>;
+}
+
+impl Listener {
+    /// The next connection. Cancel-safe.
+    pub(crate) async fn accept(&mut self) -> std::io::Result<(fleetwatch_client::transport::Stream, SocketAddr)> {
+        match self {
+            Listener::Tcp(l) => l.accept().await.map(|(s, a)| (fleetwatch_client::transport::Stream::Tcp(s), a)),
+            Listener::Other(l) => l.accept().await,
+        }
+    }
+
+    /// The address it listens on.
+    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        match self {
+            Listener::Tcp(l) => l.local_addr(),
+            Listener::Other(l) => l.local_addr(),
+        }
+    }
+}
+
 /// A bound, not yet running hub.
 pub struct Hub {
     ctx: Arc<Context>,
-    listener: TcpListener,
+    listener: Listener,
     admin: Option<TcpListener>,
 }
 
 impl Hub {
     /// Loads certificates, opens the bus and binds the listeners.
-    pub async fn bind(mut config: HubConfig) -> Result<Self, HubError> {
+    pub async fn bind(config: HubConfig) -> Result<Self, HubError> {
+        Self::bind_on(config, None).await
+    }
+
+    /// Like [`bind`](Self::bind), but accepts agents and subscribers from `listener`
+    /// instead of binding `config.listen` (the simulation's network); `None` binds it.
+    pub async fn bind_on(mut config: HubConfig, listener: Option<Listener>) -> Result<Self, HubError> {
         fleetwatch_certs::install_crypto_provider();
         fit_open_file_limit(&mut config);
         // The admin endpoint's protection is checked before anything listens or is opened: fail closed.
@@ -355,7 +405,10 @@ impl Hub {
                 ..BusOptions::default()
             })?,
         };
-        let listener = bind_retrying(config.listen).await?;
+        let listener = match listener {
+            Some(l) => l,
+            None => Listener::Tcp(bind_retrying(config.listen).await?),
+        };
         let admin = match config.admin_listen {
             Some(addr) => Some(bind_retrying(addr).await?),
             None => None,

@@ -7,7 +7,10 @@
 //! keeps a legitimate resync (an outbox overflow) from stalling the event acks behind it,
 //! which would overflow the outbox again.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+// tokio's clock: the same as std's in programs, the simulated one in `fleetwatch-dst`.
+use tokio::time::Instant;
 
 /// Resync markers per second an agent may send on average.
 pub const RESYNCS_PER_SEC: f64 = 1.0;

@@ -31,14 +31,14 @@ use crate::rate::Budget;
 /// tasks: the registry asks it whether a cluster's live session is really alive.
 #[derive(Debug)]
 pub struct Liveness {
-    base: std::time::Instant,
+    base: tokio::time::Instant,
     last_ms: AtomicU64,
 }
 
 impl Liveness {
     /// Heard from just now.
     pub fn new() -> Self {
-        Self { base: std::time::Instant::now(), last_ms: AtomicU64::new(0) }
+        Self { base: tokio::time::Instant::now(), last_ms: AtomicU64::new(0) }
     }
 
     /// Records that a frame arrived.

@@ -5,10 +5,10 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use fleetwatch_client::tls_hint;
+use fleetwatch_client::transport::Stream;
 use fleetwatch_client::transport::ws_config;
 use fleetwatch_protocol::identity::Role;
 use fleetwatch_protocol::message::{ErrorCode, WS_PATH};
-use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsAcceptor;
 use tokio_tungstenite::tungstenite::handshake::server::{ErrorResponse, Request, Response};
 use tokio_tungstenite::tungstenite::http::StatusCode;
@@ -19,10 +19,10 @@ use tracing::Instrument;
 
 use crate::admission::HandshakeSlot;
 use crate::conn::Conn;
-use crate::{Context, Peer};
+use crate::{Context, Listener, Peer};
 
 pub(crate) async fn accept_loop(
-    listener: TcpListener,
+    mut listener: Listener,
     ctx: Arc<Context>,
     shutdown: CancellationToken,
     tracker: &TaskTracker,
@@ -75,8 +75,10 @@ struct HandshakeFailure {
 }
 
 /// One connection, inside a span naming its peer address (so every line logged here does).
-async fn handle(tcp: TcpStream, peer: SocketAddr, ctx: Arc<Context>, shutdown: CancellationToken, slot: HandshakeSlot) {
-    let _ = tcp.set_nodelay(true);
+async fn handle(tcp: Stream, peer: SocketAddr, ctx: Arc<Context>, shutdown: CancellationToken, slot: HandshakeSlot) {
+    if let Stream::Tcp(tcp) = &tcp {
+        let _ = tcp.set_nodelay(true);
+    }
     let acceptor = TlsAcceptor::from(ctx.tls.current());
     let limits = ctx.config.limits;
     let handshake = async {

@@ -6,6 +6,7 @@
 //! reading a process's memory and CPU from `/proc`.
 
 mod agent;
+mod dst;
 mod hub;
 mod jetstream;
 mod lifecycle;
@@ -50,6 +51,10 @@ enum BenchWhat {
     /// A reconnect storm: N agents connected, the hub SIGKILLed and restarted on its port at
     /// once; how long until 50/90/99/100 % of the agents are back and resynced.
     Storm(storm::StormBench),
+    /// The deterministic simulation of the delivery path: many seeds of the real agent, hub
+    /// and subscriber client under faults on a simulated network, each checked by the
+    /// oracle; prints failing seeds and how to replay them.
+    Dst(dst::DstBench),
     /// One load process of `bench hub --load-procs` (started by it, not by hand).
     #[command(hide = true)]
     HubLoad(load::HubLoadArgs),
@@ -63,6 +68,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         BenchWhat::Sim(b) => sim::run(b).await,
         BenchWhat::Soak(b) => crate::soak::run(b).await,
         BenchWhat::Storm(b) => storm::run(b).await,
+        BenchWhat::Dst(b) => dst::run(b).await,
         BenchWhat::HubLoad(a) => load::run_child(a).await,
     }
 }

@@ -1,0 +1,247 @@
+//! The software each simulated host runs: the real hub, the real agent runtime with a
+//! [`SimSource`], and the real subscriber client feeding a [`SubscriberModel`].
+//!
+//! turmoil calls a host's software again on every restart (`bounce`): whatever a process
+//! would lose on a crash is made fresh there; whatever outlives it (the clusters, a durable
+//! subscriber's store, the hub's data directory) is shared state passed in.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use fleetwatch_agent::{AgentConfig, AgentRuntime};
+use fleetwatch_client::backoff::Reconnect;
+use fleetwatch_client::subscriber::{Delivery, SubscriberOptions, Subscription};
+use fleetwatch_client::transport::{Dialer, HubUrls};
+use fleetwatch_hub::{Hub, HubConfig, Listener};
+use fleetwatch_protocol::message::StartFrom;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use tokio_util::sync::CancellationToken;
+
+use crate::cluster::ClusterModel;
+use crate::net::{CutSwitch, SimDial, SimListener};
+use crate::oracle::{States, SubscriberModel};
+use crate::pki::{HUB_HOST, Pki};
+use crate::source::SimSource;
+
+/// The hub's port in the simulated network.
+pub const HUB_PORT: u16 = 7443;
+/// The durable subscription's name.
+pub const DURABLE_NAME: &str = "d";
+/// Idle timeout of every connection (simulated; short so a dead one is noticed soon).
+pub const IDLE: Duration = Duration::from_secs(3);
+/// The hub's subscriber stall timeout.
+pub const STALL: Duration = Duration::from_secs(2);
+
+/// The simulated clusters, shared by the driver (which writes), the agents' sources and
+/// the subscribers (which re-list on a resync).
+#[derive(Debug, Default)]
+pub struct Clusters {
+    /// Ids, `c1` ….
+    pub ids: Vec<String>,
+    /// Their models, in the order of `ids`.
+    pub models: Vec<Arc<Mutex<ClusterModel>>>,
+}
+
+impl Clusters {
+    /// Every cluster's objects and values now.
+    pub fn states(&self) -> States {
+        self.ids.iter().zip(&self.models).map(|(id, m)| (id.clone(), lock(m).state())).collect()
+    }
+}
+
+/// Locks, ignoring poisoning (a panic elsewhere fails the run anyway).
+pub fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn hub_urls() -> HubUrls {
+    format!("wss://{HUB_HOST}:{HUB_PORT}").parse().expect("a valid hub address")
+}
+
+fn sim_now() -> Duration {
+    turmoil::sim_elapsed().unwrap_or_default()
+}
+
+/// The hub: memory bus, or the segment log in `data_dir`.
+#[derive(Debug, Clone)]
+pub struct HubHost {
+    /// The segment log's directory; `None`: the memory bus.
+    pub data_dir: Option<PathBuf>,
+    /// Records the bus retains.
+    pub retention_records: usize,
+}
+
+impl HubHost {
+    /// Runs the hub until the host crashes.
+    pub async fn run(self) -> turmoil::Result {
+        let pki = Pki::get()?;
+        let mut config = HubConfig::new(([0, 0, 0, 0], HUB_PORT).into(), pki.files("hub"));
+        config.data_dir = self.data_dir.clone();
+        config.retention.records = self.retention_records;
+        config.segment_bytes = 16 << 10;
+        config.idle_timeout = IDLE;
+        config.handshake_timeout = IDLE;
+        config.subscriber_stall_timeout = STALL;
+        config.tls_reload_interval = Duration::from_secs(3600);
+        let listener = SimListener::bind(HUB_PORT).await?;
+        let hub = Hub::bind_on(config, Some(Listener::Other(Box::new(listener)))).await?;
+        hub.run(CancellationToken::new()).await?;
+        Ok(())
+    }
+}
+
+/// What the driver tells an agent host: stop gracefully (the cluster is decommissioned),
+/// and whether that stop had every event acked.
+#[derive(Debug, Default)]
+pub struct AgentControl {
+    /// Cancelled to stop the running process gracefully (it drains its outbox first).
+    pub stop: Mutex<CancellationToken>,
+    /// After a graceful stop: whether the hub had acked every event.
+    pub drained: Mutex<Option<bool>>,
+}
+
+/// One agent process of one cluster.
+#[derive(Debug, Clone)]
+pub struct AgentHost {
+    /// The cluster id.
+    pub cluster: String,
+    /// Its model.
+    pub model: Arc<Mutex<ClusterModel>>,
+    /// Distinguishes the epochs of processes started in the same instant.
+    pub index: u64,
+    /// Cuts this host's connections.
+    pub cuts: CutSwitch,
+    /// The driver's instructions.
+    pub control: Arc<AgentControl>,
+}
+
+impl AgentHost {
+    /// Runs a fresh agent process (empty outbox, new epoch) until the host crashes.
+    pub async fn run(self) -> turmoil::Result {
+        let pki = Pki::get()?;
+        let mut config = AgentConfig::new(hub_urls(), pki.agent(&self.cluster));
+        config.dialer = Dialer::custom(Arc::new(SimDial::new(self.cuts.clone())));
+        // A new epoch per start, from the simulated clock: a run replays.
+        config.epoch = Some(1_000_000_000 + sim_now().as_micros() as u64 * 16 + self.index);
+        config.idle_timeout = IDLE;
+        config.connect_timeout = IDLE;
+        config.drain_timeout = Duration::from_secs(1);
+        config.refused_retry = Duration::from_secs(2);
+        config.reconnect = Reconnect { min: Duration::from_millis(50), max: Duration::from_secs(1) };
+        config.tls_reload_interval = Duration::from_secs(3600);
+        config.batch_size = 20;
+        let agent =
+            AgentRuntime::new(config)?.start(SimSource { cluster: self.model.clone() }, CancellationToken::new());
+        agent.wait().await?;
+        Ok(())
+    }
+}
+
+/// What the driver tells a subscriber host about its next start and its behaviour.
+#[derive(Debug)]
+pub struct SubscriberControl {
+    /// Where the next process starts without a cursor.
+    pub from: StartFrom,
+    /// Until when (simulated time) the subscriber stops reading.
+    pub stalled_until: Option<Duration>,
+}
+
+/// A subscriber process: durable (its knowledge and the hub's cursor outlive it) or live
+/// (a new process re-lists the clusters, then reads from `latest` or replays the retained
+/// history from `earliest` on top).
+#[derive(Debug, Clone)]
+pub struct SubscriberHost {
+    /// Certificate name (`durable`, `live`).
+    pub name: &'static str,
+    /// Whether it subscribes under [`DURABLE_NAME`].
+    pub durable: bool,
+    /// What it knows.
+    pub model: Arc<Mutex<SubscriberModel>>,
+    /// The driver's instructions.
+    pub control: Arc<Mutex<SubscriberControl>>,
+    /// The clusters (to re-list on a resync).
+    pub clusters: Arc<Clusters>,
+    /// Cuts this host's connections.
+    pub cuts: CutSwitch,
+    /// Seeds this host's own choices (how slow it is).
+    pub seed: u64,
+    /// Starts so far.
+    pub starts: Arc<AtomicU64>,
+}
+
+impl SubscriberHost {
+    /// Runs a fresh subscriber process until the host crashes.
+    pub async fn run(self) -> turmoil::Result {
+        let start = self.starts.fetch_add(1, Ordering::Relaxed);
+        let mut rng = StdRng::seed_from_u64(self.seed ^ (start << 32) ^ u64::from(self.durable));
+        let from = lock(&self.control).from;
+        {
+            let mut m = lock(&self.model);
+            m.restarted();
+            if !self.durable {
+                m.forget();
+            }
+        }
+        let pki = Pki::get()?;
+        let tls = Arc::new(fleetwatch_certs::client_config(&pki.subscriber(self.name))?);
+        let mut opts = SubscriberOptions::new(hub_urls(), tls);
+        opts.durable = self.durable.then(|| DURABLE_NAME.to_string());
+        opts.from = from;
+        opts.dialer = Dialer::custom(Arc::new(SimDial::new(self.cuts.clone())));
+        opts.connect_timeout = IDLE;
+        opts.idle_timeout = IDLE + Duration::from_secs(1);
+        opts.max_in_flight = rng.random_range(1..=64);
+        let mut sub = loop {
+            match Subscription::connect(opts.clone()).await {
+                Ok(s) => break s,
+                Err(e) => {
+                    tracing::debug!(error = %e, "subscriber cannot connect yet");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+        };
+        if !self.durable {
+            // A process without state reads the clusters first, from `latest` or from
+            // `earliest` alike: the retained history is bounded (and a restarted hub
+            // without a data directory has none), so replaying it cannot rebuild objects
+            // whose last change was evicted.
+            let states = self.clusters.states();
+            lock(&self.model).relist(&states);
+        }
+        loop {
+            let stalled = lock(&self.control).stalled_until;
+            if let Some(until) = stalled {
+                let now = sim_now();
+                if until > now {
+                    tokio::time::sleep(until - now).await;
+                }
+            }
+            let delivery = match sub.next().await {
+                Ok(d) => d,
+                Err(e) => {
+                    lock(&self.model).violations.push(format!("subscription {} failed: {e}", self.name));
+                    return Ok(());
+                }
+            };
+            let stream = sub.stream().unwrap_or_default().to_string();
+            match &delivery {
+                Delivery::Events(events) => lock(&self.model).deliver_events(&stream, events),
+                Delivery::ResyncRequired(r) => {
+                    let states = self.clusters.states();
+                    lock(&self.model).deliver_resync(&stream, &r.cluster, r.cursor, &states);
+                }
+            }
+            // Sometimes slow to handle what it got.
+            if rng.random_bool(0.05) {
+                tokio::time::sleep(Duration::from_millis(rng.random_range(1..400))).await;
+            }
+            if let Some(cursor) = delivery.last_cursor() {
+                let _ = sub.ack(cursor).await;
+                lock(&self.model).acknowledged(&stream, cursor);
+            }
+        }
+    }
+}
