@@ -67,3 +67,29 @@ pub fn run_seeds(seeds: &[u64], opts: &Options, jobs: usize, mut each: impl FnMu
     summary.wall = started.elapsed();
     Ok(summary)
 }
+
+/// Prints what a seed found, as both the `fleetwatch-dst` program and `fleetwatch bench dst`
+/// show it: the details of a seed run alone (`detailed`), and for a failed seed its
+/// violations and the command that replays it.
+pub fn print_report(r: &Report, opts: &Options, detailed: bool) {
+    if detailed {
+        println!(
+            "seed {}: {}\n  writes {}, faults {:?}, delivered {:?}, {:.1}s simulated in {:.2}s, fingerprint {:016x}",
+            r.seed,
+            r.scenario,
+            r.writes,
+            r.faults,
+            r.delivered,
+            r.sim_time.as_secs_f64(),
+            r.wall_time.as_secs_f64(),
+            r.fingerprint
+        );
+    }
+    if !r.passed() {
+        println!("FAILED seed {} ({}):", r.seed, r.scenario);
+        for v in &r.violations {
+            println!("  {v}");
+        }
+        println!("  replay: {}", crate::sim::replay_command(r.seed, opts));
+    }
+}

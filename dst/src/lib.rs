@@ -32,7 +32,7 @@ pub mod sim;
 pub mod source;
 pub mod storage;
 
-pub use batch::{Summary, run_seeds};
+pub use batch::{Summary, print_report, run_seeds};
 pub use sim::{Options, Report, Storage, replay_command, run};
 
 /// Logs to stderr when `DST_LOG` is set (an env filter, e.g. `info` or

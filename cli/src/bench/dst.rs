@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
-use fleetwatch_dst::{Options, Storage, replay_command, run_seeds};
+use fleetwatch_dst::{Options, Storage, print_report, run_seeds};
 
 #[derive(Args)]
 pub(super) struct DstBench {
@@ -48,34 +48,10 @@ pub(super) async fn run(b: DstBench) -> anyhow::Result<()> {
     let jobs = b.jobs.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     let single = seeds.len() == 1;
     // The simulation runs its own (simulated) runtimes: not on this one's threads.
-    let summary = tokio::task::spawn_blocking(move || {
-        run_seeds(&seeds, &opts, jobs, |r| {
-            if single {
-                println!(
-                    "seed {}: {}\n  writes {}, faults {:?}, delivered {:?}, {:.1}s simulated in {:.2}s, fingerprint {:016x}",
-                    r.seed,
-                    r.scenario,
-                    r.writes,
-                    r.faults,
-                    r.delivered,
-                    r.sim_time.as_secs_f64(),
-                    r.wall_time.as_secs_f64(),
-                    r.fingerprint
-                );
-            }
-            if !r.passed() {
-                println!("FAILED seed {} ({}):", r.seed, r.scenario);
-                for v in &r.violations {
-                    println!("  {v}");
-                }
-                println!("  replay: {}", replay_command(r.seed, &opts));
-            }
-        })
-        .map(|s| (s, opts))
-    })
-    .await
-    .context("simulation thread")??;
-    let (summary, _) = summary;
+    let summary =
+        tokio::task::spawn_blocking(move || run_seeds(&seeds, &opts, jobs, |r| print_report(r, &opts, single)))
+            .await
+            .context("simulation thread")??;
     let wall = summary.wall.as_secs_f64().max(1e-9);
     println!(
         "dst: {} seeds in {:.1}s on {jobs} threads ({:.1} seeds/s, {:.0}x real time), {} events delivered, {} failed{}",

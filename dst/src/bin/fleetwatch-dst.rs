@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use fleetwatch_dst::{Options, Storage, replay_command, run_seeds};
+use fleetwatch_dst::{Options, Storage, print_report, run_seeds};
 
 fn main() {
     if let Err(e) = real_main() {
@@ -41,29 +41,7 @@ fn real_main() -> Result<(), String> {
     let single = list.len() == 1;
     let jobs =
         if single { 1 } else { jobs.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())) };
-    let summary = run_seeds(&list, &opts, jobs, |r| {
-        if single {
-            println!(
-                "seed {}: {} ; writes {} ; faults {:?} ; delivered {:?} ; {:.1}s simulated in {:.2}s ; fingerprint {:016x}",
-                r.seed,
-                r.scenario,
-                r.writes,
-                r.faults,
-                r.delivered,
-                r.sim_time.as_secs_f64(),
-                r.wall_time.as_secs_f64(),
-                r.fingerprint
-            );
-        }
-        if !r.passed() {
-            println!("FAILED seed {} ({}):", r.seed, r.scenario);
-            for v in &r.violations {
-                println!("  {v}");
-            }
-            println!("  replay: {}", replay_command(r.seed, &opts));
-        }
-    })
-    .map_err(|e| format!("{e:#}"))?;
+    let summary = run_seeds(&list, &opts, jobs, |r| print_report(r, &opts, single)).map_err(|e| format!("{e:#}"))?;
     let secs = summary.wall.as_secs_f64().max(1e-9);
     let failed: Vec<u64> = summary.failed.iter().map(|r| r.seed).collect();
     println!(
