@@ -203,11 +203,13 @@ impl SubscriberHost {
                 }
             }
         };
-        if !self.durable {
+        if !self.durable || start == 0 {
             // A process without state reads the clusters first, from `latest` or from
             // `earliest` alike: the retained history is bounded (and a restarted hub
             // without a data directory has none), so replaying it cannot rebuild objects
-            // whose last change was evicted.
+            // whose last change was evicted. So does a durable subscriber's first process:
+            // its name has no cursor yet, and it starts where a live one does (seed 100702
+            // counted objects written before its first subscription as lost).
             let states = self.clusters.states();
             lock(&self.model).relist(&states);
         }
