@@ -82,6 +82,8 @@ impl HubHost {
         config.data_dir = self.data_dir.clone();
         config.retention.records = self.retention_records;
         config.segment_bytes = 16 << 10;
+        // The writer on the simulation's runtime: its commits are ordered by the seed.
+        config.bus_writer = fleetwatch_hub::bus::WriterPlacement::Runtime;
         config.idle_timeout = IDLE;
         config.handshake_timeout = IDLE;
         config.subscriber_stall_timeout = STALL;

@@ -432,11 +432,7 @@ fn run_seed(seed: u64, opts: &Options) -> anyhow::Result<Report> {
                 && !down.contains(HUB_HOST)
             {
                 // Right after the last ack: the records may not have reached the disk.
-                let writers = storage::writer_threads();
                 sim.crash(HUB_HOST);
-                if data_dir.is_some() {
-                    storage::wait_for_writer_exit(writers);
-                }
                 down.insert(HUB_HOST.to_string());
                 schedule.push((now + after + Duration::from_millis(10), Action::Bounce(HUB_HOST.to_string())));
                 count(&mut faults, "hub-crash-after-drain");
@@ -491,11 +487,7 @@ fn run_seed(seed: u64, opts: &Options) -> anyhow::Result<Report> {
         }
         // The hub crashes.
         if rng.random_bool(per_tick(profile.hub_crash)) && !down.contains(HUB_HOST) {
-            let writers = storage::writer_threads();
             sim.crash(HUB_HOST);
-            if data_dir.is_some() {
-                storage::wait_for_writer_exit(writers);
-            }
             down.insert(HUB_HOST.to_string());
             let until = now + Duration::from_millis(rng.random_range(10..3_000));
             schedule.push((until, Action::Bounce(HUB_HOST.to_string())));

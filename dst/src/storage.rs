@@ -2,42 +2,22 @@
 //! a record boundary (what a crash right after an ack can leave when the file system
 //! loses the last write), and a lost cursor store.
 //!
-//! The segment log writes on a thread of its own with real files (turmoil's simulated file
-//! system would need the bus to use its API), so after a crash the driver waits for that
-//! thread to finish before it touches the files.
+//! The hub's segment log writes real files, but its writer runs as a task on the
+//! simulation's runtime ([`fleetwatch_hub::bus::WriterPlacement::Runtime`]): every write
+//! happens inside a step of the seeded scheduler, so a crash stops it between two steps
+//! and the driver may touch the files at once.
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
 
 /// Bytes before a record's payload: magic, length, checksum (see the hub's `bus::record`).
 const HEADER: usize = 12;
 const MAGIC: &[u8; 4] = b"FWR2";
-/// The writer thread's name in the hub.
-const WRITER_THREAD: &str = "bus-writer";
 
 /// A fresh data directory for seed `seed`.
 pub fn temp_dir(seed: u64) -> PathBuf {
     let dir = crate::sim::scratch("data", seed);
     let _ = std::fs::remove_dir_all(&dir);
     dir
-}
-
-/// Threads of this process named like the bus writer.
-pub fn writer_threads() -> usize {
-    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else { return 0 };
-    tasks
-        .filter_map(Result::ok)
-        .filter(|t| std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == WRITER_THREAD))
-        .count()
-}
-
-/// Waits (wall-clock, at most 2 s) until fewer than `before` writer threads run: the
-/// crashed hub's writer has finished what it was given.
-pub fn wait_for_writer_exit(before: usize) {
-    let deadline = Instant::now() + Duration::from_secs(2);
-    while before > 0 && writer_threads() >= before && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(1));
-    }
 }
 
 /// Cuts the last `n` records of the newest segment at a record boundary; answers how many

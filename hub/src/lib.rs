@@ -81,6 +81,9 @@ pub struct HubConfig {
     /// Bytes per bus segment file before a new one starts (smaller in tests and the soak,
     /// so closed segments exist to damage).
     pub segment_bytes: u64,
+    /// Where the segment log's writer runs: its own thread, except under the deterministic
+    /// simulation (see [`bus::WriterPlacement`]).
+    pub bus_writer: bus::WriterPlacement,
     /// Message limits.
     pub limits: Limits,
     /// Events per second accepted from one agent; beyond it acks are delayed.
@@ -120,6 +123,7 @@ impl HubConfig {
             retention: bus::Retention::default(),
             fault_injection: false,
             segment_bytes: BusOptions::default().segment_bytes,
+            bus_writer: bus::WriterPlacement::Thread,
             limits: Limits::default(),
             max_events_per_sec: 20_000,
             handshake_timeout: Duration::from_secs(10),
@@ -402,6 +406,7 @@ impl Hub {
                 dir: config.data_dir.clone(),
                 retention: config.retention,
                 segment_bytes: config.segment_bytes,
+                writer: config.bus_writer,
                 ..BusOptions::default()
             })?,
         };

@@ -290,12 +290,40 @@ pub struct BusOptions {
     pub segment_records: u64,
     /// Bytes per segment file.
     pub segment_bytes: u64,
+    /// Where the segment log's writer runs (its own thread unless a deterministic
+    /// simulation needs it on the runtime).
+    pub writer: WriterPlacement,
 }
 
 impl Default for BusOptions {
     fn default() -> Self {
-        Self { dir: None, retention: Retention::default(), segment_records: 50_000, segment_bytes: 64 << 20 }
+        Self {
+            dir: None,
+            retention: Retention::default(),
+            segment_records: 50_000,
+            segment_bytes: 64 << 20,
+            writer: WriterPlacement::Thread,
+        }
     }
+}
+
+/// Where the segment log's writer runs.
+///
+/// ```
+/// use fleetwatch_hub::bus::{BusOptions, WriterPlacement};
+/// let opts = BusOptions { writer: WriterPlacement::Runtime, ..BusOptions::default() };
+/// assert_eq!(opts.writer, WriterPlacement::Runtime);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum WriterPlacement {
+    /// A thread of its own: disk writes and `fdatasync` block, and must not stall the
+    /// workers that serve sessions. What a hub uses.
+    #[default]
+    Thread,
+    /// A task on the caller's tokio runtime, writing inline (blocking that runtime while
+    /// it writes). Only for the deterministic simulation: one seeded scheduler must order
+    /// every commit against the network and the clock, so a seed replays exactly.
+    Runtime,
 }
 
 /// The result of a read.

@@ -22,7 +22,7 @@ use super::storage::{self, Storage};
 use super::writer::{Disk, Request, Writer};
 use super::{
     ALL_CLUSTERS, Append, Bus, BusError, BusFuture, BusOptions, FORMAT, Lookup, Read, RecordBody, StorageError,
-    cap_reason, cap_reasons, ready, recovery, retention, segment,
+    WriterPlacement, cap_reason, cap_reasons, ready, recovery, retention, segment,
 };
 
 /// The durable embedded bus.
@@ -121,9 +121,16 @@ impl SegmentLogBus {
             writer.disk.resume(&records)?;
         }
         record_losses(&bus, &mut writer, rec)?;
-        std::thread::Builder::new().name("bus-writer".into()).spawn(move || writer.run(rx)).map_err(|e| {
-            BusError::Storage(StorageError { path: "bus-writer thread".into(), cause: storage::cause(&e) })
-        })?;
+        match opts.writer {
+            WriterPlacement::Thread => {
+                std::thread::Builder::new().name("bus-writer".into()).spawn(move || writer.run(rx)).map_err(|e| {
+                    BusError::Storage(StorageError { path: "bus-writer thread".into(), cause: storage::cause(&e) })
+                })?;
+            }
+            WriterPlacement::Runtime => {
+                tokio::spawn(writer.run_on_runtime(rx));
+            }
+        }
         spawn_ticker(&bus);
         Ok(bus)
     }

@@ -115,24 +115,39 @@ impl Writer {
     pub(super) fn run(mut self, mut rx: mpsc::Receiver<Request>) {
         let mut batch = Vec::new();
         while let Some(first) = rx.blocking_recv() {
-            let mut tick = false;
-            let mut take = |req, batch: &mut Vec<Request>| match req {
-                Request::Tick => tick = true,
-                req => batch.push(req),
-            };
-            take(first, &mut batch);
-            while batch.len() < 1024 {
-                match rx.try_recv() {
-                    Ok(req) => take(req, &mut batch),
-                    Err(_) => break,
-                }
+            self.step(first, &mut rx, &mut batch);
+        }
+    }
+
+    /// Runs as a task on the caller's runtime, writing inline (see
+    /// [`super::WriterPlacement::Runtime`]): the same steps as [`Writer::run`].
+    pub(super) async fn run_on_runtime(mut self, mut rx: mpsc::Receiver<Request>) {
+        let mut batch = Vec::new();
+        while let Some(first) = rx.recv().await {
+            self.step(first, &mut rx, &mut batch);
+        }
+    }
+
+    /// Takes `first` and every request waiting behind it (at most 1024), commits them as
+    /// one group, then runs the chores if a tick was among them.
+    fn step(&mut self, first: Request, rx: &mut mpsc::Receiver<Request>, batch: &mut Vec<Request>) {
+        let mut tick = false;
+        let mut take = |req, batch: &mut Vec<Request>| match req {
+            Request::Tick => tick = true,
+            req => batch.push(req),
+        };
+        take(first, batch);
+        while batch.len() < 1024 {
+            match rx.try_recv() {
+                Ok(req) => take(req, batch),
+                Err(_) => break,
             }
-            if !batch.is_empty() {
-                self.commit(&mut batch);
-            }
-            if tick {
-                self.tick();
-            }
+        }
+        if !batch.is_empty() {
+            self.commit(batch);
+        }
+        if tick {
+            self.tick();
         }
     }
 
