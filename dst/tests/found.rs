@@ -6,7 +6,11 @@
 use fleetwatch_dst::{Options, Storage, replay_command, run};
 
 fn passes(seed: u64, storage: Storage) {
-    let opts = Options { storage, ..Options::default() };
+    // The scenarios as they were found: the durable subscriber's process did not crash.
+    passes_with(seed, Options { storage, durable_crashes: false, ..Options::default() });
+}
+
+fn passes_with(seed: u64, opts: Options) {
     for attempt in 1..=3 {
         let r = run(seed, &opts).unwrap_or_else(|e| panic!("seed {seed} could not run: {e:#}"));
         assert!(
@@ -43,4 +47,13 @@ fn seed_1051_a_resume_point_kept_until_the_first_ack_in_a_new_stream() {
 fn seeds_151_and_173_a_log_cut_after_a_crash() {
     passes(151, Storage::Disk);
     passes(173, Storage::Disk);
+}
+
+/// Issue 26 break 2 on the memory bus: a durable subscriber's process restarted after the
+/// in-memory hub restarted; the hub took its name for a new one and placed it at the end,
+/// past the deletions it had missed, without a resync. A memory bus now answers every name
+/// it does not know as lost.
+#[test]
+fn seed_5059_a_durable_name_unknown_to_a_restarted_memory_hub() {
+    passes_with(5059, Options { storage: Storage::Memory, ..Options::default() });
 }

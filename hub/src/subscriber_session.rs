@@ -105,9 +105,7 @@ impl Session {
                 Ok(Lookup::New) => None,
                 Ok(Lookup::Lost) => {
                     stored_known_or_new = false;
-                    resync_all = Some(format!(
-                        "the hub lost its durable cursor store: where durable subscription {name:?} stopped is unknown"
-                    ));
+                    resync_all = Some(bus.lost_cursor_reason(name));
                     None
                 }
                 Err(e) => return durable_refused(e),

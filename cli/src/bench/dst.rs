@@ -26,9 +26,10 @@ pub(super) struct DstBench {
     /// Simulated seconds of faults per seed.
     #[arg(long, default_value_t = 10)]
     fault_secs: u64,
-    /// Let the durable subscriber's process crash too.
+    /// Keep the durable subscriber's process alive (by default it crashes too, and its
+    /// name must resume where the hub's cursor says).
     #[arg(long)]
-    durable_crashes: bool,
+    no_durable_crashes: bool,
     /// Threads (each runs one simulation at a time); default: the CPUs.
     #[arg(long)]
     jobs: Option<usize>,
@@ -38,7 +39,7 @@ pub(super) async fn run(b: DstBench) -> anyhow::Result<()> {
     let opts = Options {
         storage: b.storage.parse::<Storage>().map_err(anyhow::Error::msg).context("--storage")?,
         fault_time: Duration::from_secs(b.fault_secs),
-        durable_crashes: b.durable_crashes,
+        durable_crashes: !b.no_durable_crashes,
         ..Options::default()
     };
     let seeds: Vec<u64> = match b.seed {

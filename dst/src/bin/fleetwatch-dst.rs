@@ -1,5 +1,5 @@
 //! Runs simulation seeds: `fleetwatch-dst [--seed S | --seeds N [--first F]] [--storage
-//! memory|disk|mixed] [--fault-secs T] [--durable-crashes] [--jobs J]`. Prints each failing seed with its violations and
+//! memory|disk|mixed] [--fault-secs T] [--no-durable-crashes] [--jobs J]`. Prints each failing seed with its violations and
 //! the command that replays it; exits 1 when one failed. `DST_LOG=info` logs a replay.
 
 use std::time::Duration;
@@ -30,7 +30,7 @@ fn real_main() -> Result<(), String> {
             "--jobs" => jobs = Some(num(value("--jobs")?, "--jobs")? as usize),
             "--storage" => opts.storage = value("--storage")?.parse::<Storage>()?,
             "--fault-secs" => opts.fault_time = Duration::from_secs(num(value("--fault-secs")?, "--fault-secs")?),
-            "--durable-crashes" => opts.durable_crashes = true,
+            "--no-durable-crashes" => opts.durable_crashes = false,
             other => return Err(format!("unknown argument {other:?}")),
         }
     }

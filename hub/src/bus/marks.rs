@@ -117,7 +117,8 @@ pub(super) fn losses(mark: &Mark, log_end: u64) -> Vec<Loss> {
 /// The writer's side: the current window and the file.
 pub(super) struct Marks {
     path: PathBuf,
-    file: Option<File>,
+    /// Shared with the writer's mark-sync thread while it syncs.
+    file: Option<Arc<File>>,
     mark: Mark,
 }
 
@@ -150,7 +151,7 @@ impl Marks {
     }
 
     /// Stores the mark after `records` (in offset order) durably: [`Marks::write`],
-    /// [`Marks::sync`], [`Marks::done`] in one. On an error the records must not be acked
+    /// `Marks::sync`, [`Marks::done`] in one. On an error the records must not be acked
     /// (the caller cuts them back).
     #[cfg(test)]
     pub(super) fn commit(&mut self, records: &[Arc<Record>], storage: &Storage) -> Result<(), StorageError> {
@@ -166,13 +167,27 @@ impl Marks {
         self.mark = next;
     }
 
-    /// Syncs the mark written last (`fdatasync`): the writer runs it beside the segment's
-    /// own, so a commit waits for one sync's time, not two.
+    /// Syncs the mark written last (`fdatasync`). The writer syncs [`Marks::to_sync`]'s file
+    /// beside the segment instead, so a commit waits for one sync's time, not two.
+    #[cfg(test)]
     pub(super) fn sync(&self, storage: &Storage) -> Result<(), StorageError> {
         match &self.file {
             Some(f) => storage.sync(f).map_err(|e| StorageError::new(&self.path, e)),
             None => Ok(()),
         }
+    }
+
+    /// The file to sync for the mark written last, for a sync run elsewhere (the writer's
+    /// [`super::writer::MarkSyncer`]); passes the storage fault gate first, as every sync
+    /// does. `None`: nothing was written.
+    pub(super) fn to_sync(&self, storage: &Storage) -> Result<Option<Arc<File>>, StorageError> {
+        storage.check().map_err(|e| StorageError::new(&self.path, e))?;
+        Ok(self.file.clone())
+    }
+
+    /// Where the mark lives (for errors).
+    pub(super) fn path(&self) -> &Path {
+        &self.path
     }
 
     /// Writes the mark after `records` (in offset order) into the older slot, not synced;
@@ -213,7 +228,9 @@ impl Marks {
         let slot = next.generation % 2;
         let file = match &mut self.file {
             Some(f) => f,
-            None => self.file.insert(storage.open_mark(&self.path).map_err(|e| StorageError::new(&self.path, e))?),
+            None => {
+                self.file.insert(Arc::new(storage.open_mark(&self.path).map_err(|e| StorageError::new(&self.path, e))?))
+            }
         };
         if let Err(e) = storage.write_at(file, &buf, slot * SLOT) {
             // Reopened next time, in case the descriptor is what failed.

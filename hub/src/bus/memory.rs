@@ -114,8 +114,24 @@ impl Bus for MemoryBus {
         self.core.end_tx.subscribe()
     }
 
+    /// A name this bus does not know is [`Lookup::Lost`], never [`Lookup::New`]: cursors
+    /// live in memory only, so the name may have been read on this hub before it restarted
+    /// and nothing can tell. The cost is one `resync-required *` at a name's first
+    /// subscription to each hub process, where a new subscriber re-lists anyway.
     fn durable_lookup<'a>(&'a self, identity: &'a str, name: &'a str) -> BusFuture<'a, Lookup> {
-        ready(self.core.cursors.lookup(identity, name).map_err(BusError::from))
+        ready(
+            self.core
+                .cursors
+                .lookup(identity, name)
+                .map(|l| if l == Lookup::New { Lookup::Lost } else { l })
+                .map_err(BusError::from),
+        )
+    }
+
+    fn lost_cursor_reason(&self, name: &str) -> String {
+        format!(
+            "the hub keeps durable cursors in memory only (no data directory) and does not know durable subscription {name:?}: it may have been read before the hub restarted"
+        )
     }
 
     fn register_durable<'a>(&'a self, identity: &'a str, name: &'a str, cursor: u64) -> BusFuture<'a, ()> {
@@ -147,5 +163,22 @@ impl Bus for MemoryBus {
 
     fn retained_bytes(&self) -> u64 {
         self.core.retained_bytes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A memory bus cannot tell a new name from one it knew before a restart: both are
+    /// lost, so the subscriber is told to re-list (seed 5059 of the simulation with
+    /// `--durable-crashes` lost a deletion when they were new).
+    #[tokio::test]
+    async fn an_unknown_durable_name_is_lost_not_new() {
+        let bus = MemoryBus::open(super::super::Retention::default());
+        assert_eq!(bus.durable_lookup("id", "sub").await.unwrap(), Lookup::Lost);
+        assert!(bus.lost_cursor_reason("sub").contains("memory only"));
+        bus.register_durable("id", "sub", 4).await.unwrap();
+        assert_eq!(bus.durable_lookup("id", "sub").await.unwrap(), Lookup::Known(4));
     }
 }

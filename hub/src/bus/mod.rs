@@ -141,6 +141,12 @@ pub trait Bus: Send + Sync + 'static {
         "the hub's event history was lost (restart without a data directory)"
     }
 
+    /// The reason of the `resync-required` `*` for a durable subscription the bus answered
+    /// [`Lookup::Lost`] for: why where it stopped is unknown.
+    fn lost_cursor_reason(&self, name: &str) -> String {
+        format!("the hub lost its durable cursor store: where durable subscription {name:?} stopped is unknown")
+    }
+
     /// Whether the bus can store records: `Err(cause)` while writes fail.
     fn health(&self) -> Result<(), String>;
 

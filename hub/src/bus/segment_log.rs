@@ -19,7 +19,7 @@ use super::cursors::CursorStore;
 use super::log::{Core, Log};
 use super::marks::{self, Marks};
 use super::storage::{self, Storage};
-use super::writer::{Disk, Request, Writer};
+use super::writer::{Disk, MarkSyncer, Request, Writer};
 use super::{
     ALL_CLUSTERS, Append, Bus, BusError, BusFuture, BusOptions, FORMAT, Lookup, Read, RecordBody, StorageError,
     WriterPlacement, cap_reason, cap_reasons, ready, recovery, retention, segment,
@@ -123,6 +123,11 @@ impl SegmentLogBus {
         record_losses(&bus, &mut writer, rec)?;
         match opts.writer {
             WriterPlacement::Thread => {
+                // Without the thread the mark is synced after the segment: slower, not wrong.
+                match MarkSyncer::spawn() {
+                    Ok(syncer) => writer.disk.syncer = Some(syncer),
+                    Err(e) => tracing::warn!(error = %e, "cannot start the bus mark-sync thread; syncing in turn"),
+                }
                 std::thread::Builder::new().name("bus-writer".into()).spawn(move || writer.run(rx)).map_err(|e| {
                     BusError::Storage(StorageError { path: "bus-writer thread".into(), cause: storage::cause(&e) })
                 })?;

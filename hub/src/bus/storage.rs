@@ -44,7 +44,8 @@ impl Storage {
         self.free.lock().ok().and_then(|f| *f).filter(|free| len > *free)
     }
 
-    fn check(&self) -> std::io::Result<()> {
+    /// `Err(ENOSPC)` while a fault is injected: every write and sync passes this gate.
+    pub(crate) fn check(&self) -> std::io::Result<()> {
         let failing = self.fail_until.lock().map(|u| u.is_some_and(|t| Instant::now() < t)).unwrap_or(false);
         if failing { Err(std::io::Error::from_raw_os_error(ENOSPC)) } else { Ok(()) }
     }

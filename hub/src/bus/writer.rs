@@ -60,6 +60,43 @@ pub(super) struct Disk {
     active: Option<Active>,
     /// The log's high-water mark, stored after every commit (see [`super::marks`]).
     pub marks: Marks,
+    /// Syncs the mark beside the segment; `None`: one after the other, on the writer.
+    pub syncer: Option<MarkSyncer>,
+}
+
+/// Syncs the log's mark on a thread of its own while the writer syncs the segment, so a
+/// commit waits for one `fdatasync`'s time, not two. One long-lived thread: a thread per
+/// commit would cost its creation on every group commit. It stops when the writer does.
+pub(super) struct MarkSyncer {
+    jobs: std::sync::mpsc::SyncSender<Arc<File>>,
+    done: std::sync::mpsc::Receiver<std::io::Result<()>>,
+}
+
+impl MarkSyncer {
+    /// Starts the thread.
+    pub(super) fn spawn() -> std::io::Result<Self> {
+        let (jobs, queued) = std::sync::mpsc::sync_channel::<Arc<File>>(1);
+        let (answer, done) = std::sync::mpsc::sync_channel(1);
+        std::thread::Builder::new().name("bus-mark-sync".into()).spawn(move || {
+            while let Ok(file) = queued.recv() {
+                if answer.send(file.sync_data()).is_err() {
+                    break;
+                }
+            }
+        })?;
+        Ok(Self { jobs, done })
+    }
+
+    /// Starts syncing `file`; answers whether it started (then [`MarkSyncer::wait`] must
+    /// follow).
+    fn start(&self, file: Arc<File>) -> bool {
+        self.jobs.send(file).is_ok()
+    }
+
+    /// The started sync's result.
+    fn wait(&self) -> std::io::Result<()> {
+        self.done.recv().unwrap_or_else(|_| Err(std::io::Error::other("the mark's sync thread stopped")))
+    }
 }
 
 impl Disk {
@@ -70,7 +107,16 @@ impl Disk {
         segment_records: u64,
         marks: Marks,
     ) -> Self {
-        Self { data_dir, seg_dir, segment_bytes, segment_records, segments: VecDeque::new(), active: None, marks }
+        Self {
+            data_dir,
+            seg_dir,
+            segment_bytes,
+            segment_records,
+            segments: VecDeque::new(),
+            active: None,
+            marks,
+            syncer: None,
+        }
     }
 
     /// Continues appending to the last segment, which holds `records`.
@@ -322,13 +368,19 @@ fn write(disk: &mut Disk, bus: &SegmentLogBus, buf: &[u8], records: &[Arc<Record
     // The records, then the mark after them; both synced at once (see `super::marks`).
     let written = storage.write_all(file, buf).map_err(|e| StorageError::new(path, e)).and_then(|()| {
         let next = marks.write(records, storage)?;
-        let marks_ref = &*marks;
-        let (segment, mark) = std::thread::scope(|s| {
-            let mark = s.spawn(|| marks_ref.sync(storage));
-            (storage.sync(file), mark.join())
-        });
+        let mark_file = marks.to_sync(storage)?;
+        let syncing = match (&disk.syncer, &mark_file) {
+            (Some(syncer), Some(f)) => syncer.start(f.clone()),
+            _ => false,
+        };
+        let segment = storage.sync(file);
+        let mark = match (&disk.syncer, mark_file) {
+            (Some(syncer), _) if syncing => syncer.wait(),
+            (_, Some(f)) => f.sync_data(),
+            (_, None) => Ok(()),
+        };
         segment.map_err(|e| StorageError::new(path, e))?;
-        mark.unwrap_or_else(|_| Err(StorageError { path: path.clone(), cause: "the mark's sync panicked".into() }))?;
+        mark.map_err(|e| StorageError::new(marks.path(), e))?;
         marks.done(next);
         Ok(())
     });
