@@ -303,7 +303,7 @@ impl Session {
                 let r = ResyncRequired {
                     cluster: cluster.to_string(),
                     cursor: *offset,
-                    reason: "events were evicted from the hub before this subscriber read them".into(),
+                    reason: self.ctx.bus.eviction_reason(*offset).into(),
                 };
                 conn.send_text(encode(&HubToSubscriber::ResyncRequired(r))).await?;
                 self.delivered = self.delivered.max(*offset);

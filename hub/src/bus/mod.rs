@@ -141,6 +141,13 @@ pub trait Bus: Send + Sync + 'static {
         "the hub's event history was lost (restart without a data directory)"
     }
 
+    /// The reason of a cluster's `resync-required` for records below `offset` that a read
+    /// reported evicted ([`Read::evicted`]).
+    fn eviction_reason(&self, offset: u64) -> &'static str {
+        let _ = offset;
+        "events were evicted from the hub before this subscriber read them"
+    }
+
     /// The reason of the `resync-required` `*` for a durable subscription the bus answered
     /// [`Lookup::Lost`] for: why where it stopped is unknown.
     fn lost_cursor_reason(&self, name: &str) -> String {

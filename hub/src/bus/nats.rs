@@ -755,7 +755,6 @@ impl NatsBus {
     }
 
     /// Offset = stream sequence + this (above 0 once a recreated stream was taken on).
-    #[cfg(test)]
     pub(super) fn offset_base(&self) -> u64 {
         self.base.load(Ordering::SeqCst)
     }
@@ -1861,6 +1860,16 @@ impl Bus for NatsBus {
             }
             Ok(out)
         })
+    }
+
+    fn eviction_reason(&self, offset: u64) -> &'static str {
+        let base = self.offset_base();
+        if base > 0 && offset <= base {
+            // Offsets of the stream before it was recreated: gone with it, not aged out.
+            "events were lost when the JetStream stream was recreated empty, before this subscriber read them"
+        } else {
+            "events were evicted from the hub before this subscriber read them"
+        }
     }
 
     fn lost_history_reason(&self) -> &'static str {

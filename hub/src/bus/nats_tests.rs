@@ -451,6 +451,16 @@ async fn jetstream_restarted_empty_is_recreated_and_every_replica_agrees() {
             RecordBody::ResyncRequired(why) => assert!(why.contains(super::nats::RECREATED), "{why}"),
             other => panic!("the first record of the recreated stream is {other:?}"),
         }
+        // A cluster whose records went with the old stream is told why, truly (a replica
+        // that still knew its head reports it evicted at its old offset, at most 4).
+        let why = bus.eviction_reason(4);
+        assert!(why.contains("recreated empty") && !why.contains("evicted"), "{why}");
+        let aged = bus.eviction_reason(next_c.max(next_d));
+        assert!(aged.contains("evicted"), "offsets of the new stream age out as usual: {aged}");
+        for (cluster, offset) in &read.evicted {
+            let why = bus.eviction_reason(*offset);
+            assert!(why.contains("recreated empty") && !why.contains("evicted"), "{cluster}: {why}");
+        }
         let all_markers = markers(bus, 1).await;
         assert_eq!(all_markers.len(), 1, "one marker, recorded once for all replicas: {all_markers:?}");
         assert_eq!(bus.first_offset(), first.offset, "the new stream holds no older offset");
