@@ -205,13 +205,17 @@ impl SubscriberHost {
                 }
             }
         };
-        if !self.durable || start == 0 {
+        let listed = lock(&self.model).relists > 0;
+        if !self.durable || !listed {
             // A process without state reads the clusters first, from `latest` or from
             // `earliest` alike: the retained history is bounded (and a restarted hub
             // without a data directory has none), so replaying it cannot rebuild objects
-            // whose last change was evicted. So does a durable subscriber's first process:
-            // its name has no cursor yet, and it starts where a live one does (seed 100702
-            // counted objects written before its first subscription as lost).
+            // whose last change was evicted. So does a durable subscriber until one of its
+            // processes has listed (its state outlives the process, so it knows): its name
+            // may have no cursor yet, and it starts where a live one does (seed 100702
+            // counted objects written before the first subscription as lost, and seed
+            // 300804 those of a first process that crashed before its subscription
+            // returned).
             let states = self.clusters.states();
             lock(&self.model).relist(&states);
         }
