@@ -57,3 +57,12 @@ fn seeds_151_and_173_a_log_cut_after_a_crash() {
 fn seed_5059_a_durable_name_unknown_to_a_restarted_memory_hub() {
     passes_with(5059, Options { storage: Storage::Memory, ..Options::default() });
 }
+
+/// A durable registration kept only in memory until the next periodic flush: the hub
+/// crashed right after a durable subscriber's first subscription, and the subscriber's
+/// next process was placed at `latest` again, past every record it had never read. A
+/// registration is now stored before the hub answers it.
+#[test]
+fn seed_303896_a_durable_registration_lost_in_a_crash() {
+    passes_with(303896, Options { storage: Storage::Mixed, ..Options::default() });
+}

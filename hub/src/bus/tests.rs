@@ -422,3 +422,35 @@ async fn a_nearly_full_disk_keeps_the_bus_unready_until_a_batch_fits() {
     wait_for("readiness once space is back", || bus.health().is_ok()).await;
     assert_eq!(bus.append("a".into(), vec![big(2, 32 << 10)]).await.unwrap(), 2);
 }
+
+/// A durable registration is on disk when `register_durable` answers: a crash right after
+/// it (the directory as it is at that moment, before any periodic flush) still knows the
+/// name and its cursor, so the name is not placed at `from` again past records it never
+/// read (seed 303896 of the simulation).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_durable_registration_survives_a_crash_right_after_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let live = dir.path().join("live");
+    let bus = open_disk(disk(&live, 1000));
+    bus.append("c".into(), vec![ev(1, 1), ev(1, 2)]).await.unwrap();
+    bus.register_durable("op", "lifecycle", 1).await.unwrap();
+    // The crash: copy what is on disk now, while the bus (and its ticker) still runs.
+    let crashed = dir.path().join("crashed");
+    copy_dir(&live, &crashed);
+    let after = open_disk(disk(&crashed, 1000));
+    assert_eq!(after.durable_lookup("op", "lifecycle").await.unwrap(), Lookup::Known(1));
+    drop(bus);
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), target).unwrap();
+        }
+    }
+}

@@ -34,6 +34,9 @@ pub(super) enum Request {
     },
     /// Periodic chores: age retention, readiness probe after a failure, cursor flush.
     Tick,
+    /// Store the cursor store now, and answer (a durable registration is a promise the
+    /// hub makes the subscriber: it must outlive a crash right after it).
+    StoreCursors { reply: oneshot::Sender<Result<(), BusError>> },
 }
 
 /// The segment being appended to.
@@ -178,8 +181,10 @@ impl Writer {
     /// one group, then runs the chores if a tick was among them.
     fn step(&mut self, first: Request, rx: &mut mpsc::Receiver<Request>, batch: &mut Vec<Request>) {
         let mut tick = false;
+        let mut stores = Vec::new();
         let mut take = |req, batch: &mut Vec<Request>| match req {
             Request::Tick => tick = true,
+            Request::StoreCursors { reply } => stores.push(reply),
             req => batch.push(req),
         };
         take(first, batch);
@@ -194,6 +199,16 @@ impl Writer {
         }
         if tick {
             self.tick();
+        }
+        if !stores.is_empty() {
+            // One write answers every registration waiting.
+            let stored = match self.bus.upgrade() {
+                Some(bus) => bus.flush_cursors_now(),
+                None => Err(BusError::Closed),
+            };
+            for reply in stores {
+                let _ = reply.send(stored.clone());
+            }
         }
     }
 
