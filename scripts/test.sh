@@ -9,6 +9,9 @@ need_apt=()
 command -v nats-server >/dev/null || need_apt+=(nats-server)
 # The web view's e2e test drives headless Chromium (Debian package).
 command -v chromium >/dev/null || need_apt+=(chromium)
+# promtool (Debian's prometheus package): the alert rules' unit tests, and the metrics e2e
+# test lints every /metrics endpoint with it.
+command -v promtool >/dev/null || need_apt+=(prometheus)
 command -v kubectl >/dev/null || echo "warning: kubectl not found; the sim scenario tests need it" >&2
 if [ ${#need_apt[@]} -gt 0 ]; then
   apt-get update -qq && apt-get install -y -qq "${need_apt[@]}"
@@ -38,6 +41,9 @@ echo "== cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 echo "== cargo deny (licenses, banned crates, sources)"
 "$deny" check bans licenses sources
+echo "== alert rules: promtool check rules, promtool test rules"
+promtool check rules deploy/observability/alerts.yaml
+promtool test rules deploy/observability/alerts.test.yaml
 echo "== CRD manifests up to date"
 cargo run --quiet --locked -p fleetwatch -- crds --check
 echo "== Helm charts: lint, and deploy/manifests/ rendered from them up to date"

@@ -11,6 +11,7 @@
 
 pub mod filter;
 pub mod kube_source;
+pub mod metrics;
 pub mod outbox;
 pub mod runtime;
 pub mod source;

@@ -56,9 +56,10 @@ pub struct AgentArgs {
     /// Keep retrying when the first connection fails, instead of exiting with its error.
     #[arg(long, env = "FLEETWATCH_RETRY_FIRST_CONNECT")]
     retry_first_connect: bool,
-    /// Serve `/healthz` (200 while the process runs) and `/readyz` (200 while a session
-    /// with the hub is open, 503 otherwise) on this plain-HTTP address, for the kubelet's
-    /// probes.
+    /// Serve `/healthz` (200 while the process runs), `/readyz` (200 while a session
+    /// with the hub is open, 503 otherwise) and `/metrics` (OpenMetrics: connected, outbox,
+    /// acked seq, certificate expiry) on this plain-HTTP address, for the kubelet's probes
+    /// and Prometheus.
     #[arg(long, env = "FLEETWATCH_HEALTH_LISTEN")]
     health_listen: Option<std::net::SocketAddr>,
 }
@@ -143,19 +144,23 @@ async fn serve_health(
     shutdown: tokio_util::sync::CancellationToken,
 ) {
     use axum::http::StatusCode;
-    let app = axum::Router::new().route("/healthz", axum::routing::get(|| async { "ok\n" })).route(
-        "/readyz",
-        axum::routing::get(move || {
-            let connected = stats.borrow().connected;
-            async move {
-                if connected {
-                    (StatusCode::OK, "ready: connected to the hub\n")
-                } else {
-                    (StatusCode::SERVICE_UNAVAILABLE, "not ready: no session with the hub\n")
+    let metrics = stats.clone();
+    let app = axum::Router::new()
+        .route("/healthz", axum::routing::get(|| async { "ok\n" }))
+        .route(
+            "/readyz",
+            axum::routing::get(move || {
+                let connected = stats.borrow().connected;
+                async move {
+                    if connected {
+                        (StatusCode::OK, "ready: connected to the hub\n")
+                    } else {
+                        (StatusCode::SERVICE_UNAVAILABLE, "not ready: no session with the hub\n")
+                    }
                 }
-            }
-        }),
-    );
+            }),
+        )
+        .route("/metrics", crate::metrics_route::route(move || fleetwatch_agent::metrics::encode(&metrics.borrow())));
     if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(shutdown.cancelled_owned()).await {
         tracing::error!(error = %e, "health endpoint failed");
     }

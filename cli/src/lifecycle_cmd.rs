@@ -165,21 +165,7 @@ pub async fn run(args: LifecycleArgs) -> anyhow::Result<()> {
         let app = axum::Router::new()
             .route("/healthz", axum::routing::get(|| async { "ok\n" }))
             .route("/readyz", axum::routing::get(move || ready(runtimes.clone())))
-            .route(
-                "/metrics",
-                axum::routing::get(move || {
-                    let m = m.clone();
-                    async move {
-                        (
-                            [(
-                                axum::http::header::CONTENT_TYPE,
-                                "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                            )],
-                            m.encode(),
-                        )
-                    }
-                }),
-            );
+            .route("/metrics", crate::metrics_route::route(move || m.encode()));
         let sd = shutdown.clone();
         tokio::spawn(async move { axum::serve(listener, app).with_graceful_shutdown(sd.cancelled_owned()).await });
     }

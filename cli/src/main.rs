@@ -10,6 +10,7 @@ mod hub_cmd;
 mod kube_apply;
 mod lifecycle_cmd;
 mod maintenance_cmd;
+mod metrics_route;
 mod relay_cmd;
 mod soak;
 mod status_cmd;

@@ -173,18 +173,9 @@ async fn serve_metrics(
 ) -> anyhow::Result<()> {
     let Some(addr) = addr else { return Ok(()) };
     let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("cannot listen on {addr}"))?;
-    let app = axum::Router::new().route("/healthz", axum::routing::get(|| async { "ok\n" })).route(
-        "/metrics",
-        axum::routing::get(move || {
-            let m = metrics.clone();
-            async move {
-                (
-                    [(axum::http::header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")],
-                    m.encode(),
-                )
-            }
-        }),
-    );
+    let app = axum::Router::new()
+        .route("/healthz", axum::routing::get(|| async { "ok\n" }))
+        .route("/metrics", crate::metrics_route::route(move || metrics.encode()));
     tokio::spawn(async move { axum::serve(listener, app).with_graceful_shutdown(shutdown.cancelled_owned()).await });
     Ok(())
 }

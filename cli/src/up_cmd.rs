@@ -296,13 +296,7 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         .with_context(|| format!("cannot listen on port {} (--lifecycle-metrics-port)", args.lifecycle_metrics_port))?;
     let metrics_addr = metrics_listener.local_addr()?;
     let m = lc_metrics.clone();
-    let app = axum::Router::new().route(
-        "/metrics",
-        axum::routing::get(move || {
-            let m = m.clone();
-            async move { m.encode() }
-        }),
-    );
+    let app = axum::Router::new().route("/metrics", crate::metrics_route::route(move || m.encode()));
     let sd = shutdown.clone();
     tasks.spawn(async move {
         let _ = axum::serve(metrics_listener, app).with_graceful_shutdown(sd.cancelled_owned()).await;

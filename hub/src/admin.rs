@@ -208,10 +208,14 @@ async fn storage_fault(State(ctx): State<Arc<Context>>, Query(q): Query<FaultQue
     }
 }
 
-async fn metrics(State(ctx): State<Arc<Context>>) -> impl IntoResponse {
+/// OpenMetrics, or the text format 0.0.4 for a scraper that asks for that instead (see
+/// [`crate::metrics::exposition`]).
+async fn metrics(State(ctx): State<Arc<Context>>, headers: axum::http::HeaderMap) -> impl IntoResponse {
     let mut body = ctx.sessions.metrics.encode();
     body.push_str(&scrape(&ctx).await);
-    ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], body)
+    let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
+    let (content_type, body) = crate::metrics::exposition(accept, body);
+    ([(header::CONTENT_TYPE, content_type)], body)
 }
 
 /// The families read at scrape time (see [`crate::metrics`]): bus size and evictions,

@@ -212,7 +212,6 @@ impl Session {
                     });
                 }
             };
-            self.ctx.registry.seen(&self.cluster);
             // A batch in progress is finished (appended and acked) even when shutdown
             // starts meanwhile: cancellation is only looked at between messages.
             let state = ingest::State { cluster: &self.cluster, epoch: self.epoch, acked: self.submitted };

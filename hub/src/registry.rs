@@ -51,6 +51,12 @@ impl Liveness {
         let last = Duration::from_millis(self.last_ms.load(Ordering::Relaxed));
         self.base.elapsed().saturating_sub(last)
     }
+
+    /// When the last frame arrived on the wall clock, `now` being the wall clock's now.
+    pub fn last_heard(&self, now: jiff::Timestamp) -> jiff::Timestamp {
+        let silent = jiff::SignedDuration::try_from(self.silent_for()).unwrap_or(jiff::SignedDuration::MAX);
+        now.checked_sub(silent).unwrap_or(jiff::Timestamp::MIN)
+    }
 }
 
 impl Default for Liveness {
@@ -187,6 +193,26 @@ struct Live {
     epoch: u64,
     cancel: CancellationToken,
     liveness: Arc<Liveness>,
+}
+
+impl Entry {
+    /// When the hub last heard from the cluster's agent: what the registry recorded (the
+    /// session's start, its last ack, the end of its last session) or, later, the live
+    /// connection's last frame of any kind (pongs and pings included).
+    ///
+    /// Read from the connection's [`Liveness`] when asked (admin API, `/metrics`, the
+    /// replica share) instead of written on every frame: an idle agent answering pings
+    /// stays seen, and the hot path pays nothing for it (one relaxed atomic store per frame
+    /// that the connection makes anyway; no registry lock, however many agents).
+    fn last_seen(&self, now: jiff::Timestamp) -> Option<jiff::Timestamp> {
+        let heard = self.live.as_ref().map(|l| l.liveness.last_heard(now));
+        self.status.last_seen.max(heard)
+    }
+
+    /// The status as the admin API shows it (with the live [`Entry::last_seen`]).
+    fn shown(&self, now: jiff::Timestamp) -> ClusterStatus {
+        ClusterStatus { last_seen: self.last_seen(now), ..self.status.clone() }
+    }
 }
 
 struct Entry {
@@ -362,6 +388,8 @@ impl SessionRegistry {
         if let Some(e) = map.get_mut(cluster)
             && e.status.session.as_deref() == Some(session)
         {
+            // The session's last frame stays its cluster's last-seen once it is gone.
+            e.status.last_seen = e.last_seen(jiff::Timestamp::now());
             e.status.connected = false;
             e.status.connected_since = None;
             e.status.session = None;
@@ -390,7 +418,7 @@ impl SessionRegistry {
     /// One cluster's status and its recent events (oldest first), if the hub knows it.
     pub fn get(&self, cluster: &str) -> Option<(ClusterStatus, Vec<RecentEvent>)> {
         let map = self.clusters.lock().ok()?;
-        map.get(cluster).map(|e| (e.status.clone(), e.recent.events.iter().cloned().collect()))
+        map.get(cluster).map(|e| (e.shown(jiff::Timestamp::now()), e.recent.events.iter().cloned().collect()))
     }
 
     /// The cluster's rate budget for `rate` events/s: one per cluster, so a reconnect
@@ -450,15 +478,6 @@ impl SessionRegistry {
         }
     }
 
-    /// Records that the agent was heard from.
-    pub fn seen(&self, cluster: &str) {
-        if let Ok(mut map) = self.clusters.lock()
-            && let Some(e) = map.get_mut(cluster)
-        {
-            e.status.last_seen = Some(jiff::Timestamp::now());
-        }
-    }
-
     /// Records an inventory report.
     pub fn inventory(&self, cluster: &str, modules: Vec<ModuleInventory>) {
         if let Ok(mut map) = self.clusters.lock()
@@ -485,7 +504,8 @@ impl SessionRegistry {
     /// All clusters, sorted by id.
     pub fn list(&self) -> Vec<ClusterStatus> {
         let Ok(map) = self.clusters.lock() else { return Vec::new() };
-        let mut v: Vec<_> = map.values().map(|e| e.status.clone()).collect();
+        let now = jiff::Timestamp::now();
+        let mut v: Vec<_> = map.values().map(|e| e.shown(now)).collect();
         v.sort_by(|a, b| a.cluster.cmp(&b.cluster));
         v
     }
@@ -553,6 +573,33 @@ mod tests {
         let later = CancellationToken::new();
         assert_eq!(reg.open("c", opening("s4", "c:4", 9, &later), stale), Admission::Opened { replaced: None });
         assert_eq!(reg.list()[0].conflicts, 0);
+    }
+
+    #[test]
+    fn any_frame_of_the_live_connection_moves_last_seen_without_the_registry() {
+        let reg = SessionRegistry::default();
+        let liveness = Arc::new(Liveness::new());
+        let cancel = CancellationToken::new();
+        let open = Opening { liveness: liveness.clone(), ..opening("s1", "a:1", 1, &cancel) };
+        reg.open("c", open, Duration::from_secs(3600));
+        // What the registry recorded is an hour old (an idle agent: no event since).
+        let now = jiff::Timestamp::now();
+        let hour_ago = now - jiff::SignedDuration::from_hours(1);
+        reg.clusters.lock().unwrap().get_mut("c").unwrap().status.last_seen = Some(hour_ago);
+        // Its connection just received a frame (a pong): that is when it was last seen,
+        // in the list, the single view and (through both) `/metrics` and the shared list.
+        liveness.touch();
+        let recent = |t: Option<jiff::Timestamp>| t.is_some_and(|t| t > now - jiff::SignedDuration::from_mins(1));
+        assert!(recent(reg.list()[0].last_seen), "{:?}", reg.list()[0].last_seen);
+        assert!(recent(reg.get("c").unwrap().0.last_seen));
+        // Once the session closes, its last frame stays the cluster's last-seen.
+        reg.close("c", "s1");
+        let closed = reg.list()[0].clone();
+        assert!(!closed.connected && recent(closed.last_seen), "{closed:?}");
+        // A closed cluster's last-seen no longer follows that connection.
+        reg.clusters.lock().unwrap().get_mut("c").unwrap().status.last_seen = Some(hour_ago);
+        liveness.touch();
+        assert_eq!(reg.list()[0].last_seen, Some(hour_ago));
     }
 
     #[test]

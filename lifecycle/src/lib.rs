@@ -16,6 +16,7 @@ pub mod election;
 pub mod error;
 pub mod events;
 pub mod maintenance;
+pub mod metrics;
 pub mod migration;
 pub mod reconcile;
 pub mod rollout;
@@ -24,7 +25,6 @@ pub mod tolerant;
 pub mod triggers;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use fleetwatch_api::{ModuleReleaseMeta, ModuleTemplate, Runtime};
@@ -37,6 +37,8 @@ use kube::{Api, ResourceExt};
 use tokio_util::sync::CancellationToken;
 
 pub use error::Error;
+pub use metrics::Metrics;
+use metrics::View;
 
 /// Operator settings.
 #[derive(Clone)]
@@ -89,173 +91,6 @@ impl LifecycleConfig {
             shards: None,
             observer: None,
             agent_certs: None,
-        }
-    }
-}
-
-/// Upper bounds of the reconcile duration histogram, in seconds.
-const DURATION_BUCKETS: [f64; 12] = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0];
-
-/// A histogram of durations with fixed buckets (lock-free: one counter per bucket).
-#[derive(Default)]
-pub struct DurationHistogram {
-    /// Observations at or below each bound of [`DURATION_BUCKETS`] (not cumulative).
-    buckets: [AtomicU64; DURATION_BUCKETS.len()],
-    /// Observations above the last bound.
-    over: AtomicU64,
-    /// Sum of all observations, in microseconds.
-    sum_micros: AtomicU64,
-}
-
-impl DurationHistogram {
-    /// Records one duration.
-    pub fn observe(&self, d: Duration) {
-        let secs = d.as_secs_f64();
-        match DURATION_BUCKETS.iter().position(|b| secs <= *b) {
-            Some(i) => self.buckets[i].fetch_add(1, Ordering::Relaxed),
-            None => self.over.fetch_add(1, Ordering::Relaxed),
-        };
-        self.sum_micros.fetch_add(d.as_micros() as u64, Ordering::Relaxed);
-    }
-
-    /// The observations so far.
-    pub fn count(&self) -> u64 {
-        self.buckets.iter().map(|b| b.load(Ordering::Relaxed)).sum::<u64>() + self.over.load(Ordering::Relaxed)
-    }
-
-    fn encode(&self, name: &str, help: &str, out: &mut String) {
-        use std::fmt::Write as _;
-        let _ = write!(out, "# HELP {name} {help}.\n# TYPE {name} histogram\n");
-        let mut cumulative = 0;
-        for (bound, n) in DURATION_BUCKETS.iter().zip(&self.buckets) {
-            cumulative += n.load(Ordering::Relaxed);
-            let _ = writeln!(out, "{name}_bucket{{le=\"{bound}\"}} {cumulative}");
-        }
-        let count = cumulative + self.over.load(Ordering::Relaxed);
-        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {count}");
-        let _ = writeln!(out, "{name}_sum {}", self.sum_micros.load(Ordering::Relaxed) as f64 / 1e6);
-        let _ = writeln!(out, "{name}_count {count}");
-    }
-}
-
-/// What the operator acts on, for the gauges read at scrape time; set while [`run`] acts.
-struct View {
-    runtimes: Store<Runtime>,
-    shards: Option<Arc<shards::ShardMap>>,
-    /// The queue of requested reconciles (hub events, rollout waves, shards taken).
-    triggers: tokio::sync::mpsc::Sender<ObjectRef<Runtime>>,
-}
-
-/// Counters, read by benchmarks and logs, and served as Prometheus metrics
-/// (`--metrics-listen`). The names are a contract with `deploy/observability/`.
-#[derive(Default)]
-pub struct Metrics {
-    /// Reconciles started.
-    pub reconciles: AtomicU64,
-    /// Reconciles that failed.
-    pub failures: AtomicU64,
-    /// Sum of successful reconcile durations, in microseconds.
-    pub busy_micros: AtomicU64,
-    /// Migrations that ran.
-    pub migrations_run: AtomicU64,
-    /// Migrations that failed.
-    pub migrations_failed: AtomicU64,
-    /// Time spent in migrations, in microseconds.
-    pub migration_micros: AtomicU64,
-    /// How long reconciles took (every outcome, cancelled ones included).
-    pub reconcile_duration: DurationHistogram,
-    /// Reconciles running now.
-    pub in_flight: AtomicU64,
-    view: std::sync::Mutex<Option<View>>,
-}
-
-impl Metrics {
-    /// The Prometheus text exposition (OpenMetrics, closed with `# EOF`).
-    pub fn encode(&self) -> String {
-        use std::fmt::Write as _;
-        let c = |v: &AtomicU64| v.load(Ordering::Relaxed);
-        let mut out = String::new();
-        let family = |out: &mut String, name: &str, kind: &str, help: &str| {
-            let _ = write!(out, "# HELP {name} {help}.\n# TYPE {name} {kind}\n");
-        };
-        for (name, help, value) in [
-            ("fleetwatch_lifecycle_reconciles", "Reconciles started", c(&self.reconciles)),
-            ("fleetwatch_lifecycle_reconcile_failures", "Reconciles that failed", c(&self.failures)),
-            ("fleetwatch_lifecycle_migrations", "Migrations that ran", c(&self.migrations_run)),
-            ("fleetwatch_lifecycle_migration_failures", "Migrations that failed", c(&self.migrations_failed)),
-        ] {
-            family(&mut out, name, "counter", help);
-            let _ = writeln!(out, "{name}_total {value}");
-        }
-        for (name, help, micros) in [
-            ("fleetwatch_lifecycle_reconcile_seconds", "Time spent in successful reconciles", c(&self.busy_micros)),
-            ("fleetwatch_lifecycle_migration_seconds", "Time spent in migrations", c(&self.migration_micros)),
-        ] {
-            family(&mut out, name, "counter", help);
-            let _ = writeln!(out, "{name}_total {}", micros as f64 / 1e6);
-        }
-        self.reconcile_duration.encode(
-            "fleetwatch_lifecycle_reconcile_duration_seconds",
-            "How long reconciles took, every outcome",
-            &mut out,
-        );
-        family(&mut out, "fleetwatch_lifecycle_reconciles_in_flight", "gauge", "Reconciles running now");
-        let _ = writeln!(out, "fleetwatch_lifecycle_reconciles_in_flight {}", c(&self.in_flight));
-
-        let view = self.view.lock().ok();
-        let view = view.as_ref().and_then(|v| v.as_ref());
-        family(
-            &mut out,
-            "fleetwatch_lifecycle_queue_depth",
-            "gauge",
-            "Requested reconciles (hub events, rollout waves, shards taken over) waiting to enter the controller",
-        );
-        let depth = view.map_or(0, |v| v.triggers.max_capacity() - v.triggers.capacity());
-        let _ = writeln!(out, "fleetwatch_lifecycle_queue_depth {depth}");
-        family(
-            &mut out,
-            "fleetwatch_lifecycle_shards_held",
-            "gauge",
-            "Shards this instance acts on (unsharded: 1 while it is the acting leader)",
-        );
-        let held = match view {
-            Some(View { shards: Some(map), .. }) => map.held().len(),
-            Some(View { shards: None, .. }) => 1,
-            None => 0,
-        };
-        let _ = writeln!(out, "fleetwatch_lifecycle_shards_held {held}");
-        family(
-            &mut out,
-            "fleetwatch_lifecycle_modules",
-            "gauge",
-            "Modules of the Runtimes this instance acts on, by module and state (from the Runtime status)",
-        );
-        let mut counts: std::collections::BTreeMap<(String, String), u64> = Default::default();
-        if let Some(v) = view {
-            for rt in v.runtimes.state() {
-                if v.shards.as_ref().is_some_and(|m| !m.owns(&rt)) {
-                    continue;
-                }
-                for m in rt.status.iter().flat_map(|s| &s.modules) {
-                    *counts.entry((m.name.clone(), m.state.to_string())).or_default() += 1;
-                }
-            }
-        }
-        for ((module, state), n) in counts {
-            let module = module.replace('\\', "\\\\").replace('"', "\\\"");
-            let _ = writeln!(out, "fleetwatch_lifecycle_modules{{module=\"{module}\",state=\"{state}\"}} {n}");
-        }
-        out.push_str("# EOF\n");
-        out
-    }
-
-    fn record_duration(&self, d: Duration) {
-        self.busy_micros.fetch_add(d.as_micros() as u64, Ordering::Relaxed);
-    }
-
-    fn set_view(&self, view: Option<View>) {
-        if let Ok(mut v) = self.view.lock() {
-            *v = view;
         }
     }
 }
@@ -315,7 +150,7 @@ fn error_policy(rt: Arc<Runtime>, err: &Error, ctx: Arc<Ctx>) -> Action {
         tracing::debug!(%err, "runtime deletion in progress");
         return Action::requeue(reconcile::BUSY_REQUEUE);
     }
-    ctx.metrics.failures.fetch_add(1, Ordering::Relaxed);
+    ctx.metrics.failures.inc();
     let key = format!("{}/{}", rt.namespace().unwrap_or_default(), rt.name_any());
     let wait = ctx.next_backoff(&key);
     tracing::warn!(runtime = %key, error = %err, retry_in = ?wait, "reconcile failed");

@@ -179,9 +179,8 @@ async fn run_all(list: &[Arc<dyn Migration>], cx: &MigrationContext<'_>) -> Resu
         let result = m.run(cx).await;
         let took = started.elapsed();
         if let Some(metrics) = cx.metrics {
-            use std::sync::atomic::Ordering::Relaxed;
-            metrics.migration_micros.fetch_add(took.as_micros() as u64, Relaxed);
-            if result.is_ok() { &metrics.migrations_run } else { &metrics.migrations_failed }.fetch_add(1, Relaxed);
+            metrics.migration_seconds.inc_by(took.as_secs_f64());
+            if result.is_ok() { &metrics.migrations_run } else { &metrics.migrations_failed }.inc();
         }
         match &result {
             Ok(()) => tracing::info!(migration = m.name(), module = cx.module, to = %cx.to, ?took, "migration ran"),

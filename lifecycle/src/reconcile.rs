@@ -91,15 +91,15 @@ struct Timed {
 
 impl Timed {
     fn new(metrics: Arc<crate::Metrics>) -> Self {
-        metrics.in_flight.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        metrics.in_flight.inc();
         Self { metrics, started: std::time::Instant::now() }
     }
 }
 
 impl Drop for Timed {
     fn drop(&mut self) {
-        self.metrics.in_flight.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
-        self.metrics.reconcile_duration.observe(self.started.elapsed());
+        self.metrics.in_flight.dec();
+        self.metrics.reconcile_duration.observe(self.started.elapsed().as_secs_f64());
     }
 }
 
@@ -125,7 +125,7 @@ impl Drop for Observed {
 async fn reconcile_held(rt: Arc<Runtime>, ctx: Arc<Ctx>, ns: String, runtime: String) -> Result<Action, Error> {
     let span = tracing::info_span!("reconcile", runtime = %runtime, cluster = %rt.cluster_id());
     async move {
-        ctx.metrics.reconciles.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        ctx.metrics.reconciles.inc();
         let api: Api<Runtime> = Api::namespaced(ctx.client.clone(), &ns);
         finalizer(&api, FINALIZER, rt, |event| async {
             match event {

@@ -1,5 +1,5 @@
-//! What a relay counts, per target, served as Prometheus text on `/metrics`
-//! (`--metrics-listen`).
+//! What a relay counts, per target, served as OpenMetrics on `/metrics`
+//! (`--metrics-listen`), with the hub's library ([`prometheus_client`]).
 //!
 //! - `fleetwatch_relay_delivered_total{relay,target}`: events (or requests made of them) the
 //!   target accepted with a 2xx, then acknowledged to the hub.
@@ -17,9 +17,10 @@
 //! Labels are bounded: targets come from the configuration (a fixed URL, or one per
 //! component listener), reasons are a fixed set.
 
-use std::collections::BTreeMap;
-use std::fmt::Write as _;
-use std::sync::Mutex;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter as PromCounter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::registry::Registry;
 
 /// One counter family.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -30,26 +31,6 @@ pub enum Counter {
     Retries,
     /// Refused for good by the target (4xx), skipped.
     Skipped4xx,
-}
-
-impl Counter {
-    fn name(self) -> &'static str {
-        match self {
-            Counter::Delivered => "fleetwatch_relay_delivered",
-            Counter::Retries => "fleetwatch_relay_retries",
-            Counter::Skipped4xx => "fleetwatch_relay_skipped_4xx",
-        }
-    }
-
-    fn help(self) -> &'static str {
-        match self {
-            Counter::Delivered => "Events the target accepted (2xx), then acknowledged to the hub",
-            Counter::Retries => {
-                "Requests that failed for a passing reason (5xx, 408, 429, timeout, connection), retried"
-            }
-            Counter::Skipped4xx => "Events the target refused for good (4xx), logged once per cause and skipped",
-        }
-    }
 }
 
 /// Why the relay did not send an event.
@@ -70,117 +51,152 @@ impl Refused {
     }
 }
 
-/// The relay's counters.
+/// Labels: the relay and a target.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TargetLabels {
+    relay: String,
+    target: String,
+}
+
+/// Labels: the relay, a target and why an event was not sent to it.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RefusedLabels {
+    relay: String,
+    target: String,
+    reason: String,
+}
+
+/// Label: the relay.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RelayLabel {
+    relay: String,
+}
+
+/// Labels: the relay and how a resync marker was handled.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResyncLabels {
+    relay: String,
+    how: String,
+}
+
+/// The relay's counters, with the hub's library ([`prometheus_client`]).
 #[derive(Debug)]
 pub struct Metrics {
     relay: String,
-    counters: Mutex<BTreeMap<(Counter, String), u64>>,
-    refused: Mutex<BTreeMap<(Refused, String), u64>>,
-    filtered: Mutex<u64>,
-    resyncs: Mutex<BTreeMap<&'static str, u64>>,
-}
-
-fn escape(v: &str) -> String {
-    v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+    registry: Registry,
+    delivered: Family<TargetLabels, PromCounter>,
+    retries: Family<TargetLabels, PromCounter>,
+    skipped_4xx: Family<TargetLabels, PromCounter>,
+    refused: Family<RefusedLabels, PromCounter>,
+    filtered: Family<RelayLabel, PromCounter>,
+    resyncs: Family<ResyncLabels, PromCounter>,
 }
 
 impl Metrics {
     /// Counters of the relay `relay` (`webhook`, `klm`).
     pub fn new(relay: &str) -> Self {
-        let resyncs = [("objects", 0), ("fallback", 0), ("unresolved", 0)].into_iter().collect();
-        Self {
+        let mut registry = Registry::with_prefix("fleetwatch_relay");
+        let m = Self {
             relay: relay.into(),
-            counters: Default::default(),
-            refused: Default::default(),
-            filtered: Mutex::new(0),
-            resyncs: Mutex::new(resyncs),
+            registry: Registry::default(),
+            delivered: Family::default(),
+            retries: Family::default(),
+            skipped_4xx: Family::default(),
+            refused: Family::default(),
+            filtered: Family::default(),
+            resyncs: Family::default(),
+        };
+        registry.register(
+            "delivered",
+            "Events the target accepted (2xx), then acknowledged to the hub",
+            m.delivered.clone(),
+        );
+        registry.register(
+            "retries",
+            "Requests that failed for a passing reason (5xx, 408, 429, timeout, connection), retried",
+            m.retries.clone(),
+        );
+        registry.register(
+            "skipped_4xx",
+            "Events the target refused for good (4xx), logged once per cause and skipped",
+            m.skipped_4xx.clone(),
+        );
+        registry.register("refused", "Events the relay did not send (too large, no identity)", m.refused.clone());
+        registry.register(
+            "filtered",
+            "Events not meant for this relay, acknowledged without sending",
+            m.filtered.clone(),
+        );
+        registry.register("resyncs", "Resync-required markers handled, by how", m.resyncs.clone());
+        // Every family is served from the start (dashboards see a series before the first
+        // event; rate() works at once).
+        let _ = m.filtered.get_or_create(&RelayLabel { relay: relay.into() });
+        for how in ["objects", "fallback", "unresolved"] {
+            let _ = m.resyncs.get_or_create(&ResyncLabels { relay: relay.into(), how: how.into() });
         }
+        Self { registry, ..m }
+    }
+
+    fn family(&self, counter: Counter) -> &Family<TargetLabels, PromCounter> {
+        match counter {
+            Counter::Delivered => &self.delivered,
+            Counter::Retries => &self.retries,
+            Counter::Skipped4xx => &self.skipped_4xx,
+        }
+    }
+
+    fn target(&self, target: &str) -> TargetLabels {
+        TargetLabels { relay: self.relay.clone(), target: target.into() }
+    }
+
+    fn refusal(&self, why: Refused, target: &str) -> RefusedLabels {
+        RefusedLabels { relay: self.relay.clone(), target: target.into(), reason: why.label().into() }
     }
 
     /// Makes `target`'s counters exist (at 0), so every family is served from the start.
     pub fn register_target(&self, target: &str) {
-        if let Ok(mut c) = self.counters.lock() {
-            for k in [Counter::Delivered, Counter::Retries, Counter::Skipped4xx] {
-                c.entry((k, target.to_string())).or_insert(0);
-            }
+        for k in [Counter::Delivered, Counter::Retries, Counter::Skipped4xx] {
+            let _ = self.family(k).get_or_create(&self.target(target));
         }
-        if let Ok(mut r) = self.refused.lock() {
-            r.entry((Refused::TooLarge, target.to_string())).or_insert(0);
-        }
+        let _ = self.refused.get_or_create(&self.refusal(Refused::TooLarge, target));
     }
 
     /// Adds `n` to a counter of `target`.
     pub fn add(&self, counter: Counter, target: &str, n: u64) {
-        if let Ok(mut c) = self.counters.lock() {
-            *c.entry((counter, target.to_string())).or_insert(0) += n;
-        }
+        self.family(counter).get_or_create(&self.target(target)).inc_by(n);
     }
 
     /// Counts an event not sent to `target` (empty when there is none) for `why`.
     pub fn refused(&self, why: Refused, target: &str) {
-        if let Ok(mut r) = self.refused.lock() {
-            *r.entry((why, target.to_string())).or_insert(0) += 1;
-        }
+        self.refused.get_or_create(&self.refusal(why, target)).inc();
     }
 
     /// Counts events not meant for this relay.
     pub fn filtered(&self, n: u64) {
-        if let Ok(mut f) = self.filtered.lock() {
-            *f += n;
-        }
+        self.filtered.get_or_create(&RelayLabel { relay: self.relay.clone() }).inc_by(n);
     }
 
     /// Counts a resync-required marker handled `how` (`objects`, `fallback`, `unresolved`).
     pub fn resync(&self, how: &'static str) {
-        if let Ok(mut r) = self.resyncs.lock() {
-            *r.entry(how).or_insert(0) += 1;
-        }
+        self.resyncs.get_or_create(&ResyncLabels { relay: self.relay.clone(), how: how.into() }).inc();
     }
 
     /// The value of a counter (tests, logs).
     pub fn get(&self, counter: Counter, target: &str) -> u64 {
-        self.counters.lock().ok().and_then(|c| c.get(&(counter, target.to_string())).copied()).unwrap_or(0)
+        self.family(counter).get(&self.target(target)).map_or(0, |c| c.get())
     }
 
     /// The value of a refusal counter (tests, logs).
     pub fn get_refused(&self, why: Refused, target: &str) -> u64 {
-        self.refused.lock().ok().and_then(|c| c.get(&(why, target.to_string())).copied()).unwrap_or(0)
+        self.refused.get(&self.refusal(why, target)).map_or(0, |c| c.get())
     }
 
-    /// The Prometheus text exposition (OpenMetrics, closed with `# EOF`).
+    /// The OpenMetrics text exposition, closed with `# EOF`.
     pub fn encode(&self) -> String {
         let mut out = String::new();
-        let relay = escape(&self.relay);
-        let family = |out: &mut String, name: &str, help: &str| {
-            let _ = write!(out, "# HELP {name} {help}.\n# TYPE {name} counter\n");
-        };
-        let counters = self.counters.lock().map(|c| c.clone()).unwrap_or_default();
-        for kind in [Counter::Delivered, Counter::Retries, Counter::Skipped4xx] {
-            family(&mut out, kind.name(), kind.help());
-            for ((k, target), v) in &counters {
-                if *k == kind {
-                    let _ =
-                        writeln!(out, "{}_total{{relay=\"{relay}\",target=\"{}\"}} {v}", kind.name(), escape(target));
-                }
-            }
+        if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &self.registry) {
+            tracing::error!(error = %e, "cannot encode the relay metrics");
         }
-        family(&mut out, "fleetwatch_relay_refused", "Events the relay did not send (too large, no identity)");
-        for ((why, target), v) in self.refused.lock().map(|r| r.clone()).unwrap_or_default() {
-            let _ = writeln!(
-                out,
-                "fleetwatch_relay_refused_total{{relay=\"{relay}\",target=\"{}\",reason=\"{}\"}} {v}",
-                escape(&target),
-                why.label()
-            );
-        }
-        family(&mut out, "fleetwatch_relay_filtered", "Events not meant for this relay, acknowledged without sending");
-        let filtered = self.filtered.lock().map(|f| *f).unwrap_or(0);
-        let _ = writeln!(out, "fleetwatch_relay_filtered_total{{relay=\"{relay}\"}} {filtered}");
-        family(&mut out, "fleetwatch_relay_resyncs", "Resync-required markers handled, by how");
-        for (how, v) in self.resyncs.lock().map(|r| r.clone()).unwrap_or_default() {
-            let _ = writeln!(out, "fleetwatch_relay_resyncs_total{{relay=\"{relay}\",how=\"{how}\"}} {v}");
-        }
-        out.push_str("# EOF\n");
         out
     }
 }

@@ -10,6 +10,10 @@ use serde_json::{Value, json};
 
 use crate::support::*;
 
+fn block<F: std::future::Future>(f: F) -> F::Output {
+    tokio::task::block_in_place(|| tokio::runtime::Handle::current().block_on(f))
+}
+
 const NS: &str = "kcp";
 
 /// The families a `/metrics` answer declares (`# TYPE name kind`) and the sample names it
@@ -115,6 +119,56 @@ fn metric_names_are_found_in_promql() {
     assert!(!e.serves("a") && !e.serves("h") && !e.serves("g_total") && !e.serves("missing"));
 }
 
+/// The OpenMetrics content type every `/metrics` endpoint answers with.
+const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// The text format 0.0.4, the one `promtool check metrics` reads.
+const TEXT_FORMAT: &str = "text/plain; version=0.0.4; charset=utf-8";
+/// What Prometheus (2.x, 3.x) sends by default.
+const PROMETHEUS_ACCEPT: &str = "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;\
+                                 q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1";
+
+/// One `/metrics` answer to a request with `accept` as its `Accept` header: its
+/// `Content-Type` and body.
+async fn scrape(port: u16, accept: Option<&str>) -> (String, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.expect("connect to a /metrics endpoint");
+    let accept = accept.map(|a| format!("Accept: {a}\r\n")).unwrap_or_default();
+    s.write_all(format!("GET /metrics HTTP/1.0\r\nHost: x\r\n{accept}\r\n").as_bytes()).await.unwrap();
+    let mut buf = String::new();
+    s.read_to_string(&mut buf).await.unwrap();
+    let (head, body) = buf.split_once("\r\n\r\n").unwrap_or_else(|| panic!("not an HTTP answer: {buf}"));
+    let ct = head
+        .lines()
+        .find_map(|l| l.split_once(':').filter(|(k, _)| k.eq_ignore_ascii_case("content-type")).map(|(_, v)| v.trim()))
+        .unwrap_or_default();
+    (ct.to_string(), body.to_string())
+}
+
+/// What `promtool check metrics` says about an exposition: `None` when it has no
+/// complaint (exit 0, nothing printed).
+fn promtool_check_metrics(text: &str) -> Option<String> {
+    use std::io::Write as _;
+    let mut child = std::process::Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("promtool (Debian package prometheus; scripts/test.sh installs it)");
+    child.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    (!out.status.success() || !said.trim().is_empty()).then(|| format!("{}: {said}", out.status))
+}
+
+#[test]
+fn promtool_check_metrics_complains_about_bad_expositions() {
+    // The check itself must be able to fail: a counter without `_total`, and no HELP.
+    assert!(promtool_check_metrics("# TYPE requests counter\nrequests 1\n").is_some());
+    assert!(promtool_check_metrics("# HELP ok_total Fine.\n# TYPE ok_total counter\nok_total 1\n").is_none());
+}
+
 /// The alert rules: (name, expr, for) of every rule, after checking each is complete.
 fn alert_rules() -> Vec<(String, String)> {
     let text = std::fs::read_to_string(observability_dir().join("alerts.yaml")).unwrap();
@@ -211,6 +265,26 @@ async fn every_metric_the_dashboard_and_alerts_use_is_served() {
     .unwrap();
     let hub = HubProc::start(&pki, free_port(), None, &["--watch-config", wc.to_str().unwrap()]);
     let _agent = kube_agent(&pki, "rt1", &hub.url(), &rt_kc);
+    // An agent with its health listener (/metrics), and a relay with its metrics listener.
+    let agent_port = free_port();
+    let health = format!("127.0.0.1:{agent_port}");
+    let _syn = agent(&pki, "syn", &hub.url(), "synthetic:objects=2,rate=20,total=4", &["--health-listen", &health]);
+    let relay_port = free_port();
+    let mut relay_args: Vec<String> = vec![
+        "relay".into(),
+        "webhook".into(),
+        "--hub".into(),
+        hub.url(),
+        "--name".into(),
+        "hooks".into(),
+        "--target".into(),
+        format!("http://127.0.0.1:{}/events", free_port()),
+        "--metrics-listen".into(),
+        format!("127.0.0.1:{relay_port}"),
+    ];
+    relay_args.extend(client_args(&pki.subscriber("hooks")));
+    let relay = Proc::spawn(&relay_args, pki.path("relay.log"));
+    relay.wait_stdout("relay webhook running", Duration::from_secs(30));
     let _collector = Collector::start(&pki, &hub.url(), "ops").await;
     let metrics_port = free_port();
     let mut args: Vec<String> = vec![
@@ -257,6 +331,39 @@ async fn every_metric_the_dashboard_and_alerts_use_is_served() {
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
+    // Every /metrics endpoint is OpenMetrics with its content type, and promtool finds
+    // nothing to complain about (the agent's once it reports its session).
+    let agent_up = eventually(Duration::from_secs(30), || {
+        Exposition::value(&block(http_get(agent_port, "/metrics")), "fleetwatch_agent_connected") == Some(1.0)
+    })
+    .await;
+    assert!(agent_up, "{}", http_get(agent_port, "/metrics").await);
+    for (what, port) in
+        [("hub", hub.admin_port), ("lifecycle", metrics_port), ("relay", relay_port), ("agent", agent_port)]
+    {
+        for accept in [None, Some(PROMETHEUS_ACCEPT)] {
+            let (ct, text) = scrape(port, accept).await;
+            assert_eq!(ct, OPENMETRICS, "{what}'s /metrics content type for Accept {accept:?}");
+            assert!(text.ends_with("# EOF\n") && text.matches("# EOF").count() == 1, "{what}:\n{text}");
+        }
+        // promtool reads only the text format 0.0.4 (prometheus/prometheus#8932): each
+        // endpoint serves it to a scraper that asks for it, with the same samples.
+        let (ct, text) = scrape(port, Some("text/plain;version=0.0.4")).await;
+        assert_eq!(ct, TEXT_FORMAT, "{what}'s /metrics content type when asked for the text format");
+        if let Some(complaint) = promtool_check_metrics(&text) {
+            panic!("promtool check metrics on the {what}'s /metrics: {complaint}\n{text}");
+        }
+        let openmetrics = Exposition::parse(&scrape(port, None).await.1);
+        let classic = Exposition::parse(&text);
+        let differ: Vec<_> = openmetrics.samples.symmetric_difference(&classic.samples).collect();
+        assert!(differ.is_empty(), "{what}: the two formats carry other samples: {differ:?}\n{text}");
+        assert!(!classic.samples.is_empty() && !text.contains("# EOF"), "{what}:\n{text}");
+    }
+    let relay_text = scrape(relay_port, None).await.1;
+    assert!(
+        relay_text.contains("fleetwatch_relay_delivered_total{relay=\"webhook\",target=\""),
+        "the relay's families keep their names:\n{relay_text}"
+    );
     let hub_metrics = Exposition::parse(&hub_text);
     let lc_metrics = Exposition::parse(&lc_text);
     assert!(hub_text.ends_with("# EOF\n") && lc_text.ends_with("# EOF\n"), "OpenMetrics answers end with # EOF");

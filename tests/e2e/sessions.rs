@@ -101,6 +101,50 @@ async fn an_idle_agent_keeps_one_session() {
     assert!(!agent.stderr().contains("connection to hub lost"), "{}", agent.stderr());
 }
 
+/// The value of one sample line `series value` exactly (`None` when absent).
+fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+/// Issue 27: an idle cluster whose agent answers the hub's pings is seen, in
+/// `/api/v1/clusters` (hence the web view and `fleetwatch status`) and in
+/// `fleetwatch_hub_cluster_last_seen_timestamp_seconds` (hence `FleetwatchClusterNotSeen`):
+/// its last-seen keeps moving with no event sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_clusters_last_seen_follows_its_pongs() {
+    let pki = Pki::new();
+    // Pings every second.
+    let hub = HubProc::start(&pki, free_port(), None, &["--idle-timeout", "3"]);
+    // Four changes, then silence.
+    let agent = agent(&pki, "idle", &hub.url(), "synthetic:objects=2,rate=20,total=4", &["--idle-timeout", "3"]);
+    let settled = eventually(Duration::from_secs(30), || {
+        let c = cluster(&block(hub.clusters()), "idle");
+        c["connected"] == true && c["ackedSeq"].as_u64() >= Some(5)
+    })
+    .await;
+    assert!(settled, "{}\n{}", hub.clusters().await, agent.stderr());
+    let c = cluster(&hub.clusters().await, "idle");
+    let at = |c: &serde_json::Value| c["lastSeen"].as_str().and_then(|s| s.parse::<jiff::Timestamp>().ok());
+    let first = at(&c).unwrap_or_else(|| panic!("no lastSeen: {c}"));
+    let acked = c["ackedSeq"].clone();
+    // Four ping rounds later, by the hub's own count, with no event: both views moved on
+    // by more than three seconds (without pongs counting, they stay at the last event).
+    let series = "fleetwatch_hub_cluster_last_seen_timestamp_seconds{cluster=\"idle\"}";
+    let first_secs = first.as_millisecond() as f64 / 1000.0;
+    let moved = eventually(Duration::from_secs(90), || {
+        let c = cluster(&block(hub.clusters()), "idle");
+        let api = at(&c).is_some_and(|t| t.duration_since(first) > jiff::SignedDuration::from_secs(3));
+        let metric = sample(&block(http_get(hub.admin_port, "/metrics")), series).is_some_and(|v| v > first_secs + 3.0);
+        api && metric
+    })
+    .await;
+    let c = cluster(&hub.clusters().await, "idle");
+    let text = http_get(hub.admin_port, "/metrics").await;
+    assert!(moved, "last-seen did not follow the pongs: first {first}, now {c}\n{:?}", sample(&text, series));
+    assert_eq!(c["ackedSeq"], acked, "an event arrived meanwhile: the cluster was not idle: {c}");
+    assert_eq!(c["sessions"], 1, "{c}\n{}", agent.stderr());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_agent_for_a_connected_cluster_is_refused() {
     let pki = Pki::new();

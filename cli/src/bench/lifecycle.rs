@@ -32,7 +32,6 @@ pub(super) struct LifecycleBench {
 pub(super) async fn run(b: LifecycleBench) -> anyhow::Result<()> {
     use fleetwatch_api::{Runtime, State};
     use kube::api::Api;
-    use std::sync::atomic::Ordering;
     if b.runtimes == 0 || b.modules == 0 || b.shards == 0 {
         bail!("--runtimes, --modules and --shards must be positive");
     }
@@ -111,7 +110,7 @@ pub(super) async fn run(b: LifecycleBench) -> anyhow::Result<()> {
         instances.push(tokio::spawn(fleetwatch_lifecycle::run(config, metrics.clone(), stop.clone())));
         all_metrics.push(metrics);
     }
-    let reconciles = || all_metrics.iter().map(|m| m.reconciles.load(Ordering::Relaxed)).sum::<u64>();
+    let reconciles = || all_metrics.iter().map(|m| m.reconciles.get()).sum::<u64>();
     let t0 = Instant::now();
     let r0 = reconciles();
     for i in 0..b.runtimes {

@@ -1,0 +1,227 @@
+//! The operator's Prometheus metrics, with the hub's library ([`prometheus_client`]),
+//! served as OpenMetrics on `--metrics-listen`'s `/metrics`.
+//!
+//! Two kinds, as in the hub: instruments updated where things happen (reconciles,
+//! failures, migrations, the duration histogram, reconciles in flight), and state read at
+//! scrape time by a [`Collector`] (queue depth, shards held, modules by state, from what
+//! the operator acts on), because keeping those current on every change would cost the
+//! controller for a number read every few seconds. The names are a contract with
+//! `deploy/observability/`, checked by a test against a running operator.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use fleetwatch_api::Runtime;
+use kube::runtime::reflector::{ObjectRef, Store};
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+use crate::shards;
+
+/// Upper bounds of the reconcile duration histogram, in seconds.
+const DURATION_BUCKETS: [f64; 12] = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0];
+
+/// What the operator acts on, for the gauges read at scrape time; set while
+/// [`crate::run`] acts.
+pub(crate) struct View {
+    pub(crate) runtimes: Store<Runtime>,
+    pub(crate) shards: Option<Arc<shards::ShardMap>>,
+    /// The queue of requested reconciles (hub events, rollout waves, shards taken).
+    pub(crate) triggers: tokio::sync::mpsc::Sender<ObjectRef<Runtime>>,
+}
+
+/// Labels of `fleetwatch_lifecycle_modules`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
+struct ModuleState {
+    module: String,
+    state: String,
+}
+
+/// The scrape-time gauges, read from the [`View`].
+#[derive(Default)]
+struct ViewCollector {
+    view: Mutex<Option<View>>,
+}
+
+impl std::fmt::Debug for ViewCollector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ViewCollector").finish_non_exhaustive()
+    }
+}
+
+impl Collector for ViewCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let view = self.view.lock().ok();
+        let view = view.as_ref().and_then(|v| v.as_ref());
+        let depth = view.map_or(0, |v| v.triggers.max_capacity() - v.triggers.capacity());
+        let held = match view {
+            Some(View { shards: Some(map), .. }) => map.held().len(),
+            Some(View { shards: None, .. }) => 1,
+            None => 0,
+        };
+        let mut modules: BTreeMap<ModuleState, i64> = BTreeMap::new();
+        if let Some(v) = view {
+            for rt in v.runtimes.state() {
+                if v.shards.as_ref().is_some_and(|m| !m.owns(&rt)) {
+                    continue;
+                }
+                for m in rt.status.iter().flat_map(|s| &s.modules) {
+                    *modules.entry(ModuleState { module: m.name.clone(), state: m.state.to_string() }).or_default() +=
+                        1;
+                }
+            }
+        }
+        for (name, help, value) in [
+            (
+                "queue_depth",
+                "Requested reconciles (hub events, rollout waves, shards taken over) waiting to enter the controller",
+                depth,
+            ),
+            ("shards_held", "Shards this instance acts on (unsharded: 1 while it is the acting leader)", held),
+        ] {
+            let gauge = ConstGauge::new(i64::try_from(value).unwrap_or(i64::MAX));
+            gauge.encode(encoder.encode_descriptor(name, help, None, gauge.metric_type())?)?;
+        }
+        let mut family = encoder.encode_descriptor(
+            "modules",
+            "Modules of the Runtimes this instance acts on, by module and state (from the Runtime status)",
+            None,
+            prometheus_client::metrics::MetricType::Gauge,
+        )?;
+        for (labels, n) in &modules {
+            ConstGauge::new(*n).encode(family.encode_family(labels)?)?;
+        }
+        Ok(())
+    }
+}
+
+/// Counters, read by benchmarks and logs, and served as Prometheus metrics
+/// (`--metrics-listen`). The names are a contract with `deploy/observability/`.
+pub struct Metrics {
+    registry: Registry,
+    /// Reconciles started.
+    pub reconciles: Counter,
+    /// Reconciles that failed.
+    pub failures: Counter,
+    /// Time spent in successful reconciles, in seconds.
+    pub reconcile_seconds: Counter<f64, AtomicU64>,
+    /// Migrations that ran.
+    pub migrations_run: Counter,
+    /// Migrations that failed.
+    pub migrations_failed: Counter,
+    /// Time spent in migrations, in seconds.
+    pub migration_seconds: Counter<f64, AtomicU64>,
+    /// How long reconciles took (every outcome, cancelled ones included), in seconds.
+    pub reconcile_duration: Histogram,
+    /// Reconciles running now.
+    pub in_flight: Gauge,
+    view: Arc<ViewCollector>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("fleetwatch_lifecycle");
+        let m = Self {
+            registry: Registry::default(),
+            reconciles: Counter::default(),
+            failures: Counter::default(),
+            reconcile_seconds: Counter::default(),
+            migrations_run: Counter::default(),
+            migrations_failed: Counter::default(),
+            migration_seconds: Counter::default(),
+            reconcile_duration: Histogram::new(DURATION_BUCKETS),
+            in_flight: Gauge::default(),
+            view: Arc::new(ViewCollector::default()),
+        };
+        registry.register("reconciles", "Reconciles started", m.reconciles.clone());
+        registry.register("reconcile_failures", "Reconciles that failed", m.failures.clone());
+        registry.register("migrations", "Migrations that ran", m.migrations_run.clone());
+        registry.register("migration_failures", "Migrations that failed", m.migrations_failed.clone());
+        registry.register("reconcile_seconds", "Time spent in successful reconciles", m.reconcile_seconds.clone());
+        registry.register("migration_seconds", "Time spent in migrations", m.migration_seconds.clone());
+        registry.register(
+            "reconcile_duration_seconds",
+            "How long reconciles took, every outcome",
+            m.reconcile_duration.clone(),
+        );
+        registry.register("reconciles_in_flight", "Reconciles running now", m.in_flight.clone());
+        registry.register_collector(Box::new(m.view.clone()));
+        Self { registry, ..m }
+    }
+}
+
+impl Metrics {
+    /// The OpenMetrics text exposition, closed with `# EOF`.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &self.registry) {
+            tracing::error!(error = %e, "cannot encode the lifecycle metrics");
+        }
+        out
+    }
+
+    /// Records the duration of a successful reconcile.
+    pub(crate) fn record_duration(&self, d: Duration) {
+        self.reconcile_seconds.inc_by(d.as_secs_f64());
+    }
+
+    /// Sets what the scrape-time gauges read (`None`: the operator stopped acting).
+    pub(crate) fn set_view(&self, view: Option<View>) {
+        if let Ok(mut v) = self.view.view.lock() {
+            *v = view;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_family_is_served_from_the_start_as_openmetrics() {
+        let m = Metrics::default();
+        let text = m.encode();
+        for line in [
+            "# TYPE fleetwatch_lifecycle_reconciles counter",
+            "fleetwatch_lifecycle_reconciles_total 0",
+            "fleetwatch_lifecycle_reconcile_failures_total 0",
+            "fleetwatch_lifecycle_migrations_total 0",
+            "fleetwatch_lifecycle_migration_failures_total 0",
+            "fleetwatch_lifecycle_reconcile_seconds_total 0.0",
+            "fleetwatch_lifecycle_migration_seconds_total 0.0",
+            "# TYPE fleetwatch_lifecycle_reconcile_duration_seconds histogram",
+            "fleetwatch_lifecycle_reconcile_duration_seconds_bucket{le=\"+Inf\"} 0",
+            "fleetwatch_lifecycle_reconciles_in_flight 0",
+            "fleetwatch_lifecycle_queue_depth 0",
+            "fleetwatch_lifecycle_shards_held 0",
+            "# TYPE fleetwatch_lifecycle_modules gauge",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line:?} missing:\n{text}");
+        }
+        assert!(text.ends_with("# EOF\n"), "{text}");
+        assert_eq!(text.matches("# EOF").count(), 1, "{text}");
+    }
+
+    #[test]
+    fn instruments_count() {
+        let m = Metrics::default();
+        m.reconciles.inc();
+        m.failures.inc();
+        m.record_duration(Duration::from_millis(1500));
+        m.reconcile_duration.observe(0.02);
+        m.reconcile_duration.observe(40.0);
+        let text = m.encode();
+        assert!(text.contains("fleetwatch_lifecycle_reconciles_total 1\n"), "{text}");
+        assert!(text.contains("fleetwatch_lifecycle_reconcile_failures_total 1\n"), "{text}");
+        assert!(text.contains("fleetwatch_lifecycle_reconcile_seconds_total 1.5\n"), "{text}");
+        assert!(text.contains("fleetwatch_lifecycle_reconcile_duration_seconds_bucket{le=\"0.025\"} 1\n"), "{text}");
+        assert!(text.contains("fleetwatch_lifecycle_reconcile_duration_seconds_bucket{le=\"30.0\"} 1\n"), "{text}");
+        assert!(text.contains("fleetwatch_lifecycle_reconcile_duration_seconds_count 2\n"), "{text}");
+    }
+}
