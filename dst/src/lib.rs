@@ -7,7 +7,8 @@
 //! ([`cluster`]) and injects faults: connection cuts, partitions and held links, hub
 //! crashes (memory bus, or the segment log with its last records cut and its cursor store
 //! lost), agent crashes while the cluster changes, a second agent process of a cluster,
-//! subscriber crashes coming back from `earliest` or `latest`, slow and stalled
+//! subscriber crashes (the live one back from `earliest` or `latest`, the durable one
+//! resuming under its name), slow and stalled
 //! subscribers, expired watches. Then everything heals, and the oracle ([`oracle`]) checks
 //! that each subscriber knows every object's final state, or was told to resync after the
 //! change it missed, and saw no duplicate it had acknowledged.
@@ -19,8 +20,10 @@
 //!
 //! Where the real code needed a seam to run here, it got a small one: the transport's
 //! [`fleetwatch_client::transport::Dialer`] and the hub's [`fleetwatch_hub::Listener`]
-//! (streams other than TCP), the agent's epoch, and tokio's clock (simulated here) where
-//! std's decided behaviour (session liveness, rate budgets).
+//! (streams other than TCP), the agent's epoch, tokio's clock (simulated here) where
+//! std's decided behaviour (session liveness, rate budgets), and where the segment log's
+//! writer runs ([`fleetwatch_hub::bus::WriterPlacement::Runtime`]: on the simulated
+//! runtime, so a segment-log seed replays as exactly as a memory-bus one).
 
 pub mod batch;
 pub mod cluster;
