@@ -18,5 +18,6 @@ mod sandbox;
 mod sessions;
 mod shutdown;
 mod soak;
+mod startup;
 mod storage;
 mod support;
