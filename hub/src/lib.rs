@@ -41,6 +41,7 @@ pub mod revocation;
 mod server;
 mod subscriber_session;
 pub mod watch_source;
+mod watch_status;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -233,6 +234,8 @@ pub(crate) struct Context {
     pub admin_tls: Option<Arc<rustls::ServerConfig>>,
     /// Runtime statuses from the control plane (modules by state), when the hub reads it.
     pub runtimes: fleet::SharedRuntimes,
+    /// What the hub made of each WatchConfig (accepted or why not).
+    pub watch_verdicts: watch_source::Verdicts,
 }
 
 /// Who is on the other end of a connection, from its certificate.
@@ -444,7 +447,8 @@ impl Hub {
             .map_err(|what| CertError::Pem { path: config.tls.cert.clone(), what })?
             .trust_domain;
         // A broken WatchConfig directory is a start-up error; later edits are reloaded.
-        let initial_watches = config.watch_source.initial()?;
+        let watch_verdicts = watch_source::Verdicts::default();
+        let initial_watches = config.watch_source.initial(&watch_verdicts)?;
         let revocation = revocation::Revocation::load(config.deny_list.clone())?;
         let watch_synced = !matches!(config.watch_source, watch_source::WatchSource::ControlPlane(_));
         // Subscribers of an earlier run may have read up to the log's end: markers already
@@ -470,6 +474,7 @@ impl Hub {
             admin_token,
             admin_tls,
             runtimes: fleet::SharedRuntimes::default(),
+            watch_verdicts,
             config,
             sessions,
             tls,
@@ -504,10 +509,13 @@ impl Hub {
         // Reading WatchConfigs from the control plane, the hub shows its Runtimes too.
         if let watch_source::WatchSource::ControlPlane(kubeconfig) = &self.ctx.config.watch_source {
             tracker.spawn(fleet::follow_runtimes(kubeconfig.clone(), self.ctx.runtimes.clone(), shutdown.clone()));
+            // ... and writes what it made of each WatchConfig into its status.
+            tracker.spawn(watch_status::run(self.ctx.clone(), kubeconfig.clone(), shutdown.clone()));
         }
         tracker.spawn(watch_source::run(
             self.ctx.config.watch_source.clone(),
             self.ctx.sessions.watches.clone(),
+            self.ctx.watch_verdicts.clone(),
             self.ctx.watch_synced.clone(),
             shutdown.clone(),
         ));

@@ -21,3 +21,4 @@ mod soak;
 mod startup;
 mod storage;
 mod support;
+mod watchconfig_status;
