@@ -25,6 +25,9 @@ use crate::watch_source::{CONTROL_PLANE, Verdict};
 const EVERY: Duration = Duration::from_secs(2);
 /// Least time between two writes of one resource whose only change is its cluster count.
 pub const COUNT_EVERY: Duration = Duration::from_secs(10);
+/// After a failed write (no RBAC for `watchconfigs/status`, a CRD without the status
+/// subresource), the resource is left alone this long: one warning, not one per tick.
+const RETRY_FAILED_AFTER: Duration = Duration::from_secs(60);
 
 /// The status a verdict makes, keeping the condition's transition time when its status and
 /// reason did not change.
@@ -92,6 +95,7 @@ pub(crate) async fn run(ctx: Arc<Context>, kubeconfig: Option<PathBuf>, shutdown
     };
     let api: kube::Api<WatchConfig> = kube::Api::all(client);
     let mut written: HashMap<String, Instant> = HashMap::new();
+    let mut failed: HashMap<String, Instant> = HashMap::new();
     let mut tick = tokio::time::interval(EVERY);
     loop {
         tokio::select! {
@@ -107,7 +111,11 @@ pub(crate) async fn run(ctx: Arc<Context>, kubeconfig: Option<PathBuf>, shutdown
         }
         let counts = clusters_by_watch(&crate::admin::cluster_list(&ctx).await);
         let now = jiff::Timestamp::now();
+        failed.retain(|_, t| t.elapsed() < RETRY_FAILED_AFTER);
         for v in verdicts {
+            if failed.contains_key(&v.name) {
+                continue;
+            }
             let want = desired(&v, counts.get(&v.name).copied().unwrap_or(0), now);
             if !needs_write(v.observed.as_ref(), &want, written.get(&v.name).copied(), Instant::now()) {
                 continue;
@@ -119,9 +127,8 @@ pub(crate) async fn run(ctx: Arc<Context>, kubeconfig: Option<PathBuf>, shutdown
                     written.insert(v.name.clone(), Instant::now());
                 }
                 Err(e) => {
-                    tracing::warn!(watch = %v.name, error = %e, "cannot write the WatchConfig's status (RBAC: watchconfigs/status patch)");
-                    // Not again before the count interval: a missing permission would flood the log.
-                    written.insert(v.name.clone(), Instant::now());
+                    tracing::warn!(watch = %v.name, error = %e, "cannot write the WatchConfig's status (RBAC: watchconfigs/status patch; retrying in {}s)", RETRY_FAILED_AFTER.as_secs());
+                    failed.insert(v.name.clone(), Instant::now());
                 }
             }
         }
