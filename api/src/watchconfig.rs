@@ -31,8 +31,13 @@ pub const GROUP: &str = "operator.fleetwatch.dev";
     kind = "WatchConfig",
     plural = "watchconfigs",
     shortname = "wcfg",
+    status = "WatchConfigStatus",
     printcolumn = r#"{"name":"Kind","type":"string","jsonPath":".spec.resource.kind"}"#,
     printcolumn = r#"{"name":"Subscriber","type":"string","jsonPath":".spec.subscriber"}"#,
+    printcolumn = r#"{"name":"Accepted","type":"string","jsonPath":".status.conditions[?(@.type==\"Accepted\")].status"}"#,
+    printcolumn = r#"{"name":"Reason","type":"string","jsonPath":".status.conditions[?(@.type==\"Accepted\")].reason"}"#,
+    printcolumn = r#"{"name":"Clusters","type":"integer","description":"clusters whose agent runs this watch","jsonPath":".status.clusters"}"#,
+    printcolumn = r#"{"name":"Message","type":"string","priority":1,"jsonPath":".status.conditions[?(@.type==\"Accepted\")].message"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
     doc = "What fleetwatch agents watch in runtime clusters"
 )]
@@ -57,6 +62,22 @@ pub struct WatchConfigSpec {
     /// The subscriber this watch is for.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub subscriber: Option<String>,
+}
+
+/// What the hub made of a WatchConfig (written by the hub; see docs/DESIGN.md).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WatchConfigStatus {
+    /// The `metadata.generation` this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// `Accepted`: `True` when the hub pushes it to agents, `False` with the reason
+    /// (`Invalid`, `DuplicateName`) and what is wrong when it does not.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<crate::module::Condition>,
+    /// Connected clusters whose agent reports running this watch (all hub replicas).
+    #[serde(default)]
+    pub clusters: u32,
 }
 
 /// Group, version and kind.
@@ -113,29 +134,47 @@ impl WatchConfig {
     }
 }
 
-/// Reads WatchConfig manifests (YAML or JSON, several documents per file) from a directory.
+/// Reads WatchConfig manifests (YAML or JSON, several documents per file) from a directory,
+/// checking each ([`WatchConfig::to_watch_spec`]): the first file that cannot be parsed or
+/// holds an invalid WatchConfig is the error (the hub's start-up).
 pub fn load_dir(dir: &std::path::Path) -> Result<Vec<WatchConfig>, WatchConfigLoadError> {
+    let mut out = Vec::new();
+    for (path, docs) in read_dir(dir)? {
+        let err = |why: String| WatchConfigLoadError { path: path.display().to_string(), why };
+        for d in docs.map_err(err)? {
+            d.to_watch_spec().map_err(|e| err(e.to_string()))?;
+            out.push(d);
+        }
+    }
+    Ok(out)
+}
+
+/// The WatchConfig manifests of a directory (`*.yaml`, `*.yml`, `*.json`, in name order),
+/// per file: its documents, unchecked, or why the file cannot be read or parsed. Only an
+/// unreadable directory is an error.
+#[allow(clippy::type_complexity)]
+pub fn read_dir(
+    dir: &std::path::Path,
+) -> Result<Vec<(std::path::PathBuf, Result<Vec<WatchConfig>, String>)>, WatchConfigLoadError> {
     let mut files: Vec<_> = std::fs::read_dir(dir)
         .map_err(|e| WatchConfigLoadError { path: dir.display().to_string(), why: e.to_string() })?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| matches!(p.extension().and_then(|e| e.to_str()), Some("yaml" | "yml" | "json")))
         .collect();
     files.sort();
-    let mut out = Vec::new();
-    for path in files {
-        let err = |why: String| WatchConfigLoadError { path: path.display().to_string(), why };
-        let text = std::fs::read_to_string(&path).map_err(|e| err(e.to_string()))?;
-        let docs: Vec<WatchConfig> = if path.extension().is_some_and(|e| e == "json") {
-            vec![serde_json::from_str(&text).map_err(|e| err(e.to_string()))?]
-        } else {
-            serde_saphyr::from_multiple(&text).map_err(|e| err(e.to_string()))?
-        };
-        for d in docs {
-            d.to_watch_spec().map_err(|e| err(e.to_string()))?;
-            out.push(d);
-        }
-    }
-    Ok(out)
+    Ok(files
+        .into_iter()
+        .map(|path| {
+            let docs = std::fs::read_to_string(&path).map_err(|e| e.to_string()).and_then(|text| {
+                if path.extension().is_some_and(|e| e == "json") {
+                    serde_json::from_str(&text).map(|d| vec![d]).map_err(|e| e.to_string())
+                } else {
+                    serde_saphyr::from_multiple(&text).map_err(|e| e.to_string())
+                }
+            });
+            (path, docs)
+        })
+        .collect())
 }
 
 /// A WatchConfig file that cannot be read.

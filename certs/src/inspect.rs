@@ -135,6 +135,19 @@ pub fn inspect_file(path: &Path) -> Result<CertInfo, CertError> {
     inspect_pem(&pem, path)
 }
 
+/// Reads every certificate of a PEM file (a CA bundle), in file order.
+pub fn inspect_bundle(path: &Path) -> Result<Vec<CertInfo>, CertError> {
+    let bytes = std::fs::read(path).map_err(io_err(path))?;
+    let pem_err = |what: String| CertError::Pem { path: path.to_path_buf(), what };
+    let ders: Vec<CertificateDer<'_>> = CertificateDer::pem_slice_iter(&bytes)
+        .collect::<Result<_, _>>()
+        .map_err(|e| pem_err(format!("bad PEM: {e}")))?;
+    if ders.is_empty() {
+        return Err(pem_err("no certificate in file".into()));
+    }
+    ders.iter().map(|d| inspect_der(d).map_err(pem_err)).collect()
+}
+
 /// Reads the first certificate of PEM text; `path` is only for error messages.
 pub fn inspect_pem(pem: &str, path: &Path) -> Result<CertInfo, CertError> {
     let der = CertificateDer::from_pem_slice(pem.as_bytes())

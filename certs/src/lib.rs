@@ -19,7 +19,7 @@ mod verify;
 
 pub use authority::{Authority, IssuedFiles, LeafSpec};
 pub use error::CertError;
-pub use inspect::{CertInfo, Purpose, inspect_file, inspect_pem};
+pub use inspect::{CertInfo, Purpose, inspect_bundle, inspect_file, inspect_pem};
 pub use tls::{
     ClientReload, PeerCert, ReloadingClientConfig, ReloadingServerConfig, TlsFiles, client_config,
     install_crypto_provider, peer_certificate, peer_identity, server_config, server_config_optional_client,

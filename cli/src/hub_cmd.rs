@@ -122,6 +122,11 @@ pub struct HubArgs {
     /// cursor is kept, so it resumes where it acked when it reconnects.
     #[arg(long, env = "FLEETWATCH_SUBSCRIBER_STALL_TIMEOUT", default_value_t = 30.0)]
     subscriber_stall_timeout: f64,
+    /// Seconds to keep trying --listen / --admin-listen while the address is in use (a hub
+    /// restarted on its port while the previous process is still exiting). Without it an
+    /// address in use stops the hub at once.
+    #[arg(long, env = "FLEETWATCH_BIND_RETRY", value_name = "SECS")]
+    bind_retry: Option<f64>,
 }
 
 /// `--bus*`: the hub's bus on NATS JetStream.
@@ -254,6 +259,7 @@ pub async fn run(args: HubArgs) -> anyhow::Result<()> {
     config.subscriber_stall_timeout = secs("subscriber-stall-timeout", args.subscriber_stall_timeout)?;
     config.deny_list = args.deny_list;
     config.tls_reload_interval = secs("tls-reload-interval", args.tls_reload_interval)?;
+    config.bind_retry = args.bind_retry.map(|s| secs("bind-retry", s)).transpose()?;
     use fleetwatch_hub::watch_source::WatchSource;
     let in_cluster = std::env::var_os("KUBERNETES_SERVICE_HOST").is_some();
     let kubeconfig_env = std::env::var_os("KUBECONFIG").is_some_and(|v| !v.is_empty());

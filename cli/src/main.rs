@@ -187,7 +187,8 @@ mod tests {
     #[test]
     fn each_cause_is_printed_once() {
         let io = std::io::Error::from(std::io::ErrorKind::AddrInUse);
-        let bind = fleetwatch_hub::HubError::Bind { addr: "127.0.0.1:1".parse().unwrap(), source: io };
+        let bind =
+            fleetwatch_hub::HubError::Bind { addr: "127.0.0.1:1".parse().unwrap(), source: io, hint: String::new() };
         let e = anyhow::Error::new(bind).context("cannot start hub");
         assert_eq!(super::one_line(&e), "cannot start hub: cannot listen on 127.0.0.1:1: address in use");
         let plain = anyhow::anyhow!("inner").context("outer");

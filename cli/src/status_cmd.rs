@@ -63,13 +63,19 @@ pub struct Fleet {
     /// Why the Runtimes could not be read.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub runtimes_error: Option<String>,
+    /// What the hub made of each WatchConfig (accepted, or refused and why).
+    pub watch_configs: Vec<fleetwatch_hub::watch_source::Verdict>,
 }
 
-/// Everything unhealthy, one line each: disconnected agents, failing watches, subscribers
-/// too far behind or disconnected with records waiting, modules in Error or Warning,
-/// runtimes whose agent never connected, Runtimes that cannot be read.
+/// Everything unhealthy, one line each: WatchConfigs the hub refused, disconnected agents,
+/// failing watches, subscribers too far behind or disconnected with records waiting, modules
+/// in Error or Warning, runtimes whose agent never connected, Runtimes that cannot be read.
 pub fn problems(fleet: &Fleet, max_lag_seconds: f64) -> Vec<String> {
     let mut out = Vec::new();
+    for v in fleet.watch_configs.iter().filter(|v| !v.accepted) {
+        let what = if v.name.is_empty() { v.source.clone() } else { format!("{} ({})", v.name, v.source) };
+        out.push(format!("watchconfig {what}: not accepted, not pushed to agents: {}: {}", v.reason, v.message));
+    }
     for c in &fleet.clusters {
         if !c.connected {
             let seen = c.last_seen.map(|t| format!(" (last seen {t})")).unwrap_or_default();
@@ -326,9 +332,20 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<bool> {
     struct Subs {
         subscriptions: Vec<Subscription>,
     }
+    #[derive(Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct WatchConfigs {
+        watch_configs: Vec<fleetwatch_hub::watch_source::Verdict>,
+    }
     let clusters: Clusters = get_json(&addr, "/api/v1/clusters", token).await?;
     let subs: Subs = get_json(&addr, "/api/v1/subscriptions", token).await?;
-    let mut fleet = Fleet { clusters: clusters.clusters, subscriptions: subs.subscriptions, ..Default::default() };
+    let wcs: WatchConfigs = get_json(&addr, "/api/v1/watchconfigs", token).await?;
+    let mut fleet = Fleet {
+        clusters: clusters.clusters,
+        subscriptions: subs.subscriptions,
+        watch_configs: wcs.watch_configs,
+        ..Default::default()
+    };
     let mut extra = Vec::new();
     match &args.control_plane_kubeconfig {
         Some(kc) => match read_runtimes(kc).await {
@@ -361,6 +378,7 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<bool> {
                 "clusters": fleet.clusters,
                 "subscriptions": fleet.subscriptions,
                 "runtimes": fleet.runtimes,
+                "watchConfigs": fleet.watch_configs,
             });
             println!("{}", serde_json::to_string_pretty(&doc)?);
         }
@@ -435,6 +453,11 @@ mod tests {
             }],
             runtimes: Some(vec![runtime("rt-1", &["Ready", "Ready"]), runtime("rt-2", &["Ready"])]),
             runtimes_error: None,
+            watch_configs: vec![fleetwatch_hub::watch_source::Verdict {
+                name: "cms".into(),
+                accepted: true,
+                ..Default::default()
+            }],
         };
         let p = problems(&fleet, 60.0);
         assert!(p.is_empty(), "{p:?}");
@@ -480,7 +503,7 @@ mod tests {
                 Subscription { subscriber: "idle".into(), durable: Some("x".into()), ..Default::default() },
             ],
             runtimes: Some(vec![runtime("rt-1", &["Ready", "Error"]), runtime("rt-9", &["Ready"])]),
-            runtimes_error: None,
+            ..Default::default()
         };
         let p = problems(&fleet, 60.0);
         let want = [
@@ -516,5 +539,27 @@ mod tests {
         assert_eq!(ago(None, now()), "never");
         assert_eq!(ago(Some("2030-01-01T11:00:00Z".parse().unwrap()), now()), "60m ago");
         assert_eq!(ago(Some("2029-12-30T12:00:00Z".parse().unwrap()), now()), "2d ago");
+    }
+
+    #[test]
+    fn a_refused_watchconfig_is_a_problem() {
+        let fleet = Fleet {
+            watch_configs: vec![fleetwatch_hub::watch_source::Verdict {
+                name: "bad".into(),
+                source: "control-plane".into(),
+                accepted: false,
+                reason: "Invalid".into(),
+                message: "labelSelector \"app=(web\": bad".into(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let p = problems(&fleet, 60.0);
+        assert_eq!(
+            p,
+            [
+                "watchconfig bad (control-plane): not accepted, not pushed to agents: Invalid: labelSelector \"app=(web\": bad"
+            ]
+        );
     }
 }

@@ -57,6 +57,7 @@ pub(crate) fn routes() -> Vec<(&'static str, &'static [&'static str], MethodRout
         ("/api/v1/clusters/{id}", &["get"], get(cluster)),
         ("/api/v1/subscriptions", &["get"], get(subscriptions_handler)),
         ("/api/v1/runtimes", &["get"], get(runtimes)),
+        ("/api/v1/watchconfigs", &["get"], get(watchconfigs)),
         ("/api/v1/overview", &["get"], get(overview_handler)),
         ("/api/v1/overview/stream", &["get"], get(overview_stream)),
         ("/api/v1/openapi.json", &["get"], get(openapi)),
@@ -383,7 +384,7 @@ async fn scrape(ctx: &Context) -> String {
 /// This replica's clusters, plus, on a shared bus, those of the other replicas (`hub` says
 /// which replica an entry comes from; a cluster connected elsewhere replaces a
 /// disconnected entry here).
-async fn cluster_list(ctx: &Context) -> Vec<serde_json::Value> {
+pub(crate) async fn cluster_list(ctx: &Context) -> Vec<serde_json::Value> {
     let local = serde_json::to_value(ctx.sessions.registry.list()).unwrap_or_default();
     if !ctx.sessions.bus.is_shared() {
         return local.as_array().cloned().unwrap_or_default();
@@ -459,6 +460,28 @@ async fn runtimes(State(ctx): State<Arc<Context>>) -> impl IntoResponse {
     axum::Json(view)
 }
 
+/// Every WatchConfig in force and what the hub made of it, with the clusters whose agent
+/// runs it; refused ones first.
+async fn watch_verdicts(ctx: &Context) -> Vec<crate::watch_source::Verdict> {
+    let mut verdicts = ctx.watch_verdicts.read().map(|v| v.clone()).unwrap_or_default();
+    let list = cluster_list(ctx).await;
+    for v in &mut verdicts {
+        v.clusters = list
+            .iter()
+            .filter(|c| c["connected"] == true)
+            .filter(|c| c["watches"].as_array().is_some_and(|ws| ws.iter().any(|w| w["name"] == v.name.as_str())))
+            .count() as u32;
+    }
+    verdicts.sort_by(|a, b| (a.accepted, &a.name).cmp(&(b.accepted, &b.name)));
+    verdicts
+}
+
+async fn watchconfigs(State(ctx): State<Arc<Context>>) -> impl IntoResponse {
+    let verdicts = watch_verdicts(&ctx).await;
+    let refused = verdicts.iter().filter(|v| !v.accepted).count();
+    axum::Json(serde_json::json!({ "refused": refused, "watchConfigs": verdicts }))
+}
+
 /// The overview document (see [`crate::fleet`]): what the web view shows.
 async fn overview(admin: &Admin) -> serde_json::Value {
     let ctx = &admin.ctx;
@@ -486,6 +509,10 @@ async fn overview(admin: &Admin) -> serde_json::Value {
     let mut runtimes = ctx.runtimes.read().map(|v| v.clone()).unwrap_or_default();
     let runtimes_omitted = fleet::bounded(&mut runtimes.items, fleet::OVERVIEW_RUNTIMES, |r| !r.healthy());
     let ready = checks(ctx).iter().all(|c| c.state.is_ok());
+    let mut watch_configs = watch_verdicts(ctx).await;
+    let watch_configs_total = watch_configs.len();
+    let watch_configs_refused = watch_configs.iter().filter(|v| !v.accepted).count();
+    let watch_configs_omitted = fleet::bounded(&mut watch_configs, fleet::OVERVIEW_RUNTIMES, |v| !v.accepted);
     serde_json::json!({
         "time": jiff::Timestamp::now(),
         "hub": ctx.replica,
@@ -507,6 +534,12 @@ async fn overview(admin: &Admin) -> serde_json::Value {
         "subscriptionsOmitted": subscriptions_omitted,
         "runtimes": runtimes,
         "runtimesOmitted": runtimes_omitted,
+        "watchConfigs": {
+            "total": watch_configs_total,
+            "refused": watch_configs_refused,
+            "items": watch_configs,
+            "omitted": watch_configs_omitted,
+        },
     })
 }
 

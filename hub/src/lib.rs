@@ -34,12 +34,14 @@ mod conn;
 pub mod fleet;
 mod ingest;
 pub mod metrics;
+mod preflight;
 mod rate;
 pub mod registry;
 pub mod revocation;
 mod server;
 mod subscriber_session;
 pub mod watch_source;
+mod watch_status;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -108,6 +110,9 @@ pub struct HubConfig {
     pub watch_source: watch_source::WatchSource,
     /// Deny list of certificate serials and identities (reloaded with the certificates).
     pub deny_list: Option<PathBuf>,
+    /// How long to keep trying a listen address that is in use (`None`: refuse at once).
+    /// For a hub restarted on its port while the previous process is still exiting.
+    pub bind_retry: Option<Duration>,
 }
 
 impl HubConfig {
@@ -135,6 +140,7 @@ impl HubConfig {
             tls_reload_interval: Duration::from_secs(5),
             watch_source: watch_source::WatchSource::None,
             deny_list: None,
+            bind_retry: None,
         }
     }
 }
@@ -146,13 +152,18 @@ pub enum HubError {
     #[error(transparent)]
     Tls(#[from] CertError),
     /// A listener could not bind.
-    #[error("cannot listen on {addr}: {source}")]
+    #[error("cannot listen on {addr}: {source}{hint}")]
     Bind {
         /// The address.
         addr: SocketAddr,
         /// Why.
         source: std::io::Error,
+        /// What to do about it (empty, or starting with `; `).
+        hint: String,
     },
+    /// A start-up check refused the configuration: it cannot work (see `preflight`).
+    #[error("{0}")]
+    Refused(String),
     /// The bus could not open its storage.
     #[error(transparent)]
     Bus(#[from] bus::BusError),
@@ -223,6 +234,8 @@ pub(crate) struct Context {
     pub admin_tls: Option<Arc<rustls::ServerConfig>>,
     /// Runtime statuses from the control plane (modules by state), when the hub reads it.
     pub runtimes: fleet::SharedRuntimes,
+    /// What the hub made of each WatchConfig (accepted or why not).
+    pub watch_verdicts: watch_source::Verdicts,
 }
 
 /// Who is on the other end of a connection, from its certificate.
@@ -309,9 +322,17 @@ impl Context {
         }
         if matches!(self.config.watch_source, watch_source::WatchSource::ControlPlane(_)) {
             let synced = self.watch_synced.load(std::sync::atomic::Ordering::Relaxed);
+            let from = match &self.config.watch_source {
+                watch_source::WatchSource::ControlPlane(Some(path)) => format!("kubeconfig {}", path.display()),
+                _ => "in-cluster or $KUBECONFIG".into(),
+            };
             checks.push((
                 "control-plane",
-                if synced { Ok(()) } else { Err("WatchConfig watch has not synced with the control plane".into()) },
+                if synced {
+                    Ok(())
+                } else {
+                    Err(format!("WatchConfig watch has not synced with the control plane ({from})"))
+                },
             ));
         }
         checks
@@ -379,6 +400,8 @@ impl Hub {
     /// instead of binding `config.listen` (the simulation's network); `None` binds it.
     pub async fn bind_on(mut config: HubConfig, listener: Option<Listener>) -> Result<Self, HubError> {
         fleetwatch_certs::install_crypto_provider();
+        // What cannot work is refused before anything is opened, one line each.
+        preflight::check(&config).await?;
         fit_open_file_limit(&mut config);
         // The admin endpoint's protection is checked before anything listens or is opened: fail closed.
         let (admin_token, admin_tls) = match config.admin_listen {
@@ -412,10 +435,10 @@ impl Hub {
         };
         let listener = match listener {
             Some(l) => l,
-            None => Listener::Tcp(bind_retrying(config.listen).await?),
+            None => Listener::Tcp(bind_retrying(config.listen, config.bind_retry).await?),
         };
         let admin = match config.admin_listen {
-            Some(addr) => Some(bind_retrying(addr).await?),
+            Some(addr) => Some(bind_retrying(addr, config.bind_retry).await?),
             None => None,
         };
         // Clients must share the trust domain of the hub's own SPIFFE id.
@@ -424,7 +447,8 @@ impl Hub {
             .map_err(|what| CertError::Pem { path: config.tls.cert.clone(), what })?
             .trust_domain;
         // A broken WatchConfig directory is a start-up error; later edits are reloaded.
-        let initial_watches = config.watch_source.initial()?;
+        let watch_verdicts = watch_source::Verdicts::default();
+        let initial_watches = config.watch_source.initial(&watch_verdicts)?;
         let revocation = revocation::Revocation::load(config.deny_list.clone())?;
         let watch_synced = !matches!(config.watch_source, watch_source::WatchSource::ControlPlane(_));
         // Subscribers of an earlier run may have read up to the log's end: markers already
@@ -450,6 +474,7 @@ impl Hub {
             admin_token,
             admin_tls,
             runtimes: fleet::SharedRuntimes::default(),
+            watch_verdicts,
             config,
             sessions,
             tls,
@@ -484,10 +509,13 @@ impl Hub {
         // Reading WatchConfigs from the control plane, the hub shows its Runtimes too.
         if let watch_source::WatchSource::ControlPlane(kubeconfig) = &self.ctx.config.watch_source {
             tracker.spawn(fleet::follow_runtimes(kubeconfig.clone(), self.ctx.runtimes.clone(), shutdown.clone()));
+            // ... and writes what it made of each WatchConfig into its status.
+            tracker.spawn(watch_status::run(self.ctx.clone(), kubeconfig.clone(), shutdown.clone()));
         }
         tracker.spawn(watch_source::run(
             self.ctx.config.watch_source.clone(),
             self.ctx.sessions.watches.clone(),
+            self.ctx.watch_verdicts.clone(),
             self.ctx.watch_synced.clone(),
             shutdown.clone(),
         ));
@@ -589,9 +617,6 @@ async fn housekeeping(ctx: Arc<Context>, shutdown: CancellationToken) {
     }
 }
 
-/// How long a hub keeps trying a listen address that is in use.
-const BIND_RETRY_FOR: std::time::Duration = std::time::Duration::from_secs(10);
-
 /// Connections the kernel queues before the hub accepts them (capped by
 /// `net.core.somaxconn`). tokio's default of 1,024 overflows when a fleet reconnects at
 /// once after a restart, and every dropped SYN costs its agent a second or more.
@@ -606,28 +631,43 @@ fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
     socket.listen(LISTEN_BACKLOG)
 }
 
-/// Binds a listener (see [`listen`]). An address still in use usually means the previous hub is
-/// still exiting — closing ten thousand sockets after a SIGKILL takes a moment — so that is
-/// retried with backoff for [`BIND_RETRY_FOR`], then refused with the address named.
-pub async fn bind_retrying(addr: SocketAddr) -> Result<TcpListener, HubError> {
+/// Binds a listener (see [`listen`]). An address in use is refused at once, unless `retry`
+/// is given: a hub restarted on its port while the previous one is still exiting (closing
+/// ten thousand sockets after a SIGKILL takes a moment; `bench storm`, the soak) then
+/// retries with backoff for that long before it is refused with the address named.
+pub async fn bind_retrying(addr: SocketAddr, retry: Option<Duration>) -> Result<TcpListener, HubError> {
     use backon::{ExponentialBuilder, Retryable};
+    let in_use = |e: &std::io::Error| e.kind() == std::io::ErrorKind::AddrInUse;
+    let Some(retry) = retry.filter(|d| !d.is_zero()) else {
+        return listen(addr).map_err(|source| {
+            let hint = if in_use(&source) {
+                "; another process listens there (give --bind-retry SECS to wait for it to go)".to_string()
+            } else {
+                String::new()
+            };
+            HubError::Bind { addr, source, hint }
+        });
+    };
     let backoff = ExponentialBuilder::default()
-        .with_min_delay(std::time::Duration::from_millis(10))
-        .with_max_delay(std::time::Duration::from_millis(500))
-        .with_total_delay(Some(BIND_RETRY_FOR))
+        .with_min_delay(Duration::from_millis(10))
+        .with_max_delay(Duration::from_millis(500))
+        .with_total_delay(Some(retry))
         .without_max_times();
     let mut warned = false;
     (|| async move { listen(addr) })
         .retry(backoff)
-        .when(|e| e.kind() == std::io::ErrorKind::AddrInUse)
+        .when(in_use)
         .notify(|_, _| {
             if !warned {
                 warned = true;
-                tracing::warn!(%addr, "address in use (a previous hub still exiting?): retrying for up to {}s", BIND_RETRY_FOR.as_secs());
+                tracing::warn!(%addr, "address in use (a previous hub still exiting?): retrying for up to {:.0}s (--bind-retry)", retry.as_secs_f64());
             }
         })
         .await
-        .map_err(|source| HubError::Bind { addr, source })
+        .map_err(|source| {
+            let hint = if in_use(&source) { format!("; still after {:.0}s of --bind-retry", retry.as_secs_f64()) } else { String::new() };
+            HubError::Bind { addr, source, hint }
+        })
 }
 
 #[cfg(test)]
@@ -635,10 +675,22 @@ mod bind_tests {
     use super::*;
 
     #[tokio::test]
+    async fn an_address_in_use_is_refused_at_once_without_bind_retry() {
+        let holder = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = holder.local_addr().unwrap();
+        let bind = bind_retrying(addr, None);
+        tokio::pin!(bind);
+        // Answered on the first poll: no waiting.
+        let std::task::Poll::Ready(Err(e)) = futures_util::poll!(&mut bind) else { panic!("not refused at once") };
+        let e = e.to_string();
+        assert!(e.contains(&addr.to_string()) && e.contains("--bind-retry"), "{e}");
+    }
+
+    #[tokio::test]
     async fn an_address_in_use_is_retried_until_it_is_free() {
         let holder = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = holder.local_addr().unwrap();
-        let bind = bind_retrying(addr);
+        let bind = bind_retrying(addr, Some(Duration::from_secs(60)));
         tokio::pin!(bind);
         // The first attempt finds the address taken and waits to try again, instead of
         // failing as a plain bind does.

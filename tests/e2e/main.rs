@@ -18,5 +18,7 @@ mod sandbox;
 mod sessions;
 mod shutdown;
 mod soak;
+mod startup;
 mod storage;
 mod support;
+mod watchconfig_status;

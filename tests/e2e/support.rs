@@ -188,6 +188,10 @@ impl HubProc {
         if !extra.contains(&"--idle-timeout") {
             args.extend(["--idle-timeout".into(), "6".into()]);
         }
+        // Tests restart hubs on the port they had: wait for it to be free.
+        if !extra.contains(&"--bind-retry") {
+            args.extend(["--bind-retry".into(), "20".into()]);
+        }
         if let Some(d) = data_dir {
             args.push("--data-dir".into());
             args.push(d.display().to_string());

@@ -60,7 +60,9 @@ pub(super) async fn run(b: StormBench) -> anyhow::Result<()> {
     let clusters: Vec<String> = (0..b.agents).map(|i| format!("bench-{i}")).collect();
     let (_tmp, dir) = bench_pki(&clusters)?;
     let handshakes = b.handshakes.to_string();
-    let hub_args = ["--max-handshakes", &handshakes, "--max-handshakes-per-ip", &handshakes];
+    // --bind-retry: the hub is restarted on its port at once, while the old one's sockets
+    // may still be closing.
+    let hub_args = ["--max-handshakes", &handshakes, "--max-handshakes-per-ip", &handshakes, "--bind-retry", "10"];
     let mut hub = start_hub_at(&dir, b.durable, 0, HUB_LOG, &hub_args).await?;
     let port = hub.wss.port;
     let source = SyntheticSource { objects: b.objects, rate: b.rate / b.agents as f64, total: None, payload: 0 };
@@ -83,7 +85,7 @@ pub(super) async fn run(b: StormBench) -> anyhow::Result<()> {
     hub.child.start_kill().context("kill hub")?;
     let _ = hub.child.wait().await;
     // Restarted at once: the new hub must get the port although the old one's sockets are
-    // still closing (it retries an address in use).
+    // still closing (--bind-retry retries an address in use).
     hub = start_hub_at(&dir, b.durable, port, HUB_LOG, &hub_args).await.context("restarting the hub on its port")?;
     let restarted_secs = killed.elapsed().as_secs_f64();
     let pid = hub.child.id().context("hub pid")?;

@@ -238,6 +238,8 @@ async fn soak(
             ("--deny-list", deny_list.display().to_string()),
             ("--tls-reload-interval", "1".into()),
             ("--idle-timeout", "10".into()),
+            // Restarted on its ports after a SIGKILL, possibly before the old sockets closed.
+            ("--bind-retry", "30".into()),
         ] {
             hub_args.push(flag.into());
             hub_args.push(value);

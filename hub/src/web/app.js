@@ -114,6 +114,28 @@
         : el("p", { class: "note" }, "No subscriber.")];
   }
 
+  // What the hub made of each WatchConfig: refused ones (never pushed to agents) first, in red.
+  function watchConfigsSection(wcs) {
+    const items = (wcs && wcs.items) || [];
+    const rows = items.map((w) =>
+      el("tr", { "data-watchconfig": w.name, "data-accepted": w.accepted },
+        el("td", {}, w.name || "-"),
+        el("td", { class: "muted" }, w.source),
+        el("td", {}, w.accepted ? el("span", { class: "state-ok" }, "accepted")
+          : el("span", { class: "state-bad" }, "refused: " + w.reason)),
+        el("td", {}, w.message || ""),
+        el("td", { class: "num" }, w.clusters)));
+    const out = [el("h2", {}, "Watch configurations")];
+    if (wcs && wcs.refused) {
+      out.push(el("p", { class: "state-bad", id: "watchconfigs-refused" },
+        wcs.refused + (wcs.refused === 1 ? " WatchConfig is" : " WatchConfigs are") + " refused and not pushed to agents."));
+    }
+    out.push(rows.length ? table(["WatchConfig", "Source", "Accepted", "Message", "Clusters"], rows, { id: "watchconfigs" })
+      : el("p", { class: "note" }, "No WatchConfig."));
+    if (wcs && wcs.omitted) out.push(el("p", { class: "note" }, wcs.omitted + " more not shown (refused ones are listed first)."));
+    return out;
+  }
+
   function renderOverview(doc) {
     const t = doc.totals || {};
     const rows = (doc.clusters || []).map((c) =>
@@ -139,6 +161,7 @@
         : el("p", { class: "note" }, "No agent has connected yet."),
     ];
     if (doc.clustersOmitted) parts.push(el("p", { class: "note" }, doc.clustersOmitted + " more clusters not shown (connected ones are left out first)."));
+    parts.push(...watchConfigsSection(doc.watchConfigs));
     parts.push(...subscriptionsSection(doc.subscriptions));
     parts.push(...runtimesSection(doc.runtimes, null));
     main.replaceChildren(...parts);
