@@ -12,6 +12,7 @@
 pub mod filter;
 pub mod kube_source;
 pub mod outbox;
+pub mod providers;
 pub mod runtime;
 pub mod source;
 mod uplink;
