@@ -213,8 +213,9 @@ async fn run_watch(
                     states.set(&name, phase, msg, 0);
                     tokio::select! {
                         _ = tokio::time::sleep(wait) => {}
-                        // A module installed or removed: the phase may change at once.
-                        _ = providers.changed() => {}
+                        // A module installed or removed: the phase may change at once. (A
+                        // closed channel disables this branch instead of spinning.)
+                        Ok(()) = providers.changed() => {}
                         _ = cancel.cancelled() => return,
                     }
                     wait = (wait * 2).min(Duration::from_secs(5));
