@@ -676,9 +676,27 @@ async fn remove(applier: &Applier, prev: &ModuleStatus) -> Option<ModuleStatus> 
 
 /// Publishes an Event on the Runtime for each module transition. Best effort: a failure
 /// to publish is logged and never fails the reconcile.
+///
+/// The transitions are taken against the status as the API server has it: the cached
+/// Runtime can predate the status the previous reconcile wrote (its watch event not in yet),
+/// and counting from it reported every install twice (issue 27: "count 2"). Only a
+/// reconcile that seems to have transitions pays for the read.
 async fn publish_events(ctx: &Ctx, rt: &Runtime, previous: &[ModuleStatus], next: &[ModuleStatus]) {
+    let mut events = crate::events::transitions(previous, next);
+    if events.is_empty() {
+        return;
+    }
+    let ns = rt.namespace().unwrap_or_else(|| "default".into());
+    let api: Api<Runtime> = Api::namespaced(ctx.client.clone(), &ns);
+    match api.get_status(&rt.name_any()).await {
+        Ok(fresh) => {
+            let stored = fresh.status.map(|s| s.modules).unwrap_or_default();
+            events = crate::events::transitions(&stored, next);
+        }
+        Err(e) => tracing::debug!(error = %e, "cannot read the Runtime's current status; Events from the cached one"),
+    }
     let reference = rt.object_ref(&());
-    for ev in crate::events::transitions(previous, next) {
+    for ev in events {
         if let Err(e) = ctx.recorder.publish(&ev, &reference).await {
             tracing::debug!(reason = %ev.reason, module = %ev.module, error = %e, "cannot publish an Event");
         }

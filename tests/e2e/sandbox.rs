@@ -240,12 +240,10 @@ fn sandbox_events_per_module_and_a_removed_modules_watch_waits_for_its_kind() {
     until("the redis-config watch running", &mut || watch_phase() == "running");
 
     // Remove redis: its CRD leaves the cluster, its watch waits for the kind, healthily.
-    let nats_only = r#"{"apiVersion":"operator.fleetwatch.dev/v1alpha1","kind":"Runtime","metadata":{"name":"rt-1","namespace":"kcp"},"spec":{"modules":[{"name":"nats"}]}}"#;
-    kubectl(
-        &cp,
-        &["apply", "--server-side", "--force-conflicts", "--field-manager", "sandbox-setup", "-f", "-"],
-        Some(nats_only),
-    );
+    // A merge patch replaces the list and leaves the rest of the spec as the sandbox set it.
+    let modules = |m: &str| format!(r#"{{"spec":{{"modules":[{m}]}}}}"#);
+    let nats_only = modules(r#"{"name":"nats"}"#);
+    kubectl(&cp, &["-n", "kcp", "patch", "runtime", "rt-1", "--type", "merge", "-p", &nats_only], None);
     until("redis removed", &mut || ready(false)(&lines.lock().unwrap()));
     until("the redis-config watch waiting for its kind", &mut || watch_phase() == "waiting-for-kind");
     let (code, out) = status();
@@ -262,12 +260,8 @@ fn sandbox_events_per_module_and_a_removed_modules_watch_waits_for_its_kind() {
     });
 
     // redis back: the watch resumes by itself, and the second install counts in redis's series.
-    let both = r#"{"apiVersion":"operator.fleetwatch.dev/v1alpha1","kind":"Runtime","metadata":{"name":"rt-1","namespace":"kcp"},"spec":{"modules":[{"name":"redis"},{"name":"nats"}]}}"#;
-    kubectl(
-        &cp,
-        &["apply", "--server-side", "--force-conflicts", "--field-manager", "sandbox-setup", "-f", "-"],
-        Some(both),
-    );
+    let both = modules(r#"{"name":"redis"},{"name":"nats"}"#);
+    kubectl(&cp, &["-n", "kcp", "patch", "runtime", "rt-1", "--type", "merge", "-p", &both], None);
     until("the redis-config watch running again", &mut || watch_phase() == "running");
     until("redis's Installed series at 2", &mut || {
         installed(&events()).contains(&("installed redis 1.0.0".to_string(), 2))
