@@ -23,6 +23,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::filter::WatchFilter;
+use crate::providers::{PROVIDES_ANNOTATION, Providers};
 use crate::source::{Change, ChangeKind, Source, SourceIo};
 
 /// Label that marks a module's manager Deployment; its value is the module name.
@@ -48,7 +49,9 @@ impl States {
             WatchPhase::Running => tracing::info!(watch = name, objects, "watch running"),
             WatchPhase::Starting => tracing::debug!(watch = name, "watch starting"),
             // Normal while a module's CRD is not installed yet; retried.
-            WatchPhase::KindNotFound => tracing::info!(watch = name, message = %next.message, "kind not served (yet)"),
+            WatchPhase::WaitingForKind => {
+                tracing::info!(watch = name, message = %next.message, "kind not served (yet); waiting for it")
+            }
             _ => tracing::warn!(watch = name, %phase, message = %next.message, "watch not running"),
         }
         map.insert(name.into(), next);
@@ -105,7 +108,9 @@ async fn run(
     // The watchers' own token: cancelled when this function stops, for whatever reason.
     let watchers = shutdown.child_token();
     let tasks = TaskTracker::new();
-    tasks.spawn(inventory(client.clone(), changes.clone(), watchers.child_token()));
+    // The installed modules' declared kinds, from the inventory, for the watches' phases.
+    let (providers_tx, providers) = watch::channel(Providers::default());
+    tasks.spawn(inventory(client.clone(), changes.clone(), providers_tx, watchers.child_token()));
     let mut running: HashMap<String, (WatchSpec, CancellationToken)> = HashMap::new();
     loop {
         let wanted: HashMap<String, WatchSpec> =
@@ -126,7 +131,15 @@ async fn run(
             }
             tracing::info!(watch = %name, kind = %spec.kind, "starting watch");
             let cancel = watchers.child_token();
-            tasks.spawn(run_watch(client.clone(), spec.clone(), changes.clone(), states.clone(), cancel.clone()));
+            let watch = run_watch(
+                client.clone(),
+                spec.clone(),
+                changes.clone(),
+                states.clone(),
+                providers.clone(),
+                cancel.clone(),
+            );
+            tasks.spawn(watch);
             running.insert(name, (spec, cancel));
         }
         let stop = tokio::select! {
@@ -147,8 +160,9 @@ async fn run(
 fn classify(e: &kube::Error) -> (WatchPhase, String) {
     match e {
         kube::Error::Api(s) if s.code == 403 => (WatchPhase::Forbidden, s.message.clone()),
-        kube::Error::Api(s) if s.code == 404 => (WatchPhase::KindNotFound, s.message.clone()),
-        kube::Error::Discovery(d) => (WatchPhase::KindNotFound, d.to_string()),
+        // Absent kinds are told apart (waiting or failing) by who should provide them.
+        kube::Error::Api(s) if s.code == 404 => (WatchPhase::WaitingForKind, s.message.clone()),
+        kube::Error::Discovery(d) => (WatchPhase::WaitingForKind, d.to_string()),
         other => (WatchPhase::Error, other.to_string()),
     }
 }
@@ -168,79 +182,129 @@ async fn run_watch(
     spec: WatchSpec,
     changes: mpsc::Sender<Change>,
     states: States,
+    mut providers: watch::Receiver<Providers>,
     cancel: CancellationToken,
 ) {
     let name = spec.name.clone();
     states.set(&name, WatchPhase::Starting, String::new(), 0);
-    // Resolve the kind; a kind that does not exist yet is retried until its CRD appears.
     let gvk = GroupVersionKind::gvk(&spec.group, &spec.version, &spec.kind);
-    let mut wait = Duration::from_millis(250);
-    let (ar, caps) = loop {
-        let found = tokio::select! {
-            r = kube::discovery::pinned_kind(&client, &gvk) => r,
-            _ = cancel.cancelled() => return,
-        };
-        match found {
-            Ok(v) => break v,
-            Err(e) => {
-                let (phase, msg) = classify(&e);
-                states.set(&name, phase, format!("{}/{} {}: {msg}", spec.group, spec.version, spec.kind), 0);
-                tokio::select! {
-                    _ = tokio::time::sleep(wait) => {}
-                    _ = cancel.cancelled() => return,
+    let what = format!("{}/{} {}", spec.group, spec.version, spec.kind);
+    // Kept across the kind's absences: a relist after the CRD came back diffs against what
+    // was watched before it went (synthetic deletes for objects gone meanwhile).
+    let mut filter: Option<WatchFilter> = None;
+    loop {
+        // Resolve the kind; a kind that does not exist (yet, or any more) is looked up again
+        // until its CRD appears, at most 5 s apart.
+        let mut wait = Duration::from_millis(250);
+        let (ar, caps) = loop {
+            let found = tokio::select! {
+                r = kube::discovery::pinned_kind(&client, &gvk) => r,
+                _ = cancel.cancelled() => return,
+            };
+            match found {
+                Ok(v) => break v,
+                Err(e) => {
+                    let (phase, msg) = classify(&e);
+                    let (phase, msg) = if phase == WatchPhase::WaitingForKind {
+                        providers.borrow_and_update().absent_kind(&spec.group, &spec.kind, &format!("{what}: {msg}"))
+                    } else {
+                        (phase, format!("{what}: {msg}"))
+                    };
+                    states.set(&name, phase, msg, 0);
+                    tokio::select! {
+                        _ = tokio::time::sleep(wait) => {}
+                        // A module installed or removed: the phase may change at once. (A
+                        // closed channel disables this branch instead of spinning.)
+                        Ok(()) = providers.changed() => {}
+                        _ = cancel.cancelled() => return,
+                    }
+                    wait = (wait * 2).min(Duration::from_secs(5));
                 }
-                wait = (wait * 2).min(Duration::from_secs(5));
+            }
+        };
+        let api: Api<DynamicObject> = match (&spec.namespace, caps.scope) {
+            (Some(ns), Scope::Namespaced) => Api::namespaced_with(client.clone(), ns, &ar),
+            _ => Api::all_with(client.clone(), &ar),
+        };
+        let filter = filter.get_or_insert_with(|| WatchFilter::new(&spec, &ar.api_version, &ar.kind));
+        match follow(&name, &spec, api, &ar, filter, &changes, &states, &cancel).await {
+            Followed::Stop => return,
+            Followed::KindGone(msg) => {
+                let (phase, msg) =
+                    providers.borrow_and_update().absent_kind(&spec.group, &spec.kind, &format!("{what}: {msg}"));
+                states.set(&name, phase, msg, filter.len() as u64);
             }
         }
-    };
-    let api: Api<DynamicObject> = match (&spec.namespace, caps.scope) {
-        (Some(ns), Scope::Namespaced) => Api::namespaced_with(client, ns, &ar),
-        _ => Api::all_with(client, &ar),
-    };
+    }
+}
+
+/// How following a resolved kind ended.
+enum Followed {
+    /// Cancelled, or nobody takes changes any more.
+    Stop,
+    /// The API server answers 404 for the kind (its CRD was deleted): resolve it again.
+    KindGone(String),
+}
+
+/// Lists and watches one resolved kind, feeding the filter, until cancelled or the kind
+/// goes away. Other errors are reported and retried by the watcher's backoff.
+#[allow(clippy::too_many_arguments)]
+async fn follow(
+    name: &str,
+    spec: &WatchSpec,
+    api: Api<DynamicObject>,
+    ar: &ApiResource,
+    filter: &mut WatchFilter,
+    changes: &mpsc::Sender<Change>,
+    states: &States,
+    cancel: &CancellationToken,
+) -> Followed {
     let mut cfg = watcher::Config::default();
     if let Some(sel) = &spec.label_selector {
         cfg = cfg.labels(sel);
     }
-    let mut filter = WatchFilter::new(&spec, &ar.api_version, &ar.kind);
     let stream = watcher(api, cfg).default_backoff();
     futures_util::pin_mut!(stream);
     loop {
         let ev = tokio::select! {
             ev = stream.next() => ev,
-            _ = cancel.cancelled() => return,
+            _ = cancel.cancelled() => return Followed::Stop,
         };
-        let Some(ev) = ev else { return };
+        let Some(ev) = ev else { return Followed::Stop };
         let mut out = Vec::new();
         match ev {
             Ok(watcher::Event::Init) => filter.relist_started(),
             Ok(watcher::Event::InitApply(obj)) => {
-                if let Some(v) = to_json(&name, &ar, &obj) {
+                if let Some(v) = to_json(name, ar, &obj) {
                     out.extend(filter.listed(&v));
                 }
             }
             Ok(watcher::Event::InitDone) => {
                 out.extend(filter.relist_done());
-                states.set(&name, WatchPhase::Running, String::new(), filter.len() as u64);
+                states.set(name, WatchPhase::Running, String::new(), filter.len() as u64);
             }
             Ok(watcher::Event::Apply(obj)) => {
-                if let Some(v) = to_json(&name, &ar, &obj) {
+                if let Some(v) = to_json(name, ar, &obj) {
                     out.extend(filter.applied(&v));
                 }
             }
             Ok(watcher::Event::Delete(obj)) => {
                 // A delete must not be lost: without the whole object, its identity still
                 // says which object went.
-                let v = to_json(&name, &ar, &obj).unwrap_or_else(|| identity_json(&ar, &obj));
+                let v = to_json(name, ar, &obj).unwrap_or_else(|| identity_json(ar, &obj));
                 out.extend(filter.deleted(&v));
             }
             Err(e) => {
                 let (phase, msg) = classify_watcher(&e);
-                states.set(&name, phase, msg, filter.len() as u64);
+                if phase == WatchPhase::WaitingForKind {
+                    return Followed::KindGone(msg);
+                }
+                states.set(name, phase, msg, filter.len() as u64);
             }
         }
         for ch in out {
             if changes.send(ch).await.is_err() {
-                return;
+                return Followed::Stop;
             }
         }
     }
@@ -278,12 +342,21 @@ fn identity_json(ar: &ApiResource, obj: &DynamicObject) -> Value {
 }
 
 /// Follows module manager Deployments and emits the inventory whenever it changes.
-async fn inventory(client: kube::Client, changes: mpsc::Sender<Change>, cancel: CancellationToken) {
+///
+/// Also publishes the kinds the installed modules declare (their manager Deployment's
+/// [`PROVIDES_ANNOTATION`]) to `providers`, so an absent kind's phase says whether a
+/// module that should provide it is installed.
+async fn inventory(
+    client: kube::Client,
+    changes: mpsc::Sender<Change>,
+    providers: watch::Sender<Providers>,
+    cancel: CancellationToken,
+) {
     let api: Api<k8s_openapi::api::apps::v1::Deployment> = Api::all(client);
     let stream = watcher(api, watcher::Config::default().labels(MODULE_LABEL)).default_backoff();
     futures_util::pin_mut!(stream);
-    let mut current: BTreeMap<(String, String), ModuleInventory> = BTreeMap::new();
-    let mut building: Option<BTreeMap<(String, String), ModuleInventory>> = None;
+    let mut current: BTreeMap<(String, String), (ModuleInventory, String)> = BTreeMap::new();
+    let mut building: Option<BTreeMap<(String, String), (ModuleInventory, String)>> = None;
     let mut last_sent: Option<Vec<ModuleInventory>> = None;
     loop {
         let ev = tokio::select! {
@@ -298,7 +371,9 @@ async fn inventory(client: kube::Client, changes: mpsc::Sender<Change>, cancel: 
             let want = d.spec.replicas.unwrap_or(1);
             let ready = d.status.as_ref().and_then(|s| s.ready_replicas).unwrap_or(0) >= want;
             let key = (d.metadata.namespace.clone().unwrap_or_default(), d.metadata.name.clone().unwrap_or_default());
-            Some((key, ModuleInventory { name, version, ready }))
+            let provides =
+                d.metadata.annotations.as_ref().and_then(|a| a.get(PROVIDES_ANNOTATION)).cloned().unwrap_or_default();
+            Some((key, (ModuleInventory { name, version, ready }, provides)))
         };
         let settled = match ev {
             Ok(watcher::Event::Init) => {
@@ -335,7 +410,14 @@ async fn inventory(client: kube::Client, changes: mpsc::Sender<Change>, cancel: 
         if !settled {
             continue;
         }
-        let mut modules: Vec<ModuleInventory> = current.values().cloned().collect();
+        let declared =
+            Providers::from_modules(current.values().map(|(m, p)| (m.name.as_str(), m.version.as_str(), p.as_str())));
+        providers.send_if_modified(|p| {
+            let changed = *p != declared;
+            *p = declared;
+            changed
+        });
+        let mut modules: Vec<ModuleInventory> = current.values().map(|(m, _)| m.clone()).collect();
         modules.sort_by(|a, b| (&a.name, &a.version).cmp(&(&b.name, &b.version)));
         if last_sent.as_ref() == Some(&modules) {
             continue;
@@ -383,7 +465,7 @@ mod tests {
             kube::Error::Api(kube::core::Status { code, message: format!("m{code}"), ..Default::default() }.boxed())
         };
         assert_eq!(classify(&status(403)), (WatchPhase::Forbidden, "m403".into()));
-        assert_eq!(classify(&status(404)), (WatchPhase::KindNotFound, "m404".into()));
+        assert_eq!(classify(&status(404)), (WatchPhase::WaitingForKind, "m404".into()));
         assert_eq!(classify(&status(500)).0, WatchPhase::Error);
     }
 }

@@ -13,6 +13,7 @@ pub mod filter;
 pub mod kube_source;
 pub mod metrics;
 pub mod outbox;
+pub mod providers;
 pub mod runtime;
 pub mod source;
 mod uplink;

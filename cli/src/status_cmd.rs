@@ -11,6 +11,7 @@ use clap::{Args, ValueEnum};
 use fleetwatch_api::Runtime;
 use fleetwatch_api::summary::RuntimeSummary;
 use fleetwatch_hub::ClusterStatus;
+use fleetwatch_protocol::message::WatchPhase;
 use serde::{Deserialize, Serialize};
 
 #[derive(Args)]
@@ -81,12 +82,10 @@ pub fn problems(fleet: &Fleet, max_lag_seconds: f64) -> Vec<String> {
             let seen = c.last_seen.map(|t| format!(" (last seen {t})")).unwrap_or_default();
             out.push(format!("cluster {}: agent not connected{seen}", c.cluster));
         }
-        for w in &c.watches {
-            let phase = w.phase.to_string();
-            if phase != "running" && phase != "starting" {
-                let msg = if w.message.is_empty() { String::new() } else { format!(": {}", w.message) };
-                out.push(format!("cluster {}: watch {} is {phase}{msg}", c.cluster, w.name));
-            }
+        // `waiting-for-kind` is healthy: nothing installed the kind (yet).
+        for w in c.watches.iter().filter(|w| w.phase.is_failing()) {
+            let msg = if w.message.is_empty() { String::new() } else { format!(": {}", w.message) };
+            out.push(format!("cluster {}: watch {} is {}{msg}", c.cluster, w.name, w.phase));
         }
     }
     for s in &fleet.subscriptions {
@@ -188,11 +187,16 @@ pub fn render(fleet: &Fleet, problems: &[String], wide: bool, now: jiff::Timesta
         }
     };
     for c in &fleet.clusters {
-        let running = c.watches.iter().filter(|w| w.phase.to_string() == "running").count();
-        let failed =
-            c.watches.iter().filter(|w| !matches!(w.phase.to_string().as_str(), "running" | "starting")).count();
-        let watches =
-            if failed > 0 { format!("{running} running, {failed} failed") } else { format!("{running} running") };
+        let running = c.watches.iter().filter(|w| w.phase == WatchPhase::Running).count();
+        let waiting = c.watches.iter().filter(|w| w.phase == WatchPhase::WaitingForKind).count();
+        let failed = c.watches.iter().filter(|w| w.phase.is_failing()).count();
+        let mut watches = format!("{running} running");
+        if waiting > 0 {
+            watches.push_str(&format!(", {waiting} waiting for kind"));
+        }
+        if failed > 0 {
+            watches.push_str(&format!(", {failed} failed"));
+        }
         let mut row = vec![
             c.cluster.clone(),
             if c.connected { "connected".into() } else { "disconnected".into() },
@@ -393,7 +397,7 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<bool> {
 mod tests {
     use super::*;
     use fleetwatch_api::summary::ModuleSummary;
-    use fleetwatch_protocol::message::{WatchPhase, WatchState};
+    use fleetwatch_protocol::message::WatchState;
 
     fn now() -> jiff::Timestamp {
         "2030-01-01T12:00:00Z".parse().unwrap()
@@ -520,6 +524,26 @@ mod tests {
         assert!(out.lines().any(|l| l.starts_with("rt-9") && l.contains("never")), "{out}");
         assert!(out.contains("AGENT VERSION"), "{out}");
         assert!(out.contains(": 6 problems"), "{out}");
+    }
+
+    #[test]
+    fn a_watch_waiting_for_an_uninstalled_kind_is_healthy_but_a_provided_one_is_not() {
+        let mut c = cluster("rt-1", true);
+        c.watches.push(WatchState {
+            name: "redis-config".into(),
+            phase: WatchPhase::WaitingForKind,
+            message: "no installed module provides it (yet)".into(),
+            objects: 0,
+        });
+        let mut fleet = Fleet { clusters: vec![c], ..Default::default() };
+        let p = problems(&fleet, 60.0);
+        assert!(p.is_empty(), "{p:?}");
+        let out = render(&fleet, &p, false, now());
+        assert!(out.contains("1 running, 1 waiting for kind") && !out.contains("failed"), "{out}");
+        fleet.clusters[0].watches[1].phase = WatchPhase::KindNotFound;
+        let p = problems(&fleet, 60.0);
+        assert_eq!(p.len(), 1, "{p:?}");
+        assert!(p[0].starts_with("cluster rt-1: watch redis-config is kind-not-found"), "{p:?}");
     }
 
     #[test]

@@ -294,7 +294,7 @@ async fn scrape(ctx: &Context) -> String {
     t.family(
         "fleetwatch_hub_cluster_watches",
         "gauge",
-        "Watches of each connected cluster's agent, by phase (running, starting, kind-not-found, forbidden, error)",
+        "Watches of each connected cluster's agent, by phase (running, starting, waiting-for-kind (healthy: nothing installed the kind), kind-not-found (its module is installed), forbidden, error)",
     );
     for c in clusters.iter().filter(|c| c.connected) {
         let mut phases: std::collections::BTreeMap<String, u64> = Default::default();

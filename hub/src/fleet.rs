@@ -14,6 +14,7 @@ use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
 use crate::registry::ClusterStatus;
+use fleetwatch_protocol::message::WatchPhase;
 
 /// How often Runtime statuses are listed.
 pub const RUNTIME_POLL: Duration = Duration::from_secs(5);
@@ -138,8 +139,10 @@ pub struct ClusterRow {
     pub events_per_sec: f64,
     /// Watches running.
     pub watches_running: usize,
-    /// Watches failing (any phase but running and starting).
+    /// Watches failing (any phase but running, starting and `waiting-for-kind`).
     pub watches_failed: usize,
+    /// Watches waiting for a kind that nothing installed yet (healthy, not failing).
+    pub watches_waiting: usize,
     /// The agent's version.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub agent_version: Option<String>,
@@ -148,11 +151,10 @@ pub struct ClusterRow {
     pub hub: Option<String>,
 }
 
-/// Watches (running, failed) of a cluster's report.
-pub fn watch_counts(c: &ClusterStatus) -> (usize, usize) {
-    let running = c.watches.iter().filter(|w| w.phase.to_string() == "running").count();
-    let starting = c.watches.iter().filter(|w| w.phase.to_string() == "starting").count();
-    (running, c.watches.len() - running - starting)
+/// Watches (running, failed, waiting for their kind) of a cluster's report.
+pub fn watch_counts(c: &ClusterStatus) -> (usize, usize, usize) {
+    let count = |f: &dyn Fn(WatchPhase) -> bool| c.watches.iter().filter(|w| f(w.phase)).count();
+    (count(&|p| p == WatchPhase::Running), count(&|p| p.is_failing()), count(&|p| p == WatchPhase::WaitingForKind))
 }
 
 /// Turns cluster totals into rates between two overviews.
@@ -177,7 +179,7 @@ impl Rates {
                     (Some(dt), Some(b)) => c.events_received.saturating_sub(b) as f64 / dt,
                     _ => 0.0,
                 };
-                let (running, failed) = watch_counts(c);
+                let (running, failed, waiting) = watch_counts(c);
                 ClusterRow {
                     cluster: c.cluster.clone(),
                     connected: c.connected,
@@ -186,6 +188,7 @@ impl Rates {
                     events_per_sec: (rate * 10.0).round() / 10.0,
                     watches_running: running,
                     watches_failed: failed,
+                    watches_waiting: waiting,
                     agent_version: c.agent_version.clone(),
                     hub: hubs.get(&c.cluster).cloned(),
                 }

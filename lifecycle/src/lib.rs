@@ -18,6 +18,7 @@ pub mod events;
 pub mod maintenance;
 pub mod metrics;
 pub mod migration;
+pub mod provides;
 pub mod reconcile;
 pub mod rollout;
 pub mod shards;
@@ -116,7 +117,7 @@ pub struct Ctx {
     /// Per runtime: the fingerprint of the catalog last written into its cluster.
     catalogs: std::sync::Mutex<std::collections::HashMap<String, u64>>,
     /// Publishes Kubernetes Events on Runtimes.
-    recorder: kube::runtime::events::Recorder,
+    recorder: events::Recorder,
     /// The shards this instance holds, when sharded.
     shards: Option<Arc<shards::ShardMap>>,
     /// Told about each reconcile.
@@ -292,12 +293,9 @@ pub async fn run(config: LifecycleConfig, metrics: Arc<Metrics>, shutdown: Cance
         backoff: Default::default(),
         catalogs: Default::default(),
         rollouts: rollout::Rollouts::new(hub_tx.clone()),
-        recorder: kube::runtime::events::Recorder::new(
+        recorder: events::Recorder::new(
             client.clone(),
-            kube::runtime::events::Reporter {
-                controller: "fleetwatch-lifecycle".into(),
-                instance: std::env::var("POD_NAME").ok(),
-            },
+            events::Reporter { controller: "fleetwatch-lifecycle".into(), instance: std::env::var("POD_NAME").ok() },
         ),
         runtimes: runtimes.clone(),
         shards: shard_map.clone(),

@@ -286,7 +286,7 @@ async fn apply(rt: Arc<Runtime>, ctx: &Ctx) -> Result<Action, Error> {
             Ok(state) => {
                 if state.issued {
                     let note = format!("agent certificate {} issued for cluster {}", state.serial, rt.cluster_id());
-                    publish_note(ctx, &rt, "AgentCertificateIssued", note).await;
+                    publish_note(ctx, &rt, crate::agent_module::MODULE, "AgentCertificateIssued", note).await;
                 }
                 renew_in = Some(state.renew_in);
             }
@@ -505,7 +505,8 @@ async fn install_inner(
         return fail(st, State::Error, format!("upgrade of {} to {desired} stopped: {e}", entry.name));
     }
     let mut resources = Vec::new();
-    for obj in &template.spec.manifest {
+    // The manager declares the kinds the module provides (its CRDs), for the agent.
+    for obj in crate::provides::annotated_manifest(&template.spec).iter() {
         match applier.apply(obj).await {
             Ok(r) => resources.push(r),
             Err(e) => return fail(st, State::Error, format!("installing {} {desired}: {e}", entry.name)),
@@ -592,7 +593,7 @@ async fn keep_current(
     message: String,
 ) -> ModuleStatus {
     if let Some(current) = find_template(&ctx.templates.state(), ns, &entry.name, running) {
-        for obj in &current.spec.manifest {
+        for obj in crate::provides::annotated_manifest(&current.spec).iter() {
             if let Err(e) = applier.apply(obj).await {
                 return fail(st, State::Error, format!("repairing {} {running}: {e}", entry.name));
             }
@@ -675,24 +676,37 @@ async fn remove(applier: &Applier, prev: &ModuleStatus) -> Option<ModuleStatus> 
 
 /// Publishes an Event on the Runtime for each module transition. Best effort: a failure
 /// to publish is logged and never fails the reconcile.
+///
+/// The transitions are taken against the status as the API server has it: the cached
+/// Runtime can predate the status the previous reconcile wrote (its watch event not in yet),
+/// and counting from it reported every install twice (issue 27: "count 2"). Only a
+/// reconcile that seems to have transitions pays for the read.
 async fn publish_events(ctx: &Ctx, rt: &Runtime, previous: &[ModuleStatus], next: &[ModuleStatus]) {
+    let mut events = crate::events::transitions(previous, next);
+    if events.is_empty() {
+        return;
+    }
+    let ns = rt.namespace().unwrap_or_else(|| "default".into());
+    let api: Api<Runtime> = Api::namespaced(ctx.client.clone(), &ns);
+    match api.get_status(&rt.name_any()).await {
+        Ok(fresh) => {
+            let stored = fresh.status.map(|s| s.modules).unwrap_or_default();
+            events = crate::events::transitions(&stored, next);
+        }
+        Err(e) => tracing::debug!(error = %e, "cannot read the Runtime's current status; Events from the cached one"),
+    }
     let reference = rt.object_ref(&());
-    for ev in crate::events::transitions(previous, next) {
+    for ev in events {
         if let Err(e) = ctx.recorder.publish(&ev, &reference).await {
-            tracing::debug!(reason = %ev.reason, error = %e, "cannot publish an Event");
+            tracing::debug!(reason = %ev.reason, module = %ev.module, error = %e, "cannot publish an Event");
         }
     }
 }
 
-/// Publishes one Normal Event on the Runtime (best effort, like [`publish_events`]).
-async fn publish_note(ctx: &Ctx, rt: &Runtime, reason: &str, note: String) {
-    let ev = kube::runtime::events::Event {
-        type_: kube::runtime::events::EventType::Normal,
-        reason: reason.into(),
-        note: Some(note),
-        action: "Certificate".into(),
-        secondary: None,
-    };
+/// Publishes one Normal Event of `module` on the Runtime (best effort, like
+/// [`publish_events`]).
+async fn publish_note(ctx: &Ctx, rt: &Runtime, module: &str, reason: &str, note: String) {
+    let ev = crate::events::event(crate::events::EventType::Normal, reason, "Certificate", module, note);
     if let Err(e) = ctx.recorder.publish(&ev, &rt.object_ref(&())).await {
         tracing::debug!(%reason, error = %e, "cannot publish an Event");
     }

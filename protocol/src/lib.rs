@@ -17,6 +17,7 @@ pub mod codec;
 pub mod event;
 pub mod identity;
 pub mod message;
+pub mod provides;
 pub mod watch;
 
 pub use codec::Limits;

@@ -60,12 +60,27 @@ pub enum WatchPhase {
     Starting,
     /// Listed and watching.
     Running,
-    /// The kind does not exist (yet); retried, picked up when its CRD appears.
+    /// The kind is not served and nothing in the cluster is meant to provide it (its module
+    /// is not installed, or was removed, or its CRD is simply not there yet). Healthy: the
+    /// agent keeps looking and starts watching as soon as the CRD appears.
+    WaitingForKind,
+    /// The kind is not served although a module installed in the cluster declares that it
+    /// provides it (the manager Deployment's `operator.fleetwatch.dev/provides` annotation):
+    /// a failure. Agents before `waiting-for-kind` existed report every absent kind so.
     KindNotFound,
     /// RBAC denies list or watch; retried.
     Forbidden,
     /// Another error; retried.
     Error,
+}
+
+impl WatchPhase {
+    /// Whether the phase is a failure that someone should look at (what `fleetwatch status`,
+    /// the web view and the `FleetwatchWatchFailing` alert count): everything but running,
+    /// starting and waiting for a kind that nothing installed.
+    pub fn is_failing(self) -> bool {
+        !matches!(self, WatchPhase::Running | WatchPhase::Starting | WatchPhase::WaitingForKind)
+    }
 }
 
 impl std::fmt::Display for WatchPhase {
@@ -403,6 +418,9 @@ mod display_tests {
         assert_eq!(ErrorCode::LimitExceeded.to_string(), "limit-exceeded");
         assert_eq!(ErrorCode::Forbidden.to_string(), "forbidden");
         assert_eq!(WatchPhase::KindNotFound.to_string(), "kind-not-found");
+        assert_eq!(WatchPhase::WaitingForKind.to_string(), "waiting-for-kind");
+        assert!(!WatchPhase::WaitingForKind.is_failing() && !WatchPhase::Running.is_failing());
+        assert!(WatchPhase::KindNotFound.is_failing() && WatchPhase::Forbidden.is_failing());
     }
 }
 

@@ -441,7 +441,7 @@ async fn resource(
         (&Method::GET, None) => {
             let output = negotiate(&req, &q)?;
             let labels = LabelSelector::parse(q.get("labelSelector").unwrap_or(""))?;
-            let fields = FieldSelector::parse(q.get("fieldSelector").unwrap_or(""))?;
+            let fields = FieldSelector::parse_for(q.get("fieldSelector").unwrap_or(""), &t.def.group, &t.def.kind)?;
             if q.flag("watch") {
                 core.faults.watch_gate().await;
                 return start_watch(core, &t.def, &q, ns, labels, fields, output);
@@ -499,7 +499,8 @@ async fn resource(
                 Some(name) => json_response(200, &ops::delete(&mut core.lock(), &t.def, ns, name, &d)?),
                 None => {
                     let labels = LabelSelector::parse(q.get("labelSelector").unwrap_or(""))?;
-                    let fields = FieldSelector::parse(q.get("fieldSelector").unwrap_or(""))?;
+                    let fields =
+                        FieldSelector::parse_for(q.get("fieldSelector").unwrap_or(""), &t.def.group, &t.def.kind)?;
                     let mut st = core.lock();
                     let items = ops::delete_collection(&mut st, &t.def, ns, &labels, &fields, &d)?;
                     let rv = st.rv;

@@ -835,3 +835,99 @@ async fn get_watch_prints_table_rows() {
     let _ = child.kill();
     let _ = child.wait();
 }
+
+/// An events.k8s.io/v1 Event about a Widget, as a controller's recorder writes it.
+fn widget_event(
+    name: &str,
+    regarding: &str,
+    uid: &str,
+    reason: &str,
+    type_: &str,
+    note: &str,
+    count: Option<u32>,
+) -> String {
+    let series = count.map_or(String::new(), |c| {
+        format!("series: {{count: {c}, lastObservedTime: \"2026-01-01T00:05:00.000000Z\"}}\n")
+    });
+    format!(
+        r#"apiVersion: events.k8s.io/v1
+kind: Event
+metadata: {{name: {name}, namespace: default}}
+eventTime: "2026-01-01T00:00:00.000000Z"
+reportingController: fleetwatch-lifecycle
+reportingInstance: lifecycle-0
+action: Install
+reason: {reason}
+type: {type_}
+note: "{note}"
+regarding: {{kind: Widget, name: {regarding}, namespace: default, apiVersion: example.com/v1, uid: "{uid}"}}
+{series}"#
+    )
+}
+
+/// `kubectl describe` (its Events section) and `kubectl events --for` find the Events of
+/// an object written through events.k8s.io/v1: they list core v1 events with field
+/// selectors on `involvedObject.*`, as kube-apiserver serves them (issue 27: "Events:
+/// <none>" and "field label not supported").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn describe_and_kubectl_events_find_an_objects_events() {
+    let env = Env::start(SimOptions::default()).await;
+    env.apply(CRD, &[]);
+    env.apply(
+        "apiVersion: example.com/v1\nkind: Widget\nmetadata: {name: w1, namespace: default}\nspec: {size: 1}\n",
+        &[],
+    );
+    let uid = env.get_json(&["widget", "w1"])["metadata"]["uid"].as_str().expect("uid").to_string();
+    for ev in [
+        widget_event("w1.a", "w1", &uid, "Installed", "Normal", "installed redis 1.0.0", Some(3)),
+        widget_event("w1.b", "w1", &uid, "Failed", "Warning", "nats 1.0.0: boom", None),
+        // Another object, and an earlier object of the same name (another uid).
+        widget_event("w2.a", "w2", "u-other", "Installed", "Normal", "installed for w2", None),
+        widget_event("w1.old", "w1", "u-old", "Installed", "Normal", "installed for the old w1", None),
+    ] {
+        env.apply(&ev, &[]);
+    }
+
+    let described = env.ok(&["describe", "widget", "w1"]);
+    let events = described.split("Events:").nth(1).unwrap_or_else(|| panic!("no Events section: {described}"));
+    assert!(!events.contains("<none>"), "{described}");
+    assert!(events.contains("installed redis 1.0.0") && events.contains("(x3 over"), "{described}");
+    assert!(events.contains("nats 1.0.0: boom") && events.contains("Warning"), "{described}");
+    assert!(events.contains("fleetwatch-lifecycle"), "the source column: {described}");
+    assert!(!events.contains("w2") && !events.contains("old w1"), "other objects' events: {described}");
+
+    let listed = env.ok(&["events", "--for", "widget/w1"]);
+    assert!(listed.contains("installed redis 1.0.0") && listed.contains("nats 1.0.0: boom"), "{listed}");
+    assert!(!listed.contains("installed for w2"), "{listed}");
+    let warnings = env.ok(&["events", "--for", "widget/w1", "--types", "Warning"]);
+    assert!(warnings.contains("boom") && !warnings.contains("installed redis"), "{warnings}");
+
+    // The field selectors of both APIs, as kube-apiserver names them.
+    let names = |args: &[&str]| -> Vec<String> {
+        let mut n: Vec<String> = env.get_json(args)["items"]
+            .as_array()
+            .expect("items")
+            .iter()
+            .filter_map(|e| e["metadata"]["name"].as_str().map(str::to_string))
+            .collect();
+        n.sort();
+        n
+    };
+    let sel = format!("involvedObject.name=w1,involvedObject.uid={uid}");
+    assert_eq!(names(&["events.v1.", "--field-selector", &sel]), ["w1.a", "w1.b"]);
+    assert_eq!(names(&["events.v1.", "--field-selector", "type=Warning"]), ["w1.b"]);
+    assert_eq!(
+        names(&["events.v1.", "--field-selector", "involvedObject.kind=Widget,reason!=Failed,involvedObject.name=w1"]),
+        ["w1.a", "w1.old"]
+    );
+    assert_eq!(names(&["events.events.k8s.io", "--field-selector", "regarding.name=w2"]), ["w2.a"]);
+    assert_eq!(
+        names(&["events.events.k8s.io", "--field-selector", "reportingController=fleetwatch-lifecycle,reason=Failed"]),
+        ["w1.b"]
+    );
+    // Each API takes its own field names only.
+    let err = env.fails(&["get", "events.v1.", "--field-selector", "regarding.name=w1"]);
+    assert!(err.contains("field label not supported: regarding.name"), "{err}");
+    let err = env.fails(&["get", "events.events.k8s.io", "--field-selector", "involvedObject.name=w1"]);
+    assert!(err.contains("field label not supported: involvedObject.name"), "{err}");
+}

@@ -396,9 +396,10 @@ async fn control_plane_watch_configs_reach_every_agent_and_kinds_appear_later() 
     ))
     .unwrap();
     wcs.create(&PostParams::default(), &widget).await.unwrap();
+    // Nothing installed the kind: the watches wait for it, which is healthy (issue 27).
     let reported = eventually(Duration::from_secs(5), || {
         let p = phases(&futures_executor(hub.clusters()), "widgets");
-        p.len() == 2 && p.iter().all(|x| x == "kind-not-found")
+        p.len() == 2 && p.iter().all(|x| x == "waiting-for-kind")
     })
     .await;
     let took = started.elapsed();
@@ -423,6 +424,68 @@ async fn control_plane_watch_configs_reach_every_agent_and_kinds_appear_later() 
         })
     })
     .await;
+
+    // A module that declares the kind is installed in b (its manager's provides
+    // annotation) but the kind is missing there: now that is a failure.
+    let phase_of = |cluster: &'static str| {
+        let v = futures_executor(hub.clusters());
+        v["clusters"]
+            .as_array()
+            .and_then(|cs| cs.iter().find(|c| c["cluster"] == cluster))
+            .and_then(|c| c["watches"].as_array())
+            .and_then(|ws| ws.iter().find(|w| w["name"] == "widgets"))
+            .map_or(String::new(), |w| w["phase"].as_str().unwrap_or("").to_string())
+    };
+    let manager = r#"{"apiVersion":"apps/v1","kind":"Deployment","metadata":{"name":"widget-manager","namespace":"default","labels":{"operator.fleetwatch.dev/module":"widgets","app.kubernetes.io/version":"1.2.3"},"annotations":{"operator.fleetwatch.dev/provides":"Widget.example.com"}},"spec":{"replicas":1,"selector":{"matchLabels":{"app":"w"}},"template":{"metadata":{"labels":{"app":"w"}},"spec":{"containers":[{"name":"c","image":"x"}]}}}}"#;
+    kubectl(&kc2, &["apply", "-f", "-"], Some(manager));
+    assert!(
+        eventually(Duration::from_secs(15), || phase_of("b") == "kind-not-found").await,
+        "{}",
+        hub.clusters().await
+    );
+    let b = futures_executor(hub.clusters());
+    let b_watch = b["clusters"].as_array().unwrap().iter().find(|c| c["cluster"] == "b").unwrap()["watches"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|w| w["name"] == "widgets")
+        .unwrap()
+        .clone();
+    assert!(b_watch["message"].as_str().unwrap_or("").contains("widgets 1.2.3"), "{b_watch}");
+    assert_eq!(phase_of("a"), "running", "a serves the kind");
+    // The module removed: waiting again, healthy.
+    kubectl(&kc2, &["delete", "deployment", "widget-manager", "-n", "default"], None);
+    assert!(
+        eventually(Duration::from_secs(15), || phase_of("b") == "waiting-for-kind").await,
+        "{}",
+        hub.clusters().await
+    );
+
+    // The CRD removed from a (its module uninstalled): a's watch waits for the kind, and
+    // takes up the kind again when the CRD comes back.
+    kubectl(&kc1, &["delete", "crd", "widgets.example.com"], None);
+    assert!(
+        eventually(Duration::from_secs(15), || phase_of("a") == "waiting-for-kind").await,
+        "{}",
+        hub.clusters().await
+    );
+    kubectl(&kc1, &["apply", "-f", "-"], Some(crd));
+    kubectl(
+        &kc1,
+        &["apply", "-f", "-"],
+        Some(
+            r#"{"apiVersion":"example.com/v1","kind":"Widget","metadata":{"name":"w2","namespace":"default"},"spec":{"size":8}}"#,
+        ),
+    );
+    wait_for(&collector, "widget event after the CRD came back", |s| {
+        s.all.iter().any(|e| {
+            e.cluster == "a"
+                && e.subject == "example.com/v1/Widget/default/w2"
+                && e.data["projected"]["/spec/size"] == 8
+        })
+    })
+    .await;
+    assert!(eventually(Duration::from_secs(15), || phase_of("a") == "running").await, "{}", hub.clusters().await);
 
     // Deleting the WatchConfig stops the watch everywhere.
     wcs.delete("widgets", &DeleteParams::default()).await.unwrap();

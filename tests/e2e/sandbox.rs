@@ -135,3 +135,142 @@ fn sandbox_comes_up_and_follows_a_channel_move() {
 fn futures_block<F: std::future::Future>(f: F) -> F::Output {
     tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(f)
 }
+
+/// Issue 27, items 2 and 3, as a new user saw them in the sandbox: each module's install is
+/// its own Event on the Runtime (not folded into another module's series), `kubectl
+/// describe runtime` and `kubectl events --for runtime/…` show them; removing a module
+/// leaves its configuration watch `waiting-for-kind`, which is healthy (`fleetwatch status`
+/// exits 0, the metric's phase says so), and the watch runs again when the module returns.
+#[test]
+fn sandbox_events_per_module_and_a_removed_modules_watch_waits_for_its_kind() {
+    let dir = tempfile::tempdir().unwrap();
+    let sbx = dir.path().join("sbx");
+    let args: Vec<String> =
+        ["up", "--dir", sbx.to_str().unwrap(), "--plain", "--hub-port", "0", "--admin-port", "0", "--clusters", "1"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+    let up = Proc::spawn(&args, dir.path().join("up.stderr"));
+    let lines = up.stdout_lines.clone();
+    let log = || std::fs::read_to_string(sbx.join("fleetwatch.log")).unwrap_or_default();
+    let until = |what: &str, cond: &mut dyn FnMut() -> bool| {
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(90) {
+            if cond() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        panic!("sandbox: no {what} in 90 s; stdout:\n{}\nlog:\n{}", lines.lock().unwrap().join("\n"), log());
+    };
+    let ready = |redis: bool| {
+        move |ls: &[String]| {
+            ls.iter().rev().find(|l| l.starts_with("runtime=rt-1 ")).is_some_and(|l| {
+                l.contains("state=Ready") && l.contains("nats=1.0.0:Ready") && l.contains("redis=1.0.0:Ready") == redis
+            })
+        }
+    };
+    until("all modules Ready", &mut || ready(true)(&lines.lock().unwrap()));
+    let cp = sbx.join("control-plane.kubeconfig");
+    let web_line = lines.lock().unwrap().iter().find(|l| l.contains("web view:")).cloned().unwrap_or_default();
+    let admin_port: u16 = web_line
+        .split("127.0.0.1:")
+        .nth(1)
+        .and_then(|r| r.split('/').next())
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no web view address in the intro: {web_line:?}"));
+
+    // Events of rt-1 as (reason, note, count), through events.k8s.io/v1.
+    let events = || -> Vec<(String, String, i64)> {
+        let out = kubectl(&cp, &["-n", "kcp", "get", "events.events.k8s.io", "-o", "json"], None);
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_default();
+        let mut evs: Vec<(String, String, i64)> = v["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|e| e["regarding"]["kind"] == "Runtime" && e["regarding"]["name"] == "rt-1")
+            .map(|e| {
+                let count = e["series"]["count"].as_i64().unwrap_or(1);
+                (e["reason"].as_str().unwrap_or("").into(), e["note"].as_str().unwrap_or("").into(), count)
+            })
+            .collect();
+        evs.sort();
+        evs
+    };
+    let installed = |evs: &[(String, String, i64)]| -> Vec<(String, i64)> {
+        evs.iter().filter(|e| e.0 == "Installed").map(|e| (e.1.clone(), e.2)).collect()
+    };
+    until("an Installed Event per module", &mut || installed(&events()).len() >= 2);
+    assert_eq!(
+        installed(&events()),
+        [("installed nats 1.0.0".to_string(), 1), ("installed redis 1.0.0".to_string(), 1)],
+        "{:?}",
+        events()
+    );
+    // kubectl finds them through the core API and its field selectors.
+    let described = kubectl(&cp, &["-n", "kcp", "describe", "runtime", "rt-1"], None);
+    let section = described.split("\nEvents:").nth(1).unwrap_or_default();
+    for note in ["installed redis 1.0.0", "installed nats 1.0.0"] {
+        assert!(section.contains(note), "describe's Events lack {note:?}:\n{described}");
+    }
+    let listed = kubectl(&cp, &["-n", "kcp", "events", "--for", "runtime/rt-1"], None);
+    assert!(listed.contains("installed redis 1.0.0") && listed.contains("installed nats 1.0.0"), "{listed}");
+
+    let watch_phase = || -> String {
+        let v: serde_json::Value =
+            serde_json::from_str(&futures_block(http_get(admin_port, "/api/v1/clusters"))).unwrap_or_default();
+        v["clusters"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|c| c["cluster"] == "rt-1")
+            .flat_map(|c| c["watches"].as_array().cloned().unwrap_or_default())
+            .find(|w| w["name"] == "redis-config")
+            .map(|w| w["phase"].as_str().unwrap_or("").to_string())
+            .unwrap_or_default()
+    };
+    let status = || {
+        let out = std::process::Command::new(BIN)
+            .args(["status", "--admin", &format!("http://127.0.0.1:{admin_port}"), "--control-plane-kubeconfig"])
+            .arg(&cp)
+            .output()
+            .unwrap();
+        (out.status.code(), String::from_utf8_lossy(&out.stdout).to_string())
+    };
+    until("the redis-config watch running", &mut || watch_phase() == "running");
+
+    // Remove redis: its CRD leaves the cluster, its watch waits for the kind, healthily.
+    // A merge patch replaces the list and leaves the rest of the spec as the sandbox set it.
+    let modules = |m: &str| format!(r#"{{"spec":{{"modules":[{m}]}}}}"#);
+    let nats_only = modules(r#"{"name":"nats"}"#);
+    kubectl(&cp, &["-n", "kcp", "patch", "runtime", "rt-1", "--type", "merge", "-p", &nats_only], None);
+    until("redis removed", &mut || ready(false)(&lines.lock().unwrap()));
+    until("the redis-config watch waiting for its kind", &mut || watch_phase() == "waiting-for-kind");
+    let (code, out) = status();
+    assert_eq!(code, Some(0), "a removed module's watch is not a problem:\n{out}");
+    assert!(out.contains("waiting for kind") && !out.contains("failed"), "{out}");
+    let metrics = futures_block(http_get(admin_port, "/metrics"));
+    assert!(
+        metrics.contains(r#"fleetwatch_hub_cluster_watches{cluster="rt-1",phase="waiting-for-kind"} 1"#),
+        "{metrics}"
+    );
+    assert!(!metrics.contains(r#"phase="kind-not-found""#), "{metrics}");
+    until("a Deleted Event naming the version", &mut || {
+        events().iter().any(|e| e.0 == "Deleted" && e.1 == "removed redis 1.0.0")
+    });
+
+    // redis back: the watch resumes by itself, and the second install counts in redis's series.
+    let both = modules(r#"{"name":"redis"},{"name":"nats"}"#);
+    kubectl(&cp, &["-n", "kcp", "patch", "runtime", "rt-1", "--type", "merge", "-p", &both], None);
+    until("the redis-config watch running again", &mut || watch_phase() == "running");
+    until("redis's Installed series at 2", &mut || {
+        installed(&events()).contains(&("installed redis 1.0.0".to_string(), 2))
+    });
+    assert_eq!(
+        installed(&events()),
+        [("installed nats 1.0.0".to_string(), 1), ("installed redis 1.0.0".to_string(), 2)],
+        "{:?}",
+        events()
+    );
+    drop(up);
+}

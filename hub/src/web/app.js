@@ -145,7 +145,10 @@
         el("td", { title: c.lastSeen || "" }, ago(c.lastSeen)),
         el("td", { class: "num" }, c.eventsPerSec),
         el("td", { class: "num" }, c.eventsReceived),
-        el("td", {}, c.watchesRunning + " running" + (c.watchesFailed ? ", " : ""),
+        el("td", {}, c.watchesRunning + " running",
+          // Waiting for a kind nothing installed (a removed module) is healthy: muted, not red.
+          c.watchesWaiting ? el("span", { class: "muted" }, ", " + c.watchesWaiting + " waiting for kind") : null,
+          c.watchesFailed ? ", " : null,
           c.watchesFailed ? el("span", { class: "state-bad" }, c.watchesFailed + " failed") : null),
         el("td", { class: "muted" }, c.agentVersion || "")));
     const parts = [
@@ -167,6 +170,13 @@
     main.replaceChildren(...parts);
   }
 
+  // A watch's phase colour: `waiting-for-kind` (nothing installed the kind) is not a failure.
+  function watchPhaseClass(phase) {
+    if (phase === "running") return "state-ok";
+    if (phase === "starting" || phase === "waiting-for-kind") return "muted";
+    return "state-bad";
+  }
+
   function renderCluster(doc, c) {
     crumb.textContent = "/ " + clusterId;
     if (!c) {
@@ -174,7 +184,7 @@
       return;
     }
     const watches = (c.watches || []).map((w) =>
-      el("tr", { "data-watch": w.name }, el("td", {}, w.name), el("td", { class: w.phase === "running" ? "state-ok" : "state-bad" }, w.phase),
+      el("tr", { "data-watch": w.name }, el("td", {}, w.name), el("td", { class: watchPhaseClass(w.phase) }, w.phase),
         el("td", { class: "num" }, w.objects ?? 0), el("td", { class: "muted" }, w.message || "")));
     const inventory = (c.inventory || []).map((m) =>
       el("tr", {}, el("td", {}, m.name), el("td", {}, m.version), el("td", { class: m.ready ? "state-ok" : "state-warn" }, m.ready ? "ready" : "not ready")));
