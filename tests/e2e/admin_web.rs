@@ -530,4 +530,20 @@ async fn web_view_in_chromium_shows_the_fleet_and_an_agent_stopping_within_two_s
     let shot = page.call("Page.captureScreenshot", json!({"format": "png"})).await;
     let png = base64::engine::general_purpose::STANDARD.decode(shot["data"].as_str().unwrap()).unwrap();
     std::fs::write(Path::new(env!("CARGO_TARGET_TMPDIR")).join("web-view-cluster.png"), &png).unwrap();
+
+    // A cluster with Kubernetes watches (a WatchConfig from the control plane): its Watches
+    // table, numbers under their header.
+    let (_rt, rt_kc) = sim_cluster(&pki, "web-3").await;
+    let wc = json!({"apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "WatchConfig", "metadata": {"name": "cms"},
+        "spec": {"resource": {"version": "v1", "kind": "ConfigMap"}, "fields": ["data"]}});
+    kubectl(&cp_kc, &["apply", "-f", "-"], Some(&wc.to_string()));
+    let _a3 = kube_agent(&pki, "web-3", &hub.url(), &rt_kc);
+    page.call("Page.navigate", json!({"url": format!("{url}clusters/web-3")})).await;
+    page.wait_for(
+        "the page of web-3 with its watch",
+        "!!document.querySelector('#watches tr[data-watch=\"cms\"]')",
+        Duration::from_secs(60),
+    )
+    .await;
+    assert_eq!(page.eval(MISALIGNED).await, json!("[]"), "cluster page with watches");
 }

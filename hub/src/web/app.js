@@ -32,7 +32,9 @@
   function table(headers, rows, attrs) {
     const first = rows.length ? [...rows[0].children] : [];
     const th = (h, i) => el("th", { class: first[i] && first[i].classList.contains("num") ? "num" : null }, h);
-    return el("table", attrs, el("thead", {}, el("tr", {}, ...headers.map(th))), el("tbody", {}, ...rows));
+    // Row headers only (the facts table): no empty header row above them.
+    const head = headers.some((h) => h) ? el("thead", {}, el("tr", {}, ...headers.map(th))) : null;
+    return el("table", attrs, head, el("tbody", {}, ...rows));
   }
 
   function ago(time) {
