@@ -35,6 +35,10 @@ fi
 helm_bin="$(bash scripts/helm.sh)"
 export PATH="$(dirname "$helm_bin"):$PATH"
 
+# The official CloudEvents SDK for Python (PyPI, pinned, in a venv of its own): the relay
+# e2e test's receiver parses every event the webhook relay sends with it.
+bash scripts/cloudevents-python.sh >/dev/null
+
 echo "== cargo fmt --check"
 cargo fmt --all --check
 echo "== cargo clippy"

@@ -86,7 +86,14 @@ pub struct ModuleEntry {
     /// A pinned version: channel moves are ignored.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub version: Option<String>,
-    /// Whether fleetwatch manages it; `false` stops reconciling (like removing the entry).
+    /// Whether fleetwatch manages the module (default true). `false` unmanages it:
+    /// everything stays in the cluster as it is (the module's resources and its
+    /// configuration, at the version running) and the operator stops touching it: no
+    /// upgrade, no drift repair, no deletion; its status keeps showing what is installed.
+    /// Setting it back to true resumes management. Removing the entry instead uninstalls
+    /// the module as its `customResourcePolicy` says (`CreateAndDelete` deletes the
+    /// configuration, waits for the managed resources to go, then deletes the module;
+    /// `Ignore` leaves everything and stops reconciling).
     #[serde(default = "yes")]
     pub managed: bool,
     /// What removing the module does.
@@ -110,7 +117,7 @@ impl Default for ModuleEntry {
     }
 }
 
-/// What removing a module (or `managed: false`) does.
+/// What removing a module's entry does (`managed: false` never deletes anything).
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
 pub enum CustomResourcePolicy {
     /// Create the default configuration at install; on removal delete it, wait until no
@@ -328,7 +335,7 @@ fn any_objects(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
     namespaced,
     status = "ModuleReleaseMetaStatus",
     printcolumn = r#"{"name":"Module","type":"string","jsonPath":".spec.moduleName"}"#,
-    printcolumn = r#"{"name":"Channels","type":"string","jsonPath":".spec.channels[*].channel"}"#,
+    printcolumn = r#"{"name":"Channels","type":"string","description":"every channel and its version, e.g. fast=2.0.0 regular=1.0.0 (written by the operator)","jsonPath":".status.channels"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
     doc = "A module's release channels and versions"
 )]
@@ -391,6 +398,37 @@ pub struct ModuleReleaseMetaStatus {
     /// One per version being (or last) rolled out.
     #[serde(default)]
     pub rollouts: Vec<RolloutStatus>,
+    /// Every channel with its version, `channel=version` sorted by channel and separated
+    /// by spaces (see [`ModuleReleaseMetaSpec::channels_summary`]): the `Channels` printer
+    /// column, as a column can show only one value of a list.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub channels: Option<String>,
+}
+
+impl ModuleReleaseMetaSpec {
+    /// Every channel with its version for people, e.g. `fast=2.0.0 regular=1.0.0` (sorted by
+    /// channel; `mandatory=V` last when set), `-` when there is none.
+    ///
+    /// ```
+    /// use fleetwatch_api::{ChannelVersion, ModuleReleaseMetaSpec};
+    /// let spec = ModuleReleaseMetaSpec {
+    ///     module_name: "redis".into(),
+    ///     channels: vec![
+    ///         ChannelVersion { channel: "regular".into(), version: "1.0.0".into() },
+    ///         ChannelVersion { channel: "fast".into(), version: "2.0.0".into() },
+    ///     ],
+    ///     ..Default::default()
+    /// };
+    /// assert_eq!(spec.channels_summary(), "fast=2.0.0 regular=1.0.0");
+    /// ```
+    pub fn channels_summary(&self) -> String {
+        let mut parts: Vec<String> = self.channels.iter().map(|c| format!("{}={}", c.channel, c.version)).collect();
+        parts.sort();
+        if let Some(m) = &self.mandatory {
+            parts.push(format!("mandatory={m}"));
+        }
+        if parts.is_empty() { "-".into() } else { parts.join(" ") }
+    }
 }
 
 /// Progress of rolling out one version.

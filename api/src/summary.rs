@@ -19,6 +19,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::policy::{Step, next_step, parse};
 use crate::{ModuleStatus, Runtime, State};
 
 /// One module of a runtime, for people.
@@ -32,9 +33,14 @@ pub struct ModuleSummary {
     /// The version running (the cluster's own report, else the one fleetwatch applied).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub running: Option<String>,
-    /// The version the rules ask for, when it differs from the running one.
+    /// The version the rules ask for, when it differs from the running one and is not an
+    /// older one (that is [`ModuleSummary::refused_downgrade`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pending_upgrade: Option<String>,
+    /// The version the rules ask for when it is older than the running one: the downgrade
+    /// is refused (rule 2), nothing is pending.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refused_downgrade: Option<String>,
     /// The maintenance window the upgrade waits for (`begin/end`, RFC 3339).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub next_maintenance_window: Option<String>,
@@ -78,13 +84,23 @@ impl ModuleSummary {
     /// The summary of one module's status.
     pub fn from_status(m: &ModuleStatus) -> Self {
         let running = m.actual_version.clone().or_else(|| m.installed_version.clone());
-        let pending_upgrade = m.desired_version.clone().filter(|d| running.as_ref() != Some(d));
+        let differs = m.desired_version.clone().filter(|d| running.as_ref() != Some(d));
+        // Older than what runs: the operator refuses it (the same comparison as its rule 2).
+        let older = |d: &String| {
+            let (Some(r), Ok(d)) = (running.as_deref().and_then(|r| parse(r).ok()), parse(d)) else { return false };
+            matches!(next_step(Some(&r), &d), Step::RefuseDowngrade { .. })
+        };
+        let (refused_downgrade, pending_upgrade) = match differs {
+            Some(d) if older(&d) => (Some(d), None),
+            other => (None, other),
+        };
         Self {
             name: m.name.clone(),
             state: m.state.to_string(),
             running,
             next_maintenance_window: pending_upgrade.as_ref().and(m.next_maintenance_window.clone()),
             pending_upgrade,
+            refused_downgrade,
             message: cut(&m.message, MESSAGE_BYTES),
         }
     }
@@ -144,6 +160,29 @@ mod tests {
         let done = ModuleStatus { actual_version: Some("2.0.0".into()), ..m };
         let s = ModuleSummary::from_status(&done);
         assert_eq!((s.pending_upgrade, s.next_maintenance_window), (None, None));
+    }
+
+    #[test]
+    fn a_refused_downgrade_is_not_a_pending_upgrade() {
+        let m = ModuleStatus {
+            name: "redis".into(),
+            desired_version: Some("1.0.0".into()),
+            installed_version: Some("2.0.0".into()),
+            actual_version: Some("2.0.0".into()),
+            state: State::Warning,
+            message: "downgrade from 2.0.0 to 1.0.0 not applied".into(),
+            ..Default::default()
+        };
+        let s = ModuleSummary::from_status(&m);
+        assert_eq!(
+            (s.running.as_deref(), s.pending_upgrade.as_deref(), s.refused_downgrade.as_deref()),
+            (Some("2.0.0"), None, Some("1.0.0"))
+        );
+        let json = serde_json::to_value(&s).unwrap();
+        assert_eq!(json["refusedDowngrade"], "1.0.0");
+        // An unparsable running version: shown as pending, as before.
+        let odd = ModuleStatus { actual_version: Some("custom".into()), ..m };
+        assert_eq!(ModuleSummary::from_status(&odd).pending_upgrade.as_deref(), Some("1.0.0"));
     }
 
     #[test]

@@ -170,16 +170,52 @@ impl Authority {
 
     /// Issues a certificate and writes `<stem>.crt` / `<stem>.key` into `dir`.
     pub fn issue(&self, dir: &Path, spec: &LeafSpec, days: u32) -> Result<IssuedFiles, CertError> {
-        let (cert_pem, key_pem, identity) = self.issue_pem(spec, days)?;
-        std::fs::create_dir_all(dir).map_err(io_err(dir))?;
-        let stem = spec.file_stem();
-        let cert = dir.join(format!("{stem}.crt"));
-        let key = dir.join(format!("{stem}.key"));
-        write_private(&key, &key_pem)?;
-        std::fs::write(&cert, cert_pem).map_err(io_err(&cert))?;
-        Ok(IssuedFiles { cert, key, identity })
+        let pem = self.issue_pem(spec, days)?;
+        write_issued(dir, spec, pem)
     }
 
+    /// Issues a certificate valid until `not_after` and writes it like [`Authority::issue`].
+    /// For tests of expiry: `not_after` may be minutes away or already past (then the
+    /// certificate's validity is the hour before it, so it is expired but well-formed).
+    pub fn issue_until(
+        &self,
+        dir: &Path,
+        spec: &LeafSpec,
+        not_after: jiff::Timestamp,
+    ) -> Result<IssuedFiles, CertError> {
+        let pem = self.issue_pem_window(spec, window_until(jiff::Timestamp::now(), not_after)?)?;
+        write_issued(dir, spec, pem)
+    }
+}
+
+/// The validity (not before, not after) of a certificate that ends at `not_after`: from five
+/// minutes before `now` (clock skew), or from an hour before `not_after` when that is earlier.
+fn window_until(
+    now: jiff::Timestamp,
+    not_after: jiff::Timestamp,
+) -> Result<(time::OffsetDateTime, time::OffsetDateTime), CertError> {
+    let skewed = now - jiff::SignedDuration::from_mins(5);
+    let hour_before = not_after - jiff::SignedDuration::from_hours(1);
+    let not_before = if hour_before < skewed { hour_before } else { skewed };
+    let conv = |t: jiff::Timestamp| {
+        time::OffsetDateTime::from_unix_timestamp(t.as_second())
+            .map_err(|_| CertError::Invalid(format!("certificate time {t} is out of range")))
+    };
+    Ok((conv(not_before)?, conv(not_after)?))
+}
+
+fn write_issued(dir: &Path, spec: &LeafSpec, pem: (String, String, Identity)) -> Result<IssuedFiles, CertError> {
+    let (cert_pem, key_pem, identity) = pem;
+    std::fs::create_dir_all(dir).map_err(io_err(dir))?;
+    let stem = spec.file_stem();
+    let cert = dir.join(format!("{stem}.crt"));
+    let key = dir.join(format!("{stem}.key"));
+    write_private(&key, &key_pem)?;
+    std::fs::write(&cert, cert_pem).map_err(io_err(&cert))?;
+    Ok(IssuedFiles { cert, key, identity })
+}
+
+impl Authority {
     /// Issues a certificate in memory: (certificate PEM, key PEM, identity).
     pub fn issue_pem(&self, spec: &LeafSpec, days: u32) -> Result<(String, String, Identity), CertError> {
         if days == 0 {
@@ -194,6 +230,17 @@ impl Authority {
         &self,
         spec: &LeafSpec,
         lifetime: std::time::Duration,
+    ) -> Result<(String, String, Identity), CertError> {
+        let mut params = CertificateParams::default();
+        valid_for(&mut params, lifetime)?;
+        self.issue_pem_window(spec, (params.not_before, params.not_after))
+    }
+
+    /// Issues a certificate valid from `window.0` to `window.1`.
+    fn issue_pem_window(
+        &self,
+        spec: &LeafSpec,
+        window: (time::OffsetDateTime, time::OffsetDateTime),
     ) -> Result<(String, String, Identity), CertError> {
         let td = &self.trust_domain;
         let (identity, mut sans, eku, cn) = match spec {
@@ -233,7 +280,7 @@ impl Authority {
         params.extended_key_usages = vec![eku];
         params.serial_number = Some(random_serial());
         params.use_authority_key_identifier_extension = true;
-        valid_for(&mut params, lifetime)?;
+        (params.not_before, params.not_after) = window;
         let cert = params.signed_by(&key, &self.issuer)?;
         Ok((cert.pem(), key.serialize_pem(), identity))
     }
@@ -242,6 +289,28 @@ impl Authority {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn certificates_can_end_soon_or_in_the_past() {
+        let dir = tempfile::tempdir().unwrap();
+        Authority::init(dir.path(), "example.org").unwrap();
+        let ca = Authority::load(dir.path()).unwrap();
+        let now = jiff::Timestamp::now();
+        let spec = LeafSpec::Agent { cluster: "eu-1".into() };
+        let soon = ca.issue_until(dir.path(), &spec, now + jiff::SignedDuration::from_secs(90)).unwrap();
+        let info = crate::inspect_file(&soon.cert).unwrap();
+        assert_eq!(info.not_after.as_second(), (now + jiff::SignedDuration::from_secs(90)).as_second());
+        assert!(info.not_before < now && info.validity_at(now).starts_with("valid, "), "{info}");
+        let past: jiff::Timestamp = "2020-01-01T00:00:00Z".parse().unwrap();
+        let old = ca.issue_until(dir.path(), &spec, past).unwrap();
+        let info = crate::inspect_file(&old.cert).unwrap();
+        assert_eq!(
+            (info.not_before.to_string(), info.not_after.to_string()),
+            ("2019-12-31T23:00:00Z".into(), past.to_string())
+        );
+        assert!(info.validity_at(now).starts_with("EXPIRED "), "{}", info.validity_at(now));
+        assert!(info.validity_at("2019-01-01T00:00:00Z".parse().unwrap()).starts_with("NOT YET VALID"));
+    }
 
     #[test]
     fn init_issue_and_inspect() {

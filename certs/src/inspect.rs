@@ -103,6 +103,30 @@ impl CertInfo {
     }
 }
 
+/// A duration for people, coarse: `40 s`, `12 min`, `5 h`, `3 days`.
+fn coarse(seconds: i64) -> String {
+    match seconds {
+        ..120 => format!("{seconds} s"),
+        120..7200 => format!("{} min", seconds / 60),
+        7200..172_800 => format!("{} h", seconds / 3600),
+        _ => format!("{} days", seconds / 86_400),
+    }
+}
+
+impl CertInfo {
+    /// Whether it is valid at `now`, for people: `valid, 29 days left`, `EXPIRED 3 min ago`
+    /// or `NOT YET VALID, starts in 2 h` (the marks are capitals so they stand out).
+    pub fn validity_at(&self, now: jiff::Timestamp) -> String {
+        if now > self.not_after {
+            format!("EXPIRED {} ago", coarse(now.as_second() - self.not_after.as_second()))
+        } else if now < self.not_before {
+            format!("NOT YET VALID, starts in {}", coarse(self.not_before.as_second() - now.as_second()))
+        } else {
+            format!("valid, {} left", coarse(self.not_after.as_second() - now.as_second()))
+        }
+    }
+}
+
 impl std::fmt::Display for CertInfo {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let id = self.identity.as_ref().map(ToString::to_string).unwrap_or_else(|| "(none)".into());
@@ -110,6 +134,7 @@ impl std::fmt::Display for CertInfo {
         writeln!(f, "serial:     {}", self.serial)?;
         writeln!(f, "not before: {}", self.not_before)?;
         writeln!(f, "not after:  {}", self.not_after)?;
+        writeln!(f, "validity:   {}", self.validity_at(jiff::Timestamp::now()))?;
         writeln!(f, "subject:    {}", self.subject)?;
         writeln!(f, "issuer:     {}", self.issuer)?;
         writeln!(f, "ca:         {}", self.is_ca)?;

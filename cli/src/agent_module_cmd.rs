@@ -18,8 +18,12 @@ pub struct AgentModuleArgs {
     /// The module version (default: this binary's version).
     #[arg(long, default_value = env!("CARGO_PKG_VERSION"))]
     module_version: String,
-    /// The agent's container image (default: the manifest's).
-    #[arg(long)]
+    /// The agent's container image, as runtime clusters pull it: the image you built from
+    /// the Dockerfile and pushed (e.g. registry.example.com/fleetwatch:0.1.0; docs/deploy.md
+    /// "The image"). Set it: the default is the manifest's placeholder
+    /// (ghcr.io/fleetwatch/fleetwatch:VERSION), which is not published, so agents would stay
+    /// in ImagePullBackOff.
+    #[arg(long, value_name = "IMAGE")]
     image: Option<String>,
 }
 

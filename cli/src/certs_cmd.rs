@@ -29,7 +29,7 @@ enum CertsCommand {
         #[command(subcommand)]
         what: IssueWhat,
     },
-    /// Print a certificate's identity, serial and validity.
+    /// Print a certificate's identity, serial and validity (EXPIRED or NOT YET VALID marked).
     Inspect {
         /// PEM certificate file.
         file: PathBuf,
@@ -73,8 +73,26 @@ struct IssueCommon {
     #[arg(long)]
     dir: PathBuf,
     /// Validity in days.
-    #[arg(long, default_value_t = 365)]
+    #[arg(long, default_value_t = 365, conflicts_with = "not_after")]
     days: u32,
+    /// End of validity instead of --days, for testing expiry: an RFC 3339 time (a past one
+    /// makes an already expired certificate) or a duration from now (`90s`, `10m`, `2h`).
+    #[arg(long, value_name = "RFC3339|DURATION", value_parser = parse_not_after)]
+    not_after: Option<jiff::Timestamp>,
+}
+
+/// `--not-after`: a time, or a duration from now.
+fn parse_not_after(s: &str) -> Result<jiff::Timestamp, String> {
+    if let Ok(t) = s.parse::<jiff::Timestamp>() {
+        return Ok(t);
+    }
+    let d: jiff::SignedDuration = s.parse().map_err(|_| {
+        format!("expected an RFC 3339 time (2030-01-01T00:00:00Z) or a duration (90s, 10m, 2h), got {s:?}")
+    })?;
+    if d.is_negative() || d.is_zero() {
+        return Err("a duration must be positive (give a past RFC 3339 time for an expired certificate)".into());
+    }
+    jiff::Timestamp::now().checked_add(d).map_err(|e| format!("{s:?}: {e}"))
 }
 
 pub fn run(args: CertsArgs) -> anyhow::Result<()> {
@@ -90,8 +108,15 @@ pub fn run(args: CertsArgs) -> anyhow::Result<()> {
                 IssueWhat::Subscriber { common, name } => (common, LeafSpec::Subscriber { name }),
             };
             let ca = Authority::load(&common.dir).context("cannot load CA (run `fleetwatch certs init` first)")?;
-            let files = ca.issue(&common.dir, &spec, common.days).context("cannot issue certificate")?;
+            let files = match common.not_after {
+                Some(t) => ca.issue_until(&common.dir, &spec, t),
+                None => ca.issue(&common.dir, &spec, common.days),
+            }
+            .context("cannot issue certificate")?;
             println!("issued {} ({}), key {}", files.cert.display(), files.identity, files.key.display());
+            if let Some(t) = common.not_after.filter(|t| *t <= jiff::Timestamp::now()) {
+                println!("note: it expired at {t} (--not-after is in the past)");
+            }
         }
         CertsCommand::Inspect { file } => {
             let info = fleetwatch_certs::inspect_file(&file)?;

@@ -104,15 +104,17 @@ pub struct HubArgs {
     /// certificates; a denied peer is refused and its open session closed.
     #[arg(long, env = "FLEETWATCH_DENY_LIST")]
     deny_list: Option<PathBuf>,
-    /// Most sessions: connections that completed the TLS and WebSocket handshakes. Lowered
-    /// at start to what the open-file limit allows (the hub raises its soft limit to the hard one).
-    #[arg(long, env = "FLEETWATCH_MAX_CONNECTIONS", default_value_t = 50_000)]
-    max_connections: usize,
+    /// Most sessions: connections that completed the TLS and WebSocket handshakes (default
+    /// 50000). Lowered at start to what the open-file limit allows (the hub raises its soft
+    /// limit to the hard one); a WARN says so when the value was given, an INFO for the
+    /// default.
+    #[arg(long, env = "FLEETWATCH_MAX_CONNECTIONS")]
+    max_connections: Option<usize>,
     /// Most connections still in the TLS or WebSocket handshake (unauthenticated), from all
-    /// addresses together. While they are all taken the hub accepts nothing: new
-    /// connections wait in the kernel's accept queue (4,096 deep) until a slot frees.
-    #[arg(long, env = "FLEETWATCH_MAX_HANDSHAKES", default_value_t = 1024)]
-    max_handshakes: usize,
+    /// addresses together (default 1024). While they are all taken the hub accepts nothing:
+    /// new connections wait in the kernel's accept queue (4,096 deep) until a slot frees.
+    #[arg(long, env = "FLEETWATCH_MAX_HANDSHAKES")]
+    max_handshakes: Option<usize>,
     /// Most connections still in the handshake from one source address: idle sockets from
     /// one address cannot keep others out.
     #[arg(long, env = "FLEETWATCH_MAX_HANDSHAKES_PER_IP", default_value_t = 64)]
@@ -253,8 +255,9 @@ pub async fn run(args: HubArgs) -> anyhow::Result<()> {
     config.limits.max_event_bytes = args.max_event_bytes.max(1024);
     config.handshake_timeout = secs("handshake-timeout", args.handshake_timeout)?;
     config.idle_timeout = secs("idle-timeout", args.idle_timeout)?;
-    config.max_connections = args.max_connections.max(1);
-    config.max_handshakes = args.max_handshakes.max(1);
+    config.connection_budgets_given = args.max_connections.is_some() || args.max_handshakes.is_some();
+    config.max_connections = args.max_connections.unwrap_or(config.max_connections).max(1);
+    config.max_handshakes = args.max_handshakes.unwrap_or(config.max_handshakes).max(1);
     config.max_handshakes_per_ip = args.max_handshakes_per_ip.max(1);
     config.subscriber_stall_timeout = secs("subscriber-stall-timeout", args.subscriber_stall_timeout)?;
     config.deny_list = args.deny_list;

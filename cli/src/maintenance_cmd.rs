@@ -22,7 +22,9 @@ enum MaintenanceCommand {
 
 #[derive(Args)]
 struct NextArgs {
-    /// Maintenance policy file (JSON, as lifecycle-manager's policy files).
+    /// Maintenance policy file (`-` for stdin): JSON as lifecycle-manager's policy files,
+    /// or a MaintenancePolicy object as `kubectl get maintenancepolicy NAME -o json` prints
+    /// it (its `spec` is used; a list is accepted when it holds exactly one).
     #[arg(long)]
     policy: PathBuf,
     /// A runtime label rules match on: plan=X, region=Y, platformRegion=Z or
@@ -60,12 +62,50 @@ pub fn run(args: MaintenanceArgs) -> anyhow::Result<()> {
     }
 }
 
+/// The policy document inside `doc`: a MaintenancePolicy object's `spec` (also the one
+/// object of a `kubectl get -o json` list), or `doc` itself (a lifecycle-manager policy file,
+/// which has no `kind`).
+fn policy_document(doc: serde_json::Value) -> anyhow::Result<serde_json::Value> {
+    let kind = doc.get("kind").and_then(|k| k.as_str()).map(str::to_string);
+    match kind.as_deref() {
+        None => Ok(doc),
+        Some("MaintenancePolicy") => {
+            let name = doc.pointer("/metadata/name").and_then(|n| n.as_str()).unwrap_or("?").to_string();
+            doc.get("spec").cloned().with_context(|| format!("MaintenancePolicy {name} has no spec"))
+        }
+        Some(list) if list == "List" || list == "MaintenancePolicyList" => {
+            let items = doc.get("items").and_then(|i| i.as_array()).cloned().unwrap_or_default();
+            match <[serde_json::Value; 1]>::try_from(items) {
+                Ok([one]) => policy_document(one),
+                Err(items) => {
+                    let names: Vec<&str> =
+                        items.iter().filter_map(|i| i.pointer("/metadata/name").and_then(|n| n.as_str())).collect();
+                    anyhow::bail!(
+                        "the list holds {} objects ({}); give one (kubectl get maintenancepolicy NAME -o json)",
+                        items.len(),
+                        names.join(", ")
+                    )
+                }
+            }
+        }
+        Some(other) => anyhow::bail!("a {other}, not a MaintenancePolicy or a policy file"),
+    }
+}
+
 fn next(args: NextArgs) -> anyhow::Result<()> {
     let path = args.policy.display();
-    let json = std::fs::read_to_string(&args.policy).with_context(|| format!("cannot read {path}"))?;
-    let policy = serde_json::from_str::<MaintenancePolicySpec>(&json)
-        .map_err(MaintenanceError::from)
-        .and_then(|p| p.compile())
+    let json = if args.policy.as_os_str() == "-" {
+        std::io::read_to_string(std::io::stdin()).context("cannot read the policy from stdin")?
+    } else {
+        std::fs::read_to_string(&args.policy).with_context(|| format!("cannot read {path}"))?
+    };
+    let policy = serde_json::from_str::<serde_json::Value>(&json)
+        .map_err(|e| anyhow::Error::from(MaintenanceError::from(e)))
+        .and_then(policy_document)
+        .and_then(|doc| {
+            let spec = serde_json::from_value::<MaintenancePolicySpec>(doc).map_err(MaintenanceError::from)?;
+            Ok(spec.compile()?)
+        })
         .with_context(|| format!("invalid maintenance policy {path}"))?;
     let mut labels = RuntimeLabels::default();
     for (name, value) in args.labels {
@@ -75,4 +115,28 @@ fn next(args: NextArgs) -> anyhow::Result<()> {
     let window = policy.next_window(&labels, args.at.unwrap_or_else(Timestamp::now), opts)?;
     println!("{}", serde_json::to_string(&window)?);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn a_kubectl_object_or_list_of_one_gives_its_spec() {
+        let spec =
+            json!({"rules": [], "default": {"days": ["Mon"], "begin": "01:00:00+00:00", "end": "02:00:00+00:00"}});
+        let obj = json!({"apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "MaintenancePolicy",
+            "metadata": {"name": "default", "namespace": "kcp", "resourceVersion": "7"}, "spec": spec});
+        assert_eq!(policy_document(obj.clone()).unwrap(), spec);
+        assert_eq!(policy_document(spec.clone()).unwrap(), spec, "a policy file as it is");
+        let list = json!({"apiVersion": "v1", "kind": "List", "items": [obj.clone()]});
+        assert_eq!(policy_document(list).unwrap(), spec);
+        let two = json!({"kind": "MaintenancePolicyList", "items": [obj.clone(), obj]});
+        let err = policy_document(two).unwrap_err().to_string();
+        assert!(err.contains("holds 2 objects (default, default)"), "{err}");
+        let err = policy_document(json!({"kind": "Runtime", "spec": {}})).unwrap_err().to_string();
+        assert!(err.contains("a Runtime, not a MaintenancePolicy"), "{err}");
+    }
 }

@@ -145,6 +145,9 @@ fn modules_cell(r: &RuntimeSummary, wide: bool) -> String {
                     .unwrap_or_default();
                 parts.push(format!("{} {}→{to}{window}", m.name, m.running.as_deref().unwrap_or("-")));
             }
+            if let Some(to) = &m.refused_downgrade {
+                parts.push(format!("{} refused: downgrade {}→{to}", m.name, m.running.as_deref().unwrap_or("-")));
+            }
         }
     }
     if parts.is_empty() { "-".into() } else { parts.join(" ") }
@@ -427,6 +430,7 @@ mod tests {
                 state: s.to_string(),
                 running: Some("1.0.0".into()),
                 pending_upgrade: None,
+                refused_downgrade: None,
                 next_maintenance_window: None,
                 message: String::new(),
             })
@@ -553,6 +557,10 @@ mod tests {
         r.modules[0].next_maintenance_window = Some("2030-01-02T02:00:00Z/2030-01-02T04:00:00Z".into());
         assert_eq!(modules_cell(&r, false), "Ready=1");
         assert_eq!(modules_cell(&r, true), "Ready=1 m0 1.0.0→2.0.0 @2030-01-02T02:00:00Z");
+        let mut d = runtime("rt-1", &["Warning"]);
+        d.modules[0].running = Some("2.0.0".into());
+        d.modules[0].refused_downgrade = Some("1.0.0".into());
+        assert_eq!(modules_cell(&d, true), "Warning=1 m0 refused: downgrade 2.0.0→1.0.0");
     }
 
     #[test]

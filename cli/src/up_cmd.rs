@@ -399,10 +399,16 @@ async fn rows(cp: &kube::Client, admin: &str, modules: &[String]) -> Vec<Vec<Str
             }
         };
         let id = rt.cluster_id();
+        // Deleted but its modules are still being removed (the finalizer holds it).
+        let state = if rt.metadata.deletion_timestamp.is_some() {
+            "Deleting".into()
+        } else {
+            rt.status.as_ref().and_then(|s| s.state).map(|s| format!("{s:?}")).unwrap_or_else(|| "-".into())
+        };
         let mut row = vec![
             rt.metadata.name.clone().unwrap_or_default(),
             if connected(&id) { "connected".into() } else { "-".into() },
-            rt.status.as_ref().and_then(|s| s.state).map(|s| format!("{s:?}")).unwrap_or_else(|| "-".into()),
+            state,
         ];
         for m in modules {
             let cell = rt
@@ -425,6 +431,16 @@ async fn rows(cp: &kube::Client, admin: &str, modules: &[String]) -> Vec<Vec<Str
     out
 }
 
+/// Runtimes (first cell) in `before` that are not in `now`.
+fn removed<'a>(before: &'a [Vec<String>], now: &[Vec<String>]) -> Vec<&'a str> {
+    before
+        .iter()
+        .filter_map(|r| r.first())
+        .filter(|name| !now.iter().any(|n| n.first() == Some(*name)))
+        .map(String::as_str)
+        .collect()
+}
+
 async fn table(cp: &kube::Client, admin: &str, plain: bool, shutdown: CancellationToken) {
     let mut last: Vec<Vec<String>> = Vec::new();
     let mut last_header: Vec<String> = Vec::new();
@@ -443,6 +459,11 @@ async fn table(cp: &kube::Client, admin: &str, plain: bool, shutdown: Cancellati
         if now != last {
             let mut out = std::io::stdout().lock();
             if plain {
+                // A Runtime gone since the last poll gets a line too (plain output only
+                // prints changes, and a vanished row is one).
+                for gone in removed(&last, &now) {
+                    let _ = writeln!(out, "runtime={gone} removed");
+                }
                 for r in now.iter().filter(|r| !last.contains(r)) {
                     let _ = writeln!(
                         out,
@@ -485,5 +506,19 @@ async fn table(cp: &kube::Client, admin: &str, plain: bool, shutdown: Cancellati
             _ = shutdown.cancelled() => return,
             _ = tokio::time::sleep(Duration::from_millis(500)) => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rows_that_vanish_are_named() {
+        let row = |n: &str, state: &str| vec![n.to_string(), "connected".into(), state.into()];
+        let before = vec![row("rt-1", "Ready"), row("rt-2", "Deleting")];
+        assert_eq!(removed(&before, &[row("rt-1", "Warning")]), ["rt-2"]);
+        assert!(removed(&before, &before).is_empty());
+        assert_eq!(removed(&before, &[]), ["rt-1", "rt-2"]);
     }
 }

@@ -101,6 +101,10 @@ pub struct HubConfig {
     pub max_handshakes: usize,
     /// Most connections still in the handshake from one source address.
     pub max_handshakes_per_ip: usize,
+    /// Whether `max_connections` / `max_handshakes` were asked for (flags, environment):
+    /// lowering them to fit the open-file limit is then a WARN; lowering the defaults is
+    /// expected on small machines and only an INFO (it was start-up noise in every sandbox).
+    pub connection_budgets_given: bool,
     /// A subscriber whose send does not complete, or whose unacked window stays full with
     /// no ack, for this long is disconnected (its durable cursor is kept).
     pub subscriber_stall_timeout: Duration,
@@ -136,6 +140,7 @@ impl HubConfig {
             max_connections: 50_000,
             max_handshakes: 1024,
             max_handshakes_per_ip: 64,
+            connection_budgets_given: false,
             subscriber_stall_timeout: Duration::from_secs(30),
             tls_reload_interval: Duration::from_secs(5),
             watch_source: watch_source::WatchSource::None,
@@ -544,11 +549,18 @@ fn fit_open_file_limit(config: &mut HubConfig) {
         if handshakes != config.max_handshakes {
             lowered.push(format!("--max-handshakes from {} to {handshakes}", config.max_handshakes));
         }
-        tracing::warn!(
-            open_files = limit,
-            "open-file limit {limit} is too low: lowering {} (raise the hard limit, e.g. LimitNOFILE, to allow more)",
-            lowered.join(" and ")
-        );
+        let lowered = lowered.join(" and ");
+        if config.connection_budgets_given {
+            tracing::warn!(
+                open_files = limit,
+                "open-file limit {limit} is too low: lowering {lowered} (raise the hard limit, e.g. LimitNOFILE, to allow more)"
+            );
+        } else {
+            tracing::info!(
+                open_files = limit,
+                "open-file limit {limit}: lowering the default {lowered} (raise the hard limit, e.g. LimitNOFILE, to allow more)"
+            );
+        }
         config.max_connections = sessions;
         config.max_handshakes = handshakes;
     }

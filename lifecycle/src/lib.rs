@@ -16,6 +16,7 @@ pub mod election;
 pub mod error;
 pub mod events;
 pub mod maintenance;
+pub mod meta_status;
 pub mod metrics;
 pub mod migration;
 pub mod provides;
@@ -346,10 +347,15 @@ pub async fn run(config: LifecycleConfig, metrics: Arc<Metrics>, shutdown: Cance
         tokio::spawn(triggers::follow_hub(opts, runtimes.clone(), owns, hub_tx, shutdown.child_token()));
     }
     let agents_installed = config.agent_certs.is_some();
+    // Every instance writes the summaries (the same value, only when it differs): no lease
+    // needed, and a meta without any Runtime gets its column too.
+    let channels = meta_status::ChannelsSummary::default();
+    tokio::spawn(channels.clone().run(client.clone(), shutdown.child_token()));
     let by_meta = {
         let store = runtimes.clone();
         let progress = triggers::RolloutProgress::default();
         move |meta: ModuleReleaseMeta| {
+            channels.touched(&meta);
             // Every Runtime has the agent module (not in its spec).
             if agents_installed && meta.spec.module_name == agent_module::MODULE {
                 return store.state().iter().map(|rt| ObjectRef::from_obj(rt.as_ref())).collect();

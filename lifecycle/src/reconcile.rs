@@ -127,6 +127,7 @@ async fn reconcile_held(rt: Arc<Runtime>, ctx: Arc<Ctx>, ns: String, runtime: St
     async move {
         ctx.metrics.reconciles.inc();
         let api: Api<Runtime> = Api::namespaced(ctx.client.clone(), &ns);
+        let rt = fresh_until_finalized(&api, rt).await?;
         finalizer(&api, FINALIZER, rt, |event| async {
             match event {
                 FinalizerEvent::Apply(rt) => apply(rt, &ctx).await,
@@ -142,6 +143,27 @@ async fn reconcile_held(rt: Arc<Runtime>, ctx: Arc<Ctx>, ns: String, runtime: St
     }
     .instrument(span)
     .await
+}
+
+/// The Runtime as the API server has it now when the watched copy lacks our finalizer.
+///
+/// The finalizer helper adds it with a JSON patch that first tests the list it saw; right
+/// after it was added, a reconcile triggered by something else (a ModuleReleaseMeta, a hub
+/// event) still gets the watched copy without it, and the test failed with a 422 on every
+/// start (a WARN and a retry). Reading the Runtime first costs one GET, only until the
+/// finalizer is in place; a Runtime gone meanwhile needs nothing.
+async fn fresh_until_finalized(api: &Api<Runtime>, rt: Arc<Runtime>) -> Result<Arc<Runtime>, Error> {
+    if rt.finalizers().iter().any(|f| f == FINALIZER) || rt.metadata.deletion_timestamp.is_some() {
+        return Ok(rt);
+    }
+    match api.get_opt(&rt.name_any()).await {
+        Ok(Some(now)) => Ok(Arc::new(now)),
+        Ok(None) => Ok(rt),
+        Err(e) => Err(Error::Finalizer {
+            runtime: format!("{}/{}", rt.namespace().unwrap_or_default(), rt.name_any()),
+            source: Box::new(finalizer::Error::<Error>::AddFinalizer(e)),
+        }),
+    }
 }
 
 /// The writer for the Runtime's cluster; when it is out of reach, every module's status says

@@ -140,10 +140,18 @@ impl Sink for TriggerSink {
         };
         clusters.sort_unstable();
         clusters.dedup();
+        let mut triggered = 0usize;
         for rt in self.runtimes.state() {
             let id = rt.cluster_id();
             if clusters.iter().any(|c| *c == "*" || *c == id) && (self.owns)(&rt) {
-                tracing::debug!(runtime = %rt.name_any(), cluster = %id, "hub event triggers reconcile");
+                triggered += 1;
+                // A change people made (a module configuration edited) must be visible where
+                // they look: one INFO line per Runtime it reconciles, naming what changed.
+                if let Delivery::Events(evs) = delivery {
+                    let changes = changes_in(evs, &id);
+                    tracing::info!(runtime = %format!("{}/{}", rt.namespace().unwrap_or_default(), rt.name_any()),
+                        cluster = %id, changes = %changes, "reconciling after a change in the runtime cluster (hub event)");
+                }
                 // The receiver is the controller: gone means the operator is stopping.
                 self.trigger
                     .send(ObjectRef::from_obj(rt.as_ref()))
@@ -151,8 +159,31 @@ impl Sink for TriggerSink {
                     .map_err(|e| SinkError::Fatal { sink: "lifecycle-trigger".into(), source: Box::new(e) })?;
             }
         }
+        if let Delivery::ResyncRequired(r) = delivery {
+            // One line for the whole marker (`*` may reconcile every Runtime).
+            tracing::info!(cluster = %r.cluster, runtimes = triggered, reason = %r.reason,
+                "reconciling after resync-required from the hub");
+        }
         Ok(Accepted::All)
     }
+}
+
+/// Most changes named in one log line.
+const CHANGES_NAMED: usize = 3;
+
+/// What changed in `cluster` among `events`, for a log line: `<type> <subject>` of the first
+/// few, then how many more (`applied example.com/v1/RedisConfig/redis-system/default`).
+pub fn changes_in(events: &[fleetwatch_protocol::event::Event], cluster: &str) -> String {
+    let mine: Vec<_> = events.iter().filter(|e| e.cluster == cluster).collect();
+    let mut parts: Vec<String> = mine
+        .iter()
+        .take(CHANGES_NAMED)
+        .map(|e| format!("{} {}", e.kind.rsplit('.').next().unwrap_or(&e.kind), e.subject))
+        .collect();
+    if mine.len() > CHANGES_NAMED {
+        parts.push(format!("and {} more", mine.len() - CHANGES_NAMED));
+    }
+    parts.join(", ")
 }
 
 /// Follows the hub: deliveries go into a [`TriggerSink`] (only the Runtimes this instance
@@ -202,6 +233,22 @@ mod tests {
     use super::*;
     use fleetwatch_protocol::message::ResyncRequired;
     use kube::runtime::{reflector, watcher};
+
+    #[test]
+    fn changes_name_the_first_few_events_of_the_cluster() {
+        use fleetwatch_protocol::event::{Event, ObjectKey};
+        use serde_json::json;
+        let key = |n: &str| ObjectKey::new("example.com/v1", "RedisConfig", Some("redis-system"), n);
+        let evs: Vec<Event> = (1..=5)
+            .map(|i| Event::applied(if i == 2 { "other" } else { "c1" }, 1, i, &key(&format!("n{i}")), json!({})))
+            .collect();
+        assert_eq!(
+            changes_in(&evs, "c1"),
+            "applied example.com/v1/RedisConfig/redis-system/n1, applied example.com/v1/RedisConfig/redis-system/n3, \
+             applied example.com/v1/RedisConfig/redis-system/n4, and 1 more"
+        );
+        assert_eq!(changes_in(&evs[1..2], "other"), "applied example.com/v1/RedisConfig/redis-system/n2");
+    }
 
     #[tokio::test]
     async fn hub_events_trigger_only_the_runtimes_of_held_shards() {

@@ -2,7 +2,10 @@
 //!
 //! - One event: `POST target`, `Content-Type: application/cloudevents+json`, the event in
 //!   CloudEvents 1.0 structured mode (fleetwatch's events already use the attribute names;
-//!   `cluster`, `epoch`, `seq`, `watch` and `cursor` are extension attributes).
+//!   `cluster`, `epoch`, `seq`, `watch` and `cursor` are extension attributes). `epoch`,
+//!   `seq` and `cursor` are 64-bit on the wire but CloudEvents' Integer is signed 32-bit
+//!   (an epoch is a microsecond timestamp), so they are decimal strings here
+//!   ([`STRING_ATTRIBUTES`]).
 //! - `--batch N` (N > 1): up to N events (and at most [`WebhookConfig::max_batch_bytes`]) as
 //!   one JSON array, `Content-Type: application/cloudevents-batch+json`.
 //! - `resync-required` becomes a CloudEvent of type [`TYPE_RESYNC_REQUIRED`] (subject: the
@@ -94,11 +97,22 @@ fn unhex(s: &str) -> Option<Vec<u8>> {
     (0..s.len()).step_by(2).map(|i| s.get(i..i + 2).and_then(|b| u8::from_str_radix(b, 16).ok())).collect()
 }
 
+/// Extension attributes that are unsigned 64-bit numbers in fleetwatch's events and go as
+/// decimal strings in the CloudEvents form: CloudEvents' Integer type is signed 32-bit
+/// (an `epoch` is a microsecond timestamp, far beyond it), and its String type is what
+/// the spec suggests for larger numbers. Receivers parse them back with any 64-bit parser.
+pub const STRING_ATTRIBUTES: [&str; 3] = ["epoch", "seq", "cursor"];
+
 /// An event as a structured CloudEvent.
 pub fn cloud_event(e: &Event) -> Value {
     let mut v = serde_json::to_value(e).unwrap_or(Value::Null);
     if let Some(m) = v.as_object_mut() {
         m.insert("datacontenttype".into(), "application/json".into());
+        for k in STRING_ATTRIBUTES {
+            if let Some(n) = m.get(k).and_then(Value::as_u64) {
+                m.insert(k.into(), Value::String(n.to_string()));
+            }
+        }
     }
     v
 }
@@ -116,7 +130,8 @@ pub fn resync_event(r: &ResyncRequired) -> Value {
         "time": jiff::Timestamp::now(),
         "datacontenttype": "application/json",
         "cluster": r.cluster,
-        "cursor": r.cursor,
+        // A string: see STRING_ATTRIBUTES.
+        "cursor": r.cursor.to_string(),
         "data": {"cluster": r.cluster, "reason": r.reason},
     })
 }
@@ -288,14 +303,34 @@ mod tests {
         assert_eq!(v["subject"], "apps/v1/Deployment/ns/web");
         assert_eq!(v["datacontenttype"], "application/json");
         assert_eq!(
-            (v["cluster"].as_str(), v["cursor"].as_u64(), v["watch"].as_str()),
-            (Some("eu-1"), Some(7), Some("deps"))
+            (v["cluster"].as_str(), v["cursor"].as_str(), v["watch"].as_str()),
+            (Some("eu-1"), Some("7"), Some("deps"))
         );
         assert_eq!(v["data"]["x"], 1);
         // Every extension attribute name is a valid CloudEvents name: lowercase alphanumeric.
         for k in v.as_object().unwrap().keys() {
             assert!(k.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit()), "{k}");
         }
+    }
+
+    #[test]
+    fn attributes_beyond_32_bits_are_strings() {
+        // A real epoch (microseconds since 1970) and a seq past 2^31.
+        let key = ObjectKey::new("v1", "ConfigMap", Some("ns"), "a");
+        let mut e = Event::applied("eu-1", 1_795_607_627_785_767, 3_000_000_000, &key, json!({}));
+        e.cursor = Some(u64::MAX);
+        let v = cloud_event(&e);
+        assert_eq!(
+            (v["epoch"].as_str(), v["seq"].as_str(), v["cursor"].as_str()),
+            (Some("1795607627785767"), Some("3000000000"), Some("18446744073709551615"))
+        );
+        // Every attribute has a CloudEvents type: String, or an Integer within 32 bits.
+        for (k, a) in v.as_object().unwrap().iter().filter(|(k, _)| *k != "data") {
+            let ok = a.is_string() || a.is_boolean() || a.as_i64().is_some_and(|n| i32::try_from(n).is_ok());
+            assert!(ok, "{k} = {a} has no CloudEvents type");
+        }
+        let r = resync_event(&ResyncRequired { cluster: "eu-1".into(), cursor: 1 << 40, reason: String::new() });
+        assert_eq!(r["cursor"], "1099511627776");
     }
 
     #[test]
@@ -317,12 +352,12 @@ mod tests {
         assert_eq!(single.len(), 5);
         assert!(!single[0].batch);
         let one: Value = serde_json::from_slice(&single[2].body).unwrap();
-        assert_eq!(one["cursor"], 3);
+        assert_eq!(one["cursor"], "3");
 
         let batches = requests(&items, 2, 1 << 20);
         assert_eq!(batches.iter().map(|r| (r.events, r.last_cursor)).collect::<Vec<_>>(), [(2, 2), (2, 4), (1, 5)]);
         let arr: Vec<Value> = serde_json::from_slice(&batches[1].body).unwrap();
-        assert_eq!(arr.iter().map(|v| v["cursor"].as_u64().unwrap()).collect::<Vec<_>>(), [3, 4]);
+        assert_eq!(arr.iter().map(|v| v["cursor"].as_str().unwrap()).collect::<Vec<_>>(), ["3", "4"]);
 
         let one_len = items[0].1.to_string().len();
         let by_bytes = requests(&items, 100, 2 * one_len + 3);

@@ -411,6 +411,14 @@ impl Cdp {
     }
 }
 
+/// Header cells whose alignment differs from their column's first cell, in every table with
+/// rows, as JavaScript (a JSON list of `table: header left vs right`).
+const MISALIGNED: &str = "JSON.stringify([...document.querySelectorAll('table')].flatMap(t => { \
+    const row = t.querySelector('tbody tr'); if (!row) return []; \
+    return [...t.querySelectorAll('thead th')].flatMap((h, i) => { const c = row.children[i]; if (!c) return []; \
+    const a = getComputedStyle(h).textAlign, b = getComputedStyle(c).textAlign; \
+    return a === b ? [] : [(t.id || '?') + ': ' + h.textContent + ' ' + a + ' vs ' + b]; }); }))";
+
 /// `[cluster, connected]` of each cluster row, as JavaScript.
 const ROWS: &str = "JSON.stringify([...document.querySelectorAll('tr[data-cluster]')].map(r => [r.dataset.cluster, r.dataset.connected]))";
 
@@ -428,7 +436,24 @@ async fn web_view_in_chromium_shows_the_fleet_and_an_agent_stopping_within_two_s
         return;
     };
     let pki = Pki::new();
-    let hub = HubProc::start(&pki, free_port(), None, &[]);
+    // A control plane with a Runtime whose module refused a downgrade (its status as the
+    // operator writes it), for the modules section.
+    let (_cp, cp_kc) = sim_cluster(&pki, "control-plane").await;
+    let crds = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/crds");
+    kubectl(&cp_kc, &["apply", "-f", crds.to_str().unwrap()], None);
+    kubectl(&cp_kc, &["create", "namespace", "kcp"], None);
+    let rt = json!({"apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "Runtime",
+        "metadata": {"name": "rt-web", "namespace": "kcp"}, "spec": {"clusterId": "web-2", "modules": [{"name": "redis"}]}});
+    kubectl(&cp_kc, &["apply", "-f", "-"], Some(&rt.to_string()));
+    let status = json!({"status": {"state": "Warning", "modules": [{"name": "redis", "state": "Warning",
+        "desiredVersion": "1.0.0", "installedVersion": "2.0.0", "actualVersion": "2.0.0",
+        "customResourcePolicy": "CreateAndDelete", "message": "downgrade from 2.0.0 to 1.0.0 not applied"}]}});
+    kubectl(
+        &cp_kc,
+        &["-n", "kcp", "patch", "runtime", "rt-web", "--subresource=status", "--type=merge", "-p", &status.to_string()],
+        None,
+    );
+    let hub = HubProc::start(&pki, free_port(), None, &["--control-plane-kubeconfig", cp_kc.to_str().unwrap()]);
     let a1 = agent(&pki, "web-1", &hub.url(), SOURCE, &[]);
     let _a2 = agent(&pki, "web-2", &hub.url(), SOURCE, &[]);
     let _sub = Collector::start(&pki, &hub.url(), "ops").await;
@@ -443,6 +468,13 @@ async fn web_view_in_chromium_shows_the_fleet_and_an_agent_stopping_within_two_s
     );
     page.wait_for("both clusters connected", &both, Duration::from_secs(60)).await;
     assert_eq!(page.eval("document.getElementById('live').dataset.state").await, json!("live"));
+    // A refused downgrade reads as one, not as an upgrade waiting.
+    let redis = "document.querySelector('tr[data-runtime=\"kcp/rt-web\"] [data-module=\"redis\"]')";
+    page.wait_for("the runtime's modules", &format!("!!{redis}"), Duration::from_secs(60)).await;
+    let text = page.eval(&format!("{redis}.innerText")).await;
+    assert!(text.as_str().is_some_and(|t| t.starts_with("redis refused: downgrade 2.0.0 → 1.0.0 Warning")), "{text}");
+    // Every table's headers align with their columns (numbers right).
+    assert_eq!(page.eval(MISALIGNED).await, json!("[]"), "overview");
     // A marker that a reload would lose: the change must arrive through the page's own stream.
     page.eval("window.__notReloaded = true").await;
 
@@ -494,7 +526,24 @@ async fn web_view_in_chromium_shows_the_fleet_and_an_agent_stopping_within_two_s
         Duration::from_secs(30),
     )
     .await;
+    assert_eq!(page.eval(MISALIGNED).await, json!("[]"), "cluster page");
     let shot = page.call("Page.captureScreenshot", json!({"format": "png"})).await;
     let png = base64::engine::general_purpose::STANDARD.decode(shot["data"].as_str().unwrap()).unwrap();
     std::fs::write(Path::new(env!("CARGO_TARGET_TMPDIR")).join("web-view-cluster.png"), &png).unwrap();
+
+    // A cluster with Kubernetes watches (a WatchConfig from the control plane): its Watches
+    // table, numbers under their header.
+    let (_rt, rt_kc) = sim_cluster(&pki, "web-3").await;
+    let wc = json!({"apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "WatchConfig", "metadata": {"name": "cms"},
+        "spec": {"resource": {"version": "v1", "kind": "ConfigMap"}, "fields": ["data"]}});
+    kubectl(&cp_kc, &["apply", "-f", "-"], Some(&wc.to_string()));
+    let _a3 = kube_agent(&pki, "web-3", &hub.url(), &rt_kc);
+    page.call("Page.navigate", json!({"url": format!("{url}clusters/web-3")})).await;
+    page.wait_for(
+        "the page of web-3 with its watch",
+        "!!document.querySelector('#watches tr[data-watch=\"cms\"]')",
+        Duration::from_secs(60),
+    )
+    .await;
+    assert_eq!(page.eval(MISALIGNED).await, json!("[]"), "cluster page with watches");
 }

@@ -47,6 +47,31 @@ fn certs_commands_write_and_inspect_identities() {
         "{out}"
     );
 
+    // Short-lived and already expired certificates, for tests of expiry; inspect marks them.
+    assert_eq!(run(&["certs", "issue", "agent", "--dir", d, "--cluster", "soon", "--not-after", "10m"]).0, 0);
+    let (_, out, _) = run(&["certs", "inspect", &format!("{d}/agent-soon.crt")]);
+    let not_after: jiff::Timestamp = out
+        .lines()
+        .find(|l| l.starts_with("not after:"))
+        .unwrap()
+        .trim_start_matches("not after:")
+        .trim()
+        .parse()
+        .unwrap();
+    let left = not_after.as_second() - jiff::Timestamp::now().as_second();
+    assert!((300..=600).contains(&left), "{out}");
+    assert!(out.contains("validity:   valid, "), "{out}");
+    let (code, out, err) =
+        run(&["certs", "issue", "agent", "--dir", d, "--cluster", "old", "--not-after", "2020-01-01T00:00:00Z"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("expired at 2020-01-01T00:00:00Z"), "{out}");
+    let (code, out, _) = run(&["certs", "inspect", &format!("{d}/agent-old.crt")]);
+    assert_eq!(code, 0);
+    assert!(out.contains("not after:  2020-01-01T00:00:00Z") && out.contains("validity:   EXPIRED "), "{out}");
+    let (code, _, err) = run(&["certs", "issue", "agent", "--dir", d, "--cluster", "x", "--not-after", "soon"]);
+    assert_ne!(code, 0);
+    assert!(err.contains("--not-after") && err.contains("RFC 3339"), "{err}");
+
     // Refusals are one line and name the cause.
     let (code, _, err) = run(&["certs", "init", "--dir", d]);
     assert_ne!(code, 0);
@@ -251,4 +276,31 @@ async fn hub_reads_watch_configs_through_kubeconfig_when_no_flag_says_otherwise(
     .await;
     assert!(ready, "{}\n{}", http_get(admin, "/readyz").await, hub.proc.stderr());
     assert!(hub.proc.stderr().contains("$KUBECONFIG"), "{}", hub.proc.stderr());
+}
+
+#[test]
+fn agent_module_says_to_set_its_image_and_the_deploy_guide_does() {
+    let (code, out, _) = run(&["agent-module", "--help"]);
+    assert_eq!(code, 0);
+    let help = out.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(help.contains("--image <IMAGE>") && help.contains("Dockerfile") && help.contains("Set it"), "{help}");
+    let (code, out, err) = run(&[
+        "agent-module",
+        "--hub",
+        "wss://hub.example.org:443",
+        "--image",
+        "registry.example.com/fleetwatch:9.9.9",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("image: registry.example.com/fleetwatch:9.9.9"), "{out}");
+    // Every agent-module command in the deploy guide sets the image.
+    let guide =
+        std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/deploy.md")).unwrap();
+    let commands: Vec<String> = guide
+        .replace("\\\n", " ")
+        .lines()
+        .filter(|l| l.starts_with("fleetwatch agent-module"))
+        .map(String::from)
+        .collect();
+    assert!(!commands.is_empty() && commands.iter().all(|c| c.contains("--image ")), "{commands:?}");
 }

@@ -422,6 +422,20 @@ async fn a_module_configuration_change_reconciles_its_runtime_by_event() {
     // With the periodic resync off only the hub event can have triggered it; how fast is
     // measured by `fleetwatch bench`, not asserted here.
     eprintln!("module configuration change → runtime reconciled in {:?}", t0.elapsed());
+    // The operator says so at INFO, naming the runtime and what changed.
+    let said = |log: &str| {
+        log.lines().any(|l| {
+            l.contains(" INFO ")
+                && l.contains("reconciling after a change in the runtime cluster")
+                && l.contains("kcp/rt1")
+                && l.contains("applied example.com/v1/RedisConfig/redis-system/default")
+        })
+    };
+    let start = Instant::now();
+    while !said(&f.lifecycle.stderr()) && start.elapsed() < Duration::from_secs(30) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(said(&f.lifecycle.stderr()), "no INFO line about the config edit:\n{}", f.lifecycle.stderr());
 }
 
 /// Without its CRDs the operator says which are missing, waits for them, starts when they

@@ -8,7 +8,7 @@ mod klm_listener;
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use klm_listener::KlmListener;
@@ -272,47 +272,62 @@ async fn relay_klm_from_watchers_creates_watch_configs_and_routes_to_the_manager
     assert!(gone, "{}", relay.stderr());
 }
 
-/// A CloudEvents receiver: 503 to the first request, then records what carries a valid
-/// signature (401 otherwise).
-async fn cloud_events_receiver(secret: &'static [u8]) -> (String, Arc<Mutex<Vec<serde_json::Value>>>) {
-    use axum::http::{HeaderMap, StatusCode};
-    let got: Arc<Mutex<Vec<serde_json::Value>>> = Arc::default();
-    let first = Arc::new(std::sync::atomic::AtomicBool::new(true));
-    let g = got.clone();
-    let app = axum::Router::new().route(
-        "/events",
-        axum::routing::post(move |headers: HeaderMap, body: axum::body::Bytes| {
-            let (g, first) = (g.clone(), first.clone());
-            async move {
-                if first.swap(false, std::sync::atomic::Ordering::SeqCst) {
-                    return StatusCode::SERVICE_UNAVAILABLE;
-                }
-                let key = ring_key(secret);
-                let sig = headers.get("x-fleetwatch-signature").and_then(|v| v.to_str().ok()).unwrap_or("");
-                if !fleetwatch_relay::webhook::verify_signature(&key, &body, sig) {
-                    return StatusCode::UNAUTHORIZED;
-                }
-                let ct = headers.get("content-type").and_then(|v| v.to_str().ok()).unwrap_or("");
-                let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
-                let mut g = g.lock().unwrap();
-                if ct.starts_with("application/cloudevents-batch+json") {
-                    g.extend(v.as_array().unwrap().iter().cloned());
-                } else {
-                    assert!(ct.starts_with("application/cloudevents+json"), "{ct}");
-                    g.push(v);
-                }
-                StatusCode::OK
-            }
-        }),
-    );
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}/events", l.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(l, app).await });
-    (url, got)
+/// The strict CloudEvents receiver (`cloudevents_receiver.py`), a process of its own: every
+/// request is parsed with the official CloudEvents SDK for Python and each attribute checked
+/// against the CloudEvents type system; 503 to the first request, 401 to a bad signature.
+struct CloudEventsReceiver {
+    child: std::process::Child,
+    url: String,
+    out: PathBuf,
+    invalid: PathBuf,
 }
 
-fn ring_key(secret: &[u8]) -> fleetwatch_relay::webhook::HmacKey {
-    fleetwatch_relay::webhook::hmac_key(secret)
+impl Drop for CloudEventsReceiver {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl CloudEventsReceiver {
+    fn start(pki: &Pki, secret_file: &Path) -> Self {
+        use std::io::BufRead;
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        // The SDK in a venv of its own (scripts/test.sh makes it first; this reuses it).
+        let setup = std::process::Command::new("bash")
+            .arg(root.join("scripts/cloudevents-python.sh"))
+            .stderr(std::process::Stdio::inherit())
+            .output()
+            .expect("bash");
+        assert!(setup.status.success(), "cannot set up the CloudEvents SDK for Python (scripts/cloudevents-python.sh)");
+        let python = String::from_utf8(setup.stdout).unwrap().trim().to_string();
+        let (out, invalid) = (pki.path("cloudevents.jsonl"), pki.path("cloudevents-invalid.jsonl"));
+        let mut child = std::process::Command::new(&python)
+            .arg(root.join("tests/e2e/cloudevents_receiver.py"))
+            .args(["--secret-file", secret_file.to_str().unwrap(), "--out", out.to_str().unwrap()])
+            .args(["--invalid", invalid.to_str().unwrap()])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::fs::File::create(pki.path("cloudevents-receiver.log")).unwrap())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {python}: {e}"));
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        let url =
+            line.trim().strip_prefix("listening on ").unwrap_or_else(|| panic!("receiver said {line:?}")).to_string();
+        Self { child, url, out, invalid }
+    }
+
+    /// The events it accepted, as the SDK parsed them.
+    fn events(&self) -> Vec<serde_json::Value> {
+        let text = std::fs::read_to_string(&self.out).unwrap_or_default();
+        text.lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+    }
+
+    /// Fails the test on any event it refused.
+    fn assert_all_valid(&self) {
+        let refused = std::fs::read_to_string(&self.invalid).unwrap_or_default();
+        assert!(refused.is_empty(), "the CloudEvents SDK receiver refused events:\n{refused}");
+    }
 }
 
 /// Blocks on a future from a sync closure (for `eventually`).
@@ -329,40 +344,62 @@ async fn relay_webhook_posts_signed_cloud_events_at_least_once() {
     write_watch_config(&wc_dir, "cms", "", "v1", "ConfigMap", json!({"namespace": "apps", "fields": ["data"]}));
     let hub = HubProc::start(&pki, free_port(), None, &["--watch-config", wc_dir.to_str().unwrap()]);
     let _agent = kube_agent(&pki, "rt1", &hub.url(), &kc);
-    let (url, got) = cloud_events_receiver(b"hook-secret").await;
     let secret: PathBuf = pki.path("hmac.secret");
     std::fs::write(&secret, "hook-secret\n").unwrap();
-    let relay = relay_proc(
-        &pki,
-        "webhook",
-        &hub.url(),
-        "hook",
-        &[
+    let receiver = CloudEventsReceiver::start(&pki, &secret);
+    let relay_args = |extra: &[&str]| -> Vec<String> {
+        let mut a: Vec<String> = vec![
             "--target".into(),
-            url,
+            receiver.url.clone(),
             "--hmac-secret-file".into(),
             secret.display().to_string(),
-            "--batch".into(),
-            "10".into(),
             "--type".into(),
             "dev.fleetwatch.object".into(),
-        ],
-    );
+        ];
+        a.extend(extra.iter().map(|s| s.to_string()));
+        a
+    };
+    // One relay posting batches, one posting single events (structured mode both).
+    let batched = relay_proc(&pki, "webhook", &hub.url(), "hook", &relay_args(&["--batch", "10"]));
+    let single = relay_proc(&pki, "webhook", &hub.url(), "hook1", &relay_args(&[]));
     for n in ["a", "b", "c"] {
         apply_json(&kc, &configmap("apps", n, "1"));
     }
-    let subjects = || -> BTreeSet<String> {
-        got.lock().unwrap().iter().filter_map(|e| e["subject"].as_str().map(String::from)).collect()
+    // Each relay delivers each change at least once: every subject at least twice.
+    let counts = || -> std::collections::BTreeMap<String, usize> {
+        let mut m = std::collections::BTreeMap::new();
+        for e in receiver.events() {
+            if let Some(s) = e["subject"].as_str() {
+                *m.entry(s.to_string()).or_default() += 1;
+            }
+        }
+        m
     };
-    let want: BTreeSet<String> = ["a", "b", "c"].iter().map(|n| format!("v1/ConfigMap/apps/{n}")).collect();
-    let ok = eventually(WAIT, || subjects().is_superset(&want)).await;
-    assert!(ok, "{:?}; relay:\n{}", subjects(), relay.stderr());
-    assert!(relay.stderr().contains("sink refused a delivery"), "the first 503 was retried: {}", relay.stderr());
-    let got = got.lock().unwrap().clone();
+    let want: Vec<String> = ["a", "b", "c"].iter().map(|n| format!("v1/ConfigMap/apps/{n}")).collect();
+    let ok = eventually(WAIT, || {
+        receiver.assert_all_valid();
+        let c = counts();
+        want.iter().all(|w| c.get(w).is_some_and(|n| *n >= 2))
+    })
+    .await;
+    assert!(ok, "{:?}; relays:\n{}\n{}", counts(), batched.stderr(), single.stderr());
+    receiver.assert_all_valid();
+    let stderrs = batched.stderr() + &single.stderr();
+    assert!(stderrs.contains("sink refused a delivery"), "the first 503 was retried: {stderrs}");
+    let got = receiver.events();
     for e in &got {
         assert_eq!((e["specversion"].as_str(), e["source"].as_str()), (Some("1.0"), Some("/clusters/rt1")), "{e}");
         assert_eq!(e["cluster"], "rt1");
         assert!(e["type"] == "dev.fleetwatch.object.applied" || e["type"] == "dev.fleetwatch.resync.required", "{e}");
+        // 64-bit numbers travel as decimal strings (CloudEvents' Integer is 32-bit).
+        assert!(e["cursor"].as_str().is_some_and(|c| c.parse::<u64>().is_ok()), "{e}");
+        if e["type"] == "dev.fleetwatch.object.applied" {
+            assert!(
+                e["epoch"].as_str().is_some_and(|c| c.parse::<u64>().is_ok_and(|n| n > u64::from(u32::MAX))),
+                "{e}"
+            );
+            assert!(e["seq"].as_str().is_some_and(|c| c.parse::<u64>().is_ok()), "{e}");
+        }
     }
     // The agent's start is a resync of rt1: relayed as a CloudEvent too, whatever --type
     // says (the inventory event was filtered).

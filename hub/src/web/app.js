@@ -28,8 +28,13 @@
     return e;
   }
 
+  // A header takes its column's alignment (numbers right), read from the first row.
   function table(headers, rows, attrs) {
-    return el("table", attrs, el("thead", {}, el("tr", {}, ...headers.map((h) => el("th", {}, h)))), el("tbody", {}, ...rows));
+    const first = rows.length ? [...rows[0].children] : [];
+    const th = (h, i) => el("th", { class: first[i] && first[i].classList.contains("num") ? "num" : null }, h);
+    // Row headers only (the facts table): no empty header row above them.
+    const head = headers.some((h) => h) ? el("thead", {}, el("tr", {}, ...headers.map(th))) : null;
+    return el("table", attrs, head, el("tbody", {}, ...rows));
   }
 
   function ago(time) {
@@ -65,7 +70,9 @@
   }
 
   function moduleCell(m) {
-    const text = (m.running || "-") + (m.pendingUpgrade ? " → " + m.pendingUpgrade : "");
+    const text = m.refusedDowngrade
+      ? "refused: downgrade " + (m.running || "-") + " → " + m.refusedDowngrade
+      : (m.running || "-") + (m.pendingUpgrade ? " → " + m.pendingUpgrade : "");
     const parts = [el("span", { class: stateClass(m.state) }, m.name + " " + text + " " + m.state)];
     if (m.pendingUpgrade && m.nextMaintenanceWindow) parts.push(el("div", { class: "muted" }, "waits for " + windowStart(m.nextMaintenanceWindow)));
     if (m.message) parts.push(el("div", { class: "muted" }, m.message));
@@ -96,7 +103,7 @@
         el("td", { class: stateClass(r.state) }, r.state || "-"),
         el("td", {}, ...byState(r.modulesByState)),
         el("td", {}, ...(r.modules || []).map(moduleCell))));
-    out.push(table(["Runtime", "Cluster", "State", "Modules by state", "Modules (running → pending, window)"], rows, { id: "runtimes" }));
+    out.push(table(["Runtime", "Cluster", "State", "Modules by state", "Modules (running → pending, window; refused downgrades)"], rows, { id: "runtimes" }));
     return out;
   }
 
