@@ -700,8 +700,8 @@ async fn bad_objects_are_isolated_and_a_missing_policy_fails_closed() {
     assert_eq!(f.manager_version().await.as_deref(), Some("1.0.0"), "a downtime upgrade happened without a window");
 }
 
-/// With kubectl against the sim: a MaintenancePolicy whose window does not parse and a
-/// ModuleTemplate whose version is not semver say so in their status (`Usable` False,
+/// With kubectl against the sim: a MaintenancePolicy whose window does not parse, a
+/// ModuleTemplate whose version is not semver and a ModuleReleaseMeta offering one say so in their status (`Usable` False,
 /// reason `InvalidSpec`, the error), and `Usable` True (reason `Valid`) once fixed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unusable_policies_and_templates_say_so_in_their_status() {
@@ -746,6 +746,14 @@ async fn unusable_policies_and_templates_say_so_in_their_status() {
     tpl["spec"]["version"] = json!("3.0.0");
     apply_json(&f.cp_kc, &tpl);
     wait_for("moduletemplate", "redis-next", ("True", "Valid", "")).await;
+    let mut meta = release_meta("1.0.0", "latest");
+    meta["metadata"]["name"] = json!("other");
+    meta["spec"]["moduleName"] = json!("other");
+    apply_json(&f.cp_kc, &meta);
+    wait_for("modulereleasemeta", "other", ("False", "InvalidSpec", "spec.channels[1].version")).await;
+    meta["spec"]["channels"][1]["version"] = json!("2.0.0");
+    apply_json(&f.cp_kc, &meta);
+    wait_for("modulereleasemeta", "other", ("True", "Valid", "")).await;
     // The valid ones shipped with the fleet were never marked.
     assert_eq!(usable("moduletemplate", "redis-1.0.0"), None);
 }
