@@ -286,6 +286,7 @@ impl Runtime {
     plural = "moduletemplates",
     shortname = "mt",
     namespaced,
+    status = "ModuleTemplateStatus",
     printcolumn = r#"{"name":"Module","type":"string","jsonPath":".spec.moduleName"}"#,
     printcolumn = r#"{"name":"Version","type":"string","jsonPath":".spec.version"}"#,
     printcolumn = r#"{"name":"Downtime","type":"boolean","jsonPath":".spec.requiresDowntime"}"#,
@@ -314,6 +315,15 @@ pub struct ModuleTemplateSpec {
     /// The manager workload (a Deployment in the manifest) whose `app.kubernetes.io/version`
     /// label is the module's actual running version.
     pub manager: ResourceRef,
+}
+
+/// What the operator makes of a template.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub struct ModuleTemplateStatus {
+    /// `Usable`: `False` (reason `InvalidSpec`, the error as message) when the operator cannot
+    /// read or use the template, back to `True` (reason `Valid`) once it can.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
 }
 
 fn any_object(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
@@ -403,6 +413,9 @@ pub struct ModuleReleaseMetaStatus {
     /// column, as a column can show only one value of a list.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub channels: Option<String>,
+    /// `Usable`: `False` (reason `InvalidSpec`) when the operator cannot read or use it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
 }
 
 impl ModuleReleaseMetaSpec {

@@ -25,6 +25,7 @@ pub mod rollout;
 pub mod shards;
 pub mod tolerant;
 pub mod triggers;
+pub mod usable;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -226,20 +227,32 @@ pub async fn run(config: LifecycleConfig, metrics: Arc<Metrics>, shutdown: Cance
     let client = config.client.clone();
     let (metas, metas_writer) = reflector::store::<ModuleReleaseMeta>();
     let (templates, templates_writer) = reflector::store::<ModuleTemplate>();
-    let metas_stream = tolerant::watch::<ModuleReleaseMeta>(client.clone(), watcher::Config::default(), None)
-        .default_backoff()
-        .reflect(metas_writer)
-        .touched_objects();
-    let templates_stream = tolerant::watch::<ModuleTemplate>(client.clone(), watcher::Config::default(), None)
-        .default_backoff()
-        .reflect(templates_writer)
-        .touched_objects();
-
-    let (policies, policies_writer) = reflector::store::<fleetwatch_api::maintenance::MaintenancePolicy>();
-    let policies_stream = tolerant::watch::<fleetwatch_api::maintenance::MaintenancePolicy>(
+    // Templates, release metas and policies the operator cannot use say so in their status.
+    let metas_stream = tolerant::watch_checked::<ModuleReleaseMeta, _>(
         client.clone(),
         watcher::Config::default(),
-        None,
+        Some(usable::reporter::<ModuleReleaseMeta>(&client)),
+        usable::check_meta,
+    )
+    .default_backoff()
+    .reflect(metas_writer)
+    .touched_objects();
+    let templates_stream = tolerant::watch_checked::<ModuleTemplate, _>(
+        client.clone(),
+        watcher::Config::default(),
+        Some(usable::reporter::<ModuleTemplate>(&client)),
+        usable::check_template,
+    )
+    .default_backoff()
+    .reflect(templates_writer)
+    .touched_objects();
+
+    let (policies, policies_writer) = reflector::store::<fleetwatch_api::maintenance::MaintenancePolicy>();
+    let policies_stream = tolerant::watch_checked::<fleetwatch_api::maintenance::MaintenancePolicy, _>(
+        client.clone(),
+        watcher::Config::default(),
+        Some(usable::reporter::<fleetwatch_api::maintenance::MaintenancePolicy>(&client)),
+        usable::check_policy,
     )
     .default_backoff()
     .reflect(policies_writer)
@@ -407,9 +420,11 @@ async fn report_invalid_runtimes(client: kube::Client, mut rx: tokio::sync::mpsc
     use kube::api::{DynamicObject, Patch, PatchParams};
     let ar = kube::core::ApiResource::erase::<Runtime>(&());
     while let Some(bad) = rx.recv().await {
+        // A Runtime decoding again is reconciled, and the reconcile writes its status.
+        let Some(error) = &bad.error else { continue };
         let Some(ns) = bad.namespace.as_deref() else { continue };
         let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &ar);
-        let message = format!("the operator cannot read this Runtime: {}", bad.error);
+        let message = format!("the operator cannot read this Runtime: {error}");
         let patch = serde_json::json!({"status": {"state": "Error", "conditions": [{
             "type": "Ready", "status": "False", "reason": "InvalidSpec", "message": message,
             "lastTransitionTime": jiff::Timestamp::now().to_string(),

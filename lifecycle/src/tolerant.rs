@@ -4,6 +4,11 @@
 //!
 //! A typed `watcher` decodes a whole list at once: one undecodable Runtime made every
 //! list fail and the operator (and the sandbox's table) saw no Runtime at all.
+//!
+//! [`watch_checked`] also runs a check on each decoded object (the operator's own rules, e.g.
+//! a maintenance window that parses): an object that fails it is passed on (the code that uses
+//! it fails closed on its own) but reported like an undecodable one, and an object reported
+//! before that is usable again is reported once more, so its status can say so.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -15,7 +20,8 @@ use kube::runtime::watcher::{self, Event};
 use kube::{Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 
-/// An object that could not be decoded, and why.
+/// An object that could not be decoded or failed the check, and why; or, with no error, one
+/// that was reported (or whose status says it is not usable) and is usable again.
 #[derive(Debug, Clone)]
 pub struct Invalid {
     /// `namespace/name` (or `name` for cluster-scoped kinds).
@@ -24,9 +30,14 @@ pub struct Invalid {
     pub namespace: Option<String>,
     /// The object's name.
     pub name: String,
-    /// The decoding error.
-    pub error: String,
+    /// The decoding or check error; `None` when the object is usable again.
+    pub error: Option<String>,
 }
+
+/// The condition type that [`watch_checked`]'s reports end up in: an object whose status
+/// holds it as `False` is reported as usable again once it decodes and passes the check,
+/// also after a restart of the operator.
+pub const USABLE: &str = "Usable";
 
 /// A watch of `K` over all namespaces that decodes each object on its own. Undecodable
 /// objects are logged once per distinct error and sent to `invalid` (when given, without
@@ -42,6 +53,21 @@ pub fn watch<K>(
 where
     K: Resource<DynamicType = ()> + DeserializeOwned + Clone + Send + std::fmt::Debug + 'static,
 {
+    watch_checked(client, config, invalid, |_: &K| Ok(()))
+}
+
+/// [`watch`], and each decoded object is also given to `check`: an error is reported (once per
+/// distinct error) while the object is still passed on.
+pub fn watch_checked<K, C>(
+    client: kube::Client,
+    config: watcher::Config,
+    invalid: Option<tokio::sync::mpsc::Sender<Invalid>>,
+    check: C,
+) -> impl Stream<Item = Result<Event<K>, watcher::Error>> + Send + 'static
+where
+    K: Resource<DynamicType = ()> + DeserializeOwned + Clone + Send + std::fmt::Debug + 'static,
+    C: Fn(&K) -> Result<(), String> + Send + 'static,
+{
     let ar = ApiResource::erase::<K>(&());
     let kind = ar.kind.clone();
     let api: Api<DynamicObject> = Api::all_with(client, &ar);
@@ -49,17 +75,33 @@ where
     // written about the bad object (a new resourceVersion) does not report it again.
     let reported: Arc<Mutex<HashMap<String, String>>> = Arc::default();
     watcher::watcher(api, config).filter_map(move |ev| {
-        let decode = |o: DynamicObject| -> Option<K> {
+        // `deleted`: decoded as far as it can be, never reported (there is no status to write).
+        let decode = |o: DynamicObject, deleted: bool| -> Option<K> {
             let key = match o.namespace() {
                 Some(ns) => format!("{ns}/{}", o.name_any()),
                 None => o.name_any(),
             };
             let (namespace, name) = (o.namespace(), o.name_any());
+            let marked_unusable = marked_unusable(&o);
             let decoded = serde_json::to_value(&o).and_then(serde_json::from_value::<K>);
+            if deleted {
+                if let Ok(mut r) = reported.lock() {
+                    r.remove(&key);
+                }
+                return decoded.ok();
+            }
             match decoded {
                 Ok(k) => {
-                    if let Ok(mut r) = reported.lock() {
-                        r.remove(&key);
+                    if let Err(error) = check(&k) {
+                        let _: Option<K> = report(&reported, &invalid, &kind, key, namespace, name, error);
+                        return Some(k);
+                    }
+                    let was_reported = reported.lock().map(|mut r| r.remove(&key).is_some()).unwrap_or(false);
+                    if was_reported || marked_unusable {
+                        tracing::info!(kind, object = %key, "object is usable again");
+                        if let Some(tx) = &invalid {
+                            let _ = tx.try_send(Invalid { key, namespace, name, error: None });
+                        }
                     }
                     Some(k)
                 }
@@ -68,9 +110,9 @@ where
         };
         let out = match ev {
             Err(e) => Some(Err(e)),
-            Ok(Event::Apply(o)) => decode(o).map(|k| Ok(Event::Apply(k))),
-            Ok(Event::InitApply(o)) => decode(o).map(|k| Ok(Event::InitApply(k))),
-            Ok(Event::Delete(o)) => decode(o).map(|k| Ok(Event::Delete(k))),
+            Ok(Event::Apply(o)) => decode(o, false).map(|k| Ok(Event::Apply(k))),
+            Ok(Event::InitApply(o)) => decode(o, false).map(|k| Ok(Event::InitApply(k))),
+            Ok(Event::Delete(o)) => decode(o, true).map(|k| Ok(Event::Delete(k))),
             Ok(Event::Init) => Some(Ok(Event::Init)),
             Ok(Event::InitDone) => Some(Ok(Event::InitDone)),
         };
@@ -97,8 +139,16 @@ fn report<K>(
     if first.unwrap_or(true) {
         tracing::warn!(kind, object = %key, %error, "cannot decode object; skipping it until it is fixed");
         if let Some(tx) = invalid {
-            let _ = tx.try_send(Invalid { key, namespace, name, error });
+            let _ = tx.try_send(Invalid { key, namespace, name, error: Some(error) });
         }
     }
     None
+}
+
+/// Whether the object's status holds a [`USABLE`] condition that is `False`.
+fn marked_unusable(o: &DynamicObject) -> bool {
+    o.data
+        .pointer("/status/conditions")
+        .and_then(|c| c.as_array())
+        .is_some_and(|c| c.iter().any(|c| c["type"] == USABLE && c["status"] == "False"))
 }

@@ -713,3 +713,61 @@ async fn bad_objects_are_isolated_and_a_missing_policy_fails_closed() {
     .await;
     assert_eq!(f.manager_version().await.as_deref(), Some("1.0.0"), "a downtime upgrade happened without a window");
 }
+
+/// With kubectl against the sim: a MaintenancePolicy whose window does not parse, a
+/// ModuleTemplate whose version is not semver and a ModuleReleaseMeta offering one say so in their status (`Usable` False,
+/// reason `InvalidSpec`, the error), and `Usable` True (reason `Valid`) once fixed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unusable_policies_and_templates_say_so_in_their_status() {
+    let f = Fleet::start("3600").await;
+    let usable = |kind: &str, name: &str| -> Option<(String, String, String)> {
+        let out = kubectl(&f.cp_kc, &["get", kind, name, "-n", NS, "-o", "jsonpath={.status.conditions}"], None);
+        let conditions: Vec<Value> = serde_json::from_str(&out).ok()?;
+        let c = conditions.into_iter().find(|c| c["type"] == "Usable")?;
+        let field = |k: &str| c[k].as_str().unwrap_or_default().to_string();
+        Some((field("status"), field("reason"), field("message")))
+    };
+    let wait_for = |kind: &'static str, name: &'static str, want: (&'static str, &'static str, &'static str)| {
+        let usable = &usable;
+        async move {
+            let matches = || {
+                usable(kind, name)
+                    .is_some_and(|(s, r, m)| (s.as_str(), r.as_str()) == (want.0, want.1) && m.contains(want.2))
+            };
+            assert!(
+                eventually(Duration::from_secs(30), matches).await,
+                "{kind} {name}: want {want:?}, have {:?}",
+                usable(kind, name)
+            );
+        }
+    };
+
+    let policy = |begin: &str| {
+        json!({"apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "MaintenancePolicy",
+               "metadata": {"name": "nightly", "namespace": NS},
+               "spec": {"default": {"days": ["Sat"], "begin": begin, "end": "03:00:00Z"}}})
+    };
+    apply_json(&f.cp_kc, &policy("1am"));
+    wait_for("maintenancepolicy", "nightly", ("False", "InvalidSpec", "\"1am\"")).await;
+    apply_json(&f.cp_kc, &policy("01:00:00Z"));
+    wait_for("maintenancepolicy", "nightly", ("True", "Valid", "")).await;
+
+    let mut tpl = template("3.0.0");
+    tpl["metadata"]["name"] = json!("redis-next");
+    tpl["spec"]["version"] = json!("next");
+    apply_json(&f.cp_kc, &tpl);
+    wait_for("moduletemplate", "redis-next", ("False", "InvalidSpec", "spec.version")).await;
+    tpl["spec"]["version"] = json!("3.0.0");
+    apply_json(&f.cp_kc, &tpl);
+    wait_for("moduletemplate", "redis-next", ("True", "Valid", "")).await;
+    let mut meta = release_meta("1.0.0", "latest");
+    meta["metadata"]["name"] = json!("other");
+    meta["spec"]["moduleName"] = json!("other");
+    apply_json(&f.cp_kc, &meta);
+    wait_for("modulereleasemeta", "other", ("False", "InvalidSpec", "spec.channels[1].version")).await;
+    meta["spec"]["channels"][1]["version"] = json!("2.0.0");
+    apply_json(&f.cp_kc, &meta);
+    wait_for("modulereleasemeta", "other", ("True", "Valid", "")).await;
+    // The valid ones shipped with the fleet were never marked.
+    assert_eq!(usable("moduletemplate", "redis-1.0.0"), None);
+}

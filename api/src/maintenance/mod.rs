@@ -94,7 +94,8 @@ pub mod policy;
 pub mod window;
 
 pub use policy::{
-    CompiledPolicy, MaintenancePolicy, MaintenancePolicySpec, PolicyMatch, PolicyRule, RuntimeLabels, WindowSpec,
+    CompiledPolicy, MaintenancePolicy, MaintenancePolicySpec, MaintenancePolicyStatus, PolicyMatch, PolicyRule,
+    RuntimeLabels, WindowSpec,
 };
 pub use window::{NextWindowOptions, TimeError, Window};
 

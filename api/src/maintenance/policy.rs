@@ -24,6 +24,7 @@ use super::{DAY_NAMES, LABEL_NAMES, MaintenanceError, NoWindowReason};
     kind = "MaintenancePolicy",
     plural = "maintenancepolicies",
     namespaced,
+    status = "MaintenancePolicyStatus",
     printcolumn = r#"{"name":"Default Begin","type":"string","jsonPath":".spec.default.begin"}"#,
     printcolumn = r#"{"name":"Default End","type":"string","jsonPath":".spec.default.end"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
@@ -36,6 +37,15 @@ pub struct MaintenancePolicySpec {
     /// The window used when no rule matches or the matching rule yields no window.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub default: Option<WindowSpec>,
+}
+
+/// What the operator makes of a policy.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub struct MaintenancePolicyStatus {
+    /// `Usable`: `False` (reason `InvalidSpec`, the error as message) when the policy does not
+    /// decode or [`MaintenancePolicySpec::compile`] refuses it, back to `True` (reason `Valid`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<crate::module::Condition>,
 }
 
 /// One rule: which runtimes, and their windows.
