@@ -74,6 +74,7 @@ impl ClusterModel {
         let o = Object { uid, rv, value: rv };
         let rendered = self.render(name, &o);
         self.objects.insert(name.to_string(), o);
+        tracing::debug!(name, value = rv, "cluster write");
         self.history.push_back((rv, WatchEvent::Applied(rendered)));
     }
 
@@ -83,6 +84,7 @@ impl ClusterModel {
         self.rv += 1;
         o.rv = self.rv;
         let rendered = self.render(name, &o);
+        tracing::debug!(name, rv = self.rv, "cluster delete");
         self.history.push_back((self.rv, WatchEvent::Deleted(rendered)));
         true
     }

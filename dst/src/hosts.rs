@@ -236,8 +236,14 @@ impl SubscriberHost {
             };
             let stream = sub.stream().unwrap_or_default().to_string();
             match &delivery {
-                Delivery::Events(events) => lock(&self.model).deliver_events(&stream, events),
+                Delivery::Events(events) => {
+                    for ev in events {
+                        tracing::debug!(sub = self.name, cursor = ?ev.cursor, cluster = %ev.cluster, id = %ev.id, data = %ev.data, "delivered");
+                    }
+                    lock(&self.model).deliver_events(&stream, events)
+                }
                 Delivery::ResyncRequired(r) => {
+                    tracing::debug!(sub = self.name, cursor = r.cursor, cluster = %r.cluster, reason = %r.reason, "resync delivered");
                     let states = self.clusters.states();
                     lock(&self.model).deliver_resync(&stream, &r.cluster, r.cursor, &states);
                 }

@@ -54,6 +54,8 @@ impl Log {
         if from < self.base {
             out.evicted =
                 self.evicted.iter().filter(|(_, off)| **off >= from).map(|(c, off)| (c.clone(), *off)).collect();
+            // Lowest offset first (see [`Read::evicted`]).
+            out.evicted.sort_unstable_by(|(a, x), (b, y)| x.cmp(y).then_with(|| a.cmp(b)));
         }
         let start = self.records.partition_point(|r| r.offset < from);
         out.records.extend(self.records.iter().skip(start).take(max).cloned());
@@ -175,5 +177,25 @@ impl Core {
             }
             grows
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Evicted clusters come lowest offset first whatever the map's order, so a subscriber
+    /// acking one resync never passes an eviction it has not been told of.
+    #[test]
+    fn evictions_are_read_lowest_offset_first() {
+        let mut log = Log::new();
+        log.base = 200;
+        log.end = 200;
+        for (c, off) in [("c1", 102), ("c3", 101), ("c2", 94), ("c4", 50), ("c5", 150), ("c6", 101)] {
+            log.evicted.insert(Arc::from(c), off);
+        }
+        let r = log.read(70, 10);
+        let got: Vec<(&str, u64)> = r.evicted.iter().map(|(c, o)| (&**c, *o)).collect();
+        assert_eq!(got, vec![("c2", 94), ("c3", 101), ("c6", 101), ("c1", 102), ("c5", 150)]);
     }
 }

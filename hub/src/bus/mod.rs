@@ -343,7 +343,12 @@ pub enum WriterPlacement {
 #[derive(Debug, Default)]
 pub struct Read {
     /// Clusters whose records between the requested offset and the oldest retained one
-    /// were evicted: the reader must be told to resync them.
+    /// were evicted, with the offset of each one's last evicted record: the reader must be
+    /// told to resync them. Lowest offset first: a subscriber acks a resync's offset, and
+    /// an ack must not pass an eviction it has not been told of yet (dst seed 345219: a
+    /// session ended after a resync at offset 102 was sent and acked, before the one at
+    /// 101 of another cluster; the next session started above 101, and that cluster's
+    /// changes were lost silently).
     pub evicted: Vec<(Arc<str>, u64)>,
     /// Records, in order.
     pub records: Vec<Arc<Record>>,

@@ -806,7 +806,10 @@ impl NatsBus {
     async fn adopt(&self, info: stream::Info) -> Result<(), NatsError> {
         let lineage = lineage_of(&self.stream, &info);
         let known = self.known_last();
-        if lineage.id != self.stream_id || lineage.base < known {
+        if lineage.id == self.stream_id && lineage.base < known {
+            return self.supersede(&info, &lineage, known).await;
+        }
+        if lineage.id != self.stream_id {
             let cause = format!(
                 "the JetStream stream {} was recreated by a hub that did not know bus {} (bus {}, offsets from {}, while \
                  this replica handed out offsets up to {known}): restart this hub replica",
@@ -829,6 +832,48 @@ impl NatsBus {
         self.adopting.store(false, Ordering::SeqCst);
         tracing::warn!(stream = %self.stream, base = lineage.base, "taken on the recreated JetStream stream: offsets continue above {}; subscribers get resync-required *", lineage.base);
         Ok(())
+    }
+
+    /// The stream continues this bus but numbers its records from below offsets this
+    /// replica handed out: another replica recreated it from what it knew before it had
+    /// taken on an earlier recreation (JetStream lost its store twice in a short time, or
+    /// lost a stream it had just recreated). Taking it on would repeat offsets, and readers
+    /// going on from a cursor this replica gave them would skip its first records — its
+    /// `resync-required *` among them — silently; refusing for good would keep this replica
+    /// unready until restarted. So the replica that knows more recreates the stream once
+    /// more, above every offset it knows (its own and the short-lived stream's): what was
+    /// stored in the short-lived stream goes with it, and the new stream's `*`, which every
+    /// reader reads next from any cursor it holds, tells them so. Only the stream this
+    /// replica looked at is deleted: one superseded meanwhile by another replica is taken on
+    /// (or superseded in turn) at the next probe.
+    async fn supersede(&self, info: &stream::Info, lineage: &Lineage, known: u64) -> Result<(), NatsError> {
+        // Appends are refused until a stream is taken on (see `adopt`).
+        self.adopting.store(true, Ordering::SeqCst);
+        self.stream_last.fetch_max(info.state.last_sequence + lineage.base, Ordering::SeqCst);
+        tracing::warn!(
+            stream = %self.stream,
+            base = lineage.base,
+            known,
+            "the JetStream stream was recreated below offsets this replica handed out (by a replica that had not taken on an earlier recreation): recreating it above them"
+        );
+        let created = info.created.unix_timestamp_nanos();
+        match self.stream_handle.get_info().await {
+            Ok(now) if now.created.unix_timestamp_nanos() != created => return Ok(()),
+            Ok(now) => {
+                self.stream_last.fetch_max(now.state.last_sequence + lineage.base, Ordering::SeqCst);
+                match self.js.delete_stream(&self.stream).await {
+                    Ok(_) => {}
+                    Err(e)
+                        if matches!(e.kind(), jetstream::context::DeleteStreamErrorKind::JetStream(je)
+                            if je.error_code() == jetstream::ErrorCode::STREAM_NOT_FOUND) => {}
+                    Err(e) => return Err(self.stream_error(format!("cannot delete the stream to recreate it: {e}"))),
+                }
+            }
+            Err(e) if !stream_not_found(&e) => return Err(self.stream_error(format!("stream info: {e}"))),
+            Err(_) => {}
+        }
+        // Boxed: recreating takes the new stream on, which may supersede again.
+        Box::pin(self.recreate()).await
     }
 
     async fn adopt_now(&self, info: &stream::Info, lineage: &Lineage) -> Result<(), NatsError> {
@@ -1346,7 +1391,7 @@ async fn connect(opts: &NatsOptions) -> Result<(async_nats::Client, String), Nat
     Ok((client, servers))
 }
 
-fn wanted_config(opts: &NatsOptions) -> stream::Config {
+pub(super) fn wanted_config(opts: &NatsOptions) -> stream::Config {
     let age = opts.retention.age.unwrap_or(Duration::ZERO);
     let window = if age.is_zero() { DUPLICATE_WINDOW } else { DUPLICATE_WINDOW.min(age) };
     stream::Config {

@@ -618,3 +618,64 @@ async fn a_stream_recreated_as_another_bus_makes_the_replica_refuse_to_go_on() {
     assert!(a.read(1, 10).await.is_err(), "a reader's session ends instead of waiting for offsets");
     assert!(other.health().is_ok());
 }
+
+/// JetStream lost its store twice in a short time, and the second stream was recreated by
+/// a replica that had not taken on the first recreation: from what it knew, it chose the
+/// same offset base, so the new stream's offsets repeat offsets a replica that did take
+/// the first one on handed out. That replica must neither take it on (its readers would
+/// skip the new stream's first records, its `*` among them) nor refuse for good (unready
+/// until restarted, its agents' events refused: the NATS soak found this): it recreates the
+/// stream above every offset it knows, and a reader going on from any cursor it was given
+/// reads `resync-required *` next, on both replicas.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_recreated_below_offsets_a_replica_handed_out_is_recreated_above_them() {
+    let (mut server, _dir) = server();
+    let a = open(&server.url(), "fw", keep_all()).await;
+    let b = open(&server.url(), "fw", keep_all()).await;
+    a.append("c".into(), vec![ev(1, 1)]).await.unwrap();
+    server.restart_empty().unwrap_or_else(|e| panic!("{e}"));
+    for bus in [&a, &b] {
+        wait_for("the recreated stream taken on", Duration::from_secs(90), async || recreated(bus)).await;
+    }
+    let first_base = a.offset_base();
+    assert_eq!(b.offset_base(), first_base);
+    let mut handed_out = 0;
+    for seq in 2..=6 {
+        handed_out = append_eventually(&a, "c", || vec![ev(1, seq)]).await;
+    }
+    assert!(handed_out > first_base + 1, "{handed_out}");
+
+    // A replica that never saw the first recreation recreates the stream at the same base,
+    // with its own marker, and an agent of it appends one record.
+    let js = async_nats::jetstream::new(async_nats::connect(server.url()).await.unwrap());
+    js.delete_stream("fw").await.unwrap();
+    let opts = NatsOptions::new(vec![server.url()], keep_all());
+    let mut config = super::nats::wanted_config(&NatsOptions { stream: "fw".into(), ..opts });
+    let stale = super::nats_state::Lineage { id: a.stream_id().to_string(), base: first_base };
+    config.description = Some(super::nats_state::describe(Some(&stale)));
+    js.create_stream(config).await.unwrap();
+    js.publish("fw.stale", Bytes::from_static(b"{}")).await.unwrap().await.unwrap();
+
+    for bus in [&a, &b] {
+        wait_for("a stream above every offset handed out", Duration::from_secs(90), async || {
+            bus.offset_base() > handed_out && bus.health().is_ok()
+        })
+        .await;
+        assert_eq!(bus.stream_id(), a.stream_id(), "still one bus");
+    }
+    let next = append_eventually(&a, "c", || vec![ev(1, 7)]).await;
+    assert!(next > handed_out, "offsets go on above the ones handed out: {next} after {handed_out}");
+    b.prepare_reads().await.unwrap();
+    for bus in [&a, &b] {
+        wait_for("the tail holds the append", Duration::from_secs(30), async || bus.last_offset() >= next).await;
+        // A reader going on from the last cursor a handed out reads the marker first.
+        let read = bus.read(handed_out + 1, 100).await.unwrap();
+        let first = read.records.first().expect("records after the cursor");
+        assert_eq!(first.cluster.as_ref(), "*", "{:?}", read.records);
+        match &first.body {
+            RecordBody::ResyncRequired(why) => assert!(why.contains(super::nats::RECREATED), "{why}"),
+            other => panic!("the first record after the cursor is {other:?}"),
+        }
+        assert!(!bus.health().is_err_and(|e| e.contains("restart")), "not refused for good");
+    }
+}

@@ -101,6 +101,17 @@ impl SegmentLogBus {
             log.end = log.end.max(reserved).max(stored_end).max(max_cursor + 1).max(marked);
         }
         log.base = log.records.front().map(|r| r.offset).unwrap_or(log.end);
+        // Records below the oldest segment were evicted in an earlier run and their segments
+        // deleted: which clusters they held is known no more, so a reader that missed any of
+        // them must reconcile every cluster. (Evictions of records still on disk are found
+        // again, per cluster, when retention runs below.) dst seed 345219: a durable
+        // subscriber behind the retention window across a hub restart was told to resync
+        // only the clusters whose evicted records were still on disk, and lost another
+        // cluster's changes silently.
+        let oldest = rec.segments.first().map(|(first, _)| *first).unwrap_or(log.end).min(log.base);
+        if oldest > 1 {
+            log.evicted.insert(Arc::from(ALL_CLUSTERS), oldest - 1);
+        }
         let marks = Marks::new(marks_path, mark.as_ref(), log.end, log.records.iter().map(|r| &**r));
         let mut disk = Disk::new(dir.clone(), seg_dir, opts.segment_bytes.max(1), opts.segment_records.max(1), marks);
         disk.segments = rec.segments.clone().into();

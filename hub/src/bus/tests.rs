@@ -454,3 +454,35 @@ fn copy_dir(from: &Path, to: &Path) {
         }
     }
 }
+
+/// A subscriber behind the retention window across a restart: the clusters whose evicted
+/// records went with deleted segments are known no more, so it must be told to resync
+/// every cluster, not only those whose evicted records were still on disk (dst seed
+/// 345219 lost cluster b's changes silently that way).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_behind_segments_deleted_before_a_restart_resyncs_every_cluster() {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = BusOptions { retention: Retention { records: 4, bytes: 1 << 30, age: None }, ..disk(dir.path(), 3) };
+    {
+        let bus = open_disk(opts.clone());
+        bus.append("b".into(), vec![ev(1, 1), ev(1, 2), ev(1, 3)]).await.unwrap();
+        for seq in 1..=12 {
+            bus.append("a".into(), vec![ev(1, seq)]).await.unwrap();
+        }
+        // Evicted while running: b is reported.
+        let r = bus.read_now(3, 100);
+        assert!(r.evicted.iter().any(|(c, _)| &**c == "b"), "{:?}", r.evicted);
+        closed(bus).await;
+    }
+    assert!(segments(dir.path()).len() < 5, "fully evicted segments were deleted: {:?}", segments(dir.path()));
+    let bus = open_disk(opts);
+    let r = bus.read_now(3, 100);
+    assert!(
+        r.evicted.iter().any(|(c, off)| (&**c == "*" || &**c == "b") && *off >= 3),
+        "a reader that missed b's record at offset 3 must learn it: {:?}",
+        r.evicted
+    );
+    // A reader that missed nothing is not told to resync.
+    let first = bus.first_offset();
+    assert!(bus.read_now(first, 100).evicted.is_empty(), "{:?}", bus.read_now(first, 100).evicted);
+}
