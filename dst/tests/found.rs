@@ -1,7 +1,7 @@
 //! Seeds that found real losses, kept as regression tests. Each failed before its fix (the
-//! commit named below) and passes since. A simulation run is not replayed exactly (tokio's
-//! `select!` draws from an unseeded generator, see the crate docs), so each seed runs a few
-//! times; before their fixes these failed on every run tried (5 of 5).
+//! commit named below) and passes since. Each seed runs a few times: a run of the ordinary
+//! build may not replay exactly (tokio's `select!` draws from an unseeded generator unless
+//! built with `--cfg tokio_unstable`, see the crate docs), though the seeds tried do.
 
 use fleetwatch_dst::{Options, Storage, replay_command, run};
 
