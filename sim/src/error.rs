@@ -93,6 +93,12 @@ impl ApiError {
         Self::new(400, "BadRequest", message)
     }
 
+    /// `413 RequestEntityTooLarge`: a request body over the server's limit, worded as
+    /// kube-apiserver words it (`Request entity too large: limit is 3145728`).
+    pub fn too_large(limit: usize) -> Self {
+        Self::new(413, "RequestEntityTooLarge", format!("Request entity too large: limit is {limit}"))
+    }
+
     /// `401 Unauthorized` for a missing or wrong bearer token.
     pub fn unauthorized() -> Self {
         Self::new(401, "Unauthorized", "Unauthorized")

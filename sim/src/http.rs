@@ -30,8 +30,18 @@ use crate::{discovery, openapi, protobuf};
 /// Response body type.
 pub type Body = BoxBody<Bytes, Infallible>;
 
-/// Largest request body accepted (kube-apiserver's limit is 3 MiB per object).
-const MAX_BODY: usize = 8 * 1024 * 1024;
+/// Largest request body accepted: kube-apiserver's `--max-request-bytes` default (3 MiB),
+/// answered beyond with 413 as it does. Module manifests (large CRDs) must fit.
+pub const MAX_BODY: usize = 3 * 1024 * 1024;
+
+/// Reads a request body of at most [`MAX_BODY`] bytes.
+async fn read_body(req: Request<Incoming>) -> Result<bytes::Bytes, ApiError> {
+    match Limited::new(req.into_body(), MAX_BODY).collect().await {
+        Ok(body) => Ok(body.to_bytes()),
+        Err(e) if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() => Err(ApiError::too_large(MAX_BODY)),
+        Err(e) => Err(ApiError::bad_request(format!("reading request body: {e}"))),
+    }
+}
 
 fn json_response(code: u16, v: &Value) -> Response<Body> {
     bytes_response(code, Bytes::from(serde_json::to_vec(v).unwrap_or_default()))
@@ -239,11 +249,7 @@ fn resolve(core: &Core, group: &str, version: &str, rest: &[String], path: &str)
 async fn read_review(req: Request<Incoming>) -> Result<Value, ApiError> {
     let ct =
         req.headers().get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("application/json").to_string();
-    let body = Limited::new(req.into_body(), MAX_BODY)
-        .collect()
-        .await
-        .map_err(|e| ApiError::bad_request(format!("reading request body: {e}")))?
-        .to_bytes();
+    let body = read_body(req).await?;
     if ct.starts_with("application/vnd.kubernetes.protobuf") {
         return crate::pbwire::decode(&body).ok_or_else(|| ApiError::unsupported_media_type(&ct));
     }
@@ -262,11 +268,7 @@ async fn read_json(req: Request<Incoming>) -> Result<(Value, String), ApiError> 
         return Err(ApiError::unsupported_media_type(&ct));
     }
     let protobuf = ct.starts_with("application/vnd.kubernetes.protobuf");
-    let body = Limited::new(req.into_body(), MAX_BODY)
-        .collect()
-        .await
-        .map_err(|e| ApiError::bad_request(format!("reading request body: {e}")))?
-        .to_bytes();
+    let body = read_body(req).await?;
     if body.is_empty() {
         return Ok((Value::Null, ct));
     }

@@ -931,3 +931,56 @@ async fn describe_and_kubectl_events_find_an_objects_events() {
     let err = env.fails(&["get", "events.events.k8s.io", "--field-selector", "involvedObject.name=w1"]);
     assert!(err.contains("field label not supported: involvedObject.name"), "{err}");
 }
+
+/// A CRD of `properties` string fields, each with a description of `pad` bytes.
+fn large_crd(properties: usize, pad: usize) -> String {
+    let mut props = serde_json::Map::new();
+    for i in 0..properties {
+        props.insert(
+            format!("field{i}"),
+            serde_json::json!({"type": "string", "description": format!("{i} {}", "d".repeat(pad))}),
+        );
+    }
+    serde_json::json!({
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": "bigs.example.com"},
+        "spec": {
+            "group": "example.com",
+            "names": {"kind": "Big", "plural": "bigs", "singular": "big", "listKind": "BigList"},
+            "scope": "Namespaced",
+            "versions": [{"name": "v1", "served": true, "storage": true, "schema": {"openAPIV3Schema": {
+                "type": "object",
+                "properties": {"spec": {"type": "object", "properties": props}}
+            }}}]
+        }
+    })
+    .to_string()
+}
+
+/// Real modules ship CRDs of megabytes (cert-manager's are about 1 MiB together): the sim
+/// takes what kube-apiserver takes, up to its 3 MiB request limit, through server-side
+/// apply, and answers a larger request with kube-apiserver's 413.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_crds_apply_server_side_and_oversized_requests_get_413() {
+    let env = Env::start(SimOptions::default()).await;
+    let crd = large_crd(2_000, 1_000);
+    assert!(crd.len() > 2 << 20, "{} bytes", crd.len());
+    let out = env.apply(&crd, &["--server-side", "--field-manager", "modules"]);
+    assert!(out.contains("bigs.example.com serverside-applied"), "{out}");
+    let got = env.get_json(&["crd", "bigs.example.com", "--show-managed-fields"]);
+    let props = &got["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"];
+    assert_eq!(props.as_object().map(|p| p.len()), Some(2_000));
+    assert!(got["metadata"]["managedFields"].as_array().is_some_and(|m| m.iter().any(|e| e["manager"] == "modules")));
+    // Applied again unchanged: nothing to do, still there.
+    env.apply(&crd, &["--server-side", "--field-manager", "modules"]);
+    let big = "apiVersion: example.com/v1\nkind: Big\nmetadata:\n  name: b1\nspec:\n  field1: x\n";
+    assert_eq!(env.apply(big, &[]).trim(), "big.example.com/b1 created");
+
+    let oversized = large_crd(3_500, 1_000).replace("bigs.example.com", "huges.example.com");
+    let out = env.kubectl_stdin(&["apply", "--server-side", "-f", "-"], Some(&oversized));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a request over 3 MiB is refused");
+    assert!(err.contains("Request entity too large: limit is 3145728"), "{err}");
+    assert!(env.fails(&["get", "crd", "huges.example.com"]).contains("NotFound"));
+}
