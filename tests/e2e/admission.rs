@@ -384,6 +384,8 @@ async fn readyz_waits_for_the_control_plane_watch() {
     // No WatchConfig CRD yet: the watch cannot list, so the hub is not ready.
     let ready = http_get(hub.admin_port, "/readyz").await;
     assert!(ready.starts_with("not ready: ") && ready.contains("control-plane: "), "{ready}");
+    // ... and names the kubeconfig it reads the control plane with (issue 27).
+    assert!(ready.contains(&format!("(kubeconfig {})", cp_kc.display())), "{ready}");
     let crd = std::fs::read_to_string(
         std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("../deploy/crds/watchconfigs.operator.fleetwatch.dev.yaml"),
