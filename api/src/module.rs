@@ -409,8 +409,8 @@ pub struct ModuleReleaseMetaStatus {
     #[serde(default)]
     pub rollouts: Vec<RolloutStatus>,
     /// Every channel with its version, `channel=version` sorted by channel and separated
-    /// by spaces (see [`ModuleReleaseMetaSpec::channels_summary`]): the `Channels` printer
-    /// column, as a column can show only one value of a list.
+    /// by spaces (`fast=2.0.0 regular=1.0.0`; `ModuleReleaseMetaSpec::channels_summary`):
+    /// the `Channels` printer column, as a column can show only one value of a list.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub channels: Option<String>,
     /// `Usable`: `False` (reason `InvalidSpec`) when the operator cannot read or use it.

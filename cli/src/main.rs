@@ -170,7 +170,9 @@ fn status(args: status_cmd::StatusArgs) -> std::process::ExitCode {
 fn one_line(e: &anyhow::Error) -> String {
     let mut line = String::new();
     for cause in e.chain() {
-        let text = cause.to_string();
+        // A cause that spans lines (a YAML parser's error with the source excerpt under it)
+        // gives its first one: what it says, with the position.
+        let text = cause.to_string().lines().map(str::trim).find(|l| !l.is_empty()).unwrap_or_default().to_string();
         if text.is_empty() || line.contains(&text) {
             continue;
         }
@@ -193,6 +195,13 @@ mod tests {
         assert_eq!(super::one_line(&e), "cannot start hub: cannot listen on 127.0.0.1:1: address in use");
         let plain = anyhow::anyhow!("inner").context("outer");
         assert_eq!(super::one_line(&plain), "outer: inner");
+        let excerpt =
+            anyhow::anyhow!("error: line 1 column 10: unclosed bracket '['\n --> <input>:1:10\n  |\n1 | x: [")
+                .context("--control-plane-kubeconfig k: failed to parse kubeconfig YAML");
+        assert_eq!(
+            super::one_line(&excerpt),
+            "--control-plane-kubeconfig k: failed to parse kubeconfig YAML: error: line 1 column 10: unclosed bracket '['"
+        );
     }
 }
 

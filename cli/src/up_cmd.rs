@@ -441,7 +441,38 @@ fn removed<'a>(before: &'a [Vec<String>], now: &[Vec<String>]) -> Vec<&'a str> {
         .collect()
 }
 
+/// How often the table is redrawn from a fresh read (agent connections come from the admin
+/// API, which has no watch); a change to a Runtime redraws it at once.
+const TABLE_POLL: Duration = Duration::from_millis(500);
+
+/// Wakes `changed` on every change the API server reports for a Runtime of the sandbox's
+/// namespace (a status write, a deletion), until `shutdown`.
+async fn follow_runtime_changes(cp: kube::Client, changed: Arc<tokio::sync::Notify>, shutdown: CancellationToken) {
+    use futures_util::StreamExt as _;
+    use kube::runtime::{WatchStreamExt as _, watcher};
+    let runtimes: Api<kube::api::DynamicObject> =
+        Api::namespaced_with(cp, NAMESPACE, &kube::core::ApiResource::erase::<Runtime>(&()));
+    let events = watcher(runtimes, watcher::Config::default()).default_backoff();
+    let mut events = std::pin::pin!(events);
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            ev = events.next() => match ev {
+                // The first list is the table's first draw: only what changes after counts.
+                Some(Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_) | watcher::Event::InitDone)) => {
+                    changed.notify_one()
+                }
+                Some(_) => {}
+                None => return,
+            },
+        }
+    }
+}
+
 async fn table(cp: &kube::Client, admin: &str, plain: bool, shutdown: CancellationToken) {
+    // A deleted Runtime leaves the table within one watch event's time, not a poll's.
+    let changed = Arc::new(tokio::sync::Notify::new());
+    tokio::spawn(follow_runtime_changes(cp.clone(), changed.clone(), shutdown.child_token()));
     let mut last: Vec<Vec<String>> = Vec::new();
     let mut last_header: Vec<String> = Vec::new();
     let mut drawn = 0usize;
@@ -504,7 +535,8 @@ async fn table(cp: &kube::Client, admin: &str, plain: bool, shutdown: Cancellati
         }
         tokio::select! {
             _ = shutdown.cancelled() => return,
-            _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+            _ = changed.notified() => {}
+            _ = tokio::time::sleep(TABLE_POLL) => {}
         }
     }
 }

@@ -230,7 +230,7 @@ pub(crate) struct Context {
     pub admission: admission::Admission,
     /// Whether the control-plane WatchConfig watch has listed everything (always true for
     /// other sources).
-    pub watch_synced: Arc<std::sync::atomic::AtomicBool>,
+    pub watch_synced: Arc<watch_source::WatchSync>,
     /// This replica's name among hubs sharing a bus: its wss address.
     pub replica: String,
     /// The admin endpoint's bearer token, when one is configured.
@@ -326,7 +326,7 @@ impl Context {
             checks.push(("deny-list", stale.map_or(Ok(()), Err)));
         }
         if matches!(self.config.watch_source, watch_source::WatchSource::ControlPlane(_)) {
-            let synced = self.watch_synced.load(std::sync::atomic::Ordering::Relaxed);
+            let synced = self.watch_synced.synced();
             let from = match &self.config.watch_source {
                 watch_source::WatchSource::ControlPlane(Some(path)) => format!("kubeconfig {}", path.display()),
                 _ => "in-cluster or $KUBECONFIG".into(),
@@ -336,7 +336,9 @@ impl Context {
                 if synced {
                     Ok(())
                 } else {
-                    Err(format!("WatchConfig watch has not synced with the control plane ({from})"))
+                    // The watch's last error says why (unreachable, refused credentials, no CRD).
+                    let why = self.watch_synced.last_error().map(|e| format!(": {e}")).unwrap_or_default();
+                    Err(format!("WatchConfig watch has not synced with the control plane ({from}){why}"))
                 },
             ));
         }
@@ -474,7 +476,7 @@ impl Hub {
                 config.max_handshakes,
                 config.max_handshakes_per_ip,
             ),
-            watch_synced: Arc::new(std::sync::atomic::AtomicBool::new(watch_synced)),
+            watch_synced: Arc::new(watch_source::WatchSync::new(watch_synced)),
             replica: listener.local_addr().unwrap_or(config.listen).to_string(),
             admin_token,
             admin_tls,

@@ -135,13 +135,64 @@ impl WatchSource {
     }
 }
 
+/// Whether the control-plane watch has listed everything, and while it has not, why: its
+/// last error (for `/readyz`).
+#[derive(Debug, Default)]
+pub struct WatchSync {
+    synced: AtomicBool,
+    error: std::sync::Mutex<Option<String>>,
+}
+
+impl WatchSync {
+    /// Most bytes of an error kept.
+    const MAX_ERROR: usize = 512;
+
+    /// Synced from the start (`true`: a source that needs no listing) or not yet.
+    pub fn new(synced: bool) -> Self {
+        Self { synced: AtomicBool::new(synced), error: Default::default() }
+    }
+
+    /// Whether the watch has listed everything (and not failed since).
+    pub fn synced(&self) -> bool {
+        self.synced.load(Ordering::Relaxed)
+    }
+
+    /// The last error of the watch since it was last synced.
+    pub fn last_error(&self) -> Option<String> {
+        self.error.lock().ok().and_then(|e| e.clone())
+    }
+
+    fn set_synced(&self) {
+        self.synced.store(true, Ordering::Relaxed);
+        if let Ok(mut e) = self.error.lock() {
+            *e = None;
+        }
+    }
+
+    fn failed(&self, error: &dyn std::fmt::Display) {
+        self.synced.store(false, Ordering::Relaxed);
+        let mut text = error.to_string();
+        if text.len() > Self::MAX_ERROR {
+            let mut end = Self::MAX_ERROR;
+            while !text.is_char_boundary(end) {
+                end -= 1;
+            }
+            text.truncate(end);
+            text.push('…');
+        }
+        if let Ok(mut e) = self.error.lock() {
+            *e = Some(text);
+        }
+    }
+}
+
 /// Keeps the published configuration up to date until shutdown; `synced` tells readiness
 /// whether the control-plane watch has listed everything (other sources are always synced).
 pub async fn run(
     source: WatchSource,
     publish: Publish,
     verdicts: Verdicts,
-    synced: Arc<AtomicBool>,
+    synced: Arc<WatchSync>,
     shutdown: CancellationToken,
 ) {
     match source {
@@ -256,12 +307,7 @@ pub async fn control_plane_client(kubeconfig: Option<PathBuf>) -> kube::Client {
     }
 }
 
-async fn follow_control_plane(
-    kubeconfig: Option<PathBuf>,
-    publish: &Publish,
-    verdicts: &Verdicts,
-    synced: &AtomicBool,
-) {
+async fn follow_control_plane(kubeconfig: Option<PathBuf>, publish: &Publish, verdicts: &Verdicts, synced: &WatchSync) {
     let client = control_plane_client(kubeconfig).await;
     let api: kube::Api<WatchConfig> = kube::Api::all(client);
     let mut current: BTreeMap<String, WatchConfig> = BTreeMap::new();
@@ -271,11 +317,9 @@ async fn follow_control_plane(
     while let Some(ev) = stream.next().await {
         // Synced from the first complete list on; not while the watch is failing.
         match &ev {
-            Ok(watcher::Event::InitDone) => synced.store(true, Ordering::Relaxed),
-            Err(_) => synced.store(false, Ordering::Relaxed),
-            Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_)) if !synced.load(Ordering::Relaxed) => {
-                synced.store(true, Ordering::Relaxed)
-            }
+            Ok(watcher::Event::InitDone) => synced.set_synced(),
+            Err(e) => synced.failed(e),
+            Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_)) if !synced.synced() => synced.set_synced(),
             Ok(_) => {}
         }
         match ev {
@@ -312,6 +356,19 @@ fn from_control_plane(current: &BTreeMap<String, WatchConfig>) -> Vec<(String, W
 mod tests {
     use super::*;
     use fleetwatch_api::watchconfig::{ResourceRef, WatchConfigSpec};
+
+    #[test]
+    fn the_watchs_last_error_is_kept_until_it_syncs() {
+        let s = WatchSync::new(false);
+        assert!(!s.synced() && s.last_error().is_none());
+        s.failed(&"failed to perform initial object list: client error (Connect)");
+        assert_eq!(s.last_error().as_deref(), Some("failed to perform initial object list: client error (Connect)"));
+        s.set_synced();
+        assert!(s.synced() && s.last_error().is_none());
+        s.failed(&"é".repeat(1000));
+        let e = s.last_error().unwrap();
+        assert!(!s.synced() && e.len() <= WatchSync::MAX_ERROR + '…'.len_utf8() && e.ends_with('…'), "{e}");
+    }
 
     fn wc(name: &str, selector: Option<&str>) -> WatchConfig {
         WatchConfig::new(

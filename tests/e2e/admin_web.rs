@@ -453,6 +453,11 @@ async fn web_view_in_chromium_shows_the_fleet_and_an_agent_stopping_within_two_s
         &["-n", "kcp", "patch", "runtime", "rt-web", "--subresource=status", "--type=merge", "-p", &status.to_string()],
         None,
     );
+    // A WatchConfig the hub refuses (its label selector does not parse), for the watch
+    // configurations section.
+    let bad = json!({"apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "WatchConfig", "metadata": {"name": "bad"},
+        "spec": {"resource": {"version": "v1", "kind": "Secret"}, "labelSelector": "app in (a,"}});
+    kubectl(&cp_kc, &["apply", "-f", "-"], Some(&bad.to_string()));
     let hub = HubProc::start(&pki, free_port(), None, &["--control-plane-kubeconfig", cp_kc.to_str().unwrap()]);
     let a1 = agent(&pki, "web-1", &hub.url(), SOURCE, &[]);
     let _a2 = agent(&pki, "web-2", &hub.url(), SOURCE, &[]);
@@ -473,6 +478,13 @@ async fn web_view_in_chromium_shows_the_fleet_and_an_agent_stopping_within_two_s
     page.wait_for("the runtime's modules", &format!("!!{redis}"), Duration::from_secs(60)).await;
     let text = page.eval(&format!("{redis}.innerText")).await;
     assert!(text.as_str().is_some_and(|t| t.starts_with("redis refused: downgrade 2.0.0 → 1.0.0 Warning")), "{text}");
+    // The refused WatchConfig is listed as refused, with the parse error.
+    let refused = "document.querySelector('tr[data-watchconfig=\"bad\"][data-accepted=\"false\"]')";
+    page.wait_for("the refused WatchConfig", &format!("!!{refused}"), Duration::from_secs(60)).await;
+    let text = page.eval(&format!("{refused}.innerText")).await;
+    assert!(text.as_str().is_some_and(|t| t.contains("refused: Invalid") && t.contains("app in (a,")), "{text}");
+    let banner = page.eval("document.getElementById('watchconfigs-refused').innerText").await;
+    assert_eq!(banner, json!("1 WatchConfig is refused and not pushed to agents."));
     // Every table's headers align with their columns (numbers right).
     assert_eq!(page.eval(MISALIGNED).await, json!("[]"), "overview");
     // A marker that a reload would lose: the change must arrive through the page's own stream.

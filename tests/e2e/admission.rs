@@ -384,6 +384,15 @@ async fn readyz_waits_for_the_control_plane_watch() {
     // No WatchConfig CRD yet: the watch cannot list, so the hub is not ready.
     let ready = http_get(hub.admin_port, "/readyz").await;
     assert!(ready.starts_with("not ready: ") && ready.contains("control-plane: "), "{ready}");
+    // ... and names the kubeconfig it reads the control plane with (issue 27), and why it
+    // has not synced: the watch's last error (the API server has no such resource yet).
+    let why = format!("(kubeconfig {}): ", cp_kc.display());
+    let synced_why = eventually(Duration::from_secs(30), || {
+        let r = futures_block(http_get(hub.admin_port, "/readyz"));
+        r.contains(&why) && r.contains("404")
+    })
+    .await;
+    assert!(synced_why, "{}", http_get(hub.admin_port, "/readyz").await);
     let crd = std::fs::read_to_string(
         std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("../deploy/crds/watchconfigs.operator.fleetwatch.dev.yaml"),

@@ -16,6 +16,10 @@ fn refused(pki: &Pki, args: &[String], name: &str) -> String {
     assert_eq!(code, Some(1), "{name}: the hub did not stop with exit code 1; stderr:\n{err}");
     let errors: Vec<&str> = err.lines().filter(|l| l.starts_with("error:")).collect();
     assert_eq!(errors.len(), 1, "{name}: {err}");
+    // Nothing else but log lines (a timestamp first): no excerpt or trace under the error.
+    let is_log = |l: &str| l.split_whitespace().next().is_some_and(|t| t.parse::<jiff::Timestamp>().is_ok());
+    let stray: Vec<&str> = err.lines().filter(|l| !l.starts_with("error:") && !is_log(l)).collect();
+    assert!(stray.is_empty(), "{name}: lines besides the error and the log: {stray:?}\n{err}");
     errors[0].to_string()
 }
 

@@ -43,7 +43,8 @@ pub struct MaintenancePolicySpec {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
 pub struct MaintenancePolicyStatus {
     /// `Usable`: `False` (reason `InvalidSpec`, the error as message) when the policy does not
-    /// decode or [`MaintenancePolicySpec::compile`] refuses it, back to `True` (reason `Valid`).
+    /// decode or one of its rules or windows does not parse (the operator's check,
+    /// `MaintenancePolicySpec::compile`), back to `True` (reason `Valid`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<crate::module::Condition>,
 }
