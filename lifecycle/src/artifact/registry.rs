@@ -358,17 +358,21 @@ impl Registry {
     }
 }
 
-/// Whether an HTTPS request failed because the server answered in plain HTTP.
+/// Whether an HTTPS request failed because the server answered in plain HTTP: rustls
+/// read an HTTP response where a TLS record should be (`InvalidContentType`).
 fn answered_in_plain_http(e: &reqwest::Error) -> bool {
     let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
     while let Some(err) = cur {
-        if let Some(tls) = err.downcast_ref::<rustls::Error>() {
-            return matches!(tls, rustls::Error::InvalidMessage(_));
+        let tls = err.downcast_ref::<rustls::Error>().or_else(|| {
+            err.downcast_ref::<std::io::Error>().and_then(|io| io.get_ref()).and_then(|i| i.downcast_ref::<rustls::Error>())
+        });
+        if let Some(tls) = tls {
+            return matches!(tls, rustls::Error::InvalidMessage(rustls::InvalidMessage::InvalidContentType));
         }
-        if let Some(io) = err.downcast_ref::<std::io::Error>()
-            && let Some(tls) = io.get_ref().and_then(|i| i.downcast_ref::<rustls::Error>())
-        {
-            return matches!(tls, rustls::Error::InvalidMessage(_));
+        // The error may reach us through a wrapper that hides its type: its message is
+        // rustls' own wording for that case.
+        if err.to_string().ends_with("received corrupt message of type InvalidContentType") {
+            return true;
         }
         cur = err.source();
     }
