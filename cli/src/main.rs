@@ -97,7 +97,13 @@ fn main() -> std::process::ExitCode {
     if matches!(cli.command, Command::Agent(_)) {
         limit_malloc_arenas();
     }
-    init_logging(&cli.log, cli.log_json, log_file);
+    // reqwest's certificate verifier logs every failed verification at ERROR; `module`
+    // reports the failure itself, in one line.
+    let filter = match &cli.command {
+        Command::Module(_) => format!("{},rustls_platform_verifier=off", cli.log),
+        _ => cli.log.clone(),
+    };
+    init_logging(&filter, cli.log_json, log_file);
     fleetwatch_certs::install_crypto_provider();
     let command = match cli.command {
         Command::Status(args) => return status(args),

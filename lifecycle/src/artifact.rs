@@ -160,8 +160,9 @@ impl ModuleArtifact {
                 self.name
             )));
         }
-        semver::Version::parse(&self.version)
-            .map_err(|e| ArtifactError::Invalid(format!("version {:?} is not a semantic version: {e}", self.version)))?;
+        semver::Version::parse(&self.version).map_err(|e| {
+            ArtifactError::Invalid(format!("version {:?} is not a semantic version: {e}", self.version))
+        })?;
         if self.objects.is_empty() {
             return Err(ArtifactError::NoObjects(format!("module {}", self.name)));
         }
@@ -169,7 +170,8 @@ impl ModuleArtifact {
         for (i, o) in self.objects.iter().enumerate() {
             let origin = format!("object {}", i + 1);
             validate_object(o, &origin)?;
-            let key = (group_of(o), o["kind"].clone(), o["metadata"]["namespace"].clone(), o["metadata"]["name"].clone());
+            let key =
+                (group_of(o), o["kind"].clone(), o["metadata"]["namespace"].clone(), o["metadata"]["name"].clone());
             if !seen.insert(key) {
                 return Err(ArtifactError::Object { origin, message: format!("{} appears twice", describe(o)) });
             }
@@ -193,7 +195,10 @@ impl ModuleArtifact {
         }
         for k in &self.managed_resources {
             if k.version.is_empty() || k.kind.is_empty() {
-                return Err(ArtifactError::Invalid(format!("managed resource {} lacks a version or kind", kind_ref(k))));
+                return Err(ArtifactError::Invalid(format!(
+                    "managed resource {} lacks a version or kind",
+                    kind_ref(k)
+                )));
             }
         }
         Ok(())
@@ -204,7 +209,8 @@ impl ModuleArtifact {
     pub fn to_oci(&self) -> Result<(OciImageManifest, Vec<ImageLayer>), ArtifactError> {
         self.validate()?;
         let json = |v: &Value| serde_json::to_vec(v).map_err(|e| ArtifactError::Invalid(e.to_string()));
-        let mut layers = vec![ImageLayer::new(json(&Value::Array(self.objects.clone()))?, MANIFEST_MEDIA_TYPE.into(), None)];
+        let mut layers =
+            vec![ImageLayer::new(json(&Value::Array(self.objects.clone()))?, MANIFEST_MEDIA_TYPE.into(), None)];
         if let Some(c) = &self.default_config {
             layers.push(ImageLayer::new(json(c)?, DEFAULT_CONFIG_MEDIA_TYPE.into(), None));
         }
@@ -215,7 +221,8 @@ impl ModuleArtifact {
         annotations.insert(ANNOTATION_OCI_VERSION.to_string(), self.version.clone());
         annotations.insert(ANNOTATION_REQUIRES_DOWNTIME.to_string(), self.requires_downtime.to_string());
         let m = &self.manager;
-        annotations.insert(ANNOTATION_MANAGER.to_string(), format!("{}/{}", m.namespace.as_deref().unwrap_or(""), m.name));
+        annotations
+            .insert(ANNOTATION_MANAGER.to_string(), format!("{}/{}", m.namespace.as_deref().unwrap_or(""), m.name));
         if !self.managed_resources.is_empty() {
             let list: Vec<String> = self.managed_resources.iter().map(kind_ref).collect();
             annotations.insert(ANNOTATION_MANAGED_RESOURCES.to_string(), list.join(","));
@@ -272,11 +279,14 @@ impl ModuleArtifact {
                     Value::Array(a) => objects = Some(a),
                     _ => return Err(ArtifactError::NotModule("the manifest layer is not a JSON array".into())),
                 },
-                DEFAULT_CONFIG_MEDIA_TYPE if default_config.is_none() => default_config = Some(parse("default config")?),
+                DEFAULT_CONFIG_MEDIA_TYPE if default_config.is_none() => {
+                    default_config = Some(parse("default config")?)
+                }
                 other => return Err(ArtifactError::NotModule(format!("unexpected or repeated layer of type {other}"))),
             }
         }
-        let objects = objects.ok_or_else(|| ArtifactError::NotModule(format!("no layer of type {MANIFEST_MEDIA_TYPE}")))?;
+        let objects =
+            objects.ok_or_else(|| ArtifactError::NotModule(format!("no layer of type {MANIFEST_MEDIA_TYPE}")))?;
         let managed_resources = match ann.get(ANNOTATION_MANAGED_RESOURCES) {
             Some(list) if !list.is_empty() => list.split(',').map(parse_kind_ref).collect::<Result<Vec<_>, _>>()?,
             _ => Vec::new(),
@@ -285,7 +295,9 @@ impl ModuleArtifact {
             "true" => true,
             "false" => false,
             other => {
-                return Err(ArtifactError::NotModule(format!("{ANNOTATION_REQUIRES_DOWNTIME} is {other:?}, not true/false")));
+                return Err(ArtifactError::NotModule(format!(
+                    "{ANNOTATION_REQUIRES_DOWNTIME} is {other:?}, not true/false"
+                )));
             }
         };
         let mut a = Self::new(&get(ANNOTATION_NAME)?, &get(ANNOTATION_VERSION)?, &get(ANNOTATION_MANAGER)?, objects)?;
@@ -363,7 +375,8 @@ pub fn validate_object(o: &Value, origin: &str) -> Result<(), ArtifactError> {
     if !o.is_object() {
         return Err(err("not a mapping (a Kubernetes object)".into()));
     }
-    for (field, v) in [("apiVersion", &o["apiVersion"]), ("kind", &o["kind"]), ("metadata.name", &o["metadata"]["name"])]
+    for (field, v) in
+        [("apiVersion", &o["apiVersion"]), ("kind", &o["kind"]), ("metadata.name", &o["metadata"]["name"])]
     {
         if !v.as_str().is_some_and(|s| !s.is_empty()) {
             return Err(err(format!("{} has no {field}", describe(o))));
@@ -461,8 +474,8 @@ mod tests {
 
     #[test]
     fn round_trips_through_oci_and_is_reproducible() {
-        let mut a = ModuleArtifact::new("widgets", "1.2.3", "ns/op", vec![crd("widgets.example.com"), deployment()])
-            .unwrap();
+        let mut a =
+            ModuleArtifact::new("widgets", "1.2.3", "ns/op", vec![crd("widgets.example.com"), deployment()]).unwrap();
         a.requires_downtime = true;
         a.managed_resources = vec![parse_kind_ref("example.com/v1/Widget").unwrap()];
         a.default_config =
@@ -495,7 +508,10 @@ mod tests {
         let mut broken = crd("widgets.example.com");
         broken["spec"]["versions"] = json!("v1");
         let e = validate_object(&broken, "o").unwrap_err().to_string();
-        assert!(e.starts_with("o: CustomResourceDefinition widgets.example.com is not a valid CustomResourceDefinition"), "{e}");
+        assert!(
+            e.starts_with("o: CustomResourceDefinition widgets.example.com is not a valid CustomResourceDefinition"),
+            "{e}"
+        );
         let e = ModuleArtifact::new("w", "1.0.0", "ns/other", vec![deployment()]).unwrap_err();
         assert!(e.to_string().starts_with("manager: no Deployment (apps/v1) ns/other"), "{e}");
         let e = ModuleArtifact::new("w", "1.0", "ns/op", vec![deployment()]).unwrap_err();
@@ -507,7 +523,10 @@ mod tests {
         let e = ModuleArtifact::new("w", "1.0.0", "ns/op", vec![deployment(), deployment()]).unwrap_err();
         assert_eq!(e.to_string(), "object 2: Deployment ns/op appears twice");
         assert!(parse_kind_ref("Widget").is_err());
-        assert_eq!(parse_kind_ref("v1/ConfigMap").unwrap(), KindRef { group: "".into(), version: "v1".into(), kind: "ConfigMap".into() });
+        assert_eq!(
+            parse_kind_ref("v1/ConfigMap").unwrap(),
+            KindRef { group: "".into(), version: "v1".into(), kind: "ConfigMap".into() }
+        );
     }
 
     #[test]

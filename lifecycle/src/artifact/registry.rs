@@ -46,6 +46,9 @@ pub enum RegistryError {
         /// Whether credentials were sent.
         hint: &'static str,
     },
+    /// The registry's TLS certificate is not signed by a trusted CA.
+    #[error("{0}: its TLS certificate is not signed by a trusted CA (UnknownIssuer): give its CA with --registry-ca")]
+    UntrustedCertificate(String),
     /// What the registry sent is not what the manifest says.
     #[error("{what} of {reference}: digest mismatch: expected {expected}, the registry sent {actual}")]
     DigestMismatch {
@@ -286,7 +289,10 @@ impl Registry {
             if l.size > MAX_LAYER_BYTES {
                 return Err(RegistryError::Artifact {
                     reference: reference.into(),
-                    source: ArtifactError::NotModule(format!("layer {} is {} bytes, over {MAX_LAYER_BYTES}", l.digest, l.size)),
+                    source: ArtifactError::NotModule(format!(
+                        "layer {} is {} bytes, over {MAX_LAYER_BYTES}",
+                        l.digest, l.size
+                    )),
                 });
             }
             if l.media_type != MANIFEST_MEDIA_TYPE && l.media_type != DEFAULT_CONFIG_MEDIA_TYPE {
@@ -331,6 +337,9 @@ impl Registry {
             }
             _ => false,
         };
+        if chain_mentions(&e, "UnknownIssuer") {
+            return RegistryError::UntrustedCertificate(r.registry().into());
+        }
         if unauthorized {
             let hint = match auth {
                 RegistryAuth::Anonymous => " (no credentials for it were given: --registry-auth)",
@@ -358,13 +367,27 @@ impl Registry {
     }
 }
 
+/// Whether an error or one of its causes says `needle`.
+fn chain_mentions(e: &(dyn std::error::Error + 'static), needle: &str) -> bool {
+    let mut cur = Some(e);
+    while let Some(err) = cur {
+        if err.to_string().contains(needle) {
+            return true;
+        }
+        cur = err.source();
+    }
+    false
+}
+
 /// Whether an HTTPS request failed because the server answered in plain HTTP: rustls
 /// read an HTTP response where a TLS record should be (`InvalidContentType`).
 fn answered_in_plain_http(e: &reqwest::Error) -> bool {
     let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
     while let Some(err) = cur {
         let tls = err.downcast_ref::<rustls::Error>().or_else(|| {
-            err.downcast_ref::<std::io::Error>().and_then(|io| io.get_ref()).and_then(|i| i.downcast_ref::<rustls::Error>())
+            err.downcast_ref::<std::io::Error>()
+                .and_then(|io| io.get_ref())
+                .and_then(|i| i.downcast_ref::<rustls::Error>())
         });
         if let Some(tls) = tls {
             return matches!(tls, rustls::Error::InvalidMessage(rustls::InvalidMessage::InvalidContentType));
