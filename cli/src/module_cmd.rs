@@ -20,7 +20,7 @@ enum ModuleCommand {
     /// Package a module version (a directory of YAML, or a Helm chart rendered now with
     /// `helm template`), push it to an OCI registry, and print the ModuleTemplate that
     /// installs it, pinned by digest.
-    Package(PackageArgs),
+    Package(Box<PackageArgs>),
     /// Pull an artifact, check every digest, and show what it holds.
     Inspect(InspectArgs),
 }
@@ -124,7 +124,7 @@ impl RegistryArgs {
 
 pub async fn run(args: ModuleArgs) -> anyhow::Result<()> {
     match args.command {
-        ModuleCommand::Package(a) => package(a).await,
+        ModuleCommand::Package(a) => package(*a).await,
         ModuleCommand::Inspect(a) => inspect(a).await,
     }
 }

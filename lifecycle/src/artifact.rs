@@ -378,7 +378,7 @@ pub fn validate_object(o: &Value, origin: &str) -> Result<(), ArtifactError> {
     for (field, v) in
         [("apiVersion", &o["apiVersion"]), ("kind", &o["kind"]), ("metadata.name", &o["metadata"]["name"])]
     {
-        if !v.as_str().is_some_and(|s| !s.is_empty()) {
+        if v.as_str().is_none_or(str::is_empty) {
             return Err(err(format!("{} has no {field}", describe(o))));
         }
     }

@@ -211,7 +211,7 @@ impl Registry {
     /// on loopback and not speaking TLS.
     async fn client(&self, reference: &Reference) -> Result<Client, RegistryError> {
         let registry = reference.registry().to_string();
-        let plain = self.options.insecure.iter().any(|r| *r == registry)
+        let plain = self.options.insecure.contains(&registry)
             || (is_loopback(&registry) && !self.speaks_tls(&registry).await?);
         let config = ClientConfig {
             protocol: if plain { ClientProtocol::Http } else { ClientProtocol::Https },
