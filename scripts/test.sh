@@ -12,6 +12,10 @@ command -v chromium >/dev/null || need_apt+=(chromium)
 # promtool (Debian's prometheus package): the alert rules' unit tests, and the metrics e2e
 # test lints every /metrics endpoint with it.
 command -v promtool >/dev/null || need_apt+=(prometheus)
+# The module packaging e2e tests push to Debian's docker-registry (the CNCF distribution
+# registry) and hash its basic-auth passwords with apache2-utils' htpasswd (bcrypt).
+[ -x /usr/bin/docker-registry ] || need_apt+=(docker-registry)
+command -v htpasswd >/dev/null || need_apt+=(apache2-utils)
 command -v kubectl >/dev/null || echo "warning: kubectl not found; the sim scenario tests need it" >&2
 if [ ${#need_apt[@]} -gt 0 ]; then
   apt-get update -qq && apt-get install -y -qq "${need_apt[@]}"

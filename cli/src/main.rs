@@ -11,6 +11,7 @@ mod kube_apply;
 mod lifecycle_cmd;
 mod maintenance_cmd;
 mod metrics_route;
+mod module_cmd;
 mod relay_cmd;
 mod soak;
 mod status_cmd;
@@ -53,6 +54,9 @@ enum Command {
     /// Print the agent's ModuleTemplate and ModuleReleaseMeta (YAML) for `lifecycle
     /// --agent-ca-secret`, which installs it into every Runtime's cluster.
     AgentModule(agent_module_cmd::AgentModuleArgs),
+    /// Package a module version as an OCI artifact and push it (`module package`), or show
+    /// what an artifact holds (`module inspect`).
+    Module(module_cmd::ModuleArgs),
     /// Print events from the hub, one JSON document per line.
     Tail(tail_cmd::TailArgs),
     /// Relay events to another system (lifecycle-manager's listener, a CloudEvents webhook),
@@ -93,7 +97,13 @@ fn main() -> std::process::ExitCode {
     if matches!(cli.command, Command::Agent(_)) {
         limit_malloc_arenas();
     }
-    init_logging(&cli.log, cli.log_json, log_file);
+    // reqwest's certificate verifier logs every failed verification at ERROR; `module`
+    // reports the failure itself, in one line.
+    let filter = match &cli.command {
+        Command::Module(_) => format!("{},rustls_platform_verifier=off", cli.log),
+        _ => cli.log.clone(),
+    };
+    init_logging(&filter, cli.log_json, log_file);
     fleetwatch_certs::install_crypto_provider();
     let command = match cli.command {
         Command::Status(args) => return status(args),
@@ -120,6 +130,7 @@ fn main() -> std::process::ExitCode {
                     Command::Relay(args) => relay_cmd::run(args).await,
                     Command::Up(args) => up_cmd::run(args).await,
                     Command::Lifecycle(args) => lifecycle_cmd::run(args).await,
+                    Command::Module(args) => module_cmd::run(args).await,
                     Command::Bench(args) => bench::run(args).await,
                     Command::Sim(args) => {
                         let shutdown = shutdown_on_signals();

@@ -10,6 +10,7 @@
 
 pub mod agent_module;
 pub mod applier;
+pub mod artifact;
 pub mod catalog;
 pub mod clusters;
 pub mod election;

@@ -10,6 +10,7 @@ mod deploy;
 mod kube_watch;
 mod lifecycle;
 mod maintenance;
+mod modules;
 mod nats;
 mod observability;
 mod protocol;

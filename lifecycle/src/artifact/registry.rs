@@ -1,0 +1,434 @@
+//! Pushing and pulling module artifacts ([`super::ModuleArtifact`]) with ORAS' OCI client.
+//!
+//! TLS is rustls with the process's crypto provider (the binary installs ring); extra CAs
+//! come from [`RegistryOptions::ca_pem`]. Plain HTTP is used only for registries listed in
+//! [`RegistryOptions::insecure`] and for loopback registries that do not speak TLS (as
+//! Docker does). Credentials come from a Docker config (`~/.docker/config.json`, or the
+//! `.dockerconfigjson` key of a `kubernetes.io/dockerconfigjson` Secret).
+
+use std::collections::BTreeMap;
+
+use base64::Engine;
+use oci_client::client::{ClientConfig, ClientProtocol};
+use oci_client::errors::OciDistributionError;
+use oci_client::secrets::RegistryAuth;
+use oci_client::{Client, Reference};
+use serde::Deserialize;
+
+use super::{ArtifactError, DEFAULT_CONFIG_MEDIA_TYPE, EMPTY_CONFIG, MANIFEST_MEDIA_TYPE};
+use super::{ModuleArtifact, sha256};
+
+/// Largest layer [`Registry::pull`] reads (the objects of a module, as JSON).
+pub const MAX_LAYER_BYTES: i64 = 64 << 20;
+
+/// Why a registry operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum RegistryError {
+    /// The reference does not parse.
+    #[error("{reference:?} is not an OCI reference (REGISTRY/REPOSITORY:TAG or @sha256:…): {message}")]
+    Reference {
+        /// As given.
+        reference: String,
+        /// The parser's message.
+        message: String,
+    },
+    /// A tag where only a digest is immutable.
+    #[error("{0} has no digest: a module version must be immutable, give REGISTRY/REPOSITORY@sha256:…")]
+    NotPinned(String),
+    /// The Docker config or a CA is unusable.
+    #[error("{0}")]
+    Config(String),
+    /// The registry refused the credentials (or asked for some).
+    #[error("{registry} refused the credentials (401 Unauthorized){hint}")]
+    Unauthorized {
+        /// host[:port].
+        registry: String,
+        /// Whether credentials were sent.
+        hint: &'static str,
+    },
+    /// The registry's TLS certificate is not signed by a trusted CA.
+    #[error("{0}: its TLS certificate is not signed by a trusted CA (UnknownIssuer): give its CA with --registry-ca")]
+    UntrustedCertificate(String),
+    /// What the registry sent is not what the manifest says.
+    #[error("{what} of {reference}: digest mismatch: expected {expected}, the registry sent {actual}")]
+    DigestMismatch {
+        /// The reference.
+        reference: String,
+        /// Manifest or layer.
+        what: String,
+        /// The digest the manifest names.
+        expected: String,
+        /// The digest of what came.
+        actual: String,
+    },
+    /// Nothing under that reference.
+    #[error("{0}: not found in the registry")]
+    NotFound(String),
+    /// Any other failure talking to the registry.
+    #[error("{action} {reference}: {source}")]
+    Oci {
+        /// What was being done.
+        action: &'static str,
+        /// The reference.
+        reference: String,
+        /// The client's error.
+        #[source]
+        source: OciDistributionError,
+    },
+    /// The artifact is not a valid module.
+    #[error("{reference}: {source}")]
+    Artifact {
+        /// The reference.
+        reference: String,
+        /// Why.
+        #[source]
+        source: ArtifactError,
+    },
+}
+
+/// How to reach registries.
+#[derive(Debug, Clone, Default)]
+pub struct RegistryOptions {
+    /// Extra CA certificates (PEM) trusted besides the system's.
+    pub ca_pem: Vec<Vec<u8>>,
+    /// Registries (`host[:port]`) reached over plain HTTP.
+    pub insecure: Vec<String>,
+    /// A Docker config (`{"auths": {"HOST[:PORT]": {"auth": base64(user:password)}}}`).
+    pub docker_config: Option<Vec<u8>>,
+}
+
+/// A client for one registry operation at a time.
+pub struct Registry {
+    options: RegistryOptions,
+}
+
+#[derive(Deserialize)]
+struct DockerConfig {
+    #[serde(default)]
+    auths: BTreeMap<String, DockerAuth>,
+}
+
+#[derive(Deserialize)]
+struct DockerAuth {
+    #[serde(default)]
+    auth: Option<String>,
+    #[serde(default)]
+    username: Option<String>,
+    #[serde(default)]
+    password: Option<String>,
+    #[serde(default, rename = "identitytoken")]
+    identity_token: Option<String>,
+}
+
+/// The credentials a Docker config holds for `registry` (`host[:port]`); entries may be
+/// written as a bare host or as a URL (`https://host/v1/`). Anonymous when none matches.
+pub fn credentials(docker_config: &[u8], registry: &str) -> Result<RegistryAuth, RegistryError> {
+    let cfg: DockerConfig = serde_json::from_slice(docker_config)
+        .map_err(|e| RegistryError::Config(format!("the Docker config is not valid: {e}")))?;
+    let host_of = |k: &str| {
+        let k = k.strip_prefix("https://").or_else(|| k.strip_prefix("http://")).unwrap_or(k);
+        k.split('/').next().unwrap_or(k).to_string()
+    };
+    let Some((_, a)) = cfg.auths.iter().find(|(k, _)| host_of(k) == registry) else {
+        return Ok(RegistryAuth::Anonymous);
+    };
+    if let (Some(u), Some(p)) = (&a.username, &a.password) {
+        return Ok(RegistryAuth::Basic(u.clone(), p.clone()));
+    }
+    if let Some(t) = &a.identity_token {
+        return Ok(RegistryAuth::Bearer(t.clone()));
+    }
+    if let Some(auth) = &a.auth {
+        let decoded = base64::engine::general_purpose::STANDARD
+            .decode(auth.trim())
+            .ok()
+            .and_then(|b| String::from_utf8(b).ok())
+            .ok_or_else(|| RegistryError::Config(format!("the Docker config's auth for {registry} is not base64")))?;
+        let (u, p) = decoded.split_once(':').ok_or_else(|| {
+            RegistryError::Config(format!("the Docker config's auth for {registry} is not base64(USER:PASSWORD)"))
+        })?;
+        return Ok(RegistryAuth::Basic(u.into(), p.into()));
+    }
+    Ok(RegistryAuth::Anonymous)
+}
+
+/// Parses a reference (`REGISTRY/REPOSITORY:TAG`, `…@sha256:HEX`).
+pub fn parse_reference(reference: &str) -> Result<Reference, RegistryError> {
+    reference
+        .parse::<Reference>()
+        .map_err(|e| RegistryError::Reference { reference: reference.into(), message: e.to_string() })
+}
+
+/// Parses a reference that must name a digest (an immutable module version): a tag
+/// alone is refused.
+pub fn parse_pinned(reference: &str) -> Result<Reference, RegistryError> {
+    let r = parse_reference(reference)?;
+    if r.digest().is_none() {
+        return Err(RegistryError::NotPinned(reference.into()));
+    }
+    Ok(r)
+}
+
+/// `REGISTRY/REPOSITORY@DIGEST`.
+pub fn pinned(reference: &Reference, digest: &str) -> String {
+    format!("{}/{}@{digest}", reference.registry(), reference.repository())
+}
+
+/// Whether a registry (`host[:port]`) is on the loopback interface.
+pub fn is_loopback(registry: &str) -> bool {
+    let host = match registry.strip_prefix('[') {
+        Some(rest) => rest.split(']').next().unwrap_or(rest),
+        None => registry.rsplit_once(':').map(|(h, _)| h).unwrap_or(registry),
+    };
+    host == "localhost" || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
+}
+
+impl Registry {
+    /// A registry client with these options.
+    pub fn new(options: RegistryOptions) -> Self {
+        Self { options }
+    }
+
+    fn auth(&self, reference: &Reference) -> Result<RegistryAuth, RegistryError> {
+        match &self.options.docker_config {
+            Some(c) => credentials(c, reference.registry()),
+            None => Ok(RegistryAuth::Anonymous),
+        }
+    }
+
+    fn roots(&self) -> Vec<oci_client::client::Certificate> {
+        self.options
+            .ca_pem
+            .iter()
+            .map(|pem| oci_client::client::Certificate {
+                encoding: oci_client::client::CertificateEncoding::Pem,
+                data: pem.clone(),
+            })
+            .collect()
+    }
+
+    /// The client for `reference`'s registry: plain HTTP when it is listed as insecure, or
+    /// on loopback and not speaking TLS.
+    async fn client(&self, reference: &Reference) -> Result<Client, RegistryError> {
+        let registry = reference.registry().to_string();
+        let plain = self.options.insecure.contains(&registry)
+            || (is_loopback(&registry) && !self.speaks_tls(&registry).await?);
+        let config = ClientConfig {
+            protocol: if plain { ClientProtocol::Http } else { ClientProtocol::Https },
+            extra_root_certificates: self.roots(),
+            connect_timeout: Some(std::time::Duration::from_secs(10)),
+            read_timeout: Some(std::time::Duration::from_secs(60)),
+            ..ClientConfig::default()
+        };
+        Client::try_from(config).map_err(|e| RegistryError::Config(format!("cannot build the registry client: {e}")))
+    }
+
+    /// Whether a loopback registry answers TLS: a TLS handshake the server answers in
+    /// plain HTTP says no; any other outcome (even a certificate error) says yes, so that
+    /// the real error shows.
+    async fn speaks_tls(&self, registry: &str) -> Result<bool, RegistryError> {
+        let mut builder = reqwest::Client::builder().connect_timeout(std::time::Duration::from_secs(10));
+        for pem in &self.options.ca_pem {
+            let certs = reqwest::Certificate::from_pem_bundle(pem)
+                .map_err(|e| RegistryError::Config(format!("a registry CA is not PEM: {e}")))?;
+            builder = builder.tls_certs_merge(certs);
+        }
+        let client = builder.build().map_err(|e| RegistryError::Config(format!("cannot build an HTTP client: {e}")))?;
+        match client.get(format!("https://{registry}/v2/")).send().await {
+            Ok(_) => Ok(true),
+            Err(e) => Ok(!answered_in_plain_http(&e)),
+        }
+    }
+
+    /// Pushes the artifact under `reference` (a tag, usually the version) and returns the
+    /// manifest's digest.
+    pub async fn push(&self, reference: &str, artifact: &ModuleArtifact) -> Result<String, RegistryError> {
+        let r = parse_reference(reference)?;
+        let (manifest, layers) =
+            artifact.to_oci().map_err(|source| RegistryError::Artifact { reference: reference.into(), source })?;
+        let client = self.client(&r).await?;
+        let auth = self.auth(&r)?;
+        client.store_auth_if_needed(r.registry(), &auth).await;
+        let fail = |e| self.classify(e, "cannot push to", reference, &r, &auth);
+        client.push_blob(&r, EMPTY_CONFIG.to_vec(), &manifest.config.digest).await.map_err(fail)?;
+        for (layer, d) in layers.iter().zip(&manifest.layers) {
+            client.push_blob(&r, layer.data.clone(), &d.digest).await.map_err(fail)?;
+        }
+        // The manifest's bytes are ours, so its digest is known without asking the registry.
+        let body = serde_json::to_vec(&manifest)
+            .map_err(|e| RegistryError::Config(format!("cannot serialize the manifest: {e}")))?;
+        let digest = sha256(&body);
+        let content_type = http::HeaderValue::from_static(oci_client::manifest::OCI_IMAGE_MEDIA_TYPE);
+        client.push_manifest_raw(&r, body, content_type).await.map_err(fail)?;
+        Ok(digest)
+    }
+
+    /// Pulls and validates the artifact at `reference`: every blob's digest is checked
+    /// against the manifest (and the manifest against the reference's digest, if any).
+    /// Returns it with its manifest's digest.
+    pub async fn pull(&self, reference: &str) -> Result<(ModuleArtifact, String), RegistryError> {
+        let r = parse_reference(reference)?;
+        let client = self.client(&r).await?;
+        let auth = self.auth(&r)?;
+        let (manifest, digest) = client
+            .pull_image_manifest(&r, &auth)
+            .await
+            .map_err(|e| self.classify(e, "cannot pull", reference, &r, &auth))?;
+        if let Some(want) = r.digest()
+            && want != digest
+        {
+            return Err(RegistryError::DigestMismatch {
+                reference: reference.into(),
+                what: "manifest".into(),
+                expected: want.into(),
+                actual: digest,
+            });
+        }
+        let mut layers = Vec::new();
+        for l in &manifest.layers {
+            if l.size > MAX_LAYER_BYTES {
+                return Err(RegistryError::Artifact {
+                    reference: reference.into(),
+                    source: ArtifactError::NotModule(format!(
+                        "layer {} is {} bytes, over {MAX_LAYER_BYTES}",
+                        l.digest, l.size
+                    )),
+                });
+            }
+            if l.media_type != MANIFEST_MEDIA_TYPE && l.media_type != DEFAULT_CONFIG_MEDIA_TYPE {
+                return Err(RegistryError::Artifact {
+                    reference: reference.into(),
+                    source: ArtifactError::NotModule(format!("unexpected layer of type {}", l.media_type)),
+                });
+            }
+            let mut data = Vec::new();
+            client.pull_blob(&r, l, &mut data).await.map_err(|e| match e {
+                OciDistributionError::DigestError(oci_client::errors::DigestError::VerificationError {
+                    expected,
+                    actual,
+                }) => RegistryError::DigestMismatch {
+                    reference: reference.into(),
+                    what: format!("layer {}", l.media_type),
+                    expected,
+                    actual,
+                },
+                e => self.classify(e, "cannot pull a layer of", reference, &r, &auth),
+            })?;
+            layers.push(oci_client::client::ImageLayer::new(data, l.media_type.clone(), None));
+        }
+        let artifact = ModuleArtifact::from_oci(&manifest, &layers)
+            .map_err(|source| RegistryError::Artifact { reference: reference.into(), source })?;
+        Ok((artifact, digest))
+    }
+
+    fn classify(
+        &self,
+        e: OciDistributionError,
+        action: &'static str,
+        reference: &str,
+        r: &Reference,
+        auth: &RegistryAuth,
+    ) -> RegistryError {
+        let unauthorized = match &e {
+            OciDistributionError::UnauthorizedError { .. } | OciDistributionError::AuthenticationFailure(_) => true,
+            OciDistributionError::ServerError { code, .. } => *code == 401,
+            OciDistributionError::RegistryError { envelope, .. } => {
+                envelope.errors.iter().any(|x| matches!(x.code, oci_client::errors::OciErrorCode::Unauthorized))
+            }
+            _ => false,
+        };
+        if chain_mentions(&e, "UnknownIssuer") {
+            return RegistryError::UntrustedCertificate(r.registry().into());
+        }
+        if unauthorized {
+            let hint = match auth {
+                RegistryAuth::Anonymous => " (no credentials for it were given: --registry-auth)",
+                _ => "",
+            };
+            return RegistryError::Unauthorized { registry: r.registry().into(), hint };
+        }
+        let not_found = match &e {
+            OciDistributionError::ImageManifestNotFoundError(_) => true,
+            OciDistributionError::ServerError { code, .. } => *code == 404,
+            OciDistributionError::RegistryError { envelope, .. } => envelope.errors.iter().any(|x| {
+                matches!(
+                    x.code,
+                    oci_client::errors::OciErrorCode::ManifestUnknown
+                        | oci_client::errors::OciErrorCode::NameUnknown
+                        | oci_client::errors::OciErrorCode::BlobUnknown
+                )
+            }),
+            _ => false,
+        };
+        if not_found && action != "cannot push to" {
+            return RegistryError::NotFound(reference.into());
+        }
+        RegistryError::Oci { action, reference: reference.into(), source: e }
+    }
+}
+
+/// Whether an error or one of its causes says `needle`.
+fn chain_mentions(e: &(dyn std::error::Error + 'static), needle: &str) -> bool {
+    let mut cur = Some(e);
+    while let Some(err) = cur {
+        if err.to_string().contains(needle) {
+            return true;
+        }
+        cur = err.source();
+    }
+    false
+}
+
+/// Whether an HTTPS request failed because the server answered in plain HTTP: rustls
+/// read an HTTP response where a TLS record should be (`InvalidContentType`).
+fn answered_in_plain_http(e: &reqwest::Error) -> bool {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = cur {
+        let tls = err.downcast_ref::<rustls::Error>().or_else(|| {
+            err.downcast_ref::<std::io::Error>()
+                .and_then(|io| io.get_ref())
+                .and_then(|i| i.downcast_ref::<rustls::Error>())
+        });
+        if let Some(tls) = tls {
+            return matches!(tls, rustls::Error::InvalidMessage(rustls::InvalidMessage::InvalidContentType));
+        }
+        // The error may reach us through a wrapper that hides its type: its message is
+        // rustls' own wording for that case.
+        if err.to_string().ends_with("received corrupt message of type InvalidContentType") {
+            return true;
+        }
+        cur = err.source();
+    }
+    false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn docker_config_credentials() {
+        let cfg = br#"{"auths": {"https://reg.example:5000/v1/": {"auth": "dXNlcjpwYXNz"},
+            "other": {"username": "u", "password": "p"}}}"#;
+        assert_eq!(credentials(cfg, "reg.example:5000").unwrap(), RegistryAuth::Basic("user".into(), "pass".into()));
+        assert_eq!(credentials(cfg, "other").unwrap(), RegistryAuth::Basic("u".into(), "p".into()));
+        assert_eq!(credentials(cfg, "none").unwrap(), RegistryAuth::Anonymous);
+        assert!(credentials(b"{", "x").is_err());
+    }
+
+    #[test]
+    fn loopback_and_pinning() {
+        assert!(is_loopback("127.0.0.1:5000"));
+        assert!(is_loopback("localhost:5000"));
+        assert!(is_loopback("[::1]:5000"));
+        assert!(!is_loopback("registry.example:5000"));
+        let e = parse_pinned("127.0.0.1:5000/mods/w:1.0.0").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "127.0.0.1:5000/mods/w:1.0.0 has no digest: a module version must be immutable, give REGISTRY/REPOSITORY@sha256:…"
+        );
+        let d = format!("sha256:{}", "a".repeat(64));
+        let r = parse_pinned(&format!("127.0.0.1:5000/mods/w@{d}")).unwrap();
+        assert_eq!(pinned(&r, &d), format!("127.0.0.1:5000/mods/w@{d}"));
+    }
+}
