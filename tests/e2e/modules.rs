@@ -372,7 +372,7 @@ metadata:
     std::fs::write(&values, "image: example.com/gizmo:0.3.0\nreplicas: 2\n").unwrap();
     let push = format!("{host}/modules/gizmo:0.3.0");
     let (chart_s, values_s) = (chart.display().to_string(), values.display().to_string());
-    let (ok, stdout, stderr) = fleetwatch(&[
+    let package = [
         "module",
         "package",
         "--chart",
@@ -387,7 +387,8 @@ metadata:
         "gizmo-system/gizmo-manager",
         "--push",
         &push,
-    ]);
+    ];
+    let (ok, stdout, stderr) = fleetwatch(&package);
     assert!(ok, "package failed: {stderr}\n{}", reg.log());
     let pinned = template_ref(&stdout, &host);
     let (ok, out, err) = fleetwatch(&["module", "inspect", &pinned, "--objects"]);
@@ -401,22 +402,7 @@ metadata:
     assert_eq!(manager["spec"]["replicas"], 2);
 
     // Packaging the same input again gives the same digest.
-    let (ok, again, _) = fleetwatch(&[
-        "module",
-        "package",
-        "--chart",
-        &chart_s,
-        "--values",
-        &values_s,
-        "--name",
-        "gizmo",
-        "--version",
-        "0.3.0",
-        "--manager",
-        "gizmo-system/gizmo-manager",
-        "--push",
-        &push,
-    ]);
+    let (ok, again, _) = fleetwatch(&package);
     assert!(ok);
     assert_eq!(template_ref(&again, &host), pinned);
 
