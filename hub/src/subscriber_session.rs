@@ -297,14 +297,9 @@ impl Session {
     }
 
     /// Sends what one read returned.
-    async fn send_read(
-        &mut self,
-        conn: &mut Conn,
-        mut read: Read,
-    ) -> Result<(), tokio_tungstenite::tungstenite::Error> {
-        // Lowest offset first, whatever the backend: the subscriber acks each resync's
-        // offset, which must not pass an eviction not told yet (see `Read::evicted`).
-        read.evicted.sort_unstable_by(|(a, x), (b, y)| x.cmp(y).then_with(|| a.cmp(b)));
+    async fn send_read(&mut self, conn: &mut Conn, read: Read) -> Result<(), tokio_tungstenite::tungstenite::Error> {
+        // In the order the bus gives them, lowest offset first (see `Read::evicted`): the
+        // subscriber acks each resync's offset.
         for (cluster, offset) in &read.evicted {
             if self.wants(cluster) {
                 let r = ResyncRequired {

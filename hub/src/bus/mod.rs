@@ -344,7 +344,7 @@ pub enum WriterPlacement {
 pub struct Read {
     /// Clusters whose records between the requested offset and the oldest retained one
     /// were evicted, with the offset of each one's last evicted record: the reader must be
-    /// told to resync them. Lowest offset first: a subscriber acks a resync's offset, and
+    /// told to resync them. Lowest offset first (every backend reads through `Log::read`, which sorts): a subscriber acks a resync's offset, and
     /// an ack must not pass an eviction it has not been told of yet (dst seed 345219: a
     /// session ended after a resync at offset 102 was sent and acked, before the one at
     /// 101 of another cluster; the next session started above 101, and that cluster's

@@ -104,10 +104,9 @@ impl SegmentLogBus {
         // Records below the oldest segment were evicted in an earlier run and their segments
         // deleted: which clusters they held is known no more, so a reader that missed any of
         // them must reconcile every cluster. (Evictions of records still on disk are found
-        // again, per cluster, when retention runs below.) dst seed 345219: a durable
-        // subscriber behind the retention window across a hub restart was told to resync
-        // only the clusters whose evicted records were still on disk, and lost another
-        // cluster's changes silently.
+        // again, per cluster, when retention runs below.) Without this, a subscriber behind
+        // the retention window across a restart was told to resync only the clusters whose
+        // evicted records were still on disk.
         let oldest = rec.segments.first().map(|(first, _)| *first).unwrap_or(log.end).min(log.base);
         if oldest > 1 {
             log.evicted.insert(Arc::from(ALL_CLUSTERS), oldest - 1);
