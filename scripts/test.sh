@@ -4,6 +4,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# A fresh clone has nothing to reuse: incremental state would only take disk (CI ran out of
+# it once, 2026-11-26).
+if [ -n "${CI:-}" ]; then export CARGO_INCREMENTAL=0; fi
+
 need_apt=()
 # NATS JetStream backend tests and e2e run a real server (Debian package).
 command -v nats-server >/dev/null || need_apt+=(nats-server)
