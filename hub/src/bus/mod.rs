@@ -30,6 +30,7 @@
 #[cfg(test)]
 mod conformance;
 mod cursors;
+pub mod jetstream;
 mod log;
 mod marks;
 mod memory;

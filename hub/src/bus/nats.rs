@@ -134,14 +134,18 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use async_nats::jetstream::{self, consumer, kv, stream};
-use async_nats::{HeaderMap, ServerAddr};
+use async_nats::ServerAddr;
+use async_nats::jetstream;
 use futures_util::{FutureExt, StreamExt};
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tokio::task::AbortHandle;
 
 use super::cursors::{DurableError, Lookup, MAX_NAME_BYTES, MAX_NAMES_PER_IDENTITY};
+use super::jetstream::{
+    AsyncNats, CreateError, Delivered, HeaderMap, IoThread, JetStream, JsError, KeyValue, StreamInfo, StreamSpec,
+    StreamState as JsState,
+};
 use super::log::{Core, Log};
 use super::nats_state::{self, Cursors, Lineage, META_KEY, Meta, Move};
 use super::retention::{self, Retention};
@@ -310,7 +314,7 @@ struct StreamState {
 
 impl StreamState {
     /// The state in offsets (stream sequence + `base`).
-    fn of(s: &stream::State, base: u64) -> Self {
+    fn of(s: &JsState, base: u64) -> Self {
         let first = if s.messages == 0 { s.last_sequence + 1 } else { s.first_sequence.max(1) };
         Self { first: first + base, messages: s.messages, bytes: s.bytes }
     }
@@ -320,7 +324,7 @@ impl StreamState {
 /// before it (from the heads in the bucket). The tail checks each record's predecessor;
 /// what it cannot see (records evicted before it started) it knows only from heads written
 /// before them.
-fn initial_log(state: &stream::State, base: u64, heads: &HashMap<Arc<str>, Head>) -> (Log, Chain) {
+fn initial_log(state: &JsState, base: u64, heads: &HashMap<Arc<str>, Head>) -> (Log, Chain) {
     let mut log = Log::new();
     log.base = StreamState::of(state, base).first;
     log.end = log.base;
@@ -386,22 +390,20 @@ struct Head {
     offset: u64,
 }
 
-/// The NATS JetStream bus (see the module docs).
-pub struct NatsBus {
-    client: async_nats::Client,
-    js: jetstream::Context,
+/// The NATS JetStream bus (see the module docs), on async-nats ([`AsyncNats`]) or, in the
+/// simulation, on an in-memory JetStream.
+pub struct NatsBus<J: JetStream = AsyncNats> {
     stream: String,
-    servers: String,
     stream_id: String,
     durable: bool,
     core: Core,
     retention: Retention,
     heads: Mutex<HashMap<Arc<str>, Head>>,
-    heads_kv: kv::Store,
+    heads_kv: J::Kv,
     heads_bucket: String,
-    cursors_kv: kv::Store,
+    cursors_kv: J::Kv,
     cursors_bucket: String,
-    replicas_kv: kv::Store,
+    replicas_kv: J::Kv,
     replicas_bucket: String,
     /// Cursor moves not yet written: identity → name → cursor and registration.
     dirty: Mutex<HashMap<String, BTreeMap<String, Move>>>,
@@ -431,8 +433,6 @@ pub struct NatsBus {
     tail_task: Mutex<Option<AbortHandle>>,
     /// Heads this replica appended and has not written to the bucket yet.
     dirty_heads: Mutex<HashMap<Arc<str>, Head>>,
-    /// The stream, for reading a cluster's last message.
-    stream_handle: stream::Stream,
     /// Clusters with appends of this replica in flight: the record published last (the
     /// predecessor the next publish names) and how many appends wait for their acks.
     pending: Mutex<HashMap<Arc<str>, Pending>>,
@@ -451,7 +451,7 @@ pub struct NatsBus {
     /// The stream's state as last seen, for a replica without a local tail.
     stream_state: Mutex<StreamState>,
     /// Itself, for the tasks it starts later.
-    me: Weak<NatsBus>,
+    me: Weak<NatsBus<J>>,
     /// Appends waiting for their last record in the local tail, by that record's offset.
     /// Keyed so that a tail advance wakes only the appends it completes: a watch channel
     /// woke every waiting append (a thousand sessions) at every advance.
@@ -462,23 +462,24 @@ pub struct NatsBus {
     stream_last: AtomicU64,
     write_failures: AtomicU64,
     tasks: Mutex<Vec<AbortHandle>>,
-    /// Runs the NATS connection; dropped last (fields drop in order).
-    _io: IoThread,
+    /// JetStream; dropped last (fields drop in order): with async-nats, it runs the
+    /// connection.
+    js: J,
 }
 
 /// One append of a cluster in flight: counts down its [`Pending`] entry when done, and drops
 /// it when the append failed or was abandoned, so the next append starts from the heads
 /// this replica knows (and names a predecessor the tails can check) instead of from a
 /// record that may not have been stored.
-struct InFlight<'a> {
-    bus: &'a NatsBus,
+struct InFlight<'a, J: JetStream> {
+    bus: &'a NatsBus<J>,
     cluster: Arc<str>,
     /// `None` when the entry was already dropped.
     generation: Option<u64>,
     stored: bool,
 }
 
-impl Drop for InFlight<'_> {
+impl<J: JetStream> Drop for InFlight<'_, J> {
     fn drop(&mut self) {
         let Some(generation) = self.generation else { return };
         let mut pending = lock(&self.bus.pending);
@@ -493,39 +494,7 @@ impl Drop for InFlight<'_> {
     }
 }
 
-/// A thread of its own for the NATS client's connection task.
-///
-/// On the hub's runtime that task — which reads every publish ack and every record of the
-/// local tail off the socket and hands them on — waited in the run queue behind a thousand
-/// agent sessions: publish acks that JetStream sent within milliseconds reached the append
-/// tens of milliseconds later. On its own single-threaded runtime it runs as soon as the
-/// socket has data; the futures waiting for acks stay on the hub's runtime (the hand-over is
-/// a channel, which works across runtimes).
-struct IoThread {
-    handle: tokio::runtime::Handle,
-    /// Dropping it ends the thread's `block_on`, which drops the runtime and its tasks.
-    _stop: tokio::sync::oneshot::Sender<()>,
-}
-
-impl IoThread {
-    fn start() -> Result<Self, NatsError> {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(|e| NatsError::Settings(format!("cannot start the NATS connection thread: {e}")))?;
-        let handle = rt.handle().clone();
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        std::thread::Builder::new()
-            .name("fleetwatch-nats".into())
-            .spawn(move || {
-                let _ = rt.block_on(stopped);
-            })
-            .map_err(|e| NatsError::Settings(format!("cannot start the NATS connection thread: {e}")))?;
-        Ok(Self { handle, _stop: stop })
-    }
-}
-
-impl Drop for NatsBus {
+impl<J: JetStream> Drop for NatsBus<J> {
     fn drop(&mut self) {
         for t in self.tasks.get_mut().map(std::mem::take).unwrap_or_default() {
             t.abort();
@@ -574,21 +543,13 @@ fn valid_stream_name(name: &str) -> bool {
     !name.is_empty() && name.len() <= 200 && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
 }
 
-impl NatsBus {
+impl NatsBus<AsyncNats> {
     /// Connects, creates (or checks) the stream and the buckets, loads the retained records
     /// into the local tail and starts following the stream. Fails with one error naming
     /// the cause when the servers are unreachable, refuse the credentials, or the stream
     /// exists with other settings.
     pub async fn open(opts: NatsOptions) -> Result<Arc<Self>, NatsError> {
-        if !valid_stream_name(&opts.stream) {
-            return Err(NatsError::Settings(format!(
-                "stream name {:?}: use letters, digits, '-' and '_' (at most 200)",
-                opts.stream
-            )));
-        }
-        if opts.replicas == 0 || opts.replicas > 5 {
-            return Err(NatsError::Settings(format!("--bus-replicas {}: JetStream allows 1 to 5", opts.replicas)));
-        }
+        check_options(&opts)?;
         let io = IoThread::start()?;
         let connecting = opts.clone();
         let (client, servers) = io
@@ -597,11 +558,35 @@ impl NatsBus {
             .await
             .map_err(|e| NatsError::Settings(format!("the NATS connection thread failed: {e}")))??;
         let js = jetstream::ContextBuilder::new().timeout(REQUEST_TIMEOUT).build(client.clone());
-        let stream_err = |cause: String| NatsError::Stream { stream: opts.stream.clone(), cause };
+        let js = AsyncNats::new(client, js, &opts.stream, servers, io)
+            .await
+            .map_err(|cause| NatsError::Stream { stream: opts.stream.clone(), cause })?;
+        NatsBus::open_on(js, opts).await
+    }
+}
+
+fn check_options(opts: &NatsOptions) -> Result<(), NatsError> {
+    if !valid_stream_name(&opts.stream) {
+        return Err(NatsError::Settings(format!(
+            "stream name {:?}: use letters, digits, '-' and '_' (at most 200)",
+            opts.stream
+        )));
+    }
+    if opts.replicas == 0 || opts.replicas > 5 {
+        return Err(NatsError::Settings(format!("--bus-replicas {}: JetStream allows 1 to 5", opts.replicas)));
+    }
+    Ok(())
+}
+
+impl<J: JetStream> NatsBus<J> {
+    /// [`NatsBus::open`] on a JetStream given (the simulation's in-memory one), bound to
+    /// `opts.stream`; `opts.servers` and the TLS settings are unused.
+    pub async fn open_on(js: J, opts: NatsOptions) -> Result<Arc<Self>, NatsError> {
+        check_options(&opts)?;
         let info = ensure_stream(&js, &opts).await?;
         let lineage = lineage_of(&opts.stream, &info);
         let stream_id = lineage.id.clone();
-        let durable = matches!(info.config.storage, stream::StorageType::File);
+        let durable = info.durable;
         let heads_bucket = format!("{}_heads", opts.stream);
         let cursors_bucket = format!("{}_cursors", opts.stream);
         let replicas_bucket = format!("{}_replicas", opts.stream);
@@ -615,13 +600,9 @@ impl NatsBus {
 
         // Heads of every cluster (the tail, once started, loads them again).
         let heads = load_heads(&heads_kv, &heads_bucket).await?;
-        let stream_handle = js.get_stream(&opts.stream).await.map_err(|e| stream_err(e.to_string()))?;
         let bus = Arc::new_cyclic(|me| Self {
             me: me.clone(),
-            client: client.clone(),
-            js: js.clone(),
             stream: opts.stream.clone(),
-            servers,
             stream_id: stream_id.clone(),
             durable,
             // Empty until the local tail starts (see [`NatsBus::start_tail`]).
@@ -638,7 +619,7 @@ impl NatsBus {
             regs: Mutex::new(HashMap::new()),
             opts: opts.clone(),
             base: AtomicU64::new(lineage.base),
-            created: Mutex::new(info.created.unix_timestamp_nanos()),
+            created: Mutex::new(info.created_ns),
             adopting: AtomicBool::new(false),
             poisoned: Mutex::new(None),
             recheck: Arc::new(tokio::sync::Notify::new()),
@@ -646,7 +627,6 @@ impl NatsBus {
             tail_task: Mutex::new(None),
             dirty_heads: Mutex::new(HashMap::new()),
             local_waiters: Mutex::new(BTreeMap::new()),
-            stream_handle,
             pending: Mutex::new(HashMap::new()),
             generation: AtomicU64::new(0),
             chain: Mutex::new(Chain { last: HashMap::new(), seen_from: 1 }),
@@ -658,13 +638,13 @@ impl NatsBus {
             stream_last: AtomicU64::new(info.state.last_sequence + lineage.base),
             write_failures: AtomicU64::new(0),
             tasks: Mutex::new(Vec::new()),
-            _io: io,
+            js,
         });
 
-        let probe = tokio::spawn(probe(Arc::downgrade(&bus), bus.stream_handle.clone(), bus.recheck.clone()));
+        let probe = tokio::spawn(probe(Arc::downgrade(&bus), bus.recheck.clone()));
         let age = tokio::spawn(age_retention(Arc::downgrade(&bus)));
         lock(&bus.tasks).extend([probe.abort_handle(), age.abort_handle()]);
-        tracing::info!(stream = %opts.stream, servers = %bus.servers, first = bus.first_offset(), last = bus.last_offset(), "bus on NATS JetStream");
+        tracing::info!(stream = %opts.stream, servers = %bus.js.servers(), first = bus.first_offset(), last = bus.last_offset(), "bus on NATS JetStream");
         Ok(bus)
     }
 
@@ -706,7 +686,7 @@ impl NatsBus {
             }
         }
         // Loaded once it holds what the stream holds now (a retry after a timeout waits again).
-        let info = self.stream_handle.get_info().await.map_err(|e| self.stream_error(format!("stream info: {e}")))?;
+        let info = self.js.stream_info().await.map_err(|e| self.stream_error(format!("stream info: {e}")))?;
         let last = info.state.last_sequence + self.base.load(Ordering::SeqCst);
         if last >= self.core.first_offset() {
             tracing::info!(stream = %self.stream, records = info.state.messages, "loading the retained records from JetStream into the local tail");
@@ -720,7 +700,7 @@ impl NatsBus {
     /// Sets the local tail up from the stream's state and the heads in the bucket, and
     /// starts its consumer.
     async fn spawn_tail(&self) -> Result<(), NatsError> {
-        let info = self.stream_handle.get_info().await.map_err(|e| self.stream_error(format!("stream info: {e}")))?;
+        let info = self.js.stream_info().await.map_err(|e| self.stream_error(format!("stream info: {e}")))?;
         // The bucket's heads are up to a second old (appending replicas write them once a
         // second): this replica's own acks and lookups may be newer.
         let mut heads = load_heads(&self.heads_kv, &self.heads_bucket).await?;
@@ -745,9 +725,8 @@ impl NatsBus {
         // appends waiting for old offsets go on.
         self.core.announce(start);
         self.release_local();
-        let messages =
-            tail_consumer(&self.client, &self.stream_handle, start - base).await.map_err(|e| self.stream_error(e))?;
-        let tail = tokio::spawn(follow(self.me.clone(), self.stream_handle.clone(), messages, generation));
+        let messages = self.js.ordered(start - base).await.map_err(|e| self.stream_error(e))?;
+        let tail = tokio::spawn(follow(self.me.clone(), messages, generation));
         if let Some(old) = lock(&self.tail_task).replace(tail.abort_handle()) {
             old.abort();
         }
@@ -780,17 +759,17 @@ impl NatsBus {
     /// replica may have been first: then its stream is taken on.
     async fn recreate(&self) -> Result<(), NatsError> {
         let lineage = Lineage { id: self.stream_id.clone(), base: nats_state::next_base(self.known_last()) };
-        let mut config = wanted_config(&self.opts);
-        config.description = Some(nats_state::describe(Some(&lineage)));
+        let mut spec = wanted_spec(&self.opts);
+        spec.description = nats_state::describe(Some(&lineage));
         tracing::warn!(stream = %self.stream, base = lineage.base, "the JetStream stream is gone (NATS lost its store?): recreating it");
-        let refused = self.js.create_stream(config).await.err();
-        let info = self.stream_handle.get_info().await.map_err(|e| {
+        let refused = self.js.create_stream(&spec).await.err();
+        let info = self.js.stream_info().await.map_err(|e| {
             self.stream_error(match refused {
                 Some(c) => format!("cannot recreate the stream: {c}"),
                 None => format!("stream info after recreating it: {e}"),
             })
         })?;
-        if info.created.unix_timestamp_nanos() == *lock(&self.created) {
+        if info.created_ns == *lock(&self.created) {
             // It was there after all (a server still starting up answered "not found").
             return Ok(());
         }
@@ -803,7 +782,7 @@ impl NatsBus {
     /// replica publishes it with the same message id, JetStream keeps one), and offsets
     /// continue above the old ones — a subscriber reading on from an old cursor reads the
     /// marker next. Until done, appends are refused.
-    async fn adopt(&self, info: stream::Info) -> Result<(), NatsError> {
+    async fn adopt(&self, info: StreamInfo) -> Result<(), NatsError> {
         let lineage = lineage_of(&self.stream, &info);
         let known = self.known_last();
         if lineage.id == self.stream_id && lineage.base < known {
@@ -828,7 +807,7 @@ impl NatsBus {
         }
         self.adopting.store(true, Ordering::SeqCst);
         self.adopt_now(&info, &lineage).await?;
-        *lock(&self.created) = info.created.unix_timestamp_nanos();
+        *lock(&self.created) = info.created_ns;
         self.adopting.store(false, Ordering::SeqCst);
         tracing::warn!(stream = %self.stream, base = lineage.base, "taken on the recreated JetStream stream: offsets continue above {}; subscribers get resync-required *", lineage.base);
         Ok(())
@@ -846,7 +825,7 @@ impl NatsBus {
     /// reader reads next from any cursor it holds, tells them so. Only the stream this
     /// replica looked at is deleted: one superseded meanwhile by another replica is taken on
     /// (or superseded in turn) at the next probe.
-    async fn supersede(&self, info: &stream::Info, lineage: &Lineage, known: u64) -> Result<(), NatsError> {
+    async fn supersede(&self, info: &StreamInfo, lineage: &Lineage, known: u64) -> Result<(), NatsError> {
         // Appends are refused until a stream is taken on (see `adopt`).
         self.adopting.store(true, Ordering::SeqCst);
         self.stream_last.fetch_max(info.state.last_sequence + lineage.base, Ordering::SeqCst);
@@ -856,27 +835,24 @@ impl NatsBus {
             known,
             "the JetStream stream was recreated below offsets this replica handed out (by a replica that had not taken on an earlier recreation): recreating it above them"
         );
-        let created = info.created.unix_timestamp_nanos();
-        match self.stream_handle.get_info().await {
-            Ok(now) if now.created.unix_timestamp_nanos() != created => return Ok(()),
+        let created = info.created_ns;
+        match self.js.stream_info().await {
+            Ok(now) if now.created_ns != created => return Ok(()),
             Ok(now) => {
                 self.stream_last.fetch_max(now.state.last_sequence + lineage.base, Ordering::SeqCst);
-                match self.js.delete_stream(&self.stream).await {
-                    Ok(_) => {}
-                    Err(e)
-                        if matches!(e.kind(), jetstream::context::DeleteStreamErrorKind::JetStream(je)
-                            if je.error_code() == jetstream::ErrorCode::STREAM_NOT_FOUND) => {}
+                match self.js.delete_stream().await {
+                    Ok(()) | Err(JsError::NotFound) => {}
                     Err(e) => return Err(self.stream_error(format!("cannot delete the stream to recreate it: {e}"))),
                 }
             }
-            Err(e) if !stream_not_found(&e) => return Err(self.stream_error(format!("stream info: {e}"))),
-            Err(_) => {}
+            Err(JsError::NotFound) => {}
+            Err(e) => return Err(self.stream_error(format!("stream info: {e}"))),
         }
         // Boxed: recreating takes the new stream on, which may supersede again.
         Box::pin(self.recreate()).await
     }
 
-    async fn adopt_now(&self, info: &stream::Info, lineage: &Lineage) -> Result<(), NatsError> {
+    async fn adopt_now(&self, info: &StreamInfo, lineage: &Lineage) -> Result<(), NatsError> {
         // The key-value handles name their buckets: they work on buckets created again.
         ensure_bucket(&self.js, &self.heads_bucket, self.opts.replicas, Duration::ZERO).await?;
         ensure_bucket(&self.js, &self.cursors_bucket, self.opts.replicas, Duration::ZERO).await?;
@@ -908,13 +884,10 @@ impl NatsBus {
         headers.insert(H_KIND, KIND_RESYNC);
         headers.insert(H_PREV, "-");
         let reason = format!("{RECREATED}: the records before offset {} are lost", base + 1);
-        let publish = jetstream::message::PublishMessage::build()
-            .payload(reason.into())
-            .headers(headers)
-            .message_id(format!("{}/recreated/{base}", token(ALL_CLUSTERS)));
+        let id = format!("{}/recreated/{base}", token(ALL_CLUSTERS));
         let failed = |e: String| NatsError::Publish { cluster: ALL_CLUSTERS.into(), cause: e };
-        let ack = self.js.send_publish(self.subject(ALL_CLUSTERS), publish).await.map_err(|e| failed(e.to_string()))?;
-        ack.into_future().await.map_err(|e| failed(e.to_string()))?;
+        let ack = self.js.publish(self.subject(ALL_CLUSTERS), headers, reason.into(), id).await.map_err(failed)?;
+        ack.await.map_err(failed)?;
         Ok(())
     }
 
@@ -969,12 +942,12 @@ impl NatsBus {
     /// what this replica saw.
     async fn head_of(&self, cluster: &str) -> Result<Option<Head>, BusError> {
         let subject = self.subject(cluster);
-        let found = match self.stream_handle.get_last_raw_message_by_subject(&subject).await {
-            Ok(msg) => head_from_headers(&msg.headers, msg.sequence + self.base.load(Ordering::SeqCst)),
+        let found = match self.js.last_by_subject(&subject).await {
+            Ok(Some(msg)) => head_from_headers(&msg.headers, msg.sequence + self.base.load(Ordering::SeqCst)),
             // The bucket only matters once the stream holds nothing of the cluster: while it
             // does, its last record is at least as new as anything the bucket was given.
-            Err(e) if matches!(e.kind(), stream::LastRawMessageErrorKind::NoMessageFound) => {
-                let stored = self.heads_kv.get(token(cluster)).await.map_err(|e| {
+            Ok(None) => {
+                let stored = self.heads_kv.get(&token(cluster)).await.map_err(|e| {
                     self.fail(NatsError::KeyValue {
                         bucket: self.heads_bucket.clone(),
                         cause: format!("read head of {cluster}: {e}"),
@@ -1004,7 +977,8 @@ impl NatsBus {
         }
         let puts = pending.iter().map(|(cluster, h)| {
             let value = serde_json::to_vec(h).unwrap_or_default();
-            self.heads_kv.put(token(cluster), value.into())
+            let key = token(cluster);
+            async move { self.heads_kv.put(&key, value.into()).await }
         });
         let results = futures_util::future::join_all(puts).await;
         let mut failure = None;
@@ -1089,10 +1063,9 @@ impl NatsBus {
             };
             headers.insert(H_KIND, kind);
             let id = format!("{}/{}/{}{suffix}", token(&cluster), item.epoch, item.seq);
-            let publish = jetstream::message::PublishMessage::build().payload(payload).headers(headers).message_id(id);
-            match self.js.send_publish(subject.clone(), publish).await {
+            match self.js.publish(subject.clone(), headers, payload, id).await {
                 Ok(ack) => {
-                    acks.push(ack.into_future());
+                    acks.push(ack);
                     keys.push((item.epoch, item.seq));
                 }
                 Err(e) => {
@@ -1123,14 +1096,14 @@ impl NatsBus {
     /// Awaits the acks of one append's publishes (see [`NatsBus::start_inner`]).
     async fn finish<F>(
         &self,
-        mut guard: InFlight<'_>,
+        mut guard: InFlight<'_, J>,
         acks: Vec<F>,
         keys: Vec<(u64, u64)>,
         refused: Option<String>,
         known: u64,
     ) -> Result<u64, BusError>
     where
-        F: std::future::Future<Output = Result<jetstream::publish::PublishAck, jetstream::context::PublishError>>,
+        F: std::future::Future<Output = Result<super::jetstream::PublishAck, String>>,
     {
         let cluster = guard.cluster.clone();
         let results = futures_util::future::join_all(acks).await;
@@ -1157,7 +1130,7 @@ impl NatsBus {
                     }
                 }
                 Err(e) => {
-                    failure.get_or_insert_with(|| e.to_string());
+                    failure.get_or_insert(e);
                 }
             }
         }
@@ -1191,7 +1164,7 @@ impl NatsBus {
 
     /// Takes delivered messages into the local tail (unless they come from the consumer of
     /// an earlier `generation` of it).
-    fn ingest(&self, batch: Vec<jetstream::Message>, generation: u64) {
+    fn ingest(&self, batch: Vec<Delivered>, generation: u64) {
         let now = retention::now_ms();
         let Ok(mut log) = self.core.log.write() else { return };
         if self.tail_generation.load(Ordering::SeqCst) != generation {
@@ -1203,8 +1176,7 @@ impl NatsBus {
         let mut records = Vec::with_capacity(batch.len());
         let mut new_heads = Vec::new();
         for msg in batch {
-            let Ok(info) = msg.info() else { continue };
-            let offset = info.stream_sequence + base;
+            let offset = msg.sequence + base;
             if offset < end {
                 continue; // delivered again after the consumer was recreated
             }
@@ -1225,7 +1197,7 @@ impl NatsBus {
                 chain.last.clear();
             }
             end = offset + 1;
-            let time_ms = u64::try_from(info.published.unix_timestamp_nanos() / 1_000_000).unwrap_or(now);
+            let time_ms = msg.published_ms.unwrap_or(now);
             match decode(&self.stream, &msg, offset, time_ms) {
                 Ok(mut rec) => {
                     let prev = msg.headers.as_ref().and_then(|h| h.get(H_PREV)).map(|v| v.as_str());
@@ -1256,9 +1228,9 @@ impl NatsBus {
     }
 
     async fn cursor_entry(&self, identity: &str) -> Result<(Cursors, Option<u64>), BusError> {
-        let entry = self.cursors_kv.entry(token(identity)).await.map_err(|e| self.cursor_err(identity, e))?;
+        let entry = self.cursors_kv.entry(&token(identity)).await.map_err(|e| self.cursor_err(identity, e))?;
         Ok(match entry {
-            Some(e) if matches!(e.operation, kv::Operation::Put) => (Cursors::parse(&e.value), Some(e.revision)),
+            Some(e) if e.is_put => (Cursors::parse(&e.value), Some(e.revision)),
             Some(e) => (Cursors::default(), Some(e.revision)),
             None => (Cursors::default(), None),
         })
@@ -1296,7 +1268,7 @@ impl NatsBus {
             let key = token(identity);
             let written = match revision {
                 Some(rev) => self.cursors_kv.update(&key, value, rev).await.map(|_| ()).map_err(|e| e.to_string()),
-                None => self.cursors_kv.create(&key, value).await.map(|_| ()).map_err(|e| e.to_string()),
+                None => self.cursors_kv.create(&key, value).await.map(|_| ()).map_err(|e: CreateError| e.to_string()),
             };
             match written {
                 Ok(()) => return Ok(()),
@@ -1314,7 +1286,7 @@ fn check_name(name: &str) -> Result<(), DurableError> {
     Ok(())
 }
 
-fn decode(stream: &str, msg: &jetstream::Message, offset: u64, time_ms: u64) -> Result<Record, String> {
+fn decode(stream: &str, msg: &Delivered, offset: u64, time_ms: u64) -> Result<Record, String> {
     let t = msg.subject.as_str().strip_prefix(stream).and_then(|s| s.strip_prefix('.')).ok_or("foreign subject")?;
     let cluster = untoken(t).ok_or("undecodable cluster token")?;
     let headers = msg.headers.as_ref().ok_or("no headers")?;
@@ -1391,114 +1363,68 @@ async fn connect(opts: &NatsOptions) -> Result<(async_nats::Client, String), Nat
     Ok((client, servers))
 }
 
-pub(super) fn wanted_config(opts: &NatsOptions) -> stream::Config {
+/// The stream this hub wants (a fresh one's description; a recreated one states its
+/// lineage instead).
+pub(super) fn wanted_spec(opts: &NatsOptions) -> StreamSpec {
     let age = opts.retention.age.unwrap_or(Duration::ZERO);
     let window = if age.is_zero() { DUPLICATE_WINDOW } else { DUPLICATE_WINDOW.min(age) };
-    stream::Config {
+    StreamSpec {
         name: opts.stream.clone(),
-        description: Some("fleetwatch hub bus: one message per record, subject <stream>.<cluster>".into()),
-        subjects: vec![format!("{}.>", opts.stream)],
-        retention: stream::RetentionPolicy::Limits,
-        discard: stream::DiscardPolicy::Old,
+        description: nats_state::describe(None),
         max_messages: i64::try_from(opts.retention.records).unwrap_or(i64::MAX),
         max_bytes: i64::try_from(opts.retention.bytes).unwrap_or(i64::MAX),
         max_age: age,
-        storage: stream::StorageType::File,
-        num_replicas: opts.replicas,
+        replicas: opts.replicas,
         duplicate_window: window,
-        ..Default::default()
     }
 }
 
+/// The stream's configuration as async-nats takes it.
+#[cfg(test)]
+pub(super) fn wanted_config(opts: &NatsOptions) -> async_nats::jetstream::stream::Config {
+    wanted_spec(opts).config()
+}
+
 /// Creates the stream, or checks that the existing one has our settings.
-async fn ensure_stream(js: &jetstream::Context, opts: &NatsOptions) -> Result<stream::Info, NatsError> {
-    let want = wanted_config(opts);
+async fn ensure_stream<J: JetStream>(js: &J, opts: &NatsOptions) -> Result<StreamInfo, NatsError> {
+    let want = wanted_spec(opts);
     let stream_err = |cause: String| NatsError::Stream { stream: opts.stream.clone(), cause };
-    let deadline = std::time::Instant::now() + opts.missing_stream_wait;
-    let mut found = js.get_stream(&opts.stream).await;
-    while found.as_ref().is_err_and(get_not_found) && std::time::Instant::now() < deadline {
+    let deadline = tokio::time::Instant::now() + opts.missing_stream_wait;
+    let mut found = js.stream_info().await;
+    while matches!(found, Err(JsError::NotFound)) && tokio::time::Instant::now() < deadline {
         tracing::info!(stream = %opts.stream, wait = ?opts.missing_stream_wait, "no JetStream stream: waiting for a running hub replica to recreate it (NATS may have lost its store) before creating a new bus");
         tokio::time::sleep(Duration::from_millis(250)).await;
-        found = js.get_stream(&opts.stream).await;
+        found = js.stream_info().await;
     }
     match found {
-        Ok(mut s) => {
-            let info = s.info().await.map_err(|e| stream_err(e.to_string()))?.clone();
-            let have = &info.config;
-            let mut diffs = Vec::new();
-            let mut differs = |what: &str, have: String, want: String| {
-                if have != want {
-                    diffs.push(format!("{what} is {have}, this hub wants {want}"));
-                }
-            };
-            differs("subjects", format!("{:?}", have.subjects), format!("{:?}", want.subjects));
-            differs("retention policy", format!("{:?}", have.retention), format!("{:?}", want.retention));
-            differs("discard policy", format!("{:?}", have.discard), format!("{:?}", want.discard));
-            differs("storage", format!("{:?}", have.storage), format!("{:?}", want.storage));
-            differs("replicas", have.num_replicas.to_string(), want.num_replicas.to_string());
-            differs("max_msgs", have.max_messages.to_string(), want.max_messages.to_string());
-            differs("max_bytes", have.max_bytes.to_string(), want.max_bytes.to_string());
-            differs("max_age", format!("{:?}", have.max_age), format!("{:?}", want.max_age));
+        Ok(info) => {
+            let diffs = info.settings.differences(&want.settings());
             if diffs.is_empty() {
                 Ok(info)
             } else {
                 Err(NatsError::Conflict { stream: opts.stream.clone(), what: diffs.join("; ") })
             }
         }
-        Err(e) if get_not_found(&e) => {
-            let mut s = js.create_stream(want).await.map_err(|e| stream_err(format!("cannot create: {e}")))?;
-            Ok(s.info().await.map_err(|e| stream_err(e.to_string()))?.clone())
-        }
+        Err(JsError::NotFound) => js.create_stream(&want).await.map_err(|e| stream_err(format!("cannot create: {e}"))),
         Err(e) => Err(stream_err(format!("{e} (is JetStream enabled on the server?)"))),
     }
 }
 
-async fn ensure_bucket(
-    js: &jetstream::Context,
+async fn ensure_bucket<J: JetStream>(
+    js: &J,
     bucket: &str,
     replicas: usize,
     max_age: Duration,
-) -> Result<kv::Store, NatsError> {
-    if let Ok(store) = js.get_key_value(bucket).await {
-        return Ok(store);
-    }
-    // The bucket's stream, as the client library would create it. Created directly because
-    // the library's `create_key_value` first parses the account info in a shape newer
-    // servers send (2.10+), which Debian's nats-server 2.9 does not.
-    let config = stream::Config {
-        name: format!("KV_{bucket}"),
-        description: Some("fleetwatch hub state".into()),
-        subjects: vec![format!("$KV.{bucket}.>")],
-        max_messages_per_subject: 1,
-        max_age,
-        storage: stream::StorageType::File,
-        num_replicas: replicas,
-        allow_rollup: true,
-        deny_delete: true,
-        allow_direct: true,
-        discard: stream::DiscardPolicy::New,
-        duplicate_window: if max_age.is_zero() { DUPLICATE_WINDOW } else { DUPLICATE_WINDOW.min(max_age) },
-        ..Default::default()
-    };
-    let create = js.create_stream(config).await.err();
-    // Another replica may have created it meanwhile: the bucket opens either way, or the
-    // creation error says why not.
-    js.get_key_value(bucket).await.map_err(|e| NatsError::KeyValue {
-        bucket: bucket.into(),
-        cause: match create {
-            Some(c) => format!("cannot create: {c}"),
-            None => e.to_string(),
-        },
-    })
+) -> Result<J::Kv, NatsError> {
+    let window = if max_age.is_zero() { DUPLICATE_WINDOW } else { DUPLICATE_WINDOW.min(max_age) };
+    js.bucket(bucket, replicas, max_age, window)
+        .await
+        .map_err(|cause| NatsError::KeyValue { bucket: bucket.into(), cause })
 }
 
-async fn load_heads(store: &kv::Store, bucket: &str) -> Result<HashMap<Arc<str>, Head>, NatsError> {
+async fn load_heads<K: KeyValue>(store: &K, bucket: &str) -> Result<HashMap<Arc<str>, Head>, NatsError> {
     let err = |cause: String| NatsError::KeyValue { bucket: bucket.into(), cause };
-    let mut keys = store.keys().await.map_err(|e| err(format!("cannot list heads: {e}")))?;
-    let mut names = Vec::new();
-    while let Some(k) = keys.next().await {
-        names.push(k.map_err(|e| err(format!("cannot list heads: {e}")))?);
-    }
+    let names = store.keys().await.map_err(|e| err(format!("cannot list heads: {e}")))?;
     let mut heads = HashMap::new();
     for key in names {
         let Some(cluster) = untoken(&key) else { continue };
@@ -1511,23 +1437,6 @@ async fn load_heads(store: &kv::Store, bucket: &str) -> Result<HashMap<Arc<str>,
     Ok(heads)
 }
 
-/// An ordered push consumer over the whole stream from offset `from`.
-async fn tail_consumer(
-    client: &async_nats::Client,
-    stream: &stream::Stream,
-    from: u64,
-) -> Result<consumer::push::Ordered, String> {
-    let consumer = stream
-        .create_consumer(consumer::push::OrderedConfig {
-            deliver_subject: client.new_inbox(),
-            deliver_policy: consumer::DeliverPolicy::ByStartSequence { start_sequence: from },
-            ..Default::default()
-        })
-        .await
-        .map_err(|e| format!("cannot create the ordered consumer of the local tail: {e}"))?;
-    consumer.messages().await.map_err(|e| format!("cannot follow the stream: {e}"))
-}
-
 /// How long the local tail may make no progress while the stream has more before its
 /// consumer is recreated.
 const TAIL_STALL: Duration = Duration::from_secs(5);
@@ -1536,10 +1445,10 @@ const TAIL_STALL: Duration = Duration::from_secs(5);
 /// The consumer recreates itself after most failures; as a backstop (a consumer lost with
 /// a JetStream node, a recreation that hangs), one that makes no progress for
 /// [`TAIL_STALL`] while the stream has more is replaced from the local end.
-async fn follow(bus: Weak<NatsBus>, stream: stream::Stream, mut messages: consumer::push::Ordered, generation: u64) {
+async fn follow<J: JetStream>(bus: Weak<NatsBus<J>>, mut messages: J::Messages, generation: u64) {
     let mut check = tokio::time::interval(Duration::from_secs(1));
     check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut stalled: Option<(std::time::Instant, u64)> = None;
+    let mut stalled: Option<(tokio::time::Instant, u64)> = None;
     loop {
         let first = tokio::select! {
             next = messages.next() => next,
@@ -1554,14 +1463,14 @@ async fn follow(bus: Weak<NatsBus>, stream: stream::Stream, mut messages: consum
                     Some((since, at)) if at == end && since.elapsed() >= TAIL_STALL => {
                         tracing::warn!(stream = %bus.stream, end, "the local tail made no progress while the stream has more: recreating its consumer");
                         let from = end.saturating_sub(bus.base.load(Ordering::SeqCst)).max(1);
-                        match tail_consumer(&bus.client, &stream, from).await {
+                        match bus.js.ordered(from).await {
                             Ok(m) => messages = m,
                             Err(e) => tracing::warn!(error = %e, "cannot recreate the local tail's consumer; retrying"),
                         }
                         stalled = None;
                     }
                     Some((_, at)) if at == end => {}
-                    _ => stalled = Some((std::time::Instant::now(), end)),
+                    _ => stalled = Some((tokio::time::Instant::now(), end)),
                 }
                 continue;
             }
@@ -1594,7 +1503,7 @@ async fn follow(bus: Weak<NatsBus>, stream: stream::Stream, mut messages: consum
             // The subscription closed: start a new consumer from the local end.
             let end = bus.core.log.read().map(|l| l.end).unwrap_or(0);
             let from = end.saturating_sub(bus.base.load(Ordering::SeqCst)).max(1);
-            match tail_consumer(&bus.client, &stream, from).await {
+            match bus.js.ordered(from).await {
                 Ok(m) => messages = m,
                 Err(e) => {
                     *lock(&bus.unhealthy) = Some(format!("the local tail of stream {} stopped: {e}", bus.stream));
@@ -1608,27 +1517,26 @@ async fn follow(bus: Weak<NatsBus>, stream: stream::Stream, mut messages: consum
 /// Checks every second (and at once when an ack showed the stream went backwards) that
 /// the connection is up and the stream answers; recreates the stream when JetStream lost
 /// it, and takes on one another replica recreated (see [`NatsBus::recreate`]).
-async fn probe(bus: Weak<NatsBus>, stream: stream::Stream, recheck: Arc<tokio::sync::Notify>) {
+async fn probe<J: JetStream>(bus: Weak<NatsBus<J>>, recheck: Arc<tokio::sync::Notify>) {
     let mut every = tokio::time::interval(Duration::from_secs(1));
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // Since when probes in a row found no stream: a moment alone may be a server still
     // starting up.
-    let mut missing: Option<std::time::Instant> = None;
+    let mut missing: Option<tokio::time::Instant> = None;
     loop {
         tokio::select! {
             _ = every.tick() => {}
             _ = recheck.notified() => {}
         }
         let Some(bus) = bus.upgrade() else { return };
-        let state = bus.client.connection_state();
-        let verdict = if state != async_nats::connection::State::Connected {
+        let verdict = if let Some(state) = bus.js.disconnected() {
             missing = None;
-            Some(format!("not connected to NATS at {} ({state})", bus.servers))
+            Some(format!("not connected to NATS at {} ({state})", bus.js.servers()))
         } else {
-            match tokio::time::timeout(REQUEST_TIMEOUT, stream.get_info()).await {
+            match tokio::time::timeout(REQUEST_TIMEOUT, bus.js.stream_info()).await {
                 Ok(Ok(info)) => {
                     missing = None;
-                    if info.created.unix_timestamp_nanos() != *lock(&bus.created) {
+                    if info.created_ns != *lock(&bus.created) {
                         bus.adopt(info).await.err().map(|e| e.to_string())
                     } else {
                         let base = bus.base.load(Ordering::SeqCst);
@@ -1637,8 +1545,8 @@ async fn probe(bus: Weak<NatsBus>, stream: stream::Stream, recheck: Arc<tokio::s
                         None
                     }
                 }
-                Ok(Err(e)) if stream_not_found(&e) => {
-                    let since = *missing.get_or_insert_with(std::time::Instant::now);
+                Ok(Err(JsError::NotFound)) => {
+                    let since = *missing.get_or_insert_with(tokio::time::Instant::now);
                     if since.elapsed() < MISSING_CONFIRM {
                         Some(format!("JetStream stream {} does not exist (did NATS lose its store?)", bus.stream))
                     } else {
@@ -1666,34 +1574,20 @@ async fn probe(bus: Weak<NatsBus>, stream: stream::Stream, recheck: Arc<tokio::s
 /// How long the stream must be found missing before it is recreated.
 const MISSING_CONFIRM: Duration = Duration::from_secs(1);
 
-/// Whether looking the stream up failed because it does not exist.
-fn get_not_found(e: &jetstream::context::GetStreamError) -> bool {
-    matches!(e.kind(), jetstream::context::GetStreamErrorKind::JetStream(je)
-        if je.error_code() == jetstream::ErrorCode::STREAM_NOT_FOUND)
-}
-
-/// Whether a stream request failed because the stream does not exist.
-fn stream_not_found(e: &jetstream::context::RequestError) -> bool {
-    std::error::Error::source(e)
-        .and_then(|s| s.downcast_ref::<jetstream::Error>())
-        .is_some_and(|je| je.error_code() == jetstream::ErrorCode::STREAM_NOT_FOUND)
-}
-
 /// The reason of the `resync-required` `*` recorded in a recreated stream.
 pub const RECREATED: &str = "the JetStream stream was recreated empty";
 
 /// Which bus the stream continues: its description's lineage, or (a stream created fresh)
 /// a new bus id from its creation time with offsets equal to stream sequences.
-fn lineage_of(stream: &str, info: &stream::Info) -> Lineage {
-    info.config
-        .description
+fn lineage_of(stream: &str, info: &StreamInfo) -> Lineage {
+    info.description
         .as_deref()
         .and_then(nats_state::parse_lineage)
-        .unwrap_or_else(|| Lineage { id: format!("{stream}-{:x}", info.created.unix_timestamp_nanos()), base: 0 })
+        .unwrap_or_else(|| Lineage { id: format!("{stream}-{:x}", info.created_ns), base: 0 })
 }
 
 /// Writes the cursors bucket's meta entry unless it exists (see [`Meta`]).
-async fn ensure_meta(store: &kv::Store, bucket: &str, names_lost: bool) -> Result<(), NatsError> {
+async fn ensure_meta<K: KeyValue>(store: &K, bucket: &str, names_lost: bool) -> Result<(), NatsError> {
     let value = serde_json::to_vec(&Meta { names_lost }).unwrap_or_default();
     match store.create(META_KEY, value.into()).await {
         Ok(_) => {
@@ -1705,13 +1599,13 @@ async fn ensure_meta(store: &kv::Store, bucket: &str, names_lost: bool) -> Resul
             }
             Ok(())
         }
-        Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => Ok(()),
+        Err(CreateError::AlreadyExists) => Ok(()),
         Err(e) => Err(NatsError::KeyValue { bucket: bucket.into(), cause: format!("write the meta entry: {e}") }),
     }
 }
 
 /// Evicts by age once a second, so old records go without new appends.
-async fn age_retention(bus: Weak<NatsBus>) {
+async fn age_retention<J: JetStream>(bus: Weak<NatsBus<J>>) {
     let mut every = tokio::time::interval(Duration::from_secs(1));
     loop {
         every.tick().await;
@@ -1725,7 +1619,7 @@ async fn age_retention(bus: Weak<NatsBus>) {
     }
 }
 
-impl Bus for NatsBus {
+impl<J: JetStream> Bus for NatsBus<J> {
     fn stream_id(&self) -> &str {
         &self.stream_id
     }
@@ -1875,7 +1769,7 @@ impl Bus for NatsBus {
     fn share_clusters<'a>(&'a self, replica: &'a str, clusters: serde_json::Value) -> BusFuture<'a, ()> {
         Box::pin(async move {
             let value = serde_json::to_vec(&clusters).unwrap_or_default();
-            self.replicas_kv.put(token(replica), value.into()).await.map(|_| ()).map_err(|e| {
+            self.replicas_kv.put(&token(replica), value.into()).await.map(|_| ()).map_err(|e| {
                 BusError::Nats(NatsError::KeyValue {
                     bucket: self.replicas_bucket.clone(),
                     cause: format!("share the clusters of {replica}: {e}"),
@@ -1888,16 +1782,15 @@ impl Bus for NatsBus {
         Box::pin(async move {
             let err =
                 |e: String| BusError::Nats(NatsError::KeyValue { bucket: self.replicas_bucket.clone(), cause: e });
-            let mut keys = self.replicas_kv.keys().await.map_err(|e| err(e.to_string()))?;
+            let keys = self.replicas_kv.keys().await.map_err(err)?;
             let mut out = Vec::new();
             let own = token(replica);
-            while let Some(key) = keys.next().await {
-                let key = key.map_err(|e| err(e.to_string()))?;
+            for key in keys {
                 if key == own {
                     continue;
                 }
                 let Some(name) = untoken(&key) else { continue };
-                if let Some(v) = self.replicas_kv.get(&key).await.map_err(|e| err(e.to_string()))?
+                if let Some(v) = self.replicas_kv.get(&key).await.map_err(err)?
                     && let Ok(clusters) = serde_json::from_slice(&v)
                 {
                     out.push((name, clusters));
