@@ -14,6 +14,9 @@ use fleetwatch_agent::{AgentConfig, AgentRuntime};
 use fleetwatch_client::backoff::Reconnect;
 use fleetwatch_client::subscriber::{Delivery, SubscriberOptions, Subscription};
 use fleetwatch_client::transport::{Dialer, HubUrls};
+use fleetwatch_hub::bus::jetstream::JetStream;
+use fleetwatch_hub::bus::nats::DEFAULT_MISSING_STREAM_WAIT;
+use fleetwatch_hub::bus::{Bus, NatsBus, NatsOptions};
 use fleetwatch_hub::{Hub, HubConfig, Listener};
 use fleetwatch_protocol::message::StartFrom;
 use rand::rngs::StdRng;
@@ -21,6 +24,7 @@ use rand::{Rng, SeedableRng};
 use tokio_util::sync::CancellationToken;
 
 use crate::cluster::ClusterModel;
+use crate::jetstream::SimJetStream;
 use crate::net::{CutSwitch, SimDial, SimListener};
 use crate::oracle::{States, SubscriberModel};
 use crate::pki::{HUB_HOST, Pki};
@@ -28,6 +32,8 @@ use crate::source::SimSource;
 
 /// The hub's port in the simulated network.
 pub const HUB_PORT: u16 = 7443;
+/// The NATS bus's stream.
+pub const NATS_STREAM: &str = "fw";
 /// The durable subscription's name.
 pub const DURABLE_NAME: &str = "d";
 /// Idle timeout of every connection (simulated; short so a dead one is noticed soon).
@@ -65,13 +71,16 @@ fn sim_now() -> Duration {
     turmoil::sim_elapsed().unwrap_or_default()
 }
 
-/// The hub: memory bus, or the segment log in `data_dir`.
-#[derive(Debug, Clone)]
+/// A hub: memory bus, the segment log in `data_dir`, or one replica of several on the
+/// NATS bus over the simulation's in-memory JetStream.
+#[derive(Clone)]
 pub struct HubHost {
     /// The segment log's directory; `None`: the memory bus.
     pub data_dir: Option<PathBuf>,
     /// Records the bus retains.
     pub retention_records: usize,
+    /// The NATS bus on this JetStream, as this replica (its host name).
+    pub nats: Option<(SimJetStream, String)>,
 }
 
 impl HubHost {
@@ -88,8 +97,32 @@ impl HubHost {
         config.handshake_timeout = IDLE;
         config.subscriber_stall_timeout = STALL;
         config.tls_reload_interval = Duration::from_secs(3600);
+        let bus = match &self.nats {
+            Some((js, replica)) => {
+                let mut opts = NatsOptions::new(vec![js.link(replica).servers().to_string()], config.retention);
+                opts.stream = NATS_STREAM.into();
+                // The replicas of the first start create the bus together (an identical
+                // stream is created once); later a started hub waits for a running one to
+                // recreate a stream JetStream lost, as in production.
+                opts.missing_stream_wait =
+                    if sim_now() < Duration::from_secs(1) { Duration::ZERO } else { DEFAULT_MISSING_STREAM_WAIT };
+                // A hub that cannot open its bus exits and is started again (as a
+                // supervisor would): here it tries again in a second.
+                let bus: Arc<dyn Bus> = loop {
+                    match NatsBus::open_on(js.link(replica), opts.clone()).await {
+                        Ok(bus) => break bus,
+                        Err(e) => {
+                            tracing::info!(replica, error = %e, "the hub cannot open its bus yet");
+                            tokio::time::sleep(Duration::from_secs(1)).await;
+                        }
+                    }
+                };
+                Some(bus)
+            }
+            None => None,
+        };
         let listener = SimListener::bind(HUB_PORT).await?;
-        let hub = Hub::bind_on(config, Some(Listener::Other(Box::new(listener)))).await?;
+        let hub = Hub::bind_with(config, Some(Listener::Other(Box::new(listener))), bus).await?;
         hub.run(CancellationToken::new()).await?;
         Ok(())
     }
@@ -118,6 +151,8 @@ pub struct AgentHost {
     pub cuts: CutSwitch,
     /// The driver's instructions.
     pub control: Arc<AgentControl>,
+    /// The hub replicas it reaches, in turn.
+    pub hubs: Arc<Vec<String>>,
 }
 
 impl AgentHost {
@@ -125,7 +160,8 @@ impl AgentHost {
     pub async fn run(self) -> turmoil::Result {
         let pki = Pki::get()?;
         let mut config = AgentConfig::new(hub_urls(), pki.agent(&self.cluster));
-        config.dialer = Dialer::custom(Arc::new(SimDial::new(self.cuts.clone())));
+        let dial = SimDial::new(self.cuts.clone()).balanced(self.hubs.clone(), self.index as usize);
+        config.dialer = Dialer::custom(Arc::new(dial));
         // A new epoch per start, from the simulated clock: a run replays.
         config.epoch = Some(1_000_000_000 + sim_now().as_micros() as u64 * 16 + self.index);
         config.idle_timeout = IDLE;
@@ -172,6 +208,8 @@ pub struct SubscriberHost {
     pub seed: u64,
     /// Starts so far.
     pub starts: Arc<AtomicU64>,
+    /// The hub replicas it reaches, in turn.
+    pub hubs: Arc<Vec<String>>,
 }
 
 impl SubscriberHost {
@@ -192,7 +230,9 @@ impl SubscriberHost {
         let mut opts = SubscriberOptions::new(hub_urls(), tls);
         opts.durable = self.durable.then(|| DURABLE_NAME.to_string());
         opts.from = from;
-        opts.dialer = Dialer::custom(Arc::new(SimDial::new(self.cuts.clone())));
+        let dial =
+            SimDial::new(self.cuts.clone()).balanced(self.hubs.clone(), start as usize + usize::from(self.durable));
+        opts.dialer = Dialer::custom(Arc::new(dial));
         opts.connect_timeout = IDLE;
         opts.idle_timeout = IDLE + Duration::from_secs(1);
         opts.max_in_flight = rng.random_range(1..=64);

@@ -28,6 +28,7 @@
 pub mod batch;
 pub mod cluster;
 pub mod hosts;
+pub mod jetstream;
 pub mod net;
 pub mod oracle;
 pub mod pki;

@@ -12,6 +12,7 @@ use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
@@ -42,19 +43,38 @@ impl CutSwitch {
 /// Connects over turmoil's TCP; connections can be cut by the host's [`CutSwitch`].
 pub struct SimDial {
     cuts: CutSwitch,
+    /// Hub replicas the hub's address leads to, in turn (a TCP load balancer); empty: the
+    /// address as given.
+    replicas: Arc<Vec<String>>,
+    next: AtomicUsize,
 }
 
 impl SimDial {
     /// A dialer whose connections `cuts` resets.
     pub fn new(cuts: CutSwitch) -> Self {
-        Self { cuts }
+        Self { cuts, replicas: Arc::new(Vec::new()), next: AtomicUsize::new(0) }
+    }
+
+    /// Dials `replicas` in turn instead of the host the address names, from the one at
+    /// `first`.
+    pub fn balanced(mut self, replicas: Arc<Vec<String>>, first: usize) -> Self {
+        self.replicas = replicas;
+        self.next = AtomicUsize::new(first);
+        self
     }
 }
 
 impl Dial for SimDial {
     fn dial<'a>(&'a self, addr: &'a str) -> DialFuture<'a> {
         Box::pin(async move {
-            let tcp = turmoil::net::TcpStream::connect(addr).await?;
+            let target = match (self.replicas.len(), addr.rsplit_once(':')) {
+                (0 | 1, _) | (_, None) => addr.to_string(),
+                (n, Some((_, port))) => {
+                    let i = self.next.fetch_add(1, Ordering::Relaxed) % n;
+                    format!("{}:{port}", self.replicas[i])
+                }
+            };
+            let tcp = turmoil::net::TcpStream::connect(target.as_str()).await?;
             let cut = self.cuts.token().cancelled_owned();
             Ok(Box::new(Cuttable { inner: tcp, cut: Box::pin(cut), broken: false }) as Box<dyn ByteStream>)
         })

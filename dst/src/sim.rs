@@ -13,6 +13,7 @@ use rand::{Rng, SeedableRng};
 
 use crate::cluster::ClusterModel;
 use crate::hosts::{AgentControl, AgentHost, Clusters, HubHost, SubscriberControl, SubscriberHost, lock};
+use crate::jetstream::SimJetStream;
 use crate::net::CutSwitch;
 use crate::oracle::SubscriberModel;
 use crate::pki::{HUB_HOST, MAX_CLUSTERS, Pki, cluster_id};
@@ -28,8 +29,10 @@ pub enum Storage {
     Memory,
     /// The segment log in a temporary directory: a crash keeps what was synced.
     Disk,
-    /// Chosen per seed.
+    /// Chosen per seed (memory or disk).
     Mixed,
+    /// The NATS bus: 2 or 3 hub replicas on one in-memory JetStream, with its faults.
+    Nats,
 }
 
 impl std::str::FromStr for Storage {
@@ -40,7 +43,8 @@ impl std::str::FromStr for Storage {
             "memory" => Ok(Storage::Memory),
             "disk" => Ok(Storage::Disk),
             "mixed" => Ok(Storage::Mixed),
-            other => Err(format!("unknown storage {other:?} (memory, disk or mixed)")),
+            "nats" => Ok(Storage::Nats),
+            other => Err(format!("unknown storage {other:?} (memory, disk, mixed or nats)")),
         }
     }
 }
@@ -51,6 +55,7 @@ impl std::fmt::Display for Storage {
             Storage::Memory => "memory",
             Storage::Disk => "disk",
             Storage::Mixed => "mixed",
+            Storage::Nats => "nats",
         })
     }
 }
@@ -129,8 +134,13 @@ pub fn replay_command(seed: u64, opts: &Options) -> String {
 /// One scheduled action of the driver.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 enum Action {
-    Repair(String),
-    Release(String),
+    /// (hub replica, other host).
+    Repair(String, String),
+    Release(String, String),
+    /// The JetStream server comes back; with its store lost or not.
+    JetStreamUp(bool),
+    /// A hub replica's link to JetStream is restored.
+    JetStreamLink(String),
     Bounce(String),
     Crash(String),
     Unstall(usize),
@@ -236,7 +246,7 @@ fn run_seed(seed: u64, opts: &Options) -> anyhow::Result<Report> {
     let n_clusters = rng.random_range(1..=MAX_CLUSTERS.min(3));
     let names_per_cluster = rng.random_range(2..=8);
     let disk = match opts.storage {
-        Storage::Memory => false,
+        Storage::Memory | Storage::Nats => false,
         Storage::Disk => true,
         Storage::Mixed => rng.random_bool(0.5),
     };
@@ -244,9 +254,21 @@ fn run_seed(seed: u64, opts: &Options) -> anyhow::Result<Report> {
     let retention_records = if rng.random_bool(0.2) { rng.random_range(5..40) } else { 100_000 };
     let data_dir = disk.then(|| storage::temp_dir(seed));
     let profile = Profile::draw(&mut rng, opts.fault_time);
+    // The NATS bus's own choices come from a generator of their own, so the other kinds of
+    // runs draw what they always drew.
+    let mut nrng = StdRng::seed_from_u64(seed ^ 0x6e61_7473_6a65_7473);
+    let nats = (opts.storage == Storage::Nats).then(|| NatsProfile::draw(&mut nrng, seed));
+    let hubs: Arc<Vec<String>> = Arc::new(match &nats {
+        Some(n) => (1..=n.replicas).map(|i| format!("{HUB_HOST}-{i}")).collect(),
+        None => vec![HUB_HOST.to_string()],
+    });
+    let bus = match &nats {
+        Some(n) => n.describe(),
+        None if disk => "segment log".to_string(),
+        None => "memory".to_string(),
+    };
     let scenario = format!(
-        "{n_clusters} cluster(s), {names_per_cluster} names each, bus {}, retention {retention_records} records; {}",
-        if disk { "segment log" } else { "memory" },
+        "{n_clusters} cluster(s), {names_per_cluster} names each, bus {bus}, retention {retention_records} records; {}",
         profile.describe()
     );
 
@@ -272,8 +294,14 @@ fn run_seed(seed: u64, opts: &Options) -> anyhow::Result<Report> {
         .tcp_capacity(1024)
         .build();
 
-    let hub = HubHost { data_dir: data_dir.clone(), retention_records };
-    sim.host(HUB_HOST, move || hub.clone().run());
+    for h in hubs.iter() {
+        let hub = HubHost {
+            data_dir: data_dir.clone(),
+            retention_records,
+            nats: nats.as_ref().map(|n| (n.js.clone(), h.clone())),
+        };
+        sim.host(h.as_str(), move || hub.clone().run());
+    }
 
     let mut cuts: BTreeMap<String, CutSwitch> = BTreeMap::new();
     // Agent hosts: (host, cluster index, control).
@@ -292,6 +320,7 @@ fn run_seed(seed: u64, opts: &Options) -> anyhow::Result<Report> {
                 index: (i * 2 + k) as u64,
                 cuts: cut,
                 control: control.clone(),
+                hubs: hubs.clone(),
             };
             sim.host(host.as_str(), move || agent.clone().run());
             agents.push((host, i, control));
@@ -312,6 +341,7 @@ fn run_seed(seed: u64, opts: &Options) -> anyhow::Result<Report> {
             cuts: cut,
             seed: seed ^ (k as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15),
             starts: Arc::new(AtomicU64::new(0)),
+            hubs: hubs.clone(),
         };
         let runner = s.clone();
         sim.host(host.as_str(), move || runner.clone().run());
@@ -332,9 +362,16 @@ fn run_seed(seed: u64, opts: &Options) -> anyhow::Result<Report> {
     let mut faults: BTreeMap<&'static str, u64> = BTreeMap::new();
     let mut writes = 0u64;
     let mut schedule: Vec<(Duration, Action)> = Vec::new();
-    // Links of the hub to another host that are partitioned or held.
-    let mut partitioned: BTreeSet<String> = BTreeSet::new();
-    let mut held: BTreeSet<String> = BTreeSet::new();
+    // Links of a hub replica to another host that are partitioned or held.
+    let mut partitioned: BTreeSet<(String, String)> = BTreeSet::new();
+    let mut held: BTreeSet<(String, String)> = BTreeSet::new();
+    // JetStream: down (restarting) and the replicas whose link to it is cut.
+    let mut js_down = false;
+    let mut js_cut: BTreeSet<String> = BTreeSet::new();
+    // One hub replica, drawn only when there are several (other runs draw as they did).
+    let pick_hub = |rng: &mut StdRng| -> String {
+        if hubs.len() > 1 { hubs[rng.random_range(0..hubs.len())].clone() } else { hubs[0].clone() }
+    };
     let per_tick = |per_sec: f64| (per_sec * tick.as_secs_f64()).min(1.0);
     let agent_hosts: Vec<String> = agents.iter().map(|(h, _, _)| h.clone()).collect();
     let mut others: Vec<String> = agent_hosts.clone();
@@ -357,16 +394,32 @@ fn run_seed(seed: u64, opts: &Options) -> anyhow::Result<Report> {
         };
         for action in due {
             match action {
-                Action::Repair(h) => {
-                    sim.repair(HUB_HOST, h.as_str());
-                    partitioned.remove(&h);
+                Action::Repair(hub, h) => {
+                    sim.repair(hub.as_str(), h.as_str());
+                    partitioned.remove(&(hub, h));
                 }
-                Action::Release(h) => {
-                    sim.release(HUB_HOST, h.as_str());
-                    held.remove(&h);
+                Action::Release(hub, h) => {
+                    sim.release(hub.as_str(), h.as_str());
+                    held.remove(&(hub, h));
+                }
+                Action::JetStreamUp(lose) => {
+                    if let Some(n) = &nats {
+                        if lose {
+                            n.js.lose_store();
+                            count(&mut faults, "jetstream-store-lost");
+                        }
+                        n.js.set_down(false);
+                        js_down = false;
+                    }
+                }
+                Action::JetStreamLink(hub) => {
+                    if let Some(n) = &nats {
+                        n.js.set_cut(&hub, false);
+                        js_cut.remove(&hub);
+                    }
                 }
                 Action::Bounce(h) => {
-                    if h == HUB_HOST
+                    if hubs.contains(&h)
                         && let Some(dir) = &data_dir
                     {
                         // A crash may lose the log's last records (acked, then cut at a
@@ -426,14 +479,15 @@ fn run_seed(seed: u64, opts: &Options) -> anyhow::Result<Report> {
             && let Some(drained) = *lock(&control.drained)
         {
             drain_seen = true;
+            let hub = pick_hub(&mut nrng);
             if drained
                 && let Some(after) = profile.crash_after_drain
-                && !down.contains(HUB_HOST)
+                && !down.contains(&hub)
             {
                 // Right after the last ack: the records may not have reached the disk.
-                sim.crash(HUB_HOST);
-                down.insert(HUB_HOST.to_string());
-                schedule.push((now + after + Duration::from_millis(10), Action::Bounce(HUB_HOST.to_string())));
+                sim.crash(hub.as_str());
+                down.insert(hub.clone());
+                schedule.push((now + after + Duration::from_millis(10), Action::Bounce(hub)));
                 count(&mut faults, "hub-crash-after-drain");
             }
         }
@@ -465,32 +519,53 @@ fn run_seed(seed: u64, opts: &Options) -> anyhow::Result<Report> {
         }
         // Partitions and held links between the hub and one host.
         if rng.random_bool(per_tick(profile.partition)) {
-            let h = others[rng.random_range(0..others.len())].clone();
-            if !partitioned.contains(&h) && !held.contains(&h) {
-                sim.partition(HUB_HOST, h.as_str());
+            let link = (pick_hub(&mut nrng), others[rng.random_range(0..others.len())].clone());
+            if !partitioned.contains(&link) && !held.contains(&link) {
+                sim.partition(link.0.as_str(), link.1.as_str());
                 let until = now + Duration::from_millis(rng.random_range(100..6_000));
-                schedule.push((until, Action::Repair(h.clone())));
-                partitioned.insert(h);
+                schedule.push((until, Action::Repair(link.0.clone(), link.1.clone())));
+                partitioned.insert(link);
                 count(&mut faults, "partition");
             }
         }
         if rng.random_bool(per_tick(profile.hold)) {
-            let h = others[rng.random_range(0..others.len())].clone();
-            if !partitioned.contains(&h) && !held.contains(&h) {
-                sim.hold(HUB_HOST, h.as_str());
+            let link = (pick_hub(&mut nrng), others[rng.random_range(0..others.len())].clone());
+            if !partitioned.contains(&link) && !held.contains(&link) {
+                sim.hold(link.0.as_str(), link.1.as_str());
                 let until = now + Duration::from_millis(rng.random_range(50..2_000));
-                schedule.push((until, Action::Release(h.clone())));
-                held.insert(h);
+                schedule.push((until, Action::Release(link.0.clone(), link.1.clone())));
+                held.insert(link);
                 count(&mut faults, "hold");
             }
         }
-        // The hub crashes.
-        if rng.random_bool(per_tick(profile.hub_crash)) && !down.contains(HUB_HOST) {
-            sim.crash(HUB_HOST);
-            down.insert(HUB_HOST.to_string());
+        // A hub (replica) crashes.
+        let crashing = rng.random_bool(per_tick(profile.hub_crash));
+        let hub = pick_hub(&mut nrng);
+        if crashing && !down.contains(&hub) {
+            sim.crash(hub.as_str());
+            down.insert(hub.clone());
             let until = now + Duration::from_millis(rng.random_range(10..3_000));
-            schedule.push((until, Action::Bounce(HUB_HOST.to_string())));
+            schedule.push((until, Action::Bounce(hub)));
             count(&mut faults, "hub-crash");
+        }
+        // JetStream restarts (its store lost or kept), or one replica's link to it is cut.
+        if let Some(n) = &nats {
+            if !js_down && nrng.random_bool(per_tick(n.restart)) {
+                n.js.set_down(true);
+                js_down = true;
+                let until = now + Duration::from_millis(nrng.random_range(50..3_000));
+                schedule.push((until, Action::JetStreamUp(nrng.random_bool(n.store_loss))));
+                count(&mut faults, "jetstream-restart");
+            }
+            if nrng.random_bool(per_tick(n.link_cut)) {
+                let hub = pick_hub(&mut nrng);
+                if js_cut.insert(hub.clone()) {
+                    n.js.set_cut(&hub, true);
+                    let until = now + Duration::from_millis(nrng.random_range(100..8_000));
+                    schedule.push((until, Action::JetStreamLink(hub)));
+                    count(&mut faults, "jetstream-link-cut");
+                }
+            }
         }
         // An agent crashes (its cluster keeps changing meanwhile).
         if rng.random_bool(per_tick(profile.agent_crash)) {
@@ -545,11 +620,23 @@ fn run_seed(seed: u64, opts: &Options) -> anyhow::Result<Report> {
     // subscribers reading; then wait for them to converge.
     let heal_started = sim.elapsed();
     if failure.is_none() {
-        for h in &partitioned {
-            sim.repair(HUB_HOST, h.as_str());
+        for (hub, h) in &partitioned {
+            sim.repair(hub.as_str(), h.as_str());
         }
-        for h in &held {
-            sim.release(HUB_HOST, h.as_str());
+        for (hub, h) in &held {
+            sim.release(hub.as_str(), h.as_str());
+        }
+        if let Some(n) = &nats {
+            for (_, action) in &schedule {
+                if let Action::JetStreamUp(true) = action {
+                    n.js.lose_store();
+                    count(&mut faults, "jetstream-store-lost");
+                }
+            }
+            n.js.set_down(false);
+            for hub in &js_cut {
+                n.js.set_cut(hub, false);
+            }
         }
         for (_, s) in &subs {
             lock(&s.control).stalled_until = None;
@@ -615,6 +702,11 @@ fn run_seed(seed: u64, opts: &Options) -> anyhow::Result<Report> {
         delivered.push((h.clone(), m.events, m.resyncs));
         fingerprint = fingerprint.rotate_left(17) ^ m.fingerprint;
     }
+    if let Some(n) = &nats {
+        for (kind, c) in n.js.counts() {
+            *faults.entry(kind).or_default() += c;
+        }
+    }
     let sim_time = sim.elapsed();
     drop(sim);
     if let Some(dir) = data_dir {
@@ -631,6 +723,39 @@ fn run_seed(seed: u64, opts: &Options) -> anyhow::Result<Report> {
         delivered,
         fingerprint,
     })
+}
+
+/// A NATS run's choices: replicas, and how often JetStream fails.
+struct NatsProfile {
+    js: SimJetStream,
+    replicas: usize,
+    ack_loss: f64,
+    /// JetStream restarts per second, and the chance it comes back empty.
+    restart: f64,
+    store_loss: f64,
+    /// Cuts of one replica's link to JetStream per second.
+    link_cut: f64,
+}
+
+impl NatsProfile {
+    fn draw(rng: &mut StdRng, seed: u64) -> Self {
+        let mut rate = |base: f64| if rng.random_bool(0.3) { 0.0 } else { base * rng.random_range(0.3..3.0) };
+        let (restart, link_cut, ack_loss) = (rate(0.08), rate(0.15), rate(0.01));
+        let store_loss = rng.random_range(0.3..1.0);
+        let replicas = rng.random_range(2..=3);
+        Self { js: SimJetStream::new(seed ^ 0x6a73, ack_loss), replicas, ack_loss, restart, store_loss, link_cut }
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "nats ({} replicas; jetstream restart {:.2}/s, {:.0}% of them empty, link-cut {:.2}/s, ack loss {:.1}%)",
+            self.replicas,
+            self.restart,
+            self.store_loss * 100.0,
+            self.link_cut,
+            self.ack_loss * 100.0
+        )
+    }
 }
 
 fn count(faults: &mut BTreeMap<&'static str, u64>, kind: &'static str) {

@@ -405,7 +405,17 @@ impl Hub {
 
     /// Like [`bind`](Self::bind), but accepts agents and subscribers from `listener`
     /// instead of binding `config.listen` (the simulation's network); `None` binds it.
-    pub async fn bind_on(mut config: HubConfig, listener: Option<Listener>) -> Result<Self, HubError> {
+    pub async fn bind_on(config: HubConfig, listener: Option<Listener>) -> Result<Self, HubError> {
+        Self::bind_with(config, listener, None).await
+    }
+
+    /// Like [`bind_on`](Self::bind_on), on a bus opened by the caller (the simulation's
+    /// NATS bus on an in-memory JetStream); `None` opens the one `config` says.
+    pub async fn bind_with(
+        mut config: HubConfig,
+        listener: Option<Listener>,
+        bus: Option<Arc<dyn Bus>>,
+    ) -> Result<Self, HubError> {
         fleetwatch_certs::install_crypto_provider();
         // What cannot work is refused before anything is opened, one line each.
         preflight::check(&config).await?;
@@ -428,11 +438,12 @@ impl Hub {
             None => (None, None),
         };
         let tls = ReloadingServerConfig::new(config.tls.clone())?;
-        let bus: Arc<dyn Bus> = match config.nats.clone() {
-            Some(nats) => bus::NatsBus::open(bus::NatsOptions { retention: config.retention, ..nats })
+        let bus: Arc<dyn Bus> = match (bus, config.nats.clone()) {
+            (Some(bus), _) => bus,
+            (None, Some(nats)) => bus::NatsBus::open(bus::NatsOptions { retention: config.retention, ..nats })
                 .await
                 .map_err(bus::BusError::from)?,
-            None => bus::open(BusOptions {
+            (None, None) => bus::open(BusOptions {
                 dir: config.data_dir.clone(),
                 retention: config.retention,
                 segment_bytes: config.segment_bytes,

@@ -1,5 +1,5 @@
 //! Runs simulation seeds: `fleetwatch-dst [--seed S | --seeds N [--first F]] [--storage
-//! memory|disk|mixed] [--fault-secs T] [--no-durable-crashes] [--jobs J]`. Prints each failing seed with its violations and
+//! memory|disk|mixed|nats] [--fault-secs T] [--no-durable-crashes] [--jobs J]`. Prints each failing seed with its violations and
 //! the command that replays it; exits 1 when one failed. `DST_LOG=info` logs a replay.
 
 use std::time::Duration;

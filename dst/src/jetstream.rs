@@ -1,0 +1,558 @@
+//! An in-memory JetStream for the NATS bus ([`fleetwatch_hub::bus::NatsBus`]) under the
+//! simulation: one [`SimJetStream`] (the NATS server and its store) shared by several hub
+//! replicas, each reaching it through its own [`SimJs`] link, everything on turmoil's
+//! simulated runtime and clock.
+//!
+//! What the bus relies on is kept: stream sequences (the last one survives evictions),
+//! `Nats-Msg-Id` dropped within the duplicate window (the ack names the first copy's
+//! sequence), the limits (max messages, bytes, age; discard old), the description and
+//! creation time (a recreated stream is another stream), the last message by subject, an
+//! ordered consumer from a start sequence (recreated on the stream's next incarnation from
+//! where it was, as async-nats's is after its heartbeats stop), key-value buckets whose
+//! revisions are the bucket's sequence with compare-and-set (create fails if the key has a
+//! value, update fails on another revision), entries expiring after the bucket's age, and
+//! the connection state.
+//!
+//! Its faults: the store lost (the stream and every bucket gone, as a server restarted
+//! empty), the server down for a while (every link disconnected), a publish ack lost after
+//! the message was stored, one replica's link cut and restored. A request on a link that is
+//! down waits for it up to the client's timeout; a publish sent while it is down is lost
+//! and its ack times out.
+//!
+//! Every choice comes from the seed (the ack losses) or the simulated clock; nothing
+//! iterates a hash map.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use bytes::Bytes;
+use fleetwatch_hub::bus::jetstream::{
+    CreateError, Delivered, HeaderMap, JetStream, JsError, KeyValue, KvEntry, PublishAck, Settings, Stored, StreamInfo,
+    StreamSpec, StreamState, Subject,
+};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+/// One request's round trip (each way half of it).
+const LATENCY: Duration = Duration::from_millis(2);
+/// The client's request timeout (the bus's `REQUEST_TIMEOUT`).
+const TIMEOUT: Duration = Duration::from_secs(5);
+/// How long an ordered consumer takes to notice its consumer is gone (missed heartbeats)
+/// and create it again.
+const CONSUMER_RECREATE: Duration = Duration::from_secs(5);
+/// How often a request on a link that is down looks again.
+const RETRY: Duration = Duration::from_millis(50);
+
+fn now() -> Duration {
+    turmoil::sim_elapsed().unwrap_or_default()
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Faults counted by kind, for the run's report.
+pub type Counts = BTreeMap<&'static str, u64>;
+
+/// The NATS server with JetStream, shared by every hub replica of a run.
+#[derive(Clone)]
+pub struct SimJetStream {
+    inner: Arc<Mutex<Server>>,
+}
+
+struct Message {
+    seq: u64,
+    subject: Subject,
+    headers: HeaderMap,
+    payload: Bytes,
+    time: Duration,
+    size: u64,
+}
+
+struct MemStream {
+    spec: StreamSpec,
+    created_ns: i128,
+    incarnation: u64,
+    messages: VecDeque<Message>,
+    last_seq: u64,
+    bytes: u64,
+    /// `Nats-Msg-Id` → (sequence, when stored), in the duplicate window.
+    ids: BTreeMap<String, (u64, Duration)>,
+}
+
+impl MemStream {
+    fn state(&self) -> StreamState {
+        StreamState {
+            messages: self.messages.len() as u64,
+            bytes: self.bytes,
+            first_sequence: self.messages.front().map_or(self.last_seq + 1, |m| m.seq),
+            last_sequence: self.last_seq,
+        }
+    }
+
+    fn info(&self) -> StreamInfo {
+        StreamInfo {
+            description: Some(self.spec.description.clone()),
+            created_ns: self.created_ns,
+            state: self.state(),
+            durable: true,
+            settings: self.spec.settings(),
+        }
+    }
+
+    /// Discard old: evicts past the limits.
+    fn enforce(&mut self, now: Duration) {
+        let max_msgs = usize::try_from(self.spec.max_messages).unwrap_or(usize::MAX);
+        let max_bytes = u64::try_from(self.spec.max_bytes).unwrap_or(u64::MAX);
+        while let Some(front) = self.messages.front() {
+            let too_old = !self.spec.max_age.is_zero() && now.saturating_sub(front.time) > self.spec.max_age;
+            if self.messages.len() <= max_msgs && self.bytes <= max_bytes && !too_old {
+                break;
+            }
+            let size = front.size;
+            self.messages.pop_front();
+            self.bytes -= size;
+        }
+        let window = self.spec.duplicate_window;
+        self.ids.retain(|_, (_, t)| now.saturating_sub(*t) <= window);
+    }
+}
+
+#[derive(Default)]
+struct Bucket {
+    /// Key → (value, revision, when written).
+    entries: BTreeMap<String, (Bytes, u64, Duration)>,
+    revision: u64,
+    max_age: Duration,
+}
+
+impl Bucket {
+    fn live(&self, key: &str, now: Duration) -> Option<&(Bytes, u64, Duration)> {
+        self.entries.get(key).filter(|(_, _, t)| self.max_age.is_zero() || now.saturating_sub(*t) <= self.max_age)
+    }
+
+    fn write(&mut self, key: &str, value: Bytes, now: Duration) -> u64 {
+        self.revision += 1;
+        self.entries.insert(key.to_string(), (value, self.revision, now));
+        self.revision
+    }
+}
+
+struct Server {
+    stream: Option<MemStream>,
+    buckets: BTreeMap<String, Bucket>,
+    /// Replicas whose link is cut.
+    cut: BTreeSet<String>,
+    /// The whole server is down (restarting).
+    down: bool,
+    incarnations: u64,
+    /// Chance that a publish's ack is lost after the message was stored.
+    ack_loss: f64,
+    rng: StdRng,
+    counts: Counts,
+    /// Consumers and requests waiting for a change.
+    wakers: Vec<Waker>,
+}
+
+impl Server {
+    fn connected(&self, replica: &str) -> bool {
+        !self.down && !self.cut.contains(replica)
+    }
+
+    fn wake(&mut self) {
+        for w in self.wakers.drain(..) {
+            w.wake();
+        }
+    }
+}
+
+impl SimJetStream {
+    /// A server with an empty store; publish acks are lost with probability `ack_loss`
+    /// (drawn from `seed`).
+    pub fn new(seed: u64, ack_loss: f64) -> Self {
+        Self {
+            inner: Arc::new(Mutex::new(Server {
+                stream: None,
+                buckets: BTreeMap::new(),
+                cut: BTreeSet::new(),
+                down: false,
+                incarnations: 0,
+                ack_loss,
+                rng: StdRng::seed_from_u64(seed),
+                counts: Counts::new(),
+                wakers: Vec::new(),
+            })),
+        }
+    }
+
+    /// The link of `replica` (a hub host).
+    pub fn link(&self, replica: &str) -> SimJs {
+        SimJs { server: self.clone(), replica: replica.into() }
+    }
+
+    /// The store is lost: the stream and every bucket are gone (NATS restarted empty).
+    pub fn lose_store(&self) {
+        let mut s = lock(&self.inner);
+        s.stream = None;
+        s.buckets.clear();
+        s.wake();
+    }
+
+    /// The server goes down (every link disconnected) or comes back.
+    pub fn set_down(&self, down: bool) {
+        let mut s = lock(&self.inner);
+        s.down = down;
+        s.wake();
+    }
+
+    /// Cuts or restores one replica's link.
+    pub fn set_cut(&self, replica: &str, cut: bool) {
+        let mut s = lock(&self.inner);
+        if cut {
+            s.cut.insert(replica.into());
+        } else {
+            s.cut.remove(replica);
+        }
+        s.wake();
+    }
+
+    /// Faults that happened inside (acks lost).
+    pub fn counts(&self) -> Counts {
+        lock(&self.inner).counts.clone()
+    }
+
+    /// The stream's last sequence and its messages (for tests).
+    pub fn stream_state(&self) -> Option<StreamState> {
+        lock(&self.inner).stream.as_ref().map(MemStream::state)
+    }
+}
+
+/// One hub replica's link to the [`SimJetStream`].
+#[derive(Clone)]
+pub struct SimJs {
+    server: SimJetStream,
+    replica: String,
+}
+
+impl SimJs {
+    fn with<T>(&self, f: impl FnOnce(&mut Server) -> T) -> T {
+        f(&mut lock(&self.server.inner))
+    }
+
+    /// One request: waits for the link (at most the timeout), then a round trip.
+    async fn request<T: Send>(&self, f: impl FnOnce(&mut Server) -> T + Send) -> Result<T, String> {
+        let since = now();
+        while !self.with(|s| s.connected(&self.replica)) {
+            if now().saturating_sub(since) >= TIMEOUT {
+                return Err("nats: timed out (not connected)".into());
+            }
+            tokio::time::sleep(RETRY).await;
+        }
+        tokio::time::sleep(LATENCY / 2).await;
+        // The link may have gone meanwhile: the request is lost.
+        let answer = self.with(|s| s.connected(&self.replica).then(|| f(s)));
+        match answer {
+            Some(a) => {
+                tokio::time::sleep(LATENCY / 2).await;
+                Ok(a)
+            }
+            None => {
+                tokio::time::sleep(TIMEOUT).await;
+                Err("nats: timed out".into())
+            }
+        }
+    }
+}
+
+fn not_found() -> String {
+    "stream not found".into()
+}
+
+/// A publish's ack to come.
+pub struct SimAck {
+    sleep: Pin<Box<tokio::time::Sleep>>,
+    answer: Option<Result<PublishAck, String>>,
+}
+
+impl Future for SimAck {
+    type Output = Result<PublishAck, String>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.sleep.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(self.answer.take().unwrap_or_else(|| Err("polled again".into()))),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+/// An ordered consumer of the whole stream.
+pub struct SimMessages {
+    server: SimJetStream,
+    replica: String,
+    /// The next sequence to deliver.
+    next: u64,
+    /// The stream incarnation it consumes.
+    incarnation: u64,
+    /// Set while it recreates itself on a new incarnation of the stream.
+    recreating: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl futures_util::Stream for SimMessages {
+    type Item = Result<Delivered, String>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = &mut *self;
+        if let Some(sleep) = &mut this.recreating {
+            if sleep.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+            this.recreating = None;
+        }
+        let mut s = lock(&this.server.inner);
+        let connected = s.connected(&this.replica);
+        let current = s.stream.as_ref().map(|st| st.incarnation);
+        match current {
+            Some(i) if connected && i != this.incarnation => {
+                // Its consumer went with the old stream: after missing heartbeats it is
+                // created again on the stream there is now, from where it was.
+                this.incarnation = i;
+                drop(s);
+                let mut sleep = Box::pin(tokio::time::sleep(CONSUMER_RECREATE));
+                let _ = sleep.as_mut().poll(cx);
+                this.recreating = Some(sleep);
+                return Poll::Pending;
+            }
+            Some(_) if connected => {
+                let st = s.stream.as_ref().expect("checked");
+                if let Some(m) = st.messages.iter().find(|m| m.seq >= this.next) {
+                    this.next = m.seq + 1;
+                    let d = Delivered {
+                        subject: m.subject.clone(),
+                        headers: Some(m.headers.clone()),
+                        payload: m.payload.clone(),
+                        sequence: m.seq,
+                        published_ms: None,
+                    };
+                    return Poll::Ready(Some(Ok(d)));
+                }
+            }
+            _ => {}
+        }
+        s.wakers.push(cx.waker().clone());
+        Poll::Pending
+    }
+}
+
+/// A key-value bucket through one replica's link.
+pub struct SimKv {
+    js: SimJs,
+    bucket: String,
+}
+
+impl SimKv {
+    async fn on<T: Send>(&self, f: impl FnOnce(&mut Bucket, Duration) -> T + Send) -> Result<T, String> {
+        let bucket = self.bucket.clone();
+        self.js
+            .request(move |s| match s.buckets.get_mut(&bucket) {
+                Some(b) => Ok(f(b, now())),
+                None => Err(not_found()),
+            })
+            .await?
+    }
+}
+
+impl KeyValue for SimKv {
+    async fn get(&self, key: &str) -> Result<Option<Bytes>, String> {
+        self.on(|b, now| b.live(key, now).map(|(v, _, _)| v.clone())).await
+    }
+
+    async fn entry(&self, key: &str) -> Result<Option<KvEntry>, String> {
+        self.on(|b, now| b.live(key, now).map(|(v, r, _)| KvEntry { value: v.clone(), revision: *r, is_put: true }))
+            .await
+    }
+
+    async fn put(&self, key: &str, value: Bytes) -> Result<u64, String> {
+        self.on(|b, now| b.write(key, value, now)).await
+    }
+
+    async fn create(&self, key: &str, value: Bytes) -> Result<u64, CreateError> {
+        let created = self
+            .on(|b, now| match b.live(key, now) {
+                Some(_) => Err(CreateError::AlreadyExists),
+                None => Ok(b.write(key, value, now)),
+            })
+            .await;
+        match created {
+            Ok(r) => r,
+            Err(e) => Err(CreateError::Other(e)),
+        }
+    }
+
+    async fn update(&self, key: &str, value: Bytes, revision: u64) -> Result<u64, String> {
+        self.on(|b, now| match b.live(key, now) {
+            Some((_, r, _)) if *r == revision => Ok(b.write(key, value, now)),
+            Some((_, r, _)) => Err(format!("wrong last sequence: {r}")),
+            None => Err("wrong last sequence: 0".to_string()),
+        })
+        .await?
+    }
+
+    async fn keys(&self) -> Result<Vec<String>, String> {
+        self.on(|b, now| b.entries.keys().filter(|k| b.live(k, now).is_some()).cloned().collect()).await
+    }
+}
+
+impl JetStream for SimJs {
+    type Kv = SimKv;
+    type Ack = SimAck;
+    type Messages = SimMessages;
+
+    fn servers(&self) -> &str {
+        "nats://simulated:4222"
+    }
+
+    fn disconnected(&self) -> Option<String> {
+        (!self.with(|s| s.connected(&self.replica))).then(|| "disconnected".to_string())
+    }
+
+    async fn stream_info(&self) -> Result<StreamInfo, JsError> {
+        self.request(|s| s.stream.as_ref().map(MemStream::info).ok_or(JsError::NotFound))
+            .await
+            .map_err(JsError::Other)?
+    }
+
+    async fn create_stream(&self, spec: &StreamSpec) -> Result<StreamInfo, JsError> {
+        self.request(|s| {
+            if let Some(st) = &s.stream {
+                return if st.spec == *spec {
+                    Ok(st.info())
+                } else {
+                    Err(JsError::Other("stream name already in use with a different configuration".into()))
+                };
+            }
+            s.incarnations += 1;
+            let st = MemStream {
+                spec: spec.clone(),
+                // Unix nanoseconds of a made-up start plus the simulated time: another
+                // stream has another creation time.
+                created_ns: 1_800_000_000_000_000_000 + now().as_nanos() as i128 + i128::from(s.incarnations),
+                incarnation: s.incarnations,
+                messages: VecDeque::new(),
+                last_seq: 0,
+                bytes: 0,
+                ids: BTreeMap::new(),
+            };
+            let info = st.info();
+            s.stream = Some(st);
+            s.wake();
+            Ok(info)
+        })
+        .await
+        .map_err(JsError::Other)?
+    }
+
+    async fn delete_stream(&self) -> Result<(), JsError> {
+        self.request(|s| match s.stream.take() {
+            Some(_) => {
+                s.wake();
+                Ok(())
+            }
+            None => Err(JsError::NotFound),
+        })
+        .await
+        .map_err(JsError::Other)?
+    }
+
+    async fn publish(&self, subject: String, headers: HeaderMap, payload: Bytes, id: String) -> Result<SimAck, String> {
+        let t = now();
+        let answer = self.with(|s| {
+            if !s.connected(&self.replica) {
+                return None;
+            }
+            let lose = s.ack_loss > 0.0 && s.rng.random_bool(s.ack_loss);
+            let Some(st) = s.stream.as_mut() else {
+                return Some(Err("no responders: stream not found".to_string()));
+            };
+            st.enforce(t);
+            let ack = if let Some((seq, _)) = st.ids.get(&id) {
+                PublishAck { sequence: *seq, duplicate: true }
+            } else {
+                st.last_seq += 1;
+                let seq = st.last_seq;
+                let size = (subject.len() + payload.len() + id.len() + 64) as u64;
+                st.ids.insert(id, (seq, t));
+                st.messages.push_back(Message {
+                    seq,
+                    subject: Subject::from(subject),
+                    headers,
+                    payload,
+                    time: t,
+                    size,
+                });
+                st.bytes += size;
+                st.enforce(t);
+                PublishAck { sequence: seq, duplicate: false }
+            };
+            s.wake();
+            if lose {
+                *s.counts.entry("jetstream-ack-lost").or_default() += 1;
+                return Some(Err("nats: timed out (the ack was lost)".to_string()));
+            }
+            Some(Ok(ack))
+        });
+        let (wait, answer) = match answer {
+            Some(Ok(ack)) => (LATENCY, Ok(ack)),
+            Some(Err(e)) if e.contains("ack was lost") => (TIMEOUT, Err(e)),
+            Some(Err(e)) => (LATENCY, Err(e)),
+            None => (TIMEOUT, Err("nats: timed out (not connected)".into())),
+        };
+        Ok(SimAck { sleep: Box::pin(tokio::time::sleep(wait)), answer: Some(answer) })
+    }
+
+    async fn last_by_subject(&self, subject: &str) -> Result<Option<Stored>, String> {
+        self.request(|s| {
+            let st = s.stream.as_ref().ok_or_else(not_found)?;
+            Ok(st
+                .messages
+                .iter()
+                .rev()
+                .find(|m| m.subject.as_str() == subject)
+                .map(|m| Stored { sequence: m.seq, headers: m.headers.clone() }))
+        })
+        .await?
+    }
+
+    async fn ordered(&self, from: u64) -> Result<SimMessages, String> {
+        let incarnation = self.request(|s| s.stream.as_ref().map(|st| st.incarnation).ok_or_else(not_found)).await??;
+        Ok(SimMessages {
+            server: self.server.clone(),
+            replica: self.replica.clone(),
+            next: from.max(1),
+            incarnation,
+            recreating: None,
+        })
+    }
+
+    async fn bucket(
+        &self,
+        name: &str,
+        _replicas: usize,
+        max_age: Duration,
+        _window: Duration,
+    ) -> Result<SimKv, String> {
+        self.request(|s| {
+            s.buckets.entry(name.to_string()).or_insert_with(|| Bucket { max_age, ..Bucket::default() });
+        })
+        .await?;
+        Ok(SimKv { js: self.clone(), bucket: name.into() })
+    }
+}
+
+/// The settings a stream created from `spec` has (for tests).
+pub fn settings(spec: &StreamSpec) -> Settings {
+    spec.settings()
+}
