@@ -12,13 +12,13 @@ use std::time::Duration;
 
 use fleetwatch_agent::{AgentConfig, AgentRuntime};
 use fleetwatch_client::backoff::Reconnect;
-use fleetwatch_client::subscriber::{Delivery, SubscriberOptions, Subscription};
+use fleetwatch_client::subscriber::{Delivery, SubscribeError, SubscriberOptions, Subscription};
 use fleetwatch_client::transport::{Dialer, HubUrls};
 use fleetwatch_hub::bus::jetstream::JetStream;
 use fleetwatch_hub::bus::nats::DEFAULT_MISSING_STREAM_WAIT;
 use fleetwatch_hub::bus::{Bus, NatsBus, NatsOptions};
 use fleetwatch_hub::{Hub, HubConfig, Listener};
-use fleetwatch_protocol::message::StartFrom;
+use fleetwatch_protocol::message::{ErrorCode, StartFrom};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio_util::sync::CancellationToken;
@@ -210,11 +210,27 @@ pub struct SubscriberHost {
     pub starts: Arc<AtomicU64>,
     /// The hub replicas it reaches, in turn.
     pub hubs: Arc<Vec<String>>,
+    /// Whether a subscription the hub refused as `internal` (its bus failing for a while,
+    /// as a NATS bus does while JetStream is away) ends the process, which its supervisor
+    /// starts again, instead of counting as a violation.
+    pub restart_on_internal: bool,
+    /// Processes that exited so.
+    pub restarts: Arc<AtomicU64>,
 }
 
 impl SubscriberHost {
-    /// Runs a fresh subscriber process until the host crashes.
+    /// Runs a fresh subscriber process until the host crashes; one that exits after an
+    /// `internal` refusal (see [`SubscriberHost::restart_on_internal`]) is started again
+    /// a second later.
     pub async fn run(self) -> turmoil::Result {
+        while self.run_process().await? {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        Ok(())
+    }
+
+    /// One process; answers whether it exited to be started again.
+    async fn run_process(&self) -> turmoil::Result<bool> {
         let start = self.starts.fetch_add(1, Ordering::Relaxed);
         let mut rng = StdRng::seed_from_u64(self.seed ^ (start << 32) ^ u64::from(self.durable));
         let from = lock(&self.control).from;
@@ -269,9 +285,14 @@ impl SubscriberHost {
             }
             let delivery = match sub.next().await {
                 Ok(d) => d,
+                Err(SubscribeError::Refused { code: ErrorCode::Internal, message }) if self.restart_on_internal => {
+                    tracing::info!(sub = self.name, %message, "the hub failed the subscription; the process exits");
+                    self.restarts.fetch_add(1, Ordering::Relaxed);
+                    return Ok(true);
+                }
                 Err(e) => {
                     lock(&self.model).violations.push(format!("subscription {} failed: {e}", self.name));
-                    return Ok(());
+                    return Ok(false);
                 }
             };
             let stream = sub.stream().unwrap_or_default().to_string();

@@ -342,6 +342,8 @@ fn run_seed(seed: u64, opts: &Options) -> anyhow::Result<Report> {
             seed: seed ^ (k as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15),
             starts: Arc::new(AtomicU64::new(0)),
             hubs: hubs.clone(),
+            restart_on_internal: nats.is_some(),
+            restarts: Arc::new(AtomicU64::new(0)),
         };
         let runner = s.clone();
         sim.host(host.as_str(), move || runner.clone().run());
@@ -701,6 +703,12 @@ fn run_seed(seed: u64, opts: &Options) -> anyhow::Result<Report> {
         violations.extend(m.differences(&finals).into_iter().map(|d| format!("{h}: silent loss: {d}")));
         delivered.push((h.clone(), m.events, m.resyncs));
         fingerprint = fingerprint.rotate_left(17) ^ m.fingerprint;
+    }
+    for (_, s) in &subs {
+        let n = s.restarts.load(std::sync::atomic::Ordering::Relaxed);
+        if n > 0 {
+            *faults.entry("subscriber-refused-internal").or_default() += n;
+        }
     }
     if let Some(n) = &nats {
         for (kind, c) in n.js.counts() {

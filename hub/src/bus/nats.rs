@@ -733,6 +733,21 @@ impl<J: JetStream> NatsBus<J> {
         Ok(())
     }
 
+    /// Waits until the local tail holds what the stream holds now. A subscriber comes with
+    /// a cursor another replica may have handed out, up to the stream's end; a tail behind
+    /// it (lagging, or back from a cut link to JetStream) would take it for a cursor beyond
+    /// the log, which means lost records: a `resync-required` `*` and offsets the
+    /// subscriber had acknowledged delivered again (the simulation found it: seed 58 of
+    /// `--storage nats`).
+    async fn catch_up(&self) -> Result<(), NatsError> {
+        let info = self.js.stream_info().await.map_err(|e| self.stream_error(format!("stream info: {e}")))?;
+        let last = info.state.last_sequence + self.base.load(Ordering::SeqCst);
+        if last > self.core.last_offset() && last >= self.core.first_offset() {
+            self.wait_local(last).await?;
+        }
+        Ok(())
+    }
+
     /// Offset = stream sequence + this (above 0 once a recreated stream was taken on).
     pub(super) fn offset_base(&self) -> u64 {
         self.base.load(Ordering::SeqCst)
@@ -758,6 +773,12 @@ impl<J: JetStream> NatsBus<J> {
     /// replica knew (its description says so, see [`nats_state`]) — and takes it on. Another
     /// replica may have been first: then its stream is taken on.
     async fn recreate(&self) -> Result<(), NatsError> {
+        if let Some(cause) = lock(&self.poisoned).clone() {
+            // Its offsets are not to be trusted (its readers were released at the end of
+            // all offsets): recreating from them would start at the end of the numbering
+            // (the simulation found it: an overflow in a debug build).
+            return Err(self.stream_error(cause));
+        }
         let lineage = Lineage { id: self.stream_id.clone(), base: nats_state::next_base(self.known_last()) };
         let mut spec = wanted_spec(&self.opts);
         spec.description = nats_state::describe(Some(&lineage));
@@ -1643,7 +1664,8 @@ impl<J: JetStream> Bus for NatsBus<J> {
     fn prepare_reads(&self) -> BusFuture<'_, ()> {
         Box::pin(async move {
             self.usable()?;
-            self.start_tail().await.map_err(|e| self.fail(e))
+            self.start_tail().await.map_err(|e| self.fail(e))?;
+            self.catch_up().await.map_err(|e| self.fail(e))
         })
     }
 
