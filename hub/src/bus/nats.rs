@@ -740,7 +740,22 @@ impl<J: JetStream> NatsBus<J> {
     /// subscriber had acknowledged delivered again (the simulation found it: seed 58 of
     /// `--storage nats`).
     async fn catch_up(&self) -> Result<(), NatsError> {
-        let info = self.js.stream_info().await.map_err(|e| self.stream_error(format!("stream info: {e}")))?;
+        let deadline = tokio::time::Instant::now() + LOCAL_WAIT;
+        let info = loop {
+            let info = self.js.stream_info().await.map_err(|e| self.stream_error(format!("stream info: {e}")))?;
+            if info.created_ns == *lock(&self.created) && !self.adopting.load(Ordering::SeqCst) {
+                break info;
+            }
+            // A stream recreated that this replica has not taken on yet: its offsets are
+            // still the old stream's, below the cursors of replicas that took it on (the
+            // simulation found a subscriber placed below what it had acknowledged, seeds
+            // 273 and 376 of `--storage nats`). The probe takes it on now.
+            if tokio::time::Instant::now() >= deadline {
+                return Err(self.stream_error("the stream was recreated and is not taken on yet".into()));
+            }
+            self.recheck.notify_one();
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
         let last = info.state.last_sequence + self.base.load(Ordering::SeqCst);
         if last > self.core.last_offset() && last >= self.core.first_offset() {
             self.wait_local(last).await?;
