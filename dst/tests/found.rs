@@ -80,3 +80,49 @@ fn seed_345219_an_ack_of_one_eviction_passing_another_not_yet_told() {
         passes_with(345219, opts.clone());
     }
 }
+
+fn passes_on_nats(seed: u64) {
+    passes_with(seed, Options { storage: Storage::Nats, ..Options::default() });
+}
+
+/// Issue 26 break 2 on the NATS bus (hub replicas on the simulation's in-memory
+/// JetStream): JetStream restarted empty, the cursor bucket was recreated, and a durable
+/// name not found in it was taken for a new one and placed at the end, past what it had
+/// missed. Found by these seeds with the `names_lost` answer reverted (`Lookup::New` for
+/// every unknown name); the lookup answers `Lookup::Lost` since `8a54ed0`.
+#[test]
+fn nats_seeds_264_and_339_a_durable_name_lost_with_the_cursor_bucket() {
+    passes_on_nats(264);
+    passes_on_nats(339);
+}
+
+/// Issue 26 break 3 on the NATS bus: a batch partly stored (a replica's link to JetStream
+/// cut, a publish ack lost) with a later record of the cluster stored after the lost one;
+/// the agent's resend was skipped as duplicates of the later record and the lost changes
+/// reached no subscriber. Found by these seeds with the `Fw-Prev` check reverted (every
+/// record taken as following its predecessor); fixed by `8970c9a`.
+#[test]
+fn nats_seeds_25_and_342_a_record_stored_after_a_lost_one() {
+    passes_on_nats(25);
+    passes_on_nats(342);
+}
+
+/// Found when the NATS bus first ran under the simulation: a subscriber moving to a
+/// replica whose local tail lagged the stream (its link to JetStream had been cut) had its
+/// cursor taken for one beyond the log: `resync-required` `*` and offsets it had
+/// acknowledged delivered again. A session now waits for the tail to hold the stream's
+/// end before placing the cursor.
+#[test]
+fn nats_seed_58_a_cursor_from_a_replica_ahead_of_this_one() {
+    passes_on_nats(58);
+}
+
+/// Found with seed 58: a subscriber moving to a replica that had not yet taken on a stream
+/// recreated after JetStream lost its store was placed in the old stream's offsets, below
+/// cursors it had acknowledged on a replica that had. A session now waits for the probe
+/// to take the new stream on.
+#[test]
+fn nats_seeds_273_and_376_a_replica_behind_a_recreated_stream() {
+    passes_on_nats(273);
+    passes_on_nats(376);
+}

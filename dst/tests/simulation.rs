@@ -72,3 +72,17 @@ fn segment_log_seeds_180_to_209() {
 fn segment_log_seeds_210_to_239() {
     shard(Storage::Disk, 7);
 }
+
+/// The NATS bus: 2 or 3 hub replicas on the in-memory JetStream (`fleetwatch_dst::jetstream`)
+/// with its faults. These seeds found issue 26's breaks 2 and 3 with their fixes reverted
+/// (339: a durable name lost with the cursor bucket taken for a new one; 342: a record
+/// stored after a lost one delivered without its resync).
+#[test]
+fn nats_bus_seeds_300_to_329() {
+    shard(Storage::Nats, 10);
+}
+
+#[test]
+fn nats_bus_seeds_330_to_359() {
+    shard(Storage::Nats, 11);
+}
