@@ -556,3 +556,122 @@ impl JetStream for SimJs {
 pub fn settings(spec: &StreamSpec) -> Settings {
     spec.settings()
 }
+
+#[cfg(test)]
+mod tests {
+    use futures_util::StreamExt;
+
+    use super::*;
+
+    fn spec(max_messages: i64) -> StreamSpec {
+        StreamSpec {
+            name: "fw".into(),
+            description: "test".into(),
+            max_messages,
+            max_bytes: i64::MAX,
+            max_age: Duration::ZERO,
+            replicas: 1,
+            duplicate_window: Duration::from_secs(120),
+        }
+    }
+
+    fn headers(v: &str) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert("Fw-Seq", v);
+        h
+    }
+
+    /// Runs `f` as a client of a turmoil simulation (its clock and runtime).
+    fn sim(f: impl Future<Output = Result<(), String>> + 'static) {
+        let mut sim = turmoil::Builder::new().simulation_duration(Duration::from_secs(120)).build();
+        sim.client("test", async move { f.await.map_err(|e| e.into()) });
+        sim.run().unwrap();
+    }
+
+    async fn publish(js: &SimJs, subject: &str, v: &str, id: &str) -> Result<PublishAck, String> {
+        js.publish(subject.into(), headers(v), Bytes::from(v.to_string()), id.into()).await?.await
+    }
+
+    #[test]
+    fn sequences_duplicates_limits_and_last_by_subject() {
+        sim(async {
+            let server = SimJetStream::new(1, 0.0);
+            let js = server.link("hub-1");
+            assert_eq!(js.stream_info().await, Err(JsError::NotFound));
+            let created = js.create_stream(&spec(3)).await.map_err(|e| e.to_string())?;
+            assert_eq!(created.state.first_sequence, 1);
+            let again = js.create_stream(&spec(3)).await.map_err(|e| e.to_string())?;
+            assert_eq!(again.created_ns, created.created_ns, "the same stream");
+            assert!(js.create_stream(&spec(4)).await.is_err(), "other settings are refused");
+            assert_eq!(publish(&js, "fw.a", "1", "a/1").await?, PublishAck { sequence: 1, duplicate: false });
+            assert_eq!(publish(&js, "fw.b", "2", "b/1").await?, PublishAck { sequence: 2, duplicate: false });
+            assert_eq!(publish(&js, "fw.a", "1", "a/1").await?, PublishAck { sequence: 1, duplicate: true });
+            for i in 3..=5 {
+                publish(&js, "fw.c", &i.to_string(), &format!("c/{i}")).await?;
+            }
+            let info = js.stream_info().await.map_err(|e| e.to_string())?;
+            assert_eq!((info.state.first_sequence, info.state.last_sequence, info.state.messages), (3, 5, 3));
+            assert!(js.last_by_subject("fw.a").await?.is_none(), "evicted");
+            assert_eq!(js.last_by_subject("fw.c").await?.map(|m| m.sequence), Some(5));
+            // An ordered consumer from an evicted sequence starts at the first retained.
+            let mut tail = js.ordered(1).await?;
+            let first = tail.next().await.ok_or("no message")??;
+            assert_eq!((first.sequence, first.subject.as_str()), (3, "fw.c"));
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn key_value_compare_and_set_and_expiry() {
+        sim(async {
+            let server = SimJetStream::new(1, 0.0);
+            let js = server.link("hub-1");
+            let kv = js.bucket("b", 1, Duration::ZERO, Duration::from_secs(120)).await?;
+            let r1 = kv.create("k", Bytes::from_static(b"1")).await.map_err(|e| e.to_string())?;
+            assert_eq!(kv.create("k", Bytes::from_static(b"2")).await, Err(CreateError::AlreadyExists));
+            assert!(kv.update("k", Bytes::from_static(b"2"), r1 + 7).await.is_err(), "another revision");
+            let r2 = kv.update("k", Bytes::from_static(b"2"), r1).await?;
+            assert!(r2 > r1);
+            assert_eq!(kv.entry("k").await?.map(|e| (e.value, e.revision)), Some((Bytes::from_static(b"2"), r2)));
+            kv.put("j", Bytes::from_static(b"x")).await?;
+            assert_eq!(kv.keys().await?, vec!["j".to_string(), "k".to_string()]);
+            let ttl = js.bucket("t", 1, Duration::from_secs(15), Duration::from_secs(15)).await?;
+            ttl.put("r", Bytes::from_static(b"x")).await?;
+            tokio::time::sleep(Duration::from_secs(16)).await;
+            assert_eq!(ttl.get("r").await?, None, "expired");
+            assert!(ttl.create("r", Bytes::from_static(b"y")).await.is_ok(), "an expired key can be created");
+            // The store lost: the bucket is gone until it is created again, empty.
+            server.lose_store();
+            assert!(kv.get("k").await.is_err());
+            js.bucket("b", 1, Duration::ZERO, Duration::from_secs(120)).await?;
+            assert_eq!(kv.get("k").await?, None);
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn faults_lose_acks_and_cut_links() {
+        sim(async {
+            let server = SimJetStream::new(7, 1.0);
+            let js = server.link("hub-1");
+            js.create_stream(&spec(100)).await.map_err(|e| e.to_string())?;
+            assert!(publish(&js, "fw.a", "1", "a/1").await.is_err(), "the ack is lost");
+            assert_eq!(server.stream_state().map(|s| s.last_sequence), Some(1), "but the message is stored");
+            assert_eq!(server.counts().get("jetstream-ack-lost"), Some(&1));
+            server.set_cut("hub-1", true);
+            assert!(js.disconnected().is_some());
+            assert!(server.link("hub-2").disconnected().is_none(), "only that replica's link");
+            assert!(js.stream_info().await.is_err(), "a request times out");
+            server.set_cut("hub-1", false);
+            assert!(js.stream_info().await.is_ok());
+            // A recreated stream is another stream: another creation time.
+            let before = js.stream_info().await.map_err(|e| e.to_string())?.created_ns;
+            server.lose_store();
+            assert_eq!(js.stream_info().await, Err(JsError::NotFound));
+            let after = js.create_stream(&spec(100)).await.map_err(|e| e.to_string())?;
+            assert_ne!(after.created_ns, before);
+            assert_eq!(after.state.last_sequence, 0);
+            Ok(())
+        });
+    }
+}
