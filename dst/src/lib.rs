@@ -9,7 +9,9 @@
 //! lost), agent crashes while the cluster changes, a second agent process of a cluster,
 //! subscriber crashes (the live one back from `earliest` or `latest`, the durable one
 //! resuming under its name), slow and stalled
-//! subscribers, expired watches. Then everything heals, and the oracle ([`oracle`]) checks
+//! subscribers, expired watches; with `--storage nats`, 2 or 3 hub replicas on the NATS bus
+//! over an in-memory JetStream ([`jetstream`]) that restarts (its store lost or kept), loses
+//! publish acks and has one replica's link cut. Then everything heals, and the oracle ([`oracle`]) checks
 //! that each subscriber knows every object's final state, or was told to resync after the
 //! change it missed, and saw no duplicate it had acknowledged.
 //!

@@ -20,7 +20,8 @@ pub(super) struct DstBench {
     /// Run only this seed (a replay), with its details.
     #[arg(long)]
     seed: Option<u64>,
-    /// The hub's bus: memory, disk (the segment log) or mixed (chosen per seed).
+    /// The hub's bus: memory, disk (the segment log), mixed (chosen per seed) or nats (2-3 hub
+    /// replicas on an in-memory JetStream).
     #[arg(long, default_value = "mixed")]
     storage: String,
     /// Simulated seconds of faults per seed.

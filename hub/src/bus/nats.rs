@@ -80,7 +80,10 @@
 //! The tail starts with the replica's first reader ([`Bus::prepare_reads`], a read), not at
 //! start: a replica that serves only agents never has the stream delivered to it (with one
 //! subscriber on one of 3 replicas, the hubs' CPU fell by a sixth and p99 by a third), and
-//! its appends answer on JetStream's ack alone. Once started, the tail stays. Until then
+//! its appends answer on JetStream's ack alone. Once started, the tail stays. A subscriber
+//! session waits until the tail holds the stream's end as JetStream reports it (and the
+//! stream is the one this replica took on), so a cursor another replica handed out is
+//! never beyond this replica's log. Until then
 //! the offsets and counts it answers are the stream's as last seen (its acks, the probe).
 //!
 //! # Durable subscriptions: cursors in a key-value bucket
