@@ -126,3 +126,13 @@ fn nats_seeds_273_and_376_a_replica_behind_a_recreated_stream() {
     passes_on_nats(273);
     passes_on_nats(376);
 }
+
+/// JetStream lost its store while every hub replica was down; the first one back created a
+/// new bus, whose fresh cursor bucket said no durable names were lost, and a durable
+/// subscriber process starting again from `latest` was placed at the new bus's end as a
+/// new name, past what it had not read. A bus created after waiting for a missing stream
+/// now marks names lost.
+#[test]
+fn nats_seed_263_a_new_bus_after_the_store_was_lost_with_every_replica_down() {
+    passes_on_nats(263);
+}
