@@ -102,9 +102,7 @@
 //! contract allows) is not overtaken by what the old replica had not written yet.
 //!
 //! The bucket's entry `meta.bus` ([`Meta`]) is created with the bucket: `names_lost` when
-//! the bus already had history then (the bucket was recreated), or when this hub created
-//! the stream after waiting for a missing one (JetStream may have lost its store while no
-//! replica that knew the bus ran; a new bus has no record of it). A name not found while it
+//! the bus already had history then (the bucket was recreated). A name not found while it
 //! says so, or while it is missing (the bucket was lost after this replica opened it), is
 //! [`Lookup::Lost`]: the subscriber gets `resync-required` `*` instead of being taken for a
 //! new one and placed after the loss.
@@ -588,7 +586,7 @@ impl<J: JetStream> NatsBus<J> {
     /// `opts.stream`; `opts.servers` and the TLS settings are unused.
     pub async fn open_on(js: J, opts: NatsOptions) -> Result<Arc<Self>, NatsError> {
         check_options(&opts)?;
-        let (info, created_after_wait) = ensure_stream(&js, &opts).await?;
+        let info = ensure_stream(&js, &opts).await?;
         let lineage = lineage_of(&opts.stream, &info);
         let stream_id = lineage.id.clone();
         let durable = info.durable;
@@ -600,12 +598,7 @@ impl<J: JetStream> NatsBus<J> {
         let replicas_kv = ensure_bucket(&js, &replicas_bucket, opts.replicas, REPLICA_TTL).await?;
         // A cursor store first written while the bus already has history was recreated (or
         // is from a release that did not write the entry): names not in it may have existed.
-        // So may they in a bus this hub created after waiting for a missing stream: JetStream
-        // may have lost its store while no replica that knew the bus ran (or it is the first
-        // start; a durable subscriber's first subscription then costs one resync, as on a
-        // memory bus). Seed 263 of the simulation's `--storage nats` lost a durable
-        // subscriber's changes: placed at `latest` of the new bus as a new name.
-        let had_history = info.state.last_sequence > 0 || lineage.base > 0 || created_after_wait;
+        let had_history = info.state.last_sequence > 0 || lineage.base > 0;
         ensure_meta(&cursors_kv, &cursors_bucket, had_history).await?;
 
         // Heads of every cluster (the tail, once started, loads them again).
@@ -1431,9 +1424,8 @@ pub(super) fn wanted_config(opts: &NatsOptions) -> async_nats::jetstream::stream
     wanted_spec(opts).config()
 }
 
-/// Creates the stream, or checks that the existing one has our settings; answers with
-/// whether it created the stream after waiting for a missing one.
-async fn ensure_stream<J: JetStream>(js: &J, opts: &NatsOptions) -> Result<(StreamInfo, bool), NatsError> {
+/// Creates the stream, or checks that the existing one has our settings.
+async fn ensure_stream<J: JetStream>(js: &J, opts: &NatsOptions) -> Result<StreamInfo, NatsError> {
     let want = wanted_spec(opts);
     let stream_err = |cause: String| NatsError::Stream { stream: opts.stream.clone(), cause };
     let deadline = tokio::time::Instant::now() + opts.missing_stream_wait;
@@ -1447,15 +1439,12 @@ async fn ensure_stream<J: JetStream>(js: &J, opts: &NatsOptions) -> Result<(Stre
         Ok(info) => {
             let diffs = info.settings.differences(&want.settings());
             if diffs.is_empty() {
-                Ok((info, false))
+                Ok(info)
             } else {
                 Err(NatsError::Conflict { stream: opts.stream.clone(), what: diffs.join("; ") })
             }
         }
-        Err(JsError::NotFound) => {
-            let info = js.create_stream(&want).await.map_err(|e| stream_err(format!("cannot create: {e}")))?;
-            Ok((info, !opts.missing_stream_wait.is_zero()))
-        }
+        Err(JsError::NotFound) => js.create_stream(&want).await.map_err(|e| stream_err(format!("cannot create: {e}"))),
         Err(e) => Err(stream_err(format!("{e} (is JetStream enabled on the server?)"))),
     }
 }
