@@ -16,8 +16,9 @@
 //! Its faults: the store lost (the stream and every bucket gone, as a server restarted
 //! empty), the server down for a while (every link disconnected), a publish ack lost after
 //! the message was stored, one replica's link cut and restored. A request on a link that is
-//! down waits for it up to the client's timeout; a publish sent while it is down is lost
-//! and its ack times out.
+//! down waits for it up to the client's timeout; a publish sent while it is down is kept by
+//! the client and sent once the link is back (as async-nats does), so it may be stored
+//! after its ack timed out; it is lost only with the process that sent it.
 //!
 //! Every choice comes from the seed (the ack losses) or the simulated clock; nothing
 //! iterates a hash map.
@@ -156,6 +157,8 @@ struct Server {
     counts: Counts,
     /// Consumers and requests waiting for a change.
     wakers: Vec<Waker>,
+    /// Publishes sent while their link was down, in order.
+    buffered: Vec<Buffered>,
 }
 
 impl Server {
@@ -167,6 +170,54 @@ impl Server {
         for w in self.wakers.drain(..) {
             w.wake();
         }
+    }
+
+    /// Stores one message (or finds it a duplicate).
+    fn store(
+        &mut self,
+        subject: String,
+        headers: HeaderMap,
+        payload: Bytes,
+        id: String,
+        t: Duration,
+    ) -> Result<PublishAck, String> {
+        let Some(st) = self.stream.as_mut() else {
+            return Err("no responders: stream not found".to_string());
+        };
+        st.enforce(t);
+        let ack = if let Some((seq, _)) = st.ids.get(&id) {
+            PublishAck { sequence: *seq, duplicate: true }
+        } else {
+            st.last_seq += 1;
+            let seq = st.last_seq;
+            let size = (subject.len() + payload.len() + id.len() + 64) as u64;
+            st.ids.insert(id, (seq, t));
+            st.messages.push_back(Message { seq, subject: Subject::from(subject), headers, payload, time: t, size });
+            st.bytes += size;
+            st.enforce(t);
+            PublishAck { sequence: seq, duplicate: false }
+        };
+        self.wake();
+        Ok(ack)
+    }
+
+    /// Sends what connected links kept; drops what processes that died kept.
+    fn flush(&mut self) {
+        let t = now();
+        let kept = std::mem::take(&mut self.buffered);
+        for b in kept {
+            if b.alive.strong_count() == 0 {
+                continue;
+            }
+            if !self.connected(&b.replica) {
+                self.buffered.push(b);
+                continue;
+            }
+            let (subject, headers, payload, id) = b.publish;
+            let answer = self.store(subject, headers, payload, id, t);
+            *lock(&b.slot) = Some(answer);
+        }
+        self.wake();
     }
 }
 
@@ -185,13 +236,14 @@ impl SimJetStream {
                 rng: StdRng::seed_from_u64(seed),
                 counts: Counts::new(),
                 wakers: Vec::new(),
+                buffered: Vec::new(),
             })),
         }
     }
 
     /// The link of `replica` (a hub host).
     pub fn link(&self, replica: &str) -> SimJs {
-        SimJs { server: self.clone(), replica: replica.into() }
+        SimJs { server: self.clone(), replica: replica.into(), alive: Arc::new(()) }
     }
 
     /// The store is lost: the stream and every bucket are gone (NATS restarted empty).
@@ -206,7 +258,7 @@ impl SimJetStream {
     pub fn set_down(&self, down: bool) {
         let mut s = lock(&self.inner);
         s.down = down;
-        s.wake();
+        s.flush();
     }
 
     /// Cuts or restores one replica's link.
@@ -217,7 +269,7 @@ impl SimJetStream {
         } else {
             s.cut.remove(replica);
         }
-        s.wake();
+        s.flush();
     }
 
     /// Faults that happened inside (acks lost).
@@ -236,6 +288,8 @@ impl SimJetStream {
 pub struct SimJs {
     server: SimJetStream,
     replica: String,
+    /// Lives as long as the process that opened the link (its clones).
+    alive: Arc<()>,
 }
 
 impl SimJs {
@@ -275,19 +329,46 @@ fn not_found() -> String {
 /// A publish's ack to come.
 pub struct SimAck {
     sleep: Pin<Box<tokio::time::Sleep>>,
+    /// The answer once the sleep is over.
     answer: Option<Result<PublishAck, String>>,
+    /// For a publish kept while disconnected: its answer once sent (before the sleep, the
+    /// client's timeout, is over).
+    slot: Option<AckSlot>,
+    server: Option<SimJetStream>,
 }
 
 impl Future for SimAck {
     type Output = Result<PublishAck, String>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        match self.sleep.as_mut().poll(cx) {
-            Poll::Ready(()) => Poll::Ready(self.answer.take().unwrap_or_else(|| Err("polled again".into()))),
+        let this = &mut *self;
+        if let (Some(slot), Some(server)) = (this.slot.clone(), this.server.clone()) {
+            let mut srv = lock(&server.inner);
+            let sent = lock(&slot).take();
+            if let Some(answer) = sent {
+                this.slot = None;
+                return Poll::Ready(answer);
+            }
+            srv.wakers.push(cx.waker().clone());
+        }
+        match this.sleep.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(this.answer.take().unwrap_or_else(|| Err("polled again".into()))),
             Poll::Pending => Poll::Pending,
         }
     }
 }
+
+/// A publish the client keeps while disconnected.
+struct Buffered {
+    replica: String,
+    /// Gone when the process that sent it is (its buffer with it).
+    alive: std::sync::Weak<()>,
+    publish: (String, HeaderMap, Bytes, String),
+    slot: AckSlot,
+}
+
+/// Where a kept publish's answer goes once it is sent.
+type AckSlot = Arc<Mutex<Option<Result<PublishAck, String>>>>;
 
 /// An ordered consumer of the whole stream.
 pub struct SimMessages {
@@ -471,46 +552,37 @@ impl JetStream for SimJs {
         let t = now();
         let answer = self.with(|s| {
             if !s.connected(&self.replica) {
-                return None;
+                // The client keeps it and sends it once connected again; its ack may time
+                // out first.
+                let slot = Arc::new(Mutex::new(None));
+                s.buffered.push(Buffered {
+                    replica: self.replica.clone(),
+                    alive: Arc::downgrade(&self.alive),
+                    publish: (subject, headers, payload, id),
+                    slot: slot.clone(),
+                });
+                *s.counts.entry("jetstream-publish-buffered").or_default() += 1;
+                return Err(slot);
             }
             let lose = s.ack_loss > 0.0 && s.rng.random_bool(s.ack_loss);
-            let Some(st) = s.stream.as_mut() else {
-                return Some(Err("no responders: stream not found".to_string()));
-            };
-            st.enforce(t);
-            let ack = if let Some((seq, _)) = st.ids.get(&id) {
-                PublishAck { sequence: *seq, duplicate: true }
-            } else {
-                st.last_seq += 1;
-                let seq = st.last_seq;
-                let size = (subject.len() + payload.len() + id.len() + 64) as u64;
-                st.ids.insert(id, (seq, t));
-                st.messages.push_back(Message {
-                    seq,
-                    subject: Subject::from(subject),
-                    headers,
-                    payload,
-                    time: t,
-                    size,
-                });
-                st.bytes += size;
-                st.enforce(t);
-                PublishAck { sequence: seq, duplicate: false }
-            };
-            s.wake();
-            if lose {
+            let stored = s.store(subject, headers, payload, id, t);
+            if lose && stored.is_ok() {
                 *s.counts.entry("jetstream-ack-lost").or_default() += 1;
-                return Some(Err("nats: timed out (the ack was lost)".to_string()));
+                return Ok((TIMEOUT, Err("nats: timed out (the ack was lost)".to_string())));
             }
-            Some(Ok(ack))
+            Ok((LATENCY, stored))
         });
-        let (wait, answer) = match answer {
-            Some(Ok(ack)) => (LATENCY, Ok(ack)),
-            Some(Err(e)) if e.contains("ack was lost") => (TIMEOUT, Err(e)),
-            Some(Err(e)) => (LATENCY, Err(e)),
-            None => (TIMEOUT, Err("nats: timed out (not connected)".into())),
-        };
-        Ok(SimAck { sleep: Box::pin(tokio::time::sleep(wait)), answer: Some(answer) })
+        Ok(match answer {
+            Ok((wait, answer)) => {
+                SimAck { sleep: Box::pin(tokio::time::sleep(wait)), answer: Some(answer), slot: None, server: None }
+            }
+            Err(slot) => SimAck {
+                sleep: Box::pin(tokio::time::sleep(TIMEOUT)),
+                answer: Some(Err("nats: timed out (not connected)".into())),
+                slot: Some(slot),
+                server: Some(self.server.clone()),
+            },
+        })
     }
 
     async fn last_by_subject(&self, subject: &str) -> Result<Option<Stored>, String> {
@@ -664,6 +736,13 @@ mod tests {
             assert!(js.stream_info().await.is_err(), "a request times out");
             server.set_cut("hub-1", false);
             assert!(js.stream_info().await.is_ok());
+            // A publish sent while the link is cut is kept and sent once it is back.
+            server.set_cut("hub-1", true);
+            let ack = js.publish("fw.a".into(), headers("2"), Bytes::from_static(b"2"), "a/2".into()).await?;
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            assert_eq!(server.stream_state().map(|s| s.last_sequence), Some(1), "kept by the client");
+            server.set_cut("hub-1", false);
+            assert_eq!(ack.await?.sequence, 2, "sent once the link is back");
             // A recreated stream is another stream: another creation time.
             let before = js.stream_info().await.map_err(|e| e.to_string())?.created_ns;
             server.lose_store();

@@ -137,6 +137,19 @@ fn nats_seeds_273_and_376_a_replica_behind_a_recreated_stream() {
 /// rules out; the choice is open (DESIGN, "How the simulation checks it").
 #[test]
 #[ignore = "open: a new NATS bus after the store was lost with every replica down (DESIGN)"]
-fn nats_seed_263_a_new_bus_after_the_store_was_lost_with_every_replica_down() {
+fn nats_seeds_263_and_490_a_new_bus_after_the_store_was_lost_with_every_replica_down() {
     passes_on_nats(263);
+    passes_on_nats(490);
+}
+
+/// A replica's link to JetStream was cut while it published a batch; the client kept the
+/// publishes and sent them once the link was back, after their acks had timed out and the
+/// agent had resent them and newer records through another replica. `Fw-Prev` turned the
+/// first late record into `resync-required`, but the late ones after it followed it and
+/// were delivered as events, an older state over a newer one. A record older than its
+/// cluster's latest of the same agent process is now delivered as `resync-required` too.
+#[test]
+fn nats_seeds_521_and_543_publishes_sent_late_after_a_cut_link() {
+    passes_on_nats(521);
+    passes_on_nats(543);
 }

@@ -47,7 +47,10 @@
 //! die right after, and a replica started later decides from the records it loads; where it
 //! cannot see the predecessor (evicted before it started) it accepts one named with an
 //! offset below what it loaded (stored, as its ack said) and otherwise delivers the marker
-//! too: a resync more than needed, never one less. JetStream's
+//! too: a resync more than needed, never one less. A record older than the cluster's
+//! latest of the same agent process (a publish a client kept while its link was down and
+//! sent late, after the agent resent it elsewhere) is delivered as `resync-required` as
+//! well, and the latest stays the latest. JetStream's
 //! own per-subject expectation (`Nats-Expected-Last-Subject-Sequence`) would refuse such a
 //! record instead, but needs the previous record's stream sequence, known only from its ack:
 //! it cannot chain publishes in flight. Two replicas appending for one cluster at once (a
@@ -357,6 +360,17 @@ impl Chain {
     /// latest record: `Err(why)` when it does not (or cannot be known to), and it takes the
     /// record's place as the latest either way.
     fn follow(&mut self, cluster: &Arc<str>, prev: Option<&str>, now: (u64, u64)) -> Result<(), &'static str> {
+        if let Some(last) = self.last.get(cluster)
+            && last.0 == now.0
+            && now.1 <= last.1
+        {
+            // Older than the cluster's latest record of the same agent process, stored after
+            // it: a publish a client kept while its link to JetStream was down and sent once
+            // it was back, after the agent had resent it and more through another replica.
+            // Delivered as an event it would put an older state over a newer one; the
+            // latest stays the latest.
+            return Err(STALE);
+        }
         let last = self.last.insert(cluster.clone(), now);
         let Some(prev) = prev else { return Ok(()) }; // written by a hub that did not say
         if prev == "-" {
@@ -382,6 +396,8 @@ impl Chain {
 
 const BROKEN: &str = "records of the cluster may be missing before this one (a JetStream publish failed or was \
                       overtaken while a later one of the cluster was stored)";
+const STALE: &str = "this record is older than a record of the cluster stored before it (a JetStream publish sent \
+                     late, after the agent's resend)";
 const UNKNOWN: &str = "this hub replica cannot check that no record of the cluster is missing before this one (its \
                        predecessor was evicted before the replica started)";
 
@@ -1921,5 +1937,14 @@ mod unit {
         let f: Arc<str> = "f".into();
         assert_eq!(partial.follow(&f, Some("1/1@10"), (1, 2)), Err(UNKNOWN), "where the tail looked");
         assert_eq!(partial.follow(&c, Some("-"), (1, 1)), Ok(()));
+        // Records sent late: older than the latest of their agent process.
+        let g: Arc<str> = "g".into();
+        let mut late = Chain { last: HashMap::new(), seen_from: 1 };
+        assert_eq!(late.follow(&g, Some("-"), (5, 1)), Ok(()));
+        assert_eq!(late.follow(&g, Some("5/1"), (5, 2)), Ok(()));
+        assert_eq!(late.follow(&g, Some("5/2"), (5, 3)), Ok(()));
+        assert_eq!(late.follow(&g, Some("5/1"), (5, 2)), Err(STALE), "2 again, after 3");
+        assert_eq!(late.follow(&g, Some("5/2"), (5, 3)), Err(STALE), "and what followed it");
+        assert_eq!(late.follow(&g, Some("5/3"), (5, 4)), Ok(()), "3 is still the latest");
     }
 }
