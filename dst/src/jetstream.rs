@@ -16,9 +16,10 @@
 //! Its faults: the store lost (the stream and every bucket gone, as a server restarted
 //! empty), the server down for a while (every link disconnected), a publish ack lost after
 //! the message was stored, one replica's link cut and restored. A request on a link that is
-//! down waits for it up to the client's timeout; a publish sent while it is down is kept by
-//! the client and sent once the link is back (as async-nats does), so it may be stored
-//! after its ack timed out; it is lost only with the process that sent it.
+//! down waits for it up to the client's timeout; a publish sent while it is down is lost
+//! (in flight as the link broke) or, mostly, kept by the client and sent once the link is
+//! back (as async-nats does), so it may be stored after its ack timed out; a kept one is
+//! lost with the process that sent it.
 //!
 //! Every choice comes from the seed (the ack losses) or the simulated clock; nothing
 //! iterates a hash map.
@@ -45,6 +46,9 @@ const TIMEOUT: Duration = Duration::from_secs(5);
 /// How long an ordered consumer takes to notice its consumer is gone (missed heartbeats)
 /// and create it again.
 const CONSUMER_RECREATE: Duration = Duration::from_secs(5);
+/// The share of publishes sent while a link is down that are lost (in flight as it broke)
+/// rather than kept by the client.
+const IN_FLIGHT_LOST: f64 = 0.3;
 /// How often a request on a link that is down looks again.
 const RETRY: Duration = Duration::from_millis(50);
 
@@ -552,8 +556,12 @@ impl JetStream for SimJs {
         let t = now();
         let answer = self.with(|s| {
             if !s.connected(&self.replica) {
-                // The client keeps it and sends it once connected again; its ack may time
-                // out first.
+                // Some went out as the link broke and are lost; the client keeps the others
+                // and sends them once connected again (their acks may time out first).
+                if s.rng.random_bool(IN_FLIGHT_LOST) {
+                    *s.counts.entry("jetstream-publish-lost").or_default() += 1;
+                    return Ok((TIMEOUT, Err("nats: timed out (not connected)".to_string())));
+                }
                 let slot = Arc::new(Mutex::new(None));
                 s.buffered.push(Buffered {
                     replica: self.replica.clone(),
