@@ -744,13 +744,28 @@ mod tests {
             assert!(js.stream_info().await.is_err(), "a request times out");
             server.set_cut("hub-1", false);
             assert!(js.stream_info().await.is_ok());
-            // A publish sent while the link is cut is kept and sent once it is back.
+            // Publishes sent while the link is cut are lost or kept and sent once it is back.
             server.set_cut("hub-1", true);
-            let ack = js.publish("fw.a".into(), headers("2"), Bytes::from_static(b"2"), "a/2".into()).await?;
+            let mut acks = Vec::new();
+            for i in 2..12 {
+                let id = format!("a/{i}");
+                acks.push(js.publish("fw.a".into(), headers("x"), Bytes::from_static(b"x"), id).await?);
+            }
             tokio::time::sleep(Duration::from_secs(1)).await;
-            assert_eq!(server.stream_state().map(|s| s.last_sequence), Some(1), "kept by the client");
+            assert_eq!(server.stream_state().map(|s| s.last_sequence), Some(1), "nothing stored while cut");
             server.set_cut("hub-1", false);
-            assert_eq!(ack.await?.sequence, 2, "sent once the link is back");
+            let mut stored = 0;
+            for ack in acks {
+                if ack.await.is_ok() {
+                    stored += 1;
+                }
+            }
+            let counts = server.counts();
+            let kept = counts.get("jetstream-publish-buffered").copied().unwrap_or(0);
+            let lost = counts.get("jetstream-publish-lost").copied().unwrap_or(0);
+            assert_eq!((stored, kept + lost), (kept, 10), "{counts:?}");
+            assert!(kept > 0 && lost > 0, "{counts:?}");
+            assert_eq!(server.stream_state().map(|s| s.last_sequence), Some(1 + kept), "kept ones sent");
             // A recreated stream is another stream: another creation time.
             let before = js.stream_info().await.map_err(|e| e.to_string())?.created_ns;
             server.lose_store();
