@@ -127,16 +127,13 @@ fn nats_seeds_273_and_376_a_replica_behind_a_recreated_stream() {
     passes_on_nats(376);
 }
 
-/// Open (not fixed): JetStream lost its store while every hub replica was down; the first
-/// one back waited `missing_stream_wait` and created a new bus, whose fresh cursor bucket
-/// says no durable names were lost, and a durable subscriber process starting again from
-/// `latest` was placed at the new bus's end as a new name, past what it had not read: a
-/// silent loss. Marking names lost in a bus created after waiting for a missing stream
-/// fixes the seed but costs every first deployment a `resync-required` `*` at a durable
-/// subscriber's first subscription, which `e2e::nats::a_killed_hub_replica_loses_nothing`
-/// rules out; the choice is open (DESIGN, "How the simulation checks it").
+/// JetStream lost its store while every hub replica was down; the first one back waited
+/// `missing_stream_wait` and began a new bus, whose fresh cursor bucket said no durable
+/// names were lost, and a durable subscriber process starting again from `latest` was
+/// placed at the new bus's end as a new name, past what it had not read: a silent loss. A
+/// bus a hub begins after waiting for a missing stream now marks names lost, as a memory
+/// bus does: a durable name's first subscription costs one `resync-required` `*`.
 #[test]
-#[ignore = "open: a new NATS bus after the store was lost with every replica down (DESIGN)"]
 fn nats_seeds_263_and_490_a_new_bus_after_the_store_was_lost_with_every_replica_down() {
     passes_on_nats(263);
     passes_on_nats(490);

@@ -105,7 +105,9 @@
 //! contract allows) is not overtaken by what the old replica had not written yet.
 //!
 //! The bucket's entry `meta.bus` ([`Meta`]) is created with the bucket: `names_lost` when
-//! the bus already had history then (the bucket was recreated). A name not found while it
+//! the bus already had history then (the bucket was recreated), or when this hub created
+//! the stream after waiting for a missing one (JetStream may have lost its store while no
+//! replica that knew the bus ran; a new bus has no record of it). A name not found while it
 //! says so, or while it is missing (the bucket was lost after this replica opened it), is
 //! [`Lookup::Lost`]: the subscriber gets `resync-required` `*` instead of being taken for a
 //! new one and placed after the loss.
@@ -467,6 +469,10 @@ pub struct NatsBus<J: JetStream = AsyncNats> {
     tail_started: AtomicBool,
     /// The tail holds the retained records: offsets and counts come from it.
     tail_ready: AtomicBool,
+    /// The cursor bucket's meta says names may be lost because a hub began this bus after
+    /// waiting for a missing stream (read with it in `names_lost`; only the reason told
+    /// differs).
+    lost_names_begun: AtomicBool,
     /// The stream's state as last seen, for a replica without a local tail.
     stream_state: Mutex<StreamState>,
     /// Itself, for the tasks it starts later.
@@ -602,7 +608,7 @@ impl<J: JetStream> NatsBus<J> {
     /// `opts.stream`; `opts.servers` and the TLS settings are unused.
     pub async fn open_on(js: J, opts: NatsOptions) -> Result<Arc<Self>, NatsError> {
         check_options(&opts)?;
-        let info = ensure_stream(&js, &opts).await?;
+        let (info, created_after_wait) = ensure_stream(&js, &opts).await?;
         let lineage = lineage_of(&opts.stream, &info);
         let stream_id = lineage.id.clone();
         let durable = info.durable;
@@ -614,8 +620,14 @@ impl<J: JetStream> NatsBus<J> {
         let replicas_kv = ensure_bucket(&js, &replicas_bucket, opts.replicas, REPLICA_TTL).await?;
         // A cursor store first written while the bus already has history was recreated (or
         // is from a release that did not write the entry): names not in it may have existed.
+        // So may they in a bus this hub created after waiting for a missing stream: JetStream
+        // may have lost its store while no replica that knew the bus ran (or it is the first
+        // start; a durable subscriber's first subscription then costs one resync, as on a
+        // memory bus). Seed 263 of the simulation's `--storage nats` lost a durable
+        // subscriber's changes: placed at `latest` of the new bus as a new name.
         let had_history = info.state.last_sequence > 0 || lineage.base > 0;
-        ensure_meta(&cursors_kv, &cursors_bucket, had_history).await?;
+        let meta = Meta { names_lost: had_history || created_after_wait, begun_after_wait: !had_history && created_after_wait };
+        ensure_meta(&cursors_kv, &cursors_bucket, meta).await?;
 
         // Heads of every cluster (the tail, once started, loads them again).
         let heads = load_heads(&heads_kv, &heads_bucket).await?;
@@ -652,6 +664,7 @@ impl<J: JetStream> NatsBus<J> {
             tail_starting: tokio::sync::Mutex::new(()),
             tail_started: AtomicBool::new(false),
             tail_ready: AtomicBool::new(false),
+            lost_names_begun: AtomicBool::new(false),
             stream_state: Mutex::new(StreamState::of(&info.state, lineage.base)),
             unhealthy: Mutex::new(None),
             stream_last: AtomicU64::new(info.state.last_sequence + lineage.base),
@@ -1300,7 +1313,9 @@ impl<J: JetStream> NatsBus<J> {
                 cause: format!("read the meta entry: {e}"),
             })
         })?;
-        Ok(meta.and_then(|m| serde_json::from_slice::<Meta>(&m).ok()).is_none_or(|m| m.names_lost))
+        let meta = meta.and_then(|m| serde_json::from_slice::<Meta>(&m).ok());
+        self.lost_names_begun.store(meta.is_some_and(|m| m.begun_after_wait), Ordering::Relaxed);
+        Ok(meta.is_none_or(|m| m.names_lost))
     }
 
     fn cursor_err(&self, identity: &str, e: impl std::fmt::Display) -> BusError {
@@ -1440,8 +1455,9 @@ pub(super) fn wanted_config(opts: &NatsOptions) -> async_nats::jetstream::stream
     wanted_spec(opts).config()
 }
 
-/// Creates the stream, or checks that the existing one has our settings.
-async fn ensure_stream<J: JetStream>(js: &J, opts: &NatsOptions) -> Result<StreamInfo, NatsError> {
+/// Creates the stream, or checks that the existing one has our settings; answers with
+/// whether it created the stream after waiting for a missing one.
+async fn ensure_stream<J: JetStream>(js: &J, opts: &NatsOptions) -> Result<(StreamInfo, bool), NatsError> {
     let want = wanted_spec(opts);
     let stream_err = |cause: String| NatsError::Stream { stream: opts.stream.clone(), cause };
     let deadline = tokio::time::Instant::now() + opts.missing_stream_wait;
@@ -1455,12 +1471,15 @@ async fn ensure_stream<J: JetStream>(js: &J, opts: &NatsOptions) -> Result<Strea
         Ok(info) => {
             let diffs = info.settings.differences(&want.settings());
             if diffs.is_empty() {
-                Ok(info)
+                Ok((info, false))
             } else {
                 Err(NatsError::Conflict { stream: opts.stream.clone(), what: diffs.join("; ") })
             }
         }
-        Err(JsError::NotFound) => js.create_stream(&want).await.map_err(|e| stream_err(format!("cannot create: {e}"))),
+        Err(JsError::NotFound) => {
+            let info = js.create_stream(&want).await.map_err(|e| stream_err(format!("cannot create: {e}")))?;
+            Ok((info, !opts.missing_stream_wait.is_zero()))
+        }
         Err(e) => Err(stream_err(format!("{e} (is JetStream enabled on the server?)"))),
     }
 }
@@ -1642,11 +1661,19 @@ fn lineage_of(stream: &str, info: &StreamInfo) -> Lineage {
 }
 
 /// Writes the cursors bucket's meta entry unless it exists (see [`Meta`]).
-async fn ensure_meta<K: KeyValue>(store: &K, bucket: &str, names_lost: bool) -> Result<(), NatsError> {
-    let value = serde_json::to_vec(&Meta { names_lost }).unwrap_or_default();
+/// Writes the meta entry of a cursor bucket this hub just opened, unless it has one.
+async fn ensure_meta<K: KeyValue>(store: &K, bucket: &str, meta: Meta) -> Result<(), NatsError> {
+    let value = serde_json::to_vec(&meta).unwrap_or_default();
     match store.create(META_KEY, value.into()).await {
         Ok(_) => {
-            if names_lost {
+            // A store lost under a bus with history is news; a bus begun after the wait is
+            // also every first start.
+            if meta.begun_after_wait {
+                tracing::info!(
+                    bucket,
+                    "this hub began the bus after waiting for a missing stream (a first start, or JetStream lost its store while no hub replica ran): a durable subscriber whose name is not found gets resync-required * at its first subscription"
+                );
+            } else if meta.names_lost {
                 tracing::warn!(
                     bucket,
                     "the durable cursor store was recreated while the bus had history: a durable subscriber whose name is not found gets resync-required *"
@@ -1721,6 +1748,16 @@ impl<J: JetStream> Bus for NatsBus<J> {
 
     fn watch_end(&self) -> watch::Receiver<u64> {
         self.core.end_tx.subscribe()
+    }
+
+    fn lost_cursor_reason(&self, name: &str) -> String {
+        if self.lost_names_begun.load(Ordering::Relaxed) {
+            format!(
+                "durable subscription {name:?} is not known to this bus, which a hub began after JetStream had no stream for it (a first start, or JetStream lost its store while no hub replica ran): it may have been read before"
+            )
+        } else {
+            format!("the hub lost its durable cursor store: where durable subscription {name:?} stopped is unknown")
+        }
     }
 
     fn durable_lookup<'a>(&'a self, identity: &'a str, name: &'a str) -> BusFuture<'a, Lookup> {

@@ -66,6 +66,11 @@ pub(super) struct Meta {
     /// Names not in the bucket may have existed: a durable subscriber whose name is not
     /// found must reconcile everything (`Lookup::Lost`).
     pub(super) names_lost: bool,
+    /// Why, when `names_lost`: the bus was begun by a hub after it waited for a missing
+    /// stream (a first start, or JetStream lost its store while no replica ran), not a
+    /// bucket recreated under a bus with history. Only the reason told differs.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub(super) begun_after_wait: bool,
 }
 
 /// One identity's durable names: cursor and registration of each.
