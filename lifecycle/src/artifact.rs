@@ -27,6 +27,7 @@ use oci_client::client::ImageLayer;
 use oci_client::manifest::{OciDescriptor, OciImageManifest};
 use serde_json::Value;
 
+pub mod cache;
 pub mod registry;
 
 /// The manifest's `artifactType`.
