@@ -1075,6 +1075,42 @@ fn manager_rollout_pending(d: &kube::api::DynamicObject) -> Option<String> {
 mod tests {
     use super::manager_rollout_pending;
 
+    #[test]
+    fn an_artifact_must_say_what_its_template_says() {
+        use crate::artifact::ModuleArtifact;
+        let objects = vec![
+            serde_json::json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "op", "namespace": "ns"}}),
+        ];
+        let mut a = ModuleArtifact::new("w", "1.0.0", "ns/op", objects).unwrap();
+        a.managed_resources = vec![crate::artifact::parse_kind_ref("example.com/v1/Widget").unwrap()];
+        let spec = fleetwatch_api::ModuleTemplateSpec {
+            module_name: "w".into(),
+            version: "1.0.0".into(),
+            managed_resources: a.managed_resources.clone(),
+            manager: a.manager.clone(),
+            ..Default::default()
+        };
+        assert_eq!(super::agrees(&spec, &a), Ok(()));
+        let mut other = spec.clone();
+        other.version = "1.0.1".into();
+        assert_eq!(super::agrees(&other, &a).unwrap_err(), "version is 1.0.0 in the artifact, 1.0.1 in spec.version");
+        let mut other = spec.clone();
+        other.requires_downtime = true;
+        assert_eq!(
+            super::agrees(&other, &a).unwrap_err(),
+            "requires-downtime is false in the artifact, true in spec.requiresDowntime"
+        );
+        let mut other = spec.clone();
+        other.managed_resources.clear();
+        assert!(super::agrees(&other, &a).unwrap_err().starts_with("managed resources are [example.com/v1/Widget]"));
+        let mut other = spec.clone();
+        other.manager.name = "else".into();
+        assert!(super::agrees(&other, &a).unwrap_err().starts_with("the manager is Deployment ns/op in the artifact"));
+        let mut other = spec;
+        other.module_name = "x".into();
+        assert!(super::agrees(&other, &a).unwrap_err().starts_with("module name is w"));
+    }
+
     fn deployment(generation: Option<i64>, status: serde_json::Value) -> kube::api::DynamicObject {
         let mut d: kube::api::DynamicObject = serde_json::from_value(serde_json::json!({
             "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "m"},

@@ -730,5 +730,45 @@ async fn the_operator_installs_by_digest_and_keeps_reconciling_without_the_regis
     assert!(m.message.contains(&layer), "{}", m.message);
     assert_eq!(m.installed_version.as_deref(), Some("3.0.0"));
     assert_eq!(manager_version().await.as_deref(), Some("3.0.0"));
+
+    // A template whose spec disagrees with its artifact's annotations: Error, with the field.
+    let mut wrong = versions[2].1.clone();
+    wrong["metadata"]["name"] = json!("widgets-3.0.1");
+    wrong["spec"]["version"] = json!("3.0.1");
+    apply(&wrong);
+    apply(&channel("3.0.1"));
+    let m = wait(
+        "the disagreeing template to be refused",
+        pki.path("lifecycle.log"),
+        Box::new(|m| {
+            m.state == State::Error && m.message.contains("version is 3.0.0 in the artifact, 3.0.1 in spec.version")
+        }),
+    )
+    .await;
+    assert_eq!(m.installed_version.as_deref(), Some("3.0.0"));
+
+    // A ref by tag, or both inline objects and a ref: the template says it is not usable.
+    let mut tagged = versions[0].1.clone();
+    tagged["metadata"]["name"] = json!("widgets-tagged");
+    tagged["spec"]["source"]["oci"]["ref"] = json!(format!("{host}/modules/widgets:1.0.0"));
+    let mut both = versions[0].1.clone();
+    both["metadata"]["name"] = json!("widgets-both");
+    both["spec"]["manifest"] = json!([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "x"}}]);
+    let templates: Api<fleetwatch_api::ModuleTemplate> = Api::namespaced(cp.clone(), "kcp");
+    for (t, needle) in [(tagged, "has no digest: a module version must be immutable"), (both, "are both given")] {
+        apply(&t);
+        let name = t["metadata"]["name"].as_str().unwrap();
+        let start = Instant::now();
+        loop {
+            let conditions = templates.get_status(name).await.unwrap().status.map(|s| s.conditions).unwrap_or_default();
+            if conditions.iter().any(|c| {
+                c.type_ == "Usable" && c.status == "False" && c.reason == "InvalidSpec" && c.message.contains(needle)
+            }) {
+                break;
+            }
+            assert!(start.elapsed() < Duration::from_secs(30), "{name}: no Usable=False: {conditions:?}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
     drop(lifecycle);
 }
