@@ -156,7 +156,7 @@ impl Artifacts {
         }
         let a =
             Arc::new(Self { config, memory: Default::default(), disk: Mutex::new(disk), pulls: Default::default() });
-        a.evict_disk(None);
+        a.evict_disk(None, 0);
         Ok(a)
     }
 
@@ -318,6 +318,8 @@ impl Artifacts {
             if bytes > self.config.disk_max_bytes {
                 tracing::warn!(artifact = %reference, bytes, max = self.config.disk_max_bytes, "artifact larger than the disk cache; kept in memory only");
             } else {
+                // Room first, so the directory never holds more than its bound.
+                self.evict_disk(None, bytes);
                 let d = digest.clone();
                 match tokio::task::spawn_blocking(move || write_entry(&dir, &d, &manifest, &layers)).await {
                     Ok(Ok(written)) => {
@@ -329,7 +331,7 @@ impl Artifacts {
                             }
                             disk.bytes += written;
                         }
-                        self.evict_disk(Some(&digest));
+                        self.evict_disk(Some(&digest), 0);
                     }
                     Ok(Err(e)) => {
                         tracing::warn!(artifact = %reference, error = %e, "cannot write the artifact to the disk cache")
@@ -414,12 +416,12 @@ impl Artifacts {
         }
     }
 
-    /// Removes the least recently used entries from disk until the bound holds (`keep`, the
-    /// one just written, stays).
-    fn evict_disk(&self, keep: Option<&str>) {
+    /// Removes the least recently used entries from disk until the bound holds with `room`
+    /// bytes to spare (`keep`, the one just written, stays).
+    fn evict_disk(&self, keep: Option<&str>, room: u64) {
         let Some(dir) = &self.config.cache_dir else { return };
         let Ok(mut d) = self.disk.lock() else { return };
-        while d.bytes > self.config.disk_max_bytes {
+        while d.bytes + room > self.config.disk_max_bytes {
             let Some(oldest) = d
                 .entries
                 .iter()
@@ -561,7 +563,7 @@ mod tests {
             d.entries.insert(digest.clone(), (written, t));
             d.bytes += written;
         }
-        s.evict_disk(Some(&digest));
+        s.evict_disk(Some(&digest), 0);
         digest
     }
 
