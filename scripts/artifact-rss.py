@@ -7,17 +7,22 @@ fresh `fleetwatch sim` clusters (a control plane and one runtime):
 
   1. starts `fleetwatch lifecycle --artifact-cache DIR` with no template: RSS `idle`;
   2. applies the N ModuleTemplates (by digest) and their ModuleReleaseMetas: RSS `known`;
-  3. applies a Runtime with all N modules: every artifact is pulled, cached and applied;
-     once the Runtime is Ready (N/N): RSS `installed`.
+  3. applies a Runtime with INSTALL of the modules: their artifacts are pulled, cached and
+     applied; once the Runtime is Ready: RSS `installed` (and the peak while installing).
 
 Prints each run and the medians of `known - idle` (what templates known by digest add) and
 `installed - idle`. VmRSS from /proc; the binary is whatever --bin names (a debug build by
 default: the heap is what counts, the code is larger than a release build's).
 
-    python3 scripts/artifact-rss.py [--bin target/debug/fleetwatch] [--modules 200] [--size 1048576] [--runs 3]
+    python3 scripts/artifact-rss.py [--bin target/debug/fleetwatch] [--modules 200] [--size 1048576]
+        [--install 100] [--runs 3] [--work DIR]
+
+--work DIR keeps the registry's storage and the templates there, and reuses them when run
+again with the same DIR (pushing 200 MiB takes minutes).
 """
 
 import argparse
+import concurrent.futures
 import json
 import os
 import shutil
@@ -89,13 +94,19 @@ def main():
     ap.add_argument("--modules", type=int, default=200)
     ap.add_argument("--size", type=int, default=1 << 20)
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--install", type=int, default=100)
+    ap.add_argument("--work")
     args = ap.parse_args()
     fw = os.path.abspath(args.bin)
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    work = tempfile.mkdtemp(prefix="artifact-rss-")
+    work = args.work or tempfile.mkdtemp(prefix="artifact-rss-")
+    os.makedirs(work, exist_ok=True)
+    saved = f"{work}/templates-{args.modules}-{args.size}.yaml"
     procs = []
     try:
-        port = free_port()
+        port = int(open(f"{work}/port").read()) if os.path.exists(saved) else free_port()
+        with open(f"{work}/port", "w") as f:
+            f.write(str(port))
         host = f"127.0.0.1:{port}"
         with open(f"{work}/registry.yml", "w") as f:
             f.write(f"version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: {work}/registry\n"
@@ -105,11 +116,11 @@ def main():
         procs.append(reg)
         wait_port(port, reg, "docker-registry")
 
-        templates = []
+        templates = open(saved).read().split("\n---\n") if os.path.exists(saved) else []
         t0 = time.time()
-        for i in range(args.modules):
+        def package(i):
             d = f"{work}/m{i:03}"
-            os.makedirs(d)
+            os.makedirs(d, exist_ok=True)
             with open(f"{d}/a-crd.json", "w") as f:
                 json.dump(crd(i, args.size), f)
             with open(f"{d}/b-manager.json", "w") as f:
@@ -123,11 +134,16 @@ def main():
             out = subprocess.run([fw, "module", "package", "--dir", d, "--name", f"m{i:03}", "--version", "1.0.0",
                                   "--manager", f"modules/m{i:03}-manager", "--push", f"{host}/modules/m{i:03}:1.0.0",
                                   "--namespace", "kcp"], capture_output=True, text=True)
-            if out.returncode != 0:
-                sys.exit(f"package m{i:03}: {out.stderr}")
-            templates.append(out.stdout)
             shutil.rmtree(d)
-        print(f"pushed {args.modules} artifacts of {args.size} bytes in {time.time() - t0:.0f}s", flush=True)
+            if out.returncode != 0:
+                raise RuntimeError(f"package m{i:03}: {out.stderr}")
+            return out.stdout
+
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            templates += list(pool.map(package, range(len(templates), args.modules)))
+        with open(saved, "w") as f:
+            f.write("\n---\n".join(templates))
+        print(f"{args.modules} artifacts of {args.size} bytes in the registry ({time.time() - t0:.0f}s)", flush=True)
         metas = "".join(
             "---\n" + json.dumps({"apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "ModuleReleaseMeta",
                                   "metadata": {"name": f"m{i:03}", "namespace": "kcp"},
@@ -170,7 +186,7 @@ def main():
             time.sleep(5)  # the templates reach the operator's store (nothing is pulled)
             known = rss_kib(lc.pid)
             t1 = time.time()
-            modules = [{"name": f"m{i:03}"} for i in range(args.modules)]
+            modules = [{"name": f"m{i:03}"} for i in range(args.install)]
             kubectl(cp, ["apply", "-f", "-"], json.dumps({"apiVersion": "operator.fleetwatch.dev/v1alpha1",
                     "kind": "Runtime", "metadata": {"name": "rt", "namespace": "kcp"},
                     "spec": {"kubeconfigSecret": {"name": "rt"}, "modules": modules}}))
@@ -180,7 +196,7 @@ def main():
                 peak = max(peak, rss_kib(lc.pid))
                 out = subprocess.run(["kubectl", "--kubeconfig", cp, "get", "runtime", "rt", "-n", "kcp",
                                       "-o", "jsonpath={.status.modulesReady}"], capture_output=True, text=True)
-                if out.stdout == f"{args.modules}/{args.modules}":
+                if out.stdout == f"{args.install}/{args.install}":
                     ready = time.time() - t1
                     break
                 time.sleep(1)
@@ -201,12 +217,13 @@ def main():
         med = lambda f: statistics.median(f(x) for x in results)  # noqa: E731
         print(f"median of {args.runs}: templates known by digest add "
               f"{med(lambda x: x['known_mib'] - x['idle_mib']):.1f} MiB (idle {med(lambda x: x['idle_mib']):.1f} MiB); "
-              f"all {args.modules} installed add {med(lambda x: x['installed_mib'] - x['idle_mib']):.1f} MiB "
+              f"{args.install} installed add {med(lambda x: x['installed_mib'] - x['idle_mib']):.1f} MiB "
               f"(peak {med(lambda x: x['peak_mib']):.1f} MiB RSS, {med(lambda x: x['install_s']):.0f}s to install)")
     finally:
         for p in procs:
             p.kill()
-        shutil.rmtree(work, ignore_errors=True)
+        if not args.work:
+            shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

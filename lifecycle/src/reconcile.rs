@@ -18,8 +18,7 @@ use serde_json::{Value, json};
 use tracing::Instrument;
 
 use crate::applier::Applier;
-use crate::artifact::ModuleArtifact;
-use crate::artifact::cache::{FetchError, MAX_RETRY, PullSecret};
+use crate::artifact::cache::{Cached, FetchError, MAX_RETRY, PullSecret};
 use crate::{Ctx, Error};
 
 /// The finalizer that makes deleting a Runtime remove its modules first.
@@ -50,24 +49,25 @@ impl Flags {
     }
 }
 
-/// A template's objects and default configuration: inline, or from its OCI artifact.
+/// A template's objects and default configuration: inline, or from its OCI artifact (the
+/// objects parsed for this use only: the cache keeps them as JSON).
 pub(crate) struct Content {
     template: Arc<ModuleTemplate>,
-    artifact: Option<Arc<ModuleArtifact>>,
+    artifact: Option<(Arc<Cached>, Vec<Value>)>,
 }
 
 impl Content {
     /// The objects, in apply order.
     fn objects(&self) -> &[Value] {
         match &self.artifact {
-            Some(a) => &a.objects,
+            Some((_, objects)) => objects,
             None => &self.template.spec.manifest,
         }
     }
 
     /// The template's default configuration, else the artifact's.
     fn default_config(&self) -> Option<&Value> {
-        self.template.spec.default_config.as_ref().or_else(|| self.artifact.as_ref()?.default_config.as_ref())
+        self.template.spec.default_config.as_ref().or_else(|| self.artifact.as_ref()?.0.default_config.as_ref())
     }
 
     /// What is applied: the objects, the manager annotated with the kinds they provide.
@@ -100,12 +100,13 @@ async fn content(ctx: &Ctx, template: &Arc<ModuleTemplate>) -> Result<Content, F
     agrees(&template.spec, &artifact).map_err(|why| {
         permanent(format!("artifact {} does not match ModuleTemplate {}: {why}", oci.reference, template.name_any()))
     })?;
-    Ok(Content { template: template.clone(), artifact: Some(artifact) })
+    let objects = artifact.objects().map_err(|e| permanent(format!("artifact {}: {e}", oci.reference)))?;
+    Ok(Content { template: template.clone(), artifact: Some((artifact, objects)) })
 }
 
 /// Whether an artifact's annotations say what its template's spec says (name, version,
 /// downtime, managed resources, manager); the first difference otherwise.
-pub(crate) fn agrees(spec: &fleetwatch_api::ModuleTemplateSpec, a: &ModuleArtifact) -> Result<(), String> {
+pub(crate) fn agrees(spec: &fleetwatch_api::ModuleTemplateSpec, a: &Cached) -> Result<(), String> {
     if a.name != spec.module_name {
         return Err(format!("module name is {} in the artifact, {} in spec.moduleName", a.name, spec.module_name));
     }
@@ -1083,6 +1084,7 @@ mod tests {
         ];
         let mut a = ModuleArtifact::new("w", "1.0.0", "ns/op", objects).unwrap();
         a.managed_resources = vec![crate::artifact::parse_kind_ref("example.com/v1/Widget").unwrap()];
+        let a = crate::artifact::cache::Cached::new(a).unwrap();
         let spec = fleetwatch_api::ModuleTemplateSpec {
             module_name: "w".into(),
             version: "1.0.0".into(),

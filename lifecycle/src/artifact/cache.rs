@@ -94,7 +94,54 @@ pub struct PullSecret {
     pub name: String,
 }
 
-type PullFuture = Shared<BoxFuture<'static, Result<Arc<ModuleArtifact>, FetchError>>>;
+/// An artifact as the operator keeps it: everything parsed but its objects, which stay JSON
+/// until they are applied ([`Cached::objects`]). A parsed object takes several times the
+/// bytes of its JSON (a large CRD's schema is many small maps), so the memory bound counts
+/// what is really held.
+#[derive(Debug)]
+pub struct Cached {
+    /// Module name.
+    pub name: String,
+    /// Version.
+    pub version: String,
+    /// An upgrade to it waits for a maintenance window.
+    pub requires_downtime: bool,
+    /// Kinds whose instances block deletion.
+    pub managed_resources: Vec<fleetwatch_api::KindRef>,
+    /// The manager Deployment.
+    pub manager: fleetwatch_api::ResourceRef,
+    /// The default configuration.
+    pub default_config: Option<serde_json::Value>,
+    objects: Vec<u8>,
+}
+
+impl Cached {
+    /// Keeps a validated artifact.
+    pub fn new(a: ModuleArtifact) -> Result<Self, serde_json::Error> {
+        Ok(Self {
+            objects: serde_json::to_vec(&a.objects)?,
+            name: a.name,
+            version: a.version,
+            requires_downtime: a.requires_downtime,
+            managed_resources: a.managed_resources,
+            manager: a.manager,
+            default_config: a.default_config,
+        })
+    }
+
+    /// The objects, in apply order (parsed now; they were valid when kept).
+    pub fn objects(&self) -> Result<Vec<serde_json::Value>, serde_json::Error> {
+        serde_json::from_slice(&self.objects)
+    }
+
+    /// Bytes held: the objects' JSON and an estimate of the rest.
+    pub fn bytes(&self) -> u64 {
+        let config = self.default_config.as_ref().map_or(0, |c| c.to_string().len());
+        (self.objects.len() + config + 1024) as u64
+    }
+}
+
+type PullFuture = Shared<BoxFuture<'static, Result<Arc<Cached>, FetchError>>>;
 
 enum PullState {
     InFlight(PullFuture, u32),
@@ -102,7 +149,7 @@ enum PullState {
 }
 
 struct Entry {
-    artifact: Arc<ModuleArtifact>,
+    artifact: Arc<Cached>,
     bytes: u64,
     used: u64,
 }
@@ -169,11 +216,7 @@ impl Artifacts {
 
     /// The artifact at `reference` (`REGISTRY/REPOSITORY@sha256:…`): from memory, else from
     /// disk, else pulled (waiting at most [`PULL_WAIT`]).
-    pub async fn get(
-        self: &Arc<Self>,
-        reference: &str,
-        secret: Option<PullSecret>,
-    ) -> Result<Arc<ModuleArtifact>, FetchError> {
+    pub async fn get(self: &Arc<Self>, reference: &str, secret: Option<PullSecret>) -> Result<Arc<Cached>, FetchError> {
         let r = parse_pinned(reference).map_err(|e| FetchError {
             registry: String::new(),
             message: e.to_string(),
@@ -258,7 +301,7 @@ impl Artifacts {
         digest: &str,
         registry: &str,
         secret: Option<PullSecret>,
-    ) -> Result<Arc<ModuleArtifact>, FetchError> {
+    ) -> Result<Arc<Cached>, FetchError> {
         let result = self.pull_once(reference, registry, secret).await;
         let Ok(mut pulls) = self.pulls.lock() else { return result };
         let attempts = match pulls.get(digest) {
@@ -290,7 +333,7 @@ impl Artifacts {
         reference: &str,
         registry: &str,
         secret: Option<PullSecret>,
-    ) -> Result<Arc<ModuleArtifact>, FetchError> {
+    ) -> Result<Arc<Cached>, FetchError> {
         let fail = |message: String, permanent: bool| FetchError {
             registry: registry.to_string(),
             message,
@@ -312,8 +355,8 @@ impl Artifacts {
             artifact.to_oci().map_err(|e| fail(format!("{reference}: the artifact does not re-encode: {e}"), true))?;
         let bytes: u64 = layers.iter().map(|l| l.data.len() as u64).sum();
         tracing::info!(artifact = %reference, bytes, took = ?started.elapsed(), "module artifact pulled");
-        let artifact = Arc::new(artifact);
-        self.remember(&digest, artifact.clone(), bytes);
+        let artifact = Arc::new(Cached::new(artifact).map_err(|e| fail(format!("{reference}: {e}"), true))?);
+        self.remember(&digest, artifact.clone());
         if let Some(dir) = self.config.cache_dir.clone() {
             if bytes > self.config.disk_max_bytes {
                 tracing::warn!(artifact = %reference, bytes, max = self.config.disk_max_bytes, "artifact larger than the disk cache; kept in memory only");
@@ -345,7 +388,7 @@ impl Artifacts {
         Ok(artifact)
     }
 
-    fn in_memory(&self, digest: &str) -> Option<Arc<ModuleArtifact>> {
+    fn in_memory(&self, digest: &str) -> Option<Arc<Cached>> {
         let mut m = self.memory.lock().ok()?;
         m.tick += 1;
         let t = m.tick;
@@ -354,7 +397,7 @@ impl Artifacts {
         Some(e.artifact.clone())
     }
 
-    async fn on_disk(&self, digest: &str) -> Option<Arc<ModuleArtifact>> {
+    async fn on_disk(&self, digest: &str) -> Option<Arc<Cached>> {
         let dir = self.config.cache_dir.clone()?;
         if !self.disk.lock().ok()?.entries.contains_key(digest) {
             return None;
@@ -362,8 +405,7 @@ impl Artifacts {
         let d = digest.to_string();
         let read = tokio::task::spawn_blocking(move || read_entry(&dir, &d)).await.ok()?;
         match read {
-            Ok((artifact, bytes)) => {
-                let artifact = Arc::new(artifact);
+            Ok(artifact) => {
                 if let Ok(mut disk) = self.disk.lock() {
                     disk.tick += 1;
                     let t = disk.tick;
@@ -371,7 +413,7 @@ impl Artifacts {
                         e.1 = t;
                     }
                 }
-                self.remember(digest, artifact.clone(), bytes);
+                self.remember(digest, artifact.clone());
                 Some(artifact)
             }
             Err(e) => {
@@ -391,7 +433,8 @@ impl Artifacts {
 
     /// Keeps an artifact in memory, evicting the least recently used beyond the bound (the
     /// newest always stays: a reconcile needs it now).
-    fn remember(&self, digest: &str, artifact: Arc<ModuleArtifact>, bytes: u64) {
+    fn remember(&self, digest: &str, artifact: Arc<Cached>) {
+        let bytes = artifact.bytes();
         let Ok(mut m) = self.memory.lock() else { return };
         m.tick += 1;
         let used = m.tick;
@@ -504,27 +547,26 @@ fn write_entry(dir: &Path, digest: &str, manifest: &OciImageManifest, layers: &[
     Ok(bytes)
 }
 
-/// Reads and checks an entry; returns the artifact and its layers' bytes. Marks it used.
-fn read_entry(dir: &Path, digest: &str) -> Result<(ModuleArtifact, u64), String> {
+/// Reads and checks an entry. Marks it used.
+fn read_entry(dir: &Path, digest: &str) -> Result<Arc<Cached>, String> {
     let path = entry_dir(dir, digest);
     let body = std::fs::read(path.join("manifest.json")).map_err(|e| format!("manifest.json: {e}"))?;
     let manifest: OciImageManifest = serde_json::from_slice(&body).map_err(|e| format!("manifest.json: {e}"))?;
     let mut layers = Vec::new();
-    let mut bytes = 0;
     for d in &manifest.layers {
         let data = std::fs::read(path.join(hex_of(&d.digest))).map_err(|e| format!("layer {}: {e}", d.digest))?;
         let actual = sha256(&data);
         if actual != d.digest {
             return Err(format!("layer {}: digest mismatch ({actual})", d.digest));
         }
-        bytes += data.len() as u64;
         layers.push(ImageLayer::new(data, d.media_type.clone(), None));
     }
     let artifact = ModuleArtifact::from_oci(&manifest, &layers).map_err(|e| e.to_string())?;
+    drop(layers);
     if let Ok(f) = std::fs::File::open(&path) {
         let _ = f.set_modified(std::time::SystemTime::now());
     }
-    Ok((artifact, bytes))
+    Ok(Arc::new(Cached::new(artifact).map_err(|e| e.to_string())?))
 }
 
 #[cfg(test)]
@@ -577,7 +619,7 @@ mod tests {
         let d2 = put(&s, &a2);
         // Used: 1 is now more recent than 2.
         let r = format!("reg.invalid/m@{d1}");
-        assert_eq!(*s.get(&r, None).await.unwrap(), a1);
+        assert_eq!(s.get(&r, None).await.unwrap().objects().unwrap(), a1.objects);
         let d3 = put(&s, &a3);
         assert!(!entry_dir(dir.path(), &d2).exists(), "the least recently used goes");
         assert!(entry_dir(dir.path(), &d1).exists() && entry_dir(dir.path(), &d3).exists());
@@ -586,7 +628,8 @@ mod tests {
 
         // A new process finds them; a tampered layer is refused and removed.
         let s = store(dir.path(), 10_000, 1 << 20);
-        assert_eq!(*s.get(&format!("reg.invalid/m@{d3}"), None).await.unwrap(), a3);
+        let got = s.get(&format!("reg.invalid/m@{d3}"), None).await.unwrap();
+        assert_eq!((got.objects().unwrap(), got.version.as_str()), (a3.objects.clone(), "3.0.0"));
         let e = entry_dir(dir.path(), &d1);
         let (manifest, _) = a1.to_oci().unwrap();
         let layer = e.join(hex_of(&manifest.layers[0].digest));
