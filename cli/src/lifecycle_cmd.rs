@@ -93,7 +93,7 @@ pub struct LifecycleArgs {
     /// are removed beyond it (e.g. `1Gi`, `500Mi`, `2000000`).
     #[arg(long, env = "FLEETWATCH_ARTIFACT_CACHE_MAX_BYTES", default_value = "1Gi", value_parser = parse_bytes)]
     artifact_cache_max_bytes: u64,
-    /// Most bytes of artifacts (their layers) kept in memory, shared by every runtime; the
+    /// Most bytes of artifacts (their objects as JSON) kept in memory, shared by every runtime; the
     /// least recently used are dropped beyond it and read again from the cache directory.
     #[arg(long, env = "FLEETWATCH_ARTIFACT_MEMORY_MAX_BYTES", default_value = "64Mi", value_parser = parse_bytes)]
     artifact_memory_max_bytes: u64,

@@ -34,7 +34,7 @@ pub const PULL_WAIT: Duration = Duration::from_secs(5);
 pub const MAX_RETRY: Duration = Duration::from_secs(60);
 /// Default bound of the disk cache.
 pub const DEFAULT_DISK_MAX_BYTES: u64 = 1 << 30;
-/// Default bound of the memory cache (bytes of the artifacts' layers).
+/// Default bound of the memory cache (bytes of the artifacts' objects as JSON).
 pub const DEFAULT_MEMORY_MAX_BYTES: u64 = 64 << 20;
 
 /// Where artifacts come from and where they are kept.
@@ -46,7 +46,7 @@ pub struct ArtifactConfig {
     pub cache_dir: Option<PathBuf>,
     /// Most bytes kept on disk.
     pub disk_max_bytes: u64,
-    /// Most bytes (of layers) kept in memory.
+    /// Most bytes (of the objects' JSON) kept in memory.
     pub memory_max_bytes: u64,
 }
 
