@@ -155,6 +155,7 @@ def main():
         results = []
         for run in range(args.runs):
             rdir = f"{work}/run{run}"
+            shutil.rmtree(rdir, ignore_errors=True)
             os.makedirs(rdir)
             sims = {}
             for name in ("cp", "rt"):
