@@ -285,7 +285,7 @@ impl Artifacts {
         match tokio::time::timeout(PULL_WAIT, pull).await {
             Ok(r) => r,
             Err(_) => Err(FetchError {
-                message: format!("pulling {reference} from registry {registry} (in progress)"),
+                message: format!("the pull from registry {registry} is still running"),
                 registry,
                 permanent: false,
                 retry_in: Duration::from_secs(2),
