@@ -772,3 +772,125 @@ async fn the_operator_installs_by_digest_and_keeps_reconciling_without_the_regis
     }
     drop(lifecycle);
 }
+
+/// A template's `pullSecret` gives the operator the registry's credentials (TLS registry
+/// with basic auth, its CA given with `--registry-ca`): a missing Secret and a wrong
+/// password are the module's `Error` with the reason; the right one installs it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pull_secret_gives_the_operator_the_registry_credentials() {
+    use fleetwatch_api::{Runtime, State};
+    use kube::api::Api;
+
+    let pki = Pki::new();
+    let reg = Registry::tls_auth(&pki.path("hub.crt"), &pki.path("hub.key"), "fleet", "s3cret");
+    let host = reg.host();
+    let work = tempfile::tempdir().unwrap();
+    let dir = work.path().join("module");
+    std::fs::create_dir_all(&dir).unwrap();
+    write_yaml(
+        &dir.join("operator.yaml"),
+        &[
+            json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "gadgets"}}),
+            deployment("gadgets", "gadget-operator", "example.com/gadget-operator:1.0.0"),
+        ],
+    );
+    let config = |password: &str| json!({"auths": {host.clone(): {"username": "fleet", "password": password}}});
+    let auth = work.path().join("config.json");
+    std::fs::write(&auth, config("s3cret").to_string()).unwrap();
+    let (ok, stdout, stderr) = fleetwatch(&[
+        "module",
+        "package",
+        "--dir",
+        dir.to_str().unwrap(),
+        "--name",
+        "gadgets",
+        "--version",
+        "1.0.0",
+        "--manager",
+        "gadgets/gadget-operator",
+        "--push",
+        &format!("{host}/modules/gadgets:1.0.0"),
+        "--registry-auth",
+        auth.to_str().unwrap(),
+        "--registry-ca",
+        pki.path("ca.crt").to_str().unwrap(),
+    ]);
+    assert!(ok, "package: {stderr}\n{}", reg.log());
+    let mut template: Value = serde_saphyr::from_str(&stdout).unwrap();
+    template["spec"]["source"]["oci"]["pullSecret"] = json!("regcred");
+
+    let (cp_sim, cp_kc) = crate::support::sim_cluster(&pki, "control-plane").await;
+    let (rt_sim, rt_kc) = crate::support::sim_cluster(&pki, "rt1").await;
+    let cp = cp_sim.client().await.unwrap();
+    let crds = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/crds");
+    crate::support::kubectl(&cp_kc, &["apply", "-f", crds.to_str().unwrap()], None);
+    let apply = |v: &Value| crate::support::apply_json(&cp_kc, v);
+    apply(&json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "kcp"}}));
+    apply(&json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "rt1-kubeconfig", "namespace": "kcp"},
+        "stringData": {"config": std::fs::read_to_string(&rt_kc).unwrap()}}));
+    apply(&template);
+    apply(&json!({"apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "ModuleReleaseMeta",
+        "metadata": {"name": "gadgets", "namespace": "kcp"},
+        "spec": {"moduleName": "gadgets", "channels": [{"channel": "regular", "version": "1.0.0"}]}}));
+    apply(&json!({"apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "Runtime",
+        "metadata": {"name": "rt1", "namespace": "kcp"},
+        "spec": {"clusterId": "rt1", "kubeconfigSecret": {"name": "rt1-kubeconfig"}, "modules": [{"name": "gadgets"}]}}));
+    let args: Vec<String> = [
+        "lifecycle",
+        "--control-plane-kubeconfig",
+        cp_kc.to_str().unwrap(),
+        "--leader-elect=false",
+        "--registry-ca",
+        pki.path("ca.crt").to_str().unwrap(),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let lifecycle = crate::support::Proc::spawn(&args, pki.path("lifecycle.log"));
+    lifecycle.wait_stdout("lifecycle operator running", Duration::from_secs(10));
+    let kubelet = tokio_util::sync::CancellationToken::new();
+    tokio::spawn(fleetwatch_sim::roll_out_deployments(rt_sim.client().await.unwrap(), Duration::ZERO, kubelet.clone()));
+    let _stop_kubelet = kubelet.drop_guard();
+    let runtimes: Api<Runtime> = Api::namespaced(cp.clone(), "kcp");
+    let wait = |what: &'static str, cond: Box<dyn Fn(&fleetwatch_api::ModuleStatus) -> bool>| {
+        let runtimes = runtimes.clone();
+        let log = lifecycle.log.clone();
+        async move {
+            let start = Instant::now();
+            let mut last = None;
+            while start.elapsed() < Duration::from_secs(45) {
+                last = runtimes
+                    .get_status("rt1")
+                    .await
+                    .ok()
+                    .and_then(|r| r.status)
+                    .and_then(|s| s.modules.into_iter().find(|m| m.name == "gadgets"));
+                if last.as_ref().is_some_and(&cond) {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            panic!(
+                "timed out waiting for {what}; module status {last:#?}\nlifecycle log:\n{}",
+                std::fs::read_to_string(log).unwrap_or_default()
+            );
+        }
+    };
+    let error_with = |needle: String| -> Box<dyn Fn(&fleetwatch_api::ModuleStatus) -> bool> {
+        Box::new(move |m| m.state == State::Error && m.message.contains(&needle))
+    };
+    wait("the missing Secret to be named", error_with("pull secret kcp/regcred: not found".into())).await;
+    let secret = |password: &str| {
+        json!({"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/dockerconfigjson",
+            "metadata": {"name": "regcred", "namespace": "kcp"},
+            "stringData": {".dockerconfigjson": config(password).to_string()}})
+    };
+    apply(&secret("wrong"));
+    wait("the wrong password to be refused", error_with(format!("{host} refused the credentials"))).await;
+    apply(&secret("s3cret"));
+    wait(
+        "1.0.0 installed with the Secret's credentials",
+        Box::new(|m| m.state == State::Ready && m.installed_version.as_deref() == Some("1.0.0")),
+    )
+    .await;
+}
