@@ -510,6 +510,106 @@ fn bad_inputs_are_one_clear_line() {
     assert!(ok, "{err}");
 }
 
+/// What the operator's tests share: a sim control plane (the CRDs, namespace `kcp`, the
+/// runtime's kubeconfig Secret), a sim runtime cluster `rt1` whose Deployments roll out, and
+/// `fleetwatch lifecycle` against them.
+struct Operated {
+    _cp_sim: fleetwatch_sim::SimCluster,
+    _rt_sim: fleetwatch_sim::SimCluster,
+    cp_kc: PathBuf,
+    cp: kube::Client,
+    rt: kube::Client,
+    log: PathBuf,
+    _kubelet: tokio_util::sync::DropGuard,
+}
+
+impl Operated {
+    async fn start(pki: &Pki) -> Self {
+        let (cp_sim, cp_kc) = crate::support::sim_cluster(pki, "control-plane").await;
+        let (rt_sim, rt_kc) = crate::support::sim_cluster(pki, "rt1").await;
+        let cp = cp_sim.client().await.unwrap();
+        let rt = rt_sim.client().await.unwrap();
+        let crds = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/crds");
+        crate::support::kubectl(&cp_kc, &["apply", "-f", crds.to_str().unwrap()], None);
+        let kubelet = tokio_util::sync::CancellationToken::new();
+        tokio::spawn(fleetwatch_sim::roll_out_deployments(rt.clone(), Duration::ZERO, kubelet.clone()));
+        let o = Self {
+            _cp_sim: cp_sim,
+            _rt_sim: rt_sim,
+            cp_kc,
+            cp,
+            rt,
+            log: pki.path("lifecycle.log"),
+            _kubelet: kubelet.drop_guard(),
+        };
+        o.apply(&json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "kcp"}}));
+        o.apply(
+            &json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "rt1-kubeconfig", "namespace": "kcp"},
+            "stringData": {"config": std::fs::read_to_string(&rt_kc).unwrap()}}),
+        );
+        o
+    }
+
+    fn apply(&self, v: &Value) {
+        crate::support::apply_json(&self.cp_kc, v);
+    }
+
+    /// `module`'s ModuleReleaseMeta, offering `version` on `regular`.
+    fn release(&self, module: &str, version: &str) {
+        self.apply(&json!({"apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "ModuleReleaseMeta",
+            "metadata": {"name": module, "namespace": "kcp"},
+            "spec": {"moduleName": module, "channels": [{"channel": "regular", "version": version}]}}));
+    }
+
+    /// The Runtime `rt1` with `module`.
+    fn runtime(&self, module: &str) {
+        self.apply(&json!({"apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "Runtime",
+            "metadata": {"name": "rt1", "namespace": "kcp"},
+            "spec": {"clusterId": "rt1", "kubeconfigSecret": {"name": "rt1-kubeconfig"}, "modules": [{"name": module}]}}));
+    }
+
+    /// Starts `fleetwatch lifecycle` (no leader election) with `extra` flags.
+    fn lifecycle(&self, extra: &[&str]) -> crate::support::Proc {
+        let mut args: Vec<String> =
+            ["lifecycle", "--control-plane-kubeconfig", self.cp_kc.to_str().unwrap(), "--leader-elect=false"]
+                .iter()
+                .map(|s| s.to_string())
+                .collect();
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let p = crate::support::Proc::spawn(&args, self.log.clone());
+        p.wait_stdout("lifecycle operator running", Duration::from_secs(10));
+        p
+    }
+
+    /// Waits (up to 45 s) until `module`'s status in `rt1` satisfies `cond`.
+    async fn wait(
+        &self,
+        module: &str,
+        what: &str,
+        cond: impl Fn(&fleetwatch_api::ModuleStatus) -> bool,
+    ) -> fleetwatch_api::ModuleStatus {
+        let runtimes: kube::Api<fleetwatch_api::Runtime> = kube::Api::namespaced(self.cp.clone(), "kcp");
+        let start = Instant::now();
+        let mut last = None;
+        while start.elapsed() < Duration::from_secs(45) {
+            last = runtimes
+                .get_status("rt1")
+                .await
+                .ok()
+                .and_then(|r| r.status)
+                .and_then(|s| s.modules.into_iter().find(|m| m.name == module));
+            if let Some(m) = last.as_ref().filter(|m| cond(m)) {
+                return m.clone();
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!(
+            "timed out waiting for {what}; module status {last:#?}\nlifecycle log:\n{}",
+            std::fs::read_to_string(&self.log).unwrap_or_default()
+        );
+    }
+}
+
 /// The lifecycle operator installs modules whose templates name an artifact by digest
 /// (`spec.source.oci.ref`): real registry, sim control plane and runtime cluster, real
 /// lifecycle process. Upgrades pull the next digest; without the registry the cached
@@ -517,7 +617,7 @@ fn bad_inputs_are_one_clear_line() {
 /// upgrade waits naming the registry; a tampered blob is an `Error`, nothing applied.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_operator_installs_by_digest_and_keeps_reconciling_without_the_registry() {
-    use fleetwatch_api::{Runtime, State};
+    use fleetwatch_api::State;
     use kube::api::{Api, DynamicObject};
 
     let mut reg = Registry::plain();
@@ -561,89 +661,26 @@ async fn the_operator_installs_by_digest_and_keeps_reconciling_without_the_regis
     };
     let versions: Vec<(String, Value)> = ["1.0.0", "2.0.0", "3.0.0", "4.0.0"].into_iter().map(package).collect();
 
-    let (cp_sim, cp_kc) = crate::support::sim_cluster(&pki, "control-plane").await;
-    let (rt_sim, rt_kc) = crate::support::sim_cluster(&pki, "rt1").await;
-    let cp = cp_sim.client().await.unwrap();
-    let rt = rt_sim.client().await.unwrap();
-    let crds = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/crds");
-    crate::support::kubectl(&cp_kc, &["apply", "-f", crds.to_str().unwrap()], None);
-    let apply = |v: &Value| crate::support::apply_json(&cp_kc, v);
-    apply(&json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "kcp"}}));
-    apply(&json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "rt1-kubeconfig", "namespace": "kcp"},
-        "stringData": {"config": std::fs::read_to_string(&rt_kc).unwrap()}}));
-    let channel = |version: &str| {
-        json!({"apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "ModuleReleaseMeta",
-            "metadata": {"name": "widgets", "namespace": "kcp"},
-            "spec": {"moduleName": "widgets", "channels": [{"channel": "regular", "version": version}]}})
-    };
-    apply(&versions[0].1);
-    apply(&channel("1.0.0"));
-    apply(&json!({"apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "Runtime",
-        "metadata": {"name": "rt1", "namespace": "kcp"},
-        "spec": {"clusterId": "rt1", "kubeconfigSecret": {"name": "rt1-kubeconfig"}, "modules": [{"name": "widgets"}]}}));
+    let op = Operated::start(&pki).await;
+    op.apply(&versions[0].1);
+    op.release("widgets", "1.0.0");
+    op.runtime("widgets");
     let cache = work.path().join("artifact-cache");
-    let lifecycle_args: Vec<String> = [
-        "lifecycle",
-        "--control-plane-kubeconfig",
-        cp_kc.to_str().unwrap(),
-        "--leader-elect=false",
-        "--resync",
-        "2",
-        "--artifact-cache",
-        cache.to_str().unwrap(),
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    let start_lifecycle = || {
-        let p = crate::support::Proc::spawn(&lifecycle_args, pki.path("lifecycle.log"));
-        p.wait_stdout("lifecycle operator running", Duration::from_secs(10));
-        p
-    };
-    let mut lifecycle = start_lifecycle();
-    let kubelet = tokio_util::sync::CancellationToken::new();
-    tokio::spawn(fleetwatch_sim::roll_out_deployments(rt.clone(), Duration::ZERO, kubelet.clone()));
-    let _stop_kubelet = kubelet.clone().drop_guard();
-
-    let runtimes: Api<Runtime> = Api::namespaced(cp.clone(), "kcp");
+    let flags = ["--resync", "2", "--artifact-cache", cache.to_str().unwrap()];
+    let mut lifecycle = op.lifecycle(&flags);
     let deployments: Api<DynamicObject> = Api::namespaced_with(
-        rt.clone(),
+        op.rt.clone(),
         "widgets",
         &kube::discovery::ApiResource::from_gvk(&kube::api::GroupVersionKind::gvk("apps", "v1", "Deployment")),
     );
     let crds_in_rt: Api<DynamicObject> = Api::all_with(
-        rt.clone(),
+        op.rt.clone(),
         &kube::discovery::ApiResource::from_gvk(&kube::api::GroupVersionKind::gvk(
             "apiextensions.k8s.io",
             "v1",
             "CustomResourceDefinition",
         )),
     );
-    // Waits (up to 45 s) until the module's status satisfies `cond`.
-    let wait =
-        |what: &'static str, log: std::path::PathBuf, cond: Box<dyn Fn(&fleetwatch_api::ModuleStatus) -> bool>| {
-            let runtimes = runtimes.clone();
-            async move {
-                let start = Instant::now();
-                let mut last = None;
-                while start.elapsed() < Duration::from_secs(45) {
-                    last = runtimes
-                        .get_status("rt1")
-                        .await
-                        .ok()
-                        .and_then(|r| r.status)
-                        .and_then(|s| s.modules.into_iter().find(|m| m.name == "widgets"));
-                    if last.as_ref().is_some_and(&cond) {
-                        return last.unwrap();
-                    }
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
-                panic!(
-                    "timed out waiting for {what}; module status {last:#?}\nlifecycle log:\n{}",
-                    std::fs::read_to_string(log).unwrap_or_default()
-                );
-            }
-        };
     let installed = |v: &'static str| -> Box<dyn Fn(&fleetwatch_api::ModuleStatus) -> bool> {
         Box::new(move |m| m.state == State::Ready && m.installed_version.as_deref() == Some(v))
     };
@@ -659,7 +696,7 @@ async fn the_operator_installs_by_digest_and_keeps_reconciling_without_the_regis
     };
 
     // Installed from the registry: the 2 MiB CRD and the manager are in the runtime cluster.
-    wait("1.0.0 installed", pki.path("lifecycle.log"), installed("1.0.0")).await;
+    op.wait("widgets", "1.0.0 installed", installed("1.0.0")).await;
     let got = crds_in_rt.get("widgets.example.com").await.unwrap();
     assert_eq!(got.data["spec"]["versions"][0]["schema"], crd["spec"]["versions"][0]["schema"]);
     assert_eq!(manager_version().await.as_deref(), Some("1.0.0"));
@@ -673,9 +710,9 @@ async fn the_operator_installs_by_digest_and_keeps_reconciling_without_the_regis
     assert_eq!(cached(&cache), 1);
 
     // Upgrade: the channel moves to a second digest.
-    apply(&versions[1].1);
-    apply(&channel("2.0.0"));
-    wait("2.0.0 installed", pki.path("lifecycle.log"), installed("2.0.0")).await;
+    op.apply(&versions[1].1);
+    op.release("widgets", "2.0.0");
+    op.wait("widgets", "2.0.0 installed", installed("2.0.0")).await;
     assert_eq!(manager_version().await.as_deref(), Some("2.0.0"));
     assert_eq!(cached(&cache), 2);
 
@@ -683,7 +720,7 @@ async fn the_operator_installs_by_digest_and_keeps_reconciling_without_the_regis
     // disk cache; drift is repaired (a deleted manager comes back).
     reg.stop();
     drop(lifecycle);
-    lifecycle = start_lifecycle();
+    lifecycle = op.lifecycle(&flags);
     deployments.delete("widget-operator", &Default::default()).await.unwrap();
     let start = Instant::now();
     while manager_version().await.as_deref() != Some("2.0.0") {
@@ -692,24 +729,21 @@ async fn the_operator_installs_by_digest_and_keeps_reconciling_without_the_regis
     }
 
     // An upgrade to a digest not in the cache waits, naming the registry; 2.0.0 keeps running.
-    apply(&versions[2].1);
-    apply(&channel("3.0.0"));
+    op.apply(&versions[2].1);
+    op.release("widgets", "3.0.0");
     let reg_host = host.clone();
-    let m = wait(
-        "the upgrade to wait for the registry",
-        pki.path("lifecycle.log"),
-        Box::new(move |m| {
+    let m = op
+        .wait("widgets", "the upgrade to wait for the registry", move |m| {
             m.state == State::Warning && m.message.contains("waiting for artifact") && m.message.contains(&reg_host)
-        }),
-    )
-    .await;
+        })
+        .await;
     assert!(m.message.contains(&versions[2].0) && m.message.contains("unreachable"), "{}", m.message);
     assert_eq!(m.installed_version.as_deref(), Some("2.0.0"));
     assert_eq!(manager_version().await.as_deref(), Some("2.0.0"));
 
     // The registry is back: the retry (with backoff) installs 3.0.0.
     reg.restart();
-    wait("3.0.0 installed once the registry is back", pki.path("lifecycle.log"), installed("3.0.0")).await;
+    op.wait("widgets", "3.0.0 installed once the registry is back", installed("3.0.0")).await;
 
     // A blob changed in the registry: refused with Error, nothing applied.
     let manifest = manifest_of(&reg, &versions[3].0);
@@ -719,14 +753,13 @@ async fn the_operator_installs_by_digest_and_keeps_reconciling_without_the_regis
     let at = data.windows(6).position(|w| w == b"widget").unwrap();
     data[at..at + 6].copy_from_slice(b"gadget");
     std::fs::write(&file, &data).unwrap();
-    apply(&versions[3].1);
-    apply(&channel("4.0.0"));
-    let m = wait(
-        "the tampered artifact to be refused",
-        pki.path("lifecycle.log"),
-        Box::new(|m| m.state == State::Error && m.message.contains("digest mismatch")),
-    )
-    .await;
+    op.apply(&versions[3].1);
+    op.release("widgets", "4.0.0");
+    let m = op
+        .wait("widgets", "the tampered artifact to be refused", |m| {
+            m.state == State::Error && m.message.contains("digest mismatch")
+        })
+        .await;
     assert!(m.message.contains(&layer), "{}", m.message);
     assert_eq!(m.installed_version.as_deref(), Some("3.0.0"));
     assert_eq!(manager_version().await.as_deref(), Some("3.0.0"));
@@ -735,16 +768,13 @@ async fn the_operator_installs_by_digest_and_keeps_reconciling_without_the_regis
     let mut wrong = versions[2].1.clone();
     wrong["metadata"]["name"] = json!("widgets-3.0.1");
     wrong["spec"]["version"] = json!("3.0.1");
-    apply(&wrong);
-    apply(&channel("3.0.1"));
-    let m = wait(
-        "the disagreeing template to be refused",
-        pki.path("lifecycle.log"),
-        Box::new(|m| {
+    op.apply(&wrong);
+    op.release("widgets", "3.0.1");
+    let m = op
+        .wait("widgets", "the disagreeing template to be refused", |m| {
             m.state == State::Error && m.message.contains("version is 3.0.0 in the artifact, 3.0.1 in spec.version")
-        }),
-    )
-    .await;
+        })
+        .await;
     assert_eq!(m.installed_version.as_deref(), Some("3.0.0"));
 
     // A ref by tag, or both inline objects and a ref: the template says it is not usable.
@@ -754,9 +784,9 @@ async fn the_operator_installs_by_digest_and_keeps_reconciling_without_the_regis
     let mut both = versions[0].1.clone();
     both["metadata"]["name"] = json!("widgets-both");
     both["spec"]["manifest"] = json!([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "x"}}]);
-    let templates: Api<fleetwatch_api::ModuleTemplate> = Api::namespaced(cp.clone(), "kcp");
+    let templates: Api<fleetwatch_api::ModuleTemplate> = Api::namespaced(op.cp.clone(), "kcp");
     for (t, needle) in [(tagged, "has no digest: a module version must be immutable"), (both, "are both given")] {
-        apply(&t);
+        op.apply(&t);
         let name = t["metadata"]["name"].as_str().unwrap();
         let start = Instant::now();
         loop {
@@ -778,8 +808,7 @@ async fn the_operator_installs_by_digest_and_keeps_reconciling_without_the_regis
 /// password are the module's `Error` with the reason; the right one installs it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pull_secret_gives_the_operator_the_registry_credentials() {
-    use fleetwatch_api::{Runtime, State};
-    use kube::api::Api;
+    use fleetwatch_api::State;
 
     let pki = Pki::new();
     let reg = Registry::tls_auth(&pki.path("hub.crt"), &pki.path("hub.key"), "fleet", "s3cret");
@@ -819,78 +848,24 @@ async fn a_pull_secret_gives_the_operator_the_registry_credentials() {
     let mut template: Value = serde_saphyr::from_str(&stdout).unwrap();
     template["spec"]["source"]["oci"]["pullSecret"] = json!("regcred");
 
-    let (cp_sim, cp_kc) = crate::support::sim_cluster(&pki, "control-plane").await;
-    let (rt_sim, rt_kc) = crate::support::sim_cluster(&pki, "rt1").await;
-    let cp = cp_sim.client().await.unwrap();
-    let crds = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/crds");
-    crate::support::kubectl(&cp_kc, &["apply", "-f", crds.to_str().unwrap()], None);
-    let apply = |v: &Value| crate::support::apply_json(&cp_kc, v);
-    apply(&json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "kcp"}}));
-    apply(&json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "rt1-kubeconfig", "namespace": "kcp"},
-        "stringData": {"config": std::fs::read_to_string(&rt_kc).unwrap()}}));
-    apply(&template);
-    apply(&json!({"apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "ModuleReleaseMeta",
-        "metadata": {"name": "gadgets", "namespace": "kcp"},
-        "spec": {"moduleName": "gadgets", "channels": [{"channel": "regular", "version": "1.0.0"}]}}));
-    apply(&json!({"apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "Runtime",
-        "metadata": {"name": "rt1", "namespace": "kcp"},
-        "spec": {"clusterId": "rt1", "kubeconfigSecret": {"name": "rt1-kubeconfig"}, "modules": [{"name": "gadgets"}]}}));
-    let args: Vec<String> = [
-        "lifecycle",
-        "--control-plane-kubeconfig",
-        cp_kc.to_str().unwrap(),
-        "--leader-elect=false",
-        "--registry-ca",
-        pki.path("ca.crt").to_str().unwrap(),
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    let lifecycle = crate::support::Proc::spawn(&args, pki.path("lifecycle.log"));
-    lifecycle.wait_stdout("lifecycle operator running", Duration::from_secs(10));
-    let kubelet = tokio_util::sync::CancellationToken::new();
-    tokio::spawn(fleetwatch_sim::roll_out_deployments(rt_sim.client().await.unwrap(), Duration::ZERO, kubelet.clone()));
-    let _stop_kubelet = kubelet.drop_guard();
-    let runtimes: Api<Runtime> = Api::namespaced(cp.clone(), "kcp");
-    let wait = |what: &'static str, cond: Box<dyn Fn(&fleetwatch_api::ModuleStatus) -> bool>| {
-        let runtimes = runtimes.clone();
-        let log = lifecycle.log.clone();
-        async move {
-            let start = Instant::now();
-            let mut last = None;
-            while start.elapsed() < Duration::from_secs(45) {
-                last = runtimes
-                    .get_status("rt1")
-                    .await
-                    .ok()
-                    .and_then(|r| r.status)
-                    .and_then(|s| s.modules.into_iter().find(|m| m.name == "gadgets"));
-                if last.as_ref().is_some_and(&cond) {
-                    return;
-                }
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            panic!(
-                "timed out waiting for {what}; module status {last:#?}\nlifecycle log:\n{}",
-                std::fs::read_to_string(log).unwrap_or_default()
-            );
-        }
-    };
-    let error_with = |needle: String| -> Box<dyn Fn(&fleetwatch_api::ModuleStatus) -> bool> {
-        Box::new(move |m| m.state == State::Error && m.message.contains(&needle))
-    };
-    wait("the missing Secret to be named", error_with("pull secret kcp/regcred: not found".into())).await;
+    let op = Operated::start(&pki).await;
+    op.apply(&template);
+    op.release("gadgets", "1.0.0");
+    op.runtime("gadgets");
+    let _lifecycle = op.lifecycle(&["--registry-ca", pki.path("ca.crt").to_str().unwrap()]);
+    let error_with =
+        |needle: String| move |m: &fleetwatch_api::ModuleStatus| m.state == State::Error && m.message.contains(&needle);
+    op.wait("gadgets", "the missing Secret to be named", error_with("pull secret kcp/regcred: not found".into())).await;
     let secret = |password: &str| {
         json!({"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/dockerconfigjson",
             "metadata": {"name": "regcred", "namespace": "kcp"},
             "stringData": {".dockerconfigjson": config(password).to_string()}})
     };
-    apply(&secret("wrong"));
-    wait("the wrong password to be refused", error_with(format!("{host} refused the credentials"))).await;
-    apply(&secret("s3cret"));
-    wait(
-        "1.0.0 installed with the Secret's credentials",
-        Box::new(|m| m.state == State::Ready && m.installed_version.as_deref() == Some("1.0.0")),
-    )
+    op.apply(&secret("wrong"));
+    op.wait("gadgets", "the wrong password to be refused", error_with(format!("{host} refused the credentials"))).await;
+    op.apply(&secret("s3cret"));
+    op.wait("gadgets", "1.0.0 installed with the Secret's credentials", |m| {
+        m.state == State::Ready && m.installed_version.as_deref() == Some("1.0.0")
+    })
     .await;
 }
