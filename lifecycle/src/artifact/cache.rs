@@ -240,7 +240,7 @@ impl Artifacts {
                     retry_in: MAX_RETRY,
                 });
             };
-            let attempts = match pulls.get(&digest) {
+            let in_flight = match pulls.get(&digest) {
                 Some(PullState::InFlight(f, _)) => Some(f.clone()),
                 Some(PullState::Failed { error, next_try, .. }) if *next_try > Instant::now() => {
                     let mut e = error.clone();
@@ -249,7 +249,7 @@ impl Artifacts {
                 }
                 _ => None,
             };
-            match attempts {
+            match in_flight {
                 Some(f) => f,
                 None => {
                     let attempts = match pulls.get(&digest) {
