@@ -302,10 +302,17 @@ pub struct ModuleTemplateSpec {
     /// An upgrade to this version needs downtime: it waits for a maintenance window.
     #[serde(default)]
     pub requires_downtime: bool,
-    /// The module operator's resources, applied in order with server-side apply.
+    /// The module operator's resources, applied in order with server-side apply. Exactly
+    /// one of `manifest` and `source` gives them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "any_objects")]
     pub manifest: Vec<serde_json::Value>,
-    /// The default configuration resource, created once at install.
+    /// Where the resources are instead of `manifest`: an OCI artifact in a registry, named by
+    /// digest (docs/modules.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<ModuleSource>,
+    /// The default configuration resource, created once at install. With `source`, the
+    /// artifact's default configuration layer when absent here.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "any_object")]
     pub default_config: Option<serde_json::Value>,
@@ -315,6 +322,35 @@ pub struct ModuleTemplateSpec {
     /// The manager workload (a Deployment in the manifest) whose `app.kubernetes.io/version`
     /// label is the module's actual running version.
     pub manager: ResourceRef,
+}
+
+/// Where a module version's resources are, when not inline in `manifest`.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub struct ModuleSource {
+    /// An OCI artifact (`fleetwatch module package` builds and pushes it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oci: Option<OciSource>,
+}
+
+/// A module artifact in an OCI registry.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct OciSource {
+    /// `REGISTRY/REPOSITORY@sha256:…`: pinned by digest, as a module version is immutable
+    /// (a tag is refused).
+    #[serde(rename = "ref")]
+    pub reference: String,
+    /// A Secret of type `kubernetes.io/dockerconfigjson` in the template's namespace with the
+    /// registry's credentials; the operator's `--registry-auth` when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pull_secret: Option<String>,
+}
+
+impl ModuleTemplateSpec {
+    /// The OCI artifact the template names, if any.
+    pub fn oci(&self) -> Option<&OciSource> {
+        self.source.as_ref().and_then(|s| s.oci.as_ref())
+    }
 }
 
 /// What the operator makes of a template.

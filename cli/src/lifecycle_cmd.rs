@@ -84,6 +84,40 @@ pub struct LifecycleArgs {
     /// `30d`, `720h`, `45s`); each is renewed when two thirds of it have passed.
     #[arg(long, env = "FLEETWATCH_AGENT_CERT_LIFETIME", default_value = "30d", requires = "agent_ca_secret")]
     agent_cert_lifetime: String,
+    /// Keep the module artifacts pulled for ModuleTemplates with `spec.source.oci.ref` in
+    /// this directory (one entry per digest, checked when read), so a restart needs no
+    /// registry for them. Without it they are kept in memory only.
+    #[arg(long, env = "FLEETWATCH_ARTIFACT_CACHE", value_name = "DIR")]
+    artifact_cache: Option<PathBuf>,
+    /// Most bytes the artifact cache directory holds; the least recently used artifacts
+    /// are removed beyond it (e.g. `1Gi`, `500Mi`, `2000000`).
+    #[arg(long, env = "FLEETWATCH_ARTIFACT_CACHE_MAX_BYTES", default_value = "1Gi", value_parser = parse_bytes)]
+    artifact_cache_max_bytes: u64,
+    /// Most bytes of artifacts (their objects as JSON) kept in memory, shared by every runtime; the
+    /// least recently used are dropped beyond it and read again from the cache directory.
+    #[arg(long, env = "FLEETWATCH_ARTIFACT_MEMORY_MAX_BYTES", default_value = "64Mi", value_parser = parse_bytes)]
+    artifact_memory_max_bytes: u64,
+    #[command(flatten)]
+    registry: crate::module_cmd::RegistryArgs,
+}
+
+/// `N`, `NKi`, `NMi`, `NGi` (or `K`, `M`, `G`, powers of 1000) bytes.
+fn parse_bytes(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (n, unit) = t.split_at(split);
+    let n: u64 = n.parse().map_err(|_| format!("{s:?} is not a size (e.g. 1Gi, 500Mi, 2000000)"))?;
+    let m: u64 = match unit.trim() {
+        "" => 1,
+        "Ki" => 1 << 10,
+        "Mi" => 1 << 20,
+        "Gi" => 1 << 30,
+        "K" | "k" => 1_000,
+        "M" => 1_000_000,
+        "G" => 1_000_000_000,
+        _ => return Err(format!("{s:?}: unknown unit (Ki, Mi, Gi, K, M, G)")),
+    };
+    n.checked_mul(m).ok_or_else(|| format!("{s:?} is too large"))
 }
 
 pub async fn run(args: LifecycleArgs) -> anyhow::Result<()> {
@@ -144,7 +178,17 @@ pub async fn run(args: LifecycleArgs) -> anyhow::Result<()> {
         }
         None => None,
     };
+    if let Some(dir) = &args.artifact_cache {
+        std::fs::create_dir_all(dir).with_context(|| format!("--artifact-cache {}", dir.display()))?;
+    }
+    let artifacts = fleetwatch_lifecycle::artifact::cache::ArtifactConfig {
+        registry: args.registry.options()?,
+        cache_dir: args.artifact_cache.clone(),
+        disk_max_bytes: args.artifact_cache_max_bytes,
+        memory_max_bytes: args.artifact_memory_max_bytes,
+    };
     let config = fleetwatch_lifecycle::LifecycleConfig {
+        artifacts,
         agent_certs,
         min_window_remaining,
         client: client.clone(),
@@ -224,5 +268,17 @@ async fn ready(runtimes: kube::Api<fleetwatch_api::Runtime>) -> (StatusCode, Str
         Ok(Ok(_)) => (StatusCode::OK, "ready\n".into()),
         Ok(Err(e)) => (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: cannot list Runtimes: {e}\n")),
         Err(_) => (StatusCode::SERVICE_UNAVAILABLE, "not ready: the API server did not answer within 2 s\n".into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn sizes_take_units() {
+        assert_eq!(super::parse_bytes("1Gi"), Ok(1 << 30));
+        assert_eq!(super::parse_bytes("500Mi"), Ok(500 << 20));
+        assert_eq!(super::parse_bytes("2000"), Ok(2000));
+        assert_eq!(super::parse_bytes("3M"), Ok(3_000_000));
+        assert!(super::parse_bytes("1Tb").is_err() && super::parse_bytes("x").is_err());
     }
 }

@@ -88,7 +88,7 @@ struct InspectArgs {
 
 /// How to reach the registry: the flags `package` and `inspect` share.
 #[derive(Args)]
-struct RegistryArgs {
+pub(crate) struct RegistryArgs {
     /// Registry credentials: a Docker config file (~/.docker/config.json, or the
     /// `.dockerconfigjson` key of a kubernetes.io/dockerconfigjson Secret). Anonymous
     /// when absent or when it has no entry for the registry.
@@ -106,6 +106,11 @@ struct RegistryArgs {
 
 impl RegistryArgs {
     fn registry(&self) -> anyhow::Result<Registry> {
+        Ok(Registry::new(self.options()?))
+    }
+
+    /// The registry options the flags give (files read now).
+    pub(crate) fn options(&self) -> anyhow::Result<RegistryOptions> {
         let mut options = RegistryOptions { insecure: self.insecure_registry.clone(), ..RegistryOptions::default() };
         for ca in &self.registry_ca {
             let pem = std::fs::read(ca).with_context(|| format!("--registry-ca {}", ca.display()))?;
@@ -118,7 +123,7 @@ impl RegistryArgs {
             options.docker_config =
                 Some(std::fs::read(path).with_context(|| format!("--registry-auth {}", path.display()))?);
         }
-        Ok(Registry::new(options))
+        Ok(options)
     }
 }
 

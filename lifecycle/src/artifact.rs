@@ -27,6 +27,7 @@ use oci_client::client::ImageLayer;
 use oci_client::manifest::{OciDescriptor, OciImageManifest};
 use serde_json::Value;
 
+pub mod cache;
 pub mod registry;
 
 /// The manifest's `artifactType`.
@@ -260,6 +261,12 @@ impl ModuleArtifact {
             return Err(ArtifactError::NotModule(format!(
                 "artifactType is {:?}, not {ARTIFACT_TYPE}",
                 manifest.artifact_type.as_deref().unwrap_or("(none)")
+            )));
+        }
+        if manifest.config.media_type != EMPTY_CONFIG_MEDIA_TYPE {
+            return Err(ArtifactError::NotModule(format!(
+                "the config is of type {}, not {EMPTY_CONFIG_MEDIA_TYPE}",
+                manifest.config.media_type
             )));
         }
         let empty = BTreeMap::new();
@@ -546,5 +553,21 @@ mod tests {
         manifest.artifact_type = Some("application/vnd.cncf.helm.config.v1+json".into());
         let e = ModuleArtifact::from_oci(&manifest, &layers).unwrap_err();
         assert!(e.to_string().starts_with("not a fleetwatch module artifact: artifactType is"), "{e}");
+        let (mut manifest, mut layers) = a.to_oci().unwrap();
+        manifest.config.media_type = "application/vnd.oci.image.config.v1+json".into();
+        let e = ModuleArtifact::from_oci(&manifest, &layers).unwrap_err();
+        assert!(
+            e.to_string().ends_with(
+                "the config is of type application/vnd.oci.image.config.v1+json, not application/vnd.oci.empty.v1+json"
+            ),
+            "{e}"
+        );
+        manifest.config.media_type = EMPTY_CONFIG_MEDIA_TYPE.into();
+        layers[0].media_type = "application/vnd.oci.image.layer.v1.tar+gzip".into();
+        let e = ModuleArtifact::from_oci(&manifest, &layers).unwrap_err();
+        assert!(
+            e.to_string().contains("unexpected or repeated layer of type application/vnd.oci.image.layer.v1.tar+gzip"),
+            "{e}"
+        );
     }
 }

@@ -69,6 +69,9 @@ pub struct LifecycleConfig {
     /// Install the agent into every Runtime's cluster and issue its certificate
     /// ([`agent_module`]); `None`: agents are installed some other way.
     pub agent_certs: Option<agent_module::AgentCerts>,
+    /// Module artifacts of templates with `spec.source.oci` ([`artifact::cache`]): registry
+    /// access and caches.
+    pub artifacts: artifact::cache::ArtifactConfig,
 }
 
 /// Watches reconciles from outside: `started` when a reconcile of a Runtime this instance
@@ -95,6 +98,7 @@ impl LifecycleConfig {
             shards: None,
             observer: None,
             agent_certs: None,
+            artifacts: Default::default(),
         }
     }
 }
@@ -127,6 +131,8 @@ pub struct Ctx {
     observer: Option<Arc<dyn ReconcileObserver>>,
     /// Agent installation and certificates, when on.
     agent_certs: Option<agent_module::AgentCerts>,
+    /// Pulled module artifacts, shared by every reconcile.
+    artifacts: Arc<artifact::cache::Artifacts>,
 }
 
 impl Ctx {
@@ -226,6 +232,21 @@ pub async fn run(config: LifecycleConfig, metrics: Arc<Metrics>, shutdown: Cance
         return;
     }
     let client = config.client.clone();
+    let artifacts = match artifact::cache::Artifacts::new(config.artifacts.clone()) {
+        Ok(a) => a,
+        Err(e) => {
+            // An unusable disk cache costs pulls after a restart, never the operator.
+            tracing::error!(dir = ?config.artifacts.cache_dir, error = %e, "cannot use the artifact cache directory; caching in memory only");
+            let memory_only = artifact::cache::ArtifactConfig { cache_dir: None, ..config.artifacts.clone() };
+            match artifact::cache::Artifacts::new(memory_only) {
+                Ok(a) => a,
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot start the artifact cache");
+                    return;
+                }
+            }
+        }
+    };
     let (metas, metas_writer) = reflector::store::<ModuleReleaseMeta>();
     let (templates, templates_writer) = reflector::store::<ModuleTemplate>();
     // Templates, release metas and policies the operator cannot use say so in their status.
@@ -316,6 +337,7 @@ pub async fn run(config: LifecycleConfig, metrics: Arc<Metrics>, shutdown: Cance
         shards: shard_map.clone(),
         observer: config.observer.clone(),
         agent_certs: config.agent_certs.clone(),
+        artifacts,
     });
     ctx.metrics.set_view(Some(View {
         runtimes: runtimes.clone(),

@@ -6,7 +6,7 @@
 
 use std::borrow::Cow;
 
-use fleetwatch_api::ModuleTemplateSpec;
+use fleetwatch_api::{ModuleTemplateSpec, ResourceRef};
 use fleetwatch_protocol::provides::{PROVIDES_ANNOTATION, format_provides, parse_provides};
 use serde_json::Value;
 
@@ -31,21 +31,26 @@ fn is_crd_api(api_version: &str) -> bool {
 /// kinds of the manifest's CRDs (merged with what the module itself declares there).
 /// Borrowed unchanged when the manifest has no CRD or no manager object.
 pub fn annotated_manifest(spec: &ModuleTemplateSpec) -> Cow<'_, [Value]> {
-    let kinds = crd_kinds(&spec.manifest);
+    annotated(&spec.manifest, &spec.manager)
+}
+
+/// [`annotated_manifest`] of objects from anywhere (a template's, an artifact's) and their
+/// manager.
+pub fn annotated<'a>(manifest: &'a [Value], m: &ResourceRef) -> Cow<'a, [Value]> {
+    let kinds = crd_kinds(manifest);
     if kinds.is_empty() {
-        return Cow::Borrowed(&spec.manifest);
+        return Cow::Borrowed(manifest);
     }
-    let m = &spec.manager;
     let is_manager = |o: &Value| {
         o["kind"].as_str() == Some(m.kind.as_str())
             && o["apiVersion"].as_str() == Some(m.api_version.as_str())
             && o["metadata"]["name"].as_str() == Some(m.name.as_str())
             && o["metadata"]["namespace"].as_str() == m.namespace.as_deref()
     };
-    let Some(i) = spec.manifest.iter().position(is_manager) else {
-        return Cow::Borrowed(&spec.manifest);
+    let Some(i) = manifest.iter().position(is_manager) else {
+        return Cow::Borrowed(manifest);
     };
-    let mut out = spec.manifest.clone();
+    let mut out = manifest.to_vec();
     let obj = &mut out[i];
     let own = obj["metadata"]["annotations"][PROVIDES_ANNOTATION].as_str().map(parse_provides).unwrap_or_default();
     let all: Vec<(String, String)> = kinds.into_iter().chain(own).collect();

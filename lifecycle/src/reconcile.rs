@@ -14,10 +14,11 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::finalizer::{self, Event as FinalizerEvent, finalizer};
 use kube::{Resource, ResourceExt};
-use serde_json::json;
+use serde_json::{Value, json};
 use tracing::Instrument;
 
 use crate::applier::Applier;
+use crate::artifact::cache::{Cached, FetchError, MAX_RETRY, PullSecret};
 use crate::{Ctx, Error};
 
 /// The finalizer that makes deleting a Runtime remove its modules first.
@@ -38,6 +39,115 @@ struct Flags {
     waiting: bool,
     /// Waiting for a maintenance window that opens in this long.
     window: Option<std::time::Duration>,
+    /// Waiting for a module artifact: look again in this long (its pull's backoff).
+    pull: Option<std::time::Duration>,
+}
+
+impl Flags {
+    fn pull_in(&mut self, d: Duration) {
+        self.pull = Some(self.pull.map_or(d, |p| p.min(d)));
+    }
+}
+
+/// A template's objects and default configuration: inline, or from its OCI artifact (the
+/// objects parsed for this use only: the cache keeps them as JSON).
+pub(crate) struct Content {
+    template: Arc<ModuleTemplate>,
+    artifact: Option<(Arc<Cached>, Vec<Value>)>,
+}
+
+impl Content {
+    /// The objects, in apply order.
+    fn objects(&self) -> &[Value] {
+        match &self.artifact {
+            Some((_, objects)) => objects,
+            None => &self.template.spec.manifest,
+        }
+    }
+
+    /// The template's default configuration, else the artifact's.
+    fn default_config(&self) -> Option<&Value> {
+        self.template.spec.default_config.as_ref().or_else(|| self.artifact.as_ref()?.0.default_config.as_ref())
+    }
+
+    /// What is applied: the objects, the manager annotated with the kinds they provide.
+    fn to_apply(&self) -> std::borrow::Cow<'_, [Value]> {
+        crate::provides::annotated(self.objects(), &self.template.spec.manager)
+    }
+}
+
+/// The objects of `template`: inline, or its artifact from the caches or the registry. An
+/// artifact whose annotations disagree with the template is refused (permanent).
+async fn content(ctx: &Ctx, template: &Arc<ModuleTemplate>) -> Result<Content, FetchError> {
+    let permanent =
+        |message: String| FetchError { registry: String::new(), message, permanent: true, retry_in: MAX_RETRY };
+    crate::usable::check_source(&template.spec)
+        .map_err(|e| permanent(format!("ModuleTemplate {} is not usable: {e}", template.name_any())))?;
+    let Some(oci) = template.spec.oci() else { return Ok(Content { template: template.clone(), artifact: None }) };
+    let secret = oci.pull_secret.as_ref().map(|name| PullSecret {
+        client: ctx.client.clone(),
+        namespace: template.namespace().unwrap_or_default(),
+        name: name.clone(),
+    });
+    let artifact = ctx.artifacts.get(&oci.reference, secret).await.map_err(|mut e| {
+        e.message = if e.permanent {
+            format!("artifact {} refused: {}", oci.reference, e.message)
+        } else {
+            format!("waiting for artifact {}: {} (retrying with backoff)", oci.reference, e.message)
+        };
+        e
+    })?;
+    agrees(&template.spec, &artifact).map_err(|why| {
+        permanent(format!("artifact {} does not match ModuleTemplate {}: {why}", oci.reference, template.name_any()))
+    })?;
+    let objects = artifact.objects().map_err(|e| permanent(format!("artifact {}: {e}", oci.reference)))?;
+    Ok(Content { template: template.clone(), artifact: Some((artifact, objects)) })
+}
+
+/// Whether an artifact's annotations say what its template's spec says (name, version,
+/// downtime, managed resources, manager); the first difference otherwise.
+pub(crate) fn agrees(spec: &fleetwatch_api::ModuleTemplateSpec, a: &Cached) -> Result<(), String> {
+    if a.name != spec.module_name {
+        return Err(format!("module name is {} in the artifact, {} in spec.moduleName", a.name, spec.module_name));
+    }
+    let same_version = match (parse(&a.version), parse(&spec.version)) {
+        (Ok(x), Ok(y)) => x == y,
+        _ => a.version == spec.version,
+    };
+    if !same_version {
+        return Err(format!("version is {} in the artifact, {} in spec.version", a.version, spec.version));
+    }
+    if a.requires_downtime != spec.requires_downtime {
+        return Err(format!(
+            "requires-downtime is {} in the artifact, {} in spec.requiresDowntime",
+            a.requires_downtime, spec.requires_downtime
+        ));
+    }
+    let kinds = |v: &[fleetwatch_api::KindRef]| {
+        let mut k: Vec<String> = v.iter().map(crate::artifact::kind_ref).collect();
+        k.sort();
+        k
+    };
+    if kinds(&a.managed_resources) != kinds(&spec.managed_resources) {
+        return Err(format!(
+            "managed resources are [{}] in the artifact, [{}] in spec.managedResources",
+            kinds(&a.managed_resources).join(", "),
+            kinds(&spec.managed_resources).join(", ")
+        ));
+    }
+    let m = &spec.manager;
+    if a.manager != *m {
+        return Err(format!(
+            "the manager is {} {}/{} in the artifact, {} {}/{} in spec.manager",
+            a.manager.kind,
+            a.manager.namespace.as_deref().unwrap_or_default(),
+            a.manager.name,
+            m.kind,
+            m.namespace.as_deref().unwrap_or_default(),
+            m.name
+        ));
+    }
+    Ok(())
 }
 
 /// Reconciles one Runtime, inside a `reconcile` span naming the runtime and its cluster.
@@ -341,6 +451,11 @@ async fn apply(rt: Arc<Runtime>, ctx: &Ctx) -> Result<Action, Error> {
     } else {
         ctx.resync
     };
+    // Back when a module's artifact is due to be pulled again.
+    let next = match (next, flags.pull) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
     // Back in time to renew the agent's certificate, whatever else is pending.
     let next = match (next, renew_in) {
         (Some(a), Some(b)) => Some(a.min(b)),
@@ -513,6 +628,29 @@ async fn install_inner(
             }
         }
     }
+    // The objects: inline, or the artifact (cached, else pulled). One that cannot be had
+    // changes nothing in the cluster: the running version keeps being reconciled.
+    let content = match content(ctx, &template).await {
+        Ok(c) => c,
+        Err(e) => {
+            flags.pull_in(e.retry_in);
+            let state = if e.permanent { State::Error } else { State::Warning };
+            let before = (st.state, st.message.clone());
+            let (mut st, message) = match &step {
+                Step::Upgrade { from } => {
+                    let st = keep_current(applier, ns, ctx, entry, st, from, e.message.clone()).await;
+                    if st.state == State::Error && !st.message.starts_with(&e.message) {
+                        return st; // repairing the running version failed: that is what shows
+                    }
+                    let message = st.message.clone();
+                    (st, message)
+                }
+                _ => (st, e.message),
+            };
+            (st.state, st.message) = before;
+            return fail(st, state, message);
+        }
+    };
     // Rule 6: migrations run around installs and upgrades only, not when keeping a version.
     let migrating = matches!(step, Step::Install | Step::Upgrade { .. });
     let cx = crate::migration::MigrationContext {
@@ -528,7 +666,7 @@ async fn install_inner(
     }
     let mut resources = Vec::new();
     // The manager declares the kinds the module provides (its CRDs), for the agent.
-    for obj in crate::provides::annotated_manifest(&template.spec).iter() {
+    for obj in content.to_apply().iter() {
         match applier.apply(obj).await {
             Ok(r) => resources.push(r),
             Err(e) => return fail(st, State::Error, format!("installing {} {desired}: {e}", entry.name)),
@@ -542,7 +680,7 @@ async fn install_inner(
     st.installed_version = Some(desired.to_string());
     st.managed_resources = template.spec.managed_resources.clone();
     // Rule 4: the default configuration is created once and never recreated or overwritten.
-    if let Some(cfg) = &template.spec.default_config {
+    if let Some(cfg) = content.default_config() {
         match Applier::reference(cfg) {
             Ok(r) => st.default_config = Some(r),
             Err(e) => return fail(st, State::Error, e.to_string()),
@@ -614,11 +752,18 @@ async fn keep_current(
     running: &semver::Version,
     message: String,
 ) -> ModuleStatus {
+    let mut message = message;
     if let Some(current) = find_template(&ctx.templates.state(), ns, &entry.name, running) {
-        for obj in crate::provides::annotated_manifest(&current.spec).iter() {
-            if let Err(e) = applier.apply(obj).await {
-                return fail(st, State::Error, format!("repairing {} {running}: {e}", entry.name));
+        match content(ctx, &current).await {
+            Ok(c) => {
+                for obj in c.to_apply().iter() {
+                    if let Err(e) = applier.apply(obj).await {
+                        return fail(st, State::Error, format!("repairing {} {running}: {e}", entry.name));
+                    }
+                }
             }
+            // Nothing to repair with: what runs stays as it is.
+            Err(e) => message = format!("{message}; {running} not repaired: {}", e.message),
         }
     }
     st.state = State::Ready;
@@ -930,6 +1075,43 @@ fn manager_rollout_pending(d: &kube::api::DynamicObject) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::manager_rollout_pending;
+
+    #[test]
+    fn an_artifact_must_say_what_its_template_says() {
+        use crate::artifact::ModuleArtifact;
+        let objects = vec![
+            serde_json::json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "op", "namespace": "ns"}}),
+        ];
+        let mut a = ModuleArtifact::new("w", "1.0.0", "ns/op", objects).unwrap();
+        a.managed_resources = vec![crate::artifact::parse_kind_ref("example.com/v1/Widget").unwrap()];
+        let a = crate::artifact::cache::Cached::new(a).unwrap();
+        let spec = fleetwatch_api::ModuleTemplateSpec {
+            module_name: "w".into(),
+            version: "1.0.0".into(),
+            managed_resources: a.managed_resources.clone(),
+            manager: a.manager.clone(),
+            ..Default::default()
+        };
+        assert_eq!(super::agrees(&spec, &a), Ok(()));
+        let mut other = spec.clone();
+        other.version = "1.0.1".into();
+        assert_eq!(super::agrees(&other, &a).unwrap_err(), "version is 1.0.0 in the artifact, 1.0.1 in spec.version");
+        let mut other = spec.clone();
+        other.requires_downtime = true;
+        assert_eq!(
+            super::agrees(&other, &a).unwrap_err(),
+            "requires-downtime is false in the artifact, true in spec.requiresDowntime"
+        );
+        let mut other = spec.clone();
+        other.managed_resources.clear();
+        assert!(super::agrees(&other, &a).unwrap_err().starts_with("managed resources are [example.com/v1/Widget]"));
+        let mut other = spec.clone();
+        other.manager.name = "else".into();
+        assert!(super::agrees(&other, &a).unwrap_err().starts_with("the manager is Deployment ns/op in the artifact"));
+        let mut other = spec;
+        other.module_name = "x".into();
+        assert!(super::agrees(&other, &a).unwrap_err().starts_with("module name is w"));
+    }
 
     fn deployment(generation: Option<i64>, status: serde_json::Value) -> kube::api::DynamicObject {
         let mut d: kube::api::DynamicObject = serde_json::from_value(serde_json::json!({

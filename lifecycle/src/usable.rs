@@ -13,9 +13,30 @@ use kube::api::{Api, DynamicObject, Patch, PatchParams};
 
 use crate::tolerant::{Invalid, USABLE};
 
-/// A template is usable when its version parses.
+/// A template is usable when its version parses and it gives its resources exactly one
+/// way: inline (`spec.manifest`) or as an OCI artifact pinned by digest
+/// (`spec.source.oci.ref`).
 pub fn check_template(t: &ModuleTemplate) -> Result<(), String> {
-    fleetwatch_api::policy::parse(&t.spec.version).map(|_| ()).map_err(|e| format!("spec.version: {e}"))
+    fleetwatch_api::policy::parse(&t.spec.version).map_err(|e| format!("spec.version: {e}"))?;
+    check_source(&t.spec)
+}
+
+/// The source half of [`check_template`]: exactly one of `spec.manifest` and
+/// `spec.source.oci`, and a ref with a digest.
+pub fn check_source(spec: &fleetwatch_api::ModuleTemplateSpec) -> Result<(), String> {
+    match (spec.manifest.is_empty(), spec.oci()) {
+        (false, Some(_)) => Err("spec.manifest and spec.source.oci are both given: a template gives its resources \
+             inline or as an OCI artifact, not both"
+            .into()),
+        (true, None) if spec.source.is_some() => Err("spec.source has no oci: give spec.source.oci.ref".into()),
+        (true, None) => Err("neither spec.manifest nor spec.source.oci.ref is given: a template needs its resources \
+             inline or as an OCI artifact"
+            .into()),
+        (true, Some(oci)) => crate::artifact::registry::parse_pinned(&oci.reference)
+            .map(|_| ())
+            .map_err(|e| format!("spec.source.oci.ref: {e}")),
+        (false, None) => Ok(()),
+    }
 }
 
 /// A release meta is usable when every version it offers (channels, mandatory) parses.
@@ -76,9 +97,36 @@ pub async fn report<K: Resource<DynamicType = ()>>(client: kube::Client, mut rx:
 mod tests {
     use super::*;
 
+    fn inline() -> Vec<serde_json::Value> {
+        vec![serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "redis"}})]
+    }
+
+    #[test]
+    fn a_template_gives_its_resources_exactly_one_way_and_pinned() {
+        use fleetwatch_api::{ModuleSource, OciSource};
+        let mut t = ModuleTemplate::new("redis-1", Default::default());
+        t.spec.version = "1.0.0".into();
+        let e = check_template(&t).unwrap_err();
+        assert!(e.starts_with("neither spec.manifest nor spec.source.oci.ref is given"), "{e}");
+        let digest = format!("sha256:{}", "a".repeat(64));
+        let oci = |r: &str| Some(ModuleSource { oci: Some(OciSource { reference: r.into(), pull_secret: None }) });
+        t.spec.source = oci(&format!("reg.example/mods/redis@{digest}"));
+        assert_eq!(check_template(&t), Ok(()));
+        t.spec.manifest = inline();
+        let e = check_template(&t).unwrap_err();
+        assert!(e.starts_with("spec.manifest and spec.source.oci are both given"), "{e}");
+        t.spec.manifest.clear();
+        t.spec.source = oci("reg.example/mods/redis:1.0.0");
+        let e = check_template(&t).unwrap_err();
+        assert!(e.starts_with("spec.source.oci.ref: reg.example/mods/redis:1.0.0 has no digest"), "{e}");
+        t.spec.source = Some(ModuleSource { oci: None });
+        assert!(check_template(&t).unwrap_err().contains("spec.source has no oci"));
+    }
+
     #[test]
     fn a_template_with_a_bad_version_is_not_usable() {
         let mut t = ModuleTemplate::new("redis-1", Default::default());
+        t.spec.manifest = inline();
         t.spec.version = "1.0.0".into();
         assert_eq!(check_template(&t), Ok(()));
         t.spec.version = "one".into();

@@ -56,26 +56,45 @@ impl Registry {
             "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\nhttp:\n  addr: 127.0.0.1:{port}\n{http_extra}",
             dir.path().join("data").display()
         );
-        let config_path = dir.path().join("config.yml");
-        std::fs::write(&config_path, config).unwrap();
-        let log = std::fs::File::create(dir.path().join("registry.log")).unwrap();
-        let child = Command::new(REGISTRY_BIN)
+        std::fs::write(dir.path().join("config.yml"), config).unwrap();
+        let child = Self::spawn(dir.path());
+        let mut r = Self { child, dir, port };
+        r.wait_listening();
+        r
+    }
+
+    fn spawn(dir: &Path) -> Child {
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(dir.join("registry.log")).unwrap();
+        Command::new(REGISTRY_BIN)
             .arg("serve")
-            .arg(&config_path)
+            .arg(dir.join("config.yml"))
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
-            .unwrap();
-        let mut r = Self { child, dir, port };
+            .unwrap()
+    }
+
+    fn wait_listening(&mut self) {
         let deadline = Instant::now() + Duration::from_secs(30);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            if let Some(status) = r.child.try_wait().unwrap() {
-                panic!("docker-registry exited ({status}): {}", r.log());
+        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                panic!("docker-registry exited ({status}): {}", self.log());
             }
-            assert!(Instant::now() < deadline, "docker-registry did not listen in 30s: {}", r.log());
+            assert!(Instant::now() < deadline, "docker-registry did not listen in 30s: {}", self.log());
             std::thread::sleep(Duration::from_millis(20));
         }
-        r
+    }
+
+    /// Stops the registry (its storage stays).
+    fn stop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Starts it again on the same port with the same storage.
+    fn restart(&mut self) {
+        self.child = Self::spawn(self.dir.path());
+        self.wait_listening();
     }
 
     fn log(&self) -> String {
@@ -489,4 +508,364 @@ fn bad_inputs_are_one_clear_line() {
     // With the bad file gone, the same command packages.
     let (ok, _, err) = fleetwatch(&base(&objects_s, "ns/op"));
     assert!(ok, "{err}");
+}
+
+/// What the operator's tests share: a sim control plane (the CRDs, namespace `kcp`, the
+/// runtime's kubeconfig Secret), a sim runtime cluster `rt1` whose Deployments roll out, and
+/// `fleetwatch lifecycle` against them.
+struct Operated {
+    _cp_sim: fleetwatch_sim::SimCluster,
+    _rt_sim: fleetwatch_sim::SimCluster,
+    cp_kc: PathBuf,
+    cp: kube::Client,
+    rt: kube::Client,
+    log: PathBuf,
+    _kubelet: tokio_util::sync::DropGuard,
+}
+
+impl Operated {
+    async fn start(pki: &Pki) -> Self {
+        let (cp_sim, cp_kc) = crate::support::sim_cluster(pki, "control-plane").await;
+        let (rt_sim, rt_kc) = crate::support::sim_cluster(pki, "rt1").await;
+        let cp = cp_sim.client().await.unwrap();
+        let rt = rt_sim.client().await.unwrap();
+        let crds = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/crds");
+        crate::support::kubectl(&cp_kc, &["apply", "-f", crds.to_str().unwrap()], None);
+        let kubelet = tokio_util::sync::CancellationToken::new();
+        tokio::spawn(fleetwatch_sim::roll_out_deployments(rt.clone(), Duration::ZERO, kubelet.clone()));
+        let o = Self {
+            _cp_sim: cp_sim,
+            _rt_sim: rt_sim,
+            cp_kc,
+            cp,
+            rt,
+            log: pki.path("lifecycle.log"),
+            _kubelet: kubelet.drop_guard(),
+        };
+        o.apply(&json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "kcp"}}));
+        o.apply(
+            &json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "rt1-kubeconfig", "namespace": "kcp"},
+            "stringData": {"config": std::fs::read_to_string(&rt_kc).unwrap()}}),
+        );
+        o
+    }
+
+    fn apply(&self, v: &Value) {
+        crate::support::apply_json(&self.cp_kc, v);
+    }
+
+    /// `module`'s ModuleReleaseMeta, offering `version` on `regular`.
+    fn release(&self, module: &str, version: &str) {
+        self.apply(&json!({"apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "ModuleReleaseMeta",
+            "metadata": {"name": module, "namespace": "kcp"},
+            "spec": {"moduleName": module, "channels": [{"channel": "regular", "version": version}]}}));
+    }
+
+    /// The Runtime `rt1` with `module`.
+    fn runtime(&self, module: &str) {
+        self.apply(&json!({"apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "Runtime",
+            "metadata": {"name": "rt1", "namespace": "kcp"},
+            "spec": {"clusterId": "rt1", "kubeconfigSecret": {"name": "rt1-kubeconfig"}, "modules": [{"name": module}]}}));
+    }
+
+    /// Starts `fleetwatch lifecycle` (no leader election) with `extra` flags.
+    fn lifecycle(&self, extra: &[&str]) -> crate::support::Proc {
+        let mut args: Vec<String> =
+            ["lifecycle", "--control-plane-kubeconfig", self.cp_kc.to_str().unwrap(), "--leader-elect=false"]
+                .iter()
+                .map(|s| s.to_string())
+                .collect();
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let p = crate::support::Proc::spawn(&args, self.log.clone());
+        p.wait_stdout("lifecycle operator running", Duration::from_secs(10));
+        p
+    }
+
+    /// Waits (up to 45 s) until `module`'s status in `rt1` satisfies `cond`.
+    async fn wait(
+        &self,
+        module: &str,
+        what: &str,
+        cond: impl Fn(&fleetwatch_api::ModuleStatus) -> bool,
+    ) -> fleetwatch_api::ModuleStatus {
+        let runtimes: kube::Api<fleetwatch_api::Runtime> = kube::Api::namespaced(self.cp.clone(), "kcp");
+        let start = Instant::now();
+        let mut last = None;
+        while start.elapsed() < Duration::from_secs(45) {
+            last = runtimes
+                .get_status("rt1")
+                .await
+                .ok()
+                .and_then(|r| r.status)
+                .and_then(|s| s.modules.into_iter().find(|m| m.name == module));
+            if let Some(m) = last.as_ref().filter(|m| cond(m)) {
+                return m.clone();
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!(
+            "timed out waiting for {what}; module status {last:#?}\nlifecycle log:\n{}",
+            std::fs::read_to_string(&self.log).unwrap_or_default()
+        );
+    }
+}
+
+/// The lifecycle operator installs modules whose templates name an artifact by digest
+/// (`spec.source.oci.ref`): real registry, sim control plane and runtime cluster, real
+/// lifecycle process. Upgrades pull the next digest; without the registry the cached
+/// version keeps being reconciled (also after a restart, from the disk cache) and an
+/// upgrade waits naming the registry; a tampered blob is an `Error`, nothing applied.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_operator_installs_by_digest_and_keeps_reconciling_without_the_registry() {
+    use fleetwatch_api::State;
+    use kube::api::{Api, DynamicObject};
+
+    let mut reg = Registry::plain();
+    let host = reg.host();
+    let pki = Pki::new();
+    let work = tempfile::tempdir().unwrap();
+    let crd = big_crd(2 << 20);
+    // Four versions, all pushed now: a 2 MiB CRD, a Namespace and the manager.
+    let package = |version: &str| -> (String, Value) {
+        let dir = work.path().join(version);
+        std::fs::create_dir_all(&dir).unwrap();
+        write_yaml(&dir.join("crds.yaml"), std::slice::from_ref(&crd));
+        write_yaml(
+            &dir.join("operator.yaml"),
+            &[
+                json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "widgets"}}),
+                deployment("widgets", "widget-operator", &format!("example.com/widget-operator:{version}")),
+            ],
+        );
+        let (ok, stdout, stderr) = fleetwatch(&[
+            "module",
+            "package",
+            "--dir",
+            dir.to_str().unwrap(),
+            "--name",
+            "widgets",
+            "--version",
+            version,
+            "--manager",
+            "widgets/widget-operator",
+            "--managed-resource",
+            "example.com/v1/Widget",
+            "--push",
+            &format!("{host}/modules/widgets:{version}"),
+            "--namespace",
+            "kcp",
+        ]);
+        assert!(ok, "package {version}: {stderr}\n{}", reg.log());
+        let pinned = template_ref(&stdout, &host);
+        (pinned, serde_saphyr::from_str(&stdout).unwrap())
+    };
+    let versions: Vec<(String, Value)> = ["1.0.0", "2.0.0", "3.0.0", "4.0.0"].into_iter().map(package).collect();
+
+    let op = Operated::start(&pki).await;
+    op.apply(&versions[0].1);
+    op.release("widgets", "1.0.0");
+    op.runtime("widgets");
+    let cache = work.path().join("artifact-cache");
+    let flags = ["--resync", "2", "--artifact-cache", cache.to_str().unwrap()];
+    let mut lifecycle = op.lifecycle(&flags);
+    let deployments: Api<DynamicObject> = Api::namespaced_with(
+        op.rt.clone(),
+        "widgets",
+        &kube::discovery::ApiResource::from_gvk(&kube::api::GroupVersionKind::gvk("apps", "v1", "Deployment")),
+    );
+    let crds_in_rt: Api<DynamicObject> = Api::all_with(
+        op.rt.clone(),
+        &kube::discovery::ApiResource::from_gvk(&kube::api::GroupVersionKind::gvk(
+            "apiextensions.k8s.io",
+            "v1",
+            "CustomResourceDefinition",
+        )),
+    );
+    let installed = |v: &'static str| -> Box<dyn Fn(&fleetwatch_api::ModuleStatus) -> bool> {
+        Box::new(move |m| m.state == State::Ready && m.installed_version.as_deref() == Some(v))
+    };
+    let manager_version = || {
+        let deployments = deployments.clone();
+        async move {
+            deployments
+                .get_opt("widget-operator")
+                .await
+                .unwrap()
+                .and_then(|d| d.metadata.labels?.get("app.kubernetes.io/version").cloned())
+        }
+    };
+
+    // Installed from the registry: the 2 MiB CRD and the manager are in the runtime cluster.
+    op.wait("widgets", "1.0.0 installed", installed("1.0.0")).await;
+    let got = crds_in_rt.get("widgets.example.com").await.unwrap();
+    assert_eq!(got.data["spec"]["versions"][0]["schema"], crd["spec"]["versions"][0]["schema"]);
+    assert_eq!(manager_version().await.as_deref(), Some("1.0.0"));
+    let cached = |dir: &Path| {
+        std::fs::read_dir(dir)
+            .unwrap()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with("sha256-"))
+            .count()
+    };
+    assert_eq!(cached(&cache), 1);
+
+    // Upgrade: the channel moves to a second digest.
+    op.apply(&versions[1].1);
+    op.release("widgets", "2.0.0");
+    op.wait("widgets", "2.0.0 installed", installed("2.0.0")).await;
+    assert_eq!(manager_version().await.as_deref(), Some("2.0.0"));
+    assert_eq!(cached(&cache), 2);
+
+    // The registry goes away, and the operator restarts: the running version comes from the
+    // disk cache; drift is repaired (a deleted manager comes back).
+    reg.stop();
+    drop(lifecycle);
+    lifecycle = op.lifecycle(&flags);
+    deployments.delete("widget-operator", &Default::default()).await.unwrap();
+    let start = Instant::now();
+    while manager_version().await.as_deref() != Some("2.0.0") {
+        assert!(start.elapsed() < Duration::from_secs(45), "the manager did not come back:\n{}", lifecycle.stderr());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // An upgrade to a digest not in the cache waits, naming the registry; 2.0.0 keeps running.
+    op.apply(&versions[2].1);
+    op.release("widgets", "3.0.0");
+    let reg_host = host.clone();
+    let m = op
+        .wait("widgets", "the upgrade to wait for the registry", move |m| {
+            m.state == State::Warning && m.message.contains("waiting for artifact") && m.message.contains(&reg_host)
+        })
+        .await;
+    assert!(m.message.contains(&versions[2].0) && m.message.contains("unreachable"), "{}", m.message);
+    assert_eq!(m.installed_version.as_deref(), Some("2.0.0"));
+    assert_eq!(manager_version().await.as_deref(), Some("2.0.0"));
+
+    // The registry is back: the retry (with backoff) installs 3.0.0.
+    reg.restart();
+    op.wait("widgets", "3.0.0 installed once the registry is back", installed("3.0.0")).await;
+
+    // A blob changed in the registry: refused with Error, nothing applied.
+    let manifest = manifest_of(&reg, &versions[3].0);
+    let layer = manifest["layers"][0]["digest"].as_str().unwrap().to_string();
+    let file = reg.blob_file(&layer);
+    let mut data = std::fs::read(&file).unwrap();
+    let at = data.windows(6).position(|w| w == b"widget").unwrap();
+    data[at..at + 6].copy_from_slice(b"gadget");
+    std::fs::write(&file, &data).unwrap();
+    op.apply(&versions[3].1);
+    op.release("widgets", "4.0.0");
+    let m = op
+        .wait("widgets", "the tampered artifact to be refused", |m| {
+            m.state == State::Error && m.message.contains("digest mismatch")
+        })
+        .await;
+    assert!(m.message.contains(&layer), "{}", m.message);
+    assert_eq!(m.installed_version.as_deref(), Some("3.0.0"));
+    assert_eq!(manager_version().await.as_deref(), Some("3.0.0"));
+
+    // A template whose spec disagrees with its artifact's annotations: Error, with the field.
+    let mut wrong = versions[2].1.clone();
+    wrong["metadata"]["name"] = json!("widgets-3.0.1");
+    wrong["spec"]["version"] = json!("3.0.1");
+    op.apply(&wrong);
+    op.release("widgets", "3.0.1");
+    let m = op
+        .wait("widgets", "the disagreeing template to be refused", |m| {
+            m.state == State::Error && m.message.contains("version is 3.0.0 in the artifact, 3.0.1 in spec.version")
+        })
+        .await;
+    assert_eq!(m.installed_version.as_deref(), Some("3.0.0"));
+
+    // A ref by tag, or both inline objects and a ref: the template says it is not usable.
+    let mut tagged = versions[0].1.clone();
+    tagged["metadata"]["name"] = json!("widgets-tagged");
+    tagged["spec"]["source"]["oci"]["ref"] = json!(format!("{host}/modules/widgets:1.0.0"));
+    let mut both = versions[0].1.clone();
+    both["metadata"]["name"] = json!("widgets-both");
+    both["spec"]["manifest"] = json!([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "x"}}]);
+    let templates: Api<fleetwatch_api::ModuleTemplate> = Api::namespaced(op.cp.clone(), "kcp");
+    for (t, needle) in [(tagged, "has no digest: a module version must be immutable"), (both, "are both given")] {
+        op.apply(&t);
+        let name = t["metadata"]["name"].as_str().unwrap();
+        let start = Instant::now();
+        loop {
+            let conditions = templates.get_status(name).await.unwrap().status.map(|s| s.conditions).unwrap_or_default();
+            if conditions.iter().any(|c| {
+                c.type_ == "Usable" && c.status == "False" && c.reason == "InvalidSpec" && c.message.contains(needle)
+            }) {
+                break;
+            }
+            assert!(start.elapsed() < Duration::from_secs(30), "{name}: no Usable=False: {conditions:?}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    drop(lifecycle);
+}
+
+/// A template's `pullSecret` gives the operator the registry's credentials (TLS registry
+/// with basic auth, its CA given with `--registry-ca`): a missing Secret and a wrong
+/// password are the module's `Error` with the reason; the right one installs it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pull_secret_gives_the_operator_the_registry_credentials() {
+    use fleetwatch_api::State;
+
+    let pki = Pki::new();
+    let reg = Registry::tls_auth(&pki.path("hub.crt"), &pki.path("hub.key"), "fleet", "s3cret");
+    let host = reg.host();
+    let work = tempfile::tempdir().unwrap();
+    let dir = work.path().join("module");
+    std::fs::create_dir_all(&dir).unwrap();
+    write_yaml(
+        &dir.join("operator.yaml"),
+        &[
+            json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "gadgets"}}),
+            deployment("gadgets", "gadget-operator", "example.com/gadget-operator:1.0.0"),
+        ],
+    );
+    let config = |password: &str| json!({"auths": {host.clone(): {"username": "fleet", "password": password}}});
+    let auth = work.path().join("config.json");
+    std::fs::write(&auth, config("s3cret").to_string()).unwrap();
+    let (ok, stdout, stderr) = fleetwatch(&[
+        "module",
+        "package",
+        "--dir",
+        dir.to_str().unwrap(),
+        "--name",
+        "gadgets",
+        "--version",
+        "1.0.0",
+        "--manager",
+        "gadgets/gadget-operator",
+        "--push",
+        &format!("{host}/modules/gadgets:1.0.0"),
+        "--registry-auth",
+        auth.to_str().unwrap(),
+        "--registry-ca",
+        pki.path("ca.crt").to_str().unwrap(),
+    ]);
+    assert!(ok, "package: {stderr}\n{}", reg.log());
+    let mut template: Value = serde_saphyr::from_str(&stdout).unwrap();
+    template["spec"]["source"]["oci"]["pullSecret"] = json!("regcred");
+
+    let op = Operated::start(&pki).await;
+    op.apply(&template);
+    op.release("gadgets", "1.0.0");
+    op.runtime("gadgets");
+    let _lifecycle = op.lifecycle(&["--registry-ca", pki.path("ca.crt").to_str().unwrap()]);
+    let error_with =
+        |needle: String| move |m: &fleetwatch_api::ModuleStatus| m.state == State::Error && m.message.contains(&needle);
+    op.wait("gadgets", "the missing Secret to be named", error_with("pull secret kcp/regcred: not found".into())).await;
+    let secret = |password: &str| {
+        json!({"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/dockerconfigjson",
+            "metadata": {"name": "regcred", "namespace": "kcp"},
+            "stringData": {".dockerconfigjson": config(password).to_string()}})
+    };
+    op.apply(&secret("wrong"));
+    op.wait("gadgets", "the wrong password to be refused", error_with(format!("{host} refused the credentials"))).await;
+    op.apply(&secret("s3cret"));
+    op.wait("gadgets", "1.0.0 installed with the Secret's credentials", |m| {
+        m.state == State::Ready && m.installed_version.as_deref() == Some("1.0.0")
+    })
+    .await;
 }
