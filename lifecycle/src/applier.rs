@@ -163,4 +163,33 @@ impl Applier {
             Err(e) => Err(Error::kube("list", format!("{api_version} {}", kind.kind), e)),
         }
     }
+
+    /// Server-side applies `obj` as field manager `manager` (with `force` or not) and
+    /// returns the object as stored (ModuleConfigPolicy enforcement, `config_policy.rs`).
+    pub async fn apply_as(&self, obj: &Value, manager: &str, force: bool) -> Result<DynamicObject, Error> {
+        let r = Self::reference(obj)?;
+        let api = self.api_for(&r).await?;
+        let mut pp = PatchParams::apply(manager);
+        pp.force = force;
+        api.patch(&r.name, &pp, &Patch::Apply(obj)).await.map_err(|e| Error::kube("apply", describe(&r), e))
+    }
+
+    /// Replaces an object's content with `obj` (its `metadata.resourceVersion` guards the
+    /// write) as field manager `manager`.
+    pub async fn replace_as(&self, obj: &Value, manager: &str) -> Result<DynamicObject, Error> {
+        let r = Self::reference(obj)?;
+        let api = self.api_for(&r).await?;
+        let dynobj: DynamicObject = serde_json::from_value(obj.clone())
+            .map_err(|source| ManifestError::NotAnObject { kind: r.kind.clone(), name: r.name.clone(), source })?;
+        let pp = PostParams { field_manager: Some(manager.into()), ..Default::default() };
+        api.replace(&r.name, &pp, &dynobj).await.map_err(|e| Error::kube("replace", describe(&r), e))
+    }
+
+    async fn api_for(&self, r: &ResourceRef) -> Result<Api<DynamicObject>, Error> {
+        let (ar, caps) = self
+            .resolve(&r.api_version, &r.kind)
+            .await?
+            .ok_or_else(|| ManifestError::KindNotServed { api_version: r.api_version.clone(), kind: r.kind.clone() })?;
+        Ok(self.api(&ar, &caps, r.namespace.as_deref()))
+    }
 }

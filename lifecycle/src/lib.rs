@@ -13,6 +13,7 @@ pub mod applier;
 pub mod artifact;
 pub mod catalog;
 pub mod clusters;
+pub mod config_policy;
 pub mod election;
 pub mod error;
 pub mod events;
@@ -127,6 +128,8 @@ pub struct Ctx {
     observer: Option<Arc<dyn ReconcileObserver>>,
     /// Agent installation and certificates, when on.
     agent_certs: Option<agent_module::AgentCerts>,
+    /// ModuleConfigPolicies ([`config_policy`]).
+    config: config_policy::Shared,
 }
 
 impl Ctx {
@@ -281,6 +284,7 @@ pub async fn run(config: LifecycleConfig, metrics: Arc<Metrics>, shutdown: Cance
                 // The finalizer helper adds the finalizer and waits for the change it made:
                 // that change must start the reconcile that installs.
                 rt.finalizers().iter().any(|f| f == reconcile::FINALIZER).hash(&mut h);
+                rt.annotations().get(fleetwatch_api::config_policy::RESET_ANNOTATION).hash(&mut h);
                 Some(h.finish())
             },
             Default::default(),
@@ -294,6 +298,8 @@ pub async fn run(config: LifecycleConfig, metrics: Arc<Metrics>, shutdown: Cance
         (sc, map, acquired)
     });
     let shard_map = sharding.as_ref().map(|(_, map, _)| map.clone());
+    let (config_policies, config_stream) = config_policy::watch(client.clone());
+    let config_changed = Arc::new(tokio::sync::Notify::new());
     let ctx = Arc::new(Ctx {
         client: client.clone(),
         clusters: clusters::Clusters::new(client.clone()),
@@ -316,7 +322,23 @@ pub async fn run(config: LifecycleConfig, metrics: Arc<Metrics>, shutdown: Cance
         shards: shard_map.clone(),
         observer: config.observer.clone(),
         agent_certs: config.agent_certs.clone(),
+        config: config_policy::Shared { policies: config_policies.clone(), changed: config_changed.clone() },
     });
+    tokio::spawn(config_policy::run_status(
+        client.clone(),
+        config_changed.clone(),
+        config_policies,
+        runtimes.clone(),
+        templates.clone(),
+        shutdown.child_token(),
+    ));
+    let by_config_policy = {
+        let store = runtimes.clone();
+        move |p: fleetwatch_api::config_policy::ModuleConfigPolicy| {
+            config_changed.notify_one();
+            config_policy::affected(&store, &p)
+        }
+    };
     ctx.metrics.set_view(Some(View {
         runtimes: runtimes.clone(),
         shards: shard_map.clone(),
@@ -395,6 +417,7 @@ pub async fn run(config: LifecycleConfig, metrics: Arc<Metrics>, shutdown: Cance
         .with_config(kube::runtime::controller::Config::default().concurrency(config.concurrency))
         .watches_stream(metas_stream, by_meta)
         .watches_stream(templates_stream, by_template)
+        .watches_stream(config_stream, by_config_policy)
         .reconcile_on(tokio_stream_from(hub_rx))
         .graceful_shutdown_on(shutdown.clone().cancelled_owned())
         .run(reconcile::reconcile, error_policy, ctx)

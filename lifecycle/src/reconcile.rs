@@ -286,6 +286,7 @@ async fn apply(rt: Arc<Runtime>, ctx: &Ctx) -> Result<Action, Error> {
             statuses.push(st);
         }
     }
+    crate::config_policy::enforce(ctx, &applier, &rt, &mut statuses, &previous).await;
     let key = format!("{ns}/{name}");
     // The catalog of what can be installed, kept in the runtime cluster (written on change).
     let catalog = crate::catalog::build(&ns, &ctx.metas.state(), &ctx.templates.state());

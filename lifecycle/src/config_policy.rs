@@ -1,0 +1,606 @@
+//! ModuleConfigPolicies in force (issue 29): central configuration takes precedence.
+//!
+//! Precedence: a policy's `enforce` > the template's `defaultConfig` (created once) > the
+//! user. Per reconcile of a Runtime (which a hub event for its cluster triggers, so a user's
+//! edit of the module configuration is seen within the event's delivery, never by polling),
+//! for each installed module with a configuration object:
+//! 1. the usable policies matching the Runtime are merged; a field two of them disagree on
+//!    is a conflict, reported on each policy and enforced by none;
+//! 2. exactly the enforced fields are server-side applied with the field manager
+//!    [`FIELD_MANAGER`] and `force`, only when the object differs or the set of fields
+//!    changed; a changed value gets an Event `ConfigEnforced` naming the pointers;
+//! 3. fields no longer enforced (a policy removed, narrowed or made unusable) are released:
+//!    first co-owned at their current values by [`RELEASE_MANAGER`] (no force), then the
+//!    policy manager's set is applied without them, so they stay as they are (an apply that
+//!    simply drops a field its manager owns alone deletes it);
+//! 4. the whole object is checked against every policy's schema; errors (JSON pointer,
+//!    message) go into the module's status (`config`, condition `ConfigValid=False`), a
+//!    Warning Event `ConfigInvalid` and the gauge `fleetwatch_lifecycle_module_config_invalid`;
+//!    with `onInvalid: Restore` the last valid configuration is put back. The last valid
+//!    configuration is kept in the Runtime's status (`status.modules[].config.lastValid`,
+//!    at most [`LAST_VALID_MAX_BYTES`]; larger ones are not kept and cannot be restored);
+//! 5. the annotation [`RESET_ANNOTATION`] (`<module>` or `all`) puts the configuration back
+//!    to the template's default, then the enforced fields, once; the annotation is removed
+//!    and an Event `ConfigReset` records it.
+//!
+//! A policy's own status (runtimes matched, valid, invalid, `Ready` with `InvalidSpec` or
+//! `Conflict`) is computed from the operator's caches by [`run_status`] and written only
+//! when it differs.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use fleetwatch_api::config_policy::{
+    ConfigError, LAST_VALID_MAX_BYTES, ModuleConfigPolicy, ModuleConfigPolicyStatus, ModuleConfigStatus, OnInvalid,
+    RESET_ANNOTATION, compile, differing, enforced_pointers, merge_enforce, violations,
+};
+use fleetwatch_api::{Condition, ModuleStatus, ModuleTemplate, ResourceRef, Runtime, State};
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Resource, ResourceExt};
+use serde_json::{Map, Value, json};
+use tokio_util::sync::CancellationToken;
+
+use crate::Ctx;
+use crate::applier::Applier;
+use crate::events::{EventType, event};
+
+/// The field manager that owns enforced fields.
+pub const FIELD_MANAGER: &str = "fleetwatch-config-policy";
+/// The field manager that keeps released fields (no longer enforced) as they are.
+pub const RELEASE_MANAGER: &str = "fleetwatch-config-released";
+/// The field manager of restores and resets (whole-object replacements).
+pub const RESTORE_MANAGER: &str = "fleetwatch-config-restore";
+
+/// What reconciles share about policies.
+pub struct Shared {
+    /// The ModuleConfigPolicies.
+    pub policies: Store<ModuleConfigPolicy>,
+    /// Wakes [`run_status`].
+    pub changed: Arc<tokio::sync::Notify>,
+}
+
+/// The policy store and the stream of touched (applied or deleted) policies.
+pub fn watch(
+    client: kube::Client,
+) -> (Store<ModuleConfigPolicy>, impl futures_util::Stream<Item = Result<ModuleConfigPolicy, watcher::Error>> + Send) {
+    let (store, writer) = reflector::store::<ModuleConfigPolicy>();
+    let api: Api<ModuleConfigPolicy> = Api::all(client);
+    let stream = watcher(api, watcher::Config::default()).default_backoff().reflect(writer).touched_objects();
+    (store, stream)
+}
+
+/// The Runtimes a policy change concerns: those of its namespace that have its module.
+pub fn affected(runtimes: &Store<Runtime>, policy: &ModuleConfigPolicy) -> Vec<ObjectRef<Runtime>> {
+    runtimes
+        .state()
+        .iter()
+        .filter(|rt| rt.namespace() == policy.namespace())
+        .filter(|rt| {
+            rt.spec.modules.iter().any(|m| m.name == policy.spec.module)
+                || rt.status.iter().flat_map(|s| &s.modules).any(|m| m.name == policy.spec.module)
+        })
+        .map(|rt| ObjectRef::from_obj(rt.as_ref()))
+        .collect()
+}
+
+/// Why the operator cannot use `policy` (bad input), if it cannot.
+pub fn problem(policy: &ModuleConfigPolicy, templates: &[Arc<ModuleTemplate>]) -> Option<String> {
+    let ns = policy.namespace();
+    let mut modules: Vec<&str> = templates
+        .iter()
+        .filter(|t| t.namespace() == ns)
+        .map(|t| t.spec.module_name.as_str())
+        .chain([crate::agent_module::MODULE])
+        .collect();
+    modules.sort_unstable();
+    modules.dedup();
+    policy.spec.check(&modules).err()
+}
+
+/// The usable policies of `module` that match `rt`, sorted by name.
+fn matching(
+    policies: &[Arc<ModuleConfigPolicy>],
+    templates: &[Arc<ModuleTemplate>],
+    rt: &Runtime,
+    module: &str,
+) -> Vec<Arc<ModuleConfigPolicy>> {
+    let labels = rt.labels();
+    let mut out: Vec<_> = policies
+        .iter()
+        .filter(|p| p.namespace() == rt.namespace() && p.spec.module == module)
+        .filter(|p| p.spec.runtime_selector.as_ref().is_none_or(|s| s.matches(labels)))
+        .filter(|p| problem(p, templates).is_none())
+        .cloned()
+        .collect();
+    out.sort_by_key(|p| p.name_any());
+    out
+}
+
+/// Applies the policies to every module of `rt` (called by the reconcile before it writes
+/// the status; never fails it: problems go into the modules' `config` status).
+pub(crate) async fn enforce(
+    ctx: &Ctx,
+    applier: &Applier,
+    rt: &Runtime,
+    statuses: &mut [ModuleStatus],
+    previous: &[ModuleStatus],
+) {
+    let reset = rt.annotations().get(RESET_ANNOTATION).cloned();
+    let policies = ctx.config.policies.state();
+    let templates = ctx.templates.state();
+    let mut was_reset = Vec::new();
+    for st in statuses.iter_mut() {
+        if matches!(st.state, State::Deleting | State::Unmanaged) {
+            continue;
+        }
+        let prev = previous.iter().find(|p| p.name == st.name).and_then(|p| p.config.clone());
+        let in_force = matching(&policies, &templates, rt, &st.name);
+        let reset_this = reset.as_deref().is_some_and(|r| r == "all" || r == st.name);
+        if in_force.is_empty() && prev.as_ref().is_none_or(|c| c.enforced.is_empty()) && !reset_this {
+            st.config = None;
+            continue;
+        }
+        let Some(cfg) = st.default_config.clone() else {
+            st.config = None;
+            continue;
+        };
+        let mut m = Module { ctx, applier, rt, module: st.name.clone(), cfg, prev: prev.unwrap_or_default() };
+        let default = reset_this.then(|| default_config(&templates, rt, st)).flatten();
+        if reset_this {
+            was_reset.push(st.name.clone());
+        }
+        st.config = Some(m.run(&in_force, reset_this.then_some(default)).await);
+    }
+    if reset.is_some() {
+        remove_reset_annotation(ctx, rt).await;
+        for module in &was_reset {
+            note(
+                ctx,
+                rt,
+                EventType::Normal,
+                "ConfigReset",
+                module,
+                format!("configuration of {module} reset to the default and the enforced fields"),
+            )
+            .await;
+        }
+    }
+    ctx.config.changed.notify_one();
+}
+
+/// The template's default configuration of the module's installed version.
+fn default_config(templates: &[Arc<ModuleTemplate>], rt: &Runtime, st: &ModuleStatus) -> Option<Value> {
+    let version = st.installed_version.as_deref()?;
+    templates
+        .iter()
+        .find(|t| {
+            t.namespace() == rt.namespace()
+                && t.spec.module_name == st.name
+                && fleetwatch_api::policy::parse(&t.spec.version).ok() == fleetwatch_api::policy::parse(version).ok()
+        })
+        .and_then(|t| t.spec.default_config.clone())
+}
+
+async fn remove_reset_annotation(ctx: &Ctx, rt: &Runtime) {
+    let api: Api<Runtime> = Api::namespaced(ctx.client.clone(), &rt.namespace().unwrap_or_default());
+    let patch = json!({"metadata": {"annotations": {RESET_ANNOTATION: null}}});
+    if let Err(e) = api.patch(&rt.name_any(), &PatchParams::default(), &Patch::Merge(&patch)).await {
+        tracing::warn!(error = %e, "cannot remove the reset-config annotation");
+    }
+}
+
+async fn note(ctx: &Ctx, rt: &Runtime, type_: EventType, reason: &str, module: &str, text: String) {
+    let ev = event(type_, reason, "Configure", module, text);
+    if let Err(e) = ctx.recorder.publish(&ev, &rt.object_ref(&())).await {
+        tracing::debug!(%reason, error = %e, "cannot publish an Event");
+    }
+}
+
+/// One module's configuration under its policies.
+struct Module<'a> {
+    ctx: &'a Ctx,
+    applier: &'a Applier,
+    rt: &'a Runtime,
+    module: String,
+    cfg: ResourceRef,
+    prev: ModuleConfigStatus,
+}
+
+/// `apiVersion`, `kind` and `metadata` (name, namespace) of the configuration object.
+fn header(cfg: &ResourceRef) -> Value {
+    let mut meta = Map::new();
+    meta.insert("name".into(), json!(cfg.name));
+    if let Some(ns) = &cfg.namespace {
+        meta.insert("namespace".into(), json!(ns));
+    }
+    json!({"apiVersion": cfg.api_version, "kind": cfg.kind, "metadata": meta})
+}
+
+/// `enforce`'s content on the object's header.
+fn with_header(cfg: &ResourceRef, content: &Value) -> Value {
+    let mut obj = header(cfg);
+    if let (Some(o), Some(c)) = (obj.as_object_mut(), content.as_object()) {
+        for (k, v) in c.iter().filter(|(k, _)| !matches!(k.as_str(), "apiVersion" | "kind" | "metadata")) {
+            o.insert(k.clone(), v.clone());
+        }
+    }
+    obj
+}
+
+/// What the schemas see and `lastValid` keeps: the object without status and server-set
+/// metadata (only name, namespace, labels and annotations stay).
+fn content(obj: &Value) -> Value {
+    let mut out = obj.clone();
+    if let Some(o) = out.as_object_mut() {
+        o.remove("status");
+        if let Some(meta) = obj.get("metadata").and_then(Value::as_object) {
+            let kept: Map<String, Value> = meta
+                .iter()
+                .filter(|(k, _)| matches!(k.as_str(), "name" | "namespace" | "labels" | "annotations"))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+            o.insert("metadata".into(), Value::Object(kept));
+        }
+    }
+    out
+}
+
+fn condition(prev: &[Condition], type_: &str, ok: bool, reason: &str, message: String) -> Condition {
+    let status = if ok { "True" } else { "False" };
+    let since = prev
+        .iter()
+        .find(|c| c.type_ == type_ && c.status == status)
+        .and_then(|c| c.last_transition_time.clone())
+        .unwrap_or_else(|| jiff::Timestamp::now().to_string());
+    Condition {
+        type_: type_.into(),
+        status: status.into(),
+        reason: reason.into(),
+        message,
+        last_transition_time: Some(since),
+    }
+}
+
+impl Module<'_> {
+    async fn get(&self) -> Result<Option<Value>, String> {
+        match self.applier.get(&self.cfg).await {
+            Ok(Some(o)) => serde_json::to_value(o).map(Some).map_err(|e| e.to_string()),
+            Ok(None) => Ok(None),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    /// Replaces the object's content with `body` (keeping what the API server needs).
+    async fn replace(&self, current: Option<&Value>, body: &Value) -> Result<(), String> {
+        let mut obj = with_header(&self.cfg, body);
+        if let Some(src) = body.pointer("/metadata").and_then(Value::as_object) {
+            for k in ["labels", "annotations"] {
+                if let Some(v) = src.get(k) {
+                    obj["metadata"][k] = v.clone();
+                }
+            }
+        }
+        match current.and_then(|c| c.pointer("/metadata/resourceVersion")) {
+            Some(rv) => {
+                obj["metadata"]["resourceVersion"] = rv.clone();
+                self.applier.replace_as(&obj, RESTORE_MANAGER).await.map(|_| ()).map_err(|e| e.to_string())
+            }
+            None => self.applier.create_once(&obj).await.map(|_| ()).map_err(|e| e.to_string()),
+        }
+    }
+
+    async fn run(&mut self, in_force: &[Arc<ModuleConfigPolicy>], reset: Option<Option<Value>>) -> ModuleConfigStatus {
+        let module = self.module.clone();
+        let names: Vec<String> = in_force.iter().map(|p| p.name_any()).collect();
+        let pairs: Vec<(&str, &Value)> =
+            in_force.iter().zip(&names).map(|(p, n)| (n.as_str(), &p.spec.enforce)).collect();
+        let merged = merge_enforce(&pairs);
+        let pointers = enforced_pointers(&merged.value);
+        let mut status = ModuleConfigStatus {
+            policies: names.clone(),
+            enforced: pointers.clone(),
+            last_valid: self.prev.last_valid.clone(),
+            ..Default::default()
+        };
+        let prev_conditions = self.prev.conditions.clone();
+        let fail = |mut status: ModuleConfigStatus, why: String| {
+            tracing::warn!(module = %module, error = %why, "module configuration not enforced");
+            status.enforced = Vec::new();
+            status.conditions = vec![condition(&prev_conditions, "ConfigEnforced", false, "Error", why)];
+            status
+        };
+        // A reset: the template's default content, then the enforced fields below.
+        if let Some(default) = reset {
+            let Some(default) = default else {
+                return fail(status, "reset asked for, but the template has no default configuration".into());
+            };
+            let current = match self.get().await {
+                Ok(c) => c,
+                Err(e) => return fail(status, e),
+            };
+            if let Err(e) = self.replace(current.as_ref(), &content(&default)).await {
+                return fail(status, format!("resetting the configuration: {e}"));
+            }
+            tracing::info!(module = %module, "module configuration reset to its default");
+        }
+        let mut obj = match self.get().await {
+            Ok(Some(o)) => o,
+            Ok(None) => {
+                return fail(status, format!("configuration object {} {} not found", self.cfg.kind, self.cfg.name));
+            }
+            Err(e) => return fail(status, e),
+        };
+        // Released fields stay as they are: co-owned by the release manager first.
+        let now: BTreeSet<&String> = pointers.iter().collect();
+        let released: Vec<&String> = self.prev.enforced.iter().filter(|p| !now.contains(p)).collect();
+        if !released.is_empty() {
+            let mut keep = Value::Object(Map::new());
+            for p in &released {
+                if let Some(v) = obj.pointer(p) {
+                    fleetwatch_api::config_policy::set_pointer(&mut keep, p, v.clone());
+                }
+            }
+            if let Err(e) = self.applier.apply_as(&with_header(&self.cfg, &keep), RELEASE_MANAGER, false).await {
+                tracing::warn!(module = %module, error = %e, "cannot keep the released configuration fields");
+            }
+            tracing::info!(module = %module, fields = ?released, "configuration fields released");
+        }
+        let diffs = differing(&obj, &merged.value, &pointers);
+        if !diffs.is_empty() || !released.is_empty() || pointers != self.prev.enforced {
+            match self.applier.apply_as(&with_header(&self.cfg, &merged.value), FIELD_MANAGER, true).await {
+                Ok(stored) => obj = serde_json::to_value(stored).unwrap_or(obj),
+                Err(e) => return fail(status, format!("applying the enforced fields: {e}")),
+            }
+            if !diffs.is_empty() {
+                self.ctx.metrics.config_enforced.inc();
+                let text = format!("enforced {} of {module}'s configuration ({})", diffs.join(", "), names.join(", "));
+                tracing::info!(module = %module, fields = %diffs.join(","), "configuration fields enforced");
+                note(self.ctx, self.rt, EventType::Normal, "ConfigEnforced", &module, text).await;
+            }
+        }
+        let enforced_cond = if merged.conflicts.is_empty() {
+            condition(
+                &prev_conditions,
+                "ConfigEnforced",
+                true,
+                "Enforced",
+                format!("{} fields enforced", pointers.len()),
+            )
+        } else {
+            let text: Vec<String> =
+                merged.conflicts.iter().map(|(p, who)| format!("{p} ({})", who.join(" vs "))).collect();
+            condition(
+                &prev_conditions,
+                "ConfigEnforced",
+                false,
+                "Conflict",
+                format!("policies disagree, not enforced: {}", text.join(", ")),
+            )
+        };
+        // Validation, and a restore of the last valid configuration when asked for.
+        let mut errors = self.validate(in_force, &obj);
+        if !errors.is_empty()
+            && let Some(last) = self.prev.last_valid.clone()
+            && in_force
+                .iter()
+                .any(|p| p.spec.on_invalid == OnInvalid::Restore && errors.iter().any(|e| e.policy == p.name_any()))
+        {
+            let pointers: Vec<String> = errors.iter().map(|e| e.pointer.clone()).collect();
+            let restored = async {
+                self.replace(Some(&obj), &last).await?;
+                self.applier
+                    .apply_as(&with_header(&self.cfg, &merged.value), FIELD_MANAGER, true)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                self.get().await
+            }
+            .await;
+            match restored {
+                Ok(Some(o)) => {
+                    obj = o;
+                    let text =
+                        format!("restored the last valid configuration of {module} (invalid: {})", pointers.join(", "));
+                    tracing::info!(module = %module, "last valid configuration restored");
+                    note(self.ctx, self.rt, EventType::Normal, "ConfigRestored", &module, text).await;
+                    errors = self.validate(in_force, &obj);
+                }
+                Ok(None) => {}
+                Err(e) => tracing::warn!(module = %module, error = %e, "cannot restore the last valid configuration"),
+            }
+        }
+        let valid_cond = if errors.is_empty() {
+            let c = content(&obj);
+            let size = serde_json::to_vec(&c).map(|v| v.len()).unwrap_or(usize::MAX);
+            status.last_valid = (size <= LAST_VALID_MAX_BYTES).then_some(c);
+            let schemas = in_force.iter().filter(|p| p.spec.schema.is_some()).count();
+            condition(&prev_conditions, "ConfigValid", true, "Valid", format!("meets {schemas} schemas"))
+        } else {
+            let text: Vec<String> = errors.iter().map(|e| format!("{}: {}", e.pointer, e.message)).collect();
+            if errors != self.prev.errors {
+                self.ctx.metrics.config_invalid.inc();
+                let note_text = format!("configuration of {module} is invalid: {}", text.join("; "));
+                tracing::warn!(module = %module, errors = %text.join("; "), "module configuration invalid");
+                note(self.ctx, self.rt, EventType::Warning, "ConfigInvalid", &module, note_text).await;
+            }
+            condition(&prev_conditions, "ConfigValid", false, "SchemaViolation", text.join("; "))
+        };
+        status.errors = errors;
+        status.conditions = vec![valid_cond, enforced_cond];
+        status
+    }
+
+    fn validate(&self, in_force: &[Arc<ModuleConfigPolicy>], obj: &Value) -> Vec<ConfigError> {
+        let c = content(obj);
+        let mut out = Vec::new();
+        for p in in_force {
+            let Some(schema) = &p.spec.schema else { continue };
+            // Checked usable before; compiled per check (schemas are small).
+            let Ok(v) = compile(schema) else { continue };
+            for (pointer, message) in violations(&v, &c) {
+                out.push(ConfigError { policy: p.name_any(), pointer, message });
+            }
+        }
+        out
+    }
+}
+
+/// Keeps every policy's status current (runtimes matched, valid, invalid, `Ready`), from
+/// the caches, woken by reconciles and policy changes (and every few seconds, for Runtime
+/// status changes written by other instances); written only when it differs.
+pub async fn run_status(
+    client: kube::Client,
+    shared: Arc<tokio::sync::Notify>,
+    policies: Store<ModuleConfigPolicy>,
+    runtimes: Store<Runtime>,
+    templates: Store<ModuleTemplate>,
+    shutdown: CancellationToken,
+) {
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = shared.notified() => {}
+            _ = tokio::time::sleep(Duration::from_secs(5)) => {}
+        }
+        // Let the status the reconcile is writing reach the cache.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let all = policies.state();
+        let templates = templates.state();
+        let runtimes = runtimes.state();
+        for p in &all {
+            let next = status_of(p, &all, &templates, &runtimes);
+            let same = p.status.as_ref().is_some_and(|s| {
+                let strip = |s: &ModuleConfigPolicyStatus| {
+                    let mut s = s.clone();
+                    s.conditions.iter_mut().for_each(|c| c.last_transition_time = None);
+                    s
+                };
+                strip(s) == strip(&next)
+            });
+            if same {
+                continue;
+            }
+            let api: Api<ModuleConfigPolicy> = Api::namespaced(client.clone(), &p.namespace().unwrap_or_default());
+            if let Err(e) =
+                api.patch_status(&p.name_any(), &PatchParams::default(), &Patch::Merge(&json!({"status": next}))).await
+            {
+                tracing::debug!(policy = %p.name_any(), error = %e, "cannot write the ModuleConfigPolicy status");
+            }
+        }
+    }
+}
+
+/// A policy's status from the caches.
+pub fn status_of(
+    p: &ModuleConfigPolicy,
+    all: &[Arc<ModuleConfigPolicy>],
+    templates: &[Arc<ModuleTemplate>],
+    runtimes: &[Arc<Runtime>],
+) -> ModuleConfigPolicyStatus {
+    let prev = p.status.clone().unwrap_or_default().conditions;
+    let mut status = ModuleConfigPolicyStatus { observed_generation: p.metadata.generation, ..Default::default() };
+    if let Some(why) = problem(p, templates) {
+        status.conditions = vec![condition(&prev, "Ready", false, "InvalidSpec", why)];
+        return status;
+    }
+    let name = p.name_any();
+    let mut conflicts: BTreeSet<String> = BTreeSet::new();
+    for rt in runtimes {
+        if rt.namespace() != p.namespace() || !rt.spec.modules.iter().any(|m| m.name == p.spec.module) {
+            continue;
+        }
+        let in_force = matching(all, templates, rt, &p.spec.module);
+        if !in_force.iter().any(|q| q.name_any() == name) {
+            continue;
+        }
+        status.runtimes_matched += 1;
+        let names: Vec<String> = in_force.iter().map(|q| q.name_any()).collect();
+        let pairs: Vec<(&str, &Value)> =
+            in_force.iter().zip(&names).map(|(q, n)| (n.as_str(), &q.spec.enforce)).collect();
+        for (pointer, who) in merge_enforce(&pairs).conflicts {
+            if who.contains(&name) {
+                let others: Vec<&String> = who.iter().filter(|w| **w != name).collect();
+                conflicts.insert(format!(
+                    "{pointer} with {} on {}",
+                    others.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", "),
+                    rt.name_any()
+                ));
+            }
+        }
+        let module = rt.status.iter().flat_map(|s| &s.modules).find(|m| m.name == p.spec.module);
+        let valid = module.and_then(|m| {
+            let c = m.config.as_ref()?.conditions.iter().find(|c| c.type_ == "ConfigValid")?;
+            Some((c.status == "True", m.state))
+        });
+        match valid {
+            Some((true, state)) if state != State::Error => status.valid += 1,
+            Some((false, _)) => status.invalid += 1,
+            _ => {}
+        }
+    }
+    status.conditions = vec![if conflicts.is_empty() {
+        condition(&prev, "Ready", true, "Valid", format!("matches {} runtimes", status.runtimes_matched))
+    } else {
+        let list: Vec<String> = conflicts.into_iter().collect();
+        condition(&prev, "Ready", false, "Conflict", format!("conflicting enforce, not enforced: {}", list.join("; ")))
+    }];
+    status
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fleetwatch_api::config_policy::ModuleConfigPolicySpec;
+    use fleetwatch_api::{ModuleEntry, ModuleTemplateSpec, RuntimeSpec};
+
+    fn policy(name: &str, enforce: Value) -> Arc<ModuleConfigPolicy> {
+        let mut p = ModuleConfigPolicy::new(
+            name,
+            ModuleConfigPolicySpec { module: "redis".into(), enforce, ..Default::default() },
+        );
+        p.metadata.namespace = Some("kcp".into());
+        Arc::new(p)
+    }
+
+    #[test]
+    fn policy_status_counts_and_reports_conflicts_and_bad_input() {
+        let mut t =
+            ModuleTemplate::new("redis-1", ModuleTemplateSpec { module_name: "redis".into(), ..Default::default() });
+        t.metadata.namespace = Some("kcp".into());
+        let templates = vec![Arc::new(t)];
+        let mut rt = Runtime::new(
+            "rt1",
+            RuntimeSpec {
+                modules: vec![ModuleEntry { name: "redis".into(), ..Default::default() }],
+                ..Default::default()
+            },
+        );
+        rt.metadata.namespace = Some("kcp".into());
+        let runtimes = vec![Arc::new(rt)];
+        let a = policy("a", json!({"spec": {"tls": true}}));
+        let b = policy("b", json!({"spec": {"tls": false}}));
+        let bad = policy("bad", json!("x"));
+        let all = vec![a.clone(), b.clone(), bad.clone()];
+        let s = status_of(&a, &all, &templates, &runtimes);
+        assert_eq!(s.runtimes_matched, 1);
+        assert_eq!(s.conditions[0].reason, "Conflict");
+        assert!(s.conditions[0].message.contains("/spec/tls with b on rt1"), "{:?}", s.conditions);
+        let s = status_of(&bad, &all, &templates, &runtimes);
+        assert_eq!(s.conditions[0].reason, "InvalidSpec");
+        assert_eq!(s.runtimes_matched, 0);
+        let s = status_of(&a, std::slice::from_ref(&a), &templates, &runtimes);
+        assert_eq!(s.conditions[0].status, "True");
+    }
+
+    #[test]
+    fn content_keeps_what_a_restore_needs() {
+        let obj = json!({"apiVersion": "v1", "kind": "X", "metadata": {"name": "n", "resourceVersion": "3",
+            "managedFields": [], "labels": {"a": "b"}}, "spec": {"x": 1}, "status": {"y": 2}});
+        assert_eq!(
+            content(&obj),
+            json!({"apiVersion": "v1", "kind": "X", "metadata": {"name": "n", "labels": {"a": "b"}}, "spec": {"x": 1}})
+        );
+    }
+}
