@@ -248,6 +248,31 @@ fn content(obj: &Value) -> Value {
     out
 }
 
+/// The leaves (JSON pointers) `manager` owns by apply, from `metadata.managedFields`.
+fn owned_by(obj: &Value, manager: &str) -> Vec<String> {
+    fn walk(v: &Value, at: &str, out: &mut Vec<String>) {
+        let children: Vec<(&String, &Value)> =
+            v.as_object().map(|m| m.iter().filter(|(k, _)| k.starts_with("f:")).collect()).unwrap_or_default();
+        if children.is_empty() {
+            if !at.is_empty() {
+                out.push(at.to_string());
+            }
+            return;
+        }
+        for (k, x) in children {
+            walk(x, &format!("{at}/{}", k[2..].replace('~', "~0").replace('/', "~1")), out);
+        }
+    }
+    let mut out = Vec::new();
+    for e in obj.pointer("/metadata/managedFields").and_then(Value::as_array).into_iter().flatten() {
+        if e["manager"] == manager && e["operation"] == "Apply" {
+            walk(&e["fieldsV1"], "", &mut out);
+        }
+    }
+    out.retain(|p| !p.starts_with("/metadata"));
+    out
+}
+
 fn condition(prev: &[Condition], type_: &str, ok: bool, reason: &str, message: String) -> Condition {
     let status = if ok { "True" } else { "False" };
     let since = prev
@@ -337,8 +362,10 @@ impl Module<'_> {
         let now: BTreeSet<&String> = pointers.iter().collect();
         let released: Vec<&String> = self.prev.enforced.iter().filter(|p| !now.contains(p)).collect();
         if !released.is_empty() {
+            // An apply sets the manager's whole set: what it kept before is kept again.
+            let kept = owned_by(&obj, RELEASE_MANAGER);
             let mut keep = Value::Object(Map::new());
-            for p in &released {
+            for p in released.iter().copied().chain(kept.iter()) {
                 if let Some(v) = obj.pointer(p) {
                     fleetwatch_api::config_policy::set_pointer(&mut keep, p, v.clone());
                 }
@@ -592,6 +619,17 @@ mod tests {
         assert_eq!(s.runtimes_matched, 0);
         let s = status_of(&a, std::slice::from_ref(&a), &templates, &runtimes);
         assert_eq!(s.conditions[0].status, "True");
+    }
+
+    #[test]
+    fn owned_fields_are_read_from_managed_fields() {
+        let obj = json!({"metadata": {"managedFields": [
+            {"manager": "fleetwatch-config-released", "operation": "Apply",
+             "fieldsV1": {"f:spec": {"f:tls": {}, "f:a/b": {}}, "f:metadata": {"f:labels": {"f:x": {}}}}},
+            {"manager": "other", "operation": "Apply", "fieldsV1": {"f:spec": {"f:size": {}}}}]}});
+        let mut got = owned_by(&obj, RELEASE_MANAGER);
+        got.sort();
+        assert_eq!(got, vec!["/spec/a~1b", "/spec/tls"]);
     }
 
     #[test]
