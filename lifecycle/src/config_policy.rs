@@ -128,7 +128,14 @@ pub(crate) async fn enforce(
     statuses: &mut [ModuleStatus],
     previous: &[ModuleStatus],
 ) {
-    let reset = rt.annotations().get(RESET_ANNOTATION).cloned();
+    let mut reset = rt.annotations().get(RESET_ANNOTATION).cloned();
+    if reset.is_some() {
+        // Once: a reconcile right after the reset may still see the annotation in the cache.
+        let api: Api<Runtime> = Api::namespaced(ctx.client.clone(), &rt.namespace().unwrap_or_default());
+        if let Ok(fresh) = api.get(&rt.name_any()).await {
+            reset = fresh.annotations().get(RESET_ANNOTATION).cloned();
+        }
+    }
     let policies = ctx.config.policies.state();
     let templates = ctx.templates.state();
     let mut was_reset = Vec::new();
@@ -360,7 +367,10 @@ impl Module<'_> {
         };
         // Released fields stay as they are: co-owned by the release manager first.
         let now: BTreeSet<&String> = pointers.iter().collect();
-        let released: Vec<&String> = self.prev.enforced.iter().filter(|p| !now.contains(p)).collect();
+        // What this manager owns is read from the object itself: the cached status can lag.
+        let mut owned = owned_by(&obj, FIELD_MANAGER);
+        owned.sort();
+        let released: Vec<&String> = owned.iter().filter(|p| !now.contains(p)).collect();
         if !released.is_empty() {
             // An apply sets the manager's whole set: what it kept before is kept again.
             let kept = owned_by(&obj, RELEASE_MANAGER);
@@ -376,7 +386,7 @@ impl Module<'_> {
             tracing::info!(module = %module, fields = ?released, "configuration fields released");
         }
         let diffs = differing(&obj, &merged.value, &pointers);
-        if !diffs.is_empty() || !released.is_empty() || pointers != self.prev.enforced {
+        if !diffs.is_empty() || !released.is_empty() || pointers != owned {
             match self.applier.apply_as(&with_header(&self.cfg, &merged.value), FIELD_MANAGER, true).await {
                 Ok(stored) => obj = serde_json::to_value(stored).unwrap_or(obj),
                 Err(e) => return fail(status, format!("applying the enforced fields: {e}")),
