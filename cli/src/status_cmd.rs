@@ -107,6 +107,14 @@ pub fn problems(fleet: &Fleet, max_lag_seconds: f64) -> Vec<String> {
             let msg = if m.message.is_empty() { String::new() } else { format!(": {}", m.message) };
             out.push(format!("runtime {}: module {} is {}{msg}", r.runtime, m.name, m.state));
         }
+        for m in r.modules.iter().filter(|m| !m.config_invalid.is_empty()) {
+            out.push(format!(
+                "runtime {}: module {} configuration invalid: {}",
+                r.runtime,
+                m.name,
+                m.config_invalid.join("; ")
+            ));
+        }
         if !fleet.clusters.iter().any(|c| c.cluster == r.cluster) {
             out.push(format!("runtime {}: its agent (cluster {}) has not connected to the hub", r.runtime, r.cluster));
         }
@@ -147,6 +155,9 @@ fn modules_cell(r: &RuntimeSummary, wide: bool) -> String {
             }
             if let Some(to) = &m.refused_downgrade {
                 parts.push(format!("{} refused: downgrade {}→{to}", m.name, m.running.as_deref().unwrap_or("-")));
+            }
+            if let Some(first) = m.config_invalid.first() {
+                parts.push(format!("{} config invalid: {}", m.name, first.split(':').next().unwrap_or_default()));
             }
         }
     }
@@ -433,6 +444,7 @@ mod tests {
                 refused_downgrade: None,
                 next_maintenance_window: None,
                 message: String::new(),
+                config_invalid: Vec::new(),
             })
             .collect();
         let mut by = BTreeMap::new();

@@ -178,6 +178,21 @@ pub(crate) async fn enforce(
     ctx.config.changed.notify_one();
 }
 
+/// The cluster cannot be reached: what was known of the configuration is no longer known
+/// (`ConfigValid=Unknown`); the reconcile is retried.
+pub(crate) fn unreachable(st: &mut ModuleStatus, why: &str) {
+    if let Some(c) = st.config.as_mut() {
+        for cond in c.conditions.iter_mut().filter(|c| c.type_ == "ConfigValid") {
+            if cond.status != "Unknown" {
+                cond.last_transition_time = Some(jiff::Timestamp::now().to_string());
+            }
+            cond.status = "Unknown".into();
+            cond.reason = "Unreachable".into();
+            cond.message = format!("the cluster cannot be reached: {why}");
+        }
+    }
+}
+
 /// The template's default configuration of the module's installed version.
 fn default_config(templates: &[Arc<ModuleTemplate>], rt: &Runtime, st: &ModuleStatus) -> Option<Value> {
     let version = st.installed_version.as_deref()?;

@@ -179,6 +179,7 @@ async fn reach(rt: &Runtime, ctx: &Ctx, api: &Api<Runtime>, previous: &[ModuleSt
                 .map(|mut m| {
                     m.state = State::Error;
                     m.message = e.to_string();
+                    crate::config_policy::unreachable(&mut m, &e.to_string());
                     m
                 })
                 .collect();
