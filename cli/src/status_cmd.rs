@@ -70,7 +70,8 @@ pub struct Fleet {
 
 /// Everything unhealthy, one line each: WatchConfigs the hub refused, disconnected agents,
 /// failing watches, subscribers too far behind or disconnected with records waiting, modules
-/// in Error or Warning, runtimes whose agent never connected, Runtimes that cannot be read.
+/// in Error or Warning, module configurations that fail a ModuleConfigPolicy schema, runtimes
+/// whose agent never connected, Runtimes that cannot be read.
 pub fn problems(fleet: &Fleet, max_lag_seconds: f64) -> Vec<String> {
     let mut out = Vec::new();
     for v in fleet.watch_configs.iter().filter(|v| !v.accepted) {

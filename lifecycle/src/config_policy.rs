@@ -434,8 +434,13 @@ impl Module<'_> {
         };
         // Validation, and a restore of the last valid configuration when asked for.
         let mut errors = self.validate(in_force, &obj);
+        if !errors.is_empty() {
+            // The cached Runtime can predate the status holding the latest valid
+            // configuration (the previous reconcile wrote it moments ago): ask the API server.
+            status.last_valid = self.fresh_last_valid().await;
+        }
         if !errors.is_empty()
-            && let Some(last) = self.prev.last_valid.clone()
+            && let Some(last) = status.last_valid.clone()
             && in_force
                 .iter()
                 .any(|p| p.spec.on_invalid == OnInvalid::Restore && errors.iter().any(|e| e.policy == p.name_any()))
@@ -482,6 +487,25 @@ impl Module<'_> {
         status.errors = errors;
         status.conditions = vec![valid_cond, enforced_cond];
         status
+    }
+
+    /// The last valid configuration as the API server's Runtime status records it (the
+    /// cached one when it cannot be read).
+    async fn fresh_last_valid(&self) -> Option<Value> {
+        let api: Api<Runtime> = Api::namespaced(self.ctx.client.clone(), &self.rt.namespace().unwrap_or_default());
+        match api.get_status(&self.rt.name_any()).await {
+            Ok(fresh) => fresh
+                .status
+                .into_iter()
+                .flat_map(|s| s.modules)
+                .find(|m| m.name == self.module)
+                .and_then(|m| m.config)
+                .and_then(|c| c.last_valid),
+            Err(e) => {
+                tracing::debug!(error = %e, "cannot read the Runtime's status; the cached last valid configuration is used");
+                self.prev.last_valid.clone()
+            }
+        }
     }
 
     fn validate(&self, in_force: &[Arc<ModuleConfigPolicy>], obj: &Value) -> Vec<ConfigError> {
