@@ -682,6 +682,23 @@ mod tests {
     }
 
     #[test]
+    fn an_unreachable_cluster_is_not_reported_valid() {
+        let valid = condition(&[], "ConfigValid", true, "Valid", "meets 1 schemas".into());
+        let mut st = ModuleStatus {
+            name: "redis".into(),
+            config: Some(ModuleConfigStatus { conditions: vec![valid], ..Default::default() }),
+            ..Default::default()
+        };
+        unreachable(&mut st, "connection refused");
+        let c = &st.config.unwrap().conditions[0];
+        assert_eq!((c.status.as_str(), c.reason.as_str()), ("Unknown", "Unreachable"));
+        assert!(c.message.contains("connection refused"));
+        let mut none = ModuleStatus::default();
+        unreachable(&mut none, "x");
+        assert!(none.config.is_none());
+    }
+
+    #[test]
     fn content_keeps_what_a_restore_needs() {
         let obj = json!({"apiVersion": "v1", "kind": "X", "metadata": {"name": "n", "resourceVersion": "3",
             "managedFields": [], "labels": {"a": "b"}}, "spec": {"x": 1}, "status": {"y": 2}});
