@@ -241,6 +241,9 @@ fn type_name(v: &Value) -> &'static str {
     }
 }
 
+/// A compiled JSON Schema.
+pub type Validator = jsonschema::Validator;
+
 /// A compiled schema, or why it is not a valid JSON Schema. References are resolved only
 /// within the schema (no HTTP, no files).
 pub fn compile(schema: &Value) -> Result<jsonschema::Validator, String> {

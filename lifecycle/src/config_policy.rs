@@ -89,15 +89,49 @@ pub fn affected(runtimes: &Store<Runtime>, policy: &ModuleConfigPolicy) -> Vec<O
 /// Why the operator cannot use `policy` (bad input), if it cannot.
 pub fn problem(policy: &ModuleConfigPolicy, templates: &[Arc<ModuleTemplate>]) -> Option<String> {
     let ns = policy.namespace();
-    let mut modules: Vec<&str> = templates
-        .iter()
-        .filter(|t| t.namespace() == ns)
-        .map(|t| t.spec.module_name.as_str())
-        .chain([crate::agent_module::MODULE])
-        .collect();
-    modules.sort_unstable();
-    modules.dedup();
-    policy.spec.check(&modules).err()
+    let module = policy.spec.module.as_str();
+    let known = module == crate::agent_module::MODULE
+        || templates.iter().any(|t| t.namespace() == ns && t.spec.module_name == module);
+    if !known {
+        return policy.spec.check(&[]).err();
+    }
+    // The rest (enforce, schema) depends on the spec only: checked once per generation.
+    compiled(policy).err()
+}
+
+/// Compiled schemas (and spec problems) per policy generation, shared by reconciles and the
+/// status writer: a schema is compiled once per change, not per reconcile. Bounded: cleared
+/// when it holds more than [`COMPILED_MAX`] entries.
+type Compiled = Result<Option<Arc<fleetwatch_api::config_policy::Validator>>, String>;
+type CompiledCache = std::sync::Mutex<std::collections::HashMap<(String, Option<String>), Compiled>>;
+static COMPILED: std::sync::LazyLock<CompiledCache> = std::sync::LazyLock::new(Default::default);
+const COMPILED_MAX: usize = 4096;
+
+/// The policy's compiled schema (`None` without one), or why its spec cannot be used.
+fn compiled(policy: &ModuleConfigPolicy) -> Compiled {
+    let key = (
+        format!(
+            "{}/{}/{}",
+            policy.namespace().unwrap_or_default(),
+            policy.name_any(),
+            policy.uid().unwrap_or_default()
+        ),
+        policy.resource_version(),
+    );
+    if let Some(hit) = COMPILED.lock().ok().and_then(|c| c.get(&key).cloned()) {
+        return hit;
+    }
+    let result = policy.spec.check(&[policy.spec.module.as_str()]).and_then(|()| match &policy.spec.schema {
+        Some(schema) => compile(schema).map(|v| Some(Arc::new(v))),
+        None => Ok(None),
+    });
+    if let Ok(mut c) = COMPILED.lock() {
+        if c.len() >= COMPILED_MAX {
+            c.clear();
+        }
+        c.insert(key, result.clone());
+    }
+    result
 }
 
 /// The usable policies of `module` that match `rt`, sorted by name.
@@ -512,9 +546,8 @@ impl Module<'_> {
         let c = content(obj);
         let mut out = Vec::new();
         for p in in_force {
-            let Some(schema) = &p.spec.schema else { continue };
-            // Checked usable before; compiled per check (schemas are small).
-            let Ok(v) = compile(schema) else { continue };
+            // Checked usable before; compiled once per policy change.
+            let Ok(Some(v)) = compiled(p) else { continue };
             for (pointer, message) in violations(&v, &c) {
                 out.push(ConfigError { policy: p.name_any(), pointer, message });
             }

@@ -305,9 +305,29 @@ async fn central_configuration_takes_precedence() {
             f.until("InvalidSpec", || f.policy_condition(name), |(reason, _, _)| reason == "InvalidSpec").await;
         assert!(message.contains(says), "{name}: {message}");
     }
+    // A policy whose selector matches no Runtime: usable, matching nothing.
+    apply_json(
+        &f.cp_kc,
+        &policy(
+            "us-only",
+            json!({"module": "redis", "runtimeSelector": {"matchLabels": {"operator.fleetwatch.dev/region": "us"}},
+                   "enforce": {"spec": {"zone": "us"}}}),
+        ),
+    );
+    f.until(
+        "us-only matches nothing",
+        || f.policy_condition("us-only"),
+        |(reason, _, s)| reason == "Valid" && s["runtimesMatched"] == 0,
+    )
+    .await;
     let m = f.module_status().await.unwrap();
-    assert_eq!(m.config.unwrap().policies, vec!["central".to_string()], "unusable policies are not in force");
-    for name in ["bad-enforce", "bad-module", "bad-schema"] {
+    assert_eq!(
+        m.config.unwrap().policies,
+        vec!["central".to_string()],
+        "unusable or unmatched policies are not in force"
+    );
+    assert!(f.config().await.get("zone").is_none());
+    for name in ["bad-enforce", "bad-module", "bad-schema", "us-only"] {
         f.policies().delete(name, &DeleteParams::default()).await.unwrap();
     }
 
