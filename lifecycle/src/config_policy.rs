@@ -72,6 +72,29 @@ pub fn watch(
     (store, stream)
 }
 
+/// What a policy watch event triggers: the [`affected`] Runtimes when the spec changed
+/// (another generation) or the policy is gone; nothing for a status-only change (the
+/// operator's own status writes would otherwise reconcile every matched Runtime).
+pub fn on_policy_change(
+    runtimes: Store<Runtime>,
+    policies: Store<ModuleConfigPolicy>,
+    changed: Arc<tokio::sync::Notify>,
+) -> impl Fn(ModuleConfigPolicy) -> Vec<ObjectRef<Runtime>> + Send + Sync + 'static {
+    let seen: std::sync::Mutex<std::collections::HashMap<String, Option<i64>>> = Default::default();
+    move |p: ModuleConfigPolicy| {
+        changed.notify_one();
+        let key = format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any());
+        let gone = policies.get(&ObjectRef::from_obj(&p)).is_none();
+        let Ok(mut seen) = seen.lock() else { return affected(&runtimes, &p) };
+        if gone {
+            seen.remove(&key);
+        } else if seen.insert(key, p.metadata.generation) == Some(p.metadata.generation) {
+            return Vec::new();
+        }
+        affected(&runtimes, &p)
+    }
+}
+
 /// The Runtimes a policy change concerns: those of its namespace that have its module.
 pub fn affected(runtimes: &Store<Runtime>, policy: &ModuleConfigPolicy) -> Vec<ObjectRef<Runtime>> {
     runtimes
@@ -573,8 +596,22 @@ pub async fn run_status(
             _ = shared.notified() => {}
             _ = tokio::time::sleep(Duration::from_secs(5)) => {}
         }
-        // Let the status the reconcile is writing reach the cache.
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        // Let the status the reconcile is writing reach the cache; a second pass catches a
+        // status that took longer (several runtimes reconciling).
+        for wait in [Duration::from_millis(300), Duration::from_millis(1200)] {
+            tokio::time::sleep(wait).await;
+            write_statuses(&client, &policies, &runtimes, &templates).await;
+        }
+    }
+}
+
+async fn write_statuses(
+    client: &kube::Client,
+    policies: &Store<ModuleConfigPolicy>,
+    runtimes: &Store<Runtime>,
+    templates: &Store<ModuleTemplate>,
+) {
+    {
         let all = policies.state();
         let templates = templates.state();
         let runtimes = runtimes.state();

@@ -327,18 +327,13 @@ pub async fn run(config: LifecycleConfig, metrics: Arc<Metrics>, shutdown: Cance
     tokio::spawn(config_policy::run_status(
         client.clone(),
         config_changed.clone(),
-        config_policies,
+        config_policies.clone(),
         runtimes.clone(),
         templates.clone(),
         shutdown.child_token(),
     ));
-    let by_config_policy = {
-        let store = runtimes.clone();
-        move |p: fleetwatch_api::config_policy::ModuleConfigPolicy| {
-            config_changed.notify_one();
-            config_policy::affected(&store, &p)
-        }
-    };
+    let by_config_policy =
+        config_policy::on_policy_change(runtimes.clone(), ctx.config.policies.clone(), config_changed);
     ctx.metrics.set_view(Some(View {
         runtimes: runtimes.clone(),
         shards: shard_map.clone(),

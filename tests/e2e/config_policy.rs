@@ -21,8 +21,12 @@ struct Fleet {
     cp: kube::Client,
     _rt_sim: fleetwatch_sim::SimCluster,
     rt: kube::Client,
+    /// A second runtime (region `us`), which the selector of `central` leaves out.
+    _rt2_sim: fleetwatch_sim::SimCluster,
+    rt2: kube::Client,
     _hub: HubProc,
     _agent: Proc,
+    _agent2: Proc,
     lifecycle: Proc,
     metrics_port: u16,
     kubelet: tokio_util::sync::CancellationToken,
@@ -97,16 +101,20 @@ impl Fleet {
         let pki = Pki::new();
         let (cp_sim, cp_kc) = sim_cluster(&pki, "control-plane").await;
         let (rt_sim, rt_kc) = sim_cluster(&pki, "rt1").await;
+        let (rt2_sim, rt2_kc) = sim_cluster(&pki, "rt2").await;
         let cp = cp_sim.client().await.unwrap();
         let rt = rt_sim.client().await.unwrap();
+        let rt2 = rt2_sim.client().await.unwrap();
         let crds = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/crds");
         kubectl(&cp_kc, &["apply", "-f", crds.to_str().unwrap()], None);
         apply_json(&cp_kc, &json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}}));
-        apply_json(
-            &cp_kc,
-            &json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "rt1-kubeconfig", "namespace": NS},
-                    "stringData": {"config": std::fs::read_to_string(&rt_kc).unwrap()}}),
-        );
+        for (name, kc) in [("rt1", &rt_kc), ("rt2", &rt2_kc)] {
+            apply_json(
+                &cp_kc,
+                &json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": format!("{name}-kubeconfig"), "namespace": NS},
+                        "stringData": {"config": std::fs::read_to_string(kc).unwrap()}}),
+            );
+        }
         apply_json(&cp_kc, &template());
         apply_json(
             &cp_kc,
@@ -123,6 +131,7 @@ impl Fleet {
             "fields": ["spec"], "subscriber": "lifecycle"}}).to_string()).unwrap();
         let hub = HubProc::start(&pki, free_port(), None, &["--watch-config", wc.to_str().unwrap()]);
         let agent = kube_agent(&pki, "rt1", &hub.url(), &rt_kc);
+        let agent2 = kube_agent(&pki, "rt2", &hub.url(), &rt2_kc);
         let sub = pki.subscriber("lifecycle");
         let metrics_port = free_port();
         let mut args: Vec<String> =
@@ -137,6 +146,7 @@ impl Fleet {
         lifecycle.wait_stdout("lifecycle operator running", Duration::from_secs(10));
         let kubelet = tokio_util::sync::CancellationToken::new();
         tokio::spawn(fleetwatch_sim::roll_out_deployments(rt.clone(), Duration::ZERO, kubelet.clone()));
+        tokio::spawn(fleetwatch_sim::roll_out_deployments(rt2.clone(), Duration::ZERO, kubelet.clone()));
         Fleet {
             _pki: pki,
             _cp_sim: cp_sim,
@@ -144,8 +154,11 @@ impl Fleet {
             cp,
             _rt_sim: rt_sim,
             rt,
+            _rt2_sim: rt2_sim,
+            rt2,
             _hub: hub,
             _agent: agent,
+            _agent2: agent2,
             lifecycle,
             metrics_port,
             kubelet,
@@ -162,6 +175,16 @@ impl Fleet {
 
     async fn config(&self) -> Value {
         self.configs().get_opt("default").await.unwrap().map(|o| o.data["spec"].clone()).unwrap_or(Value::Null)
+    }
+
+    /// The second runtime's configuration.
+    async fn config2(&self) -> Value {
+        dyn_api(&self.rt2, "example.com/v1", "RedisConfig", "redisconfigs", "redis-system")
+            .get_opt("default")
+            .await
+            .unwrap()
+            .map(|o| o.data["spec"].clone())
+            .unwrap_or(Value::Null)
     }
 
     async fn status(&self) -> Option<RuntimeStatus> {
@@ -184,6 +207,7 @@ impl Fleet {
         loop {
             let v = probe().await;
             if cond(&v) {
+                eprintln!("{what}: {:?}", start.elapsed());
                 return v;
             }
             if start.elapsed() > Duration::from_secs(30) {
@@ -222,17 +246,23 @@ fn condition<'a>(m: &'a ModuleStatus, type_: &str) -> Option<&'a fleetwatch_api:
 }
 
 fn runtime(annotations: Value) -> Value {
+    runtime_in("rt1", "eu", annotations)
+}
+
+fn runtime_in(name: &str, region: &str, annotations: Value) -> Value {
     json!({"apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "Runtime",
-           "metadata": {"name": "rt1", "namespace": NS, "labels": {"operator.fleetwatch.dev/region": "eu"},
+           "metadata": {"name": name, "namespace": NS, "labels": {"operator.fleetwatch.dev/region": region},
                         "annotations": annotations},
-           "spec": {"clusterId": "rt1", "kubeconfigSecret": {"name": "rt1-kubeconfig"}, "modules": [{"name": "redis"}]}})
+           "spec": {"clusterId": name, "kubeconfigSecret": {"name": format!("{name}-kubeconfig")}, "modules": [{"name": "redis"}]}})
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn central_configuration_takes_precedence() {
     let f = Fleet::start().await;
     apply_json(&f.cp_kc, &runtime(json!({})));
+    apply_json(&f.cp_kc, &runtime_in("rt2", "us", json!({})));
     f.until("the default configuration", || f.config(), |c| c["size"] == 1).await;
+    f.until("rt2's default configuration", || f.config2(), |c| c["size"] == 1).await;
 
     // 1. Enforced field applied, listed in the module status; the policy counts the runtime.
     apply_json(&f.cp_kc, &central("Report"));
@@ -252,6 +282,7 @@ async fn central_configuration_takes_precedence() {
         |(reason, _, s)| reason == "Valid" && s["runtimesMatched"] == 1 && s["valid"] == 1,
     )
     .await;
+    assert!(f.config2().await.get("tls").is_none(), "rt2 is not selected");
 
     // 2. A user edit of another field is kept; 3. an edit of the enforced field is reverted.
     f.user_edit(json!({"size": 3})).await;
@@ -305,7 +336,7 @@ async fn central_configuration_takes_precedence() {
             f.until("InvalidSpec", || f.policy_condition(name), |(reason, _, _)| reason == "InvalidSpec").await;
         assert!(message.contains(says), "{name}: {message}");
     }
-    // A policy whose selector matches no Runtime: usable, matching nothing.
+    // A policy selecting the other region: enforced there only.
     apply_json(
         &f.cp_kc,
         &policy(
@@ -314,10 +345,11 @@ async fn central_configuration_takes_precedence() {
                    "enforce": {"spec": {"zone": "us"}}}),
         ),
     );
+    f.until("zone enforced in rt2", || f.config2(), |c| c["zone"] == "us").await;
     f.until(
-        "us-only matches nothing",
+        "us-only matches rt2",
         || f.policy_condition("us-only"),
-        |(reason, _, s)| reason == "Valid" && s["runtimesMatched"] == 0,
+        |(reason, _, s)| reason == "Valid" && s["runtimesMatched"] == 1,
     )
     .await;
     let m = f.module_status().await.unwrap();
