@@ -404,6 +404,23 @@ mod tests {
     }
 
     #[test]
+    fn selectors_match_labels_and_expressions() {
+        let labels: BTreeMap<String, String> =
+            [("region".to_string(), "eu".to_string()), ("plan".to_string(), "free".to_string())].into();
+        let req = |key: &str, operator: &str, values: &[&str]| LabelSelectorRequirement {
+            key: key.into(),
+            operator: operator.into(),
+            values: values.iter().map(|v| v.to_string()).collect(),
+        };
+        let sel = |e: Vec<LabelSelectorRequirement>| LabelSelector { match_expressions: e, ..Default::default() };
+        assert!(LabelSelector::default().matches(&labels));
+        assert!(sel(vec![req("region", "In", &["eu", "us"])]).matches(&labels));
+        assert!(!sel(vec![req("region", "NotIn", &["eu"])]).matches(&labels));
+        assert!(sel(vec![req("plan", "Exists", &[]), req("tier", "DoesNotExist", &[])]).matches(&labels));
+        assert!(!sel(vec![req("plan", "Bogus", &[])]).matches(&labels));
+    }
+
+    #[test]
     fn violations_carry_pointers() {
         let v = compile(&json!({"type": "object", "properties": {"spec": {"type": "object",
             "properties": {"replicas": {"type": "integer", "maximum": 5}, "tls": {"type": "boolean"}}}}}))

@@ -611,29 +611,27 @@ async fn write_statuses(
     runtimes: &Store<Runtime>,
     templates: &Store<ModuleTemplate>,
 ) {
-    {
-        let all = policies.state();
-        let templates = templates.state();
-        let runtimes = runtimes.state();
-        for p in &all {
-            let next = status_of(p, &all, &templates, &runtimes);
-            let same = p.status.as_ref().is_some_and(|s| {
-                let strip = |s: &ModuleConfigPolicyStatus| {
-                    let mut s = s.clone();
-                    s.conditions.iter_mut().for_each(|c| c.last_transition_time = None);
-                    s
-                };
-                strip(s) == strip(&next)
-            });
-            if same {
-                continue;
-            }
-            let api: Api<ModuleConfigPolicy> = Api::namespaced(client.clone(), &p.namespace().unwrap_or_default());
-            if let Err(e) =
-                api.patch_status(&p.name_any(), &PatchParams::default(), &Patch::Merge(&json!({"status": next}))).await
-            {
-                tracing::debug!(policy = %p.name_any(), error = %e, "cannot write the ModuleConfigPolicy status");
-            }
+    let all = policies.state();
+    let templates = templates.state();
+    let runtimes = runtimes.state();
+    for p in &all {
+        let next = status_of(p, &all, &templates, &runtimes);
+        let same = p.status.as_ref().is_some_and(|s| {
+            let strip = |s: &ModuleConfigPolicyStatus| {
+                let mut s = s.clone();
+                s.conditions.iter_mut().for_each(|c| c.last_transition_time = None);
+                s
+            };
+            strip(s) == strip(&next)
+        });
+        if same {
+            continue;
+        }
+        let api: Api<ModuleConfigPolicy> = Api::namespaced(client.clone(), &p.namespace().unwrap_or_default());
+        if let Err(e) =
+            api.patch_status(&p.name_any(), &PatchParams::default(), &Patch::Merge(&json!({"status": next}))).await
+        {
+            tracing::debug!(policy = %p.name_any(), error = %e, "cannot write the ModuleConfigPolicy status");
         }
     }
 }
