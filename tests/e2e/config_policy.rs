@@ -22,7 +22,7 @@ struct Fleet {
     _rt_sim: fleetwatch_sim::SimCluster,
     rt: kube::Client,
     /// A second runtime (region `us`), which the selector of `central` leaves out.
-    _rt2_sim: fleetwatch_sim::SimCluster,
+    rt2_sim: fleetwatch_sim::SimCluster,
     rt2: kube::Client,
     _hub: HubProc,
     _agent: Proc,
@@ -154,7 +154,7 @@ impl Fleet {
             cp,
             _rt_sim: rt_sim,
             rt,
-            _rt2_sim: rt2_sim,
+            rt2_sim,
             rt2,
             _hub: hub,
             _agent: agent,
@@ -219,6 +219,11 @@ impl Fleet {
 
     async fn module_status(&self) -> Option<ModuleStatus> {
         self.status().await.and_then(|s| s.modules.into_iter().find(|m| m.name == "redis"))
+    }
+
+    async fn module_status_of(&self, runtime: &str) -> Option<ModuleStatus> {
+        let rt = Api::<Runtime>::namespaced(self.cp.clone(), NS).get_opt(runtime).await.ok().flatten()?;
+        rt.status?.modules.into_iter().find(|m| m.name == "redis")
     }
 
     async fn policy_condition(&self, name: &str) -> (String, String, Value) {
@@ -418,6 +423,31 @@ async fn central_configuration_takes_precedence() {
     )
     .await;
     f.until("a ConfigReset Event", || f.event_reasons(), |r| r.iter().any(|r| r == "ConfigReset")).await;
+
+    // 9. A runtime whose cluster cannot be reached is not reported valid.
+    let us = |zone: &str| {
+        policy(
+            "us-only",
+            json!({"module": "redis", "runtimeSelector": {"matchLabels": {"operator.fleetwatch.dev/region": "us"}},
+                   "enforce": {"spec": {"zone": zone}}}),
+        )
+    };
+    apply_json(&f.cp_kc, &us("us"));
+    f.until("us-only valid in rt2", || f.policy_condition("us-only"), |(_, _, s)| s["valid"] == 1).await;
+    f.rt2_sim.shutdown();
+    apply_json(&f.cp_kc, &us("us-east"));
+    f.until(
+        "rt2 no longer valid",
+        || f.module_status_of("rt2"),
+        |m| m.as_ref().is_some_and(|m| condition(m, "ConfigValid").is_none_or(|c| c.status != "True")),
+    )
+    .await;
+    f.until(
+        "us-only counts rt2 neither valid nor gone",
+        || f.policy_condition("us-only"),
+        |(_, _, s)| s["valid"] == 0 && s["runtimesMatched"] == 1,
+    )
+    .await;
 }
 
 /// Revert latency (user write → enforced value back) over 100 edits: median and p99.
