@@ -111,6 +111,8 @@ pub struct Ctx {
     clock: Arc<dyn maintenance::Clock>,
     min_window_remaining: jiff::SignedDuration,
     policies: Store<fleetwatch_api::maintenance::MaintenancePolicy>,
+    /// ModuleConfigPolicies ([`config_policy`]).
+    config: config_policy::Shared,
     /// Counters.
     pub metrics: Arc<Metrics>,
     backoff: std::sync::Mutex<std::collections::HashMap<String, u32>>,
@@ -128,8 +130,6 @@ pub struct Ctx {
     observer: Option<Arc<dyn ReconcileObserver>>,
     /// Agent installation and certificates, when on.
     agent_certs: Option<agent_module::AgentCerts>,
-    /// ModuleConfigPolicies ([`config_policy`]).
-    config: config_policy::Shared,
 }
 
 impl Ctx {
@@ -310,6 +310,7 @@ pub async fn run(config: LifecycleConfig, metrics: Arc<Metrics>, shutdown: Cance
         clock: config.clock.clone(),
         min_window_remaining: config.min_window_remaining,
         policies: policies.clone(),
+        config: config_policy::Shared { policies: config_policies.clone(), changed: config_changed.clone() },
         metrics,
         backoff: Default::default(),
         catalogs: Default::default(),
@@ -322,7 +323,6 @@ pub async fn run(config: LifecycleConfig, metrics: Arc<Metrics>, shutdown: Cance
         shards: shard_map.clone(),
         observer: config.observer.clone(),
         agent_certs: config.agent_certs.clone(),
-        config: config_policy::Shared { policies: config_policies.clone(), changed: config_changed.clone() },
     });
     tokio::spawn(config_policy::run_status(
         client.clone(),
