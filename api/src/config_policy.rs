@@ -360,9 +360,20 @@ pub fn set_pointer(target: &mut Value, p: &str, v: Value) {
     }
 }
 
-/// Which of `pointers` have another value in `object` than in `enforce`.
+/// Which of `pointers` have another value in `object` than in `enforce`. An enforced empty
+/// object only asks for an object there (server-side apply owns the map, not its keys).
 pub fn differing(object: &Value, enforce: &Value, pointers: &[String]) -> Vec<String> {
-    pointers.iter().filter(|p| object.pointer(p) != enforce.pointer(p)).cloned().collect()
+    pointers
+        .iter()
+        .filter(|p| {
+            let (have, want) = (object.pointer(p), enforce.pointer(p));
+            match want {
+                Some(Value::Object(m)) if m.is_empty() => !have.is_some_and(Value::is_object),
+                _ => have != want,
+            }
+        })
+        .cloned()
+        .collect()
 }
 
 #[cfg(test)]
@@ -442,5 +453,7 @@ mod tests {
         }
         assert_eq!(v, e);
         assert_eq!(differing(&json!({"spec": {"empty": {}}}), &e, &ps), vec!["/spec/a~1b/c~0d"]);
+        // A user's keys inside an enforced empty object are theirs.
+        assert_eq!(differing(&json!({"spec": {"a/b": {"c~d": 1}, "empty": {"k": 1}}}), &e, &ps), Vec::<String>::new());
     }
 }
