@@ -70,6 +70,21 @@ pub struct ModuleConfigPolicySpec {
     /// metric) or `Restore` (also the last valid configuration the operator saw is put back).
     #[serde(default)]
     pub on_invalid: OnInvalid,
+    /// Which objects it governs: the module's configuration object (`DefaultConfig`, the
+    /// default) or also every instance of the template's `managedResources` kinds
+    /// (`ManagedResources`; those are enforced and validated, never restored).
+    #[serde(default)]
+    pub apply_to: ApplyTo,
+}
+
+/// The objects a policy governs.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum ApplyTo {
+    /// The object the template's `defaultConfig` names.
+    #[default]
+    DefaultConfig,
+    /// That object and every instance of the template's `managedResources` kinds.
+    ManagedResources,
 }
 
 /// What an invalid configuration gets.
@@ -185,6 +200,10 @@ pub struct ConfigError {
     pub pointer: String,
     /// What is wrong.
     pub message: String,
+    /// The object (`Kind namespace/name`) when it is not the configuration object itself
+    /// (`applyTo: ManagedResources`).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub object: String,
 }
 
 fn any_value(_: &mut schemars::SchemaGenerator) -> schemars::Schema {

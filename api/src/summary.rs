@@ -111,7 +111,11 @@ impl ModuleSummary {
                 .iter()
                 .flat_map(|c| &c.errors)
                 .take(5)
-                .map(|e| cut(&format!("{}: {}", e.pointer, e.message), 256))
+                .map(|e| {
+                    let at =
+                        if e.object.is_empty() { e.pointer.clone() } else { format!("{} {}", e.object, e.pointer) };
+                    cut(&format!("{at}: {}", e.message), 256)
+                })
                 .collect(),
         }
     }
@@ -159,6 +163,7 @@ mod tests {
                     policy: "central".into(),
                     pointer: "/spec/replicas".into(),
                     message: "9 is greater than the maximum of 5".into(),
+                    object: String::new(),
                 }],
                 ..Default::default()
             }),

@@ -185,6 +185,28 @@ impl Applier {
         api.replace(&r.name, &pp, &dynobj).await.map_err(|e| Error::kube("replace", describe(&r), e))
     }
 
+    /// Every instance of a kind, in all namespaces (none when the kind is not served).
+    pub async fn list(&self, kind: &KindRef) -> Result<Vec<ResourceRef>, Error> {
+        let api_version =
+            if kind.group.is_empty() { kind.version.clone() } else { format!("{}/{}", kind.group, kind.version) };
+        let Some((ar, _)) = self.resolve(&api_version, &kind.kind).await? else { return Ok(Vec::new()) };
+        let api: Api<DynamicObject> = Api::all_with(self.client.clone(), &ar);
+        let list = api
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| Error::kube("list", format!("{api_version} {}", kind.kind), e))?;
+        Ok(list
+            .items
+            .into_iter()
+            .map(|o| ResourceRef {
+                api_version: api_version.clone(),
+                kind: kind.kind.clone(),
+                namespace: o.metadata.namespace,
+                name: o.metadata.name.unwrap_or_default(),
+            })
+            .collect())
+    }
+
     async fn api_for(&self, r: &ResourceRef) -> Result<Api<DynamicObject>, Error> {
         let (ar, caps) = self
             .resolve(&r.api_version, &r.kind)

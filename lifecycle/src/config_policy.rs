@@ -32,8 +32,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fleetwatch_api::config_policy::{
-    ConfigError, LAST_VALID_MAX_BYTES, ModuleConfigPolicy, ModuleConfigPolicyStatus, ModuleConfigStatus, OnInvalid,
-    RESET_ANNOTATION, compile, differing, enforced_pointers, merge_enforce, violations,
+    ApplyTo, ConfigError, LAST_VALID_MAX_BYTES, ModuleConfigPolicy, ModuleConfigPolicyStatus, ModuleConfigStatus,
+    OnInvalid, RESET_ANNOTATION, compile, differing, enforced_pointers, merge_enforce, violations,
 };
 use fleetwatch_api::{Condition, ModuleStatus, ModuleTemplate, ResourceRef, Runtime, State};
 use kube::api::{Api, Patch, PatchParams};
@@ -211,12 +211,41 @@ pub(crate) async fn enforce(
             st.config = None;
             continue;
         };
-        let mut m = Module { ctx, applier, rt, module: st.name.clone(), cfg, prev: prev.unwrap_or_default() };
+        let mut m =
+            Module { ctx, applier, rt, module: st.name.clone(), cfg, prev: prev.unwrap_or_default(), other: false };
         let default = reset_this.then(|| default_config(&templates, rt, st)).flatten();
         if reset_this {
             was_reset.push(st.name.clone());
         }
         st.config = Some(m.run(&in_force, reset_this.then_some(default)).await);
+        // Policies over every instance of the managed kinds.
+        let wide: Vec<_> = in_force.iter().filter(|p| p.spec.apply_to == ApplyTo::ManagedResources).cloned().collect();
+        if !wide.is_empty() {
+            let mut total = st.config.take().unwrap_or_default();
+            for kind in &st.managed_resources {
+                let objects = match applier.list(kind).await {
+                    Ok(o) => o,
+                    Err(e) => {
+                        tracing::warn!(module = %st.name, error = %e, "cannot list the managed resources");
+                        continue;
+                    }
+                };
+                for r in objects.into_iter().filter(|r| *r != m.cfg) {
+                    let mut o = Module {
+                        ctx,
+                        applier,
+                        rt,
+                        module: st.name.clone(),
+                        cfg: r,
+                        prev: Default::default(),
+                        other: true,
+                    };
+                    let sub = o.run(&wide, None).await;
+                    add_object(&mut total, sub, &o.object());
+                }
+            }
+            st.config = Some(total);
+        }
     }
     if reset.is_some() {
         remove_reset_annotation(ctx, rt).await;
@@ -246,6 +275,20 @@ pub(crate) fn unreachable(st: &mut ModuleStatus, why: &str) {
             cond.status = "Unknown".into();
             cond.reason = "Unreachable".into();
             cond.message = format!("the cluster cannot be reached: {why}");
+        }
+    }
+}
+
+/// Adds one managed object's outcome to the module's: its errors, and a `False` condition
+/// (prefixed with the object) over a `True` one.
+fn add_object(total: &mut ModuleConfigStatus, sub: ModuleConfigStatus, object: &str) {
+    total.errors.extend(sub.errors);
+    for c in sub.conditions.into_iter().filter(|c| c.status != "True") {
+        let message = format!("{object}: {}", c.message);
+        match total.conditions.iter_mut().find(|t| t.type_ == c.type_) {
+            Some(t) if t.status == "True" => *t = Condition { message, ..c },
+            Some(t) => t.message = format!("{}; {message}", t.message),
+            None => total.conditions.push(Condition { message, ..c }),
         }
     }
 }
@@ -286,6 +329,9 @@ struct Module<'a> {
     module: String,
     cfg: ResourceRef,
     prev: ModuleConfigStatus,
+    /// An instance of a managed kind, not the configuration object: enforced and validated,
+    /// never restored, no last valid copy kept.
+    other: bool,
 }
 
 /// `apiVersion`, `kind` and `metadata` (name, namespace) of the configuration object.
@@ -369,6 +415,23 @@ fn condition(prev: &[Condition], type_: &str, ok: bool, reason: &str, message: S
 }
 
 impl Module<'_> {
+    /// `Kind namespace/name` of the object.
+    fn object(&self) -> String {
+        match &self.cfg.namespace {
+            Some(ns) => format!("{} {ns}/{}", self.cfg.kind, self.cfg.name),
+            None => format!("{} {}", self.cfg.kind, self.cfg.name),
+        }
+    }
+
+    /// How Events and logs name what is configured.
+    fn what(&self) -> String {
+        if self.other {
+            format!("{}'s {}", self.module, self.object())
+        } else {
+            format!("{}'s configuration", self.module)
+        }
+    }
+
     async fn get(&self) -> Result<Option<Value>, String> {
         match self.applier.get(&self.cfg).await {
             Ok(Some(o)) => serde_json::to_value(o).map(Some).map_err(|e| e.to_string()),
@@ -465,7 +528,7 @@ impl Module<'_> {
             }
             if !diffs.is_empty() {
                 self.ctx.metrics.config_enforced.inc();
-                let text = format!("enforced {} of {module}'s configuration ({})", diffs.join(", "), names.join(", "));
+                let text = format!("enforced {} of {} ({})", diffs.join(", "), self.what(), names.join(", "));
                 tracing::info!(module = %module, fields = %diffs.join(","), "configuration fields enforced");
                 note(self.ctx, self.rt, EventType::Normal, "ConfigEnforced", &module, text).await;
             }
@@ -491,7 +554,7 @@ impl Module<'_> {
         };
         // Validation, and a restore of the last valid configuration when asked for.
         let mut errors = self.validate(in_force, &obj);
-        if !errors.is_empty() {
+        if !errors.is_empty() && !self.other {
             // The cached Runtime can predate the status holding the latest valid
             // configuration (the previous reconcile wrote it moments ago): ask the API server.
             status.last_valid = self.fresh_last_valid().await;
@@ -528,14 +591,14 @@ impl Module<'_> {
         let valid_cond = if errors.is_empty() {
             let c = content(&obj);
             let size = serde_json::to_vec(&c).map(|v| v.len()).unwrap_or(usize::MAX);
-            status.last_valid = (size <= LAST_VALID_MAX_BYTES).then_some(c);
+            status.last_valid = (size <= LAST_VALID_MAX_BYTES && !self.other).then_some(c);
             let schemas = in_force.iter().filter(|p| p.spec.schema.is_some()).count();
             condition(&prev_conditions, "ConfigValid", true, "Valid", format!("meets {schemas} schemas"))
         } else {
             let text: Vec<String> = errors.iter().map(|e| format!("{}: {}", e.pointer, e.message)).collect();
             if errors != self.prev.errors {
                 self.ctx.metrics.config_invalid.inc();
-                let note_text = format!("configuration of {module} is invalid: {}", text.join("; "));
+                let note_text = format!("{} is invalid: {}", self.what(), text.join("; "));
                 tracing::warn!(module = %module, errors = %text.join("; "), "module configuration invalid");
                 note(self.ctx, self.rt, EventType::Warning, "ConfigInvalid", &module, note_text).await;
             }
@@ -572,7 +635,8 @@ impl Module<'_> {
             // Checked usable before; compiled once per policy change.
             let Ok(Some(v)) = compiled(p) else { continue };
             for (pointer, message) in violations(&v, &c) {
-                out.push(ConfigError { policy: p.name_any(), pointer, message });
+                let object = if self.other { self.object() } else { String::new() };
+                out.push(ConfigError { policy: p.name_any(), pointer, message, object });
             }
         }
         out

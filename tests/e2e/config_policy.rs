@@ -424,6 +424,28 @@ async fn central_configuration_takes_precedence() {
     .await;
     f.until("a ConfigReset Event", || f.event_reasons(), |r| r.iter().any(|r| r == "ConfigReset")).await;
 
+    // 8b. `applyTo: ManagedResources`: every instance of the managed kinds, not only the
+    // configuration object; a user's change of another instance is put back too.
+    apply_json(
+        &f.cp_kc,
+        &policy(
+            "all-configs",
+            json!({"module": "redis", "applyTo": "ManagedResources", "enforce": {"spec": {"audit": true}}}),
+        ),
+    );
+    f.until("audit on the configuration object", || f.config(), |c| c["audit"] == true).await;
+    let extra: DynamicObject = serde_json::from_value(json!({"apiVersion": "example.com/v1", "kind": "RedisConfig",
+        "metadata": {"name": "extra", "namespace": "redis-system"}, "spec": {"size": 2}}))
+    .unwrap();
+    f.configs().create(&Default::default(), &extra).await.unwrap();
+    let extra_spec =
+        || async { f.configs().get_opt("extra").await.unwrap().map(|o| o.data["spec"].clone()).unwrap_or(Value::Null) };
+    f.until("audit on another instance", extra_spec, |c| c["audit"] == true && c["size"] == 2).await;
+    let pp = PatchParams { field_manager: Some("a-user".into()), ..Default::default() };
+    f.configs().patch("extra", &pp, &Patch::Merge(&json!({"spec": {"audit": false}}))).await.unwrap();
+    f.until("audit put back on the other instance", extra_spec, |c| c["audit"] == true).await;
+    f.policies().delete("all-configs", &DeleteParams::default()).await.unwrap();
+
     // 9. A runtime whose cluster cannot be reached is not reported valid.
     let us = |zone: &str| {
         policy(
