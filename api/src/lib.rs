@@ -12,6 +12,7 @@
 //! ```
 #![warn(missing_docs)]
 
+pub mod config_policy;
 pub mod maintenance;
 pub mod module;
 pub mod policy;

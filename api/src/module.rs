@@ -193,6 +193,10 @@ pub struct ModuleStatus {
     /// The maintenance window an upgrade waits for (`begin/end`, RFC 3339).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub next_maintenance_window: Option<String>,
+    /// What ModuleConfigPolicies make of the module's configuration (enforced fields,
+    /// validity), when any policy applies.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config: Option<crate::config_policy::ModuleConfigStatus>,
 }
 
 /// States of modules and runtimes.

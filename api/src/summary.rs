@@ -47,6 +47,10 @@ pub struct ModuleSummary {
     /// Why, for people (cut to 512 bytes).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub message: String,
+    /// The configuration's schema violations (`pointer: message`, ModuleConfigPolicy), at
+    /// most 5, each cut to 256 bytes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub config_invalid: Vec<String>,
 }
 
 /// One Runtime, for people.
@@ -102,6 +106,17 @@ impl ModuleSummary {
             pending_upgrade,
             refused_downgrade,
             message: cut(&m.message, MESSAGE_BYTES),
+            config_invalid: m
+                .config
+                .iter()
+                .flat_map(|c| &c.errors)
+                .take(5)
+                .map(|e| {
+                    let at =
+                        if e.object.is_empty() { e.pointer.clone() } else { format!("{} {}", e.object, e.pointer) };
+                    cut(&format!("{at}: {}", e.message), 256)
+                })
+                .collect(),
         }
     }
 }
@@ -138,6 +153,26 @@ impl RuntimeSummary {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn schema_violations_are_listed_with_their_pointers() {
+        let m = ModuleStatus {
+            name: "redis".into(),
+            config: Some(crate::config_policy::ModuleConfigStatus {
+                errors: vec![crate::config_policy::ConfigError {
+                    policy: "central".into(),
+                    pointer: "/spec/replicas".into(),
+                    message: "9 is greater than the maximum of 5".into(),
+                    object: String::new(),
+                }],
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let s = ModuleSummary::from_status(&m);
+        assert_eq!(s.config_invalid, vec!["/spec/replicas: 9 is greater than the maximum of 5".to_string()]);
+        assert!(ModuleSummary::from_status(&ModuleStatus::default()).config_invalid.is_empty());
+    }
 
     #[test]
     fn a_waiting_upgrade_shows_where_it_goes_and_when() {

@@ -25,6 +25,7 @@ pub fn generated() -> anyhow::Result<Vec<(String, String)>> {
         ModuleTemplate::crd(),
         ModuleReleaseMeta::crd(),
         fleetwatch_api::maintenance::MaintenancePolicy::crd(),
+        fleetwatch_api::config_policy::ModuleConfigPolicy::crd(),
     ];
     crds.into_iter()
         .map(|crd| {

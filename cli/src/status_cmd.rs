@@ -70,7 +70,8 @@ pub struct Fleet {
 
 /// Everything unhealthy, one line each: WatchConfigs the hub refused, disconnected agents,
 /// failing watches, subscribers too far behind or disconnected with records waiting, modules
-/// in Error or Warning, runtimes whose agent never connected, Runtimes that cannot be read.
+/// in Error or Warning, module configurations that fail a ModuleConfigPolicy schema, runtimes
+/// whose agent never connected, Runtimes that cannot be read.
 pub fn problems(fleet: &Fleet, max_lag_seconds: f64) -> Vec<String> {
     let mut out = Vec::new();
     for v in fleet.watch_configs.iter().filter(|v| !v.accepted) {
@@ -106,6 +107,14 @@ pub fn problems(fleet: &Fleet, max_lag_seconds: f64) -> Vec<String> {
         for m in r.modules.iter().filter(|m| m.state == "Error" || m.state == "Warning") {
             let msg = if m.message.is_empty() { String::new() } else { format!(": {}", m.message) };
             out.push(format!("runtime {}: module {} is {}{msg}", r.runtime, m.name, m.state));
+        }
+        for m in r.modules.iter().filter(|m| !m.config_invalid.is_empty()) {
+            out.push(format!(
+                "runtime {}: module {} configuration invalid: {}",
+                r.runtime,
+                m.name,
+                m.config_invalid.join("; ")
+            ));
         }
         if !fleet.clusters.iter().any(|c| c.cluster == r.cluster) {
             out.push(format!("runtime {}: its agent (cluster {}) has not connected to the hub", r.runtime, r.cluster));
@@ -147,6 +156,9 @@ fn modules_cell(r: &RuntimeSummary, wide: bool) -> String {
             }
             if let Some(to) = &m.refused_downgrade {
                 parts.push(format!("{} refused: downgrade {}→{to}", m.name, m.running.as_deref().unwrap_or("-")));
+            }
+            if let Some(first) = m.config_invalid.first() {
+                parts.push(format!("{} config invalid: {}", m.name, first.split(':').next().unwrap_or_default()));
             }
         }
     }
@@ -433,6 +445,7 @@ mod tests {
                 refused_downgrade: None,
                 next_maintenance_window: None,
                 message: String::new(),
+                config_invalid: Vec::new(),
             })
             .collect();
         let mut by = BTreeMap::new();

@@ -95,6 +95,17 @@ pub fn module_template(module: &str, version: &str) -> Value {
     })
 }
 
+/// The sample ModuleConfigPolicy: redis keeps `spec.tls: true` in every runtime, and its
+/// configuration must have at most 5 replicas (violations are reported).
+pub fn sample_config_policy() -> Value {
+    json!({"apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "ModuleConfigPolicy",
+           "metadata": {"name": "redis-central", "namespace": NAMESPACE},
+           "spec": {"module": "redis", "enforce": {"spec": {"tls": true}},
+                    "schema": {"type": "object", "properties": {"spec": {"type": "object",
+                               "properties": {"replicas": {"type": "integer", "maximum": 5}}}}},
+                    "onInvalid": "Report"}})
+}
+
 /// A module's channels: regular and fast.
 pub fn release_meta(module: &str, regular: &str, fast: &str) -> Value {
     json!({"apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "ModuleReleaseMeta",
@@ -238,6 +249,8 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
                      "fields": ["spec"], "project": ["/spec"], "subscriber": "lifecycle"}});
         apply(&cp_client, "sandbox", &wc).await?;
     }
+    // Central configuration takes precedence: TLS stays on in every redis, replicas at most 5.
+    apply(&cp_client, "sandbox", &sample_config_policy()).await?;
     for (n, s) in names.iter().zip(&runtimes_sims) {
         let secret = json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": format!("{n}-kubeconfig"), "namespace": NAMESPACE},
                             "stringData": {"config": s.kubeconfig_yaml()}});
@@ -336,6 +349,11 @@ fn print_intro(dir: &Path, cp_kc: &Path, names: &[String], hub: &str, admin: &st
     println!(
         "  try:            kubectl --kubeconfig {} -n {NAMESPACE} edit runtime rt-1   (e.g. channel: fast)",
         cp_kc.display()
+    );
+    println!(
+        "  policy:         redis-central keeps spec.tls on in every redis (kubectl -n {NAMESPACE} get mcp); try \
+         kubectl --kubeconfig {} -n redis-system patch redisconfig default --type merge -p '{{\"spec\":{{\"tls\":false}}}}'",
+        dir.join(format!("{}.kubeconfig", names.first().map(String::as_str).unwrap_or("rt-1"))).display()
     );
     println!("  logs:           {}", dir.join("fleetwatch.log").display());
     println!("  note:           the simulated clusters start afresh at every `up` (see README.txt there)");

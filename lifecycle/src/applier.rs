@@ -163,4 +163,55 @@ impl Applier {
             Err(e) => Err(Error::kube("list", format!("{api_version} {}", kind.kind), e)),
         }
     }
+
+    /// Server-side applies `obj` as field manager `manager` (with `force` or not) and
+    /// returns the object as stored (ModuleConfigPolicy enforcement, `config_policy.rs`).
+    pub async fn apply_as(&self, obj: &Value, manager: &str, force: bool) -> Result<DynamicObject, Error> {
+        let r = Self::reference(obj)?;
+        let api = self.api_for(&r).await?;
+        let mut pp = PatchParams::apply(manager);
+        pp.force = force;
+        api.patch(&r.name, &pp, &Patch::Apply(obj)).await.map_err(|e| Error::kube("apply", describe(&r), e))
+    }
+
+    /// Replaces an object's content with `obj` (its `metadata.resourceVersion` guards the
+    /// write) as field manager `manager`.
+    pub async fn replace_as(&self, obj: &Value, manager: &str) -> Result<DynamicObject, Error> {
+        let r = Self::reference(obj)?;
+        let api = self.api_for(&r).await?;
+        let dynobj: DynamicObject = serde_json::from_value(obj.clone())
+            .map_err(|source| ManifestError::NotAnObject { kind: r.kind.clone(), name: r.name.clone(), source })?;
+        let pp = PostParams { field_manager: Some(manager.into()), ..Default::default() };
+        api.replace(&r.name, &pp, &dynobj).await.map_err(|e| Error::kube("replace", describe(&r), e))
+    }
+
+    /// Every instance of a kind, in all namespaces (none when the kind is not served).
+    pub async fn list(&self, kind: &KindRef) -> Result<Vec<ResourceRef>, Error> {
+        let api_version =
+            if kind.group.is_empty() { kind.version.clone() } else { format!("{}/{}", kind.group, kind.version) };
+        let Some((ar, _)) = self.resolve(&api_version, &kind.kind).await? else { return Ok(Vec::new()) };
+        let api: Api<DynamicObject> = Api::all_with(self.client.clone(), &ar);
+        let list = api
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| Error::kube("list", format!("{api_version} {}", kind.kind), e))?;
+        Ok(list
+            .items
+            .into_iter()
+            .map(|o| ResourceRef {
+                api_version: api_version.clone(),
+                kind: kind.kind.clone(),
+                namespace: o.metadata.namespace,
+                name: o.metadata.name.unwrap_or_default(),
+            })
+            .collect())
+    }
+
+    async fn api_for(&self, r: &ResourceRef) -> Result<Api<DynamicObject>, Error> {
+        let (ar, caps) = self
+            .resolve(&r.api_version, &r.kind)
+            .await?
+            .ok_or_else(|| ManifestError::KindNotServed { api_version: r.api_version.clone(), kind: r.kind.clone() })?;
+        Ok(self.api(&ar, &caps, r.namespace.as_deref()))
+    }
 }

@@ -13,6 +13,7 @@ pub mod applier;
 pub mod artifact;
 pub mod catalog;
 pub mod clusters;
+pub mod config_policy;
 pub mod election;
 pub mod error;
 pub mod events;
@@ -114,6 +115,8 @@ pub struct Ctx {
     clock: Arc<dyn maintenance::Clock>,
     min_window_remaining: jiff::SignedDuration,
     policies: Store<fleetwatch_api::maintenance::MaintenancePolicy>,
+    /// ModuleConfigPolicies ([`config_policy`]).
+    config: config_policy::Shared,
     /// Counters.
     pub metrics: Arc<Metrics>,
     backoff: std::sync::Mutex<std::collections::HashMap<String, u32>>,
@@ -302,6 +305,7 @@ pub async fn run(config: LifecycleConfig, metrics: Arc<Metrics>, shutdown: Cance
                 // The finalizer helper adds the finalizer and waits for the change it made:
                 // that change must start the reconcile that installs.
                 rt.finalizers().iter().any(|f| f == reconcile::FINALIZER).hash(&mut h);
+                rt.annotations().get(fleetwatch_api::config_policy::RESET_ANNOTATION).hash(&mut h);
                 Some(h.finish())
             },
             Default::default(),
@@ -315,6 +319,8 @@ pub async fn run(config: LifecycleConfig, metrics: Arc<Metrics>, shutdown: Cance
         (sc, map, acquired)
     });
     let shard_map = sharding.as_ref().map(|(_, map, _)| map.clone());
+    let (config_policies, config_stream) = config_policy::watch(client.clone());
+    let config_changed = Arc::new(tokio::sync::Notify::new());
     let ctx = Arc::new(Ctx {
         client: client.clone(),
         clusters: clusters::Clusters::new(client.clone()),
@@ -325,6 +331,7 @@ pub async fn run(config: LifecycleConfig, metrics: Arc<Metrics>, shutdown: Cance
         clock: config.clock.clone(),
         min_window_remaining: config.min_window_remaining,
         policies: policies.clone(),
+        config: config_policy::Shared { policies: config_policies.clone(), changed: config_changed.clone() },
         metrics,
         backoff: Default::default(),
         catalogs: Default::default(),
@@ -339,6 +346,16 @@ pub async fn run(config: LifecycleConfig, metrics: Arc<Metrics>, shutdown: Cance
         agent_certs: config.agent_certs.clone(),
         artifacts,
     });
+    tokio::spawn(config_policy::run_status(
+        client.clone(),
+        config_changed.clone(),
+        config_policies.clone(),
+        runtimes.clone(),
+        templates.clone(),
+        shutdown.child_token(),
+    ));
+    let by_config_policy =
+        config_policy::on_policy_change(runtimes.clone(), ctx.config.policies.clone(), config_changed);
     ctx.metrics.set_view(Some(View {
         runtimes: runtimes.clone(),
         shards: shard_map.clone(),
@@ -417,6 +434,7 @@ pub async fn run(config: LifecycleConfig, metrics: Arc<Metrics>, shutdown: Cance
         .with_config(kube::runtime::controller::Config::default().concurrency(config.concurrency))
         .watches_stream(metas_stream, by_meta)
         .watches_stream(templates_stream, by_template)
+        .watches_stream(config_stream, by_config_policy)
         .reconcile_on(tokio_stream_from(hub_rx))
         .graceful_shutdown_on(shutdown.clone().cancelled_owned())
         .run(reconcile::reconcile, error_policy, ctx)

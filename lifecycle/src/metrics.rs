@@ -43,6 +43,12 @@ struct ModuleState {
     state: String,
 }
 
+/// Labels of `fleetwatch_lifecycle_module_config_invalid`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
+struct ModuleLabel {
+    module: String,
+}
+
 /// The scrape-time gauges, read from the [`View`].
 #[derive(Default)]
 struct ViewCollector {
@@ -66,12 +72,17 @@ impl Collector for ViewCollector {
             None => 0,
         };
         let mut modules: BTreeMap<ModuleState, i64> = BTreeMap::new();
+        let mut invalid: BTreeMap<ModuleLabel, i64> = BTreeMap::new();
         if let Some(v) = view {
             for rt in v.runtimes.state() {
                 if v.shards.as_ref().is_some_and(|m| !m.owns(&rt)) {
                     continue;
                 }
                 for m in rt.status.iter().flat_map(|s| &s.modules) {
+                    let bad = m.config.iter().flat_map(|c| &c.conditions);
+                    if bad.filter(|c| c.type_ == "ConfigValid" && c.status == "False").count() > 0 {
+                        *invalid.entry(ModuleLabel { module: m.name.clone() }).or_default() += 1;
+                    }
                     *modules.entry(ModuleState { module: m.name.clone(), state: m.state.to_string() }).or_default() +=
                         1;
                 }
@@ -88,13 +99,24 @@ impl Collector for ViewCollector {
             let gauge = ConstGauge::new(i64::try_from(value).unwrap_or(i64::MAX));
             gauge.encode(encoder.encode_descriptor(name, help, None, gauge.metric_type())?)?;
         }
+        {
+            let mut family = encoder.encode_descriptor(
+                "modules",
+                "Modules of the Runtimes this instance acts on, by module and state (from the Runtime status)",
+                None,
+                prometheus_client::metrics::MetricType::Gauge,
+            )?;
+            for (labels, n) in &modules {
+                ConstGauge::new(*n).encode(family.encode_family(labels)?)?;
+            }
+        }
         let mut family = encoder.encode_descriptor(
-            "modules",
-            "Modules of the Runtimes this instance acts on, by module and state (from the Runtime status)",
+            "module_config_invalid",
+            "Runtimes whose configuration of the module does not meet a ModuleConfigPolicy schema (from the Runtime status)",
             None,
             prometheus_client::metrics::MetricType::Gauge,
         )?;
-        for (labels, n) in &modules {
+        for (labels, n) in &invalid {
             ConstGauge::new(*n).encode(family.encode_family(labels)?)?;
         }
         Ok(())
@@ -121,6 +143,10 @@ pub struct Metrics {
     pub reconcile_duration: Histogram,
     /// Reconciles running now.
     pub in_flight: Gauge,
+    /// Enforced configuration fields put back (ModuleConfigPolicy).
+    pub config_enforced: Counter,
+    /// Module configurations found invalid (each new set of errors counts once).
+    pub config_invalid: Counter,
     view: Arc<ViewCollector>,
 }
 
@@ -137,6 +163,8 @@ impl Default for Metrics {
             migration_seconds: Counter::default(),
             reconcile_duration: Histogram::new(DURATION_BUCKETS),
             in_flight: Gauge::default(),
+            config_enforced: Counter::default(),
+            config_invalid: Counter::default(),
             view: Arc::new(ViewCollector::default()),
         };
         registry.register("reconciles", "Reconciles started", m.reconciles.clone());
@@ -151,6 +179,16 @@ impl Default for Metrics {
             m.reconcile_duration.clone(),
         );
         registry.register("reconciles_in_flight", "Reconciles running now", m.in_flight.clone());
+        registry.register(
+            "config_enforcements",
+            "Times enforced configuration fields were applied because they differed",
+            m.config_enforced.clone(),
+        );
+        registry.register(
+            "config_invalid_found",
+            "Times a module configuration was found invalid",
+            m.config_invalid.clone(),
+        );
         registry.register_collector(Box::new(m.view.clone()));
         Self { registry, ..m }
     }
@@ -201,6 +239,9 @@ mod tests {
             "fleetwatch_lifecycle_queue_depth 0",
             "fleetwatch_lifecycle_shards_held 0",
             "# TYPE fleetwatch_lifecycle_modules gauge",
+            "# TYPE fleetwatch_lifecycle_module_config_invalid gauge",
+            "fleetwatch_lifecycle_config_enforcements_total 0",
+            "fleetwatch_lifecycle_config_invalid_found_total 0",
         ] {
             assert!(text.lines().any(|l| l == line), "{line:?} missing:\n{text}");
         }

@@ -289,6 +289,7 @@ async fn reach(rt: &Runtime, ctx: &Ctx, api: &Api<Runtime>, previous: &[ModuleSt
                 .map(|mut m| {
                     m.state = State::Error;
                     m.message = e.to_string();
+                    crate::config_policy::unreachable(&mut m, &e.to_string());
                     m
                 })
                 .collect();
@@ -396,6 +397,7 @@ async fn apply(rt: Arc<Runtime>, ctx: &Ctx) -> Result<Action, Error> {
             statuses.push(st);
         }
     }
+    crate::config_policy::enforce(ctx, &applier, &rt, &mut statuses, &previous).await;
     let key = format!("{ns}/{name}");
     // The catalog of what can be installed, kept in the runtime cluster (written on change).
     let catalog = crate::catalog::build(&ns, &ctx.metas.state(), &ctx.templates.state());

@@ -5,6 +5,7 @@ mod admission;
 mod agent_certs;
 mod cli;
 mod coalescing;
+mod config_policy;
 mod delivery;
 mod deploy;
 mod kube_watch;

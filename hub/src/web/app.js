@@ -76,6 +76,7 @@
     const parts = [el("span", { class: stateClass(m.state) }, m.name + " " + text + " " + m.state)];
     if (m.pendingUpgrade && m.nextMaintenanceWindow) parts.push(el("div", { class: "muted" }, "waits for " + windowStart(m.nextMaintenanceWindow)));
     if (m.message) parts.push(el("div", { class: "muted" }, m.message));
+    if (m.configInvalid && m.configInvalid.length) parts.push(el("div", { class: "state-bad" }, "configuration invalid: " + m.configInvalid.join("; ")));
     return el("div", { "data-module": m.name, "data-state": m.state }, ...parts);
   }
 
