@@ -626,7 +626,10 @@ impl<J: JetStream> NatsBus<J> {
         // memory bus). Seed 263 of the simulation's `--storage nats` lost a durable
         // subscriber's changes: placed at `latest` of the new bus as a new name.
         let had_history = info.state.last_sequence > 0 || lineage.base > 0;
-        let meta = Meta { names_lost: had_history || created_after_wait, begun_after_wait: !had_history && created_after_wait };
+        let meta = Meta {
+            names_lost: had_history || created_after_wait,
+            begun_after_wait: !had_history && created_after_wait,
+        };
         ensure_meta(&cursors_kv, &cursors_bucket, meta).await?;
 
         // Heads of every cluster (the tail, once started, loads them again).
