@@ -129,7 +129,7 @@ impl ModuleArtifact {
                 namespace: Some(namespace.into()),
                 name: manager_name.into(),
             },
-            objects,
+            objects: in_apply_order(objects),
             default_config: None,
         };
         a.validate()?;
@@ -375,6 +375,19 @@ pub fn parse_documents(text: &str, origin: &str) -> Result<Vec<Value>, ArtifactE
     Ok(out)
 }
 
+/// `objects` in the order the operator applies them: Namespaces, then
+/// CustomResourceDefinitions (their kinds must be served before objects of them are
+/// applied), then the rest; a stable sort, so each group keeps the order it was given in.
+pub fn in_apply_order(mut objects: Vec<Value>) -> Vec<Value> {
+    let rank = |o: &Value| match (o["kind"].as_str(), group_of(o).as_str()) {
+        (Some("Namespace"), "") => 0,
+        (Some("CustomResourceDefinition"), "apiextensions.k8s.io") => 1,
+        _ => 2,
+    };
+    objects.sort_by_key(rank);
+    objects
+}
+
 /// Checks one object: a mapping with `apiVersion`, `kind` and `metadata.name`; a
 /// CustomResourceDefinition must parse as one and be named `PLURAL.GROUP`.
 pub fn validate_object(o: &Value, origin: &str) -> Result<(), ArtifactError> {
@@ -534,6 +547,17 @@ mod tests {
             parse_kind_ref("v1/ConfigMap").unwrap(),
             KindRef { group: "".into(), version: "v1".into(), kind: "ConfigMap".into() }
         );
+    }
+
+    #[test]
+    fn objects_are_stored_in_apply_order() {
+        let ns = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "ns"}});
+        let cm = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c", "namespace": "ns"}});
+        let given = vec![cm.clone(), deployment(), crd("widgets.example.com"), ns.clone()];
+        let a = ModuleArtifact::new("widgets", "1.0.0", "ns/op", given).unwrap();
+        let order: Vec<String> = a.objects.iter().map(describe).collect();
+        let want: Vec<String> = [ns, crd("widgets.example.com"), cm, deployment()].iter().map(describe).collect();
+        assert_eq!(order, want);
     }
 
     #[test]

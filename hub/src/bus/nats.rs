@@ -928,7 +928,7 @@ impl<J: JetStream> NatsBus<J> {
         ensure_bucket(&self.js, &self.heads_bucket, self.opts.replicas, Duration::ZERO).await?;
         ensure_bucket(&self.js, &self.cursors_bucket, self.opts.replicas, Duration::ZERO).await?;
         ensure_bucket(&self.js, &self.replicas_bucket, self.opts.replicas, REPLICA_TTL).await?;
-        ensure_meta(&self.cursors_kv, &self.cursors_bucket, true).await?;
+        ensure_meta(&self.cursors_kv, &self.cursors_bucket, Meta { names_lost: true, begun_after_wait: false }).await?;
         self.publish_recreated_marker(lineage.base).await?;
         let _starting = self.tail_starting.lock().await;
         if let Ok(_log) = self.core.log.write() {
