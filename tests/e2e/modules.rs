@@ -294,14 +294,14 @@ fn a_2mib_crd_goes_through_a_tls_registry_with_auth_and_a_tampered_blob_is_refus
             "managed resources: example.com/v1/Widget\n",
             "default config:    Widget widgets/default (example.com/v1)\n",
             "objects:           3\n",
-            "  CustomResourceDefinition widgets.example.com (apiextensions.k8s.io/v1)\n",
-            "  Namespace widgets (v1)\n",
+            // In apply order: the Namespace, the CRD, the rest as given.
+            "  Namespace widgets (v1)\n  CustomResourceDefinition widgets.example.com (apiextensions.k8s.io/v1)\n",
             "  Deployment widgets/widget-operator (apps/v1)\n",
         ] {
             assert!(out.contains(want), "{want:?} not in:\n{}", &out[..out.len().min(2000)]);
         }
         let docs: Vec<Value> = serde_saphyr::from_multiple(&out[out.find("---\n").unwrap()..]).unwrap();
-        assert_eq!(docs[0], crd, "the CRD came back changed");
+        assert_eq!(docs[1], crd, "the CRD came back changed");
         assert_eq!(docs[2]["metadata"]["labels"]["app.kubernetes.io/version"], "1.0.0");
     }
     fails_in_one_line(
