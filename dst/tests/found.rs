@@ -139,15 +139,16 @@ fn nats_seeds_263_and_490_a_new_bus_after_the_store_was_lost_with_every_replica_
     passes_on_nats(490);
 }
 
-/// Open (not fixed): a second agent process of a cluster appended through another replica
-/// while the first kept appending; that replica's link to JetStream was cut, and the
-/// publishes its client kept were sent once the link was back, after newer records of the
-/// first agent. `Fw-Prev` turned the first late record into `resync-required`, the late
-/// ones after it followed it and put the second agent's older states over newer ones. The
-/// rule for late records of the same agent process (521, 543) does not cover another
-/// process's (DESIGN, "How the simulation checks it").
+/// A second agent process of a cluster appended through another replica while the first
+/// kept appending; that replica's link to JetStream was cut, and the publishes its client
+/// kept were sent once the link was back, after newer records of the first agent.
+/// `Fw-Prev` turned the first late record into `resync-required`, but the late ones after
+/// it followed it and put the second agent's older states over newer ones (the rule for
+/// late records of the same agent process, 521 and 543, does not cover another's). Every
+/// record now also carries the stream's end its publisher knew (`Fw-Known`); one stored
+/// after a record of another agent process of its cluster that lies beyond that end is
+/// delivered as `resync-required` too.
 #[test]
-#[ignore = "open: late publishes of another agent process after a cut link (DESIGN)"]
 fn nats_seed_172_late_publishes_of_a_second_agent_process() {
     passes_on_nats(172);
 }

@@ -50,7 +50,16 @@
 //! too: a resync more than needed, never one less. A record older than the cluster's
 //! latest of the same agent process (a publish a client kept while its link was down and
 //! sent late, after the agent resent it elsewhere) is delivered as `resync-required` as
-//! well, and the latest stays the latest. JetStream's
+//! well, and the latest stays the latest. So is one sent before a record of another agent
+//! process of the cluster was stored, stored after it: every record names the stream's end
+//! its publisher knew (`Fw-Known`: its acks and probes, its tail, the head it chained
+//! onto), and a record of another epoch of the cluster beyond that end and before the
+//! record may be newer than it (a second agent process appending through a replica whose
+//! link was cut: its kept publishes followed the first late one, seed 172). A healthy
+//! process is checked alike, but its replica knows the stream's end past the other
+//! process's records once its first acks are in; the records after the hole of a partly
+//! stored batch of one process stay events. Where part of what lies between is unseen
+//! (evicted before the tail started) the record is delivered as the marker. JetStream's
 //! own per-subject expectation (`Nats-Expected-Last-Subject-Sequence`) would refuse such a
 //! record instead, but needs the previous record's stream sequence, known only from its ack:
 //! it cannot chain publishes in flight. Two replicas appending for one cluster at once (a
@@ -181,6 +190,12 @@ const H_KIND: &str = "Fw-Kind";
 /// of none: lets every replica's tail see from the stream alone that a record follows one
 /// that was never stored.
 const H_PREV: &str = "Fw-Prev";
+/// The stream's end as its publisher knew it when it sent this record (an offset: every
+/// record at or below it was stored before this one was sent): lets every replica's tail
+/// see from the stream alone that records of another agent process of the cluster were
+/// stored between the two, so this one may be older than they are (a publish kept while
+/// its replica's link to JetStream was cut and sent late).
+const H_KNOWN: &str = "Fw-Known";
 const KIND_EVENT: &str = "event";
 const KIND_RESYNC: &str = "resync-required";
 
@@ -340,7 +355,8 @@ fn initial_log(state: &JsState, base: u64, heads: &HashMap<Arc<str>, Head>) -> (
     for (cluster, h) in heads {
         if h.offset < log.base {
             log.evicted.insert(cluster.clone(), h.offset);
-            chain.last.insert(cluster.clone(), (h.epoch, h.seq));
+            let latest = Latest { key: (h.epoch, h.seq), epoch: h.epoch, offset: h.offset, other: 0 };
+            chain.last.insert(cluster.clone(), latest);
         } else if log.base > 1 {
             log.evicted.insert(cluster.clone(), log.base - 1);
         }
@@ -349,31 +365,87 @@ fn initial_log(state: &JsState, base: u64, heads: &HashMap<Arc<str>, Head>) -> (
     (log, chain)
 }
 
-/// Per cluster the (epoch, seq) of the latest record the local tail took in.
+/// What the local tail knows of each cluster's records.
 struct Chain {
-    last: HashMap<Arc<str>, (u64, u64)>,
+    last: HashMap<Arc<str>, Latest>,
     /// The first offset the tail saw: a cluster missing from `last` has no record below it
     /// only when it is 1 (otherwise its latest may have been evicted unseen).
     seen_from: u64,
 }
 
+/// A cluster's latest records as the local tail took them in.
+#[derive(Debug, Clone, Copy)]
+struct Latest {
+    /// (epoch, seq) of the latest record that was not stale: the one the next must name.
+    key: (u64, u64),
+    /// The epoch and offset of the latest record stored (a stale one too).
+    epoch: u64,
+    offset: u64,
+    /// The offset of the latest record stored of another epoch than `epoch` (0: none seen).
+    other: u64,
+}
+
 impl Chain {
-    /// Whether a record of `cluster` naming `prev` as its predecessor follows the cluster's
-    /// latest record: `Err(why)` when it does not (or cannot be known to), and it takes the
-    /// record's place as the latest either way.
-    fn follow(&mut self, cluster: &Arc<str>, prev: Option<&str>, now: (u64, u64)) -> Result<(), &'static str> {
-        if let Some(last) = self.last.get(cluster)
-            && last.0 == now.0
-            && now.1 <= last.1
-        {
-            // Older than the cluster's latest record of the same agent process, stored after
-            // it: a publish a client kept while its link to JetStream was down and sent once
-            // it was back, after the agent had resent it and more through another replica.
-            // Delivered as an event it would put an older state over a newer one; the
-            // latest stays the latest.
-            return Err(STALE);
+    /// Whether a record of `cluster` stored at `offset`, naming `prev` as its predecessor
+    /// and `known` as the stream's end its publisher knew, follows the cluster's latest
+    /// record and is not older than a record of another agent process stored before it:
+    /// `Err(why)` when it does not (or cannot be known to), and it takes the record's place
+    /// as the latest either way (unless it is older than the latest of its own process).
+    fn follow(
+        &mut self,
+        cluster: &Arc<str>,
+        prev: Option<&str>,
+        known: Option<&str>,
+        now: (u64, u64),
+        offset: u64,
+    ) -> Result<(), &'static str> {
+        // The cluster's latest key, and the offset of its latest record of another agent
+        // process than this one's (0: none).
+        let (last, other) = match self.last.get_mut(cluster) {
+            Some(l) => {
+                let other = if l.epoch == now.0 { l.other } else { l.offset };
+                if l.epoch != now.0 {
+                    l.other = l.offset;
+                    l.epoch = now.0;
+                }
+                l.offset = offset;
+                if l.key.0 == now.0 && now.1 <= l.key.1 {
+                    // Older than the cluster's latest record of the same agent process,
+                    // stored after it: a publish a client kept while its link to JetStream
+                    // was down and sent once it was back, after the agent had resent it and
+                    // more through another replica. Delivered as an event it would put an
+                    // older state over a newer one; the latest stays the latest.
+                    return Err(STALE);
+                }
+                (Some(std::mem::replace(&mut l.key, now)), other)
+            }
+            None => {
+                self.last.insert(cluster.clone(), Latest { key: now, epoch: now.0, offset, other: 0 });
+                (None, 0)
+            }
+        };
+        self.follows(last, prev)?;
+        // Whether a record of another agent process of the cluster was stored after this
+        // one was sent: then it may be newer than this one (its process kept appending
+        // while this one's publish waited on a cut link, and the records after this one
+        // follow it). Records of a hub that did not say are not checked.
+        let Some(known) = known else { return Ok(()) };
+        match known.parse::<u64>() {
+            Ok(known) if known < offset && known.saturating_add(1) >= self.seen_from => {
+                if other > known {
+                    Err(LATE)
+                } else {
+                    Ok(())
+                }
+            }
+            // Part of what was stored after it was sent is unseen here (evicted before the
+            // tail started), or it names an end beyond itself (a stream recreated under it).
+            _ => Err(UNCHECKED),
         }
-        let last = self.last.insert(cluster.clone(), now);
+    }
+
+    /// Whether a record naming `prev` follows `last`, the cluster's latest record.
+    fn follows(&self, last: Option<(u64, u64)>, prev: Option<&str>) -> Result<(), &'static str> {
         let Some(prev) = prev else { return Ok(()) }; // written by a hub that did not say
         if prev == "-" {
             // Its publisher knew of no record of the cluster.
@@ -402,6 +474,10 @@ const STALE: &str = "this record is older than a record of the cluster stored be
                      late, after the agent's resend)";
 const UNKNOWN: &str = "this hub replica cannot check that no record of the cluster is missing before this one (its \
                        predecessor was evicted before the replica started)";
+const LATE: &str = "this record may be older than a record of another agent process of the cluster stored before it \
+                    (a JetStream publish sent late, after its hub replica's link to JetStream was back)";
+const UNCHECKED: &str = "this hub replica cannot check that this record is not older than a record of another agent \
+                         process of the cluster stored before it (stored where the replica did not look)";
 
 /// A cluster's latest record as far as this replica knows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -928,6 +1004,7 @@ impl<J: JetStream> NatsBus<J> {
         ensure_bucket(&self.js, &self.heads_bucket, self.opts.replicas, Duration::ZERO).await?;
         ensure_bucket(&self.js, &self.cursors_bucket, self.opts.replicas, Duration::ZERO).await?;
         ensure_bucket(&self.js, &self.replicas_bucket, self.opts.replicas, REPLICA_TTL).await?;
+        // Recreated under a bus with history: names not in it may have existed.
         ensure_meta(&self.cursors_kv, &self.cursors_bucket, Meta { names_lost: true, begun_after_wait: false }).await?;
         self.publish_recreated_marker(lineage.base).await?;
         let _starting = self.tail_starting.lock().await;
@@ -1098,6 +1175,10 @@ impl<J: JetStream> NatsBus<J> {
                 (head.map(|h| (h.epoch, h.seq)), head.map(|h| h.offset))
             }
         };
+        // The stream's end as this replica knows it (`Fw-Known`): its acks and probes, its
+        // tail, the cluster's head. Every record at or below it is stored already.
+        let tail_last = if self.tail_started.load(Ordering::SeqCst) { self.core.last_offset() } else { 0 };
+        let seen = known.max(tail_last).max(tip_offset.unwrap_or(0)).to_string();
         let mut fresh = Vec::with_capacity(items.len());
         for item in items {
             if let Some((ep, seq)) = tip
@@ -1128,6 +1209,7 @@ impl<J: JetStream> NatsBus<J> {
                 (Some((e, s)), Some(offset)) => format!("{e}/{s}@{offset}"),
             };
             headers.insert(H_PREV, prev.as_str());
+            headers.insert(H_KNOWN, seen.as_str());
             let (kind, payload, suffix) = match item.body {
                 RecordBody::Event(b) => (KIND_EVENT, b, ""),
                 RecordBody::ResyncRequired(r) => (KIND_RESYNC, bytes::Bytes::from(r), "/r"),
@@ -1271,9 +1353,10 @@ impl<J: JetStream> NatsBus<J> {
             let time_ms = msg.published_ms.unwrap_or(now);
             match decode(&self.stream, &msg, offset, time_ms) {
                 Ok(mut rec) => {
-                    let prev = msg.headers.as_ref().and_then(|h| h.get(H_PREV)).map(|v| v.as_str());
+                    let header = |name| msg.headers.as_ref().and_then(|h| h.get(name)).map(|v| v.as_str());
+                    let (prev, known) = (header(H_PREV), header(H_KNOWN));
                     // A marker that does not follow already asks for what a replacement would.
-                    if let Err(why) = chain.follow(&rec.cluster, prev, (rec.epoch, rec.seq))
+                    if let Err(why) = chain.follow(&rec.cluster, prev, known, (rec.epoch, rec.seq), offset)
                         && matches!(rec.body, RecordBody::Event(_))
                     {
                         tracing::warn!(stream = %self.stream, cluster = %rec.cluster, offset, why, "a record does not follow its cluster's latest one: delivered as resync-required");
@@ -1663,7 +1746,6 @@ fn lineage_of(stream: &str, info: &StreamInfo) -> Lineage {
         .unwrap_or_else(|| Lineage { id: format!("{stream}-{:x}", info.created_ns), base: 0 })
 }
 
-/// Writes the cursors bucket's meta entry unless it exists (see [`Meta`]).
 /// Writes the meta entry of a cursor bucket this hub just opened, unless it has one.
 async fn ensure_meta<K: KeyValue>(store: &K, bucket: &str, meta: Meta) -> Result<(), NatsError> {
     let value = serde_json::to_vec(&meta).unwrap_or_default();
@@ -1959,32 +2041,75 @@ mod unit {
     fn a_record_follows_only_the_latest_one_its_tail_saw() {
         let c: Arc<str> = "c".into();
         let mut chain = Chain { last: HashMap::new(), seen_from: 1 };
-        assert_eq!(chain.follow(&c, Some("-"), (1, 1)), Ok(()), "the first record of a cluster");
-        assert_eq!(chain.follow(&c, Some("1/1"), (1, 2)), Ok(()));
-        assert_eq!(chain.follow(&c, Some("1/3"), (1, 4)), Err(BROKEN), "3 is missing");
-        assert_eq!(chain.follow(&c, Some("1/4"), (1, 5)), Ok(()), "it took 4's place");
-        assert_eq!(chain.follow(&c, None, (1, 9)), Ok(()), "a record of a hub that did not say");
-        assert_eq!(chain.follow(&c, Some("-"), (2, 1)), Err(BROKEN), "its publisher missed the cluster's records");
-        assert_eq!(chain.follow(&c, Some("2/1"), (3, 1)), Ok(()), "epochs change within a chain");
-        assert_eq!(chain.follow(&c, Some("garbage"), (3, 2)), Err(BROKEN));
+        assert_eq!(chain.follow(&c, Some("-"), None, (1, 1), 1), Ok(()), "the first record of a cluster");
+        assert_eq!(chain.follow(&c, Some("1/1"), None, (1, 2), 2), Ok(()));
+        assert_eq!(chain.follow(&c, Some("1/3"), None, (1, 4), 3), Err(BROKEN), "3 is missing");
+        assert_eq!(chain.follow(&c, Some("1/4"), None, (1, 5), 4), Ok(()), "it took 4's place");
+        assert_eq!(chain.follow(&c, None, None, (1, 9), 5), Ok(()), "a record of a hub that did not say");
+        assert_eq!(
+            chain.follow(&c, Some("-"), None, (2, 1), 6),
+            Err(BROKEN),
+            "its publisher missed the cluster's records"
+        );
+        assert_eq!(chain.follow(&c, Some("2/1"), None, (3, 1), 7), Ok(()), "epochs change within a chain");
+        assert_eq!(chain.follow(&c, Some("garbage"), None, (3, 2), 8), Err(BROKEN));
         let d: Arc<str> = "d".into();
-        assert_eq!(chain.follow(&d, Some("1/1"), (1, 2)), Err(BROKEN), "a predecessor never seen");
-        assert_eq!(chain.follow(&c, Some("3/1@7"), (3, 3)), Err(BROKEN), "an offset does not excuse a gap seen");
+        assert_eq!(chain.follow(&d, Some("1/1"), None, (1, 2), 9), Err(BROKEN), "a predecessor never seen");
+        assert_eq!(
+            chain.follow(&c, Some("3/1@7"), None, (3, 3), 10),
+            Err(BROKEN),
+            "an offset does not excuse a gap seen"
+        );
         let mut partial = Chain { last: HashMap::new(), seen_from: 10 };
-        assert_eq!(partial.follow(&d, Some("1/1"), (1, 2)), Err(UNKNOWN), "a predecessor evicted unseen");
+        assert_eq!(partial.follow(&d, Some("1/1"), None, (1, 2), 11), Err(UNKNOWN), "a predecessor evicted unseen");
         let e: Arc<str> = "e".into();
-        assert_eq!(partial.follow(&e, Some("1/1@9"), (1, 2)), Ok(()), "stored below what the tail saw");
+        assert_eq!(partial.follow(&e, Some("1/1@9"), None, (1, 2), 12), Ok(()), "stored below what the tail saw");
         let f: Arc<str> = "f".into();
-        assert_eq!(partial.follow(&f, Some("1/1@10"), (1, 2)), Err(UNKNOWN), "where the tail looked");
-        assert_eq!(partial.follow(&c, Some("-"), (1, 1)), Ok(()));
+        assert_eq!(partial.follow(&f, Some("1/1@10"), None, (1, 2), 13), Err(UNKNOWN), "where the tail looked");
+        assert_eq!(partial.follow(&c, Some("-"), None, (1, 1), 14), Ok(()));
         // Records sent late: older than the latest of their agent process.
         let g: Arc<str> = "g".into();
         let mut late = Chain { last: HashMap::new(), seen_from: 1 };
-        assert_eq!(late.follow(&g, Some("-"), (5, 1)), Ok(()));
-        assert_eq!(late.follow(&g, Some("5/1"), (5, 2)), Ok(()));
-        assert_eq!(late.follow(&g, Some("5/2"), (5, 3)), Ok(()));
-        assert_eq!(late.follow(&g, Some("5/1"), (5, 2)), Err(STALE), "2 again, after 3");
-        assert_eq!(late.follow(&g, Some("5/2"), (5, 3)), Err(STALE), "and what followed it");
-        assert_eq!(late.follow(&g, Some("5/3"), (5, 4)), Ok(()), "3 is still the latest");
+        assert_eq!(late.follow(&g, Some("-"), None, (5, 1), 15), Ok(()));
+        assert_eq!(late.follow(&g, Some("5/1"), None, (5, 2), 16), Ok(()));
+        assert_eq!(late.follow(&g, Some("5/2"), None, (5, 3), 17), Ok(()));
+        assert_eq!(late.follow(&g, Some("5/1"), None, (5, 2), 18), Err(STALE), "2 again, after 3");
+        assert_eq!(late.follow(&g, Some("5/2"), None, (5, 3), 19), Err(STALE), "and what followed it");
+        assert_eq!(late.follow(&g, Some("5/3"), None, (5, 4), 20), Ok(()), "3 is still the latest");
+    }
+
+    /// Seed 172 of the simulation: publishes of a second agent process kept while its
+    /// replica's link to JetStream was cut, stored after newer records of the first.
+    #[test]
+    fn a_record_sent_before_another_agent_process_stored_newer_ones_is_late() {
+        let c: Arc<str> = "c".into();
+        let mut chain = Chain { last: HashMap::new(), seen_from: 1 };
+        assert_eq!(chain.follow(&c, Some("-"), Some("0"), (1, 1), 1), Ok(()));
+        assert_eq!(chain.follow(&c, Some("1/1"), Some("0"), (1, 2), 2), Ok(()), "in flight with the first");
+        assert_eq!(chain.follow(&c, Some("1/2@2"), Some("2"), (2, 1), 3), Ok(()), "a second process after the first");
+        assert_eq!(chain.follow(&c, Some("2/1"), Some("2"), (2, 2), 4), Ok(()), "its records in flight");
+        // The second one's replica loses its link: 2/3 and 2/4 wait in its client, sent
+        // when the stream's end it knew was 4; the first process appends meanwhile.
+        assert_eq!(chain.follow(&c, Some("2/2@4"), Some("4"), (1, 3), 5), Ok(()));
+        assert_eq!(chain.follow(&c, Some("1/3"), Some("4"), (1, 4), 6), Ok(()));
+        assert_eq!(chain.follow(&c, Some("2/2@4"), Some("4"), (2, 3), 7), Err(BROKEN), "the first late one");
+        assert_eq!(chain.follow(&c, Some("2/3"), Some("4"), (2, 4), 8), Err(LATE), "follows it, sent before 5 and 6");
+        assert_eq!(chain.follow(&c, Some("1/4@6"), Some("8"), (1, 5), 9), Err(BROKEN), "2/4 took the latest's place");
+        assert_eq!(chain.follow(&c, Some("1/5"), Some("8"), (1, 6), 10), Ok(()), "sent after 2/4 was stored");
+        // After the hole of a partly stored batch of one process the records stay events.
+        assert_eq!(chain.follow(&c, Some("1/7"), Some("8"), (1, 8), 11), Err(BROKEN), "7 is missing");
+        assert_eq!(chain.follow(&c, Some("1/8"), Some("8"), (1, 9), 12), Ok(()), "nothing of another process after 8");
+        // A new process whose replica knew less than the last one stored: late only until
+        // its acks are in.
+        assert_eq!(chain.follow(&c, Some("1/6@10"), Some("10"), (3, 1), 13), Err(BROKEN), "1/8, 1/9 unseen");
+        assert_eq!(chain.follow(&c, Some("3/1"), Some("10"), (3, 2), 14), Err(LATE), "in flight with it");
+        assert_eq!(chain.follow(&c, Some("3/2@14"), Some("14"), (3, 3), 15), Ok(()), "once its acks were in");
+        // Where the tail did not look, it cannot tell.
+        let d: Arc<str> = "d".into();
+        let mut partial = Chain { last: HashMap::new(), seen_from: 10 };
+        assert_eq!(partial.follow(&d, Some("1/1@5"), Some("5"), (1, 2), 11), Err(UNCHECKED), "6 to 9 unseen");
+        assert_eq!(partial.follow(&d, Some("1/2"), Some("9"), (1, 3), 12), Ok(()), "everything after 9 seen");
+        assert_eq!(partial.follow(&d, Some("1/3"), Some("13"), (1, 4), 13), Err(UNCHECKED), "an end beyond itself");
+        assert_eq!(partial.follow(&d, Some("1/4"), Some("x"), (1, 5), 14), Err(UNCHECKED));
     }
 }
