@@ -50,35 +50,6 @@ fn dyn_api(client: &kube::Client, api_version: &str, kind: &str, plural: &str, n
     Api::namespaced_with(client.clone(), ns, &ar)
 }
 
-fn template() -> Value {
-    json!({
-        "apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "ModuleTemplate",
-        "metadata": {"name": "redis-1.0.0", "namespace": NS},
-        "spec": {
-            "moduleName": "redis", "version": "1.0.0",
-            "manifest": [
-                {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "redis-system"}},
-                {"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
-                 "metadata": {"name": "redisconfigs.example.com"},
-                 "spec": {"group": "example.com", "scope": "Namespaced",
-                          "names": {"kind": "RedisConfig", "plural": "redisconfigs", "singular": "redisconfig"},
-                          "versions": [{"name": "v1", "served": true, "storage": true,
-                                        "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}]}},
-                {"apiVersion": "apps/v1", "kind": "Deployment",
-                 "metadata": {"name": "redis-manager", "namespace": "redis-system",
-                              "labels": {"app.kubernetes.io/version": "1.0.0"}},
-                 "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "redis-manager"}},
-                          "template": {"metadata": {"labels": {"app": "redis-manager"}},
-                                       "spec": {"containers": [{"name": "manager", "image": "redis-manager:1.0.0"}]}}}}
-            ],
-            "defaultConfig": {"apiVersion": "example.com/v1", "kind": "RedisConfig",
-                              "metadata": {"name": "default", "namespace": "redis-system"}, "spec": {"size": 1}},
-            "managedResources": [{"group": "example.com", "version": "v1", "kind": "RedisConfig"}],
-            "manager": {"apiVersion": "apps/v1", "kind": "Deployment", "namespace": "redis-system", "name": "redis-manager"}
-        }
-    })
-}
-
 fn policy(name: &str, spec: Value) -> Value {
     json!({"apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "ModuleConfigPolicy",
            "metadata": {"name": name, "namespace": NS}, "spec": spec})
@@ -115,7 +86,7 @@ impl Fleet {
                         "stringData": {"config": std::fs::read_to_string(kc).unwrap()}}),
             );
         }
-        apply_json(&cp_kc, &template());
+        apply_json(&cp_kc, &redis_template(NS, "1.0.0"));
         apply_json(
             &cp_kc,
             &json!({"apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "ModuleReleaseMeta",

@@ -39,35 +39,6 @@ fn apply_json(kc: &std::path::Path, v: &Value) {
     kubectl(kc, &["apply", "--server-side", "--force-conflicts", "-f", "-"], Some(&v.to_string()));
 }
 
-fn template(version: &str) -> Value {
-    json!({
-        "apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "ModuleTemplate",
-        "metadata": {"name": format!("redis-{version}"), "namespace": NS},
-        "spec": {
-            "moduleName": "redis", "version": version,
-            "manifest": [
-                {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "redis-system"}},
-                {"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
-                 "metadata": {"name": "redisconfigs.example.com"},
-                 "spec": {"group": "example.com", "scope": "Namespaced",
-                          "names": {"kind": "RedisConfig", "plural": "redisconfigs", "singular": "redisconfig"},
-                          "versions": [{"name": "v1", "served": true, "storage": true,
-                                        "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}]}},
-                {"apiVersion": "apps/v1", "kind": "Deployment",
-                 "metadata": {"name": "redis-manager", "namespace": "redis-system",
-                              "labels": {"operator.fleetwatch.dev/module": "redis", "app.kubernetes.io/version": version}},
-                 "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "redis-manager"}},
-                          "template": {"metadata": {"labels": {"app": "redis-manager"}},
-                                       "spec": {"containers": [{"name": "manager", "image": format!("redis-manager:{version}")}]}}}}
-            ],
-            "defaultConfig": {"apiVersion": "example.com/v1", "kind": "RedisConfig",
-                              "metadata": {"name": "default", "namespace": "redis-system"}, "spec": {"size": 1}},
-            "managedResources": [{"group": "example.com", "version": "v1", "kind": "RedisConfig"}],
-            "manager": {"apiVersion": "apps/v1", "kind": "Deployment", "namespace": "redis-system", "name": "redis-manager"}
-        }
-    })
-}
-
 fn release_meta(regular: &str, fast: &str) -> Value {
     json!({"apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "ModuleReleaseMeta",
            "metadata": {"name": "redis", "namespace": NS},
@@ -109,8 +80,8 @@ impl Fleet {
         let secret = json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "rt1-kubeconfig", "namespace": NS},
                             "stringData": {"config": std::fs::read_to_string(&rt_kc).unwrap()}});
         apply_json(&cp_kc, &secret);
-        apply_json(&cp_kc, &template("1.0.0"));
-        apply_json(&cp_kc, &template("2.0.0"));
+        apply_json(&cp_kc, &redis_template(NS, "1.0.0"));
+        apply_json(&cp_kc, &redis_template(NS, "2.0.0"));
         apply_json(&cp_kc, &release_meta("1.0.0", "2.0.0"));
         // The hub pushes a watch on module configurations, for the lifecycle operator.
         let wc = pki.path("wc");
@@ -343,7 +314,7 @@ fn futures_block<F: std::future::Future>(f: F) -> F::Output {
 async fn downgrade_protection_pinning_and_create_once_configuration() {
     let f = Fleet::start("3600").await;
     // 2.0.0 installed by hand, then added to the Runtime while its channel offers 1.0.0.
-    let by_hand = &template("2.0.0")["spec"]["manifest"];
+    let by_hand = &redis_template(NS, "2.0.0")["spec"]["manifest"];
     for obj in by_hand.as_array().unwrap() {
         apply_json(&f.rt_kc, obj);
     }
@@ -703,7 +674,7 @@ async fn bad_objects_are_isolated_and_a_missing_policy_fails_closed() {
     apply_json(&f.cp_kc, &rt);
     let generation = f.runtimes().get("rt1").await.unwrap().metadata.generation;
     f.wait("rt1", "the policy name seen", move |s| s.observed_generation == generation).await;
-    let mut t3 = template("3.0.0");
+    let mut t3 = redis_template(NS, "3.0.0");
     t3["spec"]["requiresDowntime"] = json!(true);
     apply_json(&f.cp_kc, &t3);
     apply_json(&f.cp_kc, &release_meta("3.0.0", "3.0.0"));
@@ -752,7 +723,7 @@ async fn unusable_policies_and_templates_say_so_in_their_status() {
     apply_json(&f.cp_kc, &policy("01:00:00Z"));
     wait_for("maintenancepolicy", "nightly", ("True", "Valid", "")).await;
 
-    let mut tpl = template("3.0.0");
+    let mut tpl = redis_template(NS, "3.0.0");
     tpl["metadata"]["name"] = json!("redis-next");
     tpl["spec"]["version"] = json!("next");
     apply_json(&f.cp_kc, &tpl);

@@ -466,3 +466,34 @@ pub async fn sim_cluster(pki: &Pki, name: &str) -> (fleetwatch_sim::SimCluster, 
 pub fn kube_agent(pki: &Pki, cluster: &str, hub: &str, kubeconfig: &Path) -> Proc {
     agent_with(pki, cluster, hub, &["--kubeconfig", kubeconfig.to_str().unwrap()])
 }
+
+/// The sample `redis` module's ModuleTemplate at `version` in `namespace`: a Namespace, the
+/// RedisConfig CRD, the manager Deployment, a default RedisConfig.
+pub fn redis_template(namespace: &str, version: &str) -> serde_json::Value {
+    serde_json::json!({
+        "apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "ModuleTemplate",
+        "metadata": {"name": format!("redis-{version}"), "namespace": namespace},
+        "spec": {
+            "moduleName": "redis", "version": version,
+            "manifest": [
+                {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "redis-system"}},
+                {"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+                 "metadata": {"name": "redisconfigs.example.com"},
+                 "spec": {"group": "example.com", "scope": "Namespaced",
+                          "names": {"kind": "RedisConfig", "plural": "redisconfigs", "singular": "redisconfig"},
+                          "versions": [{"name": "v1", "served": true, "storage": true,
+                                        "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}]}},
+                {"apiVersion": "apps/v1", "kind": "Deployment",
+                 "metadata": {"name": "redis-manager", "namespace": "redis-system",
+                              "labels": {"operator.fleetwatch.dev/module": "redis", "app.kubernetes.io/version": version}},
+                 "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "redis-manager"}},
+                          "template": {"metadata": {"labels": {"app": "redis-manager"}},
+                                       "spec": {"containers": [{"name": "manager", "image": format!("redis-manager:{version}")}]}}}}
+            ],
+            "defaultConfig": {"apiVersion": "example.com/v1", "kind": "RedisConfig",
+                              "metadata": {"name": "default", "namespace": "redis-system"}, "spec": {"size": 1}},
+            "managedResources": [{"group": "example.com", "version": "v1", "kind": "RedisConfig"}],
+            "manager": {"apiVersion": "apps/v1", "kind": "Deployment", "namespace": "redis-system", "name": "redis-manager"}
+        }
+    })
+}
