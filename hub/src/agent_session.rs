@@ -93,6 +93,8 @@ pub(crate) async fn run(mut conn: Conn, cluster: String, peer: Peer, ctx: Arc<Se
         submitted: 0,
         budget: ctx.registry.budget(&cluster, ctx.settings.max_events_per_sec),
         warned_rate: false,
+        foreign_head: None,
+        liveness: conn.liveness(),
     };
     let end = session.serve(&mut conn, &hello, &session_id, &cancel, &shutdown, &peer).await;
     ctx.metrics.agent_sessions.dec();
@@ -134,6 +136,11 @@ struct Session {
     /// The cluster's rate budget, shared by its sessions: reconnecting does not refill it.
     budget: Arc<std::sync::Mutex<Budget>>,
     warned_rate: bool,
+    /// The latest record of another agent process of this cluster this session has
+    /// answered with a marker (see [`Session::check_interleaved`]).
+    foreign_head: Option<(u64, u64)>,
+    /// When the agent was last heard from.
+    liveness: Arc<crate::registry::Liveness>,
 }
 
 impl Session {
@@ -181,6 +188,16 @@ impl Session {
         // meanwhile is the bus's to mark (see `Bus::start_append`).
         let bus = self.ctx.bus.clone();
         let mut in_flight = InFlight::default();
+        // On a bus shared by hub replicas another process of this cluster may be connected
+        // to another replica at the same time; every idle timeout the session looks whether
+        // it stored records meanwhile (see `check_interleaved`). Within one hub the registry
+        // refuses a second live process, so the other buses need no check.
+        let mut interleave = bus.is_shared().then(|| {
+            let every = self.ctx.settings.idle_timeout;
+            let mut t = tokio::time::interval_at(Instant::now() + every, every);
+            t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            t
+        });
         loop {
             if in_flight.batches.len() >= MAX_IN_FLIGHT {
                 self.stored(conn, &mut in_flight).await?;
@@ -196,6 +213,14 @@ impl Session {
                     tracing::info!(watches = watches.len(), "pushing new watch configuration");
                     let msg = HubToAgent::Configure(Configure { watches });
                     conn.send_text(encode(&msg)).await.map_err(|e| End::Closed(e.to_string()))?;
+                    continue;
+                }
+                _ = async { interleave.as_mut().map(|t| t.tick()).expect("guarded").await }, if interleave.is_some() => {
+                    // The check decides from the cluster's head: everything before it first.
+                    while !in_flight.batches.is_empty() {
+                        self.stored(conn, &mut in_flight).await?;
+                    }
+                    self.check_interleaved().await?;
                     continue;
                 }
                 _ = cancel.cancelled() => {
@@ -280,6 +305,45 @@ impl Session {
             answer = in_flight.futures.next().now_or_never().flatten();
         }
         self.ack(conn).await
+    }
+
+    /// Another agent process of this cluster connected to another hub replica may have
+    /// stored records after this session's (a second pod of the agent during a rollout, or
+    /// one started by mistake). They may carry older states than this process reported: it
+    /// listed before this one's latest changes and sent later (seed 2928 of the NATS
+    /// simulation). If that process stops first, nothing corrects them, since this process
+    /// sends an object again only when it changes. So when the cluster's head is a record
+    /// of another process, not answered yet, a `resync-required` is stored after it: a
+    /// subscriber reconciles the cluster from that point on. The check runs every idle
+    /// timeout; one process alone never triggers it (its records are the head).
+    async fn check_interleaved(&mut self) -> Result<(), End> {
+        let head = self.ctx.bus.head(&self.cluster).await.map_err(bus_failed)?;
+        let Some((epoch, seq)) = head else { return Ok(()) };
+        // Nothing of this process stored (no state of it to protect), its own record is the
+        // head, or this head was answered already.
+        if self.acked == 0 || epoch == self.epoch || self.foreign_head == Some((epoch, seq)) {
+            return Ok(());
+        }
+        // An agent silent for more than a ping round may be the process that died (its
+        // session lingers until the ping timeout while its successor appends elsewhere): a
+        // marker from it would be a resync more. If it is alive, the next check or its
+        // reconnect (see `ingest::resume_gap`) answers the other process's records.
+        if self.liveness.silent_for() > Conn::ping_interval(self.ctx.settings.idle_timeout).mul_f32(1.5) {
+            return Ok(());
+        }
+        self.foreign_head = Some((epoch, seq));
+        let reason = format!(
+            "another agent process of this cluster (epoch {epoch}, up to seq {seq}) stored events while this one \
+             (epoch {}) is connected to another hub replica: they may be older than what this one reported",
+            self.epoch
+        );
+        tracing::warn!(%reason, "recording resync-required");
+        let offset = self
+            .append(vec![Append { epoch: self.epoch, seq: self.acked, body: RecordBody::ResyncRequired(reason) }])
+            .await?;
+        self.ctx.registry.resync_stored(&self.cluster, StoredMarker { epoch: self.epoch, seq: self.acked, offset });
+        self.ctx.metrics.resyncs.inc();
+        Ok(())
     }
 
     /// Works out what the hub has of this agent's stream. When the agent was acked more

@@ -1211,8 +1211,14 @@ impl<J: JetStream> NatsBus<J> {
             headers.insert(H_PREV, prev.as_str());
             headers.insert(H_KNOWN, seen.as_str());
             let (kind, payload, suffix) = match item.body {
-                RecordBody::Event(b) => (KIND_EVENT, b, ""),
-                RecordBody::ResyncRequired(r) => (KIND_RESYNC, bytes::Bytes::from(r), "/r"),
+                RecordBody::Event(b) => (KIND_EVENT, b, String::new()),
+                // Markers of one (epoch, seq) differ by their reason: a hub stores one after
+                // another process's records with the seq this process had reached, which an
+                // earlier marker may have had too. A resend has the same reason.
+                RecordBody::ResyncRequired(r) => {
+                    let suffix = format!("/r{:016x}", fnv1a(r.as_bytes()));
+                    (KIND_RESYNC, bytes::Bytes::from(r), suffix)
+                }
             };
             headers.insert(H_KIND, kind);
             let id = format!("{}/{}/{}{suffix}", token(&cluster), item.epoch, item.seq);
@@ -1459,6 +1465,12 @@ fn decode(stream: &str, msg: &Delivered, offset: u64, time_ms: u64) -> Result<Re
 }
 
 /// Keeps the later (by offset) of `h` and what `heads` has for the cluster.
+/// FNV-1a, 64 bits: a stable digest for message ids (the same in every replica and
+/// release, unlike the standard library's hasher).
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3))
+}
+
 fn keep_latest(heads: &mut HashMap<Arc<str>, Head>, cluster: &Arc<str>, h: Head) {
     let entry = heads.entry(cluster.clone()).or_insert(h);
     if h.offset > entry.offset {
