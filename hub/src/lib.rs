@@ -519,6 +519,13 @@ impl Hub {
     /// Serves until `shutdown` is cancelled, then closes every session after its current
     /// batch is acked, and flushes the bus.
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), HubError> {
+        // The hub also stops by itself when its bus can never work again in this process
+        // (`Bus::fatal`): serving on would keep it unready and its agents refused until
+        // someone restarts it, while an exit lets its supervisor do that at once.
+        let outer = shutdown;
+        let shutdown = outer.child_token();
+        let fatal = Arc::new(std::sync::Mutex::new(None::<String>));
+        tokio::spawn(watch_fatal(self.ctx.sessions.bus.clone(), fatal.clone(), shutdown.clone()));
         let tracker = tokio_util::task::TaskTracker::new();
         if let Some(admin) = self.admin {
             tracker.spawn(admin::serve(admin, self.ctx.clone(), shutdown.clone()));
@@ -540,9 +547,30 @@ impl Hub {
         server::accept_loop(self.listener, self.ctx.clone(), shutdown.clone(), &tracker).await;
         tracker.close();
         tracker.wait().await;
+        let fatal = fatal.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(cause) = fatal {
+            return Err(HubError::Refused(format!("the bus cannot work again in this process: {cause}")));
+        }
         self.ctx.sessions.bus.flush_cursors().await?;
         tracing::info!("hub stopped");
         Ok(())
+    }
+}
+
+/// Stops the hub (cancels `stop`) once its bus says it can never work again, keeping why.
+async fn watch_fatal(bus: Arc<dyn Bus>, fatal: Arc<std::sync::Mutex<Option<String>>>, stop: CancellationToken) {
+    let mut every = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = every.tick() => {}
+        }
+        if let Some(cause) = bus.fatal() {
+            tracing::error!(%cause, "the bus cannot work again in this process: stopping so that the supervisor starts this hub replica again");
+            *fatal.lock().unwrap_or_else(|e| e.into_inner()) = Some(cause);
+            stop.cancel();
+            return;
+        }
     }
 }
 

@@ -483,3 +483,56 @@ async fn a_subscriber_resuming_after_nats_lost_its_store_under_a_stopped_hub_is_
         "{resyncs:?}"
     );
 }
+
+/// The stream recreated as another bus under a running replica (a hub started in the few
+/// seconds before a running replica recreated it, or the stream deleted and created by
+/// hand): the replica cannot continue (its offsets could repeat), so it exits with why and
+/// a non-zero status, for its supervisor to start it again; started again it serves the new
+/// bus, and events flow.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_exits_when_the_stream_becomes_another_bus_and_serves_it_when_started_again() {
+    let pki = Pki::new();
+    let js = LocalNatsServer::start(&pki.path("jetstream")).unwrap_or_else(|e| panic!("{e}"));
+    let bus = ["--bus", &js.url()];
+    let port = free_port();
+    let mut hub = HubProc::start(&pki, port, None, &bus);
+    let _agent = agent(&pki, "c1", &hub.url(), "synthetic:objects=5,rate=20,total=1000000", &[]);
+    let flowing = |collector: &Collector, above: u64| {
+        collector.seen.lock().unwrap().max_seq.get("c1").is_some_and(|s| *s > above)
+    };
+    let collector = Collector::start(&pki, &hub.url(), "checker").await;
+    assert!(eventually(Duration::from_secs(60), || flowing(&collector, 5)).await, "{}", hub.proc.stderr());
+
+    // Another bus takes the stream's place: deleted and created again with a fresh
+    // description (the one a hub writes for a bus it begins).
+    let js_ctx = async_nats::jetstream::new(async_nats::connect(js.url()).await.unwrap());
+    let mut config = js_ctx.get_stream("fleetwatch").await.unwrap().info().await.unwrap().config.clone();
+    js_ctx.delete_stream("fleetwatch").await.unwrap();
+    config.description = Some("fleetwatch hub bus: one message per record, subject <stream>.<cluster>".into());
+    js_ctx.create_stream(config).await.unwrap();
+
+    let status = hub.proc.wait_exit(Duration::from_secs(60));
+    let log = hub.proc.stderr();
+    assert!(status.is_some_and(|s| s != 0), "the replica did not exit with a failure ({status:?}):\n{log}");
+    assert!(log.contains("recreated by a hub that did not know bus"), "{log}");
+    assert!(log.contains("the bus cannot work again in this process"), "{log}");
+
+    // Its supervisor starts it again: it takes the stream as it finds it and events flow.
+    let hub = HubProc::start(&pki, port, None, &bus);
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let ready = http_get(hub.admin_port, "/readyz").await;
+        if ready.starts_with("ready") {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "not ready on the new bus: {ready}\n{}", hub.proc.stderr());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let collector = Collector::start(&pki, &hub.url(), "checker-2").await;
+    let above = collector.seen.lock().unwrap().max_seq.get("c1").copied().unwrap_or(0);
+    assert!(
+        eventually(Duration::from_secs(90), || flowing(&collector, above + 5)).await,
+        "no events on the new bus:\n{}",
+        hub.proc.stderr()
+    );
+}

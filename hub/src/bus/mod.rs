@@ -158,6 +158,14 @@ pub trait Bus: Send + Sync + 'static {
     /// Whether the bus can store records: `Err(cause)` while writes fail.
     fn health(&self) -> Result<(), String>;
 
+    /// Why the bus can never work again in this process, if so: the hub then stops and
+    /// exits with this cause, so its supervisor starts it again (the NATS bus, when the
+    /// stream was recreated by a hub that did not know this bus). `None` for every failure
+    /// that passes.
+    fn fatal(&self) -> Option<String> {
+        None
+    }
+
     /// Batches refused so far because a write failed.
     fn write_failures(&self) -> u64;
 

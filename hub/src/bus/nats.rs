@@ -136,7 +136,8 @@
 //! before this replica noticed). NATS 2.9 streams cannot start at a chosen sequence
 //! (`first_seq` is 2.10), hence the base here. A stream recreated by a hub that did not
 //! know the bus (a new bus id, offsets from 1) would repeat offsets: the replica refuses to
-//! go on (health, appends, reads fail, "restart this hub replica"); a hub that finds no
+//! go on (health, appends, reads fail, "restart this hub replica") and [`Bus::fatal`] makes
+//! the hub exit so its supervisor starts it again; a hub that finds no
 //! stream at start waits [`NatsOptions::missing_stream_wait`] for a running replica to
 //! recreate it first.
 //!
@@ -2003,6 +2004,10 @@ impl<J: JetStream> Bus for NatsBus<J> {
     fn lost_history_reason(&self) -> &'static str {
         "the hub's event history was lost: the JetStream stream was recreated empty (this subscriber's cursor is \
          of an earlier stream)"
+    }
+
+    fn fatal(&self) -> Option<String> {
+        lock(&self.poisoned).clone()
     }
 
     fn health(&self) -> Result<(), String> {
