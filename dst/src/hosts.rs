@@ -84,9 +84,23 @@ pub struct HubHost {
 }
 
 impl HubHost {
-    /// Runs the hub until the host crashes.
+    /// Runs the hub until the host crashes. A hub that stops because its bus can never
+    /// work again in its process is started again, as its supervisor would.
     pub async fn run(self) -> turmoil::Result {
-        let pki = Pki::get()?;
+        loop {
+            match self.run_once().await {
+                Err(HubRun::BusUnusable(cause)) => {
+                    tracing::warn!(%cause, "the hub stopped: started again, as its supervisor would");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+                Err(HubRun::Other(e)) => return Err(e),
+                Ok(()) => return Ok(()),
+            }
+        }
+    }
+
+    async fn run_once(&self) -> Result<(), HubRun> {
+        let pki = Pki::get().map_err(|e| other(e.to_string()))?;
         let mut config = HubConfig::new(([0, 0, 0, 0], HUB_PORT).into(), pki.files("hub"));
         config.data_dir = self.data_dir.clone();
         config.retention.records = self.retention_records;
@@ -121,11 +135,25 @@ impl HubHost {
             }
             None => None,
         };
-        let listener = SimListener::bind(HUB_PORT).await?;
-        let hub = Hub::bind_with(config, Some(Listener::Other(Box::new(listener))), bus).await?;
-        hub.run(CancellationToken::new()).await?;
-        Ok(())
+        let listener = SimListener::bind(HUB_PORT).await.map_err(other)?;
+        let hub = Hub::bind_with(config, Some(Listener::Other(Box::new(listener))), bus).await.map_err(other)?;
+        match hub.run(CancellationToken::new()).await {
+            Err(fleetwatch_hub::HubError::BusUnusable(cause)) => Err(HubRun::BusUnusable(cause)),
+            r => r.map_err(other),
+        }
     }
+}
+
+/// How one run of a hub process ended badly.
+enum HubRun {
+    /// Its bus can never work again in the process: started again.
+    BusUnusable(String),
+    /// Anything else fails the simulation.
+    Other(Box<dyn std::error::Error>),
+}
+
+fn other(e: impl Into<Box<dyn std::error::Error>>) -> HubRun {
+    HubRun::Other(e.into())
 }
 
 /// What the driver tells an agent host: stop gracefully (the cluster is decommissioned),

@@ -172,6 +172,10 @@ pub enum HubError {
     /// The bus could not open its storage.
     #[error(transparent)]
     Bus(#[from] bus::BusError),
+    /// The bus can never work again in this process (see `Bus::fatal`): the hub stopped,
+    /// for its supervisor to start it again.
+    #[error("the bus cannot work again in this process: {0}")]
+    BusUnusable(String),
     /// The deny list cannot be read.
     #[error(transparent)]
     DenyList(#[from] revocation::DenyListError),
@@ -549,7 +553,7 @@ impl Hub {
         tracker.wait().await;
         let fatal = fatal.lock().unwrap_or_else(|e| e.into_inner()).take();
         if let Some(cause) = fatal {
-            return Err(HubError::Refused(format!("the bus cannot work again in this process: {cause}")));
+            return Err(HubError::BusUnusable(cause));
         }
         self.ctx.sessions.bus.flush_cursors().await?;
         tracing::info!("hub stopped");
