@@ -190,8 +190,10 @@ impl Server {
         };
         st.enforce(t);
         let ack = if let Some((seq, _)) = st.ids.get(&id) {
+            tracing::debug!(%id, seq, "stored before: a duplicate");
             PublishAck { sequence: *seq, duplicate: true }
         } else {
+            tracing::debug!(%id, seq = st.last_seq + 1, "stored");
             st.last_seq += 1;
             let seq = st.last_seq;
             let size = (subject.len() + payload.len() + id.len() + 64) as u64;
@@ -554,6 +556,11 @@ impl JetStream for SimJs {
 
     async fn publish(&self, subject: String, headers: HeaderMap, payload: Bytes, id: String) -> Result<SimAck, String> {
         let t = now();
+        let h = |name: &str| headers.get(name).map(|v| v.as_str().to_string()).unwrap_or_default();
+        tracing::debug!(
+            replica = %self.replica, %subject, %id, prev = h("Fw-Prev"), known = h("Fw-Known"),
+            "publish"
+        );
         let answer = self.with(|s| {
             if !s.connected(&self.replica) {
                 // Some went out as the link broke and are lost; the client keeps the others

@@ -178,3 +178,16 @@ fn nats_seed_2928_older_states_of_a_second_process_after_the_first_ones() {
         passes_on_nats(2928);
     }
 }
+
+/// A replaced agent session's batch failed on a replica (its link to JetStream cut) while
+/// the agent's new session on the same replica had a batch in flight: the failure dropped
+/// the replica's chain of publishes for the cluster, so the new session's next batch named
+/// the stored head as its predecessor although the batch in flight before it was lost; it
+/// followed the head and was delivered as events, and the agent's resend of the lost
+/// record was skipped as a duplicate of it. A failed append now leaves the chain's tip in
+/// place (marked broken): records continuing past it name it, and only a resend starts
+/// again from the stored head.
+#[test]
+fn nats_seed_4726_a_failed_append_dropping_the_chain_of_one_in_flight() {
+    passes_on_nats(4726);
+}

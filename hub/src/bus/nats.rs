@@ -325,6 +325,9 @@ struct Pending {
     /// Appends whose acks are outstanding.
     in_flight: usize,
     generation: u64,
+    /// An append failed since `tip` was published: `tip` may be lost. The entry stays
+    /// (also with nothing in flight), so the next records go on naming it.
+    broken: bool,
 }
 
 /// The stream's first offset and size as last seen (start, probe), answered by a replica
@@ -590,7 +593,11 @@ impl<J: JetStream> Drop for InFlight<'_, J> {
             return;
         }
         p.in_flight -= 1;
-        if !self.stored || p.in_flight == 0 {
+        if !self.stored {
+            // Its records may be lost: the entry stays, for the next records to name the
+            // tip (see `NatsBus::start_inner`).
+            p.broken = true;
+        } else if p.in_flight == 0 && !p.broken {
             pending.remove(&self.cluster);
         }
     }
@@ -1164,6 +1171,21 @@ impl<J: JetStream> NatsBus<J> {
         // comes from a stream that was recreated under this replica.
         let known = self.stream_last.load(Ordering::SeqCst);
         let pending = lock(&self.pending).get(&cluster).copied();
+        // After an append failed, records continuing past what was published go on naming
+        // the last published record, which may be lost: a batch the session had already
+        // taken in (or another session of the agent on this replica) is then marked by the
+        // tail if it is. Chained onto the stored head instead, it would follow it and be
+        // delivered as events, and the agent's resend of the lost records would be skipped
+        // as duplicates of it (seed 4726: a replaced session's failing batch dropped the
+        // chain of the new session's batch in flight). A resend (from at or below the tip)
+        // starts again from the stored head.
+        let resend = |p: &Pending| items.first().is_some_and(|first| first.epoch != p.tip.0 || first.seq <= p.tip.1);
+        // A broken tip the stored head covers (the agent resent it through another replica)
+        // is not named any more either: that would only cost a resync.
+        let covered = |p: &Pending| {
+            p.in_flight == 0 && lock(&self.heads).get(&cluster).is_some_and(|h| h.epoch == p.tip.0 && h.seq >= p.tip.1)
+        };
+        let pending = pending.filter(|p| !(p.broken && (resend(p) || covered(p))));
         // The predecessor of the first record, with its offset when it is known stored.
         let (mut tip, mut tip_offset) = match pending {
             Some(p) => (Some(p.tip), None),
@@ -1238,14 +1260,31 @@ impl<J: JetStream> NatsBus<J> {
         let generation = {
             let mut pending = lock(&self.pending);
             if refused.is_some() {
-                pending.remove(&cluster);
+                // What was sent before the refusal may be lost: the next records name it.
+                if let Some(&tip) = keys.last() {
+                    let generation = self.generation.fetch_add(1, Ordering::Relaxed);
+                    let p = pending.entry(cluster.clone()).or_insert(Pending {
+                        tip,
+                        in_flight: 0,
+                        generation,
+                        broken: true,
+                    });
+                    p.tip = tip;
+                    p.broken = true;
+                } else if let Some(p) = pending.get_mut(&cluster) {
+                    p.broken = true;
+                }
                 None
             } else {
                 let generation = self.generation.fetch_add(1, Ordering::Relaxed);
                 let tip = keys.last().copied().unwrap_or_default();
-                let p = pending.entry(cluster.clone()).or_insert(Pending { tip, in_flight: 0, generation });
+                let p =
+                    pending.entry(cluster.clone()).or_insert(Pending { tip, in_flight: 0, generation, broken: false });
                 p.tip = tip;
                 p.in_flight += 1;
+                // Published after a failure and naming its tip (or a resend from the
+                // stored head): the chain goes on from here.
+                p.broken = false;
                 Some(p.generation)
             }
         };
