@@ -1,0 +1,161 @@
+//! Golden transcripts (`tests/golden/*.json`): sessions of released protocol versions,
+//! replayed in file-name order against a real hub process over real mutual TLS. A change
+//! that stops the hub reading a released frame, or changes an answer a released client
+//! relies on, fails here. See `tests/golden/README.md` for the format.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use fleetwatch_certs::TlsFiles;
+use fleetwatch_client::transport::{ClientWs, connect};
+use fleetwatch_protocol::codec::Limits;
+use futures_util::{SinkExt, StreamExt};
+use serde_json::Value;
+use tokio_tungstenite::tungstenite::Message;
+
+use crate::support::*;
+
+fn golden_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/golden")
+}
+
+/// Whether `got` contains `want`: objects key by key (extra keys in `got` allowed), arrays
+/// of the same length element by element, scalars equal. Returns where they differ.
+fn contains(got: &Value, want: &Value, at: &str) -> Result<(), String> {
+    match (got, want) {
+        (Value::Object(g), Value::Object(w)) => {
+            for (k, wv) in w {
+                let here = format!("{at}.{k}");
+                match g.get(k) {
+                    Some(gv) => contains(gv, wv, &here)?,
+                    None => return Err(format!("{here} is missing")),
+                }
+            }
+            Ok(())
+        }
+        (Value::Array(g), Value::Array(w)) => {
+            if g.len() != w.len() {
+                return Err(format!("{at} has {} elements, expected {}", g.len(), w.len()));
+            }
+            for (i, (gv, wv)) in g.iter().zip(w).enumerate() {
+                contains(gv, wv, &format!("{at}[{i}]"))?;
+            }
+            Ok(())
+        }
+        (g, w) if g == w => Ok(()),
+        (g, w) => Err(format!("{at} is {g}, expected {w}")),
+    }
+}
+
+enum Next {
+    Text(String),
+    Close(u16),
+    Gone(String),
+}
+
+async fn next(ws: &mut ClientWs) -> Next {
+    loop {
+        match tokio::time::timeout(Duration::from_secs(20), ws.next()).await {
+            Err(_) => return Next::Gone("nothing within 20 s".into()),
+            Ok(Some(Ok(Message::Text(t)))) => return Next::Text(t.to_string()),
+            Ok(Some(Ok(Message::Close(f)))) => return Next::Close(f.map_or(1005, |f| f.code.into())),
+            Ok(Some(Ok(_))) => continue,
+            Ok(Some(Err(e))) => return Next::Gone(e.to_string()),
+            Ok(None) => return Next::Gone("end of stream".into()),
+        }
+    }
+}
+
+async fn replay(pki: &Pki, port: u16, name: &str, transcript: &Value) -> Result<usize, String> {
+    let identity = &transcript["identity"];
+    let files: TlsFiles = match (identity["agent"].as_str(), identity["subscriber"].as_str()) {
+        (Some(cluster), None) => pki.agent(cluster),
+        (None, Some(sub)) => pki.subscriber(sub),
+        _ => return Err(format!("{name}: identity must name one agent or one subscriber")),
+    };
+    let tls = Arc::new(fleetwatch_certs::client_config(&files).map_err(|e| e.to_string())?);
+    let url = format!("wss://127.0.0.1:{port}").parse().map_err(|e| format!("{e}"))?;
+    let mut ws = connect(&url, tls, &Limits::default(), Duration::from_secs(10)).await.map_err(|e| e.to_string())?;
+    let steps = transcript["steps"].as_array().ok_or(format!("{name}: no steps"))?;
+    for (i, step) in steps.iter().enumerate() {
+        let at = format!("{name} step {i}");
+        if let Some(msg) = step.get("send") {
+            ws.send(Message::text(msg.to_string())).await.map_err(|e| format!("{at}: send: {e}"))?;
+        } else if let Some(want) = step.get("expect") {
+            match next(&mut ws).await {
+                Next::Text(t) => {
+                    let got: Value = serde_json::from_str(&t).map_err(|e| format!("{at}: not JSON ({e}): {t}"))?;
+                    contains(&got, want, "$").map_err(|e| format!("{at}: {e}\n  got {t}"))?;
+                }
+                Next::Close(c) => return Err(format!("{at}: closed ({c}) instead of {want}")),
+                Next::Gone(why) => return Err(format!("{at}: {why} instead of {want}")),
+            }
+        } else if let Some(code) = step.get("expect_close").and_then(Value::as_u64) {
+            loop {
+                match next(&mut ws).await {
+                    Next::Text(_) => continue,
+                    Next::Close(c) if u64::from(c) == code => break,
+                    Next::Close(c) => return Err(format!("{at}: closed with {c}, expected {code}")),
+                    Next::Gone(why) => return Err(format!("{at}: {why} instead of close {code}")),
+                }
+            }
+        } else if step.get("close").is_some() {
+            ws.close(None).await.map_err(|e| format!("{at}: close: {e}"))?;
+            // Wait for the hub's close answer, so the next transcript finds the session ended.
+            while let Next::Text(_) = next(&mut ws).await {}
+        } else {
+            return Err(format!("{at}: unknown step {step}"));
+        }
+    }
+    Ok(steps.len())
+}
+
+#[test]
+fn the_subset_match_can_fail() {
+    let got = serde_json::json!({"type": "ack", "seq": 2, "extra": [1, 2]});
+    assert!(contains(&got, &serde_json::json!({"type": "ack"}), "$").is_ok());
+    assert!(contains(&got, &serde_json::json!({"seq": 3}), "$").is_err());
+    assert!(contains(&got, &serde_json::json!({"missing": 1}), "$").is_err());
+    assert!(contains(&got, &serde_json::json!({"extra": [1]}), "$").is_err());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transcripts_replay_against_a_real_hub() {
+    let pki = Pki::new();
+    // A data directory: the durable subscriber's cursor is kept (an in-memory hub tells a
+    // durable name it does not know to resync everything).
+    let data = tempfile::tempdir().unwrap();
+    let hub = HubProc::start(&pki, free_port(), Some(data.path()), &[]);
+    let mut files: Vec<PathBuf> = std::fs::read_dir(golden_dir())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "json"))
+        .collect();
+    files.sort();
+    assert!(files.len() >= 6, "golden transcripts missing: {files:?}");
+    let mut steps = 0;
+    for file in &files {
+        let name = file.file_name().unwrap().to_string_lossy().to_string();
+        let transcript: Value = serde_json::from_slice(&std::fs::read(file).unwrap()).unwrap();
+        match replay(&pki, hub.port, &name, &transcript).await {
+            Ok(n) => steps += n,
+            Err(e) => panic!("golden transcript failed: {e}\nhub log:\n{}", hub.proc.stderr()),
+        }
+    }
+    assert!(steps > 30, "{steps} steps");
+    // The versions agents speak show in the clusters API.
+    let clusters = hub.clusters().await;
+    let list = clusters["clusters"].as_array().cloned().unwrap_or_default();
+    let future = list.iter().find(|c| c["cluster"] == "golden-future").cloned().unwrap_or_default();
+    assert_eq!(future["protocol"], 1, "{clusters}");
+    assert_eq!(future["agentProtocols"], "1..2", "{clusters}");
+    assert_eq!(future["agentVersion"], "9.0.0", "{clusters}");
+    // The refused agent and subscriber are counted for the skew alert.
+    let metrics = http_get(hub.admin_port, "/metrics").await;
+    let refused = metrics
+        .lines()
+        .find(|l| l.starts_with("fleetwatch_hub_rejected_total{reason=\"protocol-version\"}"))
+        .unwrap_or_else(|| panic!("no protocol-version rejections in\n{metrics}"));
+    assert!(refused.ends_with(" 2"), "{refused}");
+}
