@@ -197,6 +197,14 @@ pub trait Bus: Send + Sync + 'static {
     }
 }
 
+/// The data directory's format, recorded in its `FORMAT` file as `fleetwatch-log 2` and in
+/// every record frame's magic (`FWR2`). Directories written before the `FORMAT` file
+/// existed hold the same format.
+pub const LOG_FORMAT: u32 = 2;
+
+/// The durable cursor store's format (`version` in `cursors.json`).
+pub const CURSOR_STORE_FORMAT: u32 = 2;
+
 /// Opens the bus `opts` describe: the segment log when there is a data directory, memory
 /// otherwise. Needs a tokio runtime.
 pub fn open(opts: BusOptions) -> Result<Arc<dyn Bus>, BusError> {
