@@ -16,8 +16,8 @@ pub fn text() -> String {
          speaks its protocol and the {PROTOCOL_SKEW} before it)\n"
     ));
     out.push_str(&format!(
-        "log format: fleetwatch-log {} (data directory FORMAT file; reads format {} and directories without FORMAT)\n",
-        fleetwatch_hub::bus::LOG_FORMAT,
+        "log format: fleetwatch-bus {} (the data directory's `format` file; a directory of format 1 is moved aside, a \
+         newer one refused)\n",
         fleetwatch_hub::bus::LOG_FORMAT
     ));
     out.push_str(&format!("cursor store format: {}\n", fleetwatch_hub::bus::CURSOR_STORE_FORMAT));

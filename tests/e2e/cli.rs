@@ -319,7 +319,7 @@ fn version_names_build_protocols_formats_and_crds() {
     assert!(commit == "unknown" || commit.len() == 12 && commit.chars().all(|c| c.is_ascii_hexdigit()), "{first}");
     let protocol = fleetwatch_protocol::message::ProtocolRange::OURS;
     assert!(out.contains(&format!("protocol: {} (speaks {}..{};", protocol.max, protocol.min, protocol.max)), "{out}");
-    assert!(out.contains("log format: fleetwatch-log 2"), "{out}");
+    assert!(out.contains("log format: fleetwatch-bus 2"), "{out}");
     for crd in ["runtimes", "moduletemplates", "modulereleasemetas", "maintenancepolicies", "watchconfigs"] {
         assert!(out.contains(&format!("  {crd}.operator.fleetwatch.dev: v1alpha1 (served, storage)")), "{out}");
     }
