@@ -103,7 +103,7 @@ fn every_subcommand_explains_itself() {
     let (_, out, _) = run(&["hub", "--help"]);
     assert!(out.contains("--data-dir") && out.contains("--client-ca"), "{out}");
     let (_, out, _) = run(&["agent", "--help"]);
-    assert!(out.contains("--version-retry"), "{out}");
+    assert!(out.contains("--version-retry") && out.contains("[default: 300]"), "{out}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

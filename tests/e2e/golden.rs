@@ -159,3 +159,65 @@ async fn transcripts_replay_against_a_real_hub() {
         .unwrap_or_else(|| panic!("no protocol-version rejections in\n{metrics}"));
     assert!(refused.ends_with(" 2"), "{refused}");
 }
+
+/// A stand-in for a hub of another protocol range (real TLS, a real WebSocket): the first
+/// connection's hello is answered with `unsupported-version`, later ones with a welcome in
+/// protocol 9, which the agent does not speak. Sends each hello it received to `hellos`.
+async fn foreign_hub(pki: &Pki, listener: tokio::net::TcpListener, hellos: tokio::sync::mpsc::Sender<Value>) {
+    let files = TlsFiles { cert: pki.path("hub.crt"), key: pki.path("hub.key"), ca: vec![pki.path("ca.crt")] };
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(fleetwatch_certs::server_config(&files).unwrap()));
+    let mut n = 0;
+    loop {
+        let Ok((tcp, _)) = listener.accept().await else { return };
+        let Ok(tls) = acceptor.accept(tcp).await else { continue };
+        let Ok(mut ws) = tokio_tungstenite::accept_async(tls).await else { continue };
+        let hello = loop {
+            match ws.next().await {
+                Some(Ok(Message::Text(t))) => break serde_json::from_str::<Value>(&t).unwrap_or_default(),
+                Some(Ok(_)) => continue,
+                _ => break Value::Null,
+            }
+        };
+        let epoch = hello["epoch"].clone();
+        let _ = hellos.send(hello).await;
+        n += 1;
+        let answer = if n == 1 {
+            serde_json::json!({"type": "error", "code": "unsupported-version", "fatal": true,
+                "message": "agent protocol not supported: no common protocol version: the peer speaks 1, this side speaks 3..4; upgrade the peer"})
+        } else {
+            serde_json::json!({"type": "welcome", "protocol": 9, "session": "s", "cluster": "foreign", "epoch": epoch, "acked_seq": 0})
+        };
+        let _ = ws.send(Message::text(answer.to_string())).await;
+        let _ = ws.close(None).await;
+    }
+}
+
+/// An agent announces its range, logs what to upgrade when the hub has no version in
+/// common, waits `--version-retry` (not the seconds of a lost connection), and does not
+/// take a welcome in a protocol it does not speak.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_with_no_common_version_says_what_to_upgrade_and_waits() {
+    let pki = Pki::new();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let (tx, mut hellos) = tokio::sync::mpsc::channel(16);
+    let pki = Arc::new(pki);
+    tokio::spawn({
+        let pki = pki.clone();
+        async move { foreign_hub(&pki, listener, tx).await }
+    });
+    let url = format!("wss://127.0.0.1:{port}");
+    let agent = agent(&pki, "foreign", &url, "synthetic:objects=2,rate=20,total=4", &["--version-retry", "1"]);
+    let first = tokio::time::timeout(Duration::from_secs(30), hellos.recv()).await.unwrap().unwrap();
+    assert_eq!((first["protocol"].as_u64(), first["min_protocol"].as_u64()), (Some(1), Some(1)), "{first}");
+    let said = eventually(Duration::from_secs(20), || agent.stderr().contains("no protocol version in common")).await;
+    let log = agent.stderr();
+    assert!(said, "{log}");
+    let line = log.lines().find(|l| l.contains("no protocol version in common")).unwrap();
+    assert!(line.contains("this side speaks 3..4") && line.contains("upgrade"), "{line}");
+    assert!(line.contains("agent_protocols=1") && line.contains("retry_in=1s"), "{line}");
+    // The retry: welcomed in protocol 9, which this agent refuses.
+    tokio::time::timeout(Duration::from_secs(30), hellos.recv()).await.unwrap().unwrap();
+    let refused = eventually(Duration::from_secs(20), || agent.stderr().contains("the hub chose protocol 9")).await;
+    assert!(refused, "{}", agent.stderr());
+}
