@@ -326,4 +326,18 @@ fn version_names_build_protocols_formats_and_crds() {
     // `--version` prints the first line.
     let (code, short, _) = run(&["--version"]);
     assert_eq!((code, short.trim_end()), (0, first));
+    // The charts carry the same version (the image tag defaults to their appVersion).
+    for chart in ["fleetwatch", "fleetwatch-agent"] {
+        let path =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/helm").join(chart).join("Chart.yaml");
+        let text = std::fs::read_to_string(&path).unwrap();
+        let field = |name: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(name))
+                .map(|v| v.trim().trim_matches('"').to_string())
+                .unwrap_or_default()
+        };
+        assert_eq!(field("version:"), env!("CARGO_PKG_VERSION"), "{chart}");
+        assert_eq!(field("appVersion:"), env!("CARGO_PKG_VERSION"), "{chart}");
+    }
 }
