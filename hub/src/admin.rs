@@ -308,8 +308,11 @@ async fn scrape(ctx: &Context) -> String {
     for c in clusters.iter().filter(|c| c.connected) {
         if let (Some(newest), Some(session)) = (c.agent_protocol, c.protocol) {
             let version = c.agent_version.as_deref().unwrap_or("");
-            let labels =
-                [("cluster", c.cluster.as_str()), ("agent_version", version), ("session", &session.to_string())];
+            let labels = [
+                ("cluster", c.cluster.as_str()),
+                ("agent_version", version),
+                ("session_protocol", &session.to_string()),
+            ];
             t.sample("fleetwatch_hub_cluster_agent_protocol", &labels, f64::from(newest));
         }
     }
