@@ -151,8 +151,30 @@ async fn transcripts_replay_against_a_real_hub() {
     assert_eq!(future["protocol"], 1, "{clusters}");
     assert_eq!(future["agentProtocols"], "1..2", "{clusters}");
     assert_eq!(future["agentVersion"], "9.0.0", "{clusters}");
-    // The refused agent and subscriber are counted for the skew alert.
+    // A connected future agent shows in the skew metric: its newest protocol, its build,
+    // and the version its session speaks.
+    let live = serde_json::json!({"steps": [
+        {"send": {"type": "hello", "protocol": 2, "min_protocol": 1, "agent_version": "9.0.0", "cluster": "golden-live", "epoch": 1}},
+        {"expect": {"type": "welcome", "protocol": 1}}
+    ]});
+    let files = pki.agent("golden-live");
+    let tls = Arc::new(fleetwatch_certs::client_config(&files).unwrap());
+    let url = format!("wss://127.0.0.1:{}", hub.port).parse().unwrap();
+    let mut ws = connect(&url, tls, &Limits::default(), Duration::from_secs(10)).await.unwrap();
+    for step in live["steps"].as_array().unwrap() {
+        if let Some(msg) = step.get("send") {
+            ws.send(Message::text(msg.to_string())).await.unwrap();
+        } else if let Next::Text(t) = next(&mut ws).await {
+            contains(&serde_json::from_str(&t).unwrap(), &step["expect"], "$").unwrap();
+        } else {
+            panic!("no welcome for golden-live");
+        }
+    }
+    let series =
+        r#"fleetwatch_hub_cluster_agent_protocol{cluster="golden-live",agent_version="9.0.0",session_protocol="1"} 2"#;
     let metrics = http_get(hub.admin_port, "/metrics").await;
+    assert!(metrics.lines().any(|l| l == series), "no {series} in\n{metrics}");
+    // The refused agent and subscriber are counted for the skew alert.
     let refused = metrics
         .lines()
         .find(|l| l.starts_with("fleetwatch_hub_rejected_total{reason=\"protocol-version\"}"))
