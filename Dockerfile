@@ -34,6 +34,10 @@ RUN set -eu; \
     # Only a cache: should it fail, the real build below still compiles everything.
     cargo build --release --locked -p fleetwatch || true
 COPY . .
+# The commit `fleetwatch version` prints (the build context has no .git):
+#   docker build --build-arg FLEETWATCH_GIT_COMMIT=$(git rev-parse --short=12 HEAD) .
+# Without it the binary says "unknown".
+ARG FLEETWATCH_GIT_COMMIT=
 # Touch the sources so cargo rebuilds them over the skeleton's empty ones.
 RUN find protocol api client certs agent hub lifecycle sim cli -name '*.rs' -exec touch {} + \
     && cargo build --release --locked -p fleetwatch \

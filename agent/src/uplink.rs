@@ -15,7 +15,8 @@ use fleetwatch_client::transport::{ClientWs, ConnectError, Dialer, HubUrls, conn
 use fleetwatch_protocol::Limits;
 use fleetwatch_protocol::codec::{DecodeError, decode_hub_to_agent, encode};
 use fleetwatch_protocol::message::{
-    AgentMessage, ErrorCode, Hello, HubToAgent, PROTOCOL_VERSION, WatchSpec, WatchState, WatchStatusReport,
+    AgentMessage, ErrorCode, Hello, HubToAgent, MIN_PROTOCOL_VERSION, PROTOCOL_VERSION, ProtocolRange, WatchSpec,
+    WatchState, WatchStatusReport,
 };
 use futures_util::{SinkExt, StreamExt};
 use tokio::sync::{mpsc, watch};
@@ -57,6 +58,10 @@ pub struct AgentConfig {
     /// How long to wait before reconnecting after the hub refused this agent for good
     /// (revoked, wrong identity): long, because retrying fast does not fix those.
     pub refused_retry: Duration,
+    /// How long to wait before reconnecting after the hub found no protocol version in
+    /// common (`unsupported-version`): minutes, since only an upgrade of the agent or the
+    /// hub fixes it, and a fleet of agents retrying fast would load the hub for nothing.
+    pub version_retry: Duration,
     /// Delays between reconnects after a failed connect or a lost connection (restarted
     /// after every session that got as far as a welcome).
     pub reconnect: Reconnect,
@@ -87,6 +92,7 @@ impl AgentConfig {
             drain_timeout: Duration::from_secs(5),
             limits: Limits::default(),
             refused_retry: Duration::from_secs(30),
+            version_retry: Duration::from_secs(300),
             reconnect: Reconnect::default(),
             tls_reload_interval: Duration::from_secs(5),
             dialer: Dialer::default(),
@@ -358,7 +364,19 @@ impl Uplink {
                     tracing::info!(serial = %stats.cert_serial, "reconnecting with the renewed certificate");
                 }
                 SessionEnd::Refused(code, message) => {
-                    tracing::error!(%code, %message, retry_in = ?self.config.refused_retry, "hub refused this agent");
+                    let retry = if code == ErrorCode::UnsupportedVersion {
+                        tracing::error!(
+                            %message,
+                            agent_protocols = %ProtocolRange::OURS,
+                            agent_version = env!("CARGO_PKG_VERSION"),
+                            retry_in = ?self.config.version_retry,
+                            "the hub and this agent have no protocol version in common: upgrade the one speaking the older protocols (see docs/upgrade.md)"
+                        );
+                        self.config.version_retry
+                    } else {
+                        tracing::error!(%code, %message, retry_in = ?self.config.refused_retry, "hub refused this agent");
+                        self.config.refused_retry
+                    };
                     // Another agent holding our cluster id after we were connected is a
                     // passing state (a replacement starting, a half-open old session):
                     // waited out, not fatal. Before any connection it is reported at once.
@@ -368,15 +386,7 @@ impl Uplink {
                     }
                     // Identity problems and a cluster id already in use are not fixed by
                     // retrying fast: wait long.
-                    if sleep_absorbing(
-                        self.config.refused_retry,
-                        &mut changes,
-                        &mut outbox,
-                        &mut source_open,
-                        &mut stats,
-                        &shutdown,
-                    )
-                    .await
+                    if sleep_absorbing(retry, &mut changes, &mut outbox, &mut source_open, &mut stats, &shutdown).await
                     {
                         return Ok(self.final_stats(&stats, &outbox));
                     }
@@ -446,6 +456,7 @@ impl Uplink {
     ) -> SessionEnd {
         let hello = AgentMessage::Hello(Hello {
             protocol: PROTOCOL_VERSION,
+            min_protocol: Some(MIN_PROTOCOL_VERSION),
             agent_version: env!("CARGO_PKG_VERSION").into(),
             cluster: Some(self.cluster.clone()),
             epoch: outbox.epoch(),
@@ -462,6 +473,11 @@ impl Uplink {
             Ok(Ok(HubToAgent::Error(e))) if e.fatal => return refused_or_lost(e.code, e.message),
             Ok(Ok(other)) => return SessionEnd::Lost(LinkError::NotWelcome(format!("{other:?}"))),
         };
+        if !ProtocolRange::OURS.contains(welcome.protocol) {
+            let message =
+                format!("the hub chose protocol {} but this agent speaks {}", welcome.protocol, ProtocolRange::OURS);
+            return SessionEnd::Refused(ErrorCode::UnsupportedVersion, message);
+        }
         if welcome.epoch != outbox.epoch() {
             return SessionEnd::Lost(LinkError::EpochMismatch { got: welcome.epoch, ours: outbox.epoch() });
         }

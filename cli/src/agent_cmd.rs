@@ -47,6 +47,11 @@ pub struct AgentArgs {
     /// wrong identity).
     #[arg(long, env = "FLEETWATCH_REFUSED_RETRY", default_value_t = 30.0)]
     refused_retry: f64,
+    /// Seconds to wait before reconnecting after the hub answered `unsupported-version`
+    /// (no protocol version in common, see docs/upgrade.md): minutes, since only upgrading
+    /// the agent or the hub fixes it. The log line says which side to upgrade.
+    #[arg(long, env = "FLEETWATCH_VERSION_RETRY", default_value_t = 300.0)]
+    version_retry: f64,
     /// Seconds between reads of the certificate, key and CA files: a renewed certificate
     /// (e.g. a Secret the lifecycle operator or cert-manager rotated) makes the agent
     /// reconnect with it, keeping its pending events; a changed CA bundle is used from the
@@ -80,6 +85,10 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         .ok()
         .filter(|d| !d.is_zero())
         .context("--refused-retry must be a positive number of seconds")?;
+    config.version_retry = std::time::Duration::try_from_secs_f64(args.version_retry)
+        .ok()
+        .filter(|d| !d.is_zero())
+        .context("--version-retry must be a positive number of seconds")?;
     config.tls_reload_interval = std::time::Duration::try_from_secs_f64(args.tls_reload_interval)
         .ok()
         .filter(|d| !d.is_zero())

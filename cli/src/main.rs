@@ -17,6 +17,7 @@ mod soak;
 mod status_cmd;
 mod tail_cmd;
 mod up_cmd;
+mod version_cmd;
 
 use clap::{Parser, Subcommand};
 
@@ -24,7 +25,7 @@ use clap::{Parser, Subcommand};
 /// event-driven: agents in runtime clusters stream changes over mutual TLS to a hub,
 /// which never loses an event and fans them out to subscribers.
 #[derive(Parser)]
-#[command(name = "fleetwatch", version, propagate_version = true)]
+#[command(name = "fleetwatch", version = version_cmd::VERSION_LINE, propagate_version = true)]
 struct Cli {
     /// Log filter (tracing syntax, e.g. `info`, `fleetwatch_hub=debug`); RUST_LOG works too.
     #[arg(long, global = true, env = "FLEETWATCH_LOG", default_value = "info")]
@@ -71,6 +72,10 @@ enum Command {
     Sim(fleetwatch_sim::SimArgs),
     /// Measure throughput, latency and memory.
     Bench(bench::BenchArgs),
+    /// Print the build version and git commit (the first line, which `--version` prints
+    /// too), the protocol versions spoken and the skew policy, the storage formats and the
+    /// CRD versions: what an upgrade has to agree on (docs/upgrade.md).
+    Version,
 }
 
 /// The agent is a small process beside a cluster's workloads. glibc gives a threaded
@@ -107,6 +112,10 @@ fn main() -> std::process::ExitCode {
     fleetwatch_certs::install_crypto_provider();
     let command = match cli.command {
         Command::Status(args) => return status(args),
+        Command::Version => {
+            print!("{}", version_cmd::text());
+            return std::process::ExitCode::SUCCESS;
+        }
         other => other,
     };
     let result = match command {
@@ -140,6 +149,7 @@ fn main() -> std::process::ExitCode {
                     | Command::Crds(_)
                     | Command::Maintenance(_)
                     | Command::AgentModule(_)
+                    | Command::Version
                     | Command::Status(_) => {
                         unreachable!("handled above")
                     }

@@ -18,7 +18,8 @@ use crate::transport::{ClientWs, ConnectError, Dialer, HubUrls, connect_any};
 use fleetwatch_protocol::codec::{DecodeError, Limits, decode_hub_to_subscriber, encode};
 use fleetwatch_protocol::event::Event;
 use fleetwatch_protocol::message::{
-    CursorAck, ErrorFrame, HubToSubscriber, ResumePoint, ResyncRequired, StartFrom, Subscribe, SubscriberMessage,
+    CursorAck, ErrorCode, ErrorFrame, HubToSubscriber, MIN_PROTOCOL_VERSION, PROTOCOL_VERSION, ProtocolRange,
+    ResumePoint, ResyncRequired, StartFrom, Subscribe, SubscriberMessage,
 };
 
 /// How to subscribe.
@@ -170,6 +171,8 @@ impl Subscription {
             self.current = reached;
         }
         let subscribe = SubscriberMessage::Subscribe(Subscribe {
+            protocol: Some(PROTOCOL_VERSION),
+            min_protocol: Some(MIN_PROTOCOL_VERSION),
             durable: self.opts.durable.clone(),
             clusters: self.opts.clusters.clone(),
             from: self.opts.from,
@@ -179,7 +182,15 @@ impl Subscription {
         send(&mut ws, &subscribe).await?;
         match read(&mut ws, &self.opts).await? {
             HubToSubscriber::Subscribed(s) => {
-                tracing::debug!(stream = %s.stream, cursor = s.cursor, "subscribed");
+                tracing::debug!(stream = %s.stream, cursor = s.cursor, protocol = s.protocol, "subscribed");
+                if !ProtocolRange::OURS.contains(s.protocol) {
+                    let message = format!(
+                        "the hub chose protocol {} but this subscriber speaks {}",
+                        s.protocol,
+                        ProtocolRange::OURS
+                    );
+                    return Err(SubscribeError::Refused { code: ErrorCode::UnsupportedVersion, message });
+                }
                 // Said once per set, not at every reconnect.
                 if !s.unknown_clusters.is_empty() && s.unknown_clusters != self.unknown_clusters_said {
                     tracing::warn!(

@@ -286,6 +286,36 @@ async fn scrape(ctx: &Context) -> String {
             t.sample("fleetwatch_hub_cluster_last_seen_timestamp_seconds", &[("cluster", &c.cluster)], v);
         }
     }
+    // Protocol versions: this hub's range, and what each connected agent speaks (the skew
+    // policy's alert compares them; docs/upgrade.md).
+    t.single(
+        "fleetwatch_hub_protocol_newest",
+        "gauge",
+        "The newest protocol version this hub speaks",
+        f64::from(fleetwatch_protocol::message::PROTOCOL_VERSION),
+    );
+    t.single(
+        "fleetwatch_hub_protocol_oldest",
+        "gauge",
+        "The oldest protocol version this hub still speaks",
+        f64::from(fleetwatch_protocol::message::MIN_PROTOCOL_VERSION),
+    );
+    t.family(
+        "fleetwatch_hub_cluster_agent_protocol",
+        "gauge",
+        "The newest protocol version the connected agent speaks, with its build version and the version its session speaks",
+    );
+    for c in clusters.iter().filter(|c| c.connected) {
+        if let (Some(newest), Some(session)) = (c.agent_protocol, c.protocol) {
+            let version = c.agent_version.as_deref().unwrap_or("");
+            let labels = [
+                ("cluster", c.cluster.as_str()),
+                ("agent_version", version),
+                ("session_protocol", &session.to_string()),
+            ];
+            t.sample("fleetwatch_hub_cluster_agent_protocol", &labels, f64::from(newest));
+        }
+    }
     t.family("fleetwatch_hub_cluster_sessions", "counter", "Agent sessions opened per cluster since the hub started");
     for c in &clusters {
         t.sample("fleetwatch_hub_cluster_sessions_total", &[("cluster", &c.cluster)], c.sessions as f64);

@@ -20,7 +20,7 @@ use futures_util::stream::FuturesOrdered;
 use futures_util::{FutureExt, StreamExt};
 
 use fleetwatch_protocol::codec::encode;
-use fleetwatch_protocol::message::{Ack, Configure, ErrorCode, Hello, HubToAgent, PROTOCOL_VERSION, Welcome};
+use fleetwatch_protocol::message::{Ack, Configure, ErrorCode, Hello, HubToAgent, ProtocolRange, Welcome};
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_util::sync::CancellationToken;
 
@@ -44,10 +44,11 @@ pub(crate) async fn run(mut conn: Conn, cluster: String, peer: Peer, ctx: Arc<Se
     let limits = ctx.settings.limits;
     // The first message must be a hello, within the handshake timeout.
     let first = conn.first_message("hello", ctx.settings.handshake_timeout, &shutdown, &ctx.metrics).await;
-    let hello = match first.and_then(|bytes| ingest::hello(&cluster, &bytes, &limits).map_err(|r| refused(&ctx, r))) {
-        Ok(hello) => hello,
-        Err(end) => return Box::pin(end.finish(conn, "agent")).await,
-    };
+    let (hello, protocol) =
+        match first.and_then(|bytes| ingest::hello(&cluster, &bytes, &limits).map_err(|r| refused(&ctx, r))) {
+            Ok(negotiated) => negotiated,
+            Err(end) => return Box::pin(end.finish(conn, "agent")).await,
+        };
 
     let session_id = format!("{:016x}", rand::random::<u64>());
     let cancel = shutdown.child_token();
@@ -56,6 +57,9 @@ pub(crate) async fn run(mut conn: Conn, cluster: String, peer: Peer, ctx: Arc<Se
         session: &session_id,
         remote: &conn.peer.to_string(),
         agent_version: &hello.agent_version,
+        protocol,
+        // Checked by `ingest::hello`; the fallback is never taken.
+        agent_protocols: hello.protocols().unwrap_or(ProtocolRange { min: protocol, max: protocol }),
         epoch: hello.epoch,
         cancel: cancel.clone(),
         liveness: conn.liveness(),
@@ -83,7 +87,14 @@ pub(crate) async fn run(mut conn: Conn, cluster: String, peer: Peer, ctx: Arc<Se
     ctx.registry.certificate(&cluster, &peer.serial, peer.not_after);
     ctx.metrics.agent_sessions.inc();
     ctx.metrics.connected("agent");
-    tracing::info!(session = %session_id, epoch = hello.epoch, last_acked = hello.last_acked_seq, "agent connected");
+    tracing::info!(
+        session = %session_id,
+        epoch = hello.epoch,
+        last_acked = hello.last_acked_seq,
+        protocol,
+        agent_version = %hello.agent_version,
+        "agent connected"
+    );
     let cluster: Arc<str> = Arc::from(cluster);
     let mut session = Session {
         ctx: ctx.clone(),
@@ -95,6 +106,7 @@ pub(crate) async fn run(mut conn: Conn, cluster: String, peer: Peer, ctx: Arc<Se
         warned_rate: false,
         foreign_head: None,
         liveness: conn.liveness(),
+        protocol,
     };
     let end = session.serve(&mut conn, &hello, &session_id, &cancel, &shutdown, &peer).await;
     ctx.metrics.agent_sessions.dec();
@@ -141,6 +153,8 @@ struct Session {
     foreign_head: Option<(u64, u64)>,
     /// When the agent was last heard from.
     liveness: Arc<crate::registry::Liveness>,
+    /// The protocol version negotiated at the hello, spoken for the whole session.
+    protocol: u32,
 }
 
 impl Session {
@@ -173,7 +187,7 @@ impl Session {
         self.submitted = self.acked;
         let mut watches_rx = self.ctx.watches.subscribe();
         let welcome = HubToAgent::Welcome(Welcome {
-            protocol: PROTOCOL_VERSION,
+            protocol: self.protocol,
             session: session_id.into(),
             cluster: self.cluster.to_string(),
             epoch: self.epoch,

@@ -146,6 +146,9 @@ pub struct ClusterRow {
     /// The agent's version.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub agent_version: Option<String>,
+    /// The protocol version the agent's session speaks.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub protocol: Option<u32>,
     /// The hub replica it is connected to (shared bus).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub hub: Option<String>,
@@ -190,6 +193,7 @@ impl Rates {
                     watches_failed: failed,
                     watches_waiting: waiting,
                     agent_version: c.agent_version.clone(),
+                    protocol: c.protocol,
                     hub: hubs.get(&c.cluster).cloned(),
                 }
             })

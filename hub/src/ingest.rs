@@ -16,7 +16,7 @@ use fleetwatch_protocol::Limits;
 use fleetwatch_protocol::codec::{DecodeError, decode_agent};
 use fleetwatch_protocol::event::{TYPE_INVENTORY, event_id, source_for};
 use fleetwatch_protocol::message::{
-    AgentMessage, ErrorCode, EventBatch, Hello, Inventory, ModuleInventory, PROTOCOL_VERSION, Resync, WatchState,
+    AgentMessage, ErrorCode, EventBatch, Hello, Inventory, ModuleInventory, ProtocolRange, Resync, WatchState,
 };
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 
@@ -78,9 +78,10 @@ pub(crate) enum Decision {
     Refuse(Refusal),
 }
 
-/// Checks the first message of a session: a `hello` in this protocol for `cluster` (the
-/// certificate's).
-pub(crate) fn hello(cluster: &str, bytes: &[u8], limits: &Limits) -> Result<Hello, Refusal> {
+/// Checks the first message of a session: a `hello` for `cluster` (the certificate's) in a
+/// protocol range that shares a version with this hub's; answers the hello and the version
+/// the session speaks (the highest in common).
+pub(crate) fn hello(cluster: &str, bytes: &[u8], limits: &Limits) -> Result<(Hello, u32), Refusal> {
     let hello = match decode_agent(bytes, limits) {
         Ok(AgentMessage::Hello(h)) => h,
         Ok(_) => {
@@ -89,17 +90,25 @@ pub(crate) fn hello(cluster: &str, bytes: &[u8], limits: &Limits) -> Result<Hell
         }
         Err(e) => return Err(decode_refusal(e)),
     };
-    if hello.protocol != PROTOCOL_VERSION {
-        let msg = format!("protocol {} is not supported; this hub speaks {PROTOCOL_VERSION}", hello.protocol);
-        return Err(Refusal::fatal(Some("protocol-version"), ErrorCode::UnsupportedVersion, msg, CloseCode::Policy));
-    }
+    let version = match hello.protocols().and_then(|theirs| ProtocolRange::OURS.negotiate(theirs)) {
+        Ok(v) => v,
+        Err(e) => {
+            let msg = format!("agent protocol not supported: {e} (hub {})", env!("CARGO_PKG_VERSION"));
+            return Err(Refusal::fatal(
+                Some("protocol-version"),
+                ErrorCode::UnsupportedVersion,
+                msg,
+                CloseCode::Policy,
+            ));
+        }
+    };
     if let Some(claimed) = &hello.cluster
         && claimed != cluster
     {
         let msg = format!("hello claims cluster {claimed:?} but the certificate says {cluster:?}");
         return Err(Refusal::fatal(Some("identity-mismatch"), ErrorCode::IdentityMismatch, msg, CloseCode::Policy));
     }
-    Ok(hello)
+    Ok((hello, version))
 }
 
 /// Decides what to do with a frame that arrived after the hello.
@@ -293,7 +302,7 @@ mod tests {
     use super::*;
     use fleetwatch_protocol::codec::encode;
     use fleetwatch_protocol::event::{Event, ObjectKey};
-    use fleetwatch_protocol::message::ModuleInventory;
+    use fleetwatch_protocol::message::{ModuleInventory, PROTOCOL_VERSION};
 
     const C: &str = "c1";
 
@@ -417,6 +426,7 @@ mod tests {
         let l = Limits::default();
         let hello = encode(&AgentMessage::Hello(Hello {
             protocol: PROTOCOL_VERSION,
+            min_protocol: None,
             agent_version: "t".into(),
             cluster: None,
             epoch: 5,
@@ -441,6 +451,7 @@ mod tests {
         let hello = |protocol, cluster: Option<&str>| {
             encode(&AgentMessage::Hello(Hello {
                 protocol,
+                min_protocol: None,
                 agent_version: "t".into(),
                 cluster: cluster.map(Into::into),
                 epoch: 5,
@@ -448,12 +459,20 @@ mod tests {
             }))
             .into_bytes()
         };
-        assert_eq!(super::hello(C, &hello(PROTOCOL_VERSION, Some(C)), &l).unwrap().epoch, 5);
-        assert_eq!(super::hello(C, &hello(PROTOCOL_VERSION, None), &l).unwrap().epoch, 5);
+        assert_eq!(super::hello(C, &hello(PROTOCOL_VERSION, Some(C)), &l).unwrap().0.epoch, 5);
+        assert_eq!(super::hello(C, &hello(PROTOCOL_VERSION, None), &l).unwrap().1, PROTOCOL_VERSION);
         let r = super::hello(C, &hello(PROTOCOL_VERSION, Some("other")), &l).unwrap_err();
         assert_eq!((r.reject, r.code), (Some("identity-mismatch"), ErrorCode::IdentityMismatch));
         let r = super::hello(C, &hello(PROTOCOL_VERSION + 1, None), &l).unwrap_err();
         assert_eq!(r.code, ErrorCode::UnsupportedVersion);
+        assert!(r.message.contains(&format!("peer speaks {}", PROTOCOL_VERSION + 1)), "{}", r.message);
+        assert!(r.message.contains(&format!("this side speaks {}", ProtocolRange::OURS)), "{}", r.message);
+        // A future agent that still speaks this hub's protocol is welcomed at it.
+        let future = br#"{"type":"hello","protocol":2,"min_protocol":1,"agent_version":"9","epoch":5}"#;
+        assert_eq!(super::hello(C, future, &l).unwrap().1, 1);
+        let bad = br#"{"type":"hello","protocol":1,"min_protocol":2,"epoch":5}"#;
+        let r = super::hello(C, bad, &l).unwrap_err();
+        assert!(r.message.contains("min_protocol 2"), "{}", r.message);
         let r = super::hello(C, &batch(vec![]), &l).unwrap_err();
         assert_eq!((r.reject, r.code), (Some("no-hello"), ErrorCode::Forbidden));
         let r = super::hello(C, br#"{"type":"subscribe"}"#, &l).unwrap_err();

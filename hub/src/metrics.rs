@@ -173,6 +173,8 @@ impl Default for Metrics {
             let _ = m.handshake_failures.get_or_create(&ReasonLabel { reason: (*reason).into() });
             let _ = m.rejected.get_or_create(&ReasonLabel { reason: (*reason).into() });
         }
+        // Agents and subscribers with no protocol version in common (the skew alert).
+        let _ = m.rejected.get_or_create(&ReasonLabel { reason: "protocol-version".into() });
         for reason in ["revoked", "expired", "untrusted"] {
             let _ = m.sessions_expired.get_or_create(&ReasonLabel { reason: reason.into() });
         }

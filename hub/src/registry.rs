@@ -82,6 +82,15 @@ pub struct ClusterStatus {
     /// The agent's version.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub agent_version: Option<String>,
+    /// The protocol version the live (or last) session speaks, negotiated at its hello.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub protocol: Option<u32>,
+    /// The protocol versions the agent speaks, e.g. `1` or `1..2` (oldest..newest).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub agent_protocols: Option<String>,
+    /// The newest protocol version the agent speaks (what the skew policy's alert reads).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub agent_protocol: Option<u32>,
     /// When the hub last heard from the agent.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub last_seen: Option<jiff::Timestamp>,
@@ -248,6 +257,10 @@ pub struct Opening<'a> {
     pub remote: &'a str,
     /// The agent's version.
     pub agent_version: &'a str,
+    /// The protocol version the session speaks.
+    pub protocol: u32,
+    /// The protocol versions the agent speaks.
+    pub agent_protocols: fleetwatch_protocol::message::ProtocolRange,
     /// The agent's epoch.
     pub epoch: u64,
     /// Cancels the session (when replaced).
@@ -375,6 +388,9 @@ impl SessionRegistry {
         e.status.session = Some(new.session.into());
         e.status.remote = Some(new.remote.into());
         e.status.agent_version = Some(new.agent_version.into());
+        e.status.protocol = Some(new.protocol);
+        e.status.agent_protocols = Some(new.agent_protocols.to_string());
+        e.status.agent_protocol = Some(new.agent_protocols.max);
         e.status.last_seen = Some(now);
         e.status.sessions += 1;
         drop(map);
@@ -520,6 +536,8 @@ mod tests {
             session,
             remote,
             agent_version: "t",
+            protocol: 1,
+            agent_protocols: fleetwatch_protocol::message::ProtocolRange::OURS,
             epoch,
             cancel: cancel.clone(),
             liveness: Arc::new(Liveness::new()),

@@ -11,7 +11,7 @@ use tokio::time::Instant;
 use fleetwatch_protocol::Limits;
 use fleetwatch_protocol::codec::{AGENT_MESSAGE_TYPES, DecodeError, EventsFrame, decode_subscriber, encode};
 use fleetwatch_protocol::message::{
-    ErrorCode, HubToSubscriber, ResyncRequired, StartFrom, Subscribe, Subscribed, SubscriberMessage,
+    ErrorCode, HubToSubscriber, ProtocolRange, ResyncRequired, StartFrom, Subscribe, Subscribed, SubscriberMessage,
 };
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_util::sync::CancellationToken;
@@ -26,8 +26,8 @@ const READ_CHUNK: usize = 512;
 pub(crate) async fn run(mut conn: Conn, name: String, peer: Peer, ctx: Arc<Sessions>, shutdown: CancellationToken) {
     let limits = ctx.settings.limits;
     let first = conn.first_message("subscribe", ctx.settings.handshake_timeout, &shutdown, &ctx.metrics).await;
-    let sub = match first.and_then(|bytes| first_subscribe(&ctx, &bytes, &limits)) {
-        Ok(sub) => sub,
+    let (sub, protocol) = match first.and_then(|bytes| first_subscribe(&ctx, &bytes, &limits)) {
+        Ok(negotiated) => negotiated,
         Err(end) => return Box::pin(end.finish(conn, "subscriber")).await,
     };
     // A durable subscription is named after the certificate, so one subscriber cannot
@@ -46,6 +46,7 @@ pub(crate) async fn run(mut conn: Conn, name: String, peer: Peer, ctx: Arc<Sessi
         sent: 0,
         delivered: 0,
         window_full_since: None,
+        protocol,
     };
     let end = session.serve(&mut conn, &sub, &shutdown).await;
     let end = match ctx.end_reason(&peer).filter(|_| shutdown.is_cancelled()) {
@@ -58,10 +59,18 @@ pub(crate) async fn run(mut conn: Conn, name: String, peer: Peer, ctx: Arc<Sessi
     Box::pin(end.finish(conn, "subscriber")).await;
 }
 
-/// The subscription the first message must be.
-fn first_subscribe(ctx: &Sessions, bytes: &[u8], limits: &Limits) -> Result<Subscribe, End> {
+/// The subscription the first message must be, and the protocol version the session speaks
+/// (the highest the subscriber and this hub have in common).
+fn first_subscribe(ctx: &Sessions, bytes: &[u8], limits: &Limits) -> Result<(Subscribe, u32), End> {
     match decode_subscriber(bytes, limits) {
-        Ok(SubscriberMessage::Subscribe(s)) => Ok(s),
+        Ok(SubscriberMessage::Subscribe(s)) => match s.protocols().and_then(|p| ProtocolRange::OURS.negotiate(p)) {
+            Ok(version) => Ok((s, version)),
+            Err(e) => {
+                ctx.metrics.reject("protocol-version");
+                let msg = format!("subscriber protocol not supported: {e} (hub {})", env!("CARGO_PKG_VERSION"));
+                Err(End::Fail(ErrorCode::UnsupportedVersion, msg, CloseCode::Policy))
+            }
+        },
         Ok(_) => Err(End::Fail(ErrorCode::Forbidden, "the first message must be subscribe".into(), CloseCode::Policy)),
         Err(DecodeError::UnknownType(t)) => {
             ctx.metrics.reject("subscriber-sent-agent-message");
@@ -87,6 +96,8 @@ struct Session {
     window_full_since: Option<Instant>,
     /// Where the session is, for the lag metrics.
     progress: Arc<crate::metrics::SubscriberProgress>,
+    /// The protocol version negotiated at the subscribe, spoken for the whole session.
+    protocol: u32,
 }
 
 impl Session {
@@ -156,8 +167,12 @@ impl Session {
         if !unknown_clusters.is_empty() {
             tracing::info!(unknown = %unknown_clusters.join(","), "subscriber filters on clusters this hub has never seen");
         }
-        let hello =
-            HubToSubscriber::Subscribed(Subscribed { stream: bus.stream_id().into(), cursor: start, unknown_clusters });
+        let hello = HubToSubscriber::Subscribed(Subscribed {
+            protocol: self.protocol,
+            stream: bus.stream_id().into(),
+            cursor: start,
+            unknown_clusters,
+        });
         if let Err(e) = conn.send_text(encode(&hello)).await {
             return End::Closed(e.to_string());
         }

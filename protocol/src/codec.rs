@@ -308,7 +308,14 @@ mod tests {
         prop_oneof![
             (any::<u32>(), ".{0,10}", proptest::option::of("[a-z]{1,5}"), any::<u64>(), any::<u64>()).prop_map(
                 |(protocol, agent_version, cluster, epoch, last_acked_seq)| {
-                    AgentMessage::Hello(Hello { protocol, agent_version, cluster, epoch, last_acked_seq })
+                    AgentMessage::Hello(Hello {
+                        protocol,
+                        min_protocol: None,
+                        agent_version,
+                        cluster,
+                        epoch,
+                        last_acked_seq,
+                    })
                 }
             ),
             proptest::collection::vec(arb_event(), 0..5).prop_map(|events| AgentMessage::Events(EventBatch { events })),
@@ -328,6 +335,8 @@ mod tests {
         prop_oneof![
             (proptest::option::of("[a-z]{1,5}"), proptest::collection::vec("[a-z]{1,5}", 0..3), any::<bool>())
                 .prop_map(|(durable, clusters, early)| SubscriberMessage::Subscribe(Subscribe {
+                    protocol: early.then_some(2),
+                    min_protocol: early.then_some(1),
                     durable,
                     clusters,
                     from: if early { StartFrom::Earliest } else { StartFrom::Latest },

@@ -7,8 +7,86 @@ use serde::{Deserialize, Serialize};
 
 use crate::event::Event;
 
-/// The protocol version this build speaks.
+/// The newest protocol version this build speaks.
 pub const PROTOCOL_VERSION: u32 = 1;
+
+/// The oldest protocol version this build still speaks. The skew policy (`docs/upgrade.md`):
+/// a release whose newest protocol is N keeps speaking N-1 and N-2, so a hub of protocol N
+/// serves agents and subscribers of N-2 up to N+1 (those speak down to N-1).
+pub const MIN_PROTOCOL_VERSION: u32 = 1;
+
+/// How many protocol versions before its newest a release keeps speaking (the skew policy).
+pub const PROTOCOL_SKEW: u32 = 2;
+
+/// A range of protocol versions one side speaks, both ends included.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProtocolRange {
+    /// The oldest version.
+    pub min: u32,
+    /// The newest version.
+    pub max: u32,
+}
+
+impl ProtocolRange {
+    /// What this build speaks: [`MIN_PROTOCOL_VERSION`] to [`PROTOCOL_VERSION`].
+    pub const OURS: ProtocolRange = ProtocolRange { min: MIN_PROTOCOL_VERSION, max: PROTOCOL_VERSION };
+
+    /// The range a peer announced: `protocol` is its newest version, `min_protocol` its
+    /// oldest (absent: the same as `protocol`). A minimum above the newest is an error.
+    pub fn announced(protocol: u32, min_protocol: Option<u32>) -> Result<ProtocolRange, VersionError> {
+        let min = min_protocol.unwrap_or(protocol);
+        if min > protocol || min == 0 {
+            return Err(VersionError::BadRange { min, max: protocol });
+        }
+        Ok(ProtocolRange { min, max: protocol })
+    }
+
+    /// Whether `version` is in the range.
+    pub fn contains(self, version: u32) -> bool {
+        (self.min..=self.max).contains(&version)
+    }
+
+    /// The highest version both `self` (ours) and `peer` speak.
+    pub fn negotiate(self, peer: ProtocolRange) -> Result<u32, VersionError> {
+        let best = self.max.min(peer.max);
+        if best >= self.min.max(peer.min) {
+            Ok(best)
+        } else {
+            Err(VersionError::NoCommonVersion { ours: self, theirs: peer })
+        }
+    }
+}
+
+impl std::fmt::Display for ProtocolRange {
+    /// `1` for a single version, `1..3` (both included) for a range.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.min == self.max { write!(f, "{}", self.max) } else { write!(f, "{}..{}", self.min, self.max) }
+    }
+}
+
+/// Why two sides cannot agree on a protocol version.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum VersionError {
+    /// The peer's oldest version is above its newest (or 0).
+    #[error("min_protocol {min} is not between 1 and protocol {max}")]
+    BadRange {
+        /// The announced oldest version.
+        min: u32,
+        /// The announced newest version.
+        max: u32,
+    },
+    /// The ranges do not overlap.
+    #[error(
+        "no common protocol version: the peer speaks {theirs}, this side speaks {ours}; upgrade the {}",
+        upgrade_whom(.theirs, .ours)
+    )]
+    NoCommonVersion {
+        /// What this side speaks.
+        ours: ProtocolRange,
+        /// What the peer speaks.
+        theirs: ProtocolRange,
+    },
+}
 
 /// The WebSocket path agents and subscribers connect to.
 pub const WS_PATH: &str = "/v1/connect";
@@ -93,11 +171,20 @@ impl std::fmt::Display for WatchPhase {
     }
 }
 
+/// Which side is behind, for the error's advice.
+fn upgrade_whom(theirs: &ProtocolRange, ours: &ProtocolRange) -> &'static str {
+    if theirs.max < ours.min { "peer" } else { "side speaking the older protocols (this one)" }
+}
+
 /// Opens an agent session.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Hello {
-    /// Protocol version the agent speaks.
+    /// The newest protocol version the agent speaks.
     pub protocol: u32,
+    /// The oldest protocol version the agent speaks; absent means the same as `protocol`
+    /// (agents before negotiation).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_protocol: Option<u32>,
     /// The agent's build version.
     #[serde(default)]
     pub agent_version: String,
@@ -175,10 +262,17 @@ pub enum HubToAgent {
     Error(ErrorFrame),
 }
 
+impl Hello {
+    /// The versions the agent announced.
+    pub fn protocols(&self) -> Result<ProtocolRange, VersionError> {
+        ProtocolRange::announced(self.protocol, self.min_protocol)
+    }
+}
+
 /// Answer to [`Hello`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Welcome {
-    /// Protocol version the hub chose.
+    /// The protocol version the hub chose (the highest both speak), spoken for the session.
     pub protocol: u32,
     /// Session id, for logs.
     pub session: String,
@@ -326,6 +420,14 @@ pub enum SubscriberMessage {
 /// Starts a subscription.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Subscribe {
+    /// The newest protocol version the subscriber speaks; absent means 1 (subscribers
+    /// before negotiation).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub protocol: Option<u32>,
+    /// The oldest protocol version the subscriber speaks; absent means the same as
+    /// `protocol`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_protocol: Option<u32>,
     /// Durable name: the hub keeps the acked cursor under it and resumes there.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub durable: Option<String>,
@@ -341,6 +443,13 @@ pub struct Subscribe {
     /// Most events in flight without an ack.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_in_flight: Option<u32>,
+}
+
+impl Subscribe {
+    /// The versions the subscriber announced.
+    pub fn protocols(&self) -> Result<ProtocolRange, VersionError> {
+        ProtocolRange::announced(self.protocol.unwrap_or(1), self.min_protocol)
+    }
 }
 
 /// Where a subscription starts.
@@ -387,6 +496,10 @@ pub enum HubToSubscriber {
 /// Confirms a subscription.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Subscribed {
+    /// The protocol version the hub chose (the highest both speak), spoken for the
+    /// session; absent from hubs before negotiation, which spoke 1.
+    #[serde(default = "protocol_one")]
+    pub protocol: u32,
     /// The bus stream id.
     pub stream: String,
     /// Delivery starts after this cursor.
@@ -395,6 +508,10 @@ pub struct Subscribed {
     /// stored event): most likely a misspelt id. Delivery waits for them all the same.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub unknown_clusters: Vec<String>,
+}
+
+fn protocol_one() -> u32 {
+    1
 }
 
 /// A cluster whose history the subscriber cannot get.
@@ -421,6 +538,54 @@ mod display_tests {
         assert_eq!(WatchPhase::WaitingForKind.to_string(), "waiting-for-kind");
         assert!(!WatchPhase::WaitingForKind.is_failing() && !WatchPhase::Running.is_failing());
         assert!(WatchPhase::KindNotFound.is_failing() && WatchPhase::Forbidden.is_failing());
+    }
+}
+
+#[cfg(test)]
+mod version_tests {
+    use super::*;
+
+    fn r(min: u32, max: u32) -> ProtocolRange {
+        ProtocolRange { min, max }
+    }
+
+    #[test]
+    fn the_highest_common_version_wins() {
+        assert_eq!(r(1, 1).negotiate(r(1, 2)), Ok(1));
+        assert_eq!(r(1, 3).negotiate(r(2, 5)), Ok(3));
+        assert_eq!(r(2, 4).negotiate(r(1, 2)), Ok(2));
+        assert_eq!(r(3, 4).negotiate(r(1, 2)), Err(VersionError::NoCommonVersion { ours: r(3, 4), theirs: r(1, 2) }));
+        assert_eq!(r(1, 1).negotiate(r(2, 2)), Err(VersionError::NoCommonVersion { ours: r(1, 1), theirs: r(2, 2) }));
+    }
+
+    #[test]
+    fn an_absent_minimum_is_the_newest_and_a_bad_range_is_refused() {
+        assert_eq!(ProtocolRange::announced(2, None), Ok(r(2, 2)));
+        assert_eq!(ProtocolRange::announced(2, Some(1)), Ok(r(1, 2)));
+        assert!(ProtocolRange::announced(1, Some(2)).is_err());
+        assert!(ProtocolRange::announced(0, None).is_err());
+    }
+
+    #[test]
+    fn the_error_names_both_ranges_and_who_upgrades() {
+        let old_peer = r(3, 4).negotiate(r(1, 2)).unwrap_err().to_string();
+        assert!(old_peer.contains("peer speaks 1..2") && old_peer.contains("this side speaks 3..4"), "{old_peer}");
+        assert!(old_peer.ends_with("upgrade the peer"), "{old_peer}");
+        let new_peer = r(1, 1).negotiate(r(3, 3)).unwrap_err().to_string();
+        assert!(new_peer.contains("(this one)"), "{new_peer}");
+    }
+
+    #[test]
+    fn frames_without_versions_read_as_protocol_one() {
+        let s: Subscribe = serde_json::from_str(r#"{"from":"earliest"}"#).unwrap();
+        assert_eq!(s.protocols(), Ok(r(1, 1)));
+        let h: Hello = serde_json::from_str(r#"{"protocol":1,"epoch":3}"#).unwrap();
+        assert_eq!(h.protocols(), Ok(r(1, 1)));
+        let d: Subscribed = serde_json::from_str(r#"{"stream":"s","cursor":0}"#).unwrap();
+        assert_eq!(d.protocol, 1);
+        // The skew policy in numbers: this build serves its own protocol and the one after.
+        assert!(ProtocolRange::OURS.contains(PROTOCOL_VERSION));
+        assert_eq!(ProtocolRange::OURS.negotiate(r(MIN_PROTOCOL_VERSION, PROTOCOL_VERSION + 1)), Ok(PROTOCOL_VERSION));
     }
 }
 

@@ -94,6 +94,7 @@ fn every_subcommand_explains_itself() {
         vec!["agent", "--help"],
         vec!["tail", "--help"],
         vec!["bench", "hub", "--help"],
+        vec!["version", "--help"],
     ] {
         let (code, out, _) = run(&args);
         assert_eq!(code, 0, "{args:?}");
@@ -101,6 +102,8 @@ fn every_subcommand_explains_itself() {
     }
     let (_, out, _) = run(&["hub", "--help"]);
     assert!(out.contains("--data-dir") && out.contains("--client-ca"), "{out}");
+    let (_, out, _) = run(&["agent", "--help"]);
+    assert!(out.contains("--version-retry") && out.contains("[default: 300]"), "{out}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -303,4 +306,38 @@ fn agent_module_says_to_set_its_image_and_the_deploy_guide_does() {
         .map(String::from)
         .collect();
     assert!(!commands.is_empty() && commands.iter().all(|c| c.contains("--image ")), "{commands:?}");
+}
+
+#[test]
+fn version_names_build_protocols_formats_and_crds() {
+    let (code, out, err) = run(&["version"]);
+    assert_eq!(code, 0, "{err}");
+    let first = out.lines().next().unwrap_or_default();
+    let commit = first.split("(commit ").nth(1).and_then(|c| c.strip_suffix(')')).unwrap_or_default();
+    assert!(first.starts_with(&format!("fleetwatch {} (commit ", env!("CARGO_PKG_VERSION"))), "{out}");
+    // A checkout's short hash, or `unknown` when built without git (a tarball).
+    assert!(commit == "unknown" || commit.len() == 12 && commit.chars().all(|c| c.is_ascii_hexdigit()), "{first}");
+    let protocol = fleetwatch_protocol::message::ProtocolRange::OURS;
+    assert!(out.contains(&format!("protocol: {} (speaks {}..{};", protocol.max, protocol.min, protocol.max)), "{out}");
+    assert!(out.contains("log format: fleetwatch-bus 2"), "{out}");
+    for crd in ["runtimes", "moduletemplates", "modulereleasemetas", "maintenancepolicies", "watchconfigs"] {
+        assert!(out.contains(&format!("  {crd}.operator.fleetwatch.dev: v1alpha1 (served, storage)")), "{out}");
+    }
+    // `--version` prints the first line.
+    let (code, short, _) = run(&["--version"]);
+    assert_eq!((code, short.trim_end()), (0, first));
+    // The charts carry the same version (the image tag defaults to their appVersion).
+    for chart in ["fleetwatch", "fleetwatch-agent"] {
+        let path =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/helm").join(chart).join("Chart.yaml");
+        let text = std::fs::read_to_string(&path).unwrap();
+        let field = |name: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(name))
+                .map(|v| v.trim().trim_matches('"').to_string())
+                .unwrap_or_default()
+        };
+        assert_eq!(field("version:"), env!("CARGO_PKG_VERSION"), "{chart}");
+        assert_eq!(field("appVersion:"), env!("CARGO_PKG_VERSION"), "{chart}");
+    }
 }

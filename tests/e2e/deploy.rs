@@ -1001,3 +1001,68 @@ async fn built_in_agent_certificates_work_under_the_chart_rbac() {
     assert_eq!(info.identity.unwrap().to_string(), "spiffe://test.local/cluster/eu-1");
     assert!(!lifecycle.proc.stderr().contains("is forbidden"), "lifecycle log:\n{}", tail(&lifecycle.proc.stderr()));
 }
+
+/// `crds.install=true` renders the CRDs as templates (so `helm upgrade` upgrades them), the
+/// same as deploy/crds, kept on uninstall unless `crds.keep=false`; applied over a cluster
+/// installed with the default values (CRDs from the chart's crds/), as an upgrade would, it
+/// takes them over and the CRDs stay Established.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crds_install_renders_the_crds_as_kept_templates_that_upgrade_a_default_install() {
+    let crds = |docs: &[Value]| -> Vec<Value> {
+        let mut v: Vec<Value> = docs.iter().filter(|d| d["kind"] == "CustomResourceDefinition").cloned().collect();
+        v.sort_by_key(|d| d["metadata"]["name"].as_str().unwrap_or_default().to_string());
+        v
+    };
+    let default = helm_template("fleetwatch", "fleetwatch-system", &[]).unwrap();
+    assert!(crds(&default).is_empty(), "templates render no CRD by default (crds/ holds them)");
+    let templated = crds(&helm_template("fleetwatch", "fleetwatch-system", &["crds.install=true"]).unwrap());
+    let files: Vec<Value> = {
+        let mut v: Vec<Value> = std::fs::read_dir(repo().join("deploy/crds"))
+            .unwrap()
+            .flat_map(|e| documents(&std::fs::read_to_string(e.unwrap().path()).unwrap()))
+            .collect();
+        v.sort_by_key(|d| d["metadata"]["name"].as_str().unwrap_or_default().to_string());
+        v
+    };
+    assert_eq!(templated.len(), files.len());
+    for (t, f) in templated.iter().zip(&files) {
+        assert_eq!(t["metadata"]["name"], f["metadata"]["name"]);
+        // Helm's toYaml writes the float 0.0 as 0: compare numbers by value.
+        fn numbers_as_f64(v: &Value) -> Value {
+            match v {
+                Value::Number(n) => n.as_f64().map_or(v.clone(), Value::from),
+                Value::Array(a) => Value::Array(a.iter().map(numbers_as_f64).collect()),
+                Value::Object(o) => Value::Object(o.iter().map(|(k, x)| (k.clone(), numbers_as_f64(x))).collect()),
+                other => other.clone(),
+            }
+        }
+        let name = &f["metadata"]["name"];
+        assert_eq!(
+            numbers_as_f64(&t["spec"]),
+            numbers_as_f64(&f["spec"]),
+            "{name}: the template differs from deploy/crds"
+        );
+        assert_eq!(t["metadata"]["annotations"]["helm.sh/resource-policy"], "keep");
+    }
+    let unkept =
+        crds(&helm_template("fleetwatch", "fleetwatch-system", &["crds.install=true", "crds.keep=false"]).unwrap());
+    assert!(unkept.iter().all(|d| d["metadata"]["annotations"].get("helm.sh/resource-policy").is_none()));
+
+    // The upgrade: a cluster with the CRDs a default install put there, then the templates.
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = sim("crds-upgrade", false).await;
+    let kc = dir.path().join("sim.kubeconfig");
+    cluster.write_kubeconfig(&kc).unwrap();
+    kubectl(&kc, &["apply", "-f", repo().join("deploy/crds").to_str().unwrap()], None);
+    let rendered = dir.path().join("crds.yaml");
+    let text: String = templated.iter().map(|d| format!("---\n{}\n", serde_json::to_string(d).unwrap())).collect();
+    std::fs::write(&rendered, text).unwrap();
+    let (ok, out, err) =
+        kubectl_try(&kc, &["apply", "--server-side", "--force-conflicts", "-f", rendered.to_str().unwrap()]);
+    assert!(ok, "{out}{err}");
+    kubectl(&kc, &["wait", "--for=condition=Established", "--all", "crd", "--timeout=60s"], None);
+    let got: Value = serde_json::from_str(&kubectl(&kc, &["get", "crd", "-o", "json"], None)).unwrap();
+    let items = got["items"].as_array().unwrap();
+    assert_eq!(items.len(), files.len());
+    assert!(items.iter().all(|c| c["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"), "{got}");
+}

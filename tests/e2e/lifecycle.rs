@@ -68,12 +68,24 @@ fn dyn_api(client: &kube::Client, api_version: &str, kind: &str, plural: &str, n
 
 impl Fleet {
     async fn start(resync: &str) -> Self {
+        Self::start_upgraded_from(resync, None).await
+    }
+
+    /// Like [`Fleet::start`]; with `previous` (a directory with `crds/` and
+    /// `objects.yaml`), the control plane first gets those CRDs and objects, then the CRD
+    /// upgrade to `deploy/crds`, as a cluster upgraded from an older release.
+    async fn start_upgraded_from(resync: &str, previous: Option<&std::path::Path>) -> Self {
         let pki = Pki::new();
         let (cp_sim, cp_kc) = sim_cluster(&pki, "control-plane").await;
         let (rt_sim, rt_kc) = sim_cluster(&pki, "rt1").await;
         let cp = cp_sim.client().await.unwrap();
         let rt = rt_sim.client().await.unwrap();
         let crds = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/crds");
+        if let Some(previous) = previous {
+            kubectl(&cp_kc, &["apply", "-f", previous.join("crds").to_str().unwrap()], None);
+            apply_json(&cp_kc, &json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}}));
+            kubectl(&cp_kc, &["apply", "-f", previous.join("objects.yaml").to_str().unwrap()], None);
+        }
         kubectl(&cp_kc, &["apply", "-f", crds.to_str().unwrap()], None);
         apply_json(&cp_kc, &json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}}));
         // The runtime's kubeconfig, as the Secret the Runtime names.
@@ -741,4 +753,24 @@ async fn unusable_policies_and_templates_say_so_in_their_status() {
     wait_for("modulereleasemeta", "other", ("True", "Valid", "")).await;
     // The valid ones shipped with the fleet were never marked.
     assert_eq!(usable("moduletemplate", "redis-1.0.0"), None);
+}
+
+/// CRD upgrades keep what users wrote: objects created under the previous release's CRDs
+/// (`tests/fixtures/previous-release/`) are still read by the current operator after the CRDs
+/// are upgraded, and reconciled (the Runtime's module installed and Ready).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn objects_written_under_the_previous_crds_are_read_and_reconciled() {
+    let previous = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/previous-release");
+    let f = Fleet::start_upgraded_from("3600", Some(&previous)).await;
+    // Read with today's types.
+    let rt = f.runtimes().get("rt1").await.unwrap();
+    assert_eq!(rt.spec.modules.len(), 1, "{:?}", rt.spec);
+    let policies: Api<fleetwatch_api::maintenance::MaintenancePolicy> = Api::namespaced(f.cp.clone(), NS);
+    assert!(policies.get("previous").await.is_ok());
+    // Reconciled by today's operator.
+    f.wait("rt1", "redis 1.0.0 Ready", |s| {
+        module(s, "redis").is_some_and(|m| m.state == State::Ready && m.installed_version.as_deref() == Some("1.0.0"))
+    })
+    .await;
+    assert_eq!(f.manager_version().await.as_deref(), Some("1.0.0"));
 }

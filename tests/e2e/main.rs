@@ -8,6 +8,7 @@ mod coalescing;
 mod config_policy;
 mod delivery;
 mod deploy;
+mod golden;
 mod kube_watch;
 mod lifecycle;
 mod maintenance;

@@ -116,3 +116,31 @@ fn a_port_in_use_is_refused_at_once_unless_bind_retry_is_given() {
     drop(taken);
     hub.wait_stdout(&format!("hub listening wss=wss://127.0.0.1:{port}"), Duration::from_secs(60));
 }
+
+/// A hub rolled back onto a data directory a newer release wrote refuses to start, in one
+/// line naming both formats, and changes nothing (it does not take the newer format for
+/// damage and cut it).
+#[test]
+fn a_data_directory_of_a_newer_format_is_refused_untouched() {
+    let pki = Pki::new();
+    let data = tempfile::tempdir().unwrap();
+    {
+        let hub = HubProc::start(&pki, free_port(), Some(data.path()), &[]);
+        drop(hub);
+    }
+    std::fs::write(data.path().join("format"), "fleetwatch-bus 3\n").unwrap();
+    let listing = |dir: &std::path::Path| {
+        let mut names: Vec<String> =
+            std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().to_string()).collect();
+        names.sort();
+        names
+    };
+    let before = listing(data.path());
+    let mut args = hub_args(&pki, free_port(), free_port());
+    args.extend(["--data-dir".into(), data.path().display().to_string()]);
+    let line = refused(&pki, &args, "newer-format");
+    assert!(line.contains("\"fleetwatch-bus 3\", newer than this hub's fleetwatch-bus 2"), "{line}");
+    assert!(line.contains("nothing was changed"), "{line}");
+    assert_eq!(listing(data.path()), before);
+    assert_eq!(std::fs::read_to_string(data.path().join("format")).unwrap(), "fleetwatch-bus 3\n");
+}

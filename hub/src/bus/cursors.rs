@@ -80,6 +80,16 @@ pub(super) struct CursorStore {
     flushing: Mutex<()>,
 }
 
+/// The `version` a cursor store file says it is, when it can be read as one at all.
+pub(super) fn stored_version(path: &std::path::Path) -> Option<u32> {
+    #[derive(serde::Deserialize)]
+    struct Versioned {
+        version: u32,
+    }
+    let bytes = std::fs::read(path).ok()?;
+    serde_json::from_slice::<Versioned>(&bytes).ok().map(|v| v.version)
+}
+
 impl CursorStore {
     /// An in-memory store.
     pub(super) fn memory() -> Self {

@@ -205,6 +205,15 @@ pub trait Bus: Send + Sync + 'static {
     }
 }
 
+/// The data directory's format, recorded in its `format` file as `fleetwatch-bus 2` and in
+/// every record frame's magic (`FWR2`). A directory without the file and with a stream id
+/// is format 1 (JSON lines, before the framing): moved aside, kept, and a new stream begins.
+/// A newer format (a rolled-back hub) refuses the start and changes nothing.
+pub const LOG_FORMAT: u32 = 2;
+
+/// The durable cursor store's format (`version` in `cursors.json`).
+pub const CURSOR_STORE_FORMAT: u32 = 2;
+
 /// Opens the bus `opts` describe: the segment log when there is a data directory, memory
 /// otherwise. Needs a tokio runtime.
 pub fn open(opts: BusOptions) -> Result<Arc<dyn Bus>, BusError> {
@@ -290,6 +299,23 @@ pub enum BusError {
     /// NATS JetStream failed (unreachable, refused, not acked).
     #[error(transparent)]
     Nats(#[from] NatsError),
+    /// The data directory (or a file in it) was written in a format this build does not
+    /// know, by a newer release: the hub refuses to start and changes nothing.
+    #[error(
+        "{}: {what} is {found}, newer than this hub's {ours} (fleetwatch {}): run a release that reads it, or restore the data directory the older release used (docs/upgrade.md); nothing was changed",
+        .path.display(),
+        env!("CARGO_PKG_VERSION")
+    )]
+    NewerFormat {
+        /// The file.
+        path: PathBuf,
+        /// What it is (`the data directory`, `the cursor store`, `a segment`).
+        what: &'static str,
+        /// The format found.
+        found: String,
+        /// The format this build writes.
+        ours: String,
+    },
     /// The bus is shut down.
     #[error("bus is closed")]
     Closed,

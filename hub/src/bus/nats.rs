@@ -165,7 +165,7 @@ use super::jetstream::{
     StreamState as JsState,
 };
 use super::log::{Core, Log};
-use super::nats_state::{self, Cursors, Lineage, META_KEY, Meta, Move};
+use super::nats_state::{self, Cursors, Lineage, META_KEY, Meta, Move, NATS_FORMAT};
 use super::retention::{self, Retention};
 use super::{ALL_CLUSTERS, Append, Bus, BusError, BusFuture, Read, Record, RecordBody, cap_reasons};
 
@@ -713,8 +713,10 @@ impl<J: JetStream> NatsBus<J> {
         let meta = Meta {
             names_lost: had_history || created_after_wait,
             begun_after_wait: !had_history && created_after_wait,
+            format: NATS_FORMAT,
         };
         ensure_meta(&cursors_kv, &cursors_bucket, meta).await?;
+        check_format(&cursors_kv, &cursors_bucket).await?;
 
         // Heads of every cluster (the tail, once started, loads them again).
         let heads = load_heads(&heads_kv, &heads_bucket).await?;
@@ -1013,7 +1015,12 @@ impl<J: JetStream> NatsBus<J> {
         ensure_bucket(&self.js, &self.cursors_bucket, self.opts.replicas, Duration::ZERO).await?;
         ensure_bucket(&self.js, &self.replicas_bucket, self.opts.replicas, REPLICA_TTL).await?;
         // Recreated under a bus with history: names not in it may have existed.
-        ensure_meta(&self.cursors_kv, &self.cursors_bucket, Meta { names_lost: true, begun_after_wait: false }).await?;
+        ensure_meta(
+            &self.cursors_kv,
+            &self.cursors_bucket,
+            Meta { names_lost: true, begun_after_wait: false, format: NATS_FORMAT },
+        )
+        .await?;
         self.publish_recreated_marker(lineage.base).await?;
         let _starting = self.tail_starting.lock().await;
         if let Ok(_log) = self.core.log.write() {
@@ -1799,6 +1806,25 @@ fn lineage_of(stream: &str, info: &StreamInfo) -> Lineage {
 }
 
 /// Writes the meta entry of a cursor bucket this hub just opened, unless it has one.
+/// Refuses a bus a newer release keeps in another format (the cursors bucket's meta entry
+/// says which): a rolled-back hub must not read it as its own. Reads only.
+async fn check_format<K: KeyValue>(store: &K, bucket: &str) -> Result<(), NatsError> {
+    let meta = store
+        .get(META_KEY)
+        .await
+        .map_err(|e| NatsError::KeyValue { bucket: bucket.into(), cause: format!("read the meta entry: {e}") })?;
+    let format = meta.and_then(|m| serde_json::from_slice::<Meta>(&m).ok()).map_or(NATS_FORMAT, |m| m.format);
+    if format > NATS_FORMAT {
+        let cause = format!(
+            "the bus is kept in format {format}, newer than this hub's {NATS_FORMAT} (fleetwatch {}): run a release \
+             that reads it (docs/upgrade.md); this hub does not use it",
+            env!("CARGO_PKG_VERSION")
+        );
+        return Err(NatsError::KeyValue { bucket: bucket.into(), cause });
+    }
+    Ok(())
+}
+
 async fn ensure_meta<K: KeyValue>(store: &K, bucket: &str, meta: Meta) -> Result<(), NatsError> {
     let value = serde_json::to_vec(&meta).unwrap_or_default();
     match store.create(META_KEY, value.into()).await {

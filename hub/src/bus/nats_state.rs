@@ -71,6 +71,19 @@ pub(super) struct Meta {
     /// bucket recreated under a bus with history. Only the reason told differs.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub(super) begun_after_wait: bool,
+    /// The format of what the bus keeps in JetStream (records, heads, cursors), for a
+    /// rolled-back hub to refuse a newer one; absent in entries written before it existed,
+    /// which are format 1, today's.
+    #[serde(default = "format_one")]
+    pub(super) format: u32,
+}
+
+/// The format of what the NATS bus keeps in JetStream; a hub finding a newer one in the
+/// cursors bucket's meta entry refuses to start.
+pub(super) const NATS_FORMAT: u32 = 1;
+
+fn format_one() -> u32 {
+    1
 }
 
 /// One identity's durable names: cursor and registration of each.

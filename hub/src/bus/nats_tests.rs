@@ -679,3 +679,30 @@ async fn a_stream_recreated_below_offsets_a_replica_handed_out_is_recreated_abov
         assert!(!bus.health().is_err_and(|e| e.contains("restart")), "not refused for good");
     }
 }
+
+/// A rolled-back hub refuses a bus a newer release keeps in another format (the cursors
+/// bucket's meta entry says so), in one line naming both formats.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bus_of_a_newer_format_is_refused() {
+    let (server, _dir) = server();
+    let bus = open(&server.url(), "fw", keep_all()).await;
+    drop(bus);
+    let js = async_nats::jetstream::new(async_nats::connect(server.url()).await.unwrap());
+    let kv = js.get_key_value("fw_cursors").await.unwrap();
+    let meta = kv.get("meta.bus").await.unwrap().unwrap();
+    let mut value: serde_json::Value = serde_json::from_slice(&meta).unwrap();
+    assert_eq!(value["format"], 1, "{value}");
+    value["format"] = 2.into();
+    kv.put("meta.bus", serde_json::to_vec(&value).unwrap().into()).await.unwrap();
+    let opts = NatsOptions {
+        stream: "fw".into(),
+        missing_stream_wait: Duration::ZERO,
+        ..NatsOptions::new(vec![server.url()], keep_all())
+    };
+    let err = match NatsBus::open(opts).await {
+        Ok(_) => panic!("a bus of a newer format was opened"),
+        Err(e) => e.to_string(),
+    };
+    assert!(err.contains("kept in format 2, newer than this hub's 1"), "{err}");
+    assert!(!err.contains('\n'), "{err}");
+}

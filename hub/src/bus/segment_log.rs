@@ -21,8 +21,8 @@ use super::marks::{self, Marks};
 use super::storage::{self, Storage};
 use super::writer::{Disk, MarkSyncer, Request, Writer};
 use super::{
-    ALL_CLUSTERS, Append, Bus, BusError, BusFuture, BusOptions, FORMAT, Lookup, Read, RecordBody, StorageError,
-    WriterPlacement, cap_reason, cap_reasons, ready, recovery, retention, segment,
+    ALL_CLUSTERS, Append, Bus, BusError, BusFuture, BusOptions, CURSOR_STORE_FORMAT, FORMAT, LOG_FORMAT, Lookup, Read,
+    RecordBody, StorageError, WriterPlacement, cap_reason, cap_reasons, ready, record, recovery, retention, segment,
 };
 
 /// The durable embedded bus.
@@ -45,6 +45,8 @@ impl SegmentLogBus {
     pub fn open(dir: PathBuf, opts: BusOptions) -> Result<Arc<Self>, BusError> {
         let storage = Storage::default();
         let mut log = Log::new();
+        // Before anything is written: a newer release's directory is refused untouched.
+        check_formats(&dir)?;
         let had_state = prepare_dir(&dir, &storage)?;
         // The cursor store is written before a new stream id: a directory with a
         // stream id and no cursor store has lost it.
@@ -267,6 +269,44 @@ impl Bus for SegmentLogBus {
         self.storage.fail_for(d);
         Ok(())
     }
+}
+
+/// Refuses a data directory a newer release wrote: its `format` file, the cursor store's
+/// version, or a segment whose first record frame has a newer magic (`FWR3`…). Reads only.
+/// An older format (no `format` file: format 1) is left to [`prepare_dir`]; only checksum
+/// failures within format 2 count as damage.
+pub(super) fn check_formats(dir: &Path) -> Result<(), BusError> {
+    let newer = |path: PathBuf, what, found: String, ours: String| BusError::NewerFormat { path, what, found, ours };
+    let format_path = dir.join("format");
+    if let Ok(text) = std::fs::read_to_string(&format_path)
+        && text != FORMAT
+    {
+        let version = text.trim().strip_prefix("fleetwatch-bus ").and_then(|v| v.parse::<u32>().ok());
+        // Unknown text is refused as well: nothing here may be taken for damage and cut.
+        if version.is_none_or(|v| v > LOG_FORMAT) {
+            return Err(newer(format_path, "the data directory", format!("{:?}", text.trim()), FORMAT.trim().into()));
+        }
+    }
+    let cursors_path = dir.join("cursors.json");
+    if let Some(version) = super::cursors::stored_version(&cursors_path)
+        && version > CURSOR_STORE_FORMAT
+    {
+        let ours = format!("version {CURSOR_STORE_FORMAT}");
+        return Err(newer(cursors_path, "the cursor store", format!("version {version}"), ours));
+    }
+    let seg_dir = dir.join("segments");
+    if seg_dir.is_dir() {
+        for (_, path) in segment::list(&seg_dir)? {
+            let mut head = [0u8; 4];
+            let read = std::fs::File::open(&path).and_then(|mut f| std::io::Read::read_exact(&mut f, &mut head));
+            if read.is_ok() && head[..3] == record::MAGIC[..3] && head[3].is_ascii_digit() && head[3] > record::MAGIC[3]
+            {
+                let found = format!("record format {}", char::from(head[3]));
+                return Err(newer(path, "a segment", found, format!("record format {}", char::from(record::MAGIC[3]))));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Creates the directory layout; moves an older format aside. Returns whether the

@@ -279,6 +279,74 @@ async fn an_older_format_is_moved_aside_and_a_new_stream_starts() {
     assert_eq!(bus.durable_lookup("id", "sub").await.unwrap(), Lookup::Lost);
 }
 
+/// Every file of a directory with its bytes, to show a refused start changed nothing.
+fn snapshot(dir: &std::path::Path) -> Vec<(std::path::PathBuf, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                todo.push(p);
+            } else {
+                out.push((p.clone(), std::fs::read(&p).unwrap()));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_newer_format_is_refused_and_left_untouched() {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = disk(dir.path(), 100);
+    {
+        let bus = open_disk(opts.clone());
+        bus.append("a".into(), vec![ev(1, 1)]).await.unwrap();
+        bus.register_durable("id", "sub", 1).await.unwrap();
+        bus.flush_cursors_now().unwrap();
+    }
+    assert_eq!(std::fs::read_to_string(dir.path().join("format")).unwrap(), "fleetwatch-bus 2\n");
+    let refuse = |what: &str| {
+        let before = snapshot(dir.path());
+        let err = match SegmentLogBus::open(dir.path().to_path_buf(), opts.clone()) {
+            Ok(_) => panic!("{what}: a newer format was opened"),
+            Err(e) => e.to_string(),
+        };
+        assert_eq!(snapshot(dir.path()), before, "{what}: the refused start changed the directory");
+        assert!(!err.contains('\n'), "one line: {err}");
+        err
+    };
+    // A newer data directory format.
+    std::fs::write(dir.path().join("format"), "fleetwatch-bus 3\n").unwrap();
+    let err = refuse("format file");
+    assert!(err.contains("\"fleetwatch-bus 3\"") && err.contains("newer than this hub's fleetwatch-bus 2"), "{err}");
+    assert!(err.contains("nothing was changed"), "{err}");
+    std::fs::write(dir.path().join("format"), "something else\n").unwrap();
+    refuse("unknown format text");
+    std::fs::write(dir.path().join("format"), "fleetwatch-bus 2\n").unwrap();
+    // A newer cursor store.
+    let cursors = std::fs::read_to_string(dir.path().join("cursors.json")).unwrap();
+    std::fs::write(dir.path().join("cursors.json"), cursors.replace("\"version\":2", "\"version\":3")).unwrap();
+    let err = refuse("cursor store");
+    assert!(err.contains("the cursor store is version 3, newer than this hub's version 2"), "{err}");
+    std::fs::write(dir.path().join("cursors.json"), &cursors).unwrap();
+    // A segment whose records have a newer frame format (not damage to cut).
+    let seg = dir.path().join("segments/00000000000000000001.log");
+    let bytes = std::fs::read(&seg).unwrap();
+    let mut newer = bytes.clone();
+    newer[3] = b'3';
+    std::fs::write(&seg, &newer).unwrap();
+    let err = refuse("segment");
+    assert!(err.contains("a segment is record format 3, newer than this hub's record format 2"), "{err}");
+    std::fs::write(&seg, &bytes).unwrap();
+    // Put back, the same directory opens with everything in it.
+    let bus = open_disk(opts);
+    assert_eq!(bus.last_offset(), 1);
+    assert_eq!(bus.durable_lookup("id", "sub").await.unwrap(), Lookup::Known(1));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn corrupt_last_record_is_a_loss_for_every_cluster_and_offsets_move_on() {
     let dir = tempfile::tempdir().unwrap();
