@@ -452,7 +452,32 @@ async fn subscriptions(ctx: &Context) -> Vec<crate::metrics::Subscription> {
 
 async fn subscriptions_handler(State(ctx): State<Arc<Context>>) -> impl IntoResponse {
     let subs = subscriptions(&ctx).await;
-    axum::Json(serde_json::json!({ "lastOffset": ctx.sessions.bus.last_offset(), "subscriptions": subs }))
+    let access = &ctx.sessions.access;
+    let policy = access.current();
+    // Each subscription with what the policy grants its subscriber (none: refused).
+    let subs: Vec<serde_json::Value> = subs
+        .iter()
+        .map(|s| {
+            let mut v = serde_json::to_value(s).unwrap_or_default();
+            if let (Some(p), Some(obj)) = (&policy, v.as_object_mut()) {
+                obj.insert("grant".into(), serde_json::to_value(p.grant(&s.subscriber).as_deref()).unwrap_or_default());
+            }
+            v
+        })
+        .collect();
+    let access_policy = match &policy {
+        Some(p) => serde_json::json!({
+            "file": access.path().map(|p| p.display().to_string()),
+            "stale": access.stale(),
+            "grants": p.grants().collect::<Vec<_>>(),
+        }),
+        None => serde_json::Value::Null,
+    };
+    axum::Json(serde_json::json!({
+        "lastOffset": ctx.sessions.bus.last_offset(),
+        "accessPolicy": access_policy,
+        "subscriptions": subs,
+    }))
 }
 
 async fn runtimes(State(ctx): State<Arc<Context>>) -> impl IntoResponse {
