@@ -27,6 +27,7 @@
 pub mod access;
 pub mod admin;
 pub mod admin_auth;
+mod admin_login;
 mod admin_tls;
 mod admission;
 mod agent_session;
