@@ -77,7 +77,10 @@ pub struct HubArgs {
     /// events down (`data.truncated`) instead of sending them.
     #[arg(long, env = "FLEETWATCH_MAX_EVENT_BYTES", default_value_t = 64 << 10)]
     max_event_bytes: usize,
-    /// Seconds allowed for the TLS + WebSocket handshake and the first message.
+    /// Seconds allowed for the TLS + WebSocket handshake and the first message. Shortened
+    /// to 2 s for connections accepted while idle sockets (connected, nothing sent) hold
+    /// over half of --max-handshakes; when that budget is used up the oldest idle socket
+    /// is closed to admit the next connection.
     #[arg(long, env = "FLEETWATCH_HANDSHAKE_TIMEOUT", default_value_t = 10.0)]
     handshake_timeout: f64,
     /// Seconds of silence after which a session is closed (the hub pings at a third of it).

@@ -656,6 +656,9 @@ async fn housekeeping(ctx: Arc<Context>, shutdown: CancellationToken) {
                 if let Some(line) = ctx.admission.take_summary() {
                     tracing::warn!("{line}");
                 }
+                if let Some(line) = conn::FAILURE_LOG.take_summary() {
+                    tracing::warn!("{line}");
+                }
             }
             _ = reload.tick() => {
                 let bundles_changed = match ctx.tls.reload_if_changed() {
