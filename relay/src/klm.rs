@@ -9,8 +9,9 @@
 //! agent that sent the event) travels as the Subject CN of a certificate in
 //! `X-Forwarded-Client-Cert` ([`crate::identity`]).
 //!
-//! The hub is acknowledged only after a 2xx; 5xx, 408, 429 and timeouts are retried with
-//! backoff; another 4xx is logged once per cause and skipped (counted).
+//! The hub is acknowledged only after a 2xx; 5xx, a 4xx other than 400/413/422 (auth,
+//! routing, 408, 429) and timeouts are retried with backoff; a 400/413/422 is logged once
+//! per cause and skipped (counted).
 //!
 //! `resync-required` for a cluster becomes one request per object the relay knows for it
 //! (objects it relayed since it started, deletes forgotten; at most

@@ -4,9 +4,10 @@
 //! - `fleetwatch_relay_delivered_total{relay,target}`: events (or requests made of them) the
 //!   target accepted with a 2xx, then acknowledged to the hub.
 //! - `fleetwatch_relay_retries_total{relay,target}`: requests that failed for a passing
-//!   reason (5xx, 408, 429, timeout, connection) and are retried with backoff.
+//!   reason (5xx, a 4xx other than 400/413/422 — 401, 403, 404, 405, 408, 429 … —,
+//!   timeout, connection) and are retried with backoff; alert `FleetwatchRelayNotDelivering`.
 //! - `fleetwatch_relay_skipped_4xx_total{relay,target}`: events the target refused for good
-//!   (another 4xx): logged once per cause, skipped.
+//!   (400, 413, 422): logged once per cause, skipped.
 //! - `fleetwatch_relay_refused_total{relay,target,reason}`: events the relay did not send
 //!   (`too-large` for the target's body limit, `no-identity` when no certificate could be minted).
 //! - `fleetwatch_relay_filtered_total{relay}`: events not meant for this relay (type
@@ -113,12 +114,12 @@ impl Metrics {
         );
         registry.register(
             "retries",
-            "Requests that failed for a passing reason (5xx, 408, 429, timeout, connection), retried",
+            "Requests that failed for a passing reason (5xx, a 4xx other than 400/413/422, timeout, connection), retried",
             m.retries.clone(),
         );
         registry.register(
             "skipped_4xx",
-            "Events the target refused for good (4xx), logged once per cause and skipped",
+            "Events the target refused for good (400, 413, 422), logged once per cause and skipped",
             m.skipped_4xx.clone(),
         );
         registry.register("refused", "Events the relay did not send (too large, no identity)", m.refused.clone());

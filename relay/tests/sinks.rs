@@ -98,15 +98,25 @@ async fn klm_relays_the_contract_and_continues_after_an_outage() {
 }
 
 #[tokio::test]
-async fn klm_skips_4xx_and_refuses_bodies_over_the_limit() {
+async fn klm_retries_routing_4xx_skips_bad_requests_and_refuses_bodies_over_the_limit() {
     let listener = KlmListener::start(None).await;
     let metrics = Arc::new(Metrics::new("klm"));
-    // A path the listener does not serve: 404, skipped and counted, not retried.
+    // A path the listener does not serve (a missing route): 404, retried, never skipped.
     let wrong = format!("{}/elsewhere", listener.url());
     let mut sink = klm_sink(&wrong, metrics.clone());
     let d = Delivery::Events(vec![ev("rt-1", 1, "Kyma", "kyma-system", "default", false)]);
+    let err = sink.deliver(&d).await.unwrap_err();
+    assert!(matches!(err, SinkError::Retry { .. }) && err.to_string().contains("404"), "{err}");
+    let wrong_url = format!("{wrong}/v2/lifecycle-manager/event");
+    assert_eq!(metrics.get(Counter::Retries, &wrong_url), 1);
+    assert_eq!(metrics.get(Counter::Skipped4xx, &wrong_url), 0);
+    // 422 (the request itself is wrong): skipped and counted.
+    let mut sink = klm_sink(&listener.url(), metrics.clone());
+    listener.set_status(Some(422));
     assert_eq!(sink.deliver(&d).await.unwrap(), Accepted::All);
-    assert_eq!(metrics.get(Counter::Skipped4xx, &format!("{wrong}/v2/lifecycle-manager/event")), 1);
+    assert_eq!(metrics.get(Counter::Skipped4xx, &format!("{}/v2/lifecycle-manager/event", listener.url())), 1);
+    listener.set_status(None);
+    let refused_before = listener.refused().len();
 
     let mut sink = klm_sink(&listener.url(), metrics.clone());
     let huge = ev("rt-1", 2, "Kyma", "kyma-system", &"n".repeat(17 * 1024), false);
@@ -117,7 +127,7 @@ async fn klm_skips_4xx_and_refuses_bodies_over_the_limit() {
     let got = listener.received();
     assert_eq!(got.len(), 1, "the oversized event was never sent");
     assert_eq!(got[0].body["watched"]["name"], "ok");
-    assert!(listener.refused().is_empty(), "{:?}", listener.refused());
+    assert_eq!(listener.refused().len(), refused_before, "{:?}", listener.refused());
 }
 
 #[tokio::test]
@@ -195,7 +205,7 @@ async fn receiver(secret: &'static [u8], mut script: Vec<u16>) -> Receiver {
 }
 
 #[tokio::test]
-async fn webhook_posts_signed_cloud_events_retries_5xx_and_skips_4xx() {
+async fn webhook_posts_signed_cloud_events_retries_5xx_and_auth_4xx() {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let r = receiver(b"topsecret", vec![503]).await;
     let metrics = Arc::new(Metrics::new("webhook"));
@@ -211,11 +221,14 @@ async fn webhook_posts_signed_cloud_events_retries_5xx_and_skips_4xx() {
     assert_eq!(metrics.get(Counter::Retries, &r.url), 1);
     assert_eq!(metrics.get(Counter::Delivered, &r.url), 2);
 
-    // A wrong secret: 401 from the receiver, skipped and counted, the stream goes on.
+    // A wrong secret: 401 from the receiver, retried (a credential fixed by people while
+    // the relay waits), never skipped.
     let cfg = WebhookConfig::new(r.url.clone()).with_secret(b"wrong");
     let mut bad = WebhookSink::new(cfg, client(&HttpOptions::default()).unwrap(), metrics.clone());
-    assert_eq!(bad.deliver(&d).await.unwrap(), Accepted::All);
-    assert_eq!(metrics.get(Counter::Skipped4xx, &r.url), 2);
+    let err = bad.deliver(&d).await.unwrap_err();
+    assert!(matches!(err, SinkError::Retry { .. }) && err.to_string().contains("401"), "{err}");
+    assert_eq!(metrics.get(Counter::Skipped4xx, &r.url), 0);
+    assert_eq!(metrics.get(Counter::Retries, &r.url), 2);
     assert_eq!(r.got.lock().unwrap().len(), 2);
 }
 
