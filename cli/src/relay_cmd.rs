@@ -66,7 +66,9 @@ struct CommonArgs {
     #[arg(long, env = "FLEETWATCH_TARGET_TIMEOUT", default_value_t = 10.0)]
     target_timeout: f64,
     /// Serve `/metrics` (Prometheus text: delivered, retried, skipped-4xx, refused events
-    /// by target) and `/healthz` on this plain-HTTP address.
+    /// by target), `/healthz` and `/readyz` on this plain-HTTP address. `/readyz` answers
+    /// 503 with the cause until the relay has subscribed to the hub, and while a target
+    /// failed 3 requests in a row (retried, nothing delivered meanwhile).
     #[arg(long, env = "FLEETWATCH_METRICS_LISTEN")]
     metrics_listen: Option<std::net::SocketAddr>,
 }
@@ -173,8 +175,21 @@ async fn serve_metrics(
 ) -> anyhow::Result<()> {
     let Some(addr) = addr else { return Ok(()) };
     let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("cannot listen on {addr}"))?;
+    let ready_metrics = metrics.clone();
     let app = axum::Router::new()
         .route("/healthz", axum::routing::get(|| async { "ok\n" }))
+        .route(
+            "/readyz",
+            axum::routing::get(move || {
+                let m = ready_metrics.clone();
+                async move {
+                    match m.readiness() {
+                        Ok(()) => (axum::http::StatusCode::OK, "ready\n".to_string()),
+                        Err(why) => (axum::http::StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {why}\n")),
+                    }
+                }
+            }),
+        )
         .route("/metrics", crate::metrics_route::route(move || metrics.encode()));
     tokio::spawn(async move { axum::serve(listener, app).with_graceful_shutdown(shutdown.cancelled_owned()).await });
     Ok(())
@@ -183,6 +198,7 @@ async fn serve_metrics(
 /// Subscribes and pumps deliveries into `sink` until a signal.
 async fn pump_into<S: Sink>(
     c: &CommonArgs,
+    metrics: &Metrics,
     sink: &mut S,
     shutdown: &tokio_util::sync::CancellationToken,
 ) -> anyhow::Result<()> {
@@ -199,6 +215,7 @@ async fn pump_into<S: Sink>(
     // a restart short.
     opts.max_in_flight = 1_000;
     let mut sub = Subscription::connect(opts).await.context("cannot subscribe")?;
+    metrics.set_subscribed();
     println!("relay {} running", sink.name());
     let result = pump(&mut sub, sink, shutdown).await;
     sub.close().await;
@@ -224,9 +241,9 @@ async fn run_webhook(a: WebhookArgs) -> anyhow::Result<()> {
     let metrics = Arc::new(Metrics::new("webhook"));
     let shutdown = crate::shutdown_on_signals();
     serve_metrics(a.common.metrics_listen, metrics.clone(), shutdown.clone()).await?;
-    let mut sink = WebhookSink::new(cfg, client, metrics);
+    let mut sink = WebhookSink::new(cfg, client, metrics.clone());
     let span = tracing::info_span!("relay", relay = "webhook", target = %a.target);
-    pump_into(&a.common, &mut sink, &shutdown).instrument(span).await
+    pump_into(&a.common, &metrics, &mut sink, &shutdown).instrument(span).await
 }
 
 async fn run_klm(a: KlmArgs) -> anyhow::Result<()> {
@@ -273,7 +290,7 @@ async fn run_klm(a: KlmArgs) -> anyhow::Result<()> {
         tracing::info!(routes = routes_rx.borrow().by_watch.len(), "routes from Watchers ready");
     }
     let cfg = KlmConfig { watches: a.watches, max_known: a.max_known_objects, ..KlmConfig::default() };
-    let mut sink = KlmSink::new(cfg, client, Arc::new(identity), routes_rx, metrics);
+    let mut sink = KlmSink::new(cfg, client, Arc::new(identity), routes_rx, metrics.clone());
     let span = tracing::info_span!("relay", relay = "klm");
-    pump_into(&a.common, &mut sink, &shutdown).instrument(span).await
+    pump_into(&a.common, &metrics, &mut sink, &shutdown).instrument(span).await
 }

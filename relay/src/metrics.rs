@@ -91,7 +91,14 @@ pub struct Metrics {
     refused: Family<RefusedLabels, PromCounter>,
     filtered: Family<RelayLabel, PromCounter>,
     resyncs: Family<ResyncLabels, PromCounter>,
+    /// Per target: requests failed in a row since its last delivery (for `/readyz`).
+    failing: std::sync::Mutex<std::collections::BTreeMap<String, u64>>,
+    /// Whether the relay has subscribed to the hub.
+    subscribed: std::sync::atomic::AtomicBool,
 }
+
+/// Requests in a row to one target that fail before `/readyz` says not ready.
+pub const NOT_READY_AFTER_FAILURES: u64 = 3;
 
 impl Metrics {
     /// Counters of the relay `relay` (`webhook`, `klm`).
@@ -106,6 +113,8 @@ impl Metrics {
             refused: Family::default(),
             filtered: Family::default(),
             resyncs: Family::default(),
+            failing: Default::default(),
+            subscribed: Default::default(),
         };
         registry.register(
             "delivered",
@@ -165,6 +174,35 @@ impl Metrics {
     /// Adds `n` to a counter of `target`.
     pub fn add(&self, counter: Counter, target: &str, n: u64) {
         self.family(counter).get_or_create(&self.target(target)).inc_by(n);
+        if let Ok(mut f) = self.failing.lock() {
+            match counter {
+                Counter::Retries => *f.entry(target.to_string()).or_default() += n,
+                Counter::Delivered | Counter::Skipped4xx => {
+                    f.remove(target);
+                }
+            }
+        }
+    }
+
+    /// Marks the relay subscribed to the hub.
+    pub fn set_subscribed(&self) {
+        self.subscribed.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// `/readyz`: ready once subscribed, while no target failed
+    /// [`NOT_READY_AFTER_FAILURES`] requests in a row (the relay retries them and delivers
+    /// nothing meanwhile). `Err` says why not.
+    pub fn readiness(&self) -> Result<(), String> {
+        if !self.subscribed.load(std::sync::atomic::Ordering::Relaxed) {
+            return Err("not subscribed to the hub yet".into());
+        }
+        let f = self.failing.lock().map_err(|_| "state poisoned".to_string())?;
+        let failing: Vec<String> = f
+            .iter()
+            .filter(|(_, n)| **n >= NOT_READY_AFTER_FAILURES)
+            .map(|(t, n)| format!("{t}: {n} requests failed in a row (retried; see the relay log)"))
+            .collect();
+        if failing.is_empty() { Ok(()) } else { Err(failing.join("; ")) }
     }
 
     /// Counts an event not sent to `target` (empty when there is none) for `why`.

@@ -155,11 +155,24 @@ async fn relay_klm_speaks_the_listener_contract_across_restart_and_outage() {
     apply_json(&kc, &configmap("kyma-system", "d", "1"));
     let saw_404 = eventually(WAIT, || listener.refused().iter().any(|(s, _)| *s == 404)).await;
     assert!(saw_404, "{}", relay.stderr());
-    let retried_404 = eventually(WAIT, || listener.refused().iter().filter(|(s, _)| *s == 404).count() >= 2).await;
+    let retried_404 = eventually(WAIT, || listener.refused().iter().filter(|(s, _)| *s == 404).count() >= 3).await;
     assert!(retried_404, "{:?}\n{}", listener.refused(), relay.stderr());
+    // Meanwhile the relay is not ready, and says which target fails.
+    let not_ready = eventually(WAIT, || {
+        tokio::task::block_in_place(|| tokio::runtime::Handle::current().block_on(http_get(metrics_port, "/readyz")))
+            .contains("requests failed in a row")
+    })
+    .await;
+    assert!(not_ready, "{}", http_get(metrics_port, "/readyz").await);
     listener.set_status(None);
     want.insert(cm_request("d"));
     wait_requests(&listener, &want, &relay).await;
+    let ready = eventually(WAIT, || {
+        tokio::task::block_in_place(|| tokio::runtime::Handle::current().block_on(http_get(metrics_port, "/readyz")))
+            .starts_with("ready")
+    })
+    .await;
+    assert!(ready, "{}", http_get(metrics_port, "/readyz").await);
 
     // A deletion is an event too.
     let before = listener.received().len();
