@@ -755,6 +755,24 @@ fn cert_manager_certificates_carry_the_spiffe_identity_and_renew_early() {
 fn chart_values_that_cannot_work_are_refused() {
     let err = helm_template("fleetwatch", "fleetwatch-system", &["hub.replicas=3"]).unwrap_err();
     assert!(err.contains("hub.replicas > 1 needs hub.bus=nats"), "{err}");
+    // The agent chart refuses watch.rules granting Secrets (core group, or *), and says why,
+    // unless watch.allowSecrets is set.
+    for (groups, resources) in [("", "secrets"), ("*", "secrets"), ("", "*")] {
+        let g = format!("watch.rules[0].apiGroups[0]={groups}");
+        let r = format!("watch.rules[0].resources[0]={resources}");
+        let err = helm_template("fleetwatch-agent", "fleetwatch-agent", &[&g, &r]).unwrap_err();
+        assert!(err.contains("grants reading Secrets") && err.contains("watch.allowSecrets: true"), "{err}");
+        let ok = helm_template("fleetwatch-agent", "fleetwatch-agent", &[&g, &r, "watch.allowSecrets=true"]).unwrap();
+        let role = find(&ok, "ClusterRole", "fleetwatch-agent");
+        assert!(role["rules"].as_array().unwrap().iter().any(|r| r["resources"] == json!([resources])), "{role}");
+    }
+    // Another group's "secrets" (not core Secrets) and the default are fine.
+    helm_template(
+        "fleetwatch-agent",
+        "fleetwatch-agent",
+        &["watch.rules[0].apiGroups[0]=example.com", "watch.rules[0].resources[0]=secrets"],
+    )
+    .unwrap();
     // Several hubs on JetStream: a Deployment with the bus flags and a disruption budget.
     let cp = helm_template(
         "fleetwatch",
