@@ -692,11 +692,14 @@ async fn housekeeping(ctx: Arc<Context>, shutdown: CancellationToken) {
                 match sessions.access.reload_if_changed() {
                     access::Reload::Replaced => {
                         let subscribers = sessions.access.current().map(|p| p.len()).unwrap_or_default();
+                        sessions.metrics.access_policy_stale.set(0);
                         tracing::info!(subscribers, "reloaded the subscriber access policy");
                         ctx.close_ungranted();
                     }
                     access::Reload::Unchanged => {}
                     access::Reload::Failed(e) => {
+                        // Before the log line: whoever reads the line finds the metric set.
+                        sessions.metrics.access_policy_stale.set(1);
                         tracing::error!(
                             error = %e,
                             "subscriber access policy cannot be used; the last good policy stays in force (not ready)"

@@ -164,6 +164,8 @@ async fn the_access_policy_separates_subscribers() {
     .await;
     assert!(not_ready, "{}\n{}", block(http_get(hub.admin_port, "/readyz")), hub.proc.stderr());
     assert!(hub.proc.stderr().lines().any(|l| l.contains("ERROR") && l.contains("access policy")));
+    let metrics = http_get(hub.admin_port, "/metrics").await;
+    assert!(metrics.contains("\nfleetwatch_hub_access_policy_stale 1\n"), "{metrics}");
     let mut ops2 = subscribe(&pki, hub.port, "ops", r#""from":"earliest""#).await;
     read_events(&mut ops2, |e| e.iter().any(|e| e.cluster == "b-1")).await;
 
@@ -175,6 +177,8 @@ async fn the_access_policy_separates_subscribers() {
     let ready =
         eventually(Duration::from_secs(20), || block(http_get(hub.admin_port, "/readyz")).starts_with("ready")).await;
     assert!(ready, "{}", block(http_get(hub.admin_port, "/readyz")));
+    let metrics = http_get(hub.admin_port, "/metrics").await;
+    assert!(metrics.contains("\nfleetwatch_hub_access_policy_stale 0\n"), "{metrics}");
 }
 
 /// Without a policy the hub says at start that every subscriber reads every cluster; a
