@@ -71,6 +71,22 @@ struct CommonArgs {
     /// failed 3 requests in a row (retried, nothing delivered meanwhile).
     #[arg(long, env = "FLEETWATCH_METRICS_LISTEN")]
     metrics_listen: Option<std::net::SocketAddr>,
+    /// Keep what the target refuses for good (400, 413, 422) in DIR/<relay>.jsonl (one JSON
+    /// line per request: target, status, answer, request) and acknowledge it only then.
+    /// Without it such events are skipped and counted (fleetwatch_relay_skipped_4xx_total).
+    #[arg(long, env = "FLEETWATCH_DEAD_LETTER", value_name = "DIR")]
+    dead_letter: Option<std::path::PathBuf>,
+    /// Most bytes of the dead-letter file. When the next line would pass it, the relay stops
+    /// acknowledging and retries (the events wait at the hub) until the file is moved away.
+    #[arg(long, env = "FLEETWATCH_DEAD_LETTER_MAX_BYTES", default_value_t = 64 << 20)]
+    dead_letter_max_bytes: u64,
+}
+
+/// The dead-letter file of `relay`, when --dead-letter is given.
+fn dead_letter(c: &CommonArgs, relay: &str) -> anyhow::Result<Option<Arc<fleetwatch_relay::dead_letter::DeadLetter>>> {
+    let Some(dir) = &c.dead_letter else { return Ok(None) };
+    let dl = fleetwatch_relay::dead_letter::DeadLetter::open(dir, relay, c.dead_letter_max_bytes)?;
+    Ok(Some(Arc::new(dl)))
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -230,6 +246,7 @@ async fn run_webhook(a: WebhookArgs) -> anyhow::Result<()> {
     cfg.batch = usize::from(a.batch);
     cfg.max_batch_bytes = a.batch_max_bytes.max(1024);
     cfg.types = a.types;
+    cfg.dead_letter = dead_letter(&a.common, "webhook")?;
     if let Some(path) = &a.hmac_secret_file {
         let secret =
             std::fs::read(path).with_context(|| format!("cannot read --hmac-secret-file {}", path.display()))?;
@@ -289,7 +306,12 @@ async fn run_klm(a: KlmArgs) -> anyhow::Result<()> {
         }
         tracing::info!(routes = routes_rx.borrow().by_watch.len(), "routes from Watchers ready");
     }
-    let cfg = KlmConfig { watches: a.watches, max_known: a.max_known_objects, ..KlmConfig::default() };
+    let cfg = KlmConfig {
+        watches: a.watches,
+        max_known: a.max_known_objects,
+        dead_letter: dead_letter(&a.common, "klm")?,
+        ..KlmConfig::default()
+    };
     let mut sink = KlmSink::new(cfg, client, Arc::new(identity), routes_rx, metrics.clone());
     let span = tracing::info_span!("relay", relay = "klm");
     pump_into(&a.common, &metrics, &mut sink, &shutdown).instrument(span).await

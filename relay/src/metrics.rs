@@ -30,8 +30,10 @@ pub enum Counter {
     Delivered,
     /// Failed for a passing reason, retried.
     Retries,
-    /// Refused for good by the target (4xx), skipped.
+    /// Refused for good by the target (400, 413, 422), skipped.
     Skipped4xx,
+    /// Refused for good by the target and kept in the dead-letter file.
+    DeadLettered,
 }
 
 /// Why the relay did not send an event.
@@ -88,6 +90,7 @@ pub struct Metrics {
     delivered: Family<TargetLabels, PromCounter>,
     retries: Family<TargetLabels, PromCounter>,
     skipped_4xx: Family<TargetLabels, PromCounter>,
+    dead_lettered: Family<TargetLabels, PromCounter>,
     refused: Family<RefusedLabels, PromCounter>,
     filtered: Family<RelayLabel, PromCounter>,
     resyncs: Family<ResyncLabels, PromCounter>,
@@ -110,6 +113,7 @@ impl Metrics {
             delivered: Family::default(),
             retries: Family::default(),
             skipped_4xx: Family::default(),
+            dead_lettered: Family::default(),
             refused: Family::default(),
             filtered: Family::default(),
             resyncs: Family::default(),
@@ -130,6 +134,11 @@ impl Metrics {
             "skipped_4xx",
             "Events the target refused for good (400, 413, 422), logged once per cause and skipped",
             m.skipped_4xx.clone(),
+        );
+        registry.register(
+            "dead_lettered",
+            "Requests the target refused for good (400, 413, 422), kept in the --dead-letter file, then acknowledged",
+            m.dead_lettered.clone(),
         );
         registry.register("refused", "Events the relay did not send (too large, no identity)", m.refused.clone());
         registry.register(
@@ -152,6 +161,7 @@ impl Metrics {
             Counter::Delivered => &self.delivered,
             Counter::Retries => &self.retries,
             Counter::Skipped4xx => &self.skipped_4xx,
+            Counter::DeadLettered => &self.dead_lettered,
         }
     }
 
@@ -165,7 +175,7 @@ impl Metrics {
 
     /// Makes `target`'s counters exist (at 0), so every family is served from the start.
     pub fn register_target(&self, target: &str) {
-        for k in [Counter::Delivered, Counter::Retries, Counter::Skipped4xx] {
+        for k in [Counter::Delivered, Counter::Retries, Counter::Skipped4xx, Counter::DeadLettered] {
             let _ = self.family(k).get_or_create(&self.target(target));
         }
         let _ = self.refused.get_or_create(&self.refusal(Refused::TooLarge, target));
@@ -177,7 +187,7 @@ impl Metrics {
         if let Ok(mut f) = self.failing.lock() {
             match counter {
                 Counter::Retries => *f.entry(target.to_string()).or_default() += n,
-                Counter::Delivered | Counter::Skipped4xx => {
+                Counter::Delivered | Counter::Skipped4xx | Counter::DeadLettered => {
                     f.remove(target);
                 }
             }

@@ -34,12 +34,16 @@ fn body(ns: &str, name: &str, kind: &str) -> serde_json::Value {
 }
 
 fn klm_sink(target: &str, metrics: Arc<Metrics>) -> KlmSink {
+    klm_sink_with(target, metrics, KlmConfig::default())
+}
+
+fn klm_sink_with(target: &str, metrics: Arc<Metrics>, cfg: KlmConfig) -> KlmSink {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let route = Route { target: target.into(), component: "lifecycle-manager".into() };
     let (_tx, rx) = tokio::sync::watch::channel(Arc::new(Routes::single(route)));
     std::mem::forget(_tx);
     let identity = Arc::new(IdentityMinter::ephemeral(IdentityOptions::default()).unwrap());
-    KlmSink::new(KlmConfig::default(), client(&HttpOptions::default()).unwrap(), identity, rx, metrics)
+    KlmSink::new(cfg, client(&HttpOptions::default()).unwrap(), identity, rx, metrics)
 }
 
 #[tokio::test]
@@ -115,6 +119,26 @@ async fn klm_retries_routing_4xx_skips_bad_requests_and_refuses_bodies_over_the_
     listener.set_status(Some(422));
     assert_eq!(sink.deliver(&d).await.unwrap(), Accepted::All);
     assert_eq!(metrics.get(Counter::Skipped4xx, &format!("{}/v2/lifecycle-manager/event", listener.url())), 1);
+    // With a dead-letter file: kept there, then acknowledged; once the file is full, not
+    // acknowledged (retried) instead of dropped.
+    let dir = tempfile::tempdir().unwrap();
+    let dl = Arc::new(fleetwatch_relay::dead_letter::DeadLetter::open(dir.path(), "klm", 600).unwrap());
+    let cfg = KlmConfig { dead_letter: Some(dl.clone()), ..KlmConfig::default() };
+    let mut kept = klm_sink_with(&listener.url(), metrics.clone(), cfg);
+    assert_eq!(kept.deliver(&d).await.unwrap(), Accepted::All);
+    let line = std::fs::read_to_string(dl.path()).unwrap();
+    assert!(line.contains("\"status\":422") && line.contains("kyma-system"), "{line}");
+    let listener_url = format!("{}/v2/lifecycle-manager/event", listener.url());
+    assert_eq!(metrics.get(Counter::DeadLettered, &listener_url), 1);
+    let mut full = None;
+    for _ in 0..5 {
+        if let Err(e) = kept.deliver(&d).await {
+            full = Some(e.to_string());
+            break;
+        }
+    }
+    let full = full.expect("a full dead-letter file stops acknowledging");
+    assert!(full.contains("is full") && full.contains("422"), "{full}");
     listener.set_status(None);
     let refused_before = listener.refused().len();
 
