@@ -76,7 +76,7 @@ fn assert_contract(l: &KlmListener) {
         let keys: BTreeSet<_> = r.body.as_object().unwrap().keys().cloned().collect();
         assert_eq!(keys, BTreeSet::from(["watched".to_string(), "watchedGvk".to_string()]), "{}", r.body);
     }
-    assert!(l.refused().iter().all(|(s, _)| *s == 503 || *s == 404), "refused: {:?}", l.refused());
+    assert!(l.refused().iter().all(|(s, _)| [503, 404, 422].contains(s)), "refused: {:?}", l.refused());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -115,6 +115,8 @@ async fn relay_klm_speaks_the_listener_contract_across_restart_and_outage() {
         "3".into(),
         "--metrics-listen".into(),
         format!("127.0.0.1:{metrics_port}"),
+        "--dead-letter".into(),
+        pki.path("dead-letter").display().to_string(),
     ];
     let relay = relay_proc(&pki, "klm", &hub.url(), "klm", &relay_args);
 
@@ -173,6 +175,20 @@ async fn relay_klm_speaks_the_listener_contract_across_restart_and_outage() {
     })
     .await;
     assert!(ready, "{}", http_get(metrics_port, "/readyz").await);
+
+    // Refused for good (422): kept in the dead-letter file with the answer, then acknowledged
+    // (the next change still arrives).
+    listener.set_status(Some(422));
+    apply_json(&kc, &configmap("kyma-system", "e", "1"));
+    let dead_letter = pki.path("dead-letter").join("klm.jsonl");
+    let kept = eventually(WAIT, || std::fs::read_to_string(&dead_letter).is_ok_and(|t| t.contains("\"e\""))).await;
+    assert!(kept, "{}", relay.stderr());
+    let line = std::fs::read_to_string(&dead_letter).unwrap();
+    assert!(line.contains("\"status\":422") && line.contains("answered as told"), "{line}");
+    listener.set_status(None);
+    apply_json(&kc, &configmap("kyma-system", "f", "1"));
+    want.insert(cm_request("f"));
+    wait_requests(&listener, &want, &relay).await;
 
     // A deletion is an event too.
     let before = listener.received().len();
