@@ -77,7 +77,10 @@ pub struct HubArgs {
     /// events down (`data.truncated`) instead of sending them.
     #[arg(long, env = "FLEETWATCH_MAX_EVENT_BYTES", default_value_t = 64 << 10)]
     max_event_bytes: usize,
-    /// Seconds allowed for the TLS + WebSocket handshake and the first message.
+    /// Seconds allowed for the TLS + WebSocket handshake and the first message. Shortened
+    /// to 2 s for connections accepted while idle sockets (connected, nothing sent) hold
+    /// over half of --max-handshakes; when that budget is used up the oldest idle socket
+    /// is closed to admit the next connection.
     #[arg(long, env = "FLEETWATCH_HANDSHAKE_TIMEOUT", default_value_t = 10.0)]
     handshake_timeout: f64,
     /// Seconds of silence after which a session is closed (the hub pings at a third of it).
@@ -104,6 +107,21 @@ pub struct HubArgs {
     /// certificates; a denied peer is refused and its open session closed.
     #[arg(long, env = "FLEETWATCH_DENY_LIST")]
     deny_list: Option<PathBuf>,
+    /// Subscriber access policy (YAML): per subscriber name, the cluster id globs, optional
+    /// CloudEvents type globs and JSON pointers redacted from event data. A subscriber it
+    /// does not name is refused, one asking for clusters outside its grant too; without a
+    /// cluster filter it gets exactly its granted clusters. Re-read when its content
+    /// changes; a file that breaks later keeps the last good policy and makes the hub not
+    /// ready. Without it every subscriber certificate reads every cluster (said at start).
+    /// Format: docs/deploy.md, "Subscriber access policy".
+    #[arg(long, env = "FLEETWATCH_ACCESS_POLICY", value_name = "FILE")]
+    access_policy: Option<PathBuf>,
+    /// Most live sessions of one subscriber identity. A session past it closes one of the
+    /// identity's older sessions: the oldest that is not reading (events sent, none acked)
+    /// first, else the oldest, so a reconnecting client always gets back in and one
+    /// certificate cannot hold unbounded hub memory.
+    #[arg(long, env = "FLEETWATCH_MAX_SESSIONS_PER_SUBSCRIBER", default_value_t = 8)]
+    max_sessions_per_subscriber: usize,
     /// Most sessions: connections that completed the TLS and WebSocket handshakes (default
     /// 50000). Lowered at start to what the open-file limit allows (the hub raises its soft
     /// limit to the hard one); a WARN says so when the value was given, an INFO for the
@@ -261,6 +279,11 @@ pub async fn run(args: HubArgs) -> anyhow::Result<()> {
     config.max_handshakes_per_ip = args.max_handshakes_per_ip.max(1);
     config.subscriber_stall_timeout = secs("subscriber-stall-timeout", args.subscriber_stall_timeout)?;
     config.deny_list = args.deny_list;
+    config.access_policy = args.access_policy;
+    if args.max_sessions_per_subscriber == 0 {
+        anyhow::bail!("--max-sessions-per-subscriber must be at least 1");
+    }
+    config.max_sessions_per_subscriber = args.max_sessions_per_subscriber;
     config.tls_reload_interval = secs("tls-reload-interval", args.tls_reload_interval)?;
     config.bind_retry = args.bind_retry.map(|s| secs("bind-retry", s)).transpose()?;
     use fleetwatch_hub::watch_source::WatchSource;

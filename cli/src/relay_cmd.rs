@@ -66,9 +66,27 @@ struct CommonArgs {
     #[arg(long, env = "FLEETWATCH_TARGET_TIMEOUT", default_value_t = 10.0)]
     target_timeout: f64,
     /// Serve `/metrics` (Prometheus text: delivered, retried, skipped-4xx, refused events
-    /// by target) and `/healthz` on this plain-HTTP address.
+    /// by target), `/healthz` and `/readyz` on this plain-HTTP address. `/readyz` answers
+    /// 503 with the cause until the relay has subscribed to the hub, and while a target
+    /// failed 3 requests in a row (retried, nothing delivered meanwhile).
     #[arg(long, env = "FLEETWATCH_METRICS_LISTEN")]
     metrics_listen: Option<std::net::SocketAddr>,
+    /// Keep what the target refuses for good (400, 413, 422) in DIR/<relay>.jsonl (one JSON
+    /// line per request: target, status, answer, request) and acknowledge it only then.
+    /// Without it such events are skipped and counted (fleetwatch_relay_skipped_4xx_total).
+    #[arg(long, env = "FLEETWATCH_DEAD_LETTER", value_name = "DIR")]
+    dead_letter: Option<std::path::PathBuf>,
+    /// Most bytes of the dead-letter file. When the next line would pass it, the relay stops
+    /// acknowledging and retries (the events wait at the hub) until the file is moved away.
+    #[arg(long, env = "FLEETWATCH_DEAD_LETTER_MAX_BYTES", default_value_t = 64 << 20)]
+    dead_letter_max_bytes: u64,
+}
+
+/// The dead-letter file of `relay`, when --dead-letter is given.
+fn dead_letter(c: &CommonArgs, relay: &str) -> anyhow::Result<Option<Arc<fleetwatch_relay::dead_letter::DeadLetter>>> {
+    let Some(dir) = &c.dead_letter else { return Ok(None) };
+    let dl = fleetwatch_relay::dead_letter::DeadLetter::open(dir, relay, c.dead_letter_max_bytes)?;
+    Ok(Some(Arc::new(dl)))
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -173,8 +191,21 @@ async fn serve_metrics(
 ) -> anyhow::Result<()> {
     let Some(addr) = addr else { return Ok(()) };
     let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("cannot listen on {addr}"))?;
+    let ready_metrics = metrics.clone();
     let app = axum::Router::new()
         .route("/healthz", axum::routing::get(|| async { "ok\n" }))
+        .route(
+            "/readyz",
+            axum::routing::get(move || {
+                let m = ready_metrics.clone();
+                async move {
+                    match m.readiness() {
+                        Ok(()) => (axum::http::StatusCode::OK, "ready\n".to_string()),
+                        Err(why) => (axum::http::StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {why}\n")),
+                    }
+                }
+            }),
+        )
         .route("/metrics", crate::metrics_route::route(move || metrics.encode()));
     tokio::spawn(async move { axum::serve(listener, app).with_graceful_shutdown(shutdown.cancelled_owned()).await });
     Ok(())
@@ -183,6 +214,7 @@ async fn serve_metrics(
 /// Subscribes and pumps deliveries into `sink` until a signal.
 async fn pump_into<S: Sink>(
     c: &CommonArgs,
+    metrics: &Metrics,
     sink: &mut S,
     shutdown: &tokio_util::sync::CancellationToken,
 ) -> anyhow::Result<()> {
@@ -199,6 +231,7 @@ async fn pump_into<S: Sink>(
     // a restart short.
     opts.max_in_flight = 1_000;
     let mut sub = Subscription::connect(opts).await.context("cannot subscribe")?;
+    metrics.set_subscribed();
     println!("relay {} running", sink.name());
     let result = pump(&mut sub, sink, shutdown).await;
     sub.close().await;
@@ -213,6 +246,7 @@ async fn run_webhook(a: WebhookArgs) -> anyhow::Result<()> {
     cfg.batch = usize::from(a.batch);
     cfg.max_batch_bytes = a.batch_max_bytes.max(1024);
     cfg.types = a.types;
+    cfg.dead_letter = dead_letter(&a.common, "webhook")?;
     if let Some(path) = &a.hmac_secret_file {
         let secret =
             std::fs::read(path).with_context(|| format!("cannot read --hmac-secret-file {}", path.display()))?;
@@ -224,9 +258,9 @@ async fn run_webhook(a: WebhookArgs) -> anyhow::Result<()> {
     let metrics = Arc::new(Metrics::new("webhook"));
     let shutdown = crate::shutdown_on_signals();
     serve_metrics(a.common.metrics_listen, metrics.clone(), shutdown.clone()).await?;
-    let mut sink = WebhookSink::new(cfg, client, metrics);
+    let mut sink = WebhookSink::new(cfg, client, metrics.clone());
     let span = tracing::info_span!("relay", relay = "webhook", target = %a.target);
-    pump_into(&a.common, &mut sink, &shutdown).instrument(span).await
+    pump_into(&a.common, &metrics, &mut sink, &shutdown).instrument(span).await
 }
 
 async fn run_klm(a: KlmArgs) -> anyhow::Result<()> {
@@ -272,8 +306,13 @@ async fn run_klm(a: KlmArgs) -> anyhow::Result<()> {
         }
         tracing::info!(routes = routes_rx.borrow().by_watch.len(), "routes from Watchers ready");
     }
-    let cfg = KlmConfig { watches: a.watches, max_known: a.max_known_objects, ..KlmConfig::default() };
-    let mut sink = KlmSink::new(cfg, client, Arc::new(identity), routes_rx, metrics);
+    let cfg = KlmConfig {
+        watches: a.watches,
+        max_known: a.max_known_objects,
+        dead_letter: dead_letter(&a.common, "klm")?,
+        ..KlmConfig::default()
+    };
+    let mut sink = KlmSink::new(cfg, client, Arc::new(identity), routes_rx, metrics.clone());
     let span = tracing::info_span!("relay", relay = "klm");
-    pump_into(&a.common, &mut sink, &shutdown).instrument(span).await
+    pump_into(&a.common, &metrics, &mut sink, &shutdown).instrument(span).await
 }

@@ -166,6 +166,11 @@ fn check_ports(ports: &[(u16, &str)]) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The sandbox's subscriber access policy: the lifecycle operator and `ops` (the `tail`
+/// certificate it prints) read every cluster.
+const SANDBOX_ACCESS_POLICY: &str =
+    "subscribers:\n  - name: lifecycle\n    clusters: [\"*\"]\n  - name: ops\n    clusters: [\"*\"]\n";
+
 const FOLDER_README: &str = "This folder belongs to `fleetwatch up` (the local sandbox).\n\n\
 - The simulated clusters (control plane and runtimes) live in memory: they start empty and are\n  \
   set up afresh at every `fleetwatch up`; whatever you changed in them is gone after a restart.\n\
@@ -268,6 +273,12 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     hub_cfg.admin_listen = Some(std::net::SocketAddr::from(([127, 0, 0, 1], args.admin_port)));
     hub_cfg.data_dir = Some(dir.join("hub-data"));
     hub_cfg.watch_source = fleetwatch_hub::watch_source::WatchSource::ControlPlane(Some(cp_kc.clone()));
+    // Least privilege as in the chart: the subscribers the sandbox issues certificates for
+    // read everything, any other subscriber is refused (edit the file: it is re-read).
+    let policy = dir.join("access-policy.yaml");
+    std::fs::write(&policy, SANDBOX_ACCESS_POLICY)
+        .with_context(|| format!("cannot write the access policy {}", policy.display()))?;
+    hub_cfg.access_policy = Some(policy);
     let hub = Hub::bind(hub_cfg).await.context("cannot start the hub (is another sandbox running? see --hub-port)")?;
     let hub_url: fleetwatch_client::transport::HubUrl = format!("wss://{}", hub.local_addr()).parse()?;
     let admin = hub.admin_addr().context("admin address")?;

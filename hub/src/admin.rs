@@ -38,6 +38,8 @@ pub(crate) struct Admin {
     overview: Arc<tokio::sync::watch::Sender<Arc<str>>>,
     /// Places for followers of the live overview.
     streams: Arc<tokio::sync::Semaphore>,
+    /// Browser sessions and the login rate limit.
+    logins: Arc<crate::admin_login::Logins>,
 }
 
 impl FromRef<Admin> for Arc<Context> {
@@ -83,19 +85,37 @@ fn router(admin: Admin) -> Router {
         }
         app = app.route(path, handler);
     }
-    app.layer(axum::middleware::from_fn_with_state(admin.clone(), authenticate)).with_state(admin)
+    app.layer(axum::middleware::from_fn_with_state(admin.clone(), authenticate))
+        .layer(axum::middleware::map_response(nosniff))
+        .with_state(admin)
+}
+
+/// Every answer, errors and redirects included, says `X-Content-Type-Options: nosniff`.
+async fn nosniff(mut resp: Response) -> Response {
+    resp.headers_mut().entry(header::X_CONTENT_TYPE_OPTIONS).or_insert(header::HeaderValue::from_static("nosniff"));
+    resp
+}
+
+/// The client address of an admin request (plain or TLS listener).
+fn client_ip(req: &Request) -> std::net::IpAddr {
+    let ext = req.extensions();
+    ext.get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+        .map(|c| c.0.ip())
+        .or_else(|| ext.get::<axum::extract::ConnectInfo<crate::admin_tls::AdminPeer>>().map(|c| c.0.addr.ip()))
+        // Unknown: one shared budget (never none).
+        .unwrap_or(std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED))
 }
 
 /// Lets a request through when [`admin_auth::allowed`] says so, else 401.
 async fn authenticate(State(admin): State<Admin>, req: Request, next: Next) -> Response {
     let headers = req.headers();
     let text = |name| headers.get(name).and_then(|v: &header::HeaderValue| v.to_str().ok());
-    let ok = admin_auth::allowed(
-        req.uri().path(),
-        admin.ctx.admin_token.as_ref(),
-        text(header::AUTHORIZATION),
-        text(header::COOKIE),
-    );
+    // The bearer token, or a browser session's cookie (a random id, never the token).
+    let token = admin.ctx.admin_token.as_ref();
+    let ok = admin_auth::allowed(req.uri().path(), token, text(header::AUTHORIZATION), None)
+        || token.is_some_and(|t| {
+            admin_auth::presented(None, text(header::COOKIE)).is_some_and(|id| admin.logins.valid(id, t))
+        });
     // With --admin-client-ca, the rest needs a verified client certificate as well; a
     // connection whose peer is unknown counts as without one.
     let peer = req.extensions().get::<axum::extract::ConnectInfo<crate::admin_tls::AdminPeer>>().map(|p| p.0);
@@ -131,8 +151,25 @@ pub(crate) async fn serve(listener: TcpListener, ctx: Arc<Context>, shutdown: Ca
         rates: Arc::new(Mutex::new(Rates::default())),
         overview: Arc::new(tokio::sync::watch::channel(Arc::from("")).0),
         streams: Arc::new(tokio::sync::Semaphore::new(MAX_STREAMS)),
+        logins: Arc::default(),
     };
     tokio::spawn(follow_overview(admin.clone(), shutdown.clone()));
+    // Wrong admin tokens: one summary line per window.
+    let (logins, stop) = (admin.logins.clone(), shutdown.clone());
+    tokio::spawn(async move {
+        let mut every = tokio::time::interval(crate::admin_login::WINDOW);
+        every.tick().await;
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = every.tick() => {
+                    if let Some(line) = logins.take_summary() {
+                        tracing::warn!("{line}");
+                    }
+                }
+            }
+        }
+    });
     let app = router(admin);
     let result = match ctx.admin_tls.clone() {
         Some(tls) => {
@@ -140,7 +177,10 @@ pub(crate) async fn serve(listener: TcpListener, ctx: Arc<Context>, shutdown: Ca
             let app = app.into_make_service_with_connect_info::<crate::admin_tls::AdminPeer>();
             axum::serve(listener, app).with_graceful_shutdown(shutdown.cancelled_owned()).await
         }
-        None => axum::serve(listener, app).with_graceful_shutdown(shutdown.cancelled_owned()).await,
+        None => {
+            let app = app.into_make_service_with_connect_info::<std::net::SocketAddr>();
+            axum::serve(listener, app).with_graceful_shutdown(shutdown.cancelled_owned()).await
+        }
     };
     if let Err(e) = result {
         tracing::error!(error = %e, "admin endpoint failed");
@@ -482,7 +522,32 @@ async fn subscriptions(ctx: &Context) -> Vec<crate::metrics::Subscription> {
 
 async fn subscriptions_handler(State(ctx): State<Arc<Context>>) -> impl IntoResponse {
     let subs = subscriptions(&ctx).await;
-    axum::Json(serde_json::json!({ "lastOffset": ctx.sessions.bus.last_offset(), "subscriptions": subs }))
+    let access = &ctx.sessions.access;
+    let policy = access.current();
+    // Each subscription with what the policy grants its subscriber (none: refused).
+    let subs: Vec<serde_json::Value> = subs
+        .iter()
+        .map(|s| {
+            let mut v = serde_json::to_value(s).unwrap_or_default();
+            if let (Some(p), Some(obj)) = (&policy, v.as_object_mut()) {
+                obj.insert("grant".into(), serde_json::to_value(p.grant(&s.subscriber).as_deref()).unwrap_or_default());
+            }
+            v
+        })
+        .collect();
+    let access_policy = match &policy {
+        Some(p) => serde_json::json!({
+            "file": access.path().map(|p| p.display().to_string()),
+            "stale": access.stale(),
+            "grants": p.grants().collect::<Vec<_>>(),
+        }),
+        None => serde_json::Value::Null,
+    };
+    axum::Json(serde_json::json!({
+        "lastOffset": ctx.sessions.bus.last_offset(),
+        "accessPolicy": access_policy,
+        "subscriptions": subs,
+    }))
 }
 
 async fn runtimes(State(ctx): State<Arc<Context>>) -> impl IntoResponse {
@@ -644,18 +709,36 @@ struct LoginForm {
     token: String,
 }
 
-/// Checks a token typed into the login page and keeps it in an HTTP-only cookie.
-async fn login(State(ctx): State<Arc<Context>>, form: axum::Form<LoginForm>) -> Response {
-    let token = form.token.trim();
-    let Some(expected) = ctx.admin_token.as_ref() else {
+/// Checks a token typed into the login page and opens a browser session: the HTTP-only
+/// cookie carries a random session id, not the token. Wrong tokens are rate-limited per
+/// client address (see `admin_login`).
+async fn login(State(admin): State<Admin>, req: Request) -> Response {
+    use axum::extract::FromRequest;
+    let ip = client_ip(&req);
+    let Some(expected) = admin.ctx.admin_token.as_ref() else {
         return Redirect::to("/").into_response();
     };
+    if let crate::admin_login::Gate::Limited(wait) = admin.logins.gate(ip) {
+        let secs = wait.as_secs().max(1).to_string();
+        let msg = format!(
+            "too many wrong admin tokens from {ip}: at most {} a minute; retry in {secs}s\n",
+            crate::admin_login::FAILURES_PER_WINDOW
+        );
+        return (StatusCode::TOO_MANY_REQUESTS, [(header::RETRY_AFTER, secs)], msg).into_response();
+    }
+    let form = match axum::Form::<LoginForm>::from_request(req, &()).await {
+        Ok(f) => f,
+        Err(e) => return e.into_response(),
+    };
+    let token = form.token.trim();
     if !expected.matches(token) {
-        tracing::warn!("admin login with a wrong token");
+        // Counted and summarised once a minute, not logged one line each.
+        admin.logins.failed(ip);
         return (StatusCode::UNAUTHORIZED, page_headers(), Html(LOGIN_HTML)).into_response();
     }
-    let secure = if ctx.admin_tls.is_some() { "; Secure" } else { "" };
-    let cookie = format!("{}={token}; HttpOnly; SameSite=Strict; Path=/{secure}", admin_auth::COOKIE);
+    let id = admin.logins.open(token);
+    let secure = if admin.ctx.admin_tls.is_some() { "; Secure" } else { "" };
+    let cookie = format!("{}={id}; HttpOnly; SameSite=Strict; Path=/{secure}", admin_auth::COOKIE);
     ([(header::SET_COOKIE, cookie)], Redirect::to("/")).into_response()
 }
 

@@ -6,7 +6,15 @@
 //! not accept at all: new connections wait in the kernel's accept queue and are served as
 //! slots free, instead of being reset and backing off (a fleet reconnecting after a hub
 //! restart comes back at handshake speed). Only connections that completed both handshakes
-//! count toward `--max-connections`. Refusals are counted and logged as one summary line
+//! count toward `--max-connections`.
+//!
+//! Sockets that have sent nothing are the cheapest attack on that budget (thousands of
+//! idle TCP connections, no TLS work): a connection that has not sent its first byte is
+//! *idle*. When the budget is used up, the oldest idle connection is closed to make room
+//! for the next one in the accept queue, so real clients (which send their TLS ClientHello
+//! at once) keep moving through; and while idle connections hold over half the budget,
+//! new connections get [`PRESSURE_HANDSHAKE_TIMEOUT`] instead of `--handshake-timeout`.
+//! Refusals are counted and logged as one summary line
 //! per interval, so a scanner cannot flood the log.
 
 use std::collections::{BTreeMap, HashMap};
@@ -16,6 +24,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio_util::sync::CancellationToken;
 
 use crate::metrics::Metrics;
 
@@ -24,6 +33,10 @@ pub(crate) const SUMMARY_INTERVAL: Duration = Duration::from_secs(10);
 
 /// Handshake failures logged one by one per interval before they are only counted.
 const DETAILED_FAILURES_PER_INTERVAL: u64 = 10;
+
+/// The handshake timeout (first byte included) of connections accepted while idle
+/// sockets hold over half the handshake budget.
+pub(crate) const PRESSURE_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Why a connection was turned away before it became a session.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -53,6 +66,26 @@ pub(crate) struct Admission {
     refused: Mutex<BTreeMap<Refusal, u64>>,
     failures: AtomicU64,
     failures_logged: AtomicU64,
+    max_handshakes: usize,
+    /// Accepted connections that have sent nothing yet, oldest first.
+    idle: Mutex<std::collections::VecDeque<(u64, CancellationToken)>>,
+    idle_next: AtomicU64,
+}
+
+/// An idle connection's entry; cancelled when it is closed to make room, removed on drop.
+pub(crate) struct IdleGuard<'a> {
+    admission: &'a Admission,
+    id: u64,
+    /// Cancelled when the connection must close to make room.
+    pub(crate) evicted: CancellationToken,
+}
+
+impl Drop for IdleGuard<'_> {
+    fn drop(&mut self) {
+        if let Ok(mut q) = self.admission.idle.lock() {
+            q.retain(|(id, _)| *id != self.id);
+        }
+    }
 }
 
 /// A place in the global handshake budget, taken before a connection is accepted.
@@ -89,6 +122,52 @@ impl Admission {
             refused: Mutex::new(BTreeMap::new()),
             failures: AtomicU64::new(0),
             failures_logged: AtomicU64::new(0),
+            max_handshakes,
+            idle: Mutex::default(),
+            idle_next: AtomicU64::new(0),
+        }
+    }
+
+    /// A place in the global handshake budget if one is free now.
+    pub(crate) fn try_handshake_permit(&self) -> Option<HandshakePermit> {
+        self.handshakes.clone().try_acquire_owned().ok().map(HandshakePermit)
+    }
+
+    /// Registers a connection that has sent nothing yet.
+    pub(crate) fn idle_begin(&self) -> IdleGuard<'_> {
+        let id = self.idle_next.fetch_add(1, Ordering::Relaxed);
+        let evicted = CancellationToken::new();
+        if let Ok(mut q) = self.idle.lock() {
+            q.push_back((id, evicted.clone()));
+        }
+        IdleGuard { admission: self, id, evicted }
+    }
+
+    /// Closes the oldest connection that has sent nothing (the budget is used up);
+    /// whether there was one.
+    pub(crate) fn evict_oldest_idle(&self) -> bool {
+        let oldest = self.idle.lock().ok().and_then(|mut q| q.pop_front());
+        match oldest {
+            Some((_, token)) => {
+                token.cancel();
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Connections that have sent nothing yet.
+    pub(crate) fn idle_count(&self) -> usize {
+        self.idle.lock().map(|q| q.len()).unwrap_or(0)
+    }
+
+    /// The handshake timeout for a connection accepted now: shortened to
+    /// [`PRESSURE_HANDSHAKE_TIMEOUT`] while idle sockets hold over half the budget.
+    pub(crate) fn handshake_timeout(&self, configured: Duration) -> Duration {
+        if self.idle_count() * 2 > self.max_handshakes {
+            configured.min(PRESSURE_HANDSHAKE_TIMEOUT)
+        } else {
+            configured
         }
     }
 
@@ -283,5 +362,30 @@ mod tests {
         assert!(s + h <= 20_000 - FD_HEADROOM as usize && h == 1024, "{s} {h}");
         let (s, h) = fit_to_fd_limit(50_000, 1024, 1024);
         assert!(s + h <= 1024 - FD_HEADROOM as usize && h >= 1 && s >= 1, "{s} {h}");
+    }
+}
+
+#[cfg(test)]
+mod idle_tests {
+    use super::*;
+
+    #[test]
+    fn the_oldest_idle_connection_goes_first_and_pressure_shortens_the_timeout() {
+        let a = Admission::new(10, 4, 64);
+        let ten = Duration::from_secs(10);
+        let g1 = a.idle_begin();
+        let g2 = a.idle_begin();
+        assert_eq!(a.handshake_timeout(ten), ten, "half the budget is not over half");
+        let g3 = a.idle_begin();
+        assert_eq!(a.handshake_timeout(ten), PRESSURE_HANDSHAKE_TIMEOUT);
+        assert!(a.evict_oldest_idle());
+        assert!(g1.evicted.is_cancelled() && !g2.evicted.is_cancelled());
+        drop(g2);
+        assert_eq!(a.idle_count(), 1);
+        assert!(a.evict_oldest_idle());
+        assert!(g3.evicted.is_cancelled());
+        assert!(!a.evict_oldest_idle());
+        drop((g1, g3));
+        assert_eq!(a.idle_count(), 0);
     }
 }

@@ -38,6 +38,48 @@ pub enum Incoming {
     Idle,
 }
 
+/// Sessions ended for a failure (a bad frame, a refusal) logged one by one per summary
+/// interval; past that they are only counted, by error code, in one summary line (so a
+/// peer sending bad frames in a loop cannot flood the log).
+const DETAILED_FAILURES_PER_INTERVAL: u64 = 20;
+
+/// The failure log's budget for the current interval and what it did not log.
+pub(crate) struct FailureLog {
+    logged: std::sync::atomic::AtomicU64,
+    suppressed: std::sync::Mutex<std::collections::BTreeMap<&'static str, u64>>,
+}
+
+/// The one failure log of the process (sessions of every hub in it share the budget).
+pub(crate) static FAILURE_LOG: FailureLog = FailureLog {
+    logged: std::sync::atomic::AtomicU64::new(0),
+    suppressed: std::sync::Mutex::new(std::collections::BTreeMap::new()),
+};
+
+impl FailureLog {
+    /// Whether a session failure with `code` gets its own line; otherwise it is counted.
+    pub(crate) fn admit(&self, code: ErrorCode) -> bool {
+        if self.logged.fetch_add(1, std::sync::atomic::Ordering::Relaxed) < DETAILED_FAILURES_PER_INTERVAL {
+            return true;
+        }
+        if let Ok(mut m) = self.suppressed.lock() {
+            *m.entry(code.as_str()).or_default() += 1;
+        }
+        false
+    }
+
+    /// The summary of the failures not logged one by one since the last call; resets.
+    pub(crate) fn take_summary(&self) -> Option<String> {
+        self.logged.store(0, std::sync::atomic::Ordering::Relaxed);
+        let m = self.suppressed.lock().map(|mut m| std::mem::take(&mut *m)).unwrap_or_default();
+        let total: u64 = m.values().sum();
+        if total == 0 {
+            return None;
+        }
+        let by: Vec<String> = m.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        Some(format!("{total} more sessions closed for errors, not logged one by one ({})", by.join(", ")))
+    }
+}
+
 /// How a session ends, carried out by [`End::finish`].
 #[derive(Debug)]
 pub(crate) enum End {
@@ -67,7 +109,7 @@ impl End {
             End::Fail(code, msg, close) => {
                 if code == ErrorCode::ShuttingDown || code == ErrorCode::Replaced {
                     tracing::info!(%code, %msg, "closing {role} session");
-                } else {
+                } else if FAILURE_LOG.admit(code) {
                     tracing::warn!(%code, %msg, "closing {role} session");
                 }
                 conn.fail(code, msg, close).await;
@@ -255,5 +297,25 @@ impl Conn {
             while let Some(Ok(_)) = self.ws.next().await {}
         })
         .await;
+    }
+}
+
+#[cfg(test)]
+mod failure_log_tests {
+    use super::*;
+
+    #[test]
+    fn failures_past_the_budget_are_counted_by_code() {
+        let log = FailureLog {
+            logged: std::sync::atomic::AtomicU64::new(0),
+            suppressed: std::sync::Mutex::new(std::collections::BTreeMap::new()),
+        };
+        let admitted = (0..50).filter(|_| log.admit(ErrorCode::Malformed)).count();
+        assert_eq!(admitted as u64, DETAILED_FAILURES_PER_INTERVAL);
+        assert!(!log.admit(ErrorCode::Forbidden));
+        let line = log.take_summary().unwrap();
+        assert!(line.starts_with("31 more sessions closed") && line.contains("forbidden=1"), "{line}");
+        assert!(log.take_summary().is_none());
+        assert!(log.admit(ErrorCode::Forbidden), "a new interval logs again");
     }
 }

@@ -24,8 +24,10 @@
 //! ```
 #![warn(missing_docs)]
 
+pub mod access;
 pub mod admin;
 pub mod admin_auth;
+mod admin_login;
 mod admin_tls;
 mod admission;
 mod agent_session;
@@ -40,6 +42,7 @@ pub mod registry;
 pub mod revocation;
 mod server;
 mod subscriber_session;
+mod subscriber_slots;
 pub mod watch_source;
 mod watch_status;
 
@@ -114,6 +117,11 @@ pub struct HubConfig {
     pub watch_source: watch_source::WatchSource,
     /// Deny list of certificate serials and identities (reloaded with the certificates).
     pub deny_list: Option<PathBuf>,
+    /// Subscriber access policy (see [`access`]); `None`: every subscriber reads every
+    /// cluster. Reloaded with the certificates.
+    pub access_policy: Option<PathBuf>,
+    /// Most live sessions of one subscriber identity.
+    pub max_sessions_per_subscriber: usize,
     /// How long to keep trying a listen address that is in use (`None`: refuse at once).
     /// For a hub restarted on its port while the previous process is still exiting.
     pub bind_retry: Option<Duration>,
@@ -145,6 +153,8 @@ impl HubConfig {
             tls_reload_interval: Duration::from_secs(5),
             watch_source: watch_source::WatchSource::None,
             deny_list: None,
+            access_policy: None,
+            max_sessions_per_subscriber: 8,
             bind_retry: None,
         }
     }
@@ -179,6 +189,9 @@ pub enum HubError {
     /// The deny list cannot be read.
     #[error(transparent)]
     DenyList(#[from] revocation::DenyListError),
+    /// The access policy cannot be read or is invalid.
+    #[error(transparent)]
+    AccessPolicy(#[from] access::AccessPolicyError),
     /// The watch configuration cannot be loaded.
     #[error("watch configuration: {0}")]
     WatchConfig(String),
@@ -198,6 +211,10 @@ pub(crate) struct Sessions {
     pub watches: tokio::sync::watch::Sender<Arc<Vec<fleetwatch_protocol::message::WatchSpec>>>,
     /// The deny list in force.
     pub revocation: revocation::Revocation,
+    /// The subscriber access policy in force.
+    pub access: access::AccessControl,
+    /// Live subscriber sessions per identity (`--max-sessions-per-subscriber`).
+    pub subscriber_slots: subscriber_slots::SubscriberSlots,
 }
 
 /// The limits and timeouts sessions apply (from [`HubConfig`]).
@@ -208,6 +225,7 @@ pub(crate) struct SessionSettings {
     pub idle_timeout: Duration,
     pub max_events_per_sec: u32,
     pub subscriber_stall_timeout: Duration,
+    pub max_sessions_per_subscriber: usize,
 }
 
 impl SessionSettings {
@@ -218,6 +236,7 @@ impl SessionSettings {
             idle_timeout: c.idle_timeout,
             max_events_per_sec: c.max_events_per_sec,
             subscriber_stall_timeout: c.subscriber_stall_timeout,
+            max_sessions_per_subscriber: c.max_sessions_per_subscriber.max(1),
         }
     }
 }
@@ -313,6 +332,20 @@ impl Context {
         }
     }
 
+    /// Closes the session of every subscriber the access policy no longer names (one whose
+    /// filter now reaches outside its grant is ended by its session at its next read).
+    fn close_ungranted(&self) {
+        for (peer, token) in self.sessions.registry.open_connections() {
+            let Ok(identity) = peer.identity.parse::<fleetwatch_protocol::Identity>() else { continue };
+            let fleetwatch_protocol::identity::Role::Subscriber(name) = &identity.role else { continue };
+            if let access::Decision::Refused(why) = self.sessions.access.decide(name) {
+                tracing::warn!(identity = %peer.identity, reason = %why, "closing session");
+                let _ = peer.ended.set(why);
+                token.cancel();
+            }
+        }
+    }
+
     /// Named readiness checks beyond the bus: certificates in force and loadable, deny list
     /// readable, control-plane watch synced (when configured). `Err` says what is wrong.
     pub(crate) fn readiness(&self) -> Vec<(&'static str, Result<(), String>)> {
@@ -328,6 +361,10 @@ impl Context {
         if self.config.deny_list.is_some() {
             let stale = self.sessions.revocation.stale().map(|e| format!("stale, the last good list is in force: {e}"));
             checks.push(("deny-list", stale.map_or(Ok(()), Err)));
+        }
+        if self.config.access_policy.is_some() {
+            let stale = self.sessions.access.stale().map(|e| format!("stale, the last good policy is in force: {e}"));
+            checks.push(("access-policy", stale.map_or(Ok(()), Err)));
         }
         if matches!(self.config.watch_source, watch_source::WatchSource::ControlPlane(_)) {
             let synced = self.watch_synced.synced();
@@ -472,6 +509,17 @@ impl Hub {
         let watch_verdicts = watch_source::Verdicts::default();
         let initial_watches = config.watch_source.initial(&watch_verdicts)?;
         let revocation = revocation::Revocation::load(config.deny_list.clone())?;
+        let access = access::AccessControl::load(config.access_policy.clone())?;
+        match access.current() {
+            Some(policy) => tracing::info!(
+                policy = %config.access_policy.as_deref().map(|p| p.display().to_string()).unwrap_or_default(),
+                subscribers = policy.len(),
+                "subscriber access policy in force: subscribers it does not name are refused"
+            ),
+            None => tracing::warn!(
+                "no subscriber access policy (--access-policy): every subscriber certificate reads every cluster"
+            ),
+        }
         let watch_synced = !matches!(config.watch_source, watch_source::WatchSource::ControlPlane(_));
         // Subscribers of an earlier run may have read up to the log's end: markers already
         // there are never coalesced into (see `SessionRegistry::resync_pending`).
@@ -484,6 +532,8 @@ impl Hub {
             metrics: Metrics::default(),
             watches: tokio::sync::watch::channel(Arc::new(initial_watches)).0,
             revocation,
+            access,
+            subscriber_slots: Default::default(),
         });
         let ctx = Arc::new(Context {
             admission: admission::Admission::new(
@@ -638,6 +688,9 @@ async fn housekeeping(ctx: Arc<Context>, shutdown: CancellationToken) {
                 if let Some(line) = ctx.admission.take_summary() {
                     tracing::warn!("{line}");
                 }
+                if let Some(line) = conn::FAILURE_LOG.take_summary() {
+                    tracing::warn!("{line}");
+                }
             }
             _ = reload.tick() => {
                 let bundles_changed = match ctx.tls.reload_if_changed() {
@@ -666,6 +719,23 @@ async fn housekeeping(ctx: Arc<Context>, shutdown: CancellationToken) {
                         );
                         sessions.metrics.deny_list_errors.inc();
                         sessions.metrics.deny_list_stale.set(1);
+                    }
+                }
+                match sessions.access.reload_if_changed() {
+                    access::Reload::Replaced => {
+                        let subscribers = sessions.access.current().map(|p| p.len()).unwrap_or_default();
+                        sessions.metrics.access_policy_stale.set(0);
+                        tracing::info!(subscribers, "reloaded the subscriber access policy");
+                        ctx.close_ungranted();
+                    }
+                    access::Reload::Unchanged => {}
+                    access::Reload::Failed(e) => {
+                        // Before the log line: whoever reads the line finds the metric set.
+                        sessions.metrics.access_policy_stale.set(1);
+                        tracing::error!(
+                            error = %e,
+                            "subscriber access policy cannot be used; the last good policy stays in force (not ready)"
+                        );
                     }
                 }
                 ctx.close_revoked(bundles_changed);

@@ -72,6 +72,8 @@ pub struct Metrics {
     pub deny_list_stale: Gauge,
     /// Times the deny list file was found unusable.
     pub deny_list_errors: Counter,
+    /// 1 while the access policy file cannot be used and the last good policy is in force.
+    pub access_policy_stale: Gauge,
     /// Live sessions closed because their certificate expired or its CA left the bundle.
     pub sessions_expired: Family<ReasonLabel, Counter>,
     /// Agents refused because their cluster id was already connected from elsewhere.
@@ -108,6 +110,7 @@ impl Default for Metrics {
             throttled_seconds: Counter::default(),
             deny_list_stale: Gauge::default(),
             deny_list_errors: Counter::default(),
+            access_policy_stale: Gauge::default(),
             sessions_expired: Family::default(),
             cluster_conflicts: Counter::default(),
             resyncs_coalesced: Counter::default(),
@@ -134,6 +137,11 @@ impl Default for Metrics {
             m.deny_list_stale.clone(),
         );
         registry.register("deny_list_errors", "Times the deny list file was unusable", m.deny_list_errors.clone());
+        registry.register(
+            "access_policy_stale",
+            "Whether the access policy file is unusable and the last good policy is in force (1) or not (0)",
+            m.access_policy_stale.clone(),
+        );
         registry.register(
             "sessions_ended",
             "Live sessions closed because their certificate is no longer valid, by reason",

@@ -2,17 +2,20 @@
 //! it changes. A denied peer is refused at connect, and a live session whose certificate is
 //! denied later is closed within one reload interval.
 //!
+//! The file is re-read when its content changes (compared in full, not by mtime: a
+//! revocation written with the old mtime, as `cp -p` or a config-management tool may, is
+//! still noticed).
+//!
 //! It fails closed: a deny list that disappears or cannot be read keeps the last good list
 //! in force (and the hub reports it stale) rather than un-revoking everyone.
 //!
-//! The file has one entry per line: a certificate serial in hex (colons allowed, as
-//! `openssl x509 -serial` or `fleetwatch certs inspect` print it) or a SPIFFE id; `#`
-//! starts a comment.
+//! The file has one entry per line: a certificate serial in hex (colons allowed, and the
+//! `serial=` prefix `openssl x509 -noout -serial` prints, as `fleetwatch certs inspect`
+//! or openssl print it) or a SPIFFE id; `#` starts a comment.
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
-use std::time::SystemTime;
 
 /// Parsed deny list.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -61,7 +64,12 @@ impl DenyList {
                 })?;
                 list.identities.insert(entry.to_string());
             } else {
-                let serial = entry.replace(':', "").to_lowercase();
+                // `serial=01AB…` as `openssl x509 -noout -serial` prints it.
+                let bare = match entry.split_once('=') {
+                    Some((k, v)) if k.trim().eq_ignore_ascii_case("serial") => v.trim(),
+                    _ => entry,
+                };
+                let serial = bare.replace(':', "").to_lowercase();
                 if serial.is_empty() || !serial.bytes().all(|b| b.is_ascii_hexdigit()) {
                     return Err(DenyListError::Parse {
                         path: path.display().to_string(),
@@ -99,11 +107,12 @@ pub struct Revocation {
 
 #[derive(Default)]
 struct State {
-    /// The stamp of the file the list in force was read from.
-    stamp: Option<SystemTime>,
+    /// The content of the file the list in force was read from.
+    content: Option<Vec<u8>>,
     list: Arc<DenyList>,
-    /// The stamp and error of a file that could not be used: reported once per change.
-    failed: Option<(Option<SystemTime>, String)>,
+    /// The content (`None`: unreadable) and error of a file that could not be used:
+    /// reported once per change.
+    failed: Option<(Result<Vec<u8>, String>, String)>,
 }
 
 /// What a reload check found.
@@ -123,7 +132,10 @@ impl Revocation {
     /// is fine.
     pub fn load(path: Option<PathBuf>) -> Result<Self, DenyListError> {
         let state = match &path {
-            Some(p) => State { stamp: stamp(p), list: Arc::new(read(p)?), failed: None },
+            Some(p) => {
+                let content = read_bytes(p)?;
+                State { list: Arc::new(parse_bytes(&content, p)?), content: Some(content), failed: None }
+            }
             None => State::default(),
         };
         Ok(Self { path, state: RwLock::new(state) })
@@ -142,12 +154,15 @@ impl Revocation {
     /// Re-reads the file when it changed. On error the old list stays in force.
     pub fn reload_if_changed(&self) -> Reload {
         let Some(path) = &self.path else { return Reload::Unchanged };
-        let now = stamp(path);
+        let now = read_bytes(path);
+        let now_content = now.as_ref().ok();
+        // What the file is now: its content, or why it cannot be read.
+        let key = now.as_ref().map(|b| b.clone()).map_err(|e| e.to_string());
         let Ok(state) = self.state.read() else { return Reload::Unchanged };
         let seen = match &state.failed {
-            Some((failed, _)) => *failed == now,
-            // A missing file has no stamp: it must still be noticed as a change.
-            None => state.stamp == now && now.is_some(),
+            Some((failed, _)) => *failed == key,
+            // A missing file has no content: it must still be noticed as a change.
+            None => now_content.is_some() && state.content.as_ref() == now_content,
         };
         drop(state);
         if seen {
@@ -157,27 +172,30 @@ impl Revocation {
             Ok(s) => s,
             Err(p) => p.into_inner(),
         };
-        match read(path) {
-            Ok(list) => {
-                *state = State { stamp: now, list: Arc::new(list), failed: None };
+        match now.and_then(|bytes| parse_bytes(&bytes, path).map(|list| (bytes, list))) {
+            Ok((bytes, list)) => {
+                *state = State { content: Some(bytes), list: Arc::new(list), failed: None };
                 Reload::Replaced
             }
             Err(e) => {
-                state.failed = Some((now, e.to_string()));
+                state.failed = Some((key, e.to_string()));
                 Reload::Failed(e)
             }
         }
     }
 }
 
-fn stamp(path: &Path) -> Option<SystemTime> {
-    std::fs::metadata(path).and_then(|m| m.modified()).ok()
+fn read_bytes(path: &Path) -> Result<Vec<u8>, DenyListError> {
+    std::fs::read(path).map_err(|source| DenyListError::Read { path: path.display().to_string(), source })
 }
 
-fn read(path: &Path) -> Result<DenyList, DenyListError> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|source| DenyListError::Read { path: path.display().to_string(), source })?;
-    DenyList::parse(&text, path)
+fn parse_bytes(bytes: &[u8], path: &Path) -> Result<DenyList, DenyListError> {
+    let text = std::str::from_utf8(bytes).map_err(|_| DenyListError::Parse {
+        path: path.display().to_string(),
+        line: 0,
+        why: "not UTF-8".into(),
+    })?;
+    DenyList::parse(text, path)
 }
 
 #[cfg(test)]
@@ -194,12 +212,32 @@ mod tests {
         assert!(l.denies("spiffe://td/cluster/eu-1", "ff"));
         assert!(!l.denies("spiffe://td/cluster/eu-2", "ff"));
         assert!(DenyList::parse("not-hex!", Path::new("d")).is_err());
+        // As `openssl x509 -noout -serial` prints it.
+        let l = DenyList::parse("serial=0A1B2C\nSERIAL = ff:ee\n", Path::new("d")).unwrap();
+        assert!(l.denies("spiffe://td/subscriber/x", "a1b2c") && l.denies("spiffe://td/subscriber/x", "FFEE"));
+        assert!(DenyList::parse("serial=", Path::new("d")).is_err());
+        assert!(DenyList::parse("issuer=ab", Path::new("d")).is_err());
         assert!(DenyList::parse("spiffe://TD/x", Path::new("d")).is_err());
     }
 
-    fn touch_later(path: &Path, secs: u64) {
-        let t = SystemTime::now() + std::time::Duration::from_secs(secs);
+    fn set_mtime(path: &Path, t: std::time::SystemTime) {
         std::fs::File::options().write(true).open(path).unwrap().set_modified(t).unwrap();
+    }
+
+    #[test]
+    fn a_change_with_the_old_mtime_is_noticed() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("deny");
+        std::fs::write(&path, "aa\n").unwrap();
+        let mtime = std::fs::metadata(&path).unwrap().modified().unwrap();
+        let r = Revocation::load(Some(path.clone())).unwrap();
+        std::fs::write(&path, "bb\n").unwrap();
+        set_mtime(&path, mtime);
+        assert!(matches!(r.reload_if_changed(), Reload::Replaced));
+        assert!(
+            r.current().denies("spiffe://td/cluster/x", "bb") && !r.current().denies("spiffe://td/cluster/x", "aa")
+        );
+        assert!(matches!(r.reload_if_changed(), Reload::Unchanged));
     }
 
     #[test]
@@ -237,7 +275,6 @@ mod tests {
         assert!(r.current().denies("spiffe://td/cluster/bad", "1"));
         // Fixed: the new list is in force and no longer stale.
         std::fs::write(&path, "ff\n").unwrap();
-        touch_later(&path, 5);
         assert!(matches!(r.reload_if_changed(), Reload::Replaced));
         assert!(r.stale().is_none());
         assert!(!r.current().denies("spiffe://td/cluster/bad", "1"));

@@ -31,12 +31,22 @@ pub(crate) async fn accept_loop(
         // Unauthenticated connections have their own budget: they cannot take the places
         // of sessions. While it is used up nothing is accepted; connections wait in the
         // listen backlog rather than being reset (and backing off) by the thousand.
-        let permit = tokio::select! {
-            _ = shutdown.cancelled() => break,
-            permit = ctx.admission.handshake_permit() => match permit {
-                Some(p) => p,
-                None => break,
-            },
+        let permit = match ctx.admission.try_handshake_permit() {
+            Some(p) => p,
+            None => {
+                // Used up: the oldest connection that has sent nothing makes room (see
+                // `admission`); its place frees as it closes.
+                if ctx.admission.evict_oldest_idle() {
+                    ctx.sessions.metrics.handshake_failed("idle-evicted");
+                }
+                tokio::select! {
+                    _ = shutdown.cancelled() => break,
+                    permit = ctx.admission.handshake_permit() => match permit {
+                        Some(p) => p,
+                        None => break,
+                    },
+                }
+            }
         };
         let accepted = tokio::select! {
             _ = shutdown.cancelled() => break,
@@ -79,6 +89,33 @@ async fn handle(tcp: Stream, peer: SocketAddr, ctx: Arc<Context>, shutdown: Canc
     if let Stream::Tcp(tcp) = &tcp {
         let _ = tcp.set_nodelay(true);
     }
+    // One deadline for the first byte and both handshakes; shorter under pressure.
+    let handshake_timeout = ctx.admission.handshake_timeout(ctx.config.handshake_timeout);
+    let deadline = tokio::time::Instant::now() + handshake_timeout;
+    if let Stream::Tcp(tcp) = &tcp {
+        // Until its first byte the connection is idle: the first to go when room is needed.
+        let idle = ctx.admission.idle_begin();
+        let mut byte = [0u8; 1];
+        let first_byte = tokio::select! {
+            r = tokio::time::timeout_at(deadline, tcp.peek(&mut byte)) => match r {
+                Ok(_) => Ok(()),
+                Err(_) => Err("idle-timeout"),
+            },
+            _ = idle.evicted.cancelled() => Err("idle-evicted"),
+        };
+        drop(idle);
+        if let Err(reason) = first_byte {
+            // Counted by the accept loop when evicted.
+            if reason == "idle-timeout" {
+                ctx.sessions.metrics.handshake_failed(reason);
+            }
+            if ctx.admission.log_failure() {
+                let secs = handshake_timeout.as_secs_f64();
+                tracing::warn!(reason, "connection sent nothing (handshake timeout {secs}s); closed");
+            }
+            return;
+        }
+    }
     let acceptor = TlsAcceptor::from(ctx.tls.current());
     let limits = ctx.config.limits;
     let handshake = async {
@@ -111,11 +148,11 @@ async fn handle(tcp: Stream, peer: SocketAddr, ctx: Arc<Context>, shutdown: Canc
     // Boxed here and below: a task's future is as large as its largest state, and the
     // handshake's (TLS and HTTP buffers) and a session's states never coexist. Inline, every
     // connection would keep room for both for its whole life.
-    let (ws, certificate) = match tokio::time::timeout(ctx.config.handshake_timeout, Box::pin(handshake)).await {
+    let (ws, certificate) = match tokio::time::timeout_at(deadline, Box::pin(handshake)).await {
         Err(_) => {
             ctx.sessions.metrics.handshake_failed("handshake-timeout");
             if ctx.admission.log_failure() {
-                let timeout = ctx.config.handshake_timeout.as_secs_f64();
+                let timeout = handshake_timeout.as_secs_f64();
                 tracing::warn!("handshake not finished within --handshake-timeout {timeout}s; closed");
             }
             return;

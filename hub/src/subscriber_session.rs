@@ -16,6 +16,7 @@ use fleetwatch_protocol::message::{
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_util::sync::CancellationToken;
 
+use crate::access::{Decision, Grant};
 use crate::bus::{ALL_CLUSTERS, BusError, Lookup, Read, RecordBody};
 use crate::conn::{Conn, End};
 use crate::{Peer, Sessions};
@@ -30,18 +31,48 @@ pub(crate) async fn run(mut conn: Conn, name: String, peer: Peer, ctx: Arc<Sessi
         Ok(negotiated) => negotiated,
         Err(end) => return Box::pin(end.finish(conn, "subscriber")).await,
     };
+    // The access policy: the subscriber must be named, and ask only for granted clusters.
+    let grant = match granted(&ctx, &name, &sub.clusters) {
+        Ok(g) => g,
+        Err(why) => {
+            ctx.metrics.reject("access-policy");
+            tracing::warn!(subscriber = %name, "refused: {why}");
+            let end = End::Fail(ErrorCode::Forbidden, why, CloseCode::Policy);
+            return Box::pin(end.finish(conn, "subscriber")).await;
+        }
+    };
     // A durable subscription is named after the certificate, so one subscriber cannot
     // take over another's cursor.
     let durable = sub.durable.clone().map(|d| (name.clone(), d));
     ctx.metrics.subscriber_sessions.inc();
     ctx.metrics.connected("subscriber");
     let board = ctx.metrics.subscribers.join(&name, sub.durable.as_deref());
+    let max_sessions = ctx.settings.max_sessions_per_subscriber;
+    let (slot, evicted) = ctx.subscriber_slots.take(
+        &peer.identity,
+        max_sessions,
+        board.progress.clone(),
+        peer.ended.clone(),
+        shutdown.clone(),
+    );
+    for e in evicted {
+        ctx.metrics.reject("subscriber-sessions-per-identity");
+        tracing::warn!(
+            subscriber = %name,
+            max = max_sessions,
+            age_s = e.age.as_secs(),
+            was_reading = e.was_reading,
+            "closed an older session of this subscriber identity to make room (--max-sessions-per-subscriber)"
+        );
+    }
     let mut session = Session {
         progress: board.progress.clone(),
         ctx: ctx.clone(),
         name: name.clone(),
         durable,
         clusters: sub.clusters.clone(),
+        access_generation: ctx.access.generation(),
+        grant,
         acked: 0,
         sent: 0,
         delivered: 0,
@@ -50,9 +81,13 @@ pub(crate) async fn run(mut conn: Conn, name: String, peer: Peer, ctx: Arc<Sessi
     };
     let end = session.serve(&mut conn, &sub, &shutdown).await;
     let end = match ctx.end_reason(&peer).filter(|_| shutdown.is_cancelled()) {
+        Some(why) if why.starts_with(crate::subscriber_slots::EVICTED) => {
+            End::Fail(ErrorCode::LimitExceeded, why, CloseCode::Policy)
+        }
         Some(why) => End::Fail(ErrorCode::Forbidden, why, CloseCode::Policy),
         None => end,
     };
+    drop(slot);
     ctx.metrics.subscriber_sessions.dec();
     ctx.metrics.disconnected("subscriber", end.reason());
     drop(board);
@@ -80,6 +115,27 @@ fn first_subscribe(ctx: &Sessions, bytes: &[u8], limits: &Limits) -> Result<(Sub
     }
 }
 
+/// What the access policy grants `name` (`None`: no policy, everything), or why it is
+/// refused: not named, or asking for clusters outside its grant.
+fn granted(ctx: &Sessions, name: &str, asked: &[String]) -> Result<Option<Arc<Grant>>, String> {
+    match ctx.access.decide(name) {
+        Decision::Everything => Ok(None),
+        Decision::Refused(why) => Err(why),
+        Decision::Granted(g) => {
+            let outside: Vec<&str> = asked.iter().filter(|c| !g.allows_cluster(c)).map(String::as_str).collect();
+            if outside.is_empty() {
+                return Ok(Some(g));
+            }
+            let policy = ctx.access.path().map(|p| p.display().to_string()).unwrap_or_default();
+            let grants = if g.clusters.is_empty() { "no cluster".to_string() } else { g.clusters.join(", ") };
+            Err(format!(
+                "subscriber {name:?} may not read cluster(s) {}: the hub's access policy ({policy}) grants it {grants}",
+                outside.join(", ")
+            ))
+        }
+    }
+}
+
 struct Session {
     ctx: Arc<Sessions>,
     /// The subscriber's name, from its certificate.
@@ -87,6 +143,9 @@ struct Session {
     /// (subscriber identity, durable name).
     durable: Option<(String, String)>,
     clusters: Vec<String>,
+    /// What the access policy grants (`None`: no policy), as of `access_generation`.
+    grant: Option<Arc<Grant>>,
+    access_generation: u64,
     acked: u64,
     sent: u64,
     /// The last cursor actually sent to the subscriber (records of clusters it filters out
@@ -296,12 +355,41 @@ impl Session {
     }
 
     fn wants(&self, cluster: &str) -> bool {
-        cluster == ALL_CLUSTERS || self.clusters.is_empty() || self.clusters.iter().any(|c| c == cluster)
+        if cluster == ALL_CLUSTERS {
+            return true;
+        }
+        if let Some(g) = &self.grant
+            && !g.allows_cluster(cluster)
+        {
+            return false;
+        }
+        self.clusters.is_empty() || self.clusters.iter().any(|c| c == cluster)
+    }
+
+    /// Follows a reloaded access policy: a subscriber no longer named, or whose filter
+    /// now reaches outside its grant, is ended.
+    fn refresh_grant(&mut self) -> Result<(), End> {
+        let generation = self.ctx.access.generation();
+        if generation == self.access_generation {
+            return Ok(());
+        }
+        self.access_generation = generation;
+        match granted(&self.ctx, &self.name, &self.clusters) {
+            Ok(g) => {
+                self.grant = g;
+                Ok(())
+            }
+            Err(why) => {
+                tracing::warn!(subscriber = %self.name, "closing session: {why}");
+                Err(End::Fail(ErrorCode::Forbidden, why, CloseCode::Policy))
+            }
+        }
     }
 
     /// Sends the next chunk: resync markers for evicted history first, then records in
     /// order, events batched into frames and each marker as its own frame.
     async fn send_more(&mut self, conn: &mut Conn) -> Result<(), End> {
+        self.refresh_grant()?;
         let read = self.ctx.bus.read(self.sent + 1, READ_CHUNK).await.map_err(|e| {
             tracing::error!(error = %e, "bus read failed");
             End::Fail(ErrorCode::Internal, format!("hub could not read events: {e}"), CloseCode::Error)
@@ -331,18 +419,29 @@ impl Session {
             if !self.wants(&rec.cluster) {
                 continue;
             }
-            self.delivered = rec.offset;
             let marker = match &rec.body {
-                RecordBody::Event(json) => match frame.push_with_cursor(rec.offset, json) {
-                    Ok(()) => None,
-                    Err(e) => {
-                        // Never skipped silently: the subscriber reconciles the cluster.
-                        tracing::error!(offset = rec.offset, cluster = %rec.cluster, error = %e, "unreadable stored event");
-                        Some(format!("the hub's stored event at offset {} is unreadable: {e}", rec.offset))
+                RecordBody::Event(json) => {
+                    let pushed = match self.through_grant(json) {
+                        // A type outside the grant: like a cluster it filters out.
+                        Inspected::Skip => continue,
+                        Inspected::Unreadable(e) => Err(e),
+                        Inspected::Send(Some(redacted)) => {
+                            frame.push_with_cursor(rec.offset, &redacted).map_err(|e| e.to_string())
+                        }
+                        Inspected::Send(None) => frame.push_with_cursor(rec.offset, json).map_err(|e| e.to_string()),
+                    };
+                    match pushed {
+                        Ok(()) => None,
+                        Err(e) => {
+                            // Never skipped silently: the subscriber reconciles the cluster.
+                            tracing::error!(offset = rec.offset, cluster = %rec.cluster, error = %e, "unreadable stored event");
+                            Some(format!("the hub's stored event at offset {} is unreadable: {e}", rec.offset))
+                        }
                     }
-                },
+                }
                 RecordBody::ResyncRequired(reason) => Some(reason.clone()),
             };
+            self.delivered = rec.offset;
             if let Some(reason) = marker {
                 self.flush(conn, &mut frame).await?;
                 let r = ResyncRequired { cluster: rec.cluster.to_string(), cursor: rec.offset, reason };
@@ -356,6 +455,31 @@ impl Session {
         self.sent = read.next - 1;
         self.publish_progress();
         Ok(())
+    }
+
+    /// What the grant makes of a stored event: skipped (its type is not granted), sent as
+    /// stored (`None`: nothing to inspect) or with its redacted fields removed.
+    fn through_grant(&self, json: &[u8]) -> Inspected {
+        let Some(grant) = self.grant.as_ref().filter(|g| g.inspects_events()) else { return Inspected::Send(None) };
+        let mut event: serde_json::Value = match serde_json::from_slice(json) {
+            Ok(v) => v,
+            Err(e) => return Inspected::Unreadable(e.to_string()),
+        };
+        let kind = event.get("type").and_then(|t| t.as_str()).unwrap_or_default();
+        if !grant.allows_type(kind) {
+            return Inspected::Skip;
+        }
+        let removed = match event.get_mut("data") {
+            Some(data) if !grant.redact.is_empty() => grant.redact(data),
+            _ => 0,
+        };
+        if removed == 0 {
+            return Inspected::Send(None);
+        }
+        match serde_json::to_vec(&event) {
+            Ok(v) => Inspected::Send(Some(v)),
+            Err(e) => Inspected::Unreadable(e.to_string()),
+        }
     }
 
     /// Shows where the session is to the lag metrics.
@@ -377,6 +501,16 @@ impl Session {
         self.ctx.metrics.events_delivered.inc_by(events);
         Ok(())
     }
+}
+
+/// What the access grant makes of one stored event.
+enum Inspected {
+    /// Not for this subscriber.
+    Skip,
+    /// Send it: as stored (`None`) or redacted.
+    Send(Option<Vec<u8>>),
+    /// It cannot be parsed.
+    Unreadable(String),
 }
 
 /// Ends a session whose durable subscription the bus refused: a name over the bounds is

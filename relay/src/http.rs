@@ -116,9 +116,13 @@ pub fn client(opts: &HttpOptions) -> Result<reqwest::Client, HttpError> {
 pub enum Outcome {
     /// 2xx: the target has it.
     Accepted,
-    /// A passing failure (5xx, 408, 429, a 1xx or 3xx, timeout, connection): try again later.
+    /// A passing failure (5xx, a 4xx other than 400/413/422 — auth, routing, 408, 429 —, a
+    /// 1xx or 3xx, timeout, connection): try again later, with backoff. A 401, 403, 404 or
+    /// 405 is most often a missing ingress route or a rotated credential, fixed by people
+    /// while the relay waits: skipping would lose the events for good.
     Retry(String),
-    /// The target refused it for good (any other 4xx): the status and the start of the body.
+    /// The target refused it for good (400, 413, 422: the request itself is wrong): the
+    /// status and the start of the body.
     Rejected {
         /// The HTTP status.
         status: u16,
@@ -167,8 +171,7 @@ pub async fn send(request: reqwest::RequestBuilder) -> Outcome {
 pub fn classify(status: u16, body: String) -> Outcome {
     match status {
         200..=299 => Outcome::Accepted,
-        408 | 429 => Outcome::Retry(format!("{status} {body}")),
-        400..=499 => Outcome::Rejected { status, body },
+        400 | 413 | 422 => Outcome::Rejected { status, body },
         _ => Outcome::Retry(format!("{status} {body}")),
     }
 }
@@ -211,6 +214,13 @@ mod tests {
         assert!(matches!(classify(302, String::new()), Outcome::Retry(_)));
         assert_eq!(classify(413, "big".into()), Outcome::Rejected { status: 413, body: "big".into() });
         assert_eq!(classify(400, String::new()), Outcome::Rejected { status: 400, body: String::new() });
+        assert_eq!(classify(422, String::new()), Outcome::Rejected { status: 422, body: String::new() });
+        for routing_or_auth in [401, 403, 404, 405, 409, 451] {
+            assert!(
+                matches!(classify(routing_or_auth, "no route".into()), Outcome::Retry(w) if w.starts_with(&routing_or_auth.to_string())),
+                "{routing_or_auth}"
+            );
+        }
     }
 
     #[test]

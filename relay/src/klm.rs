@@ -9,8 +9,9 @@
 //! agent that sent the event) travels as the Subject CN of a certificate in
 //! `X-Forwarded-Client-Cert` ([`crate::identity`]).
 //!
-//! The hub is acknowledged only after a 2xx; 5xx, 408, 429 and timeouts are retried with
-//! backoff; another 4xx is logged once per cause and skipped (counted).
+//! The hub is acknowledged only after a 2xx; 5xx, a 4xx other than 400/413/422 (auth,
+//! routing, 408, 429) and timeouts are retried with backoff; a 400/413/422 is logged once
+//! per cause and skipped (counted).
 //!
 //! `resync-required` for a cluster becomes one request per object the relay knows for it
 //! (objects it relayed since it started, deletes forgotten; at most
@@ -167,11 +168,14 @@ pub struct KlmConfig {
     pub fallback: WatchEvent,
     /// Most objects remembered (all clusters) for resyncs.
     pub max_known: usize,
+    /// Where events refused for good (400, 413, 422) are kept before they are
+    /// acknowledged; without it they are skipped and counted.
+    pub dead_letter: Option<Arc<crate::dead_letter::DeadLetter>>,
 }
 
 impl Default for KlmConfig {
     fn default() -> Self {
-        Self { watches: Vec::new(), fallback: WatchEvent::kyma_default(), max_known: 100_000 }
+        Self { watches: Vec::new(), fallback: WatchEvent::kyma_default(), max_known: 100_000, dead_letter: None }
     }
 }
 
@@ -399,6 +403,23 @@ impl KlmSink {
                     )
                     .into(),
                 })
+            }
+            Outcome::Rejected { status, body } if self.cfg.dead_letter.is_some() => {
+                let dl = self.cfg.dead_letter.clone().expect("guarded by the match arm");
+                if let Err(e) = dl.append(&url, status, &body, &req.body) {
+                    // Not kept: not acknowledged either; the event waits at the hub.
+                    self.metrics.add(Counter::Retries, &url, 1);
+                    return Err(SinkError::Retry {
+                        sink: "klm".into(),
+                        source: format!("{url}: {status} {body}, and {e} (cluster {})", req.cluster).into(),
+                    });
+                }
+                self.metrics.add(Counter::DeadLettered, &url, 1);
+                if self.said.first(&format!("{url} {status} {body}")) {
+                    tracing::warn!(target = %url, status, answer = %body, object = ?req.event.watched, file = %dl.path().display(),
+                        "the listener refused an event for good; kept in the dead-letter file (logged once per cause)");
+                }
+                Ok(())
             }
             Outcome::Rejected { status, body } => {
                 self.metrics.add(Counter::Skipped4xx, &url, 1);

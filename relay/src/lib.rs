@@ -16,6 +16,7 @@
 //! [`metrics`] counts what happened per target.
 #![warn(missing_docs)]
 
+pub mod dead_letter;
 pub mod http;
 pub mod identity;
 pub mod klm;

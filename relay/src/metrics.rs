@@ -4,9 +4,10 @@
 //! - `fleetwatch_relay_delivered_total{relay,target}`: events (or requests made of them) the
 //!   target accepted with a 2xx, then acknowledged to the hub.
 //! - `fleetwatch_relay_retries_total{relay,target}`: requests that failed for a passing
-//!   reason (5xx, 408, 429, timeout, connection) and are retried with backoff.
+//!   reason (5xx, a 4xx other than 400/413/422 — 401, 403, 404, 405, 408, 429 … —,
+//!   timeout, connection) and are retried with backoff; alert `FleetwatchRelayNotDelivering`.
 //! - `fleetwatch_relay_skipped_4xx_total{relay,target}`: events the target refused for good
-//!   (another 4xx): logged once per cause, skipped.
+//!   (400, 413, 422): logged once per cause, skipped.
 //! - `fleetwatch_relay_refused_total{relay,target,reason}`: events the relay did not send
 //!   (`too-large` for the target's body limit, `no-identity` when no certificate could be minted).
 //! - `fleetwatch_relay_filtered_total{relay}`: events not meant for this relay (type
@@ -29,8 +30,10 @@ pub enum Counter {
     Delivered,
     /// Failed for a passing reason, retried.
     Retries,
-    /// Refused for good by the target (4xx), skipped.
+    /// Refused for good by the target (400, 413, 422), skipped.
     Skipped4xx,
+    /// Refused for good by the target and kept in the dead-letter file.
+    DeadLettered,
 }
 
 /// Why the relay did not send an event.
@@ -87,10 +90,18 @@ pub struct Metrics {
     delivered: Family<TargetLabels, PromCounter>,
     retries: Family<TargetLabels, PromCounter>,
     skipped_4xx: Family<TargetLabels, PromCounter>,
+    dead_lettered: Family<TargetLabels, PromCounter>,
     refused: Family<RefusedLabels, PromCounter>,
     filtered: Family<RelayLabel, PromCounter>,
     resyncs: Family<ResyncLabels, PromCounter>,
+    /// Per target: requests failed in a row since its last delivery (for `/readyz`).
+    failing: std::sync::Mutex<std::collections::BTreeMap<String, u64>>,
+    /// Whether the relay has subscribed to the hub.
+    subscribed: std::sync::atomic::AtomicBool,
 }
+
+/// Requests in a row to one target that fail before `/readyz` says not ready.
+pub const NOT_READY_AFTER_FAILURES: u64 = 3;
 
 impl Metrics {
     /// Counters of the relay `relay` (`webhook`, `klm`).
@@ -102,9 +113,12 @@ impl Metrics {
             delivered: Family::default(),
             retries: Family::default(),
             skipped_4xx: Family::default(),
+            dead_lettered: Family::default(),
             refused: Family::default(),
             filtered: Family::default(),
             resyncs: Family::default(),
+            failing: Default::default(),
+            subscribed: Default::default(),
         };
         registry.register(
             "delivered",
@@ -113,13 +127,18 @@ impl Metrics {
         );
         registry.register(
             "retries",
-            "Requests that failed for a passing reason (5xx, 408, 429, timeout, connection), retried",
+            "Requests that failed for a passing reason (5xx, a 4xx other than 400/413/422, timeout, connection), retried",
             m.retries.clone(),
         );
         registry.register(
             "skipped_4xx",
-            "Events the target refused for good (4xx), logged once per cause and skipped",
+            "Events the target refused for good (400, 413, 422), logged once per cause and skipped",
             m.skipped_4xx.clone(),
+        );
+        registry.register(
+            "dead_lettered",
+            "Requests the target refused for good (400, 413, 422), kept in the --dead-letter file, then acknowledged",
+            m.dead_lettered.clone(),
         );
         registry.register("refused", "Events the relay did not send (too large, no identity)", m.refused.clone());
         registry.register(
@@ -142,6 +161,7 @@ impl Metrics {
             Counter::Delivered => &self.delivered,
             Counter::Retries => &self.retries,
             Counter::Skipped4xx => &self.skipped_4xx,
+            Counter::DeadLettered => &self.dead_lettered,
         }
     }
 
@@ -155,7 +175,7 @@ impl Metrics {
 
     /// Makes `target`'s counters exist (at 0), so every family is served from the start.
     pub fn register_target(&self, target: &str) {
-        for k in [Counter::Delivered, Counter::Retries, Counter::Skipped4xx] {
+        for k in [Counter::Delivered, Counter::Retries, Counter::Skipped4xx, Counter::DeadLettered] {
             let _ = self.family(k).get_or_create(&self.target(target));
         }
         let _ = self.refused.get_or_create(&self.refusal(Refused::TooLarge, target));
@@ -164,6 +184,35 @@ impl Metrics {
     /// Adds `n` to a counter of `target`.
     pub fn add(&self, counter: Counter, target: &str, n: u64) {
         self.family(counter).get_or_create(&self.target(target)).inc_by(n);
+        if let Ok(mut f) = self.failing.lock() {
+            match counter {
+                Counter::Retries => *f.entry(target.to_string()).or_default() += n,
+                Counter::Delivered | Counter::Skipped4xx | Counter::DeadLettered => {
+                    f.remove(target);
+                }
+            }
+        }
+    }
+
+    /// Marks the relay subscribed to the hub.
+    pub fn set_subscribed(&self) {
+        self.subscribed.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// `/readyz`: ready once subscribed, while no target failed
+    /// [`NOT_READY_AFTER_FAILURES`] requests in a row (the relay retries them and delivers
+    /// nothing meanwhile). `Err` says why not.
+    pub fn readiness(&self) -> Result<(), String> {
+        if !self.subscribed.load(std::sync::atomic::Ordering::Relaxed) {
+            return Err("not subscribed to the hub yet".into());
+        }
+        let f = self.failing.lock().map_err(|_| "state poisoned".to_string())?;
+        let failing: Vec<String> = f
+            .iter()
+            .filter(|(_, n)| **n >= NOT_READY_AFTER_FAILURES)
+            .map(|(t, n)| format!("{t}: {n} requests failed in a row (retried; see the relay log)"))
+            .collect();
+        if failing.is_empty() { Ok(()) } else { Err(failing.join("; ")) }
     }
 
     /// Counts an event not sent to `target` (empty when there is none) for `why`.

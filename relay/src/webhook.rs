@@ -55,12 +55,22 @@ pub struct WebhookConfig {
     pub types: Vec<String>,
     /// The HMAC key for [`SIGNATURE_HEADER`].
     pub hmac: Option<ring::hmac::Key>,
+    /// Where requests refused for good (400, 413, 422) are kept before they are
+    /// acknowledged; without it they are skipped and counted.
+    pub dead_letter: Option<std::sync::Arc<crate::dead_letter::DeadLetter>>,
 }
 
 impl WebhookConfig {
     /// Unsigned, one event per request, every type.
     pub fn new(target: impl Into<String>) -> Self {
-        Self { target: target.into(), batch: 1, max_batch_bytes: 1 << 20, types: Vec::new(), hmac: None }
+        Self {
+            target: target.into(),
+            batch: 1,
+            max_batch_bytes: 1 << 20,
+            types: Vec::new(),
+            hmac: None,
+            dead_letter: None,
+        }
     }
 
     /// Signs bodies with `secret`.
@@ -231,6 +241,26 @@ impl WebhookSink {
                         sink: "webhook".into(),
                         source: format!("{target}: {why} (events up to cursor {})", req.last_cursor).into(),
                     });
+                }
+                Outcome::Rejected { status, body } if self.cfg.dead_letter.is_some() => {
+                    let dl = self.cfg.dead_letter.clone().expect("guarded by the match arm");
+                    if let Err(e) = dl.append(&target, status, &body, &req.body) {
+                        // Not kept: not acknowledged either; the events wait at the hub.
+                        self.metrics.add(Counter::Retries, &target, 1);
+                        return Err(SinkError::Retry {
+                            sink: "webhook".into(),
+                            source: format!(
+                                "{target}: {status} {body}, and {e} (events up to cursor {})",
+                                req.last_cursor
+                            )
+                            .into(),
+                        });
+                    }
+                    self.metrics.add(Counter::DeadLettered, &target, req.events as u64);
+                    if self.said.first(&format!("{status} {body}")) {
+                        tracing::warn!(%target, status, answer = %body, cursor = req.last_cursor, events = req.events,
+                            file = %dl.path().display(), "the target refused events for good; kept in the dead-letter file (logged once per cause)");
+                    }
                 }
                 Outcome::Rejected { status, body } => {
                     self.metrics.add(Counter::Skipped4xx, &target, req.events as u64);

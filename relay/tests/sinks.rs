@@ -34,12 +34,16 @@ fn body(ns: &str, name: &str, kind: &str) -> serde_json::Value {
 }
 
 fn klm_sink(target: &str, metrics: Arc<Metrics>) -> KlmSink {
+    klm_sink_with(target, metrics, KlmConfig::default())
+}
+
+fn klm_sink_with(target: &str, metrics: Arc<Metrics>, cfg: KlmConfig) -> KlmSink {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let route = Route { target: target.into(), component: "lifecycle-manager".into() };
     let (_tx, rx) = tokio::sync::watch::channel(Arc::new(Routes::single(route)));
     std::mem::forget(_tx);
     let identity = Arc::new(IdentityMinter::ephemeral(IdentityOptions::default()).unwrap());
-    KlmSink::new(KlmConfig::default(), client(&HttpOptions::default()).unwrap(), identity, rx, metrics)
+    KlmSink::new(cfg, client(&HttpOptions::default()).unwrap(), identity, rx, metrics)
 }
 
 #[tokio::test]
@@ -98,15 +102,45 @@ async fn klm_relays_the_contract_and_continues_after_an_outage() {
 }
 
 #[tokio::test]
-async fn klm_skips_4xx_and_refuses_bodies_over_the_limit() {
+async fn klm_retries_routing_4xx_skips_bad_requests_and_refuses_bodies_over_the_limit() {
     let listener = KlmListener::start(None).await;
     let metrics = Arc::new(Metrics::new("klm"));
-    // A path the listener does not serve: 404, skipped and counted, not retried.
+    // A path the listener does not serve (a missing route): 404, retried, never skipped.
     let wrong = format!("{}/elsewhere", listener.url());
     let mut sink = klm_sink(&wrong, metrics.clone());
     let d = Delivery::Events(vec![ev("rt-1", 1, "Kyma", "kyma-system", "default", false)]);
+    let err = sink.deliver(&d).await.unwrap_err();
+    assert!(matches!(err, SinkError::Retry { .. }) && err.to_string().contains("404"), "{err}");
+    let wrong_url = format!("{wrong}/v2/lifecycle-manager/event");
+    assert_eq!(metrics.get(Counter::Retries, &wrong_url), 1);
+    assert_eq!(metrics.get(Counter::Skipped4xx, &wrong_url), 0);
+    // 422 (the request itself is wrong): skipped and counted.
+    let mut sink = klm_sink(&listener.url(), metrics.clone());
+    listener.set_status(Some(422));
     assert_eq!(sink.deliver(&d).await.unwrap(), Accepted::All);
-    assert_eq!(metrics.get(Counter::Skipped4xx, &format!("{wrong}/v2/lifecycle-manager/event")), 1);
+    assert_eq!(metrics.get(Counter::Skipped4xx, &format!("{}/v2/lifecycle-manager/event", listener.url())), 1);
+    // With a dead-letter file: kept there, then acknowledged; once the file is full, not
+    // acknowledged (retried) instead of dropped.
+    let dir = tempfile::tempdir().unwrap();
+    let dl = Arc::new(fleetwatch_relay::dead_letter::DeadLetter::open(dir.path(), "klm", 600).unwrap());
+    let cfg = KlmConfig { dead_letter: Some(dl.clone()), ..KlmConfig::default() };
+    let mut kept = klm_sink_with(&listener.url(), metrics.clone(), cfg);
+    assert_eq!(kept.deliver(&d).await.unwrap(), Accepted::All);
+    let line = std::fs::read_to_string(dl.path()).unwrap();
+    assert!(line.contains("\"status\":422") && line.contains("kyma-system"), "{line}");
+    let listener_url = format!("{}/v2/lifecycle-manager/event", listener.url());
+    assert_eq!(metrics.get(Counter::DeadLettered, &listener_url), 1);
+    let mut full = None;
+    for _ in 0..5 {
+        if let Err(e) = kept.deliver(&d).await {
+            full = Some(e.to_string());
+            break;
+        }
+    }
+    let full = full.expect("a full dead-letter file stops acknowledging");
+    assert!(full.contains("is full") && full.contains("422"), "{full}");
+    listener.set_status(None);
+    let refused_before = listener.refused().len();
 
     let mut sink = klm_sink(&listener.url(), metrics.clone());
     let huge = ev("rt-1", 2, "Kyma", "kyma-system", &"n".repeat(17 * 1024), false);
@@ -117,7 +151,7 @@ async fn klm_skips_4xx_and_refuses_bodies_over_the_limit() {
     let got = listener.received();
     assert_eq!(got.len(), 1, "the oversized event was never sent");
     assert_eq!(got[0].body["watched"]["name"], "ok");
-    assert!(listener.refused().is_empty(), "{:?}", listener.refused());
+    assert_eq!(listener.refused().len(), refused_before, "{:?}", listener.refused());
 }
 
 #[tokio::test]
@@ -195,7 +229,7 @@ async fn receiver(secret: &'static [u8], mut script: Vec<u16>) -> Receiver {
 }
 
 #[tokio::test]
-async fn webhook_posts_signed_cloud_events_retries_5xx_and_skips_4xx() {
+async fn webhook_posts_signed_cloud_events_retries_5xx_and_auth_4xx() {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let r = receiver(b"topsecret", vec![503]).await;
     let metrics = Arc::new(Metrics::new("webhook"));
@@ -211,11 +245,14 @@ async fn webhook_posts_signed_cloud_events_retries_5xx_and_skips_4xx() {
     assert_eq!(metrics.get(Counter::Retries, &r.url), 1);
     assert_eq!(metrics.get(Counter::Delivered, &r.url), 2);
 
-    // A wrong secret: 401 from the receiver, skipped and counted, the stream goes on.
+    // A wrong secret: 401 from the receiver, retried (a credential fixed by people while
+    // the relay waits), never skipped.
     let cfg = WebhookConfig::new(r.url.clone()).with_secret(b"wrong");
     let mut bad = WebhookSink::new(cfg, client(&HttpOptions::default()).unwrap(), metrics.clone());
-    assert_eq!(bad.deliver(&d).await.unwrap(), Accepted::All);
-    assert_eq!(metrics.get(Counter::Skipped4xx, &r.url), 2);
+    let err = bad.deliver(&d).await.unwrap_err();
+    assert!(matches!(err, SinkError::Retry { .. }) && err.to_string().contains("401"), "{err}");
+    assert_eq!(metrics.get(Counter::Skipped4xx, &r.url), 0);
+    assert_eq!(metrics.get(Counter::Retries, &r.url), 2);
     assert_eq!(r.got.lock().unwrap().len(), 2);
 }
 

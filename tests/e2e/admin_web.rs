@@ -123,6 +123,26 @@ async fn status_code(port: u16, path: &str, headers: &str) -> Option<u16> {
     String::from_utf8_lossy(&buf).split_whitespace().nth(1)?.parse().ok()
 }
 
+/// The whole answer (status line, headers, body) to a raw HTTP request.
+async fn raw_answer(port: u16, request: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let Ok(mut s) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await else { return String::new() };
+    let _ = s.write_all(request.as_bytes()).await;
+    let mut buf = Vec::new();
+    let _ = s.take(1 << 20).read_to_end(&mut buf).await;
+    String::from_utf8_lossy(&buf).to_string()
+}
+
+/// `POST /login` with a token, as the login form sends it.
+async fn post_login(port: u16, token: &str) -> String {
+    let body = format!("token={token}");
+    let req = format!(
+        "POST /login HTTP/1.0\r\nHost: x\r\nContent-Type: application/x-www-form-urlencoded\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    raw_answer(port, &req).await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_admin_endpoint_fails_closed_beyond_loopback_and_requires_its_token() {
     let pki = Pki::new();
@@ -156,8 +176,34 @@ async fn the_admin_endpoint_fails_closed_beyond_loopback_and_requires_its_token(
     }
     // A browser is sent to the login page; the cookie it gets there works like the header.
     assert_eq!(status_code(admin_port, "/", "Accept: text/html\r\n").await, Some(303));
-    let cookie = format!("Cookie: fleetwatch_admin={token}\r\n");
-    assert_eq!(status_code(admin_port, "/", &cookie).await, Some(200));
+    // The cookie carries a random session id, not the token: HttpOnly, SameSite=Strict.
+    let answer = post_login(admin_port, token).await;
+    assert!(answer.starts_with("HTTP/1.1 303") || answer.starts_with("HTTP/1.0 303"), "{answer}");
+    let set_cookie = answer
+        .lines()
+        .find_map(|l| l.strip_prefix("set-cookie: ").or_else(|| l.strip_prefix("Set-Cookie: ")))
+        .unwrap_or_else(|| panic!("no cookie: {answer}"))
+        .to_string();
+    assert!(!set_cookie.contains(token), "the cookie holds the token: {set_cookie}");
+    assert!(set_cookie.contains("HttpOnly") && set_cookie.contains("SameSite=Strict"), "{set_cookie}");
+    let session = set_cookie.split(';').next().unwrap().to_string();
+    assert_eq!(status_code(admin_port, "/", &format!("Cookie: {session}\r\n")).await, Some(200));
+    // The token itself as a cookie is no session.
+    let cookie = format!("Cookie: fleetwatch_admin={token}\r\nAccept: text/html\r\n");
+    assert_eq!(status_code(admin_port, "/", &cookie).await, Some(303));
+    // nosniff on every answer, refusals included.
+    let refused = raw_answer(admin_port, "GET /api/v1/clusters HTTP/1.0\r\nHost: x\r\n\r\n").await;
+    assert!(refused.to_lowercase().contains("x-content-type-options: nosniff"), "{refused}");
+    // Five wrong tokens a minute from one address, then 429 with Retry-After (the right
+    // token too: the address is limited); one summary line, not a WARN per guess.
+    for i in 0..5 {
+        let a = post_login(admin_port, "wrong-token-0123456789").await;
+        assert!(a.contains(" 401 "), "guess {i}: {a}");
+    }
+    let limited = post_login(admin_port, token).await;
+    assert!(limited.contains(" 429 "), "{limited}");
+    assert!(limited.to_lowercase().contains("retry-after: "), "{limited}");
+    assert!(!hub.stderr().contains("wrong token"), "{}", hub.stderr());
     // `fleetwatch status` with the token file.
     let admin = format!("http://127.0.0.1:{admin_port}");
     let (code, _, err) = status(&["--admin", &admin]);

@@ -341,6 +341,14 @@ async fn http_status(port: u16, path: &str) -> Option<u16> {
     http_status_with(port, path, "").await
 }
 
+/// The access policy the rendered hub reads (the chart's ConfigMap, as the kubelet mounts it).
+fn access_policy_file(docs: &[Value], dir: &Path) -> PathBuf {
+    let cm = find(docs, "ConfigMap", "fleetwatch-hub-access-policy");
+    let path = dir.join("access-policy.yaml");
+    std::fs::write(&path, cm["data"]["policy.yaml"].as_str().unwrap()).unwrap();
+    path
+}
+
 /// The admin token the rendered hub reads (the Secret `fleetwatch-hub-admin-token` holds).
 const ADMIN_TOKEN: &str = "test-admin-token-0123456789";
 
@@ -433,6 +441,7 @@ async fn rendered_workloads_run_with_their_args_and_service_account_rbac() {
     let mut files = VolumeFiles::new();
     files.insert("fleetwatch-hub-tls".into(), vec![("tls.crt", pki.path("hub.crt")), ("tls.key", pki.path("hub.key"))]);
     files.insert("fleetwatch-hub-admin-token".into(), vec![("token", admin_token_file(&pki))]);
+    files.insert("fleetwatch-hub-access-policy".into(), vec![("policy.yaml", access_policy_file(&cp_docs, &dir))]);
     files.insert("fleetwatch-trust-bundle".into(), vec![("ca.crt", ca.clone())]);
     files.insert(
         "fleetwatch-lifecycle-tls".into(),
@@ -746,6 +755,24 @@ fn cert_manager_certificates_carry_the_spiffe_identity_and_renew_early() {
 fn chart_values_that_cannot_work_are_refused() {
     let err = helm_template("fleetwatch", "fleetwatch-system", &["hub.replicas=3"]).unwrap_err();
     assert!(err.contains("hub.replicas > 1 needs hub.bus=nats"), "{err}");
+    // The agent chart refuses watch.rules granting Secrets (core group, or *), and says why,
+    // unless watch.allowSecrets is set.
+    for (groups, resources) in [("", "secrets"), ("*", "secrets"), ("", "*")] {
+        let g = format!("watch.rules[0].apiGroups[0]={groups}");
+        let r = format!("watch.rules[0].resources[0]={resources}");
+        let err = helm_template("fleetwatch-agent", "fleetwatch-agent", &[&g, &r]).unwrap_err();
+        assert!(err.contains("grants reading Secrets") && err.contains("watch.allowSecrets: true"), "{err}");
+        let ok = helm_template("fleetwatch-agent", "fleetwatch-agent", &[&g, &r, "watch.allowSecrets=true"]).unwrap();
+        let role = find(&ok, "ClusterRole", "fleetwatch-agent");
+        assert!(role["rules"].as_array().unwrap().iter().any(|r| r["resources"] == json!([resources])), "{role}");
+    }
+    // Another group's "secrets" (not core Secrets) and the default are fine.
+    helm_template(
+        "fleetwatch-agent",
+        "fleetwatch-agent",
+        &["watch.rules[0].apiGroups[0]=example.com", "watch.rules[0].resources[0]=secrets"],
+    )
+    .unwrap();
     // Several hubs on JetStream: a Deployment with the bus flags and a disruption budget.
     let cp = helm_template(
         "fleetwatch",
@@ -797,6 +824,7 @@ async fn nats_mode_hub_replicas_run_with_their_rendered_args_and_share_the_strea
     let mut files = VolumeFiles::new();
     files.insert("fleetwatch-hub-tls".into(), vec![("tls.crt", pki.path("hub.crt")), ("tls.key", pki.path("hub.key"))]);
     files.insert("fleetwatch-hub-admin-token".into(), vec![("token", admin_token_file(&pki))]);
+    files.insert("fleetwatch-hub-access-policy".into(), vec![("policy.yaml", access_policy_file(&docs, &dir))]);
     files.insert("fleetwatch-trust-bundle".into(), vec![("ca.crt", pki.path("ca.crt"))]);
 
     // Two replicas, each from the rendered Deployment (own ports, same stream).
@@ -934,6 +962,7 @@ async fn built_in_agent_certificates_work_under_the_chart_rbac() {
     let mut files = VolumeFiles::new();
     files.insert("fleetwatch-hub-tls".into(), vec![("tls.crt", pki.path("hub.crt")), ("tls.key", pki.path("hub.key"))]);
     files.insert("fleetwatch-hub-admin-token".into(), vec![("token", admin_token_file(&pki))]);
+    files.insert("fleetwatch-hub-access-policy".into(), vec![("policy.yaml", access_policy_file(&docs, &dir))]);
     files.insert("fleetwatch-trust-bundle".into(), vec![("ca.crt", pki.path("ca.crt"))]);
     files.insert(
         "fleetwatch-lifecycle-tls".into(),

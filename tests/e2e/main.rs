@@ -1,5 +1,6 @@
 //! End-to-end tests: real `fleetwatch` processes over real mutual TLS on loopback.
 
+mod access;
 mod admin_web;
 mod admission;
 mod agent_certs;

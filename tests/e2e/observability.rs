@@ -366,6 +366,7 @@ async fn every_metric_the_dashboard_and_alerts_use_is_served() {
     );
     let hub_metrics = Exposition::parse(&hub_text);
     let lc_metrics = Exposition::parse(&lc_text);
+    let relay_metrics = Exposition::parse(&relay_text);
     assert!(hub_text.ends_with("# EOF\n") && lc_text.ends_with("# EOF\n"), "OpenMetrics answers end with # EOF");
     assert_eq!(hub_text.matches("# EOF").count(), 1, "{hub_text}");
 
@@ -376,6 +377,8 @@ async fn every_metric_the_dashboard_and_alerts_use_is_served() {
             hub_metrics.serves(name)
         } else if name.starts_with("fleetwatch_lifecycle_") {
             lc_metrics.serves(name)
+        } else if name.starts_with("fleetwatch_relay_") {
+            relay_metrics.serves(name)
         } else {
             false
         };

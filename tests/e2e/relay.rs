@@ -76,7 +76,7 @@ fn assert_contract(l: &KlmListener) {
         let keys: BTreeSet<_> = r.body.as_object().unwrap().keys().cloned().collect();
         assert_eq!(keys, BTreeSet::from(["watched".to_string(), "watchedGvk".to_string()]), "{}", r.body);
     }
-    assert!(l.refused().iter().all(|(s, _)| *s == 503), "refused: {:?}", l.refused());
+    assert!(l.refused().iter().all(|(s, _)| [503, 404, 422].contains(s)), "refused: {:?}", l.refused());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -115,6 +115,8 @@ async fn relay_klm_speaks_the_listener_contract_across_restart_and_outage() {
         "3".into(),
         "--metrics-listen".into(),
         format!("127.0.0.1:{metrics_port}"),
+        "--dead-letter".into(),
+        pki.path("dead-letter").display().to_string(),
     ];
     let relay = relay_proc(&pki, "klm", &hub.url(), "klm", &relay_args);
 
@@ -147,6 +149,45 @@ async fn relay_klm_speaks_the_listener_contract_across_restart_and_outage() {
     assert!(saw_503, "{}", relay.stderr());
     listener.set_down(false);
     want.insert(cm_request("c"));
+    wait_requests(&listener, &want, &relay).await;
+
+    // A missing route (404, as an ingress answers before its route exists) is retried like
+    // an outage, never skipped: the change arrives once the route is back.
+    listener.set_status(Some(404));
+    apply_json(&kc, &configmap("kyma-system", "d", "1"));
+    let saw_404 = eventually(WAIT, || listener.refused().iter().any(|(s, _)| *s == 404)).await;
+    assert!(saw_404, "{}", relay.stderr());
+    let retried_404 = eventually(WAIT, || listener.refused().iter().filter(|(s, _)| *s == 404).count() >= 3).await;
+    assert!(retried_404, "{:?}\n{}", listener.refused(), relay.stderr());
+    // Meanwhile the relay is not ready, and says which target fails.
+    let not_ready = eventually(WAIT, || {
+        tokio::task::block_in_place(|| tokio::runtime::Handle::current().block_on(http_get(metrics_port, "/readyz")))
+            .contains("requests failed in a row")
+    })
+    .await;
+    assert!(not_ready, "{}", http_get(metrics_port, "/readyz").await);
+    listener.set_status(None);
+    want.insert(cm_request("d"));
+    wait_requests(&listener, &want, &relay).await;
+    let ready = eventually(WAIT, || {
+        tokio::task::block_in_place(|| tokio::runtime::Handle::current().block_on(http_get(metrics_port, "/readyz")))
+            .starts_with("ready")
+    })
+    .await;
+    assert!(ready, "{}", http_get(metrics_port, "/readyz").await);
+
+    // Refused for good (422): kept in the dead-letter file with the answer, then acknowledged
+    // (the next change still arrives).
+    listener.set_status(Some(422));
+    apply_json(&kc, &configmap("kyma-system", "e", "1"));
+    let dead_letter = pki.path("dead-letter").join("klm.jsonl");
+    let kept = eventually(WAIT, || std::fs::read_to_string(&dead_letter).is_ok_and(|t| t.contains("\"e\""))).await;
+    assert!(kept, "{}", relay.stderr());
+    let line = std::fs::read_to_string(&dead_letter).unwrap();
+    assert!(line.contains("\"status\":422") && line.contains("answered as told"), "{line}");
+    listener.set_status(None);
+    apply_json(&kc, &configmap("kyma-system", "f", "1"));
+    want.insert(cm_request("f"));
     wait_requests(&listener, &want, &relay).await;
 
     // A deletion is an event too.

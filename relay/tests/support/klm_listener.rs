@@ -41,6 +41,8 @@ struct Shared {
     /// Refusals: (status, why), in order.
     refused: Mutex<Vec<(u16, String)>>,
     down: AtomicBool,
+    /// Answer this status to everything (0: serve).
+    status: std::sync::atomic::AtomicU16,
 }
 
 /// The running listener.
@@ -91,6 +93,9 @@ async fn handle(
     };
     if shared.down.load(Ordering::SeqCst) {
         return refuse(StatusCode::SERVICE_UNAVAILABLE, "no healthy upstream".into());
+    }
+    if let Ok(status) = StatusCode::from_u16(shared.status.load(Ordering::SeqCst)) {
+        return refuse(status, "answered as told (set_status)".into());
     }
     if method != Method::POST {
         return refuse(StatusCode::METHOD_NOT_ALLOWED, format!("{method} method is not allowed on this path"));
@@ -167,6 +172,11 @@ impl KlmListener {
     pub fn url(&self) -> String {
         let scheme = if self.tls.is_some() { "https" } else { "http" };
         format!("{scheme}://127.0.0.1:{}", self.addr.port())
+    }
+
+    /// Answer `status` to everything (a missing route: 404), or serve again (`None`).
+    pub fn set_status(&self, status: Option<u16>) {
+        self.shared.status.store(status.unwrap_or(0), Ordering::SeqCst);
     }
 
     /// Answer 503 to everything (true) or serve again (false).

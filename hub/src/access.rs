@@ -1,0 +1,452 @@
+//! The subscriber access policy (`--access-policy FILE`): which clusters, which event
+//! types and which fields each subscriber identity may read.
+//!
+//! ```yaml
+//! subscribers:
+//!   - name: team-a                 # the subscriber name in its certificate
+//!     clusters: ["a1", "eu-*"]     # cluster id globs (`*` any run of characters, `?` one)
+//!     types: ["dev.fleetwatch.object.*"]   # optional CloudEvents type globs (none: all)
+//!     redact: ["/data/password"]   # optional JSON pointers removed before delivery
+//! ```
+//!
+//! With a policy, a subscriber it does not name is refused at subscribe; without one
+//! every subscriber reads every cluster (the hub says so at start). Like the deny list it
+//! follows its file (re-read when the content changes) and fails closed: a file that
+//! disappears or breaks after start keeps the last good policy in force and makes the hub
+//! not ready; at start it is an error.
+//!
+//! A redaction pointer names a field of the watched object (`/data/password`). It is
+//! removed from the event's `data` at that pointer and from the projected fields
+//! (`data.projected`, keyed by the projection the WatchConfig asked for): a projection of
+//! exactly that field, one inside it, or the field inside a projection of an enclosing
+//! object (`/data` projected whole loses its `password`).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// What one subscriber identity may read.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Grant {
+    /// The subscriber name in its certificate (`spiffe://<td>/subscriber/<name>`).
+    pub name: String,
+    /// Cluster id globs. Required: an empty list grants no cluster.
+    pub clusters: Vec<String>,
+    /// Runtime labels (when the hub reads a control plane): not supported yet, refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster_selector: Option<String>,
+    /// CloudEvents type globs; empty: every type.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub types: Vec<String>,
+    /// JSON pointers removed from event data before delivery.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub redact: Vec<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PolicyFile {
+    subscribers: Vec<Grant>,
+}
+
+/// Why an access policy cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum AccessPolicyError {
+    /// The file cannot be read.
+    #[error("access policy {path}: {source}")]
+    Read {
+        /// The file.
+        path: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The file is not a valid policy.
+    #[error("access policy {path}: {why}")]
+    Invalid {
+        /// The file.
+        path: String,
+        /// What is wrong.
+        why: String,
+    },
+}
+
+/// A parsed policy: grants by subscriber name.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct AccessPolicy {
+    grants: BTreeMap<String, Arc<Grant>>,
+}
+
+impl AccessPolicy {
+    /// Parses the YAML (or JSON) text of a policy file (`path` for messages).
+    pub fn parse(text: &str, path: &Path) -> Result<Self, AccessPolicyError> {
+        let invalid = |why: String| AccessPolicyError::Invalid { path: path.display().to_string(), why };
+        let file: PolicyFile = serde_saphyr::from_str(text).map_err(|e| invalid(e.to_string()))?;
+        let mut grants = BTreeMap::new();
+        for (i, g) in file.subscribers.into_iter().enumerate() {
+            let at = format!("subscribers[{i}]");
+            if g.name.is_empty() || g.name.contains('/') {
+                return Err(invalid(format!("{at}: name {:?} is not a subscriber name", g.name)));
+            }
+            if g.cluster_selector.is_some() {
+                return Err(invalid(format!(
+                    "{at} ({}): clusterSelector is not supported yet (the hub does not read Runtime labels for \
+                     the policy); list the clusters as globs",
+                    g.name
+                )));
+            }
+            for c in &g.clusters {
+                if c.is_empty() {
+                    return Err(invalid(format!("{at} ({}): an empty cluster glob", g.name)));
+                }
+            }
+            for t in &g.types {
+                if t.is_empty() {
+                    return Err(invalid(format!("{at} ({}): an empty type glob", g.name)));
+                }
+            }
+            for p in &g.redact {
+                if !p.starts_with('/') || fleetwatch_protocol::watch::field_pointer(p).is_err() {
+                    return Err(invalid(format!("{at} ({}): redact {p:?} is not a JSON pointer (/a/b)", g.name)));
+                }
+            }
+            let name = g.name.clone();
+            if grants.insert(name.clone(), Arc::new(g)).is_some() {
+                return Err(invalid(format!("{at}: subscriber {name:?} is named twice")));
+            }
+        }
+        Ok(Self { grants })
+    }
+
+    /// The grant of a subscriber, if the policy names it.
+    pub fn grant(&self, name: &str) -> Option<Arc<Grant>> {
+        self.grants.get(name).cloned()
+    }
+
+    /// Every grant, by name.
+    pub fn grants(&self) -> impl Iterator<Item = &Grant> {
+        self.grants.values().map(|g| g.as_ref())
+    }
+
+    /// How many subscribers it names.
+    pub fn len(&self) -> usize {
+        self.grants.len()
+    }
+
+    /// Whether it names none.
+    pub fn is_empty(&self) -> bool {
+        self.grants.is_empty()
+    }
+}
+
+impl Grant {
+    /// Whether the grant covers this cluster.
+    pub fn allows_cluster(&self, cluster: &str) -> bool {
+        self.clusters.iter().any(|g| glob(g, cluster))
+    }
+
+    /// Whether the grant covers this CloudEvents type.
+    pub fn allows_type(&self, kind: &str) -> bool {
+        self.types.is_empty() || self.types.iter().any(|g| glob(g, kind))
+    }
+
+    /// Whether events must be looked into (type filter, redaction) before delivery.
+    pub fn inspects_events(&self) -> bool {
+        !self.types.is_empty() || !self.redact.is_empty()
+    }
+
+    /// Removes the redacted fields from an event's `data`; how many values were removed.
+    pub fn redact(&self, data: &mut Value) -> usize {
+        let mut removed = 0;
+        for p in &self.redact {
+            removed += usize::from(remove_pointer(data, p));
+            let Some(Value::Object(projected)) = data.get_mut("projected") else { continue };
+            let mut gone = Vec::new();
+            for (key, value) in projected.iter_mut() {
+                let Ok(k) = fleetwatch_protocol::watch::field_pointer(key) else {
+                    // Not a field the agent could have projected: drop it rather than guess.
+                    gone.push(key.clone());
+                    continue;
+                };
+                if k == *p || k.starts_with(&format!("{p}/")) {
+                    gone.push(key.clone());
+                } else if let Some(rest) = p.strip_prefix(&k).filter(|r| r.starts_with('/')) {
+                    removed += usize::from(remove_pointer(value, rest));
+                }
+            }
+            for key in gone {
+                projected.remove(&key);
+                removed += 1;
+            }
+        }
+        removed
+    }
+}
+
+/// Removes the value at a JSON pointer; whether there was one.
+fn remove_pointer(root: &mut Value, pointer: &str) -> bool {
+    let Some((parent, last)) = pointer.rsplit_once('/') else { return false };
+    let last = last.replace("~1", "/").replace("~0", "~");
+    match root.pointer_mut(parent) {
+        Some(Value::Object(m)) => m.remove(&last).is_some(),
+        Some(Value::Array(a)) => match last.parse::<usize>() {
+            Ok(i) if i < a.len() => {
+                a.remove(i);
+                true
+            }
+            _ => false,
+        },
+        _ => false,
+    }
+}
+
+/// Glob match: `*` any run of characters (also none), `?` exactly one; nothing else is
+/// special.
+pub fn glob(pattern: &str, text: &str) -> bool {
+    let (p, t): (Vec<char>, Vec<char>) = (pattern.chars().collect(), text.chars().collect());
+    let (mut pi, mut ti) = (0, 0);
+    let mut star: Option<(usize, usize)> = None;
+    while ti < t.len() {
+        if pi < p.len() && (p[pi] == '?' || (p[pi] != '*' && p[pi] == t[ti])) {
+            pi += 1;
+            ti += 1;
+        } else if pi < p.len() && p[pi] == '*' {
+            star = Some((pi, ti));
+            pi += 1;
+        } else if let Some((sp, st)) = star {
+            pi = sp + 1;
+            ti = st + 1;
+            star = Some((sp, st + 1));
+        } else {
+            return false;
+        }
+    }
+    p[pi..].iter().all(|c| *c == '*')
+}
+
+/// What the policy in force says about one subscriber.
+#[derive(Debug, Clone)]
+pub enum Decision {
+    /// No policy is configured: everything.
+    Everything,
+    /// The subscriber's grant.
+    Granted(Arc<Grant>),
+    /// Not named: refused, with the message for the subscriber.
+    Refused(String),
+}
+
+/// The access policy in force, following its file.
+pub struct AccessControl {
+    path: Option<PathBuf>,
+    state: RwLock<State>,
+}
+
+#[derive(Default)]
+struct State {
+    /// The content of the file the policy in force was read from.
+    content: Option<Vec<u8>>,
+    policy: Arc<AccessPolicy>,
+    /// Bumped at every replacement: sessions re-check their grant when it moves.
+    generation: u64,
+    /// The content (None: unreadable) and error of a file that could not be used.
+    failed: Option<(Result<Vec<u8>, String>, String)>,
+}
+
+/// What a reload check found.
+#[derive(Debug)]
+pub enum Reload {
+    /// Nothing changed (or still broken in the same way, already reported).
+    Unchanged,
+    /// A new policy is in force.
+    Replaced,
+    /// The file cannot be used now: the previous policy stays in force.
+    Failed(AccessPolicyError),
+}
+
+impl AccessControl {
+    /// Loads the policy file (none: every subscriber reads everything). A missing,
+    /// unreadable or invalid file is a start-up error.
+    pub fn load(path: Option<PathBuf>) -> Result<Self, AccessPolicyError> {
+        let state = match &path {
+            Some(p) => {
+                let content = read_bytes(p)?;
+                let policy = parse_bytes(&content, p)?;
+                State { content: Some(content), policy: Arc::new(policy), generation: 0, failed: None }
+            }
+            None => State::default(),
+        };
+        Ok(Self { path, state: RwLock::new(state) })
+    }
+
+    /// The file, when a policy is configured.
+    pub fn path(&self) -> Option<&Path> {
+        self.path.as_deref()
+    }
+
+    /// The policy in force (`None`: no policy, everything allowed).
+    pub fn current(&self) -> Option<Arc<AccessPolicy>> {
+        self.path.as_ref()?;
+        Some(self.state.read().map(|s| s.policy.clone()).unwrap_or_else(|p| p.into_inner().policy.clone()))
+    }
+
+    /// Changes with every replacement of the policy.
+    pub fn generation(&self) -> u64 {
+        self.state.read().map(|s| s.generation).unwrap_or_else(|p| p.into_inner().generation)
+    }
+
+    /// Why the policy in force is stale (its file cannot be used), if it is.
+    pub fn stale(&self) -> Option<String> {
+        self.state.read().ok().and_then(|s| s.failed.as_ref().map(|(_, e)| e.clone()))
+    }
+
+    /// What the policy in force says about the subscriber `name`.
+    pub fn decide(&self, name: &str) -> Decision {
+        let Some(policy) = self.current() else { return Decision::Everything };
+        match policy.grant(name) {
+            Some(g) => Decision::Granted(g),
+            None => Decision::Refused(format!(
+                "subscriber {name:?} is not named in the hub's access policy ({}); ask the hub's operator for a grant",
+                self.path.as_deref().map(|p| p.display().to_string()).unwrap_or_default()
+            )),
+        }
+    }
+
+    /// Re-reads the file when its content changed. On error the old policy stays.
+    pub fn reload_if_changed(&self) -> Reload {
+        let Some(path) = &self.path else { return Reload::Unchanged };
+        let now = read_bytes(path);
+        let Ok(state) = self.state.read() else { return Reload::Unchanged };
+        let now_content = now.as_ref().ok();
+        // What the file is now: its content, or why it cannot be read.
+        let key = now.as_ref().map(|b| b.clone()).map_err(|e| e.to_string());
+        let seen = match &state.failed {
+            Some((failed, _)) => *failed == key,
+            None => now_content.is_some() && state.content.as_ref() == now_content,
+        };
+        drop(state);
+        if seen {
+            return Reload::Unchanged;
+        }
+        let mut state = match self.state.write() {
+            Ok(s) => s,
+            Err(p) => p.into_inner(),
+        };
+        let parsed = now.and_then(|bytes| parse_bytes(&bytes, path).map(|p| (bytes, p)));
+        match parsed {
+            Ok((bytes, policy)) => {
+                state.generation += 1;
+                state.content = Some(bytes);
+                state.policy = Arc::new(policy);
+                state.failed = None;
+                Reload::Replaced
+            }
+            Err(e) => {
+                state.failed = Some((key, e.to_string()));
+                Reload::Failed(e)
+            }
+        }
+    }
+}
+
+fn read_bytes(path: &Path) -> Result<Vec<u8>, AccessPolicyError> {
+    std::fs::read(path).map_err(|source| AccessPolicyError::Read { path: path.display().to_string(), source })
+}
+
+fn parse_bytes(bytes: &[u8], path: &Path) -> Result<AccessPolicy, AccessPolicyError> {
+    let text = std::str::from_utf8(bytes)
+        .map_err(|_| AccessPolicyError::Invalid { path: path.display().to_string(), why: "not UTF-8".into() })?;
+    AccessPolicy::parse(text, path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn globs() {
+        assert!(glob("eu-*", "eu-1") && glob("eu-*", "eu-") && !glob("eu-*", "us-1"));
+        assert!(glob("*", "") && glob("a?c", "abc") && !glob("a?c", "ac"));
+        assert!(glob("*-prod-*", "x-prod-y") && !glob("*-prod-*", "x-prod"));
+        assert!(glob("a1", "a1") && !glob("a1", "a10"));
+    }
+
+    #[test]
+    fn parses_and_refuses_what_it_cannot_enforce() {
+        let p = Path::new("p.yaml");
+        let ok = "subscribers:\n  - name: team-a\n    clusters: [a1, 'eu-*']\n    types: ['dev.fleetwatch.object.*']\n    redact: [/data/password]\n";
+        let policy = AccessPolicy::parse(ok, p).unwrap();
+        let g = policy.grant("team-a").unwrap();
+        assert!(g.allows_cluster("eu-3") && !g.allows_cluster("b1"));
+        assert!(g.allows_type("dev.fleetwatch.object.applied") && !g.allows_type("dev.fleetwatch.inventory"));
+        assert!(policy.grant("team-b").is_none());
+        for (bad, why) in [
+            ("subscribers:\n  - name: a\n", "clusters"),
+            ("subscribers:\n  - name: a\n    clusters: []\n    clusterSelector: team=a\n", "clusterSelector"),
+            ("subscribers:\n  - name: a\n    clusters: []\n    redact: [data.password]\n", "not a JSON pointer"),
+            ("subscribers:\n  - name: a\n    clusters: []\n  - name: a\n    clusters: []\n", "named twice"),
+            ("subscribers:\n  - name: a\n    clusters: []\n    clustres: [x]\n", "clustres"),
+            ("nope: 1\n", "nope"),
+        ] {
+            let err = AccessPolicy::parse(bad, p).err().unwrap().to_string();
+            assert!(err.contains("p.yaml") && err.contains(why), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn redaction_reaches_data_and_projections() {
+        let g = Grant {
+            name: "a".into(),
+            clusters: vec!["*".into()],
+            cluster_selector: None,
+            types: vec![],
+            redact: vec!["/data/password".into(), "/spec/token".into()],
+        };
+        let mut d = json!({
+            "kind": "Secret",
+            "data": {"password": "p", "user": "u"},
+            "projected": {"/data/password": "p", "/data": {"password": "p", "user": "u"}, "spec.token": "t", "/data/user": "u"},
+        });
+        assert_eq!(g.redact(&mut d), 4);
+        assert_eq!(
+            d,
+            json!({"kind": "Secret", "data": {"user": "u"}, "projected": {"/data": {"user": "u"}, "/data/user": "u"}})
+        );
+        // Nothing there: nothing removed, nothing added.
+        let mut plain = json!({"generation": 1});
+        assert_eq!(g.redact(&mut plain), 0);
+        assert_eq!(plain, json!({"generation": 1}));
+    }
+
+    #[test]
+    fn follows_content_and_fails_closed() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("policy.yaml");
+        assert!(AccessControl::load(Some(path.clone())).is_err());
+        std::fs::write(&path, "subscribers:\n  - name: a\n    clusters: [x]\n").unwrap();
+        let ac = AccessControl::load(Some(path.clone())).unwrap();
+        assert!(matches!(ac.decide("a"), Decision::Granted(_)));
+        let Decision::Refused(why) = ac.decide("b") else { panic!("b is not named") };
+        assert!(why.contains("policy.yaml") && why.contains("\"b\""), "{why}");
+        assert!(matches!(ac.reload_if_changed(), Reload::Unchanged));
+        // Broken: the old policy stays, reported once, stale.
+        std::fs::write(&path, "subscribers: [").unwrap();
+        assert!(matches!(ac.reload_if_changed(), Reload::Failed(AccessPolicyError::Invalid { .. })));
+        assert!(matches!(ac.reload_if_changed(), Reload::Unchanged));
+        assert!(ac.stale().is_some() && matches!(ac.decide("a"), Decision::Granted(_)));
+        std::fs::remove_file(&path).unwrap();
+        assert!(matches!(ac.reload_if_changed(), Reload::Failed(AccessPolicyError::Read { .. })));
+        assert!(matches!(ac.decide("a"), Decision::Granted(_)));
+        // Fixed, with the same length and without any mtime trick: the content counts.
+        let g0 = ac.generation();
+        std::fs::write(&path, "subscribers:\n  - name: b\n    clusters: [x]\n").unwrap();
+        assert!(matches!(ac.reload_if_changed(), Reload::Replaced));
+        assert!(ac.stale().is_none() && ac.generation() > g0);
+        assert!(matches!(ac.decide("a"), Decision::Refused(_)) && matches!(ac.decide("b"), Decision::Granted(_)));
+        // No policy: everything.
+        assert!(matches!(AccessControl::load(None).unwrap().decide("z"), Decision::Everything));
+    }
+}
