@@ -1,49 +1,80 @@
 # fleetwatch: one image, a subcommand per role (`hub`, `agent`, `lifecycle`, ...).
 #
-#   docker build -t fleetwatch:dev .
+#   docker build --build-arg REVISION=$(git rev-parse HEAD) -t fleetwatch:dev .
 #   docker run --rm fleetwatch:dev --help
 #
+# Without Docker, scripts/image.sh builds the same layout with buildah from the release
+# binary and smoke-tests it.
+#
 # The build stage compiles the same release binary CI builds (`cargo build --release
-# --locked -p fleetwatch`); the runtime stage is distroless: no shell, no package manager,
-# glibc and CA certificates only, running as the unprivileged UID/GID 65532 ("nonroot").
+# --locked -p fleetwatch --no-default-features`: without the sandbox); the runtime stage is
+# distroless: no shell, no package manager, glibc and CA certificates only, running as the unprivileged UID/GID 65532 ("nonroot").
 # The binary writes nothing outside the paths it is given (`--data-dir`, certificates
 # mounted read-only), so it runs with a read-only root filesystem; the Helm charts set
 # readOnlyRootFilesystem, drop every capability and mount a volume for the hub's data.
 
-# The toolchain CI builds and tests with (edition 2024; some dependencies need a recent one).
-ARG RUST_VERSION=1.95
+# Both base images are pinned by digest (the tag says which release it was): a rebuild gets
+# the bytes that were reviewed. To move to a newer one, look the digest up and replace it
+# here, e.g. `docker buildx imagetools inspect rust:1.95-bookworm` or `crane digest
+# gcr.io/distroless/cc-debian12:nonroot`.
+#
+# BuildKit (the default builder since Docker 23): the cargo registry is a cache mount, so a
+# rebuild downloads no crate twice; the dependencies are compiled in a layer of their own.
 
-FROM rust:${RUST_VERSION}-bookworm AS build
+# The toolchain CI builds and tests with (edition 2024; some dependencies need a recent one).
+FROM rust:1.95-bookworm@sha256:6258907abe69656e41cd992e0b705cdcfabcbbe3db374f92ed2d47121282d4a1 AS build
 WORKDIR /src
+# cargo-auditable embeds the dependency list into the binary (for scanners), as
+# scripts/image.sh builds it: `cargo install --locked` of a pinned version.
+RUN --mount=type=cache,target=/usr/local/cargo/registry,sharing=locked \
+    cargo install --locked cargo-auditable@0.7.7
 # Dependencies first, so a change in the sources does not rebuild them: a skeleton of the
-# workspace with empty targets is built once and cached as a layer.
+# workspace (every member of Cargo.toml's [workspace] members, each with empty targets;
+# tests/e2e/release.rs checks that the lists below match Cargo.toml) is built once and cached
+# as a layer.
 COPY Cargo.toml Cargo.lock ./
 COPY protocol/Cargo.toml protocol/
 COPY api/Cargo.toml api/
-COPY client/Cargo.toml client/
 COPY certs/Cargo.toml certs/
+COPY client/Cargo.toml client/
 COPY agent/Cargo.toml agent/
 COPY hub/Cargo.toml hub/
 COPY lifecycle/Cargo.toml lifecycle/
+COPY relay/Cargo.toml relay/
 COPY sim/Cargo.toml sim/
+COPY dst/Cargo.toml dst/
 COPY cli/Cargo.toml cli/
-RUN set -eu; \
-    for c in protocol api client certs agent hub lifecycle sim; do mkdir -p $c/src && echo > $c/src/lib.rs; done; \
+# The image's binary has no sandbox (`--no-default-features`: no in-memory Kubernetes API
+# server), as scripts/image.sh builds it.
+ARG CARGO_FEATURES=--no-default-features
+RUN --mount=type=cache,target=/usr/local/cargo/registry,sharing=locked \
+    --mount=type=cache,target=/usr/local/cargo/git,sharing=locked \
+    set -eu; \
+    for c in protocol api certs client agent hub lifecycle relay sim dst; do mkdir -p $c/src && echo > $c/src/lib.rs; done; \
     mkdir -p cli/src tests/e2e sim/examples && echo 'fn main() {}' > cli/src/main.rs && echo > tests/e2e/main.rs; \
     echo 'fn main() {}' > sim/examples/bench.rs; \
-    # Only a cache: should it fail, the real build below still compiles everything.
-    cargo build --release --locked -p fleetwatch || true
+    cargo auditable build --release --locked -p fleetwatch $CARGO_FEATURES
 COPY . .
 # The commit `fleetwatch version` prints (the build context has no .git):
 #   docker build --build-arg FLEETWATCH_GIT_COMMIT=$(git rev-parse --short=12 HEAD) .
 # Without it the binary says "unknown".
 ARG FLEETWATCH_GIT_COMMIT=
 # Touch the sources so cargo rebuilds them over the skeleton's empty ones.
-RUN find protocol api client certs agent hub lifecycle sim cli -name '*.rs' -exec touch {} + \
-    && cargo build --release --locked -p fleetwatch \
+RUN --mount=type=cache,target=/usr/local/cargo/registry,sharing=locked \
+    --mount=type=cache,target=/usr/local/cargo/git,sharing=locked \
+    find protocol api certs client agent hub lifecycle relay sim dst cli -name '*.rs' -exec touch {} + \
+    && cargo auditable build --release --locked -p fleetwatch $CARGO_FEATURES \
     && install -D -m 0755 target/release/fleetwatch /out/fleetwatch
 
-FROM gcr.io/distroless/cc-debian12:nonroot
+# gcr.io/distroless/cc-debian12:nonroot
+FROM gcr.io/distroless/cc-debian12:nonroot@sha256:9dac0a79194e45a7da0158a9c6da57b217585af0786db3845d1f0ec1a0dd182f
+ARG VERSION=0.1.0
+ARG REVISION=unknown
+LABEL org.opencontainers.image.title="fleetwatch" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.revision="${REVISION}" \
+      org.opencontainers.image.source="https://example.invalid/fleetwatch" \
+      org.opencontainers.image.licenses="Apache-2.0"
 COPY --from=build /out/fleetwatch /usr/local/bin/fleetwatch
 USER 65532:65532
 # wss (agents, subscribers), admin (/healthz, /readyz, /metrics), lifecycle and agent health.

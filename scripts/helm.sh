@@ -6,7 +6,8 @@
 # into $FLEETWATCH_TOOLS (default ~/.cache/fleetwatch-tools) and checked against its sha256.
 set -euo pipefail
 
-if command -v helm >/dev/null 2>&1; then command -v helm; exit 0; fi
+# A helm on PATH is used only when it is the pinned version (renders must match deploy/manifests/).
+if command -v helm >/dev/null 2>&1 && [ "$(helm version --template "{{.Version}}" 2>/dev/null)" = v3.17.2 ]; then command -v helm; exit 0; fi
 tools="${FLEETWATCH_TOOLS:-$HOME/.cache/fleetwatch-tools}"
 bin="$tools/helm/helm"
 want=9e7a767efb3f9e334758ae066b4af355c01539663c7fffb30eed2b6213a4735e

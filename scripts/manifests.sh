@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Lints the Helm charts and renders the plain manifests in deploy/manifests/ from them with
 # default values (plus the Namespace object and the CRDs, so `kubectl apply` works on an
-# empty cluster). One exception: the hub's admin token Secret is not rendered (the chart
+# empty cluster; without the `helm test` Jobs, which only `helm test` runs). One exception: the hub's admin token Secret is not rendered (the chart
 # makes a random one, which plain manifests cannot); create it before applying them
 # (docs/deploy.md).
 #   bash scripts/manifests.sh           rewrite deploy/manifests/*.yaml
@@ -13,8 +13,8 @@ helm="$(bash scripts/helm.sh)"
 render() { # chart release namespace [extra helm args]
   local chart="$1" release="$2" ns="$3"; shift 3
   printf '# Rendered from deploy/helm/%s with default values by scripts/manifests.sh; do not edit.\n' "$chart"
-  printf '# helm template %s deploy/helm/%s --namespace %s --include-crds --set createNamespace=true%s\n' "$release" "$chart" "$ns" "${*:+ $*}"
-  "$helm" template "$release" "deploy/helm/$chart" --namespace "$ns" --include-crds --set createNamespace=true "$@" \
+  printf '# helm template %s deploy/helm/%s --namespace %s --include-crds --skip-tests --set createNamespace=true%s\n' "$release" "$chart" "$ns" "${*:+ $*}"
+  "$helm" template "$release" "deploy/helm/$chart" --namespace "$ns" --include-crds --skip-tests --set createNamespace=true "$@" \
     2> >(grep -v "found symbolic link in path" >&2)
 }
 

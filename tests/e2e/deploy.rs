@@ -1095,3 +1095,189 @@ async fn crds_install_renders_the_crds_as_kept_templates_that_upgrade_a_default_
     assert_eq!(items.len(), files.len());
     assert!(items.iter().all(|c| c["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"), "{got}");
 }
+
+/// values.schema.json refuses values that cannot work at render time, naming the value.
+#[test]
+fn chart_schemas_refuse_bad_values_naming_them() {
+    let refused = |chart: &str, set: &[&str], says: &[&str]| {
+        let err = helm_template(chart, "ns", set).expect_err(&format!("{chart} rendered with {set:?}"));
+        for s in says {
+            assert!(err.contains(s), "{chart} {set:?}: {s:?} not in {err}");
+        }
+    };
+    refused("fleetwatch", &["hub.replicas=foo"], &["hub.replicas", "Expected: integer"]);
+    refused("fleetwatch", &["hub.replicas=0"], &["hub.replicas"]);
+    refused("fleetwatch", &["hub.bus=redis"], &["hub.bus", "embedded", "nats"]);
+    refused("fleetwatch", &["certificates.mode=vault"], &["certificates.mode"]);
+    // trust-manager on with no source would render an empty Bundle.
+    refused(
+        "fleetwatch",
+        &["certificates.mode=cert-manager", "certificates.certManager.trustManager.enabled=true"],
+        &["certificates.certManager.trustManager.sources", "at least 1"],
+    );
+    refused("fleetwatch", &["image.digest=latest"], &["image.digest"]);
+    refused("fleetwatch", &["hub.serviceAccount.create=false"], &["hub.serviceAccount.name"]);
+    refused("fleetwatch", &["hubs.replicas=3"], &["hubs"]);
+    refused("fleetwatch", &["hub.extraEnv[0].value=x"], &["hub.extraEnv.0", "name"]);
+    refused(
+        "fleetwatch",
+        &["lifecycle.extraEnv[0].name=N", "lifecycle.extraEnv[0].value=1"],
+        &["lifecycle.extraEnv.0.value", "string"],
+    );
+    refused("fleetwatch-agent", &["hub.urls={https://hub:443}"], &["hub.urls.0"]);
+    refused("fleetwatch-agent", &["outbox.capacity=many"], &["outbox.capacity"]);
+    // What the schema lets through still renders.
+    helm_template("fleetwatch", "ns", &["certificates.mode=cert-manager"]).unwrap();
+    helm_template("fleetwatch-agent", "ns", &["certificate.mode=cert-manager", "clusterId=c1"]).unwrap();
+}
+
+/// The options platform teams expect of a chart: ServiceAccounts of their own (workload
+/// identity), extra env / volumes / labels, priority class, digest-pinned image; replicated
+/// workloads spread over nodes and zones by default; the hub StatefulSet governed by a
+/// headless Service; `helm test` Jobs.
+#[test]
+fn chart_pod_options_render_into_every_workload() {
+    let default = helm_template("fleetwatch", "ns", &[]).unwrap();
+    // The StatefulSet's serviceName is a headless Service selecting the hub pods.
+    let sts = find(&default, "StatefulSet", "fleetwatch-hub");
+    let governing = sts["spec"]["serviceName"].as_str().unwrap();
+    let svc = find(&default, "Service", governing);
+    assert_eq!(svc["spec"]["clusterIP"], "None");
+    assert_eq!(svc["spec"]["selector"], sts["spec"]["selector"]["matchLabels"]);
+    // Two operator replicas: soft anti-affinity and zone spread on their own labels; one hub: none.
+    let lc = pod_spec(find(&default, "Deployment", "fleetwatch-lifecycle"));
+    let term =
+        &lc["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0]["podAffinityTerm"];
+    assert_eq!(term["topologyKey"], "kubernetes.io/hostname");
+    assert_eq!(term["labelSelector"]["matchLabels"]["app.kubernetes.io/name"], "fleetwatch-lifecycle");
+    assert_eq!(lc["topologySpreadConstraints"][0]["topologyKey"], "topology.kubernetes.io/zone");
+    assert_eq!(lc["topologySpreadConstraints"][0]["whenUnsatisfiable"], "ScheduleAnyway");
+    assert!(pod_spec(sts)["affinity"].is_null() && pod_spec(sts)["topologySpreadConstraints"].is_null());
+    // Three NATS hubs spread too; an affinity of one's own replaces the default.
+    let nats =
+        helm_template("fleetwatch", "ns", &["hub.bus=nats", "hub.replicas=3", "lifecycle.affinity.nodeAffinity.x=y"])
+            .unwrap();
+    assert!(!pod_spec(find(&nats, "Deployment", "fleetwatch-hub"))["affinity"]["podAntiAffinity"].is_null());
+    assert_eq!(
+        pod_spec(find(&nats, "Deployment", "fleetwatch-lifecycle"))["affinity"],
+        json!({"nodeAffinity": {"x": "y"}})
+    );
+
+    // Every option, on both workloads of the control-plane chart and the agent's.
+    let digest = format!("sha256:{}", "a".repeat(64));
+    for (chart, workloads) in [
+        (
+            "fleetwatch",
+            vec![("hub", "StatefulSet", "fleetwatch-hub"), ("lifecycle", "Deployment", "fleetwatch-lifecycle")],
+        ),
+        ("fleetwatch-agent", vec![("", "Deployment", "fleetwatch-agent")]),
+    ] {
+        let mut set = vec![format!("image.digest={digest}")];
+        for (prefix, _, _) in &workloads {
+            let p = if prefix.is_empty() { String::new() } else { format!("{prefix}.") };
+            set.extend([
+                format!("{p}serviceAccount.create=false"),
+                format!("{p}serviceAccount.name=wi-{}", if prefix.is_empty() { "agent" } else { prefix }),
+                format!("{p}extraEnv[0].name=EXTRA"),
+                format!("{p}extraEnv[0].value=on"),
+                format!("{p}extraVolumes[0].name=extra"),
+                format!("{p}extraVolumes[0].emptyDir.medium=Memory"),
+                format!("{p}extraVolumeMounts[0].name=extra"),
+                format!("{p}extraVolumeMounts[0].mountPath=/extra"),
+                format!("{p}podLabels.team=platform"),
+                format!("{p}podAnnotations.note=x"),
+                format!("{p}priorityClassName=critical"),
+            ]);
+        }
+        let set: Vec<&str> = set.iter().map(String::as_str).collect();
+        let docs = helm_template(chart, "ns", &set).unwrap();
+        assert!(
+            !docs.iter().any(|d| d["kind"] == "ServiceAccount"),
+            "{chart}: serviceAccount.create=false still renders one"
+        );
+        for (prefix, kind, name) in workloads {
+            let w = find(&docs, kind, name);
+            let spec = pod_spec(w);
+            let sa = format!("wi-{}", if prefix.is_empty() { "agent" } else { prefix });
+            assert_eq!(spec["serviceAccountName"], sa.as_str(), "{name}");
+            // RBAC is bound to the ServiceAccount in use.
+            assert!(
+                docs.iter()
+                    .filter(|d| d["kind"].as_str().is_some_and(|k| k.ends_with("Binding")))
+                    .any(|b| b["subjects"][0]["name"] == sa.as_str()),
+                "{name}: no binding for {sa}"
+            );
+            let c = &spec["containers"][0];
+            assert_eq!(c["image"], format!("ghcr.io/fleetwatch/fleetwatch@{digest}"), "{name}");
+            assert!(
+                c["env"].as_array().unwrap().iter().any(|e| e["name"] == "EXTRA" && e["value"] == "on"),
+                "{name}: {}",
+                c["env"]
+            );
+            assert!(c["volumeMounts"].as_array().unwrap().iter().any(|m| m["mountPath"] == "/extra"), "{name}");
+            assert!(
+                spec["volumes"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|v| v["name"] == "extra" && v["emptyDir"]["medium"] == "Memory"),
+                "{name}"
+            );
+            assert_eq!(w["spec"]["template"]["metadata"]["labels"]["team"], "platform", "{name}");
+            assert_eq!(w["spec"]["template"]["metadata"]["annotations"]["note"], "x", "{name}");
+            assert_eq!(spec["priorityClassName"], "critical", "{name}");
+            // The selector is untouched by podLabels (a Deployment's selector is immutable).
+            assert!(w["spec"]["selector"]["matchLabels"]["team"].is_null());
+        }
+    }
+    let wi = helm_template(
+        "fleetwatch",
+        "ns",
+        &["hub.serviceAccount.annotations.iam\\.gke\\.io/gcp-service-account=hub@p.iam"],
+    )
+    .unwrap();
+    assert_eq!(
+        find(&wi, "ServiceAccount", "fleetwatch-hub")["metadata"]["annotations"]["iam.gke.io/gcp-service-account"],
+        "hub@p.iam"
+    );
+}
+
+/// `helm test` Jobs (hooks, not in the plain manifests) ask /readyz of what the release runs,
+/// through Services that exist, and the NetworkPolicies let them in.
+#[test]
+fn helm_test_jobs_ask_readyz_through_rendered_services() {
+    for (chart, ports) in [("fleetwatch", vec![9090, 9091]), ("fleetwatch-agent", vec![9091])] {
+        let docs = helm_template(chart, "ns", &[]).unwrap();
+        let job = docs.iter().find(|d| d["kind"] == "Job").unwrap_or_else(|| panic!("{chart}: no test Job"));
+        assert_eq!(job["metadata"]["annotations"]["helm.sh/hook"], "test");
+        let args: Vec<&str> =
+            pod_spec(job)["containers"][0]["args"].as_array().unwrap().iter().map(|a| a.as_str().unwrap()).collect();
+        assert!(args.contains(&"--fail"), "{args:?}");
+        let urls: Vec<&&str> = args.iter().filter(|a| a.starts_with("http://")).collect();
+        assert_eq!(urls.len(), ports.len(), "{chart}: {urls:?}");
+        for (url, port) in urls.iter().zip(&ports) {
+            let host = url.trim_start_matches("http://").split(['.', ':']).next().unwrap();
+            let svc = find(&docs, "Service", host);
+            assert!(svc["spec"]["ports"].as_array().unwrap().iter().any(|p| p["port"] == *port), "{chart}: {url}");
+            assert!(url.ends_with(&format!(":{port}/readyz")), "{url}");
+        }
+        let labels = &job["spec"]["template"]["metadata"]["labels"];
+        assert_eq!(labels["app.kubernetes.io/component"], "helm-test");
+        // Each port the Job asks is open to it in the target's NetworkPolicy.
+        for port in &ports {
+            let open = docs.iter().filter(|d| d["kind"] == "NetworkPolicy").any(|np| {
+                np["spec"]["ingress"].as_array().into_iter().flatten().any(|rule| {
+                    rule["ports"].as_array().into_iter().flatten().any(|p| p["port"] == *port)
+                        && rule["from"].as_array().into_iter().flatten().any(|f| {
+                            f["podSelector"] == json!({})
+                                || f["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "helm-test"
+                        })
+                })
+            });
+            assert!(open, "{chart}: no NetworkPolicy lets the test Job reach port {port}");
+        }
+        // The plain manifests leave the Jobs out.
+        let plain = manifest(if chart == "fleetwatch" { "control-plane.yaml" } else { "agent.yaml" });
+        assert!(!plain.iter().any(|d| d["kind"] == "Job"), "{chart}: a test Job in deploy/manifests");
+    }
+}

@@ -18,6 +18,7 @@ mod nats;
 mod observability;
 mod protocol;
 mod relay;
+mod release;
 mod sandbox;
 mod sessions;
 mod shutdown;

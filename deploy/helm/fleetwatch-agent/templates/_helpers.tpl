@@ -20,3 +20,21 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 app.kubernetes.io/name: fleetwatch-agent
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
+
+{{/* repository@digest when image.digest is set (the tag is then ignored), else repository:tag. */}}
+{{- define "agent.image" -}}
+{{- if .Values.image.digest -}}
+{{ .Values.image.repository }}@{{ .Values.image.digest }}
+{{- else -}}
+{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end -}}
+{{- end -}}
+
+{{/* The agent's ServiceAccount: the chart's, or one you made (serviceAccount.create=false). */}}
+{{- define "agent.serviceAccount" -}}
+{{- if .Values.serviceAccount.create -}}
+{{ .Values.serviceAccount.name | default (include "agent.fullname" .) }}
+{{- else -}}
+{{ required "serviceAccount.name: the ServiceAccount to use when serviceAccount.create=false" .Values.serviceAccount.name }}
+{{- end -}}
+{{- end -}}

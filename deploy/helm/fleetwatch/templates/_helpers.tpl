@@ -30,8 +30,76 @@ app.kubernetes.io/name: fleetwatch-lifecycle
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 
+{{/* repository@digest when image.digest is set (the tag is then ignored), else repository:tag. */}}
 {{- define "fleetwatch.image" -}}
+{{- if .Values.image.digest -}}
+{{ .Values.image.repository }}@{{ .Values.image.digest }}
+{{- else -}}
 {{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end -}}
+{{- end -}}
+
+{{/* The ServiceAccounts the pods run as: the chart's, or one you made (create=false). */}}
+{{- define "fleetwatch.hubServiceAccount" -}}
+{{- if .Values.hub.serviceAccount.create -}}
+{{ .Values.hub.serviceAccount.name | default (include "fleetwatch.hub" .) }}
+{{- else -}}
+{{ required "hub.serviceAccount.name: the ServiceAccount to use when hub.serviceAccount.create=false" .Values.hub.serviceAccount.name }}
+{{- end -}}
+{{- end -}}
+{{- define "fleetwatch.lifecycleServiceAccount" -}}
+{{- if .Values.lifecycle.serviceAccount.create -}}
+{{ .Values.lifecycle.serviceAccount.name | default (include "fleetwatch.lifecycle" .) }}
+{{- else -}}
+{{ required "lifecycle.serviceAccount.name: the ServiceAccount to use when lifecycle.serviceAccount.create=false" .Values.lifecycle.serviceAccount.name }}
+{{- end -}}
+{{- end -}}
+
+{{/*
+What a workload's pod spec takes from its values (hub, lifecycle, relays.*): priority class,
+node selection and scheduling. With more than one replica and no affinity or
+topologySpreadConstraints of your own, the replicas prefer different nodes and spread over
+zones (both soft: a single-node or single-zone cluster still schedules them).
+Call with (dict "v" .Values.hub "replicas" N "selector" (include "...Selector" .)).
+*/}}
+{{- define "fleetwatch.scheduling" -}}
+{{- with .v.priorityClassName }}
+priorityClassName: {{ . }}
+{{- end }}
+{{- with .v.nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .v.tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- if .v.affinity }}
+affinity:
+  {{- toYaml .v.affinity | nindent 2 }}
+{{- else if gt (int .replicas) 1 }}
+affinity:
+  podAntiAffinity:
+    preferredDuringSchedulingIgnoredDuringExecution:
+      - weight: 100
+        podAffinityTerm:
+          topologyKey: kubernetes.io/hostname
+          labelSelector:
+            matchLabels:
+              {{- .selector | nindent 14 }}
+{{- end }}
+{{- if .v.topologySpreadConstraints }}
+topologySpreadConstraints:
+  {{- toYaml .v.topologySpreadConstraints | nindent 2 }}
+{{- else if gt (int .replicas) 1 }}
+topologySpreadConstraints:
+  - maxSkew: 1
+    topologyKey: topology.kubernetes.io/zone
+    whenUnsatisfiable: ScheduleAnyway
+    labelSelector:
+      matchLabels:
+        {{- .selector | nindent 8 }}
+{{- end }}
 {{- end -}}
 
 {{/* The in-cluster wss address of the hub (the lifecycle operator dials it). */}}
@@ -59,5 +127,11 @@ wss://{{ include "fleetwatch.hub" . }}.{{ .Release.Namespace }}.svc:{{ .Values.h
 {{- end -}}
 {{- if lt (int .Values.lifecycle.shards) 1 -}}
 {{- fail "lifecycle.shards must be at least 1" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "fleetwatch.testImage" -}}
+{{- with .Values.tests.image -}}
+{{ .repository }}{{ if .digest }}@{{ .digest }}{{ else }}:{{ .tag }}{{ end }}
 {{- end -}}
 {{- end -}}
