@@ -191,3 +191,13 @@ fn nats_seed_2928_older_states_of_a_second_process_after_the_first_ones() {
 fn nats_seed_4726_a_failed_append_dropping_the_chain_of_one_in_flight() {
     passes_on_nats(4726);
 }
+
+/// A session a second agent process had left (it moved to another replica) took one of its
+/// records in late, after that process's newer records and the first process's after them:
+/// it named the first process's latest record and followed it, though older than what its
+/// own process had stored. The tail now remembers the highest seq of the last few agent
+/// processes of a cluster, and a record at or below its process's is stale.
+#[test]
+fn nats_seed_7056_a_record_older_than_its_own_process_behind_another_process() {
+    passes_on_nats(7056);
+}

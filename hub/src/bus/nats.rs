@@ -359,7 +359,7 @@ fn initial_log(state: &JsState, base: u64, heads: &HashMap<Arc<str>, Head>) -> (
     for (cluster, h) in heads {
         if h.offset < log.base {
             log.evicted.insert(cluster.clone(), h.offset);
-            let latest = Latest { key: (h.epoch, h.seq), epoch: h.epoch, offset: h.offset, other: 0 };
+            let latest = Latest::new((h.epoch, h.seq), h.offset);
             chain.last.insert(cluster.clone(), latest);
         } else if log.base > 1 {
             log.evicted.insert(cluster.clone(), log.base - 1);
@@ -387,6 +387,35 @@ struct Latest {
     offset: u64,
     /// The offset of the latest record stored of another epoch than `epoch` (0: none seen).
     other: u64,
+    /// The highest seq taken in of the last few agent processes (epoch, seq; epoch 0:
+    /// none), newest first: `key` only knows the latest process's.
+    seqs: [(u64, u64); 3],
+}
+
+impl Latest {
+    fn new(key: (u64, u64), offset: u64) -> Self {
+        Self { key, epoch: key.0, offset, other: 0, seqs: [key, (0, 0), (0, 0)] }
+    }
+
+    /// The highest seq taken in of agent process `epoch`, if it is one of the last few.
+    fn highest(&self, epoch: u64) -> Option<u64> {
+        self.seqs.iter().find(|(e, _)| *e == epoch && epoch != 0).map(|(_, s)| *s)
+    }
+
+    /// Takes in record `key` of its process.
+    fn note(&mut self, key: (u64, u64)) {
+        match self.seqs.iter().position(|(e, _)| *e == key.0) {
+            Some(i) => {
+                let seq = self.seqs[i].1.max(key.1);
+                self.seqs[..=i].rotate_right(1);
+                self.seqs[0] = (key.0, seq);
+            }
+            None => {
+                self.seqs.rotate_right(1);
+                self.seqs[0] = key;
+            }
+        }
+    }
 }
 
 impl Chain {
@@ -413,18 +442,21 @@ impl Chain {
                     l.epoch = now.0;
                 }
                 l.offset = offset;
-                if l.key.0 == now.0 && now.1 <= l.key.1 {
-                    // Older than the cluster's latest record of the same agent process,
-                    // stored after it: a publish a client kept while its link to JetStream
-                    // was down and sent once it was back, after the agent had resent it and
-                    // more through another replica. Delivered as an event it would put an
-                    // older state over a newer one; the latest stays the latest.
+                if (l.key.0 == now.0 && now.1 <= l.key.1) || l.highest(now.0).is_some_and(|seq| now.1 <= seq) {
+                    // Older than a record of the same agent process stored before it: a
+                    // publish a client kept while its link to JetStream was down and sent
+                    // once it was back, after the agent had resent it and more through
+                    // another replica; or one a session the agent had left took in late,
+                    // after its records through another replica and another process's
+                    // (seed 7056). Delivered as an event it would put an older state over a
+                    // newer one; the latest stays the latest.
                     return Err(STALE);
                 }
+                l.note(now);
                 (Some(std::mem::replace(&mut l.key, now)), other)
             }
             None => {
-                self.last.insert(cluster.clone(), Latest { key: now, epoch: now.0, offset, other: 0 });
+                self.last.insert(cluster.clone(), Latest::new(now, offset));
                 (None, 0)
             }
         };
@@ -2193,5 +2225,22 @@ mod unit {
         assert_eq!(partial.follow(&d, Some("1/2"), Some("9"), (1, 3), 12), Ok(()), "everything after 9 seen");
         assert_eq!(partial.follow(&d, Some("1/3"), Some("13"), (1, 4), 13), Err(UNCHECKED), "an end beyond itself");
         assert_eq!(partial.follow(&d, Some("1/4"), Some("x"), (1, 5), 14), Err(UNCHECKED));
+    }
+
+    /// Seed 7056 of the simulation: a session the second agent process had left took its
+    /// record in late, after that process's newer records through another replica and the
+    /// first process's after them; it named the latest (the first process's) and followed
+    /// it, but is older than what its own process had stored.
+    #[test]
+    fn a_record_older_than_its_process_stored_behind_another_process_is_stale() {
+        let c: Arc<str> = "c".into();
+        let mut chain = Chain { last: HashMap::new(), seen_from: 1 };
+        assert_eq!(chain.follow(&c, Some("-"), Some("0"), (1, 1), 1), Ok(()));
+        assert_eq!(chain.follow(&c, Some("1/1@1"), Some("1"), (2, 1), 2), Ok(()));
+        assert_eq!(chain.follow(&c, Some("2/1"), Some("2"), (2, 5), 3), Ok(()), "2/2..2/4 through another replica");
+        assert_eq!(chain.follow(&c, Some("2/5@3"), Some("3"), (1, 2), 4), Ok(()), "the first process again");
+        assert_eq!(chain.follow(&c, Some("1/2@4"), Some("4"), (2, 3), 5), Err(STALE), "older than 2/5");
+        assert_eq!(chain.follow(&c, Some("1/2@4"), Some("5"), (1, 3), 6), Ok(()), "1/2 is still the latest");
+        assert_eq!(chain.follow(&c, Some("1/3@6"), Some("6"), (2, 6), 7), Ok(()), "newer than 2/5");
     }
 }
