@@ -201,3 +201,13 @@ fn nats_seed_4726_a_failed_append_dropping_the_chain_of_one_in_flight() {
 fn nats_seed_7056_a_record_older_than_its_own_process_behind_another_process() {
     passes_on_nats(7056);
 }
+
+/// A replica's local tail started after retention had evicted records of the stream, and
+/// the heads bucket (written once a second) did not name a cluster whose latest records
+/// were among them: a live subscriber resuming there from before the first retained record
+/// was told of the other clusters' evictions but not of that one's. A tail started after
+/// evictions now answers a reader from before its first record with `resync-required *`.
+#[test]
+fn nats_seed_8146_evictions_before_the_tail_started_of_a_cluster_the_heads_did_not_name() {
+    passes_on_nats(8146);
+}

@@ -366,6 +366,16 @@ fn initial_log(state: &JsState, base: u64, heads: &HashMap<Arc<str>, Head>) -> (
         }
         log.heads.insert(cluster.clone(), (h.epoch, h.seq));
     }
+    // Records of this stream were evicted before the tail started: the bucket names the
+    // clusters whose heads were written before, but not one whose latest record was stored
+    // after the last write of the heads (written once a second, and not at all by a replica
+    // that crashed first). A reader from before the first retained record gets
+    // `resync-required *` (seed 8146: a subscriber resuming on a replica whose tail had just
+    // started skipped a cluster's evicted records without a word).
+    let first_seq = if state.messages == 0 { state.last_sequence + 1 } else { state.first_sequence.max(1) };
+    if first_seq > 1 {
+        log.evicted.insert(Arc::from(ALL_CLUSTERS), log.base - 1);
+    }
     (log, chain)
 }
 
