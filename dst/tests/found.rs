@@ -211,3 +211,13 @@ fn nats_seed_7056_a_record_older_than_its_own_process_behind_another_process() {
 fn nats_seed_8146_evictions_before_the_tail_started_of_a_cluster_the_heads_did_not_name() {
     passes_on_nats(8146);
 }
+
+/// A new bus began under a running replica (JetStream lost its store while another replica
+/// restarted); the running one flushed a durable cursor of the old bus into the new bus's
+/// cursor bucket before it noticed, and the subscriber resumed at that offset of the new
+/// bus, past its first records. Cursor entries now name their bus; one of another bus
+/// reads as empty (the name is lost: `resync-required *`) and is not written over.
+#[test]
+fn nats_seed_9866_a_cursor_of_the_old_bus_written_into_a_new_one() {
+    passes_on_nats(9866);
+}

@@ -1476,12 +1476,22 @@ impl<J: JetStream> NatsBus<J> {
         self.release_local();
     }
 
-    async fn cursor_entry(&self, identity: &str) -> Result<(Cursors, Option<u64>), BusError> {
+    /// One identity's cursors and the entry's revision. An entry written for another bus
+    /// (a replica of the bus this one replaced, or this one of a bus replaced under it)
+    /// reads as empty: its offsets mean nothing here (`Err` names it, see
+    /// [`NatsBus::update_cursors`]).
+    async fn cursor_entry(&self, identity: &str) -> Result<(Cursors, Option<u64>, Option<String>), BusError> {
         let entry = self.cursors_kv.entry(&token(identity)).await.map_err(|e| self.cursor_err(identity, e))?;
         Ok(match entry {
-            Some(e) if e.is_put => (Cursors::parse(&e.value), Some(e.revision)),
-            Some(e) => (Cursors::default(), Some(e.revision)),
-            None => (Cursors::default(), None),
+            Some(e) if e.is_put => {
+                let cursors = Cursors::parse(&e.value);
+                match cursors.bus.as_deref() {
+                    Some(bus) if bus != self.stream_id => (Cursors::default(), Some(e.revision), Some(bus.to_string())),
+                    _ => (cursors, Some(e.revision), None),
+                }
+            }
+            Some(e) => (Cursors::default(), Some(e.revision), None),
+            None => (Cursors::default(), None, None),
         })
     }
 
@@ -1513,8 +1523,20 @@ impl<J: JetStream> NatsBus<J> {
         change: impl Fn(&mut Cursors) -> Result<(), DurableError>,
     ) -> Result<(), BusError> {
         for _ in 0..CAS_ATTEMPTS {
-            let (mut names, revision) = self.cursor_entry(identity).await?;
+            let (mut names, revision, foreign) = self.cursor_entry(identity).await?;
+            if let Some(bus) = foreign {
+                // Written for the bus that replaced the one this replica serves (seed 9866:
+                // a replica flushed a cursor of the old bus into the new bus's bucket, and
+                // the subscriber resumed at that offset of the new bus, past its first
+                // records): this replica's moves are not written; its probe finds the new
+                // bus and it stops.
+                return Err(self.cursor_err(
+                    identity,
+                    format!("the entry is of bus {bus}, this replica serves bus {}", self.stream_id),
+                ));
+            }
             change(&mut names)?;
+            names.bus = Some(self.stream_id.clone());
             let value: bytes::Bytes = serde_json::to_vec(&names).unwrap_or_default().into();
             let key = token(identity);
             let written = match revision {
@@ -1553,13 +1575,13 @@ fn decode(stream: &str, msg: &Delivered, offset: u64, time_ms: u64) -> Result<Re
     Ok(Record { offset, cluster: cluster.into(), epoch, seq, time_ms, body })
 }
 
-/// Keeps the later (by offset) of `h` and what `heads` has for the cluster.
 /// FNV-1a, 64 bits: a stable digest for message ids (the same in every replica and
 /// release, unlike the standard library's hasher).
 fn fnv1a(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3))
 }
 
+/// Keeps the later (by offset) of `h` and what `heads` has for the cluster.
 fn keep_latest(heads: &mut HashMap<Arc<str>, Head>, cluster: &Arc<str>, h: Head) {
     let entry = heads.entry(cluster.clone()).or_insert(h);
     if h.offset > entry.offset {
@@ -1969,7 +1991,7 @@ impl<J: JetStream> Bus for NatsBus<J> {
         Box::pin(async move {
             check_name(name)?;
             self.usable()?;
-            let (entry, _) = self.cursor_entry(identity).await?;
+            let (entry, _, _) = self.cursor_entry(identity).await?;
             let pending = lock(&self.dirty).get(identity).and_then(|m| m.get(name)).copied();
             Ok(match entry.cursor(name, pending) {
                 Some(c) => Lookup::Known(c),

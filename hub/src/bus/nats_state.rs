@@ -94,6 +94,11 @@ pub(super) struct Cursors {
     pub(super) names: BTreeMap<String, u64>,
     /// Name → the registration that set its start point (random, per registration).
     pub(super) regs: BTreeMap<String, u64>,
+    /// The bus (stream lineage id) the cursors are offsets of; absent in entries of
+    /// earlier releases. A bus begun anew numbers its offsets from 1 again, so a cursor of
+    /// another bus means nothing in it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) bus: Option<String>,
 }
 
 /// A cursor move not written yet: the cursor and the registration it was made under
