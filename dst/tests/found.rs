@@ -221,3 +221,14 @@ fn nats_seed_8146_evictions_before_the_tail_started_of_a_cluster_the_heads_did_n
 fn nats_seed_9866_a_cursor_of_the_old_bus_written_into_a_new_one() {
     passes_on_nats(9866);
 }
+
+/// An agent resent a record its replaced session still had in flight on the same replica;
+/// the resend was skipped as a duplicate of the publish in flight and acked at once, and
+/// that publish was then lost. Resends are now skipped only up to what is known stored
+/// (JetStream's duplicate window drops a copy of what was).
+#[test]
+fn nats_seeds_10074_11367_and_15030_a_resend_acked_while_its_first_publish_was_in_flight() {
+    passes_on_nats(10074);
+    passes_on_nats(11367);
+    passes_on_nats(15030);
+}

@@ -1251,9 +1251,18 @@ impl<J: JetStream> NatsBus<J> {
         // tail, the cluster's head. Every record at or below it is stored already.
         let tail_last = if self.tail_started.load(Ordering::SeqCst) { self.core.last_offset() } else { 0 };
         let seen = known.max(tail_last).max(tip_offset.unwrap_or(0)).to_string();
+        // Resends are skipped only up to what is known stored: a record of an append still
+        // in flight is published again (JetStream's duplicate window drops the copy if the
+        // first was stored). Skipped and answered at once, it was acked to the agent while
+        // the publish in flight could still fail (seed 10074: a replaced session's batch
+        // lost after the new session's resend of it had been acked).
+        let stored = match pending {
+            Some(_) => lock(&self.heads).get(&cluster).map(|h| (h.epoch, h.seq)),
+            None => tip,
+        };
         let mut fresh = Vec::with_capacity(items.len());
         for item in items {
-            if let Some((ep, seq)) = tip
+            if let Some((ep, seq)) = stored
                 && ep == item.epoch
                 && item.seq <= seq
             {
