@@ -232,3 +232,13 @@ fn nats_seeds_10074_11367_and_15030_a_resend_acked_while_its_first_publish_was_i
     passes_on_nats(11367);
     passes_on_nats(15030);
 }
+
+/// Two hub replicas started together after JetStream had lost its store: both waited for
+/// the missing stream, one began a new bus, and the other, finding it, wrote the cursor
+/// store's meta entry first saying no durable names were lost; a durable subscriber coming
+/// back from `latest` was placed at the new bus's end as a new name. A replica that waited
+/// for a missing stream now answers as the one that began the bus did.
+#[test]
+fn nats_seed_10841_a_replica_finding_a_new_bus_it_waited_for() {
+    passes_on_nats(10841);
+}

@@ -1674,12 +1674,19 @@ pub(super) fn wanted_config(opts: &NatsOptions) -> async_nats::jetstream::stream
 }
 
 /// Creates the stream, or checks that the existing one has our settings; answers with
-/// whether it created the stream after waiting for a missing one.
+/// whether the stream was missing when this hub first looked and it waited (it created
+/// the stream then, or found the one another replica created meanwhile).
 async fn ensure_stream<J: JetStream>(js: &J, opts: &NatsOptions) -> Result<(StreamInfo, bool), NatsError> {
     let want = wanted_spec(opts);
     let stream_err = |cause: String| NatsError::Stream { stream: opts.stream.clone(), cause };
     let deadline = tokio::time::Instant::now() + opts.missing_stream_wait;
     let mut found = js.stream_info().await;
+    // Missing at first and waited for: a stream found afterwards may be a new bus another
+    // replica began after waiting too, and answers as if this one had begun it (seed 10841:
+    // two replicas started together after JetStream lost its store; the one that found the
+    // other's new stream wrote the cursor store's meta entry first, saying no names were
+    // lost, and a durable subscriber returning from `latest` was placed at the end).
+    let waited = matches!(found, Err(JsError::NotFound)) && !opts.missing_stream_wait.is_zero();
     while matches!(found, Err(JsError::NotFound)) && tokio::time::Instant::now() < deadline {
         tracing::info!(stream = %opts.stream, wait = ?opts.missing_stream_wait, "no JetStream stream: waiting for a running hub replica to recreate it (NATS may have lost its store) before creating a new bus");
         tokio::time::sleep(Duration::from_millis(250)).await;
@@ -1689,7 +1696,7 @@ async fn ensure_stream<J: JetStream>(js: &J, opts: &NatsOptions) -> Result<(Stre
         Ok(info) => {
             let diffs = info.settings.differences(&want.settings());
             if diffs.is_empty() {
-                Ok((info, false))
+                Ok((info, waited))
             } else {
                 Err(NatsError::Conflict { stream: opts.stream.clone(), what: diffs.join("; ") })
             }
