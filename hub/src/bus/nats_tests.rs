@@ -97,7 +97,9 @@ async fn a_new_replica_resumes_heads_from_the_bucket_after_eviction() {
     assert_eq!(b.append("old".into(), vec![ev(7, 2)]).await.unwrap(), 4, "a resend is still a duplicate");
     let mut evicted: Vec<String> = b.read(1, 10).await.unwrap().evicted.iter().map(|(c, _)| c.to_string()).collect();
     evicted.sort();
-    assert_eq!(evicted, vec!["new", "old"], "every cluster that may have lost records below offset 3");
+    // The bucket named both, but one whose latest records were stored after its last write
+    // would be missing: a tail started after evictions also says `*` (seed 8146).
+    assert_eq!(evicted, vec!["*", "new", "old"], "every cluster that may have lost records below offset 3");
     assert!(b.read(3, 10).await.unwrap().evicted.is_empty());
     // The records b loaded and the next ones follow their predecessors as b sees them: an
     // evicted one (old 7/2) by the offset its publisher had from the ack.
