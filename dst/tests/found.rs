@@ -242,3 +242,14 @@ fn nats_seeds_10074_11367_and_15030_a_resend_acked_while_its_first_publish_was_i
 fn nats_seed_10841_a_replica_finding_a_new_bus_it_waited_for() {
     passes_on_nats(10841);
 }
+
+/// JetStream lost its store twice in a short time; a replica that had begun taking the
+/// first recreated stream on (it published its marker) lost it again before it recorded
+/// the new base, and recreated the stream at that same base: its offsets repeated offsets
+/// another replica had handed out of the first recreation, and a durable subscriber got
+/// cursors it had acknowledged again. A replica now counts a stream's base as handed out
+/// before anything else of taking it on.
+#[test]
+fn nats_seed_9427_a_stream_recreated_twice_at_one_base() {
+    passes_on_nats(9427);
+}

@@ -1052,6 +1052,12 @@ impl<J: JetStream> NatsBus<J> {
     }
 
     async fn adopt_now(&self, info: &StreamInfo, lineage: &Lineage) -> Result<(), NatsError> {
+        // Offsets up to the new stream's base count as handed out from here on, before
+        // anything below can fail: a replica that lost the stream again before it finished
+        // taking this one on must recreate it above this base, not at it (seed 9427: it
+        // recreated at the same base, and its offsets repeated ones another replica had
+        // handed out of the first recreation).
+        self.stream_last.fetch_max(lineage.base, Ordering::SeqCst);
         // The key-value handles name their buckets: they work on buckets created again.
         ensure_bucket(&self.js, &self.heads_bucket, self.opts.replicas, Duration::ZERO).await?;
         ensure_bucket(&self.js, &self.cursors_bucket, self.opts.replicas, Duration::ZERO).await?;
