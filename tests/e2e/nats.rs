@@ -331,6 +331,20 @@ fn only_first_subscription_resyncs(seen: &Seen) -> bool {
 
 /// Lines `tail` printed that are a `resync-required` for every cluster (`*`), but for the
 /// one its durable name's first subscription to a newly begun bus is told.
+/// Waits (60 s at most) until the hub's `/readyz` says ready; fails with `what`, its last
+/// answer and the hub's log otherwise.
+async fn wait_ready(hub: &HubProc, what: &str) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let ready = http_get(hub.admin_port, "/readyz").await;
+        if ready.starts_with("ready") {
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "{what}: {ready}\n{}", hub.proc.stderr());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 fn resync_all_lines(tail: &Proc) -> Vec<serde_json::Value> {
     tail.stdout_lines
         .lock()
@@ -406,15 +420,7 @@ async fn jetstream_restarted_empty_recovers_without_a_hub_restart() {
     );
     let at_marker = collector.seen.lock().unwrap().max_seq.get("c1").copied().unwrap_or(0);
     for hub in [&a, &b] {
-        let deadline = std::time::Instant::now() + Duration::from_secs(60);
-        loop {
-            let ready = http_get(hub.admin_port, "/readyz").await;
-            if ready.starts_with("ready") {
-                break;
-            }
-            assert!(std::time::Instant::now() < deadline, "hub not ready again: {ready}\n{}", hub.proc.stderr());
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+        wait_ready(hub, "hub not ready again").await;
     }
     // The agent's session resumed: new events reach the live subscriber after the marker.
     let resumed = eventually(Duration::from_secs(90), || {
@@ -527,15 +533,7 @@ async fn a_replica_exits_when_the_stream_becomes_another_bus_and_serves_it_when_
 
     // Its supervisor starts it again: it takes the stream as it finds it and events flow.
     let hub = HubProc::start(&pki, port, None, &bus);
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    loop {
-        let ready = http_get(hub.admin_port, "/readyz").await;
-        if ready.starts_with("ready") {
-            break;
-        }
-        assert!(std::time::Instant::now() < deadline, "not ready on the new bus: {ready}\n{}", hub.proc.stderr());
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    wait_ready(&hub, "not ready on the new bus").await;
     let collector = Collector::start(&pki, &hub.url(), "checker-2").await;
     let above = collector.seen.lock().unwrap().max_seq.get("c1").copied().unwrap_or(0);
     assert!(
