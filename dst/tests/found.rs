@@ -216,10 +216,12 @@ fn nats_seed_8146_evictions_before_the_tail_started_of_a_cluster_the_heads_did_n
 /// restarted); the running one flushed a durable cursor of the old bus into the new bus's
 /// cursor bucket before it noticed, and the subscriber resumed at that offset of the new
 /// bus, past its first records. Cursor entries now name their bus; one of another bus
-/// reads as empty (the name is lost: `resync-required *`) and is not written over.
+/// reads as empty (the name is lost: `resync-required *`). Refusing to write over it, as
+/// first done, kept a replica of the new bus from registering the name at all (1593).
 #[test]
-fn nats_seed_9866_a_cursor_of_the_old_bus_written_into_a_new_one() {
+fn nats_seeds_9866_and_1593_a_cursor_of_the_old_bus_written_into_a_new_one() {
     passes_on_nats(9866);
+    passes_on_nats(1593);
 }
 
 /// An agent resent a record its replaced session still had in flight on the same replica;

@@ -1492,21 +1492,23 @@ impl<J: JetStream> NatsBus<J> {
     }
 
     /// One identity's cursors and the entry's revision. An entry written for another bus
-    /// (a replica of the bus this one replaced, or this one of a bus replaced under it)
-    /// reads as empty: its offsets mean nothing here (`Err` names it, see
-    /// [`NatsBus::update_cursors`]).
-    async fn cursor_entry(&self, identity: &str) -> Result<(Cursors, Option<u64>, Option<String>), BusError> {
+    /// (by a replica of the bus this one replaced, or of a bus begun under this one) reads
+    /// as empty: its offsets mean nothing here, and its names count as lost (seed 9866: a
+    /// replica flushed a cursor of the old bus into the new bus's bucket, and the subscriber
+    /// resumed at that offset of the new bus, past its first records).
+    async fn cursor_entry(&self, identity: &str) -> Result<(Cursors, Option<u64>), BusError> {
         let entry = self.cursors_kv.entry(&token(identity)).await.map_err(|e| self.cursor_err(identity, e))?;
         Ok(match entry {
             Some(e) if e.is_put => {
                 let cursors = Cursors::parse(&e.value);
-                match cursors.bus.as_deref() {
-                    Some(bus) if bus != self.stream_id => (Cursors::default(), Some(e.revision), Some(bus.to_string())),
-                    _ => (cursors, Some(e.revision), None),
+                if cursors.bus.as_deref().is_some_and(|bus| bus != self.stream_id) {
+                    (Cursors::default(), Some(e.revision))
+                } else {
+                    (cursors, Some(e.revision))
                 }
             }
-            Some(e) => (Cursors::default(), Some(e.revision), None),
-            None => (Cursors::default(), None, None),
+            Some(e) => (Cursors::default(), Some(e.revision)),
+            None => (Cursors::default(), None),
         })
     }
 
@@ -1538,18 +1540,11 @@ impl<J: JetStream> NatsBus<J> {
         change: impl Fn(&mut Cursors) -> Result<(), DurableError>,
     ) -> Result<(), BusError> {
         for _ in 0..CAS_ATTEMPTS {
-            let (mut names, revision, foreign) = self.cursor_entry(identity).await?;
-            if let Some(bus) = foreign {
-                // Written for the bus that replaced the one this replica serves (seed 9866:
-                // a replica flushed a cursor of the old bus into the new bus's bucket, and
-                // the subscriber resumed at that offset of the new bus, past its first
-                // records): this replica's moves are not written; its probe finds the new
-                // bus and it stops.
-                return Err(self.cursor_err(
-                    identity,
-                    format!("the entry is of bus {bus}, this replica serves bus {}", self.stream_id),
-                ));
-            }
+            // An entry of another bus reads as empty (see `cursor_entry`) and is written
+            // over with this bus's: whichever replica serves the bus that is gone stops once
+            // its probe finds the other (a refusal here kept a replica of the new bus from
+            // registering a durable name at all: seed 1593).
+            let (mut names, revision) = self.cursor_entry(identity).await?;
             change(&mut names)?;
             names.bus = Some(self.stream_id.clone());
             let value: bytes::Bytes = serde_json::to_vec(&names).unwrap_or_default().into();
@@ -2013,7 +2008,7 @@ impl<J: JetStream> Bus for NatsBus<J> {
         Box::pin(async move {
             check_name(name)?;
             self.usable()?;
-            let (entry, _, _) = self.cursor_entry(identity).await?;
+            let (entry, _) = self.cursor_entry(identity).await?;
             let pending = lock(&self.dirty).get(identity).and_then(|m| m.get(name)).copied();
             Ok(match entry.cursor(name, pending) {
                 Some(c) => Lookup::Known(c),
