@@ -476,6 +476,21 @@ async fn rendered_workloads_run_with_their_args_and_service_account_rbac() {
     assert_eq!(http_status_with(admin, "/metrics", &bearer).await, Some(200), "the ServiceMonitor's hub endpoint");
     assert_eq!(http_status(admin, "/metrics").await, Some(401), "the admin API without the token");
     assert_eq!(http_status(admin, "/api/v1/clusters").await, Some(401), "the admin API without the token");
+    // The hub follows Runtimes (for the web view) under its ClusterRole: a watch the RBAC
+    // allows, so the view is up to date and names no error.
+    let start = Instant::now();
+    loop {
+        let view: Value = serde_json::from_str(&admin_get(admin, "/api/v1/runtimes").await).unwrap_or_default();
+        if view["updated"].is_string() && view["error"].is_null() {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "the hub does not follow Runtimes under its RBAC: {view}\nhub log:\n{}",
+            tail(&hub.proc.stderr())
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 
     // The agent with the agent chart's ServiceAccount.
     let agent =
