@@ -1284,6 +1284,26 @@ fn helm_test_jobs_ask_readyz_through_rendered_services() {
             });
             assert!(open, "{chart}: no NetworkPolicy lets the test Job reach port {port}");
         }
+        // The Job's own pod is under a NetworkPolicy (a test hook like it): no ingress, out
+        // only DNS and the ports it asks.
+        let own = docs
+            .iter()
+            .filter(|d| d["kind"] == "NetworkPolicy")
+            .find(|np| np["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "helm-test")
+            .unwrap_or_else(|| panic!("{chart}: no NetworkPolicy selects the test Job's pod"));
+        assert_eq!(own["metadata"]["annotations"]["helm.sh/hook"], "test");
+        assert_eq!(own["spec"]["policyTypes"], json!(["Ingress", "Egress"]));
+        assert!(own["spec"]["ingress"].is_null(), "{chart}: ingress to the test Job");
+        let egress_ports: Vec<u64> = own["spec"]["egress"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|r| r["ports"].as_array().unwrap().iter().map(|p| p["port"].as_u64().unwrap()))
+            .collect();
+        for port in ports.iter().chain(&[53]) {
+            assert!(egress_ports.contains(&(*port as u64)), "{chart}: the test Job may not reach port {port}");
+        }
+        assert!(job["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["cpu"].is_string());
         // The plain manifests leave the Jobs out.
         let plain = manifest(if chart == "fleetwatch" { "control-plane.yaml" } else { "agent.yaml" });
         assert!(!plain.iter().any(|d| d["kind"] == "Job"), "{chart}: a test Job in deploy/manifests");
