@@ -1559,6 +1559,35 @@ fn relays_without_what_they_need_are_refused() {
     refused(&["relays.klm.from=middle"], &["relays.klm.from"]);
 }
 
+/// A control plane (sim, CRDs) and the hub run from `docs` (the chart rendered with a
+/// relay), with the files of every volume the hub and relay `kind` mount (the relay's
+/// subscriber certificate for its default name).
+async fn rendered_hub_for_relay(
+    pki: &Pki,
+    dir: &Path,
+    docs: &[Value],
+    kind: &str,
+) -> (fleetwatch_sim::SimCluster, PathBuf, Workload, VolumeFiles) {
+    let cp = sim("control-plane", true).await;
+    let cp_kc = dir.join("cp.kubeconfig");
+    cp.write_kubeconfig(&cp_kc).unwrap();
+    kubectl(&cp_kc, &["apply", "--server-side", "-f", manifest_path("control-plane.yaml").to_str().unwrap()], None);
+    let hub_kc = dir.join("hub.kubeconfig");
+    cp.write_kubeconfig_for(&hub_kc, "fleetwatch-system", "fleetwatch-hub").unwrap();
+    let relay_files = pki.subscriber(kind);
+    let mut files = VolumeFiles::new();
+    files.insert("fleetwatch-hub-tls".into(), vec![("tls.crt", pki.path("hub.crt")), ("tls.key", pki.path("hub.key"))]);
+    files.insert("fleetwatch-hub-admin-token".into(), vec![("token", admin_token_file(pki))]);
+    files.insert("fleetwatch-hub-access-policy".into(), vec![("policy.yaml", access_policy_file(docs, dir))]);
+    files.insert("fleetwatch-trust-bundle".into(), vec![("ca.crt", pki.path("ca.crt"))]);
+    files.insert(
+        format!("fleetwatch-relay-{kind}-tls"),
+        vec![("tls.crt", relay_files.cert.clone()), ("tls.key", relay_files.key.clone())],
+    );
+    let hub = start_ready(docs, "StatefulSet", "fleetwatch-hub", &files, None, &hub_kc, dir).await;
+    (cp, cp_kc, hub, files)
+}
+
 /// What the relay test's target received: the signature header and the body.
 type Request = (String, Vec<u8>);
 
@@ -1602,26 +1631,10 @@ async fn a_relay_runs_from_its_rendered_deployment_under_the_grant_the_chart_add
         ],
     )
     .unwrap();
-    let cp = sim("control-plane", true).await;
-    let cp_kc = dir.join("cp.kubeconfig");
-    cp.write_kubeconfig(&cp_kc).unwrap();
-    kubectl(&cp_kc, &["apply", "--server-side", "-f", manifest_path("control-plane.yaml").to_str().unwrap()], None);
-    let hub_kc = dir.join("hub.kubeconfig");
-    cp.write_kubeconfig_for(&hub_kc, "fleetwatch-system", "fleetwatch-hub").unwrap();
-    let relay_files = pki.subscriber("webhook");
     let hmac = pki.path("hmac-secret");
     std::fs::write(&hmac, "s3cret\n").unwrap();
-    let mut files = VolumeFiles::new();
-    files.insert("fleetwatch-hub-tls".into(), vec![("tls.crt", pki.path("hub.crt")), ("tls.key", pki.path("hub.key"))]);
-    files.insert("fleetwatch-hub-admin-token".into(), vec![("token", admin_token_file(&pki))]);
-    files.insert("fleetwatch-hub-access-policy".into(), vec![("policy.yaml", access_policy_file(&docs, &dir))]);
-    files.insert("fleetwatch-trust-bundle".into(), vec![("ca.crt", pki.path("ca.crt"))]);
-    files.insert(
-        "fleetwatch-relay-webhook-tls".into(),
-        vec![("tls.crt", relay_files.cert.clone()), ("tls.key", relay_files.key.clone())],
-    );
+    let (_cp, cp_kc, hub, mut files) = rendered_hub_for_relay(&pki, &dir, &docs, "webhook").await;
     files.insert("webhook-hmac".into(), vec![("secret", hmac)]);
-    let hub = start_ready(&docs, "StatefulSet", "fleetwatch-hub", &files, None, &hub_kc, &dir).await;
     let hub_url = format!("wss://localhost:{}", hub.port("wss"));
 
     // eu-2's events first, all in the hub's log (ops reads every cluster)…
@@ -1661,4 +1674,48 @@ async fn a_relay_runs_from_its_rendered_deployment_under_the_grant_the_chart_add
         .and_then(|l| l.rsplit(' ').next()?.parse().ok())
         .unwrap_or_else(|| panic!("no delivered count for {target} in:\n{metrics}"));
     assert!(delivered >= 5, "{metrics}");
+}
+
+/// The KLM relay from its rendered Deployment: the listener (runtime-watcher's v2 contract)
+/// gets a request per object of the granted cluster, with that cluster as the runtime id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_klm_relay_runs_from_its_rendered_deployment() {
+    use crate::relay::klm_listener::KlmListener;
+    let pki = Pki::new();
+    let dir = pki.path("deploy");
+    std::fs::create_dir_all(&dir).unwrap();
+    let listener = KlmListener::start(None).await;
+    let target = format!("relays.klm.target={}", listener.url());
+    let docs = helm_template(
+        "fleetwatch",
+        "fleetwatch-system",
+        &["relays.klm.enabled=true", &target, "relays.klm.clusters={rt-*}"],
+    )
+    .unwrap();
+    let (_cp, cp_kc, hub, files) = rendered_hub_for_relay(&pki, &dir, &docs, "klm").await;
+    let hub_url = format!("wss://localhost:{}", hub.port("wss"));
+    let relay = start_ready(&docs, "Deployment", "fleetwatch-relay-klm", &files, Some(&hub_url), &cp_kc, &dir).await;
+    let _agent = agent(&pki, "rt-1", &hub_url, "synthetic:objects=5,rate=50,total=5", &[]);
+    let names = || {
+        listener
+            .received()
+            .iter()
+            .filter(|r| r.runtime == "rt-1" && r.component == "lifecycle-manager")
+            .filter_map(|r| r.body["watched"]["name"].as_str().map(str::to_string))
+            .collect::<std::collections::BTreeSet<_>>()
+    };
+    // The five objects (and the agent start's resync fallback, the runtime's Kyma object).
+    let want: std::collections::BTreeSet<String> = (0..5).map(|n| format!("obj-{n}")).collect();
+    let all = eventually(Duration::from_secs(30), || names().is_superset(&want)).await;
+    assert!(
+        all,
+        "the listener got {:?} (refused {:?}); relay log:\n{}",
+        names(),
+        listener.refused(),
+        tail(&relay.proc.stderr())
+    );
+    let received = listener.received();
+    let r = received.iter().find(|r| r.body["watched"]["name"] == "obj-0").unwrap();
+    assert_eq!(r.body["watchedGvk"], json!({"group": "synthetic.fleetwatch.dev", "version": "v1", "kind": "Object"}));
+    assert_eq!(r.body["watched"]["namespace"], "default");
 }
