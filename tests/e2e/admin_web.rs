@@ -471,14 +471,14 @@ const ROWS: &str = "JSON.stringify([...document.querySelectorAll('tr[data-cluste
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn web_view_in_chromium_shows_the_fleet_and_an_agent_stopping_within_two_seconds() {
     let Some(chromium) = chromium() else {
+        // Missing Chromium fails the test unless the skip is asked for by name: a test that
+        // passes without running is a false calm.
         assert!(
-            std::env::var_os("CI").is_none(),
-            "chromium is not installed in CI: scripts/test.sh installs it (apt-get install chromium)"
+            std::env::var_os("FLEETWATCH_SKIP_CHROMIUM").is_some(),
+            "the web view test needs chromium: scripts/test.sh installs it (apt-get install chromium); \
+             set FLEETWATCH_SKIP_CHROMIUM=1 to skip it explicitly"
         );
-        eprintln!(
-            "\n!!!!!!!! SKIPPED: the web view test needs chromium (apt-get install chromium; scripts/test.sh installs \
-             it). Not in CI, so skipping. !!!!!!!!\n"
-        );
+        eprintln!("\n!!!!!!!! SKIPPED (FLEETWATCH_SKIP_CHROMIUM is set): the web view test needs chromium !!!!!!!!\n");
         return;
     };
     let pki = Pki::new();
