@@ -130,7 +130,9 @@
 //! marks. A newer mark is refused, never read as damage: at start (meta entry, heads) the
 //! hub does not start; at run time (a record in the tail, a cluster's last record or head
 //! read for a hello, a cursor entry) the replica refuses to go on, like a stream of another
-//! bus below ([`Bus::fatal`]), the tail stops before the record and nothing is written over.
+//! bus below ([`Bus::fatal`]), the tail stops before the record and nothing is written over:
+//! cursor entries are compare-and-set already, and heads are written with compare-and-set
+//! on the revision this replica wrote last (a head written meanwhile is read first).
 //!
 //! # JetStream restarted empty
 //! The probe finds the stream missing (for a second: not a server still starting) and
@@ -558,6 +560,14 @@ struct StoredHead<'a> {
     format: u32,
 }
 
+/// Why a head was not written.
+enum HeadWrite {
+    /// The bucket holds one of a newer format: not written over (the refusal).
+    Newer(String),
+    /// The bucket failed, or the value changed meanwhile: tried again at the next flush.
+    Failed(String),
+}
+
 /// A value of the heads bucket: `Ok(None)` when it is not a head (damaged: as before, the
 /// stream and the agents' resyncs stand in for it), `Err` with the format found when a
 /// newer release wrote it.
@@ -609,6 +619,10 @@ pub struct NatsBus<J: JetStream = AsyncNats> {
     tail_task: Mutex<Option<AbortHandle>>,
     /// Heads this replica appended and has not written to the bucket yet.
     dirty_heads: Mutex<HashMap<Arc<str>, Head>>,
+    /// The bucket revision of each head this replica wrote last: the next write of the
+    /// cluster's head is a compare-and-set on it, so a value written meanwhile (another
+    /// replica's, maybe of a newer format) is read before it is written over.
+    head_revisions: Mutex<HashMap<Arc<str>, u64>>,
     /// Clusters with appends of this replica in flight: the record published last (the
     /// predecessor the next publish names) and how many appends wait for their acks.
     pending: Mutex<HashMap<Arc<str>, Pending>>,
@@ -821,6 +835,7 @@ impl<J: JetStream> NatsBus<J> {
             tail_generation: AtomicU64::new(0),
             tail_task: Mutex::new(None),
             dirty_heads: Mutex::new(HashMap::new()),
+            head_revisions: Mutex::new(HashMap::new()),
             local_waiters: Mutex::new(BTreeMap::new()),
             pending: Mutex::new(HashMap::new()),
             generation: AtomicU64::new(0),
@@ -1243,24 +1258,61 @@ impl<J: JetStream> NatsBus<J> {
         if pending.is_empty() {
             return Ok(());
         }
-        let puts = pending.iter().map(|(cluster, h)| {
-            let value = serde_json::to_vec(&StoredHead { head: h, format: NATS_FORMAT }).unwrap_or_default();
-            let key = token(cluster);
-            async move { self.heads_kv.put(&key, value.into()).await }
+        let puts = pending.iter().map(|(cluster, h)| async move {
+            let value: bytes::Bytes =
+                serde_json::to_vec(&StoredHead { head: h, format: NATS_FORMAT }).unwrap_or_default().into();
+            self.write_head(cluster, value).await
         });
         let results = futures_util::future::join_all(puts).await;
         let mut failure = None;
         let mut dirty = lock(&self.dirty_heads);
         for ((cluster, h), r) in pending.into_iter().zip(results) {
-            if let Err(e) = r {
-                failure.get_or_insert_with(|| format!("write head of {cluster}: {e}"));
-                dirty.entry(cluster).or_insert(h);
+            match r {
+                Ok(()) => {}
+                Err(HeadWrite::Newer(why)) => {
+                    drop(dirty);
+                    return Err(self.refuse_newer(why));
+                }
+                Err(HeadWrite::Failed(e)) => {
+                    failure.get_or_insert_with(|| format!("write head of {cluster}: {e}"));
+                    dirty.entry(cluster).or_insert(h);
+                }
             }
         }
         match failure {
             None => Ok(()),
             Some(cause) => Err(BusError::Nats(NatsError::KeyValue { bucket: self.heads_bucket.clone(), cause })),
         }
+    }
+
+    /// Writes one head: compare-and-set on the revision this replica wrote last; when the
+    /// value changed since (or this replica has not written it), the value there is read
+    /// first, and one of a newer format is not written over.
+    async fn write_head(&self, cluster: &Arc<str>, value: bytes::Bytes) -> Result<(), HeadWrite> {
+        let key = token(cluster);
+        let known = lock(&self.head_revisions).get(cluster).copied();
+        if let Some(rev) = known
+            && let Ok(new) = self.heads_kv.update(&key, value.clone(), rev).await
+        {
+            lock(&self.head_revisions).insert(cluster.clone(), new);
+            return Ok(());
+        }
+        let there = self.heads_kv.entry(&key).await.map_err(HeadWrite::Failed)?;
+        let written = match there {
+            Some(e) => {
+                if e.is_put
+                    && let Err(found) = parse_head(&e.value)
+                {
+                    let what = format!("the head of cluster {cluster} in bucket {}", self.heads_bucket);
+                    return Err(HeadWrite::Newer(newer_format(&what, &found)));
+                }
+                self.heads_kv.update(&key, value, e.revision).await
+            }
+            None => self.heads_kv.create(&key, value).await.map_err(|e| e.to_string()),
+        };
+        let new = written.map_err(HeadWrite::Failed)?;
+        lock(&self.head_revisions).insert(cluster.clone(), new);
+        Ok(())
     }
 
     /// Publishes the records of one append and returns the future of their acks. Publishes

@@ -839,4 +839,19 @@ async fn a_record_head_or_cursor_entry_of_a_newer_format_is_refused_untouched() 
     assert!(!err.contains('\n'), "{err}");
     let now = heads.entry("c").await.unwrap().unwrap();
     assert_eq!((now.revision, now.value.as_ref()), (revision, &head[..]));
+
+    // A head a newer replica wrote while this one runs: its next head of the cluster does
+    // not write over it (compare-and-set on what it wrote last).
+    let d = open(&server.url(), "fw4", keep_all()).await;
+    d.append("c".into(), vec![ev(1, 1)]).await.unwrap();
+    d.flush_cursors().await.unwrap();
+    let heads = js.get_key_value("fw4_heads").await.unwrap();
+    let newer = br#"{"epoch":1,"seq":1,"offset":1,"format":2}"#;
+    let revision = heads.put("c", Bytes::from_static(newer)).await.unwrap();
+    d.append("c".into(), vec![ev(1, 2)]).await.unwrap();
+    let err = d.flush_cursors().await.unwrap_err().to_string();
+    assert!(refused(&err) && err.contains("the head of cluster c"), "{err}");
+    assert!(d.fatal().is_some());
+    let now = heads.entry("c").await.unwrap().unwrap();
+    assert_eq!((now.revision, now.value.as_ref()), (revision, &newer[..]), "written over");
 }
