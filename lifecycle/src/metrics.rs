@@ -278,6 +278,25 @@ mod tests {
     }
 
     #[test]
+    fn the_subscription_certificate_expiry_is_served_once_known() {
+        use fleetwatch_certs::{Authority, LeafSpec, TlsFiles};
+        let m = Metrics::default();
+        let name = "fleetwatch_lifecycle_client_certificate_expiry_timestamp_seconds";
+        assert!(!m.encode().contains(name), "no subscription, no certificate");
+        fleetwatch_certs::install_crypto_provider();
+        let dir = tempfile::tempdir().unwrap();
+        Authority::init(dir.path(), "td").unwrap();
+        let ca = Authority::load(dir.path()).unwrap();
+        let issued = ca.issue(dir.path(), &LeafSpec::Subscriber { name: "lifecycle".into() }, 1).unwrap();
+        let files = TlsFiles { cert: issued.cert.clone(), key: issued.key, ca: vec![dir.path().join("ca.crt")] };
+        m.set_client_tls(fleetwatch_client::client_tls::ClientTls::from_files(files).unwrap());
+        let not_after = fleetwatch_certs::inspect_file(&issued.cert).unwrap().not_after.as_second();
+        let text = m.encode();
+        assert!(text.lines().any(|l| l == format!("{name} {not_after}")), "{text}");
+        assert!(text.contains(&format!("# TYPE {name} gauge")), "{text}");
+    }
+
+    #[test]
     fn instruments_count() {
         let m = Metrics::default();
         m.reconciles.inc();
