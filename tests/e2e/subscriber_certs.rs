@@ -1,7 +1,8 @@
 //! Subscribers follow their certificate files like the agent: a `fleetwatch tail` process
 //! whose certificate is renewed on disk reconnects with it while connected (a half-written
 //! pair keeps the certificate in force), the old certificate can then be revoked, and no
-//! event is lost across the switch.
+//! event is lost across the switch; and a subscriber whose old certificate is revoked
+//! before it noticed the renewal reconnects with the one on disk.
 
 use std::collections::{BTreeSet, HashMap};
 use std::time::{Duration, Instant};
@@ -158,4 +159,66 @@ async fn a_subscriber_reconnects_with_its_renewed_certificate_and_loses_nothing(
     assert!(!hub.proc.stderr().contains("revoked certificate refused"), "{}", context());
     let twice = by_object.values().filter(|n| **n > 1).count();
     eprintln!("switched {switch:?} after the key was written; {twice} events printed twice (at least once)");
+}
+
+/// Renewed while the session is up but not checked (a long `--tls-reload-interval`), then
+/// the old certificate revoked: the hub closes the session, and the reconnect reads the
+/// files first, so it comes back with the renewed certificate instead of being refused for
+/// good with the revoked one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscriber_reconnects_with_the_certificate_on_disk_after_its_old_one_is_revoked() {
+    let pki = Pki::new();
+    let deny = pki.path("deny.txt");
+    std::fs::write(&deny, "").unwrap();
+    let port = free_port();
+    let deny_arg = deny.display().to_string();
+    let data = pki.path("hub-data");
+    let hub = HubProc::start(&pki, port, Some(&data), &["--deny-list", &deny_arg, "--tls-reload-interval", "1"]);
+    let issued = pki.subscriber("tailer");
+    let dir = pki.path("tailer-tls");
+    std::fs::create_dir_all(&dir).unwrap();
+    let (cert, key) = (dir.join("tls.crt"), dir.join("tls.key"));
+    std::fs::copy(&issued.cert, &cert).unwrap();
+    std::fs::copy(&issued.key, &key).unwrap();
+    let old_serial = fleetwatch_certs::inspect_file(&cert).unwrap().serial.to_lowercase();
+    let files = fleetwatch_certs::TlsFiles { cert: cert.clone(), key: key.clone(), ca: issued.ca.clone() };
+    let spec = "synthetic:objects=10,rate=50,total=1000";
+    let source: SyntheticSource = spec.parse().unwrap();
+    let _agent = agent(&pki, "c1", &hub.url(), spec, &[]);
+    let mut args: Vec<String> = vec!["tail".into(), "--hub".into(), hub.url(), "--name".into(), "durable".into()];
+    args.extend(["--from".into(), "earliest".into(), "--tls-reload-interval".into(), "3600".into()]);
+    args.extend(client_args(&files));
+    let tail = Proc::spawn(&args, pki.path("tail.log"));
+    let context = || format!("tail log:\n{}\nhub log:\n{}", tail.stderr(), hub.proc.stderr());
+    wait_for("tail prints events", Duration::from_secs(20), || printed(&tail, "c1").1.len() > 50, context).await;
+
+    let (new_cert, new_key, _) = pki.ca().issue_pem(&LeafSpec::Subscriber { name: "tailer".into() }, 1).unwrap();
+    let new_serial = fleetwatch_certs::inspect_pem(&new_cert, &cert).unwrap().serial.to_lowercase();
+    std::fs::write(&key, &new_key).unwrap();
+    std::fs::write(&cert, &new_cert).unwrap();
+    std::fs::write(&deny, format!("serial={}\n", old_serial.to_uppercase())).unwrap();
+    wait_for(
+        "the hub closes the revoked session",
+        Duration::from_secs(20),
+        || hub.proc.stderr().contains("certificate revoked"),
+        context,
+    )
+    .await;
+    wait_for(
+        "the subscriber comes back with the certificate on disk",
+        Duration::from_secs(20),
+        || connected_with(&hub.proc.stderr(), &new_serial) >= 1,
+        context,
+    )
+    .await;
+    let done = || {
+        let (by_object, _) = printed(&tail, "c1");
+        (0..source.objects)
+            .all(|n| by_object.contains_key(&(synthetic_subject(n), source.final_generation(n).unwrap())))
+    };
+    wait_for("every object reaches its final generation", Duration::from_secs(60), done, context).await;
+    let (_, seqs) = printed(&tail, "c1");
+    let acked = hub.clusters().await["clusters"][0]["ackedSeq"].as_u64().unwrap();
+    let lost: Vec<u64> = (2..=acked).filter(|s| !seqs.contains(s)).collect();
+    assert!(lost.is_empty(), "events stored by the hub and never printed: {lost:?}\n{}", context());
 }
