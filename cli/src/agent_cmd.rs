@@ -52,12 +52,6 @@ pub struct AgentArgs {
     /// the agent or the hub fixes it. The log line says which side to upgrade.
     #[arg(long, env = "FLEETWATCH_VERSION_RETRY", default_value_t = 300.0)]
     version_retry: f64,
-    /// Seconds between reads of the certificate, key and CA files: a renewed certificate
-    /// (e.g. a Secret the lifecycle operator or cert-manager rotated) makes the agent
-    /// reconnect with it, keeping its pending events; a changed CA bundle is used from the
-    /// next connection. No restart needed.
-    #[arg(long, env = "FLEETWATCH_TLS_RELOAD_INTERVAL", default_value_t = 5.0)]
-    tls_reload_interval: f64,
     /// Keep retrying when the first connection fails, instead of exiting with its error.
     #[arg(long, env = "FLEETWATCH_RETRY_FIRST_CONNECT")]
     retry_first_connect: bool,
@@ -89,10 +83,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         .ok()
         .filter(|d| !d.is_zero())
         .context("--version-retry must be a positive number of seconds")?;
-    config.tls_reload_interval = std::time::Duration::try_from_secs_f64(args.tls_reload_interval)
-        .ok()
-        .filter(|d| !d.is_zero())
-        .context("--tls-reload-interval must be a positive number of seconds")?;
+    config.tls_reload_interval = args.conn.tls_reload_interval()?;
     let runtime = AgentRuntime::new(config).context("cannot start agent")?.fail_fast(!args.retry_first_connect);
     let shutdown = crate::shutdown_on_signals();
     let health = match args.health_listen {

@@ -141,7 +141,8 @@ pub async fn run(args: LifecycleArgs) -> anyhow::Result<()> {
     } else {
         let url = HubUrls::parse_all(&args.hub)?;
         let (Some(cert), Some(key)) = (&args.cert, &args.key) else { anyhow::bail!("--hub needs --cert and --key") };
-        let tls = Arc::new(fleetwatch_certs::client_config(&crate::tls_files(cert, key, &args.ca))?);
+        // Followed by content: a renewed certificate is used without a restart.
+        let tls = fleetwatch_client::client_tls::ClientTls::from_files(crate::tls_files(cert, key, &args.ca))?;
         let mut opts = SubscriberOptions::new(url, tls);
         // Sharded instances follow the hub without a durable name: one shared cursor would
         // let one instance ack what another has not seen, and a name per process would pile

@@ -322,6 +322,13 @@ pub(crate) struct HubClientArgs {
     /// CA bundle that signed the hub's certificate (repeatable during a CA rotation).
     #[arg(long, env = "FLEETWATCH_CA", required = true)]
     ca: Vec<std::path::PathBuf>,
+    /// Seconds between reads of the certificate, key and CA files, which are followed by
+    /// content: a renewed certificate (e.g. a Secret cert-manager or the lifecycle operator
+    /// rotated) makes the client reconnect with it without losing anything (an agent keeps
+    /// its pending events, a subscriber resumes after its last acknowledged event); a
+    /// changed CA bundle is used from the next connection. No restart needed.
+    #[arg(long, env = "FLEETWATCH_TLS_RELOAD_INTERVAL", default_value_t = 5.0)]
+    tls_reload_interval: f64,
 }
 
 impl HubClientArgs {
@@ -330,6 +337,14 @@ impl HubClientArgs {
         &self,
     ) -> anyhow::Result<(fleetwatch_client::transport::HubUrls, fleetwatch_certs::TlsFiles)> {
         Ok((fleetwatch_client::transport::HubUrls::parse_all(&self.hub)?, tls_files(&self.cert, &self.key, &self.ca)))
+    }
+
+    /// `--tls-reload-interval`.
+    pub(crate) fn tls_reload_interval(&self) -> anyhow::Result<std::time::Duration> {
+        std::time::Duration::try_from_secs_f64(self.tls_reload_interval)
+            .ok()
+            .filter(|d| !d.is_zero())
+            .ok_or_else(|| anyhow::anyhow!("--tls-reload-interval must be a positive number of seconds"))
     }
 }
 

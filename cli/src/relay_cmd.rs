@@ -219,8 +219,11 @@ async fn pump_into<S: Sink>(
     shutdown: &tokio_util::sync::CancellationToken,
 ) -> anyhow::Result<()> {
     let (hub, files) = c.conn.resolve()?;
-    let tls = Arc::new(fleetwatch_certs::client_config(&files)?);
+    // Followed by content: a renewed certificate is used without a restart.
+    let tls = fleetwatch_client::client_tls::ClientTls::from_files(files)?;
+    metrics.set_client_tls(tls.clone());
     let mut opts = SubscriberOptions::new(hub, tls);
+    opts.tls_reload_interval = c.conn.tls_reload_interval()?;
     opts.durable = Some(c.name.clone());
     opts.clusters = c.clusters.clone();
     opts.from = match c.from {

@@ -2,7 +2,6 @@
 //! [`Sink`] so the subscriber client acknowledges only what reached stdout.
 
 use std::io::Write;
-use std::sync::Arc;
 
 use anyhow::Context;
 use clap::{Args, ValueEnum};
@@ -40,8 +39,10 @@ enum From {
 
 pub async fn run(args: TailArgs) -> anyhow::Result<()> {
     let (hub, files) = args.conn.resolve()?;
-    let tls = Arc::new(fleetwatch_certs::client_config(&files)?);
+    // Followed by content: a renewed certificate is used without a restart.
+    let tls = fleetwatch_client::client_tls::ClientTls::from_files(files)?;
     let mut opts = SubscriberOptions::new(hub, tls);
+    opts.tls_reload_interval = args.conn.tls_reload_interval()?;
     opts.durable = args.name;
     opts.clusters = args.clusters;
     opts.from = match args.from {

@@ -302,7 +302,7 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     // The lifecycle operator, subscribed to the hub.
     let mut sub = SubscriberOptions::new(
         hub_url.clone(),
-        Arc::new(fleetwatch_certs::client_config(&files("subscriber-lifecycle"))?),
+        fleetwatch_client::client_tls::ClientTls::from_files(files("subscriber-lifecycle"))?,
     );
     sub.durable = Some("lifecycle".into());
     sub.from = StartFrom::Latest;

@@ -7,6 +7,7 @@
 #![warn(missing_docs)]
 
 pub mod backoff;
+pub mod client_tls;
 pub mod kubeconfig;
 pub mod sink;
 pub mod subscriber;

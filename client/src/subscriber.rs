@@ -5,13 +5,21 @@
 //! delivered but not acknowledged before a disconnect come again. Consumers usually do not
 //! call `next` and `ack` themselves: they implement [`crate::sink::Sink`] and let
 //! [`crate::sink::pump`] acknowledge what the sink accepted.
+//!
+//! With [`ClientTls::Files`] the subscription follows its certificate files as the agent
+//! does: it re-reads them by content before every connection and every
+//! [`SubscriberOptions::tls_reload_interval`] while connected. A renewed certificate
+//! ends the session between deliveries (everything handed out before was acknowledged,
+//! or comes again: at least once) and the subscription resumes at once, with the new
+//! certificate, after its last acknowledged cursor. Files that cannot be used keep the
+//! certificate in force. A certificate near its expiry that was not renewed is warned about.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use crate::backoff::reconnect as reconnect_backoff;
+use crate::client_tls::{ClientTls, ExpiryWarning, Reloaded};
 use futures_util::{SinkExt, StreamExt};
-use rustls::ClientConfig;
+use tokio::time::Instant;
 use tokio_tungstenite::tungstenite::Message;
 
 use crate::transport::{ClientWs, ConnectError, Dialer, HubUrls, connect_any};
@@ -29,8 +37,11 @@ pub struct SubscriberOptions {
     /// moves to the next when it cannot connect (replicas on one JetStream stream share the
     /// stream id and durable cursors, so it resumes where it was).
     pub hub: HubUrls,
-    /// TLS settings carrying the subscriber certificate.
-    pub tls: Arc<ClientConfig>,
+    /// TLS settings carrying the subscriber certificate: fixed, or following its files.
+    pub tls: ClientTls,
+    /// How often certificate files ([`ClientTls::Files`]) are read for changes while
+    /// connected (they are also read before every connection).
+    pub tls_reload_interval: Duration,
     /// Durable name: the hub keeps the cursor under it.
     pub durable: Option<String>,
     /// Only these clusters (empty: all).
@@ -53,10 +64,11 @@ pub struct SubscriberOptions {
 
 impl SubscriberOptions {
     /// Options with defaults: start at the latest event, reconnect forever.
-    pub fn new(hub: impl Into<HubUrls>, tls: Arc<ClientConfig>) -> Self {
+    pub fn new(hub: impl Into<HubUrls>, tls: impl Into<ClientTls>) -> Self {
         Self {
             hub: hub.into(),
-            tls,
+            tls: tls.into(),
+            tls_reload_interval: Duration::from_secs(5),
             durable: None,
             clusters: Vec::new(),
             from: StartFrom::Latest,
@@ -127,6 +139,14 @@ pub struct Subscription {
     unknown_clusters_said: Vec<String>,
     /// The hub replica to try first (the one reached last).
     current: usize,
+    /// When the certificate files are read next while connected.
+    next_tls_check: Instant,
+    /// Reconnect without a backoff: the session was closed to put a renewed certificate in use.
+    renewing: bool,
+    /// Warns about a certificate near its expiry that was not renewed.
+    expiry: ExpiryWarning,
+    /// When the hub was last heard from (any message), for the idle timeout.
+    heard: Instant,
 }
 
 impl Subscription {
@@ -141,6 +161,10 @@ impl Subscription {
             reading: None,
             unknown_clusters_said: Vec::new(),
             current: 0,
+            next_tls_check: Instant::now(),
+            renewing: false,
+            expiry: ExpiryWarning::default(),
+            heard: Instant::now(),
         };
         sub.open().await?;
         Ok(sub)
@@ -156,12 +180,24 @@ impl Subscription {
         Some(ResumePoint { stream: self.stream.clone()?, cursor: self.acked? })
     }
 
+    /// Reads the certificate files (when followed) and warns about a near expiry; true when
+    /// the subscriber's own certificate was renewed.
+    fn check_certificate(&mut self) -> bool {
+        self.next_tls_check = Instant::now() + self.opts.tls_reload_interval;
+        let renewed = matches!(self.opts.tls.reload(), Reloaded::Certificate { .. });
+        self.expiry.check(&self.opts.tls, "subscriber");
+        renewed
+    }
+
     async fn open(&mut self) -> Result<(), SubscribeError> {
+        // A certificate renewed while disconnected (perhaps why the hub refused the last
+        // attempt) is used for this one.
+        self.check_certificate();
         let (mut ws, reached) = connect_any(
             &self.opts.dialer,
             &self.opts.hub,
             self.current,
-            self.opts.tls.clone(),
+            self.opts.tls.current(),
             &self.opts.limits,
             self.opts.connect_timeout,
         )
@@ -180,7 +216,8 @@ impl Subscription {
             max_in_flight: Some(self.opts.max_in_flight),
         });
         send(&mut ws, &subscribe).await?;
-        match read(&mut ws, &self.opts).await? {
+        self.heard = Instant::now();
+        match read(&mut ws, &self.opts, &mut self.heard).await? {
             HubToSubscriber::Subscribed(s) => {
                 tracing::debug!(stream = %s.stream, cursor = s.cursor, protocol = s.protocol, "subscribed");
                 if !ProtocolRange::OURS.contains(s.protocol) {
@@ -218,10 +255,28 @@ impl Subscription {
     /// The next delivery. Reconnects on a lost connection when the options say so.
     pub async fn next(&mut self) -> Result<Delivery, SubscribeError> {
         let mut backoff = reconnect_backoff();
+        // The idle timeout counts from now: the time the caller spent on the last delivery
+        // is not the hub's silence.
+        self.heard = Instant::now();
         loop {
+            if self.ws.is_some() && self.opts.tls.follows_files() && Instant::now() >= self.next_tls_check {
+                // Between deliveries: what was handed out before has been acknowledged (or
+                // comes again after the reconnect), so the session can end here.
+                if self.check_certificate()
+                    && let Some(ws) = self.ws.take()
+                {
+                    tracing::info!("closing the session to reconnect with the renewed certificate");
+                    close_gracefully(ws, &self.opts).await;
+                    self.renewing = true;
+                }
+            }
             let Some(ws) = self.ws.as_mut() else {
-                let wait = backoff.next().unwrap_or(Duration::from_secs(5));
-                tokio::time::sleep(wait).await;
+                if std::mem::take(&mut self.renewing) {
+                    backoff = reconnect_backoff();
+                } else {
+                    let wait = backoff.next().unwrap_or(Duration::from_secs(5));
+                    tokio::time::sleep(wait).await;
+                }
                 if let Err(e) = self.open().await {
                     if !self.opts.reconnect || matches!(e, SubscribeError::Refused { .. }) {
                         return Err(e);
@@ -230,7 +285,15 @@ impl Subscription {
                 }
                 continue;
             };
-            match read(ws, &self.opts).await {
+            let check_at = self.opts.tls.follows_files().then_some(self.next_tls_check);
+            let read = tokio::select! {
+                r = read(ws, &self.opts, &mut self.heard) => Some(r),
+                // While the hub is quiet; while it sends, the check at the top of the loop
+                // runs between deliveries.
+                _ = sleep_until(check_at) => None,
+            };
+            let Some(read) = read else { continue };
+            match read {
                 Ok(HubToSubscriber::Events(batch)) => return Ok(Delivery::Events(batch.events)),
                 Ok(HubToSubscriber::ResyncRequired(r)) => return Ok(Delivery::ResyncRequired(r)),
                 Ok(HubToSubscriber::Subscribed(_)) => continue,
@@ -284,11 +347,48 @@ async fn send(ws: &mut ClientWs, msg: &SubscriberMessage) -> Result<(), Subscrib
     ws.send(Message::text(encode(msg))).await.map_err(|e| SubscribeError::Lost(e.to_string()))
 }
 
-async fn read(ws: &mut ClientWs, opts: &SubscriberOptions) -> Result<HubToSubscriber, SubscribeError> {
+/// Waits until `at`; forever when `None`.
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Closes a session cleanly: a close frame, then what the hub still sends is read (and
+/// dropped: it comes again after the last acknowledged cursor) until it closes too, for at
+/// most a few seconds.
+async fn close_gracefully(mut ws: ClientWs, opts: &SubscriberOptions) {
+    if let Err(e) = ws.close(None).await {
+        tracing::debug!(error = %e, "closing the session");
+        return;
+    }
+    let drained = tokio::time::timeout(opts.connect_timeout.min(Duration::from_secs(5)), async {
+        while let Some(Ok(m)) = ws.next().await {
+            if matches!(m, Message::Close(_)) {
+                break;
+            }
+        }
+    })
+    .await;
+    if drained.is_err() {
+        tracing::debug!("the hub did not answer the close in time");
+    }
+}
+
+/// The next message; `heard` is when the hub was last heard from, moved by every message
+/// (pings included): without one for the idle timeout the connection is taken as dead.
+/// Cancel-safe (a cancelled read loses nothing: the stream keeps what it received).
+async fn read(
+    ws: &mut ClientWs,
+    opts: &SubscriberOptions,
+    heard: &mut Instant,
+) -> Result<HubToSubscriber, SubscribeError> {
     loop {
-        let next = tokio::time::timeout(opts.idle_timeout, ws.next())
+        let next = tokio::time::timeout_at(*heard + opts.idle_timeout, ws.next())
             .await
             .map_err(|_| SubscribeError::Lost(format!("no message from hub for {:?}", opts.idle_timeout)))?;
+        *heard = Instant::now();
         match next {
             Some(Ok(Message::Text(t))) => return Ok(decode_hub_to_subscriber(t.as_bytes(), &opts.limits)?),
             Some(Ok(Message::Binary(b))) => return Ok(decode_hub_to_subscriber(&b, &opts.limits)?),

@@ -228,7 +228,7 @@ async fn authenticated(
                 .await;
         }
         Role::Subscriber(name) => {
-            let span = tracing::info_span!("subscriber", %name);
+            let span = tracing::info_span!("subscriber", %name, serial = %peer_cert.serial);
             Box::pin(crate::subscriber_session::run(conn, name, peer_cert, ctx.sessions.clone(), lifeline))
                 .instrument(span)
                 .await;

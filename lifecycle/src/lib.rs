@@ -230,6 +230,9 @@ async fn wait_for_crds(client: &kube::Client, shutdown: &CancellationToken) -> b
 /// It first waits for its CRDs (naming the missing ones); after `shutdown`, reconciles in
 /// flight get a few seconds to finish, so the operator stops promptly in every state.
 pub async fn run(config: LifecycleConfig, metrics: Arc<Metrics>, shutdown: CancellationToken) {
+    if let Some(hub) = &config.hub {
+        metrics.set_client_tls(hub.tls.clone());
+    }
     if !wait_for_crds(&config.client, &shutdown).await {
         tracing::info!("lifecycle operator stopped before its CRDs appeared");
         return;

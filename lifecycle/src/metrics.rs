@@ -123,6 +123,25 @@ impl Collector for ViewCollector {
     }
 }
 
+/// The expiry of the hub subscription's certificate, read at scrape time.
+#[derive(Debug, Default)]
+struct ClientCertificate {
+    tls: std::sync::OnceLock<fleetwatch_client::client_tls::ClientTls>,
+}
+
+impl Collector for ClientCertificate {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let Some(info) = self.tls.get().and_then(|t| t.certificate()) else { return Ok(()) };
+        let gauge = ConstGauge::new(info.not_after.as_second());
+        gauge.encode(encoder.encode_descriptor(
+            "client_certificate_expiry_timestamp_seconds",
+            "When the certificate the operator subscribes to the hub with expires (Unix time; renewed files are followed)",
+            None,
+            gauge.metric_type(),
+        )?)
+    }
+}
+
 /// Counters, read by benchmarks and logs, and served as Prometheus metrics
 /// (`--metrics-listen`). The names are a contract with `deploy/observability/`.
 pub struct Metrics {
@@ -148,6 +167,7 @@ pub struct Metrics {
     /// Module configurations found invalid (each new set of errors counts once).
     pub config_invalid: Counter,
     view: Arc<ViewCollector>,
+    client_certificate: Arc<ClientCertificate>,
 }
 
 impl Default for Metrics {
@@ -166,6 +186,7 @@ impl Default for Metrics {
             config_enforced: Counter::default(),
             config_invalid: Counter::default(),
             view: Arc::new(ViewCollector::default()),
+            client_certificate: Arc::default(),
         };
         registry.register("reconciles", "Reconciles started", m.reconciles.clone());
         registry.register("reconcile_failures", "Reconciles that failed", m.failures.clone());
@@ -190,6 +211,7 @@ impl Default for Metrics {
             m.config_invalid.clone(),
         );
         registry.register_collector(Box::new(m.view.clone()));
+        registry.register_collector(Box::new(m.client_certificate.clone()));
         Self { registry, ..m }
     }
 }
@@ -207,6 +229,12 @@ impl Metrics {
     /// Records the duration of a successful reconcile.
     pub(crate) fn record_duration(&self, d: Duration) {
         self.reconcile_seconds.inc_by(d.as_secs_f64());
+    }
+
+    /// The TLS settings of the hub subscription, for the certificate expiry gauge (the first
+    /// one set stays).
+    pub fn set_client_tls(&self, tls: fleetwatch_client::client_tls::ClientTls) {
+        let _ = self.client_certificate.tls.set(tls);
     }
 
     /// Sets what the scrape-time gauges read (`None`: the operator stopped acting).
@@ -247,6 +275,25 @@ mod tests {
         }
         assert!(text.ends_with("# EOF\n"), "{text}");
         assert_eq!(text.matches("# EOF").count(), 1, "{text}");
+    }
+
+    #[test]
+    fn the_subscription_certificate_expiry_is_served_once_known() {
+        use fleetwatch_certs::{Authority, LeafSpec, TlsFiles};
+        let m = Metrics::default();
+        let name = "fleetwatch_lifecycle_client_certificate_expiry_timestamp_seconds";
+        assert!(!m.encode().contains(name), "no subscription, no certificate");
+        fleetwatch_certs::install_crypto_provider();
+        let dir = tempfile::tempdir().unwrap();
+        Authority::init(dir.path(), "td").unwrap();
+        let ca = Authority::load(dir.path()).unwrap();
+        let issued = ca.issue(dir.path(), &LeafSpec::Subscriber { name: "lifecycle".into() }, 1).unwrap();
+        let files = TlsFiles { cert: issued.cert.clone(), key: issued.key, ca: vec![dir.path().join("ca.crt")] };
+        m.set_client_tls(fleetwatch_client::client_tls::ClientTls::from_files(files).unwrap());
+        let not_after = fleetwatch_certs::inspect_file(&issued.cert).unwrap().not_after.as_second();
+        let text = m.encode();
+        assert!(text.lines().any(|l| l == format!("{name} {not_after}")), "{text}");
+        assert!(text.contains(&format!("# TYPE {name} gauge")), "{text}");
     }
 
     #[test]

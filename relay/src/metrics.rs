@@ -18,14 +18,19 @@
 //!   failing [`NOT_READY_AFTER_FAILURES`] requests in a row), else 0; read at each scrape.
 //! - `fleetwatch_relay_dead_lettered_total{relay,target}`: requests kept in the
 //!   `--dead-letter` file; alert `FleetwatchRelayDeadLettering`.
+//! - `fleetwatch_relay_client_certificate_expiry_timestamp_seconds{relay}`: when the
+//!   subscriber certificate in use expires (read at scrape time; the relay follows its
+//!   certificate files, so a renewal moves it). Absent until the relay subscribed.
 //!
 //! Labels are bounded: targets come from the configuration (a fixed URL, or one per
 //! component listener), reasons are a fixed set.
 
-use prometheus_client::encoding::EncodeLabelSet;
+use fleetwatch_client::client_tls::ClientTls;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
 use prometheus_client::metrics::counter::Counter as PromCounter;
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::registry::Registry;
 
 /// One counter family.
@@ -87,6 +92,27 @@ struct ResyncLabels {
     how: String,
 }
 
+/// The expiry of the subscriber certificate in use, read at scrape time.
+#[derive(Debug)]
+struct ClientCertificate {
+    relay: String,
+    tls: std::sync::OnceLock<ClientTls>,
+}
+
+impl Collector for ClientCertificate {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let Some(info) = self.tls.get().and_then(ClientTls::certificate) else { return Ok(()) };
+        let gauge = ConstGauge::new(info.not_after.as_second());
+        let mut family = encoder.encode_descriptor(
+            "client_certificate_expiry_timestamp_seconds",
+            "When the subscriber certificate in use expires (Unix time; renewed files are followed)",
+            None,
+            gauge.metric_type(),
+        )?;
+        gauge.encode(family.encode_family(&RelayLabel { relay: self.relay.clone() })?)
+    }
+}
+
 /// The relay's counters, with the hub's library ([`prometheus_client`]).
 #[derive(Debug)]
 pub struct Metrics {
@@ -105,6 +131,8 @@ pub struct Metrics {
     failing: std::sync::Mutex<std::collections::BTreeMap<String, u64>>,
     /// Whether the relay has subscribed to the hub.
     subscribed: std::sync::atomic::AtomicBool,
+    /// The subscriber certificate's expiry.
+    client_certificate: std::sync::Arc<ClientCertificate>,
 }
 
 /// Requests in a row to one target that fail before `/readyz` says not ready.
@@ -127,6 +155,10 @@ impl Metrics {
             ready: Family::default(),
             failing: Default::default(),
             subscribed: Default::default(),
+            client_certificate: std::sync::Arc::new(ClientCertificate {
+                relay: relay.into(),
+                tls: std::sync::OnceLock::new(),
+            }),
         };
         registry.register(
             "delivered",
@@ -160,6 +192,7 @@ impl Metrics {
             "1 while /readyz answers 200 (subscribed to the hub, no target failing requests in a row), else 0",
             m.ready.clone(),
         );
+        registry.register_collector(Box::new(m.client_certificate.clone()));
         // Every family is served from the start (dashboards see a series before the first
         // event; rate() works at once).
         let _ = m.filtered.get_or_create(&RelayLabel { relay: relay.into() });
@@ -205,6 +238,12 @@ impl Metrics {
                 }
             }
         }
+    }
+
+    /// The TLS settings the relay subscribes with, for the certificate expiry gauge (the
+    /// first one set stays).
+    pub fn set_client_tls(&self, tls: ClientTls) {
+        let _ = self.client_certificate.tls.set(tls);
     }
 
     /// Marks the relay subscribed to the hub.

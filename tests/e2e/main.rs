@@ -25,5 +25,6 @@ mod shutdown;
 mod soak;
 mod startup;
 mod storage;
+mod subscriber_certs;
 mod support;
 mod watchconfig_status;

@@ -400,6 +400,14 @@ async fn every_metric_the_dashboard_and_alerts_use_is_served() {
         Exposition::value(&hub_text, "fleetwatch_hub_agent_cert_expiry_timestamp_seconds{cluster=\"rt1\"}").unwrap();
     let now = jiff::Timestamp::now().as_second() as f64;
     assert!(agent_expiry > now, "{agent_expiry} vs now {now}");
+    // Subscribers serve the expiry of the certificate they use (one day, like every test one).
+    for (text, series) in [
+        (&lc_text, "fleetwatch_lifecycle_client_certificate_expiry_timestamp_seconds"),
+        (&relay_text, "fleetwatch_relay_client_certificate_expiry_timestamp_seconds{relay=\"webhook\"}"),
+    ] {
+        let at = Exposition::value(text, series).unwrap_or_else(|| panic!("{series} not served:\n{text}"));
+        assert!(at > now && at <= now + 86_400.0 + 60.0, "{series} {at} vs now {now}");
+    }
     assert_eq!(Exposition::value(&lc_text, "fleetwatch_lifecycle_shards_held"), Some(1.0), "{lc_text}");
     assert!(
         Exposition::value(&lc_text, "fleetwatch_lifecycle_reconcile_duration_seconds_count").is_some_and(|v| v >= 1.0),
