@@ -3,7 +3,7 @@
 //! overview document the web view receives live (clusters with event rates, subscriptions,
 //! modules by state).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
@@ -45,6 +45,17 @@ pub struct RuntimesView {
     pub skipped: usize,
     /// The Runtimes, by namespace/name.
     pub items: Vec<RuntimeSummary>,
+    /// Each cluster id's Runtime labels (the access policy's `clusterSelector`); a cluster
+    /// id several Runtimes name gets the labels of the first by namespace/name.
+    #[serde(skip)]
+    pub labels_by_cluster: HashMap<String, BTreeMap<String, String>>,
+}
+
+impl RuntimesView {
+    /// The labels of the Runtime of `cluster`, if the hub has read one.
+    pub fn labels(&self, cluster: &str) -> Option<&BTreeMap<String, String>> {
+        self.labels_by_cluster.get(cluster)
+    }
 }
 
 /// Shared view of the Runtimes.
@@ -71,8 +82,9 @@ pub async fn follow_runtimes(kubeconfig: Option<PathBuf>, view: SharedRuntimes, 
         let result = list(&api).await;
         let Ok(mut v) = view.write() else { return };
         match result {
-            Ok((items, skipped)) => {
+            Ok((items, labels, skipped)) => {
                 v.items = items;
+                v.labels_by_cluster = labels;
                 v.skipped = skipped;
                 v.error = None;
                 v.updated = Some(jiff::Timestamp::now());
@@ -88,8 +100,9 @@ pub async fn follow_runtimes(kubeconfig: Option<PathBuf>, view: SharedRuntimes, 
 }
 
 /// One full list, in pages, bounded by [`MAX_RUNTIMES`].
-async fn list(api: &kube::Api<kube::api::DynamicObject>) -> Result<(Vec<RuntimeSummary>, usize), String> {
+async fn list(api: &kube::Api<kube::api::DynamicObject>) -> Result<RuntimeList, String> {
     let mut items = Vec::new();
+    let mut labeled: Vec<(String, String, BTreeMap<String, String>)> = Vec::new();
     let mut skipped = 0;
     let mut params = kube::api::ListParams::default().limit(500);
     loop {
@@ -102,6 +115,11 @@ async fn list(api: &kube::Api<kube::api::DynamicObject>) -> Result<(Vec<RuntimeS
             match serde_json::to_value(&obj).and_then(serde_json::from_value::<Runtime>) {
                 Ok(rt) => {
                     let mut s = RuntimeSummary::from_runtime(&rt);
+                    labeled.push((
+                        s.runtime.clone(),
+                        s.cluster.clone(),
+                        rt.metadata.labels.clone().unwrap_or_default(),
+                    ));
                     s.modules.truncate(MAX_MODULES);
                     items.push(s);
                 }
@@ -119,8 +137,16 @@ async fn list(api: &kube::Api<kube::api::DynamicObject>) -> Result<(Vec<RuntimeS
         }
     }
     items.sort_by(|a, b| a.runtime.cmp(&b.runtime));
-    Ok((items, skipped))
+    labeled.sort();
+    let mut labels = HashMap::new();
+    for (_, cluster, l) in labeled {
+        labels.entry(cluster).or_insert(l);
+    }
+    Ok((items, labels, skipped))
 }
+
+/// A list of Runtimes: summaries, labels by cluster id, how many were skipped.
+type RuntimeList = (Vec<RuntimeSummary>, HashMap<String, BTreeMap<String, String>>, usize);
 
 /// One cluster in the overview.
 #[derive(Debug, Clone, Serialize, PartialEq)]
