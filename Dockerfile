@@ -17,6 +17,17 @@
 # the bytes that were reviewed. To move to a newer one, look the digest up and replace it
 # here, e.g. `docker buildx imagetools inspect rust:1.95-bookworm` or `crane digest
 # gcr.io/distroless/cc-debian12:nonroot`.
+# NOT VERIFIED against the registries: the machines fleetwatch is built and tested on reach
+# neither Docker Hub nor gcr.io (2026-11-27: no DNS for registry-1.docker.io or gcr.io).
+# The two digests are the ones other public projects pin for these tags (one Docker build
+# log resolves docker.io/library/rust:1.95-bookworm to the first). Before a release, on a
+# machine with access, check that each tag's manifest-list digest is the one below, e.g.
+#   skopeo inspect --format '{{.Digest}}' docker://docker.io/library/rust:1.95-bookworm
+#   skopeo inspect --format '{{.Digest}}' docker://gcr.io/distroless/cc-debian12:nonroot
+# (or `crane digest IMAGE:TAG`); a tag moves on, so a different answer may mean a newer
+# build rather than a wrong pin: then `skopeo inspect docker://IMAGE@sha256:<pinned>` must
+# still resolve, and its config (`--config`) must say User 65532 for the distroless one.
+# USER 65532:65532 below does not depend on the base image's config either way.
 #
 # BuildKit (the default builder since Docker 23): the cargo registry is a cache mount, so a
 # rebuild downloads no crate twice; the dependencies are compiled in a layer of their own.

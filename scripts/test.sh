@@ -56,6 +56,10 @@ echo "== CRD manifests up to date"
 cargo run --quiet --locked -p fleetwatch -- crds --check
 echo "== Helm charts: lint, and deploy/manifests/ rendered from them up to date"
 bash scripts/manifests.sh --check
+echo "== Helm charts: Checkov scan of the rendered manifests (deploy/checkov.yaml lists the skipped checks and why)"
+# checkov (PyPI, every package pinned by sha256) is installed once (~2.5 min on this machine,
+# 2026-11-27), then the scan takes ~20 s.
+bash scripts/checkov.sh
 echo "== release build (the binary the image ships: no sandbox, cargo-auditable), the image, its smoke test"
 # scripts/image.sh: the release build, then the image with buildah and its smoke test: 12 s
 # on top of the release build here (2026-11-26); on a fresh machine add buildah's apt install

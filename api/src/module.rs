@@ -183,6 +183,10 @@ pub struct ModuleStatus {
     /// Why, for people.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub message: String,
+    /// Why, for machines: what the module waits for or what was refused, when anything is
+    /// (the message says the same for people; nothing matches its text).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<ModuleReason>,
     /// The removal policy in force, kept so it is known after the entry is gone.
     pub custom_resource_policy: CustomResourcePolicy,
     /// Whether the default configuration was created (it is never created again).
@@ -204,6 +208,40 @@ pub struct ModuleStatus {
     /// validity), when any policy applies.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub config: Option<crate::config_policy::ModuleConfigStatus>,
+}
+
+/// What holds a module back, typed: triggers and Events act on it, the message is for people.
+///
+/// ```
+/// use fleetwatch_api::module::{ModuleReason, ModuleStatus};
+/// let st = ModuleStatus { reason: Some(ModuleReason::WaitingForRollout), ..Default::default() };
+/// assert!(st.reason.is_some_and(|r| r.waits_for_rollout()));
+/// assert_eq!(serde_json::to_value(ModuleReason::DowngradeRefused).unwrap(), "DowngradeRefused");
+/// ```
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, JsonSchema)]
+pub enum ModuleReason {
+    /// The upgrade waits for its rollout wave or a free place in it (or to record or read
+    /// its admission): a change of the rollout's status can let it go.
+    WaitingForRollout,
+    /// The upgrade needs downtime and waits for the next maintenance window.
+    WaitingForMaintenanceWindow,
+    /// The version's artifact cannot be had yet (registry unreachable): retried with backoff.
+    WaitingForArtifact,
+    /// The manager workload does not yet run the desired version, or is not yet available.
+    WaitingForManager,
+    /// The rules ask for an older version than runs: not applied.
+    DowngradeRefused,
+    /// An upgrade is held for another reason (the message says which).
+    UpgradeHeld,
+    /// Removal waits until the module's managed resources are deleted.
+    DeletionBlocked,
+}
+
+impl ModuleReason {
+    /// Whether a change of the module's rollout status can let this one go.
+    pub fn waits_for_rollout(self) -> bool {
+        self == Self::WaitingForRollout
+    }
 }
 
 /// States of modules and runtimes.

@@ -20,9 +20,9 @@
 //! clusters whose Runtime (by `spec.clusterId`) carries matching labels, in addition to the
 //! globs. It needs the hub to read Runtimes from a control plane: a hub that reads none
 //! refuses such a policy rather than let the selector silently grant nothing. The labels
-//! are those of the hub's last list of Runtimes (every few seconds), looked up for every
-//! event, so a relabelled Runtime moves its cluster in or out of live sessions; before the
-//! first list the selector grants nothing.
+//! are those of the hub's view of the Runtimes (`fleet::follow_runtimes`, a watch), looked
+//! up for every event, so a relabelled Runtime moves its cluster in or out of live
+//! sessions; before the first list the selector grants nothing.
 //!
 //! A redaction pointer names a field of the watched object (`/data/password`). It is
 //! removed from the event's `data` at that pointer and from the projected fields

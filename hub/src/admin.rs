@@ -187,16 +187,18 @@ pub(crate) async fn serve(listener: TcpListener, ctx: Arc<Context>, shutdown: Ca
     }
 }
 
-/// Rebuilds the overview every [`OVERVIEW_INTERVAL`] and when a cluster connects or
-/// disconnects, while someone follows it.
+/// Rebuilds the overview every [`OVERVIEW_INTERVAL`], when a cluster connects or
+/// disconnects and when a Runtime changes, while someone follows it.
 async fn follow_overview(admin: Admin, shutdown: CancellationToken) {
     let mut tick = tokio::time::interval(OVERVIEW_INTERVAL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut runtimes = admin.ctx.runtimes_changed.subscribe();
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = tick.tick() => {}
             _ = admin.ctx.sessions.registry.changed() => {}
+            _ = runtimes.changed() => {}
         }
         if admin.overview.receiver_count() == 0 {
             continue;

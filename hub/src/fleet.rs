@@ -1,5 +1,5 @@
 //! The fleet at a glance, for the web view and `fleetwatch status`: Runtime statuses read
-//! from the control plane (a periodic, bounded list; the hub never writes there), and the
+//! from the control plane (a watch, bounded; the hub never writes there), and the
 //! overview document the web view receives live (clusters with event rates, subscriptions,
 //! modules by state).
 
@@ -16,8 +16,6 @@ use tokio_util::sync::CancellationToken;
 use crate::registry::ClusterStatus;
 use fleetwatch_protocol::message::WatchPhase;
 
-/// How often Runtime statuses are listed.
-pub const RUNTIME_POLL: Duration = Duration::from_secs(5);
 /// Most Runtimes kept (the list stops there and says so).
 pub const MAX_RUNTIMES: usize = 20_000;
 /// Most modules kept per Runtime.
@@ -58,11 +56,118 @@ impl RuntimesView {
     }
 }
 
+/// Labels by cluster id from Runtimes sorted by namespace/name (the first one wins).
+fn labels_by_cluster(items: &[RuntimeSummary]) -> HashMap<String, BTreeMap<String, String>> {
+    let mut out = HashMap::new();
+    for s in items {
+        out.entry(s.cluster.clone()).or_insert_with(|| s.labels.clone());
+    }
+    out
+}
+
 /// Shared view of the Runtimes.
 pub type SharedRuntimes = Arc<RwLock<RuntimesView>>;
 
-/// Lists Runtimes every [`RUNTIME_POLL`] until shutdown.
-pub async fn follow_runtimes(kubeconfig: Option<PathBuf>, view: SharedRuntimes, shutdown: CancellationToken) {
+/// Most changes of the Runtimes view published per second: a watch event updates the table
+/// at once, the shared copy (cloned for every reader) at most this often.
+pub const RUNTIME_PUBLISH: Duration = Duration::from_millis(200);
+
+/// The Runtimes of the control plane as the watch reports them, bounded by
+/// [`MAX_RUNTIMES`]: the pure core of [`follow_runtimes`].
+///
+/// ```
+/// use fleetwatch_hub::fleet::RuntimeTable;
+/// let mut table = RuntimeTable::default();
+/// table.restart();
+/// table.apply_initial("kcp/rt-1", None);
+/// table.initial_done();
+/// assert_eq!(table.skipped(), 1, "an undecodable Runtime is counted, not shown");
+/// table.delete("kcp/rt-1");
+/// assert_eq!(table.skipped(), 0);
+/// ```
+#[derive(Debug, Default)]
+pub struct RuntimeTable {
+    shown: std::collections::BTreeMap<String, RuntimeSummary>,
+    /// Runtimes not shown: undecodable, or beyond [`MAX_RUNTIMES`] (names only, bounded by
+    /// [`MAX_SKIPPED_NAMES`]; past that they are counted in `lost_count`).
+    skipped: std::collections::BTreeSet<String>,
+    lost_count: usize,
+    /// A list being read (the watch started or restarted): replaces the table when done.
+    building: Option<Box<RuntimeTable>>,
+}
+
+/// Most names of Runtimes not shown that are remembered (so a deletion uncounts them).
+pub const MAX_SKIPPED_NAMES: usize = 100_000;
+
+impl RuntimeTable {
+    /// The watch (re)starts its list: what follows until [`Self::initial_done`] replaces
+    /// the table.
+    pub fn restart(&mut self) {
+        self.building = Some(Box::default());
+    }
+
+    /// One Runtime of the initial list (`None`: it could not be decoded).
+    pub fn apply_initial(&mut self, key: &str, summary: Option<RuntimeSummary>) {
+        if let Some(b) = self.building.as_mut() {
+            b.apply(key, summary);
+        }
+    }
+
+    /// The initial list is complete.
+    pub fn initial_done(&mut self) {
+        if let Some(b) = self.building.take() {
+            *self = *b;
+        }
+    }
+
+    /// A Runtime added or changed (`None`: it could not be decoded).
+    pub fn apply(&mut self, key: &str, summary: Option<RuntimeSummary>) {
+        match summary {
+            Some(s) if self.shown.contains_key(key) || self.shown.len() < MAX_RUNTIMES => {
+                self.skipped.remove(key);
+                self.shown.insert(key.to_string(), s);
+            }
+            _ => {
+                self.shown.remove(key);
+                if self.skipped.len() < MAX_SKIPPED_NAMES {
+                    self.skipped.insert(key.to_string());
+                } else if !self.skipped.contains(key) {
+                    self.lost_count += 1;
+                }
+            }
+        }
+    }
+
+    /// A Runtime deleted.
+    pub fn delete(&mut self, key: &str) {
+        if self.shown.remove(key).is_none() && !self.skipped.remove(key) {
+            self.lost_count = self.lost_count.saturating_sub(1);
+        }
+    }
+
+    /// Runtimes not shown (undecodable or beyond the bound).
+    pub fn skipped(&self) -> usize {
+        self.skipped.len() + self.lost_count
+    }
+
+    /// The Runtimes shown, by `namespace/name`.
+    pub fn items(&self) -> Vec<RuntimeSummary> {
+        self.shown.values().cloned().collect()
+    }
+}
+
+/// Follows the Runtimes of the control plane with a watch until shutdown: a deleted or
+/// changed Runtime is in the view (and the web view's live table) within a fraction of a
+/// second, with no periodic list of the whole fleet. `changed` is bumped on each update of
+/// the view, so the live overview is rebuilt at once.
+pub async fn follow_runtimes(
+    kubeconfig: Option<PathBuf>,
+    view: SharedRuntimes,
+    changed: tokio::sync::watch::Sender<u64>,
+    shutdown: CancellationToken,
+) {
+    use futures_util::StreamExt as _;
+    use kube::runtime::{WatchStreamExt as _, watcher};
     if let Ok(mut v) = view.write() {
         v.configured = true;
     }
@@ -72,81 +177,83 @@ pub async fn follow_runtimes(kubeconfig: Option<PathBuf>, view: SharedRuntimes, 
     };
     let api: kube::Api<kube::api::DynamicObject> =
         kube::Api::all_with(client, &kube::core::ApiResource::erase::<Runtime>(&()));
-    let mut tick = tokio::time::interval(RUNTIME_POLL);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // Pages of 500 for the initial list, as before: the list of a large fleet stays bounded
+    // per answer.
+    let stream = watcher(api, watcher::Config::default().page_size(500)).default_backoff();
+    futures_util::pin_mut!(stream);
+    let mut table = RuntimeTable::default();
+    let mut synced = false;
+    let mut dirty = false;
+    let mut last_publish: Option<tokio::time::Instant> = None;
     loop {
+        let publish_at = last_publish.map_or_else(tokio::time::Instant::now, |t| t + RUNTIME_PUBLISH);
         tokio::select! {
-            _ = tick.tick() => {}
+            ev = stream.next() => {
+                let Some(ev) = ev else { return };
+                match ev {
+                    Ok(watcher::Event::Init) => table.restart(),
+                    Ok(watcher::Event::InitApply(obj)) => {
+                        let (key, summary) = summarise(&obj);
+                        table.apply_initial(&key, summary);
+                    }
+                    Ok(watcher::Event::InitDone) => {
+                        table.initial_done();
+                        synced = true;
+                        dirty = true;
+                    }
+                    Ok(watcher::Event::Apply(obj)) => {
+                        let (key, summary) = summarise(&obj);
+                        table.apply(&key, summary);
+                        dirty = synced;
+                    }
+                    Ok(watcher::Event::Delete(obj)) => {
+                        table.delete(&summarise(&obj).0);
+                        dirty = synced;
+                    }
+                    Err(e) => {
+                        let e = format!("watching Runtimes: {e}");
+                        let Ok(mut v) = view.write() else { return };
+                        if v.error.as_deref() != Some(e.as_str()) {
+                            tracing::warn!(error = %e, "cannot watch Runtimes in the control plane (web view and status show the last state; retrying)");
+                        }
+                        v.error = Some(e);
+                    }
+                }
+            }
+            _ = tokio::time::sleep_until(publish_at), if dirty => {}
             _ = shutdown.cancelled() => return,
         }
-        let result = list(&api).await;
-        let Ok(mut v) = view.write() else { return };
-        match result {
-            Ok((items, labels, skipped)) => {
-                v.items = items;
-                v.labels_by_cluster = labels;
-                v.skipped = skipped;
-                v.error = None;
-                v.updated = Some(jiff::Timestamp::now());
-            }
-            Err(e) => {
-                if v.error.as_deref() != Some(e.as_str()) {
-                    tracing::warn!(error = %e, "cannot list Runtimes in the control plane (web view and status show the last list)");
-                }
-                v.error = Some(e);
-            }
+        if dirty && last_publish.is_none_or(|t| t.elapsed() >= RUNTIME_PUBLISH) {
+            let items = table.items();
+            let labels = labels_by_cluster(&items);
+            let Ok(mut v) = view.write() else { return };
+            v.items = items;
+            v.labels_by_cluster = labels;
+            v.skipped = table.skipped();
+            v.error = None;
+            v.updated = Some(jiff::Timestamp::now());
+            drop(v);
+            changed.send_modify(|n| *n = n.wrapping_add(1));
+            dirty = false;
+            last_publish = Some(tokio::time::Instant::now());
         }
     }
 }
 
-/// One full list, in pages, bounded by [`MAX_RUNTIMES`].
-async fn list(api: &kube::Api<kube::api::DynamicObject>) -> Result<RuntimeList, String> {
-    let mut items = Vec::new();
-    let mut labeled: Vec<(String, String, BTreeMap<String, String>)> = Vec::new();
-    let mut skipped = 0;
-    let mut params = kube::api::ListParams::default().limit(500);
-    loop {
-        let page = api.list(&params).await.map_err(|e| format!("listing Runtimes: {e}"))?;
-        for obj in page.items {
-            if items.len() >= MAX_RUNTIMES {
-                skipped += 1;
-                continue;
-            }
-            match serde_json::to_value(&obj).and_then(serde_json::from_value::<Runtime>) {
-                Ok(rt) => {
-                    let mut s = RuntimeSummary::from_runtime(&rt);
-                    labeled.push((
-                        s.runtime.clone(),
-                        s.cluster.clone(),
-                        rt.metadata.labels.clone().unwrap_or_default(),
-                    ));
-                    s.modules.truncate(MAX_MODULES);
-                    items.push(s);
-                }
-                Err(_) => skipped += 1,
-            }
-        }
-        match page.metadata.continue_.filter(|c| !c.is_empty()) {
-            Some(token) if items.len() < MAX_RUNTIMES => params = params.continue_token(&token),
-            Some(_) => {
-                // Beyond the bound: the rest are not read (counted as one page's worth unknown).
-                skipped += 1;
-                break;
-            }
-            None => break,
-        }
-    }
-    items.sort_by(|a, b| a.runtime.cmp(&b.runtime));
-    labeled.sort();
-    let mut labels = HashMap::new();
-    for (_, cluster, l) in labeled {
-        labels.entry(cluster).or_insert(l);
-    }
-    Ok((items, labels, skipped))
+/// A Runtime's `namespace/name` and its summary (`None` when it cannot be decoded).
+fn summarise(obj: &kube::api::DynamicObject) -> (String, Option<RuntimeSummary>) {
+    let key = format!(
+        "{}/{}",
+        obj.metadata.namespace.as_deref().unwrap_or_default(),
+        obj.metadata.name.as_deref().unwrap_or_default()
+    );
+    let summary = serde_json::to_value(obj).and_then(serde_json::from_value::<Runtime>).ok().map(|rt| {
+        let mut s = RuntimeSummary::from_runtime(&rt);
+        s.modules.truncate(MAX_MODULES);
+        s
+    });
+    (key, summary)
 }
-
-/// A list of Runtimes: summaries, labels by cluster id, how many were skipped.
-type RuntimeList = (Vec<RuntimeSummary>, HashMap<String, BTreeMap<String, String>>, usize);
 
 /// One cluster in the overview.
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -256,6 +363,63 @@ mod tests {
         c.events_received = 300;
         let rows = rates.rows(std::slice::from_ref(&c), &HashMap::new());
         assert!((rows[0].events_per_sec - 100.0).abs() < 5.0, "{}", rows[0].events_per_sec);
+    }
+
+    fn summary(key: &str) -> Option<RuntimeSummary> {
+        Some(RuntimeSummary {
+            runtime: key.into(),
+            cluster: key.replace('/', "-"),
+            state: None,
+            modules_by_state: Default::default(),
+            modules: Vec::new(),
+            labels: Default::default(),
+        })
+    }
+
+    fn shown(table: &RuntimeTable) -> Vec<String> {
+        table.items().into_iter().map(|s| s.runtime).collect()
+    }
+
+    #[test]
+    fn the_runtime_table_follows_the_watch() {
+        let mut t = RuntimeTable::default();
+        t.restart();
+        t.apply_initial("a/1", summary("a/1"));
+        t.apply_initial("a/2", summary("a/2"));
+        t.apply_initial("a/bad", None);
+        assert!(shown(&t).is_empty(), "nothing before the initial list is complete");
+        t.initial_done();
+        assert_eq!((shown(&t), t.skipped()), (vec!["a/1".to_string(), "a/2".into()], 1));
+        t.delete("a/1");
+        t.apply("a/3", summary("a/3"));
+        assert_eq!(shown(&t), ["a/2", "a/3"], "a deleted Runtime leaves at once");
+        // A Runtime that becomes undecodable is no longer shown (its old state would be a
+        // false calm) and is counted; fixed, it is back.
+        t.apply("a/2", None);
+        assert_eq!((shown(&t), t.skipped()), (vec!["a/3".to_string()], 2));
+        t.apply("a/2", summary("a/2"));
+        t.delete("a/bad");
+        assert_eq!((shown(&t), t.skipped()), (vec!["a/2".to_string(), "a/3".into()], 0));
+        // A restarted watch (410 Gone, a reconnect) replaces the table with its new list:
+        // what was deleted meanwhile is gone.
+        t.restart();
+        t.apply_initial("a/3", summary("a/3"));
+        t.initial_done();
+        assert_eq!(shown(&t), ["a/3"]);
+    }
+
+    #[test]
+    fn the_runtime_table_is_bounded() {
+        let mut t = RuntimeTable::default();
+        for i in 0..MAX_RUNTIMES + 3 {
+            let k = format!("n/{i:06}");
+            t.apply(&k, summary(&k));
+        }
+        assert_eq!((t.items().len(), t.skipped()), (MAX_RUNTIMES, 3));
+        // A shown one changing stays shown; one beyond the bound deleted is uncounted.
+        t.apply("n/000000", summary("n/000000"));
+        t.delete(&format!("n/{:06}", MAX_RUNTIMES + 1));
+        assert_eq!((t.items().len(), t.skipped()), (MAX_RUNTIMES, 2));
     }
 
     #[test]

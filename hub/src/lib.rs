@@ -265,6 +265,8 @@ pub(crate) struct Context {
     pub admin_tls: Option<Arc<rustls::ServerConfig>>,
     /// Runtime statuses from the control plane (modules by state), when the hub reads it.
     pub runtimes: fleet::SharedRuntimes,
+    /// Bumped whenever [`Self::runtimes`] changes (the live overview is rebuilt at once).
+    pub runtimes_changed: tokio::sync::watch::Sender<u64>,
     /// What the hub made of each WatchConfig (accepted or why not).
     pub watch_verdicts: watch_source::Verdicts,
 }
@@ -553,6 +555,7 @@ impl Hub {
             admin_token,
             admin_tls,
             runtimes,
+            runtimes_changed: tokio::sync::watch::channel(0).0,
             watch_verdicts,
             config,
             sessions,
@@ -594,7 +597,12 @@ impl Hub {
         tracker.spawn(housekeeping(self.ctx.clone(), shutdown.clone()));
         // Reading WatchConfigs from the control plane, the hub shows its Runtimes too.
         if let watch_source::WatchSource::ControlPlane(kubeconfig) = &self.ctx.config.watch_source {
-            tracker.spawn(fleet::follow_runtimes(kubeconfig.clone(), self.ctx.runtimes.clone(), shutdown.clone()));
+            tracker.spawn(fleet::follow_runtimes(
+                kubeconfig.clone(),
+                self.ctx.runtimes.clone(),
+                self.ctx.runtimes_changed.clone(),
+                shutdown.clone(),
+            ));
             // ... and writes what it made of each WatchConfig into its status.
             tracker.spawn(watch_status::run(self.ctx.clone(), kubeconfig.clone(), shutdown.clone()));
         }

@@ -137,7 +137,7 @@ fn granted(ctx: &Sessions, name: &str, asked: &[String]) -> Result<Option<Arc<Gr
 }
 
 /// Whether `g` covers `cluster` now: its globs, or the labels of the cluster's Runtime in
-/// the hub's last list (read per call, so a relabelled Runtime counts at once).
+/// the hub's Runtime view (read per call, so a relabelled Runtime counts at once).
 fn allows(ctx: &Sessions, g: &Grant, cluster: &str) -> bool {
     if !g.uses_runtime_labels() {
         return g.allows_cluster(cluster, None);

@@ -12,7 +12,7 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-use fleetwatch_api::{ModuleStatus, State};
+use fleetwatch_api::{ModuleReason, ModuleStatus, State};
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::api::events::v1::{Event as K8sEvent, EventSeries};
@@ -51,7 +51,7 @@ pub struct ModuleEvent {
 ///
 /// ```
 /// use fleetwatch_lifecycle::events::transitions;
-/// use fleetwatch_api::{ModuleStatus, State};
+/// use fleetwatch_api::{ModuleReason, ModuleStatus, State};
 /// let next = vec![ModuleStatus { name: "redis".into(), state: State::Ready, installed_version: Some("1.0.0".into()), ..Default::default() }];
 /// let evs = transitions(&[], &next);
 /// assert_eq!(evs[0].reason, "Installed");
@@ -77,11 +77,11 @@ pub fn transitions(prev: &[ModuleStatus], next: &[ModuleStatus]) -> Vec<ModuleEv
         }
         let msg = format!("{}: {}", versions(n), n.message);
         match n.state {
-            State::Warning if n.message.contains("downgrade") => {
+            State::Warning if n.reason == Some(ModuleReason::DowngradeRefused) => {
                 out.push(warning("DowngradeRefused", "Upgrade", module, msg))
             }
             State::Warning => out.push(warning("UpgradeHeld", "Upgrade", module, msg)),
-            State::Ready if n.message.contains("waits for the maintenance window") => {
+            State::Ready if n.reason == Some(ModuleReason::WaitingForMaintenanceWindow) => {
                 out.push(normal("WaitingForMaintenanceWindow", "Upgrade", module, msg))
             }
             State::Deleting => out.push(warning("DeletionBlocked", "Delete", module, msg)),
@@ -349,10 +349,22 @@ mod tests {
         assert!(reasons(std::slice::from_ref(&ready1), std::slice::from_ref(&ready1)).is_empty());
         let ready2 = m(State::Ready, Some("2.0.0"), "");
         assert_eq!(reasons(std::slice::from_ref(&ready1), &[ready2]), ["Upgraded"]);
-        let down = m(State::Warning, Some("1.0.0"), "downgrade from 2.0.0 to 1.0.0 not applied");
+        let down = ModuleStatus {
+            reason: Some(ModuleReason::DowngradeRefused),
+            ..m(State::Warning, Some("1.0.0"), "downgrade from 2.0.0 to 1.0.0 not applied")
+        };
         assert_eq!(reasons(std::slice::from_ref(&ready1), std::slice::from_ref(&down)), ["DowngradeRefused"]);
         assert!(reasons(std::slice::from_ref(&down), std::slice::from_ref(&down)).is_empty());
-        let waits = m(State::Ready, Some("1.0.0"), "upgrade to 2.0.0 waits for the maintenance window a – b");
+        // The typed reason decides, not the message's words.
+        let held = ModuleStatus {
+            reason: Some(ModuleReason::UpgradeHeld),
+            ..m(State::Warning, Some("1.0.0"), "a downgrade of a dependency is held")
+        };
+        assert_eq!(reasons(std::slice::from_ref(&ready1), &[held]), ["UpgradeHeld"]);
+        let waits = ModuleStatus {
+            reason: Some(ModuleReason::WaitingForMaintenanceWindow),
+            ..m(State::Ready, Some("1.0.0"), "upgrade to 2.0.0 waits for the maintenance window a – b")
+        };
         assert_eq!(reasons(std::slice::from_ref(&ready1), &[waits]), ["WaitingForMaintenanceWindow"]);
         let blocked = m(State::Deleting, Some("1.0.0"), "waiting for managed resources to be deleted: 1 X");
         assert_eq!(reasons(std::slice::from_ref(&ready1), &[blocked]), ["DeletionBlocked"]);

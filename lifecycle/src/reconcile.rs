@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use fleetwatch_api::policy::{Step, desired_version, next_step, parse};
 use fleetwatch_api::{
-    CustomResourcePolicy, ModuleEntry, ModuleReleaseMeta, ModuleStatus, ModuleTemplate, RolloutStatus, Runtime,
-    RuntimeStatus, State,
+    CustomResourcePolicy, ModuleEntry, ModuleReason, ModuleReleaseMeta, ModuleStatus, ModuleTemplate, RolloutStatus,
+    Runtime, RuntimeStatus, State,
 };
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
@@ -559,6 +559,8 @@ async fn install_inner(
 ) -> ModuleStatus {
     let mut st = prev.cloned().unwrap_or_else(|| ModuleStatus { name: entry.name.clone(), ..Default::default() });
     st.custom_resource_policy = entry.custom_resource_policy;
+    // Whatever held it last time is decided anew.
+    st.reason = None;
     let metas = ctx.metas.state();
     let (desired, channel) =
         match desired_version(entry, rt.spec.channel.as_deref(), find_meta(&metas, ns, &entry.name).map(|m| &m.spec)) {
@@ -580,7 +582,9 @@ async fn install_inner(
     let step = next_step(actual.as_ref(), &desired);
     if let Step::RefuseDowngrade { from } = &step {
         // Rule 2: never downgrade what runs; say so once, no error loop.
-        return fail(st, State::Warning, format!("downgrade from {from} to {desired} not applied"));
+        let mut st = fail(st, State::Warning, format!("downgrade from {from} to {desired} not applied"));
+        st.reason = Some(ModuleReason::DowngradeRefused);
+        return st;
     }
     // Paced rollouts: an upgrade that a channel move caused waits for its wave.
     let rollout = match (&step, &entry.version) {
@@ -600,6 +604,7 @@ async fn install_inner(
             flags.waiting = true;
             st.state = if prev.is_some_and(|p| p.state == State::Ready) { State::Ready } else { State::Processing };
             st.message = why;
+            st.reason = Some(ModuleReason::WaitingForRollout);
             return st;
         }
     }
@@ -613,7 +618,7 @@ async fn install_inner(
             crate::maintenance::Gate::Wait(w) => {
                 flags.window = Some(w.begin.duration_since(now).unsigned_abs());
                 st.next_maintenance_window = Some(format!("{}/{}", w.begin, w.end));
-                return keep_current(
+                let mut st = keep_current(
                     applier,
                     ns,
                     ctx,
@@ -623,6 +628,10 @@ async fn install_inner(
                     format!("upgrade to {desired} waits for the maintenance window {} – {}", w.begin, w.end),
                 )
                 .await;
+                if st.state != State::Error {
+                    st.reason = Some(ModuleReason::WaitingForMaintenanceWindow);
+                }
+                return st;
             }
             crate::maintenance::Gate::Never(why) => {
                 let message = format!("upgrade to {desired} needs downtime but no maintenance window: {why}");
@@ -656,7 +665,9 @@ async fn install_inner(
                 _ => (st, e.message),
             };
             (st.state, st.message) = before;
-            return fail(st, state, message);
+            let mut st = fail(st, state, message);
+            st.reason = (!e.permanent).then_some(ModuleReason::WaitingForArtifact);
+            return st;
         }
     };
     // Rule 6: migrations run around installs and upgrades only, not when keeping a version.
@@ -727,6 +738,7 @@ async fn install_inner(
         Ok(None) => (State::Error, format!("manager {} {} not found after install", manager.kind, manager.name)),
         Err(e) => (State::Error, e.to_string()),
     };
+    st.reason = (state == State::Processing).then_some(ModuleReason::WaitingForManager);
     st.state = state;
     st.message = message;
     st
@@ -798,6 +810,7 @@ async fn hold(
             tracing::warn!(module = %st.name, message = %st.message, "upgrade held");
         }
         st.state = State::Warning;
+        st.reason = Some(ModuleReason::UpgradeHeld);
     }
     st
 }
@@ -820,6 +833,7 @@ async fn remove(applier: &Applier, prev: &ModuleStatus) -> Option<ModuleStatus> 
         }
         CustomResourcePolicy::CreateAndDelete => {
             let mut st = prev.clone();
+            st.reason = None;
             if let Some(cfg) = &prev.default_config
                 && let Err(e) = applier.delete(cfg).await
             {
@@ -836,6 +850,7 @@ async fn remove(applier: &Applier, prev: &ModuleStatus) -> Option<ModuleStatus> 
             if !blocking.is_empty() {
                 st.state = State::Deleting;
                 st.message = format!("waiting for managed resources to be deleted: {}", blocking.join(", "));
+                st.reason = Some(ModuleReason::DeletionBlocked);
                 return Some(st);
             }
             for r in prev.resources.iter().rev() {
@@ -893,9 +908,6 @@ fn recorded_rollout<'a>(meta: &'a ModuleReleaseMeta, version: &semver::Version) 
     meta.status.as_ref()?.rollouts.iter().find(|r| r.version == version)
 }
 
-/// A message prefix of runtimes waiting for a rollout; a change of the rollout's status
-/// (another instance's upgrade ended) wakes them.
-pub(crate) const WAITING_FOR_ROLLOUT: &str = "waiting for rollout of";
 /// How often an admission or a progress write is tried again after losing a race.
 const STATUS_WRITE_ATTEMPTS: usize = 8;
 

@@ -5,7 +5,7 @@
 //! client's pump acknowledges a delivery only after the reconciles it causes are queued.
 
 use fleetwatch_api::policy::{desired_version, parse};
-use fleetwatch_api::{ModuleReleaseMeta, ModuleTemplate, Runtime};
+use fleetwatch_api::{ModuleReason, ModuleReleaseMeta, ModuleTemplate, Runtime};
 use fleetwatch_client::sink::{Accepted, PumpError, Sink, SinkError, pump};
 use fleetwatch_client::subscriber::{Delivery, SubscriberOptions, Subscription};
 use kube::ResourceExt;
@@ -78,12 +78,7 @@ pub fn waiting_for_rollout(runtimes: &Store<Runtime>, meta: &ModuleReleaseMeta) 
         .filter(|rt| rt.namespace() == meta.namespace())
         .filter(|rt| {
             rt.status.as_ref().is_some_and(|s| {
-                s.modules.iter().any(|m| {
-                    &m.name == module
-                        && (m.message.starts_with(crate::reconcile::WAITING_FOR_ROLLOUT)
-                            || m.message.starts_with("waiting to record the rollout")
-                            || m.message.starts_with("waiting to read the rollout"))
-                })
+                s.modules.iter().any(|m| &m.name == module && m.reason.is_some_and(ModuleReason::waits_for_rollout))
             })
         })
         .map(|rt| ObjectRef::from_obj(rt.as_ref()))
@@ -248,6 +243,42 @@ mod tests {
              applied example.com/v1/RedisConfig/redis-system/n4, and 1 more"
         );
         assert_eq!(changes_in(&evs[1..2], "other"), "applied example.com/v1/RedisConfig/redis-system/n2");
+    }
+
+    #[test]
+    fn runtimes_waiting_for_a_rollout_are_found_by_their_typed_reason() {
+        use fleetwatch_api::{ModuleReleaseMetaSpec, ModuleStatus, RuntimeStatus};
+        let (store, mut writer) = reflector::store::<Runtime>();
+        let runtime = |name: &str, module: &str, reason: Option<ModuleReason>, message: &str| {
+            let mut rt = Runtime::new(name, Default::default());
+            rt.metadata.namespace = Some("kcp".into());
+            rt.status = Some(RuntimeStatus {
+                modules: vec![ModuleStatus {
+                    name: module.into(),
+                    reason,
+                    message: message.into(),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            });
+            rt
+        };
+        for rt in [
+            runtime("waits", "redis", Some(ModuleReason::WaitingForRollout), "waiting to record the rollout admission"),
+            // The same words without the reason (a message people read) wake nothing.
+            runtime("says-so", "redis", None, "waiting for rollout of redis 2.0.0"),
+            runtime("window", "redis", Some(ModuleReason::WaitingForMaintenanceWindow), ""),
+            runtime("other-module", "nats", Some(ModuleReason::WaitingForRollout), ""),
+        ] {
+            writer.apply_watcher_event(&watcher::Event::Apply(rt));
+        }
+        let mut meta = ModuleReleaseMeta::new(
+            "redis",
+            ModuleReleaseMetaSpec { module_name: "redis".into(), ..Default::default() },
+        );
+        meta.metadata.namespace = Some("kcp".into());
+        let names: Vec<String> = waiting_for_rollout(&store, &meta).into_iter().map(|r| r.name).collect();
+        assert_eq!(names, ["waits"]);
     }
 
     #[tokio::test]

@@ -14,6 +14,10 @@
 //!   prefix, watch name), acknowledged without sending.
 //! - `fleetwatch_relay_resyncs_total{relay,how}`: resync-required markers handled
 //!   (`objects`: one request per known object, `fallback`: the documented fallback).
+//! - `fleetwatch_relay_ready{relay}`: 1 while `/readyz` answers 200 (subscribed, no target
+//!   failing [`NOT_READY_AFTER_FAILURES`] requests in a row), else 0; read at each scrape.
+//! - `fleetwatch_relay_dead_lettered_total{relay,target}`: requests kept in the
+//!   `--dead-letter` file; alert `FleetwatchRelayDeadLettering`.
 //!
 //! Labels are bounded: targets come from the configuration (a fixed URL, or one per
 //! component listener), reasons are a fixed set.
@@ -21,6 +25,7 @@
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter as PromCounter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 /// One counter family.
@@ -94,6 +99,8 @@ pub struct Metrics {
     refused: Family<RefusedLabels, PromCounter>,
     filtered: Family<RelayLabel, PromCounter>,
     resyncs: Family<ResyncLabels, PromCounter>,
+    /// 1 while ready, set at each encode from [`Metrics::readiness`].
+    ready: Family<RelayLabel, Gauge>,
     /// Per target: requests failed in a row since its last delivery (for `/readyz`).
     failing: std::sync::Mutex<std::collections::BTreeMap<String, u64>>,
     /// Whether the relay has subscribed to the hub.
@@ -117,6 +124,7 @@ impl Metrics {
             refused: Family::default(),
             filtered: Family::default(),
             resyncs: Family::default(),
+            ready: Family::default(),
             failing: Default::default(),
             subscribed: Default::default(),
         };
@@ -147,6 +155,11 @@ impl Metrics {
             m.filtered.clone(),
         );
         registry.register("resyncs", "Resync-required markers handled, by how", m.resyncs.clone());
+        registry.register(
+            "ready",
+            "1 while /readyz answers 200 (subscribed to the hub, no target failing requests in a row), else 0",
+            m.ready.clone(),
+        );
         // Every family is served from the start (dashboards see a series before the first
         // event; rate() works at once).
         let _ = m.filtered.get_or_create(&RelayLabel { relay: relay.into() });
@@ -242,6 +255,7 @@ impl Metrics {
 
     /// The OpenMetrics text exposition, closed with `# EOF`.
     pub fn encode(&self) -> String {
+        self.ready.get_or_create(&RelayLabel { relay: self.relay.clone() }).set(i64::from(self.readiness().is_ok()));
         let mut out = String::new();
         if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &self.registry) {
             tracing::error!(error = %e, "cannot encode the relay metrics");
@@ -272,5 +286,24 @@ mod tests {
         assert!(text.contains("fleetwatch_relay_refused_total{relay=\"webhook\",target=\"t\",reason=\"too-large\"} 1"));
         assert!(text.contains("fleetwatch_relay_filtered_total{relay=\"webhook\"} 2"));
         assert!(text.ends_with("# EOF\n"));
+    }
+
+    #[test]
+    fn ready_follows_readyz() {
+        let m = Metrics::new("klm");
+        m.register_target("t");
+        let ready = |m: &Metrics| {
+            m.encode()
+                .lines()
+                .find_map(|l| l.strip_prefix("fleetwatch_relay_ready{relay=\"klm\"} ").map(str::to_string))
+        };
+        assert_eq!(ready(&m).as_deref(), Some("0"), "not subscribed yet");
+        m.set_subscribed();
+        assert_eq!(ready(&m).as_deref(), Some("1"));
+        m.add(Counter::Retries, "t", NOT_READY_AFTER_FAILURES);
+        assert!(m.readiness().is_err());
+        assert_eq!(ready(&m).as_deref(), Some("0"), "a target failing in a row");
+        m.add(Counter::Delivered, "t", 1);
+        assert_eq!(ready(&m).as_deref(), Some("1"));
     }
 }

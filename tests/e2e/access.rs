@@ -432,10 +432,10 @@ async fn a_cluster_selector_grants_by_runtime_labels_and_follows_them() {
         );
     }
 
-    // Relabel: s-2 joins team a, s-1 leaves. The live session follows: once s-2 arrives,
-    // nothing more of s-1.
-    kubectl(&cp_kc, &["-n", "kcp", "label", "runtime", "rt-2", "team=a", "--overwrite"], None);
+    // Relabel: s-1 leaves team a, then s-2 joins. The hub sees the changes in that order,
+    // so once s-2 arrives in the live session, nothing more of s-1 may.
     kubectl(&cp_kc, &["-n", "kcp", "label", "runtime", "rt-1", "team=c", "--overwrite"], None);
+    kubectl(&cp_kc, &["-n", "kcp", "label", "runtime", "rt-2", "team=a", "--overwrite"], None);
     let got = read_events(&mut team_a, |e| {
         e.iter()
             .position(|e| e.cluster == "s-2")

@@ -4,7 +4,7 @@
 //! receiver that checks the HMAC signature.
 
 #[path = "../../relay/tests/support/klm_listener.rs"]
-mod klm_listener;
+pub(crate) mod klm_listener;
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};

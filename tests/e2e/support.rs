@@ -314,6 +314,9 @@ pub struct Seen {
     pub events: u64,
     /// Every event, in arrival order.
     pub all: Vec<fleetwatch_protocol::Event>,
+    /// Every resync-required in arrival order: (cluster, how many events had arrived before
+    /// it (an index into `all`), when it arrived).
+    pub resync_arrivals: Vec<(String, usize, Instant)>,
 }
 
 /// A durable subscriber in this test process that records what it sees.
@@ -357,6 +360,8 @@ impl Collector {
                         }
                         Delivery::ResyncRequired(r) => {
                             seen.resyncs.entry(r.cluster.clone()).or_default().push((r.cursor, r.reason.clone()));
+                            let before = seen.all.len();
+                            seen.resync_arrivals.push((r.cluster.clone(), before, Instant::now()));
                         }
                     }
                 }

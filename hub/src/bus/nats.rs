@@ -4,10 +4,10 @@
 //! # Layout in JetStream
 //! - One stream (`--bus-stream`, default `fleetwatch`) on subjects `<stream>.<cluster>`
 //!   (a cluster name that is not a plain subject token is written `=<hex>`). A record is
-//!   one message: the event JSON (or the resync reason) as payload, `Fw-Epoch`, `Fw-Seq`
-//!   and `Fw-Kind` headers. **Offset = stream sequence** (plus the base of a recreated
-//!   stream, below), so every replica hands out the same offsets and a subscriber's cursor
-//!   means the same thing on each of them.
+//!   one message: the event JSON (or the resync reason) as payload, `Fw-Epoch`, `Fw-Seq`,
+//!   `Fw-Kind` and `Fw-Format` headers (see *Formats* below). **Offset = stream
+//!   sequence** (plus the base of a recreated stream, below), so every replica hands out
+//!   the same offsets and a subscriber's cursor means the same thing on each of them.
 //! - Retention is the stream's limits (`max_msgs`, `max_bytes`, `max_age`, discard old),
 //!   set from the hub's retention flags.
 //! - Key-value bucket `<stream>_heads`: per cluster the (epoch, seq, offset) of its latest
@@ -121,6 +121,19 @@
 //! [`Lookup::Lost`]: the subscriber gets `resync-required` `*` instead of being taken for a
 //! new one and placed after the loss.
 //!
+//! # Formats
+//! What the bus keeps names its format ([`NATS_FORMAT`]): the cursors bucket's `meta.bus`
+//! (`format`) for the whole bus, checked at start; each record (`Fw-Format` header, one
+//! header lookup per record, no payload parsing), each head in the bucket (`format`) and
+//! each cursor entry (`format`, written from format 2 on only: the releases before refuse
+//! unknown fields in it). What has no mark is format 1, as everything stored before the
+//! marks. A newer mark is refused, never read as damage: at start (meta entry, heads) the
+//! hub does not start; at run time (a record in the tail, a cluster's last record or head
+//! read for a hello, a cursor entry) the replica refuses to go on, like a stream of another
+//! bus below ([`Bus::fatal`]), the tail stops before the record and nothing is written over:
+//! cursor entries are compare-and-set already, and heads are written with compare-and-set
+//! on the revision this replica wrote last (a head written meanwhile is read first).
+//!
 //! # JetStream restarted empty
 //! The probe finds the stream missing (for a second: not a server still starting) and
 //! recreates it as the continuation of this bus ([`NatsBus::recreate`]): the same bus id,
@@ -165,7 +178,7 @@ use super::jetstream::{
     StreamState as JsState,
 };
 use super::log::{Core, Log};
-use super::nats_state::{self, Cursors, Lineage, META_KEY, Meta, Move, NATS_FORMAT};
+use super::nats_state::{self, Cursors, Lineage, META_KEY, Meta, Move, NATS_FORMAT, newer_format, readable_mark};
 use super::retention::{self, Retention};
 use super::{ALL_CLUSTERS, Append, Bus, BusError, BusFuture, Read, Record, RecordBody, cap_reasons};
 
@@ -186,6 +199,9 @@ const CAS_ATTEMPTS: usize = 16;
 const H_EPOCH: &str = "Fw-Epoch";
 const H_SEQ: &str = "Fw-Seq";
 const H_KIND: &str = "Fw-Kind";
+/// The record's format ([`NATS_FORMAT`]); a record without it is format 1 (every record
+/// before the header existed). Checked by one header lookup, no parsing of the payload.
+const H_FORMAT: &str = "Fw-Format";
 /// The (epoch, seq) of the record its publisher put on the cluster's subject just before
 /// this one (`<epoch>/<seq>`, `@<offset>` added when its ack was in), or `-` when it knew
 /// of none: lets every replica's tail see from the stream alone that a record follows one
@@ -197,6 +213,8 @@ const H_PREV: &str = "Fw-Prev";
 /// stored between the two, so this one may be older than they are (a publish kept while
 /// its replica's link to JetStream was cut and sent late).
 const H_KNOWN: &str = "Fw-Known";
+/// [`NATS_FORMAT`] as the header value.
+const FORMAT_MARK: &str = "1";
 const KIND_EVENT: &str = "event";
 const KIND_RESYNC: &str = "resync-required";
 
@@ -533,6 +551,31 @@ struct Head {
     offset: u64,
 }
 
+/// A head as the heads bucket keeps it: with its format (releases before it wrote none and
+/// ignore it when they read).
+#[derive(Serialize)]
+struct StoredHead<'a> {
+    #[serde(flatten)]
+    head: &'a Head,
+    format: u32,
+}
+
+/// Why a head was not written.
+enum HeadWrite {
+    /// The bucket holds one of a newer format: not written over (the refusal).
+    Newer(String),
+    /// The bucket failed, or the value changed meanwhile: tried again at the next flush.
+    Failed(String),
+}
+
+/// A value of the heads bucket: `Ok(None)` when it is not a head (damaged: as before, the
+/// stream and the agents' resyncs stand in for it), `Err` with the format found when a
+/// newer release wrote it.
+fn parse_head(bytes: &[u8]) -> Result<Option<Head>, String> {
+    nats_state::readable_value(bytes)?;
+    Ok(serde_json::from_slice(bytes).ok())
+}
+
 /// The NATS JetStream bus (see the module docs), on async-nats ([`AsyncNats`]) or, in the
 /// simulation, on an in-memory JetStream.
 pub struct NatsBus<J: JetStream = AsyncNats> {
@@ -576,6 +619,10 @@ pub struct NatsBus<J: JetStream = AsyncNats> {
     tail_task: Mutex<Option<AbortHandle>>,
     /// Heads this replica appended and has not written to the bucket yet.
     dirty_heads: Mutex<HashMap<Arc<str>, Head>>,
+    /// The bucket revision of each head this replica wrote last: the next write of the
+    /// cluster's head is a compare-and-set on it, so a value written meanwhile (another
+    /// replica's, maybe of a newer format) is read before it is written over.
+    head_revisions: Mutex<HashMap<Arc<str>, u64>>,
     /// Clusters with appends of this replica in flight: the record published last (the
     /// predecessor the next publish names) and how many appends wait for their acks.
     pending: Mutex<HashMap<Arc<str>, Pending>>,
@@ -788,6 +835,7 @@ impl<J: JetStream> NatsBus<J> {
             tail_generation: AtomicU64::new(0),
             tail_task: Mutex::new(None),
             dirty_heads: Mutex::new(HashMap::new()),
+            head_revisions: Mutex::new(HashMap::new()),
             local_waiters: Mutex::new(BTreeMap::new()),
             pending: Mutex::new(HashMap::new()),
             generation: AtomicU64::new(0),
@@ -1094,6 +1142,7 @@ impl<J: JetStream> NatsBus<J> {
         headers.insert(H_SEQ, base.to_string().as_str());
         headers.insert(H_KIND, KIND_RESYNC);
         headers.insert(H_PREV, "-");
+        headers.insert(H_FORMAT, FORMAT_MARK);
         let reason = format!("{RECREATED}: the records before offset {} are lost", base + 1);
         let id = format!("{}/recreated/{base}", token(ALL_CLUSTERS));
         let failed = |e: String| NatsError::Publish { cluster: ALL_CLUSTERS.into(), cause: e };
@@ -1108,6 +1157,15 @@ impl<J: JetStream> NatsBus<J> {
 
     fn subject(&self, cluster: &str) -> String {
         format!("{}.{}", self.stream, token(cluster))
+    }
+
+    /// Something of the bus is kept in a newer format than this build's: the replica
+    /// refuses to go on, as for a stream of another bus (its hub exits through
+    /// [`Bus::fatal`], naming both formats), and writes nothing more.
+    fn refuse_newer(&self, why: String) -> BusError {
+        tracing::error!(stream = %self.stream, "{why}");
+        lock(&self.poisoned).get_or_insert(why.clone());
+        BusError::Nats(self.stream_error(why))
     }
 
     fn fail(&self, e: NatsError) -> BusError {
@@ -1154,7 +1212,14 @@ impl<J: JetStream> NatsBus<J> {
     async fn head_of(&self, cluster: &str) -> Result<Option<Head>, BusError> {
         let subject = self.subject(cluster);
         let found = match self.js.last_by_subject(&subject).await {
-            Ok(Some(msg)) => head_from_headers(&msg.headers, msg.sequence + self.base.load(Ordering::SeqCst)),
+            Ok(Some(msg)) => {
+                let offset = msg.sequence + self.base.load(Ordering::SeqCst);
+                if let Err(found) = readable_mark(msg.headers.get(H_FORMAT).map(|v| v.as_str())) {
+                    let what = format!("the last record of cluster {cluster} (offset {offset})");
+                    return Err(self.refuse_newer(newer_format(&what, &found)));
+                }
+                head_from_headers(&msg.headers, offset)
+            }
             // The bucket only matters once the stream holds nothing of the cluster: while it
             // does, its last record is at least as new as anything the bucket was given.
             Ok(None) => {
@@ -1164,7 +1229,13 @@ impl<J: JetStream> NatsBus<J> {
                         cause: format!("read head of {cluster}: {e}"),
                     })
                 })?;
-                stored.and_then(|b| serde_json::from_slice(&b).ok())
+                match stored.map(|b| parse_head(&b)).transpose() {
+                    Ok(h) => h.flatten(),
+                    Err(found) => {
+                        let what = format!("the head of cluster {cluster} in bucket {}", self.heads_bucket);
+                        return Err(self.refuse_newer(newer_format(&what, &found)));
+                    }
+                }
             }
             Err(e) => {
                 return Err(self.fail(NatsError::Stream {
@@ -1182,28 +1253,66 @@ impl<J: JetStream> NatsBus<J> {
     /// Writes the heads appended since the last call to the bucket; what fails is kept
     /// for the next call (unless a later head replaced it meanwhile).
     async fn flush_heads(&self) -> Result<(), BusError> {
+        self.usable()?;
         let pending: Vec<(Arc<str>, Head)> = std::mem::take(&mut *lock(&self.dirty_heads)).into_iter().collect();
         if pending.is_empty() {
             return Ok(());
         }
-        let puts = pending.iter().map(|(cluster, h)| {
-            let value = serde_json::to_vec(h).unwrap_or_default();
-            let key = token(cluster);
-            async move { self.heads_kv.put(&key, value.into()).await }
+        let puts = pending.iter().map(|(cluster, h)| async move {
+            let value: bytes::Bytes =
+                serde_json::to_vec(&StoredHead { head: h, format: NATS_FORMAT }).unwrap_or_default().into();
+            self.write_head(cluster, value).await
         });
         let results = futures_util::future::join_all(puts).await;
         let mut failure = None;
         let mut dirty = lock(&self.dirty_heads);
         for ((cluster, h), r) in pending.into_iter().zip(results) {
-            if let Err(e) = r {
-                failure.get_or_insert_with(|| format!("write head of {cluster}: {e}"));
-                dirty.entry(cluster).or_insert(h);
+            match r {
+                Ok(()) => {}
+                Err(HeadWrite::Newer(why)) => {
+                    drop(dirty);
+                    return Err(self.refuse_newer(why));
+                }
+                Err(HeadWrite::Failed(e)) => {
+                    failure.get_or_insert_with(|| format!("write head of {cluster}: {e}"));
+                    dirty.entry(cluster).or_insert(h);
+                }
             }
         }
         match failure {
             None => Ok(()),
             Some(cause) => Err(BusError::Nats(NatsError::KeyValue { bucket: self.heads_bucket.clone(), cause })),
         }
+    }
+
+    /// Writes one head: compare-and-set on the revision this replica wrote last; when the
+    /// value changed since (or this replica has not written it), the value there is read
+    /// first, and one of a newer format is not written over.
+    async fn write_head(&self, cluster: &Arc<str>, value: bytes::Bytes) -> Result<(), HeadWrite> {
+        let key = token(cluster);
+        let known = lock(&self.head_revisions).get(cluster).copied();
+        if let Some(rev) = known
+            && let Ok(new) = self.heads_kv.update(&key, value.clone(), rev).await
+        {
+            lock(&self.head_revisions).insert(cluster.clone(), new);
+            return Ok(());
+        }
+        let there = self.heads_kv.entry(&key).await.map_err(HeadWrite::Failed)?;
+        let written = match there {
+            Some(e) => {
+                if e.is_put
+                    && let Err(found) = parse_head(&e.value)
+                {
+                    let what = format!("the head of cluster {cluster} in bucket {}", self.heads_bucket);
+                    return Err(HeadWrite::Newer(newer_format(&what, &found)));
+                }
+                self.heads_kv.update(&key, value, e.revision).await
+            }
+            None => self.heads_kv.create(&key, value).await.map_err(|e| e.to_string()),
+        };
+        let new = written.map_err(HeadWrite::Failed)?;
+        lock(&self.head_revisions).insert(cluster.clone(), new);
+        Ok(())
     }
 
     /// Publishes the records of one append and returns the future of their acks. Publishes
@@ -1308,6 +1417,7 @@ impl<J: JetStream> NatsBus<J> {
                 }
             };
             headers.insert(H_KIND, kind);
+            headers.insert(H_FORMAT, FORMAT_MARK);
             let id = format!("{}/{}/{}{suffix}", token(&cluster), item.epoch, item.seq);
             match self.js.publish(subject.clone(), headers, payload, id).await {
                 Ok(ack) => {
@@ -1428,6 +1538,11 @@ impl<J: JetStream> NatsBus<J> {
     /// Takes delivered messages into the local tail (unless they come from the consumer of
     /// an earlier `generation` of it).
     fn ingest(&self, batch: Vec<Delivered>, generation: u64) {
+        if lock(&self.poisoned).is_some() {
+            // Refused to go on (a record of a newer format, another bus): what follows is
+            // neither read nor taken for a gap.
+            return;
+        }
         let now = retention::now_ms();
         let Ok(mut log) = self.core.log.write() else { return };
         if self.tail_generation.load(Ordering::SeqCst) != generation {
@@ -1438,6 +1553,7 @@ impl<J: JetStream> NatsBus<J> {
         let mut end = log.end;
         let mut records = Vec::with_capacity(batch.len());
         let mut new_heads = Vec::new();
+        let mut refused = false;
         for msg in batch {
             let offset = msg.sequence + base;
             if offset < end {
@@ -1458,6 +1574,14 @@ impl<J: JetStream> NatsBus<J> {
                 // What the dropped records carried is unseen: predecessors are unknown now.
                 chain.seen_from = offset;
                 chain.last.clear();
+            }
+            // A record of a newer format is neither skipped nor taken for damage: the tail
+            // stops before it and this replica refuses to go on (its hub exits, naming both
+            // formats; the record stays in the stream for the release that reads it).
+            if let Err(found) = readable_mark(msg.headers.as_ref().and_then(|h| h.get(H_FORMAT)).map(|v| v.as_str())) {
+                let _ = self.refuse_newer(newer_format(&format!("the record at offset {offset}"), &found));
+                refused = true;
+                break;
             }
             end = offset + 1;
             let time_ms = msg.published_ms.unwrap_or(now);
@@ -1489,6 +1613,10 @@ impl<J: JetStream> NatsBus<J> {
         }
         self.core.announce(end);
         self.release_local();
+        if refused {
+            // Readers waiting for more read now and fail (see `adopt`).
+            self.core.announce(u64::MAX);
+        }
     }
 
     /// One identity's cursors and the entry's revision. An entry written for another bus
@@ -1500,7 +1628,10 @@ impl<J: JetStream> NatsBus<J> {
         let entry = self.cursors_kv.entry(&token(identity)).await.map_err(|e| self.cursor_err(identity, e))?;
         Ok(match entry {
             Some(e) if e.is_put => {
-                let cursors = Cursors::parse(&e.value);
+                let cursors = Cursors::parse(&e.value).map_err(|found| {
+                    let what = format!("the durable cursors of {identity} in bucket {}", self.cursors_bucket);
+                    self.refuse_newer(newer_format(&what, &found))
+                })?;
                 if cursors.bus.as_deref().is_some_and(|bus| bus != self.stream_id) {
                     (Cursors::default(), Some(e.revision))
                 } else {
@@ -1728,10 +1859,14 @@ async fn load_heads<K: KeyValue>(store: &K, bucket: &str) -> Result<HashMap<Arc<
     let mut heads = HashMap::new();
     for key in names {
         let Some(cluster) = untoken(&key) else { continue };
-        if let Some(v) = store.get(&key).await.map_err(|e| err(format!("cannot read head {key}: {e}")))?
-            && let Ok(h) = serde_json::from_slice::<Head>(&v)
-        {
-            heads.insert(Arc::from(cluster), h);
+        if let Some(v) = store.get(&key).await.map_err(|e| err(format!("cannot read head {key}: {e}")))? {
+            match parse_head(&v) {
+                Ok(Some(h)) => {
+                    heads.insert(Arc::from(cluster), h);
+                }
+                Ok(None) => {}
+                Err(found) => return Err(err(newer_format(&format!("the head of cluster {cluster}"), &found))),
+            }
         }
     }
     Ok(heads)

@@ -79,8 +79,49 @@ pub(super) struct Meta {
 }
 
 /// The format of what the NATS bus keeps in JetStream; a hub finding a newer one in the
-/// cursors bucket's meta entry refuses to start.
+/// cursors bucket's meta entry refuses to start. Records (`Fw-Format` header), heads
+/// (`format`) and cursor entries (`format`, written only from format 2 on) name their own;
+/// one without is format 1.
 pub(super) const NATS_FORMAT: u32 = 1;
+
+/// Why a hub does not use `what`: it is kept in format `found`, newer than this build's.
+pub(super) fn newer_format(what: &str, found: &str) -> String {
+    format!(
+        "{what} is kept in format {found}, newer than this hub's {NATS_FORMAT} (fleetwatch {}): a newer release \
+         writes this bus; run a release that reads it (docs/upgrade.md); this hub leaves it untouched",
+        env!("CARGO_PKG_VERSION")
+    )
+}
+
+/// Whether a format mark (a record's `Fw-Format` header, a value's `format`) names a
+/// format this build reads: absent is format 1, what every release before the marks wrote.
+/// `Err` with the mark as found when it is newer (or not a format this build knows).
+pub(super) fn readable_mark(mark: Option<&str>) -> Result<(), String> {
+    match mark {
+        None => Ok(()),
+        Some(m) => match m.trim().parse::<u32>() {
+            Ok(n) if (1..=NATS_FORMAT).contains(&n) => Ok(()),
+            _ => Err(m.to_string()),
+        },
+    }
+}
+
+/// The `format` a JSON value of the bus names, if it is a JSON object with one.
+#[derive(Deserialize)]
+struct Mark {
+    #[serde(default)]
+    format: Option<serde_json::Value>,
+}
+
+/// [`readable_mark`] of a JSON value's `format` (a number): a value that is not a JSON
+/// object, or has none, is format 1 (what is not JSON is left to the value's own parser).
+pub(super) fn readable_value(bytes: &[u8]) -> Result<(), String> {
+    match serde_json::from_slice::<Mark>(bytes).ok().and_then(|m| m.format) {
+        None => Ok(()),
+        Some(serde_json::Value::Number(n)) => readable_mark(Some(&n.to_string())),
+        Some(other) => Err(other.to_string()),
+    }
+}
 
 fn format_one() -> u32 {
     1
@@ -99,6 +140,11 @@ pub(super) struct Cursors {
     /// another bus means nothing in it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(super) bus: Option<String>,
+    /// The entry's format; absent (never written by this release) is format 1. Format 1
+    /// entries stay without it: the releases before it refuse unknown fields here and
+    /// would read such an entry as empty, losing its names on a rollback.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) format: Option<u32>,
 }
 
 /// A cursor move not written yet: the cursor and the registration it was made under
@@ -112,12 +158,17 @@ pub(super) struct Move {
 
 impl Cursors {
     /// Reads an entry; an entry of an older release (name → cursor) has no registrations.
-    pub(super) fn parse(bytes: &[u8]) -> Self {
-        serde_json::from_slice::<Cursors>(bytes)
-            .or_else(|_| {
-                serde_json::from_slice::<BTreeMap<String, u64>>(bytes).map(|names| Cursors { names, ..Self::default() })
-            })
-            .unwrap_or_default()
+    /// `Err` with the format found for an entry of a newer format: never read as empty
+    /// (and then written over), unlike one that is damaged.
+    pub(super) fn parse(bytes: &[u8]) -> Result<Self, String> {
+        if let Ok(c) = serde_json::from_slice::<Cursors>(bytes) {
+            return readable_mark(c.format.map(|f| f.to_string()).as_deref()).map(|()| c);
+        }
+        if let Ok(names) = serde_json::from_slice::<BTreeMap<String, u64>>(bytes) {
+            return Ok(Cursors { names, ..Self::default() });
+        }
+        readable_value(bytes)?;
+        Ok(Self::default())
     }
 
     /// Registers `name`'s start point, even when lower than its cursor.
@@ -210,12 +261,35 @@ mod tests {
 
     #[test]
     fn entries_of_the_older_format_are_read() {
-        let old = Cursors::parse(br#"{"a":3,"b":7}"#);
+        let old = Cursors::parse(br#"{"a":3,"b":7}"#).unwrap();
         assert_eq!(old.names.get("b"), Some(&7));
         assert!(old.regs.is_empty());
         let mut c = Cursors::default();
         c.register("names", 5, 1);
-        assert_eq!(Cursors::parse(&serde_json::to_vec(&c).unwrap()), c);
-        assert_eq!(Cursors::parse(b"garbage"), Cursors::default());
+        let written = serde_json::to_vec(&c).unwrap();
+        assert!(!String::from_utf8_lossy(&written).contains("format"), "format 1 is written without a mark");
+        assert_eq!(Cursors::parse(&written), Ok(c.clone()));
+        assert_eq!(Cursors::parse(b"garbage"), Ok(Cursors::default()));
+        // A durable named `format` in the oldest form is a name, not a mark.
+        assert_eq!(Cursors::parse(br#"{"format":2}"#).unwrap().names.get("format"), Some(&2));
+        let marked = br#"{"names":{"d":4},"regs":{},"format":1}"#;
+        assert_eq!(Cursors::parse(marked).unwrap().names.get("d"), Some(&4));
+    }
+
+    #[test]
+    fn entries_of_a_newer_format_are_refused_not_read_as_empty() {
+        assert_eq!(Cursors::parse(br#"{"names":{"d":4},"regs":{},"format":2}"#), Err("2".into()));
+        // A newer format with fields this release does not know.
+        assert_eq!(Cursors::parse(br#"{"format":3,"subscribers":[{"name":"d","at":"4"}]}"#), Err("3".into()));
+        assert_eq!(readable_value(br#"{"epoch":1,"seq":2,"offset":3}"#), Ok(()));
+        assert_eq!(readable_value(br#"{"epoch":1,"seq":2,"offset":3,"format":1}"#), Ok(()));
+        assert_eq!(readable_value(br#"{"format":2}"#), Err("2".into()));
+        assert_eq!(readable_value(br#"{"format":"two"}"#), Err(r#""two""#.into()));
+        assert_eq!(readable_mark(None), Ok(()));
+        assert_eq!(readable_mark(Some("1")), Ok(()));
+        assert_eq!(readable_mark(Some("2")), Err("2".into()));
+        assert_eq!(readable_mark(Some("0")), Err("0".into()));
+        let why = newer_format("the head of cluster c1", "2");
+        assert!(why.contains("format 2, newer than this hub's 1"), "{why}");
     }
 }

@@ -145,3 +145,74 @@ Secrets (hub TLS key, admin token, CA) the operator must not read. */ -}}
 {{ .repository }}{{ if .digest }}@{{ .digest }}{{ else }}:{{ .tag }}{{ end }}
 {{- end -}}
 {{- end -}}
+
+{{/* A relay's workload name, selector and ServiceAccount. Call with (dict "kind" "webhook" "root" $). */}}
+{{- define "fleetwatch.relay" -}}{{ include "fleetwatch.fullname" .root }}-relay-{{ .kind }}{{- end -}}
+{{- define "fleetwatch.relaySelector" -}}
+app.kubernetes.io/name: fleetwatch-relay-{{ .kind }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+{{- end -}}
+{{- define "fleetwatch.relayServiceAccount" -}}
+{{- $r := index .root.Values.relays .kind -}}
+{{- if $r.serviceAccount.create -}}
+{{ $r.serviceAccount.name | default (include "fleetwatch.relay" .) }}
+{{- else -}}
+{{ required (printf "relays.%s.serviceAccount.name: the ServiceAccount to use when relays.%s.serviceAccount.create=false" .kind .kind) $r.serviceAccount.name }}
+{{- end -}}
+{{- end -}}
+
+{{/*
+What an enabled relay cannot do without: a target URL, a subscriber name no other grant of
+the access policy uses (a name granted twice makes the policy invalid and the hub not
+ready), at least one cluster in its grant. Call with (dict "kind" "webhook" "r" $r "Values" $.Values).
+*/}}
+{{- define "fleetwatch.relayChecks" -}}
+{{- $p := printf "relays.%s" .kind -}}
+{{- if not .r.target -}}
+{{- fail (printf "%s.target: the URL the %s relay sends events to is required when %s.enabled=true (e.g. --set %s.target=https://receiver.example/events)" $p .kind $p $p) -}}
+{{- end -}}
+{{- if not (regexMatch "^https?://[^/]+" .r.target) -}}
+{{- fail (printf "%s.target %q must be an http:// or https:// URL" $p .r.target) -}}
+{{- end -}}
+{{- if .Values.hub.accessPolicy.enabled -}}
+{{- if not .r.clusters -}}
+{{- fail (printf "%s.clusters: the access-policy grant of subscriber %q needs at least one cluster glob (\"*\" for all)" $p .r.name) -}}
+{{- end -}}
+{{- range .Values.hub.accessPolicy.subscribers -}}
+{{- if eq .name $.r.name -}}
+{{- fail (printf "%s.name %q is already granted in hub.accessPolicy.subscribers: the chart adds the relay's grant from %s.clusters; remove that entry or pick another name" $p $.r.name $p) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- if and .Values.relays.webhook.enabled .Values.relays.klm.enabled (eq .Values.relays.webhook.name .Values.relays.klm.name) -}}
+{{- fail (printf "relays.webhook.name and relays.klm.name are both %q: each relay needs its own subscriber name" .r.name) -}}
+{{- end -}}
+{{- if and .r.targetTLS.clientSecretName (not .r.targetTLS.caSecretName) -}}
+{{- fail (printf "%s.targetTLS.clientSecretName needs %s.targetTLS.caSecretName (--target-cert needs --target-ca)" $p $p) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The port of a relay's target URL (egress NetworkPolicy): explicit, else 443 / 80. */}}
+{{- define "fleetwatch.relayTargetPort" -}}
+{{- $u := urlParse . -}}
+{{- $hostport := splitList ":" $u.host -}}
+{{- if gt (len $hostport) 1 -}}
+{{ last $hostport }}
+{{- else if eq $u.scheme "https" -}}
+443
+{{- else -}}
+80
+{{- end -}}
+{{- end -}}
+
+{{/* The subscribers of the access policy: hub.accessPolicy.subscribers plus a grant for each enabled relay. */}}
+{{- define "fleetwatch.accessPolicySubscribers" -}}
+{{- $subs := required "hub.accessPolicy.subscribers: name at least the lifecycle operator" .Values.hub.accessPolicy.subscribers -}}
+{{- range $kind := list "webhook" "klm" -}}
+{{- $r := index $.Values.relays $kind -}}
+{{- if $r.enabled -}}
+{{- $subs = append $subs (dict "name" $r.name "clusters" $r.clusters) -}}
+{{- end -}}
+{{- end -}}
+{{- toYaml $subs -}}
+{{- end -}}
