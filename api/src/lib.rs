@@ -13,6 +13,7 @@
 #![warn(missing_docs)]
 
 pub mod config_policy;
+pub mod label_selector;
 pub mod maintenance;
 pub mod module;
 pub mod policy;

@@ -58,8 +58,11 @@ pub struct RuntimeSpec {
     /// `.../globalAccountID`; `default` when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub maintenance_policy: Option<String>,
-    /// The Secret (same namespace) whose `key` holds a kubeconfig reaching the cluster;
-    /// none means the cluster the operator runs in.
+    /// The Secret whose `key` holds a kubeconfig reaching the cluster; none means the
+    /// cluster the operator runs in. It is read from the namespace the operator keeps
+    /// kubeconfigs in (`--kubeconfig-namespace`; the chart's `fleetwatch-runtimes`) or, when
+    /// the operator has none, from the Runtime's own namespace; a Secret named in any other
+    /// namespace is refused.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kubeconfig_secret: Option<SecretKeyRef>,
 }
@@ -69,6 +72,10 @@ pub struct RuntimeSpec {
 pub struct SecretKeyRef {
     /// Secret name.
     pub name: String,
+    /// Secret namespace, for saying so explicitly: it must be the namespace the operator
+    /// reads kubeconfigs from (see `kubeconfigSecret`); absent means that one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
     /// Key in the Secret's data; `config` when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key: Option<String>,
@@ -382,8 +389,9 @@ pub struct OciSource {
     /// (a tag is refused).
     #[serde(rename = "ref")]
     pub reference: String,
-    /// A Secret of type `kubernetes.io/dockerconfigjson` in the template's namespace with the
-    /// registry's credentials; the operator's `--registry-auth` when absent.
+    /// A Secret of type `kubernetes.io/dockerconfigjson` with the registry's credentials, in
+    /// the namespace the operator keeps credentials in (`--kubeconfig-namespace`) or, when it
+    /// has none, the template's namespace; the operator's `--registry-auth` when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pull_secret: Option<String>,
 }

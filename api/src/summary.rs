@@ -68,6 +68,10 @@ pub struct RuntimeSummary {
     pub modules_by_state: BTreeMap<String, u32>,
     /// Its modules.
     pub modules: Vec<ModuleSummary>,
+    /// The Runtime's labels: for the hub's access policy (`clusterSelector`), not shown, so
+    /// not serialized (the admin API's documents are unchanged).
+    #[serde(skip)]
+    pub labels: BTreeMap<String, String>,
 }
 
 /// Longest module message kept.
@@ -140,6 +144,7 @@ impl RuntimeSummary {
             state: rt.status.as_ref().and_then(|s| s.state).map(|s| s.to_string()),
             modules_by_state,
             modules,
+            labels: rt.metadata.labels.clone().unwrap_or_default(),
         }
     }
 

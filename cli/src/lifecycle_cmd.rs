@@ -70,6 +70,14 @@ pub struct LifecycleArgs {
     /// leader reconciles everything. Give every instance the same N.
     #[arg(long, env = "FLEETWATCH_SHARDS", default_value_t = 1)]
     shards: u32,
+    /// Read Runtimes' kubeconfig Secrets (and ModuleTemplates' registry pull Secrets) from
+    /// this control-plane namespace only, whatever namespace the Runtime is in; a Runtime
+    /// naming a Secret in another namespace is refused (its status says so). A namespace
+    /// that holds nothing else lets the operator's ServiceAccount read Secrets there and
+    /// nowhere else (the chart: `lifecycle.runtimeKubeconfigs.namespace`). Default: each
+    /// Runtime's (template's) own namespace.
+    #[arg(long, env = "FLEETWATCH_KUBECONFIG_NAMESPACE")]
+    kubeconfig_namespace: Option<String>,
     /// Install the agent into every Runtime's cluster and issue its certificate from this
     /// CA: a control-plane Secret NAMESPACE/NAME with `ca.crt` and `ca.key` (as `fleetwatch
     /// certs init` writes them; `tls.crt`/`tls.key` work too) and optionally `hub-ca.crt`,
@@ -197,6 +205,7 @@ pub async fn run(args: LifecycleArgs) -> anyhow::Result<()> {
         resync,
         concurrency: args.concurrency.max(1),
         migrations: fleetwatch_lifecycle::migration::Registry::builtin(),
+        kubeconfig_namespace: args.kubeconfig_namespace.clone().filter(|ns| !ns.is_empty()),
         ..fleetwatch_lifecycle::LifecycleConfig::new(client.clone())
     };
     tracing::info!(resync_secs = resync.map_or(0.0, |d| d.as_secs_f64()), "lifecycle operator starting");

@@ -458,6 +458,7 @@ mod tests {
             state: Some("Ready".into()),
             modules_by_state: by,
             modules,
+            labels: Default::default(),
         }
     }
 

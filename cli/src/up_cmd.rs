@@ -24,6 +24,9 @@ use crate::kube_apply::{apply, install_crds};
 
 /// Namespace of Runtimes, templates and release metas in the sandbox's control plane.
 pub const NAMESPACE: &str = "kcp";
+/// Namespace of the runtime clusters' kubeconfig Secrets (the operator's
+/// `--kubeconfig-namespace`), apart from everything else as in the chart.
+pub const KUBECONFIG_NAMESPACE: &str = "fleetwatch-runtimes";
 /// The sample modules.
 pub const MODULES: [&str; 2] = ["redis", "nats"];
 
@@ -256,8 +259,16 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     }
     // Central configuration takes precedence: TLS stays on in every redis, replicas at most 5.
     apply(&cp_client, "sandbox", &sample_config_policy()).await?;
+    // Kubeconfigs in a namespace of their own, as the chart keeps them: the operator reads
+    // Secrets there only.
+    apply(
+        &cp_client,
+        "sandbox",
+        &json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": KUBECONFIG_NAMESPACE}}),
+    )
+    .await?;
     for (n, s) in names.iter().zip(&runtimes_sims) {
-        let secret = json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": format!("{n}-kubeconfig"), "namespace": NAMESPACE},
+        let secret = json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": format!("{n}-kubeconfig"), "namespace": KUBECONFIG_NAMESPACE},
                             "stringData": {"config": s.kubeconfig_yaml()}});
         apply(&cp_client, "sandbox", &secret).await?;
         let rt = json!({"apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "Runtime",
@@ -312,6 +323,7 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         resync: Some(Duration::from_secs(3600)),
         concurrency: 8,
         migrations: fleetwatch_lifecycle::migration::Registry::builtin(),
+        kubeconfig_namespace: Some(KUBECONFIG_NAMESPACE.into()),
         ..fleetwatch_lifecycle::LifecycleConfig::new(cp_client.clone())
     };
     let lc_metrics = Arc::new(fleetwatch_lifecycle::Metrics::default());

@@ -5,6 +5,7 @@
 //! subscribers:
 //!   - name: team-a                 # the subscriber name in its certificate
 //!     clusters: ["a1", "eu-*"]     # cluster id globs (`*` any run of characters, `?` one)
+//!     clusterSelector: "team=a"    # optional: clusters whose Runtime labels match, too
 //!     types: ["dev.fleetwatch.object.*"]   # optional CloudEvents type globs (none: all)
 //!     redact: ["/data/password"]   # optional JSON pointers removed before delivery
 //! ```
@@ -14,6 +15,14 @@
 //! follows its file (re-read when the content changes) and fails closed: a file that
 //! disappears or breaks after start keeps the last good policy in force and makes the hub
 //! not ready; at start it is an error.
+//!
+//! `clusterSelector` (Kubernetes label selector syntax, `team=a,env in (prod)`) grants the
+//! clusters whose Runtime (by `spec.clusterId`) carries matching labels, in addition to the
+//! globs. It needs the hub to read Runtimes from a control plane: a hub that reads none
+//! refuses such a policy rather than let the selector silently grant nothing. The labels
+//! are those of the hub's view of the Runtimes (`fleet::follow_runtimes`, a watch), looked
+//! up for every event, so a relabelled Runtime moves its cluster in or out of live
+//! sessions; before the first list the selector grants nothing.
 //!
 //! A redaction pointer names a field of the watched object (`/data/password`). It is
 //! removed from the event's `data` at that pointer and from the projected fields
@@ -25,6 +34,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 
+use fleetwatch_api::label_selector::LabelSelector;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -36,9 +46,13 @@ pub struct Grant {
     pub name: String,
     /// Cluster id globs. Required: an empty list grants no cluster.
     pub clusters: Vec<String>,
-    /// Runtime labels (when the hub reads a control plane): not supported yet, refused.
+    /// Runtime labels (a label selector): the clusters whose Runtime matches are granted
+    /// too. Only when the hub reads a control plane.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cluster_selector: Option<String>,
+    /// `cluster_selector`, parsed.
+    #[serde(skip)]
+    selector: Option<LabelSelector>,
     /// CloudEvents type globs; empty: every type.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub types: Vec<String>,
@@ -81,22 +95,37 @@ pub struct AccessPolicy {
 }
 
 impl AccessPolicy {
-    /// Parses the YAML (or JSON) text of a policy file (`path` for messages).
-    pub fn parse(text: &str, path: &Path) -> Result<Self, AccessPolicyError> {
+    /// Parses the YAML (or JSON) text of a policy file (`path` for messages);
+    /// `runtime_labels`: whether the hub reads Runtimes, which `clusterSelector` needs.
+    pub fn parse(text: &str, path: &Path, runtime_labels: bool) -> Result<Self, AccessPolicyError> {
         let invalid = |why: String| AccessPolicyError::Invalid { path: path.display().to_string(), why };
         let file: PolicyFile = serde_saphyr::from_str(text).map_err(|e| invalid(e.to_string()))?;
         let mut grants = BTreeMap::new();
-        for (i, g) in file.subscribers.into_iter().enumerate() {
+        for (i, mut g) in file.subscribers.into_iter().enumerate() {
             let at = format!("subscribers[{i}]");
             if g.name.is_empty() || g.name.contains('/') {
                 return Err(invalid(format!("{at}: name {:?} is not a subscriber name", g.name)));
             }
-            if g.cluster_selector.is_some() {
-                return Err(invalid(format!(
-                    "{at} ({}): clusterSelector is not supported yet (the hub does not read Runtime labels for \
-                     the policy); list the clusters as globs",
-                    g.name
-                )));
+            if let Some(sel) = &g.cluster_selector {
+                if !runtime_labels {
+                    return Err(invalid(format!(
+                        "{at} ({}): clusterSelector {sel:?} needs Runtime labels, and this hub reads no control \
+                         plane (--control-plane-kubeconfig); list the clusters as globs",
+                        g.name
+                    )));
+                }
+                let parsed = LabelSelector::parse(sel)
+                    .map_err(|e| invalid(format!("{at} ({}): clusterSelector: {e}", g.name)))?;
+                // An empty selector matches every Runtime: refused, as a grant of everything
+                // is written `clusters: ["*"]`.
+                if parsed.is_empty() {
+                    return Err(invalid(format!(
+                        "{at} ({}): clusterSelector is empty (it would match every Runtime); use clusters: [\"*\"] \
+                         to grant every cluster",
+                        g.name
+                    )));
+                }
+                g.selector = Some(parsed);
             }
             for c in &g.clusters {
                 if c.is_empty() {
@@ -143,9 +172,25 @@ impl AccessPolicy {
 }
 
 impl Grant {
-    /// Whether the grant covers this cluster.
-    pub fn allows_cluster(&self, cluster: &str) -> bool {
+    /// Whether the grant covers this cluster: a glob matches, or its Runtime's `labels`
+    /// (`None`: no Runtime known for it) match the `clusterSelector`.
+    pub fn allows_cluster(&self, cluster: &str, labels: Option<&BTreeMap<String, String>>) -> bool {
         self.clusters.iter().any(|g| glob(g, cluster))
+            || self.selector.as_ref().zip(labels).is_some_and(|(s, l)| s.matches(l))
+    }
+
+    /// Whether the grant depends on Runtime labels (`clusterSelector`).
+    pub fn uses_runtime_labels(&self) -> bool {
+        self.selector.is_some()
+    }
+
+    /// The grant's clusters, for messages: its globs and selector.
+    pub fn describe_clusters(&self) -> String {
+        let mut parts: Vec<String> = self.clusters.clone();
+        if let Some(s) = &self.cluster_selector {
+            parts.push(format!("the clusters whose Runtime matches {s:?}"));
+        }
+        if parts.is_empty() { "no cluster".to_string() } else { parts.join(", ") }
     }
 
     /// Whether the grant covers this CloudEvents type.
@@ -241,6 +286,8 @@ pub enum Decision {
 /// The access policy in force, following its file.
 pub struct AccessControl {
     path: Option<PathBuf>,
+    /// Whether the hub reads Runtime labels (`clusterSelector` is allowed).
+    runtime_labels: bool,
     state: RwLock<State>,
 }
 
@@ -268,17 +315,18 @@ pub enum Reload {
 
 impl AccessControl {
     /// Loads the policy file (none: every subscriber reads everything). A missing,
-    /// unreadable or invalid file is a start-up error.
-    pub fn load(path: Option<PathBuf>) -> Result<Self, AccessPolicyError> {
+    /// unreadable or invalid file is a start-up error; `runtime_labels`: whether the hub
+    /// reads Runtimes (without, a `clusterSelector` makes the file invalid).
+    pub fn load(path: Option<PathBuf>, runtime_labels: bool) -> Result<Self, AccessPolicyError> {
         let state = match &path {
             Some(p) => {
                 let content = read_bytes(p)?;
-                let policy = parse_bytes(&content, p)?;
+                let policy = parse_bytes(&content, p, runtime_labels)?;
                 State { content: Some(content), policy: Arc::new(policy), generation: 0, failed: None }
             }
             None => State::default(),
         };
-        Ok(Self { path, state: RwLock::new(state) })
+        Ok(Self { path, runtime_labels, state: RwLock::new(state) })
     }
 
     /// The file, when a policy is configured.
@@ -334,7 +382,7 @@ impl AccessControl {
             Ok(s) => s,
             Err(p) => p.into_inner(),
         };
-        let parsed = now.and_then(|bytes| parse_bytes(&bytes, path).map(|p| (bytes, p)));
+        let parsed = now.and_then(|bytes| parse_bytes(&bytes, path, self.runtime_labels).map(|p| (bytes, p)));
         match parsed {
             Ok((bytes, policy)) => {
                 state.generation += 1;
@@ -355,10 +403,10 @@ fn read_bytes(path: &Path) -> Result<Vec<u8>, AccessPolicyError> {
     std::fs::read(path).map_err(|source| AccessPolicyError::Read { path: path.display().to_string(), source })
 }
 
-fn parse_bytes(bytes: &[u8], path: &Path) -> Result<AccessPolicy, AccessPolicyError> {
+fn parse_bytes(bytes: &[u8], path: &Path, runtime_labels: bool) -> Result<AccessPolicy, AccessPolicyError> {
     let text = std::str::from_utf8(bytes)
         .map_err(|_| AccessPolicyError::Invalid { path: path.display().to_string(), why: "not UTF-8".into() })?;
-    AccessPolicy::parse(text, path)
+    AccessPolicy::parse(text, path, runtime_labels)
 }
 
 #[cfg(test)]
@@ -378,20 +426,46 @@ mod tests {
     fn parses_and_refuses_what_it_cannot_enforce() {
         let p = Path::new("p.yaml");
         let ok = "subscribers:\n  - name: team-a\n    clusters: [a1, 'eu-*']\n    types: ['dev.fleetwatch.object.*']\n    redact: [/data/password]\n";
-        let policy = AccessPolicy::parse(ok, p).unwrap();
+        let policy = AccessPolicy::parse(ok, p, false).unwrap();
         let g = policy.grant("team-a").unwrap();
-        assert!(g.allows_cluster("eu-3") && !g.allows_cluster("b1"));
+        assert!(g.allows_cluster("eu-3", None) && !g.allows_cluster("b1", None));
         assert!(g.allows_type("dev.fleetwatch.object.applied") && !g.allows_type("dev.fleetwatch.inventory"));
         assert!(policy.grant("team-b").is_none());
         for (bad, why) in [
             ("subscribers:\n  - name: a\n", "clusters"),
-            ("subscribers:\n  - name: a\n    clusters: []\n    clusterSelector: team=a\n", "clusterSelector"),
+            // Without Runtime labels a selector could only grant nothing: refused.
+            ("subscribers:\n  - name: a\n    clusters: []\n    clusterSelector: team=a\n", "reads no control plane"),
             ("subscribers:\n  - name: a\n    clusters: []\n    redact: [data.password]\n", "not a JSON pointer"),
             ("subscribers:\n  - name: a\n    clusters: []\n  - name: a\n    clusters: []\n", "named twice"),
             ("subscribers:\n  - name: a\n    clusters: []\n    clustres: [x]\n", "clustres"),
             ("nope: 1\n", "nope"),
         ] {
-            let err = AccessPolicy::parse(bad, p).err().unwrap().to_string();
+            let err = AccessPolicy::parse(bad, p, false).err().unwrap().to_string();
+            assert!(err.contains("p.yaml") && err.contains(why), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn a_cluster_selector_grants_by_runtime_labels() {
+        let p = Path::new("p.yaml");
+        let text = "subscribers:\n  - name: a\n    clusters: [a1]\n    clusterSelector: 'team=a,env in (prod)'\n";
+        let policy = AccessPolicy::parse(text, p, true).unwrap();
+        let g = policy.grant("a").unwrap();
+        assert!(g.uses_runtime_labels());
+        let labels = |kv: &[(&str, &str)]| -> BTreeMap<String, String> {
+            kv.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+        };
+        assert!(g.allows_cluster("b7", Some(&labels(&[("team", "a"), ("env", "prod")]))));
+        assert!(!g.allows_cluster("b7", Some(&labels(&[("team", "a"), ("env", "dev")]))));
+        // No Runtime known for the cluster: the selector grants nothing; the glob still does.
+        assert!(!g.allows_cluster("b7", None));
+        assert!(g.allows_cluster("a1", None));
+        assert!(g.describe_clusters().contains("team=a"), "{}", g.describe_clusters());
+        for (bad, why) in [
+            ("subscribers:\n  - name: a\n    clusters: []\n    clusterSelector: 'env in prod'\n", "set of values"),
+            ("subscribers:\n  - name: a\n    clusters: []\n    clusterSelector: ''\n", "is empty"),
+        ] {
+            let err = AccessPolicy::parse(bad, p, true).err().unwrap().to_string();
             assert!(err.contains("p.yaml") && err.contains(why), "{bad}: {err}");
         }
     }
@@ -402,6 +476,7 @@ mod tests {
             name: "a".into(),
             clusters: vec!["*".into()],
             cluster_selector: None,
+            selector: None,
             types: vec![],
             redact: vec!["/data/password".into(), "/spec/token".into()],
         };
@@ -425,9 +500,9 @@ mod tests {
     fn follows_content_and_fails_closed() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("policy.yaml");
-        assert!(AccessControl::load(Some(path.clone())).is_err());
+        assert!(AccessControl::load(Some(path.clone()), false).is_err());
         std::fs::write(&path, "subscribers:\n  - name: a\n    clusters: [x]\n").unwrap();
-        let ac = AccessControl::load(Some(path.clone())).unwrap();
+        let ac = AccessControl::load(Some(path.clone()), false).unwrap();
         assert!(matches!(ac.decide("a"), Decision::Granted(_)));
         let Decision::Refused(why) = ac.decide("b") else { panic!("b is not named") };
         assert!(why.contains("policy.yaml") && why.contains("\"b\""), "{why}");
@@ -447,6 +522,6 @@ mod tests {
         assert!(ac.stale().is_none() && ac.generation() > g0);
         assert!(matches!(ac.decide("a"), Decision::Refused(_)) && matches!(ac.decide("b"), Decision::Granted(_)));
         // No policy: everything.
-        assert!(matches!(AccessControl::load(None).unwrap().decide("z"), Decision::Everything));
+        assert!(matches!(AccessControl::load(None, false).unwrap().decide("z"), Decision::Everything));
     }
 }

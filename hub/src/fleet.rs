@@ -3,7 +3,7 @@
 //! overview document the web view receives live (clusters with event rates, subscriptions,
 //! modules by state).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
@@ -43,6 +43,26 @@ pub struct RuntimesView {
     pub skipped: usize,
     /// The Runtimes, by namespace/name.
     pub items: Vec<RuntimeSummary>,
+    /// Each cluster id's Runtime labels (the access policy's `clusterSelector`); a cluster
+    /// id several Runtimes name gets the labels of the first by namespace/name.
+    #[serde(skip)]
+    pub labels_by_cluster: HashMap<String, BTreeMap<String, String>>,
+}
+
+impl RuntimesView {
+    /// The labels of the Runtime of `cluster`, if the hub has read one.
+    pub fn labels(&self, cluster: &str) -> Option<&BTreeMap<String, String>> {
+        self.labels_by_cluster.get(cluster)
+    }
+}
+
+/// Labels by cluster id from Runtimes sorted by namespace/name (the first one wins).
+fn labels_by_cluster(items: &[RuntimeSummary]) -> HashMap<String, BTreeMap<String, String>> {
+    let mut out = HashMap::new();
+    for s in items {
+        out.entry(s.cluster.clone()).or_insert_with(|| s.labels.clone());
+    }
+    out
 }
 
 /// Shared view of the Runtimes.
@@ -205,8 +225,10 @@ pub async fn follow_runtimes(
         }
         if dirty && last_publish.is_none_or(|t| t.elapsed() >= RUNTIME_PUBLISH) {
             let items = table.items();
+            let labels = labels_by_cluster(&items);
             let Ok(mut v) = view.write() else { return };
             v.items = items;
+            v.labels_by_cluster = labels;
             v.skipped = table.skipped();
             v.error = None;
             v.updated = Some(jiff::Timestamp::now());
@@ -350,6 +372,7 @@ mod tests {
             state: None,
             modules_by_state: Default::default(),
             modules: Vec::new(),
+            labels: Default::default(),
         })
     }
 

@@ -215,6 +215,9 @@ pub(crate) struct Sessions {
     pub access: access::AccessControl,
     /// Live subscriber sessions per identity (`--max-sessions-per-subscriber`).
     pub subscriber_slots: subscriber_slots::SubscriberSlots,
+    /// The Runtimes read from the control plane (the access policy's `clusterSelector`
+    /// looks up their labels); the same view as [`Context::runtimes`].
+    pub runtimes: fleet::SharedRuntimes,
 }
 
 /// The limits and timeouts sessions apply (from [`HubConfig`]).
@@ -511,7 +514,10 @@ impl Hub {
         let watch_verdicts = watch_source::Verdicts::default();
         let initial_watches = config.watch_source.initial(&watch_verdicts)?;
         let revocation = revocation::Revocation::load(config.deny_list.clone())?;
-        let access = access::AccessControl::load(config.access_policy.clone())?;
+        // Runtime labels exist only when the hub reads the control plane (fleet::follow_runtimes).
+        let reads_runtimes = matches!(config.watch_source, watch_source::WatchSource::ControlPlane(_));
+        let access = access::AccessControl::load(config.access_policy.clone(), reads_runtimes)?;
+        let runtimes = fleet::SharedRuntimes::default();
         match access.current() {
             Some(policy) => tracing::info!(
                 policy = %config.access_policy.as_deref().map(|p| p.display().to_string()).unwrap_or_default(),
@@ -536,6 +542,7 @@ impl Hub {
             revocation,
             access,
             subscriber_slots: Default::default(),
+            runtimes: runtimes.clone(),
         });
         let ctx = Arc::new(Context {
             admission: admission::Admission::new(
@@ -547,7 +554,7 @@ impl Hub {
             replica: listener.local_addr().unwrap_or(config.listen).to_string(),
             admin_token,
             admin_tls,
-            runtimes: fleet::SharedRuntimes::default(),
+            runtimes,
             runtimes_changed: tokio::sync::watch::channel(0).0,
             watch_verdicts,
             config,

@@ -122,18 +122,28 @@ fn granted(ctx: &Sessions, name: &str, asked: &[String]) -> Result<Option<Arc<Gr
         Decision::Everything => Ok(None),
         Decision::Refused(why) => Err(why),
         Decision::Granted(g) => {
-            let outside: Vec<&str> = asked.iter().filter(|c| !g.allows_cluster(c)).map(String::as_str).collect();
+            let outside: Vec<&str> = asked.iter().filter(|c| !allows(ctx, &g, c)).map(String::as_str).collect();
             if outside.is_empty() {
                 return Ok(Some(g));
             }
             let policy = ctx.access.path().map(|p| p.display().to_string()).unwrap_or_default();
-            let grants = if g.clusters.is_empty() { "no cluster".to_string() } else { g.clusters.join(", ") };
+            let grants = g.describe_clusters();
             Err(format!(
                 "subscriber {name:?} may not read cluster(s) {}: the hub's access policy ({policy}) grants it {grants}",
                 outside.join(", ")
             ))
         }
     }
+}
+
+/// Whether `g` covers `cluster` now: its globs, or the labels of the cluster's Runtime in
+/// the hub's Runtime view (read per call, so a relabelled Runtime counts at once).
+fn allows(ctx: &Sessions, g: &Grant, cluster: &str) -> bool {
+    if !g.uses_runtime_labels() {
+        return g.allows_cluster(cluster, None);
+    }
+    let view = ctx.runtimes.read().unwrap_or_else(|p| p.into_inner());
+    g.allows_cluster(cluster, view.labels(cluster))
 }
 
 struct Session {
@@ -359,7 +369,7 @@ impl Session {
             return true;
         }
         if let Some(g) = &self.grant
-            && !g.allows_cluster(cluster)
+            && !allows(&self.ctx, g, cluster)
         {
             return false;
         }

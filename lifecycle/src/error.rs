@@ -98,6 +98,17 @@ pub enum ClusterError {
         #[source]
         source: kube::Error,
     },
+    /// The Runtime names a kubeconfig Secret in a namespace the operator does not read
+    /// kubeconfigs from.
+    #[error("Secret {secret}: kubeconfig Secrets are read from namespace {allowed} only ({why})")]
+    ForeignNamespace {
+        /// `namespace/name` as the Runtime names it.
+        secret: String,
+        /// The one namespace kubeconfigs are read from.
+        allowed: String,
+        /// Where that namespace comes from.
+        why: &'static str,
+    },
     /// The kubeconfig Secret does not exist.
     #[error("Secret {secret} not found")]
     SecretNotFound {

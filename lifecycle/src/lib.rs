@@ -73,6 +73,9 @@ pub struct LifecycleConfig {
     /// Module artifacts of templates with `spec.source.oci` ([`artifact::cache`]): registry
     /// access and caches.
     pub artifacts: artifact::cache::ArtifactConfig,
+    /// The one namespace Runtimes' kubeconfig Secrets and ModuleTemplates' pull Secrets are
+    /// read from ([`clusters`]); `None`: each object's own namespace.
+    pub kubeconfig_namespace: Option<String>,
 }
 
 /// Watches reconciles from outside: `started` when a reconcile of a Runtime this instance
@@ -100,6 +103,7 @@ impl LifecycleConfig {
             observer: None,
             agent_certs: None,
             artifacts: Default::default(),
+            kubeconfig_namespace: None,
         }
     }
 }
@@ -326,7 +330,7 @@ pub async fn run(config: LifecycleConfig, metrics: Arc<Metrics>, shutdown: Cance
     let config_changed = Arc::new(tokio::sync::Notify::new());
     let ctx = Arc::new(Ctx {
         client: client.clone(),
-        clusters: clusters::Clusters::new(client.clone()),
+        clusters: clusters::Clusters::new(client.clone(), config.kubeconfig_namespace.clone()),
         metas: metas.clone(),
         templates: templates.clone(),
         resync: config.resync,

@@ -86,7 +86,13 @@ async fn content(ctx: &Ctx, template: &Arc<ModuleTemplate>) -> Result<Content, F
     let Some(oci) = template.spec.oci() else { return Ok(Content { template: template.clone(), artifact: None }) };
     let secret = oci.pull_secret.as_ref().map(|name| PullSecret {
         client: ctx.client.clone(),
-        namespace: template.namespace().unwrap_or_default(),
+        // Credentials live with the kubeconfigs when the operator keeps them apart: its
+        // ServiceAccount reads Secrets nowhere else.
+        namespace: ctx
+            .clusters
+            .kubeconfig_namespace()
+            .map(str::to_string)
+            .unwrap_or_else(|| template.namespace().unwrap_or_default()),
         name: name.clone(),
     });
     let artifact = ctx.artifacts.get(&oci.reference, secret).await.map_err(|mut e| {

@@ -3,7 +3,9 @@
 //! from the URL as kube-apiserver's `RequestInfoFactory` does, RBAC evaluation of the
 //! Roles and ClusterRoles bound to the caller, the 403 text kube-apiserver answers, and
 //! the `SelfSubjectAccessReview` / `SelfSubjectRulesReview` answers built on the same
-//! evaluation (so `kubectl auth can-i` tells the truth about what the sim enforces).
+//! evaluation (so `kubectl auth can-i` tells the truth about what the sim enforces),
+//! impersonation (`kubectl --as`, checked with the `impersonate` verb as kube-apiserver
+//! does) and the `SelfSubjectReview` `kubectl auth whoami` reads.
 //!
 //! The default ClusterRoles a real cluster bootstraps (`cluster-admin`, `admin`, `edit`,
 //! `view`, `system:discovery`, `system:basic-user`, `system:public-info-viewer`) and their
@@ -433,6 +435,106 @@ pub fn forbidden(user: &User, a: &Attributes) -> ApiError {
         (message, Some(d))
     };
     ApiError { code: 403, reason: "Forbidden", message, details }
+}
+
+/// The impersonation headers of a request (`Impersonate-User`, `Impersonate-Group`,
+/// `Impersonate-Uid`, `Impersonate-Extra-*`), as kubectl's `--as`, `--as-group` and
+/// `--as-uid` send them.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Impersonation {
+    /// `Impersonate-User`.
+    pub user: Option<String>,
+    /// Every `Impersonate-Group`.
+    pub groups: Vec<String>,
+    /// `Impersonate-Uid`.
+    pub uid: Option<String>,
+    /// Whether any `Impersonate-Extra-*` header was sent (not supported: refused).
+    pub extra: bool,
+}
+
+impl Impersonation {
+    /// Whether the request asks to act as someone else at all.
+    pub fn requested(&self) -> bool {
+        self.user.is_some() || !self.groups.is_empty() || self.uid.is_some() || self.extra
+    }
+}
+
+/// The user a request acts as, following kube-apiserver's `WithImpersonation` filter:
+/// the caller needs the `impersonate` verb on `users` (or `serviceaccounts` NAME in NS for
+/// `system:serviceaccount:NS:NAME`), on `groups` for each group and on
+/// `uids.authentication.k8s.io` for the uid, each checked by name; a ServiceAccount
+/// impersonated without groups gets the groups of a ServiceAccount; everyone but
+/// `system:anonymous` gets `system:authenticated`. Without RBAC enforcement every caller
+/// may impersonate (the sim then authorizes everything anyway).
+pub fn impersonate(st: &State, caller: &User, imp: &Impersonation, enforce: bool) -> Result<User, ApiError> {
+    let Some(name) = &imp.user else {
+        // kube-apiserver answers this with an internal error (500), not a 400.
+        return Err(ApiError::internal(format!(
+            "requested impersonation of groups {:?} / uid {:?} without impersonating a user",
+            imp.groups, imp.uid
+        )));
+    };
+    if imp.extra {
+        // Refused rather than ignored: acting with fewer attributes than asked could
+        // answer "allowed" for a request the real cluster would judge differently.
+        return Err(ApiError::bad_request(
+            "Impersonate-Extra-* headers are not supported by this simulated cluster".to_string(),
+        ));
+    }
+    let check = |a: Attributes| -> Result<(), ApiError> {
+        if enforce && authorize(st, caller, &a).is_none() {
+            return Err(forbidden(caller, &a));
+        }
+        Ok(())
+    };
+    let act = |resource: &str, group: &str, namespace: &str, name: &str| Attributes {
+        verb: "impersonate".into(),
+        resource_request: true,
+        group: group.into(),
+        resource: resource.into(),
+        namespace: namespace.into(),
+        name: name.into(),
+        ..Default::default()
+    };
+    let service_account = name
+        .strip_prefix("system:serviceaccount:")
+        .and_then(|rest| rest.split_once(':'))
+        .filter(|(ns, n)| !ns.is_empty() && !n.is_empty() && !n.contains(':'));
+    let mut groups = imp.groups.clone();
+    match service_account {
+        Some((ns, sa)) => {
+            check(act("serviceaccounts", "", ns, sa))?;
+            if imp.groups.is_empty() {
+                groups = vec!["system:serviceaccounts".into(), format!("system:serviceaccounts:{ns}")];
+            }
+        }
+        None => check(act("users", "", "", name))?,
+    }
+    for g in &imp.groups {
+        check(act("groups", "", "", g))?;
+    }
+    if let Some(uid) = &imp.uid {
+        check(act("uids", "authentication.k8s.io", "", uid))?;
+    }
+    if name != "system:anonymous" && !groups.iter().any(|g| g == "system:authenticated") {
+        groups.push("system:authenticated".into());
+    }
+    Ok(User { name: name.clone(), groups, uid: imp.uid.clone().unwrap_or_default() })
+}
+
+/// Answers a `SelfSubjectReview` (`kubectl auth whoami`): the attributes of the caller,
+/// after impersonation.
+pub fn self_review(user: &User) -> Value {
+    let mut info = json!({"username": user.name, "groups": user.groups});
+    if !user.uid.is_empty() {
+        info["uid"] = json!(user.uid);
+    }
+    json!({
+        "kind": "SelfSubjectReview",
+        "apiVersion": "authentication.k8s.io/v1",
+        "metadata": {"creationTimestamp": null},
+        "status": {"userInfo": info},
+    })
 }
 
 /// Answers a `SelfSubjectAccessReview` for `user`. Without RBAC enforcement everyone

@@ -37,16 +37,39 @@ fn group_entry(group: &str, versions: &[String]) -> Value {
     json!({"name": group, "versions": vs, "preferredVersion": vs.first().cloned().unwrap_or(Value::Null)})
 }
 
+/// The review resources served by dedicated handlers rather than the store (group,
+/// version, plural, kind): create only, never stored, as in kube-apiserver. Listed so
+/// clients that look them up (`kubectl auth whoami`, `kubectl api-resources`) find them.
+const REVIEWS: &[(&str, &str, &str, &str)] = &[
+    ("authentication.k8s.io", "v1", "selfsubjectreviews", "SelfSubjectReview"),
+    ("authorization.k8s.io", "v1", "selfsubjectaccessreviews", "SelfSubjectAccessReview"),
+    ("authorization.k8s.io", "v1", "selfsubjectrulesreviews", "SelfSubjectRulesReview"),
+];
+
+/// The registry's groups and versions plus those of [`REVIEWS`].
+fn groups(reg: &Registry) -> Vec<(String, Vec<String>)> {
+    let mut out = reg.groups().to_vec();
+    for (g, v, _, _) in REVIEWS {
+        match out.iter_mut().find(|(name, _)| name == g) {
+            Some((_, vs)) if !vs.iter().any(|x| x == v) => vs.push(v.to_string()),
+            Some(_) => {}
+            None => out.push((g.to_string(), vec![v.to_string()])),
+        }
+    }
+    out
+}
+
 /// `/apis`.
 pub fn group_list(reg: &Registry) -> Value {
     let groups: Vec<Value> =
-        reg.groups().iter().filter(|(g, _)| !g.is_empty()).map(|(g, vs)| group_entry(g, vs)).collect();
+        groups(reg).iter().filter(|(g, _)| !g.is_empty()).map(|(g, vs)| group_entry(g, vs)).collect();
     json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups})
 }
 
 /// `/apis/GROUP`, or None when the group is not served.
 pub fn group(reg: &Registry, name: &str) -> Option<Value> {
-    let (g, vs) = reg.groups().iter().find(|(g, _)| g == name && !g.is_empty())?;
+    let all = groups(reg);
+    let (g, vs) = all.iter().find(|(g, _)| g == name && !g.is_empty())?;
     let mut e = group_entry(g, vs);
     e["kind"] = json!("APIGroup");
     e["apiVersion"] = json!("v1");
@@ -56,10 +79,18 @@ pub fn group(reg: &Registry, name: &str) -> Option<Value> {
 /// `/api/v1` or `/apis/GROUP/VERSION`, or None when not served.
 pub fn resource_list(reg: &Registry, group: &str, version: &str) -> Option<Value> {
     let defs = reg.resources(group, version);
-    if defs.is_empty() {
+    let reviews: Vec<Value> = REVIEWS
+        .iter()
+        .filter(|(g, v, _, _)| *g == group && *v == version)
+        .map(|(_, _, plural, kind)| {
+            json!({"name": plural, "singularName": plural.trim_end_matches('s'), "namespaced": false,
+                   "kind": kind, "verbs": ["create"]})
+        })
+        .collect();
+    if defs.is_empty() && reviews.is_empty() {
         return None;
     }
-    let resources: Vec<Value> = defs.iter().flat_map(|d| d.discovery_entries()).collect();
+    let resources: Vec<Value> = defs.iter().flat_map(|d| d.discovery_entries()).chain(reviews).collect();
     let gv = if group.is_empty() { version.to_string() } else { format!("{group}/{version}") };
     Some(json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": resources}))
 }
@@ -82,6 +113,17 @@ mod tests {
             groups["groups"].as_array().unwrap().iter().filter_map(|g| g["name"].as_str()).collect();
         for g in ["apps", "coordination.k8s.io", "events.k8s.io", "apiextensions.k8s.io"] {
             assert!(gnames.contains(&g));
+        }
+        // The reviews kubectl auth uses are discoverable, create only.
+        for (g, plural) in [
+            ("authentication.k8s.io", "selfsubjectreviews"),
+            ("authorization.k8s.io", "selfsubjectaccessreviews"),
+            ("authorization.k8s.io", "selfsubjectrulesreviews"),
+        ] {
+            assert!(group(&r, g).is_some(), "{g}");
+            let list = resource_list(&r, g, "v1").unwrap();
+            let e = list["resources"].as_array().unwrap().iter().find(|x| x["name"] == plural).cloned();
+            assert_eq!(e.map(|e| e["verbs"].clone()), Some(json!(["create"])), "{plural}");
         }
         assert!(group(&r, "nope").is_none());
         assert!(resource_list(&r, "apps", "v2").is_none());

@@ -107,6 +107,18 @@ async fn handle_inner(core: Arc<Core>, req: Request<Incoming>) -> Response<Body>
         }
         None => return error_response(&ApiError::unauthorized()),
     };
+    let imp = impersonation(req.headers());
+    let user = if imp.requested() {
+        match authz::impersonate(&core.lock(), &user, &imp, core.options.rbac) {
+            Ok(u) => u,
+            Err(e) => {
+                tracing::debug!(caller = %user.name, code = e.code, message = %e.message, "impersonation refused");
+                return error_response(&e);
+            }
+        }
+    } else {
+        user
+    };
     if core.options.rbac {
         let q = Query::parse(req.uri().query());
         let by_name =
@@ -131,6 +143,18 @@ async fn handle_inner(core: Arc<Core>, req: Request<Incoming>) -> Response<Body>
             tracing::debug!(code = e.code, reason = e.reason, message = %e.message, %path, "request failed");
             error_response(&e)
         }
+    }
+}
+
+/// The impersonation headers of a request; header values that are not text count as
+/// absent for user and uid and are skipped for groups.
+fn impersonation(h: &http::HeaderMap) -> authz::Impersonation {
+    let text = |name: &str| h.get(name).and_then(|v| v.to_str().ok()).map(str::to_string);
+    authz::Impersonation {
+        user: text("impersonate-user"),
+        groups: h.get_all("impersonate-group").iter().filter_map(|v| v.to_str().ok()).map(str::to_string).collect(),
+        uid: text("impersonate-uid"),
+        extra: h.keys().any(|k| k.as_str().starts_with("impersonate-extra-")),
     }
 }
 
@@ -165,6 +189,11 @@ async fn route(core: Arc<Core>, req: Request<Incoming>, user: &User) -> Result<R
         ["apis", "authorization.k8s.io", "v1", "selfsubjectrulesreviews"] if post => {
             let review = read_review(req).await?;
             Ok(json_response(201, &authz::rules_review(&core.lock(), user, &review, core.options.rbac)))
+        }
+        ["apis", "authentication.k8s.io", "v1", "selfsubjectreviews"] if post => {
+            // The body carries nothing to read (no spec), but must still be a review.
+            read_review(req).await?;
+            Ok(json_response(201, &authz::self_review(user)))
         }
         ["api", "v1", "namespaces", ns, "serviceaccounts", name, "token"] if post => {
             let (ns, name) = (ns.to_string(), name.to_string());

@@ -1,6 +1,6 @@
 //! Just enough of the protobuf wire format to read the few request bodies kubectl sends
 //! as `application/vnd.kubernetes.protobuf` to the authorization and token endpoints
-//! (`SelfSubjectAccessReview`, `SelfSubjectRulesReview`, `TokenRequest`), turned into the
+//! (`SelfSubjectAccessReview`, `SelfSubjectRulesReview`, `SelfSubjectReview`, `TokenRequest`), turned into the
 //! JSON those types have. Kubernetes wraps every protobuf object in a `runtime.Unknown`
 //! envelope behind the magic bytes `k8s\0`.
 
@@ -148,6 +148,8 @@ fn spec(kind: &str, s: &[(u64, Field<'_>)]) -> Option<Value> {
             Value::Object(out)
         }
         "SelfSubjectRulesReview" => Value::Object(strings(s, &[(1, "namespace")])),
+        // No spec: field 2 is its status, which the server fills in.
+        "SelfSubjectReview" => Value::Object(Map::new()),
         "TokenRequest" => {
             let mut out = Map::new();
             let mut audiences = Vec::new();

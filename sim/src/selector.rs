@@ -6,108 +6,23 @@ use serde_json::Value;
 
 use crate::error::ApiError;
 
-#[derive(Debug, Clone, PartialEq)]
-enum Req {
-    Eq(String, String),
-    NotEq(String, String),
-    In(String, Vec<String>),
-    NotIn(String, Vec<String>),
-    Exists(String),
-    NotExists(String),
-}
-
-/// A parsed label selector; the empty selector matches everything.
+/// A parsed label selector; the empty selector matches everything. The parser is the one
+/// the hub's access policy uses (`fleetwatch_api::label_selector`).
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct LabelSelector(Vec<Req>);
-
-/// Splits at commas that are not inside parentheses.
-fn split_top(s: &str) -> Vec<&str> {
-    let mut out = Vec::new();
-    let (mut depth, mut start) = (0i32, 0usize);
-    for (i, c) in s.char_indices() {
-        match c {
-            '(' => depth += 1,
-            ')' => depth -= 1,
-            ',' if depth == 0 => {
-                out.push(&s[start..i]);
-                start = i + 1;
-            }
-            _ => {}
-        }
-    }
-    out.push(&s[start..]);
-    out
-}
-
-fn bad(sel: &str, why: &str) -> ApiError {
-    ApiError::bad_request(format!("unable to parse requirement: {why} (selector {sel:?})"))
-}
-
-fn parse_set(sel: &str, rest: &str) -> Result<Vec<String>, ApiError> {
-    let rest = rest.trim();
-    let inner = rest
-        .strip_prefix('(')
-        .and_then(|r| r.strip_suffix(')'))
-        .ok_or_else(|| bad(sel, "found '(' expected: set of values"))?;
-    Ok(inner.split(',').map(|v| v.trim().to_string()).filter(|v| !v.is_empty()).collect())
-}
-
-fn valid_key(k: &str) -> bool {
-    !k.is_empty() && k.chars().all(|c| c.is_ascii_alphanumeric() || "-_./".contains(c))
-}
+pub struct LabelSelector(fleetwatch_api::label_selector::LabelSelector);
 
 impl LabelSelector {
-    /// Parses the `labelSelector` query parameter.
+    /// Parses the `labelSelector` query parameter (400 when it cannot be parsed).
     pub fn parse(sel: &str) -> Result<Self, ApiError> {
-        let mut reqs = Vec::new();
-        if sel.trim().is_empty() {
-            return Ok(LabelSelector(reqs));
-        }
-        for part in split_top(sel) {
-            let part = part.trim();
-            let req = if let Some(k) = part.strip_prefix('!') {
-                Req::NotExists(k.trim().to_string())
-            } else if let Some((k, v)) = part.split_once("!=") {
-                Req::NotEq(k.trim().into(), v.trim().into())
-            } else if let Some((k, v)) = part.split_once("==") {
-                Req::Eq(k.trim().into(), v.trim().into())
-            } else if let Some((k, v)) = part.split_once('=') {
-                Req::Eq(k.trim().into(), v.trim().into())
-            } else if let Some((k, rest)) = part.split_once(" notin ") {
-                Req::NotIn(k.trim().into(), parse_set(sel, rest)?)
-            } else if let Some((k, rest)) = part.split_once(" in ") {
-                Req::In(k.trim().into(), parse_set(sel, rest)?)
-            } else {
-                Req::Exists(part.to_string())
-            };
-            let key = match &req {
-                Req::Eq(k, _)
-                | Req::NotEq(k, _)
-                | Req::In(k, _)
-                | Req::NotIn(k, _)
-                | Req::Exists(k)
-                | Req::NotExists(k) => k,
-            };
-            if !valid_key(key) {
-                return Err(bad(sel, &format!("invalid label key {key:?}")));
-            }
-            reqs.push(req);
-        }
-        Ok(LabelSelector(reqs))
+        fleetwatch_api::label_selector::LabelSelector::parse(sel)
+            .map(LabelSelector)
+            .map_err(|e| ApiError::bad_request(e.to_string()))
     }
 
     /// Whether the object's `metadata.labels` satisfy every requirement.
     pub fn matches(&self, obj: &Value) -> bool {
         let labels = &obj["metadata"]["labels"];
-        let get = |k: &str| labels.get(k).and_then(Value::as_str);
-        self.0.iter().all(|r| match r {
-            Req::Eq(k, v) => get(k) == Some(v.as_str()),
-            Req::NotEq(k, v) => get(k) != Some(v.as_str()),
-            Req::In(k, vs) => get(k).is_some_and(|l| vs.iter().any(|v| v == l)),
-            Req::NotIn(k, vs) => !get(k).is_some_and(|l| vs.iter().any(|v| v == l)),
-            Req::Exists(k) => get(k).is_some(),
-            Req::NotExists(k) => get(k).is_none(),
-        })
+        self.0.matches_with(|k| labels.get(k).and_then(Value::as_str))
     }
 }
 

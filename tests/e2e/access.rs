@@ -371,3 +371,78 @@ async fn idle_sockets_do_not_starve_real_clients() {
         times.iter().map(|t| format!("{} ms", t.as_millis())).collect::<Vec<_>>()
     );
 }
+
+const SELECTOR_POLICY: &str = "subscribers:
+  - name: team-a
+    clusters: []
+    clusterSelector: \"team=a,env in (prod)\"
+";
+
+/// `clusterSelector`: a subscriber is granted the clusters whose Runtime labels match (and
+/// no other, nor one without a Runtime); a filter outside that is refused naming the
+/// selector; relabelling Runtimes moves clusters out of and into a live session; a hub that
+/// reads no control plane refuses such a policy at start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_selector_grants_by_runtime_labels_and_follows_them() {
+    let pki = Pki::new();
+    let policy = pki.path("selector.yaml");
+    std::fs::write(&policy, SELECTOR_POLICY).unwrap();
+    // No control plane: no labels to select by, so the policy is refused, not half applied.
+    let mut args = hub_args(&pki, free_port(), free_port());
+    args.extend(["--no-control-plane".into(), "--access-policy".into(), policy.display().to_string()]);
+    let mut p = Proc::spawn(&args, pki.path("hub-no-control-plane.log"));
+    assert_eq!(p.wait_exit(Duration::from_secs(20)), Some(1), "{}", p.stderr());
+    assert!(p.stderr().contains("needs Runtime labels, and this hub reads no control plane"), "{}", p.stderr());
+
+    // A control plane with Runtimes: s-1 matches, s-2 is team b, s-3 has no Runtime.
+    let (_cp, cp_kc) = sim_cluster(&pki, "control-plane").await;
+    let crds = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/crds");
+    kubectl(&cp_kc, &["apply", "-f", crds.to_str().unwrap()], None);
+    kubectl(&cp_kc, &["create", "namespace", "kcp"], None);
+    for (name, cluster, team) in [("rt-1", "s-1", "a"), ("rt-2", "s-2", "b")] {
+        let rt = serde_json::json!({"apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "Runtime",
+            "metadata": {"name": name, "namespace": "kcp", "labels": {"team": team, "env": "prod"}},
+            "spec": {"clusterId": cluster, "modules": []}});
+        kubectl(&cp_kc, &["apply", "-f", "-"], Some(&rt.to_string()));
+    }
+    let hub = HubProc::start(
+        &pki,
+        free_port(),
+        None,
+        &["--control-plane-kubeconfig", cp_kc.to_str().unwrap(), "--access-policy", policy.to_str().unwrap()],
+    );
+    let _s1 = agent(&pki, "s-1", &hub.url(), "synthetic:objects=5,rate=20", &[]);
+    let _s2 = agent(&pki, "s-2", &hub.url(), "synthetic:objects=5,rate=20", &[]);
+    let _s3 = agent(&pki, "s-3", &hub.url(), "synthetic:objects=5,rate=20", &[]);
+
+    // Only s-1 (the hub reads the labels within its Runtime poll; until then nothing).
+    let mut team_a = subscribe(&pki, hub.port, "team-a", r#""durable":"d","from":"earliest""#).await;
+    let got = read_events(&mut team_a, |e| e.iter().filter(|e| e.cluster == "s-1").count() >= 20).await;
+    let foreign: Vec<_> = got.iter().filter(|e| e.cluster != "s-1").map(|e| e.cluster.clone()).collect();
+    assert!(foreign.is_empty(), "team-a got clusters its selector does not match: {foreign:?}");
+
+    // Asking for s-2 or s-3 is refused, naming the selector.
+    for cluster in ["s-2", "s-3"] {
+        let mut outside = subscribe(&pki, hub.port, "team-a", &format!(r#""clusters":["{cluster}"]"#)).await;
+        let (code, message) = refusal(&mut outside).await;
+        assert_eq!(code, ErrorCode::Forbidden);
+        assert!(
+            message.contains(&format!("may not read cluster(s) {cluster}")) && message.contains("team=a,env in (prod)"),
+            "{message}"
+        );
+    }
+
+    // Relabel: s-1 leaves team a, then s-2 joins. The hub sees the changes in that order,
+    // so once s-2 arrives in the live session, nothing more of s-1 may.
+    kubectl(&cp_kc, &["-n", "kcp", "label", "runtime", "rt-1", "team=c", "--overwrite"], None);
+    kubectl(&cp_kc, &["-n", "kcp", "label", "runtime", "rt-2", "team=a", "--overwrite"], None);
+    let got = read_events(&mut team_a, |e| {
+        e.iter()
+            .position(|e| e.cluster == "s-2")
+            .is_some_and(|first| e[first..].iter().filter(|e| e.cluster == "s-2").count() >= 20)
+    })
+    .await;
+    let first = got.iter().position(|e| e.cluster == "s-2").unwrap_or(0);
+    let after: Vec<_> = got[first..].iter().filter(|e| e.cluster != "s-2").map(|e| e.cluster.clone()).collect();
+    assert!(after.is_empty(), "after the relabel team-a still got: {after:?}");
+}

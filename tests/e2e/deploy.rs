@@ -598,9 +598,12 @@ async fn rendered_workloads_run_with_their_args_and_service_account_rbac() {
     let _stop = kubelet.clone().drop_guard();
     tokio::spawn(fleetwatch_sim::roll_out_deployments(rt.client().await.unwrap(), Duration::ZERO, kubelet));
     let runtime_kubeconfig = std::fs::read_to_string(&rt_kc).unwrap();
+    // The kubeconfig goes where the operator reads kubeconfigs: their own namespace.
+    let kubeconfig_ns = arg(find(&cp_docs, "Deployment", "fleetwatch-lifecycle"), "--kubeconfig-namespace").to_string();
+    assert_ne!(kubeconfig_ns, ns, "kubeconfigs are kept apart from the hub's Secrets");
     apply_json(
         &cp_kc,
-        &json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "eu-1-kubeconfig", "namespace": ns}, "stringData": {"config": runtime_kubeconfig}}),
+        &json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "eu-1-kubeconfig", "namespace": kubeconfig_ns}, "stringData": {"config": runtime_kubeconfig}}),
     );
     apply_json(
         &cp_kc,
@@ -637,6 +640,29 @@ async fn rendered_workloads_run_with_their_args_and_service_account_rbac() {
     };
     wait_until("Runtime eu-1 to be Ready", || state(cp_kc.clone(), ns.clone()), &|| tail(&lifecycle.proc.stderr()))
         .await;
+    // A Runtime naming a Secret of the release namespace (here the admin token) is refused
+    // before any read, and its status says why.
+    apply_json(
+        &cp_kc,
+        &json!({"apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "Runtime",
+        "metadata": {"name": "eu-2", "namespace": ns},
+        "spec": {"clusterId": "eu-2", "kubeconfigSecret": {"name": "fleetwatch-hub-admin-token", "namespace": ns, "key": "token"},
+                 "modules": [{"name": "hello"}]}}),
+    );
+    let refusal = format!(
+        "Secret {ns}/fleetwatch-hub-admin-token: kubeconfig Secrets are read from namespace {kubeconfig_ns} only (--kubeconfig-namespace)"
+    );
+    let refused = |kc: PathBuf, ns: String, want: String| async move {
+        let (ok, out, _) =
+            kubectl_try(&kc, &["get", "runtime", "eu-2", "-n", &ns, "-o", "jsonpath={.status.modules[0].message}"]);
+        ok && out.contains(&want)
+    };
+    wait_until(
+        "Runtime eu-2 refused for its Secret's namespace",
+        || refused(cp_kc.clone(), ns.clone(), refusal.clone()),
+        &|| tail(&lifecycle.proc.stderr()),
+    )
+    .await;
     // The operator records Events with its token (events.k8s.io, in the Runtimes' namespace).
     let event_about_runtime = |kc: PathBuf, ns: String| async move {
         let (ok, out, _) = kubectl_try(&kc, &["get", "events.events.k8s.io", "-n", &ns, "-o", "json"]);
@@ -649,6 +675,100 @@ async fn rendered_workloads_run_with_their_args_and_service_account_rbac() {
     .await;
     // Nothing in the operator's log says it was forbidden anything.
     assert!(!lifecycle.proc.stderr().contains("is forbidden"), "lifecycle log:\n{}", tail(&lifecycle.proc.stderr()));
+}
+
+/// The rendered RBAC, applied to a sim that enforces it and checked with `kubectl auth can-i
+/// --as=<ServiceAccount>`: the lifecycle operator reads Secrets in the kubeconfig namespace
+/// only (by name: get, no list), never the hub's TLS key, admin token or a CA in its own
+/// namespace; the hub reads no Secret; the agent chart without `watch.allowSecrets` grants
+/// no Secret read. The chart refuses the release namespace as the kubeconfig namespace.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chart_rbac_keeps_secrets_from_the_operator_hub_and_agent() {
+    let dir = tempfile::tempdir().unwrap();
+    let cp_docs = manifest("control-plane.yaml");
+    let agent_docs = manifest("agent.yaml");
+    let cp = sim("control-plane", true).await;
+    let rt = sim("eu-1", true).await;
+    let (cp_kc, rt_kc) = (dir.path().join("cp.kubeconfig"), dir.path().join("rt.kubeconfig"));
+    cp.write_kubeconfig(&cp_kc).unwrap();
+    rt.write_kubeconfig(&rt_kc).unwrap();
+    kubectl(&cp_kc, &["apply", "--server-side", "-f", manifest_path("control-plane.yaml").to_str().unwrap()], None);
+    kubectl(&rt_kc, &["apply", "--server-side", "-f", manifest_path("agent.yaml").to_str().unwrap()], None);
+
+    let lifecycle = find(&cp_docs, "Deployment", "fleetwatch-lifecycle");
+    let ns = lifecycle["metadata"]["namespace"].as_str().unwrap().to_string();
+    let kubeconfig_ns = arg(lifecycle, "--kubeconfig-namespace").to_string();
+    assert_eq!(kubeconfig_ns, "fleetwatch-runtimes");
+    let sa = |docs: &[Value], kind: &str, name: &str| {
+        let w = find(docs, kind, name);
+        format!(
+            "system:serviceaccount:{}:{}",
+            w["metadata"]["namespace"].as_str().unwrap(),
+            pod_spec(w)["serviceAccountName"].as_str().unwrap()
+        )
+    };
+    let operator = sa(&cp_docs, "Deployment", "fleetwatch-lifecycle");
+    let hub = sa(&cp_docs, "StatefulSet", "fleetwatch-hub");
+    let agent = sa(&agent_docs, "Deployment", "fleetwatch-agent");
+    // `kubectl auth can-i` prints yes/no (and exits 1 for no).
+    let can_i = |kc: &Path, who: &str, args: &[&str]| -> String {
+        let mut all = vec!["auth", "can-i"];
+        all.extend_from_slice(args);
+        let who = format!("--as={who}");
+        all.push(&who);
+        let (_, out, err) = kubectl_try(kc, &all);
+        let answer = out.trim().to_string();
+        assert!(answer == "yes" || answer == "no", "kubectl {all:?}: {out} {err}");
+        answer
+    };
+    // The caller is who we think: whoami through impersonation.
+    let (ok, out, err) = kubectl_try(&cp_kc, &["auth", "whoami", "-o", "json", &format!("--as={operator}")]);
+    assert!(ok, "{err}");
+    let me: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(me["status"]["userInfo"]["username"], operator.as_str());
+
+    // The operator: a kubeconfig Secret in its namespace, by name…
+    assert_eq!(can_i(&cp_kc, &operator, &["get", "secret/eu-1-kubeconfig", "-n", &kubeconfig_ns]), "yes");
+    // …but it cannot list them, nor read any Secret elsewhere.
+    assert_eq!(can_i(&cp_kc, &operator, &["list", "secrets", "-n", &kubeconfig_ns]), "no");
+    let hub_tls = mounted_source(find(&cp_docs, "StatefulSet", "fleetwatch-hub"), "/etc/fleetwatch/tls");
+    let admin_token = "fleetwatch-hub-admin-token";
+    for secret in [hub_tls.as_str(), admin_token, "fleetwatch-ca", "fleetwatch-lifecycle-tls"] {
+        assert_eq!(
+            can_i(&cp_kc, &operator, &["get", &format!("secret/{secret}"), "-n", &ns]),
+            "no",
+            "the operator may read Secret {ns}/{secret}"
+        );
+    }
+    assert_eq!(can_i(&cp_kc, &operator, &["get", "secrets", "-n", &ns]), "no");
+    assert_eq!(can_i(&cp_kc, &operator, &["get", "secrets", "-n", "default"]), "no");
+    assert_eq!(can_i(&cp_kc, &operator, &["list", "secrets", "--all-namespaces"]), "no");
+    // What it does need still works (a positive control for the identity): Runtimes, Leases.
+    assert_eq!(can_i(&cp_kc, &operator, &["watch", "runtimes.operator.fleetwatch.dev", "--all-namespaces"]), "yes");
+    assert_eq!(can_i(&cp_kc, &operator, &["update", "leases", "-n", &ns]), "yes");
+
+    // The hub reads no Secret at all.
+    for (verb, where_) in [("get", ns.as_str()), ("get", kubeconfig_ns.as_str()), ("list", ns.as_str())] {
+        assert_eq!(can_i(&cp_kc, &hub, &[verb, "secrets", "-n", where_]), "no", "hub {verb} secrets in {where_}");
+    }
+    assert_eq!(can_i(&cp_kc, &hub, &["watch", "watchconfigs.operator.fleetwatch.dev"]), "yes");
+
+    // The agent (watch.allowSecrets unset): ConfigMaps yes, Secrets nowhere.
+    assert_eq!(can_i(&rt_kc, &agent, &["list", "configmaps", "--all-namespaces"]), "yes");
+    for args in [
+        &["get", "secrets", "-n", "apps"][..],
+        &["list", "secrets", "--all-namespaces"],
+        &["watch", "secrets", "--all-namespaces"],
+        &["get", "secrets", "-n", "fleetwatch-agent"],
+    ] {
+        assert_eq!(can_i(&rt_kc, &agent, args), "no", "agent {args:?}");
+    }
+
+    // The kubeconfig namespace cannot be the release namespace.
+    let err =
+        helm_template("fleetwatch", "fleetwatch-system", &["lifecycle.runtimeKubeconfigs.namespace=fleetwatch-system"])
+            .unwrap_err();
+    assert!(err.contains("is the release namespace"), "{err}");
 }
 
 /// A Go duration of whole hours, minutes and seconds (`2160h`, `720h0m0s`) in seconds.
@@ -1009,7 +1129,7 @@ async fn built_in_agent_certificates_work_under_the_chart_rbac() {
     }
     apply_json(
         &cp_kc,
-        &json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "eu-1-kubeconfig", "namespace": ns},
+        &json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "eu-1-kubeconfig", "namespace": "fleetwatch-runtimes"},
                           "stringData": {"config": std::fs::read_to_string(&rt_kc).unwrap()}}),
     );
     apply_json(

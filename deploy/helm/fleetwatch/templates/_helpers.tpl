@@ -115,6 +115,16 @@ wss://{{ include "fleetwatch.hub" . }}.{{ .Release.Namespace }}.svc:{{ .Values.h
 {{- end -}}
 {{- end -}}
 
+{{- /* The namespace of Runtimes' kubeconfig Secrets: never the release namespace, whose
+Secrets (hub TLS key, admin token, CA) the operator must not read. */ -}}
+{{- define "fleetwatch.kubeconfigNamespace" -}}
+{{- $ns := required "lifecycle.runtimeKubeconfigs.namespace: the namespace of the runtime clusters' kubeconfig Secrets" .Values.lifecycle.runtimeKubeconfigs.namespace -}}
+{{- if eq $ns .Release.Namespace -}}
+{{- fail (printf "lifecycle.runtimeKubeconfigs.namespace %q is the release namespace: the operator would read the hub's TLS key, admin token and CA there; name a namespace that holds kubeconfigs only" $ns) -}}
+{{- end -}}
+{{- $ns -}}
+{{- end -}}
+
 {{- define "fleetwatch.checks" -}}
 {{- if not (has .Values.hub.bus (list "embedded" "nats")) -}}
 {{- fail (printf "hub.bus must be embedded or nats, not %q" .Values.hub.bus) -}}
