@@ -255,3 +255,19 @@ fn nats_seed_10841_a_replica_finding_a_new_bus_it_waited_for() {
 fn nats_seed_9427_a_stream_recreated_twice_at_one_base() {
     passes_on_nats(9427);
 }
+
+/// JetStream lost its store twice within three seconds. A hub replica that had crashed and
+/// been started again within the simulation's first second kept the first deployment's
+/// zero `missing_stream_wait` through its failing attempts to open the bus, and created a
+/// new bus at once when JetStream came back empty the second time, before the running
+/// replica could recreate the stream as the continuation of its bus; its cursor store said
+/// no durable names were lost, and the durable subscriber's process, started again from
+/// `latest`, was placed at the new bus's end as a new name: the changes of both clusters it
+/// had not read were lost. The simulation was wrong (no production hub begins a bus
+/// without the wait): only the processes started with the simulation skip it now. The hub
+/// also closes the race nearby: a replica that finds a new bus at once writes the same
+/// meta entry as its creator, who says in the stream's description that it waited.
+#[test]
+fn nats_seed_15240_a_new_bus_begun_without_the_wait_by_a_restarted_replica() {
+    passes_on_nats(15240);
+}

@@ -114,9 +114,10 @@
 //! contract allows) is not overtaken by what the old replica had not written yet.
 //!
 //! The bucket's entry `meta.bus` ([`Meta`]) is created with the bucket: `names_lost` when
-//! the bus already had history then (the bucket was recreated), or when this hub created
-//! the stream after waiting for a missing one (JetStream may have lost its store while no
-//! replica that knew the bus ran; a new bus has no record of it). A name not found while it
+//! the bus already had history then (the bucket was recreated), or when the stream was
+//! created after a wait for a missing one (JetStream may have lost its store while no
+//! replica that knew the bus ran; a new bus has no record of it). The creator says so in
+//! the stream's description, so a replica that found the stream at once writes the same. A name not found while it
 //! says so, or while it is missing (the bucket was lost after this replica opened it), is
 //! [`Lookup::Lost`]: the subscriber gets `resync-required` `*` instead of being taken for a
 //! new one and placed after the loss.
@@ -1806,8 +1807,9 @@ pub(super) fn wanted_config(opts: &NatsOptions) -> async_nats::jetstream::stream
 }
 
 /// Creates the stream, or checks that the existing one has our settings; answers with
-/// whether the stream was missing when this hub first looked and it waited (it created
-/// the stream then, or found the one another replica created meanwhile).
+/// whether the bus was begun after a wait for a missing stream: this hub waited (and
+/// created the stream then, or found the one another replica created meanwhile), or the
+/// stream's description says its creator did.
 async fn ensure_stream<J: JetStream>(js: &J, opts: &NatsOptions) -> Result<(StreamInfo, bool), NatsError> {
     let want = wanted_spec(opts);
     let stream_err = |cause: String| NatsError::Stream { stream: opts.stream.clone(), cause };
@@ -1828,14 +1830,29 @@ async fn ensure_stream<J: JetStream>(js: &J, opts: &NatsOptions) -> Result<(Stre
         Ok(info) => {
             let diffs = info.settings.differences(&want.settings());
             if diffs.is_empty() {
-                Ok((info, waited))
+                // A new bus its creator began after waiting for a missing stream answers so
+                // here too, though this hub found it at once: the cursor store's meta entry
+                // is written by whichever replica comes first (seed 15240: a replica
+                // restarted while another waited found the stream the other had just
+                // created, wrote the meta entry first saying no names were lost, and a
+                // durable subscriber coming back from `latest` was placed at the new bus's
+                // end as a new name, past the changes agents resent into it).
+                let begun = info.description.as_deref().is_some_and(nats_state::begun_after_wait);
+                Ok((info, waited || begun))
             } else {
                 Err(NatsError::Conflict { stream: opts.stream.clone(), what: diffs.join("; ") })
             }
         }
         Err(JsError::NotFound) => {
-            let info = js.create_stream(&want).await.map_err(|e| stream_err(format!("cannot create: {e}")))?;
-            Ok((info, !opts.missing_stream_wait.is_zero()))
+            let after_wait = !opts.missing_stream_wait.is_zero();
+            let mut spec = want;
+            if after_wait {
+                // Said in the description, created with the stream in one step, so every
+                // replica that finds this bus knows it (see above).
+                spec.description = nats_state::describe_begun_after_wait();
+            }
+            let info = js.create_stream(&spec).await.map_err(|e| stream_err(format!("cannot create: {e}")))?;
+            Ok((info, after_wait))
         }
         Err(e) => Err(stream_err(format!("{e} (is JetStream enabled on the server?)"))),
     }

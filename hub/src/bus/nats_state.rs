@@ -5,6 +5,9 @@
 //!   the bus it replaces — same bus id, offsets above every offset handed out before — and
 //!   says so in its description, written atomically with the stream, so every replica (also
 //!   one started later) reads the same id and offset base;
+//! - whether a new bus was **begun after waiting for a missing stream**, also in the
+//!   description: a replica that finds the stream without having waited must answer as
+//!   its creator does, whichever of them writes the cursor store's meta entry first;
 //! - the cursor store's **meta entry**: whether durable names may have been lost (the
 //!   bucket was recreated empty while the bus had history);
 //! - one subscriber identity's **durable cursors**, each with the registration it belongs
@@ -24,6 +27,9 @@ pub(super) const BASE_STEP: u64 = 1 << 20;
 const DESCRIPTION: &str = "fleetwatch hub bus: one message per record, subject <stream>.<cluster>";
 const CONTINUES: &str = "; continues bus ";
 const ABOVE: &str = " at offsets above ";
+/// Said by a new bus's description when the hub that created it had waited for a missing
+/// stream (JetStream may have lost its store while no replica that knew the bus ran).
+const BEGUN_AFTER_WAIT: &str = "; begun after waiting for a missing stream";
 
 /// Which bus a stream continues, and where its offsets start.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -40,6 +46,19 @@ pub(super) fn describe(lineage: Option<&Lineage>) -> String {
         None => DESCRIPTION.to_string(),
         Some(l) => format!("{DESCRIPTION}{CONTINUES}{}{ABOVE}{}", l.id, l.base),
     }
+}
+
+/// The stream description for a new bus begun by a hub that waited for a missing stream:
+/// created with the stream in one step, so a replica that finds the stream (without having
+/// waited itself) knows it, also when it writes the cursor store's meta entry before the
+/// creator does (seed 15240).
+pub(super) fn describe_begun_after_wait() -> String {
+    format!("{DESCRIPTION}{BEGUN_AFTER_WAIT}")
+}
+
+/// Whether a stream description says its bus was begun after a wait for a missing stream.
+pub(super) fn begun_after_wait(description: &str) -> bool {
+    description.ends_with(BEGUN_AFTER_WAIT) && parse_lineage(description).is_none()
 }
 
 /// The lineage a stream description states, if any.
@@ -219,9 +238,13 @@ mod tests {
     fn lineage_round_trips_through_the_description() {
         assert_eq!(parse_lineage(&describe(None)), None);
         let l = Lineage { id: "fw-18a2b3c4d5e6f708".into(), base: 3 << 20 };
-        assert_eq!(parse_lineage(&describe(Some(&l))), Some(l));
+        assert_eq!(parse_lineage(&describe(Some(&l))), Some(l.clone()));
         assert_eq!(parse_lineage("someone else's stream"), None);
         assert_eq!(parse_lineage(&format!("{DESCRIPTION}{CONTINUES}x{ABOVE}not-a-number")), None);
+        assert_eq!(parse_lineage(&describe_begun_after_wait()), None, "a new bus");
+        assert!(begun_after_wait(&describe_begun_after_wait()));
+        assert!(!begun_after_wait(&describe(None)));
+        assert!(!begun_after_wait(&describe(Some(&l))));
     }
 
     #[test]

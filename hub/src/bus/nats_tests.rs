@@ -503,6 +503,26 @@ async fn a_durable_name_lost_with_the_cursor_store_is_reported_lost() {
     }
 }
 
+/// A new bus begun by a hub that waited for a missing stream, found at once by another
+/// replica that did not wait and writes the cursor store's meta entry before the creator
+/// does (it is still making its buckets): that replica answers as the creator would, from
+/// the stream's description, and an unknown durable name is `Lost` (seed 15240's
+/// neighbour; before, it wrote "no names lost" and the name was taken for a new one).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_finding_a_bus_begun_after_a_wait_writes_the_creators_meta_entry() {
+    let (server, _dir) = server();
+    let js = async_nats::jetstream::new(async_nats::connect(server.url()).await.unwrap());
+    // The creator's stream, created in one step with its description; its buckets not yet.
+    let mut config = super::nats::wanted_config(&NatsOptions {
+        stream: "fw".into(),
+        ..NatsOptions::new(vec![server.url()], keep_all())
+    });
+    config.description = Some(super::nats_state::describe_begun_after_wait());
+    js.create_stream(config).await.unwrap();
+    let b = open(&server.url(), "fw", keep_all()).await;
+    assert_eq!(b.durable_lookup("op", "d").await.unwrap(), Lookup::Lost);
+}
+
 /// A replica restarted on a stream whose cursor store lost its meta entry (the bucket
 /// deleted while the stream kept its history) reports unknown names as `Lost` too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
