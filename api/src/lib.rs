@@ -12,6 +12,7 @@
 //! ```
 #![warn(missing_docs)]
 
+pub mod access_policy;
 pub mod config_policy;
 pub mod label_selector;
 pub mod maintenance;

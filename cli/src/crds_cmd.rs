@@ -26,6 +26,7 @@ pub fn generated() -> anyhow::Result<Vec<(String, String)>> {
         ModuleReleaseMeta::crd(),
         fleetwatch_api::maintenance::MaintenancePolicy::crd(),
         fleetwatch_api::config_policy::ModuleConfigPolicy::crd(),
+        fleetwatch_api::access_policy::SubscriberAccessPolicy::crd(),
     ];
     crds.into_iter()
         .map(|crd| {

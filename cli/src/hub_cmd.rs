@@ -116,6 +116,13 @@ pub struct HubArgs {
     /// Format: docs/deploy.md, "Subscriber access policy".
     #[arg(long, env = "FLEETWATCH_ACCESS_POLICY", value_name = "FILE")]
     access_policy: Option<PathBuf>,
+    /// Also grant by the accepted SubscriberAccessPolicy objects (cluster-scoped, checked
+    /// like the file) of the control plane the hub reads: the policy is the file's grants
+    /// (if --access-policy is given) and theirs; a subscriber is granted in one place only.
+    /// Until they are listed every subscriber is refused; with none and no file, nobody is
+    /// granted. Needs a control plane (--control-plane-kubeconfig, or in a pod its cluster).
+    #[arg(long, env = "FLEETWATCH_ACCESS_POLICY_FROM_CONTROL_PLANE")]
+    access_policy_from_control_plane: bool,
     /// Most live sessions of one subscriber identity. A session past it closes one of the
     /// identity's older sessions: the oldest that is not reading (events sent, none acked)
     /// first, else the oldest, so a reconnecting client always gets back in and one
@@ -280,6 +287,7 @@ pub async fn run(args: HubArgs) -> anyhow::Result<()> {
     config.subscriber_stall_timeout = secs("subscriber-stall-timeout", args.subscriber_stall_timeout)?;
     config.deny_list = args.deny_list;
     config.access_policy = args.access_policy;
+    config.access_policy_from_control_plane = args.access_policy_from_control_plane;
     if args.max_sessions_per_subscriber == 0 {
         anyhow::bail!("--max-sessions-per-subscriber must be at least 1");
     }

@@ -288,7 +288,95 @@ pub struct AccessControl {
     path: Option<PathBuf>,
     /// Whether the hub reads Runtime labels (`clusterSelector` is allowed).
     runtime_labels: bool,
+    /// Whether accepted SubscriberAccessPolicy objects of the control plane grant too.
+    from_control_plane: bool,
     state: RwLock<State>,
+    objects: RwLock<Objects>,
+}
+
+/// The grants of the SubscriberAccessPolicy objects in force.
+#[derive(Default)]
+struct Objects {
+    /// Whether the first complete list was read: before it, every subscriber is refused.
+    synced: bool,
+    /// The accepted objects' grants, by object name.
+    accepted: BTreeMap<String, Arc<AccessPolicy>>,
+    /// The last watch error since the last good list (the grants above stay in force).
+    error: Option<String>,
+}
+
+/// The kind name, for messages and grant sources.
+pub const KIND: &str = "SubscriberAccessPolicy";
+
+/// What the hub made of one SubscriberAccessPolicy (written into its status).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObjectVerdict {
+    /// Whether its grants are in force.
+    pub accepted: bool,
+    /// `Accepted`, `Invalid` or `DuplicateSubscriber`.
+    pub reason: String,
+    /// What is wrong (or what is in force), for people.
+    pub message: String,
+}
+
+/// Checks SubscriberAccessPolicy objects (name, spec) with the file's check, in name
+/// order. An invalid object is not used (`Invalid`); one naming a subscriber the file or
+/// an accepted object of a smaller name already grants is not used at all
+/// (`DuplicateSubscriber`, naming the other): grants are never merged, so the union of
+/// the sources is a union of whole grants and no object can widen another's grant.
+/// Returns the accepted grants by object name and a verdict per object.
+pub fn judge_objects(
+    file: Option<&AccessPolicy>,
+    file_name: &str,
+    objects: &BTreeMap<String, fleetwatch_api::access_policy::SubscriberAccessPolicySpec>,
+    runtime_labels: bool,
+) -> (BTreeMap<String, Arc<AccessPolicy>>, BTreeMap<String, ObjectVerdict>) {
+    let mut accepted: BTreeMap<String, Arc<AccessPolicy>> = BTreeMap::new();
+    let mut verdicts = BTreeMap::new();
+    for (name, spec) in objects {
+        let verdict = |accepted: bool, reason: &str, message: String| ObjectVerdict {
+            accepted,
+            reason: reason.to_string(),
+            message,
+        };
+        let text = match serde_json::to_string(spec) {
+            Ok(t) => t,
+            Err(e) => {
+                verdicts.insert(name.clone(), verdict(false, "Invalid", format!("cannot read the spec: {e}")));
+                continue;
+            }
+        };
+        let policy = match AccessPolicy::parse(&text, Path::new(&format!("{KIND}/{name}")), runtime_labels) {
+            Ok(p) => p,
+            Err(e) => {
+                verdicts.insert(name.clone(), verdict(false, "Invalid", e.to_string()));
+                continue;
+            }
+        };
+        let clash = policy.grants().find_map(|g| {
+            if file.is_some_and(|f| f.grant(&g.name).is_some()) {
+                return Some(format!(
+                    "subscriber {:?} is already granted by the access policy file {file_name}; a subscriber is \
+                     granted in one place only",
+                    g.name
+                ));
+            }
+            accepted.iter().find(|(_, p)| p.grant(&g.name).is_some()).map(|(other, _)| {
+                format!(
+                    "subscriber {:?} is already granted by {KIND} {other:?}; a subscriber is granted in one place only",
+                    g.name
+                )
+            })
+        });
+        if let Some(why) = clash {
+            verdicts.insert(name.clone(), verdict(false, "DuplicateSubscriber", why));
+            continue;
+        }
+        let subscribers = policy.grants().map(|g| g.name.clone()).collect::<Vec<_>>().join(", ");
+        verdicts.insert(name.clone(), verdict(true, "Accepted", format!("in force for: {subscribers}")));
+        accepted.insert(name.clone(), Arc::new(policy));
+    }
+    (accepted, verdicts)
 }
 
 #[derive(Default)]
@@ -318,6 +406,17 @@ impl AccessControl {
     /// unreadable or invalid file is a start-up error; `runtime_labels`: whether the hub
     /// reads Runtimes (without, a `clusterSelector` makes the file invalid).
     pub fn load(path: Option<PathBuf>, runtime_labels: bool) -> Result<Self, AccessPolicyError> {
+        Self::load_with_objects(path, runtime_labels, false)
+    }
+
+    /// As [`load`](Self::load); `from_control_plane`: accepted SubscriberAccessPolicy
+    /// objects grant too (see [`set_objects`](Self::set_objects)), and until their first
+    /// list every subscriber is refused.
+    pub fn load_with_objects(
+        path: Option<PathBuf>,
+        runtime_labels: bool,
+        from_control_plane: bool,
+    ) -> Result<Self, AccessPolicyError> {
         let state = match &path {
             Some(p) => {
                 let content = read_bytes(p)?;
@@ -326,7 +425,7 @@ impl AccessControl {
             }
             None => State::default(),
         };
-        Ok(Self { path, runtime_labels, state: RwLock::new(state) })
+        Ok(Self { path, runtime_labels, from_control_plane, state: RwLock::new(state), objects: Default::default() })
     }
 
     /// The file, when a policy is configured.
@@ -334,10 +433,99 @@ impl AccessControl {
         self.path.as_deref()
     }
 
-    /// The policy in force (`None`: no policy, everything allowed).
+    /// The policy in force (`None`: no policy, everything allowed): the file's grants and
+    /// those of the accepted SubscriberAccessPolicy objects.
     pub fn current(&self) -> Option<Arc<AccessPolicy>> {
-        self.path.as_ref()?;
-        Some(self.state.read().map(|s| s.policy.clone()).unwrap_or_else(|p| p.into_inner().policy.clone()))
+        if self.path.is_none() && !self.from_control_plane {
+            return None;
+        }
+        let file = self.file_policy();
+        if !self.from_control_plane {
+            return Some(file);
+        }
+        let objects = self.objects.read().unwrap_or_else(|p| p.into_inner());
+        let mut all = (*file).clone();
+        for policy in objects.accepted.values() {
+            for (name, g) in &policy.grants {
+                all.grants.entry(name.clone()).or_insert_with(|| g.clone());
+            }
+        }
+        Some(Arc::new(all))
+    }
+
+    fn file_policy(&self) -> Arc<AccessPolicy> {
+        self.state.read().map(|s| s.policy.clone()).unwrap_or_else(|p| p.into_inner().policy.clone())
+    }
+
+    /// Whether SubscriberAccessPolicy objects grant too (`--access-policy-from-control-plane`).
+    pub fn from_control_plane(&self) -> bool {
+        self.from_control_plane
+    }
+
+    /// Where each subscriber's grant comes from: `file <path>` or `SubscriberAccessPolicy/<name>`.
+    pub fn sources(&self) -> BTreeMap<String, String> {
+        let mut out = BTreeMap::new();
+        if let Some(path) = &self.path {
+            for g in self.file_policy().grants() {
+                out.insert(g.name.clone(), format!("file {}", path.display()));
+            }
+        }
+        let objects = self.objects.read().unwrap_or_else(|p| p.into_inner());
+        for (object, policy) in &objects.accepted {
+            for g in policy.grants() {
+                out.entry(g.name.clone()).or_insert_with(|| format!("{KIND}/{object}"));
+            }
+        }
+        out
+    }
+
+    /// Whether the first list of SubscriberAccessPolicy objects was read (always, when they
+    /// do not count).
+    pub fn objects_synced(&self) -> bool {
+        !self.from_control_plane || self.objects.read().map(|o| o.synced).unwrap_or(false)
+    }
+
+    /// Why the SubscriberAccessPolicy objects in force may be stale or missing, if so.
+    pub fn objects_problem(&self) -> Option<String> {
+        if !self.from_control_plane {
+            return None;
+        }
+        let o = self.objects.read().unwrap_or_else(|p| p.into_inner());
+        let error = o.error.as_deref().map(|e| format!(": {e}")).unwrap_or_default();
+        if !o.synced {
+            Some(format!(
+                "the {KIND} objects of the control plane have not been listed yet (subscribers are refused){error}"
+            ))
+        } else {
+            o.error.as_ref().map(|_| format!("watching {KIND} objects failed, the last good set is in force{error}"))
+        }
+    }
+
+    /// Puts the accepted objects' grants in force (a complete view: the first list and
+    /// every change after it). Whether the policy in force changed.
+    pub fn set_objects(&self, accepted: BTreeMap<String, Arc<AccessPolicy>>) -> bool {
+        let mut o = self.objects.write().unwrap_or_else(|p| p.into_inner());
+        let changed = !o.synced || o.accepted != accepted;
+        o.synced = true;
+        o.error = None;
+        o.accepted = accepted;
+        drop(o);
+        if changed {
+            let mut state = self.state.write().unwrap_or_else(|p| p.into_inner());
+            state.generation += 1;
+        }
+        changed
+    }
+
+    /// Records a watch error: the grants in force stay (none before the first list).
+    pub fn objects_failed(&self, error: String) {
+        let mut o = self.objects.write().unwrap_or_else(|p| p.into_inner());
+        o.error = Some(error);
+    }
+
+    /// The file's grants alone (for checking objects against them).
+    pub fn file_grants(&self) -> Option<Arc<AccessPolicy>> {
+        self.path.as_ref().map(|_| self.file_policy())
     }
 
     /// Changes with every replacement of the policy.
@@ -352,14 +540,32 @@ impl AccessControl {
 
     /// What the policy in force says about the subscriber `name`.
     pub fn decide(&self, name: &str) -> Decision {
+        if !self.objects_synced() {
+            return Decision::Refused(format!(
+                "the hub has not read the {KIND} objects of its control plane yet; try again shortly"
+            ));
+        }
         let Some(policy) = self.current() else { return Decision::Everything };
         match policy.grant(name) {
             Some(g) => Decision::Granted(g),
             None => Decision::Refused(format!(
                 "subscriber {name:?} is not named in the hub's access policy ({}); ask the hub's operator for a grant",
-                self.path.as_deref().map(|p| p.display().to_string()).unwrap_or_default()
+                self.describe()
             )),
         }
+    }
+
+    /// Where the policy comes from, for messages: its file and/or the control plane's objects.
+    pub fn describe(&self) -> String {
+        let mut parts = Vec::new();
+        if let Some(p) = &self.path {
+            parts.push(p.display().to_string());
+        }
+        if self.from_control_plane {
+            let n = self.objects.read().map(|o| o.accepted.len()).unwrap_or_default();
+            parts.push(format!("{n} accepted {KIND} object(s) in the control plane"));
+        }
+        parts.join(" and ")
     }
 
     /// Re-reads the file when its content changed. On error the old policy stays.
@@ -523,5 +729,88 @@ mod tests {
         assert!(matches!(ac.decide("a"), Decision::Refused(_)) && matches!(ac.decide("b"), Decision::Granted(_)));
         // No policy: everything.
         assert!(matches!(AccessControl::load(None, false).unwrap().decide("z"), Decision::Everything));
+    }
+
+    fn spec(grants: &[(&str, &[&str])]) -> fleetwatch_api::access_policy::SubscriberAccessPolicySpec {
+        fleetwatch_api::access_policy::SubscriberAccessPolicySpec {
+            subscribers: grants
+                .iter()
+                .map(|(name, clusters)| fleetwatch_api::access_policy::SubscriberGrant {
+                    name: name.to_string(),
+                    clusters: clusters.iter().map(|c| c.to_string()).collect(),
+                    ..Default::default()
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn objects_are_checked_like_the_file_and_never_merged() {
+        let file = AccessPolicy::parse("subscribers:\n  - name: ops\n    clusters: ['*']\n", Path::new("f.yaml"), true)
+            .unwrap();
+        let mut bad = spec(&[("team-b", &["*"])]);
+        bad.subscribers[0].redact = vec!["data.password".into()];
+        let objects: BTreeMap<_, _> = [
+            ("a".to_string(), spec(&[("team-a", &["a-*"])])),
+            ("b-bad".to_string(), bad),
+            // Names team-a again (after "a"): not used at all, so it cannot widen team-a.
+            ("c-dup".to_string(), spec(&[("team-a", &["*"]), ("team-c", &["c-*"])])),
+            ("d-file".to_string(), spec(&[("ops", &["x"])])),
+            ("e".to_string(), spec(&[("team-e", &["e-1"])])),
+        ]
+        .into();
+        let (accepted, verdicts) = judge_objects(Some(&file), "f.yaml", &objects, true);
+        assert_eq!(accepted.keys().map(String::as_str).collect::<Vec<_>>(), ["a", "e"]);
+        let v = &verdicts["b-bad"];
+        assert!(!v.accepted && v.reason == "Invalid" && v.message.contains("SubscriberAccessPolicy/b-bad"), "{v:?}");
+        assert!(v.message.contains("not a JSON pointer"), "{v:?}");
+        let v = &verdicts["c-dup"];
+        assert!(!v.accepted && v.reason == "DuplicateSubscriber" && v.message.contains("\"a\""), "{v:?}");
+        let v = &verdicts["d-file"];
+        assert!(!v.accepted && v.reason == "DuplicateSubscriber" && v.message.contains("f.yaml"), "{v:?}");
+        assert!(verdicts["a"].accepted && verdicts["a"].reason == "Accepted");
+        // Without Runtime labels a selector is refused, as in the file.
+        let mut sel = spec(&[("s", &[])]);
+        sel.subscribers[0].cluster_selector = Some("team=a".into());
+        let (accepted, verdicts) = judge_objects(None, "", &[("s".to_string(), sel)].into(), false);
+        assert!(accepted.is_empty() && verdicts["s"].reason == "Invalid", "{verdicts:?}");
+    }
+
+    #[test]
+    fn objects_grant_with_the_file_and_fail_closed() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("policy.yaml");
+        std::fs::write(&path, "subscribers:\n  - name: ops\n    clusters: [x]\n").unwrap();
+        let ac = AccessControl::load_with_objects(Some(path), true, true).unwrap();
+        // Before the first list: everybody refused, even the file's subscribers; not ready.
+        assert!(matches!(ac.decide("ops"), Decision::Refused(w) if w.contains("not read")));
+        assert!(ac.objects_problem().is_some());
+        let (accepted, _) = judge_objects(
+            ac.file_grants().as_deref(),
+            "policy.yaml",
+            &[("a".to_string(), spec(&[("team-a", &["a-*"])]))].into(),
+            true,
+        );
+        let g0 = ac.generation();
+        assert!(ac.set_objects(accepted.clone()));
+        assert!(!ac.set_objects(accepted.clone()), "the same set is no change");
+        assert!(ac.generation() > g0 && ac.objects_problem().is_none());
+        assert!(matches!(ac.decide("ops"), Decision::Granted(_)));
+        assert!(
+            matches!(ac.decide("team-a"), Decision::Granted(g) if g.allows_cluster("a-1", None) && !g.allows_cluster("b-1", None))
+        );
+        assert!(matches!(ac.decide("team-b"), Decision::Refused(_)));
+        let sources = ac.sources();
+        assert_eq!(sources["team-a"], "SubscriberAccessPolicy/a");
+        assert!(sources["ops"].starts_with("file "), "{sources:?}");
+        // A watch error keeps the set in force and is reported.
+        ac.objects_failed("connection refused".into());
+        assert!(matches!(ac.decide("team-a"), Decision::Granted(_)));
+        assert!(ac.objects_problem().is_some_and(|p| p.contains("connection refused")));
+        // No accepted object and no file: nobody.
+        let only = AccessControl::load_with_objects(None, true, true).unwrap();
+        only.set_objects(BTreeMap::new());
+        assert!(matches!(only.decide("ops"), Decision::Refused(w) if w.contains("0 accepted")));
+        assert!(only.current().is_some_and(|p| p.is_empty()));
     }
 }

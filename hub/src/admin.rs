@@ -538,11 +538,27 @@ async fn subscriptions_handler(State(ctx): State<Arc<Context>>) -> impl IntoResp
         })
         .collect();
     let access_policy = match &policy {
-        Some(p) => serde_json::json!({
-            "file": access.path().map(|p| p.display().to_string()),
-            "stale": access.stale(),
-            "grants": p.grants().collect::<Vec<_>>(),
-        }),
+        Some(p) => {
+            // Where each grant comes from: the file, or a SubscriberAccessPolicy object.
+            let sources = access.sources();
+            let grants: Vec<serde_json::Value> = p
+                .grants()
+                .map(|g| {
+                    let mut v = serde_json::to_value(g).unwrap_or_default();
+                    if let Some(obj) = v.as_object_mut() {
+                        obj.insert("source".into(), sources.get(&g.name).cloned().into());
+                    }
+                    v
+                })
+                .collect();
+            serde_json::json!({
+                "file": access.path().map(|p| p.display().to_string()),
+                "fromControlPlane": access.from_control_plane(),
+                "stale": access.stale().or_else(|| access.objects_problem()),
+                "grantsNobody": p.is_empty(),
+                "grants": grants,
+            })
+        }
         None => serde_json::Value::Null,
     };
     axum::Json(serde_json::json!({

@@ -25,6 +25,7 @@
 #![warn(missing_docs)]
 
 pub mod access;
+mod access_objects;
 pub mod admin;
 pub mod admin_auth;
 mod admin_login;
@@ -120,6 +121,9 @@ pub struct HubConfig {
     /// Subscriber access policy (see [`access`]); `None`: every subscriber reads every
     /// cluster. Reloaded with the certificates.
     pub access_policy: Option<PathBuf>,
+    /// Whether accepted SubscriberAccessPolicy objects of the control plane grant too
+    /// (needs `watch_source` to be the control plane).
+    pub access_policy_from_control_plane: bool,
     /// Most live sessions of one subscriber identity.
     pub max_sessions_per_subscriber: usize,
     /// How long to keep trying a listen address that is in use (`None`: refuse at once).
@@ -154,6 +158,7 @@ impl HubConfig {
             watch_source: watch_source::WatchSource::None,
             deny_list: None,
             access_policy: None,
+            access_policy_from_control_plane: false,
             max_sessions_per_subscriber: 8,
             bind_retry: None,
         }
@@ -371,6 +376,9 @@ impl Context {
             let stale = self.sessions.access.stale().map(|e| format!("stale, the last good policy is in force: {e}"));
             checks.push(("access-policy", stale.map_or(Ok(()), Err)));
         }
+        if self.config.access_policy_from_control_plane {
+            checks.push(("access-policy-objects", self.sessions.access.objects_problem().map_or(Ok(()), Err)));
+        }
         if matches!(self.config.watch_source, watch_source::WatchSource::ControlPlane(_)) {
             let synced = self.watch_synced.synced();
             let from = match &self.config.watch_source {
@@ -516,9 +524,26 @@ impl Hub {
         let revocation = revocation::Revocation::load(config.deny_list.clone())?;
         // Runtime labels exist only when the hub reads the control plane (fleet::follow_runtimes).
         let reads_runtimes = matches!(config.watch_source, watch_source::WatchSource::ControlPlane(_));
-        let access = access::AccessControl::load(config.access_policy.clone(), reads_runtimes)?;
+        if config.access_policy_from_control_plane && !reads_runtimes {
+            return Err(HubError::Refused(
+                "--access-policy-from-control-plane needs a control plane (--control-plane-kubeconfig, or in a pod its \
+                 own cluster)"
+                    .into(),
+            ));
+        }
+        let access = access::AccessControl::load_with_objects(
+            config.access_policy.clone(),
+            reads_runtimes,
+            config.access_policy_from_control_plane,
+        )?;
         let runtimes = fleet::SharedRuntimes::default();
         match access.current() {
+            Some(_) if config.access_policy_from_control_plane => tracing::warn!(
+                policy = %access.describe(),
+                "subscriber access policy from the control plane's SubscriberAccessPolicy objects{}: until they are \
+                 listed every subscriber is refused, and with no accepted object only the file grants (none: nobody)",
+                if config.access_policy.is_some() { " and the file" } else { "" }
+            ),
             Some(policy) => tracing::info!(
                 policy = %config.access_policy.as_deref().map(|p| p.display().to_string()).unwrap_or_default(),
                 subscribers = policy.len(),
@@ -605,6 +630,9 @@ impl Hub {
             ));
             // ... and writes what it made of each WatchConfig into its status.
             tracker.spawn(watch_status::run(self.ctx.clone(), kubeconfig.clone(), shutdown.clone()));
+            if self.ctx.config.access_policy_from_control_plane {
+                tracker.spawn(access_objects::run(self.ctx.clone(), kubeconfig.clone(), shutdown.clone()));
+            }
         }
         tracker.spawn(watch_source::run(
             self.ctx.config.watch_source.clone(),

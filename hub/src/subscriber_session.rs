@@ -126,7 +126,7 @@ fn granted(ctx: &Sessions, name: &str, asked: &[String]) -> Result<Option<Arc<Gr
             if outside.is_empty() {
                 return Ok(Some(g));
             }
-            let policy = ctx.access.path().map(|p| p.display().to_string()).unwrap_or_default();
+            let policy = ctx.access.describe();
             let grants = g.describe_clusters();
             Err(format!(
                 "subscriber {name:?} may not read cluster(s) {}: the hub's access policy ({policy}) grants it {grants}",

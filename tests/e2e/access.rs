@@ -446,3 +446,99 @@ async fn a_cluster_selector_grants_by_runtime_labels_and_follows_them() {
     let after: Vec<_> = got[first..].iter().filter(|e| e.cluster != "s-2").map(|e| e.cluster.clone()).collect();
     assert!(after.is_empty(), "after the relabel team-a still got: {after:?}");
 }
+
+/// `refusal`, bounded: a subscriber served instead of refused fails the test, not hangs it.
+async fn refused_within(ws: &mut ClientWs) -> (ErrorCode, String) {
+    tokio::time::timeout(Duration::from_secs(30), refusal(ws)).await.expect("served, not refused, within 30 s")
+}
+
+fn access_object(name: &str, subscribers: serde_json::Value) -> String {
+    serde_json::json!({"apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "SubscriberAccessPolicy",
+        "metadata": {"name": name}, "spec": {"subscribers": subscribers}})
+    .to_string()
+}
+
+/// The policy as SubscriberAccessPolicy objects in the control plane: with none, every
+/// subscriber is refused; an accepted one grants (its status says so, the grant's source is
+/// shown); an invalid one grants nothing and says why in its status; an edit that drops a
+/// subscriber closes its live session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn subscriber_access_policy_objects_grant_and_fail_closed() {
+    let pki = Pki::new();
+    let (_cp, cp_kc) = sim_cluster(&pki, "control-plane").await;
+    let crds = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/crds");
+    kubectl(&cp_kc, &["apply", "-f", crds.to_str().unwrap()], None);
+    let hub = HubProc::start(
+        &pki,
+        free_port(),
+        None,
+        &["--control-plane-kubeconfig", cp_kc.to_str().unwrap(), "--access-policy-from-control-plane"],
+    );
+    let _a = agent(&pki, "a-1", &hub.url(), "synthetic:objects=5,rate=20", &[]);
+    let _b = agent(&pki, "b-1", &hub.url(), "synthetic:objects=5,rate=20", &[]);
+    let ready =
+        eventually(Duration::from_secs(30), || block(http_get(hub.admin_port, "/readyz")).starts_with("ready")).await;
+    assert!(ready, "{}\n{}", block(http_get(hub.admin_port, "/readyz")), hub.proc.stderr());
+
+    // No object: nobody is granted, said at start and on /api/v1/subscriptions.
+    let mut team_a = subscribe(&pki, hub.port, "team-a", r#""from":"earliest""#).await;
+    let (code, msg) = refused_within(&mut team_a).await;
+    assert_eq!(code, ErrorCode::Forbidden, "{msg}");
+    assert!(msg.contains("0 accepted SubscriberAccessPolicy"), "{msg}");
+    assert!(hub.proc.stderr().lines().any(|l| l.contains("WARN") && l.contains("every subscriber is refused")));
+    let subs: serde_json::Value =
+        serde_json::from_str(&http_get(hub.admin_port, "/api/v1/subscriptions").await).unwrap();
+    assert_eq!(subs["accessPolicy"]["grantsNobody"], true, "{subs}");
+
+    // An object grants team-a the a-* clusters: accepted, and team-a reads only those.
+    let grant = serde_json::json!([{"name": "team-a", "clusters": ["a-*"]}]);
+    kubectl(&cp_kc, &["apply", "-f", "-"], Some(&access_object("team-a", grant)));
+    let status = |name: &str| {
+        kubectl(
+            &cp_kc,
+            &[
+                "get",
+                "subscriberaccesspolicies",
+                name,
+                "-o",
+                r#"jsonpath={.status.conditions[?(@.type=="Accepted")].status}/{.status.conditions[?(@.type=="Accepted")].reason}/{.status.conditions[?(@.type=="Accepted")].message}"#,
+            ],
+            None,
+        )
+    };
+    assert!(
+        eventually(Duration::from_secs(20), || status("team-a").starts_with("True/Accepted")).await,
+        "{}",
+        status("team-a")
+    );
+    let mut team_a = subscribe(&pki, hub.port, "team-a", r#""durable":"d","from":"earliest""#).await;
+    let got = read_events(&mut team_a, |e| e.len() >= 20).await;
+    let foreign: Vec<_> = got.iter().filter(|e| e.cluster != "a-1").map(|e| e.cluster.clone()).collect();
+    assert!(foreign.is_empty(), "team-a got clusters outside its grant: {foreign:?}");
+    let subs: serde_json::Value =
+        serde_json::from_str(&http_get(hub.admin_port, "/api/v1/subscriptions").await).unwrap();
+    assert_eq!(subs["accessPolicy"]["grants"][0]["source"], "SubscriberAccessPolicy/team-a", "{subs}");
+
+    // An invalid object: Accepted=False, Invalid, and it grants nothing.
+    let bad = serde_json::json!([{"name": "team-b", "clusters": ["*"], "redact": ["data.password"]}]);
+    kubectl(&cp_kc, &["apply", "-f", "-"], Some(&access_object("bad", bad)));
+    assert!(
+        eventually(Duration::from_secs(20), || status("bad").starts_with("False/Invalid/")).await,
+        "{}",
+        status("bad")
+    );
+    assert!(status("bad").contains("not a JSON pointer"), "{}", status("bad"));
+    let mut team_b = subscribe(&pki, hub.port, "team-b", r#""from":"earliest""#).await;
+    let (code, msg) = refused_within(&mut team_b).await;
+    assert_eq!(code, ErrorCode::Forbidden, "{msg}");
+    assert!(msg.contains("not named"), "{msg}");
+
+    // The object edited to drop team-a: its live session is closed, forbidden.
+    let ops = serde_json::json!([{"name": "ops", "clusters": ["*"]}]);
+    kubectl(&cp_kc, &["apply", "-f", "-"], Some(&access_object("team-a", ops)));
+    let (code, msg) = refused_within(&mut team_a).await;
+    assert_eq!(code, ErrorCode::Forbidden, "{msg}");
+    assert!(msg.contains("not named"), "{msg}");
+    let listed = kubectl(&cp_kc, &["get", "subscriberaccesspolicies"], None);
+    assert!(listed.contains("ACCEPTED") && listed.contains("SUBSCRIBERS") && listed.contains("ops"), "{listed}");
+}

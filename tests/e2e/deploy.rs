@@ -1854,3 +1854,74 @@ async fn the_klm_relay_runs_from_its_rendered_deployment() {
     assert_eq!(r.body["watchedGvk"], json!({"group": "synthetic.fleetwatch.dev", "version": "v1", "kind": "Object"}));
     assert_eq!(r.body["watched"]["namespace"], "default");
 }
+
+/// With `hub.accessPolicy.fromControlPlane`, the hub under the chart's ClusterRole lists and
+/// watches SubscriberAccessPolicy objects (it is ready only once it has) and writes their
+/// status: accepted, or refused for naming a subscriber the chart's file already grants.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_hub_reads_subscriber_access_policies_under_the_chart_rbac() {
+    let pki = Pki::new();
+    let dir = pki.path("deploy");
+    std::fs::create_dir_all(&dir).unwrap();
+    let docs = helm_template(
+        "fleetwatch",
+        "fleetwatch-system",
+        &["createNamespace=true", "hub.adminToken.createSecret=false", "hub.accessPolicy.fromControlPlane=true"],
+    )
+    .unwrap();
+    let hub_w = find(&docs, "StatefulSet", "fleetwatch-hub");
+    assert!(
+        hub_w["spec"]["template"]["spec"]["containers"][0]["args"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|a| a == "--access-policy-from-control-plane"),
+        "{hub_w}"
+    );
+    let cp = sim("control-plane", true).await;
+    let cp_kc = dir.join("cp.kubeconfig");
+    cp.write_kubeconfig(&cp_kc).unwrap();
+    kubectl(&cp_kc, &["apply", "--server-side", "-f", repo().join("deploy/crds").to_str().unwrap()], None);
+    let rendered = dir.join("control-plane.yaml");
+    std::fs::write(&rendered, docs.iter().map(|d| format!("---\n{d}\n")).collect::<String>()).unwrap();
+    kubectl(&cp_kc, &["apply", "--server-side", "-f", rendered.to_str().unwrap()], None);
+    let ns = hub_w["metadata"]["namespace"].as_str().unwrap();
+    let sa = pod_spec(hub_w)["serviceAccountName"].as_str().unwrap();
+    let hub_kc = dir.join("hub.kubeconfig");
+    cp.write_kubeconfig_for(&hub_kc, ns, sa).unwrap();
+
+    let mut files = VolumeFiles::new();
+    files.insert("fleetwatch-hub-tls".into(), vec![("tls.crt", pki.path("hub.crt")), ("tls.key", pki.path("hub.key"))]);
+    files.insert("fleetwatch-hub-admin-token".into(), vec![("token", admin_token_file(&pki))]);
+    files.insert("fleetwatch-hub-access-policy".into(), vec![("policy.yaml", access_policy_file(&docs, &dir))]);
+    files.insert("fleetwatch-trust-bundle".into(), vec![("ca.crt", pki.path("ca.crt"))]);
+    // Ready only once it has listed the objects with its own token.
+    let hub = start_ready(&docs, "StatefulSet", "fleetwatch-hub", &files, None, &hub_kc, &dir).await;
+
+    for (name, subscriber) in [("team-x", "team-x"), ("dup", "ops")] {
+        apply_json(
+            &cp_kc,
+            &json!({"apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "SubscriberAccessPolicy",
+                "metadata": {"name": name}, "spec": {"subscribers": [{"name": subscriber, "clusters": ["*"]}]}}),
+        );
+    }
+    let status = |name: &str| {
+        kubectl(
+            &cp_kc,
+            &[
+                "get",
+                "subscriberaccesspolicies",
+                name,
+                "-o",
+                r#"jsonpath={.status.conditions[0].status}/{.status.conditions[0].reason}/{.status.observedGeneration}"#,
+            ],
+            None,
+        )
+    };
+    let written = eventually(Duration::from_secs(30), || {
+        status("team-x") == "True/Accepted/1" && status("dup") == "False/DuplicateSubscriber/1"
+    })
+    .await;
+    assert!(written, "{} {}\nhub log:\n{}", status("team-x"), status("dup"), tail(&hub.proc.stderr()));
+    assert!(!hub.proc.stderr().contains("cannot write"), "{}", tail(&hub.proc.stderr()));
+}
