@@ -292,6 +292,9 @@ pub struct AccessControl {
     from_control_plane: bool,
     state: RwLock<State>,
     objects: RwLock<Objects>,
+    /// Bumped when the file's policy is replaced: the objects are judged again against it
+    /// (a subscriber the file now grants makes an object naming it a duplicate).
+    file_replaced: tokio::sync::watch::Sender<u64>,
 }
 
 /// The grants of the SubscriberAccessPolicy objects in force.
@@ -425,7 +428,19 @@ impl AccessControl {
             }
             None => State::default(),
         };
-        Ok(Self { path, runtime_labels, from_control_plane, state: RwLock::new(state), objects: Default::default() })
+        Ok(Self {
+            path,
+            runtime_labels,
+            from_control_plane,
+            state: RwLock::new(state),
+            objects: Default::default(),
+            file_replaced: tokio::sync::watch::channel(0).0,
+        })
+    }
+
+    /// Changes each time the file's policy is replaced by a reload.
+    pub fn file_replaced(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.file_replaced.subscribe()
     }
 
     /// The file, when a policy is configured.
@@ -595,6 +610,8 @@ impl AccessControl {
                 state.content = Some(bytes);
                 state.policy = Arc::new(policy);
                 state.failed = None;
+                drop(state);
+                self.file_replaced.send_modify(|n| *n = n.wrapping_add(1));
                 Reload::Replaced
             }
             Err(e) => {
@@ -709,6 +726,7 @@ mod tests {
         assert!(AccessControl::load(Some(path.clone()), false).is_err());
         std::fs::write(&path, "subscribers:\n  - name: a\n    clusters: [x]\n").unwrap();
         let ac = AccessControl::load(Some(path.clone()), false).unwrap();
+        let replaced = ac.file_replaced();
         assert!(matches!(ac.decide("a"), Decision::Granted(_)));
         let Decision::Refused(why) = ac.decide("b") else { panic!("b is not named") };
         assert!(why.contains("policy.yaml") && why.contains("\"b\""), "{why}");
@@ -724,8 +742,11 @@ mod tests {
         // Fixed, with the same length and without any mtime trick: the content counts.
         let g0 = ac.generation();
         std::fs::write(&path, "subscribers:\n  - name: b\n    clusters: [x]\n").unwrap();
+        assert!(!replaced.has_changed().unwrap(), "failed reloads replace nothing");
         assert!(matches!(ac.reload_if_changed(), Reload::Replaced));
         assert!(ac.stale().is_none() && ac.generation() > g0);
+        // The objects are judged again against the new file.
+        assert!(replaced.has_changed().unwrap());
         assert!(matches!(ac.decide("a"), Decision::Refused(_)) && matches!(ac.decide("b"), Decision::Granted(_)));
         // No policy: everything.
         assert!(matches!(AccessControl::load(None, false).unwrap().decide("z"), Decision::Everything));

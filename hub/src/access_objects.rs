@@ -67,9 +67,18 @@ pub(crate) async fn run(ctx: Arc<Context>, kubeconfig: Option<PathBuf>, shutdown
     let mut current: BTreeMap<String, SubscriberAccessPolicy> = BTreeMap::new();
     let mut building: Option<BTreeMap<String, SubscriberAccessPolicy>> = None;
     let mut synced = false;
+    let mut file_replaced = ctx.sessions.access.file_replaced();
     loop {
         let ev = tokio::select! {
             ev = stream.next() => match ev { Some(ev) => ev, None => return },
+            // The file changed: the objects are judged again (duplicates with it), so no
+            // object's status says Accepted while the file's grant is the one in force.
+            Ok(()) = file_replaced.changed() => {
+                if synced {
+                    apply(&ctx, &api, &current).await;
+                }
+                continue;
+            }
             _ = shutdown.cancelled() => return,
         };
         match ev {
