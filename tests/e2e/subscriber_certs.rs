@@ -42,25 +42,41 @@ fn connected_with(log: &str, serial: &str) -> usize {
     log.lines().filter(|l| l.contains("subscriber connected") && l.contains(&format!("serial={serial}"))).count()
 }
 
+/// A durable hub following a deny list, and a subscriber certificate in files of its own
+/// (as a mounted Secret would be) that a test renews.
+struct Renewable {
+    hub: HubProc,
+    deny: std::path::PathBuf,
+    cert: std::path::PathBuf,
+    key: std::path::PathBuf,
+    old_serial: String,
+    files: fleetwatch_certs::TlsFiles,
+}
+
+impl Renewable {
+    fn start(pki: &Pki) -> Self {
+        let deny = pki.path("deny.txt");
+        std::fs::write(&deny, "").unwrap();
+        let deny_arg = deny.display().to_string();
+        let data = pki.path("hub-data");
+        let hub =
+            HubProc::start(pki, free_port(), Some(&data), &["--deny-list", &deny_arg, "--tls-reload-interval", "1"]);
+        let issued = pki.subscriber("tailer");
+        let dir = pki.path("tailer-tls");
+        std::fs::create_dir_all(&dir).unwrap();
+        let (cert, key) = (dir.join("tls.crt"), dir.join("tls.key"));
+        std::fs::copy(&issued.cert, &cert).unwrap();
+        std::fs::copy(&issued.key, &key).unwrap();
+        let old_serial = fleetwatch_certs::inspect_file(&cert).unwrap().serial.to_lowercase();
+        let files = fleetwatch_certs::TlsFiles { cert: cert.clone(), key: key.clone(), ca: issued.ca.clone() };
+        Self { hub, deny, cert, key, old_serial, files }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_subscriber_reconnects_with_its_renewed_certificate_and_loses_nothing() {
     let pki = Pki::new();
-    let deny = pki.path("deny.txt");
-    std::fs::write(&deny, "").unwrap();
-    let data = pki.path("hub-data");
-    let port = free_port();
-    let deny_arg = deny.display().to_string();
-    let hub = HubProc::start(&pki, port, Some(&data), &["--deny-list", &deny_arg, "--tls-reload-interval", "1"]);
-
-    // The subscriber's certificate lives in files of its own, as a mounted Secret would.
-    let issued = pki.subscriber("tailer");
-    let dir = pki.path("tailer-tls");
-    std::fs::create_dir_all(&dir).unwrap();
-    let (cert, key) = (dir.join("tls.crt"), dir.join("tls.key"));
-    std::fs::copy(&issued.cert, &cert).unwrap();
-    std::fs::copy(&issued.key, &key).unwrap();
-    let old_serial = fleetwatch_certs::inspect_file(&cert).unwrap().serial.to_lowercase();
-    let files = fleetwatch_certs::TlsFiles { cert: cert.clone(), key: key.clone(), ca: issued.ca.clone() };
+    let Renewable { hub, deny, cert, key, old_serial, files } = Renewable::start(&pki);
 
     // Events flow before, during and after the switch (about 40 s of them).
     let spec = "synthetic:objects=25,rate=50,total=2000";
@@ -168,20 +184,7 @@ async fn a_subscriber_reconnects_with_its_renewed_certificate_and_loses_nothing(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_subscriber_reconnects_with_the_certificate_on_disk_after_its_old_one_is_revoked() {
     let pki = Pki::new();
-    let deny = pki.path("deny.txt");
-    std::fs::write(&deny, "").unwrap();
-    let port = free_port();
-    let deny_arg = deny.display().to_string();
-    let data = pki.path("hub-data");
-    let hub = HubProc::start(&pki, port, Some(&data), &["--deny-list", &deny_arg, "--tls-reload-interval", "1"]);
-    let issued = pki.subscriber("tailer");
-    let dir = pki.path("tailer-tls");
-    std::fs::create_dir_all(&dir).unwrap();
-    let (cert, key) = (dir.join("tls.crt"), dir.join("tls.key"));
-    std::fs::copy(&issued.cert, &cert).unwrap();
-    std::fs::copy(&issued.key, &key).unwrap();
-    let old_serial = fleetwatch_certs::inspect_file(&cert).unwrap().serial.to_lowercase();
-    let files = fleetwatch_certs::TlsFiles { cert: cert.clone(), key: key.clone(), ca: issued.ca.clone() };
+    let Renewable { hub, deny, cert, key, old_serial, files } = Renewable::start(&pki);
     let spec = "synthetic:objects=10,rate=50,total=1000";
     let source: SyntheticSource = spec.parse().unwrap();
     let _agent = agent(&pki, "c1", &hub.url(), spec, &[]);
