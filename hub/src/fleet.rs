@@ -207,7 +207,7 @@ pub async fn follow_runtimes(
                         dirty = synced;
                     }
                     Ok(watcher::Event::Delete(obj)) => {
-                        table.delete(&summarise(&obj).0);
+                        table.delete(&runtime_key(&obj));
                         dirty = synced;
                     }
                     Err(e) => {
@@ -240,13 +240,18 @@ pub async fn follow_runtimes(
     }
 }
 
-/// A Runtime's `namespace/name` and its summary (`None` when it cannot be decoded).
-fn summarise(obj: &kube::api::DynamicObject) -> (String, Option<RuntimeSummary>) {
-    let key = format!(
+/// A Runtime's `namespace/name`.
+fn runtime_key(obj: &kube::api::DynamicObject) -> String {
+    format!(
         "{}/{}",
         obj.metadata.namespace.as_deref().unwrap_or_default(),
         obj.metadata.name.as_deref().unwrap_or_default()
-    );
+    )
+}
+
+/// A Runtime's `namespace/name` and its summary (`None` when it cannot be decoded).
+fn summarise(obj: &kube::api::DynamicObject) -> (String, Option<RuntimeSummary>) {
+    let key = runtime_key(obj);
     let summary = serde_json::to_value(obj).and_then(serde_json::from_value::<Runtime>).ok().map(|rt| {
         let mut s = RuntimeSummary::from_runtime(&rt);
         s.modules.truncate(MAX_MODULES);
