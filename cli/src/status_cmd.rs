@@ -1,6 +1,11 @@
 //! `fleetwatch status`: one table of the fleet from the hub's admin API (clusters,
 //! connection, last seen, watches, subscriber lag) and, with the control plane, each
 //! runtime's modules by state. Exits 1 when something is unhealthy, so scripts can use it.
+//!
+//! The lists are read page by page (`?limit=`[`PAGE`]`&continue=`), so a fleet of any size
+//! is read in bounded answers. Above `--rows` clusters the table gives way to a summary
+//! (counts and the problems, at most [`PROBLEM_LINES`] of them); `--full`, `-o wide` and
+//! `-o json` show every row.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -32,7 +37,18 @@ pub struct StatusArgs {
     /// A subscriber whose oldest unacked record is older than this many seconds is unhealthy.
     #[arg(long, default_value_t = 60.0)]
     max_lag_seconds: f64,
+    /// Above this many clusters, the table output is a summary (counts and problems).
+    #[arg(long, default_value_t = 200)]
+    rows: usize,
+    /// Every row, whatever the fleet's size.
+    #[arg(long)]
+    full: bool,
 }
+
+/// Items asked for per page of a list.
+pub const PAGE: usize = 1_000;
+/// Most problems the summary lists (the count says how many there are).
+pub const PROBLEM_LINES: usize = 50;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Output {
@@ -281,6 +297,37 @@ pub fn render(fleet: &Fleet, problems: &[String], wide: bool, now: jiff::Timesta
     out
 }
 
+/// The summary shown instead of the table for a large fleet: counts, then the problems
+/// (at most [`PROBLEM_LINES`]; disconnected clusters first, as the hub orders them).
+pub fn render_summary(fleet: &Fleet, problems: &[String]) -> String {
+    let connected = fleet.clusters.iter().filter(|c| c.connected).count();
+    let failing =
+        fleet.clusters.iter().filter(|c| c.connected && c.watches.iter().any(|w| w.phase.is_failing())).count();
+    let mut out = format!(
+        "{} clusters: {connected} connected, {} disconnected, {failing} with failing watches\n{} subscriptions",
+        fleet.clusters.len(),
+        fleet.clusters.len() - connected,
+        fleet.subscriptions.len()
+    );
+    if let Some(rts) = &fleet.runtimes {
+        let unhealthy = rts.iter().filter(|r| !r.healthy()).count();
+        let _ = write!(out, ", {} runtimes ({unhealthy} with modules in Error or Warning)", rts.len());
+    }
+    if problems.is_empty() {
+        out.push_str(": healthy\n");
+    } else {
+        let _ = writeln!(out, ": {} problems", problems.len());
+        for p in problems.iter().take(PROBLEM_LINES) {
+            let _ = writeln!(out, "  - {p}");
+        }
+        if problems.len() > PROBLEM_LINES {
+            let _ = writeln!(out, "  … and {} more (-o json lists them all)", problems.len() - PROBLEM_LINES);
+        }
+    }
+    out.push_str("(a summary: the fleet has more clusters than --rows; --full or -o wide prints every row)\n");
+    out
+}
+
 /// `host:port` of an `http://host:port[/]` address.
 fn admin_addr(url: &str) -> anyhow::Result<String> {
     if url.starts_with("https://") {
@@ -302,6 +349,44 @@ async fn get_json<T: serde::de::DeserializeOwned>(addr: &str, path: &str, token:
         401 => anyhow::bail!("http://{addr}{path}: 401 unauthorized: give the hub's token with --admin-token-file"),
         other => anyhow::bail!("http://{addr}{path}: HTTP {other}: {}", body.trim()),
     }
+}
+
+/// Every item of a paged list (`field` of each answer), following `metadata.continue`. A hub
+/// that does not page answers the whole list at once, without a token: that ends it too.
+async fn get_all<T: serde::de::DeserializeOwned>(
+    addr: &str,
+    path: &str,
+    field: &str,
+    token: Option<&str>,
+) -> anyhow::Result<(Vec<T>, serde_json::Value)> {
+    let mut items = Vec::new();
+    let mut cont: Option<String> = None;
+    loop {
+        let mut page_path = format!("{path}?limit={PAGE}");
+        if let Some(c) = &cont {
+            page_path.push_str("&continue=");
+            page_path.push_str(&percent(c));
+        }
+        let mut doc: serde_json::Value = get_json(addr, &page_path, token).await?;
+        let list = doc.as_object_mut().and_then(|o| o.remove(field)).unwrap_or_default();
+        let page: Vec<T> =
+            serde_json::from_value(list).with_context(|| format!("http://{addr}{page_path}: unexpected {field}"))?;
+        items.extend(page);
+        match doc["metadata"]["continue"].as_str() {
+            Some(c) if !c.is_empty() && cont.as_deref() != Some(c) => cont = Some(c.to_string()),
+            _ => return Ok((items, doc)),
+        }
+    }
+}
+
+/// `s` with everything but unreserved characters percent-encoded (for a query value).
+fn percent(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
 }
 
 /// Every Runtime in the control plane, summarised (one that cannot be decoded is an error
@@ -344,10 +429,6 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<bool> {
     };
     let token = token.as_deref();
     #[derive(Deserialize)]
-    struct Clusters {
-        clusters: Vec<ClusterStatus>,
-    }
-    #[derive(Deserialize)]
     struct Subs {
         subscriptions: Vec<Subscription>,
     }
@@ -356,15 +437,11 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<bool> {
     struct WatchConfigs {
         watch_configs: Vec<fleetwatch_hub::watch_source::Verdict>,
     }
-    let clusters: Clusters = get_json(&addr, "/api/v1/clusters", token).await?;
+    let (clusters, _) = get_all::<ClusterStatus>(&addr, "/api/v1/clusters", "clusters", token).await?;
     let subs: Subs = get_json(&addr, "/api/v1/subscriptions", token).await?;
     let wcs: WatchConfigs = get_json(&addr, "/api/v1/watchconfigs", token).await?;
-    let mut fleet = Fleet {
-        clusters: clusters.clusters,
-        subscriptions: subs.subscriptions,
-        watch_configs: wcs.watch_configs,
-        ..Default::default()
-    };
+    let mut fleet =
+        Fleet { clusters, subscriptions: subs.subscriptions, watch_configs: wcs.watch_configs, ..Default::default() };
     let mut extra = Vec::new();
     match &args.control_plane_kubeconfig {
         Some(kc) => match read_runtimes(kc).await {
@@ -379,9 +456,10 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<bool> {
         },
         None => {
             // The hub's own view, when it reads the control plane.
-            let view: fleetwatch_hub::fleet::RuntimesView = get_json(&addr, "/api/v1/runtimes", token).await?;
+            let (items, last) = get_all::<RuntimeSummary>(&addr, "/api/v1/runtimes", "items", token).await?;
+            let view: fleetwatch_hub::fleet::RuntimesView = serde_json::from_value(last).unwrap_or_default();
             if view.configured {
-                fleet.runtimes = Some(view.items);
+                fleet.runtimes = Some(items);
                 fleet.runtimes_error = view.error;
             }
         }
@@ -400,6 +478,9 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<bool> {
                 "watchConfigs": fleet.watch_configs,
             });
             println!("{}", serde_json::to_string_pretty(&doc)?);
+        }
+        Output::Table if !args.full && fleet.clusters.len() > args.rows => {
+            print!("{}", render_summary(&fleet, &problems));
         }
         Output::Table | Output::Wide => {
             print!("{}", render(&fleet, &problems, args.output == Output::Wide, jiff::Timestamp::now()));
@@ -585,6 +666,25 @@ mod tests {
         assert_eq!(ago(None, now()), "never");
         assert_eq!(ago(Some("2030-01-01T11:00:00Z".parse().unwrap()), now()), "60m ago");
         assert_eq!(ago(Some("2029-12-30T12:00:00Z".parse().unwrap()), now()), "2d ago");
+    }
+
+    #[test]
+    fn a_large_fleet_is_summed_up_with_its_problems_bounded() {
+        let clusters: Vec<ClusterStatus> = (0..300).map(|i| cluster(&format!("c-{i:03}"), i >= 60)).collect();
+        let fleet = Fleet { clusters, runtimes: Some(vec![runtime("c-100", &["Error"])]), ..Default::default() };
+        let p = problems(&fleet, 60.0);
+        assert_eq!(p.len(), 61);
+        let out = render_summary(&fleet, &p);
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(lines[0], "300 clusters: 240 connected, 60 disconnected, 0 with failing watches", "{out}");
+        assert!(
+            lines[1].starts_with("0 subscriptions, 1 runtimes (1 with modules in Error or Warning): 61 problems"),
+            "{out}"
+        );
+        assert_eq!(out.lines().filter(|l| l.starts_with("  - ")).count(), PROBLEM_LINES, "{out}");
+        assert!(out.contains("… and 11 more"), "{out}");
+        assert!(!out.contains("CLUSTER"), "no table: {out}");
+        assert_eq!(percent("v1.7b/+ x"), "v1.7b%2F%2B%20x");
     }
 
     #[test]

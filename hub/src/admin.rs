@@ -1,5 +1,6 @@
-//! The admin endpoint (plain HTTP): `/healthz`, `/readyz`, `/metrics`, `/api/v1/clusters`,
-//! and with `fault_injection` the test hook `POST /debug/faults/storage?fail_for_ms=N`.
+//! The admin endpoint (plain HTTP): `/healthz`, `/readyz`, `/metrics`, the admin API
+//! (`/api/v1/...`; the fleet-sized lists, counts and live stream are in `admin_fleet`), the
+//! web view, and with `fault_injection` the test hook `POST /debug/faults/storage?fail_for_ms=N`.
 //!
 //! `/readyz` aggregates named checks ([`checks`]): `200 ready: bus ok` when all pass,
 //! otherwise `503 not ready: bus: no space left on device (…)` listing each failing check
@@ -11,7 +12,6 @@ use axum::Router;
 use axum::extract::{FromRef, Path, Query, Request, State};
 use axum::http::{StatusCode, header};
 use axum::middleware::Next;
-use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{Html, IntoResponse, Redirect, Response};
 use axum::routing::{MethodRouter, get, post};
 use tokio::net::TcpListener;
@@ -23,21 +23,21 @@ use crate::fleet::{self, Rates};
 
 /// Most browsers following the live overview at once; more get 503.
 pub const MAX_STREAMS: usize = 64;
-/// How often the live overview is rebuilt while someone follows it (and at once when a
-/// cluster connects or disconnects).
+/// How often the live overview's changes are computed while someone follows it (and at
+/// once when a cluster connects or disconnects or a Runtime changes).
 pub const OVERVIEW_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// The admin endpoint's state: the hub's context and the live overview.
 #[derive(Clone)]
 pub(crate) struct Admin {
-    ctx: Arc<Context>,
+    pub(crate) ctx: Arc<Context>,
     /// Event totals of the last overview, for rates.
     rates: Arc<Mutex<Rates>>,
-    /// The newest overview document; each follower reads only the newest one, so a slow
-    /// browser skips documents instead of queueing them.
-    overview: Arc<tokio::sync::watch::Sender<Arc<str>>>,
+    /// The live overview's deltas (see `admin_stream`): followers coalesce what they have
+    /// not sent, so a slow browser never queues without bound.
+    pub(crate) deltas: crate::admin_fleet::Deltas,
     /// Places for followers of the live overview.
-    streams: Arc<tokio::sync::Semaphore>,
+    pub(crate) streams: Arc<tokio::sync::Semaphore>,
     /// Browser sessions and the login rate limit.
     logins: Arc<crate::admin_login::Logins>,
 }
@@ -55,13 +55,14 @@ pub(crate) fn routes() -> Vec<(&'static str, &'static [&'static str], MethodRout
         ("/healthz", &["get"], get(|| async { "ok\n" })),
         ("/readyz", &["get"], get(ready)),
         ("/metrics", &["get"], get(metrics)),
-        ("/api/v1/clusters", &["get"], get(clusters)),
+        ("/api/v1/clusters", &["get"], get(crate::admin_fleet::clusters)),
         ("/api/v1/clusters/{id}", &["get"], get(cluster)),
         ("/api/v1/subscriptions", &["get"], get(subscriptions_handler)),
-        ("/api/v1/runtimes", &["get"], get(runtimes)),
+        ("/api/v1/runtimes", &["get"], get(crate::admin_fleet::runtimes)),
+        ("/api/v1/summary", &["get"], get(crate::admin_fleet::summary)),
         ("/api/v1/watchconfigs", &["get"], get(watchconfigs)),
         ("/api/v1/overview", &["get"], get(overview_handler)),
-        ("/api/v1/overview/stream", &["get"], get(overview_stream)),
+        ("/api/v1/overview/stream", &["get"], get(crate::admin_fleet::overview_stream)),
         ("/api/v1/openapi.json", &["get"], get(openapi)),
         ("/", &["get"], get(page)),
         ("/clusters/{id}", &["get"], get(page)),
@@ -149,11 +150,11 @@ pub(crate) async fn serve(listener: TcpListener, ctx: Arc<Context>, shutdown: Ca
     let admin = Admin {
         ctx: ctx.clone(),
         rates: Arc::new(Mutex::new(Rates::default())),
-        overview: Arc::new(tokio::sync::watch::channel(Arc::from("")).0),
+        deltas: Arc::new(tokio::sync::broadcast::channel(crate::admin_stream::BROADCAST_DEPTH).0),
         streams: Arc::new(tokio::sync::Semaphore::new(MAX_STREAMS)),
         logins: Arc::default(),
     };
-    tokio::spawn(follow_overview(admin.clone(), shutdown.clone()));
+    tokio::spawn(crate::admin_fleet::follow_overview(ctx.clone(), admin.deltas.clone(), shutdown.clone()));
     // Wrong admin tokens: one summary line per window.
     let (logins, stop) = (admin.logins.clone(), shutdown.clone());
     tokio::spawn(async move {
@@ -184,27 +185,6 @@ pub(crate) async fn serve(listener: TcpListener, ctx: Arc<Context>, shutdown: Ca
     };
     if let Err(e) = result {
         tracing::error!(error = %e, "admin endpoint failed");
-    }
-}
-
-/// Rebuilds the overview every [`OVERVIEW_INTERVAL`], when a cluster connects or
-/// disconnects and when a Runtime changes, while someone follows it.
-async fn follow_overview(admin: Admin, shutdown: CancellationToken) {
-    let mut tick = tokio::time::interval(OVERVIEW_INTERVAL);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut runtimes = admin.ctx.runtimes_changed.subscribe();
-    loop {
-        tokio::select! {
-            _ = shutdown.cancelled() => return,
-            _ = tick.tick() => {}
-            _ = admin.ctx.sessions.registry.changed() => {}
-            _ = runtimes.changed() => {}
-        }
-        if admin.overview.receiver_count() == 0 {
-            continue;
-        }
-        let doc = overview(&admin).await;
-        admin.overview.send_replace(Arc::from(doc.to_string()));
     }
 }
 
@@ -459,7 +439,11 @@ async fn scrape(ctx: &Context) -> String {
 pub(crate) async fn cluster_list(ctx: &Context) -> Vec<serde_json::Value> {
     let local = serde_json::to_value(ctx.sessions.registry.list()).unwrap_or_default();
     if !ctx.sessions.bus.is_shared() {
-        return local.as_array().cloned().unwrap_or_default();
+        // Taken, not cloned: at 50,000 clusters a copy is tens of megabytes.
+        return match local {
+            serde_json::Value::Array(list) => list,
+            _ => Vec::new(),
+        };
     }
     let others = match ctx.sessions.bus.shared_clusters(&ctx.replica).await {
         Ok(o) => o,
@@ -469,10 +453,6 @@ pub(crate) async fn cluster_list(ctx: &Context) -> Vec<serde_json::Value> {
         }
     };
     merge_replicas(&ctx.replica, local, others)
-}
-
-async fn clusters(State(ctx): State<Arc<Context>>) -> impl IntoResponse {
-    axum::Json(serde_json::json!({ "clusters": cluster_list(&ctx).await }))
 }
 
 fn not_found(what: String) -> Response {
@@ -568,11 +548,6 @@ async fn subscriptions_handler(State(ctx): State<Arc<Context>>) -> impl IntoResp
     }))
 }
 
-async fn runtimes(State(ctx): State<Arc<Context>>) -> impl IntoResponse {
-    let view = ctx.runtimes.read().map(|v| v.clone()).unwrap_or_default();
-    axum::Json(view)
-}
-
 /// Every WatchConfig in force and what the hub made of it, with the clusters whose agent
 /// runs it; refused ones first.
 async fn watch_verdicts(ctx: &Context) -> Vec<crate::watch_source::Verdict> {
@@ -658,29 +633,6 @@ async fn overview(admin: &Admin) -> serde_json::Value {
 
 async fn overview_handler(State(admin): State<Admin>) -> impl IntoResponse {
     axum::Json(overview(&admin).await)
-}
-
-/// The overview as server-sent events (`event: overview`): one now, then the newest one
-/// whenever it changes; a slow reader skips to the newest (nothing queues up).
-async fn overview_stream(State(admin): State<Admin>) -> Response {
-    let Ok(permit) = admin.streams.clone().try_acquire_owned() else {
-        let msg = format!("too many followers of the live overview (at most {MAX_STREAMS}); try again later\n");
-        return (StatusCode::SERVICE_UNAVAILABLE, msg).into_response();
-    };
-    let first: Arc<str> = Arc::from(overview(&admin).await.to_string());
-    let rx = admin.overview.subscribe();
-    let stream = futures_util::stream::unfold((Some(first), rx, permit), |(first, mut rx, permit)| async move {
-        let doc = match first {
-            Some(doc) => doc,
-            None => {
-                rx.changed().await.ok()?;
-                rx.borrow_and_update().clone()
-            }
-        };
-        let event = Event::default().event("overview").data(&*doc);
-        Some((Ok::<_, std::convert::Infallible>(event), (None, rx, permit)))
-    });
-    Sse::new(stream).keep_alive(KeepAlive::default()).into_response()
 }
 
 async fn openapi() -> impl IntoResponse {

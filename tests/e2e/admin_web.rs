@@ -37,6 +37,60 @@ fn status(args: &[&str]) -> (i32, String, String) {
     )
 }
 
+/// `GET path` on the admin port: (status code, JSON body or null).
+async fn get_doc(port: u16, path: &str) -> (u16, Value) {
+    let answer = raw_answer(port, &format!("GET {path} HTTP/1.0\r\nHost: x\r\n\r\n")).await;
+    let code = answer.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let body = answer.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or_default();
+    (code, serde_json::from_str(body).unwrap_or_default())
+}
+
+/// The cluster ids of a list answer.
+fn ids(doc: &Value) -> Vec<String> {
+    doc["clusters"].as_array().into_iter().flatten().filter_map(|c| c["cluster"].as_str().map(str::to_string)).collect()
+}
+
+/// A follower of the live overview stream, read as raw server-sent events.
+struct EventStream {
+    socket: tokio::net::TcpStream,
+    buf: String,
+}
+
+impl EventStream {
+    async fn open(port: u16) -> Self {
+        use tokio::io::AsyncWriteExt;
+        let mut socket = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+        // HTTP/1.0: the body is not chunked, so events arrive as written.
+        socket.write_all(b"GET /api/v1/overview/stream HTTP/1.0\r\nHost: x\r\n\r\n").await.unwrap();
+        Self { socket, buf: String::new() }
+    }
+
+    /// The data of the next event named `name` whose data satisfies `want` (30 s at most).
+    async fn next(&mut self, name: &str, want: impl Fn(&Value) -> bool) -> Value {
+        use tokio::io::AsyncReadExt;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            while let Some(end) = self.buf.find("\n\n") {
+                let block: String = self.buf.drain(..end + 2).collect();
+                let event = block.lines().find_map(|l| l.strip_prefix("event: ")).unwrap_or_default().to_string();
+                let data: String = block.lines().filter_map(|l| l.strip_prefix("data: ")).collect();
+                if let Ok(doc) = serde_json::from_str::<Value>(&data)
+                    && event == name
+                    && want(&doc)
+                {
+                    return doc;
+                }
+            }
+            let mut chunk = [0u8; 16384];
+            let left = deadline.saturating_duration_since(Instant::now());
+            match tokio::time::timeout(left, self.socket.read(&mut chunk)).await {
+                Ok(Ok(n)) if n > 0 => self.buf.push_str(&String::from_utf8_lossy(&chunk[..n]).replace("\r\n", "\n")),
+                other => panic!("no {name} event as wanted within 30 s ({other:?}); last read: {}", self.buf),
+            }
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admin_api_status_and_openapi_follow_the_fleet() {
     let pki = Pki::new();
@@ -69,6 +123,36 @@ async fn admin_api_status_and_openapi_follow_the_fleet() {
     assert!(recent.iter().any(|e| e["subject"].as_str().is_some_and(|s| s.contains("synthetic"))), "{detail}");
     let unknown: Value = serde_json::from_str(&http_get(hub.admin_port, "/api/v1/clusters/nope").await).unwrap();
     assert!(unknown["error"].as_str().is_some_and(|e| e.contains("nope")), "{unknown}");
+
+    // Paged like the Kubernetes API: a page of one, then the next one with its token.
+    let port = hub.admin_port;
+    let (code, first) = get_doc(port, "/api/v1/clusters?limit=1").await;
+    assert_eq!((code, ids(&first)), (200, vec!["ad-1".to_string()]), "{first}");
+    assert_eq!(first["metadata"]["remainingItemCount"], 1, "{first}");
+    let token = first["metadata"]["continue"].as_str().unwrap_or_else(|| panic!("no continue: {first}"));
+    let (code, second) = get_doc(port, &format!("/api/v1/clusters?limit=1&continue={token}")).await;
+    assert_eq!((code, ids(&second)), (200, vec!["ad-2".to_string()]), "{second}");
+    assert!(second["metadata"]["continue"].is_null(), "the last page has no token: {second}");
+    // Bad filters, tokens and selectors: 400 with the reason.
+    for (path, reason) in [
+        ("/api/v1/clusters?connected=maybe", "expected true or false"),
+        ("/api/v1/clusters?watchPhase=sleepy", "expected one of"),
+        ("/api/v1/clusters?limit=1&continue=v1.00", "not a token this hub issued"),
+        ("/api/v1/clusters?limit=1&connected=true&continue=TOKEN", "other filters"),
+        ("/api/v1/runtimes?labelSelector=app%20in%20(a,", "unable to parse requirement"),
+        ("/api/v1/clusters?labelSelector=a", "unknown query parameter"),
+    ] {
+        let (code, doc) = get_doc(port, &path.replace("TOKEN", token)).await;
+        assert_eq!(code, 400, "{path}: {doc}");
+        assert!(doc["error"].as_str().is_some_and(|e| e.contains(reason)), "{path}: {doc}");
+    }
+    // The counts alone.
+    let (code, summary) = get_doc(port, "/api/v1/summary").await;
+    assert_eq!((code, &summary["clusters"], &summary["connected"]), (200, &json!(2), &json!(2)), "{summary}");
+    // The live stream: a snapshot of the counts first.
+    let mut stream = EventStream::open(port).await;
+    let snap = stream.next("snapshot", |_| true).await;
+    assert_eq!((&snap["counts"]["connected"], &snap["resnapshot"]), (&json!(2), &json!(false)), "{snap}");
 
     // Subscriptions: the collector's durable subscription with its cursor and lag.
     let subs: Value = serde_json::from_str(&http_get(hub.admin_port, "/api/v1/subscriptions").await).unwrap();
@@ -104,6 +188,23 @@ async fn admin_api_status_and_openapi_follow_the_fleet() {
     a1.signal("TERM");
     assert!(a1.wait_exit(Duration::from_secs(30)).is_some());
     wait_connected(&hub, &["ad-1"], false).await;
+    // The stream sends the change (and the counts), not the fleet.
+    let delta = stream
+        .next("delta", |d| {
+            d["changes"].as_array().is_some_and(|c| c.iter().any(|c| c["cluster"] == "ad-1" && c["connected"] == false))
+        })
+        .await;
+    assert!(delta["changes"].as_array().is_some_and(|c| c.iter().all(|c| c["cluster"] != "ad-2")), "{delta}");
+    // Filters by state, and problems first.
+    assert_eq!(ids(&get_doc(port, "/api/v1/clusters?connected=false").await.1), ["ad-1"]);
+    assert_eq!(ids(&get_doc(port, "/api/v1/clusters?connected=true&q=AD-").await.1), ["ad-2"]);
+    assert!(ids(&get_doc(port, "/api/v1/clusters?watchPhase=failed").await.1).is_empty());
+    assert_eq!(get_doc(port, "/api/v1/summary").await.1["disconnected"], 1);
+    // A large fleet is summed up (here: more than --rows 1).
+    let (code, out, _) = status(&["--admin", &admin, "--rows", "1"]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.starts_with("2 clusters: 1 connected, 1 disconnected"), "{out}");
+    assert!(out.contains("  - cluster ad-1: agent not connected") && !out.contains("CLUSTER"), "{out}");
     let (code, out, _) = status(&["--admin", &admin, "-o", "wide"]);
     assert_eq!(code, 1, "{out}");
     assert!(out.contains("cluster ad-1: agent not connected"), "{out}");
@@ -295,7 +396,7 @@ async fn the_admin_endpoint_with_client_certificates_admits_only_that_ca() {
 }
 
 /// The Chromium binary, if installed.
-fn chromium() -> Option<PathBuf> {
+pub(crate) fn chromium() -> Option<PathBuf> {
     ["chromium", "chromium-browser"].iter().find_map(|name| {
         let out = std::process::Command::new("sh").arg("-c").arg(format!("command -v {name}")).output().ok()?;
         let path = String::from_utf8_lossy(&out.stdout).trim().to_string();
@@ -304,7 +405,7 @@ fn chromium() -> Option<PathBuf> {
 }
 
 /// Headless Chromium showing `url`, killed on drop.
-struct Browser {
+pub(crate) struct Browser {
     child: std::process::Child,
     _profile: tempfile::TempDir,
     port: u16,
@@ -318,7 +419,7 @@ impl Drop for Browser {
 }
 
 impl Browser {
-    async fn open(binary: &Path, url: &str, log: &Path) -> Self {
+    pub(crate) async fn open(binary: &Path, url: &str, log: &Path) -> Self {
         let profile = tempfile::tempdir().unwrap();
         let child = std::process::Command::new(binary)
             .args([
@@ -387,7 +488,7 @@ impl Browser {
     }
 
     /// A DevTools session on the page showing the web view.
-    async fn page(&self) -> Cdp {
+    pub(crate) async fn page(&self) -> Cdp {
         let start = Instant::now();
         let ws = loop {
             let list: Value = serde_json::from_str(&self.devtools_get("/json/list").await).unwrap_or_default();
@@ -405,13 +506,13 @@ impl Browser {
 }
 
 /// A Chrome DevTools protocol session.
-struct Cdp {
+pub(crate) struct Cdp {
     socket: tokio_tungstenite::WebSocketStream<tokio::net::TcpStream>,
     next: u64,
 }
 
 impl Cdp {
-    async fn call(&mut self, method: &str, params: Value) -> Value {
+    pub(crate) async fn call(&mut self, method: &str, params: Value) -> Value {
         self.next += 1;
         let id = self.next;
         let msg = json!({"id": id, "method": method, "params": params}).to_string();
@@ -433,13 +534,13 @@ impl Cdp {
     }
 
     /// The value of a JavaScript expression in the page.
-    async fn eval(&mut self, expression: &str) -> Value {
+    pub(crate) async fn eval(&mut self, expression: &str) -> Value {
         let r = self.call("Runtime.evaluate", json!({"expression": expression, "returnByValue": true})).await;
         r["result"]["value"].clone()
     }
 
     /// Waits until `expression` is true in the page; returns when that was seen.
-    async fn wait_for(&mut self, what: &str, expression: &str, timeout: Duration) -> Instant {
+    pub(crate) async fn wait_for(&mut self, what: &str, expression: &str, timeout: Duration) -> Instant {
         let start = Instant::now();
         loop {
             if self.eval(expression).await == json!(true) {
@@ -505,19 +606,22 @@ async fn web_view_in_chromium_shows_the_fleet_and_an_agent_stopping_within_two_s
         "spec": {"resource": {"version": "v1", "kind": "Secret"}, "labelSelector": "app in (a,"}});
     kubectl(&cp_kc, &["apply", "-f", "-"], Some(&bad.to_string()));
     let hub = HubProc::start(&pki, free_port(), None, &["--control-plane-kubeconfig", cp_kc.to_str().unwrap()]);
+    // Problems first: web-2's module is in Warning (not ready), so it leads web-0 and web-1
+    // (by name otherwise); once web-1 stops, disconnected, it leads them all.
+    let _a0 = agent(&pki, "web-0", &hub.url(), SOURCE, &[]);
     let a1 = agent(&pki, "web-1", &hub.url(), SOURCE, &[]);
     let _a2 = agent(&pki, "web-2", &hub.url(), SOURCE, &[]);
     let _sub = Collector::start(&pki, &hub.url(), "ops").await;
-    wait_connected(&hub, &["web-1", "web-2"], true).await;
+    wait_connected(&hub, &["web-0", "web-1", "web-2"], true).await;
 
     let url = format!("http://127.0.0.1:{}/", hub.admin_port);
     let browser = Browser::open(&chromium, &url, &pki.path("chromium.log")).await;
     let mut page = browser.page().await;
-    // The page loads and shows both clusters connected, and the subscriber.
-    let both = format!(
-        "{ROWS} === JSON.stringify([['web-1','true'],['web-2','true']]) && !!document.querySelector('tr[data-subscriber=\"ops\"]')"
+    // The page loads and shows the clusters connected, problems first, and the subscriber.
+    let all = format!(
+        "{ROWS} === JSON.stringify([['web-2','true'],['web-0','true'],['web-1','true']]) && !!document.querySelector('tr[data-subscriber=\"ops\"]')"
     );
-    page.wait_for("both clusters connected", &both, Duration::from_secs(60)).await;
+    page.wait_for("the clusters connected", &all, Duration::from_secs(60)).await;
     assert_eq!(page.eval("document.getElementById('live').dataset.state").await, json!("live"));
     // A refused downgrade reads as one, not as an upgrade waiting.
     let redis = "document.querySelector('tr[data-runtime=\"kcp/rt-web\"] [data-module=\"redis\"]')";
@@ -566,6 +670,19 @@ async fn web_view_in_chromium_shows_the_fleet_and_an_agent_stopping_within_two_s
     assert_eq!(page.eval("window.__notReloaded === true").await, json!(true), "the page reloaded");
     let text = page.eval("document.querySelector('tr[data-cluster=\"web-1\"]').innerText").await;
     assert!(text.as_str().is_some_and(|t| t.contains("disconnected")), "{text}");
+    // Problems first: the disconnected cluster leads, then the one with a module not ready.
+    let problems_first = format!("{ROWS} === JSON.stringify([['web-1','false'],['web-2','true'],['web-0','true']])");
+    page.wait_for("web-1 first", &problems_first, Duration::from_secs(30)).await;
+    // The search box narrows the list (the hub filters: `q=`).
+    page.eval("(() => { const s = document.getElementById('search'); s.value = 'B-2'; s.dispatchEvent(new Event('input')); })()")
+        .await;
+    page.wait_for("only web-2", &format!("{ROWS} === JSON.stringify([['web-2','true']])"), Duration::from_secs(30))
+        .await;
+    page.eval(
+        "(() => { const s = document.getElementById('search'); s.value = ''; s.dispatchEvent(new Event('input')); })()",
+    )
+    .await;
+    page.wait_for("every cluster again", &problems_first, Duration::from_secs(30)).await;
 
     // A deleted Runtime leaves the live table at once: the hub watches Runtimes (it listed
     // them every 5 s before), and a change rebuilds the overview.
@@ -591,6 +708,21 @@ async fn web_view_in_chromium_shows_the_fleet_and_an_agent_stopping_within_two_s
     let path = Path::new(env!("CARGO_TARGET_TMPDIR")).join("web-view.png");
     std::fs::write(&path, &png).unwrap();
     eprintln!("screenshot of the web view: {}", path.display());
+
+    // Paging, one cluster a page (`?limit=1`): problems first (web-2's Runtime is gone), then
+    // by name; next and back.
+    page.call("Page.navigate", json!({"url": format!("{url}?limit=1")})).await;
+    let one = |id: &str, connected: &str| format!("{ROWS} === JSON.stringify([['{id}','{connected}']])");
+    page.wait_for("page 1: web-1", &one("web-1", "false"), Duration::from_secs(30)).await;
+    assert_eq!(page.eval("document.getElementById('prev').disabled").await, json!(true));
+    for (id, info) in [("web-0", "2–2 of 3"), ("web-2", "3–3 of 3")] {
+        page.eval("document.getElementById('next').click()").await;
+        page.wait_for(id, &one(id, "true"), Duration::from_secs(30)).await;
+        assert_eq!(page.eval("document.getElementById('page-info').textContent").await, json!(info));
+    }
+    assert_eq!(page.eval("document.getElementById('next').disabled").await, json!(true), "the last page");
+    page.eval("document.getElementById('prev').click()").await;
+    page.wait_for("back to web-0", &one("web-0", "true"), Duration::from_secs(30)).await;
 
     // The cluster page: its watches, facts and recent events.
     page.call("Page.navigate", json!({"url": format!("{url}clusters/web-2")})).await;

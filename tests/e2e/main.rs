@@ -28,3 +28,4 @@ mod storage;
 mod subscriber_certs;
 mod support;
 mod watchconfig_status;
+mod web_scale;

@@ -1,5 +1,7 @@
 // fleetwatch web view: the fleet overview at /, one cluster at /clusters/{id}.
-// Live through server-sent events (/api/v1/overview/stream). Everything that comes from
+// Live through server-sent events (/api/v1/overview/stream: counts and changes); the lists
+// are read a page at a time (/api/v1/clusters?limit=…&order=problems), so the page stays
+// fast at any fleet size. Everything that comes from
 // outside (cluster ids, messages, versions) is put into the page as text, never as HTML.
 "use strict";
 
@@ -144,38 +146,153 @@
     return out;
   }
 
-  function renderOverview(doc) {
-    const t = doc.totals || {};
-    const rows = (doc.clusters || []).map((c) =>
-      el("tr", { "data-cluster": c.cluster, "data-connected": c.connected },
-        el("td", {}, el("a", { href: clusterPrefix + encodeURIComponent(c.cluster) }, c.cluster)),
-        el("td", {}, connectedBadge(c.connected)),
-        el("td", { title: c.lastSeen || "" }, ago(c.lastSeen)),
-        el("td", { class: "num" }, c.eventsPerSec),
-        el("td", { class: "num" }, c.eventsReceived),
-        el("td", {}, c.watchesRunning + " running",
-          // Waiting for a kind nothing installed (a removed module) is healthy: muted, not red.
-          c.watchesWaiting ? el("span", { class: "muted" }, ", " + c.watchesWaiting + " waiting for kind") : null,
-          c.watchesFailed ? ", " : null,
-          c.watchesFailed ? el("span", { class: "state-bad" }, c.watchesFailed + " failed") : null),
-        el("td", { class: "muted" }, c.agentVersion || "")));
-    const parts = [
+  // Clusters per page (`?limit=N` in the address, 1 to 500): the page renders these rows
+  // only, whatever the fleet's size.
+  const PAGE = Math.min(500, Math.max(1, parseInt(new URLSearchParams(location.search).get("limit"), 10) || 50));
+  // Least time between two reads of the lists while changes stream in.
+  const REFRESH_MS = 500;
+  const view = { q: "", tokens: [""], counts: null };
+
+  function watchCounts(c) {
+    const ws = c.watches || [];
+    const running = ws.filter((w) => w.phase === "running").length;
+    const waiting = ws.filter((w) => w.phase === "waiting-for-kind").length;
+    const failed = ws.filter((w) => !["running", "starting", "waiting-for-kind"].includes(w.phase)).length;
+    return { running, waiting, failed };
+  }
+
+  function modulesNotReady(c) {
+    return (c.inventory || []).filter((m) => !m.ready).length;
+  }
+
+  function clusterRow(c) {
+    const w = watchCounts(c);
+    const notReady = modulesNotReady(c);
+    return el("tr", { "data-cluster": c.cluster, "data-connected": c.connected },
+      el("td", {}, el("a", { href: clusterPrefix + encodeURIComponent(c.cluster) }, c.cluster)),
+      el("td", {}, connectedBadge(c.connected)),
+      el("td", { title: c.lastSeen || "" }, ago(c.lastSeen)),
+      el("td", { class: "num" }, c.eventsReceived ?? 0),
+      el("td", {}, w.running + " running",
+        // Waiting for a kind nothing installed (a removed module) is healthy: muted, not red.
+        w.waiting ? el("span", { class: "muted" }, ", " + w.waiting + " waiting for kind") : null,
+        w.failed ? ", " : null,
+        w.failed ? el("span", { class: "state-bad" }, w.failed + " failed") : null),
+      el("td", {}, notReady ? el("span", { class: "state-warn" }, notReady + " not ready") : (c.inventory || []).length + " ready"),
+      el("td", { class: "muted" }, c.agentVersion || ""));
+  }
+
+  // The page's frame, built once: counts, the search box and pager, and a place per section.
+  function overviewFrame() {
+    const search = el("input", { id: "search", type: "search", placeholder: "Search clusters and runtimes", "aria-label": "Search" });
+    search.addEventListener("input", () => {
+      clearTimeout(search.timer);
+      search.timer = setTimeout(() => { view.q = search.value.trim(); view.tokens = [""]; refresh(true); }, 250);
+    });
+    const prev = el("button", { id: "prev", type: "button" }, "← previous");
+    const next = el("button", { id: "next", type: "button" }, "next →");
+    prev.addEventListener("click", () => { if (view.tokens.length > 1) { view.tokens.pop(); refresh(true); } });
+    next.addEventListener("click", () => { if (view.nextToken) { view.tokens.push(view.nextToken); refresh(true); } });
+    main.replaceChildren(
       el("h1", {}, "Fleet"),
-      el("div", { class: "cards" },
-        card(t.clusters ?? 0, "clusters", "total-clusters"),
-        card(t.connected ?? 0, "connected", "total-connected"),
-        card(t.disconnected ?? 0, "disconnected", "total-disconnected"),
-        card(t.eventsPerSec ?? 0, "events/s", "total-rate"),
-        card(doc.ready ? "ready" : "not ready", "hub", "hub-ready")),
+      el("div", { class: "cards", id: "cards" }),
       el("h2", {}, "Clusters"),
-      rows.length ? table(["Cluster", "Agent", "Last seen", "Events/s", "Events", "Watches", "Agent version"], rows, { id: "clusters" })
-        : el("p", { class: "note" }, "No agent has connected yet."),
-    ];
-    if (doc.clustersOmitted) parts.push(el("p", { class: "note" }, doc.clustersOmitted + " more clusters not shown (connected ones are left out first)."));
-    parts.push(...watchConfigsSection(doc.watchConfigs));
-    parts.push(...subscriptionsSection(doc.subscriptions));
-    parts.push(...runtimesSection(doc.runtimes, null));
-    main.replaceChildren(...parts);
+      el("div", { class: "tools" }, search, prev, next, el("span", { id: "page-info", class: "muted" })),
+      el("p", { class: "note" }, "Problems first: disconnected, then failing watches, then modules not ready."),
+      el("div", { id: "clusters-section" }),
+      el("div", { id: "watchconfigs-section" }),
+      el("div", { id: "subscriptions-section" }),
+      el("div", { id: "runtimes-section" }));
+  }
+
+  function renderCounts(t) {
+    const cards = document.getElementById("cards");
+    if (!cards) return;
+    cards.replaceChildren(
+      card(t.clusters ?? 0, "clusters", "total-clusters"),
+      card(t.connected ?? 0, "connected", "total-connected"),
+      card(t.disconnected ?? 0, "disconnected", "total-disconnected"),
+      card(t.watchesFailing ?? 0, "failing watches", "total-failing"),
+      card(t.modulesNotReady ?? 0, "modules not ready", "total-not-ready"),
+      card(t.eventsPerSec ?? 0, "events/s", "total-rate"),
+      card(t.ready ? "ready" : "not ready", "hub", "hub-ready"));
+  }
+
+  function renderClusters(doc) {
+    const rows = (doc.clusters || []).map(clusterRow);
+    const meta = doc.metadata || {};
+    view.nextToken = meta.continue || null;
+    const first = (view.tokens.length - 1) * PAGE;
+    const shown = rows.length ? (first + 1) + "–" + (first + rows.length) : "0";
+    const total = view.q ? (first + rows.length + (meta.remainingItemCount || 0)) + " matching" : (view.counts ? view.counts.clusters : "?") + "";
+    document.getElementById("page-info").textContent = shown + " of " + total;
+    document.getElementById("prev").disabled = view.tokens.length <= 1;
+    document.getElementById("next").disabled = !view.nextToken;
+    document.getElementById("clusters-section").replaceChildren(rows.length
+      ? table(["Cluster", "Agent", "Last seen", "Events", "Watches", "Modules", "Agent version"], rows, { id: "clusters" })
+      : el("p", { class: "note" }, view.q ? "No cluster matches." : "No agent has connected yet."));
+    if (!performance.getEntriesByName("clusters-rendered").length) performance.mark("clusters-rendered");
+  }
+
+  async function getJson(path) {
+    const r = await fetch(path, { headers: { Accept: "application/json" } });
+    if (!r.ok) throw new Error(path + ": HTTP " + r.status);
+    return r.json();
+  }
+
+  // Reads the current page of clusters and the other sections again.
+  async function loadOverview() {
+    const token = view.tokens[view.tokens.length - 1];
+    const qs = "limit=" + PAGE + "&order=problems" + (view.q ? "&q=" + encodeURIComponent(view.q) : "");
+    const [clusters, wcs, subs, runtimes] = await Promise.all([
+      getJson("/api/v1/clusters?" + qs + (token ? "&continue=" + encodeURIComponent(token) : "")),
+      getJson("/api/v1/watchconfigs"),
+      getJson("/api/v1/subscriptions"),
+      getJson("/api/v1/runtimes?" + qs),
+    ]);
+    renderClusters(clusters);
+    const wc = wcs.watchConfigs || [];
+    document.getElementById("watchconfigs-section").replaceChildren(...watchConfigsSection({ items: wc, refused: wcs.refused }));
+    document.getElementById("subscriptions-section").replaceChildren(...subscriptionsSection(subs.subscriptions));
+    const more = runtimes.metadata && runtimes.metadata.remainingItemCount;
+    const rts = runtimesSection(runtimes, null);
+    if (more) rts.push(el("p", { class: "note" }, more + " more runtimes not shown (unhealthy ones first; search to narrow)."));
+    document.getElementById("runtimes-section").replaceChildren(...rts);
+  }
+
+  // One read at a time, at most one every REFRESH_MS while changes stream in; `now` (the
+  // search box, the pager) skips the wait.
+  const reader = { busy: false, again: false, last: 0, timer: null };
+  async function refresh(now) {
+    if (reader.busy) { reader.again = true; return; }
+    const wait = now ? 0 : Math.max(0, reader.last + REFRESH_MS - Date.now());
+    if (wait > 0) {
+      if (!reader.timer) reader.timer = setTimeout(() => { reader.timer = null; refresh(true); }, wait);
+      return;
+    }
+    reader.busy = true;
+    reader.last = Date.now();
+    try {
+      if (clusterId === null) await loadOverview();
+      else await refreshCluster();
+    } catch (e) {
+      setLive("lost", "cannot read the fleet: " + e);
+    } finally {
+      reader.busy = false;
+      if (reader.again) { reader.again = false; refresh(false); }
+    }
+  }
+
+  // A change of a cluster on this page shows at once; the list is read again (its order
+  // may change) within REFRESH_MS.
+  function applyChanges(changes) {
+    for (const c of changes || []) {
+      const row = document.querySelector('tr[data-cluster="' + CSS.escape(c.cluster) + '"]');
+      if (!row || c.removed) continue;
+      row.dataset.connected = c.connected;
+      const cell = row.querySelector('[data-role="connection"]');
+      if (cell) cell.replaceWith(connectedBadge(c.connected));
+    }
   }
 
   // A watch's phase colour: `waiting-for-kind` (nothing installed the kind) is not a failure.
@@ -217,26 +334,20 @@
       watches.length ? table(["Watch", "Phase", "Objects", "Message"], watches, { id: "watches" }) : el("p", { class: "note" }, "No watch reported."),
       el("h2", {}, "Inventory"),
       inventory.length ? table(["Module", "Version", "Manager"], inventory, { id: "inventory" }) : el("p", { class: "note" }, "No module reported."),
-      ...runtimesSection(lastOverview && lastOverview.runtimes, c.cluster),
+      ...runtimesSection(clusterRuntimes, c.cluster),
       el("h2", {}, "Recent events"),
       events.length ? table(["When", "Seq", "Type", "Subject", "Watch"], events, { id: "recent" }) : el("p", { class: "note" }, "None since the hub started."));
   }
 
-  let lastOverview = null;
-  let fetching = false;
-
   async function refreshCluster() {
-    if (fetching) return;
-    fetching = true;
-    try {
-      const r = await fetch("/api/v1/clusters/" + encodeURIComponent(clusterId), { headers: { Accept: "application/json" } });
-      if (r.status === 404) renderCluster(null, null);
-      else if (r.ok) renderCluster(null, await r.json());
-    } catch (e) {
-      setLive("lost", "cannot read the cluster: " + e);
-    } finally {
-      fetching = false;
-    }
+    const r = await fetch("/api/v1/clusters/" + encodeURIComponent(clusterId), { headers: { Accept: "application/json" } });
+    if (r.status === 404) return renderCluster(null, null);
+    if (!r.ok) throw new Error("HTTP " + r.status);
+    const c = await r.json();
+    // Its Runtimes: those whose name or cluster contains the id, then exactly its own.
+    const rts = await getJson("/api/v1/runtimes?limit=100&q=" + encodeURIComponent(clusterId)).catch(() => null);
+    clusterRuntimes = rts;
+    renderCluster(null, c);
   }
 
   function setLive(state, text) {
@@ -244,21 +355,32 @@
     live.textContent = text;
   }
 
-  function onOverview(doc) {
-    lastOverview = doc;
-    document.body.dataset.updated = doc.time || "";
-    setLive("live", "live · " + new Date(Date.parse(doc.time)).toLocaleTimeString());
-    if (clusterId === null) renderOverview(doc);
-    else refreshCluster();
+  let clusterRuntimes = null;
+
+  function onEvent(doc, snapshot) {
+    view.counts = doc.counts || {};
+    document.body.dataset.updated = String(doc.seq ?? "");
+    setLive("live", "live · " + new Date().toLocaleTimeString());
+    if (clusterId === null) {
+      renderCounts(view.counts);
+      if (!snapshot) applyChanges(doc.changes);
+    }
+    // A snapshot (first, or after changes were dropped) reads everything at once.
+    refresh(snapshot);
   }
 
+  if (clusterId === null) overviewFrame();
+  // A cluster's page changes (recent events) without the fleet's counts changing.
+  else setInterval(() => refresh(false), 2000);
   const source = new EventSource("/api/v1/overview/stream");
-  source.addEventListener("overview", (e) => {
-    try {
-      onOverview(JSON.parse(e.data));
-    } catch (err) {
-      setLive("lost", "bad update: " + err);
-    }
-  });
+  for (const kind of ["snapshot", "delta"]) {
+    source.addEventListener(kind, (e) => {
+      try {
+        onEvent(JSON.parse(e.data), kind === "snapshot");
+      } catch (err) {
+        setLive("lost", "bad update: " + err);
+      }
+    });
+  }
   source.onerror = () => setLive("lost", "disconnected from the hub, retrying…");
 })();

@@ -1,0 +1,233 @@
+//! The fleet-sized parts of the admin API: the paged, filtered lists of clusters and
+//! Runtimes ([`crate::admin_list`]), the counts alone (`/api/v1/summary`), and the live
+//! stream of counts and changes ([`crate::admin_stream`]) with the task that computes them.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use axum::extract::{Query, State};
+use axum::http::StatusCode;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use fleetwatch_protocol::message::WatchPhase;
+use tokio_util::sync::CancellationToken;
+
+use crate::Context;
+use crate::admin::{Admin, MAX_STREAMS, OVERVIEW_INTERVAL, cluster_list};
+use crate::admin_list::{BadRequest, ListQuery, PhaseFilter};
+use crate::admin_stream::{ClusterState, Counts, Delta, Follower, Tracker};
+
+/// The broadcast of deltas the followers read.
+pub(crate) type Deltas = Arc<tokio::sync::broadcast::Sender<Arc<Delta>>>;
+
+fn bad_request(e: BadRequest) -> Response {
+    (StatusCode::BAD_REQUEST, axum::Json(serde_json::json!({ "error": e.0 }))).into_response()
+}
+
+/// Modules not ready per cluster id, from the Runtimes the hub reads.
+fn runtime_not_ready(ctx: &Context) -> HashMap<String, usize> {
+    let Ok(view) = ctx.runtimes.read() else { return HashMap::new() };
+    let mut out = HashMap::new();
+    for r in &view.items {
+        let n = r.modules.iter().filter(|m| m.state != "Ready").count();
+        *out.entry(r.cluster.clone()).or_default() += n;
+    }
+    out
+}
+
+/// The state the stream follows of one cluster of [`cluster_list`].
+fn state_of(c: &serde_json::Value, not_ready: &HashMap<String, usize>) -> ClusterState {
+    let failing = c["watches"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|w| serde_json::from_value::<WatchPhase>(w["phase"].clone()).is_ok_and(WatchPhase::is_failing))
+        .count();
+    let inventory = c["inventory"].as_array().into_iter().flatten().filter(|m| m["ready"] != true).count();
+    let runtime = c["cluster"].as_str().and_then(|id| not_ready.get(id)).copied().unwrap_or(0);
+    ClusterState {
+        connected: c["connected"] == true,
+        watches_failed: failing,
+        modules_not_ready: inventory.max(runtime),
+        hub: c["hub"].as_str().map(str::to_string),
+    }
+}
+
+fn has_phase(c: &serde_json::Value, filter: &PhaseFilter) -> bool {
+    c["watches"].as_array().into_iter().flatten().any(|w| match filter {
+        PhaseFilter::Failed => {
+            serde_json::from_value::<WatchPhase>(w["phase"].clone()).is_ok_and(WatchPhase::is_failing)
+        }
+        PhaseFilter::Phase(p) => w["phase"] == p.as_str(),
+    })
+}
+
+/// `GET /api/v1/clusters`: paged and filtered (`connected`, `watchPhase`, `q`, `order`).
+pub(crate) async fn clusters(
+    State(ctx): State<Arc<Context>>,
+    Query(params): Query<HashMap<String, String>>,
+) -> Response {
+    let q = match ListQuery::parse(&params, &["connected", "watchPhase"]) {
+        Ok(q) => q,
+        Err(e) => return bad_request(e),
+    };
+    let not_ready = runtime_not_ready(&ctx);
+    let list: Vec<(u8, serde_json::Value)> = cluster_list(&ctx)
+        .await
+        .into_iter()
+        .filter(|c| q.connected.is_none_or(|want| (c["connected"] == true) == want))
+        .filter(|c| q.watch_phase.as_ref().is_none_or(|f| has_phase(c, f)))
+        .filter(|c| q.name_matches(c["cluster"].as_str().unwrap_or_default()))
+        .map(|c| (state_of(&c, &not_ready).rank(), c))
+        .collect();
+    match q.page(list, |(rank, c)| (*rank, c["cluster"].as_str().unwrap_or_default().to_string())) {
+        Ok(page) => {
+            let metadata = page.metadata();
+            let items: Vec<serde_json::Value> = page.items.into_iter().map(|(_, c)| c).collect();
+            axum::Json(serde_json::json!({ "metadata": metadata, "clusters": items })).into_response()
+        }
+        Err(e) => bad_request(e),
+    }
+}
+
+/// `GET /api/v1/runtimes`: the hub's view of the Runtimes, paged and filtered
+/// (`labelSelector`, `q` on the Runtime or its cluster, `order=problems`: unhealthy first).
+pub(crate) async fn runtimes(
+    State(ctx): State<Arc<Context>>,
+    Query(params): Query<HashMap<String, String>>,
+) -> Response {
+    let q = match ListQuery::parse(&params, &["labelSelector"]) {
+        Ok(q) => q,
+        Err(e) => return bad_request(e),
+    };
+    // One read of the shared view: its state, and the matching Runtimes (not all of them
+    // cloned).
+    let (mut view, items) = match ctx.runtimes.read() {
+        Ok(v) => {
+            let state = crate::fleet::RuntimesView {
+                configured: v.configured,
+                updated: v.updated,
+                error: v.error.clone(),
+                skipped: v.skipped,
+                ..Default::default()
+            };
+            let items: Vec<_> = v
+                .items
+                .iter()
+                .filter(|r| q.label_selector.as_ref().is_none_or(|s| s.matches(&r.labels)))
+                .filter(|r| q.name_matches(&r.runtime) || q.name_matches(&r.cluster))
+                .cloned()
+                .collect();
+            (state, items)
+        }
+        Err(_) => Default::default(),
+    };
+    match q.page(items, |r| (u8::from(r.healthy()), r.runtime.clone())) {
+        Ok(page) => {
+            let metadata = page.metadata();
+            view.items = page.items;
+            let mut doc = serde_json::to_value(&view).unwrap_or_default();
+            doc["metadata"] = metadata;
+            axum::Json(doc).into_response()
+        }
+        Err(e) => bad_request(e),
+    }
+}
+
+/// The states of every cluster and the overview's counts, `events_total` being the
+/// events accepted so far (for the rate).
+async fn measure(ctx: &Context) -> (HashMap<String, ClusterState>, Counts, u64) {
+    let not_ready = runtime_not_ready(ctx);
+    let list = cluster_list(ctx).await;
+    let mut events_total = 0u64;
+    let mut states = HashMap::with_capacity(list.len());
+    let mut counts = Counts::default();
+    for c in &list {
+        events_total += c["eventsReceived"].as_u64().unwrap_or(0);
+        let s = state_of(c, &not_ready);
+        counts.connected += usize::from(s.connected);
+        counts.watches_failing += usize::from(s.connected && s.watches_failed > 0);
+        counts.modules_not_ready += usize::from(s.connected && s.modules_not_ready > 0);
+        states.insert(c["cluster"].as_str().unwrap_or_default().to_string(), s);
+    }
+    counts.clusters = list.len();
+    counts.disconnected = counts.clusters - counts.connected;
+    counts.ready = crate::admin::checks(ctx).iter().all(|c| c.state.is_ok());
+    if let Ok(view) = ctx.runtimes.read() {
+        counts.runtimes = view.items.len();
+        counts.runtimes_not_ready = view.items.iter().filter(|r| r.state.as_deref() != Some("Ready")).count();
+    }
+    counts.runtimes_version = *ctx.runtimes_changed.borrow();
+    let subs = ctx.sessions.metrics.subscribers.subscriptions(ctx.sessions.bus.last_offset());
+    counts.subscriptions = subs.len();
+    counts.subscriptions_lagging = subs.iter().filter(|s| s.lag_records > 0).count();
+    counts.watch_configs_refused =
+        ctx.watch_verdicts.read().map(|v| v.iter().filter(|v| !v.accepted).count()).unwrap_or(0);
+    (states, counts, events_total)
+}
+
+/// `GET /api/v1/summary`: the overview's counts without any list.
+pub(crate) async fn summary(State(ctx): State<Arc<Context>>) -> impl IntoResponse {
+    let (_, counts, _) = measure(&ctx).await;
+    axum::Json(counts)
+}
+
+/// Computes the deltas every [`OVERVIEW_INTERVAL`], when a cluster connects or
+/// disconnects and when a Runtime changes, while someone follows the stream.
+pub(crate) async fn follow_overview(ctx: Arc<Context>, deltas: Deltas, shutdown: CancellationToken) {
+    let mut tick = tokio::time::interval(OVERVIEW_INTERVAL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut runtimes = ctx.runtimes_changed.subscribe();
+    let mut tracker = Tracker::default();
+    let mut last: Option<(u64, tokio::time::Instant)> = None;
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tick.tick() => {}
+            _ = ctx.sessions.registry.changed() => {}
+            _ = runtimes.changed() => {}
+        }
+        if deltas.receiver_count() == 0 {
+            // Nobody follows: start afresh when someone does.
+            tracker = Tracker::default();
+            last = None;
+            continue;
+        }
+        let (states, mut counts, events) = measure(&ctx).await;
+        let now = tokio::time::Instant::now();
+        // The rate over the last interval; a rebuild sooner than 0.5 s after the last keeps
+        // the last rate (a burst of connects must not read as a rate of zero).
+        match last {
+            Some((before, at)) if now.duration_since(at) >= OVERVIEW_INTERVAL / 2 => {
+                let rate = events.saturating_sub(before) as f64 / now.duration_since(at).as_secs_f64();
+                counts.events_per_sec = (rate * 10.0).round() / 10.0;
+                last = Some((events, now));
+            }
+            Some(_) => counts.events_per_sec = tracker.events_per_sec(),
+            None => last = Some((events, now)),
+        }
+        if let Some(d) = tracker.update(states, counts) {
+            let _ = deltas.send(Arc::new(d));
+        }
+    }
+}
+
+/// `GET /api/v1/overview/stream`: a snapshot of the counts, then deltas, within the
+/// follower's byte budget.
+pub(crate) async fn overview_stream(State(admin): State<Admin>) -> Response {
+    let Ok(permit) = admin.streams.clone().try_acquire_owned() else {
+        let msg = format!("too many followers of the live overview (at most {MAX_STREAMS}); try again later\n");
+        return (StatusCode::SERVICE_UNAVAILABLE, msg).into_response();
+    };
+    // Subscribed before the snapshot is measured: no change falls between the two.
+    let rx = admin.deltas.subscribe();
+    let (_, counts, _) = measure(&admin.ctx).await;
+    let first = crate::admin_stream::snapshot(&counts, 0, false);
+    let follower = Follower::new(rx, first);
+    let stream = futures_util::stream::unfold((follower, permit), |(mut f, permit)| async move {
+        let out = f.next().await?;
+        let event = Event::default().event(out.event).data(out.data);
+        Some((Ok::<_, std::convert::Infallible>(event), (f, permit)))
+    });
+    Sse::new(stream).keep_alive(KeepAlive::default()).into_response()
+}
