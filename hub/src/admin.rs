@@ -150,7 +150,7 @@ pub(crate) async fn serve(listener: TcpListener, ctx: Arc<Context>, shutdown: Ca
     let admin = Admin {
         ctx: ctx.clone(),
         rates: Arc::new(Mutex::new(Rates::default())),
-        deltas: Arc::new(tokio::sync::broadcast::channel(crate::admin_stream::BROADCAST_DEPTH).0),
+        deltas: crate::admin_fleet::Deltas::new(),
         streams: Arc::new(tokio::sync::Semaphore::new(MAX_STREAMS)),
         logins: Arc::default(),
     };

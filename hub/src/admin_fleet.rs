@@ -17,8 +17,21 @@ use crate::admin::{Admin, MAX_STREAMS, OVERVIEW_INTERVAL, cluster_list};
 use crate::admin_list::{BadRequest, ListQuery, PhaseFilter};
 use crate::admin_stream::{ClusterState, Counts, Delta, Follower, Tracker};
 
-/// The broadcast of deltas the followers read.
-pub(crate) type Deltas = Arc<tokio::sync::broadcast::Sender<Arc<Delta>>>;
+/// The broadcast of deltas the followers read, and the states the next delta is computed
+/// from. A new follower measures its snapshot under the same lock, priming the tracker when
+/// nobody followed before: no change falls between its snapshot and its first delta.
+#[derive(Clone)]
+pub(crate) struct Deltas {
+    tx: Arc<tokio::sync::broadcast::Sender<Arc<Delta>>>,
+    tracker: Arc<tokio::sync::Mutex<Tracker>>,
+}
+
+impl Deltas {
+    pub(crate) fn new() -> Self {
+        let tx = tokio::sync::broadcast::channel(crate::admin_stream::BROADCAST_DEPTH).0;
+        Self { tx: Arc::new(tx), tracker: Arc::default() }
+    }
+}
 
 fn bad_request(e: BadRequest) -> Response {
     (StatusCode::BAD_REQUEST, axum::Json(serde_json::json!({ "error": e.0 }))).into_response()
@@ -178,7 +191,6 @@ pub(crate) async fn follow_overview(ctx: Arc<Context>, deltas: Deltas, shutdown:
     let mut tick = tokio::time::interval(OVERVIEW_INTERVAL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut runtimes = ctx.runtimes_changed.subscribe();
-    let mut tracker = Tracker::default();
     let mut last: Option<(u64, tokio::time::Instant)> = None;
     loop {
         tokio::select! {
@@ -187,15 +199,16 @@ pub(crate) async fn follow_overview(ctx: Arc<Context>, deltas: Deltas, shutdown:
             _ = ctx.sessions.registry.changed() => {}
             _ = runtimes.changed() => {}
         }
-        if deltas.receiver_count() == 0 {
+        let mut tracker = deltas.tracker.lock().await;
+        if deltas.tx.receiver_count() == 0 {
             // Nobody follows: start afresh when someone does.
-            tracker = Tracker::default();
+            *tracker = Tracker::default();
             last = None;
             continue;
         }
         let (states, mut counts, events) = measure(&ctx).await;
         let now = tokio::time::Instant::now();
-        // The rate over the last interval; a rebuild sooner than 0.5 s after the last keeps
+        // The rate over the last interval; a round sooner than 0.5 s after the last keeps
         // the last rate (a burst of connects must not read as a rate of zero).
         match last {
             Some((before, at)) if now.duration_since(at) >= OVERVIEW_INTERVAL / 2 => {
@@ -207,7 +220,7 @@ pub(crate) async fn follow_overview(ctx: Arc<Context>, deltas: Deltas, shutdown:
             None => last = Some((events, now)),
         }
         if let Some(d) = tracker.update(states, counts) {
-            let _ = deltas.send(Arc::new(d));
+            let _ = deltas.tx.send(Arc::new(d));
         }
     }
 }
@@ -219,10 +232,20 @@ pub(crate) async fn overview_stream(State(admin): State<Admin>) -> Response {
         let msg = format!("too many followers of the live overview (at most {MAX_STREAMS}); try again later\n");
         return (StatusCode::SERVICE_UNAVAILABLE, msg).into_response();
     };
-    // Subscribed before the snapshot is measured: no change falls between the two.
-    let rx = admin.deltas.subscribe();
-    let (_, counts, _) = measure(&admin.ctx).await;
+    // Subscribed and measured under the tracker's lock: the next delta is computed from
+    // states no older than this snapshot, so no change falls between the two.
+    let mut tracker = admin.deltas.tracker.lock().await;
+    let rx = admin.deltas.tx.subscribe();
+    let (states, mut counts, _) = measure(&admin.ctx).await;
+    counts.events_per_sec = tracker.events_per_sec();
     let first = crate::admin_stream::snapshot(&counts, 0, false);
+    if tracker.is_fresh() {
+        // The prime round: its counts-only delta reaches this follower too (harmless).
+        if let Some(d) = tracker.update(states, counts) {
+            let _ = admin.deltas.tx.send(Arc::new(d));
+        }
+    }
+    drop(tracker);
     let follower = Follower::new(rx, first);
     let stream = futures_util::stream::unfold((follower, permit), |(mut f, permit)| async move {
         let out = f.next().await?;

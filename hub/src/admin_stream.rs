@@ -153,6 +153,11 @@ impl Tracker {
         Some(Delta { seq: self.seq, counts, changes })
     }
 
+    /// Whether no round was made yet (the next one only learns the states).
+    pub fn is_fresh(&self) -> bool {
+        self.counts.is_none()
+    }
+
     /// The events per second of the last counts sent.
     pub fn events_per_sec(&self) -> f64 {
         self.counts.as_ref().map_or(0.0, |c| c.events_per_sec)

@@ -54,6 +54,8 @@ fn ids(doc: &Value) -> Vec<String> {
 struct EventStream {
     socket: tokio::net::TcpStream,
     buf: String,
+    /// Every event read (for the failure message).
+    seen: Vec<String>,
 }
 
 impl EventStream {
@@ -62,7 +64,7 @@ impl EventStream {
         let mut socket = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.unwrap();
         // HTTP/1.0: the body is not chunked, so events arrive as written.
         socket.write_all(b"GET /api/v1/overview/stream HTTP/1.0\r\nHost: x\r\n\r\n").await.unwrap();
-        Self { socket, buf: String::new() }
+        Self { socket, buf: String::new(), seen: Vec::new() }
     }
 
     /// The data of the next event named `name` whose data satisfies `want` (30 s at most).
@@ -74,6 +76,7 @@ impl EventStream {
                 let block: String = self.buf.drain(..end + 2).collect();
                 let event = block.lines().find_map(|l| l.strip_prefix("event: ")).unwrap_or_default().to_string();
                 let data: String = block.lines().filter_map(|l| l.strip_prefix("data: ")).collect();
+                self.seen.push(format!("{event}: {data}"));
                 if let Ok(doc) = serde_json::from_str::<Value>(&data)
                     && event == name
                     && want(&doc)
@@ -85,7 +88,7 @@ impl EventStream {
             let left = deadline.saturating_duration_since(Instant::now());
             match tokio::time::timeout(left, self.socket.read(&mut chunk)).await {
                 Ok(Ok(n)) if n > 0 => self.buf.push_str(&String::from_utf8_lossy(&chunk[..n]).replace("\r\n", "\n")),
-                other => panic!("no {name} event as wanted within 30 s ({other:?}); last read: {}", self.buf),
+                other => panic!("no {name} event as wanted within 30 s ({other:?}); read: {:#?}", self.seen),
             }
         }
     }
