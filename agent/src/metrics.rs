@@ -1,12 +1,11 @@
-//! The agent's Prometheus metrics, served as OpenMetrics with the hub's library
-//! ([`prometheus_client`]) on the health listener's `/metrics` (`--health-listen`), read
+//! The agent's Prometheus metrics, served as OpenMetrics with [`prometheus_client`] on the
+//! health listener's `/metrics` (`--health-listen`, a [`fleetwatch_telemetry::Health`]), read
 //! at scrape time from the [`AgentStats`] the agent publishes anyway: nothing is counted
 //! twice, the pipeline pays nothing for them.
 
+use fleetwatch_telemetry::collect::{counter, gauge};
 use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
-use prometheus_client::metrics::counter::ConstCounter;
-use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::encoding::DescriptorEncoder;
 use prometheus_client::registry::Registry;
 
 use crate::AgentStats;
@@ -14,16 +13,6 @@ use crate::AgentStats;
 /// One snapshot of the stats, encoded as metric families.
 #[derive(Debug)]
 struct Snapshot(AgentStats);
-
-fn gauge(encoder: &mut DescriptorEncoder, name: &str, help: &str, v: f64) -> std::fmt::Result {
-    let g = ConstGauge::new(v);
-    g.encode(encoder.encode_descriptor(name, help, None, g.metric_type())?)
-}
-
-fn counter(encoder: &mut DescriptorEncoder, name: &str, help: &str, v: u64) -> std::fmt::Result {
-    let c = ConstCounter::new(v);
-    c.encode(encoder.encode_descriptor(name, help, None, c.metric_type())?)
-}
 
 impl Collector for Snapshot {
     fn encode(&self, mut e: DescriptorEncoder) -> std::fmt::Result {
@@ -64,11 +53,23 @@ impl Collector for Snapshot {
 pub fn encode(stats: &AgentStats) -> String {
     let mut registry = Registry::with_prefix("fleetwatch_agent");
     registry.register_collector(Box::new(Snapshot(stats.clone())));
-    let mut out = String::new();
-    if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &registry) {
-        tracing::error!(error = %e, "cannot encode the agent metrics");
-    }
-    out
+    fleetwatch_telemetry::exposition::encode(&[&registry])
+}
+
+/// The health listener (`--health-listen`): `/metrics` from the stats; `/readyz` ready
+/// while a session with the hub is open (a pod that cannot reach its hub shows `0/1 READY`
+/// instead of looking healthy); `/healthz` while the process answers. Liveness must not
+/// depend on the hub: a restart would only throw away the outbox.
+pub fn health(stats: tokio::sync::watch::Receiver<AgentStats>) -> fleetwatch_telemetry::Health {
+    let session = stats.clone();
+    fleetwatch_telemetry::Health::new(move || encode(&stats.borrow())).ready(move || {
+        let connected = session.borrow().connected;
+        std::future::ready(if connected {
+            Ok("connected to the hub".to_string())
+        } else {
+            Err("no session with the hub".to_string())
+        })
+    })
 }
 
 #[cfg(test)]
