@@ -76,6 +76,40 @@ pub fn health(stats: tokio::sync::watch::Receiver<AgentStats>) -> fleetwatch_tel
 mod tests {
     use super::*;
 
+    /// `GET path` on `addr`: the answer's status line and body.
+    async fn get(addr: std::net::SocketAddr, path: &str) -> (String, String) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        s.write_all(format!("GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").as_bytes()).await.unwrap();
+        let mut buf = String::new();
+        s.read_to_string(&mut buf).await.unwrap();
+        let (head, body) = buf.split_once("\r\n\r\n").unwrap();
+        (head.lines().next().unwrap_or_default().to_string(), body.to_string())
+    }
+
+    #[tokio::test]
+    async fn the_health_listener_is_ready_while_a_session_is_open() {
+        let (tx, rx) = tokio::sync::watch::channel(AgentStats::default());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let shutdown = tokio_util::sync::CancellationToken::new();
+        let _stop = shutdown.clone().drop_guard();
+        tokio::spawn(health(rx).serve(listener, shutdown));
+        assert_eq!(get(addr, "/healthz").await.1, "ok\n");
+        let (status, body) = get(addr, "/readyz").await;
+        assert!(status.contains(" 503 "), "{status}");
+        assert_eq!(body, "not ready: no session with the hub\n");
+        tx.send_modify(|s| {
+            s.connected = true;
+            s.changes = 3;
+        });
+        let (status, body) = get(addr, "/readyz").await;
+        assert!(status.contains(" 200 "), "{status}");
+        assert_eq!(body, "ready: connected to the hub\n");
+        let metrics = get(addr, "/metrics").await.1;
+        assert!(metrics.contains("\nfleetwatch_agent_changes_total 3\n"), "the stats now: {metrics}");
+    }
+
     #[test]
     fn stats_are_served_as_openmetrics() {
         let stats = AgentStats {
