@@ -286,3 +286,16 @@ fn nats_seed_56434_a_batch_chained_onto_another_agent_processs_older_state() {
         passes_on_nats(56434);
     }
 }
+
+/// JetStream lost its store three times. A replica recreated the stream at base 2^21 and a
+/// durable subscriber acknowledged offsets up to 2,097,157 there; that replica crashed, the
+/// store was lost again, and a replica that had never taken that recreation on recreated
+/// the stream at the same base: no running replica knew the offsets handed out (unlike
+/// 9427). The hub answered the subscriber's cursor as beyond the end of its log with
+/// `resync-required` `*` at the log's end, then delivered new records under offsets the
+/// subscriber had acknowledged, and the client kept its old ack as its resume point. The
+/// client now follows the hub's placement below its ack (only ever after that `*`).
+#[test]
+fn nats_seed_71972_a_stream_recreated_below_offsets_no_running_replica_knew() {
+    passes_with(71972, Options { storage: Storage::Nats, ..Options::default() });
+}
