@@ -231,28 +231,18 @@ pub async fn run(args: LifecycleArgs) -> anyhow::Result<()> {
         .ok()
         .filter(|d| *d >= Duration::from_secs(1))
         .context("--leader-elect-lease-duration must be at least 1 second")?;
-    if args.shards > 1 {
-        let shards = fleetwatch_lifecycle::shards::ShardConfig::new(
-            &args.leader_elect_namespace,
-            &args.leader_elect_lease,
-            &identity,
-            args.shards,
-        )
-        .with_lease_duration(lease_duration);
-        tracing::info!(%identity, shards = args.shards, leases = %format!("{}/{}-shard-*", args.leader_elect_namespace, args.leader_elect_lease), "sharded");
-        let config = fleetwatch_lifecycle::LifecycleConfig { shards: Some(shards), ..config };
-        fleetwatch_lifecycle::run(config, metrics, shutdown).await;
-        return Ok(());
-    }
-    let election = fleetwatch_lifecycle::election::ElectionConfig::new(
+    // One Lease mechanism for every count: a single instance is a shard of one, on the
+    // Lease name earlier releases used for their leader (so rolling upgrades stay safe).
+    let shards = fleetwatch_lifecycle::shards::ShardConfig::new(
         &args.leader_elect_namespace,
         &args.leader_elect_lease,
         &identity,
+        args.shards,
     )
     .with_lease_duration(lease_duration);
-    tracing::info!(%identity, lease = %format!("{}/{}", args.leader_elect_namespace, args.leader_elect_lease), "leader election");
-    let lock = fleetwatch_lifecycle::election::LeaseLock::new(client, election);
-    lock.run(shutdown, move |leading| fleetwatch_lifecycle::run(config.clone(), metrics.clone(), leading)).await;
+    tracing::info!(%identity, shards = args.shards, lease = %format!("{}/{}", args.leader_elect_namespace, shards.shard_lease(0)), "sharing the Runtimes by Leases");
+    let config = fleetwatch_lifecycle::LifecycleConfig { shards: Some(shards), ..config };
+    fleetwatch_lifecycle::run(config, metrics, shutdown).await;
     Ok(())
 }
 

@@ -14,7 +14,6 @@ pub mod artifact;
 pub mod catalog;
 pub mod clusters;
 pub mod config_policy;
-pub mod election;
 pub mod error;
 pub mod events;
 pub mod maintenance;
@@ -62,8 +61,9 @@ pub struct LifecycleConfig {
     pub clock: Arc<dyn maintenance::Clock>,
     /// How much of a maintenance window must be left for a downtime upgrade to start.
     pub min_window_remaining: jiff::SignedDuration,
-    /// Share the Runtimes with other instances by shard Leases ([`shards`]); `None`: this
-    /// instance reconciles every Runtime (alone, or as the one leader of [`election`]).
+    /// Share the Runtimes with other instances by shard Leases ([`shards`]); one shard is
+    /// leader election (one instance acts, the others stand by). `None`: this instance
+    /// reconciles every Runtime at once, with no Lease (only safe when it is the only one).
     pub shards: Option<shards::ShardConfig>,
     /// Told when each reconcile starts and ends (tests and benchmarks count with it).
     pub observer: Option<Arc<dyn ReconcileObserver>>,
@@ -404,7 +404,17 @@ pub async fn run(config: LifecycleConfig, metrics: Arc<Metrics>, shutdown: Cance
             }
             None => Arc::new(|_: &Runtime| true),
         };
-        tokio::spawn(triggers::follow_hub(opts, runtimes.clone(), owns, hub_tx, shutdown.child_token()));
+        match &shard_map {
+            Some(map) => tokio::spawn(follow_hub_while_holding(
+                map.clone(),
+                opts,
+                runtimes.clone(),
+                owns,
+                hub_tx,
+                shutdown.clone(),
+            )),
+            None => tokio::spawn(triggers::follow_hub(opts, runtimes.clone(), owns, hub_tx, shutdown.child_token())),
+        };
     }
     let agents_installed = config.agent_certs.is_some();
     // Every instance writes the summaries (the same value, only when it differs): no lease
@@ -460,6 +470,44 @@ pub async fn run(config: LifecycleConfig, metrics: Arc<Metrics>, shutdown: Cance
     };
     tokio::join!(controller, keep_shards);
     metrics.set_view(None);
+}
+
+/// Follows the hub only while this instance holds a shard: a standby of a shard of one must
+/// not share the leader's durable subscription (it would ack events the leader has not
+/// seen), and an instance without shards has nothing to trigger.
+async fn follow_hub_while_holding(
+    map: Arc<shards::ShardMap>,
+    opts: SubscriberOptions,
+    runtimes: Store<Runtime>,
+    owns: triggers::Owns,
+    trigger: tokio::sync::mpsc::Sender<ObjectRef<Runtime>>,
+    shutdown: CancellationToken,
+) {
+    let mut held = map.subscribe();
+    drop(map);
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            r = held.wait_for(|h| !h.is_empty()) => if r.is_err() { return },
+        }
+        let term = shutdown.child_token();
+        let following = tokio::spawn(triggers::follow_hub(
+            opts.clone(),
+            runtimes.clone(),
+            owns.clone(),
+            trigger.clone(),
+            term.clone(),
+        ));
+        tokio::select! {
+            _ = shutdown.cancelled() => {}
+            _ = held.wait_for(|h| h.is_empty()) => {}
+        }
+        term.cancel();
+        let _ = following.await;
+        if shutdown.is_cancelled() {
+            return;
+        }
+    }
 }
 
 /// Tells the owner of a Runtime that cannot be decoded why, in its status (the Ready

@@ -289,3 +289,75 @@ async fn a_rollout_across_shards_stays_within_max_in_flight() {
         task.await.unwrap();
     }
 }
+
+/// A rolling upgrade from a release before the shards, whose leader election held the Lease
+/// `fleetwatch-lifecycle` (no labels, no member Leases): a new single instance (a shard of
+/// one) reads that same Lease and does not act while the old leader renews it, for many
+/// rounds and lease durations; once the old leader releases it on SIGTERM, the new one takes
+/// it (labelled now) and reconciles every runtime.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shard_of_one_waits_for_the_leader_of_an_older_release() {
+    const N: usize = 2;
+    let f = fleet(N, Duration::ZERO, false).await;
+    let leases: Api<Lease> = Api::namespaced(f.cp_client.clone(), "default");
+    let now = || jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%S.%6fZ").to_string();
+    let old: Lease = serde_json::from_value(json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+        "metadata": {"name": LEASE, "namespace": "default"},
+        "spec": {"holderIdentity": "old-release-pod", "leaseDurationSeconds": 3, "acquireTime": now(),
+            "renewTime": now(), "leaseTransitions": 0}}))
+    .unwrap();
+    leases.create(&Default::default(), &old).await.unwrap();
+    // The old leader renews as client-go does: read, new renewTime, replace.
+    let old_alive = CancellationToken::new();
+    let renewer = {
+        let (leases, alive) = (leases.clone(), old_alive.clone());
+        tokio::spawn(async move {
+            while !alive.is_cancelled() {
+                let mut l = leases.get(LEASE).await.unwrap();
+                assert_eq!(l.spec.as_ref().unwrap().holder_identity.as_deref(), Some("old-release-pod"), "taken over");
+                l.spec.as_mut().unwrap().renew_time = Some(serde_json::from_value(json!(now())).unwrap());
+                leases.replace(LEASE, &Default::default(), &l).await.unwrap();
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+        })
+    };
+    let (stop, task) = instance(&f, "new", 1);
+    // Its member Lease is renewed once per round (every 400 ms): 20 renewals span well over
+    // two lease durations of looking at the old leader's Lease.
+    let member = ShardConfig::new("default", LEASE, "new", 1).member_lease();
+    let mut renewals = BTreeSet::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while renewals.len() < 20 {
+        assert!(Instant::now() < deadline, "the new instance ran only {} rounds", renewals.len());
+        if let Some(l) = leases.get_opt(&member).await.unwrap() {
+            renewals.insert(format!("{:?}", l.spec.and_then(|s| s.renew_time)));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(f.tracker.started.lock().unwrap().is_empty(), "acted while the old release led");
+    assert_eq!(common::ready_on(&f.cp_client, "1.0.0").await, 0);
+    assert!(leases.get_opt(&format!("{LEASE}-shard-0")).await.unwrap().is_none(), "no Lease beside the old one");
+
+    // The old leader stops cleanly and releases the Lease (as its election did).
+    old_alive.cancel();
+    renewer.await.unwrap();
+    let mut l = leases.get(LEASE).await.unwrap();
+    let spec = l.spec.as_mut().unwrap();
+    (spec.holder_identity, spec.renew_time, spec.acquire_time) = (None, None, None);
+    leases.replace(LEASE, &Default::default(), &l).await.unwrap();
+    wait_for("the new instance leads and reconciles", Duration::from_secs(60), || async {
+        let ready = common::ready_on(&f.cp_client, "1.0.0").await;
+        if ready == N { Ok(()) } else { Err(format!("{ready}/{N} ready")) }
+    })
+    .await;
+    let l = leases.get(LEASE).await.unwrap();
+    assert_eq!(l.spec.and_then(|s| s.holder_identity).as_deref(), Some("new"));
+    assert_eq!(
+        l.metadata.labels.unwrap_or_default().get(fleetwatch_lifecycle::shards::GROUP_LABEL),
+        Some(&LEASE.to_string())
+    );
+    stop.cancel();
+    task.await.unwrap();
+    let l = leases.get(LEASE).await.unwrap();
+    assert_eq!(l.spec.and_then(|s| s.holder_identity), None, "given back on a clean stop");
+}
