@@ -95,6 +95,11 @@ impl Collector for ViewCollector {
                 depth,
             ),
             ("shards_held", "Shards this instance acts on (unsharded: 1 while it is the acting leader)", held),
+            (
+                "runtimes_cached",
+                "Runtimes this instance watches and caches in full (sharded: those of the shards it holds)",
+                view.map_or(0, |v| v.runtimes.state().len()),
+            ),
         ] {
             let gauge = ConstGauge::new(i64::try_from(value).unwrap_or(i64::MAX));
             gauge.encode(encoder.encode_descriptor(name, help, None, gauge.metric_type())?)?;

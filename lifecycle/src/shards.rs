@@ -9,9 +9,10 @@
 //! below (an old release wrote it); it is read by name and labelled when taken.
 //!
 //! Why this shape:
-//! - A Runtime belongs to shard `fnv1a64("<namespace>/<name>") % N` ([`shard_of`]). FNV-1a
-//!   is written down here (not std's randomised `DefaultHasher`), so every instance, of
-//!   every build, puts a Runtime in the same shard.
+//! - A Runtime belongs to shard `fnv1a64("<namespace>/<name>") % N` ([`shard_of`], by way of
+//!   its bucket, see [`crate::buckets`]; N divides 60). FNV-1a is written down here (not
+//!   std's randomised `DefaultHasher`), so every instance, of every build, puts a Runtime in
+//!   the same shard.
 //! - Shard `i` is the Lease `<name>-shard-<i>` (`<name>` for a shard of one). Holding,
 //!   renewing and taking over follow client-go's leader election: a taker waits until the record it
 //!   observed has not changed for a whole lease duration *by its own clock*, every write
@@ -60,12 +61,14 @@ pub fn fnv1a64(bytes: &[u8]) -> u64 {
     h
 }
 
-/// The shard of the Runtime `namespace/name` among `count` shards (0 when `count` is 0 or 1).
+/// The shard of the Runtime `namespace/name` among `count` shards (0 when `count` is 0 or
+/// 1): its bucket ([`crate::buckets`]) modulo `count`, which for the counts allowed (the
+/// divisors of [`crate::buckets::BUCKETS`]) is FNV-1a of `namespace/name` modulo `count`.
 pub fn shard_of(namespace: &str, name: &str, count: u32) -> u32 {
     if count <= 1 {
         return 0;
     }
-    (fnv1a64(format!("{namespace}/{name}").as_bytes()) % u64::from(count)) as u32
+    crate::buckets::bucket_of(namespace, name) % count
 }
 
 /// The shard of a Runtime object (a Runtime without namespace counts as `default`).
@@ -598,7 +601,7 @@ mod tests {
         assert_eq!(fixed, again);
         let expected: Vec<u32> = (0..8).map(|i| (fnv1a64(format!("kcp/rt{i}").as_bytes()) % 3) as u32).collect();
         assert_eq!(fixed, expected);
-        assert_eq!(shard_of("a", "b/c", 7), (fnv1a64(b"a/b/c") % 7) as u32);
+        assert_eq!(shard_of("a", "b/c", 12), (fnv1a64(b"a/b/c") % 12) as u32);
     }
 
     #[test]

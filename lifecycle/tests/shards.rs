@@ -12,7 +12,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use fleetwatch_api::ModuleReleaseMeta;
-use fleetwatch_lifecycle::shards::{ShardConfig, fair_share};
+use fleetwatch_lifecycle::buckets::{BUCKET_LABEL, bucket_of};
+use fleetwatch_lifecycle::shards::{ShardConfig, fair_share, shard_of};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
 use kube::api::DynamicObject;
@@ -111,6 +112,16 @@ async fn fleet(n: usize, kubelet_delay: Duration, paced: bool) -> Fleet {
 
 /// An instance of `shards` shards with short Leases (3 s: renew deadline 2 s).
 fn instance(f: &Fleet, name: &str, shards: u32) -> (CancellationToken, JoinHandle<()>) {
+    instance_with(f, name, shards, Default::default())
+}
+
+/// [`instance`] reporting to `metrics`.
+fn instance_with(
+    f: &Fleet,
+    name: &str,
+    shards: u32,
+    metrics: Arc<fleetwatch_lifecycle::Metrics>,
+) -> (CancellationToken, JoinHandle<()>) {
     let stop = CancellationToken::new();
     let config = fleetwatch_lifecycle::LifecycleConfig {
         resync: None,
@@ -120,7 +131,7 @@ fn instance(f: &Fleet, name: &str, shards: u32) -> (CancellationToken, JoinHandl
         observer: Some(Arc::new(InstanceObserver { instance: name.into(), tracker: f.tracker.clone() })),
         ..fleetwatch_lifecycle::LifecycleConfig::new(f.cp_client.clone())
     };
-    (stop.clone(), tokio::spawn(fleetwatch_lifecycle::run(config, Default::default(), stop)))
+    (stop.clone(), tokio::spawn(fleetwatch_lifecycle::run(config, metrics, stop)))
 }
 
 /// Shard → holder, as the shard Leases say.
@@ -360,4 +371,108 @@ async fn a_shard_of_one_waits_for_the_leader_of_an_older_release() {
     task.await.unwrap();
     let l = leases.get(LEASE).await.unwrap();
     assert_eq!(l.spec.and_then(|s| s.holder_identity), None, "given back on a clean stop");
+}
+
+/// `fleetwatch_lifecycle_runtimes_cached` of an instance.
+fn cached(m: &fleetwatch_lifecycle::Metrics) -> usize {
+    let text = m.encode();
+    let line = text.lines().find(|l| l.starts_with("fleetwatch_lifecycle_runtimes_cached ")).unwrap_or_default();
+    line.rsplit(' ').next().and_then(|v| v.parse().ok()).unwrap_or(usize::MAX)
+}
+
+/// The names of the Runtimes whose shard is one of `shards`.
+async fn runtimes_of(client: &kube::Client, count: u32, shards: &[u32]) -> BTreeSet<String> {
+    let api: Api<fleetwatch_api::Runtime> = Api::namespaced(client.clone(), "default");
+    let list = api.list(&Default::default()).await.unwrap();
+    list.items
+        .iter()
+        .map(|r| r.metadata.name.clone().unwrap_or_default())
+        .filter(|n| shards.contains(&shard_of("default", n, count)))
+        .collect()
+}
+
+/// Memory splits by shard: two instances over 3 shards each cache only the Runtimes of the
+/// shards they hold (selected by the bucket label they write), and when one crashes, a
+/// Runtime created while nobody holds its shard is labelled and reconciled by the survivor
+/// once it takes the shard, along with every Runtime the crashed one had.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn instances_cache_only_their_shards_and_a_hand_over_loses_no_runtime() {
+    const N: usize = 6;
+    const SHARDS: u32 = 3;
+    let f = fleet(N, Duration::ZERO, false).await;
+    let (ma, mb) =
+        (Arc::new(fleetwatch_lifecycle::Metrics::default()), Arc::new(fleetwatch_lifecycle::Metrics::default()));
+    let (stop_a, a) = instance_with(&f, "a", SHARDS, ma.clone());
+    let (_stop_b, b) = instance_with(&f, "b", SHARDS, mb.clone());
+    let mine = |h: &BTreeMap<u32, String>, who: &str| -> Vec<u32> {
+        h.iter().filter(|(_, w)| w.as_str() == who).map(|(s, _)| *s).collect()
+    };
+    wait_for("the runtimes converge and each instance caches only its shards", Duration::from_secs(90), || async {
+        let ready = common::ready_on(&f.cp_client, "1.0.0").await;
+        let h = holders(&f.cp_client, SHARDS).await;
+        let want_a = runtimes_of(&f.cp_client, SHARDS, &mine(&h, "a")).await.len();
+        let want_b = runtimes_of(&f.cp_client, SHARDS, &mine(&h, "b")).await.len();
+        let got = (cached(&ma), cached(&mb));
+        if ready == N && balanced(&h, SHARDS, &["a", "b"]) && got == (want_a, want_b) && want_a + want_b == N {
+            Ok(())
+        } else {
+            Err(format!("{ready}/{N} ready; {h:?}; cached {got:?}, want ({want_a}, {want_b})"))
+        }
+    })
+    .await;
+    let api: Api<fleetwatch_api::Runtime> = Api::namespaced(f.cp_client.clone(), "default");
+    for rt in api.list(&Default::default()).await.unwrap().items {
+        let name = rt.metadata.name.clone().unwrap();
+        let label = rt.metadata.labels.unwrap_or_default().get(BUCKET_LABEL).cloned();
+        assert_eq!(label, Some(bucket_of("default", &name).to_string()), "{name}");
+    }
+
+    // "b" crashes; a Runtime of one of its shards appears while nobody holds that shard.
+    let h = holders(&f.cp_client, SHARDS).await;
+    let b_shards = mine(&h, "b");
+    b.abort();
+    let _ = b.await;
+    let name = (0..).map(|i| format!("late{i}")).find(|n| b_shards.contains(&shard_of("default", n, SHARDS))).unwrap();
+    let sim = fleetwatch_sim::SimCluster::start(Default::default()).await.unwrap();
+    tokio::spawn(fleetwatch_sim::roll_out_deployments(
+        sim.client().await.unwrap(),
+        Duration::ZERO,
+        CancellationToken::new(),
+    ));
+    apply(
+        &f.cp_client,
+        &json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name.clone(), "namespace": "default"},
+        "stringData": {"config": sim.kubeconfig_yaml()}}),
+    )
+    .await;
+    apply(
+        &f.cp_client,
+        &json!({"apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "Runtime",
+        "metadata": {"name": name.clone(), "namespace": "default"},
+        "spec": {"kubeconfigSecret": {"name": name.clone()}, "modules": [{"name": "m"}]}}),
+    )
+    .await;
+    wait_for(
+        "the survivor takes every shard, labels and reconciles every runtime",
+        Duration::from_secs(90),
+        || async {
+            let ready = common::ready_on(&f.cp_client, "1.0.0").await;
+            let h = holders(&f.cp_client, SHARDS).await;
+            let got = cached(&ma);
+            if ready == N + 1 && balanced(&h, SHARDS, &["a"]) && got == N + 1 {
+                Ok(())
+            } else {
+                Err(format!("{ready}/{} ready; {h:?}; a caches {got}", N + 1))
+            }
+        },
+    )
+    .await;
+    let late = api.get(&name).await.unwrap();
+    assert_eq!(
+        late.metadata.labels.unwrap_or_default().get(BUCKET_LABEL),
+        Some(&bucket_of("default", &name).to_string())
+    );
+    assert_eq!(f.tracker.overlaps.load(Ordering::SeqCst), 0, "a runtime was reconciled by two instances at once");
+    stop_a.cancel();
+    a.await.unwrap();
 }
