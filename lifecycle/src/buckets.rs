@@ -26,9 +26,9 @@ use std::sync::Arc;
 use fleetwatch_api::Runtime;
 use futures_util::{StreamExt, TryStreamExt};
 use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::WatchStreamExt;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::watcher::{self, Event};
-use kube::runtime::WatchStreamExt;
 use kube::{Resource, ResourceExt};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -53,7 +53,7 @@ pub fn bucket_of_runtime<K: Resource>(rt: &K) -> u32 {
 
 /// Whether `count` shards can split the buckets evenly (a divisor of [`BUCKETS`]).
 pub fn valid_shard_count(count: u32) -> bool {
-    count >= 1 && BUCKETS % count == 0
+    count >= 1 && BUCKETS.is_multiple_of(count)
 }
 
 /// The label selector of the Runtimes of `held` among `count` shards; `None` when they are
