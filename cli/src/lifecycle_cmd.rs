@@ -63,10 +63,11 @@ pub struct LifecycleArgs {
     #[arg(long, env = "FLEETWATCH_LEADER_ELECT_LEASE_DURATION", default_value_t = 15.0)]
     leader_elect_lease_duration: f64,
     /// Share the Runtimes among instances in this many shards, each guarded by its own Lease
-    /// `<lease>-shard-<i>` (a Runtime's shard is FNV-1a of `namespace/name` modulo N). Every
-    /// instance takes up to ceil(N / live instances) shards and reconciles only their
+    /// `<lease>-shard-<i>` (a Runtime's shard is its bucket label `lifecycle.fleetwatch.dev/bucket`,
+    /// FNV-1a of `namespace/name` modulo 60, modulo N; N divides 60). Every instance takes
+    /// up to ceil(N / live instances) shards and watches, caches and reconciles only their
     /// Runtimes; a lost instance's shards are taken over within the lease duration. 1: one
-    /// leader reconciles everything. Give every instance the same N.
+    /// leader (the Lease `<lease>`) reconciles everything. Give every instance the same N.
     #[arg(long, env = "FLEETWATCH_SHARDS", default_value_t = 1)]
     shards: u32,
     /// Read Runtimes' kubeconfig Secrets (and ModuleTemplates' registry pull Secrets) from
@@ -136,8 +137,12 @@ pub async fn run(args: LifecycleArgs) -> anyhow::Result<()> {
             .await
             .context("no --control-plane-kubeconfig given and no in-cluster configuration or $KUBECONFIG found")?,
     };
-    if args.shards == 0 {
-        anyhow::bail!("--shards must be at least 1");
+    if !fleetwatch_lifecycle::buckets::valid_shard_count(args.shards) {
+        anyhow::bail!(
+            "--shards {} must divide {} (1, 2, 3, 4, 5, 6, 10, 12, 15, 20, 30 or 60): each shard takes an equal share of the Runtime buckets",
+            args.shards,
+            fleetwatch_lifecycle::buckets::BUCKETS
+        );
     }
     if args.shards > 1 && !args.leader_elect {
         anyhow::bail!("--shards {} needs leader election (Leases): drop --leader-elect=false", args.shards);
@@ -224,28 +229,18 @@ pub async fn run(args: LifecycleArgs) -> anyhow::Result<()> {
         .ok()
         .filter(|d| *d >= Duration::from_secs(1))
         .context("--leader-elect-lease-duration must be at least 1 second")?;
-    if args.shards > 1 {
-        let shards = fleetwatch_lifecycle::shards::ShardConfig::new(
-            &args.leader_elect_namespace,
-            &args.leader_elect_lease,
-            &identity,
-            args.shards,
-        )
-        .with_lease_duration(lease_duration);
-        tracing::info!(%identity, shards = args.shards, leases = %format!("{}/{}-shard-*", args.leader_elect_namespace, args.leader_elect_lease), "sharded");
-        let config = fleetwatch_lifecycle::LifecycleConfig { shards: Some(shards), ..config };
-        fleetwatch_lifecycle::run(config, metrics, shutdown).await;
-        return Ok(());
-    }
-    let election = fleetwatch_lifecycle::election::ElectionConfig::new(
+    // One Lease mechanism for every count: a single instance is a shard of one, on the
+    // Lease name earlier releases used for their leader (so rolling upgrades stay safe).
+    let shards = fleetwatch_lifecycle::shards::ShardConfig::new(
         &args.leader_elect_namespace,
         &args.leader_elect_lease,
         &identity,
+        args.shards,
     )
     .with_lease_duration(lease_duration);
-    tracing::info!(%identity, lease = %format!("{}/{}", args.leader_elect_namespace, args.leader_elect_lease), "leader election");
-    let lock = fleetwatch_lifecycle::election::LeaseLock::new(client, election);
-    lock.run(shutdown, move |leading| fleetwatch_lifecycle::run(config.clone(), metrics.clone(), leading)).await;
+    tracing::info!(%identity, shards = args.shards, lease = %format!("{}/{}", args.leader_elect_namespace, shards.shard_lease(0)), "sharing the Runtimes by Leases");
+    let config = fleetwatch_lifecycle::LifecycleConfig { shards: Some(shards), ..config };
+    fleetwatch_lifecycle::run(config, metrics, shutdown).await;
     Ok(())
 }
 

@@ -645,13 +645,16 @@ impl Module<'_> {
 
 /// Keeps every policy's status current (runtimes matched, valid, invalid, `Ready`), from
 /// the caches, woken by reconciles and policy changes (and every few seconds, for Runtime
-/// status changes written by other instances); written only when it differs.
+/// status changes written by other instances); written only when it differs. `runtimes`
+/// must hold the whole fleet; with shards only the holder of shard 0 writes (one writer,
+/// no flapping between instances).
 pub async fn run_status(
     client: kube::Client,
     shared: Arc<tokio::sync::Notify>,
     policies: Store<ModuleConfigPolicy>,
     runtimes: Store<Runtime>,
     templates: Store<ModuleTemplate>,
+    shards: Option<Arc<crate::shards::ShardMap>>,
     shutdown: CancellationToken,
 ) {
     loop {
@@ -664,6 +667,9 @@ pub async fn run_status(
         // status that took longer (several runtimes reconciling).
         for wait in [Duration::from_millis(300), Duration::from_millis(1200)] {
             tokio::time::sleep(wait).await;
+            if shards.as_ref().is_some_and(|m| !m.held().contains(&0)) {
+                continue;
+            }
             write_statuses(&client, &policies, &runtimes, &templates).await;
         }
     }

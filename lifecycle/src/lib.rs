@@ -11,10 +11,10 @@
 pub mod agent_module;
 pub mod applier;
 pub mod artifact;
+pub mod buckets;
 pub mod catalog;
 pub mod clusters;
 pub mod config_policy;
-pub mod election;
 pub mod error;
 pub mod events;
 pub mod health;
@@ -63,8 +63,9 @@ pub struct LifecycleConfig {
     pub clock: Arc<dyn maintenance::Clock>,
     /// How much of a maintenance window must be left for a downtime upgrade to start.
     pub min_window_remaining: jiff::SignedDuration,
-    /// Share the Runtimes with other instances by shard Leases ([`shards`]); `None`: this
-    /// instance reconciles every Runtime (alone, or as the one leader of [`election`]).
+    /// Share the Runtimes with other instances by shard Leases ([`shards`]); one shard is
+    /// leader election (one instance acts, the others stand by). `None`: this instance
+    /// reconciles every Runtime at once, with no Lease (only safe when it is the only one).
     pub shards: Option<shards::ShardConfig>,
     /// Told when each reconcile starts and ends (tests and benchmarks count with it).
     pub observer: Option<Arc<dyn ReconcileObserver>>,
@@ -127,8 +128,8 @@ pub struct Ctx {
     backoff: std::sync::Mutex<std::collections::HashMap<String, u32>>,
     /// Paced rollouts of channel moves.
     rollouts: rollout::Rollouts,
-    /// The Runtimes, to size rollouts.
-    runtimes: Store<Runtime>,
+    /// Every Runtime (sharded: spec and labels only), to size rollouts.
+    fleet: Store<Runtime>,
     /// Per runtime: the fingerprint of the catalog last written into its cluster.
     catalogs: std::sync::Mutex<std::collections::HashMap<String, u64>>,
     /// Publishes Kubernetes Events on Runtimes.
@@ -296,29 +297,10 @@ pub async fn run(config: LifecycleConfig, metrics: Arc<Metrics>, shutdown: Cance
     });
 
     // Runtimes: only spec changes, deletion and our finalizer start a reconcile, not our own
-    // status writes.
+    // status writes. Sharded, an instance watches only its shards' Runtimes ([`buckets`]).
     let (runtimes, runtimes_writer) = reflector::store::<Runtime>();
     let (invalid_tx, invalid_rx) = tokio::sync::mpsc::channel(256);
     tokio::spawn(report_invalid_runtimes(client.clone(), invalid_rx));
-    let runtime_stream = tolerant::watch::<Runtime>(client.clone(), watcher::Config::default(), Some(invalid_tx))
-        .default_backoff()
-        .reflect(runtimes_writer)
-        .touched_objects()
-        .predicate_filter(
-            |rt: &Runtime| {
-                use std::hash::{Hash, Hasher};
-                let mut h = std::collections::hash_map::DefaultHasher::new();
-                rt.metadata.generation.hash(&mut h);
-                rt.metadata.deletion_timestamp.is_some().hash(&mut h);
-                // The finalizer helper adds the finalizer and waits for the change it made:
-                // that change must start the reconcile that installs.
-                rt.finalizers().iter().any(|f| f == reconcile::FINALIZER).hash(&mut h);
-                rt.annotations().get(fleetwatch_api::config_policy::RESET_ANNOTATION).hash(&mut h);
-                Some(h.finish())
-            },
-            Default::default(),
-        );
-
     // Reconciles requested from outside the watches: hub events, rollout waves opening and
     // shards taken over.
     let (hub_tx, hub_rx) = tokio::sync::mpsc::channel(4096);
@@ -326,7 +308,67 @@ pub async fn run(config: LifecycleConfig, metrics: Arc<Metrics>, shutdown: Cance
         let (map, acquired) = shards::ShardMap::new(sc.count);
         (sc, map, acquired)
     });
-    let shard_map = sharding.as_ref().map(|(_, map, _)| map.clone());
+    let (runtime_events, sharding) = match sharding {
+        None => {
+            let events = tolerant::watch::<Runtime>(client.clone(), watcher::Config::default(), Some(invalid_tx))
+                .default_backoff()
+                .reflect(runtimes_writer)
+                .boxed();
+            (events, None)
+        }
+        Some((sc, map, acquired)) => {
+            let (events_tx, events_rx) = tokio::sync::mpsc::channel(1024);
+            let (mislabelled_tx, mislabelled_rx) = tokio::sync::mpsc::channel(1024);
+            let out = buckets::Outputs {
+                writer: runtimes_writer,
+                events: events_tx,
+                trigger: hub_tx.clone(),
+                mislabelled: mislabelled_tx,
+                invalid: Some(invalid_tx),
+            };
+            tokio::spawn(buckets::watch_held(client.clone(), map.clone(), acquired, out, shutdown.child_token()));
+            if sc.count > 1 {
+                tokio::spawn(buckets::label_runtimes(
+                    client.clone(),
+                    map.clone(),
+                    mislabelled_rx,
+                    shutdown.child_token(),
+                ));
+            }
+            (tokio_stream_from(events_rx).boxed(), Some((sc, map)))
+        }
+    };
+    let runtime_stream = runtime_events.touched_objects().predicate_filter(
+        |rt: &Runtime| {
+            use std::hash::{Hash, Hasher};
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            rt.metadata.generation.hash(&mut h);
+            rt.metadata.deletion_timestamp.is_some().hash(&mut h);
+            // The finalizer helper adds the finalizer and waits for the change it made:
+            // that change must start the reconcile that installs.
+            rt.finalizers().iter().any(|f| f == reconcile::FINALIZER).hash(&mut h);
+            rt.annotations().get(fleetwatch_api::config_policy::RESET_ANNOTATION).hash(&mut h);
+            Some(h.finish())
+        },
+        Default::default(),
+    );
+    // What needs the whole fleet (rollout totals, policy statuses): with several shards a slim
+    // index of every Runtime; otherwise the one store (the acting instance holds them all).
+    let fleet = match &sharding {
+        Some((sc, _)) if sc.count > 1 => {
+            let (store, keep) = buckets::fleet_index(client.clone());
+            let stop = shutdown.clone();
+            tokio::spawn(async move {
+                tokio::select! {
+                    _ = keep => {}
+                    _ = stop.cancelled() => {}
+                }
+            });
+            store
+        }
+        _ => runtimes.clone(),
+    };
+    let shard_map = sharding.as_ref().map(|(_, map)| map.clone());
     let (config_policies, config_stream) = config_policy::watch(client.clone());
     let config_changed = Arc::new(tokio::sync::Notify::new());
     let ctx = Arc::new(Ctx {
@@ -348,7 +390,7 @@ pub async fn run(config: LifecycleConfig, metrics: Arc<Metrics>, shutdown: Cance
             client.clone(),
             events::Reporter { controller: "fleetwatch-lifecycle".into(), instance: std::env::var("POD_NAME").ok() },
         ),
-        runtimes: runtimes.clone(),
+        fleet: fleet.clone(),
         shards: shard_map.clone(),
         observer: config.observer.clone(),
         agent_certs: config.agent_certs.clone(),
@@ -358,8 +400,9 @@ pub async fn run(config: LifecycleConfig, metrics: Arc<Metrics>, shutdown: Cance
         client.clone(),
         config_changed.clone(),
         config_policies.clone(),
-        runtimes.clone(),
+        fleet.clone(),
         templates.clone(),
+        shard_map.clone(),
         shutdown.child_token(),
     ));
     let by_config_policy =
@@ -370,31 +413,14 @@ pub async fn run(config: LifecycleConfig, metrics: Arc<Metrics>, shutdown: Cance
         triggers: hub_tx.clone(),
     }));
     // Shards: keep our share of the Leases; a shard taken reconciles all of its Runtimes
-    // (the previous holder's work continues from the cluster and the statuses).
+    // (the previous holder's work continues from the cluster and the statuses) once the
+    // watch of its buckets has listed them ([`buckets::watch_held`]).
     let keep_shards = {
         let client = client.clone();
         let shutdown = shutdown.clone();
-        let runtimes = runtimes.clone();
-        let trigger = hub_tx.clone();
         async move {
-            let Some((sc, map, mut acquired)) = sharding else { return };
-            let wake = {
-                let map = map.clone();
-                async move {
-                    while let Some(shard) = acquired.recv().await {
-                        for rt in runtimes.state() {
-                            if map.shard(&rt) == shard && trigger.send(ObjectRef::from_obj(rt.as_ref())).await.is_err()
-                            {
-                                return;
-                            }
-                        }
-                    }
-                }
-            };
-            tokio::select! {
-                _ = shards::maintain(client, sc, map, shutdown) => {}
-                _ = wake => {}
-            }
+            let Some((sc, map)) = sharding else { return };
+            shards::maintain(client, sc, map, shutdown).await;
         }
     };
     if let Some(opts) = config.hub.clone() {
@@ -405,7 +431,17 @@ pub async fn run(config: LifecycleConfig, metrics: Arc<Metrics>, shutdown: Cance
             }
             None => Arc::new(|_: &Runtime| true),
         };
-        tokio::spawn(triggers::follow_hub(opts, runtimes.clone(), owns, hub_tx, shutdown.child_token()));
+        match &shard_map {
+            Some(map) => tokio::spawn(follow_hub_while_holding(
+                map.clone(),
+                opts,
+                runtimes.clone(),
+                owns,
+                hub_tx,
+                shutdown.clone(),
+            )),
+            None => tokio::spawn(triggers::follow_hub(opts, runtimes.clone(), owns, hub_tx, shutdown.child_token())),
+        };
     }
     let agents_installed = config.agent_certs.is_some();
     // Every instance writes the summaries (the same value, only when it differs): no lease
@@ -461,6 +497,44 @@ pub async fn run(config: LifecycleConfig, metrics: Arc<Metrics>, shutdown: Cance
     };
     tokio::join!(controller, keep_shards);
     metrics.set_view(None);
+}
+
+/// Follows the hub only while this instance holds a shard: a standby of a shard of one must
+/// not share the leader's durable subscription (it would ack events the leader has not
+/// seen), and an instance without shards has nothing to trigger.
+async fn follow_hub_while_holding(
+    map: Arc<shards::ShardMap>,
+    opts: SubscriberOptions,
+    runtimes: Store<Runtime>,
+    owns: triggers::Owns,
+    trigger: tokio::sync::mpsc::Sender<ObjectRef<Runtime>>,
+    shutdown: CancellationToken,
+) {
+    let mut held = map.subscribe();
+    drop(map);
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            r = held.wait_for(|h| !h.is_empty()) => if r.is_err() { return },
+        }
+        let term = shutdown.child_token();
+        let following = tokio::spawn(triggers::follow_hub(
+            opts.clone(),
+            runtimes.clone(),
+            owns.clone(),
+            trigger.clone(),
+            term.clone(),
+        ));
+        tokio::select! {
+            _ = shutdown.cancelled() => {}
+            _ = held.wait_for(|h| h.is_empty()) => {}
+        }
+        term.cancel();
+        let _ = following.await;
+        if shutdown.is_cancelled() {
+            return;
+        }
+    }
 }
 
 /// Tells the owner of a Runtime that cannot be decoded why, in its status (the Ready

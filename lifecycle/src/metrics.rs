@@ -102,6 +102,12 @@ impl Collector for ViewCollector {
             "Shards this instance acts on (unsharded: 1 while it is the acting leader)",
             count(held),
         )?;
+        gauge(
+            &mut encoder,
+            "runtimes_cached",
+            "Runtimes this instance watches and caches in full (sharded: those of the shards it holds)",
+            count(view.map_or(0, |v| v.runtimes.state().len())),
+        )?;
         gauges(
             &mut encoder,
             "modules",

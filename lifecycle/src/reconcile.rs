@@ -533,7 +533,7 @@ async fn install(
 /// How many runtimes of the namespace want `version` of `module` through their channel.
 fn affected(ctx: &Ctx, ns: &str, module: &str, version: &semver::Version, metas: &[Arc<ModuleReleaseMeta>]) -> u32 {
     let meta = find_meta(metas, ns, module).map(|m| &m.spec);
-    ctx.runtimes
+    ctx.fleet
         .state()
         .iter()
         .filter(|r| r.namespace().as_deref() == Some(ns))

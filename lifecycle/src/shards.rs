@@ -2,12 +2,19 @@
 //! its own `coordination.k8s.io/v1` Lease, so a large fleet is reconciled by several
 //! processes at once and the loss of one is taken over within the lease duration.
 //!
+//! This is the operator's one Lease mechanism: a single acting instance with standbys is a
+//! shard of one (`count` 1), whose Lease keeps the name `<name>` that releases before used
+//! for their leader election, so an old-release leader and a new instance in a rolling
+//! upgrade contend for one Lease and never act at once. That Lease may lack the labels
+//! below (an old release wrote it); it is read by name and labelled when taken.
+//!
 //! Why this shape:
-//! - A Runtime belongs to shard `fnv1a64("<namespace>/<name>") % N` ([`shard_of`]). FNV-1a
-//!   is written down here (not std's randomised `DefaultHasher`), so every instance, of
-//!   every build, puts a Runtime in the same shard.
-//! - Shard `i` is the Lease `<name>-shard-<i>`. Holding, renewing and taking over follow
-//!   client-go (the same rules as [`crate::election`]): a taker waits until the record it
+//! - A Runtime belongs to shard `fnv1a64("<namespace>/<name>") % N` ([`shard_of`], by way of
+//!   its bucket, see [`crate::buckets`]; N divides 60). FNV-1a is written down here (not
+//!   std's randomised `DefaultHasher`), so every instance, of every build, puts a Runtime in
+//!   the same shard.
+//! - Shard `i` is the Lease `<name>-shard-<i>` (`<name>` for a shard of one). Holding,
+//!   renewing and taking over follow client-go's leader election: a taker waits until the record it
 //!   observed has not changed for a whole lease duration *by its own clock*, every write
 //!   carries the resourceVersion it read, and a holder that could not renew within the
 //!   renew deadline (shorter than the lease duration) stops acting on the shard first. So
@@ -35,7 +42,7 @@ use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, PostParams, Preconditions};
-use tokio::sync::{OwnedRwLockReadGuard, RwLock, mpsc};
+use tokio::sync::{OwnedRwLockReadGuard, RwLock, mpsc, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -54,12 +61,14 @@ pub fn fnv1a64(bytes: &[u8]) -> u64 {
     h
 }
 
-/// The shard of the Runtime `namespace/name` among `count` shards (0 when `count` is 0 or 1).
+/// The shard of the Runtime `namespace/name` among `count` shards (0 when `count` is 0 or
+/// 1): its bucket ([`crate::buckets`]) modulo `count`, which for the counts allowed (the
+/// divisors of [`crate::buckets::BUCKETS`]) is FNV-1a of `namespace/name` modulo `count`.
 pub fn shard_of(namespace: &str, name: &str, count: u32) -> u32 {
     if count <= 1 {
         return 0;
     }
-    (fnv1a64(format!("{namespace}/{name}").as_bytes()) % u64::from(count)) as u32
+    crate::buckets::bucket_of(namespace, name) % count
 }
 
 /// The shard of a Runtime object (a Runtime without namespace counts as `default`).
@@ -111,9 +120,12 @@ impl ShardConfig {
         self
     }
 
-    /// The Lease of shard `i`.
+    /// The Lease of shard `i`: `<name>-shard-<i>`, and for a shard of one the Lease `<name>`
+    /// itself, the one releases before the shards used for their single leader. Keeping
+    /// that name is what makes a rolling upgrade safe: an old-release leader and a new
+    /// instance contend for the same Lease, so they never act at once (docs/upgrade.md).
     pub fn shard_lease(&self, i: u32) -> String {
-        format!("{}-shard-{i}", self.name)
+        if self.count == 1 { self.name.clone() } else { format!("{}-shard-{i}", self.name) }
     }
 
     /// This instance's member Lease (named by a hash: identities need not be valid names).
@@ -145,6 +157,8 @@ pub struct ShardMap {
     count: u32,
     held: Mutex<HashMap<u32, Term>>,
     acquired: mpsc::UnboundedSender<u32>,
+    /// The held set, for those who start or stop work with it (the hub follower).
+    changed: watch::Sender<BTreeSet<u32>>,
 }
 
 impl ShardMap {
@@ -152,7 +166,22 @@ impl ShardMap {
     /// (so its Runtimes can be reconciled at once).
     pub fn new(count: u32) -> (Arc<Self>, mpsc::UnboundedReceiver<u32>) {
         let (tx, rx) = mpsc::unbounded_channel();
-        (Arc::new(Self { count: count.max(1), held: Mutex::new(HashMap::new()), acquired: tx }), rx)
+        let (changed, _) = watch::channel(BTreeSet::new());
+        (Arc::new(Self { count: count.max(1), held: Mutex::new(HashMap::new()), acquired: tx, changed }), rx)
+    }
+
+    /// Follows the held set: the receiver sees every change (the latest value).
+    pub fn subscribe(&self) -> watch::Receiver<BTreeSet<u32>> {
+        self.changed.subscribe()
+    }
+
+    fn publish(&self) {
+        let held = self.held();
+        self.changed.send_if_modified(|h| {
+            let differs = *h != held;
+            *h = held;
+            differs
+        });
     }
 
     /// The number of shards.
@@ -194,6 +223,7 @@ impl ShardMap {
         if let Ok(mut held) = self.held.lock() {
             held.insert(shard, Term { cancel: CancellationToken::new(), gate: Arc::new(RwLock::new(())) });
         }
+        self.publish();
         let _ = self.acquired.send(shard);
     }
 
@@ -203,6 +233,7 @@ impl ShardMap {
         let term = self.held.lock().ok().and_then(|mut h| h.remove(&shard));
         let Some(term) = term else { return true };
         term.cancel.cancel();
+        self.publish();
         tokio::time::timeout(wait, term.gate.write()).await.is_ok()
     }
 }
@@ -223,6 +254,7 @@ pub async fn maintain(client: kube::Client, config: ShardConfig, map: Arc<ShardM
         seen: HashMap::new(),
         renewed: HashMap::new(),
         reported: None,
+        waiting_on: None,
     };
     tracing::info!(
         identity = %keeper.config.identity,
@@ -258,6 +290,16 @@ struct Keeper {
     renewed: HashMap<u32, Instant>,
     /// The last (held, live) logged, to log changes only.
     reported: Option<(BTreeSet<u32>, usize)>,
+    /// A shard of one: the other holder last logged as leading, to log changes only.
+    waiting_on: Option<String>,
+}
+
+/// Adds the group and role labels to a Lease that may lack them (the single leader's Lease
+/// written by a release before the shards), so the next round's list finds it.
+fn ensure_labels(lease: &mut Lease, group: &str, role: &str) {
+    let labels = lease.metadata.labels.get_or_insert_with(Default::default);
+    labels.insert(GROUP_LABEL.to_string(), group.to_string());
+    labels.insert(ROLE_LABEL.to_string(), role.to_string());
 }
 
 fn holder_of(lease: &Lease) -> String {
@@ -324,6 +366,16 @@ impl Keeper {
         let list = self.api.list(&ListParams::default().labels(&selector)).await?;
         let now = Instant::now();
         let mut leases: HashMap<String, Lease> = list.items.into_iter().map(|l| (l.name_any(), l)).collect();
+        if self.config.count == 1 {
+            // The single leader's Lease of a release before the shards carries no labels:
+            // read it by name, or we would create a second Lease beside a live leader's.
+            let name = self.config.shard_lease(0);
+            if !leases.contains_key(&name)
+                && let Some(legacy) = self.api.get_opt(&name).await?
+            {
+                leases.insert(name, legacy);
+            }
+        }
         for lease in leases.values() {
             self.observe(lease, now);
         }
@@ -358,6 +410,7 @@ impl Keeper {
             };
             let spec = lease.spec.clone().unwrap_or_default();
             lease.spec = Some(self.spec(spec.lease_transitions.unwrap_or(0), spec.acquire_time.clone()));
+            ensure_labels(&mut lease, &self.config.name, "shard");
             let sent = Instant::now();
             match self.api.replace(&name, &PostParams::default(), &lease).await {
                 Ok(l) => {
@@ -400,13 +453,19 @@ impl Keeper {
                     }
                 }
                 Some(mut lease) => {
-                    let mine = holder_of(&lease) == self.config.identity;
+                    let holder = holder_of(&lease);
+                    let mine = holder == self.config.identity;
                     if !mine && !self.expired(&lease, now) {
+                        if self.config.count == 1 && self.waiting_on.as_ref() != Some(&holder) {
+                            tracing::info!(lease = %name, leader = %holder, "another instance leads; waiting");
+                            self.waiting_on = Some(holder);
+                        }
                         continue;
                     }
                     let spec = lease.spec.clone().unwrap_or_default();
                     let transitions = spec.lease_transitions.unwrap_or(0) + i32::from(!mine);
                     lease.spec = Some(self.spec(transitions, None));
+                    ensure_labels(&mut lease, &self.config.name, "shard");
                     let sent = Instant::now();
                     // The resourceVersion read guards the write: a concurrent taker makes it 409.
                     match self.api.replace(&name, &PostParams::default(), &lease).await {
@@ -460,6 +519,10 @@ impl Keeper {
     }
 
     fn take(&mut self, shard: u32, sent: Instant) {
+        if self.config.count == 1 {
+            tracing::info!(lease = %self.config.shard_lease(shard), identity = %self.config.identity, "leading");
+            self.waiting_on = None;
+        }
         tracing::info!(shard, lease = %self.config.shard_lease(shard), "took the shard; reconciling its runtimes");
         self.renewed.insert(shard, sent);
         self.map.start(shard);
@@ -538,7 +601,7 @@ mod tests {
         assert_eq!(fixed, again);
         let expected: Vec<u32> = (0..8).map(|i| (fnv1a64(format!("kcp/rt{i}").as_bytes()) % 3) as u32).collect();
         assert_eq!(fixed, expected);
-        assert_eq!(shard_of("a", "b/c", 7), (fnv1a64(b"a/b/c") % 7) as u32);
+        assert_eq!(shard_of("a", "b/c", 12), (fnv1a64(b"a/b/c") % 12) as u32);
     }
 
     #[test]

@@ -12,7 +12,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use fleetwatch_api::ModuleReleaseMeta;
-use fleetwatch_lifecycle::shards::{ShardConfig, fair_share};
+use fleetwatch_lifecycle::buckets::{BUCKET_LABEL, bucket_of};
+use fleetwatch_lifecycle::shards::{ShardConfig, fair_share, shard_of};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
 use kube::api::DynamicObject;
@@ -111,6 +112,16 @@ async fn fleet(n: usize, kubelet_delay: Duration, paced: bool) -> Fleet {
 
 /// An instance of `shards` shards with short Leases (3 s: renew deadline 2 s).
 fn instance(f: &Fleet, name: &str, shards: u32) -> (CancellationToken, JoinHandle<()>) {
+    instance_with(f, name, shards, Default::default())
+}
+
+/// [`instance`] reporting to `metrics`.
+fn instance_with(
+    f: &Fleet,
+    name: &str,
+    shards: u32,
+    metrics: Arc<fleetwatch_lifecycle::Metrics>,
+) -> (CancellationToken, JoinHandle<()>) {
     let stop = CancellationToken::new();
     let config = fleetwatch_lifecycle::LifecycleConfig {
         resync: None,
@@ -120,7 +131,7 @@ fn instance(f: &Fleet, name: &str, shards: u32) -> (CancellationToken, JoinHandl
         observer: Some(Arc::new(InstanceObserver { instance: name.into(), tracker: f.tracker.clone() })),
         ..fleetwatch_lifecycle::LifecycleConfig::new(f.cp_client.clone())
     };
-    (stop.clone(), tokio::spawn(fleetwatch_lifecycle::run(config, Default::default(), stop)))
+    (stop.clone(), tokio::spawn(fleetwatch_lifecycle::run(config, metrics, stop)))
 }
 
 /// Shard → holder, as the shard Leases say.
@@ -288,4 +299,180 @@ async fn a_rollout_across_shards_stays_within_max_in_flight() {
         stop.cancel();
         task.await.unwrap();
     }
+}
+
+/// A rolling upgrade from a release before the shards, whose leader election held the Lease
+/// `fleetwatch-lifecycle` (no labels, no member Leases): a new single instance (a shard of
+/// one) reads that same Lease and does not act while the old leader renews it, for many
+/// rounds and lease durations; once the old leader releases it on SIGTERM, the new one takes
+/// it (labelled now) and reconciles every runtime.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shard_of_one_waits_for_the_leader_of_an_older_release() {
+    const N: usize = 2;
+    let f = fleet(N, Duration::ZERO, false).await;
+    let leases: Api<Lease> = Api::namespaced(f.cp_client.clone(), "default");
+    let now = || jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%S.%6fZ").to_string();
+    let old: Lease = serde_json::from_value(json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+        "metadata": {"name": LEASE, "namespace": "default"},
+        "spec": {"holderIdentity": "old-release-pod", "leaseDurationSeconds": 3, "acquireTime": now(),
+            "renewTime": now(), "leaseTransitions": 0}}))
+    .unwrap();
+    leases.create(&Default::default(), &old).await.unwrap();
+    // The old leader renews as client-go does: read, new renewTime, replace.
+    let old_alive = CancellationToken::new();
+    let renewer = {
+        let (leases, alive) = (leases.clone(), old_alive.clone());
+        tokio::spawn(async move {
+            while !alive.is_cancelled() {
+                let mut l = leases.get(LEASE).await.unwrap();
+                assert_eq!(l.spec.as_ref().unwrap().holder_identity.as_deref(), Some("old-release-pod"), "taken over");
+                l.spec.as_mut().unwrap().renew_time = Some(serde_json::from_value(json!(now())).unwrap());
+                leases.replace(LEASE, &Default::default(), &l).await.unwrap();
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+        })
+    };
+    let (stop, task) = instance(&f, "new", 1);
+    // Its member Lease is renewed once per round (every 400 ms): 20 renewals span well over
+    // two lease durations of looking at the old leader's Lease.
+    let member = ShardConfig::new("default", LEASE, "new", 1).member_lease();
+    let mut renewals = BTreeSet::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while renewals.len() < 20 {
+        assert!(Instant::now() < deadline, "the new instance ran only {} rounds", renewals.len());
+        if let Some(l) = leases.get_opt(&member).await.unwrap() {
+            renewals.insert(format!("{:?}", l.spec.and_then(|s| s.renew_time)));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(f.tracker.started.lock().unwrap().is_empty(), "acted while the old release led");
+    assert_eq!(common::ready_on(&f.cp_client, "1.0.0").await, 0);
+    assert!(leases.get_opt(&format!("{LEASE}-shard-0")).await.unwrap().is_none(), "no Lease beside the old one");
+
+    // The old leader stops cleanly and releases the Lease (as its election did).
+    old_alive.cancel();
+    renewer.await.unwrap();
+    let mut l = leases.get(LEASE).await.unwrap();
+    let spec = l.spec.as_mut().unwrap();
+    (spec.holder_identity, spec.renew_time, spec.acquire_time) = (None, None, None);
+    leases.replace(LEASE, &Default::default(), &l).await.unwrap();
+    wait_for("the new instance leads and reconciles", Duration::from_secs(60), || async {
+        let ready = common::ready_on(&f.cp_client, "1.0.0").await;
+        if ready == N { Ok(()) } else { Err(format!("{ready}/{N} ready")) }
+    })
+    .await;
+    let l = leases.get(LEASE).await.unwrap();
+    assert_eq!(l.spec.and_then(|s| s.holder_identity).as_deref(), Some("new"));
+    assert_eq!(
+        l.metadata.labels.unwrap_or_default().get(fleetwatch_lifecycle::shards::GROUP_LABEL),
+        Some(&LEASE.to_string())
+    );
+    stop.cancel();
+    task.await.unwrap();
+    let l = leases.get(LEASE).await.unwrap();
+    assert_eq!(l.spec.and_then(|s| s.holder_identity), None, "given back on a clean stop");
+}
+
+/// `fleetwatch_lifecycle_runtimes_cached` of an instance.
+fn cached(m: &fleetwatch_lifecycle::Metrics) -> usize {
+    let text = m.encode();
+    let line = text.lines().find(|l| l.starts_with("fleetwatch_lifecycle_runtimes_cached ")).unwrap_or_default();
+    line.rsplit(' ').next().and_then(|v| v.parse().ok()).unwrap_or(usize::MAX)
+}
+
+/// The names of the Runtimes whose shard is one of `shards`.
+async fn runtimes_of(client: &kube::Client, count: u32, shards: &[u32]) -> BTreeSet<String> {
+    let api: Api<fleetwatch_api::Runtime> = Api::namespaced(client.clone(), "default");
+    let list = api.list(&Default::default()).await.unwrap();
+    list.items
+        .iter()
+        .map(|r| r.metadata.name.clone().unwrap_or_default())
+        .filter(|n| shards.contains(&shard_of("default", n, count)))
+        .collect()
+}
+
+/// Memory splits by shard: two instances over 3 shards each cache only the Runtimes of the
+/// shards they hold (selected by the bucket label they write), and when one crashes, a
+/// Runtime created while nobody holds its shard is labelled and reconciled by the survivor
+/// once it takes the shard, along with every Runtime the crashed one had.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn instances_cache_only_their_shards_and_a_hand_over_loses_no_runtime() {
+    const N: usize = 6;
+    const SHARDS: u32 = 3;
+    let f = fleet(N, Duration::ZERO, false).await;
+    let (ma, mb) =
+        (Arc::new(fleetwatch_lifecycle::Metrics::default()), Arc::new(fleetwatch_lifecycle::Metrics::default()));
+    let (stop_a, a) = instance_with(&f, "a", SHARDS, ma.clone());
+    let (_stop_b, b) = instance_with(&f, "b", SHARDS, mb.clone());
+    let mine = |h: &BTreeMap<u32, String>, who: &str| -> Vec<u32> {
+        h.iter().filter(|(_, w)| w.as_str() == who).map(|(s, _)| *s).collect()
+    };
+    wait_for("the runtimes converge and each instance caches only its shards", Duration::from_secs(90), || async {
+        let ready = common::ready_on(&f.cp_client, "1.0.0").await;
+        let h = holders(&f.cp_client, SHARDS).await;
+        let want_a = runtimes_of(&f.cp_client, SHARDS, &mine(&h, "a")).await.len();
+        let want_b = runtimes_of(&f.cp_client, SHARDS, &mine(&h, "b")).await.len();
+        let got = (cached(&ma), cached(&mb));
+        if ready == N && balanced(&h, SHARDS, &["a", "b"]) && got == (want_a, want_b) && want_a + want_b == N {
+            Ok(())
+        } else {
+            Err(format!("{ready}/{N} ready; {h:?}; cached {got:?}, want ({want_a}, {want_b})"))
+        }
+    })
+    .await;
+    let api: Api<fleetwatch_api::Runtime> = Api::namespaced(f.cp_client.clone(), "default");
+    for rt in api.list(&Default::default()).await.unwrap().items {
+        let name = rt.metadata.name.clone().unwrap();
+        let label = rt.metadata.labels.unwrap_or_default().get(BUCKET_LABEL).cloned();
+        assert_eq!(label, Some(bucket_of("default", &name).to_string()), "{name}");
+    }
+
+    // "b" crashes; a Runtime of one of its shards appears while nobody holds that shard.
+    let h = holders(&f.cp_client, SHARDS).await;
+    let b_shards = mine(&h, "b");
+    b.abort();
+    let _ = b.await;
+    let name = (0..).map(|i| format!("late{i}")).find(|n| b_shards.contains(&shard_of("default", n, SHARDS))).unwrap();
+    let sim = fleetwatch_sim::SimCluster::start(Default::default()).await.unwrap();
+    tokio::spawn(fleetwatch_sim::roll_out_deployments(
+        sim.client().await.unwrap(),
+        Duration::ZERO,
+        CancellationToken::new(),
+    ));
+    apply(
+        &f.cp_client,
+        &json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name.clone(), "namespace": "default"},
+        "stringData": {"config": sim.kubeconfig_yaml()}}),
+    )
+    .await;
+    apply(
+        &f.cp_client,
+        &json!({"apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "Runtime",
+        "metadata": {"name": name.clone(), "namespace": "default"},
+        "spec": {"kubeconfigSecret": {"name": name.clone()}, "modules": [{"name": "m"}]}}),
+    )
+    .await;
+    wait_for(
+        "the survivor takes every shard, labels and reconciles every runtime",
+        Duration::from_secs(90),
+        || async {
+            let ready = common::ready_on(&f.cp_client, "1.0.0").await;
+            let h = holders(&f.cp_client, SHARDS).await;
+            let got = cached(&ma);
+            if ready == N + 1 && balanced(&h, SHARDS, &["a"]) && got == N + 1 {
+                Ok(())
+            } else {
+                Err(format!("{ready}/{} ready; {h:?}; a caches {got}", N + 1))
+            }
+        },
+    )
+    .await;
+    let late = api.get(&name).await.unwrap();
+    assert_eq!(
+        late.metadata.labels.unwrap_or_default().get(BUCKET_LABEL),
+        Some(&bucket_of("default", &name).to_string())
+    );
+    assert_eq!(f.tracker.overlaps.load(Ordering::SeqCst), 0, "a runtime was reconciled by two instances at once");
+    stop_a.cancel();
+    a.await.unwrap();
 }

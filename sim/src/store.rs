@@ -324,6 +324,37 @@ mod tests {
         assert!(second.starts_with(b"{\"type\":\"DELETED\""));
     }
 
+    /// What sharded lifecycle instances rely on: a set-based `in` watch sees an object that
+    /// gets its label as ADDED and one whose label moves out as DELETED; a `!key` watch sees
+    /// the object leave once it is labelled.
+    #[test]
+    fn set_based_and_not_exists_selectors_follow_label_changes() {
+        let mut s = State::new(10);
+        let (inside, mut in_rx) = reg("bucket in (1, 2)");
+        let (unlabelled, mut none_rx) = reg("!bucket");
+        s.watchers.entry("/configmaps".into()).or_default().extend([inside, unlabelled]);
+        let obj = |bucket: Option<&str>| {
+            let mut o = cm("x");
+            if let Some(b) = bucket {
+                o["metadata"]["labels"]["bucket"] = json!(b);
+            }
+            o
+        };
+        let k = || ("d".to_string(), "a".to_string());
+        let ty = |b: Bytes| serde_json::from_slice::<Value>(&b).unwrap()["type"].as_str().unwrap().to_string();
+        s.commit("/configmaps", k(), Some(obj(None)), None);
+        assert_eq!(ty(none_rx.try_recv().unwrap()), "ADDED");
+        assert!(in_rx.try_recv().is_err(), "not in the set yet");
+        s.commit("/configmaps", k(), Some(obj(Some("2"))), None);
+        assert_eq!(ty(in_rx.try_recv().unwrap()), "ADDED");
+        assert_eq!(ty(none_rx.try_recv().unwrap()), "DELETED");
+        s.commit("/configmaps", k(), Some(obj(Some("1"))), None);
+        assert_eq!(ty(in_rx.try_recv().unwrap()), "MODIFIED");
+        s.commit("/configmaps", k(), Some(obj(Some("7"))), None);
+        assert_eq!(ty(in_rx.try_recv().unwrap()), "DELETED");
+        assert!(none_rx.try_recv().is_err(), "labelled objects stay out of the !bucket watch");
+    }
+
     #[test]
     fn slow_watcher_is_dropped() {
         let mut s = State::new(10);

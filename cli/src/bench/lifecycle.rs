@@ -4,7 +4,8 @@
 //!
 //! `--shards N` (N > 1) runs N operator instances in this process, sharing the Runtimes by
 //! shard Leases as `fleetwatch lifecycle --shards N` does; the channel move is measured once
-//! every instance holds its share.
+//! every instance holds its share. `--processes` runs each instance as its own `fleetwatch
+//! lifecycle` process instead, and reports each one's peak RSS and the Runtimes it caches.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -27,6 +28,43 @@ pub(super) struct LifecycleBench {
     /// Shards, and as many operator instances sharing them; 1: one instance, unsharded.
     #[arg(long, default_value_t = 1)]
     shards: u32,
+    /// Run each instance as its own `fleetwatch lifecycle` process (with Leases also for one
+    /// shard) and report each one's peak RSS.
+    #[arg(long)]
+    processes: bool,
+}
+
+/// One `fleetwatch lifecycle` process of the bench.
+struct Instance {
+    child: tokio::process::Child,
+    metrics: String,
+}
+
+impl Instance {
+    fn spawn(b: &LifecycleBench, kubeconfig: &std::path::Path, ns: &str, log: std::fs::File) -> anyhow::Result<Self> {
+        use anyhow::Context;
+        // A free port for /metrics (reconciles, Runtimes cached).
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        let metrics = format!("127.0.0.1:{port}");
+        let exe = std::env::current_exe().context("cannot find own executable")?;
+        let child = tokio::process::Command::new(exe)
+            .args(["lifecycle", "--control-plane-kubeconfig"])
+            .arg(kubeconfig)
+            .args(["--shards", &b.shards.to_string(), "--leader-elect-namespace", ns])
+            .args(["--leader-elect-lease", "bench-lifecycle", "--resync", "0"])
+            .args(["--concurrency", &b.concurrency.to_string(), "--metrics-listen", &metrics])
+            .env("RUST_LOG", "warn")
+            .stdout(std::process::Stdio::null())
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()
+            .context("cannot start a lifecycle process")?;
+        Ok(Self { child, metrics })
+    }
+
+    async fn gauge(&self, name: &str) -> f64 {
+        super::hub_counter(&self.metrics, name).await.unwrap_or(0.0)
+    }
 }
 
 pub(super) async fn run(b: LifecycleBench) -> anyhow::Result<()> {
@@ -93,7 +131,16 @@ pub(super) async fn run(b: LifecycleBench) -> anyhow::Result<()> {
     let mut all_metrics: Vec<Arc<fleetwatch_lifecycle::Metrics>> = Vec::new();
     let stop = CancellationToken::new();
     let mut instances = Vec::new();
+    let mut procs: Vec<Instance> = Vec::new();
+    let dir = super::tempdir()?;
+    let kubeconfig = dir.path().join("control-plane.kubeconfig");
+    std::fs::write(&kubeconfig, cp.kubeconfig_yaml())?;
     for k in 0..b.shards {
+        if b.processes {
+            let log = std::fs::File::create(dir.path().join(format!("lifecycle-{k}.log")))?;
+            procs.push(Instance::spawn(&b, &kubeconfig, ns, log)?);
+            continue;
+        }
         let metrics = Arc::new(fleetwatch_lifecycle::Metrics::default());
         let shards = (b.shards > 1).then(|| {
             fleetwatch_lifecycle::shards::ShardConfig::new(ns, "bench-lifecycle", &format!("bench-{k}"), b.shards)
@@ -110,9 +157,19 @@ pub(super) async fn run(b: LifecycleBench) -> anyhow::Result<()> {
         instances.push(tokio::spawn(fleetwatch_lifecycle::run(config, metrics.clone(), stop.clone())));
         all_metrics.push(metrics);
     }
-    let reconciles = || all_metrics.iter().map(|m| m.reconciles.get()).sum::<u64>();
+    let reconciles = || {
+        let in_process = all_metrics.iter().map(|m| m.reconciles.get()).sum::<u64>();
+        let procs = &procs;
+        async move {
+            let mut n = in_process;
+            for p in procs {
+                n += p.gauge("fleetwatch_lifecycle_reconciles_total").await as u64;
+            }
+            n
+        }
+    };
     let t0 = Instant::now();
-    let r0 = reconciles();
+    let r0 = reconciles().await;
     for i in 0..b.runtimes {
         let modules: Vec<_> = (0..b.modules).map(|m| serde_json::json!({"name": format!("m{m}")})).collect();
         apply(serde_json::json!({"apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "Runtime",
@@ -151,7 +208,7 @@ pub(super) async fn run(b: LifecycleBench) -> anyhow::Result<()> {
         }
     };
     let install_secs = converge("1.0.0", t0).await?;
-    let install_reconciles = reconciles() - r0;
+    let install_reconciles = reconciles().await - r0;
     if b.shards > 1 {
         // Measure the sharded steady state: every instance holds one shard.
         let leases: Api<k8s_openapi::api::coordination::v1::Lease> = Api::namespaced(client.clone(), ns);
@@ -174,14 +231,32 @@ pub(super) async fn run(b: LifecycleBench) -> anyhow::Result<()> {
     }
     tokio::time::sleep(Duration::from_secs(3)).await; // let busy requeues settle
     // One module's channel moves.
-    let r1 = reconciles();
+    let r1 = reconciles().await;
     let t1 = Instant::now();
     apply(meta(0, "2.0.0")).await?;
     let move_secs = converge("2.0.0", t1).await?;
-    let move_reconciles = reconciles() - r1;
+    let move_reconciles = reconciles().await - r1;
+    // Per process: the Runtimes it caches in full, and its peak RSS (before it stops).
+    let mut per_process = Vec::new();
+    for p in &procs {
+        let cached = p.gauge("fleetwatch_lifecycle_runtimes_cached").await as u64;
+        let peak = p.child.id().and_then(|pid| super::rss_kib(pid, "VmHWM:")).unwrap_or(0);
+        per_process.push((cached, peak));
+    }
     stop.cancel();
     for task in instances {
         let _ = task.await;
+    }
+    for mut p in procs {
+        if let Some(pid) = p.child.id().and_then(|pid| i32::try_from(pid).ok()) {
+            // SIGTERM: a clean stop gives the Leases back.
+            // SAFETY: kill(2) with a pid of our own child, which has not been reaped (we
+            // still hold its handle), so the pid cannot have been reused.
+            unsafe {
+                libc::kill(pid, libc::SIGTERM);
+            }
+        }
+        let _ = tokio::time::timeout(Duration::from_secs(20), p.child.wait()).await;
     }
     println!("runtimes × modules:        {} × {}", b.runtimes, b.modules);
     println!("shards (instances):        {}", b.shards);
@@ -193,10 +268,18 @@ pub(super) async fn run(b: LifecycleBench) -> anyhow::Result<()> {
         "channel move converged:    {move_secs:.2} s, {move_reconciles} reconciles = {:.0} reconciles/s",
         move_reconciles as f64 / move_secs
     );
+    for (k, (cached, peak)) in per_process.iter().enumerate() {
+        println!("process {k}:                 {cached} Runtimes cached, peak RSS {:.1} MiB", *peak as f64 / 1024.0);
+    }
+    let processes: Vec<serde_json::Value> = per_process
+        .iter()
+        .map(|(cached, peak)| serde_json::json!({"runtimes_cached": cached, "peak_rss_kib": peak}))
+        .collect();
     println!(
         "{}",
         serde_json::json!({"bench": "lifecycle", "runtimes": b.runtimes, "modules": b.modules, "shards": b.shards, "install_s": install_secs,
-            "install_reconciles": install_reconciles, "channel_move_s": move_secs, "channel_move_reconciles": move_reconciles})
+            "install_reconciles": install_reconciles, "channel_move_s": move_secs, "channel_move_reconciles": move_reconciles,
+            "processes": processes})
     );
     drop(sims);
     Ok(())
