@@ -7,7 +7,6 @@ mod crds_cmd;
 mod hub_cmd;
 mod lifecycle_cmd;
 mod maintenance_cmd;
-mod metrics_route;
 mod module_cmd;
 mod relay_cmd;
 #[cfg(not(feature = "sandbox"))]

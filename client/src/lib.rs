@@ -2,8 +2,10 @@
 //! subscriber client that resumes from a durable cursor, the `Sink` trait its consumers
 //! implement (acknowledged only after the sink accepted), the reconnect backoff both the
 //! subscriber and the agent's uplink use, loading a Kubernetes client from a kubeconfig file,
-//! server-side applying manifests (`kube_apply`, for the sandbox and the benchmarks) and
-//! reading the hub's admin API (`admin_http`, for `status`, the sandbox and the benchmarks).
+//! a Kubernetes watch that lists again after a failure (so a status set from the failure is
+//! taken back), server-side applying manifests (`kube_apply`, for the sandbox and the
+//! benchmarks) and reading the hub's admin API (`admin_http`, for `status`, the sandbox and
+//! the benchmarks).
 //!
 //! The wire format itself lives in `fleetwatch-protocol`; this crate owns the sockets.
 #![warn(missing_docs)]
@@ -12,6 +14,7 @@ pub mod admin_http;
 pub mod backoff;
 pub mod client_tls;
 pub mod kube_apply;
+pub mod kube_watch;
 pub mod kubeconfig;
 pub mod sink;
 pub mod subscriber;
