@@ -15,6 +15,7 @@ mod authority;
 mod error;
 mod inspect;
 mod tls;
+pub mod tls_error;
 mod verify;
 
 pub use authority::{Authority, IssuedFiles, LeafSpec};

@@ -41,6 +41,12 @@ pub fn generated() -> anyhow::Result<Vec<(String, String)>> {
         .collect()
 }
 
+/// The generated CRDs as JSON objects, for installing them into a (simulated) cluster.
+#[cfg(feature = "sandbox")]
+pub fn values() -> anyhow::Result<Vec<serde_json::Value>> {
+    generated()?.iter().map(|(_, yaml)| serde_saphyr::from_str(yaml).context("generated CRD")).collect()
+}
+
 /// `text` with the line breaks inside each paragraph (blank-line separated) made spaces:
 /// `kubectl explain` wraps a description to the terminal itself and keeps its line breaks,
 /// so a doc comment's hard-wrapped lines came out ragged (a line of one word, then the rest).

@@ -1,23 +1,16 @@
 //! `fleetwatch`: one binary, a subcommand per role. Wiring only; the work is in the libraries.
 
-mod admin_http;
 mod agent_cmd;
 mod agent_module_cmd;
-#[cfg(feature = "sandbox")]
-mod bench;
 mod certs_cmd;
 mod crds_cmd;
 mod hub_cmd;
-#[cfg(feature = "sandbox")]
-mod kube_apply;
 mod lifecycle_cmd;
 mod maintenance_cmd;
 mod module_cmd;
 mod relay_cmd;
 #[cfg(not(feature = "sandbox"))]
 mod sandbox_missing;
-#[cfg(feature = "sandbox")]
-mod soak;
 mod status_cmd;
 mod tail_cmd;
 #[cfg(feature = "sandbox")]
@@ -85,7 +78,7 @@ enum Command {
     Sim(sandbox_missing::Args),
     /// Measure throughput, latency and memory.
     #[cfg(feature = "sandbox")]
-    Bench(bench::BenchArgs),
+    Bench(fleetwatch_bench::BenchArgs),
     /// Print the build version and git commit (the first line, which `--version` prints
     /// too), the protocol versions spoken and the skew policy, the storage formats and the
     /// CRD versions: what an upgrade has to agree on (docs/upgrade.md).
@@ -166,7 +159,7 @@ fn main() -> std::process::ExitCode {
                     Command::Lifecycle(args) => lifecycle_cmd::run(args).await,
                     Command::Module(args) => module_cmd::run(args).await,
                     #[cfg(feature = "sandbox")]
-                    Command::Bench(args) => bench::run(args).await,
+                    Command::Bench(args) => fleetwatch_bench::run(args, crds_cmd::values()?).await,
                     #[cfg(feature = "sandbox")]
                     Command::Sim(args) => {
                         let shutdown = shutdown_on_signals();

@@ -343,7 +343,7 @@ fn admin_addr(url: &str) -> anyhow::Result<String> {
 }
 
 async fn get_json<T: serde::de::DeserializeOwned>(addr: &str, path: &str, token: Option<&str>) -> anyhow::Result<T> {
-    let (status, body) = crate::admin_http::request(addr, path, token).await?;
+    let (status, body) = fleetwatch_client::admin_http::request(addr, path, token).await?;
     match status {
         200 => serde_json::from_str(&body).with_context(|| format!("http://{addr}{path}: unexpected answer")),
         401 => anyhow::bail!("http://{addr}{path}: 401 unauthorized: give the hub's token with --admin-token-file"),

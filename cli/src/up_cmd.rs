@@ -20,7 +20,7 @@ use kube::Api;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-use crate::kube_apply::{apply, install_crds};
+use fleetwatch_client::kube_apply::{apply, install_crds};
 
 /// Namespace of Runtimes, templates and release metas in the sandbox's control plane.
 pub const NAMESPACE: &str = "kcp";
@@ -241,7 +241,7 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     let cp_client = cp.client().await?;
 
     // The control plane's content: CRDs, sample modules, watch configs, runtimes.
-    install_crds(&cp_client).await?;
+    install_crds(&cp_client, &crate::crds_cmd::values()?).await?;
     apply(&cp_client, "sandbox", &json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}))
         .await?;
     // Maintenance windows every night 02:00–04:00 UTC, lifecycle-manager's policy format.
@@ -412,7 +412,7 @@ async fn rows(cp: &kube::Client, admin: &str, modules: &[String]) -> Vec<Vec<Str
     // says so instead of emptying the table.
     let runtimes: Api<kube::api::DynamicObject> =
         Api::namespaced_with(cp.clone(), NAMESPACE, &kube::core::ApiResource::erase::<Runtime>(&()));
-    let clusters: Value = crate::admin_http::get(admin, "/api/v1/clusters")
+    let clusters: Value = fleetwatch_client::admin_http::get(admin, "/api/v1/clusters")
         .await
         .ok()
         .and_then(|b| serde_json::from_str(&b).ok())

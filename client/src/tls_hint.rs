@@ -1,40 +1,13 @@
-//! TLS failures as one line that says what to fix, for each end of a connection.
+//! TLS failures as one line that says what a client (agent, subscriber) should fix.
 //!
 //! rustls reports what failed ("UnknownIssuer", "received fatal alert: UnknownCA"); an
 //! operator needs to know which file or flag is wrong. With TLS 1.3 a client learns that
 //! the hub refused its certificate only from an alert after its own handshake finished,
-//! so the client side also looks for alerts in WebSocket errors.
+//! so this also looks for alerts in WebSocket errors. The hub's side of the same failures
+//! is the hub's own (`fleetwatch-hub`); both read errors with `fleetwatch_certs::tls_error`.
 
-use rustls::pki_types::UnixTime;
+use fleetwatch_certs::tls_error::{alert_name, find_rustls, when};
 use rustls::{AlertDescription, CertificateError, Error};
-
-/// The rustls error somewhere in `err`'s chain (inside `io::Error`s and tungstenite errors).
-pub fn find_rustls<'a>(err: &'a (dyn std::error::Error + 'static)) -> Option<&'a Error> {
-    let mut next: Option<&'a (dyn std::error::Error + 'static)> = Some(err);
-    while let Some(e) = next {
-        if let Some(r) = e.downcast_ref::<Error>() {
-            return Some(r);
-        }
-        let io = e.downcast_ref::<std::io::Error>().or_else(|| match e.downcast_ref() {
-            Some(tokio_tungstenite::tungstenite::Error::Io(io)) => Some(io),
-            _ => None,
-        });
-        // An io::Error's source() skips the error it wraps: look at that one directly.
-        if let Some(r) = io.and_then(|io| io.get_ref()).and_then(|inner| inner.downcast_ref::<Error>()) {
-            return Some(r);
-        }
-        next = e.source();
-    }
-    None
-}
-
-fn when(t: &UnixTime) -> String {
-    i64::try_from(t.as_secs())
-        .ok()
-        .and_then(|s| jiff::Timestamp::from_second(s).ok())
-        .map(|t| t.to_string())
-        .unwrap_or_else(|| format!("{} (UNIX time)", t.as_secs()))
-}
 
 /// What a client (agent, subscriber) should fix when its TLS connection to the hub at
 /// `host` failed; `None` for failures without a known cause.
@@ -91,63 +64,10 @@ pub fn client_side(err: &(dyn std::error::Error + 'static), host: &str) -> Optio
     })
 }
 
-/// What is wrong when a client's TLS handshake with the hub failed, for the hub's log;
-/// `None` for failures without a known cause.
-pub fn server_side(err: &(dyn std::error::Error + 'static)) -> Option<String> {
-    Some(match find_rustls(err)? {
-        Error::InvalidCertificate(c) => match c {
-            CertificateError::UnknownIssuer | CertificateError::BadSignature => {
-                "client certificate is not signed by a CA in --client-ca".into()
-            }
-            CertificateError::ExpiredContext { not_after, .. } => {
-                format!("client certificate expired at {}", when(not_after))
-            }
-            CertificateError::Expired => "client certificate has expired".into(),
-            CertificateError::NotValidYet | CertificateError::NotValidYetContext { .. } => {
-                "client certificate is not valid yet: are the clocks in step?".into()
-            }
-            CertificateError::InvalidPurpose | CertificateError::InvalidPurposeContext { .. } => {
-                "client certificate lacks the clientAuth extended key usage".into()
-            }
-            other => format!("client certificate is not acceptable: {other}"),
-        },
-        Error::NoCertificatesPresented => "client presented no certificate (mutual TLS is required)".into(),
-        Error::AlertReceived(a) => match a {
-            AlertDescription::UnknownCA
-            | AlertDescription::BadCertificate
-            | AlertDescription::CertificateUnknown
-            | AlertDescription::DecryptError => "the client does not accept the hub's certificate: is it signed \
-                by the client's --ca, and valid for the name in its --hub?"
-                .into(),
-            AlertDescription::CertificateExpired => {
-                "the client says the hub's certificate expired or is not yet valid".into()
-            }
-            AlertDescription::UnsupportedCertificate => {
-                "the client refused the hub's certificate: it lacks the serverAuth extended key usage".into()
-            }
-            other => format!("the client ended the TLS handshake: {}", alert_name(other)),
-        },
-        Error::InvalidMessage(_) => "not a TLS client (plain HTTP or a port scan?)".into(),
-        Error::PeerIncompatible(_) => "the client does not support TLS 1.3".into(),
-        _ => return None,
-    })
-}
-
-fn alert_name(a: &AlertDescription) -> String {
-    // AlertDescription has no Display; its variant names are what TLS specs call them.
-    let mut name = String::new();
-    for (i, ch) in format!("{a:?}").chars().enumerate() {
-        if ch.is_ascii_uppercase() && i > 0 {
-            name.push(' ');
-        }
-        name.push(ch.to_ascii_lowercase());
-    }
-    name
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rustls::pki_types::UnixTime;
 
     fn io(e: Error) -> std::io::Error {
         std::io::Error::new(std::io::ErrorKind::InvalidData, e)
@@ -172,14 +92,5 @@ mod tests {
         }));
         assert_eq!(client_side(&expired, "h").unwrap(), "the hub's certificate expired at 2030-03-17T17:46:40Z");
         assert_eq!(client_side(&std::io::Error::other("x"), "h"), None);
-    }
-
-    #[test]
-    fn hub_hints_say_whose_certificate_is_wrong() {
-        let e = io(Error::InvalidCertificate(CertificateError::UnknownIssuer));
-        assert_eq!(server_side(&e).unwrap(), "client certificate is not signed by a CA in --client-ca");
-        assert!(server_side(&io(Error::NoCertificatesPresented)).unwrap().contains("no certificate"));
-        let other = io(Error::AlertReceived(AlertDescription::AccessDenied));
-        assert_eq!(server_side(&other).unwrap(), "the client ended the TLS handshake: access denied");
     }
 }

@@ -58,7 +58,7 @@ impl Refusal {
 }
 
 /// The budgets and the refusal counts since the last summary.
-pub(crate) struct Admission {
+pub(crate) struct ConnectionBudget {
     sessions: Arc<Semaphore>,
     handshakes: Arc<Semaphore>,
     per_ip_limit: usize,
@@ -74,7 +74,7 @@ pub(crate) struct Admission {
 
 /// An idle connection's entry; cancelled when it is closed to make room, removed on drop.
 pub(crate) struct IdleGuard<'a> {
-    admission: &'a Admission,
+    admission: &'a ConnectionBudget,
     id: u64,
     /// Cancelled when the connection must close to make room.
     pub(crate) evicted: CancellationToken,
@@ -111,7 +111,7 @@ impl Drop for HandshakeSlot {
     }
 }
 
-impl Admission {
+impl ConnectionBudget {
     /// Budgets: sessions, handshakes in progress, handshakes in progress per address.
     pub(crate) fn new(max_sessions: usize, max_handshakes: usize, per_ip: usize) -> Self {
         Self {
@@ -282,14 +282,14 @@ mod tests {
     use super::*;
 
     /// A handshake slot from `ip` (a global permit must be free: the tests never wait).
-    fn begin(a: &Admission, ip: &str) -> Result<HandshakeSlot, Refusal> {
+    fn begin(a: &ConnectionBudget, ip: &str) -> Result<HandshakeSlot, Refusal> {
         let permit = a.handshakes.clone().try_acquire_owned().map(HandshakePermit).expect("a free global permit");
         a.begin_handshake(ip.parse().unwrap(), permit)
     }
 
     #[test]
     fn per_address_budget_leaves_room_for_others() {
-        let a = Admission::new(2, 10, 3);
+        let a = ConnectionBudget::new(2, 10, 3);
         let held: Vec<_> = (0..3).map(|_| begin(&a, "10.0.0.1").unwrap()).collect();
         assert_eq!(begin(&a, "10.0.0.1").err(), Some(Refusal::HandshakesPerIp));
         let other = begin(&a, "10.0.0.2").unwrap();
@@ -302,7 +302,7 @@ mod tests {
 
     #[test]
     fn an_ipv6_host_is_one_source_per_64() {
-        let a = Admission::new(1, 10, 2);
+        let a = ConnectionBudget::new(1, 10, 2);
         let _x = begin(&a, "2001:db8::1").unwrap();
         let _y = begin(&a, "2001:db8::2").unwrap();
         assert_eq!(begin(&a, "2001:db8::3").err(), Some(Refusal::HandshakesPerIp));
@@ -314,7 +314,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_full_global_budget_waits_instead_of_refusing() {
-        let a = Admission::new(1, 2, 10);
+        let a = ConnectionBudget::new(1, 2, 10);
         let p1 = a.handshake_permit().await.unwrap();
         let h1 = a.begin_handshake("10.0.0.1".parse().unwrap(), p1).unwrap();
         let _h2 = a.begin_handshake("10.0.0.2".parse().unwrap(), a.handshake_permit().await.unwrap()).unwrap();
@@ -328,7 +328,7 @@ mod tests {
 
     #[test]
     fn sessions_have_their_own_budget() {
-        let a = Admission::new(1, 2, 10);
+        let a = ConnectionBudget::new(1, 2, 10);
         let s = a.begin_session().unwrap();
         assert_eq!(a.begin_session().err(), Some(Refusal::MaxConnections));
         drop(s);
@@ -337,7 +337,7 @@ mod tests {
 
     #[test]
     fn refusals_are_summarised_once_per_interval() {
-        let a = Admission::new(1, 1, 1);
+        let a = ConnectionBudget::new(1, 1, 1);
         let m = Metrics::default();
         assert_eq!(a.take_summary(), None);
         for _ in 0..150 {
@@ -371,7 +371,7 @@ mod idle_tests {
 
     #[test]
     fn the_oldest_idle_connection_goes_first_and_pressure_shortens_the_timeout() {
-        let a = Admission::new(10, 4, 64);
+        let a = ConnectionBudget::new(10, 4, 64);
         let ten = Duration::from_secs(10);
         let g1 = a.idle_begin();
         let g2 = a.idle_begin();

@@ -28,7 +28,7 @@ use crate::bus::{Append, Bus, BusError, BusFuture, RecordBody};
 use crate::conn::{Conn, End};
 use crate::ingest::{self, Decision, Refusal};
 use crate::rate::{Budget, RESYNCS_PER_SEC};
-use crate::registry::{Admission, Opening, RecentEvent, StoredMarker};
+use crate::registry::{OpenOutcome, Opening, RecentEvent, StoredMarker};
 use crate::{Peer, Sessions};
 
 /// Records a subscriber may be behind for want of the hub's CPU before batches wait
@@ -68,9 +68,9 @@ pub(crate) async fn run(mut conn: Conn, cluster: String, peer: Peer, ctx: Arc<Se
     // it missed a round and is presumed dead.
     let stale_after = 2 * Conn::ping_interval(ctx.settings.idle_timeout);
     match ctx.registry.open(&cluster, opening, stale_after) {
-        Admission::Opened { replaced: None } => {}
-        Admission::Opened { replaced: Some(why) } => tracing::info!(%why, "new session replaces the old one"),
-        Admission::Conflict { connected_from, since } => {
+        OpenOutcome::Opened { replaced: None } => {}
+        OpenOutcome::Opened { replaced: Some(why) } => tracing::info!(%why, "new session replaces the old one"),
+        OpenOutcome::Conflict { connected_from, since } => {
             ctx.metrics.cluster_conflicts.inc();
             ctx.metrics.reject("cluster-already-connected");
             let since = since.map(|t| format!(" since {t}")).unwrap_or_default();

@@ -49,6 +49,7 @@ mod scrape;
 mod server;
 mod subscriber_session;
 mod subscriber_slots;
+mod tls_hint;
 pub mod watch_source;
 mod watch_status;
 
@@ -263,7 +264,7 @@ pub(crate) struct Context {
     /// The trust domain of the hub's own certificate; clients must share it.
     pub trust_domain: String,
     /// Handshake and session budgets, refusal counts.
-    pub admission: admission::Admission,
+    pub admission: admission::ConnectionBudget,
     /// Whether the control-plane WatchConfig watch has listed everything (always true for
     /// other sources).
     pub watch_synced: Arc<watch_source::WatchSync>,
@@ -575,7 +576,7 @@ impl Hub {
             runtimes: runtimes.clone(),
         });
         let ctx = Arc::new(Context {
-            admission: admission::Admission::new(
+            admission: admission::ConnectionBudget::new(
                 config.max_connections,
                 config.max_handshakes,
                 config.max_handshakes_per_ip,

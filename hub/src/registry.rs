@@ -271,7 +271,7 @@ pub struct Opening<'a> {
 
 /// The outcome of [`SessionRegistry::open`].
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Admission {
+pub enum OpenOutcome {
     /// The session is the cluster's live one now.
     Opened {
         /// Why a previous session was replaced, if one was.
@@ -346,10 +346,10 @@ impl SessionRegistry {
     /// Admits a new session for `cluster` by the rule in the module doc: replaces the live
     /// session of the same epoch or a stale one (silent for longer than `stale_after`),
     /// refuses it while another epoch's session is alive.
-    pub fn open(&self, cluster: &str, new: Opening<'_>, stale_after: Duration) -> Admission {
+    pub fn open(&self, cluster: &str, new: Opening<'_>, stale_after: Duration) -> OpenOutcome {
         let Ok(mut map) = self.clusters.lock() else {
             // A poisoned registry cannot tell who is connected: refuse rather than guess.
-            return Admission::Conflict { connected_from: "unknown (registry unavailable)".into(), since: None };
+            return OpenOutcome::Conflict { connected_from: "unknown (registry unavailable)".into(), since: None };
         };
         let e = map.entry(cluster.to_string()).or_insert_with(|| Entry {
             status: ClusterStatus { cluster: cluster.into(), ..ClusterStatus::default() },
@@ -377,7 +377,7 @@ impl SessionRegistry {
                 e.status.conflicts += 1;
                 e.status.last_conflict_from = Some(new.remote.into());
                 e.status.last_conflict_at = Some(jiff::Timestamp::now());
-                return Admission::Conflict { connected_from: from, since: e.status.connected_since };
+                return OpenOutcome::Conflict { connected_from: from, since: e.status.connected_since };
             }
             live.cancel.cancel();
         }
@@ -395,7 +395,7 @@ impl SessionRegistry {
         e.status.sessions += 1;
         drop(map);
         self.changed.notify_waiters();
-        Admission::Opened { replaced }
+        OpenOutcome::Opened { replaced }
     }
 
     /// Marks the session closed, unless a newer one already replaced it.
@@ -549,10 +549,13 @@ mod tests {
         let reg = SessionRegistry::default();
         let first = CancellationToken::new();
         let stale = Duration::from_secs(3600);
-        assert_eq!(reg.open("c", opening("s1", "10.0.0.1:1", 1, &first), stale), Admission::Opened { replaced: None });
+        assert_eq!(
+            reg.open("c", opening("s1", "10.0.0.1:1", 1, &first), stale),
+            OpenOutcome::Opened { replaced: None }
+        );
         let second = CancellationToken::new();
         match reg.open("c", opening("s2", "10.0.0.2:2", 2, &second), stale) {
-            Admission::Conflict { connected_from, .. } => assert_eq!(connected_from, "10.0.0.1:1"),
+            OpenOutcome::Conflict { connected_from, .. } => assert_eq!(connected_from, "10.0.0.1:1"),
             other => panic!("{other:?}"),
         }
         assert!(!first.is_cancelled());
@@ -572,14 +575,14 @@ mod tests {
         let again = CancellationToken::new();
         assert!(matches!(
             reg.open("c", opening("s2", "a:2", 1, &again), stale),
-            Admission::Opened { replaced: Some(_) }
+            OpenOutcome::Opened { replaced: Some(_) }
         ));
         assert!(first.is_cancelled());
         // Another epoch, but the live session is silent beyond the window: replaced.
         let other = CancellationToken::new();
         assert!(matches!(
             reg.open("c", opening("s3", "b:3", 2, &other), Duration::ZERO),
-            Admission::Opened { replaced: Some(_) }
+            OpenOutcome::Opened { replaced: Some(_) }
         ));
         assert!(again.is_cancelled());
         // The replaced session closing does not mark the new one closed.
@@ -589,7 +592,7 @@ mod tests {
         assert!(!reg.list()[0].connected);
         // Once closed, any epoch opens.
         let later = CancellationToken::new();
-        assert_eq!(reg.open("c", opening("s4", "c:4", 9, &later), stale), Admission::Opened { replaced: None });
+        assert_eq!(reg.open("c", opening("s4", "c:4", 9, &later), stale), OpenOutcome::Opened { replaced: None });
         assert_eq!(reg.list()[0].conflicts, 0);
     }
 

@@ -4,7 +4,7 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use fleetwatch_client::tls_hint;
+use crate::tls_hint;
 use fleetwatch_client::transport::Stream;
 use fleetwatch_client::transport::ws_config;
 use fleetwatch_protocol::identity::Role;

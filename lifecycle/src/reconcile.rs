@@ -596,8 +596,8 @@ async fn install_inner(
         // The admission is recorded before the upgrade starts: an instance taking over
         // counts this runtime as in flight. Not recorded, not started (it is retried).
         let why = match admit_recorded(ctx, ns, &entry.name, &desired, policy, rt, total).await {
-            crate::rollout::Admission::Wait(why) => Some(why),
-            crate::rollout::Admission::Go => None,
+            crate::rollout::UpgradeGate::Wait(why) => Some(why),
+            crate::rollout::UpgradeGate::Go => None,
         };
         if let Some(why) = why {
             // The current version keeps running and being what status reports.
@@ -928,10 +928,10 @@ async fn admit_recorded(
     policy: &fleetwatch_api::RolloutPolicy,
     rt: &Runtime,
     total: u32,
-) -> crate::rollout::Admission {
-    use crate::rollout::Admission;
+) -> crate::rollout::UpgradeGate {
+    use crate::rollout::UpgradeGate;
     let Some(meta_name) = find_meta(&ctx.metas.state(), ns, module).map(|m| m.name_any()) else {
-        return Admission::Wait(format!("rollout of {module} {version}: no ModuleReleaseMeta"));
+        return UpgradeGate::Wait(format!("rollout of {module} {version}: no ModuleReleaseMeta"));
     };
     let name = rt.name_any();
     let api: Api<ModuleReleaseMeta> = Api::namespaced(ctx.client.clone(), ns);
@@ -939,29 +939,31 @@ async fn admit_recorded(
     for _ in 0..STATUS_WRITE_ATTEMPTS {
         let mut meta = match api.get(&meta_name).await {
             Ok(m) => m,
-            Err(e) => return Admission::Wait(format!("waiting to read the rollout of {module} {version}: {e}")),
+            Err(e) => return UpgradeGate::Wait(format!("waiting to read the rollout of {module} {version}: {e}")),
         };
         let recorded = recorded_rollout(&meta, version);
         let already = recorded.is_some_and(|r| r.admitted_runtimes.contains(&name));
         let admission = ctx.rollouts.admit(ns, module, version, policy, rt, total, recorded);
-        if already || matches!(admission, Admission::Wait(_)) {
+        if already || matches!(admission, UpgradeGate::Wait(_)) {
             return admission;
         }
         let statuses =
             ctx.rollouts.merged(ns, module, &meta.status.as_ref().map(|s| s.rollouts.clone()).unwrap_or_default());
         meta.status.get_or_insert_with(Default::default).rollouts = statuses;
         match api.replace_status(&meta_name, &PostParams::default(), &meta).await {
-            Ok(_) => return Admission::Go,
+            Ok(_) => return UpgradeGate::Go,
             Err(kube::Error::Api(s)) if s.code == 409 => {
                 ctx.rollouts.retract(ns, module, version, &name);
             }
             Err(e) => {
                 ctx.rollouts.retract(ns, module, version, &name);
-                return Admission::Wait(format!("waiting to record the rollout admission of {module} {version}: {e}"));
+                return UpgradeGate::Wait(format!(
+                    "waiting to record the rollout admission of {module} {version}: {e}"
+                ));
             }
         }
     }
-    Admission::Wait(format!("waiting to record the rollout admission of {module} {version}: concurrent writes"))
+    UpgradeGate::Wait(format!("waiting to record the rollout admission of {module} {version}: concurrent writes"))
 }
 
 /// Writes changed rollout progress into the ModuleReleaseMetas' status, one write at a time

@@ -20,7 +20,7 @@ use tokio::sync::mpsc;
 
 /// Whether a runtime may upgrade now.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Admission {
+pub enum UpgradeGate {
     /// Upgrade.
     Go,
     /// Not yet (or not at all, when halted); the reason for its status.
@@ -144,10 +144,10 @@ impl Rollouts {
         runtime: &Runtime,
         total: u32,
         recorded: Option<&RolloutStatus>,
-    ) -> Admission {
+    ) -> UpgradeGate {
         // Fail closed: without the bookkeeping no upgrade is paced, so none starts.
         let Ok(mut map) = self.inner.lock() else {
-            return Admission::Wait(format!("rollout of {module} {version}: bookkeeping unavailable"));
+            return UpgradeGate::Wait(format!("rollout of {module} {version}: bookkeeping unavailable"));
         };
         let r = entry(&mut map, ns, module, version, recorded);
         let id = runtime.metadata.name.clone().unwrap_or_default();
@@ -156,10 +156,10 @@ impl Rollouts {
             r.dirty = true;
         }
         if r.admitted.contains(&id) {
-            return Admission::Go;
+            return UpgradeGate::Go;
         }
         if let Some(why) = &r.halted {
-            return Admission::Wait(format!("rollout of {module} {version} halted: {why}"));
+            return UpgradeGate::Wait(format!("rollout of {module} {version} halted: {why}"));
         }
         let wave_size =
             ((u64::from(total) * u64::from(policy.step_percent.clamp(1, 100))).div_ceil(100)).max(1) as usize;
@@ -172,10 +172,10 @@ impl Rollouts {
             r.admitted.insert(id.clone());
             r.waiting.remove(&id);
             r.dirty = true;
-            return Admission::Go;
+            return UpgradeGate::Go;
         }
         r.waiting.insert(id, ObjectRef::from_obj(runtime));
-        Admission::Wait(format!(
+        UpgradeGate::Wait(format!(
             "waiting for rollout of {module} {version}: wave {}, {}/{} upgraded",
             r.wave,
             r.done.len(),
@@ -340,27 +340,27 @@ mod tests {
         let names: Vec<String> = (0..10).map(|i| format!("r{i}")).collect();
         let admit = |n: &str| ro.admit("ns", "m", &v, &p, &rt(n), 10, None);
         // Wave 1 holds 3 runtimes, at most 2 in flight.
-        assert_eq!(admit(&names[0]), Admission::Go);
-        assert_eq!(admit(&names[1]), Admission::Go);
-        assert!(matches!(admit(&names[2]), Admission::Wait(_)), "max in flight");
+        assert_eq!(admit(&names[0]), UpgradeGate::Go);
+        assert_eq!(admit(&names[1]), UpgradeGate::Go);
+        assert!(matches!(admit(&names[2]), UpgradeGate::Wait(_)), "max in flight");
         ro.report("ns", "m", &v, &names[0], true, &p, None);
         assert!(rx.try_recv().is_ok(), "a waiting runtime is woken");
-        assert_eq!(admit(&names[2]), Admission::Go);
-        assert!(matches!(admit(&names[3]), Admission::Wait(_)), "wave 1 is full");
+        assert_eq!(admit(&names[2]), UpgradeGate::Go);
+        assert!(matches!(admit(&names[3]), UpgradeGate::Wait(_)), "wave 1 is full");
         ro.report("ns", "m", &v, &names[1], true, &p, None);
-        assert!(matches!(admit(&names[3]), Admission::Wait(_)), "wave 1 not through yet");
+        assert!(matches!(admit(&names[3]), UpgradeGate::Wait(_)), "wave 1 not through yet");
         ro.report("ns", "m", &v, &names[2], true, &p, None);
-        assert_eq!(admit(&names[3]), Admission::Go, "wave 2 opens");
+        assert_eq!(admit(&names[3]), UpgradeGate::Go, "wave 2 opens");
         let st = ro.take_changed();
         assert_eq!(st[0].2[0].upgraded, 3);
         assert_eq!(st[0].2[0].wave, 2);
         // Failures beyond the ratio halt the rollout.
-        assert_eq!(admit(&names[4]), Admission::Go);
+        assert_eq!(admit(&names[4]), UpgradeGate::Go);
         ro.report("ns", "m", &v, &names[3], false, &p, None);
         ro.report("ns", "m", &v, &names[4], false, &p, None);
         assert_eq!(
             admit(&names[5]),
-            Admission::Wait("rollout of m 2.0.0 halted: 2 of 5 admitted upgrades failed (more than 30 %)".into())
+            UpgradeGate::Wait("rollout of m 2.0.0 halted: 2 of 5 admitted upgrades failed (more than 30 %)".into())
         );
         let st = ro.take_changed();
         assert_eq!(st[0].2[0].phase, "Halted");
@@ -377,14 +377,14 @@ mod tests {
         let (a, b) = (Rollouts::new(tx.clone()), Rollouts::new(tx));
         let status0: Vec<RolloutStatus> = Vec::new();
         // Both read the same (empty) status; each alone would admit.
-        assert_eq!(a.admit("ns", "m", &v, &p, &rt("r0"), 4, None), Admission::Go);
-        assert_eq!(b.admit("ns", "m", &v, &p, &rt("r1"), 4, None), Admission::Go);
+        assert_eq!(a.admit("ns", "m", &v, &p, &rt("r0"), 4, None), UpgradeGate::Go);
+        assert_eq!(b.admit("ns", "m", &v, &p, &rt("r1"), 4, None), UpgradeGate::Go);
         // A writes first; B's write carries the old resourceVersion and is refused.
         let status1 = a.merged("ns", "m", &status0);
         b.retract("ns", "m", &v, "r1");
         let find = |st: &[RolloutStatus]| st.iter().find(|r| r.version == "2.0.0").cloned();
         let recorded = find(&status1);
-        assert!(matches!(b.admit("ns", "m", &v, &p, &rt("r1"), 4, recorded.as_ref()), Admission::Wait(_)));
+        assert!(matches!(b.admit("ns", "m", &v, &p, &rt("r1"), 4, recorded.as_ref()), UpgradeGate::Wait(_)));
         // B's own status write keeps A's admission.
         let status2 = b.merged("ns", "m", &status1);
         assert_eq!(find(&status2).unwrap().admitted_runtimes, ["r0"]);
@@ -392,7 +392,7 @@ mod tests {
         a.report("ns", "m", &v, "r0", true, &p, recorded.as_ref());
         let status3 = a.merged("ns", "m", &status2);
         let recorded = find(&status3);
-        assert_eq!(b.admit("ns", "m", &v, &p, &rt("r1"), 4, recorded.as_ref()), Admission::Go);
+        assert_eq!(b.admit("ns", "m", &v, &p, &rt("r1"), 4, recorded.as_ref()), UpgradeGate::Go);
         let status4 = find(&b.merged("ns", "m", &status3)).unwrap();
         assert_eq!(status4.admitted_runtimes, ["r0", "r1"]);
         assert_eq!(status4.upgraded_runtimes, ["r0"]);
@@ -406,10 +406,10 @@ mod tests {
         let p = RolloutPolicy { max_in_flight: 2, step_percent: 30, max_failure_ratio: 0.3 };
         let first = Rollouts::new(tx.clone());
         for r in ["r0", "r1"] {
-            assert_eq!(first.admit("ns", "m", &v, &p, &rt(r), 10, None), Admission::Go);
+            assert_eq!(first.admit("ns", "m", &v, &p, &rt(r), 10, None), UpgradeGate::Go);
         }
         first.report("ns", "m", &v, "r0", true, &p, None);
-        assert_eq!(first.admit("ns", "m", &v, &p, &rt("r2"), 10, None), Admission::Go);
+        assert_eq!(first.admit("ns", "m", &v, &p, &rt("r2"), 10, None), UpgradeGate::Go);
         let recorded = first.take_changed().remove(0).2.remove(0);
         assert_eq!(recorded.admitted_runtimes, ["r0", "r1", "r2"]);
         assert_eq!(recorded.upgraded_runtimes, ["r0"]);
@@ -417,11 +417,11 @@ mod tests {
         // A new instance knows nothing but the status: r1 and r2 are still in flight.
         let second = Rollouts::new(tx);
         let admit = |r: &str| second.admit("ns", "m", &v, &p, &rt(r), 10, Some(&recorded));
-        assert!(matches!(admit("r3"), Admission::Wait(_)), "maxInFlight counts the first instance's admissions");
-        assert_eq!(admit("r1"), Admission::Go, "an admitted runtime goes on");
+        assert!(matches!(admit("r3"), UpgradeGate::Wait(_)), "maxInFlight counts the first instance's admissions");
+        assert_eq!(admit("r1"), UpgradeGate::Go, "an admitted runtime goes on");
         second.report("ns", "m", &v, "r1", true, &p, Some(&recorded));
         second.report("ns", "m", &v, "r2", true, &p, Some(&recorded));
-        assert_eq!(admit("r3"), Admission::Go, "wave 2 opens after the recorded wave 1");
+        assert_eq!(admit("r3"), UpgradeGate::Go, "wave 2 opens after the recorded wave 1");
         let now = second.take_changed().remove(0).2.remove(0);
         assert_eq!((now.wave, now.upgraded, now.admitted), (2, 3, 4));
     }

@@ -3,9 +3,8 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
-
 use fleetwatch_api::{Runtime, State};
+use fleetwatch_test_support::eventually;
 use kube::api::DynamicObject;
 use kube::core::ApiResource;
 use kube::{Api, CustomResourceExt};
@@ -42,42 +41,33 @@ async fn an_undecodable_runtime_is_reported_and_the_others_reconciled() {
 
     let runtimes: Api<Runtime> = Api::namespaced(client.clone(), "default");
     let raw: Api<DynamicObject> = Api::namespaced_with(client.clone(), "default", &ApiResource::erase::<Runtime>(&()));
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let good = runtimes.get("good").await.unwrap();
-        let good_ready = good.status.as_ref().is_some_and(|s| {
-            s.state == Some(State::Ready) && s.conditions.iter().any(|c| c.message == "0/0 modules ready")
-        });
-        let bad = raw.get("bad").await.unwrap();
-        let bad_reported = bad.data["status"]["conditions"][0]["reason"] == "InvalidSpec"
-            && bad.data["status"]["conditions"][0]["message"].as_str().is_some_and(|m| m.contains("DeleteEverything"));
-        if good_ready && bad_reported {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "good: {:?}\nbad: {}",
-            good.status,
-            serde_json::to_string(&bad.data["status"]).unwrap()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    eventually("good reconciled and bad reported InvalidSpec")
+        .until(
+            async || (runtimes.get("good").await.unwrap().status, raw.get("bad").await.unwrap().data["status"].clone()),
+            |(good, bad)| {
+                let good_ready = good.as_ref().is_some_and(|s| {
+                    s.state == Some(State::Ready) && s.conditions.iter().any(|c| c.message == "0/0 modules ready")
+                });
+                good_ready
+                    && bad["conditions"][0]["reason"] == "InvalidSpec"
+                    && bad["conditions"][0]["message"].as_str().is_some_and(|m| m.contains("DeleteEverything"))
+            },
+        )
+        .await;
     // Fixing the bad one lets it be reconciled like any other.
     cp.apply(&json!({"apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "Runtime",
         "metadata": {"name": "bad", "namespace": "default"}, "spec": {"modules": []}}))
         .await
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let st = runtimes.get("bad").await.unwrap().status;
-        if st
-            .as_ref()
-            .is_some_and(|s| s.state == Some(State::Ready) && s.conditions.iter().any(|c| c.reason != "InvalidSpec"))
-        {
-            break;
-        }
-        assert!(Instant::now() < deadline, "fixed runtime not reconciled: {st:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    eventually("the fixed runtime to be reconciled")
+        .until(
+            async || runtimes.get("bad").await.unwrap().status,
+            |st| {
+                st.as_ref().is_some_and(|s| {
+                    s.state == Some(State::Ready) && s.conditions.iter().any(|c| c.reason != "InvalidSpec")
+                })
+            },
+        )
+        .await;
     stop.cancel();
 }

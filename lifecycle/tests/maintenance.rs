@@ -5,8 +5,8 @@
 
 mod common;
 
+use fleetwatch_test_support::eventually;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use fleetwatch_api::{ModuleStatus, Runtime, State};
 use fleetwatch_lifecycle::maintenance::ManualClock;
@@ -73,17 +73,13 @@ async fn downtime_upgrade_waits_for_the_window_and_repairs_drift_meanwhile() {
     let wait = |what: &'static str, cond: Box<dyn Fn(&ModuleStatus) -> bool + Send>| {
         let runtimes = runtimes.clone();
         async move {
-            let start = Instant::now();
-            while start.elapsed() < Duration::from_secs(20) {
-                if let Ok(rt) = runtimes.get("r").await
-                    && let Some(m) = module(&rt)
-                    && cond(&m)
-                {
-                    return m;
-                }
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            panic!("timed out waiting for {what}: {:#?}", runtimes.get("r").await.ok().and_then(|r| r.status));
+            let status = eventually(what)
+                .until(
+                    async || runtimes.get("r").await.ok().and_then(|r| r.status),
+                    |st| st.as_ref().and_then(|s| s.modules.first()).is_some_and(&cond),
+                )
+                .await;
+            status.and_then(|s| s.modules.into_iter().next()).expect("until returns only what satisfies the condition")
         }
     };
     // The install itself is not gated.
@@ -103,15 +99,12 @@ async fn downtime_upgrade_waits_for_the_window_and_repairs_drift_meanwhile() {
     );
     deps.patch("m-manager", &PatchParams::apply("intruder").force(), &Patch::Apply(&json!({"apiVersion": "apps/v1", "kind": "Deployment",
         "metadata": {"name": "m-manager"}, "spec": {"template": {"spec": {"containers": [{"name": "c", "image": "evil:latest"}]}}}}))).await.unwrap();
-    let start = Instant::now();
-    loop {
-        let d = deps.get("m-manager").await.unwrap();
-        if d.data["spec"]["template"]["spec"]["containers"][0]["image"] == "m:1.0.0" {
-            break;
-        }
-        assert!(start.elapsed() < Duration::from_secs(15), "drift not repaired: {:?}", d.data["spec"]);
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    eventually("the drift to be repaired")
+        .until(
+            async || deps.get("m-manager").await.unwrap().data["spec"].clone(),
+            |spec| spec["template"]["spec"]["containers"][0]["image"] == "m:1.0.0",
+        )
+        .await;
 
     // Inside the window but with only 10 minutes left (< 20): still waiting, for next week.
     clock.set("2026-11-21T03:50:00Z".parse().unwrap());
@@ -150,16 +143,10 @@ async fn a_missing_or_invalid_policy_holds_downtime_upgrades() {
     let wait = |what: &'static str, cond: Box<dyn Fn(&Runtime) -> bool + Send>| {
         let runtimes = runtimes.clone();
         async move {
-            let start = Instant::now();
-            while start.elapsed() < Duration::from_secs(30) {
-                if let Ok(rt) = runtimes.get("r").await
-                    && cond(&rt)
-                {
-                    return rt;
-                }
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            panic!("timed out waiting for {what}: {:#?}", runtimes.get("r").await.ok().and_then(|r| r.status));
+            eventually(what)
+                .until(async || runtimes.get("r").await.ok(), |rt| rt.as_ref().is_some_and(&cond))
+                .await
+                .expect("until returns only what satisfies the condition")
         }
     };
     let module = |rt: &Runtime| rt.status.as_ref().and_then(|s| s.modules.first().cloned());
@@ -223,21 +210,16 @@ async fn no_policy_at_all_holds_downtime_upgrades() {
         .await
         .unwrap();
     let runtimes: Api<Runtime> = Api::namespaced(client.clone(), "default");
-    let module = |rt: &Runtime| rt.status.as_ref().and_then(|s| s.modules.first().cloned());
     let wait = |what: &'static str, cond: Box<dyn Fn(&ModuleStatus) -> bool + Send>| {
         let runtimes = runtimes.clone();
         async move {
-            let start = Instant::now();
-            while start.elapsed() < Duration::from_secs(30) {
-                if let Ok(rt) = runtimes.get("r").await
-                    && let Some(m) = module(&rt)
-                    && cond(&m)
-                {
-                    return m;
-                }
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            panic!("timed out waiting for {what}: {:#?}", runtimes.get("r").await.ok().and_then(|r| r.status));
+            let status = eventually(what)
+                .until(
+                    async || runtimes.get("r").await.ok().and_then(|r| r.status),
+                    |st| st.as_ref().and_then(|s| s.modules.first()).is_some_and(&cond),
+                )
+                .await;
+            status.and_then(|s| s.modules.into_iter().next()).expect("until returns only what satisfies the condition")
         }
     };
     wait("1.0.0", Box::new(|m| m.state == State::Ready && m.installed_version.as_deref() == Some("1.0.0"))).await;

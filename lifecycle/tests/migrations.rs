@@ -3,9 +3,9 @@
 
 mod common;
 
+use fleetwatch_test_support::eventually;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use fleetwatch_api::{ResourceRef, Runtime, State};
 use fleetwatch_lifecycle::applier::Applier;
@@ -170,15 +170,10 @@ async fn a_failing_migration_stops_the_upgrade_and_is_retried_with_backoff() {
     let wait = |what: &'static str, cond: Box<dyn Fn(&Runtime) -> bool + Send>| {
         let runtimes = runtimes.clone();
         async move {
-            for _ in 0..150 {
-                if let Ok(rt) = runtimes.get("r").await
-                    && cond(&rt)
-                {
-                    return rt;
-                }
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            panic!("timed out waiting for {what}: {:#?}", runtimes.get("r").await.ok().and_then(|r| r.status));
+            eventually(what)
+                .until(async || runtimes.get("r").await.ok(), |rt| rt.as_ref().is_some_and(&cond))
+                .await
+                .expect("until returns only what satisfies the condition")
         }
     };
     wait(

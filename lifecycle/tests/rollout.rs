@@ -4,7 +4,9 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use fleetwatch_test_support::eventually;
 
 use fleetwatch_api::{ModuleReleaseMeta, Runtime};
 use kube::Api;
@@ -72,83 +74,66 @@ async fn channel_moves_roll_out_in_waves_and_halt_on_failures() {
     tokio::spawn(fleetwatch_lifecycle::run(config, Default::default(), stop.clone()));
     let runtimes: Api<Runtime> = Api::namespaced(cp_client.clone(), "default");
     let metas: Api<ModuleReleaseMeta> = Api::namespaced(cp_client.clone(), "default");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while common::ready_on(&cp_client, "1.0.0").await < N {
-        assert!(Instant::now() < deadline, "initial install did not converge");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    eventually("the initial install to converge")
+        .until(async || common::ready_on(&cp_client, "1.0.0").await, |n| *n >= N)
+        .await;
 
-    // The channel moves to 2.0.0: waves of 3 (30 % of 10), at most 2 in flight.
+    // The channel moves to 2.0.0: waves of 3 (30 % of 10), at most 2 in flight (checked at
+    // every look).
     cp.apply(&meta("2.0.0")).await.unwrap();
     let mut seen_partial = false;
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
+    let rollout_of = async |version: &str| {
         let st = metas.get("m").await.unwrap().status.unwrap_or_default();
-        if let Some(r) = st.rollouts.iter().find(|r| r.version == "2.0.0") {
-            assert!(r.admitted - r.upgraded - r.failed <= 2, "more than maxInFlight at once: {r:?}");
-            if r.upgraded > 0 && r.upgraded < N as u32 {
-                seen_partial = true;
-            }
-            if r.phase == "Complete" {
-                assert_eq!((r.upgraded, r.failed, r.total), (N as u32, 0, N as u32));
-                assert!(r.wave >= 4, "10 runtimes in waves of 3 take 4 waves: {r:?}");
-                break;
-            }
-        }
-        assert!(Instant::now() < deadline, "rollout did not complete: {st:?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        st.rollouts.into_iter().find(|r| r.version == version)
+    };
+    let done = eventually("the rollout of 2.0.0 to complete")
+        .every(Duration::from_millis(20))
+        .until(
+            async || rollout_of("2.0.0").await,
+            |r| {
+                let Some(r) = r else { return false };
+                assert!(r.admitted - r.upgraded - r.failed <= 2, "more than maxInFlight at once: {r:?}");
+                seen_partial |= r.upgraded > 0 && r.upgraded < N as u32;
+                r.phase == "Complete"
+            },
+        )
+        .await
+        .expect("until returns only what satisfies the condition");
+    assert_eq!((done.upgraded, done.failed, done.total), (N as u32, 0, N as u32));
+    assert!(done.wave >= 4, "10 runtimes in waves of 3 take 4 waves: {done:?}");
     assert!(seen_partial, "the rollout went all at once");
     assert_eq!(common::ready_on(&cp_client, "2.0.0").await, N);
 
     // 3.0.0 is broken: the first upgrades fail and the rollout halts; the rest stay on 2.0.0.
     cp.apply(&meta("3.0.0")).await.unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let halted = loop {
-        let st = metas.get("m").await.unwrap().status.unwrap_or_default();
-        if let Some(r) = st.rollouts.iter().find(|r| r.version == "3.0.0" && r.phase == "Halted") {
-            break r.clone();
-        }
-        assert!(Instant::now() < deadline, "rollout of a broken version did not halt: {st:?}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let halted = eventually("the rollout of a broken version to halt")
+        .until(async || rollout_of("3.0.0").await, |r| r.as_ref().is_some_and(|r| r.phase == "Halted"))
+        .await
+        .expect("until returns only what satisfies the condition");
     assert!(halted.failed >= 1 && halted.admitted <= 3, "{halted:?}");
-    // Every runtime not admitted is reconciled once more after the halt and then says so;
-    // wait for that (a busy machine may take seconds) rather than for a fixed time.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
+    // (runtimes on 2.0.0 saying the rollout halted, runtimes on 3.0.0, every message)
+    let outcome = async || {
         let list = runtimes.list(&Default::default()).await.unwrap().items;
+        let first = |r: &Runtime| r.status.as_ref().and_then(|s| s.modules.first()).cloned();
+        let on = |v: &str| list.iter().filter_map(first).filter(|m| m.actual_version.as_deref() == Some(v)).count();
         let untouched = list
             .iter()
-            .filter(|r| {
-                r.status
-                    .as_ref()
-                    .and_then(|s| s.modules.first())
-                    .is_some_and(|m| m.actual_version.as_deref() == Some("2.0.0") && m.message.contains("halted"))
-            })
+            .filter_map(first)
+            .filter(|m| m.actual_version.as_deref() == Some("2.0.0") && m.message.contains("halted"))
             .count();
-        if untouched >= N - 3 {
-            break;
-        }
-        let upgraded = list
-            .iter()
-            .filter(|r| {
-                r.status
-                    .as_ref()
-                    .and_then(|s| s.modules.first())
-                    .is_some_and(|m| m.actual_version.as_deref() == Some("3.0.0"))
-            })
-            .count();
-        assert_eq!(upgraded, 0, "a broken version must never become the actual version");
-        assert!(
-            Instant::now() < deadline,
-            "runtimes not admitted must keep 2.0.0 and say the rollout halted: {untouched} of {N}: {:?}",
-            list.iter()
-                .map(|r| r.status.as_ref().and_then(|s| s.modules.first()).map(|m| &m.message))
-                .collect::<Vec<_>>()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        (untouched, on("3.0.0"), list.iter().filter_map(first).map(|m| m.message).collect::<Vec<_>>())
+    };
+    // Every runtime not admitted is reconciled once more after the halt and then says so.
+    let (_, upgraded, _) = eventually("runtimes not admitted to keep 2.0.0 and say the rollout halted")
+        .until(outcome, |(untouched, _, _)| *untouched >= N - 3)
+        .await;
+    assert_eq!(upgraded, 0, "a broken version must never become the actual version");
+    // And stay so: a later reconcile of every runtime (one that started after the halt was
+    // reported) neither admits one more nor makes the broken version the actual one.
+    common::reconciled_again(&cp_client).await;
+    let (untouched, upgraded, messages) = outcome().await;
+    assert_eq!(upgraded, 0, "a broken version became the actual version on a later reconcile: {messages:?}");
+    assert!(untouched >= N - 3, "the halt was forgotten on a later reconcile: {untouched} of {N}: {messages:?}");
     stop.cancel();
     drop(sims);
 }
@@ -207,25 +192,16 @@ async fn a_new_instance_continues_a_rollout_where_the_last_one_stopped() {
         }
     };
     let (stop, first) = start_operator(&cp_client);
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while common::ready_on(&cp_client, "1.0.0").await < N {
-        assert!(Instant::now() < deadline, "initial install did not converge");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    eventually("the initial install to converge")
+        .until(async || common::ready_on(&cp_client, "1.0.0").await, |n| *n >= N)
+        .await;
 
     // The channel moves; the first instance stops once the second wave is under way.
     cp.apply(&meta("2.0.0")).await.unwrap();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        if let Some(r) = rollout().await
-            && r.wave >= 2
-            && r.upgraded >= 3
-        {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the rollout did not reach its second wave: {:?}", rollout().await);
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually("the rollout to reach its second wave")
+        .every(Duration::from_millis(20))
+        .until(rollout, |r| r.as_ref().is_some_and(|r| r.wave >= 2 && r.upgraded >= 3))
+        .await;
     stop.cancel();
     first.await.unwrap();
     let before = rollout().await.expect("the rollout's status");
@@ -234,25 +210,33 @@ async fn a_new_instance_continues_a_rollout_where_the_last_one_stopped() {
 
     // A new instance, with nothing in memory, continues from the status.
     let (stop, second) = start_operator(&cp_client);
-    let deadline = Instant::now() + Duration::from_secs(90);
-    loop {
-        let mut in_flight = 0;
-        for c in &clients {
-            in_flight += usize::from(upgrading(c, "2.0.0").await);
-        }
-        assert!(in_flight <= 2, "{in_flight} runtimes upgrading at once, more than maxInFlight");
-        let r = rollout().await.expect("the rollout's status");
-        assert!(r.wave >= before.wave, "the rollout went back to wave {} from {}: {r:?}", r.wave, before.wave);
-        assert!(r.upgraded >= before.upgraded && r.admitted >= before.admitted, "progress lost: {before:?} -> {r:?}");
-        assert!(r.admitted - r.upgraded - r.failed <= 2, "more than maxInFlight admitted: {r:?}");
-        if r.phase == "Complete" {
-            assert_eq!((r.upgraded, r.failed, r.total), (N as u32, 0, N as u32), "{r:?}");
-            assert!(r.wave >= 4, "10 runtimes in waves of 3 take 4 waves: {r:?}");
-            break;
-        }
-        assert!(Instant::now() < deadline, "the rollout did not complete after the restart: {r:?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    // Checked at every look: never more than maxInFlight upgrading, no progress lost.
+    let r = eventually("the rollout to complete after the restart")
+        .within(Duration::from_secs(90))
+        .every(Duration::from_millis(20))
+        .until(
+            async || {
+                let mut in_flight = 0;
+                for c in &clients {
+                    in_flight += usize::from(upgrading(c, "2.0.0").await);
+                }
+                (in_flight, rollout().await.expect("the rollout's status"))
+            },
+            |(in_flight, r)| {
+                assert!(*in_flight <= 2, "{in_flight} runtimes upgrading at once, more than maxInFlight");
+                assert!(r.wave >= before.wave, "the rollout went back to wave {} from {}: {r:?}", r.wave, before.wave);
+                assert!(
+                    r.upgraded >= before.upgraded && r.admitted >= before.admitted,
+                    "progress lost: {before:?} -> {r:?}"
+                );
+                assert!(r.admitted - r.upgraded - r.failed <= 2, "more than maxInFlight admitted: {r:?}");
+                r.phase == "Complete"
+            },
+        )
+        .await
+        .1;
+    assert_eq!((r.upgraded, r.failed, r.total), (N as u32, 0, N as u32), "{r:?}");
+    assert!(r.wave >= 4, "10 runtimes in waves of 3 take 4 waves: {r:?}");
     assert_eq!(common::ready_on(&cp_client, "2.0.0").await, N);
     stop.cancel();
     second.await.unwrap();

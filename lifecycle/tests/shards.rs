@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use fleetwatch_api::ModuleReleaseMeta;
 use fleetwatch_lifecycle::buckets::{BUCKET_LABEL, bucket_of};
 use fleetwatch_lifecycle::shards::{ShardConfig, fair_share, shard_of};
+use fleetwatch_test_support::eventually;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
 use kube::api::DynamicObject;
@@ -169,14 +170,7 @@ where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<(), String>>,
 {
-    let deadline = Instant::now() + within;
-    loop {
-        match check().await {
-            Ok(()) => return,
-            Err(state) => assert!(Instant::now() < deadline, "{what}: {state}"),
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let _ = eventually(what).within(within).until(async || check().await, Result::is_ok).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -265,26 +259,31 @@ async fn a_rollout_across_shards_stays_within_max_in_flight() {
 
     apply(&f.cp_client, &meta("2.0.0", true)).await;
     let metas: Api<ModuleReleaseMeta> = Api::namespaced(f.cp_client.clone(), "default");
-    let deadline = Instant::now() + Duration::from_secs(120);
     let mut most_upgrading = 0;
-    let done = loop {
-        let mut now_upgrading = 0;
-        for c in &f.clients {
-            now_upgrading += usize::from(upgrading(c, "2.0.0").await);
-        }
-        most_upgrading = most_upgrading.max(now_upgrading);
-        assert!(now_upgrading <= 2, "{now_upgrading} runtimes upgrading at once, more than maxInFlight 2");
-        let st = metas.get("m").await.unwrap().status.unwrap_or_default();
-        if let Some(r) = st.rollouts.iter().find(|r| r.version == "2.0.0") {
-            assert!(r.admitted - r.upgraded - r.failed <= 2, "more than maxInFlight admitted: {r:?}");
-            assert_eq!(r.admitted as usize, r.admitted_runtimes.len(), "{r:?}");
-            if r.phase == "Complete" {
-                break r.clone();
-            }
-        }
-        assert!(Instant::now() < deadline, "the rollout did not complete: {st:?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    // Checked at every look: never more than maxInFlight upgrading or admitted.
+    let (_, done) = eventually("the rollout to complete")
+        .within(Duration::from_secs(120))
+        .every(Duration::from_millis(20))
+        .until(
+            async || {
+                let mut now_upgrading = 0;
+                for c in &f.clients {
+                    now_upgrading += usize::from(upgrading(c, "2.0.0").await);
+                }
+                let st = metas.get("m").await.unwrap().status.unwrap_or_default();
+                (now_upgrading, st.rollouts.into_iter().find(|r| r.version == "2.0.0"))
+            },
+            |(now_upgrading, r)| {
+                most_upgrading = most_upgrading.max(*now_upgrading);
+                assert!(*now_upgrading <= 2, "{now_upgrading} runtimes upgrading at once, more than maxInFlight 2");
+                let Some(r) = r else { return false };
+                assert!(r.admitted - r.upgraded - r.failed <= 2, "more than maxInFlight admitted: {r:?}");
+                assert_eq!(r.admitted as usize, r.admitted_runtimes.len(), "{r:?}");
+                r.phase == "Complete"
+            },
+        )
+        .await;
+    let done = done.expect("until returns only what satisfies the condition");
     assert_eq!((done.upgraded, done.failed, done.total), (N as u32, 0, N as u32), "{done:?}");
     assert!(done.wave >= 4, "10 runtimes in waves of 3 take 4 waves: {done:?}");
     assert!(most_upgrading >= 1, "no upgrade was ever seen in flight");

@@ -8,6 +8,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use fleetwatch_sim::{SimCluster, SimOptions};
+use fleetwatch_test_support::eventually;
 use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
@@ -147,15 +148,9 @@ async fn typed_api_errors_conflicts_and_apply() {
     .unwrap();
     api.create(&PostParams::default(), &dep).await.expect("dependent");
     api.delete("a", &DeleteParams::background()).await.expect("delete owner");
-    let mut gone = false;
-    for _ in 0..100 {
-        if api.get_opt("dep").await.expect("get_opt").is_none() {
-            gone = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert!(gone, "dependent was garbage collected");
+    eventually("the dependent to be garbage collected")
+        .until(async || api.get_opt("dep").await.expect("get_opt"), Option::is_none)
+        .await;
 }
 
 async fn watcher_survives_forced_relist(streaming: bool) {
@@ -187,13 +182,9 @@ async fn watcher_survives_forced_relist(streaming: bool) {
     let wait_for = |want: BTreeSet<String>| {
         let reader = reader.clone();
         async move {
-            for _ in 0..250 {
-                if names(&reader) == want {
-                    return;
-                }
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            panic!("store never became {want:?}, is {:?}", names(&reader));
+            eventually(format!("the store to become {want:?}"))
+                .until(async || names(&reader), |now| *now == want)
+                .await;
         }
     };
     let set = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<BTreeSet<_>>();

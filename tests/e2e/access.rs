@@ -158,7 +158,7 @@ async fn the_access_policy_separates_subscribers() {
 
     // Broken after start: the last good policy stays (ops still reads), not ready.
     std::fs::write(&policy, "subscribers: [").unwrap();
-    let not_ready = eventually(Duration::from_secs(20), || {
+    let not_ready = holds_within(Duration::from_secs(20), || {
         block(http_get(hub.admin_port, "/readyz")).contains("access-policy: stale")
     })
     .await;
@@ -175,7 +175,7 @@ async fn the_access_policy_separates_subscribers() {
     assert_eq!(code, ErrorCode::Forbidden, "{msg}");
     assert!(msg.contains("not named"), "{msg}");
     let ready =
-        eventually(Duration::from_secs(20), || block(http_get(hub.admin_port, "/readyz")).starts_with("ready")).await;
+        holds_within(Duration::from_secs(20), || block(http_get(hub.admin_port, "/readyz")).starts_with("ready")).await;
     assert!(ready, "{}", block(http_get(hub.admin_port, "/readyz")));
     let metrics = http_get(hub.admin_port, "/metrics").await;
     assert!(metrics.contains("\nfleetwatch_hub_access_policy_stale 0\n"), "{metrics}");
@@ -187,7 +187,7 @@ async fn the_access_policy_separates_subscribers() {
 async fn without_a_policy_the_hub_says_so_and_a_missing_one_stops_it() {
     let pki = Pki::new();
     let hub = HubProc::start(&pki, free_port(), None, &[]);
-    let said = eventually(Duration::from_secs(10), || {
+    let said = holds_within(Duration::from_secs(10), || {
         hub.proc.stderr().contains("every subscriber certificate reads every cluster")
     })
     .await;
@@ -227,7 +227,7 @@ async fn a_subscriber_identity_holds_at_most_its_sessions() {
     assert!(
         matches!(next(&mut other, Duration::from_secs(20)).await, Got::Msg(m) if matches!(*m, HubToSubscriber::Subscribed(_)))
     );
-    assert!(eventually(Duration::from_secs(10), || connected("greedy") == 2).await);
+    assert!(holds_within(Duration::from_secs(10), || connected("greedy") == 2).await);
 
     let mut third = subscribe(&pki, hub.port, "greedy", r#""from":"latest""#).await;
     assert!(
@@ -236,7 +236,7 @@ async fn a_subscriber_identity_holds_at_most_its_sessions() {
     let (code, msg) = refusal(&mut first).await;
     assert_eq!(code, ErrorCode::LimitExceeded, "{msg}");
     assert!(msg.contains("--max-sessions-per-subscriber 2"), "{msg}");
-    assert!(eventually(Duration::from_secs(10), || connected("greedy") == 2).await, "{}", hub.proc.stderr());
+    assert!(holds_within(Duration::from_secs(10), || connected("greedy") == 2).await, "{}", hub.proc.stderr());
     assert_eq!(connected("modest"), 1);
     // The survivors are still served: nothing arrives, and they are not closed.
     for ws in [&mut second, &mut third] {
@@ -322,10 +322,10 @@ async fn idle_sockets_do_not_starve_real_clients() {
             });
         }
     }
-    let flooded = eventually(Duration::from_secs(60), || open.load(Ordering::Relaxed) * 10 >= sockets * 9).await;
+    let flooded = holds_within(Duration::from_secs(60), || open.load(Ordering::Relaxed) * 10 >= sockets * 9).await;
     assert!(flooded, "only {} of {sockets} idle sockets open", open.load(Ordering::Relaxed));
     // The flood is at work: the hub is closing idle sockets to make room.
-    let evicting = eventually(Duration::from_secs(30), || {
+    let evicting = holds_within(Duration::from_secs(30), || {
         block(http_get(hub.admin_port, "/metrics"))
             .contains(r#"fleetwatch_hub_handshake_failures_total{reason="idle-evicted"}"#)
     })
@@ -477,7 +477,7 @@ async fn subscriber_access_policy_objects_grant_and_fail_closed() {
     let _a = agent(&pki, "a-1", &hub.url(), "synthetic:objects=5,rate=20", &[]);
     let _b = agent(&pki, "b-1", &hub.url(), "synthetic:objects=5,rate=20", &[]);
     let ready =
-        eventually(Duration::from_secs(30), || block(http_get(hub.admin_port, "/readyz")).starts_with("ready")).await;
+        holds_within(Duration::from_secs(30), || block(http_get(hub.admin_port, "/readyz")).starts_with("ready")).await;
     assert!(ready, "{}\n{}", block(http_get(hub.admin_port, "/readyz")), hub.proc.stderr());
 
     // No object: nobody is granted, said at start and on /api/v1/subscriptions.
@@ -507,7 +507,7 @@ async fn subscriber_access_policy_objects_grant_and_fail_closed() {
         )
     };
     assert!(
-        eventually(Duration::from_secs(20), || status("team-a").starts_with("True/Accepted")).await,
+        holds_within(Duration::from_secs(20), || status("team-a").starts_with("True/Accepted")).await,
         "{}",
         status("team-a")
     );
@@ -523,7 +523,7 @@ async fn subscriber_access_policy_objects_grant_and_fail_closed() {
     let bad = serde_json::json!([{"name": "team-b", "clusters": ["*"], "redact": ["data.password"]}]);
     kubectl(&cp_kc, &["apply", "-f", "-"], Some(&access_object("bad", bad)));
     assert!(
-        eventually(Duration::from_secs(20), || status("bad").starts_with("False/Invalid/")).await,
+        holds_within(Duration::from_secs(20), || status("bad").starts_with("False/Invalid/")).await,
         "{}",
         status("bad")
     );

@@ -13,18 +13,20 @@ use crate::support::*;
 const SOURCE: &str = "synthetic:objects=4,rate=20";
 
 async fn wait_connected(hub: &HubProc, clusters: &[&str], connected: bool) {
-    let start = Instant::now();
-    while start.elapsed() < Duration::from_secs(60) {
-        let doc = hub.clusters().await;
-        let ok = clusters.iter().all(|id| {
-            doc["clusters"].as_array().into_iter().flatten().any(|c| c["cluster"] == *id && c["connected"] == connected)
-        });
-        if ok {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    panic!("clusters {clusters:?} not connected={connected} within 60 s: {}", hub.clusters().await);
+    eventually(format!("clusters {clusters:?} to be connected={connected}"))
+        .until(
+            async || hub.clusters().await,
+            |doc| {
+                clusters.iter().all(|id| {
+                    doc["clusters"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .any(|c| c["cluster"] == *id && c["connected"] == connected)
+                })
+            },
+        )
+        .await;
 }
 
 /// `fleetwatch status` with these arguments: (exit code, stdout, stderr).
@@ -105,18 +107,18 @@ async fn admin_api_status_and_openapi_follow_the_fleet() {
     let admin = format!("http://127.0.0.1:{}", hub.admin_port);
 
     // One cluster: status, and the recent events the hub kept in memory.
-    let start = Instant::now();
-    let detail = loop {
-        let d: Value =
-            serde_json::from_str(&http_get(hub.admin_port, "/api/v1/clusters/ad-1").await).unwrap_or_default();
-        let has_event = d["recentEvents"]
-            .as_array()
-            .is_some_and(|e| e.iter().any(|e| e["subject"].as_str().is_some_and(|s| s.contains("synthetic"))));
-        if has_event || start.elapsed() > Duration::from_secs(30) {
-            break d;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let detail = eventually("a synthetic event among ad-1's recent events")
+        .until(
+            async || -> Value {
+                serde_json::from_str(&http_get(hub.admin_port, "/api/v1/clusters/ad-1").await).unwrap_or_default()
+            },
+            |d| {
+                d["recentEvents"]
+                    .as_array()
+                    .is_some_and(|e| e.iter().any(|e| e["subject"].as_str().is_some_and(|s| s.contains("synthetic"))))
+            },
+        )
+        .await;
     assert_eq!(detail["cluster"], "ad-1", "{detail}");
     assert_eq!(detail["connected"], true, "{detail}");
     let recent = detail["recentEvents"].as_array().unwrap_or_else(|| panic!("no recentEvents: {detail}"));
@@ -443,18 +445,14 @@ impl Browser {
             .unwrap();
         // Chromium writes the DevTools port it picked into the profile.
         let file = profile.path().join("DevToolsActivePort");
-        let start = Instant::now();
-        let port = loop {
-            if let Some(p) = std::fs::read_to_string(&file).ok().and_then(|t| t.lines().next()?.parse().ok()) {
-                break p;
-            }
-            assert!(
-                start.elapsed() < Duration::from_secs(60),
-                "chromium did not open DevTools in 60 s: {}",
-                std::fs::read_to_string(log).unwrap_or_default()
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        };
+        let port = eventually("chromium to open DevTools")
+            .context(|| std::fs::read_to_string(log).unwrap_or_default())
+            .until(
+                async || std::fs::read_to_string(&file).ok().and_then(|t| t.lines().next()?.parse::<u16>().ok()),
+                Option::is_some,
+            )
+            .await
+            .expect("until returns only what satisfies the condition");
         Self { child, _profile: profile, port }
     }
 
@@ -492,16 +490,17 @@ impl Browser {
 
     /// A DevTools session on the page showing the web view.
     pub(crate) async fn page(&self) -> Cdp {
-        let start = Instant::now();
-        let ws = loop {
-            let list: Value = serde_json::from_str(&self.devtools_get("/json/list").await).unwrap_or_default();
+        let page_url = |list: &Value| {
             let page = list.as_array().into_iter().flatten().find(|t| t["type"] == "page");
-            if let Some(ws) = page.and_then(|p| p["webSocketDebuggerUrl"].as_str()) {
-                break ws.to_string();
-            }
-            assert!(start.elapsed() < Duration::from_secs(60), "no page target: {list}");
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            page.and_then(|p| p["webSocketDebuggerUrl"].as_str()).map(str::to_string)
         };
+        let list = eventually("a page target in DevTools")
+            .until(
+                async || -> Value { serde_json::from_str(&self.devtools_get("/json/list").await).unwrap_or_default() },
+                |list| page_url(list).is_some(),
+            )
+            .await;
+        let ws = page_url(&list).expect("until returns only what satisfies the condition");
         let tcp = tokio::net::TcpStream::connect(("127.0.0.1", self.port)).await.unwrap();
         let (socket, _) = tokio_tungstenite::client_async(ws.as_str(), tcp).await.unwrap();
         Cdp { socket, next: 0 }
@@ -520,20 +519,20 @@ impl Cdp {
         let id = self.next;
         let msg = json!({"id": id, "method": method, "params": params}).to_string();
         self.socket.send(Message::text(msg)).await.unwrap();
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let frame = tokio::time::timeout(left, self.socket.next()).await;
-            let Ok(Some(Ok(Message::Text(text)))) = frame else {
-                assert!(Instant::now() < deadline, "no answer to {method} in 30 s");
-                continue;
-            };
-            let v: Value = serde_json::from_str(&text).unwrap();
-            if v["id"] == id {
-                assert!(v["error"].is_null(), "{method}: {v}");
-                return v["result"].clone();
+        let answer = async {
+            loop {
+                let Some(Ok(Message::Text(text))) = self.socket.next().await else { continue };
+                let v: Value = serde_json::from_str(&text).unwrap();
+                if v["id"] == id {
+                    return v;
+                }
             }
-        }
+        };
+        let v = tokio::time::timeout(fleetwatch_test_support::DEADLINE, answer)
+            .await
+            .unwrap_or_else(|_| panic!("no answer to {method} within {:?}", fleetwatch_test_support::DEADLINE));
+        assert!(v["error"].is_null(), "{method}: {v}");
+        v["result"].clone()
     }
 
     /// The value of a JavaScript expression in the page.
@@ -544,20 +543,19 @@ impl Cdp {
 
     /// Waits until `expression` is true in the page; returns when that was seen.
     pub(crate) async fn wait_for(&mut self, what: &str, expression: &str, timeout: Duration) -> Instant {
-        let start = Instant::now();
-        loop {
-            if self.eval(expression).await == json!(true) {
-                return Instant::now();
-            }
-            if start.elapsed() > timeout {
-                let body = self.eval("document.body.innerText").await;
-                panic!(
-                    "the page did not show {what} within {timeout:?}; it shows:\n{}",
-                    body.as_str().unwrap_or_default()
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        // What the page shows, read with each look, is what the failure names.
+        eventually(format!("the page to show {what}"))
+            .within(timeout)
+            .every(Duration::from_millis(20))
+            .until(
+                async || {
+                    let holds = self.eval(expression).await == json!(true);
+                    (holds, if holds { Value::Null } else { self.eval("document.body.innerText").await })
+                },
+                |(holds, _)| *holds,
+            )
+            .await;
+        Instant::now()
     }
 }
 
@@ -646,20 +644,20 @@ async fn web_view_in_chromium_shows_the_fleet_and_an_agent_stopping_within_two_s
     // Stop one agent; from when the hub reports it disconnected, the page must show it
     // within 2 s.
     a1.signal("TERM");
-    let start = Instant::now();
-    let hub_saw = loop {
-        let doc = hub.clusters().await;
-        let gone = doc["clusters"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .any(|c| c["cluster"] == "web-1" && c["connected"] == false);
-        if gone {
-            break Instant::now();
-        }
-        assert!(start.elapsed() < Duration::from_secs(60), "the hub did not see web-1 go: {doc}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    };
+    eventually("the hub to see web-1 go")
+        .every(Duration::from_millis(10))
+        .until(
+            async || hub.clusters().await,
+            |doc| {
+                doc["clusters"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|c| c["cluster"] == "web-1" && c["connected"] == false)
+            },
+        )
+        .await;
+    let hub_saw = Instant::now();
     let shown = page
         .wait_for(
             "web-1 disconnected",

@@ -106,7 +106,7 @@ async fn idle_sockets_do_not_keep_agents_out() {
         sock.bind("127.0.0.2:0".parse().unwrap()).unwrap();
         idle.push(sock.connect(format!("127.0.0.1:{}", hub.port).parse().unwrap()).await.unwrap());
     }
-    let refused = eventually(Duration::from_secs(20), || {
+    let refused = holds_within(Duration::from_secs(20), || {
         metrics(&hub).contains(r#"fleetwatch_hub_rejected_total{reason="max-handshakes-per-ip"} 150"#)
     })
     .await;
@@ -137,7 +137,7 @@ async fn idle_sockets_do_not_keep_agents_out() {
             .sum();
         (counted, lines.len())
     };
-    let summarised = eventually(Duration::from_secs(40), || per_ip_refusals(&hub.proc.stderr()).0 == 150).await;
+    let summarised = holds_within(Duration::from_secs(40), || per_ip_refusals(&hub.proc.stderr()).0 == 150).await;
     let log = hub.proc.stderr();
     assert!(summarised, "no summary of the 150 refusals:\n{log}");
     assert!(per_ip_refusals(&log).1 <= 3, "{log}");
@@ -173,7 +173,7 @@ async fn deny_list_fails_closed() {
     // Deleted: still refused; one ERROR line, a metric, and /readyz says so.
     std::fs::remove_file(&deny).unwrap();
     let stale =
-        eventually(Duration::from_secs(10), || metrics(&hub).contains("\nfleetwatch_hub_deny_list_stale 1\n")).await;
+        holds_within(Duration::from_secs(10), || metrics(&hub).contains("\nfleetwatch_hub_deny_list_stale 1\n")).await;
     assert!(stale, "{}", metrics(&hub));
     let (_, s) = try_session(&agent, hub.port, "bad").await;
     assert!(refused(&s), "un-revoked when the deny list disappeared: {s:?}");
@@ -193,7 +193,8 @@ async fn deny_list_fails_closed() {
     };
     swap_in(&dir);
     let again =
-        eventually(Duration::from_secs(10), || metrics(&hub).contains("fleetwatch_hub_deny_list_errors_total 2")).await;
+        holds_within(Duration::from_secs(10), || metrics(&hub).contains("fleetwatch_hub_deny_list_errors_total 2"))
+            .await;
     assert!(again, "{}", metrics(&hub));
     let (_, s) = try_session(&agent, hub.port, "bad").await;
     assert!(refused(&s), "un-revoked when the deny list became a directory: {s:?}");
@@ -203,7 +204,7 @@ async fn deny_list_fails_closed() {
     std::fs::write(&nobody, "# nobody\n").unwrap();
     swap_in(&nobody);
     let fresh =
-        eventually(Duration::from_secs(10), || metrics(&hub).contains("\nfleetwatch_hub_deny_list_stale 0\n")).await;
+        holds_within(Duration::from_secs(10), || metrics(&hub).contains("\nfleetwatch_hub_deny_list_stale 0\n")).await;
     assert!(fresh, "{}", metrics(&hub));
     let (_, s) = try_session(&agent, hub.port, "bad").await;
     assert!(matches!(s, Said::Welcome), "{s:?}");
@@ -309,7 +310,7 @@ async fn a_certificate_with_two_uri_sans_is_refused() {
         }
     };
     assert!(err.contains("clientAuth"), "{err}");
-    let logged = eventually(Duration::from_secs(10), || {
+    let logged = holds_within(Duration::from_secs(10), || {
         hub.proc.stderr().contains("client certificate lacks the clientAuth extended key usage")
     })
     .await;
@@ -347,7 +348,7 @@ async fn tls_failures_say_what_to_fix() {
             .contains("the hub does not trust this client certificate: is it signed by a CA in the hub's --client-ca?"),
         "{stderr}"
     );
-    let warned = eventually(Duration::from_secs(10), || {
+    let warned = holds_within(Duration::from_secs(10), || {
         hub.proc
             .stderr()
             .lines()
@@ -387,7 +388,7 @@ async fn readyz_waits_for_the_control_plane_watch() {
     // ... and names the kubeconfig it reads the control plane with (issue 27), and why it
     // has not synced: the watch's last error (the API server has no such resource yet).
     let why = format!("(kubeconfig {}): ", cp_kc.display());
-    let synced_why = eventually(Duration::from_secs(30), || {
+    let synced_why = holds_within(Duration::from_secs(30), || {
         let r = futures_block(http_get(hub.admin_port, "/readyz"));
         r.contains(&why) && r.contains("404")
     })
@@ -399,7 +400,7 @@ async fn readyz_waits_for_the_control_plane_watch() {
     )
     .unwrap();
     kubectl(&cp_kc, &["apply", "-f", "-"], Some(&crd));
-    let synced = eventually(Duration::from_secs(60), || {
+    let synced = holds_within(Duration::from_secs(60), || {
         futures_block(http_get(hub.admin_port, "/readyz")).starts_with("ready: ")
     })
     .await;

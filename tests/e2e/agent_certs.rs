@@ -10,7 +10,7 @@
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use fleetwatch_protocol::Event;
 use k8s_openapi::api::apps::v1::Deployment;
@@ -56,15 +56,8 @@ fn secret_serial(secret: &Secret) -> String {
         .to_lowercase()
 }
 
-async fn wait_until<T>(what: &str, timeout: Duration, mut probe: impl AsyncFnMut() -> Option<T>) -> T {
-    let start = Instant::now();
-    loop {
-        if let Some(v) = probe().await {
-            return v;
-        }
-        assert!(start.elapsed() < timeout, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+async fn wait_until<T: std::fmt::Debug>(what: &str, timeout: Duration, probe: impl AsyncFnMut() -> Option<T>) -> T {
+    eventually(what).within(timeout).until(probe, Option::is_some).await.expect("until returns only what satisfies")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -268,7 +261,7 @@ async fn a_runtime_gets_an_agent_whose_certificate_rotates_without_loss() {
             .map(|(s, v)| format!("{s}: want v={v}, latest {:?}", latest.get(s.as_str()).map(|e| &e.data["projected"])))
             .collect()
     };
-    let complete = eventually(Duration::from_secs(30), || missing(&collector.seen.lock().unwrap()).is_empty()).await;
+    let complete = holds_within(Duration::from_secs(30), || missing(&collector.seen.lock().unwrap()).is_empty()).await;
     assert!(complete, "lost: {:?}\nagent log:\n{}", missing(&collector.seen.lock().unwrap()), agent.stderr());
     // Same epoch across the renewal: no resync beyond the agent's start.
     let resyncs = collector.seen.lock().unwrap().resyncs.get("rt1").map_or(0, Vec::len);

@@ -203,20 +203,19 @@ async fn quickstart_tail_prints_events_and_resumes_a_durable_subscription() {
         Command::new(BIN).args(&args).output().unwrap()
     };
     // Wait until the hub has stored all of eu-1's events: a resync marker (seq 1) and 30 events.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    loop {
-        let clusters = hub.clusters().await;
-        let acked = clusters["clusters"]
-            .as_array()
-            .and_then(|cs| cs.iter().find(|c| c["cluster"] == "eu-1"))
-            .and_then(|c| c["ackedSeq"].as_u64())
-            .unwrap_or(0);
-        if acked >= 31 {
-            break;
-        }
-        assert!(std::time::Instant::now() < deadline, "eu-1 never stored its 30 events: {clusters}");
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
+    eventually("eu-1 to have stored its 30 events")
+        .until(
+            async || hub.clusters().await,
+            |clusters| {
+                let acked = clusters["clusters"]
+                    .as_array()
+                    .and_then(|cs| cs.iter().find(|c| c["cluster"] == "eu-1"))
+                    .and_then(|c| c["ackedSeq"].as_u64())
+                    .unwrap_or(0);
+                acked >= 31
+            },
+        )
+        .await;
     let first = tail(&["--name", "n1", "--from", "earliest", "--cluster", "eu-1", "--count", "10"]);
     assert!(first.status.success(), "{}", String::from_utf8_lossy(&first.stderr));
     let lines: Vec<serde_json::Value> =
@@ -251,7 +250,7 @@ async fn tail_of_an_unknown_cluster_says_so_once_and_waits() {
     args.extend(client_args(&pki.subscriber("ops")));
     let mut tail = Proc::spawn(&args, pki.path("tail.log"));
     assert!(
-        eventually(std::time::Duration::from_secs(30), || tail.stderr().contains("never seen")).await,
+        holds_within(std::time::Duration::from_secs(30), || tail.stderr().contains("never seen")).await,
         "{}",
         tail.stderr()
     );
@@ -272,7 +271,7 @@ async fn hub_reads_watch_configs_through_kubeconfig_when_no_flag_says_otherwise(
     kubectl(&cp_kc, &["apply", "-f", crds.to_str().unwrap()], None);
     let hub = HubProc::start_with_env(&pki, free_port(), None, &[], &[("KUBECONFIG", cp_kc.to_str().unwrap())]);
     let admin = hub.admin_port;
-    let ready = eventually(std::time::Duration::from_secs(30), || {
+    let ready = holds_within(std::time::Duration::from_secs(30), || {
         tokio::task::block_in_place(|| tokio::runtime::Handle::current().block_on(http_get(admin, "/readyz")))
             .contains("control-plane ok")
     })

@@ -46,7 +46,7 @@ async fn a_resync_after_a_consumed_marker_reaches_the_subscriber() {
     args.extend(client_args(&pki.subscriber("ops")));
     let tail = Proc::spawn(&args, pki.path("tail.log"));
     let victim = "v1/ConfigMap/w/victim";
-    let saw_victim = eventually(Duration::from_secs(30), || {
+    let saw_victim = holds_within(Duration::from_secs(30), || {
         lines_since(&tail, 0).iter().any(|l| l["subject"] == victim && l["type"] == "dev.fleetwatch.object.applied")
     })
     .await;
@@ -57,7 +57,7 @@ async fn a_resync_after_a_consumed_marker_reaches_the_subscriber() {
     drop(hub);
     let before_restart = tail.stdout_lines.lock().unwrap().len();
     let hub = HubProc::start(&pki, port, None, &wc_flag);
-    let consumed = eventually(Duration::from_secs(60), || {
+    let consumed = holds_within(Duration::from_secs(60), || {
         lines_since(&tail, before_restart).iter().any(|l| {
             l["type"] == "resync-required"
                 && l["cluster"] == "rt1"
@@ -80,7 +80,7 @@ async fn a_resync_after_a_consumed_marker_reaches_the_subscriber() {
     let _agent = kube_agent(&pki, "rt1", &hub.url(), &kc);
 
     // The tail must learn of it: the deletion, or a resync of rt1 delivered after it.
-    let learned = eventually(Duration::from_secs(60), || {
+    let learned = holds_within(Duration::from_secs(60), || {
         lines_since(&tail, before_delete).iter().any(|l| {
             is_resync_for(l, "rt1") || (l["subject"] == victim && l["type"] == "dev.fleetwatch.object.deleted")
         })

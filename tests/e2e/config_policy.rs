@@ -167,7 +167,7 @@ impl Fleet {
         self.configs().patch("default", &pp, &Patch::Merge(&json!({ "spec": spec }))).await.unwrap();
     }
 
-    /// Waits (30 s at most) until `cond` holds for what `probe` returns.
+    /// Waits until `cond` holds for what `probe` returns; fails with the lifecycle log.
     async fn until<T: std::fmt::Debug, F: Future<Output = T>>(
         &self,
         what: &str,
@@ -175,17 +175,12 @@ impl Fleet {
         cond: impl Fn(&T) -> bool,
     ) -> T {
         let start = Instant::now();
-        loop {
-            let v = probe().await;
-            if cond(&v) {
-                eprintln!("{what}: {:?}", start.elapsed());
-                return v;
-            }
-            if start.elapsed() > Duration::from_secs(30) {
-                panic!("timed out waiting for {what}; last {v:#?}\nlifecycle log:\n{}", self.lifecycle.stderr());
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        let v = eventually(what)
+            .context(|| format!("lifecycle log:\n{}", self.lifecycle.stderr()))
+            .until(async || probe().await, cond)
+            .await;
+        eprintln!("{what}: {:?}", start.elapsed());
+        v
     }
 
     async fn module_status(&self) -> Option<ModuleStatus> {
@@ -456,13 +451,10 @@ async fn revert_latency() {
     for _ in 0..100 {
         let t0 = Instant::now();
         f.user_edit(json!({"tls": false})).await;
-        loop {
-            if f.config().await["tls"] == true {
-                break;
-            }
-            assert!(t0.elapsed() < Duration::from_secs(30), "not reverted");
-            tokio::time::sleep(Duration::from_millis(2)).await;
-        }
+        eventually("the edit to be reverted")
+            .every(Duration::from_millis(2))
+            .until(async || f.config().await, |c| c["tls"] == true)
+            .await;
         took.push(t0.elapsed());
     }
     took.sort();

@@ -7,6 +7,17 @@ use std::time::Duration;
 use fleetwatch_agent::source::SyntheticSource;
 
 use crate::support::*;
+use fleetwatch_test_support::DEADLINE;
+
+/// What an agent logs when its connection to the hub ends.
+const LOST: &str = "connection to hub lost";
+/// What an agent logs when it is connected (again).
+const CONNECTED: &str = "connected to hub";
+
+/// How many lines of `p`'s log contain `what`.
+fn said(p: &Proc, what: &str) -> usize {
+    p.stderr().lines().filter(|l| l.contains(what)).count()
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn durable_hub_loses_nothing_through_crash_restart_and_partition() {
@@ -18,25 +29,43 @@ async fn durable_hub_loses_nothing_through_crash_restart_and_partition() {
     let spec = "synthetic:objects=40,rate=250,total=3000";
     let source: SyntheticSource = spec.parse().unwrap();
     let clusters = ["c1", "c2", "c3"];
-    let _agents: Vec<_> = clusters.iter().map(|c| agent(&pki, c, &proxy.url(), spec, &[])).collect();
+    let agents: Vec<_> = clusters.iter().map(|c| agent(&pki, c, &proxy.url(), spec, &[])).collect();
     let collector = Collector::start(&pki, &hub.url(), "checker").await;
+    // How many times every agent has said `what` (the fewest of them).
+    let all_said = |what: &str| agents.iter().map(|a| said(a, what)).min().unwrap_or(0);
+    let streaming = |above: u64| {
+        let seen = collector.seen.lock().unwrap();
+        clusters.iter().all(|c| seen.max_seq.get(*c).is_some_and(|s| *s > above))
+    };
 
-    // Crash the hub (SIGKILL: no graceful anything) while agents produce, restart it.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Crash the hub (SIGKILL: no graceful anything) while agents produce, restart it once
+    // every agent noticed.
+    assert!(holds_within(DEADLINE, || streaming(100)).await, "agents do not stream:\n{}", hub.proc.stderr());
     hub.proc.signal("KILL");
     assert!(hub.proc.wait_exit(Duration::from_secs(5)).is_some());
-    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert!(holds_within(DEADLINE, || all_said(LOST) >= 1).await, "an agent did not notice the crash");
     hub = HubProc::start(&pki, port, Some(&data), &[]);
 
-    // Partition the agents from the hub for longer than the idle timeout.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Partition the agents from the restarted hub once they stream to it again, until both
+    // sides noticed (the hub closed every session, each agent lost its connection again).
+    let before = collector.seen.lock().unwrap().max_seq.values().copied().max().unwrap_or(0);
+    let back = holds_within(DEADLINE, || all_said(CONNECTED) >= 2 && streaming(before)).await;
+    assert!(back, "agents did not come back to the restarted hub:\n{}", hub.proc.stderr());
     proxy.cut();
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    eventually("the hub and every agent to notice the partition")
+        .until(
+            async || (hub.clusters().await, all_said(LOST)),
+            |(doc, lost)| {
+                *lost >= 2 && doc["clusters"].as_array().is_some_and(|cs| cs.iter().all(|c| c["connected"] == false))
+            },
+        )
+        .await;
     proxy.restore();
 
-    let done =
-        eventually(Duration::from_secs(60), || missing(&collector.seen.lock().unwrap(), &clusters, &source).is_empty())
-            .await;
+    let done = holds_within(Duration::from_secs(60), || {
+        missing(&collector.seen.lock().unwrap(), &clusters, &source).is_empty()
+    })
+    .await;
     {
         let seen = collector.seen.lock().unwrap();
         assert!(
@@ -69,14 +98,14 @@ async fn memory_hub_restart_tells_subscribers_to_resync() {
     let source: SyntheticSource = spec.parse().unwrap();
     let _a = agent(&pki, "m1", &hub.url(), spec, &[]);
     let collector = Collector::start(&pki, &hub.url(), "checker").await;
-    assert!(eventually(Duration::from_secs(10), || collector.seen.lock().unwrap().events > 100).await);
+    assert!(holds_within(Duration::from_secs(10), || collector.seen.lock().unwrap().events > 100).await);
 
     hub.proc.signal("KILL");
     hub.proc.wait_exit(Duration::from_secs(5));
     hub = HubProc::start(&pki, port, None, &[]);
 
     let done =
-        eventually(Duration::from_secs(40), || missing(&collector.seen.lock().unwrap(), &["m1"], &source).is_empty())
+        holds_within(Duration::from_secs(40), || missing(&collector.seen.lock().unwrap(), &["m1"], &source).is_empty())
             .await;
     let seen = collector.seen.lock().unwrap();
     assert!(done, "{:?}\n{}", missing(&seen, &["m1"], &source), hub.proc.stderr());
@@ -97,7 +126,7 @@ async fn agent_and_subscriber_fail_over_to_the_next_hub() {
     let source: SyntheticSource = spec.parse().unwrap();
     let agent = agent(&pki, "f1", &hubs, spec, &[]);
     let collector = Collector::start(&pki, &hubs, "checker").await;
-    assert!(eventually(Duration::from_secs(10), || collector.seen.lock().unwrap().events > 100).await);
+    assert!(holds_within(Duration::from_secs(10), || collector.seen.lock().unwrap().events > 100).await);
     // Both reached the first hub (the order is the order given).
     let listed = first.clusters().await;
     assert!(listed.to_string().contains("\"f1\""), "{listed}");
@@ -107,7 +136,7 @@ async fn agent_and_subscriber_fail_over_to_the_next_hub() {
 
     // Both move to the second hub: every object reaches its final state there.
     let done =
-        eventually(Duration::from_secs(40), || missing(&collector.seen.lock().unwrap(), &["f1"], &source).is_empty())
+        holds_within(Duration::from_secs(40), || missing(&collector.seen.lock().unwrap(), &["f1"], &source).is_empty())
             .await;
     assert!(second.clusters().await.to_string().contains("\"f1\""));
     let seen = collector.seen.lock().unwrap();
@@ -128,7 +157,8 @@ async fn outbox_overflow_during_an_outage_becomes_one_resync() {
     let spec = "synthetic:objects=200,rate=400,total=2000";
     let source: SyntheticSource = spec.parse().unwrap();
     let a = agent(&pki, "o1", &format!("wss://127.0.0.1:{port}"), spec, &["--outbox-capacity", "50"]);
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    let overflowed = holds_within(DEADLINE, || a.stderr().contains("collapsing outbox into a resync marker")).await;
+    assert!(overflowed, "the outbox did not overflow:\n{}", a.stderr());
     let hub = HubProc::start(&pki, port, None, &[]);
     let collector = Collector::start(&pki, &hub.url(), "checker").await;
     // Objects changed after the reconnect arrive as events; all earlier ones are covered by
@@ -142,7 +172,7 @@ async fn outbox_overflow_during_an_outage_becomes_one_resync() {
                 g == source.final_generation(n).unwrap() || g == 0
             })
     };
-    let ok = eventually(Duration::from_secs(30), || covered(&collector.seen.lock().unwrap())).await;
+    let ok = holds_within(Duration::from_secs(30), || covered(&collector.seen.lock().unwrap())).await;
     let seen = collector.seen.lock().unwrap();
     assert!(ok, "resyncs {:?} max seq {:?}\nagent log:\n{}", seen.resyncs, seen.max_seq, a.stderr());
 }
@@ -157,11 +187,11 @@ async fn until_cpu(p: &Proc, secs: f64) {
         let ticks: u64 = fields.get(11..13).map_or(0, |f| f.iter().filter_map(|t| t.parse::<u64>().ok()).sum());
         ticks as f64 / 100.0
     };
-    let deadline = std::time::Instant::now() + Duration::from_secs(180);
-    while cpu() < secs {
-        assert!(std::time::Instant::now() < deadline, "process did not use {secs} s of CPU:\n{}", p.stderr());
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    eventually(format!("the process to use {secs} s of CPU"))
+        .within(Duration::from_secs(180))
+        .context(|| p.stderr())
+        .until(async || cpu(), |used| *used >= secs)
+        .await;
 }
 
 /// The agent's memory stays flat while the hub is unreachable: the outbox coalesces per

@@ -17,7 +17,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use fleetwatch_protocol::identity::Identity;
 use k8s_openapi::api::core::v1::ConfigMap;
@@ -292,25 +292,33 @@ impl Workload {
     /// Waits until the readiness probe's endpoint answers 200 (liveness too); `Err` with the
     /// log when the process exited first or did not get ready within 60 s.
     async fn ready(&mut self, what: &str) -> Result<(), String> {
-        let start = Instant::now();
         let probe = |p: &str| {
             let get = &self.container[p]["httpGet"];
             (get["path"].as_str().unwrap().to_string(), self.port(get["port"].as_str().unwrap()))
         };
         let (ready_path, ready_port) = probe("readinessProbe");
         let (live_path, live_port) = probe("livenessProbe");
-        let mut last = None;
-        while start.elapsed() < Duration::from_secs(60) {
-            if let Some(code) = self.proc.child.try_wait().unwrap() {
-                return Err(format!("{what} exited ({code}) before it was ready:\n{}", self.proc.stderr()));
-            }
-            last = http_status(ready_port, &ready_path).await;
-            if last == Some(200) && http_status(live_port, &live_path).await == Some(200) {
-                return Ok(());
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
+        // (exit status, readiness answer, liveness answer)
+        let child = &mut self.proc.child;
+        let log = &self.proc.log;
+        let (exited, _, _) = eventually(format!("{what}: {ready_path} and {live_path} to answer 200"))
+            .context(|| std::fs::read_to_string(log).unwrap_or_default())
+            .until(
+                async || match child.try_wait().unwrap() {
+                    Some(code) => (Some(code), None, None),
+                    None => {
+                        let ready = http_status(ready_port, &ready_path).await;
+                        let live = if ready == Some(200) { http_status(live_port, &live_path).await } else { None };
+                        (None, ready, live)
+                    }
+                },
+                |(exited, ready, live)| exited.is_some() || (*ready == Some(200) && *live == Some(200)),
+            )
+            .await;
+        match exited {
+            Some(code) => Err(format!("{what} exited ({code}) before it was ready:\n{}", self.proc.stderr())),
+            None => Ok(()),
         }
-        Err(format!("{what}: {ready_path} answered {last:?}, not 200, within 60 s:\n{}", self.proc.stderr()))
     }
 }
 
@@ -392,14 +400,7 @@ async fn wait_until<F: std::future::Future<Output = bool>>(
     mut cond: impl FnMut() -> F,
     log: &dyn Fn() -> String,
 ) {
-    let start = Instant::now();
-    while start.elapsed() < Duration::from_secs(60) {
-        if cond().await {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("timed out waiting for {what}:\n{}", log());
+    eventually(what).context(log).until(async || cond().await, |held| *held).await;
 }
 
 fn watch_config(name: &str, resource: Value, extra: Value) -> Value {
@@ -486,19 +487,13 @@ async fn rendered_workloads_run_with_their_args_and_service_account_rbac() {
     assert_eq!(http_status(admin, "/api/v1/clusters").await, Some(401), "the admin API without the token");
     // The hub follows Runtimes (for the web view) under its ClusterRole: a watch the RBAC
     // allows, so the view is up to date and names no error.
-    let start = Instant::now();
-    loop {
-        let view: Value = serde_json::from_str(&admin_get(admin, "/api/v1/runtimes").await).unwrap_or_default();
-        if view["updated"].is_string() && view["error"].is_null() {
-            break;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(60),
-            "the hub does not follow Runtimes under its RBAC: {view}\nhub log:\n{}",
-            tail(&hub.proc.stderr())
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    eventually("the hub to follow Runtimes under its RBAC")
+        .context(|| format!("hub log:\n{}", tail(&hub.proc.stderr())))
+        .until(
+            async || -> Value { serde_json::from_str(&admin_get(admin, "/api/v1/runtimes").await).unwrap_or_default() },
+            |view| view["updated"].is_string() && view["error"].is_null(),
+        )
+        .await;
 
     // The agent with the agent chart's ServiceAccount.
     let agent =
@@ -510,7 +505,7 @@ async fn rendered_workloads_run_with_their_args_and_service_account_rbac() {
         &rt_kc,
         &json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "color", "namespace": "apps"}, "data": {"color": "blue"}}),
     );
-    let seen = eventually(Duration::from_secs(30), || {
+    let seen = holds_within(Duration::from_secs(30), || {
         collector.seen.lock().unwrap().all.iter().any(|e| {
             e.cluster == "eu-1" && e.watch.as_deref() == Some("app-config") && e.subject == "v1/ConfigMap/apps/color"
         })
@@ -522,27 +517,24 @@ async fn rendered_workloads_run_with_their_args_and_service_account_rbac() {
     let forbidden = format!(
         "secrets is forbidden: User \"system:serviceaccount:{agent_ns}:fleetwatch-agent\" cannot list resource \"secrets\" in API group \"\" in the namespace \"apps\""
     );
-    let start = Instant::now();
-    let last = loop {
-        let body = admin_get(admin, "/api/v1/clusters").await;
-        let clusters: Value = serde_json::from_str(&body).unwrap_or_default();
-        let watch = clusters["clusters"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter(|c| c["cluster"] == "eu-1")
-            .flat_map(|c| c["watches"].as_array().cloned().unwrap_or_default())
-            .find(|w| w["name"] == "app-secrets");
-        match watch {
-            Some(w) if w["phase"] == "forbidden" => break w,
-            other => assert!(
-                start.elapsed() < Duration::from_secs(60),
-                "the Secret watch was not reported forbidden: {other:?}\nagent log:\n{}",
-                tail(&agent.proc.stderr())
-            ),
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let last = eventually("the Secret watch to be reported forbidden")
+        .context(|| format!("agent log:\n{}", tail(&agent.proc.stderr())))
+        .until(
+            async || {
+                let body = admin_get(admin, "/api/v1/clusters").await;
+                let clusters: Value = serde_json::from_str(&body).unwrap_or_default();
+                clusters["clusters"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter(|c| c["cluster"] == "eu-1")
+                    .flat_map(|c| c["watches"].as_array().cloned().unwrap_or_default())
+                    .find(|w| w["name"] == "app-secrets")
+            },
+            |watch| watch.as_ref().is_some_and(|w| w["phase"] == "forbidden"),
+        )
+        .await
+        .expect("until returns only what satisfies the condition");
     assert_eq!(last["message"].as_str(), Some(forbidden.as_str()), "{last}");
 
     // A write with the agent's token is refused too.
@@ -981,7 +973,7 @@ async fn nats_mode_hub_replicas_run_with_their_rendered_args_and_share_the_strea
     // An agent on replica 0, a subscriber on replica 1: the stream is shared.
     let _agent = agent(&pki, "eu-1", &url_a, "synthetic:objects=5,rate=50,total=5", &[]);
     let collector = Collector::start(&pki, &url_b, "ops").await;
-    let all = eventually(Duration::from_secs(30), || {
+    let all = holds_within(Duration::from_secs(30), || {
         let seen = collector.seen.lock().unwrap();
         (0..5).all(|n| seen.generation.contains_key(&("eu-1".to_string(), synthetic_subject(n))))
     })
@@ -1779,7 +1771,7 @@ async fn a_relay_runs_from_its_rendered_deployment_under_the_grant_the_chart_add
         (0..5).all(|n| seen.generation.contains_key(&(cluster.to_string(), synthetic_subject(n))))
     };
     let _eu2 = agent(&pki, "eu-2", &hub_url, "synthetic:objects=5,rate=50,total=5", &[]);
-    assert!(eventually(Duration::from_secs(30), || all_of("eu-2")).await, "ops did not get eu-2's events");
+    assert!(holds_within(Duration::from_secs(30), || all_of("eu-2")).await, "ops did not get eu-2's events");
     // …then the relay, from its rendered Deployment (its claim an empty directory here).
     let relay =
         start_ready(&docs, "Deployment", "fleetwatch-relay-webhook", &files, Some(&hub_url), &cp_kc, &dir).await;
@@ -1792,7 +1784,7 @@ async fn a_relay_runs_from_its_rendered_deployment_under_the_grant_the_chart_add
             .collect::<std::collections::BTreeSet<_>>()
     };
     let want: std::collections::BTreeSet<String> = (0..5).map(synthetic_subject).collect();
-    let delivered = eventually(Duration::from_secs(30), || subjects(&got.lock().unwrap()).is_superset(&want)).await;
+    let delivered = holds_within(Duration::from_secs(30), || subjects(&got.lock().unwrap()).is_superset(&want)).await;
     assert!(delivered, "the relay did not post eu-1's 5 objects; relay log:\n{}", tail(&relay.proc.stderr()));
     // Signed with the mounted secret; nothing of eu-2, whose events came before in the log.
     let key = fleetwatch_relay::webhook::hmac_key(b"s3cret");
@@ -1841,7 +1833,7 @@ async fn the_klm_relay_runs_from_its_rendered_deployment() {
     };
     // The five objects (and the agent start's resync fallback, the runtime's Kyma object).
     let want: std::collections::BTreeSet<String> = (0..5).map(|n| format!("obj-{n}")).collect();
-    let all = eventually(Duration::from_secs(30), || names().is_superset(&want)).await;
+    let all = holds_within(Duration::from_secs(30), || names().is_superset(&want)).await;
     assert!(
         all,
         "the listener got {:?} (refused {:?}); relay log:\n{}",
@@ -1918,7 +1910,7 @@ async fn the_hub_reads_subscriber_access_policies_under_the_chart_rbac() {
             None,
         )
     };
-    let written = eventually(Duration::from_secs(30), || {
+    let written = holds_within(Duration::from_secs(30), || {
         status("team-x") == "True/Accepted/1" && status("dup") == "False/DuplicateSubscriber/1"
     })
     .await;

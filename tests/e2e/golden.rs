@@ -232,7 +232,7 @@ async fn an_agent_with_no_common_version_says_what_to_upgrade_and_waits() {
     let agent = agent(&pki, "foreign", &url, "synthetic:objects=2,rate=20,total=4", &["--version-retry", "1"]);
     let first = tokio::time::timeout(Duration::from_secs(30), hellos.recv()).await.unwrap().unwrap();
     assert_eq!((first["protocol"].as_u64(), first["min_protocol"].as_u64()), (Some(1), Some(1)), "{first}");
-    let said = eventually(Duration::from_secs(20), || agent.stderr().contains("no protocol version in common")).await;
+    let said = holds_within(Duration::from_secs(20), || agent.stderr().contains("no protocol version in common")).await;
     let log = agent.stderr();
     assert!(said, "{log}");
     let line = log.lines().find(|l| l.contains("no protocol version in common")).unwrap();
@@ -240,6 +240,6 @@ async fn an_agent_with_no_common_version_says_what_to_upgrade_and_waits() {
     assert!(line.contains("agent_protocols=1") && line.contains("retry_in=1s"), "{line}");
     // The retry: welcomed in protocol 9, which this agent refuses.
     tokio::time::timeout(Duration::from_secs(30), hellos.recv()).await.unwrap().unwrap();
-    let refused = eventually(Duration::from_secs(20), || agent.stderr().contains("the hub chose protocol 9")).await;
+    let refused = holds_within(Duration::from_secs(20), || agent.stderr().contains("the hub chose protocol 9")).await;
     assert!(refused, "{}", agent.stderr());
 }

@@ -28,7 +28,7 @@ fn events_for<'a>(seen: &'a Seen, watch: &str, subject: &str) -> Vec<&'a Event> 
 }
 
 async fn wait_for(collector: &Collector, what: &str, cond: impl Fn(&Seen) -> bool) {
-    let ok = eventually(Duration::from_secs(15), || cond(&collector.seen.lock().unwrap())).await;
+    let ok = holds_within(Duration::from_secs(15), || cond(&collector.seen.lock().unwrap())).await;
     assert!(
         ok,
         "timed out waiting for {what}; events: {:#?}",
@@ -103,7 +103,7 @@ async fn kubectl_changes_reach_subscribers_through_field_filters() {
     let collector = Collector::start(&pki, &hub.url(), "ops").await;
 
     // Every (valid) watch reports running to the hub.
-    let running = eventually(Duration::from_secs(15), || {
+    let running = holds_within(Duration::from_secs(15), || {
         let v = futures_executor(hub.clusters());
         v["clusters"][0]["watches"]
             .as_array()
@@ -213,7 +213,7 @@ async fn kubectl_changes_reach_subscribers_through_field_filters() {
     );
 }
 
-/// Blocks on a future from a sync closure (for `eventually`).
+/// Blocks on a future from a sync closure (for `holds_within`).
 fn futures_executor<F: std::future::Future>(f: F) -> F::Output {
     tokio::task::block_in_place(|| tokio::runtime::Handle::current().block_on(f))
 }
@@ -248,8 +248,9 @@ async fn nothing_lost_through_relists_restarts_and_deletes_during_outages() {
     let cms: Api<DynamicObject> =
         Api::namespaced_with(client.clone(), "load", &ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&()));
     let stop = tokio_util::sync::CancellationToken::new();
+    let written = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
     let writer = {
-        let (cms, stop) = (cms.clone(), stop.clone());
+        let (cms, stop, written) = (cms.clone(), stop.clone(), written.clone());
         tokio::spawn(async move {
             let mut i: u64 = 0;
             while !stop.is_cancelled() {
@@ -262,10 +263,26 @@ async fn nothing_lost_through_relists_restarts_and_deletes_during_outages() {
                     let _ = cms.patch(&name, &PatchParams::apply("writer").force(), &Patch::Apply(&obj)).await;
                 }
                 i += 1;
+                written.store(i, std::sync::atomic::Ordering::SeqCst);
                 tokio::time::sleep(Duration::from_millis(15)).await;
             }
             i
         })
+    };
+    // Each step lets the writer go on for `WRITES` more changes (the load runs through
+    // every fault), and, where a process came back, lets its events flow again first.
+    const WRITES: u64 = 60;
+    let writes_went_on = async || {
+        let since = written.load(std::sync::atomic::Ordering::SeqCst);
+        let ok = holds_within(fleetwatch_test_support::DEADLINE, || {
+            written.load(std::sync::atomic::Ordering::SeqCst) >= since + WRITES
+        })
+        .await;
+        assert!(ok, "the writer stalled at {since} changes");
+    };
+    let events_flow = async |what: &str| {
+        let since = collector.seen.lock().unwrap().all.len();
+        wait_for(&collector, what, |s| s.all.len() >= since + 10).await;
     };
     // 1. A delete while the agent cannot watch, then a forced relist (history compacted,
     //    so resuming gets 410): the agent's digest diff turns the vanished object into a
@@ -284,24 +301,27 @@ async fn nothing_lost_through_relists_restarts_and_deletes_during_outages() {
         s.all.iter().any(|e| e.subject == "v1/ConfigMap/load/vanish-me" && e.is_delete() && e.data["vanished"] == true)
     })
     .await;
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    writes_went_on().await;
     // 2. Agent restart, with deletes while it is down.
     agent.signal("KILL");
     agent.wait_exit(Duration::from_secs(5));
     for n in 0..5 {
         let _ = cms.delete(&format!("cm-{n}"), &DeleteParams::default()).await;
     }
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    writes_went_on().await;
     agent = kube_agent(&pki, "rt2", &hub.url(), &kc);
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    events_flow("events from the restarted agent").await;
+    writes_went_on().await;
     // 3. Hub crash and restart (durable bus).
     hub.proc.signal("KILL");
     hub.proc.wait_exit(Duration::from_secs(5));
     hub = HubProc::start(&pki, port, Some(&data), &["--watch-config", wc_dir.to_str().unwrap()]);
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    events_flow("events through the restarted hub").await;
+    writes_went_on().await;
     // 4. Watches dropped while writes continue; the watcher resumes from its resourceVersion.
     sim.faults().drop_watches();
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    events_flow("events after the dropped watches").await;
+    writes_went_on().await;
     stop.cancel();
     let writes = writer.await.unwrap();
     assert!(writes > 200, "writer made only {writes} changes");
@@ -334,7 +354,7 @@ async fn nothing_lost_through_relists_restarts_and_deletes_during_outages() {
         }
         problems
     };
-    let ok = eventually(Duration::from_secs(30), || check(&collector.seen.lock().unwrap()).is_empty()).await;
+    let ok = holds_within(Duration::from_secs(30), || check(&collector.seen.lock().unwrap()).is_empty()).await;
     let seen = collector.seen.lock().unwrap();
     assert!(ok, "{:#?}\nagent log:\n{}\nhub log:\n{}", check(&seen), agent.stderr(), hub.proc.stderr());
     // Deletes during the agent's downtime are covered by the agent's resync on start; the
@@ -382,7 +402,7 @@ async fn control_plane_watch_configs_reach_every_agent_and_kinds_appear_later() 
         let p = phases(&v, watch);
         p.len() == 2 && p.iter().all(|x| x == "running")
     };
-    assert!(eventually(Duration::from_secs(15), || all_running("cms")).await, "{}", hub.clusters().await);
+    assert!(holds_within(Duration::from_secs(15), || all_running("cms")).await, "{}", hub.clusters().await);
 
     // A new WatchConfig, for a kind that does not exist yet in the runtime clusters.
     let started = Instant::now();
@@ -397,7 +417,7 @@ async fn control_plane_watch_configs_reach_every_agent_and_kinds_appear_later() 
     .unwrap();
     wcs.create(&PostParams::default(), &widget).await.unwrap();
     // Nothing installed the kind: the watches wait for it, which is healthy (issue 27).
-    let reported = eventually(Duration::from_secs(5), || {
+    let reported = holds_within(Duration::from_secs(5), || {
         let p = phases(&futures_executor(hub.clusters()), "widgets");
         p.len() == 2 && p.iter().all(|x| x == "waiting-for-kind")
     })
@@ -439,7 +459,7 @@ async fn control_plane_watch_configs_reach_every_agent_and_kinds_appear_later() 
     let manager = r#"{"apiVersion":"apps/v1","kind":"Deployment","metadata":{"name":"widget-manager","namespace":"default","labels":{"operator.fleetwatch.dev/module":"widgets","app.kubernetes.io/version":"1.2.3"},"annotations":{"operator.fleetwatch.dev/provides":"Widget.example.com"}},"spec":{"replicas":1,"selector":{"matchLabels":{"app":"w"}},"template":{"metadata":{"labels":{"app":"w"}},"spec":{"containers":[{"name":"c","image":"x"}]}}}}"#;
     kubectl(&kc2, &["apply", "-f", "-"], Some(manager));
     assert!(
-        eventually(Duration::from_secs(15), || phase_of("b") == "kind-not-found").await,
+        holds_within(Duration::from_secs(15), || phase_of("b") == "kind-not-found").await,
         "{}",
         hub.clusters().await
     );
@@ -456,7 +476,7 @@ async fn control_plane_watch_configs_reach_every_agent_and_kinds_appear_later() 
     // The module removed: waiting again, healthy.
     kubectl(&kc2, &["delete", "deployment", "widget-manager", "-n", "default"], None);
     assert!(
-        eventually(Duration::from_secs(15), || phase_of("b") == "waiting-for-kind").await,
+        holds_within(Duration::from_secs(15), || phase_of("b") == "waiting-for-kind").await,
         "{}",
         hub.clusters().await
     );
@@ -465,7 +485,7 @@ async fn control_plane_watch_configs_reach_every_agent_and_kinds_appear_later() 
     // takes up the kind again when the CRD comes back.
     kubectl(&kc1, &["delete", "crd", "widgets.example.com"], None);
     assert!(
-        eventually(Duration::from_secs(15), || phase_of("a") == "waiting-for-kind").await,
+        holds_within(Duration::from_secs(15), || phase_of("a") == "waiting-for-kind").await,
         "{}",
         hub.clusters().await
     );
@@ -485,11 +505,11 @@ async fn control_plane_watch_configs_reach_every_agent_and_kinds_appear_later() 
         })
     })
     .await;
-    assert!(eventually(Duration::from_secs(15), || phase_of("a") == "running").await, "{}", hub.clusters().await);
+    assert!(holds_within(Duration::from_secs(15), || phase_of("a") == "running").await, "{}", hub.clusters().await);
 
     // Deleting the WatchConfig stops the watch everywhere.
     wcs.delete("widgets", &DeleteParams::default()).await.unwrap();
-    let gone = eventually(Duration::from_secs(5), || {
+    let gone = holds_within(Duration::from_secs(5), || {
         phases(&futures_executor(hub.clusters()), "widgets").iter().all(|p| p == "absent")
     })
     .await;
@@ -554,7 +574,7 @@ async fn a_forbidden_watch_is_reported_and_retried() {
     // The agent's first requests are denied.
     sim.faults().fail_next(6, 403);
     let mut agent = kube_agent(&pki, "rbac", &hub.url(), &kc);
-    let running = eventually(Duration::from_secs(20), || {
+    let running = holds_within(Duration::from_secs(20), || {
         let v = futures_executor(hub.clusters());
         v["clusters"][0]["watches"][0]["phase"] == "running"
     })
@@ -582,19 +602,19 @@ async fn a_watch_that_failed_reports_running_again_in_a_quiet_cluster() {
         let v = futures_executor(hub.clusters());
         v["clusters"][0]["watches"][0]["phase"].as_str().unwrap_or("").to_string()
     };
-    assert!(eventually(Duration::from_secs(20), || phase() == "running").await, "{}", hub.clusters().await);
+    assert!(holds_within(Duration::from_secs(20), || phase() == "running").await, "{}", hub.clusters().await);
     // The open watch ends and the next requests fail (an API server restarting): the
     // agent reports the failure. Nothing in the cluster changes from here on.
     sim.faults().fail_next(3, 500);
     assert!(sim.faults().drop_watches() >= 1, "the agent's watch was open");
     assert!(
-        eventually(Duration::from_secs(20), || phase() == "error").await,
+        holds_within(Duration::from_secs(20), || phase() == "error").await,
         "the failure was not reported: {}\n{}",
         hub.clusters().await,
         agent.stderr()
     );
     assert!(
-        eventually(Duration::from_secs(30), || phase() == "running").await,
+        holds_within(Duration::from_secs(30), || phase() == "running").await,
         "the watch works again but still reports {}: {}\n{}",
         phase(),
         hub.clusters().await,

@@ -10,6 +10,7 @@ use kube::discovery::ApiResource;
 use serde_json::{Value, json};
 
 use crate::support::*;
+use fleetwatch_test_support::DEADLINE;
 
 const NS: &str = "kcp";
 
@@ -144,19 +145,35 @@ impl Fleet {
 
     /// Waits until the Runtime's status satisfies `cond`.
     async fn wait(&self, name: &str, what: &str, cond: impl Fn(&fleetwatch_api::RuntimeStatus) -> bool) {
-        let start = Instant::now();
-        let mut last = None;
-        while start.elapsed() < Duration::from_secs(30) {
-            last = self.status(name).await;
-            if last.as_ref().is_some_and(&cond) {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
+        eventually(format!("runtime {name}: {what}"))
+            .context(|| format!("lifecycle log:\n{}", self.lifecycle.stderr()))
+            .until(async || self.status(name).await, |st| st.as_ref().is_some_and(&cond))
+            .await;
+    }
+
+    /// Makes the operator reconcile `name` once more and waits until a reconcile that
+    /// started after `changed` (applied here, with nothing in it that matters: `channel:
+    /// regular` is the default) has written the status (`observedGeneration`): what a
+    /// check that something does *not* happen waits for instead of a fixed time. Only a
+    /// spec change starts a reconcile (the operator filters metadata and status changes),
+    /// and status says which generation was reconciled, so no clock is involved.
+    async fn reconciled_again(&self, name: &str, modules: Value) {
+        let current = self.runtimes().get(name).await.unwrap();
+        let mut changed = runtime(name, modules);
+        if current.spec.channel.is_none() {
+            changed["spec"]["channel"] = json!("regular");
         }
-        panic!(
-            "runtime {name}: timed out waiting for {what}; status {last:#?}\nlifecycle log:\n{}",
-            self.lifecycle.stderr()
-        );
+        apply_json(&self.cp_kc, &changed);
+        let generation = self.runtimes().get(name).await.unwrap().metadata.generation;
+        assert!(generation > current.metadata.generation, "the change did not make a new generation");
+        self.wait(name, &format!("a reconcile of generation {generation:?}"), |s| s.observed_generation >= generation)
+            .await;
+    }
+
+    /// The operator's count of failed reconciles (each one is retried with a backoff).
+    async fn failed_reconciles(&self) -> f64 {
+        let metrics = http_get(self.metrics_port, "/metrics").await;
+        sample(&metrics, "fleetwatch_lifecycle_reconcile_failures_total").unwrap_or_else(|| panic!("{metrics}"))
     }
 
     async fn manager_version(&self) -> Option<String> {
@@ -170,6 +187,16 @@ impl Fleet {
     fn redis_configs(&self) -> Api<DynamicObject> {
         dyn_api(&self.rt, "example.com/v1", "RedisConfig", "redisconfigs", Some("redis-system"))
     }
+}
+
+/// Waits until Runtime `name` says Ready.
+async fn runtime_ready(runtimes: &Api<Runtime>, name: &str) {
+    eventually(format!("{name} to be reconciled (Ready)"))
+        .until(
+            async || runtimes.get(name).await.ok().and_then(|r| r.status).and_then(|s| s.state),
+            |state| *state == Some(State::Ready),
+        )
+        .await;
 }
 
 fn module<'a>(s: &'a fleetwatch_api::RuntimeStatus, name: &str) -> Option<&'a fleetwatch_api::ModuleStatus> {
@@ -275,7 +302,7 @@ async fn module_state_diagram_from_install_to_deletion() {
     };
     let want = ["Installed", "Upgraded", "Unmanaged", "DeletionBlocked", "Deleted"];
     assert!(
-        eventually(Duration::from_secs(30), || want.iter().all(|w| reasons().iter().any(|r| r == w))).await,
+        holds_within(Duration::from_secs(30), || want.iter().all(|w| reasons().iter().any(|r| r == w))).await,
         "events: {:?}",
         reasons()
     );
@@ -307,7 +334,7 @@ async fn module_state_diagram_from_install_to_deletion() {
     // Deleting the Runtime releases its finalizer.
     f.runtimes().delete("rt1", &DeleteParams::default()).await.unwrap();
     let gone =
-        eventually(Duration::from_secs(15), || futures_block(f.runtimes().get_opt("rt1")).ok().flatten().is_none())
+        holds_within(Duration::from_secs(15), || futures_block(f.runtimes().get_opt("rt1")).ok().flatten().is_none())
             .await;
     assert!(gone, "{}", f.lifecycle.stderr());
     // The catalog went with it.
@@ -337,8 +364,12 @@ async fn downgrade_protection_pinning_and_create_once_configuration() {
     })
     .await;
     assert_eq!(f.manager_version().await.as_deref(), Some("2.0.0"));
-    // No error loop: the state stays put and nothing is re-applied.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // No error loop: a later reconcile keeps the state, re-applies nothing and is no failure
+    // (a failure is retried, again and again).
+    let failed = f.failed_reconciles().await;
+    f.reconciled_again("rt1", json!([{"name": "redis", "channel": "regular"}])).await;
+    assert_eq!(f.failed_reconciles().await, failed, "the refused downgrade counted as a failed reconcile");
+    assert_eq!(f.manager_version().await.as_deref(), Some("2.0.0"), "downgraded on a later reconcile");
     let st = f.status("rt1").await.unwrap();
     assert_eq!(module(&st, "redis").unwrap().state, State::Warning);
     assert_eq!(st.state, Some(State::Warning));
@@ -361,7 +392,17 @@ async fn downgrade_protection_pinning_and_create_once_configuration() {
     // so pin the same module: pinned 2.0.0 while the channel goes to 3.0.0 without a template).
     apply_json(&f.cp_kc, &runtime("rt1", json!([{"name": "redis", "version": "2.0.0"}])));
     apply_json(&f.cp_kc, &release_meta("3.0.0", "3.0.0"));
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // A reconcile that knew of the channel move: the operator has seen the meta (it wrote
+    // the meta's channel summary from the same watch the reconciles read) before the
+    // Runtime changes again.
+    let metas = dyn_api(&f.cp, "operator.fleetwatch.dev/v1alpha1", "ModuleReleaseMeta", "modulereleasemetas", Some(NS));
+    eventually("the operator to see the channel move to 3.0.0")
+        .until(
+            async || metas.get("redis").await.ok().map(|m| m.data["status"]["channels"].clone()),
+            |c| c.as_ref().is_some_and(|c| c == "fast=3.0.0 regular=3.0.0"),
+        )
+        .await;
+    f.reconciled_again("rt1", json!([{"name": "redis", "version": "2.0.0"}])).await;
     let st = f.status("rt1").await.unwrap();
     let m = module(&st, "redis").unwrap();
     assert_eq!((m.state, m.desired_version.as_deref()), (State::Ready, Some("2.0.0")), "{m:#?}");
@@ -414,11 +455,11 @@ async fn a_module_configuration_change_reconciles_its_runtime_by_event() {
                 && l.contains("applied example.com/v1/RedisConfig/redis-system/default")
         })
     };
-    let start = Instant::now();
-    while !said(&f.lifecycle.stderr()) && start.elapsed() < Duration::from_secs(30) {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert!(said(&f.lifecycle.stderr()), "no INFO line about the config edit:\n{}", f.lifecycle.stderr());
+    assert!(
+        holds_within(DEADLINE, || said(&f.lifecycle.stderr())).await,
+        "no INFO line about the config edit:\n{}",
+        f.lifecycle.stderr()
+    );
 }
 
 /// Without its CRDs the operator says which are missing, waits for them, starts when they
@@ -437,7 +478,7 @@ async fn missing_crds_are_named_waited_for_and_sigterm_always_works() {
     // 1. No CRDs: named at the default log level; SIGTERM ends it.
     let mut op = spawn("lifecycle-1.log");
     assert!(
-        eventually(Duration::from_secs(30), || op.stderr().contains("runtimes.operator.fleetwatch.dev")).await,
+        holds_within(Duration::from_secs(30), || op.stderr().contains("runtimes.operator.fleetwatch.dev")).await,
         "{}",
         op.stderr()
     );
@@ -452,10 +493,14 @@ async fn missing_crds_are_named_waited_for_and_sigterm_always_works() {
 
     // 2. The CRDs appear while it waits: it starts and reconciles.
     let mut op = spawn("lifecycle-2.log");
-    assert!(eventually(Duration::from_secs(30), || op.stderr().contains("lacks CRDs")).await, "{}", op.stderr());
+    assert!(holds_within(Duration::from_secs(30), || op.stderr().contains("lacks CRDs")).await, "{}", op.stderr());
     let crds = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/crds");
     kubectl(&cp_kc, &["apply", "-f", crds.to_str().unwrap()], None);
-    assert!(eventually(Duration::from_secs(30), || op.stderr().contains("serves every CRD")).await, "{}", op.stderr());
+    assert!(
+        holds_within(Duration::from_secs(30), || op.stderr().contains("serves every CRD")).await,
+        "{}",
+        op.stderr()
+    );
     apply_json(
         &cp_kc,
         &json!({"apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "Runtime",
@@ -463,11 +508,13 @@ async fn missing_crds_are_named_waited_for_and_sigterm_always_works() {
     );
     let cp = _cp_sim.client().await.unwrap();
     let runtimes: Api<Runtime> = Api::namespaced(cp, "default");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while runtimes.get("empty").await.ok().and_then(|r| r.status).and_then(|s| s.state) != Some(State::Ready) {
-        assert!(Instant::now() < deadline, "not reconciled after the CRDs appeared:\n{}", op.stderr());
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    eventually("runtime empty to be reconciled after the CRDs appeared")
+        .context(|| op.stderr())
+        .until(
+            async || runtimes.get("empty").await.ok().and_then(|r| r.status).and_then(|s| s.state),
+            |state| *state == Some(State::Ready),
+        )
+        .await;
     op.signal("TERM");
     assert_eq!(op.wait_exit(Duration::from_secs(30)), Some(0), "{}", op.stderr());
 }
@@ -487,10 +534,10 @@ async fn one_instance_leads_and_another_takes_over_when_it_dies() {
         Proc::spawn_with_env(&args, pki.path(log), &[("KUBECONFIG", cp_kc.to_str().unwrap())])
     };
     let mut a = spawn("lifecycle-a.log");
-    assert!(eventually(Duration::from_secs(30), || a.stderr().contains("leading")).await, "{}", a.stderr());
+    assert!(holds_within(Duration::from_secs(30), || a.stderr().contains("leading")).await, "{}", a.stderr());
     let mut b = spawn("lifecycle-b.log");
     assert!(
-        eventually(Duration::from_secs(30), || b.stderr().contains("another instance leads")).await,
+        holds_within(Duration::from_secs(30), || b.stderr().contains("another instance leads")).await,
         "{}",
         b.stderr()
     );
@@ -504,13 +551,7 @@ async fn one_instance_leads_and_another_takes_over_when_it_dies() {
     let runtimes: Api<Runtime> = Api::namespaced(cp, "default");
     let ready = |name: &'static str| {
         let runtimes = runtimes.clone();
-        async move {
-            let deadline = Instant::now() + Duration::from_secs(60);
-            while runtimes.get(name).await.ok().and_then(|r| r.status).and_then(|s| s.state) != Some(State::Ready) {
-                assert!(Instant::now() < deadline, "{name} not reconciled");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        }
+        async move { runtime_ready(&runtimes, name).await }
     };
     apply_json(
         &cp_kc,
@@ -523,7 +564,7 @@ async fn one_instance_leads_and_another_takes_over_when_it_dies() {
     // The leader dies without releasing the Lease: the other takes over once it expires.
     a.signal("KILL");
     a.wait_exit(Duration::from_secs(10));
-    assert!(eventually(Duration::from_secs(60), || b.stderr().contains("leading")).await, "{}", b.stderr());
+    assert!(holds_within(Duration::from_secs(60), || b.stderr().contains("leading")).await, "{}", b.stderr());
     let second = holder(leases.get("fleetwatch-lifecycle").await.unwrap());
     assert_ne!(second, first);
     apply_json(
@@ -574,27 +615,22 @@ async fn sharded_instances_share_the_runtimes_and_take_over_a_killed_one() {
         }
     };
     // Both take part: three shards, two holders, nobody holds all three.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let spread = loop {
-        let h = holders().await;
-        let distinct: std::collections::BTreeSet<&String> = h.iter().filter(|x| !x.is_empty()).collect();
-        if h.iter().all(|x| !x.is_empty()) && distinct.len() == 2 {
-            break h;
-        }
-        assert!(Instant::now() < deadline, "shards not spread: {h:?}\n{}\n{}", a.stderr(), b.stderr());
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let spread = eventually("the shards to be spread over both instances")
+        .context(|| format!("{}\n{}", a.stderr(), b.stderr()))
+        .until(
+            async || holders().await,
+            |h| {
+                let distinct: std::collections::BTreeSet<&String> = h.iter().filter(|x| !x.is_empty()).collect();
+                h.iter().all(|x| !x.is_empty()) && distinct.len() == 2
+            },
+        )
+        .await;
     let runtimes: Api<Runtime> = Api::namespaced(cp, "default");
     let all_ready = |names: Vec<String>| {
         let runtimes = runtimes.clone();
         async move {
-            let deadline = Instant::now() + Duration::from_secs(60);
             for name in names {
-                while runtimes.get(&name).await.ok().and_then(|r| r.status).and_then(|s| s.state) != Some(State::Ready)
-                {
-                    assert!(Instant::now() < deadline, "{name} not reconciled");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
+                runtime_ready(&runtimes, &name).await;
             }
         }
     };
@@ -632,15 +668,10 @@ async fn sharded_instances_share_the_runtimes_and_take_over_a_killed_one() {
     let (victim, survivor) = if a_holds_0 { (&mut a, &mut b) } else { (&mut b, &mut a) };
     victim.signal("KILL");
     victim.wait_exit(Duration::from_secs(10));
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let h = holders().await;
-        if h.iter().all(|x| !x.is_empty() && *x != spread[0]) {
-            break;
-        }
-        assert!(Instant::now() < deadline, "shards not taken over: {h:?}\n{}", survivor.stderr());
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    eventually("the survivor to take the shards over")
+        .context(|| survivor.stderr())
+        .until(async || holders().await, |h| h.iter().all(|x| !x.is_empty() && *x != spread[0]))
+        .await;
     all_ready(create("two-")).await;
     survivor.signal("TERM");
     assert_eq!(survivor.wait_exit(Duration::from_secs(30)), Some(0), "{}", survivor.stderr());
@@ -678,7 +709,7 @@ async fn bad_objects_are_isolated_and_a_missing_policy_fails_closed() {
             None,
         )
     };
-    assert!(eventually(Duration::from_secs(30), || reason() == "InvalidSpec").await, "{}", reason());
+    assert!(holds_within(Duration::from_secs(30), || reason() == "InvalidSpec").await, "{}", reason());
 
     // rt1 names a policy that does not exist; then 3.0.0, which needs downtime, is released.
     let mut rt = runtime("rt1", json!([{"name": "redis"}]));
@@ -718,7 +749,7 @@ async fn unusable_policies_and_templates_say_so_in_their_status() {
                     .is_some_and(|(s, r, m)| (s.as_str(), r.as_str()) == (want.0, want.1) && m.contains(want.2))
             };
             assert!(
-                eventually(Duration::from_secs(30), matches).await,
+                holds_within(Duration::from_secs(30), matches).await,
                 "{kind} {name}: want {want:?}, have {:?}",
                 usable(kind, name)
             );

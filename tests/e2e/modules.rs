@@ -5,11 +5,11 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::support::{BIN, Pki, free_port};
+use crate::support::{BIN, Pki, eventually, free_port};
 
 const REGISTRY_BIN: &str = "/usr/bin/docker-registry";
 
@@ -75,13 +75,18 @@ impl Registry {
     }
 
     fn wait_listening(&mut self) {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                panic!("docker-registry exited ({status}): {}", self.log());
-            }
-            assert!(Instant::now() < deadline, "docker-registry did not listen in 30s: {}", self.log());
-            std::thread::sleep(Duration::from_millis(20));
+        let port = self.port;
+        let child = &mut self.child;
+        // (listening, exit status)
+        let (_, exited) = eventually("docker-registry to listen").until_blocking(
+            || match child.try_wait().unwrap() {
+                Some(status) => (false, Some(status)),
+                None => (std::net::TcpStream::connect(("127.0.0.1", port)).is_ok(), None),
+            },
+            |(listening, exited)| *listening || exited.is_some(),
+        );
+        if let Some(status) = exited {
+            panic!("docker-registry exited ({status}): {}", self.log());
         }
     }
 
@@ -589,24 +594,17 @@ impl Operated {
         cond: impl Fn(&fleetwatch_api::ModuleStatus) -> bool,
     ) -> fleetwatch_api::ModuleStatus {
         let runtimes: kube::Api<fleetwatch_api::Runtime> = kube::Api::namespaced(self.cp.clone(), "kcp");
-        let start = Instant::now();
-        let mut last = None;
-        while start.elapsed() < Duration::from_secs(45) {
-            last = runtimes
-                .get_status("rt1")
-                .await
-                .ok()
-                .and_then(|r| r.status)
-                .and_then(|s| s.modules.into_iter().find(|m| m.name == module));
-            if let Some(m) = last.as_ref().filter(|m| cond(m)) {
-                return m.clone();
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        panic!(
-            "timed out waiting for {what}; module status {last:#?}\nlifecycle log:\n{}",
-            std::fs::read_to_string(&self.log).unwrap_or_default()
-        );
+        eventually(format!("{module}: {what}"))
+            .context(|| format!("lifecycle log:\n{}", std::fs::read_to_string(&self.log).unwrap_or_default()))
+            .until(
+                async || {
+                    let status = runtimes.get_status("rt1").await.ok().and_then(|r| r.status);
+                    status.and_then(|s| s.modules.into_iter().find(|m| m.name == module))
+                },
+                |m| m.as_ref().is_some_and(&cond),
+            )
+            .await
+            .expect("until returns only what satisfies the condition")
     }
 }
 
@@ -722,11 +720,10 @@ async fn the_operator_installs_by_digest_and_keeps_reconciling_without_the_regis
     drop(lifecycle);
     lifecycle = op.lifecycle(&flags);
     deployments.delete("widget-operator", &Default::default()).await.unwrap();
-    let start = Instant::now();
-    while manager_version().await.as_deref() != Some("2.0.0") {
-        assert!(start.elapsed() < Duration::from_secs(45), "the manager did not come back:\n{}", lifecycle.stderr());
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    eventually("the deleted manager to come back at 2.0.0")
+        .context(|| lifecycle.stderr())
+        .until(async || manager_version().await, |v| v.as_deref() == Some("2.0.0"))
+        .await;
 
     // An upgrade to a digest not in the cache waits, naming the registry; 2.0.0 keeps running.
     op.apply(&versions[2].1);
@@ -788,17 +785,19 @@ async fn the_operator_installs_by_digest_and_keeps_reconciling_without_the_regis
     for (t, needle) in [(tagged, "has no digest: a module version must be immutable"), (both, "are both given")] {
         op.apply(&t);
         let name = t["metadata"]["name"].as_str().unwrap();
-        let start = Instant::now();
-        loop {
-            let conditions = templates.get_status(name).await.unwrap().status.map(|s| s.conditions).unwrap_or_default();
-            if conditions.iter().any(|c| {
-                c.type_ == "Usable" && c.status == "False" && c.reason == "InvalidSpec" && c.message.contains(needle)
-            }) {
-                break;
-            }
-            assert!(start.elapsed() < Duration::from_secs(30), "{name}: no Usable=False: {conditions:?}");
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        eventually(format!("{name} to say Usable=False"))
+            .until(
+                async || templates.get_status(name).await.unwrap().status.map(|s| s.conditions).unwrap_or_default(),
+                |conditions| {
+                    conditions.iter().any(|c| {
+                        c.type_ == "Usable"
+                            && c.status == "False"
+                            && c.reason == "InvalidSpec"
+                            && c.message.contains(needle)
+                    })
+                },
+            )
+            .await;
     }
     drop(lifecycle);
 }

@@ -4,7 +4,6 @@
 //! surviving hub when the one behind it is killed (what a load balancer does).
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -19,39 +18,32 @@ use crate::support::*;
 /// connections to the old target.
 struct Balancer {
     port: u16,
-    target: Arc<AtomicU16>,
-    generation: Arc<AtomicU64>,
+    /// (target port, switches so far): connections wait on changes instead of polling.
+    state: tokio::sync::watch::Sender<(u16, u64)>,
 }
 
 impl Balancer {
     async fn start(target: u16) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
-        let target = Arc::new(AtomicU16::new(target));
-        let generation = Arc::new(AtomicU64::new(0));
-        let (t, g) = (target.clone(), generation.clone());
+        let state = tokio::sync::watch::Sender::new((target, 0u64));
+        let watching = state.clone();
         tokio::spawn(async move {
             loop {
                 let Ok((mut inbound, _)) = listener.accept().await else { return };
-                let (to, my_gen, g) = (t.load(Ordering::SeqCst), g.load(Ordering::SeqCst), g.clone());
+                let mut rx = watching.subscribe();
+                let (to, my_gen) = *rx.borrow_and_update();
                 tokio::spawn(async move {
                     let Ok(mut outbound) = TcpStream::connect(("127.0.0.1", to)).await else { return };
-                    let copy = tokio::io::copy_bidirectional(&mut inbound, &mut outbound);
-                    tokio::pin!(copy);
-                    loop {
-                        tokio::select! {
-                            _ = &mut copy => return,
-                            _ = tokio::time::sleep(Duration::from_millis(20)) => {
-                                if g.load(Ordering::SeqCst) != my_gen {
-                                    return;
-                                }
-                            }
-                        }
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                        // Switched: drop both sides.
+                        _ = rx.wait_for(|(_, g)| *g != my_gen) => {}
                     }
                 });
             }
         });
-        Self { port, target, generation }
+        Self { port, state }
     }
 
     fn url(&self) -> String {
@@ -59,8 +51,10 @@ impl Balancer {
     }
 
     fn switch(&self, to: u16) {
-        self.target.store(to, Ordering::SeqCst);
-        self.generation.fetch_add(1, Ordering::SeqCst);
+        self.state.send_modify(|(target, generation)| {
+            *target = to;
+            *generation += 1;
+        });
     }
 }
 
@@ -92,7 +86,7 @@ async fn a_killed_hub_replica_loses_nothing() {
     let collector = Collector::start(&pki, &to_subscriber.url(), "checker").await;
 
     // Kill replica a once every agent streams through it.
-    let all_flowing = eventually(Duration::from_secs(60), || {
+    let all_flowing = holds_within(Duration::from_secs(60), || {
         let seen = collector.seen.lock().unwrap();
         clusters.iter().all(|c| seen.max_seq.get(*c).is_some_and(|s| *s > 200))
     })
@@ -100,16 +94,12 @@ async fn a_killed_hub_replica_loses_nothing() {
     assert!(all_flowing, "agents did not stream through replica a:\n{}", a.proc.stderr());
     // Replica b's /api/v1/clusters shows the agents connected to a.
     let on_a = format!("127.0.0.1:{pa}");
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        let body = b.clusters().await;
-        let list = body["clusters"].as_array().cloned().unwrap_or_default();
-        if list.len() == 3 && list.iter().all(|c| c["connected"] == true && c["hub"] == on_a.as_str()) {
-            break;
-        }
-        assert!(std::time::Instant::now() < deadline, "b does not show the fleet on a: {list:?}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    eventually("b to show the fleet on a")
+        .until(
+            async || b.clusters().await["clusters"].as_array().cloned().unwrap_or_default(),
+            |list| list.len() == 3 && list.iter().all(|c| c["connected"] == true && c["hub"] == on_a.as_str()),
+        )
+        .await;
     // b has had no reader: it holds none of the stream (its local tail starts with one).
     let held = |metrics: &str| {
         metrics.lines().find_map(|l| l.strip_prefix("fleetwatch_hub_bus_held_in_memory ")).map(str::to_string)
@@ -120,7 +110,7 @@ async fn a_killed_hub_replica_loses_nothing() {
     to_agents.switch(pb);
     to_subscriber.switch(pb);
 
-    let done = eventually(Duration::from_secs(90), || {
+    let done = holds_within(Duration::from_secs(90), || {
         missing_unless_resynced(&collector.seen.lock().unwrap(), &clusters, &source).is_empty()
     })
     .await;
@@ -138,17 +128,16 @@ async fn a_killed_hub_replica_loses_nothing() {
     // The subscriber's move started b's tail, which loaded what a had stored.
     assert_eq!(held(&http_get(b.admin_port, "/metrics").await).as_deref(), Some("1"));
     // Replica b resumed each agent's stream from the heads a stored.
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        let body = b.clusters().await;
-        let acked = body["clusters"].as_array().cloned().unwrap_or_default();
-        let on_b = format!("127.0.0.1:{pb}");
-        if acked.len() == 3 && acked.iter().all(|c| c["ackedSeq"].as_u64() == Some(3001) && c["hub"] == on_b.as_str()) {
-            break;
-        }
-        assert!(std::time::Instant::now() < deadline, "{acked:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let on_b = format!("127.0.0.1:{pb}");
+    eventually("b to have acked every agent's 3001 events")
+        .until(
+            async || b.clusters().await["clusters"].as_array().cloned().unwrap_or_default(),
+            |acked| {
+                acked.len() == 3
+                    && acked.iter().all(|c| c["ackedSeq"].as_u64() == Some(3001) && c["hub"] == on_b.as_str())
+            },
+        )
+        .await;
 }
 
 /// Bad `--bus` settings: one error line naming the cause, non-zero exit.
@@ -220,19 +209,17 @@ async fn a_killed_jetstream_node_of_three_loses_nothing() {
         })
         .collect();
     // JetStream serves replicated streams once the nodes elected a meta leader.
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    loop {
-        let jsz = http_get(monitor_ports[0], "/jsz").await;
-        let leader = serde_json::from_str::<serde_json::Value>(&jsz).ok().and_then(|v| {
-            let m = &v["meta_cluster"];
-            (m["leader"].as_str().is_some_and(|l| !l.is_empty()) && m["cluster_size"].as_u64() == Some(3)).then_some(())
-        });
-        if leader.is_some() {
-            break;
-        }
-        assert!(std::time::Instant::now() < deadline, "no JetStream meta leader: {jsz}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    eventually("a JetStream meta leader of 3 nodes")
+        .until(
+            async || http_get(monitor_ports[0], "/jsz").await,
+            |jsz| {
+                serde_json::from_str::<serde_json::Value>(jsz).ok().is_some_and(|v| {
+                    let m = &v["meta_cluster"];
+                    m["leader"].as_str().is_some_and(|l| !l.is_empty()) && m["cluster_size"].as_u64() == Some(3)
+                })
+            },
+        )
+        .await;
     let urls = nodes.iter().map(|n| n.as_ref().unwrap().url()).collect::<Vec<_>>().join(",");
     let bus = ["--bus", &urls, "--bus-replicas", "3"];
     let (pa, pb) = (free_port(), free_port());
@@ -243,7 +230,7 @@ async fn a_killed_jetstream_node_of_three_loses_nothing() {
     let clusters = ["c1", "c2", "c3"];
     let _agents: Vec<_> = clusters.iter().map(|c| agent(&pki, c, &a.url(), spec, &[])).collect();
     let collector = Collector::start(&pki, &b.url(), "checker").await;
-    let flowing = eventually(Duration::from_secs(60), || {
+    let flowing = holds_within(Duration::from_secs(60), || {
         let seen = collector.seen.lock().unwrap();
         clusters.iter().all(|c| seen.max_seq.get(*c).is_some_and(|s| *s > 200))
     })
@@ -261,7 +248,7 @@ async fn a_killed_jetstream_node_of_three_loses_nothing() {
     }
     nodes[busiest.0].take().expect("the node runs").stop();
 
-    let done = eventually(Duration::from_secs(120), || {
+    let done = holds_within(Duration::from_secs(120), || {
         missing_unless_resynced(&collector.seen.lock().unwrap(), &clusters, &source).is_empty()
     })
     .await;
@@ -334,15 +321,10 @@ fn only_first_subscription_resyncs(seen: &Seen) -> bool {
 /// Waits (60 s at most) until the hub's `/readyz` says ready; fails with `what`, its last
 /// answer and the hub's log otherwise.
 async fn wait_ready(hub: &HubProc, what: &str) {
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    loop {
-        let ready = http_get(hub.admin_port, "/readyz").await;
-        if ready.starts_with("ready") {
-            return;
-        }
-        assert!(std::time::Instant::now() < deadline, "{what}: {ready}\n{}", hub.proc.stderr());
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    eventually(format!("{what}: /readyz to say ready"))
+        .context(|| hub.proc.stderr())
+        .until(async || http_get(hub.admin_port, "/readyz").await, |ready| ready.starts_with("ready"))
+        .await;
 }
 
 /// Lines `tail` printed that are a `resync-required` for every cluster (`*`), but for the
@@ -387,7 +369,7 @@ async fn jetstream_restarted_empty_recovers_without_a_hub_restart() {
     let collector = Collector::start(&pki, &b.url(), "checker").await;
     let mut tail = tail_proc(&pki, &a.url(), "ops", "tail-1.log");
     tail.wait_stdout(r#""c1""#, Duration::from_secs(60));
-    let flowing = eventually(Duration::from_secs(60), || {
+    let flowing = holds_within(Duration::from_secs(60), || {
         collector.seen.lock().unwrap().max_seq.get("c1").is_some_and(|s| *s > 20)
     })
     .await;
@@ -397,7 +379,7 @@ async fn jetstream_restarted_empty_recovers_without_a_hub_restart() {
     // A durable subscriber of a quiet cluster: registered, never acked anything, so no hub
     // holds a cursor move of it: only the cursor store knew the name.
     let mut quiet = tail_of(&pki, &b.url(), "quiet", "quiet-1.log", &["--cluster", "c2"]);
-    let registered = eventually(Duration::from_secs(30), || {
+    let registered = holds_within(Duration::from_secs(30), || {
         b.proc.stderr().lines().any(|l| l.contains("subscriber connected") && l.contains("quiet"))
     })
     .await;
@@ -406,7 +388,7 @@ async fn jetstream_restarted_empty_recovers_without_a_hub_restart() {
     assert!(quiet.wait_exit(Duration::from_secs(5)).is_some());
 
     js.restart_empty().unwrap_or_else(|e| panic!("{e}"));
-    let told = eventually(Duration::from_secs(90), || {
+    let told = holds_within(Duration::from_secs(90), || {
         let seen = collector.seen.lock().unwrap();
         seen.resyncs
             .get("*")
@@ -425,27 +407,25 @@ async fn jetstream_restarted_empty_recovers_without_a_hub_restart() {
         wait_ready(hub, "hub not ready again").await;
     }
     // The agent's session resumed: new events reach the live subscriber after the marker.
-    let resumed = eventually(Duration::from_secs(90), || {
+    let resumed = holds_within(Duration::from_secs(90), || {
         collector.seen.lock().unwrap().max_seq.get("c1").is_some_and(|s| *s > at_marker + 20)
     })
     .await;
     assert!(resumed, "no events after the recreation (last seq {at_marker}):\nhub a:\n{}", a.proc.stderr());
     // The durable tail comes back from latest: its stored cursor went with JetStream's store.
     let tail = tail_proc(&pki, &a.url(), "ops", "tail-2.log");
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    while resync_all_lines(&tail).is_empty() {
-        assert!(std::time::Instant::now() < deadline, "the returning tail was not told to resync:\n{}", tail.stderr());
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    eventually("the returning tail to be told to resync")
+        .context(|| tail.stderr())
+        .until(async || resync_all_lines(&tail), |lines| !lines.is_empty())
+        .await;
     // Its name is lost with the cursor store (`Lookup::Lost`), or — when hub a wrote the
     // killed tail's last acks into the recreated store — known at an old cursor, below
     // the marker, which it then reads: told either way.
     let quiet = tail_of(&pki, &a.url(), "quiet", "quiet-2.log", &["--cluster", "c2"]);
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    while resync_all_lines(&quiet).is_empty() {
-        assert!(std::time::Instant::now() < deadline, "the returning quiet tail was not told:\n{}", quiet.stderr());
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    eventually("the returning quiet tail to be told to resync")
+        .context(|| quiet.stderr())
+        .until(async || resync_all_lines(&quiet), |lines| !lines.is_empty())
+        .await;
     // Its name is lost with the cursor store, or — when the store was recreated before the
     // replica took the new stream on — its first read is the recreation's marker: told
     // either way (the same race as the other tail's, below).
@@ -476,7 +456,7 @@ async fn a_subscriber_resuming_after_nats_lost_its_store_under_a_stopped_hub_is_
     let mut hub = HubProc::start(&pki, port, None, &bus);
     let _agent = agent(&pki, "c1", &hub.url(), "synthetic:objects=20,rate=40,total=1000000", &[]);
     let collector = Collector::start(&pki, &hub.url(), "checker").await;
-    let flowing = eventually(Duration::from_secs(60), || {
+    let flowing = holds_within(Duration::from_secs(60), || {
         collector.seen.lock().unwrap().max_seq.get("c1").is_some_and(|s| *s > 20)
     })
     .await;
@@ -485,7 +465,7 @@ async fn a_subscriber_resuming_after_nats_lost_its_store_under_a_stopped_hub_is_
     assert!(hub.proc.wait_exit(Duration::from_secs(5)).is_some());
     js.restart_empty().unwrap_or_else(|e| panic!("{e}"));
     hub = HubProc::start(&pki, port, None, &bus);
-    let told = eventually(Duration::from_secs(90), || {
+    let told = holds_within(Duration::from_secs(90), || {
         let seen = collector.seen.lock().unwrap();
         seen.resyncs
             .get("*")
@@ -517,7 +497,7 @@ async fn a_replica_exits_when_the_stream_becomes_another_bus_and_serves_it_when_
         collector.seen.lock().unwrap().max_seq.get("c1").is_some_and(|s| *s > above)
     };
     let collector = Collector::start(&pki, &hub.url(), "checker").await;
-    assert!(eventually(Duration::from_secs(60), || flowing(&collector, 5)).await, "{}", hub.proc.stderr());
+    assert!(holds_within(Duration::from_secs(60), || flowing(&collector, 5)).await, "{}", hub.proc.stderr());
 
     // Another bus takes the stream's place: deleted and created again with a fresh
     // description (the one a hub writes for a bus it begins).
@@ -539,7 +519,7 @@ async fn a_replica_exits_when_the_stream_becomes_another_bus_and_serves_it_when_
     let collector = Collector::start(&pki, &hub.url(), "checker-2").await;
     let above = collector.seen.lock().unwrap().max_seq.get("c1").copied().unwrap_or(0);
     assert!(
-        eventually(Duration::from_secs(90), || flowing(&collector, above + 5)).await,
+        holds_within(Duration::from_secs(90), || flowing(&collector, above + 5)).await,
         "no events on the new bus:\n{}",
         hub.proc.stderr()
     );
@@ -569,7 +549,7 @@ async fn hub_replicas_restarted_one_by_one_lose_nothing() {
         let seen = c.seen.lock().unwrap();
         clusters.iter().map(|k| seen.max_seq.get(*k).copied().unwrap_or(0)).collect()
     };
-    let flowing = eventually(Duration::from_secs(60), || progress(&collector).iter().all(|s| *s > 200)).await;
+    let flowing = holds_within(Duration::from_secs(60), || progress(&collector).iter().all(|s| *s > 200)).await;
     assert!(flowing, "agents did not stream through replica a:\n{}", a.proc.stderr());
 
     let started = std::time::Instant::now();
@@ -585,7 +565,7 @@ async fn hub_replicas_restarted_one_by_one_lose_nothing() {
         assert!(stopping.proc.wait_exit(Duration::from_secs(30)).is_some(), "the replica did not stop on SIGTERM");
         *stopping = HubProc::start(&pki, stop_port, None, &bus);
         // Every agent streams again, through the other replica.
-        let again = eventually(Duration::from_secs(60), || {
+        let again = holds_within(Duration::from_secs(60), || {
             let now = progress(&collector);
             now.iter().zip(&before).all(|(n, b)| *n > *b || *n == 6001)
         })
@@ -593,7 +573,7 @@ async fn hub_replicas_restarted_one_by_one_lose_nothing() {
         assert!(again, "agents did not stream again after step {step}: {:?} → {:?}", before, progress(&collector));
         steps.push(t.elapsed());
     }
-    let done = eventually(Duration::from_secs(120), || {
+    let done = holds_within(Duration::from_secs(120), || {
         missing_unless_resynced(&collector.seen.lock().unwrap(), &clusters, &source).is_empty()
     })
     .await;
@@ -634,24 +614,22 @@ async fn cluster_entry(hub: &HubProc, cluster: &str) -> serde_json::Value {
     body["clusters"].as_array().and_then(|l| l.iter().find(|c| c["cluster"] == cluster).cloned()).unwrap_or_default()
 }
 
-/// Whether `cluster`'s agent is connected to `hub` in an epoch other than `old` (a new
-/// process) and its watch runs.
-async fn back_in_new_epoch(hub: &HubProc, cluster: &str, old: Option<u64>) -> bool {
-    let c = cluster_entry(hub, cluster).await;
+/// Whether the cluster entry `c` (of [`cluster_entry`]) says its agent is connected in an
+/// epoch other than `old` (a new process) and its watch runs.
+fn in_new_epoch(c: &serde_json::Value, old: Option<u64>) -> bool {
     let running = c["watches"].as_array().is_some_and(|w| !w.is_empty() && w.iter().all(|s| s["phase"] == "running"));
     c["connected"] == true && c["epoch"].as_u64().is_some_and(|e| Some(e) != old) && running
 }
 
 /// Waits, without blocking the runtime, for `p` to exit; its exit code (`-1` for a signal).
 async fn exit_of(p: &mut Proc, within: Duration) -> Option<i32> {
-    let deadline = Instant::now() + within;
-    while Instant::now() < deadline {
-        if let Some(status) = p.child.try_wait().unwrap() {
-            return Some(status.code().unwrap_or(-1));
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    None
+    let mut status = None;
+    holds_within(within, || {
+        status = p.child.try_wait().unwrap();
+        status.is_some()
+    })
+    .await;
+    status.map(|s| s.code().unwrap_or(-1))
 }
 
 /// Every object of cluster `index` whose final state the subscriber cannot know, one line
@@ -812,7 +790,7 @@ async fn agent_fleet_restarted_in_waves_loses_nothing() {
     // each wave starts, and the load stops, only after changes in every cluster).
     let changes = |w: &Mutex<Written>| w.lock().unwrap().per_cluster.clone();
     let load_went_on = async |since: &[u64], more: u64| {
-        let ok = eventually(Duration::from_secs(120), || {
+        let ok = holds_within(Duration::from_secs(120), || {
             changes(&written).iter().zip(since).all(|(now, then)| *now >= then + more)
         })
         .await;
@@ -820,14 +798,14 @@ async fn agent_fleet_restarted_in_waves_loses_nothing() {
     };
 
     // Every agent runs its watch and its events reach the subscriber.
-    let deadline = Instant::now() + Duration::from_secs(90);
     for i in 0..CLUSTERS {
-        while !back_in_new_epoch(&hubs[replica(i, 1)], &name(i), None).await {
-            assert!(Instant::now() < deadline, "agent rt-{i} did not start:\n{}", agents[i].stderr());
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        eventually(format!("agent rt-{i} to start"))
+            .within(Duration::from_secs(90))
+            .context(|| agents[i].stderr())
+            .until(async || cluster_entry(&hubs[replica(i, 1)], &name(i)).await, |c| in_new_epoch(c, None))
+            .await;
     }
-    let flowing = eventually(Duration::from_secs(60), || {
+    let flowing = holds_within(Duration::from_secs(60), || {
         let seen = collector.seen.lock().unwrap();
         (0..CLUSTERS).all(|i| seen.all.iter().any(|e| e.cluster == name(i)))
     })
@@ -858,17 +836,13 @@ async fn agent_fleet_restarted_in_waves_loses_nothing() {
             starts[i] += 1;
             agents[i] = kube_agent(&pki, &name(i), &hubs[replica(i, starts[i])].url(), &kubeconfigs[i]);
         }
-        let deadline = Instant::now() + Duration::from_secs(90);
         for &i in &members {
-            while !back_in_new_epoch(&hubs[replica(i, starts[i])], &name(i), old[&i]).await {
-                assert!(
-                    Instant::now() < deadline,
-                    "agent rt-{i} not back after wave {wave}: {}\n{}",
-                    cluster_entry(&hubs[replica(i, starts[i])], &name(i)).await,
-                    agents[i].stderr()
-                );
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
+            let hub = &hubs[replica(i, starts[i])];
+            eventually(format!("agent rt-{i} to be back in a new epoch after wave {wave}"))
+                .within(Duration::from_secs(90))
+                .context(|| agents[i].stderr())
+                .until(async || cluster_entry(hub, &name(i)).await, |c| in_new_epoch(c, old[&i]))
+                .await;
         }
         waves.push((stopped, t.elapsed()));
     }
@@ -876,7 +850,7 @@ async fn agent_fleet_restarted_in_waves_loses_nothing() {
     let started_markers = |seen: &Seen, i: usize| {
         seen.resyncs.get(&name(i)).map_or(0, |r| r.iter().filter(|(_, why)| why == "agent started").count())
     };
-    let markers_in = eventually(Duration::from_secs(60), || {
+    let markers_in = holds_within(Duration::from_secs(60), || {
         let seen = collector.seen.lock().unwrap();
         (0..CLUSTERS).all(|i| started_markers(&seen, i) >= starts[i])
     })
@@ -904,7 +878,7 @@ async fn agent_fleet_restarted_in_waves_loses_nothing() {
         }
         (problems, by_resync)
     };
-    let done = eventually(Duration::from_secs(120), || check(&collector.seen.lock().unwrap()).0.is_empty()).await;
+    let done = holds_within(Duration::from_secs(120), || check(&collector.seen.lock().unwrap()).0.is_empty()).await;
     let delivered = load_stopped.elapsed();
     let seen = collector.seen.lock().unwrap();
     let (problems, by_resync) = check(&seen);

@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{Value, json};
 
@@ -312,28 +312,22 @@ async fn every_metric_the_dashboard_and_alerts_use_is_served() {
 
     // Wait until both report the fleet: the agent connected with a watch running, the
     // module Ready in the operator's gauge.
-    let start = Instant::now();
-    let (hub_text, lc_text) = loop {
-        let hub_text = http_get(hub.admin_port, "/metrics").await;
-        let lc_text = http_get(metrics_port, "/metrics").await;
-        let ready = Exposition::value(&hub_text, "fleetwatch_hub_cluster_connected{cluster=\"rt1\"}") == Some(1.0)
-            && Exposition::value(&hub_text, "fleetwatch_hub_cluster_watches{cluster=\"rt1\",phase=\"running\"}")
-                == Some(1.0)
-            && Exposition::value(&lc_text, "fleetwatch_lifecycle_modules{module=\"hello\",state=\"Ready\"}")
-                == Some(1.0);
-        if ready {
-            break (hub_text, lc_text);
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(60),
-            "fleet not reported in time\nhub:\n{hub_text}\nlifecycle:\n{lc_text}\nlifecycle log:\n{}",
-            lifecycle.stderr()
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+    let (hub_text, lc_text) = eventually("the hub and the operator to report the fleet")
+        .context(|| format!("lifecycle log:\n{}", lifecycle.stderr()))
+        .until(
+            async || (http_get(hub.admin_port, "/metrics").await, http_get(metrics_port, "/metrics").await),
+            |(hub_text, lc_text)| {
+                Exposition::value(hub_text, "fleetwatch_hub_cluster_connected{cluster=\"rt1\"}") == Some(1.0)
+                    && Exposition::value(hub_text, "fleetwatch_hub_cluster_watches{cluster=\"rt1\",phase=\"running\"}")
+                        == Some(1.0)
+                    && Exposition::value(lc_text, "fleetwatch_lifecycle_modules{module=\"hello\",state=\"Ready\"}")
+                        == Some(1.0)
+            },
+        )
+        .await;
     // Every /metrics endpoint is OpenMetrics with its content type, and promtool finds
     // nothing to complain about (the agent's once it reports its session).
-    let agent_up = eventually(Duration::from_secs(30), || {
+    let agent_up = holds_within(Duration::from_secs(30), || {
         Exposition::value(&block(http_get(agent_port, "/metrics")), "fleetwatch_agent_connected") == Some(1.0)
     })
     .await;
@@ -421,34 +415,25 @@ async fn every_metric_the_dashboard_and_alerts_use_is_served() {
         "{lc_text}"
     );
     // The durable subscriber drains: its lag comes back to zero.
-    let start = Instant::now();
-    loop {
-        let text = http_get(hub.admin_port, "/metrics").await;
-        let lag =
-            Exposition::value(&text, "fleetwatch_hub_subscriber_lag_records{subscriber=\"ops\",durable=\"collector\"}");
-        if lag == Some(0.0) {
-            assert_eq!(
+    let text = eventually("the collector's lag to come back to 0")
+        .until(
+            async || http_get(hub.admin_port, "/metrics").await,
+            |text| {
                 Exposition::value(
-                    &text,
-                    "fleetwatch_hub_subscriber_lag_seconds{subscriber=\"ops\",durable=\"collector\"}"
-                ),
-                Some(0.0)
-            );
-            break;
-        }
-        assert!(start.elapsed() < Duration::from_secs(30), "collector lag never 0:\n{text}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+                    text,
+                    "fleetwatch_hub_subscriber_lag_records{subscriber=\"ops\",durable=\"collector\"}",
+                ) == Some(0.0)
+            },
+        )
+        .await;
+    assert_eq!(
+        Exposition::value(&text, "fleetwatch_hub_subscriber_lag_seconds{subscriber=\"ops\",durable=\"collector\"}"),
+        Some(0.0)
+    );
     // The operator's readiness follows its API server: ready now, not ready once it is gone.
     assert_eq!(http_get(metrics_port, "/readyz").await, "ready\n");
     cp.shutdown();
-    let start = Instant::now();
-    loop {
-        let body = http_get(metrics_port, "/readyz").await;
-        if body.starts_with("not ready: ") {
-            break;
-        }
-        assert!(start.elapsed() < Duration::from_secs(30), "/readyz still says {body:?} with the API server gone");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    eventually("/readyz to say not ready with the API server gone")
+        .until(async || http_get(metrics_port, "/readyz").await, |body| body.starts_with("not ready: "))
+        .await;
 }

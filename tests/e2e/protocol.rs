@@ -272,7 +272,7 @@ async fn bad_input_gets_clear_errors_and_never_stalls_the_hub() {
     // Meanwhile the steady agent kept flowing.
     let before = collector.seen.lock().unwrap().max_seq.get("steady").copied().unwrap_or(0);
     assert!(
-        eventually(Duration::from_secs(10), || collector
+        holds_within(Duration::from_secs(10), || collector
             .seen
             .lock()
             .unwrap()
@@ -318,20 +318,17 @@ async fn hub_reloads_its_client_ca_bundle_without_a_restart() {
     let both = std::fs::read_to_string(pki.path("ca.crt")).unwrap()
         + &std::fs::read_to_string(next_ca.path("ca.crt")).unwrap();
     std::fs::write(&bundle, both).unwrap();
-    let mut welcomed = false;
-    for _ in 0..50 {
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        if let Ok(mut ws) = raw(&rotated, hub.port).await {
-            let _ = ws.send(Message::text(hello("r1", 7))).await;
-            if let Got::Text(t) = next(&mut ws).await
-                && t.contains("welcome")
-            {
-                welcomed = true;
-                break;
-            }
-        }
-    }
-    assert!(welcomed, "hub did not pick up the new CA bundle\n{}", hub.proc.stderr());
+    eventually("the hub to pick up the new CA bundle (an agent of the new CA welcomed)")
+        .context(|| hub.proc.stderr())
+        .until(
+            async || {
+                let Ok(mut ws) = raw(&rotated, hub.port).await else { return false };
+                let _ = ws.send(Message::text(hello("r1", 7))).await;
+                matches!(next(&mut ws).await, Got::Text(t) if t.contains("welcome"))
+            },
+            |welcomed| *welcomed,
+        )
+        .await;
     assert!(hub.proc.stderr().contains("reloaded TLS certificates"));
 }
 
@@ -350,12 +347,16 @@ async fn revoked_certificates_are_refused_and_their_sessions_closed() {
     );
     let mut a = crate::support::agent(&pki, "rev", &hub.url(), "synthetic:objects=5,rate=50", &[]);
     let collector = Collector::start(&pki, &hub.url(), "watch").await;
-    assert!(eventually(Duration::from_secs(10), || collector.seen.lock().unwrap().events > 20).await, "{}", a.stderr());
+    assert!(
+        holds_within(Duration::from_secs(10), || collector.seen.lock().unwrap().events > 20).await,
+        "{}",
+        a.stderr()
+    );
 
     // Revoke the agent's certificate by serial, as `certs inspect` prints it.
     let serial = fleetwatch_certs::inspect_file(&pki.path("agent-rev.crt")).unwrap().serial;
     std::fs::write(&deny, format!("# revoked today\n{serial}\n")).unwrap();
-    let closed = eventually(Duration::from_secs(5), || {
+    let closed = holds_within(Duration::from_secs(5), || {
         let v = futures_block(hub.clusters());
         v["clusters"]
             .as_array()
@@ -364,22 +365,31 @@ async fn revoked_certificates_are_refused_and_their_sessions_closed() {
     })
     .await;
     assert!(closed, "revoked agent still connected: {}", hub.clusters().await);
-    assert!(eventually(Duration::from_secs(5), || a.stderr().contains("revoked")).await, "{}", a.stderr());
-    // It stays out (the agent keeps running and retrying; the hub keeps refusing).
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(holds_within(Duration::from_secs(5), || a.stderr().contains("revoked")).await, "{}", a.stderr());
+    // It stays out (the agent keeps running and retrying; the hub keeps refusing): once the
+    // hub has refused a connection made after the close, the agent is still not connected.
+    const REFUSED: &str = "fleetwatch_hub_handshake_failures_total{reason=\"revoked\"}";
+    let refused_before = sample(&http_get(hub.admin_port, "/metrics").await, REFUSED).unwrap_or(0.0);
+    eventually("the hub to refuse the revoked agent's next attempt")
+        .context(|| a.stderr())
+        .until(
+            async || sample(&http_get(hub.admin_port, "/metrics").await, REFUSED),
+            |n| n.is_some_and(|n| n > refused_before),
+        )
+        .await;
     let v = hub.clusters().await;
     assert_eq!(v["clusters"][0]["connected"], false, "{v}");
     assert_eq!(a.wait_exit(Duration::from_millis(50)), None);
 
     // Revoke the subscriber by identity: its session is closed too.
     std::fs::write(&deny, format!("{serial}\nspiffe://test.local/subscriber/watch\n")).unwrap();
-    let gone = eventually(Duration::from_secs(5), || {
+    let gone = holds_within(Duration::from_secs(5), || {
         futures_block(http_get(hub.admin_port, "/metrics")).contains("fleetwatch_hub_subscriber_sessions 0")
     })
     .await;
     assert!(gone, "{}", http_get(hub.admin_port, "/metrics").await);
     // Its reconnects are refused at the door.
-    let refused = eventually(Duration::from_secs(5), || {
+    let refused = holds_within(Duration::from_secs(5), || {
         futures_block(http_get(hub.admin_port, "/metrics")).contains("reason=\"revoked\"")
     })
     .await;

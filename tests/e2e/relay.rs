@@ -64,7 +64,7 @@ fn cm_request(name: &str) -> (String, String, String, String) {
 }
 
 async fn wait_requests(l: &KlmListener, want: &BTreeSet<(String, String, String, String)>, relay: &Proc) {
-    let ok = eventually(WAIT, || requests(l).is_superset(want)).await;
+    let ok = holds_within(WAIT, || requests(l).is_superset(want)).await;
     assert!(ok, "listener got {:?}, want {want:?}; relay log:\n{}", requests(l), relay.stderr());
 }
 
@@ -141,11 +141,11 @@ async fn relay_klm_speaks_the_listener_contract_across_restart_and_outage() {
     // Listener outage: the process gone (connection refused), then answering 503.
     listener.stop();
     apply_json(&kc, &configmap("kyma-system", "c", "1"));
-    let retried = eventually(WAIT, || relay.stderr().contains("sink refused a delivery")).await;
+    let retried = holds_within(WAIT, || relay.stderr().contains("sink refused a delivery")).await;
     assert!(retried, "{}", relay.stderr());
     listener.restart().await;
     listener.set_down(true);
-    let saw_503 = eventually(WAIT, || !listener.refused().is_empty()).await;
+    let saw_503 = holds_within(WAIT, || !listener.refused().is_empty()).await;
     assert!(saw_503, "{}", relay.stderr());
     listener.set_down(false);
     want.insert(cm_request("c"));
@@ -155,12 +155,12 @@ async fn relay_klm_speaks_the_listener_contract_across_restart_and_outage() {
     // an outage, never skipped: the change arrives once the route is back.
     listener.set_status(Some(404));
     apply_json(&kc, &configmap("kyma-system", "d", "1"));
-    let saw_404 = eventually(WAIT, || listener.refused().iter().any(|(s, _)| *s == 404)).await;
+    let saw_404 = holds_within(WAIT, || listener.refused().iter().any(|(s, _)| *s == 404)).await;
     assert!(saw_404, "{}", relay.stderr());
-    let retried_404 = eventually(WAIT, || listener.refused().iter().filter(|(s, _)| *s == 404).count() >= 3).await;
+    let retried_404 = holds_within(WAIT, || listener.refused().iter().filter(|(s, _)| *s == 404).count() >= 3).await;
     assert!(retried_404, "{:?}\n{}", listener.refused(), relay.stderr());
     // Meanwhile the relay is not ready, and says which target fails.
-    let not_ready = eventually(WAIT, || {
+    let not_ready = holds_within(WAIT, || {
         tokio::task::block_in_place(|| tokio::runtime::Handle::current().block_on(http_get(metrics_port, "/readyz")))
             .contains("requests failed in a row")
     })
@@ -169,7 +169,7 @@ async fn relay_klm_speaks_the_listener_contract_across_restart_and_outage() {
     listener.set_status(None);
     want.insert(cm_request("d"));
     wait_requests(&listener, &want, &relay).await;
-    let ready = eventually(WAIT, || {
+    let ready = holds_within(WAIT, || {
         tokio::task::block_in_place(|| tokio::runtime::Handle::current().block_on(http_get(metrics_port, "/readyz")))
             .starts_with("ready")
     })
@@ -181,7 +181,7 @@ async fn relay_klm_speaks_the_listener_contract_across_restart_and_outage() {
     listener.set_status(Some(422));
     apply_json(&kc, &configmap("kyma-system", "e", "1"));
     let dead_letter = pki.path("dead-letter").join("klm.jsonl");
-    let kept = eventually(WAIT, || std::fs::read_to_string(&dead_letter).is_ok_and(|t| t.contains("\"e\""))).await;
+    let kept = holds_within(WAIT, || std::fs::read_to_string(&dead_letter).is_ok_and(|t| t.contains("\"e\""))).await;
     assert!(kept, "{}", relay.stderr());
     let line = std::fs::read_to_string(&dead_letter).unwrap();
     assert!(line.contains("\"status\":422") && line.contains("answered as told"), "{line}");
@@ -194,7 +194,7 @@ async fn relay_klm_speaks_the_listener_contract_across_restart_and_outage() {
     let before = listener.received().len();
     kubectl(&kc, &["delete", "configmap", "a", "-n", "kyma-system"], None);
     let deleted =
-        eventually(WAIT, || listener.received()[before..].iter().any(|r| r.body["watched"]["name"] == "a")).await;
+        holds_within(WAIT, || listener.received()[before..].iter().any(|r| r.body["watched"]["name"] == "a")).await;
     assert!(deleted, "{}", relay.stderr());
 
     assert_eq!(requests(&listener), want, "nothing else was sent");
@@ -275,7 +275,7 @@ async fn relay_klm_from_watchers_creates_watch_configs_and_routes_to_the_manager
     );
     assert_eq!(wc["spec"]["labelSelector"], "operator.kyma-project.io/watched-by=lifecycle-manager");
     assert_eq!(wc["spec"]["fields"], json!(["spec"]));
-    let running = eventually(WAIT, || {
+    let running = holds_within(WAIT, || {
         let v = futures_executor(hub.clusters());
         v["clusters"][0]["watches"].as_array().is_some_and(|w| w.iter().any(|s| s["phase"] == "running"))
     })
@@ -285,7 +285,7 @@ async fn relay_klm_from_watchers_creates_watch_configs_and_routes_to_the_manager
     apply_json(&kc, &kyma("unwatched", "regular", false));
     apply_json(&kc, &kyma("default", "regular", true));
     let want = (String::from("rt1"), String::from("kyma-system"), String::from("default"), String::from("Kyma"));
-    let got = eventually(WAIT, || {
+    let got = holds_within(WAIT, || {
         listener.received().iter().any(|r| r.runtime == "rt1" && r.body["watched"]["name"] == "default")
     })
     .await;
@@ -299,13 +299,13 @@ async fn relay_klm_from_watchers_creates_watch_configs_and_routes_to_the_manager
     );
     // A spec change is relayed; the unlabelled Kyma never is.
     apply_json(&kc, &kyma("default", "fast", true));
-    let twice = eventually(WAIT, || listener.received().len() >= 2).await;
+    let twice = holds_within(WAIT, || listener.received().len() >= 2).await;
     assert!(twice, "{:?}", listener.received());
     assert!(requests(&listener).iter().all(|r| *r == want), "{:?}", requests(&listener));
 
     // Deleting the Watcher deletes its WatchConfig.
     kubectl(&cp_kc, &["delete", "watcher", "klm-watcher", "-n", "kcp-system"], None);
-    let gone = eventually(WAIT, || {
+    let gone = holds_within(WAIT, || {
         let out = kubectl(&cp_kc, &["get", "watchconfigs", "-o", "name"], None);
         !out.contains("klm-kcp-system-klm-watcher")
     })
@@ -371,7 +371,7 @@ impl CloudEventsReceiver {
     }
 }
 
-/// Blocks on a future from a sync closure (for `eventually`).
+/// Blocks on a future from a sync closure (for `holds_within`).
 fn futures_executor<F: std::future::Future>(f: F) -> F::Output {
     tokio::task::block_in_place(|| tokio::runtime::Handle::current().block_on(f))
 }
@@ -417,7 +417,7 @@ async fn relay_webhook_posts_signed_cloud_events_at_least_once() {
         m
     };
     let want: Vec<String> = ["a", "b", "c"].iter().map(|n| format!("v1/ConfigMap/apps/{n}")).collect();
-    let ok = eventually(WAIT, || {
+    let ok = holds_within(WAIT, || {
         receiver.assert_all_valid();
         let c = counts();
         want.iter().all(|w| c.get(w).is_some_and(|n| *n >= 2))

@@ -4,6 +4,7 @@
 use std::time::{Duration, Instant};
 
 use crate::support::*;
+use fleetwatch_test_support::DEADLINE;
 
 #[test]
 fn sandbox_comes_up_and_follows_a_channel_move() {
@@ -29,18 +30,15 @@ fn sandbox_comes_up_and_follows_a_channel_move() {
     let mut up = Proc::spawn(&args, dir.path().join("up.stderr"));
     let lines = up.stdout_lines.clone();
     let wait_lines = |what: &str, cond: &dyn Fn(&[String]) -> bool| {
-        let start = Instant::now();
-        while start.elapsed() < Duration::from_secs(60) {
-            if cond(&lines.lock().unwrap()) {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        panic!(
-            "sandbox: no {what} in 60 s; stdout:\n{}\nlog:\n{}",
-            lines.lock().unwrap().join("\n"),
-            std::fs::read_to_string(sbx.join("fleetwatch.log")).unwrap_or_default()
-        );
+        eventually(format!("sandbox: {what}"))
+            .context(|| {
+                format!(
+                    "stdout:\n{}\nlog:\n{}",
+                    lines.lock().unwrap().join("\n"),
+                    std::fs::read_to_string(sbx.join("fleetwatch.log")).unwrap_or_default()
+                )
+            })
+            .until_blocking(|| cond(&lines.lock().unwrap()), |held| *held);
     };
     let row_has = |rt: &'static str, needles: &'static [&'static str]| {
         move |ls: &[String]| {
@@ -73,15 +71,11 @@ fn sandbox_comes_up_and_follows_a_channel_move() {
         problems.push(format!("start-up noise in the sandbox log:\n{}", noise.join("\n")));
     }
     // `kubectl get modulereleasemetas` shows every channel with its version.
-    let start = Instant::now();
     let mut metas = String::new();
-    while start.elapsed() < Duration::from_secs(60) {
+    holds_within_blocking(DEADLINE, || {
         metas = kubectl(&cp, &["-n", "kcp", "get", "modulereleasemetas"], None);
-        if metas.lines().any(|l| l.starts_with("redis ") && l.contains("fast=2.0.0 regular=1.0.0")) {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
+        metas.lines().any(|l| l.starts_with("redis ") && l.contains("fast=2.0.0 regular=1.0.0"))
+    });
     if !metas.lines().any(|l| l.starts_with("redis ") && l.contains("fast=2.0.0 regular=1.0.0")) {
         problems.push(format!("kubectl get modulereleasemetas does not show every channel:\n{metas}"));
     }
@@ -242,14 +236,10 @@ fn sandbox_events_per_module_and_a_removed_modules_watch_waits_for_its_kind() {
     let lines = up.stdout_lines.clone();
     let log = || std::fs::read_to_string(sbx.join("fleetwatch.log")).unwrap_or_default();
     let until = |what: &str, cond: &mut dyn FnMut() -> bool| {
-        let start = Instant::now();
-        while start.elapsed() < Duration::from_secs(90) {
-            if cond() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(200));
-        }
-        panic!("sandbox: no {what} in 90 s; stdout:\n{}\nlog:\n{}", lines.lock().unwrap().join("\n"), log());
+        eventually(format!("sandbox: {what}"))
+            .within(Duration::from_secs(90))
+            .context(|| format!("stdout:\n{}\nlog:\n{}", lines.lock().unwrap().join("\n"), log()))
+            .until_blocking(&mut *cond, |held| *held);
     };
     let ready = |redis: bool| {
         move |ls: &[String]| {

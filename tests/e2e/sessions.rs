@@ -81,7 +81,7 @@ async fn an_idle_agent_keeps_one_session() {
     let hub = HubProc::start(&pki, free_port(), None, &["--idle-timeout", "3"]);
     // Four changes, then silence.
     let agent = agent(&pki, "quiet", &hub.url(), "synthetic:objects=2,rate=20,total=4", &["--idle-timeout", "3"]);
-    let settled = eventually(Duration::from_secs(30), || {
+    let settled = holds_within(Duration::from_secs(30), || {
         let c = cluster(&block(hub.clusters()), "quiet");
         c["connected"] == true && c["ackedSeq"].as_u64() >= Some(5)
     })
@@ -90,7 +90,7 @@ async fn an_idle_agent_keeps_one_session() {
     // The hub pings every second (a third of its idle timeout): wait, by the hub's own
     // count, for a dozen pings, i.e. at least three idle periods of both ends.
     let start = metric(&http_get(hub.admin_port, "/metrics").await, "fleetwatch_hub_agent_pings_total");
-    let idle_periods_passed = eventually(Duration::from_secs(120), || {
+    let idle_periods_passed = holds_within(Duration::from_secs(120), || {
         metric(&block(http_get(hub.admin_port, "/metrics")), "fleetwatch_hub_agent_pings_total") >= start + 12.0
     })
     .await;
@@ -117,7 +117,7 @@ async fn an_idle_clusters_last_seen_follows_its_pongs() {
     let hub = HubProc::start(&pki, free_port(), None, &["--idle-timeout", "3"]);
     // Four changes, then silence.
     let agent = agent(&pki, "idle", &hub.url(), "synthetic:objects=2,rate=20,total=4", &["--idle-timeout", "3"]);
-    let settled = eventually(Duration::from_secs(30), || {
+    let settled = holds_within(Duration::from_secs(30), || {
         let c = cluster(&block(hub.clusters()), "idle");
         c["connected"] == true && c["ackedSeq"].as_u64() >= Some(5)
     })
@@ -131,7 +131,7 @@ async fn an_idle_clusters_last_seen_follows_its_pongs() {
     // by more than three seconds (without pongs counting, they stay at the last event).
     let series = "fleetwatch_hub_cluster_last_seen_timestamp_seconds{cluster=\"idle\"}";
     let first_secs = first.as_millisecond() as f64 / 1000.0;
-    let moved = eventually(Duration::from_secs(90), || {
+    let moved = holds_within(Duration::from_secs(90), || {
         let c = cluster(&block(hub.clusters()), "idle");
         let api = at(&c).is_some_and(|t| t.duration_since(first) > jiff::SignedDuration::from_secs(3));
         let metric = sample(&block(http_get(hub.admin_port, "/metrics")), series).is_some_and(|v| v > first_secs + 3.0);
@@ -152,13 +152,13 @@ async fn a_second_agent_for_a_connected_cluster_is_refused() {
     let collector = Collector::start(&pki, &hub.url(), "watch").await;
     let first = agent(&pki, "dup", &hub.url(), "synthetic:objects=5,rate=20", &[]);
     let connected =
-        eventually(Duration::from_secs(20), || cluster(&block(hub.clusters()), "dup")["connected"] == true).await;
+        holds_within(Duration::from_secs(20), || cluster(&block(hub.clusters()), "dup")["connected"] == true).await;
     assert!(connected, "{}", first.stderr());
     let session = cluster(&hub.clusters().await, "dup")["session"].clone();
 
     // The same cluster id from a second process (another epoch): refused, the first stays.
     let second = agent(&pki, "dup", &hub.url(), "synthetic:objects=5,rate=20", &[]);
-    let refused = eventually(Duration::from_secs(20), || second.stderr().contains("cluster-already-connected")).await;
+    let refused = holds_within(Duration::from_secs(20), || second.stderr().contains("cluster-already-connected")).await;
     assert!(refused, "{}", second.stderr());
     let log = second.stderr();
     assert!(log.contains("\"dup\" is already connected from 127.0.0.1:"), "{log}");
@@ -166,7 +166,7 @@ async fn a_second_agent_for_a_connected_cluster_is_refused() {
 
     // No ping-pong: the first agent keeps streaming in its one session while the second waits.
     let before = collector.seen.lock().unwrap().max_seq.get("dup").copied().unwrap_or(0);
-    let flowing = eventually(Duration::from_secs(20), || {
+    let flowing = holds_within(Duration::from_secs(20), || {
         collector.seen.lock().unwrap().max_seq.get("dup").copied().unwrap_or(0) > before + 40
     })
     .await;
@@ -236,7 +236,7 @@ async fn subscribe_and_ack_once(pki: &Pki, port: u16, name: &str, max_in_flight:
 /// After a stall the same durable name resumes right after the cursor it acked.
 async fn resumes_after(pki: &Pki, hub: &HubProc, name: &str, acked: u64) {
     let collector = Collector::start(pki, &hub.url(), name).await;
-    let got = eventually(Duration::from_secs(30), || collector.seen.lock().unwrap().events > 10).await;
+    let got = holds_within(Duration::from_secs(30), || collector.seen.lock().unwrap().events > 10).await;
     assert!(got, "the reconnected subscriber got nothing\n{}", hub.proc.stderr());
     let first = collector.seen.lock().unwrap().all.iter().filter_map(|e| e.cursor).min().unwrap();
     assert_eq!(first, acked + 1, "did not resume from the kept cursor {acked}");
@@ -249,7 +249,7 @@ async fn a_subscriber_that_stops_reading_is_disconnected_and_keeps_its_cursor() 
     let _agent = agent(&pki, "busy", &hub.url(), "synthetic:objects=200,rate=1000,payload=2000", &[]);
     // A window large enough that the socket, not the window, blocks the hub's sends.
     let (ws, acked) = subscribe_and_ack_once(&pki, hub.port, "stuck", 100_000).await;
-    let stalled = eventually(Duration::from_secs(90), || {
+    let stalled = holds_within(Duration::from_secs(90), || {
         metric(&block(http_get(hub.admin_port, "/metrics")), "fleetwatch_hub_subscriber_stalls_total") >= 1.0
     })
     .await;
@@ -312,7 +312,7 @@ async fn resyncs_are_rate_limited_coalesced_and_their_reasons_cut() {
     let ev = r#"{"specversion":"1.0","id":"x","source":"x","type":"dev.fleetwatch.object.applied","subject":"v1/ConfigMap/ns/a","time":"2026-01-01T00:00:00Z","cluster":"flappy","epoch":7,"seq":8,"data":{"generation":1}}"#;
     ws.send(Message::text(format!(r#"{{"type":"events","events":[{ev}]}}"#))).await.unwrap();
     ws.send(Message::text(r#"{"type":"resync","epoch":7,"seq":9,"reason":"relist"}"#)).await.unwrap();
-    let both = eventually(Duration::from_secs(30), || {
+    let both = holds_within(Duration::from_secs(30), || {
         collector.seen.lock().unwrap().resyncs.get("flappy").is_some_and(|r| r.len() >= 2)
     })
     .await;
@@ -343,7 +343,7 @@ async fn cut_events(hub_args: &[&str], payload: usize) {
     let collector = Collector::start(&pki, &hub.url(), "watch").await;
     let source = format!("synthetic:objects=3,rate=20,total=30,payload={payload}");
     let agent = agent(&pki, "fat", &hub.url(), &source, &[]);
-    let all = eventually(Duration::from_secs(30), || {
+    let all = holds_within(Duration::from_secs(30), || {
         collector.seen.lock().unwrap().max_seq.get("fat").copied().unwrap_or(0) >= 31
     })
     .await;

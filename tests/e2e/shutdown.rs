@@ -11,7 +11,7 @@ async fn agent_sigterm_flushes_everything_it_accepted() {
     let collector = Collector::start(&pki, &hub.url(), "watch").await;
     let mut a = agent(&pki, "t1", &hub.url(), "synthetic:objects=500,rate=5000", &[]);
     assert!(
-        eventually(Duration::from_secs(10), || collector.seen.lock().unwrap().events > 1000).await,
+        holds_within(Duration::from_secs(10), || collector.seen.lock().unwrap().events > 1000).await,
         "{}",
         a.stderr()
     );
@@ -25,8 +25,9 @@ async fn agent_sigterm_flushes_everything_it_accepted() {
     assert_eq!(last, acked, "agent exited with unacked events: {line}");
     // And the subscriber got the last one.
     assert!(
-        eventually(Duration::from_secs(10), || collector.seen.lock().unwrap().max_seq.get("t1").copied() == Some(last))
-            .await,
+        holds_within(Duration::from_secs(10), || collector.seen.lock().unwrap().max_seq.get("t1").copied()
+            == Some(last))
+        .await,
         "subscriber saw {:?}, agent's last seq {last}",
         collector.seen.lock().unwrap().max_seq.get("t1")
     );
@@ -42,7 +43,7 @@ async fn hub_sigterm_keeps_every_acked_event() {
     let source: fleetwatch_agent::source::SyntheticSource = spec.parse().unwrap();
     let _a = agent(&pki, "g1", &hub.url(), spec, &[]);
     let collector = Collector::start(&pki, &hub.url(), "watch").await;
-    assert!(eventually(Duration::from_secs(10), || collector.seen.lock().unwrap().events > 300).await);
+    assert!(holds_within(Duration::from_secs(10), || collector.seen.lock().unwrap().events > 300).await);
     hub.proc.signal("TERM");
     assert_eq!(hub.proc.wait_exit(Duration::from_secs(10)), Some(0), "{}", hub.proc.stderr());
     assert!(hub.proc.stderr().contains("hub stopped"), "{}", hub.proc.stderr());
@@ -53,7 +54,7 @@ async fn hub_sigterm_keeps_every_acked_event() {
         })
     };
     assert!(
-        eventually(Duration::from_secs(30), || complete(&collector.seen.lock().unwrap())).await,
+        holds_within(Duration::from_secs(30), || complete(&collector.seen.lock().unwrap())).await,
         "{}",
         hub.proc.stderr()
     );

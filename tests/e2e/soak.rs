@@ -4,7 +4,7 @@
 //! NATS); nothing may be lost.
 
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::support::*;
 
@@ -40,17 +40,13 @@ fn run_soak(args: &[&str], hub_logs: &[&str]) -> SoakRun {
         .spawn()
         .unwrap();
     // Bounded: the soak stops by itself (its duration, then at most --settle to settle).
-    let started = Instant::now();
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break Some(s);
-        }
-        if started.elapsed() > Duration::from_secs(600) {
-            let _ = child.kill();
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    };
+    let mut status = None;
+    if !holds_within_blocking(Duration::from_secs(600), || {
+        status = child.try_wait().unwrap();
+        status.is_some()
+    }) {
+        let _ = child.kill();
+    }
     let out = child.wait_with_output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout).to_string();
     let stderr = String::from_utf8_lossy(&out.stderr);

@@ -108,11 +108,8 @@ fn a_port_in_use_is_refused_at_once_unless_bind_retry_is_given() {
     let mut args = hub_args(&pki, port, free_port());
     args.extend(["--bind-retry".into(), "120".into()]);
     let hub = Proc::spawn(&args, pki.path("retry.log"));
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    while !hub.stderr().contains("retrying for up to 120s") {
-        assert!(std::time::Instant::now() < deadline, "no retry announced: {}", hub.stderr());
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    eventually("the hub to announce its bind retry")
+        .until_blocking(|| hub.stderr(), |log| log.contains("retrying for up to 120s"));
     drop(taken);
     hub.wait_stdout(&format!("hub listening wss=wss://127.0.0.1:{port}"), Duration::from_secs(60));
 }

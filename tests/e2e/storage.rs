@@ -29,16 +29,18 @@ async fn http(port: u16, method: &str, path: &str) -> (u16, String) {
     (status, buf.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default())
 }
 
-/// Polls `/readyz` until it answers `status`; returns the last answer.
-async fn readyz_until(port: u16, status: u16, timeout: Duration) -> (u16, String) {
-    let start = std::time::Instant::now();
-    loop {
-        let answer = http(port, "GET", "/readyz").await;
-        if answer.0 == status || start.elapsed() > timeout {
-            return answer;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+/// Waits until the agent's whole stream up to `seq` (its start marker included) is acked.
+async fn acked_up_to(hub: &HubProc, seq: u64, agent: &Proc) {
+    eventually(format!("the hub to ack up to seq {seq}"))
+        .context(|| format!("agent log:\n{}", agent.stderr()))
+        .until(
+            async || hub.clusters().await,
+            |clusters| {
+                clusters["clusters"].as_array().and_then(|a| a.first()).and_then(|c| c["ackedSeq"].as_u64())
+                    == Some(seq)
+            },
+        )
+        .await;
 }
 
 /// A small tmpfs, unmounted on drop.
@@ -149,7 +151,7 @@ async fn disk_full_refuses_batches_with_the_cause_and_appends_resume() {
     let source: SyntheticSource = spec.parse().unwrap();
     let agent = agent(&pki, "c1", &hub.url(), spec, &[]);
     let collector = Collector::start(&pki, &hub.url(), "checker").await;
-    assert!(eventually(Duration::from_secs(30), || collector.seen.lock().unwrap().events >= 100).await);
+    assert!(holds_within(Duration::from_secs(30), || collector.seen.lock().unwrap().events >= 100).await);
     assert_eq!(http(hub.admin_port, "GET", "/readyz").await, (200, "ready: bus ok, certificates ok\n".to_string()));
 
     // Readiness is watched from before the disk fills: on a real full disk the hub gets a
@@ -177,7 +179,7 @@ async fn disk_full_refuses_batches_with_the_cause_and_appends_resume() {
     };
     // The hub reports the cause on /readyz and to the agent, whose batch is not acked.
     assert!(
-        eventually(Duration::from_secs(30), || not_ready.lock().unwrap().is_some()).await,
+        holds_within(Duration::from_secs(30), || not_ready.lock().unwrap().is_some()).await,
         "never 503; hub log:\n{}",
         hub.proc.stderr()
     );
@@ -190,7 +192,7 @@ async fn disk_full_refuses_batches_with_the_cause_and_appends_resume() {
     assert!(hub.proc.stderr().contains("bus cannot write: refusing appends until writes succeed again"));
     let cause = "hub could not store events: no space left on device (";
     assert!(
-        eventually(Duration::from_secs(30), || agent.stderr().contains(cause)).await,
+        holds_within(Duration::from_secs(30), || agent.stderr().contains(cause)).await,
         "agent log:\n{}",
         agent.stderr()
     );
@@ -202,10 +204,13 @@ async fn disk_full_refuses_batches_with_the_cause_and_appends_resume() {
     } else {
         assert_eq!(http(hub.admin_port, "POST", "/debug/faults/storage?fail_for_ms=0").await.0, 200);
     }
-    let ready = readyz_until(hub.admin_port, 200, Duration::from_secs(30)).await;
+    let ready = eventually("/readyz to answer 200")
+        .context(|| hub.proc.stderr())
+        .until(async || http(hub.admin_port, "GET", "/readyz").await, |answer| answer.0 == 200)
+        .await;
     assert_eq!(ready, (200, "ready: bus ok, certificates ok\n".to_string()), "hub log:\n{}", hub.proc.stderr());
     let done =
-        eventually(Duration::from_secs(90), || lost(&collector.seen.lock().unwrap(), "c1", &source).is_empty()).await;
+        holds_within(Duration::from_secs(90), || lost(&collector.seen.lock().unwrap(), "c1", &source).is_empty()).await;
     let seen = collector.seen.lock().unwrap();
     assert!(done, "lost: {:?}\nhub log:\n{}", &lost(&seen, "c1", &source)[..3], hub.proc.stderr());
     assert!(seen.events > during, "events flow again after the disk had space");
@@ -303,8 +308,9 @@ async fn lost_cursor_store_makes_durable_subscribers_resync() {
     sub.ack(d.last_cursor().unwrap()).await.unwrap();
     let cursors = data.join("cursors.json");
     assert!(
-        eventually(Duration::from_secs(30), || std::fs::read_to_string(&cursors).is_ok_and(|t| t.contains("\"keep\"")))
-            .await,
+        holds_within(Duration::from_secs(30), || std::fs::read_to_string(&cursors)
+            .is_ok_and(|t| t.contains("\"keep\"")))
+        .await,
         "the acked name was not stored"
     );
     drop(sub);
@@ -333,20 +339,7 @@ async fn damaged_segment_is_skipped_and_a_subscriber_reads_across_the_gap() {
     let spec = "synthetic:objects=20,rate=1000,total=2000";
     let agent_proc = agent(&pki, "c1", &hub.url(), spec, &[]);
     // Wait until the agent's whole stream (its start marker and 2000 events) is acked.
-    let start = std::time::Instant::now();
-    loop {
-        let clusters = hub.clusters().await;
-        let acked = clusters["clusters"].as_array().and_then(|a| a.first()).and_then(|c| c["ackedSeq"].as_u64());
-        if acked == Some(2001) {
-            break;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(60),
-            "not all acked: {clusters}\nagent log:\n{}",
-            agent_proc.stderr()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    acked_up_to(&hub, 2001, &agent_proc).await;
     drop(agent_proc);
     hub.proc.signal("TERM");
     assert!(hub.proc.wait_exit(Duration::from_secs(20)).is_some());
@@ -424,16 +417,7 @@ async fn a_record_cut_from_the_end_after_a_crash_resyncs_its_cluster() {
     let port = free_port();
     let mut hub = HubProc::start(&pki, port, Some(&data), &[]);
     let mut agent_proc = agent(&pki, "c1", &hub.url(), "synthetic:objects=5,rate=200,total=100", &[]);
-    let start = std::time::Instant::now();
-    loop {
-        let clusters = hub.clusters().await;
-        let acked = clusters["clusters"].as_array().and_then(|a| a.first()).and_then(|c| c["ackedSeq"].as_u64());
-        if acked == Some(101) {
-            break;
-        }
-        assert!(start.elapsed() < Duration::from_secs(60), "not all acked: {clusters}\n{}", agent_proc.stderr());
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    acked_up_to(&hub, 101, &agent_proc).await;
     // The agent is gone for good (its cluster was deleted); the hub crashes.
     agent_proc.signal("KILL");
     assert!(agent_proc.wait_exit(Duration::from_secs(10)).is_some());

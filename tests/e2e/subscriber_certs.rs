@@ -12,12 +12,9 @@ use fleetwatch_certs::LeafSpec;
 
 use crate::support::*;
 
-/// Waits for `cond` up to `timeout`, polling; panics with `what` and `context()` when it
-/// does not come.
+/// Waits for `cond` up to `timeout`; panics with `what` and `context()` when it does not come.
 async fn wait_for(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool, context: impl Fn() -> String) {
-    if !eventually(timeout, &mut cond).await {
-        panic!("{what}: not within {timeout:?}\n{}", context());
-    }
+    eventually(what).within(timeout).context(context).until(async || cond(), |held| *held).await;
 }
 
 /// The events `tail` printed: (subject, generation) → times seen, and the seqs seen.

@@ -7,7 +7,6 @@ use std::collections::{BTreeMap, HashMap};
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -17,6 +16,8 @@ use fleetwatch_client::transport::HubUrls;
 use fleetwatch_protocol::message::StartFrom;
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
+
+pub use fleetwatch_test_support::{eventually, holds_within, holds_within_blocking};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_fleetwatch");
 
@@ -119,29 +120,26 @@ impl Proc {
     /// Waits for exit up to `timeout`; returns the exit code (`Some(-1)` when killed by a
     /// signal), `None` when still running.
     pub fn wait_exit(&mut self, timeout: Duration) -> Option<i32> {
-        let start = Instant::now();
-        while start.elapsed() < timeout {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return Some(status.code().unwrap_or(-1));
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        None
+        let mut status = None;
+        holds_within_blocking(timeout, || {
+            status = self.child.try_wait().unwrap();
+            status.is_some()
+        });
+        status.map(|s| s.code().unwrap_or(-1))
     }
 
     pub fn stderr(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// The first line on stdout that contains `needle`; panics after `timeout` with the log.
     pub fn wait_stdout(&self, needle: &str, timeout: Duration) -> String {
-        let start = Instant::now();
-        while start.elapsed() < timeout {
-            if let Some(l) = self.stdout_lines.lock().unwrap().iter().find(|l| l.contains(needle)) {
-                return l.clone();
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        panic!("no {needle:?} on stdout in {timeout:?}; stderr:\n{}", self.stderr());
+        let lines = || self.stdout_lines.lock().unwrap().iter().find(|l| l.contains(needle)).cloned();
+        eventually(format!("{needle:?} on stdout"))
+            .within(timeout)
+            .context(|| format!("stderr:\n{}", self.stderr()))
+            .until_blocking(lines, Option::is_some)
+            .expect("until_blocking returns only what satisfies the condition")
     }
 }
 
@@ -226,6 +224,12 @@ pub async fn http_get(port: u16, path: &str) -> String {
     buf.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default()
 }
 
+/// The value of one sample in a Prometheus text exposition (`name{labels}` exactly as
+/// served), e.g. a counter an absence check reads before and after.
+pub fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
 /// Starts an agent process for `cluster` with extra arguments (its source).
 fn agent_with(pki: &Pki, cluster: &str, hub: &str, extra: &[&str]) -> Proc {
     let mut args: Vec<String> = vec!["agent".into(), "--hub".into(), hub.into(), "--retry-first-connect".into()];
@@ -245,47 +249,37 @@ pub fn agent(pki: &Pki, cluster: &str, hub: &str, source: &str, extra: &[&str]) 
 /// ones (accepted, never forwarded), as a network partition would.
 pub struct Proxy {
     pub port: u16,
-    cut: Arc<AtomicBool>,
-    generation: Arc<std::sync::atomic::AtomicU64>,
+    /// (cut now, cuts so far): connections wait on changes instead of polling.
+    state: tokio::sync::watch::Sender<(bool, u64)>,
 }
 
 impl Proxy {
     pub async fn start(target_port: u16) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
-        let cut = Arc::new(AtomicBool::new(false));
-        let generation = Arc::new(std::sync::atomic::AtomicU64::new(0));
-        let (c, g) = (cut.clone(), generation.clone());
+        let state = tokio::sync::watch::Sender::new((false, 0u64));
+        let watching = state.clone();
         tokio::spawn(async move {
             loop {
                 let Ok((mut inbound, _)) = listener.accept().await else { return };
-                let (c, g) = (c.clone(), g.clone());
+                let mut rx = watching.subscribe();
                 tokio::spawn(async move {
-                    let my_gen = g.load(Ordering::SeqCst);
-                    if c.load(Ordering::SeqCst) {
-                        // Blackhole: hold the socket open, forward nothing.
-                        while c.load(Ordering::SeqCst) {
-                            tokio::time::sleep(Duration::from_millis(50)).await;
-                        }
+                    let (cut, my_gen) = *rx.borrow_and_update();
+                    if cut {
+                        // Blackhole: hold the socket open, forward nothing, until restored.
+                        let _ = rx.wait_for(|(cut, _)| !cut).await;
                         return;
                     }
                     let Ok(mut outbound) = TcpStream::connect(("127.0.0.1", target_port)).await else { return };
-                    let copy = tokio::io::copy_bidirectional(&mut inbound, &mut outbound);
-                    tokio::pin!(copy);
-                    loop {
-                        tokio::select! {
-                            _ = &mut copy => return,
-                            _ = tokio::time::sleep(Duration::from_millis(20)) => {
-                                if g.load(Ordering::SeqCst) != my_gen {
-                                    return; // cut: drop both sides
-                                }
-                            }
-                        }
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                        // Cut: drop both sides.
+                        _ = rx.wait_for(|(_, g)| *g != my_gen) => {}
                     }
                 });
             }
         });
-        Self { port, cut, generation }
+        Self { port, state }
     }
 
     pub fn url(&self) -> String {
@@ -293,12 +287,14 @@ impl Proxy {
     }
 
     pub fn cut(&self) {
-        self.cut.store(true, Ordering::SeqCst);
-        self.generation.fetch_add(1, Ordering::SeqCst);
+        self.state.send_modify(|(cut, generation)| {
+            *cut = true;
+            *generation += 1;
+        });
     }
 
     pub fn restore(&self) {
-        self.cut.store(false, Ordering::SeqCst);
+        self.state.send_modify(|(cut, _)| *cut = false);
     }
 }
 
@@ -378,18 +374,6 @@ impl Drop for Collector {
     fn drop(&mut self) {
         self.stop.cancel();
     }
-}
-
-/// Polls `cond` until true or `timeout`; returns whether it became true.
-pub async fn eventually(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
-    let start = Instant::now();
-    while start.elapsed() < timeout {
-        if cond() {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    cond()
 }
 
 /// The subject of synthetic object `n`.

@@ -25,16 +25,12 @@ fn crd(plural: &str) -> String {
     std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(file)).unwrap()
 }
 
-/// Polls `cond` (blocking work inside) until it holds or 60 s pass.
+/// Waits until `cond` (blocking work inside) gives a value.
 async fn wait_for(what: &str, mut cond: impl FnMut() -> Option<String>) -> String {
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    loop {
-        if let Some(v) = tokio::task::block_in_place(&mut cond) {
-            return v;
-        }
-        assert!(std::time::Instant::now() < deadline, "{what}: not within 60 s");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    eventually(what)
+        .until(async || tokio::task::block_in_place(&mut cond), Option::is_some)
+        .await
+        .expect("until returns only what satisfies the condition")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -105,7 +101,7 @@ async fn an_invalid_watchconfig_resource_is_refused_visibly_and_never_pushed() {
     })
     .await;
     let mut last = String::new();
-    let healthy = eventually(Duration::from_secs(60), || {
+    let healthy = holds_within(Duration::from_secs(60), || {
         let (code, out) = tokio::task::block_in_place(|| status(&["--admin", &admin]));
         last = out;
         code == 0

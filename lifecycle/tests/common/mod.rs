@@ -33,6 +33,35 @@ pub fn release_meta(version: &str) -> serde_json::Value {
         "spec": {"moduleName": "m", "channels": [{"channel": "regular", "version": version}]}})
 }
 
+/// Makes the operator reconcile every Runtime in `default` once more and waits until, for
+/// each, a reconcile that saw the change has written its status (`observedGeneration`):
+/// what a check that something does *not* happen waits for instead of a fixed time. The
+/// change is `channel: regular`, the default, so nothing that matters changes; only spec
+/// changes start a reconcile (the operator filters metadata and status changes).
+// Each test binary compiles this module; not all of them use every helper.
+#[allow(dead_code)]
+pub async fn reconciled_again(client: &kube::Client) {
+    let runtimes: kube::Api<Runtime> = kube::Api::namespaced(client.clone(), "default");
+    for rt in runtimes.list(&Default::default()).await.unwrap().items {
+        let channel = if rt.spec.channel.is_some() { serde_json::Value::Null } else { "regular".into() };
+        let patch = serde_json::json!({"spec": {"channel": channel}});
+        let name = kube::ResourceExt::name_any(&rt);
+        runtimes.patch(&name, &Default::default(), &kube::api::Patch::Merge(&patch)).await.unwrap();
+    }
+    fleetwatch_test_support::eventually("every Runtime reconciled at its new generation")
+        .until(
+            async || {
+                let list = runtimes.list(&Default::default()).await.unwrap().items;
+                list.iter()
+                    .filter(|r| r.status.as_ref().and_then(|s| s.observed_generation) < r.metadata.generation)
+                    .map(kube::ResourceExt::name_any)
+                    .collect::<Vec<_>>()
+            },
+            |behind| behind.is_empty(),
+        )
+        .await;
+}
+
 /// How many Runtimes in `default` run module `m` (their first) at `version`, Ready.
 // Each test binary compiles this module; not all of them use every helper.
 #[allow(dead_code)]

@@ -191,18 +191,11 @@ impl KlmListener {
 
     /// Serves again on the same port.
     pub async fn restart(&mut self) {
-        let mut tries = 0;
-        let listener = loop {
-            match tokio::net::TcpListener::bind(self.addr).await {
-                Ok(l) => break l,
-                Err(e) if tries < 200 => {
-                    tries += 1;
-                    let _ = e;
-                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                }
-                Err(e) => panic!("cannot listen on {} again: {e}", self.addr),
-            }
-        };
+        let addr = self.addr;
+        let listener = fleetwatch_test_support::eventually(format!("listening on {addr} again"))
+            .until(async || tokio::net::TcpListener::bind(addr).await.map_err(|e| e.to_string()), Result::is_ok)
+            .await
+            .expect("until returns only what satisfies the condition");
         self.serve(listener);
     }
 

@@ -402,8 +402,11 @@ async fn wait_hubs_ready(hubs: &[HubProc], timeout: Duration) -> Vec<(usize, Str
         let mut unready = Vec::new();
         for (i, h) in hubs.iter().enumerate() {
             let addr = h.admin.to_string();
-            let answer =
-                tokio::time::timeout(Duration::from_secs(5), crate::admin_http::request(&addr, "/readyz", None)).await;
+            let answer = tokio::time::timeout(
+                Duration::from_secs(5),
+                fleetwatch_client::admin_http::request(&addr, "/readyz", None),
+            )
+            .await;
             match answer {
                 Ok(Ok((200, _))) => {}
                 Ok(Ok((status, body))) => unready.push((i, format!("{status} {}", body.trim()))),

@@ -238,7 +238,10 @@ impl JetStream {
 /// within 5 s (a stopped or hung node).
 async fn http(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
     let addr = addr.to_string();
-    tokio::time::timeout(Duration::from_secs(5), crate::admin_http::request(&addr, path, None)).await.ok()?.ok()
+    tokio::time::timeout(Duration::from_secs(5), fleetwatch_client::admin_http::request(&addr, path, None))
+        .await
+        .ok()?
+        .ok()
 }
 
 /// How long [`JetStream::wait_healthy`] and [`JetStream::wait_meta_leader`] wait after a

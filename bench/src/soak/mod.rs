@@ -500,7 +500,7 @@ async fn wait_connected(admins: &[SocketAddr], n: usize, timeout: Duration) -> a
         let mut connected = 0;
         for admin in admins {
             let addr = admin.to_string();
-            let answer = crate::admin_http::get(&addr, "/api/v1/clusters");
+            let answer = fleetwatch_client::admin_http::get(&addr, "/api/v1/clusters");
             let Ok(Ok(body)) = tokio::time::timeout(Duration::from_secs(5), answer).await else { continue };
             let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
             connected = connected

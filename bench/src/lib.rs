@@ -1,9 +1,11 @@
 //! `fleetwatch bench`: measured, not asserted. Figures go to the README.
 //!
-//! One file per benchmark (`hub`, `agent`, `lifecycle`, `sim`; the chaos soak lives in
-//! `crate::soak`), so each reads top to bottom as the experiment it is; this file holds the
-//! subcommand and what the benchmarks share: a throw-away PKI, a hub child process, and
-//! reading a process's memory and CPU from `/proc`.
+//! One file per benchmark (`hub`, `agent`, `lifecycle`, `sim`, `storm`, `dst`; the chaos
+//! soak, `bench soak`, lives in `soak/`), so each reads top to bottom as the experiment it
+//! is; this file holds the subcommand and what the benchmarks share: a throw-away PKI, a hub
+//! child process, and reading a process's memory and CPU from `/proc`. The `fleetwatch`
+//! binary only wires it in (`fleetwatch bench …`); the processes a benchmark starts are that
+//! binary again (its `hub`, `agent`, … subcommands).
 
 mod agent;
 mod dst;
@@ -12,6 +14,7 @@ mod jetstream;
 mod lifecycle;
 mod load;
 mod sim;
+mod soak;
 mod storm;
 
 use std::path::{Path, PathBuf};
@@ -24,6 +27,7 @@ use fleetwatch_certs::{Authority, LeafSpec};
 use fleetwatch_client::transport::HubUrl;
 use tokio::io::{AsyncBufReadExt, BufReader};
 
+/// The arguments of `fleetwatch bench`: which benchmark, and its settings.
 #[derive(Args)]
 pub struct BenchArgs {
     #[command(subcommand)]
@@ -60,11 +64,13 @@ enum BenchWhat {
     HubLoad(load::HubLoadArgs),
 }
 
-pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
+/// Runs the benchmark `args` names; `crds` are fleetwatch's CRDs (what `fleetwatch crds`
+/// writes, as JSON) for the benchmarks that install them into a simulated control plane.
+pub async fn run(args: BenchArgs, crds: Vec<serde_json::Value>) -> anyhow::Result<()> {
     match args.what {
         BenchWhat::Hub(b) => hub::run(b).await,
         BenchWhat::Agent(b) => agent::run(b).await,
-        BenchWhat::Lifecycle(b) => lifecycle::run(b).await,
+        BenchWhat::Lifecycle(b) => lifecycle::run(b, &crds).await,
         BenchWhat::Sim(b) => sim::run(b).await,
         BenchWhat::Soak(b) => crate::soak::run(b).await,
         BenchWhat::Storm(b) => storm::run(b).await,

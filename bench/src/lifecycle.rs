@@ -67,7 +67,7 @@ impl Instance {
     }
 }
 
-pub(super) async fn run(b: LifecycleBench) -> anyhow::Result<()> {
+pub(super) async fn run(b: LifecycleBench, crds: &[serde_json::Value]) -> anyhow::Result<()> {
     use fleetwatch_api::{Runtime, State};
     use kube::api::Api;
     if b.runtimes == 0 || b.modules == 0 || b.shards == 0 {
@@ -82,9 +82,9 @@ pub(super) async fn run(b: LifecycleBench) -> anyhow::Result<()> {
     let client = cp.client().await?;
     let apply = |v: serde_json::Value| {
         let client = client.clone();
-        async move { crate::kube_apply::apply(&client, "bench", &v).await }
+        async move { fleetwatch_client::kube_apply::apply(&client, "bench", &v).await }
     };
-    crate::kube_apply::install_crds(&client).await?;
+    fleetwatch_client::kube_apply::install_crds(&client, crds).await?;
     apply(serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})).await?;
     let template = |m: usize, version: &str| {
         serde_json::json!({"apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "ModuleTemplate",
