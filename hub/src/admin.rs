@@ -419,7 +419,7 @@ async fn scrape(ctx: &Context) -> String {
     }
 
     // Subscriber lag: records not acked yet, and the age of the oldest of them.
-    let subs = ctx.sessions.metrics.subscribers.all();
+    let subs = ctx.sessions.fanout.all();
     // Several sessions of one name (instances without a durable name): the worst one.
     let mut lags: std::collections::BTreeMap<(&str, &str), (u64, f64)> = Default::default();
     for p in &subs {
@@ -513,9 +513,9 @@ async fn age_of(ctx: &Context, offset: Option<u64>, now_secs: f64) -> f64 {
 }
 
 /// Open subscriber sessions and durable subscriptions seen since the start, with lag.
-async fn subscriptions(ctx: &Context) -> Vec<crate::metrics::Subscription> {
+async fn subscriptions(ctx: &Context) -> Vec<crate::fanout::Subscription> {
     let now_secs = jiff::Timestamp::now().as_millisecond() as f64 / 1000.0;
-    let mut subs = ctx.sessions.metrics.subscribers.subscriptions(ctx.sessions.bus.last_offset());
+    let mut subs = ctx.sessions.fanout.subscriptions(ctx.sessions.bus.last_offset());
     for s in &mut subs {
         s.lag_seconds = (age_of(ctx, s.oldest, now_secs).await * 1000.0).round() / 1000.0;
     }

@@ -433,14 +433,8 @@ impl Session {
     /// 200,000 offered events/s, 155,000/s accepted, 21,000/s delivered). Bounded, so a
     /// subscriber stuck for another reason slows ingest but never stops it.
     async fn yield_to_fanout(&self) {
-        let started = Instant::now();
-        loop {
-            let last = self.ctx.bus.last_offset();
-            if !self.ctx.metrics.subscribers.hub_behind(last, FANOUT_LAG) || started.elapsed() >= FANOUT_WAIT {
-                return;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
-        }
+        let bus = &self.ctx.bus;
+        self.ctx.fanout.wait_for_fanout(|| bus.last_offset(), FANOUT_LAG, FANOUT_WAIT).await;
     }
 
     /// Carries out [`Decision::Resync`]: throttle, store unless an unread one is pending

@@ -46,7 +46,7 @@ pub(crate) async fn run(mut conn: Conn, name: String, peer: Peer, ctx: Arc<Sessi
     let durable = sub.durable.clone().map(|d| (name.clone(), d));
     ctx.metrics.subscriber_sessions.inc();
     ctx.metrics.connected("subscriber");
-    let board = ctx.metrics.subscribers.join(&name, sub.durable.as_deref());
+    let board = ctx.fanout.join(&name, sub.durable.as_deref());
     let max_sessions = ctx.settings.max_sessions_per_subscriber;
     let (slot, evicted) = ctx.subscriber_slots.take(
         &peer.identity,
@@ -164,7 +164,7 @@ struct Session {
     /// Since when the unacked window is full while more records wait, with no ack since.
     window_full_since: Option<Instant>,
     /// Where the session is, for the lag metrics.
-    progress: Arc<crate::metrics::SubscriberProgress>,
+    progress: Arc<crate::fanout::SubscriberProgress>,
     /// The protocol version negotiated at the subscribe, spoken for the whole session.
     protocol: u32,
 }
@@ -494,10 +494,7 @@ impl Session {
 
     /// Shows where the session is to the lag metrics.
     fn publish_progress(&self) {
-        use std::sync::atomic::Ordering::Relaxed;
-        self.progress.acked.store(self.acked, Relaxed);
-        self.progress.sent.store(self.sent, Relaxed);
-        self.progress.delivered.store(self.delivered.max(self.acked), Relaxed);
+        self.ctx.fanout.publish(&self.progress, self.acked, self.sent, self.delivered);
     }
 
     async fn flush(
