@@ -36,6 +36,7 @@ pub mod bus;
 mod conn;
 pub mod fanout;
 pub mod fleet;
+mod in_flight;
 mod ingest;
 pub mod metrics;
 mod preflight;
