@@ -34,6 +34,7 @@ mod admission;
 mod agent_session;
 pub mod bus;
 mod conn;
+mod delivery;
 pub mod fanout;
 pub mod fleet;
 mod in_flight;
