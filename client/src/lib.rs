@@ -9,6 +9,7 @@
 pub mod backoff;
 pub mod client_tls;
 pub mod kubeconfig;
+pub mod resume;
 pub mod sink;
 pub mod subscriber;
 pub mod tls_hint;
