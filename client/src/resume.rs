@@ -21,10 +21,17 @@ impl Resume {
     /// The hub placed the subscription in `stream` after `cursor`. The first subscription
     /// resumes there after a lost connection (rather than asking for `latest` again, which
     /// would skip what was stored meanwhile); later ones keep their resume point until the
-    /// first ack.
+    /// first ack, unless the hub placed them below it in the same stream (then there).
     pub fn subscribed(&mut self, stream: String, cursor: u64) {
         if self.stream.is_none() {
             self.stream = Some(stream.clone());
+            self.acked = Some(cursor);
+        } else if self.stream.as_deref() == Some(stream.as_str()) && self.acked.is_some_and(|a| cursor < a) {
+            // The hub placed it below what it acknowledged: its cursor lay beyond the end
+            // of the hub's log (records it had were lost: a stream recreated below offsets
+            // handed out, with no replica left that knew them), and a `resync-required`
+            // `*` comes first. What follows under those offsets is new; resuming after the
+            // old ack would skip it (seed 71972).
             self.acked = Some(cursor);
         }
         self.reading = Some(stream);
@@ -91,5 +98,17 @@ mod tests {
         // The first ack in s2 moves there, even though it is lower than s1's.
         r.ack(4);
         assert_eq!(r.point(), point("s2", 4));
+    }
+
+    #[test]
+    fn a_placement_below_the_ack_in_the_same_stream_is_followed() {
+        let mut r = Resume::default();
+        r.subscribed("s1".into(), 0);
+        r.ack(100);
+        // The log lost records past 60: the hub places the subscriber there (with a resync).
+        r.subscribed("s1".into(), 60);
+        assert_eq!(r.point(), point("s1", 60), "resuming after 100 would skip what is stored under 61..=100 now");
+        r.subscribed("s1".into(), 80);
+        assert_eq!(r.point(), point("s1", 60), "a placement above it does not move it");
     }
 }
