@@ -4,13 +4,15 @@
 //!
 //! Pipeline, one module per arrow: [`source`] (a [`source::Source`]: Kubernetes in
 //! [`kube_source`], or synthetic) → [`filter`] (only changes of watched fields, synthetic
-//! deletes after a relist) → [`outbox`] (coalescing, bounded) → the uplink (to the hub).
+//! deletes after a relist) → [`outbox`] (coalescing, bounded) → the uplink (to the hub; its
+//! pure core is [`link`]).
 //! [`runtime::AgentRuntime`] wires them together and owns their tasks; every program that
 //! runs an agent goes through it.
 #![warn(missing_docs)]
 
 pub mod filter;
 pub mod kube_source;
+pub mod link;
 pub mod metrics;
 pub mod outbox;
 pub mod providers;

@@ -5,7 +5,9 @@
 //! and no ordering question between "take a change" and "send what is pending". It
 //! reconnects forever with its own backoff ([`fleetwatch_client::backoff`]), resumes from
 //! the hub's last ack, and keeps absorbing changes while disconnected (the outbox coalesces
-//! them). Programs run it through [`crate::runtime::AgentRuntime`], not directly.
+//! them). Programs run it through [`crate::runtime::AgentRuntime`], not directly. What a
+//! session decides (what may be sent, which acks count, when it ends: drain, renewal,
+//! silence) is the pure [`crate::link::Link`]; this module carries it out.
 
 use std::time::Duration;
 
@@ -26,6 +28,7 @@ use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_util::sync::CancellationToken;
 
+use crate::link::{self, AckRefused, Closing, Link, WelcomeRefused};
 use crate::outbox::Outbox;
 use crate::source::Change;
 
@@ -445,6 +448,7 @@ impl Uplink {
         self.stats.send_replace(self.final_stats(stats, outbox));
     }
 
+    /// One session: the hello and the welcome, then [`Uplink::stream`].
     async fn session(
         &self,
         mut ws: ClientWs,
@@ -454,41 +458,9 @@ impl Uplink {
         stats: &mut AgentStats,
         shutdown: &CancellationToken,
     ) -> SessionEnd {
-        let hello = AgentMessage::Hello(Hello {
-            protocol: PROTOCOL_VERSION,
-            min_protocol: Some(MIN_PROTOCOL_VERSION),
-            agent_version: env!("CARGO_PKG_VERSION").into(),
-            cluster: Some(self.cluster.clone()),
-            epoch: outbox.epoch(),
-            last_acked_seq: outbox.acked(),
-        });
-        if let Err(e) = ws.send(Message::text(encode(&hello))).await {
-            return SessionEnd::Lost(LinkError::Send(e));
+        if let Err(end) = self.handshake(&mut ws, outbox).await {
+            return end;
         }
-        let idle = self.config.idle_timeout;
-        let welcome = match tokio::time::timeout(idle, next_data_message(&mut ws, &self.config.limits)).await {
-            Err(_) => return SessionEnd::Lost(LinkError::NoWelcome),
-            Ok(Err(e)) => return SessionEnd::Lost(e),
-            Ok(Ok(HubToAgent::Welcome(w))) => w,
-            Ok(Ok(HubToAgent::Error(e))) if e.fatal => return refused_or_lost(e.code, e.message),
-            Ok(Ok(other)) => return SessionEnd::Lost(LinkError::NotWelcome(format!("{other:?}"))),
-        };
-        if !ProtocolRange::OURS.contains(welcome.protocol) {
-            let message =
-                format!("the hub chose protocol {} but this agent speaks {}", welcome.protocol, ProtocolRange::OURS);
-            return SessionEnd::Refused(ErrorCode::UnsupportedVersion, message);
-        }
-        if welcome.epoch != outbox.epoch() {
-            return SessionEnd::Lost(LinkError::EpochMismatch { got: welcome.epoch, ours: outbox.epoch() });
-        }
-        outbox.ack(welcome.acked_seq);
-        if let Some(hub_limit) = welcome.max_event_bytes {
-            // Never send what the hub would refuse (it closes the session over it): follow
-            // the lower of the two limits.
-            outbox.set_max_event_bytes(hub_limit.min(self.config.limits.max_event_bytes));
-        }
-        self.watches.send_replace(welcome.watches);
-        tracing::info!(session = %welcome.session, acked = welcome.acked_seq, pending = outbox.len(), "connected to hub");
         stats.connected = true;
         self.publish(stats, outbox);
         let mut status = self.watch_status.clone();
@@ -499,12 +471,64 @@ impl Uplink {
                 return SessionEnd::Lost(LinkError::Send(e));
             }
         }
-        let mut sent = outbox.acked();
-        let mut last_rx = Instant::now();
-        let mut draining: Option<Instant> = None;
-        // A renewed certificate: stop sending, let the hub ack what is in flight (until
-        // this deadline), then close and reconnect with it.
-        let mut renewing: Option<Instant> = None;
+        self.stream(ws, outbox, changes, source_open, stats, &mut status, shutdown).await
+    }
+
+    /// Says hello and takes the welcome: the hub's ack of this epoch, its event size limit
+    /// and the watch configuration.
+    async fn handshake(&self, ws: &mut ClientWs, outbox: &mut Outbox) -> Result<(), SessionEnd> {
+        let hello = AgentMessage::Hello(Hello {
+            protocol: PROTOCOL_VERSION,
+            min_protocol: Some(MIN_PROTOCOL_VERSION),
+            agent_version: env!("CARGO_PKG_VERSION").into(),
+            cluster: Some(self.cluster.clone()),
+            epoch: outbox.epoch(),
+            last_acked_seq: outbox.acked(),
+        });
+        ws.send(Message::text(encode(&hello))).await.map_err(|e| SessionEnd::Lost(LinkError::Send(e)))?;
+        let welcome =
+            match tokio::time::timeout(self.config.idle_timeout, next_data_message(ws, &self.config.limits)).await {
+                Err(_) => return Err(SessionEnd::Lost(LinkError::NoWelcome)),
+                Ok(Err(e)) => return Err(SessionEnd::Lost(e)),
+                Ok(Ok(HubToAgent::Welcome(w))) => w,
+                Ok(Ok(HubToAgent::Error(e))) if e.fatal => return Err(refused_or_lost(e.code, e.message)),
+                Ok(Ok(other)) => return Err(SessionEnd::Lost(LinkError::NotWelcome(format!("{other:?}")))),
+            };
+        match link::check_welcome(welcome.protocol, welcome.epoch, outbox.epoch()) {
+            Ok(()) => {}
+            Err(e @ WelcomeRefused::Protocol { .. }) => {
+                return Err(SessionEnd::Refused(ErrorCode::UnsupportedVersion, e.to_string()));
+            }
+            Err(WelcomeRefused::Epoch { got, ours }) => {
+                return Err(SessionEnd::Lost(LinkError::EpochMismatch { got, ours }));
+            }
+        }
+        outbox.ack(welcome.acked_seq);
+        if let Some(hub_limit) = welcome.max_event_bytes {
+            // Never send what the hub would refuse (it closes the session over it): follow
+            // the lower of the two limits.
+            outbox.set_max_event_bytes(hub_limit.min(self.config.limits.max_event_bytes));
+        }
+        self.watches.send_replace(welcome.watches);
+        tracing::info!(session = %welcome.session, acked = welcome.acked_seq, pending = outbox.len(), "connected to hub");
+        Ok(())
+    }
+
+    /// Streams the outbox to the hub and takes its acks until the session ends; the
+    /// decisions are [`Link`]'s, this loop carries them out.
+    #[allow(clippy::too_many_arguments)]
+    async fn stream(
+        &self,
+        mut ws: ClientWs,
+        outbox: &mut Outbox,
+        changes: &mut mpsc::Receiver<Change>,
+        source_open: &mut bool,
+        stats: &mut AgentStats,
+        status: &mut Option<watch::Receiver<Vec<WatchState>>>,
+        shutdown: &CancellationToken,
+    ) -> SessionEnd {
+        let idle = self.config.idle_timeout;
+        let mut link = Link::new(outbox.acked(), Instant::now(), self.config.window, idle);
         let mut reload_tick =
             tokio::time::interval_at(Instant::now() + self.config.tls_reload_interval, self.config.tls_reload_interval);
         reload_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -514,29 +538,28 @@ impl Uplink {
         let mut ping_tick = tokio::time::interval_at(Instant::now() + idle / 3, idle / 3);
         ping_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            let can_send = (renewing.is_none() || draining.is_some())
-                && sent < outbox.last_seq()
-                && sent - outbox.acked() < self.config.window;
-            let deadline = [draining, renewing].into_iter().flatten().fold(last_rx + idle, Instant::min);
-            tokio::select! {
+            let can_send = link.can_send(outbox.acked(), outbox.last_seq());
+            let closing = tokio::select! {
                 biased;
-                _ = shutdown.cancelled(), if draining.is_none() => {
+                _ = shutdown.cancelled(), if !link.is_draining() => {
                     tracing::info!(pending = outbox.len(), "shutting down: waiting for the hub to ack pending events");
-                    draining = Some(Instant::now() + self.config.drain_timeout);
+                    link.shut_down(Instant::now(), self.config.drain_timeout);
                     // What the source queued before it stopped goes out with the rest (no
                     // branch takes changes once the source is closed).
                     stats.changes += drain_ready(changes, outbox, changes.len());
                     *source_open = false;
+                    None
                 }
                 msg = next_message(&mut ws, &self.config.limits) => {
                     // Any frame, pings and pongs included, shows the hub is there.
-                    last_rx = Instant::now();
+                    link.heard(Instant::now());
                     match msg {
                         Ok(None) => {}
-                        Ok(Some(HubToAgent::Ack(a))) if a.epoch == outbox.epoch() => {
-                            outbox.ack(a.seq);
-                        }
-                        Ok(Some(HubToAgent::Ack(_))) => {}
+                        Ok(Some(HubToAgent::Ack(a))) => match link.ack(a.epoch, a.seq, outbox.epoch()) {
+                            Ok(seq) => outbox.ack(seq),
+                            Err(e @ AckRefused::OtherEpoch { .. }) => tracing::debug!(error = %e, "ack ignored"),
+                            Err(e) => tracing::warn!(error = %e, "ack ignored"),
+                        },
                         Ok(Some(HubToAgent::Configure(c))) => {
                             tracing::info!(watches = c.watches.len(), "new watch configuration");
                             self.watches.send_replace(c.watches);
@@ -550,76 +573,95 @@ impl Uplink {
                         }
                         Err(e) => return SessionEnd::Lost(e),
                     }
+                    None
                 }
                 _ = ping_tick.tick() => {
                     if let Err(e) = ws.send(Message::Ping(Default::default())).await {
                         return SessionEnd::Lost(LinkError::Ping(e));
                     }
+                    None
                 }
                 // Sending comes before taking changes: a source that never pauses must not
                 // starve the link. What arrives while a frame is on its way coalesces in the
                 // outbox, so delivery stays at the link's capacity however fast the source.
                 _ = std::future::ready(()), if can_send => {
-                    match self.send_next(&mut ws, outbox, sent).await {
-                        Ok(last) => sent = last,
+                    match self.send_next(&mut ws, outbox, link.sent()).await {
+                        Ok(last) => link.sent_up_to(last),
                         Err(e) => return SessionEnd::Lost(e),
                     }
+                    None
                 }
-                ch = changes.recv(), if *source_open => match ch {
-                    Some(ch) => {
-                        push(outbox, ch);
-                        stats.changes += 1;
-                        // Take what is already queued, up to a frame's worth, so the next
-                        // frame carries a batch rather than one change.
-                        stats.changes += drain_ready(changes, outbox, self.config.batch_size.saturating_sub(1));
+                ch = changes.recv(), if *source_open => {
+                    match ch {
+                        Some(ch) => {
+                            push(outbox, ch);
+                            stats.changes += 1;
+                            // Take what is already queued, up to a frame's worth, so the next
+                            // frame carries a batch rather than one change.
+                            stats.changes += drain_ready(changes, outbox, self.config.batch_size.saturating_sub(1));
+                        }
+                        None => *source_open = false,
                     }
-                    None => *source_open = false,
-                },
-                _ = publish_tick.tick() => self.publish(stats, outbox),
-                _ = reload_tick.tick(), if renewing.is_none() && draining.is_none() => {
+                    None
+                }
+                _ = publish_tick.tick() => {
+                    self.publish(stats, outbox);
+                    None
+                }
+                _ = reload_tick.tick(), if link.may_renew() => {
                     if self.reload_tls(stats) {
-                        renewing = Some(Instant::now() + self.config.drain_timeout);
+                        link.renew(Instant::now(), self.config.drain_timeout);
                     }
+                    None
                 }
-                Some(watches) = next_status(&mut status) => {
+                Some(watches) = next_status(status) => {
                     let msg = AgentMessage::WatchStatus(WatchStatusReport { watches });
                     if let Err(e) = ws.send(Message::text(encode(&msg))).await {
                         return SessionEnd::Lost(LinkError::Send(e));
                     }
+                    None
                 }
-                _ = tokio::time::sleep_until(deadline) => {
-                    if draining.is_none() && renewing.is_some_and(|r| r <= Instant::now()) {
-                        tracing::warn!(unacked = sent.saturating_sub(outbox.acked()), "in-flight events not acked in time; reconnecting with the renewed certificate anyway (they are resent)");
-                        close(&mut ws, "certificate renewed").await;
-                        return SessionEnd::Renewed;
-                    }
-                    if draining.is_some() {
-                        tracing::warn!(pending = outbox.len(), "drain timeout: closing with events unacked");
-                        close(&mut ws, "agent shutting down").await;
-                        return SessionEnd::Done;
-                    }
-                    return SessionEnd::Lost(LinkError::Idle(idle));
+                _ = tokio::time::sleep_until(link.deadline()) => Some(link.timed_out(Instant::now())),
+            };
+            let closing = closing.or_else(|| {
+                if link.is_draining() {
+                    // Changes the source queued while stopping.
+                    stats.changes += drain_ready(changes, outbox, changes.len());
                 }
-            }
-            if draining.is_none() && renewing.is_some() && outbox.acked() >= sent {
-                tracing::info!(
-                    acked = outbox.acked(),
-                    "in-flight events acked; closing to reconnect with the renewed certificate"
-                );
-                self.publish(stats, outbox);
-                close(&mut ws, "certificate renewed").await;
-                return SessionEnd::Renewed;
-            }
-            if draining.is_some() {
-                // Changes the source queued while stopping.
-                stats.changes += drain_ready(changes, outbox, changes.len());
-            }
-            if draining.is_some() && outbox.is_empty() {
-                tracing::info!(acked = outbox.acked(), "all events acked; closing");
-                self.publish(stats, outbox);
-                close(&mut ws, "agent shutting down").await;
-                return SessionEnd::Done;
-            }
+                link.step(outbox.acked(), outbox.is_empty())
+            });
+            let Some(closing) = closing else { continue };
+            return match closing {
+                Closing::Idle => SessionEnd::Lost(LinkError::Idle(idle)),
+                Closing::RenewedUnacked => {
+                    tracing::warn!(
+                        unacked = link.sent().saturating_sub(outbox.acked()),
+                        "in-flight events not acked in time; reconnecting with the renewed certificate anyway (they are resent)"
+                    );
+                    close(&mut ws, "certificate renewed").await;
+                    SessionEnd::Renewed
+                }
+                Closing::Renewed => {
+                    tracing::info!(
+                        acked = outbox.acked(),
+                        "in-flight events acked; closing to reconnect with the renewed certificate"
+                    );
+                    self.publish(stats, outbox);
+                    close(&mut ws, "certificate renewed").await;
+                    SessionEnd::Renewed
+                }
+                Closing::DrainTimeout => {
+                    tracing::warn!(pending = outbox.len(), "drain timeout: closing with events unacked");
+                    close(&mut ws, "agent shutting down").await;
+                    SessionEnd::Done
+                }
+                Closing::Drained => {
+                    tracing::info!(acked = outbox.acked(), "all events acked; closing");
+                    self.publish(stats, outbox);
+                    close(&mut ws, "agent shutting down").await;
+                    SessionEnd::Done
+                }
+            };
         }
     }
 

@@ -16,6 +16,7 @@ pub mod client_tls;
 pub mod kube_apply;
 pub mod kube_watch;
 pub mod kubeconfig;
+pub mod resume;
 pub mod sink;
 pub mod subscriber;
 pub mod tls_hint;

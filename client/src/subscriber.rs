@@ -1,7 +1,8 @@
 //! The subscriber client: how an operator (or `fleetwatch tail`) receives events.
 //!
 //! A [`Subscription`] reconnects by itself, with exponential backoff and jitter, and
-//! resumes after the last cursor it acknowledged. Delivery is at least once: events
+//! resumes after the last cursor it acknowledged (the pure [`crate::resume::Resume`] keeps
+//! that point). Delivery is at least once: events
 //! delivered but not acknowledged before a disconnect come again. Consumers usually do not
 //! call `next` and `ack` themselves: they implement [`crate::sink::Sink`] and let
 //! [`crate::sink::pump`] acknowledge what the sink accepted.
@@ -18,6 +19,7 @@ use std::time::Duration;
 
 use crate::backoff::reconnect as reconnect_backoff;
 use crate::client_tls::{ClientTls, ExpiryWarning, Reloaded};
+use crate::resume::Resume;
 use futures_util::{SinkExt, StreamExt};
 use tokio::time::Instant;
 use tokio_tungstenite::tungstenite::Message;
@@ -127,14 +129,8 @@ pub enum SubscribeError {
 pub struct Subscription {
     opts: SubscriberOptions,
     ws: Option<ClientWs>,
-    /// The resume point: the stream and cursor acknowledged last. It moves to another
-    /// stream only with the first ack there, so a connection lost before that presents
-    /// the old stream again and the hub tells the subscriber again that its history is
-    /// gone (the resync-required `*` it may not have read).
-    stream: Option<String>,
-    acked: Option<u64>,
-    /// The stream of the current (or last) connection.
-    reading: Option<String>,
+    /// The resume point and the stream read now (see [`Resume`]).
+    resume: Resume,
     /// The unknown clusters last warned about.
     unknown_clusters_said: Vec<String>,
     /// The hub replica to try first (the one reached last).
@@ -156,9 +152,7 @@ impl Subscription {
         let mut sub = Self {
             opts,
             ws: None,
-            stream: None,
-            acked: None,
-            reading: None,
+            resume: Resume::default(),
             unknown_clusters_said: Vec::new(),
             current: 0,
             next_tls_check: Instant::now(),
@@ -172,12 +166,12 @@ impl Subscription {
 
     /// The id of the stream the subscription reads (known once subscribed).
     pub fn stream(&self) -> Option<&str> {
-        self.reading.as_deref()
+        self.resume.reading()
     }
 
     /// The stream and cursor acknowledged last.
     pub fn resume_point(&self) -> Option<ResumePoint> {
-        Some(ResumePoint { stream: self.stream.clone()?, cursor: self.acked? })
+        self.resume.point()
     }
 
     /// Reads the certificate files (when followed) and warns about a near expiry; true when
@@ -236,22 +230,7 @@ impl Subscription {
                     );
                     self.unknown_clusters_said = s.unknown_clusters.clone();
                 }
-                if self.stream.is_none() {
-                    // The first subscription: it starts after `s.cursor` (where `from` put
-                    // it). Resuming there after a lost connection, rather than asking for
-                    // `latest` again, skips nothing stored meanwhile.
-                    self.stream = Some(s.stream.clone());
-                    self.acked = Some(s.cursor);
-                } else if self.stream.as_deref() == Some(s.stream.as_str()) && self.acked.is_some_and(|a| s.cursor < a)
-                {
-                    // The hub placed it below what it acknowledged: its cursor lay beyond the
-                    // end of the hub's log (records it had were lost: a stream recreated below
-                    // offsets handed out, with no replica left that knew them), and a
-                    // `resync-required` `*` comes first. What follows under those offsets is
-                    // new; resuming after the old ack would skip it (seed 71972).
-                    self.acked = Some(s.cursor);
-                }
-                self.reading = Some(s.stream);
+                self.resume.subscribed(s.stream, s.cursor);
                 self.ws = Some(ws);
                 Ok(())
             }
@@ -325,13 +304,7 @@ impl Subscription {
     /// Acknowledges everything up to `cursor`. While disconnected the ack is remembered and
     /// sent as the resume point.
     pub async fn ack(&mut self, cursor: u64) -> Result<(), SubscribeError> {
-        if self.reading.is_some() && self.reading != self.stream {
-            // The first ack in a new stream: the resume point moves there.
-            self.stream = self.reading.clone();
-            self.acked = Some(cursor);
-        } else {
-            self.acked = Some(self.acked.map_or(cursor, |a| a.max(cursor)));
-        }
+        self.resume.ack(cursor);
         if let Some(ws) = self.ws.as_mut()
             && let Err(e) = send(ws, &SubscriberMessage::Ack(CursorAck { cursor })).await
         {

@@ -300,9 +300,9 @@ async fn age_of(ctx: &Context, offset: Option<u64>, now_secs: f64) -> f64 {
 }
 
 /// Open subscriber sessions and durable subscriptions seen since the start, with lag.
-async fn subscriptions(ctx: &Context) -> Vec<crate::metrics::Subscription> {
+async fn subscriptions(ctx: &Context) -> Vec<crate::fanout::Subscription> {
     let now_secs = jiff::Timestamp::now().as_millisecond() as f64 / 1000.0;
-    let mut subs = ctx.sessions.metrics.subscribers.subscriptions(ctx.sessions.bus.last_offset());
+    let mut subs = ctx.sessions.fanout.subscriptions(ctx.sessions.bus.last_offset());
     for s in &mut subs {
         s.lag_seconds = (age_of(ctx, s.oldest, now_secs).await * 1000.0).round() / 1000.0;
     }

@@ -4,14 +4,13 @@
 //!
 //! What it owns is what the pure ingest step cannot: the socket, the bus round trip, the
 //! clock (rate budgets delay acks, never drop), and the registry's shared state. Acks are
-//! sent only after the bus accepted a batch. Up to [`MAX_IN_FLIGHT`] batches are being
-//! stored at once (a network bus's round trips then overlap instead of queueing the
+//! sent only after the bus accepted a batch. Up to [`crate::in_flight::MAX_IN_FLIGHT`] batches are being
+//! stored at once (the bookkeeping is the pure [`crate::in_flight::Ledger`]) (a network bus's round trips then overlap instead of queueing the
 //! agent's next batch); acks stay cumulative and in order, and the first failure ends the
 //! session, nothing after it acked (see [`crate::bus::Bus::start_append`] for why a later
 //! batch stored meanwhile cannot hide the loss). A second agent for a connected cluster id
 //! is refused (see [`crate::registry`]).
 
-use std::collections::VecDeque;
 use std::sync::Arc;
 // tokio's clock (std's in programs): the simulation runs sessions on simulated time.
 use tokio::time::Instant;
@@ -26,6 +25,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::bus::{Append, Bus, BusError, BusFuture, RecordBody};
 use crate::conn::{Conn, End};
+use crate::in_flight::{Batch, Ledger, LedgerError};
 use crate::ingest::{self, Decision, Refusal};
 use crate::rate::{Budget, RESYNCS_PER_SEC};
 use crate::registry::{OpenOutcome, Opening, RecentEvent, StoredMarker};
@@ -36,9 +36,6 @@ use crate::{Peer, Sessions};
 const FANOUT_LAG: u64 = 2_048;
 /// The longest a batch waits for subscribers to catch up.
 const FANOUT_WAIT: std::time::Duration = std::time::Duration::from_millis(20);
-/// Batches of one session being stored at once; beyond it the session waits for the oldest
-/// before it reads the next frame.
-const MAX_IN_FLIGHT: usize = 4;
 
 pub(crate) async fn run(mut conn: Conn, cluster: String, peer: Peer, ctx: Arc<Sessions>, shutdown: CancellationToken) {
     let limits = ctx.settings.limits;
@@ -100,8 +97,7 @@ pub(crate) async fn run(mut conn: Conn, cluster: String, peer: Peer, ctx: Arc<Se
         ctx: ctx.clone(),
         cluster: cluster.clone(),
         epoch: hello.epoch,
-        acked: 0,
-        submitted: 0,
+        ledger: Ledger::default(),
         budget: ctx.registry.budget(&cluster, ctx.settings.max_events_per_sec),
         warned_rate: false,
         foreign_head: None,
@@ -115,19 +111,9 @@ pub(crate) async fn run(mut conn: Conn, cluster: String, peer: Peer, ctx: Arc<Se
     Box::pin(end.finish(conn, "agent")).await;
 }
 
-/// A batch being stored: the seq its ack covers, its events, when it was handed on.
-struct Batch {
-    last: u64,
-    n: u64,
-    started: Instant,
-}
-
-/// The batches of a session being stored, oldest first, and their answers in that order.
-#[derive(Default)]
-struct InFlight<'b> {
-    futures: FuturesOrdered<BusFuture<'b, u64>>,
-    batches: VecDeque<Batch>,
-}
+/// The bus's answers for the batches being stored, in the order of the session's
+/// [`Ledger`].
+type InFlight<'b> = FuturesOrdered<BusFuture<'b, u64>>;
 
 /// Counts a refusal and turns a fatal one into how the session ends.
 fn refused(ctx: &Sessions, r: Refusal) -> End {
@@ -141,10 +127,8 @@ struct Session {
     ctx: Arc<Sessions>,
     cluster: Arc<str>,
     epoch: u64,
-    /// The highest seq stored and acked.
-    acked: u64,
-    /// The highest seq handed to the bus (stored, or in flight).
-    submitted: u64,
+    /// What is stored and acked, and what is being stored.
+    ledger: Ledger,
     /// The cluster's rate budget, shared by its sessions: reconnecting does not refill it.
     budget: Arc<std::sync::Mutex<Budget>>,
     warned_rate: bool,
@@ -183,15 +167,14 @@ impl Session {
         shutdown: &CancellationToken,
         peer: &Peer,
     ) -> Result<std::convert::Infallible, End> {
-        self.acked = self.resume_point(hello).await?;
-        self.submitted = self.acked;
+        self.ledger = Ledger::resumed(self.resume_point(hello).await?);
         let mut watches_rx = self.ctx.watches.subscribe();
         let welcome = HubToAgent::Welcome(Welcome {
             protocol: self.protocol,
             session: session_id.into(),
             cluster: self.cluster.to_string(),
             epoch: self.epoch,
-            acked_seq: self.acked,
+            acked_seq: self.ledger.acked(),
             watches: watches_rx.borrow_and_update().as_ref().clone(),
             max_event_bytes: Some(self.ctx.settings.limits.max_event_bytes),
         });
@@ -201,7 +184,7 @@ impl Session {
         // session (the agent resends from its last ack); a later batch that was stored
         // meanwhile is the bus's to mark (see `Bus::start_append`).
         let bus = self.ctx.bus.clone();
-        let mut in_flight = InFlight::default();
+        let mut in_flight = InFlight::new();
         // On a bus shared by hub replicas another process of this cluster may be connected
         // to another replica at the same time; every idle timeout the session looks whether
         // it stored records meanwhile (see `check_interleaved`). Within one hub the registry
@@ -213,12 +196,12 @@ impl Session {
             t
         });
         loop {
-            if in_flight.batches.len() >= MAX_IN_FLIGHT {
+            if self.ledger.is_full() {
                 self.stored(conn, &mut in_flight).await?;
             }
             let bytes = tokio::select! {
                 m = conn.next_message(&self.ctx.metrics) => m?,
-                r = in_flight.futures.next(), if !in_flight.batches.is_empty() => {
+                r = in_flight.next(), if !self.ledger.is_idle() => {
                     self.acknowledge(conn, &mut in_flight, r).await?;
                     continue;
                 }
@@ -231,7 +214,7 @@ impl Session {
                 }
                 _ = async { interleave.as_mut().map(|t| t.tick()).expect("guarded").await }, if interleave.is_some() => {
                     // The check decides from the cluster's head: everything before it first.
-                    while !in_flight.batches.is_empty() {
+                    while !self.ledger.is_idle() {
                         self.stored(conn, &mut in_flight).await?;
                     }
                     self.check_interleaved().await?;
@@ -239,7 +222,7 @@ impl Session {
                 }
                 _ = cancel.cancelled() => {
                     // Batches in progress are finished (stored and acked) first.
-                    while !in_flight.batches.is_empty() {
+                    while !self.ledger.is_idle() {
                         self.stored(conn, &mut in_flight).await?;
                     }
                     return Err(if let Some(why) = self.ctx.end_reason(peer) {
@@ -253,21 +236,21 @@ impl Session {
             };
             // A batch in progress is finished (appended and acked) even when shutdown
             // starts meanwhile: cancellation is only looked at between messages.
-            let state = ingest::State { cluster: &self.cluster, epoch: self.epoch, acked: self.submitted };
+            let state = ingest::State { cluster: &self.cluster, epoch: self.epoch, acked: self.ledger.submitted() };
             match ingest::frame(state, &bytes, &self.ctx.settings.limits) {
                 Decision::Append { items, last, inventory, recent } => {
                     let n = items.len() as u64;
                     let started = Instant::now();
-                    let storing = self.start_events(conn, &*bus, items, last, inventory).await?;
-                    in_flight.futures.push_back(storing);
-                    in_flight.batches.push_back(Batch { last, n, started });
+                    let storing = self.start_events(conn, &*bus, items, inventory).await?;
+                    in_flight.push_back(storing);
+                    self.ledger.submit(Batch { last, n, started }).map_err(ledger_broken)?;
                     // The web view's recent events: shown once handed to the bus.
                     self.ctx.registry.recent(&self.cluster, recent);
                 }
                 Decision::Ack => self.ack(conn).await?,
                 Decision::Resync { seq, reason } => {
                     // A marker decides from the cluster's head: everything before it first.
-                    while !in_flight.batches.is_empty() {
+                    while !self.ledger.is_idle() {
                         self.stored(conn, &mut in_flight).await?;
                     }
                     self.resync(conn, seq, reason).await?;
@@ -290,7 +273,7 @@ impl Session {
 
     /// Waits for the oldest batch in flight to be stored and acks it.
     async fn stored(&mut self, conn: &mut Conn, in_flight: &mut InFlight<'_>) -> Result<(), End> {
-        let r = in_flight.futures.next().await;
+        let r = in_flight.next().await;
         self.acknowledge(conn, in_flight, r).await
     }
 
@@ -304,19 +287,21 @@ impl Session {
         mut answer: Option<Result<u64, BusError>>,
     ) -> Result<(), End> {
         while let Some(r) = answer {
-            let Some(batch) = in_flight.batches.pop_front() else { break };
+            if self.ledger.is_idle() {
+                break;
+            }
             r.map_err(|e| {
                 tracing::warn!(error = %e, "bus append failed: batch not acked");
                 bus_failed(e)
             })?;
+            let batch = self.ledger.stored().map_err(ledger_broken)?;
             self.ctx.metrics.append_seconds.observe(batch.started.elapsed().as_secs_f64());
-            self.acked = batch.last;
             self.ctx.metrics.events_received.inc_by(batch.n);
             self.ctx.registry.acked(&self.cluster, self.epoch, batch.last, batch.n);
-            if in_flight.batches.is_empty() {
+            if self.ledger.is_idle() {
                 break;
             }
-            answer = in_flight.futures.next().now_or_never().flatten();
+            answer = in_flight.next().now_or_never().flatten();
         }
         self.ack(conn).await
     }
@@ -335,7 +320,7 @@ impl Session {
         let Some((epoch, seq)) = head else { return Ok(()) };
         // Nothing of this process stored (no state of it to protect), its own record is the
         // head, or this head was answered already.
-        if self.acked == 0 || epoch == self.epoch || self.foreign_head == Some((epoch, seq)) {
+        if self.ledger.acked() == 0 || epoch == self.epoch || self.foreign_head == Some((epoch, seq)) {
             return Ok(());
         }
         // An agent silent for more than a ping round may be the process that died (its
@@ -353,9 +338,14 @@ impl Session {
         );
         tracing::warn!(%reason, "recording resync-required");
         let offset = self
-            .append(vec![Append { epoch: self.epoch, seq: self.acked, body: RecordBody::ResyncRequired(reason) }])
+            .append(vec![Append {
+                epoch: self.epoch,
+                seq: self.ledger.acked(),
+                body: RecordBody::ResyncRequired(reason),
+            }])
             .await?;
-        self.ctx.registry.resync_stored(&self.cluster, StoredMarker { epoch: self.epoch, seq: self.acked, offset });
+        let marker = StoredMarker { epoch: self.epoch, seq: self.ledger.acked(), offset };
+        self.ctx.registry.resync_stored(&self.cluster, marker);
         self.ctx.metrics.resyncs.inc();
         Ok(())
     }
@@ -407,7 +397,6 @@ impl Session {
         conn: &mut Conn,
         bus: &'b dyn Bus,
         items: Vec<Append>,
-        last: u64,
         inventory: Option<Vec<fleetwatch_protocol::message::ModuleInventory>>,
     ) -> Result<BusFuture<'b, u64>, End> {
         if let Some(modules) = inventory {
@@ -421,7 +410,6 @@ impl Session {
             tracing::warn!(error = %e, "bus append failed: batch not acked");
             bus_failed(e)
         })?;
-        self.submitted = last;
         Ok(storing)
     }
 
@@ -433,14 +421,8 @@ impl Session {
     /// 200,000 offered events/s, 155,000/s accepted, 21,000/s delivered). Bounded, so a
     /// subscriber stuck for another reason slows ingest but never stops it.
     async fn yield_to_fanout(&self) {
-        let started = Instant::now();
-        loop {
-            let last = self.ctx.bus.last_offset();
-            if !self.ctx.metrics.subscribers.hub_behind(last, FANOUT_LAG) || started.elapsed() >= FANOUT_WAIT {
-                return;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
-        }
+        let bus = &self.ctx.bus;
+        self.ctx.fanout.wait_for_fanout(|| bus.last_offset(), FANOUT_LAG, FANOUT_WAIT).await;
     }
 
     /// Carries out [`Decision::Resync`]: throttle, store unless an unread one is pending
@@ -465,7 +447,7 @@ impl Session {
             self.ctx.registry.recent(&self.cluster, [entry]);
             self.ctx.metrics.resyncs.inc();
         }
-        self.acked = seq;
+        self.ledger.resynced(seq).map_err(ledger_broken)?;
         self.ctx.registry.acked(&self.cluster, self.epoch, seq, 0);
         self.ack(conn).await
     }
@@ -490,7 +472,7 @@ impl Session {
     }
 
     async fn ack(&self, conn: &mut Conn) -> Result<(), End> {
-        let ack = HubToAgent::Ack(Ack { epoch: self.epoch, seq: self.acked });
+        let ack = HubToAgent::Ack(Ack { epoch: self.epoch, seq: self.ledger.acked() });
         conn.send_text(encode(&ack)).await.map_err(|e| End::Closed(e.to_string()))
     }
 }
@@ -503,4 +485,11 @@ fn bus_failed(e: BusError) -> End {
         _ => ErrorCode::Internal,
     };
     End::Fail(code, format!("hub could not store events: {e}"), CloseCode::Error)
+}
+
+/// Ends the session on a broken rule of its bookkeeping (a bug here, never the agent's
+/// doing): nothing more is acked, the agent resends after reconnecting.
+fn ledger_broken(e: LedgerError) -> End {
+    tracing::error!(error = %e, "agent session bookkeeping broken");
+    End::Fail(ErrorCode::Internal, format!("hub session error: {e}"), CloseCode::Error)
 }

@@ -38,7 +38,10 @@ mod admission;
 mod agent_session;
 pub mod bus;
 mod conn;
+mod delivery;
+pub mod fanout;
 pub mod fleet;
+mod in_flight;
 mod ingest;
 pub mod metrics;
 mod preflight;
@@ -218,6 +221,8 @@ pub(crate) struct Sessions {
     pub bus: Arc<dyn Bus>,
     pub registry: SessionRegistry,
     pub metrics: Metrics,
+    /// Where each subscriber session is: fan-out progress, which ingest waits on.
+    pub fanout: fanout::FanOut,
     /// The watch configuration pushed to agents.
     pub watches: tokio::sync::watch::Sender<Arc<Vec<fleetwatch_protocol::message::WatchSpec>>>,
     /// The deny list in force.
@@ -569,6 +574,7 @@ impl Hub {
             bus,
             registry,
             metrics: Metrics::default(),
+            fanout: fanout::FanOut::default(),
             watches: tokio::sync::watch::channel(Arc::new(initial_watches)).0,
             revocation,
             access,

@@ -158,7 +158,7 @@ impl Scrape {
         // Subscriber lag: records not acked yet, and the age of the oldest of them. Several
         // sessions of one name (instances without a durable name): the worst one.
         let mut lags: BTreeMap<SubscriberLabels, (u64, f64)> = BTreeMap::new();
-        for p in ctx.sessions.metrics.subscribers.all() {
+        for p in ctx.sessions.fanout.all() {
             let (records, oldest) = p.lag(last);
             let age = match oldest {
                 Some(offset) => match bus.read(offset, 1).await {

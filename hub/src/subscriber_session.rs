@@ -2,7 +2,9 @@
 //! order with their cursors, `resync-required` for history it cannot get, acks, durable
 //! cursors, and disconnecting a subscriber that stops draining (so one slow reader cannot
 //! hold hub memory). Frames are built by [`EventsFrame`] from the stored JSON: the hub
-//! serialises an event once, on arrival, and never parses it again here.
+//! serialises an event once, on arrival, and never parses it again here. Where it starts,
+//! its window and its filter are decided by the pure [`crate::delivery`]; its position is
+//! published to [`crate::fanout`].
 
 use std::sync::Arc;
 
@@ -19,6 +21,7 @@ use tokio_util::sync::CancellationToken;
 use crate::access::{Decision, Grant};
 use crate::bus::{ALL_CLUSTERS, BusError, Lookup, Read, RecordBody};
 use crate::conn::{Conn, End};
+use crate::delivery::{self, Asked, Filter, Start, StoredCursor, Window};
 use crate::{Peer, Sessions};
 
 /// Most records read from the bus for one frame.
@@ -46,7 +49,7 @@ pub(crate) async fn run(mut conn: Conn, name: String, peer: Peer, ctx: Arc<Sessi
     let durable = sub.durable.clone().map(|d| (name.clone(), d));
     ctx.metrics.subscriber_sessions.inc();
     ctx.metrics.connected("subscriber");
-    let board = ctx.metrics.subscribers.join(&name, sub.durable.as_deref());
+    let board = ctx.fanout.join(&name, sub.durable.as_deref());
     let max_sessions = ctx.settings.max_sessions_per_subscriber;
     let (slot, evicted) = ctx.subscriber_slots.take(
         &peer.identity,
@@ -70,13 +73,9 @@ pub(crate) async fn run(mut conn: Conn, name: String, peer: Peer, ctx: Arc<Sessi
         ctx: ctx.clone(),
         name: name.clone(),
         durable,
-        clusters: sub.clusters.clone(),
+        filter: Filter { clusters: sub.clusters.clone(), grant },
         access_generation: ctx.access.generation(),
-        grant,
-        acked: 0,
-        sent: 0,
-        delivered: 0,
-        window_full_since: None,
+        window: Window::new(0, delivery::DEFAULT_WINDOW),
         protocol,
     };
     let end = session.serve(&mut conn, &sub, &shutdown).await;
@@ -152,19 +151,13 @@ struct Session {
     name: String,
     /// (subscriber identity, durable name).
     durable: Option<(String, String)>,
-    clusters: Vec<String>,
-    /// What the access policy grants (`None`: no policy), as of `access_generation`.
-    grant: Option<Arc<Grant>>,
+    /// The clusters asked for and what the access policy grants (as of `access_generation`).
+    filter: Filter,
     access_generation: u64,
-    acked: u64,
-    sent: u64,
-    /// The last cursor actually sent to the subscriber (records of clusters it filters out
-    /// are skipped: it cannot ack those, so they do not count against its window).
-    delivered: u64,
-    /// Since when the unacked window is full while more records wait, with no ack since.
-    window_full_since: Option<Instant>,
+    /// What was acked, read and sent, and how much may be unacked.
+    window: Window,
     /// Where the session is, for the lag metrics.
-    progress: Arc<crate::metrics::SubscriberProgress>,
+    progress: Arc<crate::fanout::SubscriberProgress>,
     /// The protocol version negotiated at the subscribe, spoken for the whole session.
     protocol: u32,
 }
@@ -176,43 +169,24 @@ impl Session {
         if let Err(e) = bus.prepare_reads().await {
             return End::Fail(ErrorCode::Internal, format!("hub cannot read events: {e}"), CloseCode::Error);
         }
-        // Why the subscriber must reconcile every cluster before reading on, if it must.
-        let mut resync_all: Option<String> = None;
-        let mut stored_known_or_new = true;
         let stored = match &self.durable {
             Some((identity, name)) => match bus.durable_lookup(identity, name).await {
-                Ok(Lookup::Known(c)) => Some(c),
-                Ok(Lookup::New) => None,
-                Ok(Lookup::Lost) => {
-                    stored_known_or_new = false;
-                    resync_all = Some(bus.lost_cursor_reason(name));
-                    None
-                }
+                Ok(Lookup::Known(c)) => StoredCursor::Known(c),
+                Ok(Lookup::New) => StoredCursor::None,
+                Ok(Lookup::Lost) => StoredCursor::Lost(bus.lost_cursor_reason(name)),
                 Err(e) => return durable_refused(e),
             },
-            None => None,
+            None => StoredCursor::None,
         };
-        let mut start = match (&sub.resume, stored) {
-            (Some(r), stored) if r.stream == bus.stream_id() => r.cursor.max(stored.unwrap_or(0)),
-            (Some(_), _) => {
-                // The client's cursor is from a bus that no longer exists.
-                resync_all = Some(bus.lost_history_reason().into());
-                stored.unwrap_or_else(|| self.default_start(sub.from))
-            }
-            (None, Some(c)) => c,
-            (None, None) => self.default_start(sub.from),
+        let asked = Asked {
+            resume: sub.resume.as_ref().map(|r| (r.stream.as_str(), r.cursor)),
+            stream: bus.stream_id(),
+            lost_history: bus.lost_history_reason(),
         };
-        let last = bus.last_offset();
-        if start > last {
-            // Records this subscriber had were lost from the log: it must not skip what
-            // comes next under offsets it thinks it has read.
-            resync_all = Some(format!("cursor {start} is beyond the end of the hub's log ({last}): records were lost"));
-            start = last;
-        }
-        // A name whose cursor was lost is stored at its first ack, not now: until the
-        // subscriber took the resync in, a reconnect must get it again.
+        let Start { cursor: start, resync_all, register } =
+            delivery::start(asked, stored, || self.default_start(sub.from), || bus.last_offset());
         if let Some((identity, name)) = &self.durable
-            && stored_known_or_new
+            && register
             && let Err(e) = bus.register_durable(identity, name, start).await
         {
             return durable_refused(e);
@@ -220,15 +194,14 @@ impl Session {
         // Placed past everything up to `start`: a resync marker there is no longer one
         // nobody read (a later resync must not be coalesced into it).
         self.ctx.registry.read_past(start);
-        self.acked = start;
-        self.sent = start;
+        self.window = Window::new(start, Window::size_for(sub.max_in_flight));
         self.publish_progress();
         let durable = self.durable.as_ref().map(|(_, d)| d.as_str()).unwrap_or("-");
-        let clusters = if self.clusters.is_empty() { "*".to_string() } else { self.clusters.join(",") };
+        let clusters = if self.filter.clusters.is_empty() { "*".to_string() } else { self.filter.clusters.join(",") };
         tracing::info!(durable, start, %clusters, "subscriber connected");
         // Clusters nobody has heard of: probably a typo, said once here, at subscribe.
         let mut unknown_clusters: Vec<String> = Vec::new();
-        for c in self.clusters.iter().filter(|c| !self.ctx.registry.knows(c)) {
+        for c in self.filter.clusters.iter().filter(|c| !self.ctx.registry.knows(c)) {
             if matches!(bus.head(c).await, Ok(None)) {
                 unknown_clusters.push(c.clone());
             }
@@ -252,22 +225,14 @@ impl Session {
                 return End::Closed(e.to_string());
             }
         }
-        let window = u64::from(sub.max_in_flight.unwrap_or(10_000).clamp(1, 100_000));
-        self.progress.window.store(window, std::sync::atomic::Ordering::Relaxed);
+        self.progress.window.store(self.window.size(), std::sync::atomic::Ordering::Relaxed);
         let mut end_rx = bus.watch_end();
         let stall = self.ctx.settings.subscriber_stall_timeout;
-        self.delivered = self.sent;
         loop {
-            let more = self.sent < bus.last_offset();
-            let can_send = more && self.delivered.saturating_sub(self.acked) < window;
             // The window is full and records wait: the subscriber must ack within the
             // stall timeout. An ack (see `handle`) restarts the clock.
-            if more && !can_send {
-                self.window_full_since.get_or_insert_with(Instant::now);
-            } else {
-                self.window_full_since = None;
-            }
-            let window_deadline = self.window_full_since.map(|t| t + stall);
+            let look = self.window.look(bus.last_offset(), Instant::now(), stall);
+            let (can_send, window_deadline) = (look.can_send, look.stall_at);
             tokio::select! {
                 biased;
                 _ = shutdown.cancelled() => return End::Fail(ErrorCode::ShuttingDown, "hub shutting down".into(), CloseCode::Away),
@@ -309,13 +274,13 @@ impl Session {
         let msg = format!(
             "subscriber stalled: {what} within {}s; disconnected (its durable cursor {} is kept)",
             stall.as_secs_f64(),
-            self.acked
+            self.window.acked()
         );
         tracing::error!(
             subscriber = %self.name,
             durable = self.durable.as_ref().map(|(_, d)| d.as_str()).unwrap_or("-"),
-            sent = self.sent,
-            acked = self.acked,
+            sent = self.window.read(),
+            acked = self.window.acked(),
             "{msg}"
         );
         if socket_blocked {
@@ -335,10 +300,7 @@ impl Session {
     async fn handle(&mut self, conn: &mut Conn, bytes: &[u8]) -> Result<(), End> {
         match decode_subscriber(bytes, &self.ctx.settings.limits) {
             Ok(SubscriberMessage::Ack(a)) => {
-                let cursor = a.cursor.min(self.sent);
-                if cursor >= self.acked {
-                    self.acked = cursor;
-                    self.window_full_since = None;
+                if let Some(cursor) = self.window.ack(a.cursor) {
                     self.publish_progress();
                     // Also at an equal cursor: the ack of a resync registers a name whose
                     // cursor was lost.
@@ -365,15 +327,7 @@ impl Session {
     }
 
     fn wants(&self, cluster: &str) -> bool {
-        if cluster == ALL_CLUSTERS {
-            return true;
-        }
-        if let Some(g) = &self.grant
-            && !allows(&self.ctx, g, cluster)
-        {
-            return false;
-        }
-        self.clusters.is_empty() || self.clusters.iter().any(|c| c == cluster)
+        self.filter.wants(cluster, |g, c| allows(&self.ctx, g, c))
     }
 
     /// Follows a reloaded access policy: a subscriber no longer named, or whose filter
@@ -384,9 +338,9 @@ impl Session {
             return Ok(());
         }
         self.access_generation = generation;
-        match granted(&self.ctx, &self.name, &self.clusters) {
+        match granted(&self.ctx, &self.name, &self.filter.clusters) {
             Ok(g) => {
-                self.grant = g;
+                self.filter.grant = g;
                 Ok(())
             }
             Err(why) => {
@@ -400,7 +354,7 @@ impl Session {
     /// order, events batched into frames and each marker as its own frame.
     async fn send_more(&mut self, conn: &mut Conn) -> Result<(), End> {
         self.refresh_grant()?;
-        let read = self.ctx.bus.read(self.sent + 1, READ_CHUNK).await.map_err(|e| {
+        let read = self.ctx.bus.read(self.window.read() + 1, READ_CHUNK).await.map_err(|e| {
             tracing::error!(error = %e, "bus read failed");
             End::Fail(ErrorCode::Internal, format!("hub could not read events: {e}"), CloseCode::Error)
         })?;
@@ -421,7 +375,7 @@ impl Session {
                     reason: self.ctx.bus.eviction_reason(*offset).into(),
                 };
                 conn.send_text(encode(&HubToSubscriber::ResyncRequired(r))).await?;
-                self.delivered = self.delivered.max(*offset);
+                self.window.sent_at(*offset);
             }
         }
         let mut frame = EventsFrame::new();
@@ -451,18 +405,18 @@ impl Session {
                 }
                 RecordBody::ResyncRequired(reason) => Some(reason.clone()),
             };
-            self.delivered = rec.offset;
+            self.window.sent_at(rec.offset);
             if let Some(reason) = marker {
                 self.flush(conn, &mut frame).await?;
                 let r = ResyncRequired { cluster: rec.cluster.to_string(), cursor: rec.offset, reason };
                 conn.send_text(encode(&HubToSubscriber::ResyncRequired(r))).await?;
             }
-            if frame.len_bytes() > self.ctx.settings.limits.max_message_bytes / 2 {
+            if delivery::frame_full(frame.len_bytes(), self.ctx.settings.limits.max_message_bytes) {
                 self.flush(conn, &mut frame).await?;
             }
         }
         self.flush(conn, &mut frame).await?;
-        self.sent = read.next - 1;
+        self.window.read_up_to(read.next - 1);
         self.publish_progress();
         Ok(())
     }
@@ -470,7 +424,9 @@ impl Session {
     /// What the grant makes of a stored event: skipped (its type is not granted), sent as
     /// stored (`None`: nothing to inspect) or with its redacted fields removed.
     fn through_grant(&self, json: &[u8]) -> Inspected {
-        let Some(grant) = self.grant.as_ref().filter(|g| g.inspects_events()) else { return Inspected::Send(None) };
+        let Some(grant) = self.filter.grant.as_ref().filter(|g| g.inspects_events()) else {
+            return Inspected::Send(None);
+        };
         let mut event: serde_json::Value = match serde_json::from_slice(json) {
             Ok(v) => v,
             Err(e) => return Inspected::Unreadable(e.to_string()),
@@ -494,10 +450,8 @@ impl Session {
 
     /// Shows where the session is to the lag metrics.
     fn publish_progress(&self) {
-        use std::sync::atomic::Ordering::Relaxed;
-        self.progress.acked.store(self.acked, Relaxed);
-        self.progress.sent.store(self.sent, Relaxed);
-        self.progress.delivered.store(self.delivered.max(self.acked), Relaxed);
+        let w = &self.window;
+        self.ctx.fanout.publish(&self.progress, w.acked(), w.read(), w.sent());
     }
 
     async fn flush(

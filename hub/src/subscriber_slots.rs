@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::metrics::SubscriberProgress;
+use crate::fanout::SubscriberProgress;
 
 /// How the reason of a session closed to make room starts.
 pub(crate) const EVICTED: &str = "closed to make room for a newer session";
