@@ -7,7 +7,7 @@
 //! sent only after the bus accepted a batch. Up to [`MAX_IN_FLIGHT`] batches are being
 //! stored at once (a network bus's round trips then overlap instead of queueing the
 //! agent's next batch); acks stay cumulative and in order, and the first failure ends the
-//! session, nothing after it acked (see [`crate::bus::Bus::start_append`] for why a later
+//! session, nothing after it acked (see [`fleetwatch_bus::Bus::start_append`] for why a later
 //! batch stored meanwhile cannot hide the loss). A second agent for a connected cluster id
 //! is refused (see [`crate::registry`]).
 
@@ -24,7 +24,7 @@ use fleetwatch_protocol::message::{Ack, Configure, ErrorCode, Hello, HubToAgent,
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_util::sync::CancellationToken;
 
-use crate::bus::{Append, Bus, BusError, BusFuture, RecordBody};
+use fleetwatch_bus::{Append, Bus, BusError, BusFuture, RecordBody};
 use crate::conn::{Conn, End};
 use crate::ingest::{self, Decision, Refusal};
 use crate::rate::{Budget, RESYNCS_PER_SEC};

@@ -20,7 +20,7 @@ use fleetwatch_protocol::message::{
 };
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 
-use crate::bus::{Append, RecordBody};
+use fleetwatch_bus::{Append, RecordBody};
 use crate::registry::{RECENT_EVENTS, RecentEvent};
 
 /// What an agent's session knows when a frame arrives.

@@ -17,7 +17,7 @@ use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_util::sync::CancellationToken;
 
 use crate::access::{Decision, Grant};
-use crate::bus::{ALL_CLUSTERS, BusError, Lookup, Read, RecordBody};
+use fleetwatch_bus::{ALL_CLUSTERS, BusError, Lookup, Read, RecordBody};
 use crate::conn::{Conn, End};
 use crate::{Peer, Sessions};
 

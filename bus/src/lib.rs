@@ -358,7 +358,7 @@ impl Default for BusOptions {
 /// Where the segment log's writer runs.
 ///
 /// ```
-/// use fleetwatch_hub::bus::{BusOptions, WriterPlacement};
+/// use fleetwatch_bus::{BusOptions, WriterPlacement};
 /// let opts = BusOptions { writer: WriterPlacement::Runtime, ..BusOptions::default() };
 /// assert_eq!(opts.writer, WriterPlacement::Runtime);
 /// ```

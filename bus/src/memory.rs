@@ -175,7 +175,7 @@ mod tests {
     /// `--durable-crashes` lost a deletion when they were new).
     #[tokio::test]
     async fn an_unknown_durable_name_is_lost_not_new() {
-        let bus = MemoryBus::open(super::super::Retention::default());
+        let bus = MemoryBus::open(crate::Retention::default());
         assert_eq!(bus.durable_lookup("id", "sub").await.unwrap(), Lookup::Lost);
         assert!(bus.lost_cursor_reason("sub").contains("memory only"));
         bus.register_durable("id", "sub", 4).await.unwrap();
