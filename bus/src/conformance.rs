@@ -17,7 +17,7 @@ use super::{
     Append, Bus, BusError, BusOptions, DurableError, Lookup, MAX_NAMES_PER_IDENTITY, MAX_REASON_BYTES, MemoryBus,
     NatsBus, NatsOptions, RecordBody, Retention, SegmentLogBus,
 };
-use crate::nats_server::LocalNatsServer;
+use crate::nats::server::LocalNatsServer;
 
 /// Opens a fresh, empty bus with the given retention.
 pub(super) type Factory = Box<dyn Fn(Retention) -> Arc<dyn Bus> + Send + Sync>;

@@ -32,7 +32,7 @@ use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use bytes::Bytes;
-use fleetwatch_bus::jetstream::{
+use fleetwatch_bus::nats::jetstream::{
     CreateError, Delivered, HeaderMap, JetStream, JsError, KeyValue, KvEntry, PublishAck, Settings, Stored, StreamInfo,
     StreamSpec, StreamState, Subject,
 };

@@ -206,7 +206,7 @@ impl Session {
         // to another replica at the same time; every idle timeout the session looks whether
         // it stored records meanwhile (see `check_interleaved`). Within one hub the registry
         // refuses a second live process, so the other buses need no check.
-        let mut interleave = bus.is_shared().then(|| {
+        let mut interleave = bus.replica_share().is_some().then(|| {
             let every = self.ctx.settings.idle_timeout;
             let mut t = tokio::time::interval_at(Instant::now() + every, every);
             t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -369,7 +369,7 @@ impl Session {
         let head = self.ctx.bus.head(&self.cluster).await.map_err(bus_failed)?;
         let (have, reason) = ingest::resume_gap(head, hello.epoch, hello.last_acked_seq, self.ctx.bus.is_durable());
         let Some(reason) = reason else { return Ok(have) };
-        if self.ctx.registry.resync_pending(&self.cluster, head, self.ctx.bus.is_shared()) {
+        if self.ctx.registry.resync_pending(&self.cluster, head, self.ctx.bus.replica_share().is_some()) {
             tracing::info!(%reason, "a resync-required no subscriber has read yet is pending for this cluster; not recording another");
             return Ok(hello.last_acked_seq);
         }
@@ -451,7 +451,7 @@ impl Session {
         let wait = self.budget.lock().unwrap_or_else(|e| e.into_inner()).take_resync();
         self.delay_ack(conn, wait).await;
         let head = self.ctx.bus.head(&self.cluster).await.map_err(bus_failed)?;
-        if self.ctx.registry.resync_pending(&self.cluster, head, self.ctx.bus.is_shared()) {
+        if self.ctx.registry.resync_pending(&self.cluster, head, self.ctx.bus.replica_share().is_some()) {
             // Nothing was stored since the last marker and no subscriber was sent it yet:
             // they reconcile once, after this request, anyway.
             tracing::info!(%reason, seq, "agent requested resync; an unread one is already pending, acked without storing");

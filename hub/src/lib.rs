@@ -721,9 +721,13 @@ async fn housekeeping(ctx: Arc<Context>, shutdown: CancellationToken) {
                     tracing::warn!(error = %e, "cannot store subscriber cursors");
                 }
             }
-            _ = share.tick(), if ctx.sessions.bus.is_shared() => {
+            _ = share.tick(), if ctx.sessions.bus.replica_share().is_some() => {
                 let clusters = serde_json::to_value(ctx.sessions.registry.list()).unwrap_or_default();
-                if let Err(e) = ctx.sessions.bus.share_clusters(&ctx.replica, clusters).await {
+                let shared = match ctx.sessions.bus.replica_share() {
+                    Some(share) => share.share_clusters(&ctx.replica, clusters).await,
+                    None => Ok(()),
+                };
+                if let Err(e) = shared {
                     tracing::debug!(error = %e, "cannot share this replica's clusters");
                 }
             }

@@ -22,7 +22,7 @@ use fleetwatch_agent::source::SyntheticSource;
 use fleetwatch_certs::TlsFiles;
 use fleetwatch_client::subscriber::{Delivery, SubscriberOptions, Subscription};
 use fleetwatch_client::transport::{HubUrl, HubUrls};
-use fleetwatch_bus::nats_server::LocalNatsServer;
+use fleetwatch_bus::nats::server::LocalNatsServer;
 use fleetwatch_protocol::message::StartFrom;
 use futures_util::StreamExt;
 
