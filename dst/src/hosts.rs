@@ -11,12 +11,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use fleetwatch_agent::{AgentConfig, AgentRuntime};
+use fleetwatch_bus::nats::DEFAULT_MISSING_STREAM_WAIT;
+use fleetwatch_bus::nats::jetstream::JetStream;
+use fleetwatch_bus::{Bus, NatsBus, NatsOptions};
 use fleetwatch_client::backoff::Reconnect;
 use fleetwatch_client::subscriber::{Delivery, SubscribeError, SubscriberOptions, Subscription};
 use fleetwatch_client::transport::{Dialer, HubUrls};
-use fleetwatch_bus::nats::jetstream::JetStream;
-use fleetwatch_bus::nats::DEFAULT_MISSING_STREAM_WAIT;
-use fleetwatch_bus::{Bus, NatsBus, NatsOptions};
 use fleetwatch_hub::{Hub, HubConfig, Listener};
 use fleetwatch_protocol::message::{ErrorCode, StartFrom};
 use rand::rngs::StdRng;

@@ -24,12 +24,12 @@ use fleetwatch_protocol::message::{Ack, Configure, ErrorCode, Hello, HubToAgent,
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_util::sync::CancellationToken;
 
-use fleetwatch_bus::{Append, Bus, BusError, BusFuture, RecordBody};
 use crate::conn::{Conn, End};
 use crate::ingest::{self, Decision, Refusal};
 use crate::rate::{Budget, RESYNCS_PER_SEC};
 use crate::registry::{Admission, Opening, RecentEvent, StoredMarker};
 use crate::{Peer, Sessions};
+use fleetwatch_bus::{Append, Bus, BusError, BusFuture, RecordBody};
 
 /// Records a subscriber may be behind for want of the hub's CPU before batches wait
 /// (four of its reads; about 20 ms at 100,000 events/s).

@@ -494,9 +494,11 @@ impl Hub {
         let tls = ReloadingServerConfig::new(config.tls.clone())?;
         let bus: Arc<dyn Bus> = match (bus, config.nats.clone()) {
             (Some(bus), _) => bus,
-            (None, Some(nats)) => fleetwatch_bus::NatsBus::open(fleetwatch_bus::NatsOptions { retention: config.retention, ..nats })
-                .await
-                .map_err(fleetwatch_bus::BusError::from)?,
+            (None, Some(nats)) => {
+                fleetwatch_bus::NatsBus::open(fleetwatch_bus::NatsOptions { retention: config.retention, ..nats })
+                    .await
+                    .map_err(fleetwatch_bus::BusError::from)?
+            }
             (None, None) => fleetwatch_bus::open(BusOptions {
                 dir: config.data_dir.clone(),
                 retention: config.retention,
