@@ -53,6 +53,7 @@ COPY bus/Cargo.toml bus/
 COPY hub/Cargo.toml hub/
 COPY lifecycle/Cargo.toml lifecycle/
 COPY relay/Cargo.toml relay/
+COPY telemetry/Cargo.toml telemetry/
 COPY sim/Cargo.toml sim/
 COPY dst/Cargo.toml dst/
 COPY cli/Cargo.toml cli/
@@ -62,7 +63,7 @@ ARG CARGO_FEATURES=--no-default-features
 RUN --mount=type=cache,target=/usr/local/cargo/registry,sharing=locked \
     --mount=type=cache,target=/usr/local/cargo/git,sharing=locked \
     set -eu; \
-    for c in protocol api certs client agent bus hub lifecycle relay sim dst; do mkdir -p $c/src && echo > $c/src/lib.rs; done; \
+    for c in protocol api certs client agent bus hub lifecycle relay telemetry sim dst; do mkdir -p $c/src && echo > $c/src/lib.rs; done; \
     mkdir -p cli/src tests/e2e sim/examples && echo 'fn main() {}' > cli/src/main.rs && echo > tests/e2e/main.rs; \
     echo 'fn main() {}' > sim/examples/bench.rs; \
     cargo auditable build --release --locked -p fleetwatch $CARGO_FEATURES
@@ -74,7 +75,7 @@ ARG FLEETWATCH_GIT_COMMIT=
 # Touch the sources so cargo rebuilds them over the skeleton's empty ones.
 RUN --mount=type=cache,target=/usr/local/cargo/registry,sharing=locked \
     --mount=type=cache,target=/usr/local/cargo/git,sharing=locked \
-    find protocol api certs client agent bus hub lifecycle relay sim dst cli -name '*.rs' -exec touch {} + \
+    find protocol api certs client agent bus hub lifecycle relay telemetry sim dst cli -name '*.rs' -exec touch {} + \
     && cargo auditable build --release --locked -p fleetwatch $CARGO_FEATURES \
     && install -D -m 0755 target/release/fleetwatch /out/fleetwatch
 

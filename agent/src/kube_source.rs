@@ -16,7 +16,7 @@ use fleetwatch_protocol::message::{ModuleInventory, WatchPhase, WatchSpec, Watch
 use futures_util::StreamExt;
 use kube::api::{Api, DynamicObject, GroupVersionKind};
 use kube::discovery::{ApiResource, Scope};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::watcher;
 use serde_json::{Value, json};
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
@@ -263,7 +263,7 @@ async fn follow(
     if let Some(sel) = &spec.label_selector {
         cfg = cfg.labels(sel);
     }
-    let stream = watcher(api, cfg).default_backoff();
+    let stream = fleetwatch_client::kube_watch::relisting_watcher(api, cfg);
     futures_util::pin_mut!(stream);
     loop {
         let ev = tokio::select! {
@@ -353,7 +353,7 @@ async fn inventory(
     cancel: CancellationToken,
 ) {
     let api: Api<k8s_openapi::api::apps::v1::Deployment> = Api::all(client);
-    let stream = watcher(api, watcher::Config::default().labels(MODULE_LABEL)).default_backoff();
+    let stream = fleetwatch_client::kube_watch::relisting_watcher(api, watcher::Config::default().labels(MODULE_LABEL));
     futures_util::pin_mut!(stream);
     let mut current: BTreeMap<(String, String), (ModuleInventory, String)> = BTreeMap::new();
     let mut building: Option<BTreeMap<(String, String), (ModuleInventory, String)>> = None;

@@ -1,12 +1,11 @@
-//! The agent's Prometheus metrics, served as OpenMetrics with the hub's library
-//! ([`prometheus_client`]) on the health listener's `/metrics` (`--health-listen`), read
+//! The agent's Prometheus metrics, served as OpenMetrics with [`prometheus_client`] on the
+//! health listener's `/metrics` (`--health-listen`, a [`fleetwatch_telemetry::Health`]), read
 //! at scrape time from the [`AgentStats`] the agent publishes anyway: nothing is counted
 //! twice, the pipeline pays nothing for them.
 
+use fleetwatch_telemetry::collect::{counter, gauge};
 use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
-use prometheus_client::metrics::counter::ConstCounter;
-use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::encoding::DescriptorEncoder;
 use prometheus_client::registry::Registry;
 
 use crate::AgentStats;
@@ -14,16 +13,6 @@ use crate::AgentStats;
 /// One snapshot of the stats, encoded as metric families.
 #[derive(Debug)]
 struct Snapshot(AgentStats);
-
-fn gauge(encoder: &mut DescriptorEncoder, name: &str, help: &str, v: f64) -> std::fmt::Result {
-    let g = ConstGauge::new(v);
-    g.encode(encoder.encode_descriptor(name, help, None, g.metric_type())?)
-}
-
-fn counter(encoder: &mut DescriptorEncoder, name: &str, help: &str, v: u64) -> std::fmt::Result {
-    let c = ConstCounter::new(v);
-    c.encode(encoder.encode_descriptor(name, help, None, c.metric_type())?)
-}
 
 impl Collector for Snapshot {
     fn encode(&self, mut e: DescriptorEncoder) -> std::fmt::Result {
@@ -64,16 +53,62 @@ impl Collector for Snapshot {
 pub fn encode(stats: &AgentStats) -> String {
     let mut registry = Registry::with_prefix("fleetwatch_agent");
     registry.register_collector(Box::new(Snapshot(stats.clone())));
-    let mut out = String::new();
-    if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &registry) {
-        tracing::error!(error = %e, "cannot encode the agent metrics");
-    }
-    out
+    fleetwatch_telemetry::exposition::encode(&[&registry])
+}
+
+/// The health listener (`--health-listen`): `/metrics` from the stats; `/readyz` ready
+/// while a session with the hub is open (a pod that cannot reach its hub shows `0/1 READY`
+/// instead of looking healthy); `/healthz` while the process answers. Liveness must not
+/// depend on the hub: a restart would only throw away the outbox.
+pub fn health(stats: tokio::sync::watch::Receiver<AgentStats>) -> fleetwatch_telemetry::Health {
+    let session = stats.clone();
+    fleetwatch_telemetry::Health::new(move || encode(&stats.borrow())).ready(move || {
+        let connected = session.borrow().connected;
+        std::future::ready(if connected {
+            Ok("connected to the hub".to_string())
+        } else {
+            Err("no session with the hub".to_string())
+        })
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `GET path` on `addr`: the answer's status line and body.
+    async fn get(addr: std::net::SocketAddr, path: &str) -> (String, String) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        s.write_all(format!("GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").as_bytes()).await.unwrap();
+        let mut buf = String::new();
+        s.read_to_string(&mut buf).await.unwrap();
+        let (head, body) = buf.split_once("\r\n\r\n").unwrap();
+        (head.lines().next().unwrap_or_default().to_string(), body.to_string())
+    }
+
+    #[tokio::test]
+    async fn the_health_listener_is_ready_while_a_session_is_open() {
+        let (tx, rx) = tokio::sync::watch::channel(AgentStats::default());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let shutdown = tokio_util::sync::CancellationToken::new();
+        let _stop = shutdown.clone().drop_guard();
+        tokio::spawn(health(rx).serve(listener, shutdown));
+        assert_eq!(get(addr, "/healthz").await.1, "ok\n");
+        let (status, body) = get(addr, "/readyz").await;
+        assert!(status.contains(" 503 "), "{status}");
+        assert_eq!(body, "not ready: no session with the hub\n");
+        tx.send_modify(|s| {
+            s.connected = true;
+            s.changes = 3;
+        });
+        let (status, body) = get(addr, "/readyz").await;
+        assert!(status.contains(" 200 "), "{status}");
+        assert_eq!(body, "ready: connected to the hub\n");
+        let metrics = get(addr, "/metrics").await.1;
+        assert!(metrics.contains("\nfleetwatch_agent_changes_total 3\n"), "the stats now: {metrics}");
+    }
 
     #[test]
     fn stats_are_served_as_openmetrics() {

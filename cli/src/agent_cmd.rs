@@ -130,38 +130,7 @@ async fn run_agent<S: Source>(run: Run, source: S) -> anyhow::Result<AgentStats>
     let span = tracing::info_span!("agent", cluster = %runtime.cluster());
     let agent = runtime.start(source, shutdown.clone());
     if let Some(listener) = health {
-        tokio::spawn(serve_health(listener, agent.stats(), shutdown));
+        tokio::spawn(fleetwatch_agent::metrics::health(agent.stats()).serve(listener, shutdown));
     }
     Ok(agent.wait().instrument(span).await?)
-}
-
-/// The kubelet's probes: alive while the process serves, ready while a hub session is open
-/// (a pod that cannot reach its hub shows `0/1 READY` instead of looking healthy). Liveness
-/// must not depend on the hub: a restart would only throw away the outbox.
-async fn serve_health(
-    listener: tokio::net::TcpListener,
-    stats: tokio::sync::watch::Receiver<AgentStats>,
-    shutdown: tokio_util::sync::CancellationToken,
-) {
-    use axum::http::StatusCode;
-    let metrics = stats.clone();
-    let app = axum::Router::new()
-        .route("/healthz", axum::routing::get(|| async { "ok\n" }))
-        .route(
-            "/readyz",
-            axum::routing::get(move || {
-                let connected = stats.borrow().connected;
-                async move {
-                    if connected {
-                        (StatusCode::OK, "ready: connected to the hub\n")
-                    } else {
-                        (StatusCode::SERVICE_UNAVAILABLE, "not ready: no session with the hub\n")
-                    }
-                }
-            }),
-        )
-        .route("/metrics", crate::metrics_route::route(move || fleetwatch_agent::metrics::encode(&metrics.borrow())));
-    if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(shutdown.cancelled_owned()).await {
-        tracing::error!(error = %e, "health endpoint failed");
-    }
 }

@@ -5,7 +5,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use axum::http::StatusCode;
 use clap::Args;
 use fleetwatch_client::subscriber::SubscriberOptions;
 use fleetwatch_client::transport::HubUrls;
@@ -214,14 +213,8 @@ pub async fn run(args: LifecycleArgs) -> anyhow::Result<()> {
     let metrics = Arc::new(fleetwatch_lifecycle::Metrics::default());
     if let Some(addr) = args.metrics_listen {
         let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("cannot listen on {addr}"))?;
-        let m = metrics.clone();
-        let runtimes: kube::Api<fleetwatch_api::Runtime> = kube::Api::all(client.clone());
-        let app = axum::Router::new()
-            .route("/healthz", axum::routing::get(|| async { "ok\n" }))
-            .route("/readyz", axum::routing::get(move || ready(runtimes.clone())))
-            .route("/metrics", crate::metrics_route::route(move || m.encode()));
-        let sd = shutdown.clone();
-        tokio::spawn(async move { axum::serve(listener, app).with_graceful_shutdown(sd.cancelled_owned()).await });
+        let health = fleetwatch_lifecycle::health::health(metrics.clone(), client.clone());
+        tokio::spawn(health.serve(listener, shutdown.clone()));
     }
     if !args.leader_elect {
         fleetwatch_lifecycle::run(config, metrics, shutdown).await;
@@ -267,18 +260,6 @@ fn instance_identity() -> String {
     let nanos =
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
     format!("{host}-{}-{nanos:08x}", std::process::id())
-}
-
-/// `/readyz`: the operator can only act while its API server answers, so readiness is one
-/// cheap list (a single Runtime) answered within 2 s (the probe itself gives up after 3).
-async fn ready(runtimes: kube::Api<fleetwatch_api::Runtime>) -> (StatusCode, String) {
-    let one = kube::api::ListParams::default().limit(1);
-    let probe = runtimes.list_metadata(&one);
-    match tokio::time::timeout(Duration::from_secs(2), probe).await {
-        Ok(Ok(_)) => (StatusCode::OK, "ready\n".into()),
-        Ok(Err(e)) => (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: cannot list Runtimes: {e}\n")),
-        Err(_) => (StatusCode::SERVICE_UNAVAILABLE, "not ready: the API server did not answer within 2 s\n".into()),
-    }
 }
 
 #[cfg(test)]

@@ -12,7 +12,6 @@ mod hub_cmd;
 mod kube_apply;
 mod lifecycle_cmd;
 mod maintenance_cmd;
-mod metrics_route;
 mod module_cmd;
 mod relay_cmd;
 #[cfg(not(feature = "sandbox"))]

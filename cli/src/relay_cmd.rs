@@ -191,23 +191,7 @@ async fn serve_metrics(
 ) -> anyhow::Result<()> {
     let Some(addr) = addr else { return Ok(()) };
     let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("cannot listen on {addr}"))?;
-    let ready_metrics = metrics.clone();
-    let app = axum::Router::new()
-        .route("/healthz", axum::routing::get(|| async { "ok\n" }))
-        .route(
-            "/readyz",
-            axum::routing::get(move || {
-                let m = ready_metrics.clone();
-                async move {
-                    match m.readiness() {
-                        Ok(()) => (axum::http::StatusCode::OK, "ready\n".to_string()),
-                        Err(why) => (axum::http::StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {why}\n")),
-                    }
-                }
-            }),
-        )
-        .route("/metrics", crate::metrics_route::route(move || metrics.encode()));
-    tokio::spawn(async move { axum::serve(listener, app).with_graceful_shutdown(shutdown.cancelled_owned()).await });
+    tokio::spawn(metrics.health().serve(listener, shutdown));
     Ok(())
 }
 

@@ -48,7 +48,8 @@ pub struct UpArgs {
     /// free ones.
     #[arg(long, default_value_t = 0)]
     sim_port: u16,
-    /// Port of the lifecycle operator's metrics (HTTP /metrics); 0 picks a free one.
+    /// Port of the lifecycle operator's metrics and probes (HTTP /metrics, /healthz, /readyz);
+    /// 0 picks a free one.
     #[arg(long, default_value_t = 9091)]
     lifecycle_metrics_port: u16,
     /// Print a line per change instead of redrawing a table (the default when stdout is not
@@ -331,12 +332,8 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("cannot listen on port {} (--lifecycle-metrics-port)", args.lifecycle_metrics_port))?;
     let metrics_addr = metrics_listener.local_addr()?;
-    let m = lc_metrics.clone();
-    let app = axum::Router::new().route("/metrics", crate::metrics_route::route(move || m.encode()));
-    let sd = shutdown.clone();
-    tasks.spawn(async move {
-        let _ = axum::serve(metrics_listener, app).with_graceful_shutdown(sd.cancelled_owned()).await;
-    });
+    let health = fleetwatch_lifecycle::health::health(lc_metrics.clone(), cp_client.clone());
+    tasks.spawn(health.serve(metrics_listener, shutdown.clone()));
     tasks.spawn(fleetwatch_lifecycle::run(lc, lc_metrics, shutdown.clone()));
     tasks.close();
 

@@ -12,7 +12,7 @@ use fleetwatch_api::access_policy::{SubscriberAccessPolicy, SubscriberAccessPoli
 use fleetwatch_api::module::Condition;
 use futures_util::StreamExt;
 use kube::api::{Patch, PatchParams};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::watcher;
 use tokio_util::sync::CancellationToken;
 
 use crate::Context;
@@ -62,7 +62,7 @@ pub(crate) async fn run(ctx: Arc<Context>, kubeconfig: Option<PathBuf>, shutdown
         _ = shutdown.cancelled() => return,
     };
     let api: kube::Api<SubscriberAccessPolicy> = kube::Api::all(client);
-    let stream = watcher(api.clone(), watcher::Config::default()).default_backoff();
+    let stream = fleetwatch_client::kube_watch::relisting_watcher(api.clone(), watcher::Config::default());
     futures_util::pin_mut!(stream);
     let mut current: BTreeMap<String, SubscriberAccessPolicy> = BTreeMap::new();
     let mut building: Option<BTreeMap<String, SubscriberAccessPolicy>> = None;

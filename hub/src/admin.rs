@@ -52,7 +52,7 @@ impl FromRef<Admin> for Arc<Context> {
 /// (`/api/v1/openapi.json`) lists exactly these (a test checks both ways).
 pub(crate) fn routes() -> Vec<(&'static str, &'static [&'static str], MethodRouter<Admin>)> {
     vec![
-        ("/healthz", &["get"], get(|| async { "ok\n" })),
+        ("/healthz", &["get"], get(fleetwatch_telemetry::server::healthz)),
         ("/readyz", &["get"], get(ready)),
         ("/metrics", &["get"], get(metrics)),
         ("/api/v1/clusters", &["get"], get(clusters)),
@@ -223,16 +223,18 @@ pub(crate) fn checks(ctx: &Context) -> Vec<Check> {
     checks
 }
 
+/// `/readyz`, answered as every component answers it ([`fleetwatch_telemetry::server::readyz`]).
 async fn ready(State(ctx): State<Arc<Context>>) -> impl IntoResponse {
     let checks = checks(&ctx);
     let failing: Vec<String> =
         checks.iter().filter_map(|c| c.state.as_ref().err().map(|e| format!("{}: {e}", c.name))).collect();
-    if failing.is_empty() {
+    let state = if failing.is_empty() {
         let ok: Vec<String> = checks.iter().map(|c| format!("{} ok", c.name)).collect();
-        (StatusCode::OK, format!("ready: {}\n", ok.join(", ")))
+        Ok(ok.join(", "))
     } else {
-        (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {}\n", failing.join("; ")))
-    }
+        Err(failing.join("; "))
+    };
+    fleetwatch_telemetry::server::readyz(state)
 }
 
 #[derive(serde::Deserialize)]
@@ -254,206 +256,11 @@ async fn storage_fault(State(ctx): State<Arc<Context>>, Query(q): Query<FaultQue
     }
 }
 
-/// OpenMetrics, or the text format 0.0.4 for a scraper that asks for that instead (see
-/// [`crate::metrics::exposition`]).
+/// The instruments and the state read now ([`crate::scrape`]), as OpenMetrics or the text
+/// format 0.0.4 for a scraper that asks for that instead (see
+/// [`fleetwatch_telemetry::exposition`]).
 async fn metrics(State(ctx): State<Arc<Context>>, headers: axum::http::HeaderMap) -> impl IntoResponse {
-    let mut body = ctx.sessions.metrics.encode();
-    body.push_str(&scrape(&ctx).await);
-    let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
-    let (content_type, body) = crate::metrics::exposition(accept, body);
-    ([(header::CONTENT_TYPE, content_type)], body)
-}
-
-/// The families read at scrape time (see [`crate::metrics`]): bus size and evictions,
-/// readiness, per-cluster liveness, client certificate expiry, subscriber lag.
-async fn scrape(ctx: &Context) -> String {
-    use crate::metrics::Text;
-    let bus = &ctx.sessions.bus;
-    let now = jiff::Timestamp::now();
-    let now_secs = now.as_millisecond() as f64 / 1000.0;
-    let mut t = Text::default();
-    let last = bus.last_offset();
-    t.single("fleetwatch_hub_bus_records", "gauge", "Records retained in the bus", bus.retained() as f64);
-    t.single("fleetwatch_hub_bus_last_offset", "gauge", "Offset of the newest record", last as f64);
-    t.single(
-        "fleetwatch_hub_bus_first_offset",
-        "gauge",
-        "Offset of the oldest retained record",
-        bus.first_offset() as f64,
-    );
-    t.single(
-        "fleetwatch_hub_bus_evicted_records",
-        "counter",
-        "Records evicted by retention since the log began (offsets below the oldest retained one)",
-        bus.first_offset().saturating_sub(1) as f64,
-    );
-    t.single("fleetwatch_hub_bus_bytes", "gauge", "Bytes of records retained in the bus", bus.retained_bytes() as f64);
-    t.single(
-        "fleetwatch_hub_bus_held_in_memory",
-        "gauge",
-        "Whether this hub holds the retained records in memory (a replica on JetStream does once a subscriber connected to it)",
-        f64::from(u8::from(bus.holds_records())),
-    );
-    t.single(
-        "fleetwatch_hub_bus_writable",
-        "gauge",
-        "Whether the bus can store records (0 while writes fail)",
-        f64::from(u8::from(bus.health().is_ok())),
-    );
-    t.single(
-        "fleetwatch_hub_bus_write_failures",
-        "counter",
-        "Batches refused because a write failed",
-        bus.write_failures() as f64,
-    );
-    let ready = checks(ctx).iter().all(|c| c.state.is_ok());
-    t.single(
-        "fleetwatch_hub_ready",
-        "gauge",
-        "Whether /readyz answers ready (1) or not (0)",
-        f64::from(u8::from(ready)),
-    );
-
-    // Per cluster this replica knows: connected, last heard of, sessions opened.
-    let clusters = ctx.sessions.registry.list();
-    t.family("fleetwatch_hub_cluster_connected", "gauge", "Whether the cluster's agent is connected to this hub");
-    for c in &clusters {
-        t.sample("fleetwatch_hub_cluster_connected", &[("cluster", &c.cluster)], f64::from(u8::from(c.connected)));
-    }
-    t.family(
-        "fleetwatch_hub_cluster_last_seen_timestamp_seconds",
-        "gauge",
-        "When this hub last heard from the cluster's agent (Unix seconds)",
-    );
-    for c in &clusters {
-        if let Some(seen) = c.last_seen {
-            let v = seen.as_millisecond() as f64 / 1000.0;
-            t.sample("fleetwatch_hub_cluster_last_seen_timestamp_seconds", &[("cluster", &c.cluster)], v);
-        }
-    }
-    // Protocol versions: this hub's range, and what each connected agent speaks (the skew
-    // policy's alert compares them; docs/upgrade.md).
-    t.single(
-        "fleetwatch_hub_protocol_newest",
-        "gauge",
-        "The newest protocol version this hub speaks",
-        f64::from(fleetwatch_protocol::message::PROTOCOL_VERSION),
-    );
-    t.single(
-        "fleetwatch_hub_protocol_oldest",
-        "gauge",
-        "The oldest protocol version this hub still speaks",
-        f64::from(fleetwatch_protocol::message::MIN_PROTOCOL_VERSION),
-    );
-    t.family(
-        "fleetwatch_hub_cluster_agent_protocol",
-        "gauge",
-        "The newest protocol version the connected agent speaks, with its build version and the version its session speaks",
-    );
-    for c in clusters.iter().filter(|c| c.connected) {
-        if let (Some(newest), Some(session)) = (c.agent_protocol, c.protocol) {
-            let version = c.agent_version.as_deref().unwrap_or("");
-            let labels = [
-                ("cluster", c.cluster.as_str()),
-                ("agent_version", version),
-                ("session_protocol", &session.to_string()),
-            ];
-            t.sample("fleetwatch_hub_cluster_agent_protocol", &labels, f64::from(newest));
-        }
-    }
-    t.family("fleetwatch_hub_cluster_sessions", "counter", "Agent sessions opened per cluster since the hub started");
-    for c in &clusters {
-        t.sample("fleetwatch_hub_cluster_sessions_total", &[("cluster", &c.cluster)], c.sessions as f64);
-    }
-
-    t.family(
-        "fleetwatch_hub_cluster_watches",
-        "gauge",
-        "Watches of each connected cluster's agent, by phase (running, starting, waiting-for-kind (healthy: nothing installed the kind), kind-not-found (its module is installed), forbidden, error)",
-    );
-    for c in clusters.iter().filter(|c| c.connected) {
-        let mut phases: std::collections::BTreeMap<String, u64> = Default::default();
-        for w in &c.watches {
-            *phases.entry(w.phase.to_string()).or_default() += 1;
-        }
-        for (phase, n) in phases {
-            t.sample("fleetwatch_hub_cluster_watches", &[("cluster", &c.cluster), ("phase", &phase)], n as f64);
-        }
-    }
-
-    // Certificates: the hub's own, and the client certificates of the open connections.
-    t.single(
-        "fleetwatch_hub_cert_expiry_timestamp_seconds",
-        "gauge",
-        "When the hub's own certificate in force expires (Unix seconds)",
-        ctx.tls.not_after().as_millisecond() as f64 / 1000.0,
-    );
-    let mut earliest: Option<jiff::Timestamp> = None;
-    let mut agents: std::collections::BTreeMap<String, jiff::Timestamp> = Default::default();
-    for (peer, _) in ctx.sessions.registry.open_connections() {
-        earliest = Some(earliest.map_or(peer.not_after, |e| e.min(peer.not_after)));
-        let cluster = peer
-            .identity
-            .parse::<fleetwatch_protocol::identity::Identity>()
-            .ok()
-            .and_then(|id| id.cluster_id().map(str::to_string));
-        if let Some(cluster) = cluster {
-            let e = agents.entry(cluster).or_insert(peer.not_after);
-            *e = (*e).min(peer.not_after);
-        }
-    }
-    t.family(
-        "fleetwatch_hub_agent_cert_expiry_timestamp_seconds",
-        "gauge",
-        "When the certificate of each connected agent expires (Unix seconds)",
-    );
-    for (cluster, not_after) in &agents {
-        let v = not_after.as_millisecond() as f64 / 1000.0;
-        t.sample("fleetwatch_hub_agent_cert_expiry_timestamp_seconds", &[("cluster", cluster)], v);
-    }
-    t.family(
-        "fleetwatch_hub_client_cert_earliest_expiry_seconds",
-        "gauge",
-        "Seconds until the earliest expiry among the certificates of connected agents and subscribers",
-    );
-    if let Some(e) = earliest {
-        let v = e.as_millisecond() as f64 / 1000.0 - now_secs;
-        t.sample("fleetwatch_hub_client_cert_earliest_expiry_seconds", &[], v);
-    }
-
-    // Subscriber lag: records not acked yet, and the age of the oldest of them.
-    let subs = ctx.sessions.metrics.subscribers.all();
-    // Several sessions of one name (instances without a durable name): the worst one.
-    let mut lags: std::collections::BTreeMap<(&str, &str), (u64, f64)> = Default::default();
-    for p in &subs {
-        let (records, oldest) = p.lag(last);
-        let age = match oldest {
-            Some(offset) => match bus.read(offset, 1).await {
-                Ok(read) => read.records.first().map_or(0.0, |r| (now_secs - r.time_ms as f64 / 1000.0).max(0.0)),
-                Err(_) => 0.0,
-            },
-            None => 0.0,
-        };
-        let e = lags.entry((p.name.as_str(), p.durable.as_str())).or_insert((0, 0.0));
-        *e = (e.0.max(records), e.1.max(age));
-    }
-    t.family("fleetwatch_hub_subscriber_lag_records", "gauge", "Records a subscriber session has not acked yet");
-    for ((name, durable), (records, _)) in &lags {
-        t.sample(
-            "fleetwatch_hub_subscriber_lag_records",
-            &[("subscriber", name), ("durable", durable)],
-            *records as f64,
-        );
-    }
-    t.family(
-        "fleetwatch_hub_subscriber_lag_seconds",
-        "gauge",
-        "Age of the oldest record a subscriber session has not acked yet",
-    );
-    for ((name, durable), (_, age)) in &lags {
-        t.sample("fleetwatch_hub_subscriber_lag_seconds", &[("subscriber", name), ("durable", durable)], *age);
-    }
-    t.finish()
+    fleetwatch_telemetry::server::metrics(&headers, crate::scrape::encode(&ctx).await)
 }
 
 /// This replica's clusters, plus, on a shared bus, those of the other replicas (`hub` says

@@ -167,7 +167,7 @@ pub async fn follow_runtimes(
     shutdown: CancellationToken,
 ) {
     use futures_util::StreamExt as _;
-    use kube::runtime::{WatchStreamExt as _, watcher};
+    use kube::runtime::watcher;
     if let Ok(mut v) = view.write() {
         v.configured = true;
     }
@@ -179,7 +179,7 @@ pub async fn follow_runtimes(
         kube::Api::all_with(client, &kube::core::ApiResource::erase::<Runtime>(&()));
     // Pages of 500 for the initial list, as before: the list of a large fleet stays bounded
     // per answer.
-    let stream = watcher(api, watcher::Config::default().page_size(500)).default_backoff();
+    let stream = fleetwatch_client::kube_watch::relisting_watcher(api, watcher::Config::default().page_size(500));
     futures_util::pin_mut!(stream);
     let mut table = RuntimeTable::default();
     let mut synced = false;

@@ -10,7 +10,8 @@
 //! (fan-out from a cursor; frames built once by the protocol's `EventsFrame`). Around
 //! them: [`registry`] (the one registry of connections and clusters), `conn` (reading,
 //! closing and how a session ends, shared by both kinds of session), [`admin`],
-//! [`metrics`], [`revocation`], [`watch_source`]. Shared state is split by who needs it:
+//! [`metrics`] (with `scrape`, the state read at scrape time), [`revocation`],
+//! [`watch_source`]. Shared state is split by who needs it:
 //! `Sessions` for sessions, `Context` for the hub around them.
 //!
 //! ```no_run
@@ -41,6 +42,7 @@ mod preflight;
 mod rate;
 pub mod registry;
 pub mod revocation;
+mod scrape;
 mod server;
 mod subscriber_session;
 mod subscriber_slots;

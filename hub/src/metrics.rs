@@ -1,15 +1,15 @@
 //! Prometheus metrics of the hub.
 //!
-//! Two kinds: instruments kept up to date where things happen (counters, gauges, the
-//! append histogram; a [`prometheus_client`] registry), and state read at scrape time
-//! (bus size, per-cluster liveness, certificate expiry, subscriber lag; written by the
-//! admin endpoint with [`Text`]), because keeping those current on every event would cost
-//! the hot path for a number read every few seconds. The names are a contract with
+//! Two kinds, both with [`prometheus_client`]: instruments kept up to date where things
+//! happen (counters, gauges, the append histogram; [`Metrics`]), and state read at scrape
+//! time (bus size, per-cluster liveness, certificate expiry, subscriber lag; the collector
+//! in `scrape.rs`), because keeping those current on every event would cost the hot path
+//! for a number read every few seconds. The admin endpoint answers `/metrics` with both
+//! through [`fleetwatch_telemetry`]. The names are a contract with
 //! `deploy/observability/` (dashboard and alert rules), checked by a test against a
 //! running hub.
 
 use std::collections::HashMap;
-use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -219,80 +219,11 @@ impl Metrics {
         self.disconnects.get_or_create(&DisconnectLabel { role: role.into(), reason: reason.into() }).inc();
     }
 
-    /// The Prometheus text exposition of the instruments, without the closing `# EOF`
-    /// (the admin endpoint appends the scrape-time families, then closes).
-    pub fn encode(&self) -> String {
-        let mut out = String::new();
-        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
-        if let Some(body) = out.strip_suffix("# EOF\n") {
-            out.truncate(body.len());
-        }
-        out
+    /// The OpenMetrics exposition of the instruments followed by `scrape`'s families (the
+    /// state read at scrape time), closed with `# EOF`.
+    pub fn encode(&self, scrape: &Registry) -> String {
+        fleetwatch_telemetry::exposition::encode(&[&self.registry, scrape])
     }
-}
-
-/// The content type of OpenMetrics text, what every fleetwatch `/metrics` answers by
-/// default (hub, lifecycle operator, relays, agent).
-pub const OPENMETRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
-/// The content type of Prometheus' text format 0.0.4, answered to a scraper that asks for
-/// it and not for OpenMetrics. `promtool check metrics` reads only this format.
-pub const TEXT_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
-
-/// Whether a scrape's `Accept` header asks for the text format 0.0.4 rather than
-/// OpenMetrics: it names `text/plain` and not `application/openmetrics-text`. No header,
-/// `*/*` and Prometheus' default (OpenMetrics first) get OpenMetrics.
-pub fn wants_text_format(accept: Option<&str>) -> bool {
-    accept.is_some_and(|a| {
-        let a = a.to_ascii_lowercase();
-        a.contains("text/plain") && !a.contains("application/openmetrics-text")
-    })
-}
-
-/// The answer to a scrape whose `Accept` header is `accept`: its content type and body,
-/// from the OpenMetrics exposition `openmetrics`.
-pub fn exposition(accept: Option<&str>, openmetrics: String) -> (&'static str, String) {
-    if wants_text_format(accept) {
-        (TEXT_CONTENT_TYPE, to_text_format(&openmetrics))
-    } else {
-        (OPENMETRICS_CONTENT_TYPE, openmetrics)
-    }
-}
-
-/// The families of an OpenMetrics exposition in the text format 0.0.4: a counter family is
-/// named by its samples (`x_total`, where OpenMetrics names it `x`), its `_created` samples
-/// are left out, `unknown` becomes `untyped`, and `# UNIT` and `# EOF` go. Samples, labels
-/// and values are the same in both formats.
-pub fn to_text_format(openmetrics: &str) -> String {
-    let mut counters = std::collections::HashSet::new();
-    for line in openmetrics.lines() {
-        if let Some(rest) = line.strip_prefix("# TYPE ")
-            && let Some((name, "counter")) = rest.split_once(' ')
-        {
-            counters.insert(name);
-        }
-    }
-    let mut out = String::with_capacity(openmetrics.len() + 8 * counters.len());
-    for line in openmetrics.lines() {
-        if line == "# EOF" || line.starts_with("# UNIT ") {
-            continue;
-        }
-        let descriptor =
-            line.strip_prefix("# HELP ").map(|r| ("HELP", r)).or(line.strip_prefix("# TYPE ").map(|r| ("TYPE", r)));
-        if let Some((kind, rest)) = descriptor {
-            let (name, tail) = rest.split_once(' ').unwrap_or((rest, ""));
-            let suffix = if counters.contains(name) { "_total" } else { "" };
-            let tail = if kind == "TYPE" && tail == "unknown" { "untyped" } else { tail };
-            let _ = writeln!(out, "# {kind} {name}{suffix} {tail}");
-            continue;
-        }
-        let name = line.split(['{', ' ']).next().unwrap_or_default();
-        if name.strip_suffix("_created").is_some_and(|family| counters.contains(family)) {
-            continue;
-        }
-        out.push_str(line);
-        out.push('\n');
-    }
-    out
 }
 
 /// One subscriber session's position, updated by the session, read at scrape time.
@@ -475,77 +406,14 @@ impl SubscriberBoard {
     }
 }
 
-/// Writes metric families in the OpenMetrics text format (scrape-time state).
-#[derive(Default)]
-pub struct Text {
-    out: String,
-}
-
-impl Text {
-    /// Starts a family: `kind` is `gauge` or `counter` (whose samples get `_total`).
-    pub fn family(&mut self, name: &str, kind: &str, help: &str) {
-        let _ = write!(self.out, "# HELP {name} {help}.\n# TYPE {name} {kind}\n");
-    }
-
-    /// One sample of `name` (with the `_total` suffix for counters) with labels.
-    pub fn sample(&mut self, name: &str, labels: &[(&str, &str)], value: f64) {
-        self.out.push_str(name);
-        if !labels.is_empty() {
-            self.out.push('{');
-            for (i, (k, v)) in labels.iter().enumerate() {
-                if i > 0 {
-                    self.out.push(',');
-                }
-                let v = v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n");
-                let _ = write!(self.out, "{k}=\"{v}\"");
-            }
-            self.out.push('}');
-        }
-        let _ = writeln!(self.out, " {value}");
-    }
-
-    /// A family with one unlabelled sample.
-    pub fn single(&mut self, name: &str, kind: &str, help: &str, value: f64) {
-        self.family(name, kind, help);
-        let sample = if kind == "counter" { format!("{name}_total") } else { name.to_string() };
-        self.sample(&sample, &[], value);
-    }
-
-    /// The text, closed with `# EOF`.
-    pub fn finish(mut self) -> String {
-        self.out.push_str("# EOF\n");
-        self.out
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn openmetrics_is_the_default_and_the_text_format_is_served_on_request() {
-        let prometheus = "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,\
-                          text/plain;version=0.0.4;q=0.5,*/*;q=0.1";
-        for accept in [None, Some("*/*"), Some(prometheus), Some("application/openmetrics-text")] {
-            assert!(!wants_text_format(accept), "{accept:?}");
-            assert_eq!(exposition(accept, "x 1\n# EOF\n".into()).0, OPENMETRICS_CONTENT_TYPE);
-        }
-        for accept in [Some("text/plain"), Some("text/plain;version=0.0.4;q=1,*/*;q=0.1"), Some("Text/Plain")] {
-            assert!(wants_text_format(accept), "{accept:?}");
-        }
-        let om = "# HELP a_seconds Time spent.\n# TYPE a_seconds counter\n# UNIT a_seconds seconds\n\
-                  a_seconds_total{x=\"1 2\"} 1.5\na_seconds_created{x=\"1 2\"} 1700000000.0\n\
-                  # HELP g Level.\n# TYPE g gauge\ng 2\n# HELP u What.\n# TYPE u unknown\nu 3\n# EOF\n";
-        let (ct, text) = exposition(Some("text/plain"), om.into());
-        assert_eq!(ct, TEXT_CONTENT_TYPE);
-        assert_eq!(
-            text,
-            "# HELP a_seconds_total Time spent.\n# TYPE a_seconds_total counter\na_seconds_total{x=\"1 2\"} 1.5\n\
-             # HELP g Level.\n# TYPE g gauge\ng 2\n# HELP u What.\n# TYPE u untyped\nu 3\n"
-        );
-        // The hub's own exposition converts too: every counter family is named by its samples.
+    fn counter_families_are_named_by_their_samples_in_the_text_format() {
         let m = Metrics::default();
-        let text = to_text_format(&format!("{}# EOF\n", m.encode()));
+        let text = fleetwatch_telemetry::exposition::to_text_format(&m.encode(&Registry::default()));
         assert!(text.contains("# TYPE fleetwatch_hub_events_received_total counter\n"), "{text}");
         assert!(!text.contains("# EOF"), "{text}");
     }
@@ -626,22 +494,16 @@ mod tests {
     }
 
     #[test]
-    fn text_escapes_label_values_and_closes() {
-        let mut t = Text::default();
-        t.family("x", "gauge", "An x");
-        t.sample("x", &[("a", "q\"b\\")], 1.5);
-        let out = t.finish();
-        assert_eq!(out, "# HELP x An x.\n# TYPE x gauge\nx{a=\"q\\\"b\\\\\"} 1.5\n# EOF\n");
-    }
-
-    #[test]
-    fn instruments_are_encoded_without_eof() {
+    fn instruments_are_encoded_then_the_scrape_then_one_eof() {
         let m = Metrics::default();
         m.connected("agent");
         m.disconnected("agent", "peer-closed");
         m.handshake_failed("tls-handshake");
-        let out = m.encode();
-        assert!(!out.contains("# EOF"), "{out}");
+        let mut scrape = Registry::with_prefix("fleetwatch_hub");
+        scrape.register("scraped", "Read at scrape time", Gauge::<i64>::default());
+        let out = m.encode(&scrape);
+        assert!(out.ends_with("fleetwatch_hub_scraped 0\n# EOF\n"), "{out}");
+        assert_eq!(out.matches("# EOF").count(), 1, "{out}");
         assert!(out.contains("fleetwatch_hub_connects_total{role=\"agent\"} 1"), "{out}");
         assert!(out.contains("fleetwatch_hub_disconnects_total{role=\"agent\",reason=\"peer-closed\"} 1"), "{out}");
         assert!(out.contains("fleetwatch_hub_handshake_failures_total{reason=\"tls-handshake\"} 1"), "{out}");

@@ -15,7 +15,7 @@ use std::time::{Duration, SystemTime};
 use fleetwatch_api::watchconfig::{WatchConfig, WatchConfigStatus, read_dir};
 use fleetwatch_protocol::message::WatchSpec;
 use futures_util::StreamExt;
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::watcher;
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -312,7 +312,7 @@ async fn follow_control_plane(kubeconfig: Option<PathBuf>, publish: &Publish, ve
     let api: kube::Api<WatchConfig> = kube::Api::all(client);
     let mut current: BTreeMap<String, WatchConfig> = BTreeMap::new();
     let mut building: Option<BTreeMap<String, WatchConfig>> = None;
-    let stream = watcher(api, watcher::Config::default()).default_backoff();
+    let stream = fleetwatch_client::kube_watch::relisting_watcher(api, watcher::Config::default());
     futures_util::pin_mut!(stream);
     while let Some(ev) = stream.next().await {
         // Synced from the first complete list on; not while the watch is failing.

@@ -17,6 +17,7 @@ pub mod config_policy;
 pub mod election;
 pub mod error;
 pub mod events;
+pub mod health;
 pub mod maintenance;
 pub mod meta_status;
 pub mod metrics;

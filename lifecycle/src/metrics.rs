@@ -1,5 +1,5 @@
-//! The operator's Prometheus metrics, with the hub's library ([`prometheus_client`]),
-//! served as OpenMetrics on `--metrics-listen`'s `/metrics`.
+//! The operator's Prometheus metrics, with [`prometheus_client`] as every component,
+//! served as OpenMetrics on `--metrics-listen`'s `/metrics` ([`crate::health`]).
 //!
 //! Two kinds, as in the hub: instruments updated where things happen (reconciles,
 //! failures, migrations, the duration histogram, reconciles in flight), and state read at
@@ -14,11 +14,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use fleetwatch_api::Runtime;
+use fleetwatch_telemetry::collect::{gauge, gauges};
 use kube::runtime::reflector::{ObjectRef, Store};
 use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet};
 use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
@@ -88,38 +89,31 @@ impl Collector for ViewCollector {
                 }
             }
         }
-        for (name, help, value) in [
-            (
-                "queue_depth",
-                "Requested reconciles (hub events, rollout waves, shards taken over) waiting to enter the controller",
-                depth,
-            ),
-            ("shards_held", "Shards this instance acts on (unsharded: 1 while it is the acting leader)", held),
-        ] {
-            let gauge = ConstGauge::new(i64::try_from(value).unwrap_or(i64::MAX));
-            gauge.encode(encoder.encode_descriptor(name, help, None, gauge.metric_type())?)?;
-        }
-        {
-            let mut family = encoder.encode_descriptor(
-                "modules",
-                "Modules of the Runtimes this instance acts on, by module and state (from the Runtime status)",
-                None,
-                prometheus_client::metrics::MetricType::Gauge,
-            )?;
-            for (labels, n) in &modules {
-                ConstGauge::new(*n).encode(family.encode_family(labels)?)?;
-            }
-        }
-        let mut family = encoder.encode_descriptor(
+        let count = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+        gauge(
+            &mut encoder,
+            "queue_depth",
+            "Requested reconciles (hub events, rollout waves, shards taken over) waiting to enter the controller",
+            count(depth),
+        )?;
+        gauge(
+            &mut encoder,
+            "shards_held",
+            "Shards this instance acts on (unsharded: 1 while it is the acting leader)",
+            count(held),
+        )?;
+        gauges(
+            &mut encoder,
+            "modules",
+            "Modules of the Runtimes this instance acts on, by module and state (from the Runtime status)",
+            modules.iter().map(|(l, n)| (l, *n)),
+        )?;
+        gauges(
+            &mut encoder,
             "module_config_invalid",
             "Runtimes whose configuration of the module does not meet a ModuleConfigPolicy schema (from the Runtime status)",
-            None,
-            prometheus_client::metrics::MetricType::Gauge,
-        )?;
-        for (labels, n) in &invalid {
-            ConstGauge::new(*n).encode(family.encode_family(labels)?)?;
-        }
-        Ok(())
+            invalid.iter().map(|(l, n)| (l, *n)),
+        )
     }
 }
 
@@ -132,13 +126,12 @@ struct ClientCertificate {
 impl Collector for ClientCertificate {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let Some(info) = self.tls.get().and_then(|t| t.certificate()) else { return Ok(()) };
-        let gauge = ConstGauge::new(info.not_after.as_second());
-        gauge.encode(encoder.encode_descriptor(
+        gauge(
+            &mut encoder,
             "client_certificate_expiry_timestamp_seconds",
             "When the certificate the operator subscribes to the hub with expires (Unix time; renewed files are followed)",
-            None,
-            gauge.metric_type(),
-        )?)
+            info.not_after.as_second(),
+        )
     }
 }
 
@@ -219,11 +212,7 @@ impl Default for Metrics {
 impl Metrics {
     /// The OpenMetrics text exposition, closed with `# EOF`.
     pub fn encode(&self) -> String {
-        let mut out = String::new();
-        if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &self.registry) {
-            tracing::error!(error = %e, "cannot encode the lifecycle metrics");
-        }
-        out
+        fleetwatch_telemetry::exposition::encode(&[&self.registry])
     }
 
     /// Records the duration of a successful reconcile.

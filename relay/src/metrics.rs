@@ -1,5 +1,5 @@
 //! What a relay counts, per target, served as OpenMetrics on `/metrics`
-//! (`--metrics-listen`), with the hub's library ([`prometheus_client`]).
+//! (`--metrics-listen`, [`Metrics::health`]), with [`prometheus_client`] as every component.
 //!
 //! - `fleetwatch_relay_delivered_total{relay,target}`: events (or requests made of them) the
 //!   target accepted with a 2xx, then acknowledged to the hub.
@@ -26,11 +26,12 @@
 //! component listener), reasons are a fixed set.
 
 use fleetwatch_client::client_tls::ClientTls;
+use fleetwatch_telemetry::collect::gauges;
 use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet};
 use prometheus_client::metrics::counter::Counter as PromCounter;
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 /// One counter family.
@@ -102,18 +103,16 @@ struct ClientCertificate {
 impl Collector for ClientCertificate {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let Some(info) = self.tls.get().and_then(ClientTls::certificate) else { return Ok(()) };
-        let gauge = ConstGauge::new(info.not_after.as_second());
-        let mut family = encoder.encode_descriptor(
+        gauges(
+            &mut encoder,
             "client_certificate_expiry_timestamp_seconds",
             "When the subscriber certificate in use expires (Unix time; renewed files are followed)",
-            None,
-            gauge.metric_type(),
-        )?;
-        gauge.encode(family.encode_family(&RelayLabel { relay: self.relay.clone() })?)
+            [(&RelayLabel { relay: self.relay.clone() }, info.not_after.as_second())],
+        )
     }
 }
 
-/// The relay's counters, with the hub's library ([`prometheus_client`]).
+/// The relay's counters, with [`prometheus_client`].
 #[derive(Debug)]
 pub struct Metrics {
     relay: String,
@@ -295,11 +294,15 @@ impl Metrics {
     /// The OpenMetrics text exposition, closed with `# EOF`.
     pub fn encode(&self) -> String {
         self.ready.get_or_create(&RelayLabel { relay: self.relay.clone() }).set(i64::from(self.readiness().is_ok()));
-        let mut out = String::new();
-        if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &self.registry) {
-            tracing::error!(error = %e, "cannot encode the relay metrics");
-        }
-        out
+        fleetwatch_telemetry::exposition::encode(&[&self.registry])
+    }
+
+    /// The relay's health and metrics endpoint (`--metrics-listen`): `/metrics` from these
+    /// counters, `/readyz` from [`Metrics::readiness`], `/healthz` while the process answers.
+    pub fn health(self: &std::sync::Arc<Self>) -> fleetwatch_telemetry::Health {
+        let (encode, ready) = (self.clone(), self.clone());
+        fleetwatch_telemetry::Health::new(move || encode.encode())
+            .ready(move || std::future::ready(ready.readiness().map(|()| String::new())))
     }
 }
 

@@ -563,3 +563,42 @@ async fn a_forbidden_watch_is_reported_and_retried() {
     assert!(agent.stderr().contains("Forbidden"), "the denial was not reported:\n{}", agent.stderr());
     assert_eq!(agent.wait_exit(Duration::from_millis(100)), None, "the agent must keep running");
 }
+
+/// A watch that fails and works again while nothing changes in the cluster says so: its
+/// phase goes back to running without waiting for an object to change. (kube-runtime's
+/// watcher resumes silently; without the relist the phase stayed `error`, a false alarm
+/// in the WatchConfig status, the admin API and the `FleetwatchWatchFailing` alert.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_that_failed_reports_running_again_in_a_quiet_cluster() {
+    let pki = Pki::new();
+    let (sim, kc) = sim_cluster(&pki, "quiet").await;
+    let wc_dir = pki.path("wc");
+    std::fs::create_dir_all(&wc_dir).unwrap();
+    std::fs::write(wc_dir.join("cms.json"), watch_config("cms", "", "v1", "ConfigMap", json!({"fields": ["data"]})))
+        .unwrap();
+    let hub = HubProc::start(&pki, free_port(), None, &["--watch-config", wc_dir.to_str().unwrap()]);
+    let agent = kube_agent(&pki, "quiet", &hub.url(), &kc);
+    let phase = || {
+        let v = futures_executor(hub.clusters());
+        v["clusters"][0]["watches"][0]["phase"].as_str().unwrap_or("").to_string()
+    };
+    assert!(eventually(Duration::from_secs(20), || phase() == "running").await, "{}", hub.clusters().await);
+    // The open watch ends and the next requests fail (an API server restarting): the
+    // agent reports the failure. Nothing in the cluster changes from here on.
+    sim.faults().fail_next(3, 500);
+    assert!(sim.faults().drop_watches() >= 1, "the agent's watch was open");
+    assert!(
+        eventually(Duration::from_secs(20), || phase() == "error").await,
+        "the failure was not reported: {}\n{}",
+        hub.clusters().await,
+        agent.stderr()
+    );
+    assert!(
+        eventually(Duration::from_secs(30), || phase() == "running").await,
+        "the watch works again but still reports {}: {}\n{}",
+        phase(),
+        hub.clusters().await,
+        agent.stderr()
+    );
+    assert_eq!(sim.faults().pending_failures(), 0, "every injected failure was served");
+}

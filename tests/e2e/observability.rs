@@ -338,6 +338,13 @@ async fn every_metric_the_dashboard_and_alerts_use_is_served() {
     })
     .await;
     assert!(agent_up, "{}", http_get(agent_port, "/metrics").await);
+    // The probes of every endpoint (one implementation, fleetwatch-telemetry): alive, and
+    // ready with what each component checks.
+    for port in [hub.admin_port, metrics_port, relay_port, agent_port] {
+        assert_eq!(http_get(port, "/healthz").await, "ok\n", "port {port}");
+    }
+    assert_eq!(http_get(agent_port, "/readyz").await, "ready: connected to the hub\n");
+    assert!(http_get(hub.admin_port, "/readyz").await.starts_with("ready: bus ok"));
     for (what, port) in
         [("hub", hub.admin_port), ("lifecycle", metrics_port), ("relay", relay_port), ("agent", agent_port)]
     {

@@ -1,0 +1,21 @@
+//! What every fleetwatch component (hub, lifecycle operator, relays, agent) shares to be
+//! observed: one metrics library, [`prometheus_client`], and one small endpoint for
+//! `/healthz`, `/readyz` and `/metrics`.
+//!
+//! - [`exposition`]: a scrape's answer: OpenMetrics by default, the text format 0.0.4 to a
+//!   scraper that asks for it (what `promtool check metrics` reads).
+//! - [`collect`]: writing families read at scrape time from a
+//!   [`prometheus_client::collector::Collector`] (state that would cost the hot path to keep
+//!   current: bus size, liveness, certificate expiry, lag).
+//! - [`server`]: the health and metrics endpoint of the operator, the relays and the agent;
+//!   its handlers also answer those three paths on the hub's admin endpoint.
+//!
+//! Metric names, types, labels and HELP texts are a contract with `deploy/observability/`
+//! (dashboard and alert rules) and the README; each component keeps its own.
+#![warn(missing_docs)]
+
+pub mod collect;
+pub mod exposition;
+pub mod server;
+
+pub use server::{Health, Readiness};
