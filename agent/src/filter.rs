@@ -163,7 +163,11 @@ impl WatchFilter {
     /// nobody watched, and comes back as a synthetic delete (`data.vanished: true`).
     pub fn relist_done(&mut self) -> Vec<Change> {
         let Some(seen) = self.relisting.take() else { return Vec::new() };
-        let gone: Vec<Box<str>> = self.digests.keys().filter(|k| !seen.contains(*k)).cloned().collect();
+        let mut gone: Vec<Box<str>> = self.digests.keys().filter(|k| !seen.contains(*k)).cloned().collect();
+        // In key order, not the map's (random per process): the deletes take seqs in this
+        // order, and a run that differs from the last by it hides what a seed found
+        // (the simulation replays a seed exactly only if its agents do the same).
+        gone.sort_unstable();
         let mut out = Vec::with_capacity(gone.len());
         for short in gone {
             self.digests.remove(&short);

@@ -242,6 +242,14 @@ impl Subscription {
                     // `latest` again, skips nothing stored meanwhile.
                     self.stream = Some(s.stream.clone());
                     self.acked = Some(s.cursor);
+                } else if self.stream.as_deref() == Some(s.stream.as_str()) && self.acked.is_some_and(|a| s.cursor < a)
+                {
+                    // The hub placed it below what it acknowledged: its cursor lay beyond the
+                    // end of the hub's log (records it had were lost: a stream recreated below
+                    // offsets handed out, with no replica left that knew them), and a
+                    // `resync-required` `*` comes first. What follows under those offsets is
+                    // new; resuming after the old ack would skip it (seed 71972).
+                    self.acked = Some(s.cursor);
                 }
                 self.reading = Some(s.stream);
                 self.ws = Some(ws);

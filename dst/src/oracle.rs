@@ -9,8 +9,10 @@
 //! followed by a resync delivered after it; anything else is a silent loss.
 //!
 //! Duplicates: within one subscriber process and one stream, a cursor at or below one
-//! it already acknowledged must not come again, and one event (cluster, epoch, seq) must
-//! not be delivered under two cursors unless a resync of its cluster came between.
+//! it already acknowledged must not come again (unless a `resync-required` `*` below it
+//! placed the subscriber back: the hub's log lost what it had read), and one event
+//! (cluster, epoch, seq) must not be delivered under two cursors unless a resync of its
+//! cluster came between.
 
 use std::collections::BTreeMap;
 
@@ -125,6 +127,12 @@ impl SubscriberModel {
         if cluster == fleetwatch_bus::ALL_CLUSTERS {
             self.knowledge = states.clone();
             self.seen.clear();
+            if self.acked.is_some_and(|a| cursor < a) {
+                // Placed below what it acknowledged: the hub's log lost records it had (its
+                // cursor lay beyond the end; the client follows the hub's placement), so the
+                // offsets after this one are new records, not ones it read (seed 71972).
+                self.acked = Some(cursor);
+            }
         } else {
             self.knowledge.insert(cluster.to_string(), states.get(cluster).cloned().unwrap_or_default());
             let prefix = format!("{cluster}/");
@@ -247,5 +255,23 @@ mod tests {
         m.restarted();
         m.deliver_events("t", &[ev("c1", 1, 1, "a", Some(1))]);
         assert_eq!(m.violations.len(), 2, "{:?}", m.violations);
+    }
+
+    #[test]
+    fn a_resync_of_every_cluster_below_the_ack_places_the_subscriber_back() {
+        let mut m = SubscriberModel::default();
+        m.deliver_events("s", &[ev("c1", 1, 7, "a", Some(1))]);
+        m.acknowledged("s", 7);
+        // One cluster's resync below the ack does not: offsets at or below 7 stay read.
+        m.deliver_resync("s", "c1", 3, &states(&[("c1", "a", 1)]));
+        m.deliver_events("s", &[ev("c1", 2, 5, "a", Some(2))]);
+        assert_eq!(m.violations.len(), 1, "{:?}", m.violations);
+        // `*` at 3 (the hub's log lost what it had): 4.. are new records.
+        m.deliver_resync("s", "*", 3, &states(&[("c1", "a", 2)]));
+        m.deliver_events("s", &[ev("c1", 3, 4, "a", Some(3)), ev("c1", 4, 7, "a", Some(4))]);
+        assert_eq!(m.violations.len(), 1, "{:?}", m.violations);
+        m.acknowledged("s", 7);
+        m.deliver_events("s", &[ev("c1", 4, 7, "a", Some(4))]);
+        assert_eq!(m.violations.len(), 2, "acked again after the placement: {:?}", m.violations);
     }
 }

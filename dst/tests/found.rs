@@ -271,3 +271,31 @@ fn nats_seed_9427_a_stream_recreated_twice_at_one_base() {
 fn nats_seed_15240_a_new_bus_begun_without_the_wait_by_a_restarted_replica() {
     passes_on_nats(15240);
 }
+
+/// Seed 2928's case with the first agent process busy instead of idle: a second agent
+/// process of c1 appended through a replica whose link to JetStream was cut; its records
+/// were stored late, after the first process had deleted o2, and the last of them (sent
+/// once the replica knew the stream's end, so not late by `Fw-Known`) carried the second
+/// process's older o2. The first process's next record chained onto it before the
+/// idle-time head check could answer, so the stale o2 stood. A batch whose first record
+/// would follow another agent process's head is now preceded by a `resync-required`. Found
+/// in about 1 run of 10-20 of the ordinary build: it runs more times than the others.
+#[test]
+fn nats_seed_56434_a_batch_chained_onto_another_agent_processs_older_state() {
+    for _ in 0..4 {
+        passes_on_nats(56434);
+    }
+}
+
+/// JetStream lost its store three times. A replica recreated the stream at base 2^21 and a
+/// durable subscriber acknowledged offsets up to 2,097,157 there; that replica crashed, the
+/// store was lost again, and a replica that had never taken that recreation on recreated
+/// the stream at the same base: no running replica knew the offsets handed out (unlike
+/// 9427). The hub answered the subscriber's cursor as beyond the end of its log with
+/// `resync-required` `*` at the log's end, then delivered new records under offsets the
+/// subscriber had acknowledged, and the client kept its old ack as its resume point. The
+/// client now follows the hub's placement below its ack (only ever after that `*`).
+#[test]
+fn nats_seed_71972_a_stream_recreated_below_offsets_no_running_replica_knew() {
+    passes_with(71972, Options { storage: Storage::Nats, ..Options::default() });
+}

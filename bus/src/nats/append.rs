@@ -150,6 +150,12 @@ impl<J: JetStream> NatsBus<J> {
                 (head.map(|h| (h.epoch, h.seq)), head.map(|h| h.offset))
             }
         };
+        if pending.is_none()
+            && let Some(marker) = interleave_marker(tip, items.first())
+        {
+            tracing::warn!(stream = %self.stream, %cluster, "recording resync-required before a batch that follows another agent process's records");
+            items.insert(0, marker);
+        }
         // The stream's end as this replica knows it (`Fw-Known`): its acks and probes, its
         // tail, the cluster's head. Every record at or below it is stored already.
         let tail_last = if self.tail_started.load(Ordering::SeqCst) { self.core.last_offset() } else { 0 };
@@ -317,5 +323,50 @@ impl<J: JetStream> NatsBus<J> {
             self.wait_local(last_offset).await.map_err(|e| self.fail(e))?;
         }
         Ok(last_offset)
+    }
+}
+
+/// The `resync-required` stored before a batch of events whose first record would follow
+/// `tip`, the cluster's stored head, when that head is a record of another agent process.
+/// Only another process appending through another replica makes it so (on a shared bus a
+/// new process begins with its own "agent started" marker, never coalesced, and one
+/// resuming after another's records gets the resume marker first): its records stored
+/// after this one's latest may carry older states than this one reported (it listed
+/// before this one's latest changes and sent later), and this one sends an object again
+/// only when it changes. Answered at the append, not only by the session's idle-time
+/// head check, which comes too late while this process keeps appending (seed 56434:
+/// its next record chained onto the other's stale state and everything followed it). The
+/// marker takes the seq before the batch's first and its reason names the other head, so
+/// a resend of the batch has the same message id (JetStream drops the copy).
+fn interleave_marker(tip: Option<(u64, u64)>, first: Option<&Append>) -> Option<Append> {
+    let (epoch, seq) = tip?;
+    let first = first?;
+    if epoch == first.epoch || !matches!(first.body, RecordBody::Event(_)) {
+        return None;
+    }
+    let reason = format!(
+        "another agent process of this cluster (epoch {epoch}, up to seq {seq}) stored events after the latest \
+         of this one (epoch {}) through another hub replica: they may be older than what this one reported",
+        first.epoch
+    );
+    Some(Append { epoch: first.epoch, seq: first.seq.saturating_sub(1), body: RecordBody::ResyncRequired(reason) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A batch whose first event would follow another agent process's head gets a marker
+    /// before it; its own head, no head, or a marker of its own first need none.
+    #[test]
+    fn a_batch_following_another_agent_process_is_preceded_by_a_marker() {
+        let ev = |epoch, seq| Append { epoch, seq, body: RecordBody::Event(bytes::Bytes::from_static(b"{}")) };
+        let marker = interleave_marker(Some((2, 13)), Some(&ev(1, 53))).expect("another process's head");
+        assert_eq!((marker.epoch, marker.seq), (1, 52), "the seq before the batch");
+        assert!(matches!(marker.body, RecordBody::ResyncRequired(ref r) if r.contains("epoch 2, up to seq 13")));
+        assert!(interleave_marker(Some((1, 52)), Some(&ev(1, 53))).is_none(), "its own head");
+        assert!(interleave_marker(None, Some(&ev(1, 53))).is_none(), "no head");
+        let own = Append { epoch: 1, seq: 1, body: RecordBody::ResyncRequired("agent started".into()) };
+        assert!(interleave_marker(Some((2, 13)), Some(&own)).is_none(), "a marker of its own answers already");
     }
 }

@@ -9,6 +9,17 @@ use fleetwatch_sim::{SimCluster, SimOptions};
 
 pub const KUBECTL: &str = "/usr/bin/kubectl";
 
+/// A ConfigMap manifest the kubectl scenarios apply and change.
+pub const CM: &str = r#"
+apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: demo
+  labels: {app: web}
+data:
+  a: "1"
+"#;
+
 /// A running cluster plus a private directory for its kubeconfig and kubectl's cache.
 pub struct Env {
     pub sim: SimCluster,
