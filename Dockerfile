@@ -49,6 +49,7 @@ COPY api/Cargo.toml api/
 COPY certs/Cargo.toml certs/
 COPY client/Cargo.toml client/
 COPY agent/Cargo.toml agent/
+COPY bus/Cargo.toml bus/
 COPY hub/Cargo.toml hub/
 COPY lifecycle/Cargo.toml lifecycle/
 COPY relay/Cargo.toml relay/
@@ -64,7 +65,7 @@ ARG CARGO_FEATURES=--no-default-features
 RUN --mount=type=cache,target=/usr/local/cargo/registry,sharing=locked \
     --mount=type=cache,target=/usr/local/cargo/git,sharing=locked \
     set -eu; \
-    for c in protocol api certs client agent hub lifecycle relay telemetry sim dst bench test-support; do mkdir -p $c/src && echo > $c/src/lib.rs; done; \
+    for c in protocol api certs client agent bus hub lifecycle relay telemetry sim dst bench test-support; do mkdir -p $c/src && echo > $c/src/lib.rs; done; \
     mkdir -p cli/src tests/e2e sim/examples && echo 'fn main() {}' > cli/src/main.rs && echo > tests/e2e/main.rs; \
     echo 'fn main() {}' > sim/examples/bench.rs; \
     cargo auditable build --release --locked -p fleetwatch $CARGO_FEATURES
@@ -76,7 +77,7 @@ ARG FLEETWATCH_GIT_COMMIT=
 # Touch the sources so cargo rebuilds them over the skeleton's empty ones.
 RUN --mount=type=cache,target=/usr/local/cargo/registry,sharing=locked \
     --mount=type=cache,target=/usr/local/cargo/git,sharing=locked \
-    find protocol api certs client agent hub lifecycle relay telemetry sim dst bench test-support cli -name '*.rs' -exec touch {} + \
+    find protocol api certs client agent bus hub lifecycle relay telemetry sim dst bench test-support cli -name '*.rs' -exec touch {} + \
     && cargo auditable build --release --locked -p fleetwatch $CARGO_FEATURES \
     && install -D -m 0755 target/release/fleetwatch /out/fleetwatch
 

@@ -19,10 +19,10 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use clap::Args;
 use fleetwatch_agent::source::SyntheticSource;
+use fleetwatch_bus::nats::server::LocalNatsServer;
 use fleetwatch_certs::TlsFiles;
 use fleetwatch_client::subscriber::{Delivery, SubscriberOptions, Subscription};
 use fleetwatch_client::transport::{HubUrl, HubUrls};
-use fleetwatch_hub::bus::nats_server::LocalNatsServer;
 use fleetwatch_protocol::message::StartFrom;
 use futures_util::StreamExt;
 

@@ -24,7 +24,7 @@ use std::time::Duration;
 use anyhow::Context;
 use async_nats::jetstream::{self, consumer, message::PublishMessage, stream};
 use fleetwatch_agent::source::SyntheticSource;
-use fleetwatch_hub::bus::nats_server::LocalNatsServer;
+use fleetwatch_bus::nats::server::LocalNatsServer;
 use fleetwatch_protocol::event::Event;
 use futures_util::StreamExt;
 use futures_util::stream::FuturesOrdered;

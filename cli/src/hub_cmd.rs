@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
-use fleetwatch_hub::bus::{DEFAULT_AGE_DISK, DEFAULT_AGE_MEMORY, DEFAULT_BYTES_DISK, DEFAULT_BYTES_MEMORY, Retention};
+use fleetwatch_bus::{DEFAULT_AGE_DISK, DEFAULT_AGE_MEMORY, DEFAULT_BYTES_DISK, DEFAULT_BYTES_MEMORY, Retention};
 use fleetwatch_hub::{Hub, HubConfig};
 
 #[derive(Args)]
@@ -248,14 +248,14 @@ pub async fn run(args: HubArgs) -> anyhow::Result<()> {
         anyhow::bail!("--bus-tls-*, --bus-creds need --bus nats://HOST:PORT");
     }
     if !args.bus.bus.is_empty() {
-        config.nats = Some(fleetwatch_hub::bus::NatsOptions {
+        config.nats = Some(fleetwatch_bus::NatsOptions {
             tls_cert: args.bus.bus_tls_cert.clone(),
             tls_key: args.bus.bus_tls_key.clone(),
             tls_ca: args.bus.bus_tls_ca.clone(),
             creds: args.bus.bus_creds.clone(),
             stream: args.bus.bus_stream.clone(),
             replicas: args.bus.bus_replicas,
-            ..fleetwatch_hub::bus::NatsOptions::new(args.bus.bus.clone(), Retention::default())
+            ..fleetwatch_bus::NatsOptions::new(args.bus.bus.clone(), Retention::default())
         });
     }
     // JetStream keeps the history on disk like --data-dir: the same retention defaults.

@@ -18,9 +18,9 @@ pub fn text() -> String {
     out.push_str(&format!(
         "log format: fleetwatch-bus {} (the data directory's `format` file; a directory of format 1 is moved aside, a \
          newer one refused)\n",
-        fleetwatch_hub::bus::LOG_FORMAT
+        fleetwatch_bus::LOG_FORMAT
     ));
-    out.push_str(&format!("cursor store format: {}\n", fleetwatch_hub::bus::CURSOR_STORE_FORMAT));
+    out.push_str(&format!("cursor store format: {}\n", fleetwatch_bus::CURSOR_STORE_FORMAT));
     out.push_str("CRD versions:\n");
     let crds = [
         fleetwatch_api::watchconfig::WatchConfig::crd(),

@@ -11,12 +11,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use fleetwatch_agent::{AgentConfig, AgentRuntime};
+use fleetwatch_bus::nats::DEFAULT_MISSING_STREAM_WAIT;
+use fleetwatch_bus::nats::jetstream::JetStream;
+use fleetwatch_bus::{Bus, NatsBus, NatsOptions};
 use fleetwatch_client::backoff::Reconnect;
 use fleetwatch_client::subscriber::{Delivery, SubscribeError, SubscriberOptions, Subscription};
 use fleetwatch_client::transport::{Dialer, HubUrls};
-use fleetwatch_hub::bus::jetstream::JetStream;
-use fleetwatch_hub::bus::nats::DEFAULT_MISSING_STREAM_WAIT;
-use fleetwatch_hub::bus::{Bus, NatsBus, NatsOptions};
 use fleetwatch_hub::{Hub, HubConfig, Listener};
 use fleetwatch_protocol::message::{ErrorCode, StartFrom};
 use rand::rngs::StdRng;
@@ -110,7 +110,7 @@ impl HubHost {
         config.retention.records = self.retention_records;
         config.segment_bytes = 16 << 10;
         // The writer on the simulation's runtime: its commits are ordered by the seed.
-        config.bus_writer = fleetwatch_hub::bus::WriterPlacement::Runtime;
+        config.bus_writer = fleetwatch_bus::WriterPlacement::Runtime;
         config.idle_timeout = IDLE;
         config.handshake_timeout = IDLE;
         config.subscriber_stall_timeout = STALL;

@@ -1,4 +1,4 @@
-//! An in-memory JetStream for the NATS bus ([`fleetwatch_hub::bus::NatsBus`]) under the
+//! An in-memory JetStream for the NATS bus ([`fleetwatch_bus::NatsBus`]) under the
 //! simulation: one [`SimJetStream`] (the NATS server and its store) shared by several hub
 //! replicas, each reaching it through its own [`SimJs`] link, everything on turmoil's
 //! simulated runtime and clock.
@@ -32,7 +32,7 @@ use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use bytes::Bytes;
-use fleetwatch_hub::bus::jetstream::{
+use fleetwatch_bus::nats::jetstream::{
     CreateError, Delivered, HeaderMap, JetStream, JsError, KeyValue, KvEntry, PublishAck, Settings, Stored, StreamInfo,
     StreamSpec, StreamState, Subject,
 };

@@ -24,7 +24,7 @@
 //! [`fleetwatch_client::transport::Dialer`] and the hub's [`fleetwatch_hub::Listener`]
 //! (streams other than TCP), the agent's epoch, tokio's clock (simulated here) where
 //! std's decided behaviour (session liveness, rate budgets), and where the segment log's
-//! writer runs ([`fleetwatch_hub::bus::WriterPlacement::Runtime`]: on the simulated
+//! writer runs ([`fleetwatch_bus::WriterPlacement::Runtime`]: on the simulated
 //! runtime, so a segment-log seed replays as exactly as a memory-bus one).
 
 pub mod batch;

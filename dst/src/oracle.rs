@@ -124,7 +124,7 @@ impl SubscriberModel {
         self.on_stream(stream);
         self.resyncs += 1;
         self.mix(format!("resync {cluster} {cursor}"));
-        if cluster == fleetwatch_hub::bus::ALL_CLUSTERS {
+        if cluster == fleetwatch_bus::ALL_CLUSTERS {
             self.knowledge = states.clone();
             self.seen.clear();
             if self.acked.is_some_and(|a| cursor < a) {

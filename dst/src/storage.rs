@@ -3,7 +3,7 @@
 //! loses the last write), and a lost cursor store.
 //!
 //! The hub's segment log writes real files, but its writer runs as a task on the
-//! simulation's runtime ([`fleetwatch_hub::bus::WriterPlacement::Runtime`]): every write
+//! simulation's runtime ([`fleetwatch_bus::WriterPlacement::Runtime`]): every write
 //! happens inside a step of the seeded scheduler, so a crash stops it between two steps
 //! and the driver may touch the files at once.
 

@@ -227,7 +227,10 @@ async fn storage_fault(State(ctx): State<Arc<Context>>, Query(q): Query<FaultQue
     if !ctx.sessions.bus.is_durable() {
         return (StatusCode::CONFLICT, "the bus has no data directory: nothing to fail\n".to_string());
     }
-    match ctx.sessions.bus.inject_storage_fault(std::time::Duration::from_millis(q.fail_for_ms)) {
+    let Some(faults) = ctx.sessions.bus.fault_injection() else {
+        return (StatusCode::CONFLICT, "this bus has no storage to fail\n".to_string());
+    };
+    match faults.inject_storage_fault(std::time::Duration::from_millis(q.fail_for_ms)) {
         Ok(()) => (StatusCode::OK, format!("storage writes fail for {} ms\n", q.fail_for_ms)),
         Err(e) => (StatusCode::CONFLICT, format!("{e}\n")),
     }
@@ -245,14 +248,14 @@ async fn metrics(State(ctx): State<Arc<Context>>, headers: axum::http::HeaderMap
 /// disconnected entry here).
 pub(crate) async fn cluster_list(ctx: &Context) -> Vec<serde_json::Value> {
     let local = serde_json::to_value(ctx.sessions.registry.list()).unwrap_or_default();
-    if !ctx.sessions.bus.is_shared() {
+    let Some(share) = ctx.sessions.bus.replica_share() else {
         // Taken, not cloned: at 50,000 clusters a copy is tens of megabytes.
         return match local {
             serde_json::Value::Array(list) => list,
             _ => Vec::new(),
         };
-    }
-    let others = match ctx.sessions.bus.shared_clusters(&ctx.replica).await {
+    };
+    let others = match share.shared_clusters(&ctx.replica).await {
         Ok(o) => o,
         Err(e) => {
             tracing::debug!(error = %e, "cannot read the other replicas' clusters");
@@ -272,7 +275,7 @@ async fn cluster(State(ctx): State<Arc<Context>>, Path(id): Path<String>) -> Res
     if let Some((status, recent)) = ctx.sessions.registry.get(&id) {
         let mut doc = serde_json::to_value(status).unwrap_or_default();
         doc["recentEvents"] = serde_json::to_value(recent).unwrap_or_default();
-        if ctx.sessions.bus.is_shared() {
+        if ctx.sessions.bus.replica_share().is_some() {
             doc["hub"] = ctx.replica.clone().into();
         }
         // Connected to another replica: that one's entry (without recent events).

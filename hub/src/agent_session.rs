@@ -7,7 +7,7 @@
 //! sent only after the bus accepted a batch. Up to [`crate::in_flight::MAX_IN_FLIGHT`] batches are being
 //! stored at once (the bookkeeping is the pure [`crate::in_flight::Ledger`]) (a network bus's round trips then overlap instead of queueing the
 //! agent's next batch); acks stay cumulative and in order, and the first failure ends the
-//! session, nothing after it acked (see [`crate::bus::Bus::start_append`] for why a later
+//! session, nothing after it acked (see [`fleetwatch_bus::Bus::start_append`] for why a later
 //! batch stored meanwhile cannot hide the loss). A second agent for a connected cluster id
 //! is refused (see [`crate::registry`]).
 
@@ -23,13 +23,13 @@ use fleetwatch_protocol::message::{Ack, Configure, ErrorCode, Hello, HubToAgent,
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_util::sync::CancellationToken;
 
-use crate::bus::{Append, Bus, BusError, BusFuture, RecordBody};
 use crate::conn::{Conn, End};
 use crate::in_flight::{Batch, Ledger, LedgerError};
 use crate::ingest::{self, Decision, Refusal};
 use crate::rate::{Budget, RESYNCS_PER_SEC};
 use crate::registry::{OpenOutcome, Opening, RecentEvent, StoredMarker};
 use crate::{Peer, Sessions};
+use fleetwatch_bus::{Append, Bus, BusError, BusFuture, RecordBody};
 
 /// Records a subscriber may be behind for want of the hub's CPU before batches wait
 /// (four of its reads; about 20 ms at 100,000 events/s).
@@ -189,7 +189,7 @@ impl Session {
         // to another replica at the same time; every idle timeout the session looks whether
         // it stored records meanwhile (see `check_interleaved`). Within one hub the registry
         // refuses a second live process, so the other buses need no check.
-        let mut interleave = bus.is_shared().then(|| {
+        let mut interleave = bus.replica_share().is_some().then(|| {
             let every = self.ctx.settings.idle_timeout;
             let mut t = tokio::time::interval_at(Instant::now() + every, every);
             t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -359,7 +359,7 @@ impl Session {
         let head = self.ctx.bus.head(&self.cluster).await.map_err(bus_failed)?;
         let (have, reason) = ingest::resume_gap(head, hello.epoch, hello.last_acked_seq, self.ctx.bus.is_durable());
         let Some(reason) = reason else { return Ok(have) };
-        if self.ctx.registry.resync_pending(&self.cluster, head, self.ctx.bus.is_shared()) {
+        if self.ctx.registry.resync_pending(&self.cluster, head, self.ctx.bus.replica_share().is_some()) {
             tracing::info!(%reason, "a resync-required no subscriber has read yet is pending for this cluster; not recording another");
             return Ok(hello.last_acked_seq);
         }
@@ -433,7 +433,7 @@ impl Session {
         let wait = self.budget.lock().unwrap_or_else(|e| e.into_inner()).take_resync();
         self.delay_ack(conn, wait).await;
         let head = self.ctx.bus.head(&self.cluster).await.map_err(bus_failed)?;
-        if self.ctx.registry.resync_pending(&self.cluster, head, self.ctx.bus.is_shared()) {
+        if self.ctx.registry.resync_pending(&self.cluster, head, self.ctx.bus.replica_share().is_some()) {
             // Nothing was stored since the last marker and no subscriber was sent it yet:
             // they reconcile once, after this request, anyway.
             tracing::info!(%reason, seq, "agent requested resync; an unread one is already pending, acked without storing");

@@ -20,8 +20,8 @@ use fleetwatch_protocol::message::{
 };
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 
-use crate::bus::{Append, RecordBody};
 use crate::registry::{RECENT_EVENTS, RecentEvent};
+use fleetwatch_bus::{Append, RecordBody};
 
 /// What an agent's session knows when a frame arrives.
 #[derive(Debug, Clone, Copy)]

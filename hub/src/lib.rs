@@ -4,8 +4,9 @@
 //!
 //! One module per arrow of the data path, so each rule has one home:
 //! `server` (accept, TLS, identity, admission budgets) → `agent_session` (a connection:
-//! carries decisions out) → `ingest` (pure: what to do with each frame) → [`bus`] (the
-//! log, a [`Bus`] trait with in-memory and segment-log backends) → `subscriber_session`
+//! carries decisions out) → `ingest` (pure: what to do with each frame) → the bus
+//! (crate `fleetwatch_bus`: the log behind the [`Bus`] trait, in memory, as a segment log
+//! on disk, or on NATS JetStream shared by several hub replicas) → `subscriber_session`
 //! (fan-out from a cursor; frames built once by the protocol's `EventsFrame`). Around
 //! them: [`registry`] (the one registry of connections and clusters), `conn` (reading,
 //! closing and how a session ends, shared by both kinds of session), [`admin`],
@@ -36,7 +37,6 @@ pub mod admin_stream;
 mod admin_tls;
 mod admission;
 mod agent_session;
-pub mod bus;
 mod conn;
 mod delivery;
 pub mod fanout;
@@ -61,12 +61,12 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use fleetwatch_bus::{Bus, BusOptions};
 use fleetwatch_certs::{CertError, ReloadingServerConfig, TlsFiles};
 use fleetwatch_protocol::Limits;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-pub use bus::{Bus, BusOptions};
 pub use metrics::Metrics;
 pub use registry::{ClusterStatus, SessionRegistry};
 
@@ -86,10 +86,10 @@ pub struct HubConfig {
     pub data_dir: Option<PathBuf>,
     /// Run the bus on NATS JetStream instead (shared by hub replicas); `data_dir` is then
     /// unused and the retention becomes the stream's limits.
-    pub nats: Option<bus::NatsOptions>,
-    /// What the bus retains (records, bytes, age); see [`bus::Retention`] for the
+    pub nats: Option<fleetwatch_bus::NatsOptions>,
+    /// What the bus retains (records, bytes, age); see [`fleetwatch_bus::Retention`] for the
     /// defaults in memory and on disk.
-    pub retention: bus::Retention,
+    pub retention: fleetwatch_bus::Retention,
     /// Enables `POST /debug/faults/storage?fail_for_ms=N` on the admin endpoint, which
     /// makes bus disk writes fail with ENOSPC for N ms (tests and the chaos soak).
     pub fault_injection: bool,
@@ -97,8 +97,8 @@ pub struct HubConfig {
     /// so closed segments exist to damage).
     pub segment_bytes: u64,
     /// Where the segment log's writer runs: its own thread, except under the deterministic
-    /// simulation (see [`bus::WriterPlacement`]).
-    pub bus_writer: bus::WriterPlacement,
+    /// simulation (see [`fleetwatch_bus::WriterPlacement`]).
+    pub bus_writer: fleetwatch_bus::WriterPlacement,
     /// Message limits.
     pub limits: Limits,
     /// Events per second accepted from one agent; beyond it acks are delayed.
@@ -150,10 +150,10 @@ impl HubConfig {
             tls,
             data_dir: None,
             nats: None,
-            retention: bus::Retention::default(),
+            retention: fleetwatch_bus::Retention::default(),
             fault_injection: false,
             segment_bytes: BusOptions::default().segment_bytes,
-            bus_writer: bus::WriterPlacement::Thread,
+            bus_writer: fleetwatch_bus::WriterPlacement::Thread,
             limits: Limits::default(),
             max_events_per_sec: 20_000,
             handshake_timeout: Duration::from_secs(10),
@@ -195,7 +195,7 @@ pub enum HubError {
     Refused(String),
     /// The bus could not open its storage.
     #[error(transparent)]
-    Bus(#[from] bus::BusError),
+    Bus(#[from] fleetwatch_bus::BusError),
     /// The bus can never work again in this process (see `Bus::fatal`): the hub stopped,
     /// for its supervisor to start it again.
     #[error("the bus cannot work again in this process: {0}")]
@@ -505,10 +505,12 @@ impl Hub {
         let tls = ReloadingServerConfig::new(config.tls.clone())?;
         let bus: Arc<dyn Bus> = match (bus, config.nats.clone()) {
             (Some(bus), _) => bus,
-            (None, Some(nats)) => bus::NatsBus::open(bus::NatsOptions { retention: config.retention, ..nats })
-                .await
-                .map_err(bus::BusError::from)?,
-            (None, None) => bus::open(BusOptions {
+            (None, Some(nats)) => {
+                fleetwatch_bus::NatsBus::open(fleetwatch_bus::NatsOptions { retention: config.retention, ..nats })
+                    .await
+                    .map_err(fleetwatch_bus::BusError::from)?
+            }
+            (None, None) => fleetwatch_bus::open(BusOptions {
                 dir: config.data_dir.clone(),
                 retention: config.retention,
                 segment_bytes: config.segment_bytes,
@@ -733,9 +735,13 @@ async fn housekeeping(ctx: Arc<Context>, shutdown: CancellationToken) {
                     tracing::warn!(error = %e, "cannot store subscriber cursors");
                 }
             }
-            _ = share.tick(), if ctx.sessions.bus.is_shared() => {
+            _ = share.tick(), if ctx.sessions.bus.replica_share().is_some() => {
                 let clusters = serde_json::to_value(ctx.sessions.registry.list()).unwrap_or_default();
-                if let Err(e) = ctx.sessions.bus.share_clusters(&ctx.replica, clusters).await {
+                let shared = match ctx.sessions.bus.replica_share() {
+                    Some(share) => share.share_clusters(&ctx.replica, clusters).await,
+                    None => Ok(()),
+                };
+                if let Err(e) = shared {
                     tracing::debug!(error = %e, "cannot share this replica's clusters");
                 }
             }

@@ -19,10 +19,10 @@ use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_util::sync::CancellationToken;
 
 use crate::access::{Decision, Grant};
-use crate::bus::{ALL_CLUSTERS, BusError, Lookup, Read, RecordBody};
 use crate::conn::{Conn, End};
 use crate::delivery::{self, Asked, Filter, Start, StoredCursor, Window};
 use crate::{Peer, Sessions};
+use fleetwatch_bus::{ALL_CLUSTERS, BusError, Lookup, Read, RecordBody};
 
 /// Most records read from the bus for one frame.
 const READ_CHUNK: usize = 512;

@@ -939,8 +939,8 @@ async fn nats_mode_hub_replicas_run_with_their_rendered_args_and_share_the_strea
     let pki = Pki::new();
     let dir = pki.path("deploy");
     std::fs::create_dir_all(&dir).unwrap();
-    let js = fleetwatch_hub::bus::nats_server::LocalNatsServer::start(&pki.path("jetstream"))
-        .unwrap_or_else(|e| panic!("{e}"));
+    let js =
+        fleetwatch_bus::nats::server::LocalNatsServer::start(&pki.path("jetstream")).unwrap_or_else(|e| panic!("{e}"));
     let docs = helm_template(
         "fleetwatch",
         "fleetwatch-system",

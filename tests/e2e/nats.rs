@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use fleetwatch_agent::source::SyntheticSource;
-use fleetwatch_hub::bus::nats_server::LocalNatsServer;
+use fleetwatch_bus::nats::server::LocalNatsServer;
 use serde_json::json;
 use tokio::net::{TcpListener, TcpStream};
 

@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use fleetwatch_hub::bus::nats_server::{LocalNatsServer, LocalServerError};
+use fleetwatch_bus::nats::server::{LocalNatsServer, LocalServerError};
 use tokio_util::sync::CancellationToken;
 
 use super::procs::free_port;

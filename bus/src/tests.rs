@@ -196,7 +196,10 @@ async fn failed_write_is_cut_not_acked_and_appends_resume() {
     bus.append("a".into(), vec![ev(1, 1)]).await.unwrap();
     let seg = segments(dir.path()).pop().unwrap();
     let len = std::fs::metadata(&seg).unwrap().len();
-    bus.inject_storage_fault(Duration::from_secs(3600)).unwrap();
+    bus.fault_injection()
+        .expect("the segment log has storage")
+        .inject_storage_fault(Duration::from_secs(3600))
+        .unwrap();
     let err = bus.append("a".into(), vec![ev(1, 2), ev(1, 3)]).await.unwrap_err();
     let msg = err.to_string();
     assert!(msg.starts_with("no space left on device ("), "{msg}");
@@ -207,7 +210,7 @@ async fn failed_write_is_cut_not_acked_and_appends_resume() {
     assert!(bus.append("a".into(), vec![ev(1, 2)]).await.is_err(), "no later append is acked while failing");
     assert_eq!(bus.last_offset(), 1);
     assert_eq!(bus.write_failures(), 2);
-    bus.inject_storage_fault(Duration::ZERO).unwrap();
+    bus.fault_injection().expect("the segment log has storage").inject_storage_fault(Duration::ZERO).unwrap();
     // The readiness probe clears the failure without any append.
     wait_for("readiness after the fault", || bus.health().is_ok()).await;
     assert_eq!(bus.append("a".into(), vec![ev(1, 2), ev(1, 3)]).await.unwrap(), 3);

@@ -1,5 +1,5 @@
 //! What the NATS bus keeps in JetStream besides the records, as plain data with its rules
-//! (the I/O is in [`super::nats`]):
+//! (the I/O is in the other modules of [`super`]):
 //!
 //! - the stream's **lineage**: a stream recreated after JetStream lost its store continues
 //!   the bus it replaces — same bus id, offsets above every offset handed out before — and

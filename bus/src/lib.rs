@@ -11,6 +11,16 @@
 //!   over the network, which is why every operation that may need a round trip returns a
 //!   future ([`BusFuture`]) and errors are typed ([`BusError`]).
 //!
+//! The [`Bus`] trait holds what every backend does: append, read, durable cursors, health.
+//! What only some have is a trait of its own, reached through [`Bus::replica_share`] and
+//! [`Bus::fault_injection`]: [`ReplicaShare`] (the NATS bus: replicas exchange their
+//! cluster lists) and [`FaultInjection`] (the segment log: its storage made to fail, for
+//! tests and the chaos soak). The two embedded backends answer the reads from one shared
+//! core ([`log`]), forwarded to it in one place (`log::forward_to_core`).
+//!
+//! The crate depends on no other fleetwatch crate: the hub passes in what it needs
+//! ([`BusOptions`], [`NatsOptions`]).
+//!
 //! What every backend must do is written down as the conformance suite ([`conformance`]),
 //! run against each implementation: duplicates by (epoch, seq) skipped, reads that always
 //! make progress, evicted history reported per cluster, durable cursors that only move
@@ -30,13 +40,10 @@
 #[cfg(test)]
 mod conformance;
 mod cursors;
-pub mod jetstream;
 mod log;
 mod marks;
 mod memory;
 pub mod nats;
-pub mod nats_server;
-mod nats_state;
 mod record;
 mod recovery;
 mod retention;
@@ -182,27 +189,36 @@ pub trait Bus: Send + Sync + 'static {
     /// Bytes of records retained (as counted for retention).
     fn retained_bytes(&self) -> u64;
 
-    /// Whether other hub replicas share this bus (then they exchange their cluster lists).
-    fn is_shared(&self) -> bool {
-        false
+    /// Sharing with other hub replicas, for a bus several replicas use ([`NatsBus`]);
+    /// `None` for a bus of one hub.
+    fn replica_share(&self) -> Option<&dyn ReplicaShare> {
+        None
     }
 
+    /// Storage fault injection, for a bus with storage to fail ([`SegmentLogBus`]); `None`
+    /// otherwise.
+    fn fault_injection(&self) -> Option<&dyn FaultInjection> {
+        None
+    }
+}
+
+/// What a bus shared by several hub replicas adds: the replicas exchange their cluster
+/// lists through it, so `/api/v1/clusters` on any replica shows the whole fleet. Obtained
+/// with [`Bus::replica_share`]; its presence is what "shared" means.
+pub trait ReplicaShare: Send + Sync {
     /// Shares this replica's clusters (as `/api/v1/clusters` shows them) with the other
     /// replicas on the bus; entries of a replica that stops sharing expire.
-    fn share_clusters<'a>(&'a self, _replica: &'a str, _clusters: serde_json::Value) -> BusFuture<'a, ()> {
-        ready(Ok(()))
-    }
+    fn share_clusters<'a>(&'a self, replica: &'a str, clusters: serde_json::Value) -> BusFuture<'a, ()>;
 
     /// What the other replicas shared: (replica, clusters).
-    fn shared_clusters<'a>(&'a self, _replica: &'a str) -> BusFuture<'a, Vec<(String, serde_json::Value)>> {
-        ready(Ok(Vec::new()))
-    }
+    fn shared_clusters<'a>(&'a self, replica: &'a str) -> BusFuture<'a, Vec<(String, serde_json::Value)>>;
+}
 
-    /// Makes every storage write fail for `d` through the path a real failure takes
-    /// (tests and the chaos soak).
-    fn inject_storage_fault(&self, _d: Duration) -> Result<(), BusError> {
-        Err(BusError::Unsupported("this bus has no storage to fail"))
-    }
+/// Making a bus's storage fail on purpose (tests and the chaos soak), for a bus that has
+/// storage. Obtained with [`Bus::fault_injection`].
+pub trait FaultInjection: Send + Sync {
+    /// Makes every storage write fail for `d` through the path a real failure takes.
+    fn inject_storage_fault(&self, d: Duration) -> Result<(), BusError>;
 }
 
 /// The data directory's format, recorded in its `format` file as `fleetwatch-bus 2` and in
@@ -319,10 +335,6 @@ pub enum BusError {
     /// The bus is shut down.
     #[error("bus is closed")]
     Closed,
-    /// The operation does not exist for this backend (e.g. storage fault injection on a
-    /// bus without storage).
-    #[error("{0}")]
-    Unsupported(&'static str),
 }
 
 /// Bus settings.
@@ -358,7 +370,7 @@ impl Default for BusOptions {
 /// Where the segment log's writer runs.
 ///
 /// ```
-/// use fleetwatch_hub::bus::{BusOptions, WriterPlacement};
+/// use fleetwatch_bus::{BusOptions, WriterPlacement};
 /// let opts = BusOptions { writer: WriterPlacement::Runtime, ..BusOptions::default() };
 /// assert_eq!(opts.writer, WriterPlacement::Runtime);
 /// ```
@@ -412,7 +424,5 @@ fn cap_reasons(items: &mut [Append]) {
     }
 }
 
-#[cfg(test)]
-mod nats_tests;
 #[cfg(test)]
 mod tests;

@@ -1,4 +1,4 @@
-//! The JetStream operations the NATS bus uses ([`super::nats`]), behind one trait: the
+//! The JetStream operations the NATS bus uses ([`super`]), behind one trait: the
 //! bus's stream (create, info, delete, publish with message id and headers and its ack,
 //! last message by subject, an ordered consumer from a sequence), its key-value buckets
 //! (get, entry with revision, create, update with revision, put, keys) and the connection
@@ -20,14 +20,14 @@ pub use async_nats::{HeaderMap, Subject};
 use bytes::Bytes;
 use futures_util::StreamExt;
 
-use super::nats::NatsError;
+use super::io_thread::IoThread;
 
 /// What the bus asks of its stream.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StreamSpec {
     /// The stream's name; its subjects are `<name>.>`.
     pub name: String,
-    /// Its description (the bus's lineage, see `nats_state`).
+    /// Its description (the bus's lineage, see `super::state`).
     pub description: String,
     /// Most messages (discard old).
     pub max_messages: i64,
@@ -273,38 +273,6 @@ pub trait JetStream: Send + Sync + 'static {
         max_age: Duration,
         duplicate_window: Duration,
     ) -> impl Future<Output = Result<Self::Kv, String>> + Send;
-}
-
-/// A thread of its own for the NATS client's connection task.
-///
-/// On the hub's runtime that task — which reads every publish ack and every record of the
-/// local tail off the socket and hands them on — waited in the run queue behind a thousand
-/// agent sessions: publish acks that JetStream sent within milliseconds reached the append
-/// tens of milliseconds later. On its own single-threaded runtime it runs as soon as the
-/// socket has data; the futures waiting for acks stay on the hub's runtime (the hand-over is
-/// a channel, which works across runtimes).
-pub(super) struct IoThread {
-    pub(super) handle: tokio::runtime::Handle,
-    /// Dropping it ends the thread's `block_on`, which drops the runtime and its tasks.
-    _stop: tokio::sync::oneshot::Sender<()>,
-}
-
-impl IoThread {
-    pub(super) fn start() -> Result<Self, NatsError> {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(|e| NatsError::Settings(format!("cannot start the NATS connection thread: {e}")))?;
-        let handle = rt.handle().clone();
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        std::thread::Builder::new()
-            .name("fleetwatch-nats".into())
-            .spawn(move || {
-                let _ = rt.block_on(stopped);
-            })
-            .map_err(|e| NatsError::Settings(format!("cannot start the NATS connection thread: {e}")))?;
-        Ok(Self { handle, _stop: stop })
-    }
 }
 
 /// async-nats: the production [`JetStream`].

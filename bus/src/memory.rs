@@ -7,8 +7,6 @@
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use tokio::sync::watch;
-
 use super::cursors::CursorStore;
 use super::log::{self, Core, Log};
 use super::retention::{self, Retention};
@@ -82,9 +80,7 @@ fn spawn_age_retention(bus: Weak<MemoryBus>) {
 }
 
 impl Bus for MemoryBus {
-    fn stream_id(&self) -> &str {
-        &self.core.stream_id
-    }
+    log::forward_to_core!();
 
     fn is_durable(&self) -> bool {
         false
@@ -92,26 +88,6 @@ impl Bus for MemoryBus {
 
     fn append(&self, cluster: Arc<str>, items: Vec<Append>) -> BusFuture<'_, u64> {
         ready(self.append_now(cluster, items))
-    }
-
-    fn head<'a>(&'a self, cluster: &'a str) -> BusFuture<'a, Option<(u64, u64)>> {
-        ready(Ok(self.core.head(cluster)))
-    }
-
-    fn read(&self, from: u64, max: usize) -> BusFuture<'_, Read> {
-        ready(Ok(self.core.read(from, max)))
-    }
-
-    fn first_offset(&self) -> u64 {
-        self.core.first_offset()
-    }
-
-    fn last_offset(&self) -> u64 {
-        self.core.last_offset()
-    }
-
-    fn watch_end(&self) -> watch::Receiver<u64> {
-        self.core.end_tx.subscribe()
     }
 
     /// A name this bus does not know is [`Lookup::Lost`], never [`Lookup::New`]: cursors
@@ -138,10 +114,6 @@ impl Bus for MemoryBus {
         ready(self.core.cursors.set(identity, name, cursor, true).map_err(BusError::from))
     }
 
-    fn set_durable_cursor<'a>(&'a self, identity: &'a str, name: &'a str, cursor: u64) -> BusFuture<'a, ()> {
-        ready(self.core.cursors.set(identity, name, cursor, false).map_err(BusError::from))
-    }
-
     fn flush_cursors(&self) -> BusFuture<'_, ()> {
         ready(Ok(()))
     }
@@ -156,14 +128,6 @@ impl Bus for MemoryBus {
     fn write_failures(&self) -> u64 {
         0
     }
-
-    fn retained(&self) -> usize {
-        self.core.retained()
-    }
-
-    fn retained_bytes(&self) -> u64 {
-        self.core.retained_bytes()
-    }
 }
 
 #[cfg(test)]
@@ -175,7 +139,7 @@ mod tests {
     /// `--durable-crashes` lost a deletion when they were new).
     #[tokio::test]
     async fn an_unknown_durable_name_is_lost_not_new() {
-        let bus = MemoryBus::open(super::super::Retention::default());
+        let bus = MemoryBus::open(crate::Retention::default());
         assert_eq!(bus.durable_lookup("id", "sub").await.unwrap(), Lookup::Lost);
         assert!(bus.lost_cursor_reason("sub").contains("memory only"));
         bus.register_durable("id", "sub", 4).await.unwrap();

@@ -180,6 +180,58 @@ impl Core {
     }
 }
 
+/// The [`super::Bus`] methods both embedded backends ([`super::MemoryBus`],
+/// [`super::SegmentLogBus`]) answer from their `core: Core` field alike, written once:
+/// expanded inside each `impl Bus`. (A blanket `impl<T: Embedded> Bus for T` would need
+/// every other `Bus` method declared a second time on the helper trait.)
+macro_rules! forward_to_core {
+    () => {
+        fn stream_id(&self) -> &str {
+            &self.core.stream_id
+        }
+
+        fn head<'a>(&'a self, cluster: &'a str) -> $crate::BusFuture<'a, Option<(u64, u64)>> {
+            $crate::ready(Ok(self.core.head(cluster)))
+        }
+
+        fn read(&self, from: u64, max: usize) -> $crate::BusFuture<'_, $crate::Read> {
+            $crate::ready(Ok(self.core.read(from, max)))
+        }
+
+        fn first_offset(&self) -> u64 {
+            self.core.first_offset()
+        }
+
+        fn last_offset(&self) -> u64 {
+            self.core.last_offset()
+        }
+
+        fn watch_end(&self) -> tokio::sync::watch::Receiver<u64> {
+            self.core.end_tx.subscribe()
+        }
+
+        /// Kept in memory; the segment log writes it with the next
+        /// [`Bus::flush_cursors`](crate::Bus::flush_cursors) (once a second), not at once.
+        fn set_durable_cursor<'a>(
+            &'a self,
+            identity: &'a str,
+            name: &'a str,
+            cursor: u64,
+        ) -> $crate::BusFuture<'a, ()> {
+            $crate::ready(self.core.cursors.set(identity, name, cursor, false).map_err($crate::BusError::from))
+        }
+
+        fn retained(&self) -> usize {
+            self.core.retained()
+        }
+
+        fn retained_bytes(&self) -> u64 {
+            self.core.retained_bytes()
+        }
+    };
+}
+pub(crate) use forward_to_core;
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -17,7 +17,7 @@ use super::{
     Append, Bus, BusError, BusOptions, DurableError, Lookup, MAX_NAMES_PER_IDENTITY, MAX_REASON_BYTES, MemoryBus,
     NatsBus, NatsOptions, RecordBody, Retention, SegmentLogBus,
 };
-use crate::bus::nats_server::LocalNatsServer;
+use crate::nats::server::LocalNatsServer;
 
 /// Opens a fresh, empty bus with the given retention.
 pub(super) type Factory = Box<dyn Fn(Retention) -> Arc<dyn Bus> + Send + Sync>;
@@ -64,7 +64,7 @@ pub(super) async fn appends_dedupe_and_read(open: Factory) {
     assert!(r.evicted.is_empty());
     // A new epoch starts over, whatever its seqs. (It begins with its "agent started"
     // marker, as an agent does: a shared bus answers events of another process chained
-    // onto this one's records with a marker of its own, see `nats::interleave_marker`.)
+    // onto this one's records with a marker of its own, see `interleave_marker` in `nats/append.rs`.)
     assert_eq!(bus.append(c.clone(), vec![marker(2, 1, "agent started")]).await.unwrap(), 4);
     assert_eq!(bus.head("c1").await.unwrap(), Some((2, 1)));
     assert_eq!((bus.first_offset(), bus.last_offset(), bus.retained()), (1, 4, 4));

@@ -252,7 +252,7 @@ fn encoded(mark: &Mark) -> Option<Vec<u8>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bus::RecordBody;
+    use crate::RecordBody;
 
     fn rec(cluster: &str, epoch: u64, seq: u64, offset: u64) -> Arc<Record> {
         Arc::new(Record {

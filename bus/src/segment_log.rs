@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{mpsc, oneshot};
 
 use super::cursors::CursorStore;
 use super::log::{Core, Log};
@@ -21,8 +21,9 @@ use super::marks::{self, Marks};
 use super::storage::{self, Storage};
 use super::writer::{Disk, MarkSyncer, Request, Writer};
 use super::{
-    ALL_CLUSTERS, Append, Bus, BusError, BusFuture, BusOptions, CURSOR_STORE_FORMAT, FORMAT, LOG_FORMAT, Lookup, Read,
-    RecordBody, StorageError, WriterPlacement, cap_reason, cap_reasons, ready, record, recovery, retention, segment,
+    ALL_CLUSTERS, Append, Bus, BusError, BusFuture, BusOptions, CURSOR_STORE_FORMAT, FORMAT, FaultInjection,
+    LOG_FORMAT, Lookup, Read, RecordBody, StorageError, WriterPlacement, cap_reason, cap_reasons, ready, record,
+    recovery, retention, segment,
 };
 
 /// The durable embedded bus.
@@ -185,9 +186,7 @@ impl SegmentLogBus {
 }
 
 impl Bus for SegmentLogBus {
-    fn stream_id(&self) -> &str {
-        &self.core.stream_id
-    }
+    super::log::forward_to_core!();
 
     fn is_durable(&self) -> bool {
         true
@@ -195,26 +194,6 @@ impl Bus for SegmentLogBus {
 
     fn append(&self, cluster: Arc<str>, items: Vec<Append>) -> BusFuture<'_, u64> {
         Box::pin(self.append_now(cluster, items))
-    }
-
-    fn head<'a>(&'a self, cluster: &'a str) -> BusFuture<'a, Option<(u64, u64)>> {
-        ready(Ok(self.core.head(cluster)))
-    }
-
-    fn read(&self, from: u64, max: usize) -> BusFuture<'_, Read> {
-        ready(Ok(self.core.read(from, max)))
-    }
-
-    fn first_offset(&self) -> u64 {
-        self.core.first_offset()
-    }
-
-    fn last_offset(&self) -> u64 {
-        self.core.last_offset()
-    }
-
-    fn watch_end(&self) -> watch::Receiver<u64> {
-        self.core.end_tx.subscribe()
     }
 
     fn durable_lookup<'a>(&'a self, identity: &'a str, name: &'a str) -> BusFuture<'a, Lookup> {
@@ -233,11 +212,6 @@ impl Bus for SegmentLogBus {
         })
     }
 
-    /// Written by the next [`Bus::flush_cursors`] (once a second), not at once.
-    fn set_durable_cursor<'a>(&'a self, identity: &'a str, name: &'a str, cursor: u64) -> BusFuture<'a, ()> {
-        ready(self.core.cursors.set(identity, name, cursor, false).map_err(BusError::from))
-    }
-
     fn flush_cursors(&self) -> BusFuture<'_, ()> {
         ready(self.flush_cursors_now())
     }
@@ -254,14 +228,12 @@ impl Bus for SegmentLogBus {
         self.write_failures.load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    fn retained(&self) -> usize {
-        self.core.retained()
+    fn fault_injection(&self) -> Option<&dyn FaultInjection> {
+        Some(self)
     }
+}
 
-    fn retained_bytes(&self) -> u64 {
-        self.core.retained_bytes()
-    }
-
+impl FaultInjection for SegmentLogBus {
     /// Disk writes fail with ENOSPC for `d`, through the same path a real failed write
     /// takes.
     fn inject_storage_fault(&self, d: Duration) -> Result<(), BusError> {

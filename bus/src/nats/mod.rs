@@ -1,0 +1,565 @@
+//! The NATS JetStream bus: hub replicas share one JetStream stream, so any replica can
+//! take over an agent or a subscriber and the loss of one hub loses nothing that was acked.
+//!
+//! One module per job: `setup` (connecting, the stream and buckets, opening the bus),
+//! `records` (a record as a message: subject, headers, payload), `append` (publishing a
+//! batch and its acks), `heads` (each cluster's latest record), `tail` (the local tail
+//! that reads are served from), `chain` (the tail's check that a record follows its
+//! cluster's latest one), `cursors` (durable subscriptions), `share` (the replicas'
+//! cluster lists), `recreate` (a stream JetStream lost), `probe` (health), `state`
+//! (what is kept besides records, as plain data), [`jetstream`] (the JetStream operations
+//! as a trait, async-nats or the simulation's) on `io_thread`, and [`server`] (a local
+//! `nats-server` for tests and benches).
+//!
+//! # Layout in JetStream
+//! - One stream (`--bus-stream`, default `fleetwatch`) on subjects `<stream>.<cluster>`
+//!   (a cluster name that is not a plain subject token is written `=<hex>`). A record is
+//!   one message: the event JSON (or the resync reason) as payload, `Fw-Epoch`, `Fw-Seq`,
+//!   `Fw-Kind` and `Fw-Format` headers (see *Formats* below). **Offset = stream
+//!   sequence** (plus the base of a recreated stream, below), so every replica hands out
+//!   the same offsets and a subscriber's cursor means the same thing on each of them.
+//! - Retention is the stream's limits (`max_msgs`, `max_bytes`, `max_age`, discard old),
+//!   set from the hub's retention flags.
+//! - Key-value bucket `<stream>_heads`: per cluster the (epoch, seq, offset) of its latest
+//!   acked record, so an agent resumes on any replica without a full resync even after its
+//!   records were evicted. Written by the replica that appended, coalesced: once a second
+//!   ([`Bus::flush_cursors`]), not per batch — a put per batch doubled JetStream's work on
+//!   the hot path. While the cluster's records are retained the stream itself is the
+//!   authority (below); the bucket only matters once they were evicted.
+//! - Key-value bucket `<stream>_cursors`: per subscriber identity its durable names and
+//!   cursors (offsets), each name with the id of its registration; and the entry
+//!   `meta.bus` (below).
+//! - Key-value bucket `<stream>_replicas`: per hub replica the clusters it serves, rewritten
+//!   every few seconds and expiring after [`REPLICA_TTL`], so `/api/v1/clusters` on any
+//!   replica shows the whole fleet and where each agent is connected.
+//!
+//! # Formats
+//! What the bus keeps names its format (`state::NATS_FORMAT`): the cursors bucket's `meta.bus`
+//! (`format`) for the whole bus, checked at start; each record (`Fw-Format` header, one
+//! header lookup per record, no payload parsing), each head in the bucket (`format`) and
+//! each cursor entry (`format`, written from format 2 on only: the releases before refuse
+//! unknown fields in it). What has no mark is format 1, as everything stored before the
+//! marks. A newer mark is refused, never read as damage: at start (meta entry, heads) the
+//! hub does not start; at run time (a record in the tail, a cluster's last record or head
+//! read for a hello, a cursor entry) the replica refuses to go on, like a stream of another
+//! bus below ([`Bus::fatal`]), the tail stops before the record and nothing is written over:
+//! cursor entries are compare-and-set already, and heads are written with compare-and-set
+//! on the revision this replica wrote last (a head written meanwhile is read first).
+
+mod append;
+mod chain;
+mod cursors;
+mod heads;
+mod io_thread;
+pub mod jetstream;
+mod probe;
+mod records;
+mod recreate;
+pub mod server;
+mod setup;
+mod share;
+mod state;
+mod tail;
+#[cfg(test)]
+mod tests;
+
+pub use recreate::RECREATED;
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::task::AbortHandle;
+
+use crate::cursors::{DurableError, Lookup, MAX_NAMES_PER_IDENTITY};
+use crate::log::Core;
+use crate::retention::Retention;
+use crate::{Append, Bus, BusError, BusFuture, Read, ReplicaShare};
+
+use append::Pending;
+use chain::Chain;
+use cursors::check_name;
+use heads::Head;
+use jetstream::{AsyncNats, JetStream};
+use records::token;
+use state::Move;
+use tail::StreamState;
+
+/// Default stream name.
+pub const DEFAULT_STREAM: &str = "fleetwatch";
+
+/// JetStream's duplicate window (capped by the age retention, which it may not exceed).
+const DUPLICATE_WINDOW: Duration = Duration::from_secs(120);
+/// How long an append waits for its records to reach the local tail.
+const LOCAL_WAIT: Duration = Duration::from_secs(30);
+/// Timeout of one JetStream request (publish ack, stream info, key-value operation).
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a replica's shared cluster list outlives its last write.
+pub const REPLICA_TTL: Duration = Duration::from_secs(15);
+/// Compare-and-set attempts on a cursor entry before giving up.
+const CAS_ATTEMPTS: usize = 16;
+
+/// Why the NATS bus failed; every variant names what it was doing.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum NatsError {
+    /// A `--bus` address or setting is malformed.
+    #[error("invalid --bus setting: {0}")]
+    Settings(String),
+    /// The credentials file could not be read.
+    #[error("cannot read NATS credentials {path}: {cause}", path = path.display())]
+    Credentials {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        cause: String,
+    },
+    /// No server could be reached or it refused us.
+    #[error("cannot connect to NATS at {servers}: {cause}")]
+    Connect {
+        /// The servers tried.
+        servers: String,
+        /// Why (unreachable, authorization violation, TLS).
+        cause: String,
+    },
+    /// The stream could not be created, found or used.
+    #[error("JetStream stream {stream}: {cause}")]
+    Stream {
+        /// The stream.
+        stream: String,
+        /// Why.
+        cause: String,
+    },
+    /// The stream exists with settings this hub would not have given it.
+    #[error(
+        "JetStream stream {stream} exists with conflicting settings: {what} (start every hub replica with the same --bus-replicas and retention flags, or delete the stream)"
+    )]
+    Conflict {
+        /// The stream.
+        stream: String,
+        /// What differs.
+        what: String,
+    },
+    /// A key-value operation failed.
+    #[error("JetStream key-value bucket {bucket}: {cause}")]
+    KeyValue {
+        /// The bucket.
+        bucket: String,
+        /// Why.
+        cause: String,
+    },
+    /// A publish was not acked: the batch is not stored (or not completely).
+    #[error("JetStream did not store the batch for cluster {cluster}: {cause}")]
+    Publish {
+        /// The cluster.
+        cluster: String,
+        /// Why.
+        cause: String,
+    },
+    /// The local tail did not receive an acked record in time.
+    #[error("the local tail of stream {stream} has not received offset {offset} within {LOCAL_WAIT:?}")]
+    Lagging {
+        /// The stream.
+        stream: String,
+        /// The offset waited for.
+        offset: u64,
+    },
+}
+
+/// Where and how to reach JetStream.
+#[derive(Debug, Clone)]
+pub struct NatsOptions {
+    /// Server URLs (`nats://host:port`, `tls://host:port`); the client fails over between them.
+    pub servers: Vec<String>,
+    /// Client certificate and key (PEM) for mutual TLS.
+    pub tls_cert: Option<PathBuf>,
+    /// The client certificate's key.
+    pub tls_key: Option<PathBuf>,
+    /// CA bundle (PEM) that signed the servers' certificates.
+    pub tls_ca: Option<PathBuf>,
+    /// A NATS `.creds` file (user JWT and nkey seed).
+    pub creds: Option<PathBuf>,
+    /// The stream name (also the subject prefix); letters, digits, `-` and `_`.
+    pub stream: String,
+    /// Stream (and bucket) replicas in a JetStream cluster.
+    pub replicas: usize,
+    /// What the stream and the local tail retain.
+    pub retention: Retention,
+    /// How long a hub that finds no stream at start waits for one to appear before it
+    /// creates a new bus: right after NATS restarted with an empty store, a running replica
+    /// recreates the stream as the continuation of its bus within seconds (see
+    /// [`DEFAULT_MISSING_STREAM_WAIT`]); a new bus created meanwhile would make it unusable.
+    pub missing_stream_wait: Duration,
+}
+
+/// [`NatsOptions::missing_stream_wait`] by default: longer than a running replica takes to
+/// reconnect (at most [`RECONNECT_DELAY_MAX`]) and to see the stream gone on two probes a
+/// second apart.
+pub const DEFAULT_MISSING_STREAM_WAIT: Duration = Duration::from_secs(5);
+
+/// The longest pause between reconnection attempts to NATS (the client's default is 4 s).
+const RECONNECT_DELAY_MAX: Duration = Duration::from_secs(1);
+
+impl NatsOptions {
+    /// Options for `servers` with the defaults (stream [`DEFAULT_STREAM`], one replica).
+    pub fn new(servers: Vec<String>, retention: Retention) -> Self {
+        Self {
+            servers,
+            tls_cert: None,
+            tls_key: None,
+            tls_ca: None,
+            creds: None,
+            stream: DEFAULT_STREAM.into(),
+            replicas: 1,
+            retention,
+            missing_stream_wait: DEFAULT_MISSING_STREAM_WAIT,
+        }
+    }
+}
+
+/// The NATS JetStream bus (see the module docs), on async-nats ([`AsyncNats`]) or, in the
+/// simulation, on an in-memory JetStream.
+pub struct NatsBus<J: JetStream = AsyncNats> {
+    stream: String,
+    stream_id: String,
+    durable: bool,
+    core: Core,
+    retention: Retention,
+    heads: Mutex<HashMap<Arc<str>, Head>>,
+    heads_kv: J::Kv,
+    heads_bucket: String,
+    cursors_kv: J::Kv,
+    cursors_bucket: String,
+    replicas_kv: J::Kv,
+    replicas_bucket: String,
+    /// Cursor moves not yet written: identity → name → cursor and registration.
+    dirty: Mutex<HashMap<String, BTreeMap<String, Move>>>,
+    /// The registration this replica last wrote per (identity, name): its cursor moves
+    /// belong to it (see `state::Cursors::current`).
+    regs: Mutex<HashMap<(String, String), u64>>,
+    /// What the stream and buckets are created with (again, after JetStream lost them).
+    opts: NatsOptions,
+    /// Offset = stream sequence + base: 0 for a stream created fresh, above every earlier
+    /// offset for one recreated after JetStream lost its store (see `state`).
+    base: AtomicU64,
+    /// When the stream this replica uses was created (Unix nanoseconds): a different one
+    /// means it was recreated.
+    created: Mutex<i128>,
+    /// Set while this replica takes a recreated stream on: appends are refused meanwhile,
+    /// so none is acked with an offset of the old stream's numbering.
+    adopting: AtomicBool,
+    /// Set for good when the stream was recreated by a hub that did not know this bus (its
+    /// offsets may repeat ones this replica handed out): every operation fails with it.
+    poisoned: Mutex<Option<String>>,
+    /// Wakes the probe at once (an ack showed the stream went backwards).
+    recheck: Arc<tokio::sync::Notify>,
+    /// Which local tail ingests: a tail restarted on a recreated stream bumps it, so a batch
+    /// of the old consumer still in flight is dropped.
+    tail_generation: AtomicU64,
+    /// The task feeding the local tail.
+    tail_task: Mutex<Option<AbortHandle>>,
+    /// Heads this replica appended and has not written to the bucket yet.
+    dirty_heads: Mutex<HashMap<Arc<str>, Head>>,
+    /// The bucket revision of each head this replica wrote last: the next write of the
+    /// cluster's head is a compare-and-set on it, so a value written meanwhile (another
+    /// replica's, maybe of a newer format) is read before it is written over.
+    head_revisions: Mutex<HashMap<Arc<str>, u64>>,
+    /// Clusters with appends of this replica in flight: the record published last (the
+    /// predecessor the next publish names) and how many appends wait for their acks.
+    pending: Mutex<HashMap<Arc<str>, Pending>>,
+    /// Generations of [`Pending`] entries, so an append of an entry that was dropped after a
+    /// failure does not count down a newer one.
+    generation: AtomicU64,
+    /// What the local tail knows of each cluster's chain of records, to check `Fw-Prev`.
+    chain: Mutex<Chain>,
+    /// Held while the local tail starts, so only the first reader starts it.
+    tail_starting: tokio::sync::Mutex<()>,
+    /// The tail was started (its consumer runs): appends wait for their records in it
+    /// (read your writes). Changed only under `tail_starting`.
+    tail_started: AtomicBool,
+    /// The tail holds the retained records: offsets and counts come from it.
+    tail_ready: AtomicBool,
+    /// The cursor bucket's meta says names may be lost because a hub began this bus after
+    /// waiting for a missing stream (read with it in `names_lost`; only the reason told
+    /// differs).
+    lost_names_begun: AtomicBool,
+    /// The stream's state as last seen, for a replica without a local tail.
+    stream_state: Mutex<StreamState>,
+    /// Itself, for the tasks it starts later.
+    me: Weak<NatsBus<J>>,
+    /// Appends waiting for their last record in the local tail, by that record's offset.
+    /// Keyed so that a tail advance wakes only the appends it completes: a watch channel
+    /// woke every waiting append (a thousand sessions) at every advance.
+    local_waiters: Mutex<BTreeMap<u64, Vec<tokio::sync::oneshot::Sender<()>>>>,
+    unhealthy: Mutex<Option<String>>,
+    /// The stream's last sequence as last seen (stream info, publish acks): the local tail
+    /// is behind while its end is not above it.
+    stream_last: AtomicU64,
+    write_failures: AtomicU64,
+    tasks: Mutex<Vec<AbortHandle>>,
+    /// JetStream; dropped last (fields drop in order): with async-nats, it runs the
+    /// connection.
+    js: J,
+}
+
+impl<J: JetStream> Drop for NatsBus<J> {
+    fn drop(&mut self) {
+        for t in self.tasks.get_mut().map(std::mem::take).unwrap_or_default() {
+            t.abort();
+        }
+        if let Some(t) = self.tail_task.get_mut().ok().and_then(Option::take) {
+            t.abort();
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // A poisoned lock only means a panic elsewhere mid-update of a plain map.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl<J: JetStream> NatsBus<J> {
+    /// Offset = stream sequence + this (above 0 once a recreated stream was taken on).
+    pub(super) fn offset_base(&self) -> u64 {
+        self.base.load(Ordering::SeqCst)
+    }
+
+    /// `Err` for good once the stream was recreated by a hub that did not know this bus.
+    pub(super) fn usable(&self) -> Result<(), BusError> {
+        match &*lock(&self.poisoned) {
+            None => Ok(()),
+            Some(cause) => Err(BusError::Nats(self.stream_error(cause.clone()))),
+        }
+    }
+
+    pub(super) fn stream_error(&self, cause: String) -> NatsError {
+        NatsError::Stream { stream: self.stream.clone(), cause }
+    }
+
+    pub(super) fn subject(&self, cluster: &str) -> String {
+        format!("{}.{}", self.stream, token(cluster))
+    }
+
+    /// Something of the bus is kept in a newer format than this build's: the replica
+    /// refuses to go on, as for a stream of another bus (its hub exits through
+    /// [`Bus::fatal`], naming both formats), and writes nothing more.
+    pub(super) fn refuse_newer(&self, why: String) -> BusError {
+        tracing::error!(stream = %self.stream, "{why}");
+        lock(&self.poisoned).get_or_insert(why.clone());
+        BusError::Nats(self.stream_error(why))
+    }
+
+    pub(super) fn fail(&self, e: NatsError) -> BusError {
+        *lock(&self.unhealthy) = Some(e.to_string());
+        BusError::Nats(e)
+    }
+}
+
+impl<J: JetStream> Bus for NatsBus<J> {
+    fn stream_id(&self) -> &str {
+        &self.stream_id
+    }
+
+    fn is_durable(&self) -> bool {
+        self.durable
+    }
+
+    fn append(&self, cluster: Arc<str>, items: Vec<Append>) -> BusFuture<'_, u64> {
+        Box::pin(async move { self.start_inner(cluster, items).await?.await })
+    }
+
+    fn start_append(&self, cluster: Arc<str>, items: Vec<Append>) -> BusFuture<'_, BusFuture<'_, u64>> {
+        Box::pin(self.start_inner(cluster, items))
+    }
+
+    fn head<'a>(&'a self, cluster: &'a str) -> BusFuture<'a, Option<(u64, u64)>> {
+        Box::pin(async move { Ok(self.head_of(cluster).await?.map(|h| (h.epoch, h.seq))) })
+    }
+
+    fn prepare_reads(&self) -> BusFuture<'_, ()> {
+        Box::pin(async move {
+            self.usable()?;
+            self.start_tail().await.map_err(|e| self.fail(e))?;
+            self.catch_up().await.map_err(|e| self.fail(e))
+        })
+    }
+
+    fn read(&self, from: u64, max: usize) -> BusFuture<'_, Read> {
+        Box::pin(async move {
+            self.usable()?;
+            self.start_tail().await.map_err(|e| self.fail(e))?;
+            Ok(self.core.read(from, max))
+        })
+    }
+
+    fn first_offset(&self) -> u64 {
+        if self.holds_records() { self.core.first_offset() } else { lock(&self.stream_state).first }
+    }
+
+    fn last_offset(&self) -> u64 {
+        if self.holds_records() { self.core.last_offset() } else { self.stream_last.load(Ordering::Relaxed) }
+    }
+
+    fn watch_end(&self) -> watch::Receiver<u64> {
+        self.core.end_tx.subscribe()
+    }
+
+    fn lost_cursor_reason(&self, name: &str) -> String {
+        if self.lost_names_begun.load(Ordering::Relaxed) {
+            format!(
+                "durable subscription {name:?} is not known to this bus, which a hub began after JetStream had no stream for it (a first start, or JetStream lost its store while no hub replica ran): it may have been read before"
+            )
+        } else {
+            format!("the hub lost its durable cursor store: where durable subscription {name:?} stopped is unknown")
+        }
+    }
+
+    fn durable_lookup<'a>(&'a self, identity: &'a str, name: &'a str) -> BusFuture<'a, Lookup> {
+        Box::pin(async move {
+            check_name(name)?;
+            self.usable()?;
+            let (entry, _) = self.cursor_entry(identity).await?;
+            let pending = lock(&self.dirty).get(identity).and_then(|m| m.get(name)).copied();
+            Ok(match entry.cursor(name, pending) {
+                Some(c) => Lookup::Known(c),
+                // A cursor store recreated under a bus with history may have lost it.
+                None if self.names_lost().await? => Lookup::Lost,
+                None => Lookup::New,
+            })
+        })
+    }
+
+    fn register_durable<'a>(&'a self, identity: &'a str, name: &'a str, cursor: u64) -> BusFuture<'a, ()> {
+        Box::pin(async move {
+            check_name(name)?;
+            self.usable()?;
+            // This registration's own id: moves made under an earlier one (on any replica,
+            // maybe not written yet) no longer apply to the name.
+            let reg = rand::random::<u64>();
+            self.update_cursors(identity, |c| {
+                if !c.names.contains_key(name) && c.names.len() >= MAX_NAMES_PER_IDENTITY {
+                    return Err(DurableError::TooMany { identity: identity.into() });
+                }
+                c.register(name, cursor, reg);
+                Ok(())
+            })
+            .await?;
+            lock(&self.regs).insert((identity.into(), name.into()), reg);
+            if let Some(m) = lock(&self.dirty).get_mut(identity) {
+                m.remove(name);
+            }
+            Ok(())
+        })
+    }
+
+    fn set_durable_cursor<'a>(&'a self, identity: &'a str, name: &'a str, cursor: u64) -> BusFuture<'a, ()> {
+        Box::pin(async move {
+            check_name(name)?;
+            let reg = lock(&self.regs).get(&(identity.to_string(), name.to_string())).copied();
+            let mut dirty = lock(&self.dirty);
+            let names = dirty.entry(identity.into()).or_default();
+            if !names.contains_key(name) && names.len() >= MAX_NAMES_PER_IDENTITY {
+                return Err(DurableError::TooMany { identity: identity.into() }.into());
+            }
+            let m = names.entry(name.into()).or_insert(Move { cursor, reg });
+            if m.reg == reg {
+                m.cursor = m.cursor.max(cursor);
+            } else {
+                *m = Move { cursor, reg };
+            }
+            Ok(())
+        })
+    }
+
+    fn flush_cursors(&self) -> BusFuture<'_, ()> {
+        Box::pin(async move {
+            self.flush_heads().await?;
+            let pending = std::mem::take(&mut *lock(&self.dirty));
+            for (identity, moved) in pending {
+                let written = self
+                    .update_cursors(&identity, |c| {
+                        for (name, m) in &moved {
+                            if !c.apply(name, *m) {
+                                tracing::debug!(
+                                    identity,
+                                    name,
+                                    cursor = m.cursor,
+                                    "a cursor move of an earlier registration of the name is dropped"
+                                );
+                            }
+                        }
+                        Ok(())
+                    })
+                    .await;
+                if let Err(e) = written {
+                    // Keep them for the next flush (merged with newer moves of the same
+                    // registration; a newer registration's move replaces them).
+                    let mut dirty = lock(&self.dirty);
+                    let names = dirty.entry(identity).or_default();
+                    for (name, m) in moved {
+                        let kept = names.entry(name).or_insert(m);
+                        if kept.reg == m.reg {
+                            kept.cursor = kept.cursor.max(m.cursor);
+                        }
+                    }
+                    return Err(e);
+                }
+            }
+            Ok(())
+        })
+    }
+
+    fn replica_share(&self) -> Option<&dyn ReplicaShare> {
+        Some(self)
+    }
+
+    fn eviction_reason(&self, offset: u64) -> &'static str {
+        let base = self.offset_base();
+        if base > 0 && offset <= base {
+            // Offsets of the stream before it was recreated: gone with it, not aged out.
+            "events were lost when the JetStream stream was recreated empty, before this subscriber read them"
+        } else {
+            "events were evicted from the hub before this subscriber read them"
+        }
+    }
+
+    fn lost_history_reason(&self) -> &'static str {
+        "the hub's event history was lost: the JetStream stream was recreated empty (this subscriber's cursor is \
+         of an earlier stream)"
+    }
+
+    fn fatal(&self) -> Option<String> {
+        lock(&self.poisoned).clone()
+    }
+
+    fn health(&self) -> Result<(), String> {
+        if let Some(cause) = &*lock(&self.poisoned) {
+            return Err(cause.clone());
+        }
+        match &*lock(&self.unhealthy) {
+            None => Ok(()),
+            Some(cause) => Err(cause.clone()),
+        }
+    }
+
+    fn write_failures(&self) -> u64 {
+        self.write_failures.load(Ordering::Relaxed)
+    }
+
+    fn retained(&self) -> usize {
+        match self.holds_records() {
+            true => self.core.retained(),
+            false => usize::try_from(lock(&self.stream_state).messages).unwrap_or(usize::MAX),
+        }
+    }
+
+    fn holds_records(&self) -> bool {
+        self.tail_ready.load(Ordering::Acquire)
+    }
+
+    fn retained_bytes(&self) -> u64 {
+        if self.holds_records() { self.core.retained_bytes() } else { lock(&self.stream_state).bytes }
+    }
+}
