@@ -171,7 +171,7 @@ async fn measure(ctx: &Context) -> (HashMap<String, ClusterState>, Counts, u64) 
         counts.runtimes_not_ready = view.items.iter().filter(|r| r.state.as_deref() != Some("Ready")).count();
     }
     counts.runtimes_version = *ctx.runtimes_changed.borrow();
-    let subs = ctx.sessions.metrics.subscribers.subscriptions(ctx.sessions.bus.last_offset());
+    let subs = ctx.sessions.fanout.subscriptions(ctx.sessions.bus.last_offset());
     counts.subscriptions = subs.len();
     counts.subscriptions_lagging = subs.iter().filter(|s| s.lag_records > 0).count();
     counts.watch_configs_refused =

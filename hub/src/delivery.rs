@@ -9,7 +9,7 @@ use std::sync::Arc;
 use tokio::time::Instant;
 
 use crate::access::Grant;
-use crate::bus::ALL_CLUSTERS;
+use fleetwatch_bus::ALL_CLUSTERS;
 
 /// The window when the subscriber does not ask for one.
 pub const DEFAULT_WINDOW: u64 = 10_000;
