@@ -1,0 +1,466 @@
+//! What the charts render without running anything: cert-manager Certificates, refused
+//! values, the ServiceMonitor, monitoring objects, the CRDs chart, value schemas, pod options
+//! and the helm test jobs.
+
+use super::*;
+
+#[test]
+fn cert_manager_certificates_carry_the_spiffe_identity_and_renew_early() {
+    // Runtime cluster: the agent's Certificate.
+    let agent = helm_template(
+        "fleetwatch-agent",
+        "fleetwatch-agent",
+        &["certificate.mode=cert-manager", "clusterId=eu-1", "trustDomain=fleet.example.org"],
+    )
+    .unwrap();
+    let cert = find(&agent, "Certificate", "fleetwatch-agent");
+    check_certificate(cert, "spiffe://fleet.example.org/cluster/eu-1", "client auth");
+    let identity: Identity = "spiffe://fleet.example.org/cluster/eu-1".parse().unwrap();
+    assert_eq!(identity.cluster_id(), Some("eu-1"));
+    let deployment = find(&agent, "Deployment", "fleetwatch-agent");
+    assert_eq!(cert["spec"]["secretName"].as_str().unwrap(), mounted_source(deployment, "/etc/fleetwatch/tls"));
+    assert!(arg(deployment, "--cert").starts_with("/etc/fleetwatch/tls/"));
+    assert!(!agent.iter().any(|d| d["kind"] == "Secret"), "cert-manager mode renders no Secret of its own");
+
+    // Without a cluster id, or with one SPIFFE forbids, nothing is rendered.
+    let err = helm_template("fleetwatch-agent", "fleetwatch-agent", &["certificate.mode=cert-manager"]).unwrap_err();
+    assert!(err.contains("clusterId: the cluster id"), "{err}");
+    let err =
+        helm_template("fleetwatch-agent", "fleetwatch-agent", &["certificate.mode=cert-manager", "clusterId=a/b"])
+            .unwrap_err();
+    assert!(err.contains("clusterId \"a/b\""), "{err}");
+
+    // Control plane: the hub's serving certificate, the operator's subscriber certificate and
+    // the trust-manager Bundle the hub trusts.
+    let cp = helm_template(
+        "fleetwatch",
+        "fleetwatch-system",
+        &[
+            "certificates.mode=cert-manager",
+            "trustDomain=fleet.example.org",
+            "certificates.certManager.hubDnsNames[0]=hub.fleet.example.org",
+            "certificates.certManager.trustManager.enabled=true",
+            "certificates.certManager.trustManager.sources[0].secret.name=fleetwatch-ca",
+            "certificates.certManager.trustManager.sources[0].secret.key=ca.crt",
+        ],
+    )
+    .unwrap();
+    let hub_cert = find(&cp, "Certificate", "fleetwatch-hub");
+    check_certificate(hub_cert, "spiffe://fleet.example.org/hub", "server auth");
+    let hub = find(&cp, "StatefulSet", "fleetwatch-hub");
+    assert_eq!(hub_cert["spec"]["secretName"].as_str().unwrap(), mounted_source(hub, "/etc/fleetwatch/tls"));
+    let lifecycle = find(&cp, "Deployment", "fleetwatch-lifecycle");
+    // The name the operator dials is in the hub's certificate, and so is the public one.
+    let dialed = arg(lifecycle, "--hub").trim_start_matches("wss://").rsplit_once(':').unwrap().0.to_string();
+    let names = hub_cert["spec"]["dnsNames"].as_array().unwrap();
+    assert!(names.contains(&json!(dialed)), "{dialed} not in {names:?}");
+    assert!(names.contains(&json!("hub.fleet.example.org")), "{names:?}");
+    let lc_cert = find(&cp, "Certificate", "fleetwatch-lifecycle");
+    check_certificate(lc_cert, "spiffe://fleet.example.org/subscriber/lifecycle", "client auth");
+    assert_eq!(lc_cert["spec"]["secretName"].as_str().unwrap(), mounted_source(lifecycle, "/etc/fleetwatch/tls"));
+    // The Bundle writes the ConfigMap and key the hub's --client-ca reads.
+    let bundle = cp.iter().find(|d| d["kind"] == "Bundle").expect("a trust-manager Bundle");
+    assert_eq!(bundle["metadata"]["name"].as_str().unwrap(), mounted_source(hub, "/etc/fleetwatch/trust"));
+    let client_ca = arg(hub, "--client-ca");
+    assert_eq!(
+        client_ca,
+        format!("/etc/fleetwatch/trust/{}", bundle["spec"]["target"]["configMap"]["key"].as_str().unwrap())
+    );
+    assert_eq!(bundle["spec"]["sources"], json!([{"secret": {"name": "fleetwatch-ca", "key": "ca.crt"}}]));
+}
+
+#[test]
+fn chart_values_that_cannot_work_are_refused() {
+    let err = helm_template("fleetwatch", "fleetwatch-system", &["hub.replicas=3"]).unwrap_err();
+    assert!(err.contains("hub.replicas > 1 needs hub.bus=nats"), "{err}");
+    // The agent chart refuses watch.rules granting Secrets (core group, or *), and says why,
+    // unless watch.allowSecrets is set.
+    for (groups, resources) in [("", "secrets"), ("*", "secrets"), ("", "*")] {
+        let g = format!("watch.rules[0].apiGroups[0]={groups}");
+        let r = format!("watch.rules[0].resources[0]={resources}");
+        let err = helm_template("fleetwatch-agent", "fleetwatch-agent", &[&g, &r]).unwrap_err();
+        assert!(err.contains("grants reading Secrets") && err.contains("watch.allowSecrets: true"), "{err}");
+        let ok = helm_template("fleetwatch-agent", "fleetwatch-agent", &[&g, &r, "watch.allowSecrets=true"]).unwrap();
+        let role = find(&ok, "ClusterRole", "fleetwatch-agent");
+        assert!(role["rules"].as_array().unwrap().iter().any(|r| r["resources"] == json!([resources])), "{role}");
+    }
+    // Another group's "secrets" (not core Secrets) and the default are fine.
+    helm_template(
+        "fleetwatch-agent",
+        "fleetwatch-agent",
+        &["watch.rules[0].apiGroups[0]=example.com", "watch.rules[0].resources[0]=secrets"],
+    )
+    .unwrap();
+    // Several hubs on JetStream: a Deployment with the bus flags and a disruption budget.
+    let cp = helm_template(
+        "fleetwatch",
+        "fleetwatch-system",
+        &[
+            "hub.bus=nats",
+            "hub.replicas=3",
+            "hub.nats.urls={nats://n1:4222,nats://n2:4222}",
+            "hub.nats.streamReplicas=3",
+        ],
+    )
+    .unwrap();
+    let hub = find(&cp, "Deployment", "fleetwatch-hub");
+    assert_eq!(hub["spec"]["replicas"], 3);
+    assert_eq!(arg(hub, "--bus"), "nats://n1:4222,nats://n2:4222");
+    assert_eq!(arg(hub, "--bus-replicas"), "3");
+    assert!(
+        !pod_spec(hub)["containers"][0]["args"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|a| a.as_str().unwrap().starts_with("--data-dir"))
+    );
+    assert_eq!(find(&cp, "PodDisruptionBudget", "fleetwatch-hub")["spec"]["minAvailable"], 1);
+}
+
+#[test]
+fn the_service_monitor_scrapes_the_ports_that_serve_metrics() {
+    let cp = helm_template("fleetwatch", "fleetwatch-system", &["monitoring.serviceMonitor.enabled=true"]).unwrap();
+    let sm = cp.iter().find(|d| d["kind"] == "ServiceMonitor").expect("a ServiceMonitor");
+    let selector = &sm["spec"]["selector"];
+    let wanted: Vec<&Value> = selector["matchExpressions"][0]["values"].as_array().unwrap().iter().collect();
+    // The Services it selects, and on them the ports its endpoints name.
+    let selected: Vec<&Value> = cp
+        .iter()
+        .filter(|d| d["kind"] == "Service")
+        .filter(|s| {
+            let labels = &s["metadata"]["labels"];
+            wanted.contains(&&labels["app.kubernetes.io/component"])
+                && selector["matchLabels"].as_object().unwrap().iter().all(|(k, v)| &labels[k] == v)
+        })
+        .collect();
+    assert_eq!(selected.len(), 2, "hub admin and lifecycle metrics Services");
+    for endpoint in sm["spec"]["endpoints"].as_array().unwrap() {
+        assert_eq!(endpoint["path"], "/metrics");
+        let service = selected
+            .iter()
+            .find(|s| s["spec"]["ports"].as_array().unwrap().iter().any(|p| p["name"] == endpoint["port"]))
+            .unwrap_or_else(|| panic!("no selected Service has port {}", endpoint["port"]));
+        // …and that port leads to a container port of a workload whose binary serves /metrics there.
+        let port = service["spec"]["ports"].as_array().unwrap().iter().find(|p| p["name"] == endpoint["port"]).unwrap();
+        let target = &port["targetPort"];
+        let serving = workloads(&cp)
+            .into_iter()
+            .find(|w| pod_spec(w)["containers"][0]["ports"].as_array().unwrap().iter().any(|p| &p["name"] == target));
+        let w = serving.unwrap_or_else(|| panic!("no container port {target}"));
+        let flag = if w["kind"] == "StatefulSet" { "--admin-listen" } else { "--metrics-listen" };
+        let container_port = pod_spec(w)["containers"][0]["ports"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| &p["name"] == target)
+            .unwrap()["containerPort"]
+            .clone();
+        assert_eq!(arg(w, flag), format!("0.0.0.0:{container_port}"), "{}", key(w));
+    }
+    // The hub's endpoint sends the token the hub requires: the Secret it mounts for
+    // --admin-token-file, which the chart creates (random) with default values.
+    let hub = find(&cp, "StatefulSet", "fleetwatch-hub");
+    let endpoint = sm["spec"]["endpoints"].as_array().unwrap().iter().find(|e| e["port"] == "admin").unwrap();
+    assert_eq!(endpoint["authorization"]["type"], "Bearer");
+    let secret = endpoint["authorization"]["credentials"]["name"].as_str().unwrap();
+    let token_file = arg(hub, "--admin-token-file");
+    let (dir, file) = token_file.rsplit_once('/').unwrap();
+    assert_eq!(mounted_source(hub, dir), secret);
+    assert_eq!(endpoint["authorization"]["credentials"]["key"], file);
+    let token = find(&cp, "Secret", secret)["data"][file].as_str().unwrap_or_default().to_string();
+    assert!(token.len() >= 32, "the chart's admin token Secret holds a long token: {token:?}");
+}
+
+#[test]
+fn monitoring_objects_carry_the_observability_files_unchanged() {
+    let cp = helm_template(
+        "fleetwatch",
+        "fleetwatch-system",
+        &["monitoring.prometheusRule.enabled=true", "monitoring.grafanaDashboard.enabled=true"],
+    )
+    .unwrap();
+    let rules: Value =
+        serde_saphyr::from_str(&std::fs::read_to_string(repo().join("deploy/observability/alerts.yaml")).unwrap())
+            .unwrap();
+    let rule = cp.iter().find(|d| d["kind"] == "PrometheusRule").expect("a PrometheusRule");
+    assert_eq!(rule["spec"], rules);
+    assert!(!rules["groups"].as_array().unwrap().is_empty());
+    let dashboard: Value =
+        serde_json::from_str(&std::fs::read_to_string(repo().join("deploy/observability/dashboard.json")).unwrap())
+            .unwrap();
+    let cm = find(&cp, "ConfigMap", "fleetwatch-dashboard");
+    assert_eq!(cm["metadata"]["labels"]["grafana_dashboard"], "1");
+    let shipped: Value = serde_json::from_str(cm["data"]["fleetwatch.json"].as_str().unwrap()).unwrap();
+    assert_eq!(shipped, dashboard);
+}
+
+/// `crds.install=true` renders the CRDs as templates (so `helm upgrade` upgrades them), the
+/// same as deploy/crds, kept on uninstall unless `crds.keep=false`; applied over a cluster
+/// installed with the default values (CRDs from the chart's crds/), as an upgrade would, it
+/// takes them over and the CRDs stay Established.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crds_install_renders_the_crds_as_kept_templates_that_upgrade_a_default_install() {
+    let crds = |docs: &[Value]| -> Vec<Value> {
+        let mut v: Vec<Value> = docs.iter().filter(|d| d["kind"] == "CustomResourceDefinition").cloned().collect();
+        v.sort_by_key(|d| d["metadata"]["name"].as_str().unwrap_or_default().to_string());
+        v
+    };
+    let default = helm_template("fleetwatch", "fleetwatch-system", &[]).unwrap();
+    assert!(crds(&default).is_empty(), "templates render no CRD by default (crds/ holds them)");
+    let templated = crds(&helm_template("fleetwatch", "fleetwatch-system", &["crds.install=true"]).unwrap());
+    let files: Vec<Value> = {
+        let mut v: Vec<Value> = std::fs::read_dir(repo().join("deploy/crds"))
+            .unwrap()
+            .flat_map(|e| documents(&std::fs::read_to_string(e.unwrap().path()).unwrap()))
+            .collect();
+        v.sort_by_key(|d| d["metadata"]["name"].as_str().unwrap_or_default().to_string());
+        v
+    };
+    assert_eq!(templated.len(), files.len());
+    for (t, f) in templated.iter().zip(&files) {
+        assert_eq!(t["metadata"]["name"], f["metadata"]["name"]);
+        // Helm's toYaml writes the float 0.0 as 0: compare numbers by value.
+        fn numbers_as_f64(v: &Value) -> Value {
+            match v {
+                Value::Number(n) => n.as_f64().map_or(v.clone(), Value::from),
+                Value::Array(a) => Value::Array(a.iter().map(numbers_as_f64).collect()),
+                Value::Object(o) => Value::Object(o.iter().map(|(k, x)| (k.clone(), numbers_as_f64(x))).collect()),
+                other => other.clone(),
+            }
+        }
+        let name = &f["metadata"]["name"];
+        assert_eq!(
+            numbers_as_f64(&t["spec"]),
+            numbers_as_f64(&f["spec"]),
+            "{name}: the template differs from deploy/crds"
+        );
+        assert_eq!(t["metadata"]["annotations"]["helm.sh/resource-policy"], "keep");
+    }
+    let unkept =
+        crds(&helm_template("fleetwatch", "fleetwatch-system", &["crds.install=true", "crds.keep=false"]).unwrap());
+    assert!(unkept.iter().all(|d| d["metadata"]["annotations"].get("helm.sh/resource-policy").is_none()));
+
+    // The upgrade: a cluster with the CRDs a default install put there, then the templates.
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = sim("crds-upgrade", false).await;
+    let kc = dir.path().join("sim.kubeconfig");
+    cluster.write_kubeconfig(&kc).unwrap();
+    kubectl(&kc, &["apply", "-f", repo().join("deploy/crds").to_str().unwrap()], None);
+    let rendered = dir.path().join("crds.yaml");
+    let text: String = templated.iter().map(|d| format!("---\n{}\n", serde_json::to_string(d).unwrap())).collect();
+    std::fs::write(&rendered, text).unwrap();
+    let (ok, out, err) =
+        kubectl_try(&kc, &["apply", "--server-side", "--force-conflicts", "-f", rendered.to_str().unwrap()]);
+    assert!(ok, "{out}{err}");
+    kubectl(&kc, &["wait", "--for=condition=Established", "--all", "crd", "--timeout=60s"], None);
+    let got: Value = serde_json::from_str(&kubectl(&kc, &["get", "crd", "-o", "json"], None)).unwrap();
+    let items = got["items"].as_array().unwrap();
+    assert_eq!(items.len(), files.len());
+    assert!(items.iter().all(|c| c["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"), "{got}");
+}
+
+/// values.schema.json refuses values that cannot work at render time, naming the value.
+#[test]
+fn chart_schemas_refuse_bad_values_naming_them() {
+    let refused = |chart: &str, set: &[&str], says: &[&str]| {
+        let err = helm_template(chart, "ns", set).expect_err(&format!("{chart} rendered with {set:?}"));
+        for s in says {
+            assert!(err.contains(s), "{chart} {set:?}: {s:?} not in {err}");
+        }
+    };
+    refused("fleetwatch", &["hub.replicas=foo"], &["hub.replicas", "Expected: integer"]);
+    refused("fleetwatch", &["hub.replicas=0"], &["hub.replicas"]);
+    refused("fleetwatch", &["hub.bus=redis"], &["hub.bus", "embedded", "nats"]);
+    refused("fleetwatch", &["certificates.mode=vault"], &["certificates.mode"]);
+    // trust-manager on with no source would render an empty Bundle.
+    refused(
+        "fleetwatch",
+        &["certificates.mode=cert-manager", "certificates.certManager.trustManager.enabled=true"],
+        &["certificates.certManager.trustManager.sources", "at least 1"],
+    );
+    refused("fleetwatch", &["image.digest=latest"], &["image.digest"]);
+    refused("fleetwatch", &["hub.serviceAccount.create=false"], &["hub.serviceAccount.name"]);
+    refused("fleetwatch", &["hubs.replicas=3"], &["hubs"]);
+    refused("fleetwatch", &["hub.extraEnv[0].value=x"], &["hub.extraEnv.0", "name"]);
+    refused(
+        "fleetwatch",
+        &["lifecycle.extraEnv[0].name=N", "lifecycle.extraEnv[0].value=1"],
+        &["lifecycle.extraEnv.0.value", "string"],
+    );
+    refused("fleetwatch-agent", &["hub.urls={https://hub:443}"], &["hub.urls.0"]);
+    refused("fleetwatch-agent", &["outbox.capacity=many"], &["outbox.capacity"]);
+    // What the schema lets through still renders.
+    helm_template("fleetwatch", "ns", &["certificates.mode=cert-manager"]).unwrap();
+    helm_template("fleetwatch-agent", "ns", &["certificate.mode=cert-manager", "clusterId=c1"]).unwrap();
+}
+
+/// The options platform teams expect of a chart: ServiceAccounts of their own (workload
+/// identity), extra env / volumes / labels, priority class, digest-pinned image; replicated
+/// workloads spread over nodes and zones by default; the hub StatefulSet governed by a
+/// headless Service; `helm test` Jobs.
+#[test]
+fn chart_pod_options_render_into_every_workload() {
+    let default = helm_template("fleetwatch", "ns", &[]).unwrap();
+    // The StatefulSet's serviceName is a headless Service selecting the hub pods.
+    let sts = find(&default, "StatefulSet", "fleetwatch-hub");
+    let governing = sts["spec"]["serviceName"].as_str().unwrap();
+    let svc = find(&default, "Service", governing);
+    assert_eq!(svc["spec"]["clusterIP"], "None");
+    assert_eq!(svc["spec"]["selector"], sts["spec"]["selector"]["matchLabels"]);
+    // Two operator replicas: soft anti-affinity and zone spread on their own labels; one hub: none.
+    let lc = pod_spec(find(&default, "Deployment", "fleetwatch-lifecycle"));
+    let term =
+        &lc["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0]["podAffinityTerm"];
+    assert_eq!(term["topologyKey"], "kubernetes.io/hostname");
+    assert_eq!(term["labelSelector"]["matchLabels"]["app.kubernetes.io/name"], "fleetwatch-lifecycle");
+    assert_eq!(lc["topologySpreadConstraints"][0]["topologyKey"], "topology.kubernetes.io/zone");
+    assert_eq!(lc["topologySpreadConstraints"][0]["whenUnsatisfiable"], "ScheduleAnyway");
+    assert!(pod_spec(sts)["affinity"].is_null() && pod_spec(sts)["topologySpreadConstraints"].is_null());
+    // Three NATS hubs spread too; an affinity of one's own replaces the default.
+    let nats =
+        helm_template("fleetwatch", "ns", &["hub.bus=nats", "hub.replicas=3", "lifecycle.affinity.nodeAffinity.x=y"])
+            .unwrap();
+    assert!(!pod_spec(find(&nats, "Deployment", "fleetwatch-hub"))["affinity"]["podAntiAffinity"].is_null());
+    assert_eq!(
+        pod_spec(find(&nats, "Deployment", "fleetwatch-lifecycle"))["affinity"],
+        json!({"nodeAffinity": {"x": "y"}})
+    );
+
+    // Every option, on both workloads of the control-plane chart and the agent's.
+    let digest = format!("sha256:{}", "a".repeat(64));
+    for (chart, workloads) in [
+        (
+            "fleetwatch",
+            vec![("hub", "StatefulSet", "fleetwatch-hub"), ("lifecycle", "Deployment", "fleetwatch-lifecycle")],
+        ),
+        ("fleetwatch-agent", vec![("", "Deployment", "fleetwatch-agent")]),
+    ] {
+        let mut set = vec![format!("image.digest={digest}")];
+        for (prefix, _, _) in &workloads {
+            let p = if prefix.is_empty() { String::new() } else { format!("{prefix}.") };
+            set.extend([
+                format!("{p}serviceAccount.create=false"),
+                format!("{p}serviceAccount.name=wi-{}", if prefix.is_empty() { "agent" } else { prefix }),
+                format!("{p}extraEnv[0].name=EXTRA"),
+                format!("{p}extraEnv[0].value=on"),
+                format!("{p}extraVolumes[0].name=extra"),
+                format!("{p}extraVolumes[0].emptyDir.medium=Memory"),
+                format!("{p}extraVolumeMounts[0].name=extra"),
+                format!("{p}extraVolumeMounts[0].mountPath=/extra"),
+                format!("{p}podLabels.team=platform"),
+                format!("{p}podAnnotations.note=x"),
+                format!("{p}priorityClassName=critical"),
+            ]);
+        }
+        let set: Vec<&str> = set.iter().map(String::as_str).collect();
+        let docs = helm_template(chart, "ns", &set).unwrap();
+        assert!(
+            !docs.iter().any(|d| d["kind"] == "ServiceAccount"),
+            "{chart}: serviceAccount.create=false still renders one"
+        );
+        for (prefix, kind, name) in workloads {
+            let w = find(&docs, kind, name);
+            let spec = pod_spec(w);
+            let sa = format!("wi-{}", if prefix.is_empty() { "agent" } else { prefix });
+            assert_eq!(spec["serviceAccountName"], sa.as_str(), "{name}");
+            // RBAC is bound to the ServiceAccount in use.
+            assert!(
+                docs.iter()
+                    .filter(|d| d["kind"].as_str().is_some_and(|k| k.ends_with("Binding")))
+                    .any(|b| b["subjects"][0]["name"] == sa.as_str()),
+                "{name}: no binding for {sa}"
+            );
+            let c = &spec["containers"][0];
+            assert_eq!(c["image"], format!("ghcr.io/fleetwatch/fleetwatch@{digest}"), "{name}");
+            assert!(
+                c["env"].as_array().unwrap().iter().any(|e| e["name"] == "EXTRA" && e["value"] == "on"),
+                "{name}: {}",
+                c["env"]
+            );
+            assert!(c["volumeMounts"].as_array().unwrap().iter().any(|m| m["mountPath"] == "/extra"), "{name}");
+            assert!(
+                spec["volumes"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|v| v["name"] == "extra" && v["emptyDir"]["medium"] == "Memory"),
+                "{name}"
+            );
+            assert_eq!(w["spec"]["template"]["metadata"]["labels"]["team"], "platform", "{name}");
+            assert_eq!(w["spec"]["template"]["metadata"]["annotations"]["note"], "x", "{name}");
+            assert_eq!(spec["priorityClassName"], "critical", "{name}");
+            // The selector is untouched by podLabels (a Deployment's selector is immutable).
+            assert!(w["spec"]["selector"]["matchLabels"]["team"].is_null());
+        }
+    }
+    let wi = helm_template(
+        "fleetwatch",
+        "ns",
+        &["hub.serviceAccount.annotations.iam\\.gke\\.io/gcp-service-account=hub@p.iam"],
+    )
+    .unwrap();
+    assert_eq!(
+        find(&wi, "ServiceAccount", "fleetwatch-hub")["metadata"]["annotations"]["iam.gke.io/gcp-service-account"],
+        "hub@p.iam"
+    );
+}
+
+/// `helm test` Jobs (hooks, not in the plain manifests) ask /readyz of what the release runs,
+/// through Services that exist, and the NetworkPolicies let them in.
+#[test]
+fn helm_test_jobs_ask_readyz_through_rendered_services() {
+    for (chart, ports) in [("fleetwatch", vec![9090, 9091]), ("fleetwatch-agent", vec![9091])] {
+        let docs = helm_template(chart, "ns", &[]).unwrap();
+        let job = docs.iter().find(|d| d["kind"] == "Job").unwrap_or_else(|| panic!("{chart}: no test Job"));
+        assert_eq!(job["metadata"]["annotations"]["helm.sh/hook"], "test");
+        let args: Vec<&str> =
+            pod_spec(job)["containers"][0]["args"].as_array().unwrap().iter().map(|a| a.as_str().unwrap()).collect();
+        assert!(args.contains(&"--fail"), "{args:?}");
+        let urls: Vec<&&str> = args.iter().filter(|a| a.starts_with("http://")).collect();
+        assert_eq!(urls.len(), ports.len(), "{chart}: {urls:?}");
+        for (url, port) in urls.iter().zip(&ports) {
+            let host = url.trim_start_matches("http://").split(['.', ':']).next().unwrap();
+            let svc = find(&docs, "Service", host);
+            assert!(svc["spec"]["ports"].as_array().unwrap().iter().any(|p| p["port"] == *port), "{chart}: {url}");
+            assert!(url.ends_with(&format!(":{port}/readyz")), "{url}");
+        }
+        let labels = &job["spec"]["template"]["metadata"]["labels"];
+        assert_eq!(labels["app.kubernetes.io/component"], "helm-test");
+        // Each port the Job asks is open to it in the target's NetworkPolicy.
+        for port in &ports {
+            let open = docs.iter().filter(|d| d["kind"] == "NetworkPolicy").any(|np| {
+                np["spec"]["ingress"].as_array().into_iter().flatten().any(|rule| {
+                    rule["ports"].as_array().into_iter().flatten().any(|p| p["port"] == *port)
+                        && rule["from"].as_array().into_iter().flatten().any(|f| {
+                            f["podSelector"] == json!({})
+                                || f["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "helm-test"
+                        })
+                })
+            });
+            assert!(open, "{chart}: no NetworkPolicy lets the test Job reach port {port}");
+        }
+        // The Job's own pod is under a NetworkPolicy (a test hook like it): no ingress, out
+        // only DNS and the ports it asks.
+        let own = docs
+            .iter()
+            .filter(|d| d["kind"] == "NetworkPolicy")
+            .find(|np| np["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "helm-test")
+            .unwrap_or_else(|| panic!("{chart}: no NetworkPolicy selects the test Job's pod"));
+        assert_eq!(own["metadata"]["annotations"]["helm.sh/hook"], "test");
+        assert_eq!(own["spec"]["policyTypes"], json!(["Ingress", "Egress"]));
+        assert!(own["spec"]["ingress"].is_null(), "{chart}: ingress to the test Job");
+        let egress_ports: Vec<u64> = own["spec"]["egress"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|r| r["ports"].as_array().unwrap().iter().map(|p| p["port"].as_u64().unwrap()))
+            .collect();
+        for port in ports.iter().chain(&[53]) {
+            assert!(egress_ports.contains(&(*port as u64)), "{chart}: the test Job may not reach port {port}");
+        }
+        assert!(job["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["cpu"].is_string());
+        // The plain manifests leave the Jobs out.
+        let plain = manifest(if chart == "fleetwatch" { "control-plane.yaml" } else { "agent.yaml" });
+        assert!(!plain.iter().any(|d| d["kind"] == "Job"), "{chart}: a test Job in deploy/manifests");
+    }
+}
