@@ -247,6 +247,10 @@ pub struct NatsBus<J: JetStream = AsyncNats> {
     /// When the stream this replica uses was created (Unix nanoseconds): a different one
     /// means it was recreated.
     created: Mutex<i128>,
+    /// The creation time of the recreated stream this replica began taking on last: a
+    /// retry after a failure part way (its tail's consumer not created, say) goes on
+    /// taking it on rather than taking its own marker for offsets handed out below it.
+    taking_on: Mutex<Option<i128>>,
     /// Set while this replica takes a recreated stream on: appends are refused meanwhile,
     /// so none is acked with an offset of the old stream's numbering.
     adopting: AtomicBool,

@@ -93,7 +93,12 @@ impl<J: JetStream> NatsBus<J> {
     pub(super) async fn adopt(&self, info: StreamInfo) -> Result<(), NatsError> {
         let lineage = lineage_of(&self.stream, &info);
         let known = self.known_last();
-        if lineage.id == self.stream_id && lineage.base < known {
+        // A stream this replica began taking on holds offsets above its base that this
+        // replica knows from it (its marker, its tail): not ones handed out below it.
+        // Superseding it then would drop it (and every record stored meanwhile) after any
+        // failure part way, e.g. its tail's consumer not created under load.
+        let retry = *lock(&self.taking_on) == Some(info.created_ns);
+        if lineage.id == self.stream_id && lineage.base < known && !retry {
             return self.supersede(&info, &lineage, known).await;
         }
         if lineage.id != self.stream_id {
@@ -114,6 +119,7 @@ impl<J: JetStream> NatsBus<J> {
             return Err(self.stream_error(cause));
         }
         self.adopting.store(true, Ordering::SeqCst);
+        *lock(&self.taking_on) = Some(info.created_ns);
         self.adopt_now(&info, &lineage).await?;
         *lock(&self.created) = info.created_ns;
         self.adopting.store(false, Ordering::SeqCst);

@@ -116,6 +116,7 @@ impl<J: JetStream> NatsBus<J> {
             opts: opts.clone(),
             base: AtomicU64::new(lineage.base),
             created: Mutex::new(info.created_ns),
+            taking_on: Mutex::new(None),
             adopting: AtomicBool::new(false),
             poisoned: Mutex::new(None),
             recheck: Arc::new(tokio::sync::Notify::new()),
