@@ -20,7 +20,7 @@ use clap::Args;
 use fleetwatch_agent::source::{Source, SyntheticSource};
 use fleetwatch_agent::{AgentConfig, AgentHandle, AgentRuntime};
 use fleetwatch_certs::TlsFiles;
-use fleetwatch_client::transport::{HubUrl, HubUrls};
+use fleetwatch_client::transport::{Dialer, HubUrl, HubUrls};
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::sync::watch;
@@ -226,6 +226,9 @@ impl AgentGroup {
                 HubUrls::new((0..spec.hubs.len()).map(|k| spec.hubs[(first + k) % spec.hubs.len()].clone()).collect())?;
             let mut cfg = AgentConfig::new(hubs, agent_files(&spec.pki, i));
             cfg.outbox_capacity = 1_000_000;
+            if spec.hubs.iter().all(|h| h.host.parse::<std::net::Ipv4Addr>().is_ok_and(|a| a.is_loopback())) {
+                cfg.dialer = Dialer::from_source(agent_source_address(i).into());
+            }
             let runtime = AgentRuntime::new(cfg).with_context(|| format!("agent {i}"))?;
             agents.push(runtime.changes_buffer(1024).start(spec.source.clone(), stop.clone()));
             if n % 50 == 49 {
@@ -266,6 +269,17 @@ impl AgentGroup {
         let finished = futures_util::future::join_all(self.agents.into_iter().map(|a| a.wait()));
         let _ = tokio::time::timeout(Duration::from_secs(10), finished).await;
     }
+}
+
+/// Agent `i`'s own loopback address, as each agent of a real fleet has its own: the hub
+/// keeps its handshake budget per source address, and with every synthetic agent on
+/// 127.0.0.1 that budget (64 by default), not the hub, would bound how fast a large fleet
+/// connects. Linux routes all of 127.0.0.0/8 to the loopback device; the last octet avoids
+/// 0 and 255, 127.0.0.1 is left to everything else.
+fn agent_source_address(i: usize) -> std::net::Ipv4Addr {
+    let (net, host) = (i / 254, i % 254);
+    let a = u8::try_from(1 + net / 256).unwrap_or(u8::MAX);
+    std::net::Ipv4Addr::new(127, a, (net % 256) as u8, 1 + host as u8)
 }
 
 /// Agent `i`'s certificate files in the bench PKI.
@@ -378,6 +392,18 @@ pub(super) async fn run_child(args: HubLoadArgs) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_agent_has_its_own_loopback_address() {
+        let addrs: std::collections::HashSet<_> = (0..100_000).map(agent_source_address).collect();
+        assert_eq!(addrs.len(), 100_000);
+        for a in &addrs {
+            let [o0, o1, _, o3] = a.octets();
+            assert!(o0 == 127 && o1 >= 1 && o3 != 0 && o3 != 255, "{a}");
+        }
+        assert_eq!(agent_source_address(0), std::net::Ipv4Addr::new(127, 1, 0, 1));
+        assert_eq!(agent_source_address(254), std::net::Ipv4Addr::new(127, 1, 1, 1));
+    }
 
     #[test]
     fn status_lines_round_trip() {

@@ -143,6 +143,12 @@ pub trait Bus: Send + Sync + 'static {
     /// whatever else a backend writes coalesced (the NATS bus: cluster heads).
     fn flush_cursors(&self) -> BusFuture<'_, ()>;
 
+    /// [`flush_cursors`](Self::flush_cursors), and whatever a backend writes later than
+    /// that (the NATS bus paces cluster heads) written now: at shutdown.
+    fn flush_all(&self) -> BusFuture<'_, ()> {
+        self.flush_cursors()
+    }
+
     /// The reason of the `resync-required` `*` for a subscriber that resumes with the
     /// cursor of another stream id: why this bus's history before it is gone.
     fn lost_history_reason(&self) -> &'static str {

@@ -2,6 +2,7 @@
 
 use std::future::Future;
 use std::io;
+use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -10,7 +11,7 @@ use std::time::Duration;
 use rustls::ClientConfig;
 use rustls_pki_types::ServerName;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::TcpStream;
+use tokio::net::{TcpSocket, TcpStream};
 use tokio_rustls::TlsConnector;
 use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
@@ -104,32 +105,75 @@ pub trait Dial: Send + Sync + 'static {
     fn dial<'a>(&'a self, addr: &'a str) -> DialFuture<'a>;
 }
 
-/// How clients reach the hub: TCP (the default), or a [`Dial`] implementation.
+/// How clients reach the hub: TCP (the default, optionally from a chosen local address),
+/// or a [`Dial`] implementation.
 #[derive(Clone, Default)]
-pub struct Dialer(Option<Arc<dyn Dial>>);
+pub struct Dialer {
+    custom: Option<Arc<dyn Dial>>,
+    source: Option<IpAddr>,
+}
 
 impl Dialer {
     /// Dials with `dial` instead of TCP.
     pub fn custom(dial: Arc<dyn Dial>) -> Self {
-        Self(Some(dial))
+        Self { custom: Some(dial), source: None }
+    }
+
+    /// Dials TCP from the local address `source` (port chosen by the system): a host with
+    /// several addresses picks the one the hub sees, and the hub bench gives each synthetic
+    /// agent its own loopback address, as each agent of a real fleet has its own, so the
+    /// hub's per-address handshake budget is measured as a fleet meets it.
+    ///
+    /// ```
+    /// use fleetwatch_client::transport::Dialer;
+    /// let d = Dialer::from_source("127.0.0.7".parse().unwrap());
+    /// assert_eq!(format!("{d:?}"), "Dialer(tcp from 127.0.0.7)");
+    /// ```
+    pub fn from_source(source: IpAddr) -> Self {
+        Self { custom: None, source: Some(source) }
     }
 
     /// A connected stream to `addr`.
     async fn open(&self, addr: &str) -> io::Result<Stream> {
-        match &self.0 {
-            None => {
-                let tcp = TcpStream::connect(addr).await?;
-                let _ = tcp.set_nodelay(true);
-                Ok(Stream::Tcp(tcp))
-            }
-            Some(d) => Ok(Stream::Other(d.dial(addr).await?)),
+        if let Some(d) = &self.custom {
+            return Ok(Stream::Other(d.dial(addr).await?));
+        }
+        let tcp = match self.source {
+            None => TcpStream::connect(addr).await?,
+            Some(source) => connect_from(source, addr).await?,
+        };
+        let _ = tcp.set_nodelay(true);
+        Ok(Stream::Tcp(tcp))
+    }
+}
+
+/// Connects to the first address `addr` resolves to (of `source`'s family) that answers,
+/// from `source`: what [`TcpStream::connect`] does, with the local address bound first.
+async fn connect_from(source: IpAddr, addr: &str) -> io::Result<TcpStream> {
+    let mut last = None;
+    for target in tokio::net::lookup_host(addr).await? {
+        if target.is_ipv4() != source.is_ipv4() {
+            continue;
+        }
+        let socket = if source.is_ipv4() { TcpSocket::new_v4()? } else { TcpSocket::new_v6()? };
+        socket.bind(SocketAddr::new(source, 0))?;
+        match socket.connect(target).await {
+            Ok(tcp) => return Ok(tcp),
+            Err(e) => last = Some(e),
         }
     }
+    Err(last.unwrap_or_else(|| {
+        io::Error::new(io::ErrorKind::AddrNotAvailable, format!("{addr} has no address of the family of {source}"))
+    }))
 }
 
 impl std::fmt::Debug for Dialer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(if self.0.is_some() { "Dialer(custom)" } else { "Dialer(tcp)" })
+        match (&self.custom, self.source) {
+            (Some(_), _) => f.write_str("Dialer(custom)"),
+            (None, Some(source)) => write!(f, "Dialer(tcp from {source})"),
+            (None, None) => f.write_str("Dialer(tcp)"),
+        }
     }
 }
 
@@ -393,4 +437,33 @@ pub async fn connect_any(
         }
     }
     Err(last.unwrap_or_else(|| ConnectError::BadUrl("no hub address given".into())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_source_address_is_what_the_other_end_sees() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let source: IpAddr = "127.3.2.1".parse().unwrap();
+        let dialer = Dialer::from_source(source);
+        let (dialed, accepted) = tokio::join!(dialer.open(&addr), listener.accept());
+        assert!(matches!(dialed.unwrap(), Stream::Tcp(_)));
+        assert_eq!(accepted.unwrap().1.ip(), source);
+        // Without one, the system picks (127.0.0.1 on loopback).
+        let dialer = Dialer::default();
+        let (dialed, accepted) = tokio::join!(dialer.open(&addr), listener.accept());
+        dialed.unwrap();
+        assert_eq!(accepted.unwrap().1.ip(), "127.0.0.1".parse::<IpAddr>().unwrap());
+    }
+
+    #[tokio::test]
+    async fn a_source_of_the_other_family_says_so() {
+        let dialer = Dialer::from_source("::1".parse().unwrap());
+        let err = dialer.open("127.0.0.1:9").await.unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::AddrNotAvailable);
+        assert!(err.to_string().contains("no address of the family of ::1"), "{err}");
+    }
 }

@@ -662,7 +662,7 @@ impl Hub {
         if let Some(cause) = fatal {
             return Err(HubError::BusUnusable(cause));
         }
-        self.ctx.sessions.bus.flush_cursors().await?;
+        self.ctx.sessions.bus.flush_all().await?;
         tracing::info!("hub stopped");
         Ok(())
     }

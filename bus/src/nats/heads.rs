@@ -9,13 +9,26 @@
 //! this replica knows (its own appends in flight, its acks and its tail); a resend it does
 //! not recognise is dropped by JetStream's duplicate window.
 //!
-//! The bucket is written coalesced, once a second ([`Bus::flush_cursors`](crate::Bus::flush_cursors)), with
-//! compare-and-set on the revision this replica wrote last, so a head of a newer format
-//! written meanwhile is read, and refused, before it is written over.
+//! The bucket is written coalesced ([`Bus::flush_cursors`](crate::Bus::flush_cursors), once a
+//! second), with compare-and-set on the revision this replica wrote last, so a head of a
+//! newer format written meanwhile is read, and refused, before it is written over.
+//!
+//! The bucket matters only once the stream has evicted every record of a cluster (hello,
+//! and a tail starting after eviction attributes lost history by it), so a head need not be
+//! written as soon as it moves, only well before its record can be evicted. Writing every
+//! moved head each second doubled JetStream's writes at 10,000 agents (one head per active
+//! cluster per second beside the records) and was the largest term of the bus's latency. So
+//! [`HeadPacing`] lets a cluster's head wait up to an eighth of the time the stream takes to
+//! evict its newest record at the rate seen (records, bytes and age retention), at most
+//! [`HEAD_WRITE_DELAY_MAX`]: a stream turning over in seconds (a small retention, the
+//! simulation's) gets its heads written at once, as before.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
@@ -41,6 +54,74 @@ struct StoredHead<'a> {
     #[serde(flatten)]
     head: &'a Head,
     format: u32,
+}
+
+/// The longest a moved head waits before it is written to the bucket.
+pub(super) const HEAD_WRITE_DELAY_MAX: Duration = Duration::from_secs(30);
+
+/// Head writes in flight at once: a flush of thousands of heads must not queue ahead of
+/// every record publish on the connection.
+const HEAD_WRITES_IN_FLIGHT: usize = 64;
+
+/// How long moved heads may wait before they are written (see the module docs).
+#[derive(Debug, Default)]
+pub(super) struct HeadPacing {
+    /// (when, the stream's last offset then) at the previous flush.
+    sample: Option<(Instant, u64)>,
+    /// Records per second the stream grew by, decaying slowly: a burst shortens the delay
+    /// at once, a lull lengthens it only gradually.
+    rate: f64,
+    /// Per cluster: when its head was last written, or moved first after that.
+    since: HashMap<Arc<str>, Instant>,
+}
+
+impl HeadPacing {
+    /// The delay allowed now, given the stream's last offset and its retention; records
+    /// of `avg_bytes` on average.
+    pub(super) fn delay(
+        &mut self,
+        now: Instant,
+        last: u64,
+        retention: &crate::retention::Retention,
+        avg_bytes: f64,
+    ) -> Duration {
+        let Some((then, before)) = self.sample.replace((now, last)) else {
+            return Duration::ZERO;
+        };
+        let secs = now.saturating_duration_since(then).as_secs_f64();
+        if secs <= 0.0 {
+            return Duration::ZERO;
+        }
+        let seen = last.saturating_sub(before) as f64 / secs;
+        self.rate = seen.max(self.rate * 0.9);
+        turnover(self.rate, retention, avg_bytes).map_or(HEAD_WRITE_DELAY_MAX, |t| (t / 8).min(HEAD_WRITE_DELAY_MAX))
+    }
+
+    /// Whether `cluster`'s moved head is due: it waited `delay` since its last write (or
+    /// since it moved first after that).
+    fn due(&mut self, cluster: &Arc<str>, now: Instant, delay: Duration) -> bool {
+        let since = *self.since.entry(cluster.clone()).or_insert(now);
+        now.saturating_duration_since(since) >= delay
+    }
+
+    fn written(&mut self, cluster: &Arc<str>, now: Instant) {
+        self.since.insert(cluster.clone(), now);
+    }
+}
+
+/// How long the stream takes to evict a record appended now, at `rate` records per
+/// second of `avg_bytes`: the shortest of its record, byte and age retention (`None`: never).
+fn turnover(rate: f64, retention: &crate::retention::Retention, avg_bytes: f64) -> Option<Duration> {
+    let mut secs = f64::INFINITY;
+    if rate > 0.0 {
+        secs = secs.min(retention.records as f64 / rate).min(retention.bytes as f64 / (rate * avg_bytes.max(1.0)));
+    }
+    if let Some(age) = retention.age
+        && !age.is_zero()
+    {
+        secs = secs.min(age.as_secs_f64());
+    }
+    secs.is_finite().then(|| Duration::try_from_secs_f64(secs).unwrap_or(Duration::MAX))
 }
 
 /// Why a head was not written.
@@ -131,27 +212,44 @@ impl<J: JetStream> NatsBus<J> {
         Ok(lock(&self.heads).get(cluster).copied())
     }
 
-    /// Writes the heads appended since the last call to the bucket; what fails is kept
-    /// for the next call (unless a later head replaced it meanwhile).
-    pub(super) async fn flush_heads(&self) -> Result<(), BusError> {
+    /// Writes the moved heads that are due (see [`HeadPacing`]), or all of them with `all`
+    /// (shutdown), to the bucket; what fails is kept for the next call (unless a later head
+    /// replaced it meanwhile).
+    pub(super) async fn flush_heads(&self, all: bool) -> Result<(), BusError> {
         self.usable()?;
-        let pending: Vec<(Arc<str>, Head)> = std::mem::take(&mut *lock(&self.dirty_heads)).into_iter().collect();
+        let now = Instant::now();
+        let avg_bytes = {
+            let st = lock(&self.stream_state);
+            if st.messages > 0 { st.bytes as f64 / st.messages as f64 } else { 1024.0 }
+        };
+        let pending: Vec<(Arc<str>, Head)> = {
+            let mut pacing = lock(&self.head_pacing);
+            let delay = pacing.delay(now, self.stream_last.load(Ordering::SeqCst), &self.retention, avg_bytes);
+            let delay = if all { Duration::ZERO } else { delay };
+            let mut dirty = lock(&self.dirty_heads);
+            let due: Vec<Arc<str>> = dirty.keys().filter(|c| pacing.due(c, now, delay)).cloned().collect();
+            due.into_iter().filter_map(|c| dirty.remove_entry(&c)).collect()
+        };
         if pending.is_empty() {
             return Ok(());
         }
-        let puts = pending.iter().map(|(cluster, h)| async move {
-            let value: bytes::Bytes =
-                serde_json::to_vec(&StoredHead { head: h, format: NATS_FORMAT }).unwrap_or_default().into();
-            self.write_head(cluster, value).await
-        });
-        let results = futures_util::future::join_all(puts).await;
+        let mut results: Vec<Result<(), HeadWrite>> = Vec::with_capacity(pending.len());
+        for chunk in pending.chunks(HEAD_WRITES_IN_FLIGHT) {
+            let puts = chunk.iter().map(|(cluster, h)| async move {
+                let value: bytes::Bytes =
+                    serde_json::to_vec(&StoredHead { head: h, format: NATS_FORMAT }).unwrap_or_default().into();
+                self.write_head(cluster, value).await
+            });
+            results.extend(futures_util::future::join_all(puts).await);
+        }
         let mut failure = None;
+        let mut pacing = lock(&self.head_pacing);
         let mut dirty = lock(&self.dirty_heads);
         for ((cluster, h), r) in pending.into_iter().zip(results) {
             match r {
-                Ok(()) => {}
+                Ok(()) => pacing.written(&cluster, now),
                 Err(HeadWrite::Newer(why)) => {
-                    drop(dirty);
+                    drop((dirty, pacing));
                     return Err(self.refuse_newer(why));
                 }
                 Err(HeadWrite::Failed(e)) => {
@@ -198,5 +296,70 @@ impl<J: JetStream> NatsBus<J> {
 
     pub(super) fn note_head(&self, cluster: &Arc<str>, h: Head) {
         keep_latest(&mut lock(&self.heads), cluster, h);
+    }
+}
+
+#[cfg(test)]
+mod pacing_tests {
+    use super::*;
+    use crate::retention::Retention;
+
+    fn retention(records: usize, bytes: u64, age: Option<Duration>) -> Retention {
+        Retention { records, bytes, age }
+    }
+
+    #[test]
+    fn heads_wait_an_eighth_of_the_turnover_at_most_the_maximum() {
+        let t0 = Instant::now();
+        let secs = |s: f64| t0 + Duration::from_secs_f64(s);
+        // A large retention at 5,000 records/s: the maximum.
+        let mut p = HeadPacing::default();
+        let big = retention(10_000_000, 1 << 40, Some(Duration::from_secs(24 * 3600)));
+        assert_eq!(p.delay(t0, 0, &big, 300.0), Duration::ZERO, "no rate known yet: at once");
+        assert_eq!(p.delay(secs(1.0), 5_000, &big, 300.0), HEAD_WRITE_DELAY_MAX);
+        // 1,000 records at 100/s turn over in 10 s: heads wait 1.25 s.
+        let mut p = HeadPacing::default();
+        let small = retention(1_000, 1 << 40, None);
+        p.delay(t0, 0, &small, 300.0);
+        assert_eq!(p.delay(secs(1.0), 100, &small, 300.0), Duration::from_millis(1250));
+        // Bytes bound too: 1 MiB at 100 records/s of 1 KiB turns over in ~10 s.
+        let mut p = HeadPacing::default();
+        let bytes = retention(10_000_000, 1 << 20, None);
+        p.delay(t0, 0, &bytes, 1024.0);
+        let d = p.delay(secs(1.0), 100, &bytes, 1024.0);
+        assert!((d.as_secs_f64() - 10.24 / 8.0).abs() < 0.01, "{d:?}");
+        // And age: records kept 8 s are written within a second even with no traffic.
+        let mut p = HeadPacing::default();
+        let age = retention(10_000_000, 1 << 40, Some(Duration::from_secs(8)));
+        p.delay(t0, 0, &age, 300.0);
+        assert_eq!(p.delay(secs(1.0), 0, &age, 300.0), Duration::from_secs(1));
+    }
+
+    #[test]
+    fn a_burst_shortens_the_delay_at_once_a_lull_lengthens_it_slowly() {
+        let t0 = Instant::now();
+        let secs = |s: u64| t0 + Duration::from_secs(s);
+        let r = retention(80_000, 1 << 40, None);
+        let mut p = HeadPacing::default();
+        p.delay(t0, 0, &r, 300.0);
+        assert_eq!(p.delay(secs(1), 1_000, &r, 300.0), Duration::from_secs(10));
+        assert_eq!(p.delay(secs(2), 11_000, &r, 300.0), Duration::from_secs(1), "10,000/s: 8 s turnover");
+        // Quiet for a second: the rate decays to 9,000/s, not to 0.
+        let d = p.delay(secs(3), 11_000, &r, 300.0);
+        assert!(d > Duration::from_secs(1) && d < Duration::from_secs(2), "{d:?}");
+    }
+
+    #[test]
+    fn a_moved_head_is_due_after_the_delay_since_its_last_write() {
+        let t0 = Instant::now();
+        let c: Arc<str> = "eu-1".into();
+        let mut p = HeadPacing::default();
+        let delay = Duration::from_secs(30);
+        assert!(!p.due(&c, t0, delay), "moved now: waits");
+        assert!(!p.due(&c, t0 + Duration::from_secs(29), delay));
+        assert!(p.due(&c, t0 + Duration::from_secs(30), delay));
+        p.written(&c, t0 + Duration::from_secs(30));
+        assert!(!p.due(&c, t0 + Duration::from_secs(31), delay), "written: waits again");
+        assert!(p.due(&c, t0 + Duration::from_secs(31), Duration::ZERO), "no delay under pressure");
     }
 }

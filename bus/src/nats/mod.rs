@@ -266,6 +266,8 @@ pub struct NatsBus<J: JetStream = AsyncNats> {
     tail_task: Mutex<Option<AbortHandle>>,
     /// Heads this replica appended and has not written to the bucket yet.
     dirty_heads: Mutex<HashMap<Arc<str>, Head>>,
+    /// When moved heads are written (see [`heads::HeadPacing`]).
+    head_pacing: Mutex<heads::HeadPacing>,
     /// The bucket revision of each head this replica wrote last: the next write of the
     /// cluster's head is a compare-and-set on it, so a value written meanwhile (another
     /// replica's, maybe of a newer format) is read before it is written over.
@@ -316,6 +318,45 @@ impl<J: JetStream> Drop for NatsBus<J> {
         if let Some(t) = self.tail_task.get_mut().ok().and_then(Option::take) {
             t.abort();
         }
+    }
+}
+
+impl<J: JetStream> NatsBus<J> {
+    /// Writes the cluster heads that are due (all with `all`) and the cursor moves.
+    async fn flush(&self, all: bool) -> Result<(), BusError> {
+        self.flush_heads(all).await?;
+        let pending = std::mem::take(&mut *lock(&self.dirty));
+        for (identity, moved) in pending {
+            let written = self
+                .update_cursors(&identity, |c| {
+                    for (name, m) in &moved {
+                        if !c.apply(name, *m) {
+                            tracing::debug!(
+                                identity,
+                                name,
+                                cursor = m.cursor,
+                                "a cursor move of an earlier registration of the name is dropped"
+                            );
+                        }
+                    }
+                    Ok(())
+                })
+                .await;
+            if let Err(e) = written {
+                // Keep them for the next flush (merged with newer moves of the same
+                // registration; a newer registration's move replaces them).
+                let mut dirty = lock(&self.dirty);
+                let names = dirty.entry(identity).or_default();
+                for (name, m) in moved {
+                    let kept = names.entry(name).or_insert(m);
+                    if kept.reg == m.reg {
+                        kept.cursor = kept.cursor.max(m.cursor);
+                    }
+                }
+                return Err(e);
+            }
+        }
+        Ok(())
     }
 }
 
@@ -478,41 +519,11 @@ impl<J: JetStream> Bus for NatsBus<J> {
     }
 
     fn flush_cursors(&self) -> BusFuture<'_, ()> {
-        Box::pin(async move {
-            self.flush_heads().await?;
-            let pending = std::mem::take(&mut *lock(&self.dirty));
-            for (identity, moved) in pending {
-                let written = self
-                    .update_cursors(&identity, |c| {
-                        for (name, m) in &moved {
-                            if !c.apply(name, *m) {
-                                tracing::debug!(
-                                    identity,
-                                    name,
-                                    cursor = m.cursor,
-                                    "a cursor move of an earlier registration of the name is dropped"
-                                );
-                            }
-                        }
-                        Ok(())
-                    })
-                    .await;
-                if let Err(e) = written {
-                    // Keep them for the next flush (merged with newer moves of the same
-                    // registration; a newer registration's move replaces them).
-                    let mut dirty = lock(&self.dirty);
-                    let names = dirty.entry(identity).or_default();
-                    for (name, m) in moved {
-                        let kept = names.entry(name).or_insert(m);
-                        if kept.reg == m.reg {
-                            kept.cursor = kept.cursor.max(m.cursor);
-                        }
-                    }
-                    return Err(e);
-                }
-            }
-            Ok(())
-        })
+        Box::pin(self.flush(false))
+    }
+
+    fn flush_all(&self) -> BusFuture<'_, ()> {
+        Box::pin(self.flush(true))
     }
 
     fn replica_share(&self) -> Option<&dyn ReplicaShare> {

@@ -124,6 +124,7 @@ impl<J: JetStream> NatsBus<J> {
             tail_task: Mutex::new(None),
             dirty_heads: Mutex::new(HashMap::new()),
             head_revisions: Mutex::new(HashMap::new()),
+            head_pacing: Mutex::new(Default::default()),
             local_waiters: Mutex::new(BTreeMap::new()),
             pending: Mutex::new(HashMap::new()),
             generation: AtomicU64::new(0),

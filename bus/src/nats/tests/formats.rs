@@ -170,7 +170,7 @@ async fn a_record_head_or_cursor_entry_of_a_newer_format_is_refused_untouched() 
     let newer = br#"{"epoch":1,"seq":1,"offset":1,"format":2}"#;
     let revision = heads.put("c", Bytes::from_static(newer)).await.unwrap();
     d.append("c".into(), vec![ev(1, 2)]).await.unwrap();
-    let err = d.flush_cursors().await.unwrap_err().to_string();
+    let err = d.flush_all().await.unwrap_err().to_string();
     assert!(refused(&err) && err.contains("the head of cluster c"), "{err}");
     assert!(d.fatal().is_some());
     let now = heads.entry("c").await.unwrap().unwrap();
