@@ -5,6 +5,11 @@
 //! agent had produced by the kill (so the new hub holds their state: resynced). A memory hub
 //! starts over, so subscribers get `resync-required`; a durable one resumes each stream.
 //!
+//! With `--hub-replicas N` (2 or more) the hubs are N replicas on a local nats-server
+//! JetStream: the last replica is SIGKILLed and not restarted, its agents fail over to the
+//! others, and the times are those of the agents that lost their session (counted as
+//! they notice) being back; every agent must end connected.
+//!
 //! Agents report their state a few times a second (the agent every 250 ms, a load process
 //! every 100 ms), so each time is late by up to about 0.35 s.
 
@@ -38,10 +43,15 @@ pub(super) struct StormBench {
     /// Give up waiting for agents after this many seconds.
     #[arg(long, default_value_t = 120.0)]
     timeout: f64,
-    /// The hub's `--max-handshakes` and `--max-handshakes-per-ip` (all bench agents share
-    /// one source address, where a fleet's come from many).
+    /// The hub's `--max-handshakes` (and, with one hub, `--max-handshakes-per-ip`; each
+    /// bench agent dials from its own loopback address, as a fleet's come from many).
     #[arg(long, default_value_t = 1024)]
     handshakes: usize,
+    /// Hub replicas on a local nats-server JetStream (the Debian package, or the first
+    /// `nats-server` on PATH): 2 or more kills one replica for good instead of restarting
+    /// the hub.
+    #[arg(long, default_value_t = 1)]
+    hub_replicas: usize,
     /// Print one JSON object with every figure as the last line.
     #[arg(long)]
     json: bool,
@@ -57,8 +67,17 @@ pub(super) async fn run(b: StormBench) -> anyhow::Result<()> {
     if b.agents == 0 || b.rate <= 0.0 || b.objects == 0 || b.timeout <= 0.0 {
         bail!("--agents, --objects, --rate and --timeout must be positive");
     }
+    if b.hub_replicas == 0 {
+        bail!("--hub-replicas must be positive");
+    }
+    if b.hub_replicas > 1 && b.durable {
+        bail!("--durable is for one hub: replicas keep their stream in JetStream");
+    }
     let clusters: Vec<String> = (0..b.agents).map(|i| format!("bench-{i}")).collect();
     let (_tmp, dir) = bench_pki(&clusters)?;
+    if b.hub_replicas > 1 {
+        return replicas(&b, &dir).await;
+    }
     let handshakes = b.handshakes.to_string();
     // --bind-retry: the hub is restarted on its port at once, while the old one's sockets
     // may still be closing.
@@ -129,6 +148,108 @@ pub(super) async fn run(b: StormBench) -> anyhow::Result<()> {
             "connect_seconds": connect_secs, "restarted_seconds": restarted_secs,
             "back_50_s": times[0], "back_90_s": times[1], "back_99_s": times[2], "back_100_s": times[3],
             "agents_back": back, "hub_cpu_seconds": hub_cpu, "load_cpu_seconds": load_cpu, "hub_peak_rss_bytes": peak_rss * 1024,
+        });
+        println!("{json}");
+    }
+    Ok(())
+}
+
+/// The replica storm: N replicas on JetStream, the last one killed for good.
+async fn replicas(b: &StormBench, dir: &std::path::Path) -> anyhow::Result<()> {
+    let store = dir.join("nats");
+    let nats = tokio::task::spawn_blocking(move || fleetwatch_bus::nats::server::LocalNatsServer::start(&store))
+        .await?
+        .context("cannot start a local nats-server")?;
+    let url = nats.url();
+    let handshakes = b.handshakes.to_string();
+    let hub_args = ["--bus", url.as_str(), "--bus-stream", "storm", "--max-handshakes", handshakes.as_str()];
+    let mut hubs = Vec::new();
+    for _ in 0..b.hub_replicas {
+        hubs.push(start_hub_at(dir, false, 0, HUB_LOG, &hub_args).await?);
+    }
+    let source = SyntheticSource { objects: b.objects, rate: b.rate / b.agents as f64, total: None, payload: 0 };
+    let urls = hubs.iter().map(|h| h.wss.clone()).collect();
+    let spec = LoadSpec { pki: dir.to_path_buf(), hubs: urls, agents: b.agents, source, jetstream: None };
+    let started = Instant::now();
+    let mut load = Load::start(&spec, b.load_procs).await?;
+    while load.connected() < b.agents {
+        if started.elapsed() > Duration::from_secs_f64(b.timeout) {
+            bail!("only {} of {} agents connected after {} s", load.connected(), b.agents, b.timeout);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let connect_secs = started.elapsed().as_secs_f64();
+    let victim = hubs.pop().context("no replica")?;
+    eprintln!("{} agents connected to {} replicas in {connect_secs:.1} s; killing one", b.agents, b.hub_replicas);
+    load.mark().await?;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let pids: Vec<u32> = hubs.iter().filter_map(|h| h.child.id()).collect();
+    let cpu = |load: &Load| (pids.iter().filter_map(|p| cpu_seconds(*p)).sum::<f64>(), load.cpu_seconds());
+    let (hub_cpu0, load_cpu0) = cpu(&load);
+    let killed = Instant::now();
+    let mut victim = victim;
+    victim.child.start_kill().context("kill replica")?;
+    let _ = victim.child.wait().await;
+    let mut times: Vec<Option<f64>> = vec![None; MILESTONES.len()];
+    let mut all_connected = None;
+    let mut moved = 0;
+    let mut peak_rss = 0;
+    while (times.iter().any(Option::is_none) || all_connected.is_none())
+        && killed.elapsed() < Duration::from_secs_f64(b.timeout)
+    {
+        // Agents notice the kill as their sockets close: the count grows for a moment.
+        moved = moved.max(load.moved());
+        let back = load.back();
+        let t = killed.elapsed().as_secs_f64();
+        if moved > 0 {
+            for (slot, frac) in times.iter_mut().zip(MILESTONES) {
+                if slot.is_none() && back >= needed(moved, frac) {
+                    *slot = Some(t);
+                }
+            }
+        }
+        if all_connected.is_none() && moved > 0 && load.connected() >= b.agents {
+            all_connected = Some(t);
+        }
+        peak_rss = pids.iter().map(|p| rss_kib(*p, "VmRSS:").unwrap_or(0)).fold(peak_rss, u64::max);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (hub_cpu1, load_cpu1) = cpu(&load);
+    peak_rss = pids.iter().map(|p| rss_kib(*p, "VmHWM:").unwrap_or(0)).fold(peak_rss, u64::max);
+    let back = load.back();
+    load.stop().await;
+    drop(hubs);
+    drop(nats);
+
+    println!(
+        "agents:            {} ({} load process(es); connected to {} replicas in {connect_secs:.1} s)",
+        b.agents, b.load_procs, b.hub_replicas
+    );
+    println!("killed:            1 replica (SIGKILL, not restarted); {moved} agents lost their session");
+    for (frac, t) in MILESTONES.iter().zip(&times) {
+        match t {
+            Some(t) => println!("{:>4.0} % of those back: {t:.2} s after the kill", frac * 100.0),
+            None => println!("{:>4.0} % of those back: not within {} s ({back} back)", frac * 100.0, b.timeout),
+        }
+    }
+    match all_connected {
+        Some(t) => println!("all {} connected:  {t:.2} s after the kill", b.agents),
+        None => println!("all {} connected:  not within {} s", b.agents, b.timeout),
+    }
+    println!(
+        "survivors:         {:.1} CPU s meanwhile, peak RSS {:.1} MiB (largest)",
+        hub_cpu1 - hub_cpu0,
+        peak_rss as f64 / 1024.0
+    );
+    println!("load meanwhile:    {:.1} CPU s (the agents' side of the handshakes)", load_cpu1 - load_cpu0);
+    if b.json {
+        let json = serde_json::json!({
+            "bench": "storm", "agents": b.agents, "hub_replicas": b.hub_replicas, "load_procs": b.load_procs,
+            "connect_seconds": connect_secs, "agents_moved": moved,
+            "back_50_s": times[0], "back_90_s": times[1], "back_99_s": times[2], "back_100_s": times[3],
+            "all_connected_s": all_connected, "agents_back": back,
+            "hub_cpu_seconds": hub_cpu1 - hub_cpu0, "load_cpu_seconds": load_cpu1 - load_cpu0,
+            "hub_peak_rss_bytes": peak_rss * 1024,
         });
         println!("{json}");
     }

@@ -115,6 +115,24 @@ async fn handle(tcp: Stream, peer: SocketAddr, ctx: Arc<Context>, shutdown: Canc
             }
             return;
         }
+        // A client that gave up while its connection waited in the listen backlog (its
+        // connect timed out in a storm) has closed its side after its ClientHello. The
+        // server's half of the handshake (key exchange, signature) would be work for no
+        // one, and in a storm of 50,000 agents it was most of the hubs' work: retries
+        // queued behind the abandoned attempts timed out in turn. So one whose peer has
+        // closed is dropped before the TLS work.
+        if let Ok(ready) = tcp.ready(tokio::io::Interest::READABLE).await
+            && ready.is_read_closed()
+        {
+            ctx.sessions.metrics.handshake_failed("abandoned");
+            if ctx.admission.log_failure() {
+                tracing::warn!(
+                    reason = "abandoned",
+                    "client closed before the handshake (it gave up waiting); dropped"
+                );
+            }
+            return;
+        }
     }
     let acceptor = TlsAcceptor::from(ctx.tls.current());
     let limits = ctx.config.limits;

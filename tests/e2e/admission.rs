@@ -146,6 +146,43 @@ async fn idle_sockets_do_not_keep_agents_out() {
 }
 
 /// A deny list that disappears or becomes unreadable keeps the last good list in force.
+/// A connection whose client gave up while it waited in the listen backlog (it sent its
+/// first bytes, then closed) is dropped before the TLS work, and counted as `abandoned`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_its_client_gave_up_on_gets_no_handshake() {
+    use tokio::io::AsyncWriteExt;
+    let pki = Pki::new();
+    let hub = HubProc::start(&pki, free_port(), None, &["--max-handshakes", "1", "--handshake-timeout", "60"]);
+    let addr = format!("127.0.0.1:{}", hub.port);
+    // The one handshake place, held by a client through TLS that never asks for the
+    // WebSocket: its TLS handshake completing shows the hub took it.
+    let tls = Arc::new(fleetwatch_certs::client_config(&pki.agent("holder")).unwrap());
+    let tcp = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let name = rustls_pki_types::ServerName::try_from("127.0.0.1").unwrap();
+    let holder = tokio_rustls::TlsConnector::from(tls).connect(name, tcp).await.unwrap();
+    // The one that gives up: its ClientHello's first bytes, then its side closed, all while
+    // it waits in the backlog.
+    let mut quitter = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    quitter.write_all(&[0x16, 0x03, 0x01, 0x00, 0x05, 1, 2, 3, 4, 5]).await.unwrap();
+    quitter.shutdown().await.unwrap();
+    drop(holder);
+    eventually("the given-up connection counted as abandoned")
+        .context(|| hub.proc.stderr())
+        .until(
+            async || metrics(&hub),
+            |m| m.contains(r#"fleetwatch_hub_handshake_failures_total{reason="abandoned"} 1"#),
+        )
+        .await;
+    let m = metrics(&hub);
+    assert!(
+        m.contains(r#"fleetwatch_hub_handshake_failures_total{reason="tls-handshake"} 0"#),
+        "no TLS work for it: {m}"
+    );
+    // And a real agent still gets in.
+    let (_ws, s) = try_session(&pki.agent("c1"), hub.port, "c1").await;
+    assert!(matches!(s, Said::Welcome), "{s:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deny_list_fails_closed() {
     let pki = Pki::new();
