@@ -156,13 +156,18 @@ async fn measure(ctx: &Context) -> (HashMap<String, ClusterState>, Counts, u64) 
     let mut states = HashMap::with_capacity(list.len());
     let mut counts = Counts::default();
     for c in &list {
-        events_total += c["eventsReceived"].as_u64().unwrap_or(0);
+        // Other replicas' clusters count through their heartbeats (their entries hold the
+        // counters as of their last write only).
+        if c["hub"].as_str().is_none_or(|h| h == ctx.replica) {
+            events_total += c["eventsReceived"].as_u64().unwrap_or(0);
+        }
         let s = state_of(c, &not_ready);
         counts.connected += usize::from(s.connected);
         counts.watches_failing += usize::from(s.connected && s.watches_failed > 0);
         counts.modules_not_ready += usize::from(s.connected && s.modules_not_ready > 0);
         states.insert(c["cluster"].as_str().unwrap_or_default().to_string(), s);
     }
+    events_total += ctx.fleet.others_events();
     counts.clusters = list.len();
     counts.disconnected = counts.clusters - counts.connected;
     counts.ready = crate::admin::checks(ctx).iter().all(|c| c.state.is_ok());
