@@ -9,7 +9,8 @@ fn status(cluster: &str, connected: bool) -> ClusterStatus {
 }
 
 fn cached(cluster: &str, hub: &str, connected: bool, revision: u64) -> Cached {
-    Cached { entry: FleetEntry::new(status(cluster, connected), hub), revision, written_ms: Some(now_ms()) }
+    let raw = crate::fleet_entry::encode(FleetEntry::new(status(cluster, connected), hub), 16 << 10);
+    cached_of(&raw, revision, Some(now_ms())).unwrap()
 }
 
 fn beat(name: &str) -> (String, bytes::Bytes) {
@@ -41,6 +42,8 @@ fn a_cluster_connected_elsewhere_wins_over_a_disconnected_entry_here() {
     fleet.apply("c".into(), Some(cached("c", "hub-2", true, 3)));
     let merged = fleet.merged(vec![status("a", false), status("b", true)]);
     assert_eq!(view(&merged), [row("a", "hub-2", true), row("b", "hub-1", true), row("c", "hub-2", true)]);
+    // Listed as the admin API shows a cluster (the entry's own format mark left out).
+    assert!(merged[0].get("entryFormat").is_none() && merged[0]["epoch"] == 0, "{}", merged[0]);
     // One cluster alone, as the other replicas show it.
     assert_eq!(fleet.elsewhere("a").map(|(c, v)| (c, v["hub"].clone())), Some((true, json!("hub-2"))));
     assert!(fleet.elsewhere("nope").is_none());

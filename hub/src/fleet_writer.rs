@@ -142,7 +142,7 @@ async fn follow(ctx: Arc<Context>, shutdown: CancellationToken) {
                             }
                         }
                         None => {
-                            if cached.as_ref().is_some_and(|c| needs_look(c, &ctx)) {
+                            if cached.as_ref().is_some_and(|c| needs_look(&cluster, c, &ctx)) {
                                 ctx.sessions.registry.shared.mark(&cluster);
                             }
                             ctx.fleet.apply(cluster, cached);
@@ -159,12 +159,12 @@ async fn follow(ctx: Arc<Context>, shutdown: CancellationToken) {
 /// connected while the agent is not connected here (an echo of a write that a disconnect
 /// overtook, or from before a restart), or another replica's says not connected while
 /// the agent is connected here (that replica wrote after this one).
-fn needs_look(c: &Cached, ctx: &Context) -> bool {
+fn needs_look(cluster: &str, c: &Cached, ctx: &Context) -> bool {
     let registry = &ctx.sessions.registry;
-    if c.entry.hub == ctx.replica {
-        c.entry.status.connected && !registry.is_connected(&c.entry.status.cluster)
+    if c.hub == ctx.replica {
+        c.connected && !registry.is_connected(cluster)
     } else {
-        !c.entry.status.connected && registry.is_connected(&c.entry.status.cluster)
+        !c.connected && registry.is_connected(cluster)
     }
 }
 
@@ -224,7 +224,7 @@ pub(crate) fn plan(
             }
             let expect = match (owned, cached) {
                 (Some(o), _) => Expect::Revision(o.revision),
-                (None, Some(c)) if c.entry.hub == me => Expect::Revision(c.revision),
+                (None, Some(c)) if c.hub == me => Expect::Revision(c.revision),
                 (None, None) => Expect::Absent,
                 // Another replica's entry: its agent is there (or was last).
                 (None, Some(_)) => return None,
@@ -235,10 +235,10 @@ pub(crate) fn plan(
             // Unknown to this replica's registry: an entry of its earlier life that still
             // says connected is set to not connected, if nobody wrote it since.
             let c = cached?;
-            if c.entry.hub != me || !c.entry.status.connected {
+            if c.hub != me || !c.connected {
                 return None;
             }
-            let mut entry = c.entry.clone();
+            let mut entry = c.entry()?;
             entry.status.connected = false;
             entry.status.session = None;
             entry.status.connected_since = None;

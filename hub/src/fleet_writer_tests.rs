@@ -14,7 +14,8 @@ fn status(cluster: &str, connected: bool) -> ClusterStatus {
 }
 
 fn cached(cluster: &str, hub: &str, connected: bool, revision: u64) -> Cached {
-    Cached { entry: FleetEntry::new(status(cluster, connected), hub), revision, written_ms: None }
+    let raw = fleet_entry::encode(FleetEntry::new(status(cluster, connected), hub), MAX);
+    cached_of(&raw, revision, None).unwrap()
 }
 
 fn owned(s: &ClusterStatus, revision: u64) -> Owned {
