@@ -6,8 +6,8 @@
 //! batch and its acks), `heads` (each cluster's latest record), `tail` (the local tail
 //! that reads are served from), `chain` (the tail's check that a record follows its
 //! cluster's latest one), `cursors` (durable subscriptions), `share` (the fleet's
-//! per-cluster entries and the replicas' heartbeats), `recreate` (a stream JetStream lost), `probe` (health), `state`
-//! (what is kept besides records, as plain data), [`jetstream`] (the JetStream operations
+//! per-cluster entries and the replicas' heartbeats), `recreate` (a stream JetStream
+//! lost), `probe` (health), `state` (what is kept besides records, as plain data), [`jetstream`] (the JetStream operations
 //! as a trait, async-nats or the simulation's) on `io_thread`, and [`server`] (a local
 //! `nats-server` for tests and benches).
 //!
