@@ -248,11 +248,17 @@ async fn metrics(State(ctx): State<Arc<Context>>, headers: axum::http::HeaderMap
 /// connected elsewhere replaces a disconnected entry here; see `crate::fleet_state`). No
 /// round trip to the bus.
 pub(crate) async fn cluster_list(ctx: &Context) -> Vec<serde_json::Value> {
+    cluster_rows(ctx).into_iter().map(crate::fleet_rows::Row::value).collect()
+}
+
+/// [`cluster_list`] as rows: what lists filter, order and count by, the JSON built only
+/// for the items answered (see `crate::fleet_rows`).
+pub(crate) fn cluster_rows(ctx: &Context) -> Vec<crate::fleet_rows::Row> {
     let local = ctx.sessions.registry.list();
     if ctx.sessions.bus.replica_share().is_none() {
-        return local.iter().map(|s| serde_json::to_value(s).unwrap_or_default()).collect();
+        return local.into_iter().map(|s| crate::fleet_rows::Row::local(s, None)).collect();
     }
-    ctx.fleet.merged(local)
+    ctx.fleet.rows(local)
 }
 
 fn not_found(what: String) -> Response {

@@ -36,6 +36,7 @@ use fleetwatch_bus::ReplicaShare;
 use serde_json::Value;
 
 use crate::fleet_entry::{Beat, FleetEntry, Heartbeat};
+use crate::fleet_rows::{Health, Row};
 use crate::registry::ClusterStatus;
 
 /// Most clusters waiting to be written; past it the set is dropped for one full pass.
@@ -119,6 +120,8 @@ pub(crate) struct Cached {
     pub hub: String,
     /// Whether that replica said the agent is connected.
     pub connected: bool,
+    /// Its watches and modules, as the lists count them.
+    pub health: Health,
     /// Its revision (for compare-and-set).
     pub revision: u64,
     /// When it was written (Unix ms, the bus's clock), when known.
@@ -240,58 +243,50 @@ impl FleetState {
     /// This replica's clusters (`local`, from its registry) merged with every other entry,
     /// sorted by cluster id, each with `hub`: an entry connected elsewhere replaces a
     /// disconnected one here; an entry of a replica without a heartbeat shows not connected.
-    pub(crate) fn merged(&self, local: Vec<ClusterStatus>) -> Vec<Value> {
-        let mut out: BTreeMap<String, (bool, Value)> = BTreeMap::new();
+    pub(crate) fn rows(&self, local: Vec<ClusterStatus>) -> Vec<Row> {
+        let mut out: BTreeMap<String, Row> = BTreeMap::new();
         for status in local {
-            let (name, connected) = (status.cluster.clone(), status.connected);
-            out.insert(name, (connected, shown(&status, &self.me)));
+            out.insert(status.cluster.clone(), Row::local(status, Some(&self.me)));
         }
         let (Ok(live), Ok(entries)) = (self.live.read(), self.entries.read()) else {
-            return out.into_values().map(|(_, v)| v).collect();
+            return out.into_values().collect();
         };
         let now = now_ms();
-        let mut consider = |name: &str, connected: bool, value: &dyn Fn() -> Value| match out.get(name) {
-            Some((have, _)) if *have || !connected => {}
+        let mut consider = |name: &str, connected: bool, row: &dyn Fn() -> Row| match out.get(name) {
+            Some(have) if have.connected || !connected => {}
             _ => {
-                out.insert(name.to_string(), (connected, value()));
+                out.insert(name.to_string(), row());
             }
         };
         for (name, c) in entries.iter().filter(|(_, c)| !self.expired(c, now)) {
             let connected = self.shows_connected(c, &live);
-            consider(name, connected, &|| entry_value(c, connected));
+            consider(name, connected, &|| Row::entry(name, c, connected));
         }
         for (hub, list) in legacy_lists(&live, &self.me) {
             for c in list {
                 let Some(name) = c["cluster"].as_str() else { continue };
-                consider(name, c["connected"] == true, &|| {
-                    let mut c = c.clone();
-                    c["hub"] = hub.into();
-                    c
-                });
+                consider(name, c["connected"] == true, &|| Row::legacy(name, hub, c.clone()));
             }
         }
-        out.into_values().map(|(_, v)| v).collect()
+        out.into_values().collect()
     }
 
     /// One cluster as the other replicas show it (without this replica's registry): whether
     /// it is connected there, and its entry with `hub`.
     pub(crate) fn elsewhere(&self, cluster: &str) -> Option<(bool, Value)> {
         let live = self.live.read().ok()?;
-        let mut best: Option<(bool, Value)> = None;
+        let mut best: Option<Row> = None;
         if let Some(c) = self.entries.read().ok()?.get(cluster).filter(|c| !self.expired(c, now_ms())) {
-            let connected = self.shows_connected(c, &live);
-            best = Some((connected, entry_value(c, connected)));
+            best = Some(Row::entry(cluster, c, self.shows_connected(c, &live)));
         }
         for (hub, list) in legacy_lists(&live, &self.me) {
             if let Some(c) = list.iter().find(|c| c["cluster"] == cluster)
-                && best.as_ref().is_none_or(|(have, _)| !*have && c["connected"] == true)
+                && best.as_ref().is_none_or(|have| !have.connected && c["connected"] == true)
             {
-                let mut c = c.clone();
-                c["hub"] = hub.into();
-                best = Some((c["connected"] == true, c));
+                best = Some(Row::legacy(cluster, hub, c.clone()));
             }
         }
-        best
+        best.map(|r| (r.connected, r.value()))
     }
 }
 
@@ -301,26 +296,6 @@ fn legacy_lists<'a>(live: &'a Live, me: &'a str) -> impl Iterator<Item = (&'a st
         Beat::Legacy(list) => Some((name.as_str(), list)),
         _ => None,
     })
-}
-
-/// A status as the admin API lists it, with its replica.
-fn shown(status: &ClusterStatus, hub: &str) -> Value {
-    let mut v = serde_json::to_value(status).unwrap_or_default();
-    if let Some(obj) = v.as_object_mut() {
-        obj.insert("hub".into(), hub.into());
-    }
-    v
-}
-
-/// An entry as the admin API lists it, `connected` as shown.
-fn entry_value(c: &Cached, connected: bool) -> Value {
-    let mut v: Value = serde_json::from_slice(&c.raw).unwrap_or_default();
-    if let Some(obj) = v.as_object_mut() {
-        obj.remove("entryFormat");
-        obj.insert("connected".into(), connected.into());
-        obj.insert("hub".into(), c.hub.clone().into());
-    }
-    v
 }
 
 impl Cached {
@@ -335,18 +310,10 @@ pub(crate) fn cached_of(value: &[u8], revision: u64, written_ms: Option<u64>) ->
     if value.is_empty() {
         return None;
     }
-    /// What merging needs of an entry, read without the rest.
-    #[derive(serde::Deserialize)]
-    struct Head {
-        #[serde(default)]
-        hub: String,
-        #[serde(default)]
-        connected: bool,
-    }
-    let head: Head = serde_json::from_slice(value).ok()?;
+    let (hub, connected, health) = Health::of_entry(value)?;
     // A copy of its own: the payload may share a read buffer far larger than itself.
     let raw = bytes::Bytes::copy_from_slice(value);
-    Some(Cached { raw, hub: head.hub, connected: head.connected, revision, written_ms })
+    Some(Cached { raw, hub, connected, health, revision, written_ms })
 }
 
 /// What a heartbeat of this replica says now.

@@ -42,6 +42,7 @@ mod delivery;
 pub mod fanout;
 pub mod fleet;
 pub mod fleet_entry;
+mod fleet_rows;
 mod fleet_state;
 mod fleet_writer;
 mod in_flight;
