@@ -33,6 +33,9 @@ const WRITES_IN_FLIGHT: usize = 64;
 const MAX_ROUND: usize = 4096;
 /// How often write failures are summed up in the log.
 const FAILURE_LOG_EVERY: Duration = Duration::from_secs(60);
+/// The longest wait before failed writes are tried again (the wait doubles from
+/// [`COALESCE`] with each round in which every write failed: NATS down, the bucket full).
+pub const MAX_BACKOFF: Duration = Duration::from_secs(30);
 
 /// Runs the fleet state's tasks until `shutdown`, on a shared bus; returns at once on a bus
 /// of one hub.
@@ -265,6 +268,8 @@ pub(crate) struct Writer {
     pub tried: HashMap<String, Instant>,
     failures: u64,
     failure_logged: Option<Instant>,
+    /// How much longer than [`COALESCE`] failed clusters wait now.
+    pub backoff: Duration,
 }
 
 impl Writer {
@@ -307,8 +312,10 @@ impl Writer {
             .buffer_unordered(WRITES_IN_FLIGHT)
             .collect()
             .await;
+        let (mut stored, mut failed) = (false, Vec::new());
         for (job, result) in results {
             self.tried.insert(job.cluster.clone(), now);
+            stored |= result.is_ok();
             match result {
                 Ok(Written::Stored(revision)) => {
                     metrics.fleet_writes.inc();
@@ -332,9 +339,16 @@ impl Writer {
                         self.failure_logged = Some(now);
                         self.failures = 0;
                     }
-                    self.waiting.insert(job.cluster);
+                    failed.push(job.cluster);
                 }
             }
+        }
+        // Every write failing: wait longer each round rather than retry them all each second.
+        self.backoff =
+            if stored || failed.is_empty() { Duration::ZERO } else { (self.backoff * 2).clamp(COALESCE, MAX_BACKOFF) };
+        for c in failed {
+            self.tried.insert(c.clone(), now + self.backoff);
+            self.waiting.insert(c);
         }
     }
 }

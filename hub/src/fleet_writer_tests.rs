@@ -91,6 +91,8 @@ fn refreshes_are_spread_between_half_a_day_and_a_day() {
 struct MemShare {
     entries: Mutex<HashMap<String, (Bytes, u64)>>,
     revision: Mutex<u64>,
+    /// Every write fails (NATS down, the bucket full).
+    failing: std::sync::atomic::AtomicBool,
 }
 
 impl MemShare {
@@ -115,6 +117,9 @@ impl ReplicaShare for MemShare {
 
     fn write_entry<'a>(&'a self, cluster: &'a str, value: Bytes, expect: Expect) -> BusFuture<'a, Written> {
         Box::pin(async move {
+            if self.failing.load(std::sync::atomic::Ordering::SeqCst) {
+                return Err(BusError::Closed);
+            }
             let mut entries = self.entries.lock().unwrap();
             let there = entries.get(cluster).map(|(_, r)| *r);
             let ok = match expect {
@@ -217,4 +222,26 @@ async fn unchanged_entries_are_not_written_again_and_failed_ones_wait_their_turn
     assert_eq!(a.writer.due_after(now), Some(a.writer.tried["c"] + COALESCE));
     assert_eq!(a.writer.due(now + COALESCE), ["c"]);
     assert_eq!(a.writer.due_after(now + COALESCE), None);
+}
+
+#[tokio::test]
+async fn writes_that_all_fail_are_retried_later_each_round_until_one_succeeds() {
+    let share = MemShare::default();
+    share.failing.store(true, std::sync::atomic::Ordering::SeqCst);
+    let mut a = Replica::new("a");
+    let mut waits = Vec::new();
+    for _ in 0..7 {
+        a.write(&share, "c", Some(status("c", true))).await;
+        waits.push(a.writer.backoff);
+    }
+    let secs: Vec<u64> = waits.iter().map(Duration::as_secs).collect();
+    assert_eq!(secs, [1, 2, 4, 8, 16, 30, 30]);
+    assert_eq!(a.metrics.fleet_write_failures.get(), 7);
+    // The failed cluster waits its backoff, then is due again.
+    let now = Instant::now();
+    assert!(a.writer.due(now).is_empty() && a.writer.waiting.contains("c"));
+    assert!(a.writer.due_after(now).unwrap() >= now + MAX_BACKOFF);
+    share.failing.store(false, std::sync::atomic::Ordering::SeqCst);
+    a.write(&share, "c", Some(status("c", true))).await;
+    assert_eq!((a.writer.backoff, a.metrics.fleet_writes.get()), (Duration::ZERO, 1));
 }
