@@ -251,3 +251,43 @@ pub(crate) async fn overview_stream(State(admin): State<Admin>) -> Response {
     });
     Sse::new(stream).keep_alive(KeepAlive::default()).into_response()
 }
+
+#[cfg(test)]
+mod tests {
+    use fleetwatch_protocol::message::{ModuleInventory, WatchState};
+
+    use super::*;
+    use crate::registry::ClusterStatus;
+
+    fn row(phases: &[WatchPhase], modules_ready: &[bool], connected: bool) -> Row {
+        let watch = |p: &WatchPhase| WatchState { name: "w".into(), phase: *p, message: String::new(), objects: 0 };
+        let module = |r: &bool| ModuleInventory { name: "m".into(), version: "1".into(), ready: *r };
+        let status = ClusterStatus {
+            cluster: "c".into(),
+            connected,
+            watches: phases.iter().map(watch).collect(),
+            inventory: modules_ready.iter().map(module).collect(),
+            ..ClusterStatus::default()
+        };
+        Row::local(status, Some("hub-1"))
+    }
+
+    #[test]
+    fn rows_filter_by_watch_phase_and_rank_problems_first() {
+        let r = row(&[WatchPhase::Running, WatchPhase::Forbidden], &[true], true);
+        let phase = |p: &str| PhaseFilter::Phase(p.into());
+        assert!(has_phase(&r, &PhaseFilter::Failed) && has_phase(&r, &phase("forbidden")));
+        assert!(has_phase(&r, &phase("running")) && !has_phase(&r, &phase("error")));
+        let healthy = row(&[WatchPhase::Running, WatchPhase::WaitingForKind], &[true], true);
+        assert!(!has_phase(&healthy, &PhaseFilter::Failed) && has_phase(&healthy, &phase("waiting-for-kind")));
+        let none = HashMap::new();
+        assert_eq!(state_of(&r, &none).rank(), 1, "failing watches");
+        assert_eq!(state_of(&row(&[], &[true, false], true), &none).rank(), 2, "a module not ready");
+        assert_eq!(state_of(&healthy, &none).rank(), 3);
+        assert_eq!(state_of(&row(&[WatchPhase::Error], &[], false), &none).rank(), 0, "disconnected first");
+        // A Runtime's modules not ready count too.
+        let runtime = HashMap::from([("c".to_string(), 2)]);
+        let s = state_of(&healthy, &runtime);
+        assert_eq!((s.rank(), s.modules_not_ready, s.hub.as_deref()), (2, 2, Some("hub-1")));
+    }
+}
