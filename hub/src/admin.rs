@@ -248,7 +248,9 @@ async fn metrics(State(ctx): State<Arc<Context>>, headers: axum::http::HeaderMap
 /// connected elsewhere replaces a disconnected entry here; see `crate::fleet_state`). No
 /// round trip to the bus.
 pub(crate) async fn cluster_list(ctx: &Context) -> Vec<serde_json::Value> {
-    cluster_rows(ctx).into_iter().map(crate::fleet_rows::Row::value).collect()
+    let mut rows = cluster_rows(ctx);
+    rows.sort_unstable_by(|a, b| a.cluster.cmp(&b.cluster));
+    rows.into_iter().map(crate::fleet_rows::Row::value).collect()
 }
 
 /// [`cluster_list`] as rows: what lists filter, order and count by, the JSON built only

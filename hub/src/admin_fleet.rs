@@ -56,8 +56,20 @@ fn state_of(r: &Row, not_ready: &HashMap<String, usize>) -> ClusterState {
         connected: r.connected,
         watches_failed: r.health.watches_failing as usize,
         modules_not_ready: (r.health.modules_not_ready as usize).max(runtime),
-        hub: r.hub.clone(),
+        hub: r.hub.as_deref().map(str::to_string),
     }
+}
+
+/// Where a row sorts with `order=problems` ([`ClusterState::rank`]), without allocating.
+fn rank_of(r: &Row, not_ready: &HashMap<String, usize>) -> u8 {
+    let runtime = not_ready.get(&r.cluster).copied().unwrap_or(0);
+    ClusterState {
+        connected: r.connected,
+        watches_failed: r.health.watches_failing as usize,
+        modules_not_ready: (r.health.modules_not_ready as usize).max(runtime),
+        hub: None,
+    }
+    .rank()
 }
 
 fn has_phase(r: &Row, filter: &PhaseFilter) -> bool {
@@ -85,7 +97,7 @@ pub(crate) async fn clusters(
         .filter(|r| q.connected.is_none_or(|want| r.connected == want))
         .filter(|r| q.watch_phase.as_ref().is_none_or(|f| has_phase(r, f)))
         .filter(|r| q.name_matches(&r.cluster))
-        .map(|r| (state_of(&r, &not_ready).rank(), r))
+        .map(|r| (rank_of(&r, &not_ready), r))
         .collect();
     match q.page(list, |(rank, r)| (*rank, r.cluster.clone())) {
         Ok(page) => {

@@ -95,7 +95,7 @@ pub(crate) struct Row {
     /// Whether it is shown connected.
     pub connected: bool,
     /// The replica its entry is from (`None`: a hub of its own bus).
-    pub hub: Option<String>,
+    pub hub: Option<std::sync::Arc<str>>,
     /// Its watches and modules.
     pub health: Health,
     /// Events this replica accepted for it (other replicas' count through their heartbeats).
@@ -109,7 +109,7 @@ impl Row {
         Row {
             cluster: status.cluster.clone(),
             connected: status.connected,
-            hub: hub.map(str::to_string),
+            hub: hub.map(std::sync::Arc::from),
             health: Health::of(&status),
             own_events: status.events_received,
             source: Source::Local(Box::new(status)),
@@ -138,7 +138,7 @@ impl Row {
         Row {
             cluster: cluster.to_string(),
             connected: v["connected"] == true,
-            hub: Some(hub.to_string()),
+            hub: Some(hub.into()),
             health,
             own_events: 0,
             source: Source::Legacy(v),
@@ -156,7 +156,7 @@ impl Row {
             Source::Local(status) => {
                 let mut v = serde_json::to_value(*status).unwrap_or_default();
                 if let (Some(hub), Some(obj)) = (self.hub, v.as_object_mut()) {
-                    obj.insert("hub".into(), hub.into());
+                    obj.insert("hub".into(), hub.to_string().into());
                 }
                 v
             }
@@ -165,7 +165,7 @@ impl Row {
                 if let Some(obj) = v.as_object_mut() {
                     obj.remove("entryFormat");
                     obj.insert("connected".into(), self.connected.into());
-                    obj.insert("hub".into(), c.hub.into());
+                    obj.insert("hub".into(), c.hub.to_string().into());
                 }
                 v
             }

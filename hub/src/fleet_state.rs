@@ -28,7 +28,7 @@
 //! So after every replica restarted, clusters whose agents have not come back are listed
 //! as not connected (from the bus) instead of vanishing.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, RwLock};
 
@@ -116,8 +116,8 @@ impl Changes {
 pub(crate) struct Cached {
     /// The entry's JSON (a [`FleetEntry`]), decoded when listed.
     pub raw: bytes::Bytes,
-    /// The replica that wrote it.
-    pub hub: String,
+    /// The replica that wrote it (shared by the rows listing it).
+    pub hub: std::sync::Arc<str>,
     /// Whether that replica said the agent is connected.
     pub connected: bool,
     /// Its watches and modules, as the lists count them.
@@ -197,7 +197,7 @@ impl FleetState {
     /// Clusters whose entry this replica wrote (its own, or its earlier life's).
     pub(crate) fn own_clusters(&self) -> Vec<String> {
         let Ok(e) = self.entries.read() else { return Vec::new() };
-        e.iter().filter(|(_, c)| c.hub == self.me).map(|(k, _)| k.clone()).collect()
+        e.iter().filter(|(_, c)| *c.hub == *self.me).map(|(k, _)| k.clone()).collect()
     }
 
     /// Drops entries the bus has expired (it does not announce them).
@@ -237,14 +237,15 @@ impl FleetState {
     /// alive. This replica's own entries are not (its registry says what is connected here;
     /// an entry of its own that the registry does not have is from before a restart).
     fn shows_connected(&self, c: &Cached, live: &Live) -> bool {
-        c.connected && c.hub != self.me && live.known && live.beats.contains_key(&c.hub)
+        c.connected && *c.hub != *self.me && live.known && live.beats.contains_key(&*c.hub)
     }
 
-    /// This replica's clusters (`local`, from its registry) merged with every other entry,
-    /// sorted by cluster id, each with `hub`: an entry connected elsewhere replaces a
+    /// This replica's clusters (`local`, from its registry) merged with every other entry
+    /// (in no order), each with `hub`: an entry connected elsewhere replaces a
     /// disconnected one here; an entry of a replica without a heartbeat shows not connected.
     pub(crate) fn rows(&self, local: Vec<ClusterStatus>) -> Vec<Row> {
-        let mut out: BTreeMap<String, Row> = BTreeMap::new();
+        // Not sorted here: a list sorts (or selects) what it answers.
+        let mut out: HashMap<String, Row> = HashMap::with_capacity(self.len());
         for status in local {
             out.insert(status.cluster.clone(), Row::local(status, Some(&self.me)));
         }
@@ -313,7 +314,7 @@ pub(crate) fn cached_of(value: &[u8], revision: u64, written_ms: Option<u64>) ->
     let (hub, connected, health) = Health::of_entry(value)?;
     // A copy of its own: the payload may share a read buffer far larger than itself.
     let raw = bytes::Bytes::copy_from_slice(value);
-    Some(Cached { raw, hub, connected, health, revision, written_ms })
+    Some(Cached { raw, hub: hub.into(), connected, health, revision, written_ms })
 }
 
 /// What a heartbeat of this replica says now.

@@ -19,7 +19,9 @@ fn beat(name: &str) -> (String, bytes::Bytes) {
 
 /// The rows as the admin API lists them.
 fn merged(fleet: &FleetState, local: Vec<ClusterStatus>) -> Vec<Value> {
-    fleet.rows(local).into_iter().map(Row::value).collect()
+    let mut rows = fleet.rows(local);
+    rows.sort_by(|a, b| a.cluster.cmp(&b.cluster));
+    rows.into_iter().map(Row::value).collect()
 }
 
 fn state(me: &str) -> FleetState {

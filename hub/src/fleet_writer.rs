@@ -164,7 +164,7 @@ async fn follow(ctx: Arc<Context>, shutdown: CancellationToken) {
 /// the agent is connected here (that replica wrote after this one).
 fn needs_look(cluster: &str, c: &Cached, ctx: &Context) -> bool {
     let registry = &ctx.sessions.registry;
-    if c.hub == ctx.replica {
+    if *c.hub == *ctx.replica {
         c.connected && !registry.is_connected(cluster)
     } else {
         !c.connected && registry.is_connected(cluster)
@@ -227,7 +227,7 @@ pub(crate) fn plan(
             }
             let expect = match (owned, cached) {
                 (Some(o), _) => Expect::Revision(o.revision),
-                (None, Some(c)) if c.hub == me => Expect::Revision(c.revision),
+                (None, Some(c)) if &*c.hub == me => Expect::Revision(c.revision),
                 (None, None) => Expect::Absent,
                 // Another replica's entry: its agent is there (or was last).
                 (None, Some(_)) => return None,
@@ -238,7 +238,7 @@ pub(crate) fn plan(
             // Unknown to this replica's registry: an entry of its earlier life that still
             // says connected is set to not connected, if nobody wrote it since.
             let c = cached?;
-            if c.hub != me || !c.connected {
+            if &*c.hub != me || !c.connected {
                 return None;
             }
             let mut entry = c.entry()?;
