@@ -1,6 +1,6 @@
 //! `fleetwatch bench`: measured, not asserted. Figures go to the README.
 //!
-//! One file per benchmark (`hub`, `agent`, `lifecycle`, `sim`, `storm`, `dst`; the chaos
+//! One file per benchmark (`hub`, `agent`, `lifecycle`, `sim`, `storm`, `dst`, `fleet_state`; the chaos
 //! soak, `bench soak`, lives in `soak/`), so each reads top to bottom as the experiment it
 //! is; this file holds the subcommand and what the benchmarks share: a throw-away PKI, a hub
 //! child process, and reading a process's memory and CPU from `/proc`. The `fleetwatch`
@@ -9,6 +9,7 @@
 
 mod agent;
 mod dst;
+mod fleet_state;
 mod hub;
 mod jetstream;
 mod lifecycle;
@@ -59,6 +60,10 @@ enum BenchWhat {
     /// and subscriber client under faults on a simulated network, each checked by the
     /// oracle; prints failing seeds and how to replay them.
     Dst(dst::DstBench),
+    /// Hub replica start-up with many clusters known in the shared fleet state: a local
+    /// nats-server's fleet bucket filled, then replicas started on it; how long until each
+    /// loaded every entry, and its memory.
+    FleetState(fleet_state::FleetStateBench),
     /// One load process of `bench hub --load-procs` (started by it, not by hand).
     #[command(hide = true)]
     HubLoad(load::HubLoadArgs),
@@ -75,6 +80,7 @@ pub async fn run(args: BenchArgs, crds: Vec<serde_json::Value>) -> anyhow::Resul
         BenchWhat::Soak(b) => crate::soak::run(b).await,
         BenchWhat::Storm(b) => storm::run(b).await,
         BenchWhat::Dst(b) => dst::run(b).await,
+        BenchWhat::FleetState(b) => fleet_state::run(b).await,
         BenchWhat::HubLoad(a) => load::run_child(a).await,
     }
 }

@@ -13,8 +13,8 @@
 //!
 //! The [`Bus`] trait holds what every backend does: append, read, durable cursors, health.
 //! What only some have is a trait of its own, reached through [`Bus::replica_share`] and
-//! [`Bus::fault_injection`]: [`ReplicaShare`] (the NATS bus: replicas exchange their
-//! cluster lists) and [`FaultInjection`] (the segment log: its storage made to fail, for
+//! [`Bus::fault_injection`]: [`ReplicaShare`] (the NATS bus: the fleet's state, one entry
+//! per cluster, and the replicas' heartbeats) and [`FaultInjection`] (the segment log: its storage made to fail, for
 //! tests and the chaos soak). The two embedded backends answer the reads from one shared
 //! core ([`log`]), forwarded to it in one place (`log::forward_to_core`).
 //!
@@ -208,17 +208,79 @@ pub trait Bus: Send + Sync + 'static {
     }
 }
 
-/// What a bus shared by several hub replicas adds: the replicas exchange their cluster
-/// lists through it, so `/api/v1/clusters` on any replica shows the whole fleet. Obtained
-/// with [`Bus::replica_share`]; its presence is what "shared" means.
+/// What a bus shared by several hub replicas adds: the fleet's state, one entry per cluster
+/// as the replica its agent is connected to shows it, and each replica's heartbeat, so
+/// `/api/v1/clusters` on any replica shows the whole fleet. Obtained with
+/// [`Bus::replica_share`]; its presence is what "shared" means. The bus stores bytes; what
+/// an entry holds, and who writes it when, is the hub's (`fleetwatch_hub::fleet_state`).
 pub trait ReplicaShare: Send + Sync {
-    /// Shares this replica's clusters (as `/api/v1/clusters` shows them) with the other
-    /// replicas on the bus; entries of a replica that stops sharing expire.
-    fn share_clusters<'a>(&'a self, replica: &'a str, clusters: serde_json::Value) -> BusFuture<'a, ()>;
+    /// Writes this replica's heartbeat (a small value); it expires after
+    /// [`nats::REPLICA_TTL`] without another.
+    fn heartbeat<'a>(&'a self, replica: &'a str, value: Bytes) -> BusFuture<'a, ()>;
 
-    /// What the other replicas shared: (replica, clusters).
-    fn shared_clusters<'a>(&'a self, replica: &'a str) -> BusFuture<'a, Vec<(String, serde_json::Value)>>;
+    /// Every replica whose heartbeat has not expired, with what it wrote (a release before
+    /// the per-cluster entries wrote its whole cluster list there, as a JSON array).
+    fn replicas(&self) -> BusFuture<'_, Vec<(String, Bytes)>>;
+
+    /// Writes the entry of `cluster` if `expect` holds; [`Written::Moved`] when it does not
+    /// (another replica wrote the entry since).
+    fn write_entry<'a>(&'a self, cluster: &'a str, value: Bytes, expect: Expect) -> BusFuture<'a, Written>;
+
+    /// Follows every cluster's entry: the latest of each, [`EntryEvent::CaughtUp`], then each
+    /// change as it is written.
+    fn follow_entries(&self) -> BusFuture<'_, EntryStream>;
+
+    /// The largest entry the bus stores, in bytes (a larger write is refused).
+    fn max_entry_bytes(&self) -> usize;
+
+    /// How long an entry outlives its last write.
+    fn entry_max_age(&self) -> Duration;
+
+    /// Changes whenever the entries were lost (JetStream lost its store and the bucket was
+    /// created again, empty): the hub then writes its clusters again and follows afresh.
+    fn generation(&self) -> u64;
 }
+
+/// When [`ReplicaShare::write_entry`] writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Expect {
+    /// Whatever is there.
+    Any,
+    /// Only if the cluster has no entry.
+    Absent,
+    /// Only if the entry is still at this revision (compare-and-set).
+    Revision(u64),
+}
+
+/// The outcome of [`ReplicaShare::write_entry`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Written {
+    /// Stored at this revision.
+    Stored(u64),
+    /// Not written: the entry is not as expected (another replica wrote it since).
+    Moved,
+}
+
+/// What following the entries delivers ([`ReplicaShare::follow_entries`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EntryEvent {
+    /// A cluster's entry (initial or changed).
+    Entry {
+        /// The cluster id.
+        cluster: String,
+        /// The entry (empty: deleted).
+        value: Bytes,
+        /// Its revision (what [`Expect::Revision`] compares).
+        revision: u64,
+        /// When it was written, Unix milliseconds (the server's clock), when known.
+        written_ms: Option<u64>,
+    },
+    /// Every entry there was when following began has been delivered.
+    CaughtUp,
+}
+
+/// The stream of [`ReplicaShare::follow_entries`].
+pub type EntryStream = Pin<Box<dyn futures_util::Stream<Item = Result<EntryEvent, BusError>> + Send>>;
 
 /// Making a bus's storage fail on purpose (tests and the chaos soak), for a bus that has
 /// storage. Obtained with [`Bus::fault_injection`].

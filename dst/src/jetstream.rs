@@ -33,8 +33,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use fleetwatch_bus::nats::jetstream::{
-    CreateError, Delivered, HeaderMap, JetStream, JsError, KeyValue, KvEntry, PublishAck, Settings, Stored, StreamInfo,
-    StreamSpec, StreamState, Subject,
+    BucketSpec, Delivered, HeaderMap, JetStream, JsError, PublishAck, Settings, Stored, StreamInfo, StreamSpec,
+    StreamState, Subject,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -51,6 +51,11 @@ const CONSUMER_RECREATE: Duration = Duration::from_secs(5);
 const IN_FLIGHT_LOST: f64 = 0.3;
 /// How often a request on a link that is down looks again.
 const RETRY: Duration = Duration::from_millis(50);
+
+mod kv;
+
+use kv::Bucket;
+pub use kv::{SimFollow, SimKv};
 
 fn now() -> Duration {
     turmoil::sim_elapsed().unwrap_or_default()
@@ -124,26 +129,6 @@ impl MemStream {
         }
         let window = self.spec.duplicate_window;
         self.ids.retain(|_, (_, t)| now.saturating_sub(*t) <= window);
-    }
-}
-
-#[derive(Default)]
-struct Bucket {
-    /// Key → (value, revision, when written).
-    entries: BTreeMap<String, (Bytes, u64, Duration)>,
-    revision: u64,
-    max_age: Duration,
-}
-
-impl Bucket {
-    fn live(&self, key: &str, now: Duration) -> Option<&(Bytes, u64, Duration)> {
-        self.entries.get(key).filter(|(_, _, t)| self.max_age.is_zero() || now.saturating_sub(*t) <= self.max_age)
-    }
-
-    fn write(&mut self, key: &str, value: Bytes, now: Duration) -> u64 {
-        self.revision += 1;
-        self.entries.insert(key.to_string(), (value, self.revision, now));
-        self.revision
     }
 }
 
@@ -434,65 +419,6 @@ impl futures_util::Stream for SimMessages {
     }
 }
 
-/// A key-value bucket through one replica's link.
-pub struct SimKv {
-    js: SimJs,
-    bucket: String,
-}
-
-impl SimKv {
-    async fn on<T: Send>(&self, f: impl FnOnce(&mut Bucket, Duration) -> T + Send) -> Result<T, String> {
-        let bucket = self.bucket.clone();
-        self.js
-            .request(move |s| match s.buckets.get_mut(&bucket) {
-                Some(b) => Ok(f(b, now())),
-                None => Err(not_found()),
-            })
-            .await?
-    }
-}
-
-impl KeyValue for SimKv {
-    async fn get(&self, key: &str) -> Result<Option<Bytes>, String> {
-        self.on(|b, now| b.live(key, now).map(|(v, _, _)| v.clone())).await
-    }
-
-    async fn entry(&self, key: &str) -> Result<Option<KvEntry>, String> {
-        self.on(|b, now| b.live(key, now).map(|(v, r, _)| KvEntry { value: v.clone(), revision: *r, is_put: true }))
-            .await
-    }
-
-    async fn put(&self, key: &str, value: Bytes) -> Result<u64, String> {
-        self.on(|b, now| b.write(key, value, now)).await
-    }
-
-    async fn create(&self, key: &str, value: Bytes) -> Result<u64, CreateError> {
-        let created = self
-            .on(|b, now| match b.live(key, now) {
-                Some(_) => Err(CreateError::AlreadyExists),
-                None => Ok(b.write(key, value, now)),
-            })
-            .await;
-        match created {
-            Ok(r) => r,
-            Err(e) => Err(CreateError::Other(e)),
-        }
-    }
-
-    async fn update(&self, key: &str, value: Bytes, revision: u64) -> Result<u64, String> {
-        self.on(|b, now| match b.live(key, now) {
-            Some((_, r, _)) if *r == revision => Ok(b.write(key, value, now)),
-            Some((_, r, _)) => Err(format!("wrong last sequence: {r}")),
-            None => Err("wrong last sequence: 0".to_string()),
-        })
-        .await?
-    }
-
-    async fn keys(&self) -> Result<Vec<String>, String> {
-        self.on(|b, now| b.entries.keys().filter(|k| b.live(k, now).is_some()).cloned().collect()).await
-    }
-}
-
 impl JetStream for SimJs {
     type Kv = SimKv;
     type Ack = SimAck;
@@ -624,18 +550,13 @@ impl JetStream for SimJs {
         })
     }
 
-    async fn bucket(
-        &self,
-        name: &str,
-        _replicas: usize,
-        max_age: Duration,
-        _window: Duration,
-    ) -> Result<SimKv, String> {
+    async fn bucket(&self, spec: &BucketSpec) -> Result<SimKv, String> {
+        let bucket = Bucket::new(spec);
         self.request(|s| {
-            s.buckets.entry(name.to_string()).or_insert_with(|| Bucket { max_age, ..Bucket::default() });
+            s.buckets.entry(spec.name.clone()).or_insert(bucket);
         })
         .await?;
-        Ok(SimKv { js: self.clone(), bucket: name.into() })
+        Ok(SimKv::new(self.clone(), &spec.name))
     }
 }
 
@@ -704,34 +625,6 @@ mod tests {
             let mut tail = js.ordered(1).await?;
             let first = tail.next().await.ok_or("no message")??;
             assert_eq!((first.sequence, first.subject.as_str()), (3, "fw.c"));
-            Ok(())
-        });
-    }
-
-    #[test]
-    fn key_value_compare_and_set_and_expiry() {
-        sim(async {
-            let server = SimJetStream::new(1, 0.0);
-            let js = server.link("hub-1");
-            let kv = js.bucket("b", 1, Duration::ZERO, Duration::from_secs(120)).await?;
-            let r1 = kv.create("k", Bytes::from_static(b"1")).await.map_err(|e| e.to_string())?;
-            assert_eq!(kv.create("k", Bytes::from_static(b"2")).await, Err(CreateError::AlreadyExists));
-            assert!(kv.update("k", Bytes::from_static(b"2"), r1 + 7).await.is_err(), "another revision");
-            let r2 = kv.update("k", Bytes::from_static(b"2"), r1).await?;
-            assert!(r2 > r1);
-            assert_eq!(kv.entry("k").await?.map(|e| (e.value, e.revision)), Some((Bytes::from_static(b"2"), r2)));
-            kv.put("j", Bytes::from_static(b"x")).await?;
-            assert_eq!(kv.keys().await?, vec!["j".to_string(), "k".to_string()]);
-            let ttl = js.bucket("t", 1, Duration::from_secs(15), Duration::from_secs(15)).await?;
-            ttl.put("r", Bytes::from_static(b"x")).await?;
-            tokio::time::sleep(Duration::from_secs(16)).await;
-            assert_eq!(ttl.get("r").await?, None, "expired");
-            assert!(ttl.create("r", Bytes::from_static(b"y")).await.is_ok(), "an expired key can be created");
-            // The store lost: the bucket is gone until it is created again, empty.
-            server.lose_store();
-            assert!(kv.get("k").await.is_err());
-            js.bucket("b", 1, Duration::ZERO, Duration::from_secs(120)).await?;
-            assert_eq!(kv.get("k").await?, None);
             Ok(())
         });
     }

@@ -243,26 +243,24 @@ async fn metrics(State(ctx): State<Arc<Context>>, headers: axum::http::HeaderMap
     fleetwatch_telemetry::server::metrics(&headers, crate::scrape::encode(&ctx).await)
 }
 
-/// This replica's clusters, plus, on a shared bus, those of the other replicas (`hub` says
-/// which replica an entry comes from; a cluster connected elsewhere replaces a
-/// disconnected entry here).
+/// This replica's clusters, plus, on a shared bus, those of the other replicas from the
+/// fleet state it follows (`hub` says which replica an entry comes from; a cluster
+/// connected elsewhere replaces a disconnected entry here; see `crate::fleet_state`). No
+/// round trip to the bus.
 pub(crate) async fn cluster_list(ctx: &Context) -> Vec<serde_json::Value> {
-    let local = serde_json::to_value(ctx.sessions.registry.list()).unwrap_or_default();
-    let Some(share) = ctx.sessions.bus.replica_share() else {
-        // Taken, not cloned: at 50,000 clusters a copy is tens of megabytes.
-        return match local {
-            serde_json::Value::Array(list) => list,
-            _ => Vec::new(),
-        };
-    };
-    let others = match share.shared_clusters(&ctx.replica).await {
-        Ok(o) => o,
-        Err(e) => {
-            tracing::debug!(error = %e, "cannot read the other replicas' clusters");
-            Vec::new()
-        }
-    };
-    merge_replicas(&ctx.replica, local, others)
+    let mut rows = cluster_rows(ctx);
+    rows.sort_unstable_by(|a, b| a.cluster.cmp(&b.cluster));
+    rows.into_iter().map(crate::fleet_rows::Row::value).collect()
+}
+
+/// [`cluster_list`] as rows: what lists filter, order and count by, the JSON built only
+/// for the items answered (see `crate::fleet_rows`).
+pub(crate) fn cluster_rows(ctx: &Context) -> Vec<crate::fleet_rows::Row> {
+    let local = ctx.sessions.registry.list();
+    if ctx.sessions.bus.replica_share().is_none() {
+        return local.into_iter().map(|s| crate::fleet_rows::Row::local(s, None)).collect();
+    }
+    ctx.fleet.rows(local)
 }
 
 fn not_found(what: String) -> Response {
@@ -272,23 +270,25 @@ fn not_found(what: String) -> Response {
 /// One cluster: its status (watches, inventory, certificate, conflicts) and, when its
 /// agent is connected to this replica or was, its recent events.
 async fn cluster(State(ctx): State<Arc<Context>>, Path(id): Path<String>) -> Response {
+    let shared = ctx.sessions.bus.replica_share().is_some();
+    // As the other replicas show it (the fleet state in memory: no round trip).
+    let elsewhere = if shared { ctx.fleet.elsewhere(&id) } else { None };
     if let Some((status, recent)) = ctx.sessions.registry.get(&id) {
         let mut doc = serde_json::to_value(status).unwrap_or_default();
         doc["recentEvents"] = serde_json::to_value(recent).unwrap_or_default();
-        if ctx.sessions.bus.replica_share().is_some() {
+        if shared {
             doc["hub"] = ctx.replica.clone().into();
         }
         // Connected to another replica: that one's entry (without recent events).
         if doc["connected"] != true
-            && let Some(other) = cluster_list(&ctx).await.into_iter().find(|c| c["cluster"] == id.as_str())
-            && other["connected"] == true
+            && let Some((true, other)) = elsewhere
         {
             return axum::Json(other).into_response();
         }
         return axum::Json(doc).into_response();
     }
-    match cluster_list(&ctx).await.into_iter().find(|c| c["cluster"] == id.as_str()) {
-        Some(other) => axum::Json(other).into_response(),
+    match elsewhere {
+        Some((_, other)) => axum::Json(other).into_response(),
         None => not_found(format!("no cluster {id:?} has connected to this hub since it started")),
     }
 }
@@ -520,65 +520,6 @@ async fn login(State(admin): State<Admin>, req: Request) -> Response {
     let secure = if admin.ctx.admin_tls.is_some() { "; Secure" } else { "" };
     let cookie = format!("{}={id}; HttpOnly; SameSite=Strict; Path=/{secure}", admin_auth::COOKIE);
     ([(header::SET_COOKIE, cookie)], Redirect::to("/")).into_response()
-}
-
-/// Merges cluster lists of several replicas (see [`clusters`]).
-fn merge_replicas(
-    me: &str,
-    local: serde_json::Value,
-    others: Vec<(String, serde_json::Value)>,
-) -> Vec<serde_json::Value> {
-    let mut by_cluster: std::collections::BTreeMap<String, serde_json::Value> = std::collections::BTreeMap::new();
-    let tagged = |hub: &str, list: serde_json::Value| {
-        let hub = hub.to_string();
-        list.as_array().cloned().unwrap_or_default().into_iter().filter_map(move |mut c| {
-            let name = c["cluster"].as_str()?.to_string();
-            c["hub"] = hub.clone().into();
-            Some((name, c))
-        })
-    };
-    for (name, c) in tagged(me, local) {
-        by_cluster.insert(name, c);
-    }
-    for (hub, list) in others {
-        for (name, c) in tagged(&hub, list) {
-            let replace = match by_cluster.get(&name) {
-                None => true,
-                Some(have) => have["connected"] != true && c["connected"] == true,
-            };
-            if replace {
-                by_cluster.insert(name, c);
-            }
-        }
-    }
-    by_cluster.into_values().collect()
-}
-
-#[cfg(test)]
-mod merge_tests {
-    use serde_json::json;
-
-    #[test]
-    fn a_cluster_connected_elsewhere_wins_over_a_disconnected_entry_here() {
-        let local = json!([{"cluster": "a", "connected": false}, {"cluster": "b", "connected": true}]);
-        let others = vec![(
-            "hub-2".to_string(),
-            json!([{"cluster": "a", "connected": true}, {"cluster": "b", "connected": false}, {"cluster": "c", "connected": true}]),
-        )];
-        let merged = super::merge_replicas("hub-1", local, others);
-        let view: Vec<(String, String, bool)> = merged
-            .iter()
-            .map(|c| (c["cluster"].as_str().unwrap().into(), c["hub"].as_str().unwrap().into(), c["connected"] == true))
-            .collect();
-        assert_eq!(
-            view,
-            vec![
-                ("a".into(), "hub-2".into(), true),
-                ("b".into(), "hub-1".into(), true),
-                ("c".into(), "hub-2".into(), true)
-            ]
-        );
-    }
 }
 
 #[cfg(test)]

@@ -13,9 +13,10 @@ use fleetwatch_protocol::message::WatchPhase;
 use tokio_util::sync::CancellationToken;
 
 use crate::Context;
-use crate::admin::{Admin, MAX_STREAMS, OVERVIEW_INTERVAL, cluster_list};
+use crate::admin::{Admin, MAX_STREAMS, OVERVIEW_INTERVAL, cluster_rows};
 use crate::admin_list::{BadRequest, ListQuery, PhaseFilter};
 use crate::admin_stream::{ClusterState, Counts, Delta, Follower, Tracker};
+use crate::fleet_rows::Row;
 
 /// The broadcast of deltas the followers read, and the states the next delta is computed
 /// from. A new follower measures its snapshot under the same lock, priming the tracker when
@@ -48,31 +49,36 @@ fn runtime_not_ready(ctx: &Context) -> HashMap<String, usize> {
     out
 }
 
-/// The state the stream follows of one cluster of [`cluster_list`].
-fn state_of(c: &serde_json::Value, not_ready: &HashMap<String, usize>) -> ClusterState {
-    let failing = c["watches"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|w| serde_json::from_value::<WatchPhase>(w["phase"].clone()).is_ok_and(WatchPhase::is_failing))
-        .count();
-    let inventory = c["inventory"].as_array().into_iter().flatten().filter(|m| m["ready"] != true).count();
-    let runtime = c["cluster"].as_str().and_then(|id| not_ready.get(id)).copied().unwrap_or(0);
+/// The state the stream follows of one cluster.
+fn state_of(r: &Row, not_ready: &HashMap<String, usize>) -> ClusterState {
+    let runtime = not_ready.get(&r.cluster).copied().unwrap_or(0);
     ClusterState {
-        connected: c["connected"] == true,
-        watches_failed: failing,
-        modules_not_ready: inventory.max(runtime),
-        hub: c["hub"].as_str().map(str::to_string),
+        connected: r.connected,
+        watches_failed: r.health.watches_failing as usize,
+        modules_not_ready: (r.health.modules_not_ready as usize).max(runtime),
+        hub: r.hub.as_deref().map(str::to_string),
     }
 }
 
-fn has_phase(c: &serde_json::Value, filter: &PhaseFilter) -> bool {
-    c["watches"].as_array().into_iter().flatten().any(|w| match filter {
-        PhaseFilter::Failed => {
-            serde_json::from_value::<WatchPhase>(w["phase"].clone()).is_ok_and(WatchPhase::is_failing)
+/// Where a row sorts with `order=problems` ([`ClusterState::rank`]), without allocating.
+fn rank_of(r: &Row, not_ready: &HashMap<String, usize>) -> u8 {
+    let runtime = not_ready.get(&r.cluster).copied().unwrap_or(0);
+    ClusterState {
+        connected: r.connected,
+        watches_failed: r.health.watches_failing as usize,
+        modules_not_ready: (r.health.modules_not_ready as usize).max(runtime),
+        hub: None,
+    }
+    .rank()
+}
+
+fn has_phase(r: &Row, filter: &PhaseFilter) -> bool {
+    match filter {
+        PhaseFilter::Failed => r.health.watches_failing > 0,
+        PhaseFilter::Phase(p) => {
+            serde_json::from_value::<WatchPhase>(serde_json::Value::String(p.clone())).is_ok_and(|p| r.has_phase(p))
         }
-        PhaseFilter::Phase(p) => w["phase"] == p.as_str(),
-    })
+    }
 }
 
 /// `GET /api/v1/clusters`: paged and filtered (`connected`, `watchPhase`, `q`, `order`).
@@ -85,18 +91,18 @@ pub(crate) async fn clusters(
         Err(e) => return bad_request(e),
     };
     let not_ready = runtime_not_ready(&ctx);
-    let list: Vec<(u8, serde_json::Value)> = cluster_list(&ctx)
-        .await
+    // Filtered and paged as rows; JSON only for the page's items.
+    let list: Vec<(u8, Row)> = cluster_rows(&ctx)
         .into_iter()
-        .filter(|c| q.connected.is_none_or(|want| (c["connected"] == true) == want))
-        .filter(|c| q.watch_phase.as_ref().is_none_or(|f| has_phase(c, f)))
-        .filter(|c| q.name_matches(c["cluster"].as_str().unwrap_or_default()))
-        .map(|c| (state_of(&c, &not_ready).rank(), c))
+        .filter(|r| q.connected.is_none_or(|want| r.connected == want))
+        .filter(|r| q.watch_phase.as_ref().is_none_or(|f| has_phase(r, f)))
+        .filter(|r| q.name_matches(&r.cluster))
+        .map(|r| (rank_of(&r, &not_ready), r))
         .collect();
-    match q.page(list, |(rank, c)| (*rank, c["cluster"].as_str().unwrap_or_default().to_string())) {
+    match q.page(list, |(rank, r)| (*rank, r.cluster.clone())) {
         Ok(page) => {
             let metadata = page.metadata();
-            let items: Vec<serde_json::Value> = page.items.into_iter().map(|(_, c)| c).collect();
+            let items: Vec<serde_json::Value> = page.items.into_iter().map(|(_, r)| r.value()).collect();
             axum::Json(serde_json::json!({ "metadata": metadata, "clusters": items })).into_response()
         }
         Err(e) => bad_request(e),
@@ -151,18 +157,21 @@ pub(crate) async fn runtimes(
 /// events accepted so far (for the rate).
 async fn measure(ctx: &Context) -> (HashMap<String, ClusterState>, Counts, u64) {
     let not_ready = runtime_not_ready(ctx);
-    let list = cluster_list(ctx).await;
+    let list = cluster_rows(ctx);
     let mut events_total = 0u64;
     let mut states = HashMap::with_capacity(list.len());
     let mut counts = Counts::default();
-    for c in &list {
-        events_total += c["eventsReceived"].as_u64().unwrap_or(0);
-        let s = state_of(c, &not_ready);
+    for r in &list {
+        // Other replicas' clusters count through their heartbeats (their entries hold the
+        // counters as of their last write only).
+        events_total += r.own_events;
+        let s = state_of(r, &not_ready);
         counts.connected += usize::from(s.connected);
         counts.watches_failing += usize::from(s.connected && s.watches_failed > 0);
         counts.modules_not_ready += usize::from(s.connected && s.modules_not_ready > 0);
-        states.insert(c["cluster"].as_str().unwrap_or_default().to_string(), s);
+        states.insert(r.cluster.clone(), s);
     }
+    events_total += ctx.fleet.others_events();
     counts.clusters = list.len();
     counts.disconnected = counts.clusters - counts.connected;
     counts.ready = crate::admin::checks(ctx).iter().all(|c| c.state.is_ok());
@@ -253,4 +262,44 @@ pub(crate) async fn overview_stream(State(admin): State<Admin>) -> Response {
         Some((Ok::<_, std::convert::Infallible>(event), (f, permit)))
     });
     Sse::new(stream).keep_alive(KeepAlive::default()).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use fleetwatch_protocol::message::{ModuleInventory, WatchState};
+
+    use super::*;
+    use crate::registry::ClusterStatus;
+
+    fn row(phases: &[WatchPhase], modules_ready: &[bool], connected: bool) -> Row {
+        let watch = |p: &WatchPhase| WatchState { name: "w".into(), phase: *p, message: String::new(), objects: 0 };
+        let module = |r: &bool| ModuleInventory { name: "m".into(), version: "1".into(), ready: *r };
+        let status = ClusterStatus {
+            cluster: "c".into(),
+            connected,
+            watches: phases.iter().map(watch).collect(),
+            inventory: modules_ready.iter().map(module).collect(),
+            ..ClusterStatus::default()
+        };
+        Row::local(status, Some("hub-1"))
+    }
+
+    #[test]
+    fn rows_filter_by_watch_phase_and_rank_problems_first() {
+        let r = row(&[WatchPhase::Running, WatchPhase::Forbidden], &[true], true);
+        let phase = |p: &str| PhaseFilter::Phase(p.into());
+        assert!(has_phase(&r, &PhaseFilter::Failed) && has_phase(&r, &phase("forbidden")));
+        assert!(has_phase(&r, &phase("running")) && !has_phase(&r, &phase("error")));
+        let healthy = row(&[WatchPhase::Running, WatchPhase::WaitingForKind], &[true], true);
+        assert!(!has_phase(&healthy, &PhaseFilter::Failed) && has_phase(&healthy, &phase("waiting-for-kind")));
+        let none = HashMap::new();
+        assert_eq!(state_of(&r, &none).rank(), 1, "failing watches");
+        assert_eq!(state_of(&row(&[], &[true, false], true), &none).rank(), 2, "a module not ready");
+        assert_eq!(state_of(&healthy, &none).rank(), 3);
+        assert_eq!(state_of(&row(&[WatchPhase::Error], &[], false), &none).rank(), 0, "disconnected first");
+        // A Runtime's modules not ready count too.
+        let runtime = HashMap::from([("c".to_string(), 2)]);
+        let s = state_of(&healthy, &runtime);
+        assert_eq!((s.rank(), s.modules_not_ready, s.hub.as_deref()), (2, 2, Some("hub-1")));
+    }
 }

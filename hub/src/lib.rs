@@ -41,6 +41,10 @@ mod conn;
 mod delivery;
 pub mod fanout;
 pub mod fleet;
+pub mod fleet_entry;
+mod fleet_rows;
+mod fleet_state;
+mod fleet_writer;
 mod in_flight;
 mod ingest;
 pub mod metrics;
@@ -285,6 +289,8 @@ pub(crate) struct Context {
     pub runtimes_changed: tokio::sync::watch::Sender<u64>,
     /// What the hub made of each WatchConfig (accepted or why not).
     pub watch_verdicts: watch_source::Verdicts,
+    /// The fleet's state across replicas on a shared bus (empty otherwise).
+    pub fleet: fleet_state::FleetState,
 }
 
 /// Who is on the other end of a connection, from its certificate.
@@ -583,6 +589,8 @@ impl Hub {
             subscriber_slots: Default::default(),
             runtimes: runtimes.clone(),
         });
+        let replica = listener.local_addr().unwrap_or(config.listen).to_string();
+        let fleet = fleet_state::FleetState::new(&replica, sessions.bus.replica_share());
         let ctx = Arc::new(Context {
             admission: admission::ConnectionBudget::new(
                 config.max_connections,
@@ -590,7 +598,8 @@ impl Hub {
                 config.max_handshakes_per_ip,
             ),
             watch_synced: Arc::new(watch_source::WatchSync::new(watch_synced)),
-            replica: listener.local_addr().unwrap_or(config.listen).to_string(),
+            replica,
+            fleet,
             admin_token,
             admin_tls,
             runtimes,
@@ -634,6 +643,7 @@ impl Hub {
             tracker.spawn(admin::serve(admin, self.ctx.clone(), shutdown.clone()));
         }
         tracker.spawn(housekeeping(self.ctx.clone(), shutdown.clone()));
+        tracker.spawn(fleet_writer::run(self.ctx.clone(), shutdown.clone()));
         // Reading WatchConfigs from the control plane, the hub shows its Runtimes too.
         if let watch_source::WatchSource::ControlPlane(kubeconfig) = &self.ctx.config.watch_source {
             tracker.spawn(fleet::follow_runtimes(
@@ -722,8 +732,6 @@ fn fit_open_file_limit(config: &mut HubConfig) {
 /// is no longer good, cursor flush, the refusal summary.
 async fn housekeeping(ctx: Arc<Context>, shutdown: CancellationToken) {
     let mut flush = tokio::time::interval(Duration::from_secs(1));
-    // Well within the bus's expiry of shared cluster lists (15 s on NATS).
-    let mut share = tokio::time::interval(Duration::from_secs(3));
     let mut reload = tokio::time::interval(ctx.config.tls_reload_interval);
     let mut summary = tokio::time::interval(admission::SUMMARY_INTERVAL);
     summary.tick().await; // the first tick is immediate; summaries cover a whole interval
@@ -733,16 +741,6 @@ async fn housekeeping(ctx: Arc<Context>, shutdown: CancellationToken) {
             _ = flush.tick() => {
                 if let Err(e) = ctx.sessions.bus.flush_cursors().await {
                     tracing::warn!(error = %e, "cannot store subscriber cursors");
-                }
-            }
-            _ = share.tick(), if ctx.sessions.bus.replica_share().is_some() => {
-                let clusters = serde_json::to_value(ctx.sessions.registry.list()).unwrap_or_default();
-                let shared = match ctx.sessions.bus.replica_share() {
-                    Some(share) => share.share_clusters(&ctx.replica, clusters).await,
-                    None => Ok(()),
-                };
-                if let Err(e) = shared {
-                    tracing::debug!(error = %e, "cannot share this replica's clusters");
                 }
             }
             _ = summary.tick() => {

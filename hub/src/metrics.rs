@@ -88,6 +88,19 @@ pub struct Metrics {
     pub handshake_failures: Family<ReasonLabel, Counter>,
     /// Acks delayed by the per-cluster rate limits.
     pub throttled_acks: Counter,
+    /// Clusters' entries of the shared fleet state held (a bus of several replicas).
+    pub fleet_entries: Gauge,
+    /// Seconds the last load of the fleet state took (from following to caught up).
+    pub fleet_load_seconds: Gauge<f64, std::sync::atomic::AtomicU64>,
+    /// Entries this replica wrote into the fleet state.
+    pub fleet_writes: Counter,
+    /// Entries written trimmed to fit the bound.
+    pub fleet_trimmed: Counter,
+    /// Writes not made because another replica had written the entry since (its agent
+    /// moved there).
+    pub fleet_moved: Counter,
+    /// Entry writes that failed (retried).
+    pub fleet_write_failures: Counter,
 }
 
 impl Default for Metrics {
@@ -114,6 +127,12 @@ impl Default for Metrics {
             disconnects: Family::default(),
             handshake_failures: Family::default(),
             throttled_acks: Counter::default(),
+            fleet_entries: Gauge::default(),
+            fleet_load_seconds: Gauge::default(),
+            fleet_writes: Counter::default(),
+            fleet_trimmed: Counter::default(),
+            fleet_moved: Counter::default(),
+            fleet_write_failures: Counter::default(),
             registry: Registry::default(),
         };
         registry.register("agent_sessions", "Agent sessions open", m.agent_sessions.clone());
@@ -168,6 +187,24 @@ impl Default for Metrics {
             m.handshake_failures.clone(),
         );
         registry.register("throttled_acks", "Acks delayed by the per-cluster rate limits", m.throttled_acks.clone());
+        registry.register("fleet_entries", "Clusters' entries of the shared fleet state held", m.fleet_entries.clone());
+        registry.register(
+            "fleet_load_seconds",
+            "Seconds the last load of the shared fleet state took",
+            m.fleet_load_seconds.clone(),
+        );
+        registry.register("fleet_writes", "Entries written into the shared fleet state", m.fleet_writes.clone());
+        registry.register("fleet_trimmed", "Fleet state entries written trimmed to fit", m.fleet_trimmed.clone());
+        registry.register(
+            "fleet_moved",
+            "Fleet state entries left alone because another replica wrote them since",
+            m.fleet_moved.clone(),
+        );
+        registry.register(
+            "fleet_write_failures",
+            "Fleet state entry writes that failed (retried)",
+            m.fleet_write_failures.clone(),
+        );
         // The usual label values start at 0, so every family is served from the start
         // (dashboards and alerts see a series before the first event, rate() works at once).
         for reason in HANDSHAKE_FAILURES {

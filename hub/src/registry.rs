@@ -66,7 +66,7 @@ impl Default for Liveness {
 }
 
 /// One cluster as the admin API shows it.
-#[derive(Debug, Clone, Serialize, serde::Deserialize, Default)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize, Default, PartialEq)]
 #[serde(rename_all = "camelCase", default)]
 pub struct ClusterStatus {
     /// The cluster id.
@@ -293,6 +293,9 @@ pub struct SessionRegistry {
     clusters: Mutex<HashMap<String, Entry>>,
     /// Woken when a cluster connects or disconnects (the web view's live updates).
     changed: tokio::sync::Notify,
+    /// Clusters whose shared entry changed (connect, disconnect, reports, conflicts): what
+    /// the fleet state writes to a shared bus (`crate::fleet_state`).
+    pub(crate) shared: crate::fleet_state::Changes,
     /// Every authenticated connection by id: who it is, and how to close it.
     connections: Mutex<HashMap<u64, (Peer, CancellationToken)>>,
     /// The highest bus offset any subscriber session of this hub was sent or placed at
@@ -340,6 +343,7 @@ impl SessionRegistry {
         {
             e.status.cert_serial = Some(serial.into());
             e.status.cert_not_after = Some(not_after);
+            self.shared.mark(cluster);
         }
     }
 
@@ -377,6 +381,7 @@ impl SessionRegistry {
                 e.status.conflicts += 1;
                 e.status.last_conflict_from = Some(new.remote.into());
                 e.status.last_conflict_at = Some(jiff::Timestamp::now());
+                self.shared.mark(cluster);
                 return OpenOutcome::Conflict { connected_from: from, since: e.status.connected_since };
             }
             live.cancel.cancel();
@@ -394,6 +399,7 @@ impl SessionRegistry {
         e.status.last_seen = Some(now);
         e.status.sessions += 1;
         drop(map);
+        self.shared.mark(cluster);
         self.changed.notify_waiters();
         OpenOutcome::Opened { replaced }
     }
@@ -411,6 +417,7 @@ impl SessionRegistry {
             e.status.session = None;
             e.live = None;
             drop(map);
+            self.shared.mark(cluster);
             self.changed.notify_waiters();
         }
     }
@@ -500,6 +507,7 @@ impl SessionRegistry {
             && let Some(e) = map.get_mut(cluster)
         {
             e.status.inventory = modules;
+            self.shared.mark(cluster);
         }
     }
 
@@ -509,12 +517,24 @@ impl SessionRegistry {
             && let Some(e) = map.get_mut(cluster)
         {
             e.status.watches = watches;
+            self.shared.mark(cluster);
         }
     }
 
     /// Whether an agent of `cluster` ever opened a session since the hub started.
     pub fn knows(&self, cluster: &str) -> bool {
         self.clusters.lock().map(|m| m.contains_key(cluster)).unwrap_or(false)
+    }
+
+    /// One cluster's status, if the hub knows it.
+    pub fn status(&self, cluster: &str) -> Option<ClusterStatus> {
+        let map = self.clusters.lock().ok()?;
+        map.get(cluster).map(|e| e.shown(jiff::Timestamp::now()))
+    }
+
+    /// Whether an agent session of `cluster` is open here.
+    pub fn is_connected(&self, cluster: &str) -> bool {
+        self.clusters.lock().is_ok_and(|m| m.get(cluster).is_some_and(|e| e.status.connected))
     }
 
     /// All clusters, sorted by id.

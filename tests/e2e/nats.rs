@@ -15,6 +15,7 @@ use tokio::net::{TcpListener, TcpStream};
 use crate::support::*;
 
 mod agent_waves;
+mod fleet_state;
 
 /// A TCP proxy to whichever port `target` holds; `switch` moves it and drops the
 /// connections to the old target.

@@ -285,7 +285,7 @@ impl<J: JetStream> NatsBus<J> {
                     let what = format!("the head of cluster {cluster} in bucket {}", self.heads_bucket);
                     return Err(HeadWrite::Newer(newer_format(&what, &found)));
                 }
-                self.heads_kv.update(&key, value, e.revision).await
+                self.heads_kv.update(&key, value, e.revision).await.map_err(|e| e.to_string())
             }
             None => self.heads_kv.create(&key, value).await.map_err(|e| e.to_string()),
         };

@@ -1,8 +1,8 @@
 //! The JetStream operations the NATS bus uses ([`super`]), behind one trait: the
 //! bus's stream (create, info, delete, publish with message id and headers and its ack,
 //! last message by subject, an ordered consumer from a sequence), its key-value buckets
-//! (get, entry with revision, create, update with revision, put, keys) and the connection
-//! state. [`AsyncNats`] is the real thing (async-nats on a thread of its own); the
+//! (get, entry with revision, create, update with revision, put, keys, and following every
+//! key: its latest value then each change) and the connection state. [`AsyncNats`] is the real thing (async-nats on a thread of its own); the
 //! deterministic simulation (`fleetwatch-dst`) has an in-memory JetStream shared by several
 //! hub replicas on its simulated runtime, with faults of its own.
 //!
@@ -206,6 +206,66 @@ pub struct KvEntry {
     pub is_put: bool,
 }
 
+/// What a key-value bucket is created with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BucketSpec {
+    /// The bucket's name (its stream is `KV_<name>`).
+    pub name: String,
+    /// Replicas in a JetStream cluster.
+    pub replicas: usize,
+    /// Entries expire this long after their last write (zero: never).
+    pub max_age: Duration,
+    /// How long a message id is remembered.
+    pub duplicate_window: Duration,
+    /// The largest value in bytes (`None`: the server's limit); a larger write is refused.
+    pub max_value_size: Option<i32>,
+    /// The most bytes the bucket holds (`None`: no bound); a write past it is refused.
+    pub max_bytes: Option<i64>,
+}
+
+impl BucketSpec {
+    /// A bucket without bounds on values or bytes.
+    pub fn new(name: &str, replicas: usize, max_age: Duration, duplicate_window: Duration) -> Self {
+        Self { name: name.into(), replicas, max_age, duplicate_window, max_value_size: None, max_bytes: None }
+    }
+}
+
+/// One key's change as a follower of the bucket sees it ([`KeyValue::follow`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KvChange {
+    /// The key.
+    pub key: String,
+    /// Its value (empty for a delete or purge).
+    pub value: Bytes,
+    /// Its revision.
+    pub revision: u64,
+    /// Whether it is a value (`false`: deleted or purged).
+    pub is_put: bool,
+    /// When it was written (Unix milliseconds, the server's clock), `None` when unknown.
+    pub written_ms: Option<u64>,
+}
+
+/// What following a bucket delivers: every key's latest value, [`KvFollow::CaughtUp`] once
+/// they were all delivered, then each change as it is written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KvFollow {
+    /// A key's value (initial or changed).
+    Change(KvChange),
+    /// Every value the bucket held when following began was delivered (sent once).
+    CaughtUp,
+}
+
+/// Why a key-value compare-and-set update failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum UpdateError {
+    /// The key's revision is another one (or the key has no value): someone wrote it since.
+    #[error("wrong last revision")]
+    WrongRevision,
+    /// Anything else.
+    #[error("{0}")]
+    Other(String),
+}
+
 /// Why a key-value create failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CreateError {
@@ -219,6 +279,9 @@ pub enum CreateError {
 
 /// One key-value bucket.
 pub trait KeyValue: Send + Sync + 'static {
+    /// What [`KeyValue::follow`] delivers.
+    type Follow: futures_util::Stream<Item = Result<KvFollow, String>> + Send + Unpin + 'static;
+
     /// The key's value, `None` when it has none.
     fn get(&self, key: &str) -> impl Future<Output = Result<Option<Bytes>, String>> + Send;
     /// The key's latest entry with its revision.
@@ -228,9 +291,13 @@ pub trait KeyValue: Send + Sync + 'static {
     /// Writes the value only if the key has none.
     fn create(&self, key: &str, value: Bytes) -> impl Future<Output = Result<u64, CreateError>> + Send;
     /// Writes the value only if the key's revision is `revision`.
-    fn update(&self, key: &str, value: Bytes, revision: u64) -> impl Future<Output = Result<u64, String>> + Send;
+    fn update(&self, key: &str, value: Bytes, revision: u64) -> impl Future<Output = Result<u64, UpdateError>> + Send;
     /// Every key with a value.
     fn keys(&self) -> impl Future<Output = Result<Vec<String>, String>> + Send;
+    /// Follows every key: its latest value, [`KvFollow::CaughtUp`], then each change.
+    /// Entries that expire (the bucket's age) are not announced: a follower ages them out
+    /// by [`KvChange::written_ms`] itself.
+    fn follow(&self) -> impl Future<Output = Result<Self::Follow, String>> + Send;
 }
 
 /// The JetStream of one hub replica, bound to the bus's stream.
@@ -265,14 +332,8 @@ pub trait JetStream: Send + Sync + 'static {
     fn last_by_subject(&self, subject: &str) -> impl Future<Output = Result<Option<Stored>, String>> + Send;
     /// An ordered consumer of the whole stream from sequence `from`.
     fn ordered(&self, from: u64) -> impl Future<Output = Result<Self::Messages, String>> + Send;
-    /// Opens the bucket, creating it when missing (`max_age` zero: entries do not expire).
-    fn bucket(
-        &self,
-        name: &str,
-        replicas: usize,
-        max_age: Duration,
-        duplicate_window: Duration,
-    ) -> impl Future<Output = Result<Self::Kv, String>> + Send;
+    /// Opens the bucket, creating it as `spec` says when missing.
+    fn bucket(&self, spec: &BucketSpec) -> impl Future<Output = Result<Self::Kv, String>> + Send;
 }
 
 /// async-nats: the production [`JetStream`].
@@ -428,13 +489,8 @@ impl JetStream for AsyncNats {
         Ok(messages.map(delivered as fn(OrderedItem) -> Result<Delivered, String>))
     }
 
-    async fn bucket(
-        &self,
-        name: &str,
-        replicas: usize,
-        max_age: Duration,
-        duplicate_window: Duration,
-    ) -> Result<kv::Store, String> {
+    async fn bucket(&self, spec: &BucketSpec) -> Result<kv::Store, String> {
+        let name = spec.name.as_str();
         if let Ok(store) = self.js.get_key_value(name).await {
             return Ok(store);
         }
@@ -446,14 +502,16 @@ impl JetStream for AsyncNats {
             description: Some("fleetwatch hub state".into()),
             subjects: vec![format!("$KV.{name}.>")],
             max_messages_per_subject: 1,
-            max_age,
+            max_age: spec.max_age,
+            max_message_size: spec.max_value_size.unwrap_or(-1),
+            max_bytes: spec.max_bytes.unwrap_or(-1),
             storage: stream::StorageType::File,
-            num_replicas: replicas,
+            num_replicas: spec.replicas,
             allow_rollup: true,
             deny_delete: true,
             allow_direct: true,
             discard: stream::DiscardPolicy::New,
-            duplicate_window,
+            duplicate_window: spec.duplicate_window,
             ..Default::default()
         };
         let create = self.js.create_stream(config).await.err();
@@ -467,6 +525,8 @@ impl JetStream for AsyncNats {
 }
 
 impl KeyValue for kv::Store {
+    type Follow = NatsFollow;
+
     async fn get(&self, key: &str) -> Result<Option<Bytes>, String> {
         kv::Store::get(self, key).await.map_err(|e| e.to_string())
     }
@@ -491,8 +551,11 @@ impl KeyValue for kv::Store {
         })
     }
 
-    async fn update(&self, key: &str, value: Bytes, revision: u64) -> Result<u64, String> {
-        kv::Store::update(self, key, value, revision).await.map_err(|e| e.to_string())
+    async fn update(&self, key: &str, value: Bytes, revision: u64) -> Result<u64, UpdateError> {
+        kv::Store::update(self, key, value, revision).await.map_err(|e| match e.kind() {
+            kv::UpdateErrorKind::WrongLastRevision => UpdateError::WrongRevision,
+            _ => UpdateError::Other(e.to_string()),
+        })
     }
 
     async fn keys(&self) -> Result<Vec<String>, String> {
@@ -502,5 +565,53 @@ impl KeyValue for kv::Store {
             out.push(k.map_err(|e| e.to_string())?);
         }
         Ok(out)
+    }
+
+    async fn follow(&self) -> Result<NatsFollow, String> {
+        // Asked before the watch starts: an empty bucket delivers nothing that could say
+        // "caught up" (a value written in between is delivered after it: harmless).
+        let mut stream = self.stream.clone();
+        let empty = stream.info().await.map_err(|e| e.to_string())?.state.messages == 0;
+        let watch = self.watch_with_history(">").await.map_err(|e| e.to_string())?;
+        Ok(NatsFollow { watch, caught_up_due: empty, caught_up_sent: false })
+    }
+}
+
+/// [`KeyValue::follow`] of async-nats: its watch of every key's latest value (an ordered
+/// consumer), with [`KvFollow::CaughtUp`] after the entry that had nothing pending.
+pub struct NatsFollow {
+    watch: kv::Watch,
+    /// `CaughtUp` is the next item.
+    caught_up_due: bool,
+    caught_up_sent: bool,
+}
+
+impl futures_util::Stream for NatsFollow {
+    type Item = Result<KvFollow, String>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = &mut *self;
+        if this.caught_up_due && !this.caught_up_sent {
+            this.caught_up_sent = true;
+            return Poll::Ready(Some(Ok(KvFollow::CaughtUp)));
+        }
+        match this.watch.poll_next_unpin(cx) {
+            Poll::Ready(Some(Ok(e))) => {
+                if e.seen_current && !this.caught_up_sent {
+                    this.caught_up_due = true;
+                }
+                let written_ms = u64::try_from(e.created.unix_timestamp_nanos() / 1_000_000).ok();
+                Poll::Ready(Some(Ok(KvFollow::Change(KvChange {
+                    key: e.key,
+                    value: e.value,
+                    revision: e.revision,
+                    is_put: matches!(e.operation, kv::Operation::Put),
+                    written_ms,
+                }))))
+            }
+            Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(e.to_string()))),
+            Poll::Ready(None) => Poll::Ready(None),
+            Poll::Pending => Poll::Pending,
+        }
     }
 }

@@ -5,9 +5,9 @@
 //! `records` (a record as a message: subject, headers, payload), `append` (publishing a
 //! batch and its acks), `heads` (each cluster's latest record), `tail` (the local tail
 //! that reads are served from), `chain` (the tail's check that a record follows its
-//! cluster's latest one), `cursors` (durable subscriptions), `share` (the replicas'
-//! cluster lists), `recreate` (a stream JetStream lost), `probe` (health), `state`
-//! (what is kept besides records, as plain data), [`jetstream`] (the JetStream operations
+//! cluster's latest one), `cursors` (durable subscriptions), `share` (the fleet's
+//! per-cluster entries and the replicas' heartbeats), `recreate` (a stream JetStream
+//! lost), `probe` (health), `state` (what is kept besides records, as plain data), [`jetstream`] (the JetStream operations
 //! as a trait, async-nats or the simulation's) on `io_thread`, and [`server`] (a local
 //! `nats-server` for tests and benches).
 //!
@@ -29,9 +29,15 @@
 //! - Key-value bucket `<stream>_cursors`: per subscriber identity its durable names and
 //!   cursors (offsets), each name with the id of its registration; and the entry
 //!   `meta.bus` (below).
-//! - Key-value bucket `<stream>_replicas`: per hub replica the clusters it serves, rewritten
-//!   every few seconds and expiring after [`REPLICA_TTL`], so `/api/v1/clusters` on any
-//!   replica shows the whole fleet and where each agent is connected.
+//! - Key-value bucket `<stream>_fleet`: per cluster its entry as the replica its agent is
+//!   (or was last) connected to shows it, written on change only by that replica and
+//!   followed by every replica (`share`), so `/api/v1/clusters` on any replica shows the
+//!   whole fleet and where each agent is connected. History 1, values at most
+//!   [`FLEET_ENTRY_BYTES`], the bucket at most [`FLEET_BUCKET_BYTES`], entries expiring
+//!   [`FLEET_MAX_AGE`] after their last write.
+//! - Key-value bucket `<stream>_replicas`: per hub replica a small heartbeat, rewritten every
+//!   few seconds and expiring after [`REPLICA_TTL`]: the clusters of a replica without one
+//!   show as not connected.
 //!
 //! # Formats
 //! What the bus keeps names its format (`state::NATS_FORMAT`): the cursors bucket's `meta.bus`
@@ -97,8 +103,21 @@ const DUPLICATE_WINDOW: Duration = Duration::from_secs(120);
 const LOCAL_WAIT: Duration = Duration::from_secs(30);
 /// Timeout of one JetStream request (publish ack, stream info, key-value operation).
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
-/// How long a replica's shared cluster list outlives its last write.
+/// How long a replica's heartbeat in `<stream>_replicas` outlives its last write: a replica
+/// silent for longer is taken for dead, and the clusters it showed for not connected.
 pub const REPLICA_TTL: Duration = Duration::from_secs(15);
+/// How long a cluster's entry in `<stream>_fleet` outlives its last write. The replica an
+/// agent is connected to rewrites its entry at least daily, so only the entries of clusters
+/// that have not connected for this long expire.
+pub const FLEET_MAX_AGE: Duration = Duration::from_secs(7 * 24 * 3600);
+/// The largest entry of `<stream>_fleet`, in bytes (the bucket's `max_value_size`): a hub
+/// trims an entry to it before writing.
+pub const FLEET_ENTRY_BYTES: usize = 16 << 10;
+/// The most bytes `<stream>_fleet` holds (its `max_bytes`): a write past it is refused (and
+/// logged by the hub) rather than an older entry dropped. 512 MiB: entries are about a
+/// kilobyte (50,000 clusters take some 50 MB), so it is reached only when most entries are
+/// near [`FLEET_ENTRY_BYTES`] (about 32,000 of them).
+pub const FLEET_BUCKET_BYTES: i64 = 512 << 20;
 /// Compare-and-set attempts on a cursor entry before giving up.
 const CAS_ATTEMPTS: usize = 16;
 
@@ -234,6 +253,12 @@ pub struct NatsBus<J: JetStream = AsyncNats> {
     cursors_bucket: String,
     replicas_kv: J::Kv,
     replicas_bucket: String,
+    /// One entry per cluster (see the module docs), read and written by the hub through
+    /// [`ReplicaShare`].
+    fleet_kv: J::Kv,
+    fleet_bucket: String,
+    /// Bumped whenever the buckets were created again (a recreated stream taken on).
+    buckets_generation: AtomicU64,
     /// Cursor moves not yet written: identity → name → cursor and registration.
     dirty: Mutex<HashMap<String, BTreeMap<String, Move>>>,
     /// The registration this replica last wrote per (identity, name): its cursor moves

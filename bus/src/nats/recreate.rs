@@ -27,7 +27,7 @@ use crate::ALL_CLUSTERS;
 
 use super::jetstream::{HeaderMap, JetStream, JsError, StreamInfo};
 use super::records::{FORMAT_MARK, H_EPOCH, H_FORMAT, H_KIND, H_PREV, H_SEQ, KIND_RESYNC, token};
-use super::setup::{ensure_bucket, ensure_meta, wanted_spec};
+use super::setup::{bucket_spec, ensure_bucket, ensure_meta, fleet_spec, wanted_spec};
 use super::state::{Lineage, Meta, NATS_FORMAT};
 use super::tail::StreamState;
 use super::{NatsBus, NatsError, REPLICA_TTL, lock, state};
@@ -174,9 +174,14 @@ impl<J: JetStream> NatsBus<J> {
         // handed out of the first recreation).
         self.stream_last.fetch_max(lineage.base, Ordering::SeqCst);
         // The key-value handles name their buckets: they work on buckets created again.
-        ensure_bucket(&self.js, &self.heads_bucket, self.opts.replicas, Duration::ZERO).await?;
-        ensure_bucket(&self.js, &self.cursors_bucket, self.opts.replicas, Duration::ZERO).await?;
-        ensure_bucket(&self.js, &self.replicas_bucket, self.opts.replicas, REPLICA_TTL).await?;
+        let replicas = self.opts.replicas;
+        ensure_bucket(&self.js, &bucket_spec(&self.heads_bucket, replicas, Duration::ZERO)).await?;
+        ensure_bucket(&self.js, &bucket_spec(&self.cursors_bucket, replicas, Duration::ZERO)).await?;
+        ensure_bucket(&self.js, &bucket_spec(&self.replicas_bucket, replicas, REPLICA_TTL)).await?;
+        ensure_bucket(&self.js, &fleet_spec(&self.fleet_bucket, replicas)).await?;
+        // The fleet bucket may be new and empty: the hub writes its clusters again and
+        // follows the bucket afresh (see `ReplicaShare::buckets_generation`).
+        self.buckets_generation.fetch_add(1, Ordering::SeqCst);
         // Recreated under a bus with history: names not in it may have existed.
         ensure_meta(
             &self.cursors_kv,

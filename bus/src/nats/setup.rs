@@ -15,13 +15,14 @@ use crate::log::{Core, Log};
 use super::chain::Chain;
 use super::heads::load_heads;
 use super::io_thread::IoThread;
-use super::jetstream::{AsyncNats, CreateError, JetStream, JsError, KeyValue, StreamInfo, StreamSpec};
+use super::jetstream::{AsyncNats, BucketSpec, CreateError, JetStream, JsError, KeyValue, StreamInfo, StreamSpec};
 use super::probe::probe;
 use super::recreate::lineage_of;
 use super::state::{META_KEY, Meta, NATS_FORMAT};
 use super::tail::{StreamState, age_retention};
 use super::{
-    DUPLICATE_WINDOW, NatsBus, NatsError, NatsOptions, RECONNECT_DELAY_MAX, REPLICA_TTL, REQUEST_TIMEOUT, lock, state,
+    DUPLICATE_WINDOW, FLEET_BUCKET_BYTES, FLEET_ENTRY_BYTES, FLEET_MAX_AGE, NatsBus, NatsError, NatsOptions,
+    RECONNECT_DELAY_MAX, REPLICA_TTL, REQUEST_TIMEOUT, lock, state,
 };
 
 impl NatsBus<AsyncNats> {
@@ -75,9 +76,11 @@ impl<J: JetStream> NatsBus<J> {
         let heads_bucket = format!("{}_heads", opts.stream);
         let cursors_bucket = format!("{}_cursors", opts.stream);
         let replicas_bucket = format!("{}_replicas", opts.stream);
-        let heads_kv = ensure_bucket(&js, &heads_bucket, opts.replicas, Duration::ZERO).await?;
-        let cursors_kv = ensure_bucket(&js, &cursors_bucket, opts.replicas, Duration::ZERO).await?;
-        let replicas_kv = ensure_bucket(&js, &replicas_bucket, opts.replicas, REPLICA_TTL).await?;
+        let fleet_bucket = format!("{}_fleet", opts.stream);
+        let heads_kv = ensure_bucket(&js, &bucket_spec(&heads_bucket, opts.replicas, Duration::ZERO)).await?;
+        let cursors_kv = ensure_bucket(&js, &bucket_spec(&cursors_bucket, opts.replicas, Duration::ZERO)).await?;
+        let replicas_kv = ensure_bucket(&js, &bucket_spec(&replicas_bucket, opts.replicas, REPLICA_TTL)).await?;
+        let fleet_kv = ensure_bucket(&js, &fleet_spec(&fleet_bucket, opts.replicas)).await?;
         // A cursor store first written while the bus already has history was recreated (or
         // is from a release that did not write the entry): names not in it may have existed.
         // So may they in a bus this hub created after waiting for a missing stream: JetStream
@@ -111,6 +114,9 @@ impl<J: JetStream> NatsBus<J> {
             cursors_bucket,
             replicas_kv,
             replicas_bucket,
+            fleet_kv,
+            fleet_bucket,
+            buckets_generation: AtomicU64::new(0),
             dirty: Mutex::new(HashMap::new()),
             regs: Mutex::new(HashMap::new()),
             opts: opts.clone(),
@@ -270,16 +276,25 @@ pub(super) async fn ensure_stream<J: JetStream>(js: &J, opts: &NatsOptions) -> R
     }
 }
 
-pub(super) async fn ensure_bucket<J: JetStream>(
-    js: &J,
-    bucket: &str,
-    replicas: usize,
-    max_age: Duration,
-) -> Result<J::Kv, NatsError> {
+/// A bucket of `replicas` whose entries expire `max_age` after their last write (zero:
+/// never), without bounds on values or bytes.
+pub(super) fn bucket_spec(name: &str, replicas: usize, max_age: Duration) -> BucketSpec {
     let window = if max_age.is_zero() { DUPLICATE_WINDOW } else { DUPLICATE_WINDOW.min(max_age) };
-    js.bucket(bucket, replicas, max_age, window)
-        .await
-        .map_err(|cause| NatsError::KeyValue { bucket: bucket.into(), cause })
+    BucketSpec::new(name, replicas, max_age, window)
+}
+
+/// The fleet bucket: one entry per cluster, bounded in value size and bytes, expiring
+/// [`FLEET_MAX_AGE`] after its last write (see [`crate::nats`]).
+pub(super) fn fleet_spec(name: &str, replicas: usize) -> BucketSpec {
+    BucketSpec {
+        max_value_size: i32::try_from(FLEET_ENTRY_BYTES).ok(),
+        max_bytes: Some(FLEET_BUCKET_BYTES),
+        ..bucket_spec(name, replicas, FLEET_MAX_AGE)
+    }
+}
+
+pub(super) async fn ensure_bucket<J: JetStream>(js: &J, spec: &BucketSpec) -> Result<J::Kv, NatsError> {
+    js.bucket(spec).await.map_err(|cause| NatsError::KeyValue { bucket: spec.name.clone(), cause })
 }
 
 /// Writes the meta entry of a cursor bucket this hub just opened, unless it has one.

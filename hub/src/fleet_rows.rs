@@ -1,0 +1,203 @@
+//! The fleet as rows ([`Row`]): what the admin lists filter, order and count by, for every
+//! cluster, without building its JSON. A list request filters and pages the rows and builds
+//! the JSON of the page's items only ([`Row::value`]); the summary and the live stream
+//! count from the rows alone. At 50,000 clusters building every cluster's JSON for each
+//! request was the term that grew (see docs/performance.md).
+
+use fleetwatch_protocol::message::WatchPhase;
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::fleet_state::Cached;
+use crate::registry::ClusterStatus;
+
+/// What the lists need of a cluster's watches and modules.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Health {
+    /// Watches in a failing phase.
+    pub watches_failing: u32,
+    /// The phases its watches are in, a bit per [`WatchPhase`] ([`phase_bit`]).
+    pub phases: u8,
+    /// Modules of the agent's inventory not ready.
+    pub modules_not_ready: u32,
+}
+
+/// The bit of a phase in [`Health::phases`].
+pub(crate) fn phase_bit(p: WatchPhase) -> u8 {
+    1 << (p as u8)
+}
+
+impl Health {
+    /// Of a status in this replica's registry.
+    pub(crate) fn of(status: &ClusterStatus) -> Self {
+        Self::from_parts(status.watches.iter().map(|w| Some(w.phase)), status.inventory.iter().map(|m| m.ready))
+    }
+
+    fn from_parts(phases: impl Iterator<Item = Option<WatchPhase>>, ready: impl Iterator<Item = bool>) -> Self {
+        let mut h = Health::default();
+        for p in phases.flatten() {
+            h.phases |= phase_bit(p);
+            h.watches_failing += u32::from(p.is_failing());
+        }
+        h.modules_not_ready = ready.filter(|r| !r).count() as u32;
+        h
+    }
+
+    /// Of an entry's JSON, with its replica and whether it said connected, read without the
+    /// rest of it; `None` when it is not an entry.
+    pub(crate) fn of_entry(raw: &[u8]) -> Option<(String, bool, Self)> {
+        /// The fields the rows need; the rest of the entry is skipped.
+        #[derive(Deserialize)]
+        struct Head {
+            #[serde(default)]
+            hub: String,
+            #[serde(default)]
+            connected: bool,
+            #[serde(default)]
+            watches: Vec<PhaseOnly>,
+            #[serde(default)]
+            inventory: Vec<ReadyOnly>,
+        }
+        #[derive(Deserialize)]
+        struct PhaseOnly {
+            #[serde(default)]
+            phase: String,
+        }
+        #[derive(Deserialize)]
+        struct ReadyOnly {
+            #[serde(default)]
+            ready: bool,
+        }
+        let head: Head = serde_json::from_slice(raw).ok()?;
+        // A phase this release does not know (a newer agent's) counts as none.
+        let phases = head.watches.iter().map(|w| serde_json::from_value(Value::String(w.phase.clone())).ok());
+        let health = Self::from_parts(phases, head.inventory.iter().map(|m| m.ready));
+        Some((head.hub, head.connected, health))
+    }
+}
+
+/// Where a row's JSON comes from.
+#[derive(Debug, Clone)]
+enum Source {
+    /// This replica's registry.
+    Local(Box<ClusterStatus>),
+    /// An entry of the fleet state.
+    Entry(Cached),
+    /// An older release's whole list.
+    Legacy(Value),
+}
+
+/// One cluster of the merged fleet, as the lists see it.
+#[derive(Debug, Clone)]
+pub(crate) struct Row {
+    /// The cluster id.
+    pub cluster: String,
+    /// Whether it is shown connected.
+    pub connected: bool,
+    /// The replica its entry is from (`None`: a hub of its own bus).
+    pub hub: Option<std::sync::Arc<str>>,
+    /// Its watches and modules.
+    pub health: Health,
+    /// Events this replica accepted for it (other replicas' count through their heartbeats).
+    pub own_events: u64,
+    source: Source,
+}
+
+impl Row {
+    /// A cluster of this replica's registry (`hub`: its name on a shared bus).
+    pub(crate) fn local(status: ClusterStatus, hub: Option<&str>) -> Self {
+        Row {
+            cluster: status.cluster.clone(),
+            connected: status.connected,
+            hub: hub.map(std::sync::Arc::from),
+            health: Health::of(&status),
+            own_events: status.events_received,
+            source: Source::Local(Box::new(status)),
+        }
+    }
+
+    /// An entry of the fleet state, `connected` as shown.
+    pub(crate) fn entry(cluster: &str, c: &Cached, connected: bool) -> Self {
+        Row {
+            cluster: cluster.to_string(),
+            connected,
+            hub: Some(c.hub.clone()),
+            health: c.health,
+            own_events: 0,
+            source: Source::Entry(c.clone()),
+        }
+    }
+
+    /// An entry of an older release's list.
+    pub(crate) fn legacy(cluster: &str, hub: &str, mut v: Value) -> Self {
+        v["hub"] = hub.into();
+        let phases =
+            v["watches"].as_array().into_iter().flatten().map(|w| serde_json::from_value(w["phase"].clone()).ok());
+        let ready = v["inventory"].as_array().into_iter().flatten().map(|m| m["ready"] == true);
+        let health = Health::from_parts(phases, ready);
+        Row {
+            cluster: cluster.to_string(),
+            connected: v["connected"] == true,
+            hub: Some(hub.into()),
+            health,
+            own_events: 0,
+            source: Source::Legacy(v),
+        }
+    }
+
+    /// Whether one of its watches is in phase `p`.
+    pub(crate) fn has_phase(&self, p: WatchPhase) -> bool {
+        self.health.phases & phase_bit(p) != 0
+    }
+
+    /// The cluster as the admin API lists it (with `hub` on a shared bus).
+    pub(crate) fn value(self) -> Value {
+        match self.source {
+            Source::Local(status) => {
+                let mut v = serde_json::to_value(*status).unwrap_or_default();
+                if let (Some(hub), Some(obj)) = (self.hub, v.as_object_mut()) {
+                    obj.insert("hub".into(), hub.to_string().into());
+                }
+                v
+            }
+            Source::Entry(c) => {
+                let mut v: Value = serde_json::from_slice(&c.raw).unwrap_or_default();
+                if let Some(obj) = v.as_object_mut() {
+                    obj.remove("entryFormat");
+                    obj.insert("connected".into(), self.connected.into());
+                    obj.insert("hub".into(), c.hub.to_string().into());
+                }
+                v
+            }
+            Source::Legacy(v) => v,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use fleetwatch_protocol::message::{ModuleInventory, WatchState};
+
+    use super::*;
+    use crate::fleet_entry::{FleetEntry, encode};
+
+    #[test]
+    fn an_entrys_health_reads_as_the_registrys_and_unknown_phases_count_as_none() {
+        let watch = |phase| WatchState { name: "w".into(), phase, message: String::new(), objects: 0 };
+        let status = ClusterStatus {
+            cluster: "c".into(),
+            connected: true,
+            watches: vec![watch(WatchPhase::Running), watch(WatchPhase::Forbidden), watch(WatchPhase::Error)],
+            inventory: vec![ModuleInventory { name: "m".into(), version: "1".into(), ready: false }],
+            ..ClusterStatus::default()
+        };
+        let local = Health::of(&status);
+        assert_eq!((local.watches_failing, local.modules_not_ready), (2, 1));
+        let raw = encode(FleetEntry::new(status, "hub-2"), 16 << 10);
+        assert_eq!(Health::of_entry(&raw), Some(("hub-2".into(), true, local)));
+        let newer = br#"{"cluster":"c","hub":"h","watches":[{"phase":"hibernating"},{"phase":"forbidden"}]}"#;
+        let (_, _, h) = Health::of_entry(newer).unwrap();
+        assert_eq!((h.watches_failing, h.phases), (1, phase_bit(WatchPhase::Forbidden)));
+        assert!(Health::of_entry(b"7").is_none() && Health::of_entry(b"not json").is_none());
+    }
+}
