@@ -12,6 +12,7 @@
 use std::time::Duration;
 
 use fleetwatch_certs::TlsFiles;
+use fleetwatch_client::backoff::ConnectWait;
 use fleetwatch_client::backoff::Reconnect;
 use fleetwatch_client::transport::{ClientWs, ConnectError, Dialer, HubUrls, connect_any};
 use fleetwatch_protocol::Limits;
@@ -48,7 +49,9 @@ pub struct AgentConfig {
     pub batch_size: usize,
     /// Most unacked seqs in flight.
     pub window: u64,
-    /// Time for one connect attempt.
+    /// Time for one connect attempt; doubled after each attempt in which every hub timed
+    /// out (a queue at busy hubs), up to 80 s, and back after a connection
+    /// ([`ConnectWait`]).
     pub connect_timeout: Duration,
     /// Without any frame from the hub (data, ping or pong) for this long, the connection is
     /// dead. The agent pings the hub at a third of it, so a half-open connection is noticed
@@ -291,6 +294,7 @@ impl Uplink {
         self.note_certificate(&mut stats);
         let mut source_open = true;
         let mut backoff = self.config.reconnect.delays();
+        let mut connect_wait = ConnectWait::new(self.config.connect_timeout);
         let mut first = true;
         let mut connected_once = false;
         // The replica to try first: the one reached last (a restarted hub is back quickly;
@@ -307,7 +311,7 @@ impl Uplink {
                 current,
                 self.tls.current(),
                 &self.config.limits,
-                self.config.connect_timeout,
+                connect_wait.current(),
             );
             tokio::pin!(connecting);
             let ws = loop {
@@ -333,11 +337,16 @@ impl Uplink {
                         tracing::info!(hub = %self.config.hub.get(reached), "failed over to another hub");
                     }
                     current = reached;
+                    connect_wait.connected();
                     ws
                 }
                 Err(e) => {
                     if first && fail_fast {
                         return Err(e.into());
+                    }
+                    if matches!(e, ConnectError::Timeout(_)) {
+                        // Queued at a busy hub: keep the place next time (see ConnectWait).
+                        connect_wait.timed_out();
                     }
                     first = false;
                     let wait = backoff.next().unwrap_or(Duration::from_secs(5));

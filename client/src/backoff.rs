@@ -39,6 +39,58 @@ impl Reconnect {
     }
 }
 
+/// The time one connect attempt may take, longer after each attempt that timed out.
+///
+/// In a reconnect storm the hub leaves connections it has no handshake place for in its
+/// listen backlog, served in order as places free. A client that gives up after a fixed
+/// timeout and tries again joins the end of the queue, and the hub may already have done the
+/// work of the attempt it gave up on: with 50,000 agents on the 10 s default, most of the
+/// hubs' work went to attempts abandoned that way. Doubling the wait after each timed-out
+/// attempt (up to `max`, back to the configured one after a connection) lets a client that
+/// was queued keep its place, while a dead address still fails fast (refused, reset).
+///
+/// ```
+/// use std::time::Duration;
+/// use fleetwatch_client::backoff::ConnectWait;
+/// let mut w = ConnectWait::new(Duration::from_secs(10));
+/// w.timed_out();
+/// assert_eq!(w.current(), Duration::from_secs(20));
+/// w.connected();
+/// assert_eq!(w.current(), Duration::from_secs(10));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnectWait {
+    base: Duration,
+    max: Duration,
+    current: Duration,
+}
+
+/// The longest a connect attempt waits after repeated timeouts (unless the configured
+/// timeout is longer).
+pub const CONNECT_WAIT_MAX: Duration = Duration::from_secs(80);
+
+impl ConnectWait {
+    /// Starting at `base`, doubling up to [`CONNECT_WAIT_MAX`] (or `base` when longer).
+    pub fn new(base: Duration) -> Self {
+        Self { base, max: base.max(CONNECT_WAIT_MAX), current: base }
+    }
+
+    /// The time the next attempt may take.
+    pub fn current(&self) -> Duration {
+        self.current
+    }
+
+    /// The last attempt timed out: wait longer next time.
+    pub fn timed_out(&mut self) {
+        self.current = self.current.saturating_mul(2).min(self.max);
+    }
+
+    /// A connection was made: back to the configured time.
+    pub fn connected(&mut self) {
+        self.current = self.base;
+    }
+}
+
 /// The default reconnect delays: exponential from 100 ms to 5 s, with jitter, forever.
 pub fn reconnect() -> impl Iterator<Item = Duration> + Send {
     Reconnect::default().delays()
@@ -57,6 +109,24 @@ mod tests {
         assert!(delays.iter().all(|d| *d <= 2 * r.max), "{delays:?}");
         // Late delays sit at the bound (jitter only adds).
         assert!(delays[40..].iter().all(|d| *d >= r.max), "{delays:?}");
+    }
+
+    #[test]
+    fn a_connect_wait_doubles_after_timeouts_up_to_the_bound_and_resets() {
+        let mut w = ConnectWait::new(Duration::from_secs(10));
+        let seen: Vec<u64> = (0..5)
+            .map(|_| {
+                w.timed_out();
+                w.current().as_secs()
+            })
+            .collect();
+        assert_eq!(seen, vec![20, 40, 80, 80, 80]);
+        w.connected();
+        assert_eq!(w.current(), Duration::from_secs(10));
+        // A configured timeout above the bound is kept, never shortened.
+        let mut long = ConnectWait::new(Duration::from_secs(120));
+        long.timed_out();
+        assert_eq!(long.current(), Duration::from_secs(120));
     }
 
     #[test]
