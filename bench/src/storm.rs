@@ -86,15 +86,7 @@ pub(super) async fn run(b: StormBench) -> anyhow::Result<()> {
     let port = hub.wss.port;
     let source = SyntheticSource { objects: b.objects, rate: b.rate / b.agents as f64, total: None, payload: 0 };
     let spec = LoadSpec { pki: dir.clone(), hubs: vec![hub.wss.clone()], agents: b.agents, source, jetstream: None };
-    let started = Instant::now();
-    let mut load = Load::start(&spec, b.load_procs).await?;
-    while load.connected() < b.agents {
-        if started.elapsed() > Duration::from_secs_f64(b.timeout) {
-            bail!("only {} of {} agents connected after {} s", load.connected(), b.agents, b.timeout);
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let connect_secs = started.elapsed().as_secs_f64();
+    let (mut load, connect_secs) = start_connected(&spec, &b).await?;
     eprintln!("{} agents connected in {connect_secs:.1} s; killing the hub", b.agents);
 
     load.mark().await?;
@@ -154,6 +146,20 @@ pub(super) async fn run(b: StormBench) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Starts the load and waits until every agent is connected (at most `--timeout`);
+/// answers the load and the seconds that took.
+async fn start_connected(spec: &LoadSpec, b: &StormBench) -> anyhow::Result<(Load, f64)> {
+    let started = Instant::now();
+    let load = Load::start(spec, b.load_procs).await?;
+    while load.connected() < b.agents {
+        if started.elapsed() > Duration::from_secs_f64(b.timeout) {
+            bail!("only {} of {} agents connected after {} s", load.connected(), b.agents, b.timeout);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Ok((load, started.elapsed().as_secs_f64()))
+}
+
 /// The replica storm: N replicas on JetStream, the last one killed for good.
 async fn replicas(b: &StormBench, dir: &std::path::Path) -> anyhow::Result<()> {
     let store = dir.join("nats");
@@ -170,16 +176,8 @@ async fn replicas(b: &StormBench, dir: &std::path::Path) -> anyhow::Result<()> {
     let source = SyntheticSource { objects: b.objects, rate: b.rate / b.agents as f64, total: None, payload: 0 };
     let urls = hubs.iter().map(|h| h.wss.clone()).collect();
     let spec = LoadSpec { pki: dir.to_path_buf(), hubs: urls, agents: b.agents, source, jetstream: None };
-    let started = Instant::now();
-    let mut load = Load::start(&spec, b.load_procs).await?;
-    while load.connected() < b.agents {
-        if started.elapsed() > Duration::from_secs_f64(b.timeout) {
-            bail!("only {} of {} agents connected after {} s", load.connected(), b.agents, b.timeout);
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let connect_secs = started.elapsed().as_secs_f64();
-    let victim = hubs.pop().context("no replica")?;
+    let (mut load, connect_secs) = start_connected(&spec, b).await?;
+    let mut victim = hubs.pop().context("no replica")?;
     eprintln!("{} agents connected to {} replicas in {connect_secs:.1} s; killing one", b.agents, b.hub_replicas);
     load.mark().await?;
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -187,7 +185,6 @@ async fn replicas(b: &StormBench, dir: &std::path::Path) -> anyhow::Result<()> {
     let cpu = |load: &Load| (pids.iter().filter_map(|p| cpu_seconds(*p)).sum::<f64>(), load.cpu_seconds());
     let (hub_cpu0, load_cpu0) = cpu(&load);
     let killed = Instant::now();
-    let mut victim = victim;
     victim.child.start_kill().context("kill replica")?;
     let _ = victim.child.wait().await;
     let mut times: Vec<Option<f64>> = vec![None; MILESTONES.len()];
