@@ -10,9 +10,12 @@
 //!
 //! Sockets that have sent nothing are the cheapest attack on that budget (thousands of
 //! idle TCP connections, no TLS work): a connection that has not sent its first byte is
-//! *idle*. When the budget is used up, the oldest idle connection is closed to make room
-//! for the next one in the accept queue, so real clients (which send their TLS ClientHello
-//! at once) keep moving through; and while idle connections hold over half the budget,
+//! *idle*. When the budget is used up and a connection waits for a place, the oldest idle
+//! connection is closed to make room for it, so real clients (which send their TLS
+//! ClientHello at once) keep moving through. With no one waiting nothing is closed; only a
+//! connection idle for at least [`IDLE_EVICTION_AGE`] goes (its first bytes are not merely
+//! in flight), and one whose bytes arrived before a busy hub looked goes on instead.
+//! While idle connections hold over half the budget,
 //! new connections get [`PRESSURE_HANDSHAKE_TIMEOUT`] instead of `--handshake-timeout`.
 //! Refusals are counted and logged as one summary line
 //! per interval, so a scanner cannot flood the log.
@@ -24,6 +27,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::metrics::Metrics;
@@ -37,6 +41,22 @@ const DETAILED_FAILURES_PER_INTERVAL: u64 = 10;
 /// The handshake timeout (first byte included) of connections accepted while idle
 /// sockets hold over half the handshake budget.
 pub(crate) const PRESSURE_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// How long a connection must have sent nothing before it may be closed to make room.
+/// Real clients send their ClientHello right behind the TCP handshake's last ACK, so a
+/// connection idle this long is not one whose first bytes are merely in flight.
+pub(crate) const IDLE_EVICTION_AGE: Duration = Duration::from_millis(100);
+
+/// What [`ConnectionBudget::evict_oldest_idle`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Eviction {
+    /// The oldest idle connection was told to close; its place frees as it does.
+    Evicted,
+    /// The oldest idle connection is too young; it may be closed at this instant.
+    NotBefore(Instant),
+    /// No connection is idle.
+    NoneIdle,
+}
 
 /// Why a connection was turned away before it became a session.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -68,7 +88,7 @@ pub(crate) struct ConnectionBudget {
     failures_logged: AtomicU64,
     max_handshakes: usize,
     /// Accepted connections that have sent nothing yet, oldest first.
-    idle: Mutex<std::collections::VecDeque<(u64, CancellationToken)>>,
+    idle: Mutex<std::collections::VecDeque<(u64, Instant, CancellationToken)>>,
     idle_next: AtomicU64,
 }
 
@@ -83,12 +103,12 @@ pub(crate) struct IdleGuard<'a> {
 impl Drop for IdleGuard<'_> {
     fn drop(&mut self) {
         if let Ok(mut q) = self.admission.idle.lock() {
-            q.retain(|(id, _)| *id != self.id);
+            q.retain(|(id, _, _)| *id != self.id);
         }
     }
 }
 
-/// A place in the global handshake budget, taken before a connection is accepted.
+/// A place in the global handshake budget, taken for an accepted connection.
 pub(crate) struct HandshakePermit(OwnedSemaphorePermit);
 
 /// A connection's place in the handshake budget; released on drop.
@@ -138,21 +158,26 @@ impl ConnectionBudget {
         let id = self.idle_next.fetch_add(1, Ordering::Relaxed);
         let evicted = CancellationToken::new();
         if let Ok(mut q) = self.idle.lock() {
-            q.push_back((id, evicted.clone()));
+            q.push_back((id, Instant::now(), evicted.clone()));
         }
         IdleGuard { admission: self, id, evicted }
     }
 
-    /// Closes the oldest connection that has sent nothing (the budget is used up);
-    /// whether there was one.
-    pub(crate) fn evict_oldest_idle(&self) -> bool {
-        let oldest = self.idle.lock().ok().and_then(|mut q| q.pop_front());
-        match oldest {
-            Some((_, token)) => {
+    /// Closes the oldest connection that has sent nothing if it has been idle for
+    /// `min_age` (the budget is used up and a connection waits for a place).
+    pub(crate) fn evict_oldest_idle(&self, min_age: Duration) -> Eviction {
+        let Ok(mut q) = self.idle.lock() else { return Eviction::NoneIdle };
+        let Some((_, since, _)) = q.front() else { return Eviction::NoneIdle };
+        let at = *since + min_age;
+        if Instant::now() < at {
+            return Eviction::NotBefore(at);
+        }
+        match q.pop_front() {
+            Some((_, _, token)) => {
                 token.cancel();
-                true
+                Eviction::Evicted
             }
-            None => false,
+            None => Eviction::NoneIdle,
         }
     }
 
@@ -171,8 +196,8 @@ impl ConnectionBudget {
         }
     }
 
-    /// A place in the global handshake budget: waits while all are taken (the accept loop
-    /// takes one before it accepts). `None` only if the budget was closed.
+    /// A place in the global handshake budget: waits while all are taken. `None` only if
+    /// the budget was closed.
     pub(crate) async fn handshake_permit(&self) -> Option<HandshakePermit> {
         self.handshakes.clone().acquire_owned().await.ok().map(HandshakePermit)
     }
@@ -378,14 +403,29 @@ mod idle_tests {
         assert_eq!(a.handshake_timeout(ten), ten, "half the budget is not over half");
         let g3 = a.idle_begin();
         assert_eq!(a.handshake_timeout(ten), PRESSURE_HANDSHAKE_TIMEOUT);
-        assert!(a.evict_oldest_idle());
+        assert_eq!(a.evict_oldest_idle(Duration::ZERO), Eviction::Evicted);
         assert!(g1.evicted.is_cancelled() && !g2.evicted.is_cancelled());
         drop(g2);
         assert_eq!(a.idle_count(), 1);
-        assert!(a.evict_oldest_idle());
+        assert_eq!(a.evict_oldest_idle(Duration::ZERO), Eviction::Evicted);
         assert!(g3.evicted.is_cancelled());
-        assert!(!a.evict_oldest_idle());
+        assert_eq!(a.evict_oldest_idle(Duration::ZERO), Eviction::NoneIdle);
         drop((g1, g3));
         assert_eq!(a.idle_count(), 0);
+    }
+
+    /// A connection accepted a moment ago is not closed: its first bytes may be in flight.
+    #[tokio::test(start_paused = true)]
+    async fn a_young_idle_connection_is_not_closed_before_its_age() {
+        let a = ConnectionBudget::new(10, 4, 64);
+        let g = a.idle_begin();
+        let Eviction::NotBefore(at) = a.evict_oldest_idle(IDLE_EVICTION_AGE) else {
+            panic!("a connection idle for no time was closed")
+        };
+        assert_eq!(at, Instant::now() + IDLE_EVICTION_AGE);
+        assert!(!g.evicted.is_cancelled());
+        tokio::time::sleep_until(at).await;
+        assert_eq!(a.evict_oldest_idle(IDLE_EVICTION_AGE), Eviction::Evicted);
+        assert!(g.evicted.is_cancelled());
     }
 }

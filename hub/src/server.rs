@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
-use crate::admission::HandshakeSlot;
+use crate::admission::{Eviction, HandshakePermit, HandshakeSlot, IDLE_EVICTION_AGE};
 use crate::conn::Conn;
 use crate::{Context, Listener, Peer};
 
@@ -28,32 +28,23 @@ pub(crate) async fn accept_loop(
     tracker: &TaskTracker,
 ) {
     loop {
-        // Unauthenticated connections have their own budget: they cannot take the places
-        // of sessions. While it is used up nothing is accepted; connections wait in the
-        // listen backlog rather than being reset (and backing off) by the thousand.
-        let permit = match ctx.admission.try_handshake_permit() {
-            Some(p) => p,
-            None => {
-                // Used up: the oldest connection that has sent nothing makes room (see
-                // `admission`); its place frees as it closes.
-                if ctx.admission.evict_oldest_idle() {
-                    ctx.sessions.metrics.handshake_failed("idle-evicted");
-                }
-                tokio::select! {
-                    _ = shutdown.cancelled() => break,
-                    permit = ctx.admission.handshake_permit() => match permit {
-                        Some(p) => p,
-                        None => break,
-                    },
-                }
-            }
-        };
         let accepted = tokio::select! {
             _ = shutdown.cancelled() => break,
             accepted = listener.accept() => accepted,
         };
         match accepted {
             Ok((tcp, peer)) => {
+                // Unauthenticated connections have their own budget: they cannot take the
+                // places of sessions. While it is used up this one waits for a place and
+                // nothing more is accepted; connections wait in the listen backlog rather
+                // than being reset (and backing off) by the thousand.
+                let permit = match ctx.admission.try_handshake_permit() {
+                    Some(p) => p,
+                    None => match place_for_waiting(&ctx, &shutdown).await {
+                        Some(p) => p,
+                        None => break,
+                    },
+                };
                 // One address cannot take the whole budget.
                 let slot = match ctx.admission.begin_handshake(peer.ip(), permit) {
                     Ok(slot) => slot,
@@ -76,6 +67,32 @@ pub(crate) async fn accept_loop(
             }
         }
     }
+}
+
+/// A place in the handshake budget for an accepted connection while the budget is used
+/// up: the oldest connection that has sent nothing for [`IDLE_EVICTION_AGE`] makes room
+/// (see `admission`), and its place is taken as it closes. `None` at shutdown.
+async fn place_for_waiting(ctx: &Context, shutdown: &CancellationToken) -> Option<HandshakePermit> {
+    loop {
+        // Look again later: connections accepted a moment ago may not have registered as
+        // idle yet, and one told to close may have found its first bytes and gone on.
+        let retry_at = match ctx.admission.evict_oldest_idle(IDLE_EVICTION_AGE) {
+            Eviction::NotBefore(at) => at,
+            Eviction::Evicted | Eviction::NoneIdle => tokio::time::Instant::now() + IDLE_EVICTION_AGE,
+        };
+        tokio::select! {
+            _ = shutdown.cancelled() => return None,
+            permit = ctx.admission.handshake_permit() => return permit,
+            _ = tokio::time::sleep_until(retry_at) => {}
+        }
+    }
+}
+
+/// Whether bytes from the peer wait in the socket's receive queue (without taking them).
+fn has_bytes_waiting(tcp: &tokio::net::TcpStream) -> bool {
+    let mut byte = [std::mem::MaybeUninit::<u8>::uninit(); 1];
+    // The socket is non-blocking: nothing waiting is `WouldBlock`, not a wait.
+    matches!(socket2::SockRef::from(tcp).peek(&mut byte), Ok(n) if n > 0)
 }
 
 /// Why a handshake failed: the metric label and the message for the log.
@@ -101,14 +118,13 @@ async fn handle(tcp: Stream, peer: SocketAddr, ctx: Arc<Context>, shutdown: Canc
                 Ok(_) => Ok(()),
                 Err(_) => Err("idle-timeout"),
             },
-            _ = idle.evicted.cancelled() => Err("idle-evicted"),
+            // Told to make room. A busy hub may not have looked since its first bytes
+            // arrived: then it is not idle, and goes on.
+            _ = idle.evicted.cancelled() => if has_bytes_waiting(tcp) { Ok(()) } else { Err("idle-evicted") },
         };
         drop(idle);
         if let Err(reason) = first_byte {
-            // Counted by the accept loop when evicted.
-            if reason == "idle-timeout" {
-                ctx.sessions.metrics.handshake_failed(reason);
-            }
+            ctx.sessions.metrics.handshake_failed(reason);
             if ctx.admission.log_failure() {
                 let secs = handshake_timeout.as_secs_f64();
                 tracing::warn!(reason, "connection sent nothing (handshake timeout {secs}s); closed");
