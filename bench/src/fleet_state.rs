@@ -132,6 +132,10 @@ struct Run {
     summary_s: f64,
     /// `/api/v1/clusters?limit=100` (the first page).
     page_s: f64,
+    /// `/api/v1/overview` (the one-document overview, at most 2,000 clusters shown).
+    overview_s: f64,
+    /// `/api/v1/watchconfigs` (clusters per watch counted over the fleet).
+    watchconfigs_s: f64,
 }
 
 async fn one_run(dir: &std::path::Path, url: &str, n: usize, timeout: f64) -> anyhow::Result<Run> {
@@ -150,6 +154,8 @@ async fn one_run(dir: &std::path::Path, url: &str, n: usize, timeout: f64) -> an
     run.peak_mib = mib(pid.and_then(|p| rss_kib(p, "VmHWM:")));
     run.summary_s = median_of(&hub.admin, "/api/v1/summary").await?;
     run.page_s = median_of(&hub.admin, "/api/v1/clusters?limit=100&order=problems").await?;
+    run.overview_s = median_of(&hub.admin, "/api/v1/overview").await?;
+    run.watchconfigs_s = median_of(&hub.admin, "/api/v1/watchconfigs").await?;
     Ok(run)
 }
 
@@ -209,7 +215,7 @@ pub(super) async fn run(b: FleetStateBench) -> anyhow::Result<()> {
     for i in 0..b.runs {
         let r = one_run(&dir, &url, b.clusters, b.timeout).await?;
         println!(
-            "run {}: loaded in {:.2} s from process start (hub: {:.2} s), RSS {:.0} MiB (peak {:.0}; empty bucket {:.0}), summary {:.0} ms, first page {:.0} ms",
+            "run {}: loaded in {:.2} s from process start (hub: {:.2} s), RSS {:.0} MiB (peak {:.0}; empty bucket {:.0}), summary {:.0} ms, first page {:.0} ms, overview {:.0} ms, watchconfigs {:.0} ms",
             i + 1,
             r.to_loaded_s,
             r.load_s,
@@ -217,7 +223,9 @@ pub(super) async fn run(b: FleetStateBench) -> anyhow::Result<()> {
             r.peak_mib,
             r.empty_rss_mib,
             r.summary_s * 1000.0,
-            r.page_s * 1000.0
+            r.page_s * 1000.0,
+            r.overview_s * 1000.0,
+            r.watchconfigs_s * 1000.0
         );
         runs.push(r);
     }
@@ -235,6 +243,8 @@ pub(super) async fn run(b: FleetStateBench) -> anyhow::Result<()> {
         "emptyRssMiB": med(|r| r.empty_rss_mib),
         "summaryMs": med(|r| r.summary_s) * 1000.0,
         "firstPageMs": med(|r| r.page_s) * 1000.0,
+        "overviewMs": med(|r| r.overview_s) * 1000.0,
+        "watchConfigsMs": med(|r| r.watchconfigs_s) * 1000.0,
         "each": runs,
     });
     println!(

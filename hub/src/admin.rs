@@ -246,15 +246,8 @@ async fn metrics(State(ctx): State<Arc<Context>>, headers: axum::http::HeaderMap
 /// This replica's clusters, plus, on a shared bus, those of the other replicas from the
 /// fleet state it follows (`hub` says which replica an entry comes from; a cluster
 /// connected elsewhere replaces a disconnected entry here; see `crate::fleet_state`). No
-/// round trip to the bus.
-pub(crate) async fn cluster_list(ctx: &Context) -> Vec<serde_json::Value> {
-    let mut rows = cluster_rows(ctx);
-    rows.sort_unstable_by(|a, b| a.cluster.cmp(&b.cluster));
-    rows.into_iter().map(crate::fleet_rows::Row::value).collect()
-}
-
-/// [`cluster_list`] as rows: what lists filter, order and count by, the JSON built only
-/// for the items answered (see `crate::fleet_rows`).
+/// round trip to the bus. As rows: what lists filter, order and count by, the JSON built
+/// only for the items answered (see `crate::fleet_rows`).
 pub(crate) fn cluster_rows(ctx: &Context) -> Vec<crate::fleet_rows::Row> {
     let local = ctx.sessions.registry.list();
     if ctx.sessions.bus.replica_share().is_none() {
@@ -362,13 +355,9 @@ async fn subscriptions_handler(State(ctx): State<Arc<Context>>) -> impl IntoResp
 /// runs it; refused ones first.
 async fn watch_verdicts(ctx: &Context) -> Vec<crate::watch_source::Verdict> {
     let mut verdicts = ctx.watch_verdicts.read().map(|v| v.clone()).unwrap_or_default();
-    let list = cluster_list(ctx).await;
+    let running = crate::fleet_rows::clusters_by_watch(&cluster_rows(ctx));
     for v in &mut verdicts {
-        v.clusters = list
-            .iter()
-            .filter(|c| c["connected"] == true)
-            .filter(|c| c["watches"].as_array().is_some_and(|ws| ws.iter().any(|w| w["name"] == v.name.as_str())))
-            .count() as u32;
+        v.clusters = running.get(v.name.as_str()).copied().unwrap_or(0);
     }
     verdicts.sort_by(|a, b| (a.accepted, &a.name).cmp(&(b.accepted, &b.name)));
     verdicts
@@ -380,28 +369,33 @@ async fn watchconfigs(State(ctx): State<Arc<Context>>) -> impl IntoResponse {
     axum::Json(serde_json::json!({ "refused": refused, "watchConfigs": verdicts }))
 }
 
-/// The overview document (see [`crate::fleet`]): what the web view shows.
+/// The overview document (see [`crate::fleet`]): what the web view showed in one
+/// document. Counted and ranked from the fleet's rows; the JSON is built only for the
+/// clusters shown (at most [`fleet::OVERVIEW_CLUSTERS`], disconnected first), so its cost
+/// at 50,000 clusters is a pass over the rows, not 50,000 documents.
 async fn overview(admin: &Admin) -> serde_json::Value {
     let ctx = &admin.ctx;
-    let list = cluster_list(ctx).await;
-    let mut hubs = std::collections::HashMap::new();
-    let statuses: Vec<crate::ClusterStatus> = list
+    let mut list = cluster_rows(ctx);
+    list.sort_unstable_by(|a, b| a.cluster.cmp(&b.cluster));
+    let connected = list.iter().filter(|r| r.connected).count();
+    let clusters_total = list.len();
+    // Other replicas' clusters count toward the fleet's rate through their heartbeats
+    // (their entries hold the counters as of their last write only).
+    let events_total = list.iter().map(|r| r.own_events).sum::<u64>() + ctx.fleet.others_events();
+    let (rates, total_rate) = match admin.rates.lock() {
+        Ok(mut rates) => rates.rates(list.iter().map(|r| (r.cluster.as_str(), r.own_events)), events_total),
+        Err(_) => (vec![0.0; list.len()], 0.0),
+    };
+    let mut shown: Vec<(crate::fleet_rows::Row, f64)> = list.into_iter().zip(rates).collect();
+    let clusters_omitted = fleet::bounded(&mut shown, fleet::OVERVIEW_CLUSTERS, |(r, _)| !r.connected);
+    let rows: Vec<fleet::ClusterRow> = shown
         .into_iter()
-        .filter_map(|v| {
-            if let Some(hub) = v["hub"].as_str() {
-                hubs.insert(v["cluster"].as_str().unwrap_or_default().to_string(), hub.to_string());
-            }
-            serde_json::from_value(v).ok()
+        .filter_map(|(r, rate)| {
+            let hub = r.hub.as_deref().map(str::to_string);
+            let status: crate::ClusterStatus = serde_json::from_value(r.value()).ok()?;
+            Some(fleet::ClusterRow::of(&status, rate, hub))
         })
         .collect();
-    let mut rows = match admin.rates.lock() {
-        Ok(mut rates) => rates.rows(&statuses, &hubs),
-        Err(_) => Vec::new(),
-    };
-    let connected = rows.iter().filter(|r| r.connected).count();
-    let total_rate: f64 = rows.iter().map(|r| r.events_per_sec).sum();
-    let clusters_total = rows.len();
-    let clusters_omitted = fleet::bounded(&mut rows, fleet::OVERVIEW_CLUSTERS, |r| !r.connected);
     let mut subs = subscriptions(ctx).await;
     let subscriptions_omitted = fleet::bounded(&mut subs, fleet::OVERVIEW_CLUSTERS, |s| s.lag_records > 0);
     let mut runtimes = ctx.runtimes.read().map(|v| v.clone()).unwrap_or_default();
@@ -424,7 +418,7 @@ async fn overview(admin: &Admin) -> serde_json::Value {
             "clusters": clusters_total,
             "connected": connected,
             "disconnected": clusters_total - connected,
-            "eventsPerSec": (total_rate * 10.0).round() / 10.0,
+            "eventsPerSec": total_rate,
         },
         "clusters": rows,
         "clustersOmitted": clusters_omitted,

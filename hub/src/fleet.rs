@@ -302,43 +302,57 @@ pub fn watch_counts(c: &ClusterStatus) -> (usize, usize, usize) {
 #[derive(Default)]
 pub struct Rates {
     last: HashMap<String, u64>,
+    last_total: u64,
     at: Option<Instant>,
 }
 
 impl Rates {
-    /// Rows for `clusters`, with each cluster's events per second since the last call.
-    pub fn rows(&mut self, clusters: &[ClusterStatus], hubs: &HashMap<String, String>) -> Vec<ClusterRow> {
+    /// Each cluster's events per second (in the order given) and the whole fleet's, from
+    /// their event totals since the last call. Rounded to a tenth; 0 on the first call.
+    pub fn rates<'a>(
+        &mut self,
+        clusters: impl ExactSizeIterator<Item = (&'a str, u64)>,
+        total: u64,
+    ) -> (Vec<f64>, f64) {
         let now = Instant::now();
         let dt = self.at.map(|t| now.duration_since(t).as_secs_f64()).filter(|d| *d > 0.05);
+        let round = |r: f64| (r * 10.0).round() / 10.0;
         let mut next = HashMap::with_capacity(clusters.len());
-        let rows = clusters
-            .iter()
-            .map(|c| {
-                let before = self.last.get(&c.cluster).copied();
-                next.insert(c.cluster.clone(), c.events_received);
-                let rate = match (dt, before) {
-                    (Some(dt), Some(b)) => c.events_received.saturating_sub(b) as f64 / dt,
+        let rates = clusters
+            .map(|(cluster, events)| {
+                let before = self.last.get(cluster).copied();
+                next.insert(cluster.to_string(), events);
+                match (dt, before) {
+                    (Some(dt), Some(b)) => round(events.saturating_sub(b) as f64 / dt),
                     _ => 0.0,
-                };
-                let (running, failed, waiting) = watch_counts(c);
-                ClusterRow {
-                    cluster: c.cluster.clone(),
-                    connected: c.connected,
-                    last_seen: c.last_seen,
-                    events_received: c.events_received,
-                    events_per_sec: (rate * 10.0).round() / 10.0,
-                    watches_running: running,
-                    watches_failed: failed,
-                    watches_waiting: waiting,
-                    agent_version: c.agent_version.clone(),
-                    protocol: c.protocol,
-                    hub: hubs.get(&c.cluster).cloned(),
                 }
             })
             .collect();
+        let all = dt.map_or(0.0, |dt| round(total.saturating_sub(self.last_total) as f64 / dt));
         self.last = next;
+        self.last_total = total;
         self.at = Some(now);
-        rows
+        (rates, all)
+    }
+}
+
+impl ClusterRow {
+    /// The row of a cluster's status, with its rate and replica.
+    pub fn of(c: &ClusterStatus, events_per_sec: f64, hub: Option<String>) -> Self {
+        let (running, failed, waiting) = watch_counts(c);
+        ClusterRow {
+            cluster: c.cluster.clone(),
+            connected: c.connected,
+            last_seen: c.last_seen,
+            events_received: c.events_received,
+            events_per_sec,
+            watches_running: running,
+            watches_failed: failed,
+            watches_waiting: waiting,
+            agent_version: c.agent_version.clone(),
+            protocol: c.protocol,
+            hub,
+        }
     }
 }
 
@@ -361,13 +375,13 @@ mod tests {
     #[test]
     fn rates_follow_the_totals() {
         let mut rates = Rates::default();
-        let mut c = ClusterStatus { cluster: "a".into(), connected: true, events_received: 100, ..Default::default() };
-        let rows = rates.rows(std::slice::from_ref(&c), &HashMap::new());
-        assert_eq!(rows[0].events_per_sec, 0.0, "no rate before a second sample");
+        let (each, all) = rates.rates([("a", 100), ("b", 7)].into_iter(), 1_000);
+        assert_eq!((each, all), (vec![0.0, 0.0], 0.0), "no rate before a second sample");
         rates.at = Some(Instant::now() - Duration::from_secs(2));
-        c.events_received = 300;
-        let rows = rates.rows(std::slice::from_ref(&c), &HashMap::new());
-        assert!((rows[0].events_per_sec - 100.0).abs() < 5.0, "{}", rows[0].events_per_sec);
+        let (each, all) = rates.rates([("a", 300), ("c", 5)].into_iter(), 1_400);
+        assert!((each[0] - 100.0).abs() < 5.0, "{each:?}");
+        assert_eq!(each[1], 0.0, "a cluster new since the last call has no rate yet");
+        assert!((all - 200.0).abs() < 10.0, "{all}");
     }
 
     fn summary(key: &str) -> Option<RuntimeSummary> {

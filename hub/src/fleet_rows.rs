@@ -43,9 +43,9 @@ impl Health {
         h
     }
 
-    /// Of an entry's JSON, with its replica and whether it said connected, read without the
-    /// rest of it; `None` when it is not an entry.
-    pub(crate) fn of_entry(raw: &[u8]) -> Option<(String, bool, Self)> {
+    /// Of an entry's JSON, with its replica, whether it said connected and its watches'
+    /// names, read without the rest of it; `None` when it is not an entry.
+    pub(crate) fn of_entry(raw: &[u8]) -> Option<(String, bool, Self, WatchNames)> {
         /// The fields the rows need; the rest of the entry is skipped.
         #[derive(Deserialize)]
         struct Head {
@@ -61,6 +61,8 @@ impl Health {
         #[derive(Deserialize)]
         struct PhaseOnly {
             #[serde(default)]
+            name: String,
+            #[serde(default)]
             phase: String,
         }
         #[derive(Deserialize)]
@@ -72,9 +74,13 @@ impl Health {
         // A phase this release does not know (a newer agent's) counts as none.
         let phases = head.watches.iter().map(|w| serde_json::from_value(Value::String(w.phase.clone())).ok());
         let health = Self::from_parts(phases, head.inventory.iter().map(|m| m.ready));
-        Some((head.hub, head.connected, health))
+        let names = head.watches.into_iter().map(|w| w.name.into_boxed_str()).collect();
+        Some((head.hub, head.connected, health, names))
     }
 }
+
+/// The names of a cluster's watches (shared by the rows listing it).
+pub(crate) type WatchNames = std::sync::Arc<[Box<str>]>;
 
 /// Where a row's JSON comes from.
 #[derive(Debug, Clone)]
@@ -145,6 +151,17 @@ impl Row {
         }
     }
 
+    /// The names of its watches (the WatchConfigs its agent runs).
+    pub(crate) fn watch_names(&self) -> Vec<&str> {
+        match &self.source {
+            Source::Local(status) => status.watches.iter().map(|w| w.name.as_str()).collect(),
+            Source::Entry(c) => c.watches.iter().map(|n| &**n).collect(),
+            Source::Legacy(v) => {
+                v["watches"].as_array().into_iter().flatten().filter_map(|w| w["name"].as_str()).collect()
+            }
+        }
+    }
+
     /// Whether one of its watches is in phase `p`.
     pub(crate) fn has_phase(&self, p: WatchPhase) -> bool {
         self.health.phases & phase_bit(p) != 0
@@ -174,6 +191,26 @@ impl Row {
     }
 }
 
+/// Clusters per watch name: connected clusters whose agent reports the watch (any phase),
+/// each counted once. One pass over the rows, no cluster's JSON.
+pub(crate) fn clusters_by_watch(rows: &[Row]) -> std::collections::HashMap<String, u32> {
+    let mut out: std::collections::HashMap<String, u32> = std::collections::HashMap::new();
+    for r in rows.iter().filter(|r| r.connected) {
+        let mut names = r.watch_names();
+        names.sort_unstable();
+        names.dedup();
+        for name in names {
+            match out.get_mut(name) {
+                Some(n) => *n += 1,
+                None => {
+                    out.insert(name.to_string(), 1);
+                }
+            }
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use fleetwatch_protocol::message::{ModuleInventory, WatchState};
@@ -194,10 +231,39 @@ mod tests {
         let local = Health::of(&status);
         assert_eq!((local.watches_failing, local.modules_not_ready), (2, 1));
         let raw = encode(FleetEntry::new(status, "hub-2"), 16 << 10);
-        assert_eq!(Health::of_entry(&raw), Some(("hub-2".into(), true, local)));
+        let (hub, connected, health, names) = Health::of_entry(&raw).unwrap();
+        assert_eq!((hub.as_str(), connected, health), ("hub-2", true, local));
+        assert_eq!(&*names, [Box::from("w"), "w".into(), "w".into()]);
         let newer = br#"{"cluster":"c","hub":"h","watches":[{"phase":"hibernating"},{"phase":"forbidden"}]}"#;
-        let (_, _, h) = Health::of_entry(newer).unwrap();
+        let (_, _, h, _) = Health::of_entry(newer).unwrap();
         assert_eq!((h.watches_failing, h.phases), (1, phase_bit(WatchPhase::Forbidden)));
         assert!(Health::of_entry(b"7").is_none() && Health::of_entry(b"not json").is_none());
+    }
+
+    #[test]
+    fn clusters_are_counted_once_per_watch_they_run_and_only_while_connected() {
+        let watch = |name: &str| WatchState {
+            name: name.into(),
+            phase: WatchPhase::Running,
+            message: String::new(),
+            objects: 0,
+        };
+        let status = |cluster: &str, connected: bool, names: &[&str]| ClusterStatus {
+            cluster: cluster.into(),
+            connected,
+            watches: names.iter().map(|n| watch(n)).collect(),
+            ..ClusterStatus::default()
+        };
+        let raw = encode(FleetEntry::new(status("e", true, &["b", "c"]), "hub-2"), 16 << 10);
+        let entry = crate::fleet_state::cached_of(&raw, 1, None).unwrap();
+        let rows = [
+            Row::local(status("x", true, &["a", "a", "b"]), None),
+            Row::local(status("y", false, &["a"]), None),
+            Row::entry("e", &entry, true),
+            Row::entry("f", &entry, false),
+        ];
+        let counts = clusters_by_watch(&rows);
+        let want = [("a", 1), ("b", 2), ("c", 1)].map(|(n, c)| (n.to_string(), c)).into_iter().collect();
+        assert_eq!(counts, want);
     }
 }

@@ -122,6 +122,8 @@ pub(crate) struct Cached {
     pub connected: bool,
     /// Its watches and modules, as the lists count them.
     pub health: Health,
+    /// Its watches' names (the WatchConfigs its agent runs).
+    pub watches: crate::fleet_rows::WatchNames,
     /// Its revision (for compare-and-set).
     pub revision: u64,
     /// When it was written (Unix ms, the bus's clock), when known.
@@ -311,10 +313,10 @@ pub(crate) fn cached_of(value: &[u8], revision: u64, written_ms: Option<u64>) ->
     if value.is_empty() {
         return None;
     }
-    let (hub, connected, health) = Health::of_entry(value)?;
+    let (hub, connected, health, watches) = Health::of_entry(value)?;
     // A copy of its own: the payload may share a read buffer far larger than itself.
     let raw = bytes::Bytes::copy_from_slice(value);
-    Some(Cached { raw, hub: hub.into(), connected, health, revision, written_ms })
+    Some(Cached { raw, hub: hub.into(), connected, health, watches, revision, written_ms })
 }
 
 /// What a heartbeat of this replica says now.

@@ -74,19 +74,6 @@ pub fn needs_write(
     observed.clusters != desired.clusters && last_write.is_none_or(|t| now.duration_since(t) >= COUNT_EVERY)
 }
 
-/// Clusters per watch name: connected clusters whose agent reports the watch (any phase).
-fn clusters_by_watch(list: &[serde_json::Value]) -> HashMap<String, u32> {
-    let mut out = HashMap::new();
-    for c in list.iter().filter(|c| c["connected"] == true) {
-        for w in c["watches"].as_array().into_iter().flatten() {
-            if let Some(name) = w["name"].as_str() {
-                *out.entry(name.to_string()).or_default() += 1;
-            }
-        }
-    }
-    out
-}
-
 /// Keeps the statuses current until shutdown.
 pub(crate) async fn run(ctx: Arc<Context>, kubeconfig: Option<PathBuf>, shutdown: CancellationToken) {
     let client = tokio::select! {
@@ -109,7 +96,7 @@ pub(crate) async fn run(ctx: Arc<Context>, kubeconfig: Option<PathBuf>, shutdown
         if verdicts.is_empty() {
             continue;
         }
-        let counts = clusters_by_watch(&crate::admin::cluster_list(&ctx).await);
+        let counts = crate::fleet_rows::clusters_by_watch(&crate::admin::cluster_rows(&ctx));
         let now = jiff::Timestamp::now();
         failed.retain(|_, t| t.elapsed() < RETRY_FAILED_AFTER);
         for v in verdicts {

@@ -205,6 +205,23 @@ async fn admin_api_status_and_openapi_follow_the_fleet() {
     assert_eq!(ids(&get_doc(port, "/api/v1/clusters?connected=true&q=AD-").await.1), ["ad-2"]);
     assert!(ids(&get_doc(port, "/api/v1/clusters?watchPhase=failed").await.1).is_empty());
     assert_eq!(get_doc(port, "/api/v1/summary").await.1["disconnected"], 1);
+    // The one-document overview counts as the summary does and shows each cluster's row.
+    let (code, ov) = get_doc(port, "/api/v1/overview").await;
+    assert_eq!(code, 200, "{ov}");
+    assert_eq!(
+        ov["totals"],
+        json!({"clusters": 2, "connected": 1, "disconnected": 1, "eventsPerSec": ov["totals"]["eventsPerSec"]}),
+        "{ov}"
+    );
+    let shown: Vec<(&str, bool)> = ov["clusters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| (c["cluster"].as_str().unwrap_or_default(), c["connected"] == true))
+        .collect();
+    assert_eq!(shown, [("ad-1", false), ("ad-2", true)], "{ov}");
+    assert_eq!(ov["clustersOmitted"], 0, "{ov}");
+    assert!(ov["clusters"].as_array().unwrap().iter().all(|c| c["agentVersion"].is_string()), "{ov}");
     // A large fleet is summed up (here: more than --rows 1).
     let (code, out, _) = status(&["--admin", &admin, "--rows", "1"]);
     assert_eq!(code, 1, "{out}");
