@@ -255,7 +255,7 @@ mod tests {
             ..ClusterStatus::default()
         };
         let raw = encode(FleetEntry::new(status("e", true, &["b", "c"]), "hub-2"), 16 << 10);
-        let entry = crate::fleet_state::cached_of(&raw, 1, None).unwrap();
+        let entry = crate::fleet_state::cached_of(&raw, 1, None, &mut Default::default()).unwrap();
         let rows = [
             Row::local(status("x", true, &["a", "a", "b"]), None),
             Row::local(status("y", false, &["a"]), None),

@@ -308,15 +308,61 @@ impl Cached {
     }
 }
 
-/// An entry read from the bus, as [`FleetState`] keeps it (`None`: deleted or unreadable).
-pub(crate) fn cached_of(value: &[u8], revision: u64, written_ms: Option<u64>) -> Option<Cached> {
+/// An entry read from the bus, as [`FleetState`] keeps it (`None`: deleted or unreadable);
+/// its replica's name and its watches' names shared with the entries before it through
+/// `shared` (50,000 entries name the same few replicas and lists of watches).
+pub(crate) fn cached_of(value: &[u8], revision: u64, written_ms: Option<u64>, shared: &mut Interner) -> Option<Cached> {
     if value.is_empty() {
         return None;
     }
     let (hub, connected, health, watches) = Health::of_entry(value)?;
     // A copy of its own: the payload may share a read buffer far larger than itself.
     let raw = bytes::Bytes::copy_from_slice(value);
-    Some(Cached { raw, hub: hub.into(), connected, health, watches, revision, written_ms })
+    let (hub, watches) = shared.intern(hub, watches);
+    Some(Cached { raw, hub, connected, health, watches, revision, written_ms })
+}
+
+/// Shares equal replica names and watch lists between entries. Bounded: past
+/// [`Interner::MAX`] distinct values it starts afresh (later entries then get their own
+/// copies until the values repeat again; nothing is wrong, only less is shared).
+#[derive(Debug, Default)]
+pub(crate) struct Interner {
+    hubs: HashSet<std::sync::Arc<str>>,
+    watches: HashSet<crate::fleet_rows::WatchNames>,
+}
+
+impl Interner {
+    /// Distinct values kept of each kind.
+    const MAX: usize = 4096;
+
+    fn intern(
+        &mut self,
+        hub: String,
+        watches: crate::fleet_rows::WatchNames,
+    ) -> (std::sync::Arc<str>, crate::fleet_rows::WatchNames) {
+        let hub = match self.hubs.get(hub.as_str()) {
+            Some(h) => h.clone(),
+            None => {
+                if self.hubs.len() >= Self::MAX {
+                    self.hubs.clear();
+                }
+                let h: std::sync::Arc<str> = hub.into();
+                self.hubs.insert(h.clone());
+                h
+            }
+        };
+        let watches = match self.watches.get(&watches) {
+            Some(w) => w.clone(),
+            None => {
+                if self.watches.len() >= Self::MAX {
+                    self.watches.clear();
+                }
+                self.watches.insert(watches.clone());
+                watches
+            }
+        };
+        (hub, watches)
+    }
 }
 
 /// What a heartbeat of this replica says now.

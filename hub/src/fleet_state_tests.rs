@@ -10,7 +10,7 @@ fn status(cluster: &str, connected: bool) -> ClusterStatus {
 
 fn cached(cluster: &str, hub: &str, connected: bool, revision: u64) -> Cached {
     let raw = crate::fleet_entry::encode(FleetEntry::new(status(cluster, connected), hub), 16 << 10);
-    cached_of(&raw, revision, Some(now_ms())).unwrap()
+    cached_of(&raw, revision, Some(now_ms()), &mut Default::default()).unwrap()
 }
 
 fn beat(name: &str) -> (String, bytes::Bytes) {
@@ -156,4 +156,28 @@ async fn a_mark_wakes_the_writer_even_when_made_before_it_waits() {
     let again = changes.wait();
     tokio::pin!(again);
     assert!(futures_util::poll!(&mut again).is_ready(), "woken by the earlier mark");
+}
+
+#[test]
+fn entries_share_their_replica_and_watch_names() {
+    let with_watches = |cluster: &str, hub: &str, names: &[&str]| {
+        let watches = names
+            .iter()
+            .map(|n| fleetwatch_protocol::message::WatchState {
+                name: (*n).into(),
+                phase: fleetwatch_protocol::message::WatchPhase::Running,
+                message: String::new(),
+                objects: 0,
+            })
+            .collect();
+        let s = ClusterStatus { watches, ..status(cluster, true) };
+        crate::fleet_entry::encode(FleetEntry::new(s, hub), 16 << 10)
+    };
+    let mut shared = Interner::default();
+    let a = cached_of(&with_watches("a", "hub-1", &["w1", "w2"]), 1, None, &mut shared).unwrap();
+    let b = cached_of(&with_watches("b", "hub-1", &["w1", "w2"]), 2, None, &mut shared).unwrap();
+    let c = cached_of(&with_watches("c", "hub-2", &["w1"]), 3, None, &mut shared).unwrap();
+    assert!(std::sync::Arc::ptr_eq(&a.hub, &b.hub) && std::sync::Arc::ptr_eq(&a.watches, &b.watches));
+    assert!(!std::sync::Arc::ptr_eq(&a.watches, &c.watches) && &*c.hub == "hub-2");
+    assert_eq!(&*c.watches, [Box::<str>::from("w1")]);
 }

@@ -101,6 +101,7 @@ async fn follow(ctx: Arc<Context>, shutdown: CancellationToken) {
         };
         backoff = Duration::from_millis(250);
         let mut fresh: Option<HashMap<String, Cached>> = Some(HashMap::new());
+        let mut shared = crate::fleet_state::Interner::default();
         let mut check = tokio::time::interval(Duration::from_secs(1));
         loop {
             let item = tokio::select! {
@@ -137,7 +138,7 @@ async fn follow(ctx: Arc<Context>, shutdown: CancellationToken) {
                     }
                 }
                 Some(Ok(EntryEvent::Entry { cluster, value, revision, written_ms })) => {
-                    let cached = cached_of(&value, revision, written_ms);
+                    let cached = cached_of(&value, revision, written_ms, &mut shared);
                     match fresh.as_mut() {
                         Some(map) => {
                             if let Some(c) = cached {

@@ -15,7 +15,7 @@ fn status(cluster: &str, connected: bool) -> ClusterStatus {
 
 fn cached(cluster: &str, hub: &str, connected: bool, revision: u64) -> Cached {
     let raw = fleet_entry::encode(FleetEntry::new(status(cluster, connected), hub), MAX);
-    cached_of(&raw, revision, None).unwrap()
+    cached_of(&raw, revision, None, &mut Default::default()).unwrap()
 }
 
 fn owned(s: &ClusterStatus, revision: u64) -> Owned {
@@ -102,7 +102,7 @@ impl MemShare {
 
     fn cached(&self, cluster: &str) -> Option<Cached> {
         let (v, r) = self.entries.lock().unwrap().get(cluster).cloned()?;
-        cached_of(&v, r, None)
+        cached_of(&v, r, None, &mut Default::default())
     }
 }
 
