@@ -244,13 +244,13 @@
   async function loadOverview() {
     const token = view.tokens[view.tokens.length - 1];
     const qs = "limit=" + PAGE + "&order=problems" + (view.q ? "&q=" + encodeURIComponent(view.q) : "");
-    const [clusters, wcs, subs, runtimes] = await Promise.all([
-      getJson("/api/v1/clusters?" + qs + (token ? "&continue=" + encodeURIComponent(token) : "")),
-      getJson("/api/v1/watchconfigs"),
-      getJson("/api/v1/subscriptions"),
-      getJson("/api/v1/runtimes?" + qs),
-    ]);
-    renderClusters(clusters);
+    // All four asked at once; the clusters drawn as soon as they come (on a busy hub of
+    // 50,000 clusters each answer takes its while: the page must not wait for the slowest).
+    const clusters = getJson("/api/v1/clusters?" + qs + (token ? "&continue=" + encodeURIComponent(token) : ""));
+    const rest = Promise.all([getJson("/api/v1/watchconfigs"), getJson("/api/v1/subscriptions"), getJson("/api/v1/runtimes?" + qs)]);
+    rest.catch(() => {}); // awaited below; not unhandled if the clusters fail first
+    renderClusters(await clusters);
+    const [wcs, subs, runtimes] = await rest;
     const wc = wcs.watchConfigs || [];
     document.getElementById("watchconfigs-section").replaceChildren(...watchConfigsSection({ items: wc, refused: wcs.refused }));
     document.getElementById("subscriptions-section").replaceChildren(...subscriptionsSection(subs.subscriptions));
@@ -372,6 +372,9 @@
   if (clusterId === null) overviewFrame();
   // A cluster's page changes (recent events) without the fleet's counts changing.
   else setInterval(() => refresh(false), 2000);
+  // The first read does not wait for the stream's snapshot; the snapshot reads again once
+  // this read is done (a change between the two is not missed).
+  refresh(true);
   const source = new EventSource("/api/v1/overview/stream");
   for (const kind of ["snapshot", "delta"]) {
     source.addEventListener(kind, (e) => {
