@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::extract::{Query, State};
 use axum::http::StatusCode;
@@ -194,20 +195,41 @@ pub(crate) async fn summary(State(ctx): State<Arc<Context>>) -> impl IntoRespons
     axum::Json(counts)
 }
 
+/// The least time between two rounds of [`follow_overview`] woken by changes.
+const MIN_ROUND_GAP: Duration = Duration::from_millis(250);
+
+/// The pause after a round of `took` before a change may start the next: at least
+/// [`MIN_ROUND_GAP`], and four times the round, so following the fleet takes at most a
+/// fifth of a core however fast clusters come and go (at 50,000 clusters a round is tens of
+/// milliseconds, and in a reconnect storm clusters connect every millisecond).
+fn round_gap(took: Duration) -> Duration {
+    MIN_ROUND_GAP.max(took * 4)
+}
+
 /// Computes the deltas every [`OVERVIEW_INTERVAL`], when a cluster connects or
-/// disconnects and when a Runtime changes, while someone follows the stream.
+/// disconnects and when a Runtime changes (no sooner than [`round_gap`] after the last
+/// round: the next round sees every change made meanwhile), while someone follows the
+/// stream.
 pub(crate) async fn follow_overview(ctx: Arc<Context>, deltas: Deltas, shutdown: CancellationToken) {
     let mut tick = tokio::time::interval(OVERVIEW_INTERVAL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut runtimes = ctx.runtimes_changed.subscribe();
     let mut last: Option<(u64, tokio::time::Instant)> = None;
+    let mut next_round = tokio::time::Instant::now();
     loop {
-        tokio::select! {
+        let woken_by_change = tokio::select! {
             _ = shutdown.cancelled() => return,
-            _ = tick.tick() => {}
-            _ = ctx.sessions.registry.changed() => {}
-            _ = runtimes.changed() => {}
+            _ = tick.tick() => false,
+            _ = ctx.sessions.registry.changed() => true,
+            _ = runtimes.changed() => true,
+        };
+        if woken_by_change {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tokio::time::sleep_until(next_round) => {}
+            }
         }
+        let round_began = tokio::time::Instant::now();
         let mut tracker = deltas.tracker.lock().await;
         if deltas.tx.receiver_count() == 0 {
             // Nobody follows: start afresh when someone does.
@@ -231,6 +253,8 @@ pub(crate) async fn follow_overview(ctx: Arc<Context>, deltas: Deltas, shutdown:
         if let Some(d) = tracker.update(states, counts) {
             let _ = deltas.tx.send(Arc::new(d));
         }
+        drop(tracker);
+        next_round = tokio::time::Instant::now() + round_gap(round_began.elapsed());
     }
 }
 
@@ -301,5 +325,13 @@ mod tests {
         let runtime = HashMap::from([("c".to_string(), 2)]);
         let s = state_of(&healthy, &runtime);
         assert_eq!((s.rank(), s.modules_not_ready, s.hub.as_deref()), (2, 2, Some("hub-1")));
+    }
+
+    #[test]
+    fn following_takes_at_most_a_fifth_of_a_core() {
+        assert_eq!(round_gap(Duration::from_millis(5)), MIN_ROUND_GAP, "small fleets: a change shows within 250 ms");
+        let took = Duration::from_millis(120);
+        let gap = round_gap(took);
+        assert!(took.as_secs_f64() / (took + gap).as_secs_f64() <= 0.2, "{gap:?}");
     }
 }
