@@ -145,6 +145,8 @@ async fn measure(chromium: &std::path::Path, n: usize) -> Value {
     let (mut fcp, mut drawn) = (Vec::new(), Vec::new());
     let mut last = None;
     for run in 0..3 {
+        // One page at a time: the last run's browser goes before the next one opens.
+        drop(last.take());
         let browser = Browser::open(chromium, &url, &pki.path(&format!("chromium-{run}.log"))).await;
         let mut page = browser.page().await;
         page.wait_for(

@@ -151,7 +151,11 @@
   const PAGE = Math.min(500, Math.max(1, parseInt(new URLSearchParams(location.search).get("limit"), 10) || 50));
   // Least time between two reads of the lists while changes stream in.
   const REFRESH_MS = 500;
-  const view = { q: "", tokens: [""], counts: null };
+  // While only the counters move (events, last seen; the fleet's rate changes every second),
+  // the lists are read again this often: at 50,000 clusters each read is a pass over the
+  // fleet on the hub, and a page reading twice a second kept a replica's core busy.
+  const COUNTERS_MS = 5000;
+  const view = { q: "", tokens: [""], counts: null, countsKey: null };
 
   function watchCounts(c) {
     const ws = c.watches || [];
@@ -365,8 +369,13 @@
       renderCounts(view.counts);
       if (!snapshot) applyChanges(doc.changes);
     }
-    // A snapshot (first, or after changes were dropped) reads everything at once.
-    refresh(snapshot);
+    // A snapshot (first, or after changes were dropped) reads everything at once; a change
+    // of a cluster's state or of a count (Runtimes, subscriptions, WatchConfigs...) within
+    // REFRESH_MS; the counters alone within COUNTERS_MS.
+    const key = JSON.stringify(Object.assign({}, view.counts, { eventsPerSec: null }));
+    const changed = snapshot || (doc.changes || []).length > 0 || key !== view.countsKey;
+    view.countsKey = key;
+    if (changed || Date.now() - reader.last >= COUNTERS_MS) refresh(snapshot);
   }
 
   if (clusterId === null) overviewFrame();
