@@ -72,17 +72,29 @@ fn sims_in_two_processes_every_module_converges_after_a_channel_move() {
 
 #[test]
 fn sim_processes_end_when_the_bench_is_killed() {
+    use std::io::BufRead;
     let mark = format!("bench-lifecycle-killed-{}", std::process::id());
-    // Many clusters per process, so they are still starting when the bench is killed.
-    let mut child = bench(&mark, &["--runtimes", "2000", "--modules", "1", "--sims-per-process", "1000"])
+    let mut child = bench(&mark, &["--runtimes", "20", "--modules", "1", "--sims-per-process", "10"])
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let started = holds_within_blocking(Duration::from_secs(120), || sim_processes(&mark).len() == 2);
+    // Killed once every sim cluster serves (its sim processes then only wait): a sim
+    // process that missed its parent's end would wait forever.
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
+            if line.starts_with("started 20 sim runtime clusters in 2 processes") {
+                let _ = tx.send(());
+            }
+        }
+    });
+    let started = rx.recv_timeout(Duration::from_secs(120)).is_ok();
+    let running = sim_processes(&mark).len();
     let _ = child.kill(); // SIGKILL: no destructor of the bench runs
     let _ = child.wait();
-    assert!(started, "the bench did not start two sim processes");
+    assert!(started && running == 2, "the bench did not start its two sim processes (saw {running})");
     assert!(
         holds_within_blocking(Duration::from_secs(60), || sim_processes(&mark).is_empty()),
         "sim processes outlived the killed bench: {:?}",
