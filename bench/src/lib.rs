@@ -1,6 +1,7 @@
 //! `fleetwatch bench`: measured, not asserted. Figures go to the README.
 //!
-//! One file per benchmark (`hub`, `agent`, `lifecycle`, `sim`, `storm`, `dst`, `fleet_state`; the chaos
+//! One file per benchmark (`hub`, `agent`, `lifecycle` with its sim processes in
+//! `lifecycle_sims`, `sim`, `storm`, `dst`, `fleet_state`; the chaos
 //! soak, `bench soak`, lives in `soak/`), so each reads top to bottom as the experiment it
 //! is; this file holds the subcommand and what the benchmarks share: a throw-away PKI, a hub
 //! child process, and reading a process's memory and CPU from `/proc`. The `fleetwatch`
@@ -13,6 +14,7 @@ mod fleet_state;
 mod hub;
 mod jetstream;
 mod lifecycle;
+mod lifecycle_sims;
 mod load;
 mod sim;
 mod soak;
@@ -67,6 +69,10 @@ enum BenchWhat {
     /// One load process of `bench hub --load-procs` (started by it, not by hand).
     #[command(hide = true)]
     HubLoad(load::HubLoadArgs),
+    /// One sim process of `bench lifecycle`: runtime clusters and their kubelets (started
+    /// by it, not by hand).
+    #[command(hide = true)]
+    LifecycleSims(lifecycle_sims::LifecycleSimsArgs),
 }
 
 /// Runs the benchmark `args` names; `crds` are fleetwatch's CRDs (what `fleetwatch crds`
@@ -82,6 +88,7 @@ pub async fn run(args: BenchArgs, crds: Vec<serde_json::Value>) -> anyhow::Resul
         BenchWhat::Dst(b) => dst::run(b).await,
         BenchWhat::FleetState(b) => fleet_state::run(b).await,
         BenchWhat::HubLoad(a) => load::run_child(a).await,
+        BenchWhat::LifecycleSims(a) => lifecycle_sims::run_child(a).await,
     }
 }
 

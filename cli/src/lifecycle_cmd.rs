@@ -129,6 +129,12 @@ fn parse_bytes(s: &str) -> Result<u64, String> {
 }
 
 pub async fn run(args: LifecycleArgs) -> anyhow::Result<()> {
+    // One kept-alive connection per runtime cluster reached: thousands of Runtimes need more
+    // descriptors than the usual soft limit of 1,024, so take what the hard limit allows.
+    match rlimit::increase_nofile_limit(u64::MAX) {
+        Ok(n) => tracing::debug!(open_files = n, "open-file limit"),
+        Err(e) => tracing::warn!(error = %e, "cannot raise the open-file limit"),
+    }
     let client = match &args.control_plane_kubeconfig {
         Some(path) => fleetwatch_client::kubeconfig::client_from_kubeconfig(path)
             .await

@@ -4,6 +4,7 @@ mod access;
 mod admin_web;
 mod admission;
 mod agent_certs;
+mod bench_lifecycle;
 mod cli;
 mod coalescing;
 mod config_policy;
