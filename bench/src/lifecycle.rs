@@ -178,10 +178,9 @@ pub(super) async fn run(b: LifecycleBench, crds: &[serde_json::Value]) -> anyhow
     };
     if b.shards > 1 {
         // Measure the sharded steady state: every instance holds its shard before the
-        // Runtimes are created. (Runtimes created while the first instance gave shards
-        // back to the later ones were seen never to be reconciled: 122 of one shard's 329
-        // at 1,000 Runtimes, no resync in the bench; a hand-over bug of the operator, not
-        // measured here.)
+        // Runtimes are created. (Runtimes created while the first instance gave shards back
+        // to the later ones were once never reconciled: 122 of one shard's 329 at 1,000;
+        // fixed in `buckets::watch_held`, see docs/performance.md.)
         let leases: Api<k8s_openapi::api::coordination::v1::Lease> = Api::namespaced(client.clone(), ns);
         let since = Instant::now();
         loop {

@@ -171,6 +171,7 @@ pub async fn watch_held(
     let mut held_rx = map.subscribe();
     // Shards taken whose Runtimes have not been triggered yet.
     let mut pending: BTreeSet<u32> = BTreeSet::new();
+    let mut first_list = true;
     loop {
         let held = held_rx.borrow_and_update().clone();
         let selector = selector(map.count(), &held);
@@ -186,6 +187,8 @@ pub async fn watch_held(
         let events = crate::tolerant::watch::<Runtime>(client.clone(), config, out.invalid.clone()).default_backoff();
         let mut events = std::pin::pin!(events);
         let mut listed = false;
+        // Runtimes this watch lists that the store did not hold (see `entered` below).
+        let mut entered_in_list: Vec<ObjectRef<Runtime>> = Vec::new();
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => return,
@@ -203,7 +206,25 @@ pub async fn watch_held(
                 }
                 next = events.next() => {
                     let Some(next) = next else { return };
+                    // A Runtime that enters this instance's watch (labelled after it was
+                    // first seen, or listed by a restarted watch while it was out of the
+                    // store) must be reconciled even though nothing in it changed: the
+                    // controller's predicate filter remembers it from before and drops the
+                    // event, and a reconcile asked for while it was out of the store was
+                    // dropped too. It is triggered directly once the store holds it (seen
+                    // at 1,000 Runtimes: 122 created during a hand-over never reconciled).
+                    let mut entered = None;
                     if let Ok(ev) = &next {
+                        match ev {
+                            Event::Apply(rt) | Event::InitApply(rt) => {
+                                let key = ObjectRef::from_obj(rt);
+                                if out.writer.as_reader().get(&key).is_none() {
+                                    if matches!(ev, Event::Apply(_)) { entered = Some(key) } else { entered_in_list.push(key) }
+                                }
+                            }
+                            Event::Init => entered_in_list.clear(),
+                            _ => {}
+                        }
                         out.writer.apply_watcher_event(ev);
                         if let Event::Apply(rt) | Event::InitApply(rt) = ev
                             && selector.is_some()
@@ -217,8 +238,24 @@ pub async fn watch_held(
                     if out.events.send(next).await.is_err() {
                         return;
                     }
+                    if let Some(key) = entered
+                        && out.trigger.send(key).await.is_err()
+                    {
+                        return;
+                    }
                     if done {
                         listed = true;
+                        // The first list of this instance has nothing to compare with: the
+                        // controller sees each of its Runtimes for the first time anyway.
+                        if first_list {
+                            entered_in_list.clear();
+                        }
+                        for key in entered_in_list.drain(..) {
+                            if out.trigger.send(key).await.is_err() {
+                                return;
+                            }
+                        }
+                        first_list = false;
                         if !trigger(&map, &out, &mut pending, &held).await {
                             return;
                         }
@@ -301,5 +338,78 @@ mod tests {
         assert!(fleetwatch_api::label_selector::LabelSelector::parse(&one).is_ok());
         let two = selector(3, &held(&[0, 2])).unwrap();
         assert_eq!(two.matches(',').count() + 1, 40);
+    }
+
+    /// A Runtime first seen while this instance held every shard, out of its watch while
+    /// the shards were shared out (it had no bucket label yet), then labelled into a shard
+    /// it kept: the controller's predicate filter has seen it and drops the ADDED event, so
+    /// it must be triggered directly (without that, 122 of 1,000 Runtimes created during a
+    /// hand-over were never reconciled).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_runtime_labelled_into_a_kept_shard_after_a_hand_over_is_triggered() {
+        use kube::CustomResourceExt;
+        let sim = fleetwatch_sim::SimCluster::start(Default::default()).await.unwrap();
+        let client = sim.client().await.unwrap();
+        let cp = crate::applier::Applier::new(client.clone());
+        cp.apply(&serde_json::to_value(Runtime::crd()).unwrap()).await.unwrap();
+        let (map, acquired) = ShardMap::new(3);
+        for shard in 0..3 {
+            map.start(shard);
+        }
+        let (store, writer) = reflector::store::<Runtime>();
+        let (events_tx, mut events) = mpsc::channel(1024);
+        let (trigger_tx, mut triggers) = mpsc::channel(1024);
+        let (mislabelled, _mislabelled_rx) = mpsc::channel(1024);
+        let out = Outputs { writer, events: events_tx, trigger: trigger_tx, mislabelled, invalid: None };
+        let stop = CancellationToken::new();
+        let _stop = stop.clone().drop_guard();
+        tokio::spawn(watch_held(client.clone(), map.clone(), acquired, out, stop.clone()));
+        // Drain the watch's events (as the controller would) and count the lists.
+        let (lists_tx, mut lists) = tokio::sync::watch::channel(0u32);
+        tokio::spawn(async move {
+            while let Some(ev) = events.recv().await {
+                if matches!(ev, Ok(Event::InitDone)) {
+                    lists_tx.send_modify(|n| *n += 1);
+                }
+            }
+        });
+        lists.wait_for(|n| *n >= 1).await.unwrap();
+        // A Runtime of shard 0, without its label yet, seen by the watch of every shard.
+        let name = (0..).map(|i| format!("rt{i}")).find(|n| crate::shards::shard_of("default", n, 3) == 0).unwrap();
+        let bucket = bucket_of("default", &name);
+        cp.apply(&serde_json::json!({"apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "Runtime",
+            "metadata": {"name": name, "namespace": "default"}, "spec": {"modules": []}}))
+            .await
+            .unwrap();
+        let key = ObjectRef::<Runtime>::new(&name).within("default");
+        fleetwatch_test_support::eventually("the Runtime in the store")
+            .until(async || store.get(&key).is_some(), |seen| *seen)
+            .await;
+        while triggers.try_recv().is_ok() {}
+        // Shards 1 and 2 go to other instances: the watch selects shard 0's buckets, where
+        // the unlabelled Runtime is not.
+        assert!(
+            map.stop(1, std::time::Duration::from_secs(5)).await
+                && map.stop(2, std::time::Duration::from_secs(5)).await
+        );
+        lists.wait_for(|n| *n >= 2).await.unwrap();
+        fleetwatch_test_support::eventually("the unlabelled Runtime out of the store")
+            .until(async || store.get(&key).is_none(), |gone| *gone)
+            .await;
+        // Labelled (by this instance's labeller): it enters the watch and is triggered.
+        let api: Api<Runtime> = Api::namespaced(client.clone(), "default");
+        let patch = serde_json::json!({"metadata": {"labels": {BUCKET_LABEL: bucket.to_string()}}});
+        api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
+        let triggered = tokio::time::timeout(std::time::Duration::from_secs(30), async {
+            while let Some(r) = triggers.recv().await {
+                if r == key {
+                    return true;
+                }
+            }
+            false
+        })
+        .await;
+        assert_eq!(triggered, Ok(true), "the Runtime labelled into a kept shard was never triggered");
+        assert!(store.get(&key).is_some(), "triggered before the store held it");
     }
 }

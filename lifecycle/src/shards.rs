@@ -219,7 +219,7 @@ impl ShardMap {
     }
 
     /// Starts acting on `shard` (its Lease was just taken).
-    fn start(&self, shard: u32) {
+    pub(crate) fn start(&self, shard: u32) {
         if let Ok(mut held) = self.held.lock() {
             held.insert(shard, Term { cancel: CancellationToken::new(), gate: Arc::new(RwLock::new(())) });
         }
@@ -229,7 +229,7 @@ impl ShardMap {
 
     /// Stops acting on `shard`: no new reconcile enters, those in flight are cancelled, and
     /// this returns once they have all ended (`true`) or `wait` passed (`false`).
-    async fn stop(&self, shard: u32, wait: Duration) -> bool {
+    pub(crate) async fn stop(&self, shard: u32, wait: Duration) -> bool {
         let term = self.held.lock().ok().and_then(|mut h| h.remove(&shard));
         let Some(term) = term else { return true };
         term.cancel.cancel();
