@@ -340,29 +340,23 @@ impl Interner {
         hub: String,
         watches: crate::fleet_rows::WatchNames,
     ) -> (std::sync::Arc<str>, crate::fleet_rows::WatchNames) {
-        let hub = match self.hubs.get(hub.as_str()) {
-            Some(h) => h.clone(),
-            None => {
-                if self.hubs.len() >= Self::MAX {
-                    self.hubs.clear();
-                }
-                let h: std::sync::Arc<str> = hub.into();
-                self.hubs.insert(h.clone());
-                h
-            }
-        };
-        let watches = match self.watches.get(&watches) {
-            Some(w) => w.clone(),
-            None => {
-                if self.watches.len() >= Self::MAX {
-                    self.watches.clear();
-                }
-                self.watches.insert(watches.clone());
-                watches
-            }
-        };
-        (hub, watches)
+        (share(&mut self.hubs, hub.into()), share(&mut self.watches, watches))
     }
+}
+
+/// The value of `set` equal to `v`, or `v` kept in it (the set emptied first when full).
+fn share<T: ?Sized + std::hash::Hash + Eq>(
+    set: &mut HashSet<std::sync::Arc<T>>,
+    v: std::sync::Arc<T>,
+) -> std::sync::Arc<T> {
+    if let Some(have) = set.get(&v) {
+        return have.clone();
+    }
+    if set.len() >= Interner::MAX {
+        set.clear();
+    }
+    set.insert(v.clone());
+    v
 }
 
 /// What a heartbeat of this replica says now.
