@@ -43,6 +43,9 @@ pub(super) struct HubBench {
     /// Seconds of warm-up not counted.
     #[arg(long, default_value_t = 2.0)]
     warmup: f64,
+    /// Seconds the agents may take to connect before the bench gives up.
+    #[arg(long, default_value_t = 120.0)]
+    connect_wait: f64,
     /// Objects per agent.
     #[arg(long, default_value_t = 100)]
     objects: u64,
@@ -286,14 +289,20 @@ async fn run_one(b: &HubBench, bus: BusKind) -> anyhow::Result<Report> {
         LoadSpec { pki: dir.clone(), hubs: urls.clone(), agents: b.agents, source: source.clone(), jetstream: None };
     let connect_started = Instant::now();
     let mut load = Load::start(&spec, b.load_procs).await?;
+    // The connect curve, every 10 s: where a storm slows down shows here.
+    let mut progress_at = connect_started + Duration::from_secs(10);
     loop {
         let connected = load.connected();
+        if Instant::now() >= progress_at {
+            eprintln!("{connected} agents connected after {:.0} s", connect_started.elapsed().as_secs_f64());
+            progress_at += Duration::from_secs(10);
+        }
         if connected >= b.agents {
             eprintln!("{connected} agents connected in {:.1} s", connect_started.elapsed().as_secs_f64());
             break;
         }
-        if connect_started.elapsed() > Duration::from_secs(120) {
-            bail!("only {connected} of {} agents connected after 120 s", b.agents);
+        if connect_started.elapsed().as_secs_f64() > b.connect_wait {
+            bail!("only {connected} of {} agents connected after {} s", b.agents, b.connect_wait);
         }
         // Keep reading meanwhile (not counted): a subscriber that stops reading is a stalled
         // one, and the hub disconnects it.
@@ -700,8 +709,8 @@ async fn run_jetstream(b: &HubBench) -> anyhow::Result<Report> {
         Ok(())
     };
     while load.connected() < b.agents {
-        if connect_started.elapsed() > Duration::from_secs(120) {
-            bail!("only {} of {} publishers connected after 120 s", load.connected(), b.agents);
+        if connect_started.elapsed().as_secs_f64() > b.connect_wait {
+            bail!("only {} of {} publishers connected after {} s", load.connected(), b.agents, b.connect_wait);
         }
         next(Duration::from_millis(50), None).await?;
     }

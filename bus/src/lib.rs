@@ -405,6 +405,14 @@ pub enum BusError {
     Closed,
 }
 
+impl BusError {
+    /// Whether the bus did not answer in time (see [`NatsError::is_timeout`]): a read may be
+    /// asked again. A write may not: whether it was stored is unknown (see [`Bus::start_append`]).
+    pub fn is_timeout(&self) -> bool {
+        matches!(self, BusError::Nats(e) if e.is_timeout())
+    }
+}
+
 /// Bus settings.
 #[derive(Debug, Clone)]
 pub struct BusOptions {

@@ -34,6 +34,10 @@ use fleetwatch_bus::{Append, Bus, BusError, BusFuture, RecordBody};
 /// Records a subscriber may be behind for want of the hub's CPU before batches wait
 /// (four of its reads; about 20 ms at 100,000 events/s).
 const FANOUT_LAG: u64 = 2_048;
+/// The first and the longest wait before a hello asks the bus again for its cluster's head
+/// (see `Session::head_at_hello`).
+const HEAD_RETRY_FIRST: std::time::Duration = std::time::Duration::from_millis(250);
+const HEAD_RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(2);
 /// The longest a batch waits for subscribers to catch up.
 const FANOUT_WAIT: std::time::Duration = std::time::Duration::from_millis(20);
 
@@ -167,7 +171,7 @@ impl Session {
         shutdown: &CancellationToken,
         peer: &Peer,
     ) -> Result<std::convert::Infallible, End> {
-        self.ledger = Ledger::resumed(self.resume_point(hello).await?);
+        self.ledger = Ledger::resumed(self.resume_point(hello, cancel).await?);
         let mut watches_rx = self.ctx.watches.subscribe();
         let welcome = HubToAgent::Welcome(Welcome {
             protocol: self.protocol,
@@ -371,9 +375,11 @@ impl Session {
     /// marker is recorded with the true reason (see [`ingest::resume_gap`]), unless one
     /// this hub stored is still the head and unread (see
     /// [`crate::registry::SessionRegistry::resync_pending`]).
-    async fn resume_point(&mut self, hello: &Hello) -> Result<u64, End> {
-        let head = self.ctx.bus.head(&self.cluster).await.map_err(bus_failed)?;
-        let (have, reason) = ingest::resume_gap(head, hello.epoch, hello.last_acked_seq, self.ctx.bus.is_durable());
+    async fn resume_point(&mut self, hello: &Hello, cancel: &CancellationToken) -> Result<u64, End> {
+        let head = self.head_at_hello(cancel).await?;
+        let bus = &self.ctx.bus;
+        let cause = ingest::lost_cause(bus.is_durable(), bus.replica_share().is_some(), bus.first_offset() > 1);
+        let (have, reason) = ingest::resume_gap(head, hello.epoch, hello.last_acked_seq, cause);
         let Some(reason) = reason else { return Ok(have) };
         if self.ctx.registry.resync_pending(&self.cluster, head, self.ctx.bus.replica_share().is_some()) {
             tracing::info!(%reason, "a resync-required no subscriber has read yet is pending for this cluster; not recording another");
@@ -391,6 +397,31 @@ impl Session {
         self.ctx.registry.resync_stored(&self.cluster, marker);
         self.ctx.metrics.resyncs.inc();
         Ok(hello.last_acked_seq)
+    }
+
+    /// The cluster's head for the welcome, asked again while the bus times out, for up to
+    /// half the idle timeout (the agent waits that long for its welcome). The session holds
+    /// nothing yet, so a read asked again changes nothing; ending it instead made the agent
+    /// connect again, a TLS handshake more for each, while JetStream was already short of
+    /// time (at 50,000 agents over 3 replicas a third of the sessions ended so).
+    async fn head_at_hello(&self, cancel: &CancellationToken) -> Result<Option<(u64, u64)>, End> {
+        let give_up = Instant::now() + self.ctx.settings.idle_timeout / 2;
+        let mut wait = HEAD_RETRY_FIRST;
+        loop {
+            match self.ctx.bus.head(&self.cluster).await {
+                Ok(head) => return Ok(head),
+                Err(e) if e.is_timeout() && Instant::now() + wait < give_up => {
+                    tracing::debug!(error = %e, retry_in = ?wait, "the bus did not answer in time: asking again");
+                    self.ctx.metrics.hello_head_retries.inc();
+                    tokio::select! {
+                        _ = tokio::time::sleep(wait) => {}
+                        _ = cancel.cancelled() => return Err(bus_failed(e)),
+                    }
+                    wait = (wait * 2).min(HEAD_RETRY_MAX);
+                }
+                Err(e) => return Err(bus_failed(e)),
+            }
+        }
     }
 
     /// Appends to the bus. A failure ends the session with its real cause (the batch is
@@ -448,8 +479,15 @@ impl Session {
         // a flood of events.
         let wait = self.budget.lock().unwrap_or_else(|e| e.into_inner()).take_resync();
         self.delay_ack(conn, wait).await;
-        let head = self.ctx.bus.head(&self.cluster).await.map_err(bus_failed)?;
-        if self.ctx.registry.resync_pending(&self.cluster, head, self.ctx.bus.replica_share().is_some()) {
+        // The head is asked for only when a pending marker could absorb this request: on a
+        // bus shared by replicas never, and there it cost every starting agent a request or
+        // two to JetStream's stream leader for nothing.
+        let shared = self.ctx.bus.replica_share().is_some();
+        let pending = self.ctx.registry.may_absorb_resync(&self.cluster, shared) && {
+            let head = self.ctx.bus.head(&self.cluster).await.map_err(bus_failed)?;
+            self.ctx.registry.resync_pending(&self.cluster, head, shared)
+        };
+        if pending {
             // Nothing was stored since the last marker and no subscriber was sent it yet:
             // they reconcile once, after this request, anyway.
             tracing::info!(%reason, seq, "agent requested resync; an unread one is already pending, acked without storing");

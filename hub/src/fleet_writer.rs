@@ -3,7 +3,7 @@
 //! ([`heartbeats`]), following every entry into memory ([`follow`]), and writing this
 //! replica's entries on change ([`write`], each decision made by [`plan`]).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -259,12 +259,14 @@ pub(crate) fn refresh_at(cluster: &str, now: Instant) -> Instant {
     now + half + Duration::from_secs(h % half.as_secs().max(1))
 }
 
-/// The writer's memory: what it wrote, and when it last tried each cluster.
+/// The writer's memory: what it wrote, and when it last tried each cluster. Ordered by
+/// cluster, so a round writes in the same order in every run of a simulation seed (a hash
+/// map's order is random per process).
 #[derive(Default)]
 pub(crate) struct Writer {
-    pub owned: HashMap<String, Owned>,
+    pub owned: BTreeMap<String, Owned>,
     /// Clusters to look at once their [`COALESCE`] is over.
-    pub waiting: HashSet<String>,
+    pub waiting: BTreeSet<String>,
     /// When each cluster was last written or tried (within [`COALESCE`]).
     pub tried: HashMap<String, Instant>,
     failures: u64,
@@ -279,7 +281,7 @@ impl Writer {
     fn due(&mut self, now: Instant) -> Vec<String> {
         self.tried.retain(|_, at| now < *at + COALESCE);
         let tried = &self.tried;
-        self.waiting.extract_if(|c| !tried.contains_key(c)).take(MAX_ROUND).collect()
+        self.waiting.extract_if(.., |c| !tried.contains_key(c)).take(MAX_ROUND).collect()
     }
 
     /// When the first waiting cluster is due (`None`: nothing waits).

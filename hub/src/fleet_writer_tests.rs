@@ -1,6 +1,7 @@
 //! Tests of the writer's decisions and its compare-and-set ownership (`super`), on an
 //! in-memory [`ReplicaShare`].
 
+use std::collections::HashSet;
 use std::sync::Mutex;
 
 use fleetwatch_bus::{BusError, BusFuture, EntryStream};

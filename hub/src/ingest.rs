@@ -256,19 +256,31 @@ fn resync(state: State<'_>, r: Resync, limits: &Limits) -> Decision {
     Decision::Resync { seq: r.seq, reason }
 }
 
+/// What can have taken records an agent was acked for, as far as the bus can tell: the
+/// `lost_cause` of [`resume_gap`].
+pub(crate) fn lost_cause(durable: bool, shared: bool, evicted: bool) -> &'static str {
+    match (durable, shared, evicted) {
+        // On JetStream a cluster's head is kept in a bucket for when its records are
+        // evicted, but written paced: under a burst, eviction can overtake it.
+        (_, true, true) => {
+            "evicted by the bus's retention (--retention, --retention-bytes, --retention-age) before the cluster's \
+             head was recorded, or JetStream lost them"
+        }
+        (_, true, false) => "JetStream lost them (its store lost, or the stream deleted and recreated)",
+        (true, false, _) => "its data directory lost them (damaged, truncated or replaced)",
+        (false, false, _) => "the hub restarted without a data directory",
+    }
+}
+
 /// What the hub has of an agent's stream at resume, and why subscribers need a resync
-/// when it has less than the agent was acked: `(have, reason)`.
+/// when it has less than the agent was acked: `(have, reason)`. `lost_cause` says what can
+/// have taken them (see [`lost_cause`]).
 pub(crate) fn resume_gap(
     head: Option<(u64, u64)>,
     epoch: u64,
     last_acked: u64,
-    durable: bool,
+    lost_cause: &str,
 ) -> (u64, Option<String>) {
-    let lost_cause = if durable {
-        "its data directory lost them (damaged, truncated or replaced)"
-    } else {
-        "the hub restarted without a data directory"
-    };
     match head {
         Some((e, seq)) if e == epoch => {
             let reason = (last_acked > seq).then(|| {
@@ -481,19 +493,27 @@ mod tests {
 
     #[test]
     fn resume_reasons_say_what_happened() {
+        let memory = lost_cause(false, false, false);
+        let disk = lost_cause(true, false, true);
         // Nothing acked, nothing stored: no resync.
-        assert_eq!(resume_gap(None, 5, 0, false), (0, None));
+        assert_eq!(resume_gap(None, 5, 0, memory), (0, None));
         // The hub has all it acked.
-        assert_eq!(resume_gap(Some((5, 10)), 5, 10, true), (10, None));
+        assert_eq!(resume_gap(Some((5, 10)), 5, 10, disk), (10, None));
         // An in-memory hub restarted.
-        let (have, r) = resume_gap(None, 5, 10, false);
+        let (have, r) = resume_gap(None, 5, 10, memory);
         assert_eq!(have, 0);
         assert!(r.unwrap().contains("restarted without a data directory"));
         // A durable hub lost part of the epoch.
-        let r = resume_gap(Some((5, 4)), 5, 10, true).1.unwrap();
+        let r = resume_gap(Some((5, 4)), 5, 10, disk).1.unwrap();
         assert!(r.contains("5..=10") && r.contains("data directory lost"), "{r}");
+        // On JetStream there is no data directory; a stream that evicted records may have
+        // evicted the cluster's before its head was recorded.
+        let r = resume_gap(None, 5, 10, lost_cause(true, true, true)).1.unwrap();
+        assert!(r.contains("1..=10") && r.contains("evicted") && !r.contains("data directory"), "{r}");
+        let r = resume_gap(None, 5, 10, lost_cause(true, true, false)).1.unwrap();
+        assert!(r.contains("JetStream lost them") && !r.contains("evicted"), "{r}");
         // Another agent process stored events meanwhile: not a "restart without storage".
-        let r = resume_gap(Some((9, 3)), 5, 10, true).1.unwrap();
+        let r = resume_gap(Some((9, 3)), 5, 10, disk).1.unwrap();
         assert!(r.contains("another agent process") && r.contains("epoch 9"), "{r}");
         assert!(!r.contains("storage"), "{r}");
     }

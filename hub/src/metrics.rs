@@ -88,6 +88,8 @@ pub struct Metrics {
     pub handshake_failures: Family<ReasonLabel, Counter>,
     /// Acks delayed by the per-cluster rate limits.
     pub throttled_acks: Counter,
+    /// Hellos that asked the bus again for their cluster's head after it timed out.
+    pub hello_head_retries: Counter,
     /// Clusters' entries of the shared fleet state held (a bus of several replicas).
     pub fleet_entries: Gauge,
     /// Seconds the last load of the fleet state took (from following to caught up).
@@ -127,6 +129,7 @@ impl Default for Metrics {
             disconnects: Family::default(),
             handshake_failures: Family::default(),
             throttled_acks: Counter::default(),
+            hello_head_retries: Counter::default(),
             fleet_entries: Gauge::default(),
             fleet_load_seconds: Gauge::default(),
             fleet_writes: Counter::default(),
@@ -187,6 +190,11 @@ impl Default for Metrics {
             m.handshake_failures.clone(),
         );
         registry.register("throttled_acks", "Acks delayed by the per-cluster rate limits", m.throttled_acks.clone());
+        registry.register(
+            "hello_head_retries",
+            "Hellos that asked the bus again for their cluster's head after it did not answer in time",
+            m.hello_head_retries.clone(),
+        );
         registry.register("fleet_entries", "Clusters' entries of the shared fleet state held", m.fleet_entries.clone());
         registry.register(
             "fleet_load_seconds",

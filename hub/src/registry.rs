@@ -490,6 +490,18 @@ impl SessionRegistry {
         head == Some((marker.epoch, marker.seq)) && marker.offset > self.read_mark.load(Ordering::SeqCst)
     }
 
+    /// Whether [`SessionRegistry::resync_pending`] could answer yes, whatever the head: the
+    /// bus is this hub's alone and a marker it stored is above the read mark. When not,
+    /// the head need not be asked for (on JetStream a request or two to the stream leader).
+    pub fn may_absorb_resync(&self, cluster: &str, shared: bool) -> bool {
+        if shared {
+            return false;
+        }
+        let Ok(map) = self.clusters.lock() else { return false };
+        let Some(marker) = map.get(cluster).and_then(|e| e.last_resync) else { return false };
+        marker.offset > self.read_mark.load(Ordering::SeqCst)
+    }
+
     /// Records accepted events.
     pub fn acked(&self, cluster: &str, epoch: u64, seq: u64, events: u64) {
         let Ok(mut map) = self.clusters.lock() else { return };
@@ -706,7 +718,9 @@ mod tests {
         let reg = SessionRegistry::default();
         reg.open("c", opening("s1", "a:1", 1, &CancellationToken::new()), Duration::from_secs(60));
         assert!(!reg.resync_pending("c", Some((1, 1)), false));
+        assert!(!reg.may_absorb_resync("c", false), "no marker: the head need not be asked for");
         reg.resync_stored("c", StoredMarker { epoch: 1, seq: 1, offset: 7 });
+        assert!(reg.may_absorb_resync("c", false) && !reg.may_absorb_resync("c", true));
         assert!(reg.resync_pending("c", Some((1, 1)), false));
         // An event appended after it: the head moved on.
         assert!(!reg.resync_pending("c", Some((1, 2)), false));
@@ -726,6 +740,7 @@ mod tests {
         // A subscriber was sent the marker (or placed past it, e.g. `from: latest`).
         reg.read_past(7);
         assert!(!reg.resync_pending("c", Some((1, 5)), false));
+        assert!(!reg.may_absorb_resync("c", false), "read: whatever the head, not absorbed");
         // The mark only rises: a session that reads from an older cursor does not lower it.
         reg.read_past(3);
         assert!(!reg.resync_pending("c", Some((1, 5)), false));

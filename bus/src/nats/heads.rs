@@ -227,7 +227,10 @@ impl<J: JetStream> NatsBus<J> {
             let delay = pacing.delay(now, self.stream_last.load(Ordering::SeqCst), &self.retention, avg_bytes);
             let delay = if all { Duration::ZERO } else { delay };
             let mut dirty = lock(&self.dirty_heads);
-            let due: Vec<Arc<str>> = dirty.keys().filter(|c| pacing.due(c, now, delay)).cloned().collect();
+            let mut due: Vec<Arc<str>> = dirty.keys().filter(|c| pacing.due(c, now, delay)).cloned().collect();
+            // Written in the clusters' order, not the map's (random per process): a
+            // simulation seed then replays exactly.
+            due.sort_unstable();
             due.into_iter().filter_map(|c| dirty.remove_entry(&c)).collect()
         };
         if pending.is_empty() {

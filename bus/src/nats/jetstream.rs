@@ -384,17 +384,32 @@ fn stream_not_found(e: &jetstream::context::RequestError) -> bool {
         .is_some_and(|je| je.error_code() == jetstream::ErrorCode::STREAM_NOT_FOUND)
 }
 
-/// A publish ack of async-nats.
-pub struct NatsAck(<jetstream::context::PublishAckFuture as std::future::IntoFuture>::IntoFuture);
+/// A publish ack of async-nats, awaited by a task of its own from the publish on.
+///
+/// async-nats lets 5,000 acks be in flight per context: each publish takes a permit (waiting
+/// for one, without a timeout, when none is left) and its ack future holds it until the
+/// future completes, and its timeout starts only when it is first polled. A hub session
+/// waiting for a permit for its next batch does not poll the acks of its batches in flight,
+/// so with thousands of sessions every permit ended up held by acks no one polled: at 50,000
+/// agents over 3 replicas every append stopped for good once the agents had connected (0
+/// events/s, agents dropping their sessions for want of pongs). Driven by their own task,
+/// acks complete as they arrive (or time out), whoever waits for them.
+pub struct NatsAck(tokio::task::JoinHandle<Result<PublishAck, String>>);
+
+impl NatsAck {
+    fn driven(ack: jetstream::context::PublishAckFuture) -> Self {
+        let ack = std::future::IntoFuture::into_future(ack);
+        NatsAck(tokio::spawn(async move {
+            ack.await.map(|a| PublishAck { sequence: a.sequence, duplicate: a.duplicate }).map_err(|e| e.to_string())
+        }))
+    }
+}
 
 impl Future for NatsAck {
     type Output = Result<PublishAck, String>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        self.0
-            .as_mut()
-            .poll(cx)
-            .map(|r| r.map(|a| PublishAck { sequence: a.sequence, duplicate: a.duplicate }).map_err(|e| e.to_string()))
+        Pin::new(&mut self.0).poll(cx).map(|r| r.unwrap_or_else(|e| Err(format!("waiting for the publish ack: {e}"))))
     }
 }
 
@@ -462,7 +477,7 @@ impl JetStream for AsyncNats {
     ) -> Result<NatsAck, String> {
         let publish = jetstream::message::PublishMessage::build().payload(payload).headers(headers).message_id(id);
         match self.js.send_publish(subject, publish).await {
-            Ok(ack) => Ok(NatsAck(std::future::IntoFuture::into_future(ack))),
+            Ok(ack) => Ok(NatsAck::driven(ack)),
             Err(e) => Err(e.to_string()),
         }
     }

@@ -187,6 +187,27 @@ pub enum NatsError {
     },
 }
 
+impl NatsError {
+    /// Whether JetStream did not answer in time (overloaded, or electing a leader): a read
+    /// may be asked again. async-nats says so only in its message ("timed out").
+    ///
+    /// ```
+    /// use fleetwatch_bus::nats::NatsError;
+    /// let slow = NatsError::Stream { stream: "events".into(), cause: "timed out: request timed out".into() };
+    /// assert!(slow.is_timeout());
+    /// let refused = NatsError::Stream { stream: "events".into(), cause: "stream not found".into() };
+    /// assert!(!refused.is_timeout());
+    /// ```
+    pub fn is_timeout(&self) -> bool {
+        match self {
+            NatsError::Stream { cause, .. } | NatsError::KeyValue { cause, .. } | NatsError::Publish { cause, .. } => {
+                cause.contains("timed out")
+            }
+            _ => false,
+        }
+    }
+}
+
 /// Where and how to reach JetStream.
 #[derive(Debug, Clone)]
 pub struct NatsOptions {

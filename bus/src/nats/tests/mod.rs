@@ -222,3 +222,29 @@ async fn kinds(bus: &NatsBus) -> Vec<(u64, bool)> {
     let r = bus.read(1, 100).await.unwrap();
     r.records.iter().map(|r| (r.seq, matches!(r.body, RecordBody::ResyncRequired(_)))).collect()
 }
+
+/// Acks nobody polls do not hold up other publishes: async-nats lets 5,000 acks be in
+/// flight per context and a publish waits (with no timeout) for a place. A hub session that
+/// waits for a place does not poll the acks of its own batches in flight; before the acks
+/// were driven by tasks of their own, sessions holding every place that way stopped all
+/// appends of the replica for good (0 events/s at 50,000 agents).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acks_nobody_polls_do_not_hold_up_later_publishes() {
+    let (server, _dir) = server();
+    let bus = open(&server.url(), "fw", keep_all()).await;
+    // 6 clusters' batches of 1,000 records: 6,000 acks, none of them awaited yet.
+    let mut held = Vec::new();
+    for k in 0..6u64 {
+        let c: Arc<str> = format!("c-{k}").into();
+        let batch: Vec<Append> = (1..=1_000).map(|s| ev(1, s)).collect();
+        let started = tokio::time::timeout(Duration::from_secs(60), bus.start_append(c, batch)).await;
+        let storing = started
+            .unwrap_or_else(|_| panic!("batch {k} could not be published in 60 s: earlier acks hold every place"))
+            .unwrap_or_else(|e| panic!("batch {k}: {e}"));
+        held.push(storing);
+    }
+    for (k, storing) in held.into_iter().enumerate() {
+        let offset = storing.await.unwrap_or_else(|e| panic!("batch {k} stored: {e}"));
+        assert_eq!(offset, 1_000 * (k as u64 + 1), "batch {k} ends where it was published");
+    }
+}
