@@ -360,6 +360,16 @@ impl Uplink {
             first = false;
             stats.sessions += 1;
             let end = self.session(ws, &mut outbox, &mut changes, &mut source_open, &mut stats, &shutdown).await;
+            // A hub with no room (it refused before the welcome: `--max-connections`): the
+            // next attempt starts at the next hub, so a full replica sheds agents to the
+            // others instead of being asked again, a TLS handshake each time, until a place
+            // frees (at 50,000 agents over 3 replicas: 9,000 such refusals in 2 minutes).
+            if !stats.connected
+                && matches!(&end, SessionEnd::Lost(LinkError::Hub { code: ErrorCode::LimitExceeded, .. }))
+                && self.config.hub.len() > 1
+            {
+                current = (current + 1) % self.config.hub.len();
+            }
             if stats.connected {
                 // The session got as far as a welcome: start the backoff afresh.
                 backoff = self.config.reconnect.delays();

@@ -149,6 +149,29 @@ async fn agent_and_subscriber_fail_over_to_the_next_hub() {
     assert!(line.contains(&format!(":{}", second.port)), "{log}");
 }
 
+/// A hub with no room refuses an agent after the TLS handshake; the agent then starts its
+/// next attempt at the next hub. Before, it asked the full hub again and again (the hub
+/// answered, so it never counted as unreachable) and never reached the one with room.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_a_full_hub_refuses_moves_to_the_next_hub() {
+    let pki = Pki::new();
+    let full = HubProc::start(&pki, free_port(), None, &["--max-connections", "1"]);
+    let other = HubProc::start(&pki, free_port(), None, &[]);
+    let spec = "synthetic:objects=5,rate=20";
+    // The one place of the first hub is taken.
+    let holder = agent(&pki, "holder", &full.url(), spec, &[]);
+    let held = holds_within(DEADLINE, || full.proc.stderr().contains("agent connected")).await;
+    assert!(held, "{}\n{}", full.proc.stderr(), holder.stderr());
+    // An agent given the full hub first.
+    let hubs = format!("{},{}", full.url(), other.url());
+    let mover = agent(&pki, "mover", &hubs, spec, &[]);
+    let moved = holds_within(DEADLINE, || other.proc.stderr().contains("agent connected")).await;
+    assert!(moved, "the agent did not reach the hub with room:\n{}", mover.stderr());
+    let log = mover.stderr();
+    assert!(log.contains("hub is full"), "the first hub refused it for want of room:\n{log}");
+    assert!(other.clusters().await.to_string().contains("\"mover\""));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn outbox_overflow_during_an_outage_becomes_one_resync() {
     let pki = Pki::new();
