@@ -159,7 +159,19 @@ fn main() -> std::process::ExitCode {
                     Command::Lifecycle(args) => lifecycle_cmd::run(args).await,
                     Command::Module(args) => module_cmd::run(args).await,
                     #[cfg(feature = "sandbox")]
-                    Command::Bench(args) => fleetwatch_bench::run(args, crds_cmd::values()?).await,
+                    Command::Bench(args) => {
+                        // On SIGTERM or Ctrl-C the bench's future is dropped, and with it the
+                        // hubs, nats-server and load processes it started (killed on drop);
+                        // ended by the signal's default action they outlived it.
+                        let shutdown = shutdown_on_signals();
+                        let values = crds_cmd::values()?;
+                        tokio::select! {
+                            r = fleetwatch_bench::run(args, values) => r,
+                            _ = shutdown.cancelled() => {
+                                Err(anyhow::anyhow!("bench interrupted: the processes it started were stopped"))
+                            }
+                        }
+                    }
                     #[cfg(feature = "sandbox")]
                     Command::Sim(args) => {
                         let shutdown = shutdown_on_signals();

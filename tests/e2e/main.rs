@@ -4,6 +4,7 @@ mod access;
 mod admin_web;
 mod admission;
 mod agent_certs;
+mod bench_hub;
 mod bench_lifecycle;
 mod cli;
 mod coalescing;
