@@ -22,7 +22,6 @@ fn marked_processes(mark: &str, except: u32) -> Vec<u32> {
 
 #[test]
 fn hubs_and_nats_server_end_when_the_bench_is_terminated() {
-    use std::io::BufRead;
     let mark = format!("bench-hub-terminated-{}", std::process::id());
     let mut child = Command::new(BIN)
         .args(["--log", "warn", "bench", "hub", "--bus", "nats", "--hub-replicas", "2", "--agents", "4"])
@@ -34,19 +33,7 @@ fn hubs_and_nats_server_end_when_the_bench_is_terminated() {
         .unwrap();
     // Terminated in the warm-up, once every agent connected: 2 hubs, nats-server and the
     // load process run then.
-    let stderr = child.stderr.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let mut log = String::new();
-        for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
-            log += &line;
-            log.push('\n');
-            if line.contains("agents connected in") {
-                let _ = tx.send(Ok(()));
-            }
-        }
-        let _ = tx.send(Err(log));
-    });
+    let rx = stderr_until(&mut child, "agents connected in");
     let connected = rx.recv_timeout(Duration::from_secs(180));
     let running = marked_processes(&mark, child.id());
     let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();

@@ -72,7 +72,6 @@ fn sims_in_two_processes_every_module_converges_after_a_channel_move() {
 
 #[test]
 fn sim_processes_end_when_the_bench_is_killed() {
-    use std::io::BufRead;
     let mark = format!("bench-lifecycle-killed-{}", std::process::id());
     let mut child = bench(&mark, &["--runtimes", "20", "--modules", "1", "--sims-per-process", "10"])
         .stdout(Stdio::null())
@@ -81,16 +80,8 @@ fn sim_processes_end_when_the_bench_is_killed() {
         .unwrap();
     // Killed once every sim cluster serves (its sim processes then only wait): a sim
     // process that missed its parent's end would wait forever.
-    let stderr = child.stderr.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
-            if line.starts_with("started 20 sim runtime clusters in 2 processes") {
-                let _ = tx.send(());
-            }
-        }
-    });
-    let started = rx.recv_timeout(Duration::from_secs(120)).is_ok();
+    let rx = stderr_until(&mut child, "started 20 sim runtime clusters in 2 processes");
+    let started = matches!(rx.recv_timeout(Duration::from_secs(120)), Ok(Ok(())));
     let running = sim_processes(&mark).len();
     let _ = child.kill(); // SIGKILL: no destructor of the bench runs
     let _ = child.wait();

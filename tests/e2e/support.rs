@@ -486,3 +486,24 @@ pub fn redis_template(namespace: &str, version: &str) -> serde_json::Value {
         }
     })
 }
+
+/// Reads `child`'s stderr (taken from it) on a thread of its own: the receiver gets `Ok(())`
+/// when a line containing `needle` appears, and `Err(log)` with everything read once stderr
+/// ends.
+pub fn stderr_until(child: &mut Child, needle: &str) -> std::sync::mpsc::Receiver<Result<(), String>> {
+    let stderr = child.stderr.take().expect("the child's stderr is piped");
+    let needle = needle.to_string();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut log = String::new();
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if line.contains(&needle) {
+                let _ = tx.send(Ok(()));
+            }
+            log += &line;
+            log.push('\n');
+        }
+        let _ = tx.send(Err(log));
+    });
+    rx
+}
