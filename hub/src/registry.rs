@@ -482,24 +482,24 @@ impl SessionRegistry {
     /// Subscribers that read before this hub started cannot have read the marker: this
     /// hub stored it, and the read mark starts at the log's end (see `lib.rs`).
     pub fn resync_pending(&self, cluster: &str, head: Option<(u64, u64)>, shared: bool) -> bool {
-        if shared {
-            return false;
-        }
-        let Ok(map) = self.clusters.lock() else { return false };
-        let Some(marker) = map.get(cluster).and_then(|e| e.last_resync) else { return false };
-        head == Some((marker.epoch, marker.seq)) && marker.offset > self.read_mark.load(Ordering::SeqCst)
+        self.absorbing_marker(cluster, shared).is_some_and(|m| head == Some((m.epoch, m.seq)))
     }
 
     /// Whether [`SessionRegistry::resync_pending`] could answer yes, whatever the head: the
     /// bus is this hub's alone and a marker it stored is above the read mark. When not,
     /// the head need not be asked for (on JetStream a request or two to the stream leader).
     pub fn may_absorb_resync(&self, cluster: &str, shared: bool) -> bool {
+        self.absorbing_marker(cluster, shared).is_some()
+    }
+
+    /// The marker this hub stored last for `cluster` while no subscriber can have read it
+    /// (above the read mark), on a bus no other replica shares.
+    fn absorbing_marker(&self, cluster: &str, shared: bool) -> Option<StoredMarker> {
         if shared {
-            return false;
+            return None;
         }
-        let Ok(map) = self.clusters.lock() else { return false };
-        let Some(marker) = map.get(cluster).and_then(|e| e.last_resync) else { return false };
-        marker.offset > self.read_mark.load(Ordering::SeqCst)
+        let map = self.clusters.lock().ok()?;
+        map.get(cluster).and_then(|e| e.last_resync).filter(|m| m.offset > self.read_mark.load(Ordering::SeqCst))
     }
 
     /// Records accepted events.

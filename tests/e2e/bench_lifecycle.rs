@@ -31,23 +31,15 @@ fn bench(mark: &str, args: &[&str]) -> Command {
 #[test]
 fn sims_in_two_processes_every_module_converges_after_a_channel_move() {
     let mark = format!("bench-lifecycle-{}", std::process::id());
-    let mut child = bench(&mark, &["--runtimes", "20", "--modules", "2", "--shards", "2", "--processes"])
+    let child = bench(&mark, &["--runtimes", "20", "--modules", "2", "--shards", "2", "--processes"])
         .args(["--sims-per-process", "10"])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
     // Bounded: the bench gives up by itself after 600 s without convergence.
-    let mut status = None;
-    if !holds_within_blocking(Duration::from_secs(900), || {
-        status = child.try_wait().unwrap();
-        status.is_some()
-    }) {
-        let _ = child.kill();
-    }
-    let out = child.wait_with_output().unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
-    let logs = format!("stdout:\n{stdout}\nstderr:\n{}", String::from_utf8_lossy(&out.stderr));
+    let (status, stdout, stderr) = finish_within(child, Duration::from_secs(900));
+    let logs = format!("stdout:\n{stdout}\nstderr:\n{stderr}");
     assert!(status.is_some_and(|s| s.success()), "bench failed or hung: {logs}");
     // The JSON line; the bench prints it only once every Runtime had every module Ready at
     // the first version and then m0 at the moved channel's version.

@@ -30,7 +30,7 @@ struct SoakRun {
 /// for failure messages); panics when it fails or does not end within 600 s.
 fn run_soak(args: &[&str], hub_logs: &[&str]) -> SoakRun {
     let dir = tempfile::tempdir().unwrap();
-    let mut child = Command::new(BIN)
+    let child = Command::new(BIN)
         .args(["--log", "warn", "bench", "soak"])
         .args(args)
         .arg("--dir")
@@ -40,16 +40,7 @@ fn run_soak(args: &[&str], hub_logs: &[&str]) -> SoakRun {
         .spawn()
         .unwrap();
     // Bounded: the soak stops by itself (its duration, then at most --settle to settle).
-    let mut status = None;
-    if !holds_within_blocking(Duration::from_secs(600), || {
-        status = child.try_wait().unwrap();
-        status.is_some()
-    }) {
-        let _ = child.kill();
-    }
-    let out = child.wait_with_output().unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let (status, stdout, stderr) = finish_within(child, Duration::from_secs(600));
     let mut logs = format!("stdout:\n{stdout}\nstderr:\n{stderr}");
     for name in hub_logs {
         let hub = std::fs::read_to_string(dir.path().join(name)).unwrap_or_default();

@@ -507,3 +507,17 @@ pub fn stderr_until(child: &mut Child, needle: &str) -> std::sync::mpsc::Receive
     });
     rx
 }
+
+/// Waits up to `within` for `child` to exit by itself (killing it after that) and answers
+/// its exit status (`None`: it had to be killed), stdout and stderr; both must be piped.
+pub fn finish_within(mut child: Child, within: Duration) -> (Option<std::process::ExitStatus>, String, String) {
+    let mut status = None;
+    if !holds_within_blocking(within, || {
+        status = child.try_wait().unwrap();
+        status.is_some()
+    }) {
+        let _ = child.kill();
+    }
+    let out = child.wait_with_output().unwrap();
+    (status, String::from_utf8_lossy(&out.stdout).to_string(), String::from_utf8_lossy(&out.stderr).to_string())
+}
