@@ -208,6 +208,80 @@ pub struct ModuleStatus {
     /// validity), when any policy applies.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub config: Option<crate::config_policy::ModuleConfigStatus>,
+    /// While the module's last reconcile failed: which step, how many times in a row, and
+    /// when it is tried next (sooner when what it waits for appears in the cluster). Absent
+    /// once a reconcile of it succeeds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry: Option<ModuleRetry>,
+}
+
+/// A failing module's retries: capped exponential backoff with jitter, from about 1 s to at
+/// most 5 minutes.
+///
+/// ```
+/// use fleetwatch_api::module::{FailedStep, ModuleRetry};
+/// let r = ModuleRetry { step: FailedStep::Apply, failures: 3, next_attempt: "2026-11-27T22:41:05Z".into() };
+/// assert_eq!(serde_json::to_value(&r).unwrap()["nextAttempt"], "2026-11-27T22:41:05Z");
+/// assert_eq!(FailedStep::Apply.to_string(), "apply");
+/// ```
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ModuleRetry {
+    /// The step that failed.
+    pub step: FailedStep,
+    /// Failed reconciles of the module in a row.
+    pub failures: u32,
+    /// When the next try is due (RFC 3339).
+    pub next_attempt: String,
+}
+
+/// The step of a module's reconcile that failed (a retry's reason).
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, JsonSchema)]
+pub enum FailedStep {
+    /// Choosing the version: no release meta, channel or template for it.
+    Resolve,
+    /// Reading what runs in the cluster (the manager workload).
+    Read,
+    /// Getting the version's objects (its artifact refused).
+    Pull,
+    /// A migration before or after the upgrade.
+    Migration,
+    /// Applying the module's objects.
+    Apply,
+    /// Creating the default configuration.
+    DefaultConfig,
+    /// Deleting the module's objects or configuration.
+    Delete,
+    /// Reaching the runtime cluster.
+    Connect,
+    /// The agent's certificate.
+    Certificate,
+    /// Writing the Runtime (its status or finalizer) in the control plane.
+    StatusWrite,
+}
+
+impl FailedStep {
+    /// The name in metrics and messages (`apply`, `default-config`, ...).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Resolve => "resolve",
+            Self::Read => "read",
+            Self::Pull => "pull",
+            Self::Migration => "migration",
+            Self::Apply => "apply",
+            Self::DefaultConfig => "default-config",
+            Self::Delete => "delete",
+            Self::Connect => "connect",
+            Self::Certificate => "certificate",
+            Self::StatusWrite => "status-write",
+        }
+    }
+}
+
+impl std::fmt::Display for FailedStep {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// What holds a module back, typed: triggers and Events act on it, the message is for people.
@@ -235,6 +309,11 @@ pub enum ModuleReason {
     UpgradeHeld,
     /// Removal waits until the module's managed resources are deleted.
     DeletionBlocked,
+    /// The version requires another module (`spec.requires` of its ModuleTemplate) that is
+    /// not installed and Ready in the runtime yet: nothing of it is applied until it is.
+    WaitingForDependency,
+    /// Removal waits until no installed module requires this one any more.
+    RequiredByOthers,
 }
 
 impl ModuleReason {
@@ -371,6 +450,51 @@ pub struct ModuleTemplateSpec {
     /// The manager workload (a Deployment in the manifest) whose `app.kubernetes.io/version`
     /// label is the module's actual running version.
     pub manager: ResourceRef,
+    /// Modules this version needs installed and Ready in the same runtime first (istio,
+    /// certificates...). It waits for them (`WaitingForDependency`), and none of them is
+    /// removed while this one is installed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub requires: Vec<ModuleRequirement>,
+}
+
+/// A module another module needs.
+///
+/// ```
+/// use fleetwatch_api::module::ModuleRequirement;
+/// let r: ModuleRequirement = serde_json::from_str(r#"{"module":"istio","versions":">=1.2, <2"}"#).unwrap();
+/// assert!(r.accepts(&semver::Version::new(1, 4, 0)).unwrap());
+/// assert!(!r.accepts(&semver::Version::new(2, 0, 0)).unwrap());
+/// assert_eq!(r.to_string(), "istio >=1.2, <2");
+/// ```
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub struct ModuleRequirement {
+    /// The module's name.
+    pub module: String,
+    /// The versions that do (a semver range, `>=1.2, <2`); any when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub versions: Option<String>,
+}
+
+impl ModuleRequirement {
+    /// Whether `version` satisfies the range (any version without one); an error names a
+    /// range that does not parse.
+    pub fn accepts(&self, version: &semver::Version) -> Result<bool, String> {
+        match &self.versions {
+            None => Ok(true),
+            Some(range) => semver::VersionReq::parse(range)
+                .map(|req| req.matches(version))
+                .map_err(|e| format!("requirement {}: versions {range:?} is not a semver range: {e}", self.module)),
+        }
+    }
+}
+
+impl std::fmt::Display for ModuleRequirement {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.versions {
+            Some(v) => write!(f, "{} {v}", self.module),
+            None => f.write_str(&self.module),
+        }
+    }
 }
 
 /// Where a module version's resources are, when not inline in `manifest`.

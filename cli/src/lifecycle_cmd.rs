@@ -105,6 +105,14 @@ pub struct LifecycleArgs {
     /// least recently used are dropped beyond it and read again from the cache directory.
     #[arg(long, env = "FLEETWATCH_ARTIFACT_MEMORY_MAX_BYTES", default_value = "64Mi", value_parser = parse_bytes)]
     artifact_memory_max_bytes: u64,
+    /// Keep the WatchConfigs the operator relies on in the control plane (default true):
+    /// `fleetwatch-lifecycle.namespaces`, `fleetwatch-lifecycle.crds` and one per module
+    /// configuration kind no other WatchConfig watches. A module waiting for a namespace, a
+    /// kind or its configuration is then reconciled as soon as the agent reports it, not at
+    /// its next retry. The hub must read WatchConfigs from this control plane; `false` when
+    /// it reads them from files (then give the same watches there).
+    #[arg(long, env = "FLEETWATCH_WATCH_CONFIGS", default_value_t = true, action = clap::ArgAction::Set)]
+    watch_configs: bool,
     #[command(flatten)]
     registry: crate::module_cmd::RegistryArgs,
 }
@@ -216,6 +224,7 @@ pub async fn run(args: LifecycleArgs) -> anyhow::Result<()> {
         concurrency: args.concurrency.max(1),
         migrations: fleetwatch_lifecycle::migration::Registry::builtin(),
         kubeconfig_namespace: args.kubeconfig_namespace.clone().filter(|ns| !ns.is_empty()),
+        watch_configs: args.watch_configs,
         ..fleetwatch_lifecycle::LifecycleConfig::new(client.clone())
     };
     tracing::info!(resync_secs = resync.map_or(0.0, |d| d.as_secs_f64()), "lifecycle operator starting");

@@ -40,6 +40,11 @@ struct PackageArgs {
     /// Values for the chart (repeatable, later files win), as `helm template --values`.
     #[arg(long = "values", value_name = "FILE", requires = "chart")]
     values: Vec<PathBuf>,
+    /// Do not add the chart's target Namespace (the manager's) to the artifact. By default
+    /// it is added when the chart does not render it, as `helm install --create-namespace`
+    /// would: without it every install fails until someone creates the namespace.
+    #[arg(long, requires = "chart")]
+    no_create_namespace: bool,
     /// The helm binary.
     #[arg(long, env = "FLEETWATCH_HELM", default_value = "helm", value_name = "PATH")]
     helm: PathBuf,
@@ -59,6 +64,11 @@ struct PackageArgs {
     /// An upgrade to this version needs downtime: it waits for a maintenance window.
     #[arg(long)]
     requires_downtime: bool,
+    /// A module this version needs installed and Ready in the same runtime first, as NAME
+    /// or NAME@RANGE (a semver range: `istio@>=1.20, <2`). Repeatable. Written into the
+    /// printed ModuleTemplate's `spec.requires`.
+    #[arg(long = "requires", value_name = "NAME[@RANGE]", value_parser = parse_requirement)]
+    requires: Vec<fleetwatch_api::ModuleRequirement>,
     /// A kind whose instances block the module's deletion, as GROUP/VERSION/KIND (core
     /// group: v1/KIND). Repeatable.
     #[arg(long = "managed-resource", value_name = "GROUP/VERSION/KIND")]
@@ -165,7 +175,10 @@ async fn package(args: PackageArgs) -> anyhow::Result<()> {
     artifact.validate()?;
     let digest = registry.push(&args.push, &artifact).await?;
     let pinned = pinned(&reference, &digest);
-    let template = artifact.module_template(&args.namespace, &pinned);
+    let mut template = artifact.module_template(&args.namespace, &pinned);
+    if !args.requires.is_empty() {
+        template["spec"]["requires"] = serde_json::to_value(&args.requires).context("--requires")?;
+    }
     eprintln!("pushed {pinned} ({} objects)", artifact.objects.len());
     print!("{}", serde_saphyr::to_string(&template).context("cannot render the ModuleTemplate as YAML")?);
     Ok(())
@@ -229,9 +242,71 @@ fn render_chart(args: &PackageArgs, chart: &str) -> anyhow::Result<Vec<serde_jso
         bail!("--chart {chart}: helm template failed: {reason}");
     }
     let text = String::from_utf8(out.stdout).context("helm template printed something that is not UTF-8")?;
-    let objects = parse_documents(&text, &format!("--chart {chart} (helm template output)"))?;
+    let mut objects = parse_documents(&text, &format!("--chart {chart} (helm template output)"))?;
     if objects.is_empty() {
         bail!("--chart {chart}: the chart renders no Kubernetes objects");
     }
+    if !args.no_create_namespace && let Some(ns) = with_namespace(&mut objects, namespace) {
+        eprintln!(
+            "added Namespace {ns} to the artifact: the chart's target namespace, as `helm install --create-namespace` would (--no-create-namespace leaves it out)"
+        );
+    }
     Ok(objects)
+}
+
+/// Puts Namespace `namespace` first into `objects` unless they hold it; its name when added.
+fn with_namespace(objects: &mut Vec<serde_json::Value>, namespace: &str) -> Option<String> {
+    let has = objects.iter().any(|o| o["kind"] == "Namespace" && o["metadata"]["name"] == namespace);
+    if has {
+        return None;
+    }
+    let ns = serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}});
+    objects.insert(0, ns);
+    Some(namespace.to_string())
+}
+
+/// `NAME` or `NAME@RANGE` of `--requires`.
+fn parse_requirement(s: &str) -> Result<fleetwatch_api::ModuleRequirement, String> {
+    let (module, versions) = match s.split_once('@') {
+        Some((m, r)) => (m.trim(), Some(r.trim().to_string())),
+        None => (s.trim(), None),
+    };
+    let dns_label = !module.is_empty()
+        && module.len() <= 63
+        && module.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+        && !module.starts_with('-')
+        && !module.ends_with('-');
+    if !dns_label {
+        return Err(format!("{module:?} is not a module name (a DNS label); give NAME or NAME@RANGE"));
+    }
+    if let Some(r) = &versions {
+        semver::VersionReq::parse(r).map_err(|e| format!("{r:?} is not a semver range ({e}); e.g. istio@>=1.20, <2"))?;
+    }
+    Ok(fleetwatch_api::ModuleRequirement { module: module.to_string(), versions })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requirements_parse_as_name_or_name_at_range() {
+        let r = parse_requirement("istio@>=1.20, <2").unwrap();
+        assert_eq!((r.module.as_str(), r.versions.as_deref()), ("istio", Some(">=1.20, <2")));
+        assert_eq!(parse_requirement("cert-manager").unwrap().versions, None);
+        assert!(parse_requirement("Istio").unwrap_err().contains("not a module name"));
+        assert!(parse_requirement("istio@latest").unwrap_err().contains("not a semver range"));
+        assert!(parse_requirement("@1.0").is_err());
+    }
+
+    #[test]
+    fn a_charts_target_namespace_is_added_once_and_first() {
+        let cm = serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c", "namespace": "ksm"}});
+        let mut objects = vec![cm.clone()];
+        assert_eq!(with_namespace(&mut objects, "ksm").as_deref(), Some("ksm"));
+        assert_eq!(objects[0]["kind"], "Namespace");
+        assert_eq!(objects.len(), 2);
+        assert_eq!(with_namespace(&mut objects, "ksm"), None);
+        assert_eq!(objects.len(), 2);
+    }
 }

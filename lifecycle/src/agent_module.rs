@@ -180,7 +180,7 @@ async fn load_ca(
     let secret = api
         .get_opt(&cfg.ca_secret_name)
         .await
-        .map_err(|e| fail(format!("cannot read it: {e}")))?
+        .map_err(|e| fail(format!("cannot read it: {}", crate::error::plain(&e))))?
         .ok_or_else(|| fail("not found".into()))?;
     let (cert, key) = match (secret_bytes(&secret, "ca.crt"), secret_bytes(&secret, "ca.key")) {
         (Some(c), Some(k)) => (c, k),

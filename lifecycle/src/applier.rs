@@ -18,11 +18,13 @@ pub const FIELD_MANAGER: &str = "fleetwatch-lifecycle";
 /// One runtime cluster's writer.
 pub struct Applier {
     client: kube::Client,
+    /// The runtime cluster it writes to, for messages (`in rt-1`); `None`: the local one.
+    cluster: Option<String>,
     kinds: Mutex<HashMap<(String, String), (ApiResource, ApiCapabilities)>>,
 }
 
 /// `Kind namespace/name` (or `Kind name`), for errors.
-fn describe(r: &ResourceRef) -> String {
+fn object(r: &ResourceRef) -> String {
     match &r.namespace {
         Some(ns) => format!("{} {ns}/{}", r.kind, r.name),
         None => format!("{} {}", r.kind, r.name),
@@ -36,7 +38,24 @@ fn split_api_version(api_version: &str) -> (&str, &str) {
 impl Applier {
     /// A writer for the cluster `client` reaches.
     pub fn new(client: kube::Client) -> Self {
-        Self { client, kinds: Mutex::new(HashMap::new()) }
+        Self { client, cluster: None, kinds: Mutex::new(HashMap::new()) }
+    }
+
+    /// A writer for runtime cluster `cluster` (named in its errors).
+    pub fn for_cluster(client: kube::Client, cluster: impl Into<String>) -> Self {
+        Self { client, cluster: Some(cluster.into()), kinds: Mutex::new(HashMap::new()) }
+    }
+
+    /// `Kind namespace/name in CLUSTER`, for errors.
+    fn describe(&self, r: &ResourceRef) -> String {
+        self.within(object(r))
+    }
+
+    fn within(&self, what: String) -> String {
+        match &self.cluster {
+            Some(c) => format!("{what} in {c}"),
+            None => what,
+        }
     }
 
     /// The client.
@@ -61,7 +80,7 @@ impl Applier {
             }
             Err(kube::Error::Api(s)) if s.code == 404 => Ok(None),
             Err(kube::Error::Discovery(_)) => Ok(None),
-            Err(e) => Err(Error::kube("discovery of", format!("{api_version} {kind}"), e)),
+            Err(e) => Err(Error::kube("discovery of", self.within(format!("{api_version} {kind}")), e)),
         }
     }
 
@@ -102,7 +121,7 @@ impl Applier {
         let api = self.api(&ar, &caps, r.namespace.as_deref());
         api.patch(&r.name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(obj))
             .await
-            .map_err(|e| Error::kube("apply", describe(&r), e))?;
+            .map_err(|e| Error::kube("apply", self.describe(&r), e))?;
         if r.kind == "CustomResourceDefinition" {
             self.forget_kinds();
         }
@@ -123,7 +142,7 @@ impl Applier {
         {
             Ok(_) => Ok((r, true)),
             Err(kube::Error::Api(s)) if s.code == 409 => Ok((r, false)),
-            Err(e) => Err(Error::kube("create", describe(&r), e)),
+            Err(e) => Err(Error::kube("create", self.describe(&r), e)),
         }
     }
 
@@ -133,7 +152,7 @@ impl Applier {
         self.api(&ar, &caps, r.namespace.as_deref())
             .get_opt(&r.name)
             .await
-            .map_err(|e| Error::kube("get", describe(r), e))
+            .map_err(|e| Error::kube("get", self.describe(r), e))
     }
 
     /// Deletes an object; a missing object or kind is fine.
@@ -142,7 +161,7 @@ impl Applier {
         match self.api(&ar, &caps, r.namespace.as_deref()).delete(&r.name, &DeleteParams::background()).await {
             Ok(_) => Ok(()),
             Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-            Err(e) => Err(Error::kube("delete", describe(r), e)),
+            Err(e) => Err(Error::kube("delete", self.describe(r), e)),
         }
         .inspect(|_| {
             if r.kind == "CustomResourceDefinition" {
@@ -160,7 +179,7 @@ impl Applier {
         match api.list(&ListParams::default()).await {
             Ok(list) => Ok(list.items.len()),
             Err(kube::Error::Api(s)) if s.code == 404 => Ok(0),
-            Err(e) => Err(Error::kube("list", format!("{api_version} {}", kind.kind), e)),
+            Err(e) => Err(Error::kube("list", self.within(format!("{api_version} {}", kind.kind)), e)),
         }
     }
 
@@ -171,7 +190,7 @@ impl Applier {
         let api = self.api_for(&r).await?;
         let mut pp = PatchParams::apply(manager);
         pp.force = force;
-        api.patch(&r.name, &pp, &Patch::Apply(obj)).await.map_err(|e| Error::kube("apply", describe(&r), e))
+        api.patch(&r.name, &pp, &Patch::Apply(obj)).await.map_err(|e| Error::kube("apply", self.describe(&r), e))
     }
 
     /// Replaces an object's content with `obj` (its `metadata.resourceVersion` guards the
@@ -182,7 +201,7 @@ impl Applier {
         let dynobj: DynamicObject = serde_json::from_value(obj.clone())
             .map_err(|source| ManifestError::NotAnObject { kind: r.kind.clone(), name: r.name.clone(), source })?;
         let pp = PostParams { field_manager: Some(manager.into()), ..Default::default() };
-        api.replace(&r.name, &pp, &dynobj).await.map_err(|e| Error::kube("replace", describe(&r), e))
+        api.replace(&r.name, &pp, &dynobj).await.map_err(|e| Error::kube("replace", self.describe(&r), e))
     }
 
     /// Every instance of a kind, in all namespaces (none when the kind is not served).
@@ -194,7 +213,7 @@ impl Applier {
         let list = api
             .list(&ListParams::default())
             .await
-            .map_err(|e| Error::kube("list", format!("{api_version} {}", kind.kind), e))?;
+            .map_err(|e| Error::kube("list", self.within(format!("{api_version} {}", kind.kind)), e))?;
         Ok(list
             .items
             .into_iter()

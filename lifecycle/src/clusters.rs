@@ -57,10 +57,10 @@ impl Clusters {
         let runtime = format!("{rt_ns}/{}", rt.metadata.name.as_deref().unwrap_or_default());
         let ns = secret_namespace(self.kubeconfig_namespace.as_deref(), &rt_ns, secret_ref)
             .map_err(|source| Error::Cluster { runtime: runtime.clone(), source })?;
-        self.remote(&ns, secret_ref).await.map_err(|source| Error::Cluster { runtime, source })
+        self.remote(&ns, secret_ref, &rt.cluster_id()).await.map_err(|source| Error::Cluster { runtime, source })
     }
 
-    async fn remote(&self, ns: &str, secret_ref: &SecretKeyRef) -> Result<Arc<Applier>, ClusterError> {
+    async fn remote(&self, ns: &str, secret_ref: &SecretKeyRef, cluster: &str) -> Result<Arc<Applier>, ClusterError> {
         let secret_name = format!("{ns}/{}", secret_ref.name);
         let secrets: Api<Secret> = Api::namespaced(self.control_plane.clone(), ns);
         let secret = secrets
@@ -91,7 +91,7 @@ impl Clusters {
             .map_err(kubeconfig)?;
         let client =
             kube::Client::try_from(config).map_err(|source| ClusterError::Client { secret: secret_name, source })?;
-        let applier = Arc::new(Applier::new(client));
+        let applier = Arc::new(Applier::for_cluster(client, cluster));
         if let Ok(mut c) = self.cache.lock() {
             c.insert(key, (version, applier.clone()));
         }

@@ -13,7 +13,7 @@ use crate::migration::MigrationError;
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// A Kubernetes API call failed, on the control plane or in a runtime cluster.
-    #[error("{action} {object}: {source}")]
+    #[error("{action} {object}: {}", plain(source))]
     Kube {
         /// What was being done, e.g. `apply`, `writing status of`.
         action: &'static str,
@@ -33,7 +33,7 @@ pub enum Error {
         source: ClusterError,
     },
     /// A template's manifest object is unusable.
-    #[error("bad manifest: {0}")]
+    #[error("{0}")]
     Manifest(#[from] ManifestError),
     /// A migration failed.
     #[error("migration {migration} of {module} to {to} failed: {source}")]
@@ -59,7 +59,7 @@ pub enum Error {
     },
     /// The Runtime finalizer could not be added or removed (cleanup errors are the other
     /// variants, passed through).
-    #[error("finalizer of Runtime {runtime}: {source}")]
+    #[error("finalizer of Runtime {runtime}: {}", plain_finalizer(source))]
     Finalizer {
         /// The Runtime, `namespace/name`.
         runtime: String,
@@ -76,6 +76,9 @@ pub enum Error {
         runtime: String,
         /// The modules not removed yet.
         modules: Vec<String>,
+        /// When to look again: soon while removals progress, later while they fail
+        /// (the failed ones' backoff).
+        again: std::time::Duration,
     },
 }
 
@@ -84,13 +87,87 @@ impl Error {
     pub fn kube(action: &'static str, object: impl Into<String>, source: kube::Error) -> Self {
         Self::Kube { action, object: object.into(), source }
     }
+
+    /// The step of a reconcile this error stopped (the retry metric's reason).
+    pub fn step(&self) -> fleetwatch_api::FailedStep {
+        use fleetwatch_api::FailedStep;
+        match self {
+            Self::Cluster { .. } => FailedStep::Connect,
+            Self::Kube { action: "writing the status of", .. } | Self::Finalizer { .. } => FailedStep::StatusWrite,
+            Self::Kube { action: "delete", .. } | Self::CleanupPending { .. } => FailedStep::Delete,
+            Self::Kube { action: "get" | "list" | "discovery of", .. } => FailedStep::Read,
+            Self::Kube { .. } | Self::Manifest(_) | Self::Serialize { .. } => FailedStep::Apply,
+            Self::Migration { .. } => FailedStep::Migration,
+        }
+    }
+}
+
+/// A Kubernetes client error in one line for people: what the API server said and its code
+/// (`namespace ghost-ns does not exist (404)`), or why it could not be asked (`cannot reach
+/// the API server: ...: Connection refused`); never the Debug dump of its `Status`.
+///
+/// ```
+/// use fleetwatch_lifecycle::error::plain;
+/// let status: kube::core::Status = serde_json::from_value(serde_json::json!({
+///     "status": "Failure", "code": 404, "reason": "NotFound", "message": "namespaces \"ghost-ns\" not found",
+///     "details": {"name": "ghost-ns", "kind": "namespaces"}})).unwrap();
+/// assert_eq!(plain(&kube::Error::Api(Box::new(status))), "namespace ghost-ns does not exist (404)");
+/// let status: kube::core::Status = serde_json::from_value(serde_json::json!({
+///     "status": "Failure", "code": 422, "reason": "Invalid", "message": "Deployment.apps \"m\" is invalid: spec.replicas: must be >= 0"})).unwrap();
+/// assert_eq!(plain(&kube::Error::Api(Box::new(status))), "Deployment.apps \"m\" is invalid: spec.replicas: must be >= 0 (422)");
+/// ```
+pub fn plain(e: &kube::Error) -> String {
+    match e {
+        kube::Error::Api(s) => {
+            let details = s.details.as_ref();
+            if s.code == 404
+                && let Some(d) = details.filter(|d| d.kind == "namespaces" && !d.name.is_empty())
+            {
+                return format!("namespace {} does not exist (404)", d.name);
+            }
+            let what = if s.message.is_empty() { s.reason.as_str() } else { s.message.as_str() };
+            match (what.is_empty(), s.code) {
+                (true, 0) => "the API server refused the request".into(),
+                (true, code) => format!("the API server answered {code}"),
+                (false, 0) => what.to_string(),
+                (false, code) => format!("{what} ({code})"),
+            }
+        }
+        kube::Error::HyperError(inner) => format!("cannot reach the API server: {}", chain(inner)),
+        kube::Error::Service(inner) => format!("cannot reach the API server: {}", chain(inner.as_ref())),
+        other => chain(other),
+    }
+}
+
+/// An error and its sources in one line, each said once (`a: b: c`).
+fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut parts: Vec<String> = vec![e.to_string()];
+    let mut next = e.source();
+    while let Some(s) = next {
+        let text = s.to_string();
+        if !parts.last().is_some_and(|last| last.contains(&text)) {
+            parts.push(text);
+        }
+        next = s.source();
+    }
+    parts.join(": ")
+}
+
+fn plain_finalizer(e: &kube::runtime::finalizer::Error<Error>) -> String {
+    use kube::runtime::finalizer::Error as F;
+    match e {
+        F::AddFinalizer(k) => format!("adding the finalizer: {}", plain(k)),
+        F::RemoveFinalizer(k) => format!("removing the finalizer: {}", plain(k)),
+        F::ApplyFailed(inner) | F::CleanupFailed(inner) => inner.to_string(),
+        other => other.to_string(),
+    }
 }
 
 /// Why a runtime cluster cannot be reached.
 #[derive(Debug, thiserror::Error)]
 pub enum ClusterError {
     /// The kubeconfig Secret cannot be read.
-    #[error("reading Secret {secret}: {source}")]
+    #[error("reading Secret {secret}: {}", plain(source))]
     ReadSecret {
         /// `namespace/name`.
         secret: String,
@@ -139,7 +216,7 @@ pub enum ClusterError {
         source: kube::config::KubeconfigError,
     },
     /// No client can be built from the kubeconfig.
-    #[error("Secret {secret}: {source}")]
+    #[error("Secret {secret}: {}", plain(source))]
     Client {
         /// `namespace/name`.
         secret: String,
@@ -153,13 +230,13 @@ pub enum ClusterError {
 #[derive(Debug, thiserror::Error)]
 pub enum ManifestError {
     /// A required field is missing.
-    #[error("an object without {field}")]
+    #[error("bad manifest: an object without {field}")]
     MissingField {
         /// `apiVersion`, `kind` or `metadata.name`.
         field: &'static str,
     },
     /// The cluster does not serve the object's kind.
-    #[error("kind {api_version} {kind} is not served by the cluster")]
+    #[error("kind {api_version} {kind} is not served by the cluster (no CRD for it yet)")]
     KindNotServed {
         /// The object's apiVersion.
         api_version: String,
@@ -167,7 +244,7 @@ pub enum ManifestError {
         kind: String,
     },
     /// The object is not a Kubernetes object.
-    #[error("{kind} {name} is not a Kubernetes object: {source}")]
+    #[error("bad manifest: {kind} {name} is not a Kubernetes object: {source}")]
     NotAnObject {
         /// The object's kind.
         kind: String,

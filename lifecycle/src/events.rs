@@ -77,6 +77,9 @@ pub fn transitions(prev: &[ModuleStatus], next: &[ModuleStatus]) -> Vec<ModuleEv
         }
         let msg = format!("{}: {}", versions(n), n.message);
         match n.state {
+            _ if n.reason == Some(ModuleReason::WaitingForDependency) => {
+                out.push(normal("WaitingForDependency", "Install", module, msg))
+            }
             State::Warning if n.reason == Some(ModuleReason::DowngradeRefused) => {
                 out.push(warning("DowngradeRefused", "Upgrade", module, msg))
             }

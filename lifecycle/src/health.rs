@@ -26,7 +26,7 @@ pub async fn readiness(runtimes: kube::Api<Runtime>) -> Readiness {
     let one = kube::api::ListParams::default().limit(1);
     match tokio::time::timeout(READY_TIMEOUT, runtimes.list_metadata(&one)).await {
         Ok(Ok(_)) => Ok(String::new()),
-        Ok(Err(e)) => Err(format!("cannot list Runtimes: {e}")),
+        Ok(Err(e)) => Err(format!("cannot list Runtimes: {}", crate::error::plain(&e))),
         Err(_) => Err(format!("the API server did not answer within {} s", READY_TIMEOUT.as_secs())),
     }
 }

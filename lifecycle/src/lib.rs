@@ -24,11 +24,14 @@ pub mod metrics;
 pub mod migration;
 pub mod provides;
 pub mod reconcile;
+pub mod requires;
+pub mod retry;
 pub mod rollout;
 pub mod shards;
 pub mod tolerant;
 pub mod triggers;
 pub mod usable;
+pub mod watches;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -78,6 +81,10 @@ pub struct LifecycleConfig {
     /// The one namespace Runtimes' kubeconfig Secrets and ModuleTemplates' pull Secrets are
     /// read from ([`clusters`]); `None`: each object's own namespace.
     pub kubeconfig_namespace: Option<String>,
+    /// Keep the WatchConfigs the operator relies on in the control plane ([`watches`]:
+    /// Namespaces, CRDs, module configuration kinds), so what a failing module waits for
+    /// triggers it at once.
+    pub watch_configs: bool,
 }
 
 /// Watches reconciles from outside: `started` when a reconcile of a Runtime this instance
@@ -106,6 +113,7 @@ impl LifecycleConfig {
             agent_certs: None,
             artifacts: Default::default(),
             kubeconfig_namespace: None,
+            watch_configs: true,
         }
     }
 }
@@ -145,15 +153,17 @@ pub struct Ctx {
 }
 
 impl Ctx {
-    /// The next retry delay of a runtime: exponential per runtime, so one broken cluster
-    /// does not slow the others.
+    /// The next retry delay of a runtime whose reconcile failed as a whole (its cluster out of
+    /// reach, its status not written): per runtime, so one broken cluster does not slow the
+    /// others, with the modules' backoff ([`retry::delay`]: about 1 s doubling to 5 minutes).
     fn next_backoff(&self, key: &str) -> Duration {
         let attempt = self.backoff.lock().map(|mut b| {
             let a = b.entry(key.to_string()).or_insert(0);
-            *a = (*a + 1).min(8);
+            *a = a.saturating_add(1).min(64);
             *a
         });
-        (Duration::from_millis(500) * 2u32.pow(attempt.unwrap_or(1).saturating_sub(1))).min(Duration::from_secs(60))
+        let failures = attempt.unwrap_or(1);
+        retry::delay(failures, retry::jitter_of(key, failures, jiff::Timestamp::now().as_nanosecond()))
     }
 
     fn reset_backoff(&self, key: &str) {
@@ -164,12 +174,14 @@ impl Ctx {
 }
 
 fn error_policy(rt: Arc<Runtime>, err: &Error, ctx: Arc<Ctx>) -> Action {
-    if let Error::CleanupPending { .. } = err {
-        // Removal in progress (it keeps the finalizer by not succeeding): look again soon.
+    if let Error::CleanupPending { again, .. } = err {
+        // Removal in progress (it keeps the finalizer by not succeeding): look again soon,
+        // or at the failed removals' next retry.
         tracing::debug!(%err, "runtime deletion in progress");
-        return Action::requeue(reconcile::BUSY_REQUEUE);
+        return Action::requeue(*again);
     }
     ctx.metrics.failures.inc();
+    ctx.metrics.retried(err.step());
     let key = format!("{}/{}", rt.namespace().unwrap_or_default(), rt.name_any());
     let wait = ctx.next_backoff(&key);
     tracing::warn!(runtime = %key, error = %err, retry_in = ?wait, "reconcile failed");
@@ -281,6 +293,10 @@ pub async fn run(config: LifecycleConfig, metrics: Arc<Metrics>, shutdown: Cance
     .reflect(templates_writer)
     .touched_objects();
 
+    tokio::spawn(usable::keep_requirements(client.clone(), templates.clone(), metas.clone(), shutdown.child_token()));
+    if config.watch_configs {
+        tokio::spawn(watches::keep(client.clone(), templates.clone(), shutdown.child_token()));
+    }
     let (policies, policies_writer) = reflector::store::<fleetwatch_api::maintenance::MaintenancePolicy>();
     let policies_stream = tolerant::watch_checked::<fleetwatch_api::maintenance::MaintenancePolicy, _>(
         client.clone(),

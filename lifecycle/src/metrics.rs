@@ -19,6 +19,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet};
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
@@ -42,6 +43,12 @@ pub(crate) struct View {
 struct ModuleState {
     module: String,
     state: String,
+}
+
+/// Labels of `fleetwatch_lifecycle_retries`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
+struct RetryReason {
+    reason: String,
 }
 
 /// Labels of `fleetwatch_lifecycle_module_config_invalid`.
@@ -165,6 +172,8 @@ pub struct Metrics {
     pub config_enforced: Counter,
     /// Module configurations found invalid (each new set of errors counts once).
     pub config_invalid: Counter,
+    /// Failed steps tried again, by the step that failed before.
+    retries: Family<RetryReason, Counter>,
     view: Arc<ViewCollector>,
     client_certificate: Arc<ClientCertificate>,
 }
@@ -184,6 +193,7 @@ impl Default for Metrics {
             in_flight: Gauge::default(),
             config_enforced: Counter::default(),
             config_invalid: Counter::default(),
+            retries: Family::default(),
             view: Arc::new(ViewCollector::default()),
             client_certificate: Arc::default(),
         };
@@ -209,6 +219,11 @@ impl Default for Metrics {
             "Times a module configuration was found invalid",
             m.config_invalid.clone(),
         );
+        registry.register(
+            "retries",
+            "Failed steps of reconciles tried again (with backoff, or at once when the runtime cluster changed), by the step that failed: resolve, read, pull, migration, apply, default-config, delete, connect, certificate, status-write",
+            m.retries.clone(),
+        );
         registry.register_collector(Box::new(m.view.clone()));
         registry.register_collector(Box::new(m.client_certificate.clone()));
         Self { registry, ..m }
@@ -219,6 +234,16 @@ impl Metrics {
     /// The OpenMetrics text exposition, closed with `# EOF`.
     pub fn encode(&self) -> String {
         fleetwatch_telemetry::exposition::encode(&[&self.registry])
+    }
+
+    /// Counts a failed step tried again.
+    pub(crate) fn retried(&self, step: fleetwatch_api::FailedStep) {
+        self.retries.get_or_create(&RetryReason { reason: step.as_str().to_string() }).inc();
+    }
+
+    /// How often a failed `step` was tried again (tests).
+    pub fn retries_of(&self, step: fleetwatch_api::FailedStep) -> u64 {
+        self.retries.get_or_create(&RetryReason { reason: step.as_str().to_string() }).get()
     }
 
     /// Records the duration of a successful reconcile.

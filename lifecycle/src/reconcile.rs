@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use fleetwatch_api::policy::{Step, desired_version, next_step, parse};
 use fleetwatch_api::{
-    CustomResourcePolicy, ModuleEntry, ModuleReason, ModuleReleaseMeta, ModuleStatus, ModuleTemplate, RolloutStatus,
+    CustomResourcePolicy, FailedStep, ModuleEntry, ModuleReason, ModuleReleaseMeta, ModuleStatus, ModuleTemplate, RolloutStatus,
     Runtime, RuntimeStatus, State,
 };
 use kube::api::{Api, Patch, PatchParams, PostParams};
@@ -36,8 +36,11 @@ const WINDOW_POLL: Duration = Duration::from_secs(2);
 /// What a module's reconcile asks of the runtime's next one.
 #[derive(Default)]
 struct Flags {
-    /// Retry with backoff (a failed migration).
-    retry: bool,
+    /// The runtime's modules as known now (this reconcile's statuses of those done, else the
+    /// last ones), for their dependents.
+    known: Vec<ModuleStatus>,
+    /// The modules the Runtime lists.
+    listed: Vec<String>,
     /// Waiting for a rollout wave.
     waiting: bool,
     /// Waiting for a maintenance window that opens in this long.
@@ -296,22 +299,19 @@ async fn reach(rt: &Runtime, ctx: &Ctx, api: &Api<Runtime>, previous: &[ModuleSt
                 .iter()
                 .cloned()
                 .map(|mut m| {
-                    m.state = State::Error;
-                    m.message = e.to_string();
                     crate::config_policy::unreachable(&mut m, &e.to_string());
-                    m
+                    crate::retry::failed(m, FailedStep::Connect, e.to_string())
                 })
                 .collect();
             for entry in &rt.spec.modules {
                 if !modules.iter().any(|m| m.name == entry.name) {
-                    modules.push(ModuleStatus {
-                        name: entry.name.clone(),
-                        state: State::Error,
-                        message: e.to_string(),
-                        ..Default::default()
-                    });
+                    let m = ModuleStatus { name: entry.name.clone(), ..Default::default() };
+                    modules.push(crate::retry::failed(m, FailedStep::Connect, e.to_string()));
                 }
             }
+            crate::retry::schedule(previous, &mut modules, ctx.clock.now(), |m, n| {
+                crate::retry::jitter_of(m, n, ctx.clock.now().as_nanosecond())
+            });
             write_status(api, rt, modules).await?;
             Err(e)
         }
@@ -327,12 +327,8 @@ async fn cleanup(rt: Arc<Runtime>, ctx: &Ctx) -> Result<Action, Error> {
     let api: Api<Runtime> = Api::namespaced(ctx.client.clone(), &ns);
     let previous: Vec<ModuleStatus> = rt.status.as_ref().map(|s| s.modules.clone()).unwrap_or_default();
     let applier = reach(&rt, ctx, &api, &previous).await?;
-    let mut statuses = Vec::new();
-    for prev in &previous {
-        if let Some(st) = remove(&applier, prev).await {
-            statuses.push(st);
-        }
-    }
+    let all: Vec<&ModuleStatus> = previous.iter().collect();
+    let mut statuses = remove_in_order(ctx, &applier, &ns, &all, &[]).await;
     if statuses.is_empty() {
         // The catalog goes with the Runtime; a failure is retried like any other.
         crate::catalog::remove(&applier).await?;
@@ -347,9 +343,22 @@ async fn cleanup(rt: Arc<Runtime>, ctx: &Ctx) -> Result<Action, Error> {
         return Ok(Action::await_change());
     }
     let waiting = statuses.iter().map(|m| m.name.clone()).collect();
+    // Failed removals come back with backoff; ones waiting for their resources soon.
+    let now = ctx.clock.now();
+    let retries = crate::retry::schedule(&previous, &mut statuses, now, |m, n| {
+        crate::retry::jitter_of(&format!("{key}/{m}"), n, now.as_nanosecond())
+    });
+    for step in &retries.retried {
+        ctx.metrics.retried(*step);
+    }
+    let again = if statuses.iter().any(|m| m.state != State::Error) {
+        BUSY_REQUEUE
+    } else {
+        retries.next.unwrap_or(BUSY_REQUEUE)
+    };
     publish_events(ctx, &rt, &previous, &statuses).await;
     write_status(&api, &rt, statuses).await?;
-    Err(Error::CleanupPending { runtime: key, modules: waiting })
+    Err(Error::CleanupPending { runtime: key, modules: waiting, again })
 }
 
 /// Reconciles a Runtime that is not being deleted (the finalizer is in place).
@@ -364,11 +373,16 @@ async fn apply(rt: Arc<Runtime>, ctx: &Ctx) -> Result<Action, Error> {
     let api: Api<Runtime> = Api::namespaced(ctx.client.clone(), &ns);
     let previous: Vec<ModuleStatus> = rt.status.as_ref().map(|s| s.modules.clone()).unwrap_or_default();
     let applier = reach(&rt, ctx, &api, &previous).await?;
-    let mut statuses = Vec::new();
     let mut busy = false;
     let mut flags = Flags::default();
     let by_name: HashMap<&str, &ModuleStatus> = previous.iter().map(|m| (m.name.as_str(), m)).collect();
-    for entry in &rt.spec.modules {
+    // Modules after those they require ([`crate::requires`]): a dependency installed in this
+    // reconcile comes first. Statuses are kept in the Runtime's order.
+    flags.listed = rt.spec.modules.iter().map(|e| e.name.clone()).collect();
+    flags.known = previous.clone();
+    let mut done: Vec<Option<ModuleStatus>> = vec![None; rt.spec.modules.len()];
+    for i in requires_order(ctx, &rt, &ns) {
+        let entry = &rt.spec.modules[i];
         let prev = by_name.get(entry.name.as_str()).copied();
         let st = if entry.managed {
             install(ctx, &applier, &rt, &ns, entry, prev, &mut flags).await
@@ -394,17 +408,22 @@ async fn apply(rt: Arc<Runtime>, ctx: &Ctx) -> Result<Action, Error> {
             }
         };
         busy |= matches!(st.state, State::Processing | State::Deleting);
-        statuses.push(st);
+        flags.known.retain(|k| k.name != st.name);
+        flags.known.push(st.clone());
+        done[i] = Some(st);
     }
-    // Modules whose entry is gone: remove them by the policy kept in status.
-    for prev in previous.iter().filter(|p| !rt.spec.modules.iter().any(|e| e.name == p.name)) {
-        if prev.state == State::Unmanaged {
-            continue; // already let go
-        }
-        if let Some(st) = remove(&applier, prev).await {
-            busy = true;
-            statuses.push(st);
-        }
+    let mut statuses: Vec<ModuleStatus> = done.into_iter().flatten().collect();
+    // Modules whose entry is gone: remove them by the policy kept in status, dependents first;
+    // one an installed module still requires waits for it.
+    let gone: Vec<&ModuleStatus> = previous
+        .iter()
+        .filter(|p| !rt.spec.modules.iter().any(|e| e.name == p.name))
+        .filter(|p| p.state != State::Unmanaged) // already let go
+        .collect();
+    let staying = installed_of(&statuses);
+    for st in remove_in_order(ctx, &applier, &ns, &gone, &staying).await {
+        busy |= st.state == State::Deleting;
+        statuses.push(st);
     }
     crate::config_policy::enforce(ctx, &applier, &rt, &mut statuses, &previous).await;
     let key = format!("{ns}/{name}");
@@ -436,20 +455,23 @@ async fn apply(rt: Arc<Runtime>, ctx: &Ctx) -> Result<Action, Error> {
             Err(e) => {
                 tracing::warn!(error = %e, "agent certificate not written");
                 if let Some(st) = statuses.iter_mut().find(|m| m.name == crate::agent_module::MODULE) {
-                    st.state = State::Error;
-                    st.message = e.to_string();
+                    *st = crate::retry::failed(st.clone(), FailedStep::Certificate, e.to_string());
                 }
-                flags.retry = true;
             }
         }
+    }
+    // Failed modules come back with backoff (sooner when the cluster's events trigger them).
+    let now = ctx.clock.now();
+    let retries = crate::retry::schedule(&previous, &mut statuses, now, |m, n| {
+        crate::retry::jitter_of(&format!("{key}/{m}"), n, now.as_nanosecond())
+    });
+    for step in &retries.retried {
+        ctx.metrics.retried(*step);
     }
     publish_events(ctx, &rt, &previous, &statuses).await;
     write_status(&api, &rt, statuses).await?;
     write_rollouts(ctx).await;
     ctx.metrics.record_duration(started.elapsed());
-    if flags.retry {
-        return Ok(Action::requeue(ctx.next_backoff(&key)));
-    }
     ctx.reset_backoff(&key);
     let next = if busy {
         Some(BUSY_REQUEUE)
@@ -462,11 +484,8 @@ async fn apply(rt: Arc<Runtime>, ctx: &Ctx) -> Result<Action, Error> {
     } else {
         ctx.resync
     };
-    // Back when a module's artifact is due to be pulled again.
-    let next = match (next, flags.pull) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
-    };
+    // Back when a module's artifact is due to be pulled again, or a failed module retried.
+    let next = [next, flags.pull, retries.next].into_iter().flatten().min();
     // Back in time to renew the agent's certificate, whatever else is pending.
     let next = match (next, renew_in) {
         (Some(a), Some(b)) => Some(a.min(b)),
@@ -568,17 +587,17 @@ async fn install_inner(
     let (desired, channel) =
         match desired_version(entry, rt.spec.channel.as_deref(), find_meta(&metas, ns, &entry.name).map(|m| &m.spec)) {
             Ok(v) => v,
-            Err(e) => return fail(st, State::Error, e.to_string()),
+            Err(e) => return failed(st, FailedStep::Resolve, e.to_string()),
         };
     st.channel = channel;
     st.desired_version = Some(desired.to_string());
     let Some(template) = find_template(&ctx.templates.state(), ns, &entry.name, &desired) else {
-        return fail(st, State::Error, format!("no ModuleTemplate for {} {desired} in namespace {ns}", entry.name));
+        return failed(st, FailedStep::Resolve, format!("no ModuleTemplate for {} {desired} in namespace {ns}", entry.name));
     };
     let manager = template.spec.manager.clone();
     let running = match applier.get(&manager).await {
         Ok(d) => d.and_then(|d| d.labels().get(VERSION_LABEL).cloned()),
-        Err(e) => return fail(st, State::Error, e.to_string()),
+        Err(e) => return failed(st, FailedStep::Read, e.to_string()),
     };
     st.actual_version = running.clone();
     let actual = running.as_deref().and_then(|v| parse(v).ok());
@@ -588,6 +607,22 @@ async fn install_inner(
         let mut st = fail(st, State::Warning, format!("downgrade from {from} to {desired} not applied"));
         st.reason = Some(ModuleReason::DowngradeRefused);
         return st;
+    }
+    // Dependencies: an install or upgrade waits until what its version requires is Ready.
+    if !template.spec.requires.is_empty() {
+        if let Err(why) = crate::requires::judge(&template, &ctx.templates.state(), &metas) {
+            let message = format!("ModuleTemplate {} is not usable: {why}", template.name_any());
+            return failed(st, FailedStep::Resolve, message);
+        }
+        if matches!(step, Step::Install | Step::Upgrade { .. }) {
+            let listed: Vec<&str> = flags.listed.iter().map(String::as_str).collect();
+            if let Some(unmet) = crate::requires::unmet(&template.spec.requires, &flags.known, &listed) {
+                let state = if unmet.listed { State::Processing } else { State::Warning };
+                let mut st = fail(st, state, format!("{} {desired} {}", entry.name, unmet.message));
+                st.reason = Some(ModuleReason::WaitingForDependency);
+                return st;
+            }
+        }
     }
     // Paced rollouts: an upgrade that a channel move caused waits for its wave.
     let rollout = match (&step, &entry.version) {
@@ -668,7 +703,7 @@ async fn install_inner(
                 _ => (st, e.message),
             };
             (st.state, st.message) = before;
-            let mut st = fail(st, state, message);
+            let mut st = if e.permanent { failed(st, FailedStep::Pull, message) } else { fail(st, state, message) };
             st.reason = (!e.permanent).then_some(ModuleReason::WaitingForArtifact);
             return st;
         }
@@ -683,20 +718,18 @@ async fn install_inner(
         metrics: Some(&ctx.metrics),
     };
     if migrating && let Err(e) = ctx.migrations.pre(&cx).await {
-        flags.retry = true;
-        return fail(st, State::Error, format!("upgrade of {} to {desired} stopped: {e}", entry.name));
+        return failed(st, FailedStep::Migration, format!("upgrade of {} to {desired} stopped: {e}", entry.name));
     }
     let mut resources = Vec::new();
     // The manager declares the kinds the module provides (its CRDs), for the agent.
     for obj in content.to_apply().iter() {
         match applier.apply(obj).await {
             Ok(r) => resources.push(r),
-            Err(e) => return fail(st, State::Error, format!("installing {} {desired}: {e}", entry.name)),
+            Err(e) => return failed(st, FailedStep::Apply, format!("installing {} {desired}: {e}", entry.name)),
         }
     }
     if migrating && let Err(e) = ctx.migrations.post(&cx).await {
-        flags.retry = true;
-        return fail(st, State::Error, format!("after upgrading {} to {desired}: {e}", entry.name));
+        return failed(st, FailedStep::Migration, format!("after upgrading {} to {desired}: {e}", entry.name));
     }
     st.resources = resources;
     st.installed_version = Some(desired.to_string());
@@ -705,7 +738,7 @@ async fn install_inner(
     if let Some(cfg) = content.default_config() {
         match Applier::reference(cfg) {
             Ok(r) => st.default_config = Some(r),
-            Err(e) => return fail(st, State::Error, e.to_string()),
+            Err(e) => return failed(st, FailedStep::DefaultConfig, e.to_string()),
         }
         // The cached Runtime may predate the status write that recorded an earlier creation
         // (a busy API server or watch): ask the API server before creating, so a
@@ -721,7 +754,7 @@ async fn install_inner(
                         tracing::info!(module = %entry.name, "default configuration created");
                     }
                 }
-                Err(e) => return fail(st, State::Error, format!("creating default configuration: {e}")),
+                Err(e) => return failed(st, FailedStep::DefaultConfig, format!("creating default configuration: {e}")),
             }
         }
     }
@@ -738,8 +771,11 @@ async fn install_inner(
                 (State::Ready, String::new())
             }
         }
-        Ok(None) => (State::Error, format!("manager {} {} not found after install", manager.kind, manager.name)),
-        Err(e) => (State::Error, e.to_string()),
+        Ok(None) => {
+            let message = format!("manager {} {} not found after install", manager.kind, manager.name);
+            return failed(st, FailedStep::Read, message);
+        }
+        Err(e) => return failed(st, FailedStep::Read, e.to_string()),
     };
     st.reason = (state == State::Processing).then_some(ModuleReason::WaitingForManager);
     st.state = state;
@@ -781,7 +817,7 @@ async fn keep_current(
             Ok(c) => {
                 for obj in c.to_apply().iter() {
                     if let Err(e) = applier.apply(obj).await {
-                        return fail(st, State::Error, format!("repairing {} {running}: {e}", entry.name));
+                        return failed(st, FailedStep::Apply, format!("repairing {} {running}: {e}", entry.name));
                     }
                 }
             }
@@ -818,6 +854,15 @@ async fn hold(
     st
 }
 
+/// A module failing at `step`: `Error` with the message, retried with backoff
+/// ([`crate::retry`]).
+fn failed(st: ModuleStatus, step: FailedStep, message: String) -> ModuleStatus {
+    if st.state != State::Error || st.message != message {
+        tracing::warn!(module = %st.name, %step, %message, "module failed; retrying with backoff");
+    }
+    crate::retry::failed(st, step, message)
+}
+
 fn fail(mut st: ModuleStatus, state: State, message: String) -> ModuleStatus {
     if st.state != state || st.message != message {
         tracing::warn!(module = %st.name, %state, %message, "module not ready");
@@ -825,6 +870,86 @@ fn fail(mut st: ModuleStatus, state: State, message: String) -> ModuleStatus {
     st.state = state;
     st.message = message;
     st
+}
+
+/// Each module's installed version, for [`crate::requires::dependents`].
+fn installed_of(statuses: &[ModuleStatus]) -> Vec<(String, String)> {
+    statuses
+        .iter()
+        .filter(|m| m.state != State::Unmanaged)
+        .filter_map(|m| Some((m.name.clone(), m.installed_version.clone()?)))
+        .collect()
+}
+
+/// The order the Runtime's modules are reconciled in: each after the modules its desired
+/// version requires (indices into `spec.modules`).
+fn requires_order(ctx: &Ctx, rt: &Runtime, ns: &str) -> Vec<usize> {
+    let metas = ctx.metas.state();
+    let templates = ctx.templates.state();
+    let graph: Vec<(String, Vec<String>)> = rt
+        .spec
+        .modules
+        .iter()
+        .map(|e| {
+            let meta = find_meta(&metas, ns, &e.name).map(|m| &m.spec);
+            let requires = desired_version(e, rt.spec.channel.as_deref(), meta)
+                .ok()
+                .and_then(|(v, _)| find_template(&templates, ns, &e.name, &v))
+                .map(|t| t.spec.requires.iter().map(|r| r.module.clone()).collect())
+                .unwrap_or_default();
+            (e.name.clone(), requires)
+        })
+        .collect();
+    crate::requires::order(&graph)
+}
+
+/// Removes `pending` modules by their policy, those that require others first; a module
+/// that an installed one still requires (`staying`, or one of `pending` not gone yet) waits
+/// with reason `RequiredByOthers`. The statuses of those not gone yet.
+async fn remove_in_order(
+    ctx: &Ctx,
+    applier: &Applier,
+    ns: &str,
+    pending: &[&ModuleStatus],
+    staying: &[(String, String)],
+) -> Vec<ModuleStatus> {
+    let templates = ctx.templates.state();
+    let graph: Vec<(String, Vec<String>)> = pending
+        .iter()
+        .map(|p| {
+            let requires = p
+                .installed_version
+                .as_deref()
+                .and_then(|v| crate::requires::template_of(&templates, ns, &p.name, v))
+                .map(|t| t.spec.requires.iter().map(|r| r.module.clone()).collect())
+                .unwrap_or_default();
+            (p.name.clone(), requires)
+        })
+        .collect();
+    // Dependents before what they require: the dependency order, reversed.
+    let mut left: Vec<&ModuleStatus> = pending.to_vec();
+    let mut out = Vec::new();
+    for i in crate::requires::order(&graph).into_iter().rev() {
+        let prev = pending[i];
+        let mut installed = staying.to_vec();
+        installed.extend(installed_of(&left.iter().map(|p| (*p).clone()).collect::<Vec<_>>()));
+        let blocking = crate::requires::dependents(&prev.name, &installed, &templates, ns);
+        if prev.custom_resource_policy == CustomResourcePolicy::CreateAndDelete && !blocking.is_empty() {
+            let mut st = prev.clone();
+            st.state = State::Deleting;
+            st.reason = Some(ModuleReason::RequiredByOthers);
+            st.message = format!("removal waits: required by {}", blocking.join(", "));
+            out.push(st);
+            continue;
+        }
+        match remove(applier, prev).await {
+            Some(st) => out.push(st),
+            None => left.retain(|p| p.name != prev.name),
+        }
+    }
+    // In the order they were given.
+    out.sort_by_key(|st| pending.iter().position(|p| p.name == st.name));
+    out
 }
 
 /// Rule 5. `None` when the module is gone (or let go); otherwise its status while waiting.
@@ -840,14 +965,14 @@ async fn remove(applier: &Applier, prev: &ModuleStatus) -> Option<ModuleStatus> 
             if let Some(cfg) = &prev.default_config
                 && let Err(e) = applier.delete(cfg).await
             {
-                return Some(fail(st, State::Error, format!("deleting default configuration: {e}")));
+                return Some(failed(st, FailedStep::Delete, format!("deleting default configuration: {e}")));
             }
             let mut blocking = Vec::new();
             for kind in &prev.managed_resources {
                 match applier.count(kind).await {
                     Ok(0) => {}
                     Ok(n) => blocking.push(format!("{n} {}", kind.kind)),
-                    Err(e) => return Some(fail(st, State::Error, e.to_string())),
+                    Err(e) => return Some(failed(st, FailedStep::Delete, e.to_string())),
                 }
             }
             if !blocking.is_empty() {
@@ -858,7 +983,7 @@ async fn remove(applier: &Applier, prev: &ModuleStatus) -> Option<ModuleStatus> 
             }
             for r in prev.resources.iter().rev() {
                 if let Err(e) = applier.delete(r).await {
-                    return Some(fail(st, State::Error, format!("deleting {}: {e}", r.name)));
+                    return Some(failed(st, FailedStep::Delete, format!("deleting {}: {e}", r.name)));
                 }
             }
             tracing::info!(module = %prev.name, "module deleted");

@@ -150,5 +150,10 @@ fn marked_unusable(o: &DynamicObject) -> bool {
     o.data
         .pointer("/status/conditions")
         .and_then(|c| c.as_array())
-        .is_some_and(|c| c.iter().any(|c| c["type"] == USABLE && c["status"] == "False"))
+        // Unmet requirements are judged and cleared by `usable::keep_requirements`, not here.
+        .is_some_and(|c| {
+            c.iter().any(|c| {
+                c["type"] == USABLE && c["status"] == "False" && c["reason"] != crate::usable::UNMET_REQUIREMENTS
+            })
+        })
 }

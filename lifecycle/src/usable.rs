@@ -8,7 +8,7 @@
 
 use fleetwatch_api::maintenance::MaintenancePolicy;
 use fleetwatch_api::{ModuleReleaseMeta, ModuleTemplate};
-use kube::Resource;
+use kube::{Resource, ResourceExt};
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 
 use crate::tolerant::{Invalid, USABLE};
@@ -89,6 +89,63 @@ pub async fn report<K: Resource<DynamicType = ()>>(client: kube::Client, mut rx:
             Err(e) => {
                 tracing::warn!(kind = %ar.kind, object = %r.key, error = %e, "cannot write the Usable condition")
             }
+        }
+    }
+}
+
+/// The `Usable=False` reason of a template whose requirements cannot be met.
+pub const UNMET_REQUIREMENTS: &str = "UnmetRequirements";
+
+/// Keeps the `Usable` condition of templates with requirements ([`crate::requires::judge`]:
+/// a cycle, a range no channel satisfies) until `shutdown`. Those need the other templates and
+/// the release metas, so they are judged from the stores every few seconds, not as each
+/// template is seen; a template's condition is written only when it says otherwise.
+pub async fn keep_requirements(
+    client: kube::Client,
+    templates: kube::runtime::reflector::Store<ModuleTemplate>,
+    metas: kube::runtime::reflector::Store<ModuleReleaseMeta>,
+    shutdown: tokio_util::sync::CancellationToken,
+) {
+    loop {
+        let all = templates.state();
+        let metas_now = metas.state();
+        for t in &all {
+            let shown = t.status.as_ref().and_then(|s| s.conditions.iter().find(|c| c.type_ == USABLE));
+            let about_requires = shown.is_some_and(|c| c.message.contains("spec.requires"));
+            if t.spec.requires.is_empty() && !about_requires {
+                continue;
+            }
+            // A template that fails its own checks is the per-object reporter's.
+            if check_template(t).is_err() {
+                continue;
+            }
+            let verdict = crate::requires::judge(t, &all, &metas_now);
+            let patch = |now: &str| match &verdict {
+                Ok(()) => condition_patch(None, now),
+                Err(e) => serde_json::json!({"status": {"conditions": [{
+                    "type": USABLE, "status": "False", "reason": UNMET_REQUIREMENTS,
+                    "message": format!("the operator cannot use this object: {e}"), "lastTransitionTime": now,
+                }]}}),
+            };
+            let want = patch("");
+            let want_status = want["status"]["conditions"][0]["status"].as_str().unwrap_or_default();
+            let want_message = want["status"]["conditions"][0]["message"].as_str().unwrap_or_default();
+            if shown.is_some_and(|c| c.status == want_status && c.message == want_message) {
+                continue;
+            }
+            let Some(ns) = t.namespace() else { continue };
+            let api: Api<ModuleTemplate> = Api::namespaced(client.clone(), &ns);
+            let patch = patch(&jiff::Timestamp::now().to_string());
+            match api.patch_status(&t.name_any(), &PatchParams::default(), &Patch::Merge(&patch)).await {
+                Ok(_) => tracing::info!(template = %format!("{ns}/{}", t.name_any()), usable = verdict.is_ok(),
+                    reason = %verdict.err().unwrap_or_default(), "judged the template's requirements"),
+                Err(e) => tracing::warn!(template = %t.name_any(), error = %crate::error::plain(&e),
+                    "cannot write the Usable condition"),
+            }
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(std::time::Duration::from_secs(2)) => {}
         }
     }
 }

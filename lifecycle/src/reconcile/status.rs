@@ -81,7 +81,10 @@ pub(super) async fn admit_recorded(
     for _ in 0..STATUS_WRITE_ATTEMPTS {
         let mut meta = match api.get(&meta_name).await {
             Ok(m) => m,
-            Err(e) => return UpgradeGate::Wait(format!("waiting to read the rollout of {module} {version}: {e}")),
+            Err(e) => {
+                let e = crate::error::plain(&e);
+                return UpgradeGate::Wait(format!("waiting to read the rollout of {module} {version}: {e}"));
+            }
         };
         let recorded = recorded_rollout(&meta, version);
         let already = recorded.is_some_and(|r| r.admitted_runtimes.contains(&name));
@@ -99,6 +102,7 @@ pub(super) async fn admit_recorded(
             }
             Err(e) => {
                 ctx.rollouts.retract(ns, module, version, &name);
+                let e = crate::error::plain(&e);
                 return UpgradeGate::Wait(format!(
                     "waiting to record the rollout admission of {module} {version}: {e}"
                 ));
