@@ -246,7 +246,9 @@ fn render_chart(args: &PackageArgs, chart: &str) -> anyhow::Result<Vec<serde_jso
     if objects.is_empty() {
         bail!("--chart {chart}: the chart renders no Kubernetes objects");
     }
-    if !args.no_create_namespace && let Some(ns) = with_namespace(&mut objects, namespace) {
+    if !args.no_create_namespace
+        && let Some(ns) = with_namespace(&mut objects, namespace)
+    {
         eprintln!(
             "added Namespace {ns} to the artifact: the chart's target namespace, as `helm install --create-namespace` would (--no-create-namespace leaves it out)"
         );
@@ -280,7 +282,8 @@ fn parse_requirement(s: &str) -> Result<fleetwatch_api::ModuleRequirement, Strin
         return Err(format!("{module:?} is not a module name (a DNS label); give NAME or NAME@RANGE"));
     }
     if let Some(r) = &versions {
-        semver::VersionReq::parse(r).map_err(|e| format!("{r:?} is not a semver range ({e}); e.g. istio@>=1.20, <2"))?;
+        semver::VersionReq::parse(r)
+            .map_err(|e| format!("{r:?} is not a semver range ({e}); e.g. istio@>=1.20, <2"))?;
     }
     Ok(fleetwatch_api::ModuleRequirement { module: module.to_string(), versions })
 }
@@ -301,7 +304,8 @@ mod tests {
 
     #[test]
     fn a_charts_target_namespace_is_added_once_and_first() {
-        let cm = serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c", "namespace": "ksm"}});
+        let cm =
+            serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c", "namespace": "ksm"}});
         let mut objects = vec![cm.clone()];
         assert_eq!(with_namespace(&mut objects, "ksm").as_deref(), Some("ksm"));
         assert_eq!(objects[0]["kind"], "Namespace");

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use fleetwatch_api::policy::{Step, desired_version, next_step, parse};
 use fleetwatch_api::{
-    CustomResourcePolicy, FailedStep, ModuleEntry, ModuleReason, ModuleReleaseMeta, ModuleStatus, ModuleTemplate, RolloutStatus,
-    Runtime, RuntimeStatus, State,
+    CustomResourcePolicy, FailedStep, ModuleEntry, ModuleReason, ModuleReleaseMeta, ModuleStatus, ModuleTemplate,
+    RolloutStatus, Runtime, RuntimeStatus, State,
 };
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
@@ -592,7 +592,11 @@ async fn install_inner(
     st.channel = channel;
     st.desired_version = Some(desired.to_string());
     let Some(template) = find_template(&ctx.templates.state(), ns, &entry.name, &desired) else {
-        return failed(st, FailedStep::Resolve, format!("no ModuleTemplate for {} {desired} in namespace {ns}", entry.name));
+        return failed(
+            st,
+            FailedStep::Resolve,
+            format!("no ModuleTemplate for {} {desired} in namespace {ns}", entry.name),
+        );
     };
     let manager = template.spec.manager.clone();
     let running = match applier.get(&manager).await {

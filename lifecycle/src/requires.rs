@@ -53,7 +53,9 @@ pub fn unmet(requires: &[ModuleRequirement], known: &[ModuleStatus], listed: &[&
         let st = known.iter().find(|m| m.name == req.module);
         let wait = |message: String| Some(Unmet { listed: is_listed, message });
         if !is_listed {
-            return wait(format!("waits for module {req}: it is not in this Runtime's modules (add it to spec.modules)"));
+            return wait(format!(
+                "waits for module {req}: it is not in this Runtime's modules (add it to spec.modules)"
+            ));
         }
         let Some(st) = st else {
             return wait(format!("waits for module {req} to be installed and Ready (not installed yet)"));
@@ -125,7 +127,8 @@ pub fn dependents(
         .iter()
         .filter(|(name, _)| name != module)
         .filter(|(name, version)| {
-            template_of(templates, ns, name, version).is_some_and(|t| t.spec.requires.iter().any(|r| r.module == module))
+            template_of(templates, ns, name, version)
+                .is_some_and(|t| t.spec.requires.iter().any(|r| r.module == module))
         })
         .map(|(name, version)| format!("{name} {version}"))
         .collect()
@@ -188,7 +191,10 @@ fn cycle(t: &ModuleTemplate, templates: &[Arc<ModuleTemplate>]) -> Option<Vec<St
     let ns = t.namespace();
     let mut edges: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
     for other in templates.iter().filter(|o| o.namespace() == ns) {
-        edges.entry(other.spec.module_name.as_str()).or_default().extend(other.spec.requires.iter().map(|r| r.module.as_str()));
+        edges
+            .entry(other.spec.module_name.as_str())
+            .or_default()
+            .extend(other.spec.requires.iter().map(|r| r.module.as_str()));
     }
     // This template's own requirements, whether or not the store has it yet.
     let start = t.spec.module_name.as_str();
@@ -260,14 +266,14 @@ mod tests {
     fn requirements_are_met_only_by_a_ready_module_in_range() {
         let req = [ModuleRequirement { module: "istio".into(), versions: Some("^1.2".into()) }];
         let cases: &[(&[ModuleStatus], &[&str], Option<bool>)] = &[
-            (&[], &[], Some(false)),                                                 // not listed
-            (&[], &["istio"], Some(true)),                                           // listed, no status yet
-            (&[status("istio", State::Processing, None)], &["istio"], Some(true)),   // on its way
+            (&[], &[], Some(false)),                                                   // not listed
+            (&[], &["istio"], Some(true)),                                             // listed, no status yet
+            (&[status("istio", State::Processing, None)], &["istio"], Some(true)),     // on its way
             (&[status("istio", State::Error, Some("1.3.0"))], &["istio"], Some(true)), // failing
             (&[status("istio", State::Ready, Some("2.0.0"))], &["istio"], Some(true)), // out of range
-            (&[status("istio", State::Ready, Some("1.3.0"))], &["istio"], None),     // met
-            (&[status("istio", State::Unmanaged, Some("1.3.0"))], &["istio"], None), // left as it is, runs
-            (&[status("istio", State::Ready, Some("1.3.0"))], &[], Some(false)),     // being removed
+            (&[status("istio", State::Ready, Some("1.3.0"))], &["istio"], None),       // met
+            (&[status("istio", State::Unmanaged, Some("1.3.0"))], &["istio"], None),   // left as it is, runs
+            (&[status("istio", State::Ready, Some("1.3.0"))], &[], Some(false)),       // being removed
         ];
         for (i, (known, listed, want)) in cases.iter().enumerate() {
             assert_eq!(unmet(&req, known, listed).map(|u| u.listed), *want, "case {i}");
@@ -293,15 +299,29 @@ mod tests {
         assert_eq!(judge(&ok, &all, &metas), Ok(()));
         let too_new = tpl("app", "2.0.0", &[("istio", Some(">=2"))]);
         let e = judge(&too_new, &all, &metas).unwrap_err();
-        assert_eq!(e, "spec.requires: no channel of module istio offers a version in >=2 (it offers regular=1.8.0, fast=1.9.0)");
-        assert!(judge(&tpl("app", "2.0.0", &[("ghost", None)]), &all, &metas).unwrap_err().contains("no ModuleReleaseMeta for module ghost"));
-        assert!(judge(&tpl("app", "2.0.0", &[("istio", Some("not a range"))]), &all, &metas).unwrap_err().contains("not a semver range"));
+        assert_eq!(
+            e,
+            "spec.requires: no channel of module istio offers a version in >=2 (it offers regular=1.8.0, fast=1.9.0)"
+        );
+        assert!(
+            judge(&tpl("app", "2.0.0", &[("ghost", None)]), &all, &metas)
+                .unwrap_err()
+                .contains("no ModuleReleaseMeta for module ghost")
+        );
+        assert!(
+            judge(&tpl("app", "2.0.0", &[("istio", Some("not a range"))]), &all, &metas)
+                .unwrap_err()
+                .contains("not a semver range")
+        );
         assert!(judge(&tpl("app", "2.0.0", &[("app", None)]), &all, &metas).unwrap_err().contains("requires itself"));
         // istio 1.9.0 requiring app closes a cycle app → istio → app, seen from both sides.
         let back = tpl("istio", "1.9.0", &[("app", None)]);
         let all = [ok.clone(), back.clone()];
         assert_eq!(judge(&ok, &all, &metas).unwrap_err(), "spec.requires: a cycle of requirements: app → istio → app");
-        assert_eq!(judge(&back, &all, &metas).unwrap_err(), "spec.requires: a cycle of requirements: istio → app → istio");
+        assert_eq!(
+            judge(&back, &all, &metas).unwrap_err(),
+            "spec.requires: a cycle of requirements: istio → app → istio"
+        );
     }
 
     #[test]

@@ -8,8 +8,8 @@
 
 use fleetwatch_api::maintenance::MaintenancePolicy;
 use fleetwatch_api::{ModuleReleaseMeta, ModuleTemplate};
-use kube::{Resource, ResourceExt};
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use kube::{Resource, ResourceExt};
 
 use crate::tolerant::{Invalid, USABLE};
 

@@ -64,14 +64,18 @@ pub fn wanted(templates: &[std::sync::Arc<ModuleTemplate>], others: &[WatchConfi
     add(
         &mut out,
         "fleetwatch-lifecycle.crds".into(),
-        ResourceRef { group: "apiextensions.k8s.io".into(), version: "v1".into(), kind: "CustomResourceDefinition".into() },
+        ResourceRef {
+            group: "apiextensions.k8s.io".into(),
+            version: "v1".into(),
+            kind: "CustomResourceDefinition".into(),
+        },
         // Created, established (its kinds served), deleted.
         vec!["/status/conditions".into()],
     );
     let covered = |group: &str, kind: &str| {
-        others.iter().any(|w| {
-            !is_ours(w) && w.spec.resource.group == group && w.spec.resource.kind.eq_ignore_ascii_case(kind)
-        })
+        others
+            .iter()
+            .any(|w| !is_ours(w) && w.spec.resource.group == group && w.spec.resource.kind.eq_ignore_ascii_case(kind))
     };
     for t in templates {
         let Some(cfg) = &t.spec.default_config else { continue };
@@ -89,7 +93,12 @@ pub fn wanted(templates: &[std::sync::Arc<ModuleTemplate>], others: &[WatchConfi
         if out.contains_key(&name) {
             continue;
         }
-        add(&mut out, name, ResourceRef { group: group.into(), version: version.into(), kind: kind.into() }, Vec::new());
+        add(
+            &mut out,
+            name,
+            ResourceRef { group: group.into(), version: version.into(), kind: kind.into() },
+            Vec::new(),
+        );
     }
     out
 }
@@ -187,7 +196,11 @@ mod tests {
         let user = WatchConfig::new(
             "nats-config",
             WatchConfigSpec {
-                resource: ResourceRef { group: "modules.example.com".into(), version: "v1".into(), kind: "NatsConfig".into() },
+                resource: ResourceRef {
+                    group: "modules.example.com".into(),
+                    version: "v1".into(),
+                    kind: "NatsConfig".into(),
+                },
                 ..Default::default()
             },
         );

@@ -1,0 +1,311 @@
+//! Nothing stuck (issue 43): a failed apply is retried with backoff and started again by the
+//! runtime cluster's own events (a namespace appearing), declared dependencies between
+//! modules are waited for and followed on removal, requirements that cannot be met make the
+//! template unusable, and every message a person reads is one plain line. Real hub, agent
+//! and lifecycle processes; the hub reads WatchConfigs from the control plane, where the
+//! operator keeps the ones it relies on.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use fleetwatch_api::{FailedStep, ModuleReason, ModuleStatus, Runtime, RuntimeStatus, State};
+use kube::api::{Api, DynamicObject};
+use kube::discovery::ApiResource;
+use serde_json::{Value, json};
+
+use crate::support::*;
+
+const NS: &str = "kcp";
+
+struct Fleet {
+    _pki: Pki,
+    _cp: fleetwatch_sim::SimCluster,
+    cp_kc: PathBuf,
+    cp: kube::Client,
+    _rt: fleetwatch_sim::SimCluster,
+    rt_kc: PathBuf,
+    rt: kube::Client,
+    _hub: HubProc,
+    _agent: Proc,
+    lifecycle: Proc,
+    metrics_port: u16,
+    kubelet: tokio_util::sync::CancellationToken,
+}
+
+impl Drop for Fleet {
+    fn drop(&mut self) {
+        self.kubelet.cancel();
+    }
+}
+
+impl Fleet {
+    /// A control plane and runtime cluster `rt1`, a hub reading WatchConfigs from the control
+    /// plane, the agent, and the operator with the periodic resync off (only events and
+    /// retries reconcile).
+    async fn start() -> Self {
+        let pki = Pki::new();
+        let (cp_sim, cp_kc) = sim_cluster(&pki, "control-plane").await;
+        let (rt_sim, rt_kc) = sim_cluster(&pki, "rt1").await;
+        let cp = cp_sim.client().await.unwrap();
+        let rt = rt_sim.client().await.unwrap();
+        let crds = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/crds");
+        kubectl(&cp_kc, &["apply", "-f", crds.to_str().unwrap()], None);
+        apply_json(&cp_kc, &json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}}));
+        let secret = json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "rt1-kubeconfig", "namespace": NS},
+                            "stringData": {"config": std::fs::read_to_string(&rt_kc).unwrap()}});
+        apply_json(&cp_kc, &secret);
+        let hub = HubProc::start(&pki, free_port(), None, &["--control-plane-kubeconfig", cp_kc.to_str().unwrap()]);
+        let agent = kube_agent(&pki, "rt1", &hub.url(), &rt_kc);
+        let metrics_port = free_port();
+        let mut args: Vec<String> =
+            ["lifecycle", "--control-plane-kubeconfig", cp_kc.to_str().unwrap(), "--hub", &hub.url()]
+                .iter()
+                .map(|s| s.to_string())
+                .collect();
+        args.extend(client_args(&pki.subscriber("lifecycle")));
+        args.extend(["--resync".into(), "0".into(), "--metrics-listen".into(), format!("127.0.0.1:{metrics_port}")]);
+        let lifecycle = Proc::spawn(&args, pki.path("lifecycle.log"));
+        lifecycle.wait_stdout("lifecycle operator running", Duration::from_secs(10));
+        let kubelet = tokio_util::sync::CancellationToken::new();
+        tokio::spawn(fleetwatch_sim::roll_out_deployments(rt.clone(), Duration::ZERO, kubelet.clone()));
+        Fleet {
+            _pki: pki,
+            _cp: cp_sim,
+            cp_kc,
+            cp,
+            _rt: rt_sim,
+            rt_kc,
+            rt,
+            _hub: hub,
+            _agent: agent,
+            lifecycle,
+            metrics_port,
+            kubelet,
+        }
+    }
+
+    async fn status(&self) -> Option<RuntimeStatus> {
+        let api: Api<Runtime> = Api::namespaced(self.cp.clone(), NS);
+        api.get_opt("rt1").await.ok().flatten().and_then(|r| r.status)
+    }
+
+    async fn wait(&self, what: &str, cond: impl Fn(&RuntimeStatus) -> bool) -> RuntimeStatus {
+        eventually(format!("runtime rt1: {what}"))
+            .context(|| format!("lifecycle log:\n{}", self.lifecycle.stderr()))
+            .until(async || self.status().await, |st| st.as_ref().is_some_and(&cond))
+            .await
+            .unwrap()
+    }
+
+    fn runtime(&self, modules: &[&str]) {
+        let modules: Vec<Value> = modules.iter().map(|m| json!({"name": m})).collect();
+        apply_json(
+            &self.cp_kc,
+            &json!({"apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "Runtime",
+                "metadata": {"name": "rt1", "namespace": NS},
+                "spec": {"channel": "regular", "kubeconfigSecret": {"name": "rt1-kubeconfig"}, "modules": modules}}),
+        );
+    }
+
+    fn deployments(&self, ns: &str) -> Api<DynamicObject> {
+        let ar = ApiResource {
+            group: "apps".into(),
+            version: "v1".into(),
+            api_version: "apps/v1".into(),
+            kind: "Deployment".into(),
+            plural: "deployments".into(),
+        };
+        Api::namespaced_with(self.rt.clone(), ns, &ar)
+    }
+
+    async fn template_usable(&self, name: &str) -> Option<(String, String, String)> {
+        let api: Api<fleetwatch_api::ModuleTemplate> = Api::namespaced(self.cp.clone(), NS);
+        let t = api.get_opt(name).await.ok()??;
+        let c = t.status?.conditions.into_iter().find(|c| c.type_ == "Usable")?;
+        Some((c.status, c.reason, c.message))
+    }
+}
+
+fn module<'a>(s: &'a RuntimeStatus, name: &str) -> Option<&'a ModuleStatus> {
+    s.modules.iter().find(|m| m.name == name)
+}
+
+/// A module whose namespace is `ns-system`, its manager there, and `extra` objects after it.
+fn template(module: &str, version: &str, extra: Vec<Value>, requires: Value) -> Value {
+    let mut manifest = vec![
+        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": format!("{module}-system")}}),
+        json!({"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": format!("{module}-manager"), "namespace": format!("{module}-system"),
+                         "labels": {"operator.fleetwatch.dev/module": module, "app.kubernetes.io/version": version}},
+            "spec": {"replicas": 0, "selector": {"matchLabels": {"app": module}},
+                     "template": {"metadata": {"labels": {"app": module}}, "spec": {"containers": [{"name": "m", "image": "example/m:1"}]}}}}),
+    ];
+    manifest.extend(extra);
+    json!({"apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "ModuleTemplate",
+        "metadata": {"name": format!("{module}-{version}"), "namespace": NS},
+        "spec": {"moduleName": module, "version": version, "manifest": manifest, "requires": requires,
+                 "manager": {"apiVersion": "apps/v1", "kind": "Deployment", "namespace": format!("{module}-system"), "name": format!("{module}-manager")}}})
+}
+
+fn meta(module: &str, version: &str) -> Value {
+    json!({"apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "ModuleReleaseMeta",
+        "metadata": {"name": module, "namespace": NS},
+        "spec": {"moduleName": module, "channels": [{"channel": "regular", "version": version}]}})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_namespace_is_retried_and_its_creation_starts_the_install() {
+    let f = Fleet::start().await;
+    let sa =
+        json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "ghost", "namespace": "ghost-ns"}});
+    apply_json(&f.cp_kc, &template("ghost", "1.0.0", vec![sa], json!([])));
+    apply_json(&f.cp_kc, &meta("ghost", "1.0.0"));
+    f.runtime(&["ghost"]);
+    // Error, in one plain line naming the object, the cluster and why; retried by itself
+    // (no resync, no spec change) with the count and the next try in the status.
+    let st = f
+        .wait("ghost failing at apply, tried twice", |s| {
+            module(s, "ghost").is_some_and(|m| m.retry.as_ref().is_some_and(|r| r.failures >= 2))
+        })
+        .await;
+    let ghost = module(&st, "ghost").unwrap();
+    assert_eq!(ghost.state, State::Error);
+    assert_eq!(
+        ghost.message,
+        "installing ghost 1.0.0: apply ServiceAccount ghost-ns/ghost in rt1: namespace ghost-ns does not exist (404)"
+    );
+    let retry = ghost.retry.as_ref().unwrap();
+    assert_eq!(retry.step, FailedStep::Apply);
+    assert!(retry.next_attempt.parse::<jiff::Timestamp>().is_ok(), "{retry:?}");
+    let metrics = http_get(f.metrics_port, "/metrics").await;
+    assert!(
+        sample(&metrics, r#"fleetwatch_lifecycle_retries_total{reason="apply"}"#).is_some_and(|n| n >= 1.0),
+        "{metrics}"
+    );
+    // `fleetwatch status`-like readers see the same line: no Debug dump anywhere.
+    let cond = &st.conditions[0].message;
+    assert!(cond.contains("namespace ghost-ns does not exist (404)") && !cond.contains("Status {"), "{cond}");
+    // The operator keeps the WatchConfigs it relies on; the hub accepts them.
+    eventually("the operator's namespace WatchConfig, accepted by the hub")
+        .until(
+            async || kubectl(&f.cp_kc, &["get", "watchconfig", "fleetwatch-lifecycle.namespaces", "-o", "json"], None),
+            |out| {
+                serde_json::from_str::<Value>(out)
+                    .ok()
+                    .and_then(|v| v["status"]["conditions"][0]["status"].as_str().map(|s| s == "True"))
+                    .unwrap_or(false)
+            },
+        )
+        .await;
+    // The namespace appears: the agent's event reconciles the Runtime, the module installs.
+    let t0 = Instant::now();
+    apply_json(&f.rt_kc, &json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "ghost-ns"}}));
+    let st = f
+        .wait("ghost Ready after its namespace appeared", |s| {
+            module(s, "ghost").is_some_and(|m| m.state == State::Ready && m.retry.is_none())
+        })
+        .await;
+    eprintln!("namespace created → module Ready in {:?}", t0.elapsed());
+    assert_eq!(module(&st, "ghost").unwrap().message, "");
+    // It was the namespace's event that started it (the operator says what changed).
+    let said = |log: &str| {
+        log.lines().any(|l| {
+            l.contains("reconciling after a change in the runtime cluster") && l.contains("v1/Namespace/_/ghost-ns")
+        })
+    };
+    assert!(
+        holds_within(Duration::from_secs(30), || said(&f.lifecycle.stderr())).await,
+        "no reconcile named the namespace's event:\n{}",
+        f.lifecycle.stderr()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dependencies_are_waited_for_installed_first_and_removed_last() {
+    let f = Fleet::start().await;
+    apply_json(&f.cp_kc, &template("base", "1.0.0", vec![], json!([])));
+    apply_json(&f.cp_kc, &meta("base", "1.0.0"));
+    apply_json(&f.cp_kc, &template("app", "1.0.0", vec![], json!([{"module": "base", "versions": ">=1.0, <2"}])));
+    apply_json(&f.cp_kc, &meta("app", "1.0.0"));
+    // app alone: it waits for base, named, and installs nothing.
+    f.runtime(&["app"]);
+    let st = f
+        .wait("app waiting for base", |s| {
+            module(s, "app").is_some_and(|m| m.reason == Some(ModuleReason::WaitingForDependency))
+        })
+        .await;
+    let app = module(&st, "app").unwrap();
+    assert_eq!(app.state, State::Warning);
+    assert!(
+        app.message.contains("waits for module base >=1.0, <2") && app.message.contains("not in this Runtime"),
+        "{}",
+        app.message
+    );
+    assert!(f.deployments("app-system").get_opt("app-manager").await.unwrap().is_none(), "app installed before base");
+    let events = kubectl(&f.cp_kc, &["-n", NS, "get", "events.events.k8s.io", "-o", "json"], None);
+    assert!(events.contains("WaitingForDependency"), "{events}");
+    // base added (after app in the list): base first, then app, both Ready.
+    f.runtime(&["app", "base"]);
+    f.wait("both Ready", |s| ["app", "base"].iter().all(|m| module(s, m).is_some_and(|m| m.state == State::Ready)))
+        .await;
+    let created = |d: Option<DynamicObject>| d.and_then(|d| d.metadata.creation_timestamp).map(|t| t.0);
+    let base_at = created(f.deployments("base-system").get_opt("base-manager").await.unwrap()).unwrap();
+    let app_at = created(f.deployments("app-system").get_opt("app-manager").await.unwrap()).unwrap();
+    assert!(base_at <= app_at, "app ({app_at}) was installed before base ({base_at})");
+    // base removed while app needs it: the removal waits, naming app; nothing is deleted.
+    f.runtime(&["app"]);
+    let st = f
+        .wait("base's removal waiting for app", |s| {
+            module(s, "base").is_some_and(|m| m.reason == Some(ModuleReason::RequiredByOthers))
+        })
+        .await;
+    let base = module(&st, "base").unwrap();
+    assert_eq!((base.state, base.message.as_str()), (State::Deleting, "removal waits: required by app 1.0.0"));
+    assert!(f.deployments("base-system").get_opt("base-manager").await.unwrap().is_some());
+    // Both removed: app goes first, then base, and nothing is left.
+    f.runtime(&[]);
+    f.wait("both removed", |s| s.modules.is_empty()).await;
+    for m in ["app", "base"] {
+        assert!(f.deployments(&format!("{m}-system")).get_opt(&format!("{m}-manager")).await.unwrap().is_none(), "{m}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unsatisfiable_and_cyclic_requirements_make_the_template_unusable() {
+    let f = Fleet::start().await;
+    apply_json(&f.cp_kc, &template("base", "1.0.0", vec![], json!([])));
+    apply_json(&f.cp_kc, &meta("base", "1.0.0"));
+    // No channel of base offers 5.x.
+    apply_json(&f.cp_kc, &template("app", "1.0.0", vec![], json!([{"module": "base", "versions": ">=5"}])));
+    apply_json(&f.cp_kc, &meta("app", "1.0.0"));
+    // x and y require each other.
+    apply_json(&f.cp_kc, &template("x", "1.0.0", vec![], json!([{"module": "y"}])));
+    apply_json(&f.cp_kc, &template("y", "1.0.0", vec![], json!([{"module": "x"}])));
+    apply_json(&f.cp_kc, &meta("x", "1.0.0"));
+    apply_json(&f.cp_kc, &meta("y", "1.0.0"));
+    let unusable = async |name: &str, needle: &str| {
+        eventually(format!("template {name} Usable=False: {needle}"))
+            .context(|| f.lifecycle.stderr())
+            .until(
+                async || f.template_usable(name).await,
+                |c| c.as_ref().is_some_and(|(s, r, m)| s == "False" && r == "UnmetRequirements" && m.contains(needle)),
+            )
+            .await;
+    };
+    unusable("app-1.0.0", "no channel of module base offers a version in >=5 (it offers regular=1.0.0)").await;
+    unusable("x-1.0.0", "a cycle of requirements: x → y → x").await;
+    unusable("y-1.0.0", "a cycle of requirements: y → x → y").await;
+    // A Runtime wanting it shows the module in Error, retried, nothing applied.
+    f.runtime(&["app", "base"]);
+    let st = f.wait("app in Error", |s| module(s, "app").is_some_and(|m| m.state == State::Error)).await;
+    assert!(module(&st, "app").unwrap().message.contains("is not usable: spec.requires"), "{st:?}");
+    assert!(f.deployments("app-system").get_opt("app-manager").await.unwrap().is_none());
+    // Fixed (base 5.0.0 offered): usable again, and app installs.
+    apply_json(&f.cp_kc, &template("base", "5.0.0", vec![], json!([])));
+    apply_json(&f.cp_kc, &meta("base", "5.0.0"));
+    eventually("app-1.0.0 usable again")
+        .until(async || f.template_usable("app-1.0.0").await, |c| c.as_ref().is_some_and(|(s, _, _)| s == "True"))
+        .await;
+    f.wait("both Ready", |s| ["app", "base"].iter().all(|m| module(s, m).is_some_and(|m| m.state == State::Ready)))
+        .await;
+}
