@@ -419,6 +419,9 @@ metadata:
     assert!(ok, "{err}");
     assert!(out.contains("  Deployment gizmo-system/gizmo-manager (apps/v1)\n"), "{out}");
     assert!(out.contains("  ServiceAccount gizmo-system/gizmo (v1)\n"), "{out}");
+    // The chart's target namespace is put in, as `helm install --create-namespace` would.
+    assert!(out.contains("  Namespace gizmo-system (v1)\n"), "{out}");
+    assert!(stderr.contains("added Namespace gizmo-system to the artifact"), "{stderr}");
     assert!(out.contains("requires downtime: no\n") && out.contains("managed resources: none\n"), "{out}");
     let docs: Vec<Value> = serde_saphyr::from_multiple(&out[out.find("---\n").unwrap()..]).unwrap();
     let manager = docs.iter().find(|d| d["kind"] == "Deployment").unwrap();
