@@ -294,9 +294,6 @@ pub async fn run(config: LifecycleConfig, metrics: Arc<Metrics>, shutdown: Cance
     .touched_objects();
 
     tokio::spawn(usable::keep_requirements(client.clone(), templates.clone(), metas.clone(), shutdown.child_token()));
-    if config.watch_configs {
-        tokio::spawn(watches::keep(client.clone(), templates.clone(), shutdown.child_token()));
-    }
     let (policies, policies_writer) = reflector::store::<fleetwatch_api::maintenance::MaintenancePolicy>();
     let policies_stream = tolerant::watch_checked::<fleetwatch_api::maintenance::MaintenancePolicy, _>(
         client.clone(),
@@ -387,6 +384,10 @@ pub async fn run(config: LifecycleConfig, metrics: Arc<Metrics>, shutdown: Cance
     let shard_map = sharding.as_ref().map(|(_, map)| map.clone());
     let (config_policies, config_stream) = config_policy::watch(client.clone());
     let config_changed = Arc::new(tokio::sync::Notify::new());
+    if config.watch_configs {
+        let keep = watches::keep(client.clone(), templates.clone(), config_policies.clone(), shutdown.child_token());
+        tokio::spawn(keep);
+    }
     let ctx = Arc::new(Ctx {
         client: client.clone(),
         clusters: clusters::Clusters::new(client.clone(), config.kubeconfig_namespace.clone()),

@@ -384,8 +384,23 @@ async fn apply(rt: Arc<Runtime>, ctx: &Ctx) -> Result<Action, Error> {
     for i in requires_order(ctx, &rt, &ns) {
         let entry = &rt.spec.modules[i];
         let prev = by_name.get(entry.name.as_str()).copied();
+        // A dependency stays managed while an installed module requires it.
+        let required_by = if entry.managed {
+            Vec::new()
+        } else {
+            crate::requires::dependents(&entry.name, &installed_of(&flags.known), &ctx.templates.state(), &ns)
+        };
         let st = if entry.managed {
             install(ctx, &applier, &rt, &ns, entry, prev, &mut flags).await
+        } else if !required_by.is_empty() {
+            let mut st = install(ctx, &applier, &rt, &ns, entry, prev, &mut flags).await;
+            if st.state == State::Ready {
+                st.state = State::Warning;
+                st.message =
+                    format!("not unmanaged yet: required by {} (managed until none is)", required_by.join(", "));
+                st.reason = Some(ModuleReason::RequiredByOthers);
+            }
+            st
         } else {
             // `managed: false` only unmanages (as in lifecycle-manager): reconciling stops and
             // everything installed stays, whatever the deletion policy. Removing the entry is

@@ -8,7 +8,9 @@
 //! - `fleetwatch-lifecycle.config.KIND.GROUP`: every module's default configuration kind
 //!   (from the ModuleTemplates), unless a WatchConfig of someone else already watches the
 //!   kind, so a user's edit of a module's configuration reaches the operator (ModuleConfigPolicy
-//!   enforcement) without a hand-written WatchConfig.
+//!   enforcement) without a hand-written WatchConfig;
+//! - `fleetwatch-lifecycle.managed.KIND.GROUP`: the `managedResources` kinds of modules a
+//!   ModuleConfigPolicy governs with `applyTo: ManagedResources`, on the same terms.
 //!
 //! Module managers becoming Ready need nothing here: the agent reports them in its inventory.
 //! Every hub event of a cluster triggers its Runtimes ([`crate::triggers`]).
@@ -23,7 +25,9 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use fleetwatch_api::ModuleTemplate;
+use fleetwatch_api::config_policy::{ApplyTo, ModuleConfigPolicy};
 use fleetwatch_api::watchconfig::{ResourceRef, WatchConfig, WatchConfigSpec};
+use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::runtime::reflector::Store;
 use tokio_util::sync::CancellationToken;
@@ -43,11 +47,15 @@ const REAPPLY: Duration = Duration::from_secs(300);
 ///
 /// ```
 /// use fleetwatch_lifecycle::watches::wanted;
-/// let w = wanted(&[], &[]);
+/// let w = wanted(&[], &[], &[]);
 /// assert_eq!(w.keys().collect::<Vec<_>>(), ["fleetwatch-lifecycle.crds", "fleetwatch-lifecycle.namespaces"]);
 /// assert_eq!(w["fleetwatch-lifecycle.namespaces"].spec.resource.kind, "Namespace");
 /// ```
-pub fn wanted(templates: &[std::sync::Arc<ModuleTemplate>], others: &[WatchConfig]) -> BTreeMap<String, WatchConfig> {
+pub fn wanted(
+    templates: &[std::sync::Arc<ModuleTemplate>],
+    others: &[WatchConfig],
+    policies: &[std::sync::Arc<ModuleConfigPolicy>],
+) -> BTreeMap<String, WatchConfig> {
     let mut out = BTreeMap::new();
     let add = |out: &mut BTreeMap<String, WatchConfig>, name: String, resource: ResourceRef, fields: Vec<String>| {
         let mut wc = WatchConfig::new(&name, WatchConfigSpec { resource, fields, ..Default::default() });
@@ -97,10 +105,37 @@ pub fn wanted(templates: &[std::sync::Arc<ModuleTemplate>], others: &[WatchConfi
             &mut out,
             name,
             ResourceRef { group: group.into(), version: version.into(), kind: kind.into() },
-            Vec::new(),
+            config_fields(),
         );
     }
+    // Instances of managed resources a policy governs.
+    for p in policies.iter().filter(|p| p.spec.apply_to == ApplyTo::ManagedResources) {
+        let of_module =
+            templates.iter().filter(|t| t.spec.module_name == p.spec.module && t.namespace() == p.namespace());
+        for k in of_module.flat_map(|t| &t.spec.managed_resources) {
+            if covered(&k.group, &k.kind) {
+                continue;
+            }
+            let name = if k.group.is_empty() {
+                format!("fleetwatch-lifecycle.managed.{}", k.kind.to_ascii_lowercase())
+            } else {
+                format!("fleetwatch-lifecycle.managed.{}.{}", k.kind.to_ascii_lowercase(), k.group)
+            };
+            if out.contains_key(&name) {
+                continue;
+            }
+            let resource = ResourceRef { group: k.group.clone(), version: k.version.clone(), kind: k.kind.clone() };
+            add(&mut out, name, resource, config_fields());
+        }
+    }
     out
+}
+
+/// What counts as a change of a configuration object: what users edit (`spec`, and `data`
+/// of ConfigMaps and Secrets), labels and annotations; not `status`, which the module's own
+/// operator writes.
+fn config_fields() -> Vec<String> {
+    ["spec", "data", "binaryData", "metadata.labels", "metadata.annotations"].map(String::from).to_vec()
 }
 
 fn is_ours(w: &WatchConfig) -> bool {
@@ -111,7 +146,12 @@ fn is_ours(w: &WatchConfig) -> bool {
 /// wanted when it changes (and every few minutes), deletes its own that are no longer
 /// wanted. Failures are logged and tried again; they cost latency, never correctness (the
 /// modules' backoff still retries).
-pub async fn keep(client: kube::Client, templates: Store<ModuleTemplate>, shutdown: CancellationToken) {
+pub async fn keep(
+    client: kube::Client,
+    templates: Store<ModuleTemplate>,
+    policies: Store<ModuleConfigPolicy>,
+    shutdown: CancellationToken,
+) {
     let api: Api<WatchConfig> = Api::all(client);
     let mut applied: Option<BTreeMap<String, serde_json::Value>> = None;
     let mut last_full = tokio::time::Instant::now();
@@ -120,7 +160,7 @@ pub async fn keep(client: kube::Client, templates: Store<ModuleTemplate>, shutdo
         let result = async {
             let others = api.list(&ListParams::default()).await?.items;
             let mut want = BTreeMap::new();
-            for (name, wc) in wanted(&templates.state(), &others) {
+            for (name, wc) in wanted(&templates.state(), &others, &policies.state()) {
                 let mut body = serde_json::to_value(&wc).map_err(kube::Error::SerdeError)?;
                 body["apiVersion"] = "operator.fleetwatch.dev/v1alpha1".into();
                 body["kind"] = "WatchConfig".into();
@@ -186,6 +226,31 @@ mod tests {
     }
 
     #[test]
+    fn managed_resources_are_watched_only_for_modules_a_policy_governs_with_them() {
+        use fleetwatch_api::KindRef;
+        use fleetwatch_api::config_policy::ModuleConfigPolicySpec;
+        let mut t = ModuleTemplateSpec { module_name: "redis".into(), ..Default::default() };
+        t.managed_resources =
+            vec![KindRef { group: "example.com".into(), version: "v1".into(), kind: "RedisCluster".into() }];
+        let mut t = ModuleTemplate::new("redis-1", t);
+        t.metadata.namespace = Some("kcp".into());
+        let ts = [std::sync::Arc::new(t)];
+        let policy = |apply_to| {
+            let mut p = ModuleConfigPolicy::new(
+                "p",
+                ModuleConfigPolicySpec { module: "redis".into(), apply_to, ..Default::default() },
+            );
+            p.metadata.namespace = Some("kcp".into());
+            std::sync::Arc::new(p)
+        };
+        let name = "fleetwatch-lifecycle.managed.rediscluster.example.com";
+        assert!(!wanted(&ts, &[], &[]).contains_key(name));
+        assert!(!wanted(&ts, &[], &[policy(ApplyTo::DefaultConfig)]).contains_key(name));
+        let w = wanted(&ts, &[], &[policy(ApplyTo::ManagedResources)]);
+        assert_eq!(w[name].spec.resource.kind, "RedisCluster");
+    }
+
+    #[test]
     fn each_configuration_kind_is_watched_once_unless_someone_else_watches_it() {
         let ts = [
             template("redis", json!({"apiVersion": "modules.example.com/v1", "kind": "RedisConfig"})),
@@ -204,7 +269,7 @@ mod tests {
                 ..Default::default()
             },
         );
-        let w = wanted(&ts, &[user]);
+        let w = wanted(&ts, &[user], &[]);
         let names: Vec<&str> = w.keys().map(String::as_str).collect();
         assert_eq!(
             names,
@@ -221,6 +286,6 @@ mod tests {
         }
         // Our own WatchConfig of a kind does not count as someone else's.
         let ours = w["fleetwatch-lifecycle.config.redisconfig.modules.example.com"].clone();
-        assert!(wanted(&ts, &[ours]).contains_key("fleetwatch-lifecycle.config.redisconfig.modules.example.com"));
+        assert!(wanted(&ts, &[ours], &[]).contains_key("fleetwatch-lifecycle.config.redisconfig.modules.example.com"));
     }
 }

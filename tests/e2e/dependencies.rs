@@ -252,14 +252,31 @@ async fn dependencies_are_waited_for_installed_first_and_removed_last() {
     let base_at = created(f.deployments("base-system").get_opt("base-manager").await.unwrap()).unwrap();
     let app_at = created(f.deployments("app-system").get_opt("app-manager").await.unwrap()).unwrap();
     assert!(base_at <= app_at, "app ({app_at}) was installed before base ({base_at})");
-    // base removed while app needs it: the removal waits, naming app; nothing is deleted.
-    f.runtime(&["app"]);
+    // base unmanaged while app needs it: it stays managed, saying why.
+    apply_json(
+        &f.cp_kc,
+        &json!({"apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "Runtime",
+            "metadata": {"name": "rt1", "namespace": NS},
+            "spec": {"channel": "regular", "kubeconfigSecret": {"name": "rt1-kubeconfig"},
+                     "modules": [{"name": "app"}, {"name": "base", "managed": false}]}}),
+    );
     let st = f
-        .wait("base's removal waiting for app", |s| {
+        .wait("base kept managed for app", |s| {
             module(s, "base").is_some_and(|m| m.reason == Some(ModuleReason::RequiredByOthers))
         })
         .await;
     let base = module(&st, "base").unwrap();
+    assert_eq!(
+        (base.state, base.message.as_str()),
+        (State::Warning, "not unmanaged yet: required by app 1.0.0 (managed until none is)")
+    );
+    // base removed while app needs it: the removal waits, naming app; nothing is deleted.
+    f.runtime(&["app"]);
+    let st = f
+        .wait("base's removal waiting for app", |s| module(s, "base").is_some_and(|m| m.state == State::Deleting))
+        .await;
+    let base = module(&st, "base").unwrap();
+    assert_eq!(base.reason, Some(ModuleReason::RequiredByOthers));
     assert_eq!((base.state, base.message.as_str()), (State::Deleting, "removal waits: required by app 1.0.0"));
     assert!(f.deployments("base-system").get_opt("base-manager").await.unwrap().is_some());
     // Both removed: app goes first, then base, and nothing is left.
@@ -307,5 +324,76 @@ async fn unsatisfiable_and_cyclic_requirements_make_the_template_unusable() {
         .until(async || f.template_usable("app-1.0.0").await, |c| c.as_ref().is_some_and(|(s, _, _)| s == "True"))
         .await;
     f.wait("both Ready", |s| ["app", "base"].iter().all(|m| module(s, m).is_some_and(|m| m.state == State::Ready)))
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_configuration_policy_acts_without_a_hand_written_watchconfig() {
+    let f = Fleet::start().await;
+    // A module whose configuration is a ConfigMap; no WatchConfig names that kind.
+    let mut t = template("conf", "1.0.0", vec![], json!([]));
+    t["spec"]["defaultConfig"] = json!({"apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "conf-config", "namespace": "conf-system"}, "data": {"tls": "on", "size": "1"}});
+    apply_json(&f.cp_kc, &t);
+    apply_json(&f.cp_kc, &meta("conf", "1.0.0"));
+    apply_json(
+        &f.cp_kc,
+        &json!({"apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "ModuleConfigPolicy",
+            "metadata": {"name": "tls-on", "namespace": NS}, "spec": {"module": "conf", "enforce": {"data": {"tls": "on"}}}}),
+    );
+    f.runtime(&["conf"]);
+    f.wait("conf Ready", |s| module(s, "conf").is_some_and(|m| m.state == State::Ready)).await;
+    // The operator watches the configuration kind itself.
+    eventually("the operator's ConfigMap WatchConfig")
+        .until(
+            async || kubectl(&f.cp_kc, &["get", "watchconfigs", "-o", "name"], None),
+            |out| out.contains("fleetwatch-lifecycle.config.configmap"),
+        )
+        .await;
+    let cms: Api<DynamicObject> = Api::namespaced_with(
+        f.rt.clone(),
+        "conf-system",
+        &ApiResource {
+            group: "".into(),
+            version: "v1".into(),
+            api_version: "v1".into(),
+            kind: "ConfigMap".into(),
+            plural: "configmaps".into(),
+        },
+    );
+    // The agent runs it before the user's edit, so the edit is an event.
+    eventually("the agent running the ConfigMap watch")
+        .until(
+            async || f._hub.clusters().await["clusters"][0]["watches"].clone(),
+            |ws| {
+                ws.as_array().is_some_and(|ws| {
+                    ws.iter().any(|w| w["name"] == "fleetwatch-lifecycle.config.configmap" && w["phase"] == "running")
+                })
+            },
+        )
+        .await;
+    // A user turns TLS off in the runtime cluster: with the periodic resync off, only the
+    // event of that edit can put it back.
+    kubectl(
+        &f.rt_kc,
+        &[
+            "-n",
+            "conf-system",
+            "patch",
+            "configmap",
+            "conf-config",
+            "--type",
+            "merge",
+            "-p",
+            r#"{"data":{"tls":"off","size":"3"}}"#,
+        ],
+        None,
+    );
+    eventually("tls back on, the user's size kept")
+        .context(|| f.lifecycle.stderr())
+        .until(
+            async || cms.get("conf-config").await.ok().map(|c| c.data["data"].clone()),
+            |d| d.as_ref().is_some_and(|d| d["tls"] == "on" && d["size"] == "3"),
+        )
         .await;
 }

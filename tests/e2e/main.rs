@@ -10,6 +10,7 @@ mod cli;
 mod coalescing;
 mod config_policy;
 mod delivery;
+mod dependencies;
 mod deploy;
 mod golden;
 mod kube_watch;
