@@ -51,6 +51,10 @@ pub struct ModuleSummary {
     /// most 5, each cut to 256 bytes.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub config_invalid: Vec<String>,
+    /// While it fails: the step, how many times in a row and the next try
+    /// (`apply failed 3 times, next try at 2026-11-27T22:41:05Z`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry: Option<String>,
 }
 
 /// One Runtime, for people.
@@ -121,6 +125,10 @@ impl ModuleSummary {
                     cut(&format!("{at}: {}", e.message), 256)
                 })
                 .collect(),
+            retry: m.retry.as_ref().map(|r| {
+                let times = if r.failures == 1 { "once".to_string() } else { format!("{} times", r.failures) };
+                format!("{} failed {times}, next try at {}", r.step, r.next_attempt)
+            }),
         }
     }
 }
@@ -177,6 +185,21 @@ mod tests {
         let s = ModuleSummary::from_status(&m);
         assert_eq!(s.config_invalid, vec!["/spec/replicas: 9 is greater than the maximum of 5".to_string()]);
         assert!(ModuleSummary::from_status(&ModuleStatus::default()).config_invalid.is_empty());
+    }
+
+    #[test]
+    fn a_failing_module_says_which_step_how_often_and_when_next() {
+        let mut m = ModuleStatus { name: "ghost".into(), state: State::Error, ..Default::default() };
+        assert_eq!(ModuleSummary::from_status(&m).retry, None);
+        m.retry = Some(crate::module::ModuleRetry {
+            step: crate::module::FailedStep::Apply,
+            failures: 3,
+            next_attempt: "2026-11-27T22:41:05Z".into(),
+        });
+        assert_eq!(
+            ModuleSummary::from_status(&m).retry.as_deref(),
+            Some("apply failed 3 times, next try at 2026-11-27T22:41:05Z")
+        );
     }
 
     #[test]

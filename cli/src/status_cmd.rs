@@ -122,7 +122,8 @@ pub fn problems(fleet: &Fleet, max_lag_seconds: f64) -> Vec<String> {
     for r in fleet.runtimes.iter().flatten() {
         for m in r.modules.iter().filter(|m| m.state == "Error" || m.state == "Warning") {
             let msg = if m.message.is_empty() { String::new() } else { format!(": {}", m.message) };
-            out.push(format!("runtime {}: module {} is {}{msg}", r.runtime, m.name, m.state));
+            let retry = m.retry.as_deref().map(|r| format!(" ({r})")).unwrap_or_default();
+            out.push(format!("runtime {}: module {} is {}{msg}{retry}", r.runtime, m.name, m.state));
         }
         for m in r.modules.iter().filter(|m| !m.config_invalid.is_empty()) {
             out.push(format!(
@@ -527,6 +528,7 @@ mod tests {
                 next_maintenance_window: None,
                 message: String::new(),
                 config_invalid: Vec::new(),
+                retry: None,
             })
             .collect();
         let mut by = BTreeMap::new();
