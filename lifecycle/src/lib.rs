@@ -150,6 +150,8 @@ pub struct Ctx {
     agent_certs: Option<agent_module::AgentCerts>,
     /// Pulled module artifacts, shared by every reconcile.
     artifacts: Arc<artifact::cache::Artifacts>,
+    /// What changed in each runtime cluster since a module failed there ([`retry`]).
+    changes: Arc<retry::ClusterChanges>,
 }
 
 impl Ctx {
@@ -412,6 +414,7 @@ pub async fn run(config: LifecycleConfig, metrics: Arc<Metrics>, shutdown: Cance
         observer: config.observer.clone(),
         agent_certs: config.agent_certs.clone(),
         artifacts,
+        changes: Default::default(),
     });
     tokio::spawn(config_policy::run_status(
         client.clone(),
@@ -455,9 +458,17 @@ pub async fn run(config: LifecycleConfig, metrics: Arc<Metrics>, shutdown: Cance
                 runtimes.clone(),
                 owns,
                 hub_tx,
+                ctx.changes.clone(),
                 shutdown.clone(),
             )),
-            None => tokio::spawn(triggers::follow_hub(opts, runtimes.clone(), owns, hub_tx, shutdown.child_token())),
+            None => tokio::spawn(triggers::follow_hub(
+                opts,
+                runtimes.clone(),
+                owns,
+                hub_tx,
+                ctx.changes.clone(),
+                shutdown.child_token(),
+            )),
         };
     }
     let agents_installed = config.agent_certs.is_some();
@@ -525,6 +536,7 @@ async fn follow_hub_while_holding(
     runtimes: Store<Runtime>,
     owns: triggers::Owns,
     trigger: tokio::sync::mpsc::Sender<ObjectRef<Runtime>>,
+    changes: Arc<retry::ClusterChanges>,
     shutdown: CancellationToken,
 ) {
     let mut held = map.subscribe();
@@ -540,6 +552,7 @@ async fn follow_hub_while_holding(
             runtimes.clone(),
             owns.clone(),
             trigger.clone(),
+            changes.clone(),
             term.clone(),
         ));
         tokio::select! {

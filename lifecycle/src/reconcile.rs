@@ -546,7 +546,19 @@ async fn install(
     prev: Option<&ModuleStatus>,
     flags: &mut Flags,
 ) -> ModuleStatus {
+    let runtime = format!("{ns}/{}", rt.name_any());
+    if let Some(p) = prev
+        && held_back(ctx, rt, ns, entry, p)
+    {
+        tracing::debug!(module = %entry.name, "failed step not due yet; nothing changed that could unblock it");
+        return p.clone();
+    }
     let st = install_inner(ctx, applier, rt, ns, entry, prev, flags).await;
+    if st.state == State::Error {
+        ctx.changes.failed(&runtime, &rt.cluster_id(), &entry.name);
+    } else {
+        ctx.changes.recovered(&runtime, &entry.name);
+    }
     // Tell a paced rollout how an admitted upgrade ended.
     if let (Some(meta), Some(desired)) = (
         find_meta(&ctx.metas.state(), ns, &entry.name).cloned(),
@@ -565,6 +577,28 @@ async fn install(
         }
     }
     st
+}
+
+/// Whether a module that failed a step touching its cluster waits for its next attempt in
+/// this reconcile: not due yet, and nothing happened since it failed that could unblock it —
+/// no spec change of the Runtime, no other desired version, no Namespace, CRD or module
+/// inventory change in its cluster ([`crate::retry::ClusterChanges`]). Other reconciles of
+/// the Runtime (a sibling in progress, a busy cluster's unrelated events) then leave it alone,
+/// so its backoff holds.
+fn held_back(ctx: &Ctx, rt: &Runtime, ns: &str, entry: &ModuleEntry, p: &ModuleStatus) -> bool {
+    let Some(r) = p.retry.as_ref().filter(|_| p.state == State::Error) else { return false };
+    if !crate::retry::held_back(r.step) {
+        return false;
+    }
+    let due = r.next_attempt.parse::<jiff::Timestamp>().map_or(true, |at| at <= ctx.clock.now());
+    let spec_changed = rt.status.as_ref().and_then(|s| s.observed_generation) != rt.metadata.generation;
+    let metas = ctx.metas.state();
+    let desired =
+        desired_version(entry, rt.spec.channel.as_deref(), find_meta(&metas, ns, &entry.name).map(|m| &m.spec))
+            .ok()
+            .map(|(v, _)| v.to_string());
+    let runtime = format!("{ns}/{}", rt.name_any());
+    !due && !spec_changed && desired == p.desired_version && !ctx.changes.moved(&runtime, &rt.cluster_id(), &entry.name)
 }
 
 /// How many runtimes of the namespace want `version` of `module` through their channel.

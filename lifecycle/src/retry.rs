@@ -90,6 +90,15 @@ pub fn schedule(
             st.retry = None;
             continue;
         }
+        // Held back (not tried in this reconcile): as it was; due when it said.
+        if let Some(r) = st.retry.as_ref().filter(|r| !r.next_attempt.is_empty()) {
+            let due = r.next_attempt.parse::<Timestamp>().ok().map(|at| at.duration_since(now));
+            // Past due (negative): at once, after a breath.
+            let wait =
+                due.map_or(FIRST, |d| Duration::try_from(d).unwrap_or(Duration::ZERO)).max(Duration::from_millis(100));
+            out.next = Some(out.next.map_or(wait, |n: Duration| n.min(wait)));
+            continue;
+        }
         let before = previous.iter().find(|p| p.name == st.name).and_then(|p| p.retry.as_ref());
         if let Some(b) = before {
             out.retried.push(b.step);
@@ -105,6 +114,65 @@ pub fn schedule(
         out.next = Some(out.next.map_or(wait, |n: Duration| n.min(wait)));
     }
     out
+}
+
+/// Per runtime cluster, a count of the changes that can unblock a failed step: Namespaces and
+/// CRDs created or deleted, the module inventory changing (a manager Ready), a resync. Bumped
+/// by the hub trigger ([`crate::triggers`]); a failed module is tried again before its next
+/// attempt is due only when its cluster's count moved since it failed ([`ClusterChanges::moved`]),
+/// so unrelated events (a busy cluster's ConfigMaps) or a sibling in progress do not defeat its
+/// backoff, and what it waits for still starts it at once.
+#[derive(Debug, Default)]
+pub struct ClusterChanges {
+    counts: std::sync::Mutex<std::collections::HashMap<String, u64>>,
+    /// Per `runtime/module`: the count of its cluster when it last failed.
+    failed_at: std::sync::Mutex<std::collections::HashMap<String, u64>>,
+}
+
+impl ClusterChanges {
+    /// A change in `cluster` that can unblock something (`*`: every cluster).
+    pub fn bump(&self, cluster: &str) {
+        // `*` counts toward every cluster ([`ClusterChanges::count`]).
+        if let Ok(mut c) = self.counts.lock() {
+            *c.entry(cluster.to_string()).or_insert(0) += 1;
+        }
+    }
+
+    fn count(&self, cluster: &str) -> u64 {
+        self.counts.lock().map(|c| c.get(cluster).copied().unwrap_or(0) + c.get("*").copied().unwrap_or(0)).unwrap_or(0)
+    }
+
+    /// Records that `module` of `runtime` (in `cluster`) failed now.
+    pub fn failed(&self, runtime: &str, cluster: &str, module: &str) {
+        let n = self.count(cluster);
+        if let Ok(mut f) = self.failed_at.lock() {
+            f.insert(format!("{runtime}/{module}"), n);
+        }
+    }
+
+    /// Forgets `module` of `runtime` (it reconciled, or went).
+    pub fn recovered(&self, runtime: &str, module: &str) {
+        if let Ok(mut f) = self.failed_at.lock() {
+            f.remove(&format!("{runtime}/{module}"));
+        }
+    }
+
+    /// Whether something changed in `cluster` since `module` failed (also when this process
+    /// never saw it fail: after a restart everything is tried).
+    pub fn moved(&self, runtime: &str, cluster: &str, module: &str) -> bool {
+        let at = self.failed_at.lock().ok().and_then(|f| f.get(&format!("{runtime}/{module}")).copied());
+        at.is_none_or(|at| self.count(cluster) != at)
+    }
+}
+
+/// Whether a failed step is held back until its next attempt (steps that write to or read
+/// from the runtime cluster); choosing the version only reads the operator's stores, so it is
+/// done again at every reconcile.
+pub fn held_back(step: FailedStep) -> bool {
+    matches!(
+        step,
+        FailedStep::Apply | FailedStep::DefaultConfig | FailedStep::Delete | FailedStep::Migration | FailedStep::Read
+    )
 }
 
 /// A timestamp to the second (what people read; the requeue itself is exact).
@@ -142,6 +210,37 @@ mod tests {
             (0..50).map(|i| (jitter_of(&format!("rt-{i}/m"), 3, 7) * 1e9) as u64).collect();
         assert!(f.len() > 45, "{f:?}");
         assert!((0..1000).all(|i| (0.0..1.0).contains(&jitter_of(&i.to_string(), 1, 1))));
+    }
+
+    #[test]
+    fn a_held_back_module_keeps_its_count_and_is_due_when_it_said() {
+        let now: Timestamp = "2026-11-27T22:00:00Z".parse().unwrap();
+        let mut prev = vec![failed(module("a", State::Processing), FailedStep::Apply, "x".into())];
+        schedule(&[], &mut prev, "2026-11-27T21:59:58Z".parse().unwrap(), |_, _| 0.5);
+        // Not tried: the status carried over as it was (its retry filled in).
+        let mut next = prev.clone();
+        let s = schedule(&prev, &mut next, now, |_, _| 0.5);
+        assert_eq!(next, prev);
+        assert_eq!(s.next, Some(Duration::from_millis(100))); // due 1 s after 21:59:58: now
+        assert!(s.retried.is_empty());
+    }
+
+    #[test]
+    fn changes_since_a_failure_let_it_be_tried_early() {
+        let c = ClusterChanges::default();
+        assert!(c.moved("kcp/rt", "rt", "m"), "never seen failing: tried");
+        c.failed("kcp/rt", "rt", "m");
+        assert!(!c.moved("kcp/rt", "rt", "m"));
+        c.bump("other");
+        assert!(!c.moved("kcp/rt", "rt", "m"));
+        c.bump("rt");
+        assert!(c.moved("kcp/rt", "rt", "m"));
+        c.failed("kcp/rt", "rt", "m");
+        c.bump("*");
+        assert!(c.moved("kcp/rt", "rt", "m"));
+        c.recovered("kcp/rt", "m");
+        assert!(c.moved("kcp/rt", "rt", "m"));
+        assert!(held_back(FailedStep::Apply) && !held_back(FailedStep::Resolve) && !held_back(FailedStep::Pull));
     }
 
     #[test]

@@ -111,6 +111,7 @@ pub struct TriggerSink {
     runtimes: Store<Runtime>,
     owns: Owns,
     trigger: mpsc::Sender<ObjectRef<Runtime>>,
+    changes: std::sync::Arc<crate::retry::ClusterChanges>,
 }
 
 /// Whether this instance acts on a Runtime (sharded instances: its shard is held).
@@ -119,7 +120,13 @@ pub type Owns = std::sync::Arc<dyn Fn(&Runtime) -> bool + Send + Sync>;
 impl TriggerSink {
     /// A sink that queues reconciles of those `runtimes` this instance `owns` into `trigger`.
     pub fn new(runtimes: Store<Runtime>, owns: Owns, trigger: mpsc::Sender<ObjectRef<Runtime>>) -> Self {
-        Self { runtimes, owns, trigger }
+        Self { runtimes, owns, trigger, changes: Default::default() }
+    }
+
+    /// Counts the deliveries that can unblock a failed module into `changes`.
+    pub fn with_changes(mut self, changes: std::sync::Arc<crate::retry::ClusterChanges>) -> Self {
+        self.changes = changes;
+        self
     }
 }
 
@@ -135,6 +142,14 @@ impl Sink for TriggerSink {
         };
         clusters.sort_unstable();
         clusters.dedup();
+        match delivery {
+            Delivery::Events(evs) => {
+                for e in evs.iter().filter(|e| unblocks(e)) {
+                    self.changes.bump(&e.cluster);
+                }
+            }
+            Delivery::ResyncRequired(r) => self.changes.bump(&r.cluster),
+        }
         let mut triggered = 0usize;
         for rt in self.runtimes.state() {
             let id = rt.cluster_id();
@@ -163,6 +178,15 @@ impl Sink for TriggerSink {
     }
 }
 
+/// Whether an event can unblock a failed module: a Namespace or CRD created or deleted, or
+/// the module inventory (a manager Ready).
+pub fn unblocks(e: &fleetwatch_protocol::event::Event) -> bool {
+    e.kind == fleetwatch_protocol::event::TYPE_INVENTORY
+        || e.subject.starts_with("v1/Namespace/")
+        || e.subject.starts_with("apiextensions.k8s.io/v1/CustomResourceDefinition/")
+        || e.subject.starts_with("apiextensions.k8s.io/v1beta1/CustomResourceDefinition/")
+}
+
 /// Most changes named in one log line.
 const CHANGES_NAMED: usize = 3;
 
@@ -188,6 +212,7 @@ pub async fn follow_hub(
     runtimes: Store<Runtime>,
     owns: Owns,
     trigger: mpsc::Sender<ObjectRef<Runtime>>,
+    changes: std::sync::Arc<crate::retry::ClusterChanges>,
     cancel: CancellationToken,
 ) {
     let mut sub = loop {
@@ -204,7 +229,7 @@ pub async fn follow_hub(
         }
     };
     tracing::info!("subscribed to the hub");
-    let mut sink = TriggerSink::new(runtimes, owns, trigger);
+    let mut sink = TriggerSink::new(runtimes, owns, trigger).with_changes(changes);
     loop {
         match pump(&mut sub, &mut sink, &cancel).await {
             Ok(_) => return,
