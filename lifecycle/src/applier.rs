@@ -51,6 +51,15 @@ impl Applier {
         self.within(object(r))
     }
 
+    fn not_served(&self, action: &'static str, r: &ResourceRef) -> Error {
+        Error::KindNotServed {
+            action,
+            object: self.describe(r),
+            api_version: r.api_version.clone(),
+            kind: r.kind.clone(),
+        }
+    }
+
     fn within(&self, what: String) -> String {
         match &self.cluster {
             Some(c) => format!("{what} in {c}"),
@@ -114,10 +123,7 @@ impl Applier {
     /// the manager of what it installs).
     pub async fn apply(&self, obj: &Value) -> Result<ResourceRef, Error> {
         let r = Self::reference(obj)?;
-        let (ar, caps) = self
-            .resolve(&r.api_version, &r.kind)
-            .await?
-            .ok_or_else(|| ManifestError::KindNotServed { api_version: r.api_version.clone(), kind: r.kind.clone() })?;
+        let (ar, caps) = self.resolve(&r.api_version, &r.kind).await?.ok_or_else(|| self.not_served("apply", &r))?;
         let api = self.api(&ar, &caps, r.namespace.as_deref());
         api.patch(&r.name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(obj))
             .await
@@ -131,10 +137,7 @@ impl Applier {
     /// Creates an object unless it exists; never overwrites. Returns whether it created it.
     pub async fn create_once(&self, obj: &Value) -> Result<(ResourceRef, bool), Error> {
         let r = Self::reference(obj)?;
-        let (ar, caps) = self
-            .resolve(&r.api_version, &r.kind)
-            .await?
-            .ok_or_else(|| ManifestError::KindNotServed { api_version: r.api_version.clone(), kind: r.kind.clone() })?;
+        let (ar, caps) = self.resolve(&r.api_version, &r.kind).await?.ok_or_else(|| self.not_served("create", &r))?;
         let api = self.api(&ar, &caps, r.namespace.as_deref());
         let dynobj: DynamicObject = serde_json::from_value(obj.clone())
             .map_err(|source| ManifestError::NotAnObject { kind: r.kind.clone(), name: r.name.clone(), source })?;
@@ -227,10 +230,7 @@ impl Applier {
     }
 
     async fn api_for(&self, r: &ResourceRef) -> Result<Api<DynamicObject>, Error> {
-        let (ar, caps) = self
-            .resolve(&r.api_version, &r.kind)
-            .await?
-            .ok_or_else(|| ManifestError::KindNotServed { api_version: r.api_version.clone(), kind: r.kind.clone() })?;
+        let (ar, caps) = self.resolve(&r.api_version, &r.kind).await?.ok_or_else(|| self.not_served("write", r))?;
         Ok(self.api(&ar, &caps, r.namespace.as_deref()))
     }
 }

@@ -35,6 +35,18 @@ pub enum Error {
     /// A template's manifest object is unusable.
     #[error("{0}")]
     Manifest(#[from] ManifestError),
+    /// The cluster does not serve an object's kind (its CRD is not there yet).
+    #[error("{action} {object}: kind {api_version} {kind} is not served by the cluster (no CRD for it yet)")]
+    KindNotServed {
+        /// What was being done: `apply`, `create`, `write`.
+        action: &'static str,
+        /// Which object, in which cluster.
+        object: String,
+        /// Its apiVersion.
+        api_version: String,
+        /// Its kind.
+        kind: String,
+    },
     /// A migration failed.
     #[error("migration {migration} of {module} to {to} failed: {source}")]
     Migration {
@@ -96,7 +108,9 @@ impl Error {
             Self::Kube { action: "writing the status of", .. } | Self::Finalizer { .. } => FailedStep::StatusWrite,
             Self::Kube { action: "delete", .. } | Self::CleanupPending { .. } => FailedStep::Delete,
             Self::Kube { action: "get" | "list" | "discovery of", .. } => FailedStep::Read,
-            Self::Kube { .. } | Self::Manifest(_) | Self::Serialize { .. } => FailedStep::Apply,
+            Self::Kube { .. } | Self::Manifest(_) | Self::Serialize { .. } | Self::KindNotServed { .. } => {
+                FailedStep::Apply
+            }
             Self::Migration { .. } => FailedStep::Migration,
         }
     }
@@ -234,14 +248,6 @@ pub enum ManifestError {
     MissingField {
         /// `apiVersion`, `kind` or `metadata.name`.
         field: &'static str,
-    },
-    /// The cluster does not serve the object's kind.
-    #[error("kind {api_version} {kind} is not served by the cluster (no CRD for it yet)")]
-    KindNotServed {
-        /// The object's apiVersion.
-        api_version: String,
-        /// The object's kind.
-        kind: String,
     },
     /// The object is not a Kubernetes object.
     #[error("bad manifest: {kind} {name} is not a Kubernetes object: {source}")]

@@ -218,6 +218,45 @@ async fn a_missing_namespace_is_retried_and_its_creation_starts_the_install() {
         "no reconcile named the namespace's event:\n{}",
         f.lifecycle.stderr()
     );
+
+    // A kind no CRD provides yet: the same, started by the CRD's event.
+    let widget = json!({"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "w", "namespace": "kindly-system"}});
+    apply_json(&f.cp_kc, &template("kindly", "1.0.0", vec![widget], json!([])));
+    apply_json(&f.cp_kc, &meta("kindly", "1.0.0"));
+    f.runtime(&["ghost", "kindly"]);
+    let st = f
+        .wait("kindly failing, tried twice", |s| {
+            module(s, "kindly").is_some_and(|m| m.retry.as_ref().is_some_and(|r| r.failures >= 2))
+        })
+        .await;
+    assert_eq!(
+        module(&st, "kindly").unwrap().message,
+        "installing kindly 1.0.0: apply Widget kindly-system/w in rt1: kind example.com/v1 Widget is not served by the cluster (no CRD for it yet)"
+    );
+    let t0 = Instant::now();
+    apply_json(
+        &f.rt_kc,
+        &json!({"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+            "metadata": {"name": "widgets.example.com"},
+            "spec": {"group": "example.com", "scope": "Namespaced",
+                     "names": {"plural": "widgets", "singular": "widget", "kind": "Widget"},
+                     "versions": [{"name": "v1", "served": true, "storage": true,
+                                   "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}]}}),
+    );
+    f.wait("kindly Ready after its CRD appeared", |s| module(s, "kindly").is_some_and(|m| m.state == State::Ready))
+        .await;
+    eprintln!("CRD created → module Ready in {:?}", t0.elapsed());
+    let said = |log: &str| {
+        log.lines().any(|l| {
+            l.contains("reconciling after a change in the runtime cluster")
+                && l.contains("apiextensions.k8s.io/v1/CustomResourceDefinition/_/widgets.example.com")
+        })
+    };
+    assert!(
+        holds_within(Duration::from_secs(30), || said(&f.lifecycle.stderr())).await,
+        "no reconcile named the CRD's event:\n{}",
+        f.lifecycle.stderr()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
