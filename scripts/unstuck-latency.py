@@ -51,7 +51,7 @@ def template(module, extra=(), requires=()):
         {"apiVersion": "apps/v1", "kind": "Deployment",
          "metadata": {"name": f"{module}-manager", "namespace": f"{module}-system",
                       "labels": {"operator.fleetwatch.dev/module": module, "app.kubernetes.io/version": "1.0.0"}},
-         "spec": {"replicas": 0, "selector": {"matchLabels": {"app": module}},
+         "spec": {"replicas": 1, "selector": {"matchLabels": {"app": module}},
                   "template": {"metadata": {"labels": {"app": module}},
                                "spec": {"containers": [{"name": "m", "image": "example/m:1"}]}}}},
         *extra,

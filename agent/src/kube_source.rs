@@ -369,7 +369,7 @@ async fn inventory(
             let name = labels.get(MODULE_LABEL)?.clone();
             let version = labels.get(VERSION_LABEL).cloned().unwrap_or_default();
             let want = d.spec.replicas.unwrap_or(1);
-            let ready = d.status.as_ref().and_then(|s| s.ready_replicas).unwrap_or(0) >= want;
+            let ready = manager_ready(d, want);
             let key = (d.metadata.namespace.clone().unwrap_or_default(), d.metadata.name.clone().unwrap_or_default());
             let provides =
                 d.metadata.annotations.as_ref().and_then(|a| a.get(PROVIDES_ANNOTATION)).cloned().unwrap_or_default();
@@ -435,6 +435,20 @@ async fn inventory(
     }
 }
 
+/// Whether a module's manager has rolled out its current spec, as `kubectl rollout status`
+/// and the lifecycle operator judge it: the controller observed the latest generation, and the
+/// updated and ready replicas reach the desired count. Counting ready replicas alone made a
+/// Deployment of 0 replicas ready before its rollout, and an upgrade's end no inventory change
+/// (the operator then noticed it only by polling).
+fn manager_ready(d: &k8s_openapi::api::apps::v1::Deployment, want: i32) -> bool {
+    let status = d.status.as_ref();
+    let observed = status.and_then(|s| s.observed_generation).unwrap_or(0);
+    let generation_seen = d.metadata.generation.is_none_or(|g| observed >= g);
+    let updated = status.and_then(|s| s.updated_replicas).unwrap_or(0);
+    let ready = status.and_then(|s| s.ready_replicas).unwrap_or(0);
+    generation_seen && updated >= want && ready >= want
+}
+
 /// The object key of inventory changes (their events carry the subject
 /// `fleetwatch_protocol::event::INVENTORY_SUBJECT`).
 pub fn inventory_key() -> ObjectKey {
@@ -444,6 +458,29 @@ pub fn inventory_key() -> ObjectKey {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_manager_is_ready_once_its_current_spec_rolled_out() {
+        use k8s_openapi::api::apps::v1::{Deployment, DeploymentStatus};
+        let d = |generation: i64, observed: i64, updated: i32, ready: i32| {
+            let mut d = Deployment::default();
+            d.metadata.generation = Some(generation);
+            d.status = Some(DeploymentStatus {
+                observed_generation: Some(observed),
+                updated_replicas: Some(updated),
+                ready_replicas: Some(ready),
+                ..Default::default()
+            });
+            d
+        };
+        assert!(manager_ready(&d(2, 2, 1, 1), 1));
+        assert!(!manager_ready(&d(2, 1, 1, 1), 1), "the new spec not observed yet");
+        assert!(!manager_ready(&d(2, 2, 0, 1), 1), "an old replica still ready");
+        assert!(!manager_ready(&d(2, 2, 1, 0), 1));
+        // Zero replicas: ready once observed, not before.
+        assert!(!manager_ready(&Deployment { metadata: d(1, 0, 0, 0).metadata, ..Default::default() }, 0));
+        assert!(manager_ready(&d(1, 1, 0, 0), 0));
+    }
 
     #[test]
     fn identity_survives_without_the_object() {

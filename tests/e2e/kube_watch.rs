@@ -552,6 +552,24 @@ async fn inventory_reports_the_running_module_versions() {
         ],
         None,
     );
+    // Ready replicas alone are not a finished rollout: the controller must have observed the
+    // spec and updated the replicas (as `kubectl rollout status` and the operator judge it;
+    // `manager_ready` in agent/src/kube_source.rs).
+    kubectl(
+        &kc,
+        &[
+            "patch",
+            "deployment",
+            "redis-manager",
+            "--subresource",
+            "status",
+            "--type",
+            "merge",
+            "-p",
+            r#"{"status":{"observedGeneration":1,"updatedReplicas":1,"readyReplicas":1}}"#,
+        ],
+        None,
+    );
     wait_for(&collector, "ready", |s| {
         s.all.iter().any(|e| e.kind == "dev.fleetwatch.inventory" && e.data["modules"][0]["ready"] == true)
     })
