@@ -14,7 +14,7 @@ loopback), then RUNS times each:
 Prints each time and the median. Times are read by polling the Runtime with kubectl (about
 every 50 ms), so each is up to that much late. Release build by default.
 
-    python3 scripts/unstuck-latency.py [--bin target/release/fleetwatch] [--runs 10]
+    python3 scripts/unstuck-latency.py [--bin target/release/fleetwatch] [--runs 10] [--replicas 1]
 """
 
 import argparse
@@ -45,13 +45,16 @@ def apply(kc, obj):
     kubectl(kc, "apply", "--server-side", "--force-conflicts", "--field-manager", "bench", "-f", "-", stdin=json.dumps(obj))
 
 
+REPLICAS = 1
+
+
 def template(module, extra=(), requires=()):
     manifest = [
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": f"{module}-system"}},
         {"apiVersion": "apps/v1", "kind": "Deployment",
          "metadata": {"name": f"{module}-manager", "namespace": f"{module}-system",
                       "labels": {"operator.fleetwatch.dev/module": module, "app.kubernetes.io/version": "1.0.0"}},
-         "spec": {"replicas": 1, "selector": {"matchLabels": {"app": module}},
+         "spec": {"replicas": REPLICAS, "selector": {"matchLabels": {"app": module}},
                   "template": {"metadata": {"labels": {"app": module}},
                                "spec": {"containers": [{"name": "m", "image": "example/m:1"}]}}}},
         *extra,
@@ -96,7 +99,10 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bin", default="target/release/fleetwatch")
     ap.add_argument("--runs", type=int, default=10)
+    ap.add_argument("--replicas", type=int, default=1, help="replicas of each module's manager (the sim rolls them out at once)")
     args = ap.parse_args()
+    global REPLICAS
+    REPLICAS = args.replicas
     work = tempfile.mkdtemp(prefix="fw-unstuck-")
     sbx = os.path.join(work, "sbx")
     cmd = [args.bin, "up", "--clusters", "1", "--plain", "--dir", sbx, "--hub-port", "0", "--admin-port", "0",
