@@ -5,7 +5,6 @@
 //! and lifecycle processes; the hub reads WatchConfigs from the control plane, where the
 //! operator keeps the ones it relies on.
 
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use fleetwatch_api::{FailedStep, ModuleReason, ModuleStatus, Runtime, RuntimeStatus, State};
@@ -13,91 +12,33 @@ use kube::api::{Api, DynamicObject};
 use kube::discovery::ApiResource;
 use serde_json::{Value, json};
 
+use crate::lifecycle::{Fleet, Watches};
 use crate::support::*;
 
 const NS: &str = "kcp";
 
-struct Fleet {
-    _pki: Pki,
-    _cp: fleetwatch_sim::SimCluster,
-    cp_kc: PathBuf,
-    cp: kube::Client,
-    _rt: fleetwatch_sim::SimCluster,
-    rt_kc: PathBuf,
-    rt: kube::Client,
-    _hub: HubProc,
-    _agent: Proc,
-    lifecycle: Proc,
-    metrics_port: u16,
-    kubelet: tokio_util::sync::CancellationToken,
-}
-
-impl Drop for Fleet {
-    fn drop(&mut self) {
-        self.kubelet.cancel();
-    }
+/// The lifecycle tests' fleet ([`crate::lifecycle::Fleet`]: control plane, runtime `rt1`,
+/// hub, agent, operator), its hub reading WatchConfigs from the control plane, the operator's
+/// periodic resync off (only events and retries reconcile).
+async fn start() -> Fleet {
+    Fleet::start_with("0", None, Watches::ControlPlane).await
 }
 
 impl Fleet {
-    /// A control plane and runtime cluster `rt1`, a hub reading WatchConfigs from the control
-    /// plane, the agent, and the operator with the periodic resync off (only events and
-    /// retries reconcile).
-    async fn start() -> Self {
-        let pki = Pki::new();
-        let (cp_sim, cp_kc) = sim_cluster(&pki, "control-plane").await;
-        let (rt_sim, rt_kc) = sim_cluster(&pki, "rt1").await;
-        let cp = cp_sim.client().await.unwrap();
-        let rt = rt_sim.client().await.unwrap();
-        let crds = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/crds");
-        kubectl(&cp_kc, &["apply", "-f", crds.to_str().unwrap()], None);
-        apply_json(&cp_kc, &json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}}));
-        let secret = json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "rt1-kubeconfig", "namespace": NS},
-                            "stringData": {"config": std::fs::read_to_string(&rt_kc).unwrap()}});
-        apply_json(&cp_kc, &secret);
-        let hub = HubProc::start(&pki, free_port(), None, &["--control-plane-kubeconfig", cp_kc.to_str().unwrap()]);
-        let agent = kube_agent(&pki, "rt1", &hub.url(), &rt_kc);
-        let metrics_port = free_port();
-        let mut args: Vec<String> =
-            ["lifecycle", "--control-plane-kubeconfig", cp_kc.to_str().unwrap(), "--hub", &hub.url()]
-                .iter()
-                .map(|s| s.to_string())
-                .collect();
-        args.extend(client_args(&pki.subscriber("lifecycle")));
-        args.extend(["--resync".into(), "0".into(), "--metrics-listen".into(), format!("127.0.0.1:{metrics_port}")]);
-        let lifecycle = Proc::spawn(&args, pki.path("lifecycle.log"));
-        lifecycle.wait_stdout("lifecycle operator running", Duration::from_secs(10));
-        let kubelet = tokio_util::sync::CancellationToken::new();
-        tokio::spawn(fleetwatch_sim::roll_out_deployments(rt.clone(), Duration::ZERO, kubelet.clone()));
-        Fleet {
-            _pki: pki,
-            _cp: cp_sim,
-            cp_kc,
-            cp,
-            _rt: rt_sim,
-            rt_kc,
-            rt,
-            _hub: hub,
-            _agent: agent,
-            lifecycle,
-            metrics_port,
-            kubelet,
-        }
-    }
-
-    async fn status(&self) -> Option<RuntimeStatus> {
+    async fn rt1(&self) -> Option<RuntimeStatus> {
         let api: Api<Runtime> = Api::namespaced(self.cp.clone(), NS);
         api.get_opt("rt1").await.ok().flatten().and_then(|r| r.status)
     }
 
-    async fn wait(&self, what: &str, cond: impl Fn(&RuntimeStatus) -> bool) -> RuntimeStatus {
+    async fn rt1_until(&self, what: &str, cond: impl Fn(&RuntimeStatus) -> bool) -> RuntimeStatus {
         eventually(format!("runtime rt1: {what}"))
             .context(|| format!("lifecycle log:\n{}", self.lifecycle.stderr()))
-            .until(async || self.status().await, |st| st.as_ref().is_some_and(&cond))
+            .until(async || self.rt1().await, |st| st.as_ref().is_some_and(&cond))
             .await
             .unwrap()
     }
 
-    fn runtime(&self, modules: &[&str]) {
+    fn rt1_modules(&self, modules: &[&str]) {
         let modules: Vec<Value> = modules.iter().map(|m| json!({"name": m})).collect();
         apply_json(
             &self.cp_kc,
@@ -155,16 +96,16 @@ fn meta(module: &str, version: &str) -> Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_missing_namespace_is_retried_and_its_creation_starts_the_install() {
-    let f = Fleet::start().await;
+    let f = start().await;
     let sa =
         json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "ghost", "namespace": "ghost-ns"}});
     apply_json(&f.cp_kc, &template("ghost", "1.0.0", vec![sa], json!([])));
     apply_json(&f.cp_kc, &meta("ghost", "1.0.0"));
-    f.runtime(&["ghost"]);
+    f.rt1_modules(&["ghost"]);
     // Error, in one plain line naming the object, the cluster and why; retried by itself
     // (no resync, no spec change) with the count and the next try in the status.
     let st = f
-        .wait("ghost failing at apply, tried twice", |s| {
+        .rt1_until("ghost failing at apply, tried twice", |s| {
             module(s, "ghost").is_some_and(|m| m.retry.as_ref().is_some_and(|r| r.failures >= 2))
         })
         .await;
@@ -201,7 +142,7 @@ async fn a_missing_namespace_is_retried_and_its_creation_starts_the_install() {
     let t0 = Instant::now();
     apply_json(&f.rt_kc, &json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "ghost-ns"}}));
     let st = f
-        .wait("ghost Ready after its namespace appeared", |s| {
+        .rt1_until("ghost Ready after its namespace appeared", |s| {
             module(s, "ghost").is_some_and(|m| m.state == State::Ready && m.retry.is_none())
         })
         .await;
@@ -223,9 +164,9 @@ async fn a_missing_namespace_is_retried_and_its_creation_starts_the_install() {
     let widget = json!({"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "w", "namespace": "kindly-system"}});
     apply_json(&f.cp_kc, &template("kindly", "1.0.0", vec![widget], json!([])));
     apply_json(&f.cp_kc, &meta("kindly", "1.0.0"));
-    f.runtime(&["ghost", "kindly"]);
+    f.rt1_modules(&["ghost", "kindly"]);
     let st = f
-        .wait("kindly failing, tried twice", |s| {
+        .rt1_until("kindly failing, tried twice", |s| {
             module(s, "kindly").is_some_and(|m| m.retry.as_ref().is_some_and(|r| r.failures >= 2))
         })
         .await;
@@ -243,8 +184,10 @@ async fn a_missing_namespace_is_retried_and_its_creation_starts_the_install() {
                      "versions": [{"name": "v1", "served": true, "storage": true,
                                    "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}]}}),
     );
-    f.wait("kindly Ready after its CRD appeared", |s| module(s, "kindly").is_some_and(|m| m.state == State::Ready))
-        .await;
+    f.rt1_until("kindly Ready after its CRD appeared", |s| {
+        module(s, "kindly").is_some_and(|m| m.state == State::Ready)
+    })
+    .await;
     eprintln!("CRD created → module Ready in {:?}", t0.elapsed());
     let said = |log: &str| {
         log.lines().any(|l| {
@@ -261,15 +204,15 @@ async fn a_missing_namespace_is_retried_and_its_creation_starts_the_install() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dependencies_are_waited_for_installed_first_and_removed_last() {
-    let f = Fleet::start().await;
+    let f = start().await;
     apply_json(&f.cp_kc, &template("base", "1.0.0", vec![], json!([])));
     apply_json(&f.cp_kc, &meta("base", "1.0.0"));
     apply_json(&f.cp_kc, &template("app", "1.0.0", vec![], json!([{"module": "base", "versions": ">=1.0, <2"}])));
     apply_json(&f.cp_kc, &meta("app", "1.0.0"));
     // app alone: it waits for base, named, and installs nothing.
-    f.runtime(&["app"]);
+    f.rt1_modules(&["app"]);
     let st = f
-        .wait("app waiting for base", |s| {
+        .rt1_until("app waiting for base", |s| {
             module(s, "app").is_some_and(|m| m.reason == Some(ModuleReason::WaitingForDependency))
         })
         .await;
@@ -284,9 +227,11 @@ async fn dependencies_are_waited_for_installed_first_and_removed_last() {
     let events = kubectl(&f.cp_kc, &["-n", NS, "get", "events.events.k8s.io", "-o", "json"], None);
     assert!(events.contains("WaitingForDependency"), "{events}");
     // base added (after app in the list): base first, then app, both Ready.
-    f.runtime(&["app", "base"]);
-    f.wait("both Ready", |s| ["app", "base"].iter().all(|m| module(s, m).is_some_and(|m| m.state == State::Ready)))
-        .await;
+    f.rt1_modules(&["app", "base"]);
+    f.rt1_until("both Ready", |s| {
+        ["app", "base"].iter().all(|m| module(s, m).is_some_and(|m| m.state == State::Ready))
+    })
+    .await;
     let created = |d: Option<DynamicObject>| d.and_then(|d| d.metadata.creation_timestamp).map(|t| t.0);
     let base_at = created(f.deployments("base-system").get_opt("base-manager").await.unwrap()).unwrap();
     let app_at = created(f.deployments("app-system").get_opt("app-manager").await.unwrap()).unwrap();
@@ -300,7 +245,7 @@ async fn dependencies_are_waited_for_installed_first_and_removed_last() {
                      "modules": [{"name": "app"}, {"name": "base", "managed": false}]}}),
     );
     let st = f
-        .wait("base kept managed for app", |s| {
+        .rt1_until("base kept managed for app", |s| {
             module(s, "base").is_some_and(|m| m.reason == Some(ModuleReason::RequiredByOthers))
         })
         .await;
@@ -310,17 +255,17 @@ async fn dependencies_are_waited_for_installed_first_and_removed_last() {
         (State::Warning, "not unmanaged yet: required by app 1.0.0 (managed until none is)")
     );
     // base removed while app needs it: the removal waits, naming app; nothing is deleted.
-    f.runtime(&["app"]);
+    f.rt1_modules(&["app"]);
     let st = f
-        .wait("base's removal waiting for app", |s| module(s, "base").is_some_and(|m| m.state == State::Deleting))
+        .rt1_until("base's removal waiting for app", |s| module(s, "base").is_some_and(|m| m.state == State::Deleting))
         .await;
     let base = module(&st, "base").unwrap();
     assert_eq!(base.reason, Some(ModuleReason::RequiredByOthers));
     assert_eq!((base.state, base.message.as_str()), (State::Deleting, "removal waits: required by app 1.0.0"));
     assert!(f.deployments("base-system").get_opt("base-manager").await.unwrap().is_some());
     // Both removed: app goes first, then base, and nothing is left.
-    f.runtime(&[]);
-    f.wait("both removed", |s| s.modules.is_empty()).await;
+    f.rt1_modules(&[]);
+    f.rt1_until("both removed", |s| s.modules.is_empty()).await;
     for m in ["app", "base"] {
         assert!(f.deployments(&format!("{m}-system")).get_opt(&format!("{m}-manager")).await.unwrap().is_none(), "{m}");
     }
@@ -328,7 +273,7 @@ async fn dependencies_are_waited_for_installed_first_and_removed_last() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unsatisfiable_and_cyclic_requirements_make_the_template_unusable() {
-    let f = Fleet::start().await;
+    let f = start().await;
     apply_json(&f.cp_kc, &template("base", "1.0.0", vec![], json!([])));
     apply_json(&f.cp_kc, &meta("base", "1.0.0"));
     // No channel of base offers 5.x.
@@ -352,8 +297,8 @@ async fn unsatisfiable_and_cyclic_requirements_make_the_template_unusable() {
     unusable("x-1.0.0", "a cycle of requirements: x → y → x").await;
     unusable("y-1.0.0", "a cycle of requirements: y → x → y").await;
     // A Runtime wanting it shows the module in Error, retried, nothing applied.
-    f.runtime(&["app", "base"]);
-    let st = f.wait("app in Error", |s| module(s, "app").is_some_and(|m| m.state == State::Error)).await;
+    f.rt1_modules(&["app", "base"]);
+    let st = f.rt1_until("app in Error", |s| module(s, "app").is_some_and(|m| m.state == State::Error)).await;
     assert!(module(&st, "app").unwrap().message.contains("is not usable: spec.requires"), "{st:?}");
     assert!(f.deployments("app-system").get_opt("app-manager").await.unwrap().is_none());
     // Fixed (base 5.0.0 offered): usable again, and app installs.
@@ -362,13 +307,15 @@ async fn unsatisfiable_and_cyclic_requirements_make_the_template_unusable() {
     eventually("app-1.0.0 usable again")
         .until(async || f.template_usable("app-1.0.0").await, |c| c.as_ref().is_some_and(|(s, _, _)| s == "True"))
         .await;
-    f.wait("both Ready", |s| ["app", "base"].iter().all(|m| module(s, m).is_some_and(|m| m.state == State::Ready)))
-        .await;
+    f.rt1_until("both Ready", |s| {
+        ["app", "base"].iter().all(|m| module(s, m).is_some_and(|m| m.state == State::Ready))
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_configuration_policy_acts_without_a_hand_written_watchconfig() {
-    let f = Fleet::start().await;
+    let f = start().await;
     // A module whose configuration is a ConfigMap; no WatchConfig names that kind.
     let mut t = template("conf", "1.0.0", vec![], json!([]));
     t["spec"]["defaultConfig"] = json!({"apiVersion": "v1", "kind": "ConfigMap",
@@ -380,8 +327,8 @@ async fn a_configuration_policy_acts_without_a_hand_written_watchconfig() {
         &json!({"apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "ModuleConfigPolicy",
             "metadata": {"name": "tls-on", "namespace": NS}, "spec": {"module": "conf", "enforce": {"data": {"tls": "on"}}}}),
     );
-    f.runtime(&["conf"]);
-    f.wait("conf Ready", |s| module(s, "conf").is_some_and(|m| m.state == State::Ready)).await;
+    f.rt1_modules(&["conf"]);
+    f.rt1_until("conf Ready", |s| module(s, "conf").is_some_and(|m| m.state == State::Ready)).await;
     // The operator watches the configuration kind itself.
     eventually("the operator's ConfigMap WatchConfig")
         .until(
@@ -403,7 +350,7 @@ async fn a_configuration_policy_acts_without_a_hand_written_watchconfig() {
     // The agent runs it before the user's edit, so the edit is an event.
     eventually("the agent running the ConfigMap watch")
         .until(
-            async || f._hub.clusters().await["clusters"][0]["watches"].clone(),
+            async || f.hub.clusters().await["clusters"][0]["watches"].clone(),
             |ws| {
                 ws.as_array().is_some_and(|ws| {
                     ws.iter().any(|w| w["name"] == "fleetwatch-lifecycle.config.configmap" && w["phase"] == "running")

@@ -548,24 +548,9 @@ async fn inventory_reports_the_running_module_versions() {
             "--type",
             "merge",
             "-p",
-            r#"{"status":{"readyReplicas":1}}"#,
-        ],
-        None,
-    );
-    // Ready replicas alone are not a finished rollout: the controller must have observed the
-    // spec and updated the replicas (as `kubectl rollout status` and the operator judge it;
-    // `manager_ready` in agent/src/kube_source.rs).
-    kubectl(
-        &kc,
-        &[
-            "patch",
-            "deployment",
-            "redis-manager",
-            "--subresource",
-            "status",
-            "--type",
-            "merge",
-            "-p",
+            // A finished rollout: the controller observed the spec, updated and ready replicas
+            // reach the desired count (as `kubectl rollout status` and the operator judge it;
+            // `manager_ready` in agent/src/kube_source.rs).
             r#"{"status":{"observedGeneration":1,"updatedReplicas":1,"readyReplicas":1}}"#,
         ],
         None,

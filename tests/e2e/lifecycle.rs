@@ -15,19 +15,29 @@ use fleetwatch_test_support::DEADLINE;
 const NS: &str = "kcp";
 
 /// A control plane, one runtime cluster, a hub, an agent and the lifecycle operator.
-struct Fleet {
-    pki: Pki,
+pub(crate) struct Fleet {
+    pub(crate) pki: Pki,
     _cp: fleetwatch_sim::SimCluster,
-    cp_kc: PathBuf,
-    cp: kube::Client,
+    pub(crate) cp_kc: PathBuf,
+    pub(crate) cp: kube::Client,
     _rt: fleetwatch_sim::SimCluster,
-    rt_kc: PathBuf,
-    rt: kube::Client,
-    hub: HubProc,
+    pub(crate) rt_kc: PathBuf,
+    pub(crate) rt: kube::Client,
+    pub(crate) hub: HubProc,
     _agent: Proc,
-    lifecycle: Proc,
-    metrics_port: u16,
+    pub(crate) lifecycle: Proc,
+    pub(crate) metrics_port: u16,
     kubelet: tokio_util::sync::CancellationToken,
+}
+
+/// Where the fleet's hub reads WatchConfigs.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Watches {
+    /// A directory with one WatchConfig, the redis configuration's.
+    File,
+    /// The control plane (where the operator keeps the ones it relies on), with none
+    /// written by hand.
+    ControlPlane,
 }
 
 impl Drop for Fleet {
@@ -76,6 +86,11 @@ impl Fleet {
     /// `objects.yaml`), the control plane first gets those CRDs and objects, then the CRD
     /// upgrade to `deploy/crds`, as a cluster upgraded from an older release.
     async fn start_upgraded_from(resync: &str, previous: Option<&std::path::Path>) -> Self {
+        Self::start_with(resync, previous, Watches::File).await
+    }
+
+    /// The fleet with its hub reading WatchConfigs from `watches`.
+    pub(crate) async fn start_with(resync: &str, previous: Option<&std::path::Path>, watches: Watches) -> Self {
         let pki = Pki::new();
         let (cp_sim, cp_kc) = sim_cluster(&pki, "control-plane").await;
         let (rt_sim, rt_kc) = sim_cluster(&pki, "rt1").await;
@@ -102,7 +117,12 @@ impl Fleet {
         std::fs::write(wc.join("redis.json"), json!({"apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "WatchConfig",
             "metadata": {"name": "redis-config"}, "spec": {"resource": {"group": "example.com", "version": "v1", "kind": "RedisConfig"},
             "fields": ["spec"], "subscriber": "lifecycle"}}).to_string()).unwrap();
-        let hub = HubProc::start(&pki, free_port(), None, &["--watch-config", wc.to_str().unwrap()]);
+        let hub = match watches {
+            Watches::File => HubProc::start(&pki, free_port(), None, &["--watch-config", wc.to_str().unwrap()]),
+            Watches::ControlPlane => {
+                HubProc::start(&pki, free_port(), None, &["--control-plane-kubeconfig", cp_kc.to_str().unwrap()])
+            }
+        };
         let agent = kube_agent(&pki, "rt1", &hub.url(), &rt_kc);
         let sub = pki.subscriber("lifecycle");
         let metrics_port = free_port();
