@@ -2,9 +2,19 @@
 # The README's quickstart as one script: every command in it, in order. Run from the
 # repository root: `bash docs/quickstart.sh` (it works in ./quickstart and stops everything
 # it started when it ends). The README shows the same commands with explanations.
+#
+# Its ports and folder can be moved by environment variables, e.g. to run it beside a
+# sandbox or a second quickstart (tests/e2e/readme.rs does); the defaults are the README's:
+#   QUICKSTART_HUB_PORT    the hub (wss)                       8443
+#   QUICKSTART_ADMIN_PORT  the hub's admin endpoint (HTTP)     9190
+#   QUICKSTART_CP_PORT     the simulated control plane         16443
+#   QUICKSTART_RT_PORT     the simulated runtime cluster eu-1  16444
+#   QUICKSTART_DIR         the folder it works in (removed and made afresh)  quickstart
 set -euo pipefail
+hub_port=${QUICKSTART_HUB_PORT:-8443} admin_port=${QUICKSTART_ADMIN_PORT:-9190}
+cp_port=${QUICKSTART_CP_PORT:-16443} rt_port=${QUICKSTART_RT_PORT:-16444} dir=${QUICKSTART_DIR:-quickstart}
 cargo build --release --quiet && export PATH=$PWD/target/release:$PATH
-rm -rf quickstart && mkdir quickstart && cd quickstart
+rm -rf "$dir" && mkdir "$dir" && cd "$dir"
 trap 'kill $(jobs -p) 2>/dev/null || true' EXIT
 wait_for() { for _ in $(seq 1 100); do eval "$1" >/dev/null 2>&1 && return 0; sleep 0.2; done; echo "timed out: $1" >&2; return 1; }
 
@@ -16,24 +26,24 @@ fleetwatch certs issue subscriber --dir pki --name lifecycle
 fleetwatch certs issue subscriber --dir pki --name ops
 
 # 2. Two simulated clusters (a real cluster: use its kubeconfig instead).
-fleetwatch sim --listen 127.0.0.1:16443 --kubeconfig-out cp.kubeconfig > sim-cp.log 2>&1 &
-fleetwatch sim --listen 127.0.0.1:16444 --kubeconfig-out eu-1.kubeconfig > sim-eu-1.log 2>&1 &
+fleetwatch sim --listen 127.0.0.1:$cp_port --kubeconfig-out cp.kubeconfig > sim-cp.log 2>&1 &
+fleetwatch sim --listen 127.0.0.1:$rt_port --kubeconfig-out eu-1.kubeconfig > sim-eu-1.log 2>&1 &
 wait_for "kubectl --kubeconfig cp.kubeconfig get namespaces"
 wait_for "kubectl --kubeconfig eu-1.kubeconfig get namespaces"
 fleetwatch crds --dir crds
 kubectl --kubeconfig cp.kubeconfig apply -f crds/
 kubectl --kubeconfig cp.kubeconfig create namespace kcp --dry-run=client -o yaml | kubectl --kubeconfig cp.kubeconfig apply -f -
 
-# 3. The hub (ports 8443/9190: the sandbox uses 7443/9090), WatchConfigs from the control plane.
-fleetwatch hub --listen 127.0.0.1:8443 --admin-listen 127.0.0.1:9190 --data-dir hub-data \
+# 3. The hub (ports 8443/9190 by default: the sandbox uses 7443/9090), WatchConfigs from the control plane.
+fleetwatch hub --listen 127.0.0.1:$hub_port --admin-listen 127.0.0.1:$admin_port --data-dir hub-data \
   --cert pki/hub.crt --key pki/hub.key --client-ca pki/ca.crt \
   --control-plane-kubeconfig cp.kubeconfig > hub.log 2>&1 &
-wait_for "curl -sf 127.0.0.1:9190/readyz"
+wait_for "curl -sf 127.0.0.1:$admin_port/readyz"
 
 # 4. The agent of eu-1, and the lifecycle operator.
-fleetwatch agent --hub wss://127.0.0.1:8443 --cert pki/agent-eu-1.crt --key pki/agent-eu-1.key \
+fleetwatch agent --hub wss://127.0.0.1:$hub_port --cert pki/agent-eu-1.crt --key pki/agent-eu-1.key \
   --ca pki/ca.crt --kubeconfig eu-1.kubeconfig > agent-eu-1.log 2>&1 &
-fleetwatch lifecycle --control-plane-kubeconfig cp.kubeconfig --hub wss://127.0.0.1:8443 \
+fleetwatch lifecycle --control-plane-kubeconfig cp.kubeconfig --hub wss://127.0.0.1:$hub_port \
   --cert pki/subscriber-lifecycle.crt --key pki/subscriber-lifecycle.key --ca pki/ca.crt > lifecycle.log 2>&1 &
 
 # 5. The runtime's kubeconfig as a Secret, a module (template + release channels), a
@@ -98,7 +108,7 @@ EOF
 wait_for "kubectl --kubeconfig cp.kubeconfig -n kcp get runtime eu-1 -o jsonpath='{.status.state}' | grep -qx Ready"
 kubectl --kubeconfig cp.kubeconfig -n kcp get runtime eu-1 -o jsonpath='{.status.conditions[0].message}{"\n"}'
 kubectl --kubeconfig eu-1.kubeconfig -n hello-system get deployment hello-manager -o jsonpath='{.metadata.labels.app\.kubernetes\.io/version}{"\n"}'
-curl -s 127.0.0.1:9190/api/v1/clusters
-fleetwatch tail --hub wss://127.0.0.1:8443 --cert pki/subscriber-ops.crt --key pki/subscriber-ops.key \
+curl -s 127.0.0.1:$admin_port/api/v1/clusters
+fleetwatch tail --hub wss://127.0.0.1:$hub_port --cert pki/subscriber-ops.crt --key pki/subscriber-ops.key \
   --ca pki/ca.crt --from earliest --count 3
 echo "quickstart: all steps worked"

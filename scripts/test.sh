@@ -70,5 +70,11 @@ echo "== SBOM of the shipped binary (CycloneDX, checked)"
 bash scripts/sbom.sh "${CARGO_TARGET_DIR:-target}/sbom" >/dev/null
 echo "== doc tests"
 cargo test --workspace --doc --locked --quiet
+echo "== release build with the sandbox (the README's \`cargo run --release -- up\` and docs/quickstart.sh run it)"
+# tests/e2e/readme.rs runs those two as printed; built here, they start at once instead of
+# building in a test (minutes). The whole workspace, as the quickstart's `cargo build
+# --release` builds it (the same features as `cargo run --release`'s); it also puts the
+# sandbox binary back in target/release, where scripts/image.sh left the image's.
+cargo build --release --locked
 echo "== tests"
 cargo nextest run --workspace --locked

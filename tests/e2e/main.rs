@@ -20,6 +20,7 @@ mod modules;
 mod nats;
 mod observability;
 mod protocol;
+mod readme;
 mod relay;
 mod release;
 mod sandbox;
