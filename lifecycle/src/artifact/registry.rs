@@ -329,6 +329,21 @@ impl Registry {
         r: &Reference,
         auth: &RegistryAuth,
     ) -> RegistryError {
+        // Integrity is a refusal, never an outage: other bytes than the digest names (the
+        // manifest's, checked against the reference by the client) are not retried as if the
+        // registry were down.
+        if let OciDistributionError::DigestError(oci_client::errors::DigestError::VerificationError {
+            expected,
+            actual,
+        }) = &e
+        {
+            return RegistryError::DigestMismatch {
+                reference: reference.into(),
+                what: if action == "cannot pull" { "manifest".into() } else { "layer".into() },
+                expected: expected.clone(),
+                actual: actual.clone(),
+            };
+        }
         let unauthorized = match &e {
             OciDistributionError::UnauthorizedError { .. } | OciDistributionError::AuthenticationFailure(_) => true,
             OciDistributionError::ServerError { code, .. } => *code == 401,
@@ -405,6 +420,28 @@ fn answered_in_plain_http(e: &reqwest::Error) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_manifest_of_other_bytes_is_a_digest_mismatch_not_an_outage() {
+        let registry = Registry::new(RegistryOptions::default());
+        let reference =
+            "127.0.0.1:5000/modules/w@sha256:aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+        let r = parse_reference(reference).unwrap();
+        let e = OciDistributionError::DigestError(oci_client::errors::DigestError::VerificationError {
+            expected: "sha256:aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa".into(),
+            actual: "sha256:bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb".into(),
+        });
+        let got = registry.classify(e, "cannot pull", reference, &r, &RegistryAuth::Anonymous);
+        assert!(matches!(got, RegistryError::DigestMismatch { .. }), "{got:?}");
+        assert_eq!(
+            got.to_string(),
+            format!(
+                "manifest of {reference}: digest mismatch: expected sha256:{}, the registry sent sha256:{}",
+                "a".repeat(64),
+                "b".repeat(64)
+            )
+        );
+    }
 
     #[test]
     fn docker_config_credentials() {
