@@ -113,10 +113,23 @@ async fn authenticate(State(admin): State<Admin>, req: Request, next: Next) -> R
     let text = |name| headers.get(name).and_then(|v: &header::HeaderValue| v.to_str().ok());
     // The bearer token, or a browser session's cookie (a random id, never the token).
     let token = admin.ctx.admin_token.as_ref();
+    // Every authentication path is throttled as the login page is ([`crate::admin_login`]):
+    // a client past its wrong credentials gets 429 before anything is compared.
+    let guarded = token.is_some()
+        && !admin_auth::is_open(req.uri().path())
+        && admin_auth::presented(text(header::AUTHORIZATION), text(header::COOKIE)).is_some();
+    let ip = client_ip(&req);
+    if guarded && let crate::admin_login::Gate::Limited(wait) = admin.logins.gate(ip) {
+        return too_many(ip, wait);
+    }
     let ok = admin_auth::allowed(req.uri().path(), token, text(header::AUTHORIZATION), None)
         || token.is_some_and(|t| {
             admin_auth::presented(None, text(header::COOKIE)).is_some_and(|id| admin.logins.valid(id, t))
         });
+    if guarded && !ok {
+        // Counted and summarised once a minute, not logged one line each.
+        admin.logins.failed(ip);
+    }
     // With --admin-client-ca, the rest needs a verified client certificate as well; a
     // connection whose peer is unknown counts as without one.
     let peer = req.extensions().get::<axum::extract::ConnectInfo<crate::admin_tls::AdminPeer>>().map(|p| p.0);
@@ -483,6 +496,16 @@ struct LoginForm {
     token: String,
 }
 
+/// `429` with `Retry-After` for a client past its wrong credentials.
+fn too_many(ip: std::net::IpAddr, wait: std::time::Duration) -> Response {
+    let secs = wait.as_secs().max(1).to_string();
+    let msg = format!(
+        "too many wrong admin tokens from {ip}: at most {} a minute; retry in {secs}s\n",
+        crate::admin_login::FAILURES_PER_WINDOW
+    );
+    (StatusCode::TOO_MANY_REQUESTS, [(header::RETRY_AFTER, secs)], msg).into_response()
+}
+
 /// Checks a token typed into the login page and opens a browser session: the HTTP-only
 /// cookie carries a random session id, not the token. Wrong tokens are rate-limited per
 /// client address (see `admin_login`).
@@ -493,12 +516,7 @@ async fn login(State(admin): State<Admin>, req: Request) -> Response {
         return Redirect::to("/").into_response();
     };
     if let crate::admin_login::Gate::Limited(wait) = admin.logins.gate(ip) {
-        let secs = wait.as_secs().max(1).to_string();
-        let msg = format!(
-            "too many wrong admin tokens from {ip}: at most {} a minute; retry in {secs}s\n",
-            crate::admin_login::FAILURES_PER_WINDOW
-        );
-        return (StatusCode::TOO_MANY_REQUESTS, [(header::RETRY_AFTER, secs)], msg).into_response();
+        return too_many(ip, wait);
     }
     let form = match axum::Form::<LoginForm>::from_request(req, &()).await {
         Ok(f) => f,

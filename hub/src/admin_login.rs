@@ -4,11 +4,17 @@
 //! - A session lives [`SESSION_TTL`] and only while the token it was opened with is still
 //!   the one in force (a rotated token ends every browser session). At most
 //!   [`MAX_SESSIONS`] are kept; past that the oldest goes.
-//! - [`FAILURES_PER_WINDOW`] wrong tokens per address per [`WINDOW`]; then `429` with
-//!   `Retry-After` until the window ends, without even comparing the token. Wrong tokens
-//!   and refusals are logged as one summary line per [`WINDOW`], not a line each. At most
-//!   [`MAX_ADDRESSES`] addresses are tracked; past that, an address not yet tracked is
-//!   limited as if it had used its budget (failing closed: the bearer header still works).
+//! - [`FAILURES_PER_WINDOW`] wrong credentials per client per [`WINDOW`], on every
+//!   authentication path (the login page, a bearer token, a session cookie); then `429`
+//!   with `Retry-After` until the window ends, without even comparing the token. Wrong
+//!   credentials and refusals are logged as one summary line per [`WINDOW`], not a line each.
+//! - A client is an IPv4 address or an IPv6 /64 ([`client_key`]): whoever holds a /64 holds
+//!   every address in it, so counting addresses would give them 2^64 budgets.
+//! - At most [`MAX_ADDRESSES`] clients are tracked; past that the one whose window started
+//!   first is forgotten. A table strangers filled never refuses a client of its own (the
+//!   right token from a fresh address is always compared): the token's 128+ bits, not the
+//!   table, are what keeps guessers out; the table only keeps the hub from answering
+//!   thousands of guesses a second to one client.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -58,21 +64,29 @@ pub(crate) enum Gate {
     Limited(Duration),
 }
 
+/// The client an address counts as: an IPv4 address (also when mapped into IPv6), or the
+/// /64 an IPv6 address is in (`2001:db8::1` and `2001:db8::ffff:1` are one client).
+pub(crate) fn client_key(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(_) => ip,
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6(std::net::Ipv6Addr::from(u128::from(v6) & !((1u128 << 64) - 1))),
+        },
+    }
+}
+
 impl Logins {
-    /// Whether `ip` may try a token now.
+    /// Whether the client at `ip` may try a credential now.
     pub(crate) fn gate(&self, ip: IpAddr) -> Gate {
+        let ip = client_key(ip);
         let now = Instant::now();
-        let mut f = self.failures.lock().unwrap_or_else(|p| p.into_inner());
+        let f = self.failures.lock().unwrap_or_else(|p| p.into_inner());
         let limited = match f.get(&ip) {
             Some((start, n)) if now.duration_since(*start) < WINDOW && *n >= FAILURES_PER_WINDOW => {
                 Some(WINDOW.saturating_sub(now.duration_since(*start)))
             }
-            Some(_) => None,
-            None if f.len() >= MAX_ADDRESSES => {
-                f.retain(|_, (start, _)| now.duration_since(*start) < WINDOW);
-                (f.len() >= MAX_ADDRESSES).then_some(WINDOW)
-            }
-            None => None,
+            _ => None,
         };
         drop(f);
         match limited {
@@ -86,10 +100,20 @@ impl Logins {
         }
     }
 
-    /// Counts a wrong token from `ip`.
+    /// Counts a wrong credential from the client at `ip`.
     pub(crate) fn failed(&self, ip: IpAddr) {
+        let ip = client_key(ip);
         let now = Instant::now();
         let mut f = self.failures.lock().unwrap_or_else(|p| p.into_inner());
+        if !f.contains_key(&ip) && f.len() >= MAX_ADDRESSES {
+            f.retain(|_, (start, _)| now.duration_since(*start) < WINDOW);
+            // Still full: forget the client whose window started first.
+            if f.len() >= MAX_ADDRESSES
+                && let Some(oldest) = f.iter().min_by_key(|(_, (start, _))| *start).map(|(k, _)| *k)
+            {
+                f.remove(&oldest);
+            }
+        }
         let e = f.entry(ip).or_insert((now, 0));
         if now.duration_since(e.0) >= WINDOW {
             *e = (now, 0);
@@ -158,6 +182,35 @@ mod tests {
         let line = l.take_summary().unwrap();
         assert!(line.contains("5 wrong tokens") && line.contains("1 attempts refused") && line.contains("1 addresses"));
         assert!(l.take_summary().is_none());
+    }
+
+    #[test]
+    fn an_ipv6_64_is_one_client_and_a_mapped_ipv4_its_address() {
+        let l = Logins::default();
+        for i in 0..FAILURES_PER_WINDOW {
+            // A different address of the same /64 each time.
+            l.failed(format!("2001:db8:1:2::{:x}", i + 1).parse().unwrap());
+        }
+        assert!(matches!(l.gate("2001:db8:1:2:ffff::9".parse().unwrap()), Gate::Limited(_)));
+        assert!(matches!(l.gate("2001:db8:1:3::1".parse().unwrap()), Gate::Open), "another /64");
+        assert_eq!(client_key("::ffff:10.0.0.1".parse().unwrap()), "10.0.0.1".parse::<IpAddr>().unwrap());
+    }
+
+    #[test]
+    fn a_table_strangers_filled_never_refuses_a_fresh_client() {
+        let l = Logins::default();
+        // One wrong guess from each of more clients than the table holds.
+        for i in 0..(MAX_ADDRESSES as u32 + 100) {
+            l.failed(IpAddr::V4(std::net::Ipv4Addr::from(0x0a00_0000 + i)));
+        }
+        assert!(l.failures.lock().unwrap().len() <= MAX_ADDRESSES);
+        assert!(matches!(l.gate("192.168.1.1".parse().unwrap()), Gate::Open));
+        // A client over its own budget is still limited.
+        let a: IpAddr = "172.16.0.1".parse().unwrap();
+        for _ in 0..FAILURES_PER_WINDOW {
+            l.failed(a);
+        }
+        assert!(matches!(l.gate(a), Gate::Limited(_)));
     }
 
     #[test]

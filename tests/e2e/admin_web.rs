@@ -238,8 +238,14 @@ async fn admin_api_status_and_openapi_follow_the_fleet() {
 }
 
 async fn status_code(port: u16, path: &str, headers: &str) -> Option<u16> {
+    status_code_from("127.0.0.1", port, path, headers).await
+}
+
+/// Like [`status_code`], from another loopback address (`127.0.0.N`: another client, as the
+/// hub's per-client limits see it).
+async fn status_code_from(source: &str, port: u16, path: &str, headers: &str) -> Option<u16> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.ok()?;
+    let mut s = connect_from(source, port).await?;
     s.write_all(format!("GET {path} HTTP/1.0\r\nHost: x\r\n{headers}\r\n").as_bytes()).await.ok()?;
     let mut buf = Vec::new();
     let _ = s.take(1 << 20).read_to_end(&mut buf).await;
@@ -248,8 +254,20 @@ async fn status_code(port: u16, path: &str, headers: &str) -> Option<u16> {
 
 /// The whole answer (status line, headers, body) to a raw HTTP request.
 async fn raw_answer(port: u16, request: &str) -> String {
+    raw_answer_from("127.0.0.1", port, request).await
+}
+
+/// A connection to the admin port on 127.0.0.1 from the loopback address `source`.
+async fn connect_from(source: &str, port: u16) -> Option<tokio::net::TcpStream> {
+    let socket = tokio::net::TcpSocket::new_v4().ok()?;
+    socket.bind(std::net::SocketAddr::new(source.parse().ok()?, 0)).ok()?;
+    socket.connect(std::net::SocketAddr::from(([127, 0, 0, 1], port))).await.ok()
+}
+
+/// Like [`raw_answer`], from the loopback address `source`.
+async fn raw_answer_from(source: &str, port: u16, request: &str) -> String {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let Ok(mut s) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await else { return String::new() };
+    let Some(mut s) = connect_from(source, port).await else { return String::new() };
     let _ = s.write_all(request.as_bytes()).await;
     let mut buf = Vec::new();
     let _ = s.take(1 << 20).read_to_end(&mut buf).await;
@@ -258,12 +276,17 @@ async fn raw_answer(port: u16, request: &str) -> String {
 
 /// `POST /login` with a token, as the login form sends it.
 async fn post_login(port: u16, token: &str) -> String {
+    post_login_from("127.0.0.1", port, token).await
+}
+
+/// Like [`post_login`], from the loopback address `source`.
+async fn post_login_from(source: &str, port: u16, token: &str) -> String {
     let body = format!("token={token}");
     let req = format!(
         "POST /login HTTP/1.0\r\nHost: x\r\nContent-Type: application/x-www-form-urlencoded\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
     );
-    raw_answer(port, &req).await
+    raw_answer_from(source, port, &req).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -294,7 +317,9 @@ async fn the_admin_endpoint_fails_closed_beyond_loopback_and_requires_its_token(
     }
     for path in ["/metrics", "/api/v1/clusters", "/api/v1/subscriptions", "/api/v1/openapi.json", "/assets/app.js"] {
         assert_eq!(status_code(admin_port, path, "").await, Some(401), "{path} without the token");
-        assert_eq!(status_code(admin_port, path, "Authorization: Bearer wrong-token-0123456789\r\n").await, Some(401));
+        // Wrong tokens from a client of their own (they count toward its limit, below).
+        let wrong = "Authorization: Bearer wrong-token-0123456789\r\n";
+        assert_eq!(status_code_from("127.0.0.3", admin_port, path, wrong).await, Some(401));
         assert_eq!(status_code(admin_port, path, &bearer).await, Some(200), "{path} with the token");
     }
     // A browser is sent to the login page; the cookie it gets there works like the header.
@@ -317,16 +342,27 @@ async fn the_admin_endpoint_fails_closed_beyond_loopback_and_requires_its_token(
     // nosniff on every answer, refusals included.
     let refused = raw_answer(admin_port, "GET /api/v1/clusters HTTP/1.0\r\nHost: x\r\n\r\n").await;
     assert!(refused.to_lowercase().contains("x-content-type-options: nosniff"), "{refused}");
-    // Five wrong tokens a minute from one address, then 429 with Retry-After (the right
-    // token too: the address is limited); one summary line, not a WARN per guess.
+    // Five wrong tokens a minute from one client, then 429 with Retry-After (the right token
+    // too: the client is limited); one summary line, not a WARN per guess.
     for i in 0..5 {
-        let a = post_login(admin_port, "wrong-token-0123456789").await;
+        let a = post_login_from("127.0.0.4", admin_port, "wrong-token-0123456789").await;
         assert!(a.contains(" 401 "), "guess {i}: {a}");
     }
-    let limited = post_login(admin_port, token).await;
+    let limited = post_login_from("127.0.0.4", admin_port, token).await;
     assert!(limited.contains(" 429 "), "{limited}");
     assert!(limited.to_lowercase().contains("retry-after: "), "{limited}");
     assert!(!hub.stderr().contains("wrong token"), "{}", hub.stderr());
+    // The bearer header is throttled the same way: 127.0.0.3 sent five wrong ones above.
+    assert_eq!(status_code_from("127.0.0.3", admin_port, "/api/v1/clusters", &bearer).await, Some(429));
+    let limited = raw_answer_from(
+        "127.0.0.3",
+        admin_port,
+        "GET /metrics HTTP/1.0\r\nHost: x\r\nAuthorization: Bearer wrong-token-0123456789\r\n\r\n",
+    )
+    .await;
+    assert!(limited.contains(" 429 ") && limited.to_lowercase().contains("retry-after: "), "{limited}");
+    // Other clients are not: the right token from 127.0.0.1 still works.
+    assert_eq!(status_code(admin_port, "/api/v1/clusters", &bearer).await, Some(200));
     // `fleetwatch status` with the token file.
     let admin = format!("http://127.0.0.1:{admin_port}");
     let (code, _, err) = status(&["--admin", &admin]);
