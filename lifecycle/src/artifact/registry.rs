@@ -20,6 +20,51 @@ use super::{ModuleArtifact, sha256};
 
 /// Largest layer [`Registry::pull`] reads (the objects of a module, as JSON).
 pub const MAX_LAYER_BYTES: i64 = 64 << 20;
+/// Most layers of a module artifact: its objects and a default configuration.
+pub const MAX_LAYERS: usize = 2;
+
+/// A blob's bytes, refused past `limit` (an I/O error that ends the download at once).
+struct Bounded {
+    bytes: Vec<u8>,
+    limit: u64,
+    /// Set when the limit was hit, so the error can say so.
+    over: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Bounded {
+    fn new(limit: u64) -> Self {
+        Self { bytes: Vec::new(), limit, over: Default::default() }
+    }
+}
+
+impl tokio::io::AsyncWrite for Bounded {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        if self.bytes.len() as u64 + buf.len() as u64 > self.limit {
+            self.over.store(true, std::sync::atomic::Ordering::Relaxed);
+            return std::task::Poll::Ready(Err(std::io::Error::other("the registry sent more than the blob's size")));
+        }
+        self.bytes.extend_from_slice(buf);
+        std::task::Poll::Ready(Ok(buf.len()))
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+}
 
 /// Why a registry operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -284,9 +329,20 @@ impl Registry {
                 actual: digest,
             });
         }
+        // A module artifact has its objects and at most a default configuration: anything
+        // more is refused before a byte of it is fetched.
+        if manifest.layers.len() > MAX_LAYERS {
+            return Err(RegistryError::Artifact {
+                reference: reference.into(),
+                source: ArtifactError::NotModule(format!(
+                    "{} layers, a module artifact has at most {MAX_LAYERS}",
+                    manifest.layers.len()
+                )),
+            });
+        }
         let mut layers = Vec::new();
         for l in &manifest.layers {
-            if l.size > MAX_LAYER_BYTES {
+            if l.size < 0 || l.size > MAX_LAYER_BYTES {
                 return Err(RegistryError::Artifact {
                     reference: reference.into(),
                     source: ArtifactError::NotModule(format!(
@@ -301,8 +357,19 @@ impl Registry {
                     source: ArtifactError::NotModule(format!("unexpected layer of type {}", l.media_type)),
                 });
             }
-            let mut data = Vec::new();
+            // Read at most the bytes the descriptor says: a registry streaming more is cut off
+            // there (the digest is checked as the bytes arrive, by the client), not buffered
+            // to the end first.
+            let mut data = Bounded::new(l.size as u64);
+            let over = data.over.clone();
             client.pull_blob(&r, l, &mut data).await.map_err(|e| match e {
+                _ if over.load(std::sync::atomic::Ordering::Relaxed) => RegistryError::Artifact {
+                    reference: reference.into(),
+                    source: ArtifactError::NotModule(format!(
+                        "layer {} sent more than the {} bytes its descriptor gives; refused",
+                        l.digest, l.size
+                    )),
+                },
                 OciDistributionError::DigestError(oci_client::errors::DigestError::VerificationError {
                     expected,
                     actual,
@@ -314,7 +381,7 @@ impl Registry {
                 },
                 e => self.classify(e, "cannot pull a layer of", reference, &r, &auth),
             })?;
-            layers.push(oci_client::client::ImageLayer::new(data, l.media_type.clone(), None));
+            layers.push(oci_client::client::ImageLayer::new(data.bytes, l.media_type.clone(), None));
         }
         let artifact = ModuleArtifact::from_oci(&manifest, &layers)
             .map_err(|source| RegistryError::Artifact { reference: reference.into(), source })?;
@@ -420,6 +487,95 @@ fn answered_in_plain_http(e: &reqwest::Error) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A registry on loopback that serves one manifest and streams `blob_bytes` zeros for any
+    /// blob, whatever its descriptor says, counting what it managed to send.
+    async fn hostile_registry(
+        manifest: Vec<u8>,
+        blob_bytes: u64,
+    ) -> (u16, std::sync::Arc<std::sync::atomic::AtomicU64>) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let sent = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let counted = sent.clone();
+        let digest = super::super::sha256(&manifest);
+        tokio::spawn(async move {
+            while let Ok((mut conn, _)) = listener.accept().await {
+                let (manifest, digest, sent) = (manifest.clone(), digest.clone(), counted.clone());
+                tokio::spawn(async move {
+                    let mut req = vec![0u8; 8192];
+                    let Ok(n) = conn.read(&mut req).await else { return };
+                    let line = String::from_utf8_lossy(&req[..n]).lines().next().unwrap_or_default().to_string();
+                    let head = |len: Option<usize>, ctype: &str| {
+                        let len = len.map(|l| format!("Content-Length: {l}\r\n")).unwrap_or_default();
+                        format!(
+                            "HTTP/1.1 200 OK\r\nContent-Type: {ctype}\r\nDocker-Content-Digest: {digest}\r\n{len}Connection: close\r\n\r\n"
+                        )
+                    };
+                    if line.contains("/manifests/") {
+                        let h = head(Some(manifest.len()), oci_client::manifest::OCI_IMAGE_MEDIA_TYPE);
+                        let _ = conn.write_all(h.as_bytes()).await;
+                        let _ = conn.write_all(&manifest).await;
+                    } else if line.contains("/blobs/") {
+                        // No Content-Length: a stream that does not end where the descriptor says.
+                        let _ = conn.write_all(head(None, "application/octet-stream").as_bytes()).await;
+                        let chunk = vec![0u8; 64 << 10];
+                        let mut left = blob_bytes;
+                        while left > 0 {
+                            let n = left.min(chunk.len() as u64) as usize;
+                            if conn.write_all(&chunk[..n]).await.is_err() {
+                                return;
+                            }
+                            sent.fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
+                            left -= n as u64;
+                        }
+                    } else {
+                        let _ = conn.write_all(head(Some(2), "application/json").as_bytes()).await;
+                        let _ = conn.write_all(b"{}").await;
+                    }
+                });
+            }
+        });
+        (port, sent)
+    }
+
+    #[tokio::test]
+    async fn a_blob_streamed_past_its_descriptor_is_cut_off_there() {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let layer = |size: i64| {
+            serde_json::json!({"mediaType": MANIFEST_MEDIA_TYPE, "size": size,
+                "digest": format!("sha256:{}", "c".repeat(64))})
+        };
+        let manifest = |layers: Vec<serde_json::Value>| {
+            serde_json::to_vec(&serde_json::json!({
+                "schemaVersion": 2, "mediaType": oci_client::manifest::OCI_IMAGE_MEDIA_TYPE,
+                "artifactType": "application/vnd.fleetwatch.module.v1",
+                "config": {"mediaType": "application/vnd.oci.empty.v1+json", "size": 2,
+                           "digest": "sha256:44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a"},
+                "layers": layers}))
+            .unwrap()
+        };
+        // A ~700-byte layer served as 256 MiB: refused having read no more than it says.
+        let body = manifest(vec![layer(700)]);
+        let digest = super::super::sha256(&body);
+        let (port, sent) = hostile_registry(body, 256 << 20).await;
+        let options = RegistryOptions { insecure: vec![format!("127.0.0.1:{port}")], ..Default::default() };
+        let reference = format!("127.0.0.1:{port}/modules/w@{digest}");
+        let e = Registry::new(options.clone()).pull(&reference).await.unwrap_err();
+        assert!(e.to_string().contains("sent more than the 700 bytes its descriptor gives"), "{e}");
+        // The registry could not send much beyond what was read (socket buffers only).
+        let sent = sent.load(std::sync::atomic::Ordering::Relaxed);
+        assert!(sent < 64 << 20, "the registry sent {sent} bytes to a reader that wanted 700");
+        // More layers than a module artifact has: refused before any blob is fetched.
+        let body = manifest(vec![layer(1), layer(1), layer(1)]);
+        let digest = super::super::sha256(&body);
+        let (port, sent) = hostile_registry(body, 1 << 20).await;
+        let options = RegistryOptions { insecure: vec![format!("127.0.0.1:{port}")], ..Default::default() };
+        let e = Registry::new(options).pull(&format!("127.0.0.1:{port}/modules/w@{digest}")).await.unwrap_err();
+        assert!(e.to_string().contains("3 layers, a module artifact has at most 2"), "{e}");
+        assert_eq!(sent.load(std::sync::atomic::Ordering::Relaxed), 0);
+    }
 
     #[test]
     fn a_manifest_of_other_bytes_is_a_digest_mismatch_not_an_outage() {
