@@ -85,8 +85,13 @@ impl Content {
 /// The objects of `template`: inline, or its artifact from the caches or the registry. An
 /// artifact whose annotations disagree with the template is refused (permanent).
 async fn content(ctx: &Ctx, template: &Arc<ModuleTemplate>) -> Result<Content, FetchError> {
-    let permanent =
-        |message: String| FetchError { registry: String::new(), message, permanent: true, retry_in: MAX_RETRY };
+    let permanent = |message: String| FetchError {
+        registry: String::new(),
+        message,
+        permanent: true,
+        refused: false,
+        retry_in: MAX_RETRY,
+    };
     crate::usable::check_source(&template.spec)
         .map_err(|e| permanent(format!("ModuleTemplate {} is not usable: {e}", template.name_any())))?;
     let Some(oci) = template.spec.oci() else { return Ok(Content { template: template.clone(), artifact: None }) };

@@ -6,8 +6,9 @@
 //! whose modules are cached keep reconciling while the registry is down. A pull runs in
 //! its own task, one per digest however many reconciles want it; a reconcile waits for it
 //! at most [`PULL_WAIT`], then tells its module to wait. A failed pull is remembered and
-//! not tried again before its backoff has passed (1 s doubling up to
-//! [`MAX_RETRY`]): reconciles in between get the same error without touching the registry.
+//! not tried again before its backoff has passed (1 s doubling up to [`MAX_RETRY`]; a
+//! digest whose content was refused, [`REFUSED_RETRY`]): reconciles in between get the same
+//! error without touching the registry.
 //!
 //! On disk: `DIR/sha256-HEX/` holds `manifest.json` (the OCI manifest) and one file per
 //! layer, named by the hex of its digest. An entry is checked when read (each layer against
@@ -32,6 +33,8 @@ use super::{ModuleArtifact, sha256};
 pub const PULL_WAIT: Duration = Duration::from_secs(5);
 /// The longest wait between two pulls of a digest that failed.
 pub const MAX_RETRY: Duration = Duration::from_secs(60);
+/// The wait before a digest whose content was refused is pulled again.
+pub const REFUSED_RETRY: Duration = Duration::from_secs(3600);
 /// Default bound of the disk cache.
 pub const DEFAULT_DISK_MAX_BYTES: u64 = 1 << 30;
 /// Default bound of the memory cache (bytes of the artifacts' objects as JSON).
@@ -72,6 +75,10 @@ pub struct FetchError {
     /// credentials): the module is in `Error`. Otherwise (registry unreachable, a pull in
     /// progress) the module waits.
     pub permanent: bool,
+    /// The artifact's content itself was refused (other bytes than its digest, more bytes
+    /// than its descriptor, not a module): a digest names immutable content, so it is pulled
+    /// again only after [`REFUSED_RETRY`] (a template naming another digest is pulled at once).
+    pub refused: bool,
     /// When a reconcile should look again.
     pub retry_in: Duration,
 }
@@ -221,6 +228,7 @@ impl Artifacts {
             registry: String::new(),
             message: e.to_string(),
             permanent: true,
+            refused: false,
             retry_in: MAX_RETRY,
         })?;
         let registry = r.registry().to_string();
@@ -237,6 +245,7 @@ impl Artifacts {
                     registry,
                     message: "internal error: the pull table is poisoned".into(),
                     permanent: false,
+                    refused: false,
                     retry_in: MAX_RETRY,
                 });
             };
@@ -266,6 +275,7 @@ impl Artifacts {
                                 registry: reg,
                                 message: format!("the pull stopped: {e}"),
                                 permanent: false,
+                                refused: false,
                                 retry_in: Duration::from_secs(1),
                             };
                             // Not left in flight: the next reconcile tries again.
@@ -288,6 +298,7 @@ impl Artifacts {
                 message: format!("the pull from registry {registry} is still running"),
                 registry,
                 permanent: false,
+                refused: false,
                 retry_in: Duration::from_secs(2),
             }),
         }
@@ -314,7 +325,11 @@ impl Artifacts {
             }
             Err(e) => {
                 let attempts = attempts + 1;
-                let wait = (Duration::from_secs(1) * 2u32.pow(attempts.min(10) - 1)).min(MAX_RETRY);
+                let wait = if e.refused {
+                    REFUSED_RETRY
+                } else {
+                    (Duration::from_secs(1) * 2u32.pow(attempts.min(10) - 1)).min(MAX_RETRY)
+                };
                 tracing::warn!(artifact = %reference, error = %e.message, retry_in = ?wait, "cannot pull a module artifact");
                 let mut error = e.clone();
                 error.retry_in = wait;
@@ -338,6 +353,7 @@ impl Artifacts {
             registry: registry.to_string(),
             message,
             permanent,
+            refused: false,
             retry_in: Duration::from_secs(1),
         };
         let mut options = self.config.registry.clone();
@@ -349,7 +365,8 @@ impl Artifacts {
             let permanent = !matches!(e, RegistryError::Oci { .. });
             let message =
                 if permanent { e.to_string() } else { format!("registry {registry} unreachable: {}", error_chain(&e)) };
-            fail(message, permanent)
+            let refused = matches!(e, RegistryError::DigestMismatch { .. } | RegistryError::Artifact { .. });
+            FetchError { refused, ..fail(message, permanent) }
         })?;
         let (manifest, layers) =
             artifact.to_oci().map_err(|e| fail(format!("{reference}: the artifact does not re-encode: {e}"), true))?;

@@ -567,6 +567,14 @@ mod tests {
         // The registry could not send much beyond what was read (socket buffers only).
         let sent = sent.load(std::sync::atomic::Ordering::Relaxed);
         assert!(sent < 64 << 20, "the registry sent {sent} bytes to a reader that wanted 700");
+        // Through the operator's cache: refused content is not pulled again for an hour (its
+        // digest names those bytes for good), not every minute.
+        use crate::artifact::cache::{ArtifactConfig, Artifacts, MAX_RETRY, REFUSED_RETRY};
+        let cache = Artifacts::new(ArtifactConfig { registry: options.clone(), ..Default::default() }).unwrap();
+        let e = cache.get(&reference, None).await.unwrap_err();
+        assert!(e.permanent && e.refused && e.retry_in == REFUSED_RETRY, "{e:?}");
+        let again = cache.get(&reference, None).await.unwrap_err();
+        assert!(again.retry_in > MAX_RETRY && again.message == e.message, "{again:?}");
         // More layers than a module artifact has: refused before any blob is fetched.
         let body = manifest(vec![layer(1), layer(1), layer(1)]);
         let digest = super::super::sha256(&body);
