@@ -265,6 +265,12 @@ pub type Validator = jsonschema::Validator;
 
 /// A compiled schema, or why it is not a valid JSON Schema. References are resolved only
 /// within the schema (no HTTP, no files).
+///
+/// Its `pattern`s run on the `regex` engine, in time linear in the input, as Kubernetes'
+/// own CRD schemas do (RE2): a pattern that needs backtracking (lookaround, backreferences)
+/// is refused here, on the policy, instead of costing seconds of CPU on every write of a
+/// user's configuration and being reported as the user's fault. Compiled patterns are
+/// bounded too ([`PATTERN_SIZE_LIMIT`]).
 pub fn compile(schema: &Value) -> Result<jsonschema::Validator, String> {
     if !schema.is_object() && !schema.is_boolean() {
         return Err(format!("schema must be a JSON Schema object, not {}", type_name(schema)));
@@ -272,8 +278,18 @@ pub fn compile(schema: &Value) -> Result<jsonschema::Validator, String> {
     jsonschema::meta::validate(schema).map_err(|e| {
         format!("schema is not a valid JSON Schema: {e} (at {})", pointer_or_root(e.instance_path().as_str()))
     })?;
-    jsonschema::validator_for(schema).map_err(|e| format!("schema is not a valid JSON Schema: {e}"))
+    let patterns =
+        jsonschema::PatternOptions::regex().size_limit(PATTERN_SIZE_LIMIT).dfa_size_limit(PATTERN_SIZE_LIMIT);
+    jsonschema::options().with_pattern_options(patterns).build(schema).map_err(|e| {
+        format!(
+            "schema is not usable: {e} (patterns are RE2-like, as in Kubernetes CRDs: no lookaround, no backreferences)"
+        )
+    })
 }
+
+/// The most bytes one compiled `pattern` of a schema may take (the regex engine's size and
+/// DFA cache limits).
+pub const PATTERN_SIZE_LIMIT: usize = 1 << 20;
 
 fn pointer_or_root(p: &str) -> String {
     if p.is_empty() { "/".into() } else { p.into() }
@@ -414,6 +430,21 @@ mod tests {
         assert_eq!(m.conflicts.len(), 1);
         assert_eq!(m.conflicts[0].1, vec!["a".to_string(), "d".to_string()]);
         assert_eq!(m.value, json!({}));
+    }
+
+    #[test]
+    fn patterns_that_need_backtracking_are_refused_on_the_policy_and_others_run_in_linear_time() {
+        // Lookahead and a backreference: refused, saying why.
+        for pattern in ["^(?=(a+)+$)a", "^(a)\\1$"] {
+            let e = compile(&json!({"properties": {"spec": {"pattern": pattern}}})).unwrap_err();
+            assert!(e.contains("schema is not usable") && e.contains("no lookaround"), "{pattern}: {e}");
+        }
+        // A nested quantifier on a long non-matching input: linear, a violation, no error.
+        let v = compile(&json!({"properties": {"spec": {"type": "string", "pattern": "^(a+)+$"}}})).unwrap();
+        let long = format!("{}!", "a".repeat(100_000));
+        let errs = violations(&v, &json!({"spec": long}));
+        assert_eq!(errs.len(), 1, "{errs:?}");
+        assert_eq!(errs[0].0, "/spec");
     }
 
     #[test]
