@@ -314,9 +314,8 @@ async fn reach(rt: &Runtime, ctx: &Ctx, api: &Api<Runtime>, previous: &[ModuleSt
                     modules.push(crate::retry::failed(m, FailedStep::Connect, e.to_string()));
                 }
             }
-            crate::retry::schedule(previous, &mut modules, ctx.clock.now(), |m, n| {
-                crate::retry::jitter_of(m, n, ctx.clock.now().as_nanosecond())
-            });
+            let key = format!("{}/{}", rt.namespace().unwrap_or_default(), rt.name_any());
+            schedule_retries(ctx, &key, previous, &mut modules);
             write_status(api, rt, modules).await?;
             Err(e)
         }
@@ -349,13 +348,8 @@ async fn cleanup(rt: Arc<Runtime>, ctx: &Ctx) -> Result<Action, Error> {
     }
     let waiting = statuses.iter().map(|m| m.name.clone()).collect();
     // Failed removals come back with backoff; ones waiting for their resources soon.
-    let now = ctx.clock.now();
-    let retries = crate::retry::schedule(&previous, &mut statuses, now, |m, n| {
-        crate::retry::jitter_of(&format!("{key}/{m}"), n, now.as_nanosecond())
-    });
-    for step in &retries.retried {
-        ctx.metrics.retried(*step);
-    }
+    let retries = schedule_retries(ctx, &key, &previous, &mut statuses);
+    retries.retried.iter().for_each(|step| ctx.metrics.retried(*step));
     let again = if statuses.iter().any(|m| m.state != State::Error) {
         BUSY_REQUEUE
     } else {
@@ -481,13 +475,8 @@ async fn apply(rt: Arc<Runtime>, ctx: &Ctx) -> Result<Action, Error> {
         }
     }
     // Failed modules come back with backoff (sooner when the cluster's events trigger them).
-    let now = ctx.clock.now();
-    let retries = crate::retry::schedule(&previous, &mut statuses, now, |m, n| {
-        crate::retry::jitter_of(&format!("{key}/{m}"), n, now.as_nanosecond())
-    });
-    for step in &retries.retried {
-        ctx.metrics.retried(*step);
-    }
+    let retries = schedule_retries(ctx, &key, &previous, &mut statuses);
+    retries.retried.iter().for_each(|step| ctx.metrics.retried(*step));
     publish_events(ctx, &rt, &previous, &statuses).await;
     write_status(&api, &rt, statuses).await?;
     write_rollouts(ctx).await;
@@ -553,7 +542,7 @@ async fn install(
 ) -> ModuleStatus {
     let runtime = format!("{ns}/{}", rt.name_any());
     if let Some(p) = prev
-        && held_back(ctx, rt, ns, entry, p)
+        && held_back(ctx, rt, &runtime, ns, entry, p)
     {
         tracing::debug!(module = %entry.name, "failed step not due yet; nothing changed that could unblock it");
         return p.clone();
@@ -590,7 +579,7 @@ async fn install(
 /// inventory change in its cluster ([`crate::retry::ClusterChanges`]). Other reconciles of
 /// the Runtime (a sibling in progress, a busy cluster's unrelated events) then leave it alone,
 /// so its backoff holds.
-fn held_back(ctx: &Ctx, rt: &Runtime, ns: &str, entry: &ModuleEntry, p: &ModuleStatus) -> bool {
+fn held_back(ctx: &Ctx, rt: &Runtime, runtime: &str, ns: &str, entry: &ModuleEntry, p: &ModuleStatus) -> bool {
     let Some(r) = p.retry.as_ref().filter(|_| p.state == State::Error) else { return false };
     if !crate::retry::held_back(r.step) {
         return false;
@@ -602,8 +591,7 @@ fn held_back(ctx: &Ctx, rt: &Runtime, ns: &str, entry: &ModuleEntry, p: &ModuleS
         desired_version(entry, rt.spec.channel.as_deref(), find_meta(&metas, ns, &entry.name).map(|m| &m.spec))
             .ok()
             .map(|(v, _)| v.to_string());
-    let runtime = format!("{ns}/{}", rt.name_any());
-    !due && !spec_changed && desired == p.desired_version && !ctx.changes.moved(&runtime, &rt.cluster_id(), &entry.name)
+    !due && !spec_changed && desired == p.desired_version && !ctx.changes.moved(runtime, &rt.cluster_id(), &entry.name)
 }
 
 /// How many runtimes of the namespace want `version` of `module` through their channel.
@@ -928,6 +916,20 @@ fn fail(mut st: ModuleStatus, state: State, message: String) -> ModuleStatus {
     st.state = state;
     st.message = message;
     st
+}
+
+/// [`crate::retry::schedule`] on the operator's clock, each module's jitter from
+/// `runtime/module`.
+fn schedule_retries(
+    ctx: &Ctx,
+    runtime: &str,
+    previous: &[ModuleStatus],
+    statuses: &mut [ModuleStatus],
+) -> crate::retry::Scheduled {
+    let now = ctx.clock.now();
+    crate::retry::schedule(previous, statuses, now, |m, n| {
+        crate::retry::jitter_of(&format!("{runtime}/{m}"), n, now.as_nanosecond())
+    })
 }
 
 /// Each module's installed version, for [`crate::requires::dependents`].

@@ -58,10 +58,20 @@ pub fn check_policy(p: &MaintenancePolicy) -> Result<(), String> {
 /// The status patch for one report: the `Usable` condition, `False` with reason
 /// `InvalidSpec` and the error, or `True` with reason `Valid`.
 pub fn condition_patch(error: Option<&str>, now: &str) -> serde_json::Value {
-    let (status, reason, message) = match error {
-        Some(e) => ("False", "InvalidSpec", format!("the operator cannot use this object: {e}")),
+    let (status, reason, message) = usable(error.map(|e| ("InvalidSpec", e)));
+    patch(status, reason, &message, now)
+}
+
+/// The `Usable` condition's status, reason and message: `False` with `reason` and the error,
+/// or `True`.
+fn usable(error: Option<(&'static str, &str)>) -> (&'static str, &'static str, String) {
+    match error {
+        Some((reason, e)) => ("False", reason, format!("the operator cannot use this object: {e}")),
         None => ("True", "Valid", "the operator can use this object".to_string()),
-    };
+    }
+}
+
+fn patch(status: &str, reason: &str, message: &str, now: &str) -> serde_json::Value {
     serde_json::json!({"status": {"conditions": [{
         "type": USABLE, "status": status, "reason": reason, "message": message, "lastTransitionTime": now,
     }]}})
@@ -120,22 +130,13 @@ pub async fn keep_requirements(
                 continue;
             }
             let verdict = crate::requires::judge(t, &all, &metas_now);
-            let patch = |now: &str| match &verdict {
-                Ok(()) => condition_patch(None, now),
-                Err(e) => serde_json::json!({"status": {"conditions": [{
-                    "type": USABLE, "status": "False", "reason": UNMET_REQUIREMENTS,
-                    "message": format!("the operator cannot use this object: {e}"), "lastTransitionTime": now,
-                }]}}),
-            };
-            let want = patch("");
-            let want_status = want["status"]["conditions"][0]["status"].as_str().unwrap_or_default();
-            let want_message = want["status"]["conditions"][0]["message"].as_str().unwrap_or_default();
-            if shown.is_some_and(|c| c.status == want_status && c.message == want_message) {
+            let (status, reason, message) = usable(verdict.as_ref().err().map(|e| (UNMET_REQUIREMENTS, e.as_str())));
+            if shown.is_some_and(|c| c.status == status && c.message == message) {
                 continue;
             }
             let Some(ns) = t.namespace() else { continue };
             let api: Api<ModuleTemplate> = Api::namespaced(client.clone(), &ns);
-            let patch = patch(&jiff::Timestamp::now().to_string());
+            let patch = patch(status, reason, &message, &jiff::Timestamp::now().to_string());
             match api.patch_status(&t.name_any(), &PatchParams::default(), &Patch::Merge(&patch)).await {
                 Ok(_) => tracing::info!(template = %format!("{ns}/{}", t.name_any()), usable = verdict.is_ok(),
                     reason = %verdict.err().unwrap_or_default(), "judged the template's requirements"),
