@@ -210,6 +210,7 @@ impl CursorStore {
             Ok(s) => serde_json::to_vec(&*s).map_err(|e| StorageError {
                 path: path.clone(),
                 cause: format!("cannot serialise the cursor store: {e}"),
+                lasting: false,
             }),
             Err(_) => return Ok(()),
         };

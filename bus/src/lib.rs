@@ -40,6 +40,7 @@
 #[cfg(test)]
 mod conformance;
 mod cursors;
+mod deferred;
 mod log;
 mod marks;
 mod memory;
@@ -62,11 +63,12 @@ use bytes::Bytes;
 use tokio::sync::watch;
 
 pub use cursors::{DurableError, Lookup, MAX_NAME_BYTES, MAX_NAMES_PER_IDENTITY};
+pub use deferred::DeferredBus;
 pub use memory::MemoryBus;
 pub use nats::{NatsBus, NatsError, NatsOptions};
 pub use retention::{DEFAULT_AGE_DISK, DEFAULT_AGE_MEMORY, DEFAULT_BYTES_DISK, DEFAULT_BYTES_MEMORY, Retention};
 pub use segment_log::SegmentLogBus;
-pub use storage::StorageError;
+pub use storage::{DiskFull, StorageError};
 
 /// What a bus operation that may need a round trip returns. The embedded backends answer
 /// at once (or after their group commit); one boxed future per call, never per event.
@@ -403,6 +405,10 @@ pub enum BusError {
     /// The bus is shut down.
     #[error("bus is closed")]
     Closed,
+    /// The hub started while its storage could not be opened (see [`DeferredBus`]); it
+    /// keeps trying: a retryable refusal.
+    #[error("the hub's storage is not open yet: {0}")]
+    Opening(String),
 }
 
 impl BusError {
@@ -410,6 +416,27 @@ impl BusError {
     /// asked again. A write may not: whether it was stored is unknown (see [`Bus::start_append`]).
     pub fn is_timeout(&self) -> bool {
         matches!(self, BusError::Nats(e) if e.is_timeout())
+    }
+
+    /// Whether the failure lasts until someone acts, so a hub that meets it opening its
+    /// bus refuses to start: a setting (a malformed `--bus`, a stream of other settings,
+    /// credentials or TLS the server refuses, a data directory it may not write) or data
+    /// of a newer format. Everything else passes by itself (a full disk, JetStream
+    /// unavailable or slow, NATS unreachable) and the hub waits it out.
+    ///
+    /// ```
+    /// use fleetwatch_bus::{BusError, NatsError};
+    /// let slow = NatsError::Connect { servers: "nats://n1:4222".into(), cause: "timed out".into(), lasting: false };
+    /// assert!(!BusError::Nats(slow).lasts());
+    /// assert!(BusError::Nats(NatsError::Settings("no NATS server given".into())).lasts());
+    /// ```
+    pub fn lasts(&self) -> bool {
+        match self {
+            BusError::Storage(e) => e.lasting,
+            BusError::Nats(e) => e.lasts(),
+            BusError::NewerFormat { .. } => true,
+            BusError::Durable(_) | BusError::Closed | BusError::Opening(_) => false,
+        }
     }
 }
 
@@ -429,6 +456,8 @@ pub struct BusOptions {
     /// Where the segment log's writer runs (its own thread unless a deterministic
     /// simulation needs it on the runtime).
     pub writer: WriterPlacement,
+    /// Fills the segment log's disk while on (the simulation; off by default).
+    pub disk_full: DiskFull,
 }
 
 impl Default for BusOptions {
@@ -439,6 +468,7 @@ impl Default for BusOptions {
             segment_records: 50_000,
             segment_bytes: 64 << 20,
             writer: WriterPlacement::Thread,
+            disk_full: DiskFull::default(),
         }
     }
 }

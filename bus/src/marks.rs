@@ -223,7 +223,11 @@ impl Marks {
             }
         }
         let Some(buf) = payload else {
-            return Err(StorageError { path: self.path.clone(), cause: "cannot encode the log's mark".into() });
+            return Err(StorageError {
+                path: self.path.clone(),
+                cause: "cannot encode the log's mark".into(),
+                lasting: false,
+            });
         };
         let slot = next.generation % 2;
         let file = match &mut self.file {

@@ -44,7 +44,7 @@ impl SegmentLogBus {
     /// records found lost) and starts its writer. `opts.dir` is ignored. Needs a tokio
     /// runtime.
     pub fn open(dir: PathBuf, opts: BusOptions) -> Result<Arc<Self>, BusError> {
-        let storage = Storage::default();
+        let storage = Storage::with_disk(opts.disk_full.clone());
         let mut log = Log::new();
         // Before anything is written: a newer release's directory is refused untouched.
         check_formats(&dir)?;
@@ -142,7 +142,11 @@ impl SegmentLogBus {
                     Err(e) => tracing::warn!(error = %e, "cannot start the bus mark-sync thread; syncing in turn"),
                 }
                 std::thread::Builder::new().name("bus-writer".into()).spawn(move || writer.run(rx)).map_err(|e| {
-                    BusError::Storage(StorageError { path: "bus-writer thread".into(), cause: storage::cause(&e) })
+                    BusError::Storage(StorageError {
+                        path: "bus-writer thread".into(),
+                        cause: storage::cause(&e),
+                        lasting: false,
+                    })
                 })?;
             }
             WriterPlacement::Runtime => {

@@ -14,6 +14,8 @@ use std::time::{Duration, Instant};
 #[derive(Default)]
 pub(crate) struct Storage {
     fail_until: Mutex<Option<Instant>>,
+    /// Full while the switch is on (the simulation's hub restarted into a full disk).
+    disk_full: DiskFull,
     /// Tests: the bytes a disk that is nearly full still takes per write; a larger write
     /// writes what fits, then fails with ENOSPC.
     free: Mutex<Option<usize>>,
@@ -23,6 +25,11 @@ pub(crate) struct Storage {
 const ENOSPC: i32 = 28;
 
 impl Storage {
+    /// A gate whose disk is full while `disk_full` is on.
+    pub(crate) fn with_disk(disk_full: DiskFull) -> Self {
+        Self { disk_full, ..Self::default() }
+    }
+
     /// Makes every write fail with ENOSPC for `d` (tests and the chaos soak).
     pub(crate) fn fail_for(&self, d: Duration) {
         if let Ok(mut until) = self.fail_until.lock() {
@@ -46,7 +53,8 @@ impl Storage {
 
     /// `Err(ENOSPC)` while a fault is injected: every write and sync passes this gate.
     pub(crate) fn check(&self) -> std::io::Result<()> {
-        let failing = self.fail_until.lock().map(|u| u.is_some_and(|t| Instant::now() < t)).unwrap_or(false);
+        let failing = self.disk_full.is_full()
+            || self.fail_until.lock().map(|u| u.is_some_and(|t| Instant::now() < t)).unwrap_or(false);
         if failing { Err(std::io::Error::from_raw_os_error(ENOSPC)) } else { Ok(()) }
     }
 
@@ -137,6 +145,31 @@ impl Storage {
     }
 }
 
+/// A switch that fills the segment log's disk: while it is on, every write and sync fails
+/// with ENOSPC through the path a real full disk takes. For the deterministic simulation
+/// (a hub restarted into a full disk, emptied at a simulated time) and tests; a
+/// production bus never turns it on.
+///
+/// ```
+/// let full = fleetwatch_bus::DiskFull::default();
+/// full.set(true);
+/// assert!(full.is_full());
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct DiskFull(std::sync::Arc<std::sync::atomic::AtomicBool>);
+
+impl DiskFull {
+    /// Fills the disk (`true`) or frees it.
+    pub fn set(&self, full: bool) {
+        self.0.store(full, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Whether the disk is full now.
+    pub fn is_full(&self) -> bool {
+        self.0.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
 /// A failed disk operation: the cause and the file.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{cause} ({})", path.display())]
@@ -145,11 +178,17 @@ pub struct StorageError {
     pub path: PathBuf,
     /// What the OS said, e.g. "no space left on device".
     pub cause: String,
+    /// Whether the cause lasts until someone acts (the directory may not be written, is
+    /// on a read-only file system, is not a directory): a hub does not start on it. A full
+    /// disk or an I/O error may pass.
+    pub lasting: bool,
 }
 
 impl StorageError {
     pub(crate) fn new(path: &Path, e: std::io::Error) -> Self {
-        Self { path: path.to_path_buf(), cause: cause(&e) }
+        use std::io::ErrorKind::*;
+        let lasting = matches!(e.kind(), PermissionDenied | ReadOnlyFilesystem | NotADirectory | IsADirectory);
+        Self { path: path.to_path_buf(), cause: cause(&e), lasting }
     }
 }
 

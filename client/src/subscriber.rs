@@ -265,7 +265,10 @@ impl Subscription {
                     tokio::time::sleep(wait).await;
                 }
                 if let Err(e) = self.open().await {
-                    if !self.opts.reconnect || matches!(e, SubscribeError::Refused { .. }) {
+                    // Refusals are final, except a hub not able to serve yet (its storage
+                    // is not open): that passes by itself.
+                    let passing = matches!(e, SubscribeError::Refused { code: ErrorCode::Unavailable, .. });
+                    if !self.opts.reconnect || (matches!(e, SubscribeError::Refused { .. }) && !passing) {
                         return Err(e);
                     }
                     tracing::warn!(error = %e, "reconnecting to hub");

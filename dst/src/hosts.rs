@@ -77,6 +77,8 @@ fn sim_now() -> Duration {
 pub struct HubHost {
     /// The segment log's directory; `None`: the memory bus.
     pub data_dir: Option<PathBuf>,
+    /// Fills the segment log's disk while on (the driver turns it on and off).
+    pub disk_full: fleetwatch_bus::DiskFull,
     /// Records the bus retains.
     pub retention_records: usize,
     /// The NATS bus on this JetStream, as this replica (its host name).
@@ -115,42 +117,56 @@ impl HubHost {
         config.handshake_timeout = IDLE;
         config.subscriber_stall_timeout = STALL;
         config.tls_reload_interval = Duration::from_secs(3600);
-        let bus = match &self.nats {
-            Some((js, replica)) => {
+        // The hub opens its bus itself, again and again while it cannot (JetStream away,
+        // its store lost, this replica's link cut): the real code's `opening`, serving
+        // unready meanwhile, as every production hub does.
+        let segment_log = self.data_dir.clone().map(|dir| {
+            let opts = fleetwatch_bus::BusOptions {
+                dir: Some(dir),
+                retention: config.retention,
+                segment_bytes: config.segment_bytes,
+                writer: config.bus_writer,
+                disk_full: self.disk_full.clone(),
+                ..fleetwatch_bus::BusOptions::default()
+            };
+            let open: fleetwatch_hub::opening::OpenBus = Arc::new(move || {
+                let opts = opts.clone();
+                Box::pin(async move { fleetwatch_bus::open(opts) })
+            });
+            open
+        });
+        let open: Option<fleetwatch_hub::opening::OpenBus> = segment_log.or_else(|| {
+            self.nats.as_ref().map(|(js, replica)| {
                 let mut opts = NatsOptions::new(vec![js.link(replica).servers().to_string()], config.retention);
                 opts.stream = NATS_STREAM.into();
-                // A hub that cannot open its bus exits and is started again (as a
-                // supervisor would): here it tries again in a second.
-                let bus: Arc<dyn Bus> = loop {
-                    // The replicas of the fleet's first deployment create the bus together
-                    // (an identical stream is created once) without waiting: no bus exists
-                    // yet. Any other start waits for a running replica to recreate a stream
-                    // JetStream lost, as every production hub does (the wait is not a
-                    // setting). Decided per attempt and only for a process started with the
-                    // simulation: a replica restarted after a crash within the first second
-                    // kept the zero wait through its failing attempts, created a new bus at
-                    // once when JetStream came back having lost its store (seed 15240), and
-                    // its cursor store said no durable names were lost, which no hub of a
-                    // real fleet would do then.
+                let (js, replica) = (js.clone(), replica.clone());
+                let open: fleetwatch_hub::opening::OpenBus = Arc::new(move || {
+                    let mut opts = opts.clone();
+                    // The replicas of the fleet's first deployment create the bus together (an
+                    // identical stream is created once) without waiting: no bus exists yet. Any
+                    // other start waits for a running replica to recreate a stream JetStream
+                    // lost, as every production hub does (the wait is not a setting). Decided
+                    // per attempt and only for a process started with the simulation: a replica
+                    // restarted after a crash within the first second kept the zero wait
+                    // through its failing attempts, created a new bus at once when JetStream
+                    // came back having lost its store (seed 15240), and its cursor store said no
+                    // durable names were lost, which no hub of a real fleet would do then.
                     opts.missing_stream_wait = if first_deployment && sim_now() < Duration::from_secs(1) {
                         Duration::ZERO
                     } else {
                         DEFAULT_MISSING_STREAM_WAIT
                     };
-                    match NatsBus::open_on(js.link(replica), opts.clone()).await {
-                        Ok(bus) => break bus,
-                        Err(e) => {
-                            tracing::info!(replica, error = %e, "the hub cannot open its bus yet");
-                            tokio::time::sleep(Duration::from_secs(1)).await;
-                        }
-                    }
-                };
-                Some(bus)
-            }
-            None => None,
-        };
+                    let link = js.link(&replica);
+                    Box::pin(async move {
+                        let bus: Arc<dyn Bus> = NatsBus::open_on(link, opts).await?;
+                        Ok(bus)
+                    })
+                });
+                open
+            })
+        });
         let listener = SimListener::bind(HUB_PORT).await.map_err(other)?;
-        let hub = Hub::bind_with(config, Some(Listener::Other(Box::new(listener))), bus).await.map_err(other)?;
+        let hub = Hub::bind_with(config, Some(Listener::Other(Box::new(listener))), open).await.map_err(other)?;
         match hub.run(CancellationToken::new()).await {
             Err(fleetwatch_hub::HubError::BusUnusable(cause)) => Err(HubRun::BusUnusable(cause)),
             r => r.map_err(other),

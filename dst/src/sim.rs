@@ -146,6 +146,8 @@ enum Action {
     Unstall(usize),
     /// The decommissioned cluster's agent stops (gracefully).
     StopAgent(String),
+    /// The segment log's disk has room again.
+    DiskFreed,
 }
 
 /// How often each thing happens in one run (per simulated second). Drawn per seed, with
@@ -258,6 +260,9 @@ fn run_seed(seed: u64, opts: &Options) -> anyhow::Result<Report> {
     // runs draw what they always drew.
     let mut nrng = StdRng::seed_from_u64(seed ^ 0x6e61_7473_6a65_7473);
     let nats = (opts.storage == Storage::Nats).then(|| NatsProfile::draw(&mut nrng, seed));
+    // A hub restarted into a full disk: drawn from a generator of its own too.
+    let mut drng = StdRng::seed_from_u64(seed ^ 0x6469_736b_6675_6c6c);
+    let disk_full = fleetwatch_bus::DiskFull::default();
     let hubs: Arc<Vec<String>> = Arc::new(match &nats {
         Some(n) => (1..=n.replicas).map(|i| format!("{HUB_HOST}-{i}")).collect(),
         None => vec![HUB_HOST.to_string()],
@@ -297,6 +302,7 @@ fn run_seed(seed: u64, opts: &Options) -> anyhow::Result<Report> {
     for h in hubs.iter() {
         let hub = HubHost {
             data_dir: data_dir.clone(),
+            disk_full: disk_full.clone(),
             retention_records,
             nats: nats.as_ref().map(|n| (n.js.clone(), h.clone())),
         };
@@ -435,6 +441,15 @@ fn run_seed(seed: u64, opts: &Options) -> anyhow::Result<Report> {
                         if rng.random_bool(0.15) && storage::lose_cursors(dir) {
                             count(&mut faults, "cursor-store-lost");
                         }
+                        // ... and it starts into a full disk that empties a while later:
+                        // it must serve unready, refuse with a retryable reason and open
+                        // its bus by itself (`fleetwatch_hub::opening`).
+                        if !disk_full.is_full() && drng.random_bool(0.25) {
+                            disk_full.set(true);
+                            let until = now + Duration::from_millis(drng.random_range(100..4_000));
+                            schedule.push((until, Action::DiskFreed));
+                            count(&mut faults, "hub-started-into-full-disk");
+                        }
                     }
                     if down.remove(&h) {
                         sim.bounce(h.as_str());
@@ -447,6 +462,7 @@ fn run_seed(seed: u64, opts: &Options) -> anyhow::Result<Report> {
                     }
                 }
                 Action::Unstall(k) => lock(&subs[k].1.control).stalled_until = None,
+                Action::DiskFreed => disk_full.set(false),
                 Action::StopAgent(h) => {
                     if let Some((_, _, control)) = agents.iter().find(|(a, _, _)| *a == h) {
                         lock(&control.stop).cancel();
@@ -643,6 +659,7 @@ fn run_seed(seed: u64, opts: &Options) -> anyhow::Result<Report> {
         for (_, s) in &subs {
             lock(&s.control).stalled_until = None;
         }
+        disk_full.set(false);
         if !down.contains(&second) {
             sim.crash(second.as_str());
         }

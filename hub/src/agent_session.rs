@@ -536,6 +536,7 @@ impl Session {
 fn bus_failed(e: BusError) -> End {
     let code = match e {
         BusError::Closed => ErrorCode::ShuttingDown,
+        BusError::Opening(_) => ErrorCode::Unavailable,
         _ => ErrorCode::Internal,
     };
     End::Fail(code, format!("hub could not store events: {e}"), CloseCode::Error)

@@ -29,7 +29,7 @@
 //! as not connected (from the bus) instead of vanishing.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, RwLock};
 
 use fleetwatch_bus::ReplicaShare;
@@ -146,7 +146,7 @@ pub(crate) struct FleetState {
     entries: RwLock<HashMap<String, Cached>>,
     live: RwLock<Live>,
     /// Entries older than this (by write time) are gone from the bus.
-    max_age_ms: u64,
+    max_age_ms: AtomicU64,
 }
 
 fn now_ms() -> u64 {
@@ -154,15 +154,16 @@ fn now_ms() -> u64 {
 }
 
 impl FleetState {
-    /// The state of replica `me` on `share` (an empty one for a bus of one hub).
-    pub(crate) fn new(me: &str, share: Option<&dyn ReplicaShare>) -> Self {
+    /// The state of replica `me`, empty until [`set_share`](Self::set_share) (and for a
+    /// bus of one hub).
+    pub(crate) fn new(me: &str) -> Self {
+        Self { me: me.into(), entries: RwLock::default(), live: RwLock::default(), max_age_ms: AtomicU64::new(0) }
+    }
+
+    /// Takes on the bus's sharing once the bus is open (`None`: a bus of one hub).
+    pub(crate) fn set_share(&self, share: Option<&dyn ReplicaShare>) {
         let max_age = share.map_or(std::time::Duration::ZERO, |s| s.entry_max_age());
-        Self {
-            me: me.into(),
-            entries: RwLock::default(),
-            live: RwLock::default(),
-            max_age_ms: u64::try_from(max_age.as_millis()).unwrap_or(u64::MAX),
-        }
+        self.max_age_ms.store(u64::try_from(max_age.as_millis()).unwrap_or(u64::MAX), Ordering::Relaxed);
     }
 
     /// This replica's name.
@@ -211,7 +212,7 @@ impl FleetState {
     }
 
     fn expired(&self, c: &Cached, now: u64) -> bool {
-        c.written_ms.is_some_and(|w| now.saturating_sub(w) > self.max_age_ms)
+        c.written_ms.is_some_and(|w| now.saturating_sub(w) > self.max_age_ms.load(Ordering::Relaxed))
     }
 
     /// Takes in the replicas' bucket as just read (every live replica and its value).

@@ -25,8 +25,8 @@ fn merged(fleet: &FleetState, local: Vec<ClusterStatus>) -> Vec<Value> {
 }
 
 fn state(me: &str) -> FleetState {
-    let s = FleetState::new(me, None);
-    FleetState { max_age_ms: 7 * 24 * 3600 * 1000, ..s }
+    let s = FleetState::new(me);
+    FleetState { max_age_ms: std::sync::atomic::AtomicU64::new(7 * 24 * 3600 * 1000), ..s }
 }
 
 /// (cluster, hub, connected) of each listed entry.

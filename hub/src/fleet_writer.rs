@@ -40,7 +40,9 @@ pub const MAX_BACKOFF: Duration = Duration::from_secs(30);
 /// Runs the fleet state's tasks until `shutdown`, on a shared bus; returns at once on a bus
 /// of one hub.
 pub(crate) async fn run(ctx: Arc<Context>, shutdown: CancellationToken) {
-    if ctx.sessions.bus.replica_share().is_none() {
+    // Whether the bus is shared is known once it is open (see `opening`).
+    let Some(bus) = crate::opening::opened(&ctx.storage, &shutdown).await else { return };
+    if bus.replica_share().is_none() {
         return;
     }
     ctx.sessions.registry.shared.enable();

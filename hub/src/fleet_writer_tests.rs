@@ -164,7 +164,7 @@ struct Replica {
 
 impl Replica {
     fn new(me: &str) -> Self {
-        Self { fleet: FleetState::new(me, None), writer: Writer::default(), metrics: Default::default() }
+        Self { fleet: FleetState::new(me), writer: Writer::default(), metrics: Default::default() }
     }
 
     /// One round for `cluster` with the registry showing `status`, after following the bus.

@@ -48,6 +48,7 @@ mod fleet_writer;
 mod in_flight;
 mod ingest;
 pub mod metrics;
+pub mod opening;
 mod preflight;
 mod rate;
 pub mod registry;
@@ -291,6 +292,8 @@ pub(crate) struct Context {
     pub watch_verdicts: watch_source::Verdicts,
     /// The fleet's state across replicas on a shared bus (empty otherwise).
     pub fleet: fleet_state::FleetState,
+    /// The bus as opened (`sessions.bus` is the same object): empty until it could be.
+    pub storage: Arc<fleetwatch_bus::DeferredBus>,
 }
 
 /// Who is on the other end of a connection, from its certificate.
@@ -466,6 +469,8 @@ pub struct Hub {
     ctx: Arc<Context>,
     listener: Listener,
     admin: Option<TcpListener>,
+    /// How to open the bus, while it could not be opened yet (see [`opening`]).
+    open: Option<opening::OpenBus>,
 }
 
 impl Hub {
@@ -480,12 +485,13 @@ impl Hub {
         Self::bind_with(config, listener, None).await
     }
 
-    /// Like [`bind_on`](Self::bind_on), on a bus opened by the caller (the simulation's
-    /// NATS bus on an in-memory JetStream); `None` opens the one `config` says.
+    /// Like [`bind_on`](Self::bind_on), opening the bus with `open` (the simulation's NATS
+    /// bus on an in-memory JetStream); `None` opens the one `config` says. A bus that
+    /// cannot be opened for a while does not stop the start: see [`opening`].
     pub async fn bind_with(
         mut config: HubConfig,
         listener: Option<Listener>,
-        bus: Option<Arc<dyn Bus>>,
+        open: Option<opening::OpenBus>,
     ) -> Result<Self, HubError> {
         fleetwatch_certs::install_crypto_provider();
         // What cannot work is refused before anything is opened, one line each.
@@ -509,21 +515,9 @@ impl Hub {
             None => (None, None),
         };
         let tls = ReloadingServerConfig::new(config.tls.clone())?;
-        let bus: Arc<dyn Bus> = match (bus, config.nats.clone()) {
-            (Some(bus), _) => bus,
-            (None, Some(nats)) => {
-                fleetwatch_bus::NatsBus::open(fleetwatch_bus::NatsOptions { retention: config.retention, ..nats })
-                    .await
-                    .map_err(fleetwatch_bus::BusError::from)?
-            }
-            (None, None) => fleetwatch_bus::open(BusOptions {
-                dir: config.data_dir.clone(),
-                retention: config.retention,
-                segment_bytes: config.segment_bytes,
-                writer: config.bus_writer,
-                ..BusOptions::default()
-            })?,
-        };
+        let open = open.unwrap_or_else(|| opening::from_config(&config));
+        let storage = fleetwatch_bus::DeferredBus::new(opening::durable(&config));
+        let bus: Arc<dyn Bus> = storage.clone();
         let listener = match listener {
             Some(l) => l,
             None => Listener::Tcp(bind_retrying(config.listen, config.bind_retry).await?),
@@ -573,10 +567,8 @@ impl Hub {
             ),
         }
         let watch_synced = !matches!(config.watch_source, watch_source::WatchSource::ControlPlane(_));
-        // Subscribers of an earlier run may have read up to the log's end: markers already
-        // there are never coalesced into (see `SessionRegistry::resync_pending`).
+        // Set from the bus once it is open (`opening::adopt`).
         let registry = SessionRegistry::default();
-        registry.read_past(bus.last_offset());
         let sessions = Arc::new(Sessions {
             settings: SessionSettings::from_config(&config),
             bus,
@@ -590,7 +582,7 @@ impl Hub {
             runtimes: runtimes.clone(),
         });
         let replica = listener.local_addr().unwrap_or(config.listen).to_string();
-        let fleet = fleet_state::FleetState::new(&replica, sessions.bus.replica_share());
+        let fleet = fleet_state::FleetState::new(&replica);
         let ctx = Arc::new(Context {
             admission: admission::ConnectionBudget::new(
                 config.max_connections,
@@ -609,8 +601,13 @@ impl Hub {
             sessions,
             tls,
             trust_domain,
+            storage,
         });
-        Ok(Self { ctx, listener, admin })
+        let open = match opening::first(&ctx, &open).await? {
+            true => None,
+            false => Some(open),
+        };
+        Ok(Self { ctx, listener, admin, open })
     }
 
     /// The address agents connect to.
@@ -623,9 +620,10 @@ impl Hub {
         self.admin.as_ref().and_then(|l| l.local_addr().ok())
     }
 
-    /// The bus (for embedding and tests).
-    pub fn bus(&self) -> Arc<dyn Bus> {
-        self.ctx.sessions.bus.clone()
+    /// Whether the bus is open (`false`: the hub serves unready and keeps trying, see
+    /// [`opening`]).
+    pub fn bus_open(&self) -> bool {
+        self.ctx.storage.get().is_some()
     }
 
     /// Serves until `shutdown` is cancelled, then closes every session after its current
@@ -639,6 +637,9 @@ impl Hub {
         let fatal = Arc::new(std::sync::Mutex::new(None::<String>));
         tokio::spawn(watch_fatal(self.ctx.sessions.bus.clone(), fatal.clone(), shutdown.clone()));
         let tracker = tokio_util::task::TaskTracker::new();
+        if let Some(open) = self.open {
+            tracker.spawn(opening::keep_opening(self.ctx.clone(), open, shutdown.clone()));
+        }
         if let Some(admin) = self.admin {
             tracker.spawn(admin::serve(admin, self.ctx.clone(), shutdown.clone()));
         }

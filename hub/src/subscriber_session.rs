@@ -167,7 +167,8 @@ impl Session {
         let bus = self.ctx.bus.clone();
         // The NATS bus starts following the stream with this replica's first reader.
         if let Err(e) = bus.prepare_reads().await {
-            return End::Fail(ErrorCode::Internal, format!("hub cannot read events: {e}"), CloseCode::Error);
+            // A hub whose storage is not open yet (or failing) says so: the subscriber retries.
+            return End::Fail(reads_refused(&e), format!("hub cannot read events: {e}"), CloseCode::Error);
         }
         let stored = match &self.durable {
             Some((identity, name)) => match bus.durable_lookup(identity, name).await {
@@ -478,11 +479,27 @@ enum Inspected {
 }
 
 /// Ends a session whose durable subscription the bus refused: a name over the bounds is
-/// the subscriber's to fix, anything else is the hub's.
+/// the subscriber's to fix; storage that fails (a full disk, JetStream away) passes, so the
+/// subscriber is told to retry. A registration is never acknowledged unstored: a crash
+/// would forget where the name starts.
 fn durable_refused(e: BusError) -> End {
     match e {
         BusError::Durable(e) => End::Fail(ErrorCode::LimitExceeded, e.to_string(), CloseCode::Policy),
-        e => End::Fail(ErrorCode::Internal, format!("durable subscription: {e}"), CloseCode::Error),
+        BusError::Closed => End::Fail(ErrorCode::ShuttingDown, "hub shutting down".into(), CloseCode::Away),
+        e => End::Fail(
+            ErrorCode::Unavailable,
+            format!("durable subscription: the hub cannot store it now, retry: {e}"),
+            CloseCode::Error,
+        ),
+    }
+}
+
+/// The code of a subscription refused because the bus could not prepare reads: storage
+/// that fails passes (retry), a bus shut down is the hub stopping.
+fn reads_refused(e: &BusError) -> ErrorCode {
+    match e {
+        BusError::Closed => ErrorCode::ShuttingDown,
+        _ => ErrorCode::Unavailable,
     }
 }
 

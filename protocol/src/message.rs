@@ -379,6 +379,9 @@ pub enum ErrorCode {
     /// wins and this one is refused (retry after a long backoff). See `DESIGN.md`,
     /// "One session per cluster".
     ClusterAlreadyConnected,
+    /// The hub cannot serve yet: its storage is not open (it started during a fault that
+    /// passes). Retry with backoff; the hub becomes ready by itself.
+    Unavailable,
 }
 
 impl ErrorCode {
@@ -397,6 +400,7 @@ impl ErrorCode {
             ErrorCode::ShuttingDown => "shutting-down",
             ErrorCode::Replaced => "replaced",
             ErrorCode::ClusterAlreadyConnected => "cluster-already-connected",
+            ErrorCode::Unavailable => "unavailable",
         }
     }
 }
@@ -608,6 +612,7 @@ mod tests {
             ErrorCode::ShuttingDown,
             ErrorCode::Replaced,
             ErrorCode::ClusterAlreadyConnected,
+            ErrorCode::Unavailable,
         ] {
             assert_eq!(serde_json::to_string(&code).unwrap(), format!("\"{code}\""));
         }

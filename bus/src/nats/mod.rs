@@ -142,6 +142,9 @@ pub enum NatsError {
         servers: String,
         /// Why (unreachable, authorization violation, TLS).
         cause: String,
+        /// Whether it lasts until a setting changes (credentials or TLS refused, an
+        /// address that does not parse), not passing by itself (unreachable, timed out).
+        lasting: bool,
     },
     /// The stream could not be created, found or used.
     #[error("JetStream stream {stream}: {cause}")]
@@ -160,6 +163,14 @@ pub enum NatsError {
         stream: String,
         /// What differs.
         what: String,
+    },
+    /// The bus is kept in a format newer than this hub's (a rolled-back hub).
+    #[error("JetStream key-value bucket {bucket}: {cause}")]
+    NewerFormat {
+        /// The bucket whose meta entry says so.
+        bucket: String,
+        /// The formats and what to do.
+        cause: String,
     },
     /// A key-value operation failed.
     #[error("JetStream key-value bucket {bucket}: {cause}")]
@@ -188,6 +199,16 @@ pub enum NatsError {
 }
 
 impl NatsError {
+    /// Whether the failure lasts until a setting changes (see [`crate::BusError::lasts`]).
+    pub fn lasts(&self) -> bool {
+        match self {
+            NatsError::Settings(_) | NatsError::Credentials { .. } | NatsError::Conflict { .. } => true,
+            NatsError::NewerFormat { .. } => true,
+            NatsError::Connect { lasting, .. } => *lasting,
+            _ => false,
+        }
+    }
+
     /// Whether JetStream did not answer in time (overloaded, or electing a leader): a read
     /// may be asked again. async-nats says so only in its message ("timed out").
     ///

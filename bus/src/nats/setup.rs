@@ -197,8 +197,11 @@ pub(super) async fn connect(opts: &NatsOptions) -> Result<(async_nats::Client, S
     if let Some(ca) = &opts.tls_ca {
         o = o.add_root_certificates(ca.clone()).require_tls(true);
     }
-    let client =
-        o.connect(addrs).await.map_err(|e| NatsError::Connect { servers: servers.clone(), cause: e.to_string() })?;
+    let client = o.connect(addrs).await.map_err(|e| {
+        use async_nats::ConnectErrorKind::*;
+        let lasting = matches!(e.kind(), ServerParse | Authentication | AuthorizationViolation | Tls);
+        NatsError::Connect { servers: servers.clone(), cause: e.to_string(), lasting }
+    })?;
     Ok((client, servers))
 }
 
@@ -312,7 +315,7 @@ pub(super) async fn check_format<K: KeyValue>(store: &K, bucket: &str) -> Result
              that reads it (docs/upgrade.md); this hub does not use it",
             env!("CARGO_PKG_VERSION")
         );
-        return Err(NatsError::KeyValue { bucket: bucket.into(), cause });
+        return Err(NatsError::NewerFormat { bucket: bucket.into(), cause });
     }
     Ok(())
 }
