@@ -164,10 +164,6 @@ async fn bad_bus_settings_fail_with_one_line() {
         errors[0].contains("stream fleetwatch exists with conflicting settings: replicas is 1, this hub wants 3"),
         "{errors:?}"
     );
-    let closed = format!("nats://127.0.0.1:{}", free_port());
-    let (code, errors) = run(&["--bus", &closed]);
-    assert_eq!(code, Some(1));
-    assert!(errors.len() == 1 && errors[0].contains(&format!("cannot connect to NATS at {closed}")), "{errors:?}");
     drop(first);
     // A server that wants a user and password, given none: the refusal is named.
     let auth = ["--user", "fleet", "--pass", "secret"].map(String::from);
@@ -179,6 +175,60 @@ async fn bad_bus_settings_fail_with_one_line() {
     let hub = HubProc::start(&pki, free_port(), None, &["--bus", &with_password]);
     let ready = http_get(hub.admin_port, "/readyz").await;
     assert!(ready.starts_with("ready"), "{ready}");
+}
+
+/// A hub started before its NATS server (or with it frozen) does not exit: it serves
+/// `/healthz`, answers `/readyz` 503 naming the cause, refuses agents as `unavailable`, and
+/// once the server is up (or thawed) opens its bus by itself and stores the agent's events.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hub_started_before_its_nats_server_becomes_ready_by_itself() {
+    let pki = Pki::new();
+    let nats_port = free_port();
+    let url = format!("nats://127.0.0.1:{nats_port}");
+    let hub = HubProc::start(&pki, free_port(), None, &["--bus", &url]);
+    let healthz = http_get(hub.admin_port, "/healthz").await;
+    assert!(healthz.starts_with("ok"), "{healthz}");
+    let waiting = eventually("/readyz to name the unreachable NATS server")
+        .until(
+            async || http_get(hub.admin_port, "/readyz").await,
+            |r| r.starts_with("not ready") && r.contains(&format!("cannot connect to NATS at {url}")),
+        )
+        .await;
+    assert!(waiting.contains("bus: not open yet"), "{waiting}");
+    let agent = agent(&pki, "c1", &hub.url(), "synthetic:objects=5,rate=20,total=40", &[]);
+    eventually("the agent to be told to retry").until(async || agent.stderr(), |e| e.contains("unavailable")).await;
+
+    let js = LocalNatsServer::start_with(&pki.path("jetstream"), nats_port, &[]).unwrap_or_else(|e| panic!("{e}"));
+    eventually("the hub to open its bus by itself")
+        .context(|| hub.proc.stderr())
+        .until(async || http_get(hub.admin_port, "/readyz").await, |r| r.starts_with("ready"))
+        .await;
+    eventually("the agent's 40 events to be stored")
+        .until(
+            async || hub.clusters().await["clusters"].as_array().cloned().unwrap_or_default(),
+            |c| c.iter().any(|c| c["cluster"] == "c1" && c["ackedSeq"].as_u64() >= Some(41)),
+        )
+        .await;
+    assert!(hub.proc.stderr().contains("opened the bus"), "{}", hub.proc.stderr());
+
+    // Frozen (SIGSTOP) while a second hub starts: it waits, unready, and is ready once
+    // the server is thawed.
+    let pid = js.pid().expect("running").to_string();
+    let signal = |sig: &str| {
+        let ok = std::process::Command::new("kill").args([sig, &pid]).status().is_ok_and(|s| s.success());
+        assert!(ok, "kill {sig} {pid}");
+    };
+    signal("-STOP");
+    let second = HubProc::start(&pki, free_port(), None, &["--bus", &js.url()]);
+    let frozen = eventually("the second hub to be unready while NATS is frozen")
+        .until(async || http_get(second.admin_port, "/readyz").await, |r| r.starts_with("not ready"))
+        .await;
+    signal("-CONT");
+    assert!(frozen.contains("bus: not open yet") && frozen.contains("timed out"), "{frozen}");
+    eventually("the second hub to be ready once NATS is thawed")
+        .context(|| second.proc.stderr())
+        .until(async || http_get(second.admin_port, "/readyz").await, |r| r.starts_with("ready"))
+        .await;
 }
 
 /// A 3-node JetStream cluster on loopback; `--bus-replicas 3`; the node holding the most

@@ -453,3 +453,71 @@ async fn a_record_cut_from_the_end_after_a_crash_resyncs_its_cluster() {
     assert!(reason.contains("up to seq 101 of epoch") && reason.contains("are missing"), "{reason}");
     assert!(reason.contains("the end of the log was cut"), "{reason}");
 }
+
+/// Issue 44, break 3: a hub restarted into a full disk, its log's last acked record cut
+/// (so the start must write a resync marker first), does not exit. It serves: `/healthz`
+/// answers, `/readyz` 503 names the cause, a subscriber is refused as `unavailable` (to
+/// retry). Once the disk has room it opens the log by itself, without a restart, and the
+/// subscriber learns which cluster lost acked records.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hub_restarted_into_a_full_disk_opens_its_log_once_there_is_room() {
+    let pki = Pki::new();
+    let mount_dir = pki.path("small-disk");
+    let _tmpfs = Tmpfs::mount(&mount_dir, "16m")
+        .unwrap_or_else(|e| panic!("this test needs a tmpfs mount (root, as the test command runs): {e}"));
+    let data = mount_dir.join("hub-data");
+    let port = free_port();
+    let mut hub = HubProc::start(&pki, port, Some(&data), &[]);
+    let mut agent_proc = agent(&pki, "c1", &hub.url(), "synthetic:objects=5,rate=200,total=100", &[]);
+    acked_up_to(&hub, 101, &agent_proc).await;
+    agent_proc.signal("KILL");
+    assert!(agent_proc.wait_exit(Duration::from_secs(10)).is_some());
+    hub.proc.signal("KILL");
+    assert!(hub.proc.wait_exit(Duration::from_secs(10)).is_some());
+    let mut segs: Vec<_> = std::fs::read_dir(data.join("segments"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "log"))
+        .collect();
+    segs.sort();
+    cut_last_record(segs.last().unwrap());
+    let balloon = Balloon::inflate(&mount_dir.join("balloon"));
+
+    hub = HubProc::start(&pki, port, Some(&data), &[]);
+    assert_eq!(http(hub.admin_port, "GET", "/healthz").await.0, 200);
+    let (status, body) = http(hub.admin_port, "GET", "/readyz").await;
+    assert_eq!(status, 503, "{body}");
+    assert!(body.starts_with("not ready: bus: not open yet: no space left on device ("), "{body}");
+    match Subscription::connect(subscriber_opts(&pki, &hub.url(), "reader", StartFrom::Earliest)).await {
+        Err(SubscribeError::Refused { code: ErrorCode::Unavailable, message }) => {
+            assert!(message.contains("not open yet: no space left on device"), "{message}")
+        }
+        Err(e) => panic!("refused otherwise: {e}"),
+        Ok(_) => panic!("subscribed before the log was open"),
+    }
+
+    balloon.deflate();
+    eventually("/readyz to answer 200 once the disk has room")
+        .context(|| hub.proc.stderr())
+        .until(async || http(hub.admin_port, "GET", "/readyz").await, |answer| answer.0 == 200)
+        .await;
+    let mut sub =
+        Subscription::connect(subscriber_opts(&pki, &hub.url(), "reader", StartFrom::Earliest)).await.unwrap();
+    let mut lost = None;
+    while lost.is_none() {
+        let d = tokio::time::timeout(Duration::from_secs(30), sub.next())
+            .await
+            .unwrap_or_else(|_| panic!("no resync-required for c1; hub log:\n{}", hub.proc.stderr()))
+            .unwrap();
+        if let Delivery::ResyncRequired(r) = &d
+            && r.cluster == "c1"
+            && r.reason != "agent started"
+        {
+            lost = Some(r.reason.clone());
+        }
+        sub.ack(d.last_cursor().unwrap()).await.unwrap();
+    }
+    let reason = lost.unwrap();
+    assert!(reason.contains("up to seq 101 of epoch") && reason.contains("the end of the log was cut"), "{reason}");
+    assert!(hub.proc.stderr().contains("opened the bus"), "{}", hub.proc.stderr());
+}
