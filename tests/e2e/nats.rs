@@ -231,16 +231,13 @@ async fn a_hub_started_before_its_nats_server_becomes_ready_by_itself() {
         .await;
 }
 
-/// A 3-node JetStream cluster on loopback; `--bus-replicas 3`; the node holding the most
-/// client connections is killed (SIGKILL) while agents produce: per object the latest state
-/// reaches the durable subscriber (or a `resync-required` for its cluster), nothing lost.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_killed_jetstream_node_of_three_loses_nothing() {
-    let pki = Pki::new();
+/// A 3-node JetStream cluster on loopback with a meta leader elected: the nodes and
+/// their monitoring ports.
+async fn jetstream_cluster_of_three(pki: &Pki) -> (Vec<Option<LocalNatsServer>>, [u16; 3]) {
     let route_ports = [free_port(), free_port(), free_port()];
     let monitor_ports = [free_port(), free_port(), free_port()];
     let routes = route_ports.iter().map(|p| format!("nats://127.0.0.1:{p}")).collect::<Vec<_>>().join(",");
-    let mut nodes: Vec<Option<LocalNatsServer>> = (0..3)
+    let nodes: Vec<Option<LocalNatsServer>> = (0..3)
         .map(|i| {
             let extra: Vec<String> = [
                 "-n",
@@ -273,6 +270,66 @@ async fn a_killed_jetstream_node_of_three_loses_nothing() {
             },
         )
         .await;
+    (nodes, monitor_ports)
+}
+
+/// Issue 44, break 3: one node of three frozen (SIGSTOP) while quorum holds. The hub
+/// connected to it notices that the server no longer answers though the connection looks
+/// up, connects to another node, and keeps storing its agent's events while the node is
+/// still frozen (before, it waited minutes for the client's pings, unready all along).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_jetstream_node_of_three_is_left_for_the_others() {
+    let pki = Pki::new();
+    let (nodes, monitor_ports) = jetstream_cluster_of_three(&pki).await;
+    let urls = nodes.iter().map(|n| n.as_ref().unwrap().url()).collect::<Vec<_>>().join(",");
+    let hub = HubProc::start(&pki, free_port(), None, &["--bus", &urls, "--bus-replicas", "3"]);
+    let _agent = agent(&pki, "c1", &hub.url(), "synthetic:objects=20,rate=40,total=1000000", &[]);
+    let acked = async || {
+        let clusters = hub.clusters().await;
+        let c1 = clusters["clusters"].as_array().and_then(|a| a.iter().find(|c| c["cluster"] == "c1").cloned());
+        c1.and_then(|c| c["ackedSeq"].as_u64()).unwrap_or(0)
+    };
+    eventually("the agent's events to be stored").until(acked, |s| *s > 50).await;
+    // The node the hub is connected to.
+    let mut connected = None;
+    for (i, port) in monitor_ports.iter().enumerate() {
+        let connz = http_get(*port, "/connz").await;
+        let v: serde_json::Value = serde_json::from_str(&connz).unwrap_or_default();
+        let conns = v["connections"].as_array().cloned().unwrap_or_default();
+        if conns.iter().any(|c| c["name"] == "fleetwatch-hub") {
+            connected = Some(i);
+        }
+    }
+    let node = connected.expect("the hub is connected to a node");
+    let pid = nodes[node].as_ref().and_then(|n| n.pid()).expect("running").to_string();
+    let signal = |sig: &str| {
+        let ok = std::process::Command::new("kill").args([sig, &pid]).status().is_ok_and(|s| s.success());
+        assert!(ok, "kill {sig} {pid}");
+    };
+    signal("-STOP");
+    let at_freeze = acked().await;
+    eventually("the hub to leave the frozen node")
+        .context(|| hub.proc.stderr())
+        .until(async || hub.proc.stderr(), |log| log.contains("does not answer: connecting again"))
+        .await;
+    let moved = eventually("events stored and the hub ready while the node is still frozen")
+        .context(|| hub.proc.stderr())
+        .until(
+            async || (acked().await, http_get(hub.admin_port, "/readyz").await),
+            |(seq, ready)| *seq > at_freeze + 40 && ready.starts_with("ready"),
+        )
+        .await;
+    signal("-CONT");
+    assert!(moved.0 > at_freeze, "{moved:?}");
+}
+
+/// A 3-node JetStream cluster on loopback; `--bus-replicas 3`; the node holding the most
+/// client connections is killed (SIGKILL) while agents produce: per object the latest state
+/// reaches the durable subscriber (or a `resync-required` for its cluster), nothing lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_jetstream_node_of_three_loses_nothing() {
+    let pki = Pki::new();
+    let (mut nodes, monitor_ports) = jetstream_cluster_of_three(&pki).await;
     let urls = nodes.iter().map(|n| n.as_ref().unwrap().url()).collect::<Vec<_>>().join(",");
     let bus = ["--bus", &urls, "--bus-replicas", "3"];
     let (pa, pb) = (free_port(), free_port());

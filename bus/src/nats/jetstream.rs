@@ -313,6 +313,12 @@ pub trait JetStream: Send + Sync + 'static {
     fn servers(&self) -> &str;
     /// `None` while connected, else the connection's state.
     fn disconnected(&self) -> Option<String>;
+    /// Drops the connection and connects again, to another server of the pool when there
+    /// is one: the server this client is connected to stopped answering (frozen) though the
+    /// connection looks up. The default does nothing (a JetStream of one link).
+    fn reconnect(&self) -> impl Future<Output = ()> + Send {
+        async {}
+    }
     /// The stream's info.
     fn stream_info(&self) -> impl Future<Output = Result<StreamInfo, JsError>> + Send;
     /// Creates the stream (an existing one with the same settings and description is fine).
@@ -440,6 +446,12 @@ impl JetStream for AsyncNats {
     fn disconnected(&self) -> Option<String> {
         let state = self.client.connection_state();
         (state != async_nats::connection::State::Connected).then(|| state.to_string())
+    }
+
+    async fn reconnect(&self) {
+        if let Err(e) = self.client.force_reconnect().await {
+            tracing::warn!(error = %e, "cannot reconnect to NATS");
+        }
     }
 
     async fn stream_info(&self) -> Result<StreamInfo, JsError> {

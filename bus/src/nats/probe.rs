@@ -13,6 +13,12 @@ use super::recreate::MISSING_CONFIRM;
 use super::tail::StreamState;
 use super::{NatsBus, REQUEST_TIMEOUT, lock};
 
+/// Probes in a row that time out on a connection that looks up before the hub connects
+/// again (to another server where there is one). A frozen server keeps its TCP connections
+/// open and the client's pings take minutes to notice; a JetStream cluster with quorum
+/// serves through any other node.
+const SILENT_PROBES: u32 = 2;
+
 /// Checks every second (and at once when an ack showed the stream went backwards) that
 /// the connection is up and the stream answers; recreates the stream when JetStream lost
 /// it, and takes on one another replica recreated (see [`NatsBus::recreate`]).
@@ -22,6 +28,9 @@ pub(super) async fn probe<J: JetStream>(bus: Weak<NatsBus<J>>, recheck: Arc<toki
     // Since when probes in a row found no stream: a moment alone may be a server still
     // starting up.
     let mut missing: Option<tokio::time::Instant> = None;
+    // Probes in a row that timed out on a connection that looks up: the server this hub
+    // is connected to may be frozen while the others of its cluster serve.
+    let mut silent = 0u32;
     loop {
         tokio::select! {
             _ = every.tick() => {}
@@ -59,6 +68,16 @@ pub(super) async fn probe<J: JetStream>(bus: Weak<NatsBus<J>>, recheck: Arc<toki
                 Err(_) => Some(format!("JetStream stream {} does not answer within {REQUEST_TIMEOUT:?}", bus.stream)),
             }
         };
+        let timed_out = verdict.as_deref().is_some_and(|v| v.contains("timed out") || v.contains("within"));
+        silent = if timed_out && bus.js.disconnected().is_none() { silent + 1 } else { 0 };
+        if silent >= SILENT_PROBES {
+            silent = 0;
+            tracing::warn!(
+                servers = %bus.js.servers(),
+                "the NATS server this hub is connected to does not answer: connecting again, to another server of the cluster where there is one"
+            );
+            bus.js.reconnect().await;
+        }
         let mut unhealthy = lock(&bus.unhealthy);
         if *unhealthy != verdict {
             match &verdict {
