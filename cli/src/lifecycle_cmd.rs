@@ -105,6 +105,12 @@ pub struct LifecycleArgs {
     /// least recently used are dropped beyond it and read again from the cache directory.
     #[arg(long, env = "FLEETWATCH_ARTIFACT_MEMORY_MAX_BYTES", default_value = "64Mi", value_parser = parse_bytes)]
     artifact_memory_max_bytes: u64,
+    /// Most bytes all artifact pulls in flight may hold together: a pull reserves 4 MiB while it
+    /// reads a manifest, then its layers' declared sizes before it fetches any; one that does
+    /// not fit waits (at most 2 minutes, then it is retried with backoff), and an artifact
+    /// declaring more than this is refused. At least `4Mi`.
+    #[arg(long, env = "FLEETWATCH_ARTIFACT_PULL_MAX_BYTES", default_value = "64Mi", value_parser = parse_bytes)]
+    artifact_pull_max_bytes: u64,
     /// Keep the WatchConfigs the operator relies on in the control plane (default true):
     /// `fleetwatch-lifecycle.namespaces`, `fleetwatch-lifecycle.crds` and one per module
     /// configuration kind no other WatchConfig watches. A module waiting for a namespace, a
@@ -208,11 +214,19 @@ pub async fn run(args: LifecycleArgs) -> anyhow::Result<()> {
     if let Some(dir) = &args.artifact_cache {
         std::fs::create_dir_all(dir).with_context(|| format!("--artifact-cache {}", dir.display()))?;
     }
+    let manifest_max = fleetwatch_lifecycle::artifact::registry::MAX_MANIFEST_BYTES;
+    if args.artifact_pull_max_bytes < manifest_max {
+        anyhow::bail!(
+            "--artifact-pull-max-bytes {} is less than the {manifest_max} bytes a manifest may take",
+            args.artifact_pull_max_bytes
+        );
+    }
     let artifacts = fleetwatch_lifecycle::artifact::cache::ArtifactConfig {
         registry: args.registry.options()?,
         cache_dir: args.artifact_cache.clone(),
         disk_max_bytes: args.artifact_cache_max_bytes,
         memory_max_bytes: args.artifact_memory_max_bytes,
+        pull_max_bytes: args.artifact_pull_max_bytes,
     };
     let config = fleetwatch_lifecycle::LifecycleConfig {
         artifacts,

@@ -13,6 +13,7 @@ mod delivery;
 mod dependencies;
 mod deploy;
 mod golden;
+mod hostile_registry;
 mod kube_watch;
 mod lifecycle;
 mod maintenance;

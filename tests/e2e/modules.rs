@@ -520,19 +520,19 @@ fn bad_inputs_are_one_clear_line() {
 
 /// What the operator's tests share: a sim control plane (the CRDs, namespace `kcp`, the
 /// runtime's kubeconfig Secret), a sim runtime cluster `rt1` whose Deployments roll out, and
-/// `fleetwatch lifecycle` against them.
-struct Operated {
+/// `fleetwatch lifecycle` against them (also used by hostile_registry.rs).
+pub(crate) struct Operated {
     _cp_sim: fleetwatch_sim::SimCluster,
     _rt_sim: fleetwatch_sim::SimCluster,
-    cp_kc: PathBuf,
-    cp: kube::Client,
+    pub(crate) cp_kc: PathBuf,
+    pub(crate) cp: kube::Client,
     rt: kube::Client,
-    log: PathBuf,
+    pub(crate) log: PathBuf,
     _kubelet: tokio_util::sync::DropGuard,
 }
 
 impl Operated {
-    async fn start(pki: &Pki) -> Self {
+    pub(crate) async fn start(pki: &Pki) -> Self {
         let (cp_sim, cp_kc) = crate::support::sim_cluster(pki, "control-plane").await;
         let (rt_sim, rt_kc) = crate::support::sim_cluster(pki, "rt1").await;
         let cp = cp_sim.client().await.unwrap();
@@ -558,12 +558,12 @@ impl Operated {
         o
     }
 
-    fn apply(&self, v: &Value) {
+    pub(crate) fn apply(&self, v: &Value) {
         crate::support::apply_json(&self.cp_kc, v);
     }
 
     /// `module`'s ModuleReleaseMeta, offering `version` on `regular`.
-    fn release(&self, module: &str, version: &str) {
+    pub(crate) fn release(&self, module: &str, version: &str) {
         self.apply(&json!({"apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "ModuleReleaseMeta",
             "metadata": {"name": module, "namespace": "kcp"},
             "spec": {"moduleName": module, "channels": [{"channel": "regular", "version": version}]}}));

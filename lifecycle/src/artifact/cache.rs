@@ -10,6 +10,13 @@
 //! digest whose content was refused, [`REFUSED_RETRY`]): reconciles in between get the same
 //! error without touching the registry.
 //!
+//! Pulls in flight share one [`PullBudget`] (`--artifact-pull-max-bytes`): each reserves the
+//! bound of a manifest while it reads one, then its layers' declared bytes before it fetches
+//! any, and holds them until its artifact is kept, so that however many pulls run their
+//! buffers stay within the bound. A pull that does not fit waits in its task (first come,
+//! first served) at most [`super::registry::BUDGET_WAIT`], its module in `Warning` saying so
+//! meanwhile; then it is deferred like a pull that failed (transient, with backoff).
+//!
 //! On disk: `DIR/sha256-HEX/` holds `manifest.json` (the OCI manifest) and one file per
 //! layer, named by the hex of its digest. An entry is checked when read (each layer against
 //! its digest, the artifact validated as after a pull); a broken one is deleted and pulled
@@ -26,7 +33,7 @@ use futures_util::future::{BoxFuture, Shared};
 use oci_client::client::ImageLayer;
 use oci_client::manifest::OciImageManifest;
 
-use super::registry::{Registry, RegistryError, RegistryOptions, parse_pinned};
+use super::registry::{PullBudget, Registry, RegistryError, RegistryOptions, parse_pinned};
 use super::{ModuleArtifact, sha256};
 
 /// How long a reconcile waits for a pull before its module waits instead (the pull goes on).
@@ -39,6 +46,9 @@ pub const REFUSED_RETRY: Duration = Duration::from_secs(3600);
 pub const DEFAULT_DISK_MAX_BYTES: u64 = 1 << 30;
 /// Default bound of the memory cache (bytes of the artifacts' objects as JSON).
 pub const DEFAULT_MEMORY_MAX_BYTES: u64 = 64 << 20;
+/// Default bound of the bytes all pulls in flight may hold together (one artifact of the
+/// largest size, [`super::registry::MAX_ARTIFACT_BYTES`], fits).
+pub const DEFAULT_PULL_MAX_BYTES: u64 = 64 << 20;
 
 /// Where artifacts come from and where they are kept.
 #[derive(Clone, Debug)]
@@ -51,6 +61,9 @@ pub struct ArtifactConfig {
     pub disk_max_bytes: u64,
     /// Most bytes (of the objects' JSON) kept in memory.
     pub memory_max_bytes: u64,
+    /// Most bytes all pulls in flight may hold together (manifests being read, layers
+    /// declared); at least [`super::registry::MAX_MANIFEST_BYTES`].
+    pub pull_max_bytes: u64,
 }
 
 impl Default for ArtifactConfig {
@@ -60,6 +73,7 @@ impl Default for ArtifactConfig {
             cache_dir: None,
             disk_max_bytes: DEFAULT_DISK_MAX_BYTES,
             memory_max_bytes: DEFAULT_MEMORY_MAX_BYTES,
+            pull_max_bytes: DEFAULT_PULL_MAX_BYTES,
         }
     }
 }
@@ -151,8 +165,13 @@ impl Cached {
 type PullFuture = Shared<BoxFuture<'static, Result<Arc<Cached>, FetchError>>>;
 
 enum PullState {
-    InFlight(PullFuture, u32),
-    Failed { error: FetchError, next_try: Instant, attempts: u32 },
+    /// The pull, its attempts so far, and the bytes it waits for from the budget (0: none).
+    InFlight(PullFuture, u32, Arc<std::sync::atomic::AtomicU64>),
+    Failed {
+        error: FetchError,
+        next_try: Instant,
+        attempts: u32,
+    },
 }
 
 struct Entry {
@@ -180,6 +199,7 @@ pub struct Artifacts {
     /// Digest → (bytes, last use) of what is on disk.
     disk: Mutex<Lru<(u64, u64)>>,
     pulls: Mutex<HashMap<String, PullState>>,
+    budget: PullBudget,
 }
 
 impl Artifacts {
@@ -208,8 +228,14 @@ impl Artifacts {
                 disk.entries.insert(digest, (bytes, disk.tick));
             }
         }
-        let a =
-            Arc::new(Self { config, memory: Default::default(), disk: Mutex::new(disk), pulls: Default::default() });
+        let budget = PullBudget::new(config.pull_max_bytes);
+        let a = Arc::new(Self {
+            config,
+            memory: Default::default(),
+            disk: Mutex::new(disk),
+            pulls: Default::default(),
+            budget,
+        });
         a.evict_disk(None, 0);
         Ok(a)
     }
@@ -250,7 +276,7 @@ impl Artifacts {
                 });
             };
             let in_flight = match pulls.get(&digest) {
-                Some(PullState::InFlight(f, _)) => Some(f.clone()),
+                Some(PullState::InFlight(f, _, _)) => Some(f.clone()),
                 Some(PullState::Failed { error, next_try, .. }) if *next_try > Instant::now() => {
                     let mut e = error.clone();
                     e.retry_in = next_try.saturating_duration_since(Instant::now()).max(Duration::from_millis(100));
@@ -266,8 +292,13 @@ impl Artifacts {
                         _ => 0,
                     };
                     let this = self.clone();
-                    let (reference, digest2, registry2) = (reference.to_string(), digest.clone(), registry.clone());
-                    let task = tokio::spawn(async move { this.pull(&reference, &digest2, &registry2, secret).await });
+                    let waiting = Arc::new(std::sync::atomic::AtomicU64::new(0));
+                    let (reference, digest2, registry2, waiting2) =
+                        (reference.to_string(), digest.clone(), registry.clone(), waiting.clone());
+                    let task =
+                        tokio::spawn(
+                            async move { this.pull(&reference, &digest2, &registry2, secret, &waiting2).await },
+                        );
                     let (reg, this, d) = (registry.clone(), self.clone(), digest.clone());
                     let f: PullFuture = async move {
                         task.await.unwrap_or_else(|e| {
@@ -287,20 +318,36 @@ impl Artifacts {
                     }
                     .boxed()
                     .shared();
-                    pulls.insert(digest.clone(), PullState::InFlight(f.clone(), attempts));
+                    pulls.insert(digest.clone(), PullState::InFlight(f.clone(), attempts, waiting));
                     f
                 }
             }
         };
         match tokio::time::timeout(PULL_WAIT, pull).await {
             Ok(r) => r,
-            Err(_) => Err(FetchError {
-                message: format!("the pull from registry {registry} is still running"),
-                registry,
-                permanent: false,
-                refused: false,
-                retry_in: Duration::from_secs(2),
-            }),
+            Err(_) => {
+                let waiting = match self.pulls.lock().as_deref().map(|p| p.get(&digest)) {
+                    Ok(Some(PullState::InFlight(_, _, w))) => w.load(std::sync::atomic::Ordering::Relaxed),
+                    _ => 0,
+                };
+                let message = if waiting > 0 {
+                    format!(
+                        "the pull from registry {registry} waits for {waiting} bytes of the pull budget ({} bytes \
+                         for all pulls in flight, --artifact-pull-max-bytes; {} free), held by other pulls",
+                        self.budget.max_bytes(),
+                        self.budget.available_bytes()
+                    )
+                } else {
+                    format!("the pull from registry {registry} is still running")
+                };
+                Err(FetchError {
+                    message,
+                    registry,
+                    permanent: false,
+                    refused: false,
+                    retry_in: Duration::from_secs(2),
+                })
+            }
         }
     }
 
@@ -312,11 +359,12 @@ impl Artifacts {
         digest: &str,
         registry: &str,
         secret: Option<PullSecret>,
+        waiting: &std::sync::atomic::AtomicU64,
     ) -> Result<Arc<Cached>, FetchError> {
-        let result = self.pull_once(reference, registry, secret).await;
+        let result = self.pull_once(reference, registry, secret, waiting).await;
         let Ok(mut pulls) = self.pulls.lock() else { return result };
         let attempts = match pulls.get(digest) {
-            Some(PullState::InFlight(_, a)) => *a,
+            Some(PullState::InFlight(_, a, _)) => *a,
             _ => 0,
         };
         match &result {
@@ -348,6 +396,7 @@ impl Artifacts {
         reference: &str,
         registry: &str,
         secret: Option<PullSecret>,
+        waiting: &std::sync::atomic::AtomicU64,
     ) -> Result<Arc<Cached>, FetchError> {
         let fail = |message: String, permanent: bool| FetchError {
             registry: registry.to_string(),
@@ -361,13 +410,23 @@ impl Artifacts {
             options.docker_config = Some(read_pull_secret(s).await.map_err(|m| fail(m, true))?);
         }
         let started = Instant::now();
-        let (artifact, digest) = Registry::new(options).pull(reference).await.map_err(|e| {
-            let permanent = !matches!(e, RegistryError::Oci { .. });
-            let message =
-                if permanent { e.to_string() } else { format!("registry {registry} unreachable: {}", error_chain(&e)) };
-            let refused = matches!(e, RegistryError::DigestMismatch { .. } | RegistryError::Artifact { .. });
-            FetchError { refused, ..fail(message, permanent) }
-        })?;
+        // The reservation is held until the artifact is kept (its layers, parsed and encoded
+        // again, are in memory until then).
+        let (artifact, digest, _reservation) =
+            Registry::new(options).pull_within(reference, &self.budget, waiting).await.map_err(|e| {
+                let transient = matches!(e, RegistryError::Oci { .. } | RegistryError::TimedOut { .. });
+                let deferred = matches!(e, RegistryError::Deferred(_));
+                let message = if transient {
+                    format!("registry {registry} unreachable: {}", error_chain(&e))
+                } else {
+                    e.to_string()
+                };
+                let refused = matches!(
+                    e,
+                    RegistryError::DigestMismatch { .. } | RegistryError::Artifact { .. } | RegistryError::TooLarge(_)
+                );
+                FetchError { refused, ..fail(message, !(transient || deferred)) }
+            })?;
         let (manifest, layers) =
             artifact.to_oci().map_err(|e| fail(format!("{reference}: the artifact does not re-encode: {e}"), true))?;
         let bytes: u64 = layers.iter().map(|l| l.data.len() as u64).sum();

@@ -11,8 +11,9 @@ use std::collections::BTreeMap;
 use base64::Engine;
 use oci_client::client::{ClientConfig, ClientProtocol};
 use oci_client::errors::OciDistributionError;
+use oci_client::manifest::{IMAGE_MANIFEST_MEDIA_TYPE, OCI_IMAGE_MEDIA_TYPE, OciImageManifest};
 use oci_client::secrets::RegistryAuth;
-use oci_client::{Client, Reference};
+use oci_client::{Client, Reference, RegistryOperation};
 use serde::Deserialize;
 
 use super::{ArtifactError, DEFAULT_CONFIG_MEDIA_TYPE, EMPTY_CONFIG, MANIFEST_MEDIA_TYPE};
@@ -20,8 +21,81 @@ use super::{ModuleArtifact, sha256};
 
 /// Largest layer [`Registry::pull`] reads (the objects of a module, as JSON).
 pub const MAX_LAYER_BYTES: i64 = 64 << 20;
+/// Most bytes of all an artifact's layers together, checked against their descriptors before
+/// any is fetched.
+pub const MAX_ARTIFACT_BYTES: u64 = 64 << 20;
 /// Most layers of a module artifact: its objects and a default configuration.
 pub const MAX_LAYERS: usize = 2;
+/// Largest manifest [`Registry::pull`] reads, counted as its bytes arrive (a module's manifest
+/// is a few hundred bytes of descriptors and annotations; the CNCF distribution registry
+/// refuses to store manifests over 4 MiB too).
+pub const MAX_MANIFEST_BYTES: u64 = 4 << 20;
+/// Longest a pull waits for its share of a [`PullBudget`] before it is deferred.
+pub const BUDGET_WAIT: std::time::Duration = std::time::Duration::from_secs(120);
+/// Longest the manifest and layers of one pull take to arrive (a registry slower than that
+/// is treated as unreachable; it would otherwise hold its share of the budget for good).
+pub const PULL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// Bytes that pulls in flight may hold together: a pull reserves [`MAX_MANIFEST_BYTES`] while
+/// it reads its manifest, then its layers' declared sizes before it fetches any, and keeps
+/// them until its artifact is kept. Reservations are served in order (a semaphore of KiB
+/// permits, first come first served), so a large pull is not starved by small ones.
+#[derive(Clone, Debug)]
+pub struct PullBudget {
+    permits: std::sync::Arc<tokio::sync::Semaphore>,
+    max_bytes: u64,
+}
+
+/// Bytes held from a [`PullBudget`]; given back when dropped.
+#[derive(Debug)]
+pub struct Reservation {
+    _permit: Option<tokio::sync::OwnedSemaphorePermit>,
+}
+
+impl PullBudget {
+    /// A budget of `max_bytes` (at least [`MAX_MANIFEST_BYTES`], so that a manifest fits).
+    pub fn new(max_bytes: u64) -> Self {
+        let max_bytes = max_bytes.max(MAX_MANIFEST_BYTES);
+        let permits = (max_bytes >> 10).min(tokio::sync::Semaphore::MAX_PERMITS as u64).min(u32::MAX as u64);
+        Self { permits: std::sync::Arc::new(tokio::sync::Semaphore::new(permits as usize)), max_bytes }
+    }
+
+    /// The bound, in bytes.
+    pub fn max_bytes(&self) -> u64 {
+        self.max_bytes
+    }
+
+    /// Bytes not reserved now.
+    pub fn available_bytes(&self) -> u64 {
+        (self.permits.available_permits() as u64) << 10
+    }
+
+    /// Reserves `bytes` (at most the bound), waiting at most [`BUDGET_WAIT`]; `waiting` says
+    /// how many bytes this pull waits for meanwhile (0 once it has them).
+    async fn reserve(
+        &self,
+        bytes: u64,
+        what: &str,
+        waiting: &std::sync::atomic::AtomicU64,
+    ) -> Result<Reservation, RegistryError> {
+        let total = self.max_bytes >> 10;
+        let kib = bytes.div_ceil(1024).min(total).min(u32::MAX as u64) as u32;
+        let permits = self.permits.clone();
+        waiting.store(bytes.max(1), std::sync::atomic::Ordering::Relaxed);
+        let got = tokio::time::timeout(BUDGET_WAIT, permits.acquire_many_owned(kib)).await;
+        waiting.store(0, std::sync::atomic::Ordering::Relaxed);
+        match got {
+            Ok(Ok(permit)) => Ok(Reservation { _permit: Some(permit) }),
+            Ok(Err(closed)) => Err(RegistryError::Config(format!("the pull budget is closed: {closed}"))),
+            Err(_) => Err(RegistryError::Deferred(format!(
+                "{what} ({bytes} bytes) waited {} s for the pull budget ({} bytes for all pulls in flight, \
+                 --artifact-pull-max-bytes), held by other pulls; deferred",
+                BUDGET_WAIT.as_secs(),
+                self.max_bytes
+            ))),
+        }
+    }
+}
 
 /// A blob's bytes, refused past `limit` (an I/O error that ends the download at once).
 struct Bounded {
@@ -32,8 +106,10 @@ struct Bounded {
 }
 
 impl Bounded {
+    /// `limit` is a descriptor's size, already checked against [`MAX_LAYER_BYTES`] and reserved
+    /// from the budget: the buffer takes it at once instead of growing by doubling.
     fn new(limit: u64) -> Self {
-        Self { bytes: Vec::new(), limit, over: Default::default() }
+        Self { bytes: Vec::with_capacity(limit as usize), limit, over: Default::default() }
     }
 }
 
@@ -105,6 +181,21 @@ pub enum RegistryError {
         expected: String,
         /// The digest of what came.
         actual: String,
+    },
+    /// More bytes than a module artifact may take (its manifest, a layer, all its layers):
+    /// refused before or while they are read, never buffered whole.
+    #[error("{0}")]
+    TooLarge(String),
+    /// The pull budget was held by other pulls for [`BUDGET_WAIT`]: tried again later.
+    #[error("{0}")]
+    Deferred(String),
+    /// The registry did not send the manifest and layers within [`PULL_TIMEOUT`].
+    #[error("cannot pull {reference}: not done after {} s", .after.as_secs())]
+    TimedOut {
+        /// The reference.
+        reference: String,
+        /// How long it ran.
+        after: std::time::Duration,
     },
     /// Nothing under that reference.
     #[error("{0}: not found in the registry")]
@@ -255,9 +346,17 @@ impl Registry {
     /// The client for `reference`'s registry: plain HTTP when it is listed as insecure, or
     /// on loopback and not speaking TLS.
     async fn client(&self, reference: &Reference) -> Result<Client, RegistryError> {
+        let plain = self.plain(reference).await?;
+        self.client_with(plain)
+    }
+
+    /// Whether `reference`'s registry is reached over plain HTTP.
+    async fn plain(&self, reference: &Reference) -> Result<bool, RegistryError> {
         let registry = reference.registry().to_string();
-        let plain = self.options.insecure.contains(&registry)
-            || (is_loopback(&registry) && !self.speaks_tls(&registry).await?);
+        Ok(self.options.insecure.contains(&registry) || (is_loopback(&registry) && !self.speaks_tls(&registry).await?))
+    }
+
+    fn client_with(&self, plain: bool) -> Result<Client, RegistryError> {
         let config = ClientConfig {
             protocol: if plain { ClientProtocol::Http } else { ClientProtocol::Https },
             extra_root_certificates: self.roots(),
@@ -268,18 +367,24 @@ impl Registry {
         Client::try_from(config).map_err(|e| RegistryError::Config(format!("cannot build the registry client: {e}")))
     }
 
-    /// Whether a loopback registry answers TLS: a TLS handshake the server answers in
-    /// plain HTTP says no; any other outcome (even a certificate error) says yes, so that
-    /// the real error shows.
-    async fn speaks_tls(&self, registry: &str) -> Result<bool, RegistryError> {
-        let mut builder = reqwest::Client::builder().connect_timeout(std::time::Duration::from_secs(10));
+    /// An HTTP client trusting the system's CAs and [`RegistryOptions::ca_pem`].
+    fn http(&self) -> Result<reqwest::Client, RegistryError> {
+        let mut builder = reqwest::Client::builder()
+            .connect_timeout(std::time::Duration::from_secs(10))
+            .read_timeout(std::time::Duration::from_secs(60));
         for pem in &self.options.ca_pem {
             let certs = reqwest::Certificate::from_pem_bundle(pem)
                 .map_err(|e| RegistryError::Config(format!("a registry CA is not PEM: {e}")))?;
             builder = builder.tls_certs_merge(certs);
         }
-        let client = builder.build().map_err(|e| RegistryError::Config(format!("cannot build an HTTP client: {e}")))?;
-        match client.get(format!("https://{registry}/v2/")).send().await {
+        builder.build().map_err(|e| RegistryError::Config(format!("cannot build an HTTP client: {e}")))
+    }
+
+    /// Whether a loopback registry answers TLS: a TLS handshake the server answers in
+    /// plain HTTP says no; any other outcome (even a certificate error) says yes, so that
+    /// the real error shows.
+    async fn speaks_tls(&self, registry: &str) -> Result<bool, RegistryError> {
+        match self.http()?.get(format!("https://{registry}/v2/")).send().await {
             Ok(_) => Ok(true),
             Err(e) => Ok(!answered_in_plain_http(&e)),
         }
@@ -310,25 +415,47 @@ impl Registry {
 
     /// Pulls and validates the artifact at `reference`: every blob's digest is checked
     /// against the manifest (and the manifest against the reference's digest, if any).
-    /// Returns it with its manifest's digest.
+    /// Returns it with its manifest's digest. Sizes are bounded as the bytes arrive
+    /// ([`MAX_MANIFEST_BYTES`]; each layer at its descriptor's size) and declared sizes before
+    /// any layer is fetched ([`MAX_LAYERS`], [`MAX_LAYER_BYTES`], [`MAX_ARTIFACT_BYTES`]).
     pub async fn pull(&self, reference: &str) -> Result<(ModuleArtifact, String), RegistryError> {
+        let (artifact, digest, _) = self.pull_inner(reference, None).await?;
+        Ok((artifact, digest))
+    }
+
+    /// [`Registry::pull`] within `budget`: the manifest's bound is reserved while it is read,
+    /// then the layers' declared bytes before any is fetched (an artifact declaring more than
+    /// the whole budget is refused). The returned reservation holds them until dropped.
+    /// `waiting` says how many bytes the pull waits for meanwhile (0 when it waits for none).
+    pub async fn pull_within(
+        &self,
+        reference: &str,
+        budget: &PullBudget,
+        waiting: &std::sync::atomic::AtomicU64,
+    ) -> Result<(ModuleArtifact, String, Reservation), RegistryError> {
+        self.pull_inner(reference, Some((budget, waiting))).await
+    }
+
+    async fn pull_inner(
+        &self,
+        reference: &str,
+        budget: Option<(&PullBudget, &std::sync::atomic::AtomicU64)>,
+    ) -> Result<(ModuleArtifact, String, Reservation), RegistryError> {
         let r = parse_reference(reference)?;
-        let client = self.client(&r).await?;
+        let plain = self.plain(&r).await?;
+        let client = self.client_with(plain)?;
         let auth = self.auth(&r)?;
-        let (manifest, digest) = client
-            .pull_image_manifest(&r, &auth)
-            .await
-            .map_err(|e| self.classify(e, "cannot pull", reference, &r, &auth))?;
-        if let Some(want) = r.digest()
-            && want != digest
-        {
-            return Err(RegistryError::DigestMismatch {
-                reference: reference.into(),
-                what: "manifest".into(),
-                expected: want.into(),
-                actual: digest,
-            });
-        }
+        let timed_out = |_| RegistryError::TimedOut { reference: reference.into(), after: PULL_TIMEOUT };
+        let reserve = async |bytes: u64, what: &str| match budget {
+            Some((b, waiting)) => b.reserve(bytes, what, waiting).await,
+            None => Ok(Reservation { _permit: None }),
+        };
+        let held = reserve(MAX_MANIFEST_BYTES, "its manifest").await?;
+        let (manifest, digest) =
+            tokio::time::timeout(PULL_TIMEOUT, self.pull_manifest(&client, plain, &r, reference, &auth))
+                .await
+                .map_err(timed_out)??;
+        drop(held);
         // A module artifact has its objects and at most a default configuration: anything
         // more is refused before a byte of it is fetched.
         if manifest.layers.len() > MAX_LAYERS {
@@ -340,7 +467,7 @@ impl Registry {
                 )),
             });
         }
-        let mut layers = Vec::new();
+        let mut total: u64 = 0;
         for l in &manifest.layers {
             if l.size < 0 || l.size > MAX_LAYER_BYTES {
                 return Err(RegistryError::Artifact {
@@ -357,12 +484,130 @@ impl Registry {
                     source: ArtifactError::NotModule(format!("unexpected layer of type {}", l.media_type)),
                 });
             }
-            // Read at most the bytes the descriptor says: a registry streaming more is cut off
-            // there (the digest is checked as the bytes arrive, by the client), not buffered
-            // to the end first.
-            let mut data = Bounded::new(l.size as u64);
+            total += l.size as u64;
+        }
+        if total > MAX_ARTIFACT_BYTES {
+            return Err(RegistryError::TooLarge(format!(
+                "layers of {total} bytes in all, over the {MAX_ARTIFACT_BYTES} bytes a module artifact may take"
+            )));
+        }
+        if let Some((b, _)) = budget
+            && total > b.max_bytes()
+        {
+            return Err(RegistryError::TooLarge(format!(
+                "layers of {total} bytes in all, over the {} bytes all pulls in flight may hold \
+                 (--artifact-pull-max-bytes)",
+                b.max_bytes()
+            )));
+        }
+        let reservation = reserve(total, "its layers").await?;
+        let layers = tokio::time::timeout(PULL_TIMEOUT, self.pull_layers(&client, &r, reference, &auth, &manifest))
+            .await
+            .map_err(timed_out)??;
+        let artifact = ModuleArtifact::from_oci(&manifest, &layers)
+            .map_err(|source| RegistryError::Artifact { reference: reference.into(), source })?;
+        Ok((artifact, digest, reservation))
+    }
+
+    /// The manifest at `r`, read as it arrives and refused past [`MAX_MANIFEST_BYTES`] (the
+    /// OCI client would read a body of any size into memory first); checked against the
+    /// reference's digest when it has one.
+    async fn pull_manifest(
+        &self,
+        client: &Client,
+        plain: bool,
+        r: &Reference,
+        reference: &str,
+        auth: &RegistryAuth,
+    ) -> Result<(OciImageManifest, String), RegistryError> {
+        let fail = |e| self.classify(e, "cannot pull", reference, r, auth);
+        // The OCI client authenticates (a bearer token from the registry's challenge, or
+        // basic credentials it answers with) and keeps the token for the layers.
+        let token = client.auth(r, auth, RegistryOperation::Pull).await.map_err(fail)?;
+        let registry = r.resolve_registry();
+        let url = format!(
+            "{}://{registry}/v2/{}/manifests/{}",
+            if plain { "http" } else { "https" },
+            r.repository(),
+            r.digest().or(r.tag()).unwrap_or("latest")
+        );
+        let mut request = self
+            .http()?
+            .get(&url)
+            .header(http::header::ACCEPT, format!("{OCI_IMAGE_MEDIA_TYPE}, {IMAGE_MANIFEST_MEDIA_TYPE}"));
+        request = match (token, auth) {
+            (Some(token), _) => request.bearer_auth(token),
+            (None, RegistryAuth::Basic(user, password)) => request.basic_auth(user, Some(password)),
+            _ => request,
+        };
+        let mut response = request.send().await.map_err(|e| fail(OciDistributionError::RequestError(e)))?;
+        let status = response.status();
+        if status != reqwest::StatusCode::OK {
+            // An error's body says why; a few KiB of it are enough.
+            let mut body = Vec::new();
+            while body.len() < 16 << 10
+                && let Ok(Some(chunk)) = response.chunk().await
+            {
+                body.extend_from_slice(&chunk);
+            }
+            body.truncate(16 << 10);
+            return Err(fail(status_error(status, &body, &url)));
+        }
+        let too_large = || RegistryError::TooLarge(format!("manifest larger than {MAX_MANIFEST_BYTES} bytes"));
+        if response.content_length().is_some_and(|n| n > MAX_MANIFEST_BYTES) {
+            return Err(too_large());
+        }
+        let mut body = Vec::new();
+        while let Some(chunk) = response.chunk().await.map_err(|e| fail(OciDistributionError::RequestError(e)))? {
+            if body.len() as u64 + chunk.len() as u64 > MAX_MANIFEST_BYTES {
+                return Err(too_large());
+            }
+            body.extend_from_slice(&chunk);
+        }
+        let digest = sha256(&body);
+        if let Some(want) = r.digest()
+            && want != digest
+        {
+            return Err(RegistryError::DigestMismatch {
+                reference: reference.into(),
+                what: "manifest".into(),
+                expected: want.into(),
+                actual: digest,
+            });
+        }
+        let not_module = |why: String| RegistryError::Artifact {
+            reference: reference.into(),
+            source: ArtifactError::NotModule(why),
+        };
+        let manifest: OciImageManifest = serde_json::from_slice(&body)
+            .map_err(|e| not_module(format!("the manifest is not an OCI image manifest: {e}")))?;
+        if manifest.schema_version != 2 {
+            return Err(not_module(format!("the manifest's schemaVersion is {}, not 2", manifest.schema_version)));
+        }
+        if let Some(t) = &manifest.media_type
+            && t != OCI_IMAGE_MEDIA_TYPE
+            && t != IMAGE_MANIFEST_MEDIA_TYPE
+        {
+            return Err(not_module(format!("the manifest is of type {t}, not {OCI_IMAGE_MEDIA_TYPE}")));
+        }
+        Ok((manifest, digest))
+    }
+
+    /// The layers of `manifest`, each read only up to the size its descriptor gives (a
+    /// registry streaming more is cut off there), its digest computed as the bytes arrive.
+    async fn pull_layers(
+        &self,
+        client: &Client,
+        r: &Reference,
+        reference: &str,
+        auth: &RegistryAuth,
+        manifest: &OciImageManifest,
+    ) -> Result<Vec<oci_client::client::ImageLayer>, RegistryError> {
+        let mut layers = Vec::new();
+        for l in &manifest.layers {
+            let mut data = Bounded::new(l.size.max(0) as u64);
             let over = data.over.clone();
-            client.pull_blob(&r, l, &mut data).await.map_err(|e| match e {
+            client.pull_blob(r, l, &mut data).await.map_err(|e| match e {
                 _ if over.load(std::sync::atomic::Ordering::Relaxed) => RegistryError::Artifact {
                     reference: reference.into(),
                     source: ArtifactError::NotModule(format!(
@@ -379,13 +624,11 @@ impl Registry {
                     expected,
                     actual,
                 },
-                e => self.classify(e, "cannot pull a layer of", reference, &r, &auth),
+                e => self.classify(e, "cannot pull a layer of", reference, r, auth),
             })?;
             layers.push(oci_client::client::ImageLayer::new(data.bytes, l.media_type.clone(), None));
         }
-        let artifact = ModuleArtifact::from_oci(&manifest, &layers)
-            .map_err(|source| RegistryError::Artifact { reference: reference.into(), source })?;
-        Ok((artifact, digest))
+        Ok(layers)
     }
 
     fn classify(
@@ -449,6 +692,24 @@ impl Registry {
     }
 }
 
+/// The OCI client's error for a registry's answer other than 200 (as it reads one): 401,
+/// the OCI error envelope of a 4xx, or the status and body.
+fn status_error(status: reqwest::StatusCode, body: &[u8], url: &str) -> OciDistributionError {
+    if status == reqwest::StatusCode::UNAUTHORIZED {
+        return OciDistributionError::UnauthorizedError { url: url.into() };
+    }
+    if status.is_client_error()
+        && let Ok(envelope) = serde_json::from_slice::<oci_client::errors::OciEnvelope>(body)
+    {
+        return OciDistributionError::RegistryError { envelope, url: url.into() };
+    }
+    OciDistributionError::ServerError {
+        code: status.as_u16(),
+        url: url.into(),
+        message: String::from_utf8_lossy(body).into_owned(),
+    }
+}
+
 /// Whether an error or one of its causes says `needle`.
 fn chain_mentions(e: &(dyn std::error::Error + 'static), needle: &str) -> bool {
     let mut cur = Some(e);
@@ -489,20 +750,35 @@ mod tests {
     use super::*;
 
     /// A registry on loopback that serves one manifest and streams `blob_bytes` zeros for any
-    /// blob, whatever its descriptor says, counting what it managed to send.
+    /// blob, whatever its descriptor says, counting the blob bytes it managed to send.
     async fn hostile_registry(
         manifest: Vec<u8>,
         blob_bytes: u64,
     ) -> (u16, std::sync::Arc<std::sync::atomic::AtomicU64>) {
+        let (port, sent, _) = hostile_registry_with(manifest, Some(0), blob_bytes).await;
+        (port, sent)
+    }
+
+    /// [`hostile_registry`] whose manifest is followed by `manifest_pad` more bytes (spaces,
+    /// so still JSON) sent without Content-Length (`None`: the manifest as it is, with it);
+    /// the bytes of manifest sent are counted too.
+    async fn hostile_registry_with(
+        manifest: Vec<u8>,
+        manifest_pad: Option<u64>,
+        blob_bytes: u64,
+    ) -> (u16, std::sync::Arc<std::sync::atomic::AtomicU64>, std::sync::Arc<std::sync::atomic::AtomicU64>) {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
         let sent = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
         let counted = sent.clone();
+        let manifest_sent = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let manifest_counted = manifest_sent.clone();
         let digest = super::super::sha256(&manifest);
         tokio::spawn(async move {
             while let Ok((mut conn, _)) = listener.accept().await {
                 let (manifest, digest, sent) = (manifest.clone(), digest.clone(), counted.clone());
+                let manifest_sent = manifest_counted.clone();
                 tokio::spawn(async move {
                     let mut req = vec![0u8; 8192];
                     let Ok(n) = conn.read(&mut req).await else { return };
@@ -514,9 +790,23 @@ mod tests {
                         )
                     };
                     if line.contains("/manifests/") {
-                        let h = head(Some(manifest.len()), oci_client::manifest::OCI_IMAGE_MEDIA_TYPE);
+                        let length = match manifest_pad {
+                            Some(0) => Some(manifest.len()),
+                            _ => None,
+                        };
+                        let h = head(length, oci_client::manifest::OCI_IMAGE_MEDIA_TYPE);
                         let _ = conn.write_all(h.as_bytes()).await;
                         let _ = conn.write_all(&manifest).await;
+                        let chunk = vec![b' '; 64 << 10];
+                        let mut left = manifest_pad.unwrap_or(0);
+                        while left > 0 {
+                            let n = left.min(chunk.len() as u64) as usize;
+                            if conn.write_all(&chunk[..n]).await.is_err() {
+                                return;
+                            }
+                            manifest_sent.fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
+                            left -= n as u64;
+                        }
                     } else if line.contains("/blobs/") {
                         // No Content-Length: a stream that does not end where the descriptor says.
                         let _ = conn.write_all(head(None, "application/octet-stream").as_bytes()).await;
@@ -537,7 +827,7 @@ mod tests {
                 });
             }
         });
-        (port, sent)
+        (port, sent, manifest_sent)
     }
 
     #[tokio::test]
@@ -583,6 +873,127 @@ mod tests {
         let e = Registry::new(options).pull(&format!("127.0.0.1:{port}/modules/w@{digest}")).await.unwrap_err();
         assert!(e.to_string().contains("3 layers, a module artifact has at most 2"), "{e}");
         assert_eq!(sent.load(std::sync::atomic::Ordering::Relaxed), 0);
+    }
+
+    fn module_manifest(layers: Vec<(i64, &str)>) -> Vec<u8> {
+        let layers: Vec<serde_json::Value> = layers
+            .into_iter()
+            .map(|(size, media_type)| {
+                serde_json::json!({"mediaType": media_type, "size": size,
+                    "digest": format!("sha256:{}", "c".repeat(64))})
+            })
+            .collect();
+        serde_json::to_vec(&serde_json::json!({
+            "schemaVersion": 2, "mediaType": oci_client::manifest::OCI_IMAGE_MEDIA_TYPE,
+            "artifactType": "application/vnd.fleetwatch.module.v1",
+            "config": {"mediaType": "application/vnd.oci.empty.v1+json", "size": 2,
+                       "digest": "sha256:44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a"},
+            "layers": layers}))
+        .unwrap()
+    }
+
+    /// A manifest is bounded by the bytes read, not by what the registry says of them: 48 MiB
+    /// sent without Content-Length are refused at 4 MiB (the digest pinned is theirs: only the
+    /// size is wrong); with a Content-Length over the bound, before reading any.
+    #[tokio::test]
+    async fn a_manifest_is_cut_off_at_its_bound() {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let body = module_manifest(vec![(700, MANIFEST_MEDIA_TYPE)]);
+        let pad = 48u64 << 20;
+        let mut whole = body.clone();
+        whole.resize(body.len() + pad as usize, b' ');
+        let digest = super::super::sha256(&whole);
+        drop(whole);
+        let (port, blobs, manifest_sent) = hostile_registry_with(body.clone(), Some(pad), 1 << 20).await;
+        let options = RegistryOptions { insecure: vec![format!("127.0.0.1:{port}")], ..Default::default() };
+        let reference = format!("127.0.0.1:{port}/modules/w@{digest}");
+        let e = Registry::new(options.clone()).pull(&reference).await.unwrap_err();
+        assert!(matches!(e, RegistryError::TooLarge(_)), "{e:?}");
+        assert_eq!(e.to_string(), "manifest larger than 4194304 bytes");
+        // The registry could not send much beyond what was read (socket buffers only).
+        let sent = manifest_sent.load(std::sync::atomic::Ordering::Relaxed);
+        assert!(sent < pad / 2, "the registry sent {sent} bytes of manifest to a reader that wanted 4 MiB");
+        // Through the operator's cache it is a refusal (Error, not pulled again for an hour).
+        use crate::artifact::cache::{ArtifactConfig, Artifacts, REFUSED_RETRY};
+        let cache = Artifacts::new(ArtifactConfig { registry: options, ..Default::default() }).unwrap();
+        let e = cache.get(&reference, None).await.unwrap_err();
+        assert!(e.permanent && e.refused && e.retry_in == REFUSED_RETRY, "{e:?}");
+        assert_eq!(blobs.load(std::sync::atomic::Ordering::Relaxed), 0);
+
+        // Said by Content-Length: refused before reading.
+        let mut big = body.clone();
+        big.resize(body.len() + (5 << 20), b' ');
+        let digest = super::super::sha256(&big);
+        let (port, _, _) = hostile_registry_with(big, Some(0), 0).await;
+        let options = RegistryOptions { insecure: vec![format!("127.0.0.1:{port}")], ..Default::default() };
+        let e = Registry::new(options).pull(&format!("127.0.0.1:{port}/modules/w@{digest}")).await.unwrap_err();
+        assert_eq!(e.to_string(), "manifest larger than 4194304 bytes");
+    }
+
+    /// Layers whose declared sizes add up to more than an artifact may take, or than the
+    /// whole pull budget, are refused before any is fetched.
+    #[tokio::test]
+    async fn an_artifact_larger_than_its_bounds_is_refused_before_any_layer() {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let body = module_manifest(vec![(40 << 20, MANIFEST_MEDIA_TYPE), (40 << 20, DEFAULT_CONFIG_MEDIA_TYPE)]);
+        let digest = super::super::sha256(&body);
+        let (port, sent) = hostile_registry(body, 1 << 20).await;
+        let options = RegistryOptions { insecure: vec![format!("127.0.0.1:{port}")], ..Default::default() };
+        let reference = format!("127.0.0.1:{port}/modules/w@{digest}");
+        let e = Registry::new(options.clone()).pull(&reference).await.unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "layers of 83886080 bytes in all, over the 67108864 bytes a module artifact may take"
+        );
+        let budget = PullBudget::new(8 << 20);
+        let waiting = std::sync::atomic::AtomicU64::new(0);
+        let body = module_manifest(vec![(10 << 20, MANIFEST_MEDIA_TYPE)]);
+        let digest = super::super::sha256(&body);
+        let (port2, sent2) = hostile_registry(body, 1 << 20).await;
+        let options = RegistryOptions { insecure: vec![format!("127.0.0.1:{port2}")], ..Default::default() };
+        let reference = format!("127.0.0.1:{port2}/modules/w@{digest}");
+        let e = Registry::new(options).pull_within(&reference, &budget, &waiting).await.unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "layers of 10485760 bytes in all, over the 8388608 bytes all pulls in flight may hold (--artifact-pull-max-bytes)"
+        );
+        assert_eq!(sent.load(std::sync::atomic::Ordering::Relaxed), 0);
+        assert_eq!(sent2.load(std::sync::atomic::Ordering::Relaxed), 0);
+        assert_eq!(budget.available_bytes(), 8 << 20, "nothing stays reserved");
+    }
+
+    /// Reservations add up to the budget at most: one that does not fit waits (saying for how
+    /// much), gets its bytes when others give theirs back, and is deferred after
+    /// [`BUDGET_WAIT`].
+    #[tokio::test(start_paused = true)]
+    async fn pulls_in_flight_share_the_budget() {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        let budget = PullBudget::new(8 << 20);
+        let (w1, w2, w3) = (AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0));
+        let first = budget.reserve(6 << 20, "its layers", &w1).await.unwrap();
+        assert_eq!((budget.available_bytes(), w1.load(Ordering::Relaxed)), (2 << 20, 0));
+        let second = budget.reserve(4 << 20, "its layers", &w2);
+        tokio::pin!(second);
+        assert!(futures_util::poll!(&mut second).is_pending());
+        assert_eq!(w2.load(Ordering::Relaxed), 4 << 20, "it says what it waits for");
+        // A later small one does not pass it (first come, first served).
+        let third = budget.reserve(1 << 20, "its manifest", &w3);
+        tokio::pin!(third);
+        assert!(futures_util::poll!(&mut third).is_pending());
+        drop(first);
+        let second = second.await.unwrap();
+        let third = third.await.unwrap();
+        assert_eq!((w2.load(Ordering::Relaxed), budget.available_bytes()), (0, 3 << 20));
+        drop((second, third));
+        // Never fitting in time: deferred, a transient reason naming the flag.
+        let hog = budget.reserve(8 << 20, "its layers", &w1).await.unwrap();
+        let started = tokio::time::Instant::now();
+        let e = budget.reserve(1, "its manifest", &w2).await.unwrap_err();
+        assert!(matches!(e, RegistryError::Deferred(_)), "{e:?}");
+        assert_eq!(started.elapsed(), BUDGET_WAIT);
+        assert!(e.to_string().contains("waited 120 s for the pull budget"), "{e}");
+        assert!(e.to_string().contains("--artifact-pull-max-bytes"), "{e}");
+        drop(hog);
     }
 
     #[test]
