@@ -43,11 +43,20 @@ pub enum FaultKind {
     /// Cut the TCP path between the hubs and one JetStream node, or all of them, for a few
     /// seconds.
     BusCut,
+    /// Freeze one hub (SIGSTOP) for a few seconds and thaw it: its connections stay open
+    /// and nothing answers.
+    Freeze,
+    /// Freeze one JetStream node (SIGSTOP) for a few seconds while the other two keep
+    /// quorum, and thaw it.
+    NodeFreeze,
+    /// SIGKILL one hub replica and every JetStream node (stores kept), start the hub again
+    /// while JetStream is down (it must start unready, not exit), then JetStream.
+    RestartIntoOutage,
 }
 
 impl FaultKind {
     /// Every kind, in the order the summary prints them.
-    pub const ALL: [FaultKind; 9] = [
+    pub const ALL: [FaultKind; 12] = [
         FaultKind::Kill,
         FaultKind::Cut,
         FaultKind::AgentRestart,
@@ -57,28 +66,35 @@ impl FaultKind {
         FaultKind::NodeKill,
         FaultKind::JsEmpty,
         FaultKind::BusCut,
+        FaultKind::Freeze,
+        FaultKind::NodeFreeze,
+        FaultKind::RestartIntoOutage,
     ];
 
     /// The kinds on by default on the embedded bus.
-    pub const EMBEDDED: [FaultKind; 6] = [
+    pub const EMBEDDED: [FaultKind; 7] = [
         FaultKind::Kill,
         FaultKind::Cut,
         FaultKind::AgentRestart,
         FaultKind::DiskFull,
         FaultKind::Corrupt,
         FaultKind::Deny,
+        FaultKind::Freeze,
     ];
 
     /// The kinds on by default with `--bus nats` (the JetStream ones first: the first
     /// round goes in this order).
-    pub const NATS: [FaultKind; 7] = [
+    pub const NATS: [FaultKind; 10] = [
         FaultKind::JsEmpty,
         FaultKind::NodeKill,
         FaultKind::BusCut,
+        FaultKind::RestartIntoOutage,
+        FaultKind::NodeFreeze,
         FaultKind::Kill,
         FaultKind::AgentRestart,
         FaultKind::Cut,
         FaultKind::Deny,
+        FaultKind::Freeze,
     ];
 
     /// The name used in `--faults` and the summary.
@@ -93,6 +109,9 @@ impl FaultKind {
             FaultKind::NodeKill => "node-kill",
             FaultKind::JsEmpty => "js-empty",
             FaultKind::BusCut => "bus-cut",
+            FaultKind::Freeze => "freeze",
+            FaultKind::NodeFreeze => "node-freeze",
+            FaultKind::RestartIntoOutage => "restart-into-outage",
         }
     }
 
@@ -166,6 +185,8 @@ pub struct Fleet {
     /// Things that went wrong without losing anything yet, e.g. hubs not ready long after
     /// JetStream came back (printed in the summary).
     pub notes: Vec<String>,
+    /// Restarts that failed and were tried again, each with its duration (printed).
+    pub outages: Vec<String>,
 }
 
 /// Fault counts.
@@ -192,6 +213,22 @@ pub struct Plan {
 }
 
 const HUB_START_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a process that fails to start again is retried before the soak gives up on it.
+const GIVE_UP: Duration = Duration::from_secs(300);
+
+/// Starts `proc` again until it is up (see [`Restartable::start_until_up`]), noting an
+/// outage in `outages`.
+async fn start_again(
+    proc: &mut super::procs::Restartable,
+    wait_for: Option<&str>,
+    timeout: Duration,
+    outages: &mut Vec<String>,
+) -> Result<(), ProcError> {
+    if let Some(outage) = proc.start_until_up(wait_for, timeout, GIVE_UP).await? {
+        outages.push(outage);
+    }
+    Ok(())
+}
 
 /// Injects faults by `plan` until its end (or `stop`), then makes sure everything is
 /// running and restored, and hands the fleet back with the counts.
@@ -249,7 +286,9 @@ async fn watch_crashes(fleet: &mut Fleet) {
         if let Some(status) = hub.proc.exited() {
             tracing::error!(hub = i, %status, "a hub exited by itself: starting it again");
             fleet.crashes.push(format!("hub {i} ({status}; log {})", hub.proc.log().display()));
-            if let Err(e) = hub.proc.start(Some("hub listening"), HUB_START_TIMEOUT).await {
+            if let Err(e) =
+                start_again(&mut hub.proc, Some("hub listening"), HUB_START_TIMEOUT, &mut fleet.outages).await
+            {
                 tracing::error!(hub = i, error = %e, "cannot start the hub again");
             }
         }
@@ -258,7 +297,7 @@ async fn watch_crashes(fleet: &mut Fleet) {
         if let Some(status) = a.proc.exited() {
             tracing::error!(cluster = %a.cluster, %status, "an agent exited by itself: starting it again");
             fleet.crashes.push(format!("agent {} ({status}; log {})", a.cluster, a.proc.log().display()));
-            if let Err(e) = a.proc.start(None, Duration::ZERO).await {
+            if let Err(e) = start_again(&mut a.proc, None, Duration::ZERO, &mut fleet.outages).await {
                 tracing::error!(error = %e, "cannot start the agent again");
             }
         }
@@ -279,7 +318,7 @@ async fn inject(fleet: &mut Fleet, kind: FaultKind, plan: &Plan, k: u64) -> Resu
                 tracing::info!(hub = i, "hub replica killed");
                 tokio::time::sleep(plan.hold).await;
             }
-            hub.proc.start(Some("hub listening"), HUB_START_TIMEOUT).await?;
+            start_again(&mut hub.proc, Some("hub listening"), HUB_START_TIMEOUT, &mut fleet.outages).await?;
             Ok(true)
         }
         FaultKind::Corrupt => {
@@ -287,7 +326,7 @@ async fn inject(fleet: &mut Fleet, kind: FaultKind, plan: &Plan, k: u64) -> Resu
             hub.proc.stop(Stop::Kill, Duration::ZERO).await;
             // First a zeroed block (a lost page), then flipped bytes, alternating.
             let damaged = corrupt_closed_segment(data_dir, !k.is_multiple_of(2));
-            hub.proc.start(Some("hub listening"), HUB_START_TIMEOUT).await?;
+            start_again(&mut hub.proc, Some("hub listening"), HUB_START_TIMEOUT, &mut fleet.outages).await?;
             match damaged? {
                 Some((path, offset, len)) => {
                     tracing::info!(path = %path.display(), offset, len, "damaged a closed bus segment");
@@ -317,7 +356,7 @@ async fn inject(fleet: &mut Fleet, kind: FaultKind, plan: &Plan, k: u64) -> Resu
             a.churn.set_agent_down(true);
             tokio::time::sleep(plan.hold).await;
             a.churn.set_agent_down(false);
-            a.proc.start(None, Duration::ZERO).await?;
+            start_again(&mut a.proc, None, Duration::ZERO, &mut fleet.outages).await?;
             Ok(true)
         }
         FaultKind::Deny => {
@@ -361,6 +400,55 @@ async fn inject(fleet: &mut Fleet, kind: FaultKind, plan: &Plan, k: u64) -> Resu
                 fleet
                     .notes
                     .push(format!("JetStream node {i} not healthy {} s after its restart", RECOVER_TIMEOUT.as_secs()));
+            }
+            Ok(true)
+        }
+        FaultKind::Freeze => {
+            let i = rand::rng().random_range(0..fleet.hubs.len().max(1));
+            let Some(hub) = fleet.hubs.get(i) else { return Ok(false) };
+            tracing::info!(hub = i, "freezing a hub (SIGSTOP)");
+            hub.proc.freeze(true);
+            tokio::time::sleep(plan.hold).await;
+            hub.proc.freeze(false);
+            Ok(true)
+        }
+        FaultKind::NodeFreeze => {
+            let Some(js) = fleet.jetstream.as_ref() else { return Ok(false) };
+            let i = rand::rng().random_range(0..js.node_count().max(1));
+            tracing::info!(node = i, "freezing a JetStream node (SIGSTOP)");
+            if !js.freeze(i, true) {
+                return Ok(false);
+            }
+            tokio::time::sleep(plan.hold).await;
+            js.freeze(i, false);
+            if !js.wait_healthy(i, RECOVER_TIMEOUT).await {
+                fleet
+                    .notes
+                    .push(format!("JetStream node {i} not healthy {} s after a freeze", RECOVER_TIMEOUT.as_secs()));
+            }
+            Ok(true)
+        }
+        FaultKind::RestartIntoOutage => {
+            let i = rand::rng().random_range(0..fleet.hubs.len().max(1));
+            let (Some(js), Some(hub)) = (fleet.jetstream.as_mut(), fleet.hubs.get_mut(i)) else { return Ok(false) };
+            tracing::info!(hub = i, "killing a hub replica and every JetStream node; the hub starts again first");
+            hub.proc.stop(Stop::Kill, Duration::ZERO).await;
+            for n in 0..js.node_count() {
+                js.kill(n).await;
+            }
+            // Started into the outage, the hub must come up (unready), not exit.
+            start_again(&mut hub.proc, Some("hub listening"), HUB_START_TIMEOUT, &mut fleet.outages).await?;
+            tokio::time::sleep(plan.hold).await;
+            js.start_nodes(&(0..js.node_count()).collect::<Vec<_>>()).await?;
+            if !js.wait_meta_leader(RECOVER_TIMEOUT).await {
+                fleet.notes.push("no JetStream meta leader after the restart into an outage".into());
+            }
+            let unready = wait_hubs_ready(&fleet.hubs, RECOVER_TIMEOUT).await;
+            for (i, why) in unready {
+                fleet.notes.push(format!(
+                    "hub {i} not ready {} s after JetStream came back: {why}",
+                    RECOVER_TIMEOUT.as_secs()
+                ));
             }
             Ok(true)
         }

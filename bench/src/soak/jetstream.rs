@@ -138,6 +138,18 @@ impl JetStream {
         }
     }
 
+    /// Freezes (`SIGSTOP`) or thaws (`SIGCONT`) node `i`: it keeps its connections open
+    /// and answers nothing, while the other two keep quorum.
+    pub fn freeze(&self, i: usize, frozen: bool) -> bool {
+        let Some(pid) = self.nodes.get(i).and_then(|n| n.server.as_ref()).and_then(|s| s.pid()) else { return false };
+        let Ok(pid) = i32::try_from(pid) else { return false };
+        // SAFETY: kill(2) with the pid of a running child the server handle owns (not reaped).
+        unsafe {
+            libc::kill(pid, if frozen { libc::SIGSTOP } else { libc::SIGCONT });
+        }
+        true
+    }
+
     /// Starts the given nodes (stopped ones only), in parallel: a restarted cluster's
     /// nodes wait for each other.
     pub async fn start_nodes(&mut self, which: &[usize]) -> Result<(), JetStreamError> {

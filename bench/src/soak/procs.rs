@@ -87,6 +87,46 @@ impl Restartable {
         &self.log
     }
 
+    /// [`start`](Self::start) until it starts: a failed start (a hub that exited because
+    /// it could not start) is tried again with backoff (1 s doubling to 10 s) for up to
+    /// `give_up`, as a supervisor would. Answers the outage, when a start failed: what,
+    /// how long until it was up, how many starts failed and the first cause. A soak counts
+    /// and prints it instead of losing its verdict.
+    pub async fn start_until_up(
+        &mut self,
+        wait_for: Option<&str>,
+        timeout: Duration,
+        give_up: Duration,
+    ) -> Result<Option<String>, ProcError> {
+        let began = std::time::Instant::now();
+        let mut failed = 0u32;
+        let mut first = None;
+        let mut pause = Duration::from_secs(1);
+        loop {
+            match self.start(wait_for, timeout).await {
+                Ok(()) if failed == 0 => return Ok(None),
+                Ok(()) => {
+                    let outage = format!(
+                        "{} down {:.1} s: {failed} start(s) failed, first: {}",
+                        self.what,
+                        began.elapsed().as_secs_f64(),
+                        first.unwrap_or_default()
+                    );
+                    tracing::warn!("{outage}");
+                    return Ok(Some(outage));
+                }
+                Err(e) if began.elapsed() >= give_up => return Err(e),
+                Err(e) => {
+                    tracing::warn!(error = %e, "start failed: trying again in {pause:?}");
+                    failed += 1;
+                    first.get_or_insert_with(|| e.to_string());
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_secs(10));
+                }
+            }
+        }
+    }
+
     /// Starts the process; with `wait_for` set, waits (up to `timeout`) for a stdout line
     /// that starts with it.
     pub async fn start(&mut self, wait_for: Option<&str>, timeout: Duration) -> Result<(), ProcError> {
@@ -162,6 +202,16 @@ impl Restartable {
         let _ = child.start_kill();
         let _ = child.wait().await;
         self.stdout = None;
+    }
+
+    /// Freezes (`SIGSTOP`) or thaws (`SIGCONT`) the running process: a process that stops
+    /// answering without closing its connections (a paused VM, a stalled node).
+    pub fn freeze(&self, frozen: bool) {
+        let Some(pid) = self.child.as_ref().and_then(|c| c.id()).and_then(|p| i32::try_from(p).ok()) else { return };
+        // SAFETY: kill(2) with a pid of our own child, not reaped yet (we hold its handle).
+        unsafe {
+            libc::kill(pid, if frozen { libc::SIGSTOP } else { libc::SIGCONT });
+        }
     }
 
     /// Whether it exited by itself (a crash); returns its status then.
