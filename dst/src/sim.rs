@@ -449,6 +449,33 @@ fn run_seed(seed: u64, opts: &Options) -> anyhow::Result<Report> {
                             let until = now + Duration::from_millis(drng.random_range(100..4_000));
                             schedule.push((until, Action::DiskFreed));
                             count(&mut faults, "hub-started-into-full-disk");
+                            tracing::info!(?until, "simulation: the disk is full while the hub starts");
+                        }
+                    }
+                    // A replica restarted into a JetStream outage, or with its own link to
+                    // JetStream cut (a frozen or unreachable node), for up to 9 s (past the
+                    // 5 s a request waits for the link: the first attempt to open the bus
+                    // may fail): it must serve unready
+                    // and open its bus by itself (`fleetwatch_hub::opening`). Drawn from
+                    // the generator of start faults (memory and segment-log seeds draw what
+                    // they drew; a NATS seed's JetStream restarts follow its outages).
+                    if hubs.contains(&h)
+                        && down.contains(&h)
+                        && let Some(n) = &nats
+                    {
+                        if !js_down && drng.random_bool(0.2) {
+                            n.js.set_down(true);
+                            js_down = true;
+                            let until = now + Duration::from_millis(drng.random_range(200..9_000));
+                            schedule.push((until, Action::JetStreamUp(false)));
+                            count(&mut faults, "hub-started-into-jetstream-outage");
+                            tracing::info!(hub = %h, ?until, "simulation: JetStream down while the hub starts");
+                        } else if drng.random_bool(0.2) && js_cut.insert(h.clone()) {
+                            n.js.set_cut(&h, true);
+                            let until = now + Duration::from_millis(drng.random_range(200..9_000));
+                            schedule.push((until, Action::JetStreamLink(h.clone())));
+                            count(&mut faults, "hub-started-with-its-jetstream-link-cut");
+                            tracing::info!(hub = %h, ?until, "simulation: the hub's link to JetStream cut while it starts");
                         }
                     }
                     if down.remove(&h) {
