@@ -407,18 +407,13 @@ fn cut_last_record(seg: &Path) {
     std::fs::OpenOptions::new().write(true).open(seg).unwrap().set_len(at as u64).unwrap();
 }
 
-/// Issue 26, break 4: the hub is SIGKILLed, the last acked record is cut from its log at a
-/// record boundary, and the agent never comes back. The hub alone must tell subscribers
-/// which cluster lost acked records.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_record_cut_from_the_end_after_a_crash_resyncs_its_cluster() {
-    let pki = Pki::new();
-    let data = pki.path("data");
-    let port = free_port();
-    let mut hub = HubProc::start(&pki, port, Some(&data), &[]);
-    let mut agent_proc = agent(&pki, "c1", &hub.url(), "synthetic:objects=5,rate=200,total=100", &[]);
+/// A hub on `data` acks the 100 events of an agent that is then gone for good (its cluster
+/// was deleted), the hub is SIGKILLed, and the last acked record is cut from the end of its
+/// log at a record boundary.
+async fn crash_with_the_last_record_cut(pki: &Pki, port: u16, data: &Path) {
+    let mut hub = HubProc::start(pki, port, Some(data), &[]);
+    let mut agent_proc = agent(pki, "c1", &hub.url(), "synthetic:objects=5,rate=200,total=100", &[]);
     acked_up_to(&hub, 101, &agent_proc).await;
-    // The agent is gone for good (its cluster was deleted); the hub crashes.
     agent_proc.signal("KILL");
     assert!(agent_proc.wait_exit(Duration::from_secs(10)).is_some());
     hub.proc.signal("KILL");
@@ -430,8 +425,19 @@ async fn a_record_cut_from_the_end_after_a_crash_resyncs_its_cluster() {
         .collect();
     segs.sort();
     cut_last_record(segs.last().unwrap());
+}
 
-    hub = HubProc::start(&pki, port, Some(&data), &[]);
+/// Issue 26, break 4: the hub is SIGKILLed, the last acked record is cut from its log at a
+/// record boundary, and the agent never comes back. The hub alone must tell subscribers
+/// which cluster lost acked records.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_cut_from_the_end_after_a_crash_resyncs_its_cluster() {
+    let pki = Pki::new();
+    let data = pki.path("data");
+    let port = free_port();
+    crash_with_the_last_record_cut(&pki, port, &data).await;
+
+    let hub = HubProc::start(&pki, port, Some(&data), &[]);
     let mut sub =
         Subscription::connect(subscriber_opts(&pki, &hub.url(), "reader", StartFrom::Earliest)).await.unwrap();
     let mut lost = None;
@@ -467,23 +473,10 @@ async fn a_hub_restarted_into_a_full_disk_opens_its_log_once_there_is_room() {
         .unwrap_or_else(|e| panic!("this test needs a tmpfs mount (root, as the test command runs): {e}"));
     let data = mount_dir.join("hub-data");
     let port = free_port();
-    let mut hub = HubProc::start(&pki, port, Some(&data), &[]);
-    let mut agent_proc = agent(&pki, "c1", &hub.url(), "synthetic:objects=5,rate=200,total=100", &[]);
-    acked_up_to(&hub, 101, &agent_proc).await;
-    agent_proc.signal("KILL");
-    assert!(agent_proc.wait_exit(Duration::from_secs(10)).is_some());
-    hub.proc.signal("KILL");
-    assert!(hub.proc.wait_exit(Duration::from_secs(10)).is_some());
-    let mut segs: Vec<_> = std::fs::read_dir(data.join("segments"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "log"))
-        .collect();
-    segs.sort();
-    cut_last_record(segs.last().unwrap());
+    crash_with_the_last_record_cut(&pki, port, &data).await;
     let balloon = Balloon::inflate(&mount_dir.join("balloon"));
 
-    hub = HubProc::start(&pki, port, Some(&data), &[]);
+    let hub = HubProc::start(&pki, port, Some(&data), &[]);
     assert_eq!(http(hub.admin_port, "GET", "/healthz").await.0, 200);
     let (status, body) = http(hub.admin_port, "GET", "/readyz").await;
     assert_eq!(status, 503, "{body}");

@@ -304,6 +304,20 @@ async fn watch_crashes(fleet: &mut Fleet) {
     }
 }
 
+/// After every JetStream node was started again: waits for a meta leader and for every
+/// hub to be ready by itself, noting what did not happen within [`RECOVER_TIMEOUT`].
+async fn note_recovery(fleet: &mut Fleet, after: &str) {
+    if let Some(js) = fleet.jetstream.as_ref()
+        && !js.wait_meta_leader(RECOVER_TIMEOUT).await
+    {
+        fleet.notes.push(format!("no JetStream meta leader after it {after}"));
+    }
+    let unready = wait_hubs_ready(&fleet.hubs, RECOVER_TIMEOUT).await;
+    for (i, why) in unready {
+        fleet.notes.push(format!("hub {i} not ready {} s after JetStream {after}: {why}", RECOVER_TIMEOUT.as_secs()));
+    }
+}
+
 /// Injects one fault and undoes it; `Ok(false)` when it was not possible this time. `k`
 /// counts the attempts of this kind, to alternate its variants (which signal, which path).
 async fn inject(fleet: &mut Fleet, kind: FaultKind, plan: &Plan, k: u64) -> Result<bool, FaultError> {
@@ -440,33 +454,15 @@ async fn inject(fleet: &mut Fleet, kind: FaultKind, plan: &Plan, k: u64) -> Resu
             start_again(&mut hub.proc, Some("hub listening"), HUB_START_TIMEOUT, &mut fleet.outages).await?;
             tokio::time::sleep(plan.hold).await;
             js.start_nodes(&(0..js.node_count()).collect::<Vec<_>>()).await?;
-            if !js.wait_meta_leader(RECOVER_TIMEOUT).await {
-                fleet.notes.push("no JetStream meta leader after the restart into an outage".into());
-            }
-            let unready = wait_hubs_ready(&fleet.hubs, RECOVER_TIMEOUT).await;
-            for (i, why) in unready {
-                fleet.notes.push(format!(
-                    "hub {i} not ready {} s after JetStream came back: {why}",
-                    RECOVER_TIMEOUT.as_secs()
-                ));
-            }
+            note_recovery(fleet, "came back after the restart into an outage").await;
             Ok(true)
         }
         FaultKind::JsEmpty => {
             let Some(js) = fleet.jetstream.as_mut() else { return Ok(false) };
             tracing::info!("restarting JetStream empty: every node killed, every store wiped");
             js.restart_empty().await?;
-            if !js.wait_meta_leader(RECOVER_TIMEOUT).await {
-                fleet.notes.push("no JetStream meta leader after the restart empty".into());
-            }
             // The hubs must recover by themselves (recreate the stream, tell subscribers).
-            let unready = wait_hubs_ready(&fleet.hubs, RECOVER_TIMEOUT).await;
-            for (i, why) in unready {
-                fleet.notes.push(format!(
-                    "hub {i} not ready {} s after JetStream restarted empty: {why}",
-                    RECOVER_TIMEOUT.as_secs()
-                ));
-            }
+            note_recovery(fleet, "restarted empty").await;
             Ok(true)
         }
         FaultKind::BusCut => {
