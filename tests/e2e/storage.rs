@@ -438,26 +438,28 @@ async fn a_record_cut_from_the_end_after_a_crash_resyncs_its_cluster() {
     crash_with_the_last_record_cut(&pki, port, &data).await;
 
     let hub = HubProc::start(&pki, port, Some(&data), &[]);
-    let mut sub =
-        Subscription::connect(subscriber_opts(&pki, &hub.url(), "reader", StartFrom::Earliest)).await.unwrap();
-    let mut lost = None;
-    while lost.is_none() {
+    let reason = loss_of_c1(&pki, &hub).await;
+    assert!(reason.contains("up to seq 101 of epoch") && reason.contains("are missing"), "{reason}");
+    assert!(reason.contains("the end of the log was cut"), "{reason}");
+}
+
+/// The reason of the first `resync-required` for c1 other than its agent's start, read by a
+/// new durable subscriber from the earliest record; a `*` fails (the log's mark names the
+/// cluster).
+async fn loss_of_c1(pki: &Pki, hub: &HubProc) -> String {
+    let mut sub = Subscription::connect(subscriber_opts(pki, &hub.url(), "reader", StartFrom::Earliest)).await.unwrap();
+    loop {
         let d = tokio::time::timeout(Duration::from_secs(30), sub.next())
             .await
             .unwrap_or_else(|_| panic!("no resync-required for c1; hub log:\n{}", hub.proc.stderr()))
             .unwrap();
         match &d {
-            Delivery::ResyncRequired(r) if r.cluster == "c1" && r.reason != "agent started" => {
-                lost = Some(r.reason.clone())
-            }
+            Delivery::ResyncRequired(r) if r.cluster == "c1" && r.reason != "agent started" => return r.reason.clone(),
             Delivery::ResyncRequired(r) if r.cluster == "*" => panic!("the log's mark names the cluster: {r:?}"),
             _ => {}
         }
         sub.ack(d.last_cursor().unwrap()).await.unwrap();
     }
-    let reason = lost.unwrap();
-    assert!(reason.contains("up to seq 101 of epoch") && reason.contains("are missing"), "{reason}");
-    assert!(reason.contains("the end of the log was cut"), "{reason}");
 }
 
 /// Issue 44, break 3: a hub restarted into a full disk, its log's last acked record cut
@@ -494,23 +496,7 @@ async fn a_hub_restarted_into_a_full_disk_opens_its_log_once_there_is_room() {
         .context(|| hub.proc.stderr())
         .until(async || http(hub.admin_port, "GET", "/readyz").await, |answer| answer.0 == 200)
         .await;
-    let mut sub =
-        Subscription::connect(subscriber_opts(&pki, &hub.url(), "reader", StartFrom::Earliest)).await.unwrap();
-    let mut lost = None;
-    while lost.is_none() {
-        let d = tokio::time::timeout(Duration::from_secs(30), sub.next())
-            .await
-            .unwrap_or_else(|_| panic!("no resync-required for c1; hub log:\n{}", hub.proc.stderr()))
-            .unwrap();
-        if let Delivery::ResyncRequired(r) = &d
-            && r.cluster == "c1"
-            && r.reason != "agent started"
-        {
-            lost = Some(r.reason.clone());
-        }
-        sub.ack(d.last_cursor().unwrap()).await.unwrap();
-    }
-    let reason = lost.unwrap();
+    let reason = loss_of_c1(&pki, &hub).await;
     assert!(reason.contains("up to seq 101 of epoch") && reason.contains("the end of the log was cut"), "{reason}");
     assert!(hub.proc.stderr().contains("opened the bus"), "{}", hub.proc.stderr());
 }

@@ -759,6 +759,22 @@ mod tests {
         (port, sent)
     }
 
+    /// Writes `total` bytes of `fill` to `conn` in 64 KiB chunks, counting them in `sent`,
+    /// until the peer stops reading.
+    async fn stream(conn: &mut tokio::net::TcpStream, fill: u8, total: u64, sent: &std::sync::atomic::AtomicU64) {
+        use tokio::io::AsyncWriteExt;
+        let chunk = vec![fill; 64 << 10];
+        let mut left = total;
+        while left > 0 {
+            let n = left.min(chunk.len() as u64) as usize;
+            if conn.write_all(&chunk[..n]).await.is_err() {
+                return;
+            }
+            sent.fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
+            left -= n as u64;
+        }
+    }
+
     /// [`hostile_registry`] whose manifest is followed by `manifest_pad` more bytes (spaces,
     /// so still JSON) sent without Content-Length (`None`: the manifest as it is, with it);
     /// the bytes of manifest sent are counted too.
@@ -797,29 +813,11 @@ mod tests {
                         let h = head(length, oci_client::manifest::OCI_IMAGE_MEDIA_TYPE);
                         let _ = conn.write_all(h.as_bytes()).await;
                         let _ = conn.write_all(&manifest).await;
-                        let chunk = vec![b' '; 64 << 10];
-                        let mut left = manifest_pad.unwrap_or(0);
-                        while left > 0 {
-                            let n = left.min(chunk.len() as u64) as usize;
-                            if conn.write_all(&chunk[..n]).await.is_err() {
-                                return;
-                            }
-                            manifest_sent.fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
-                            left -= n as u64;
-                        }
+                        stream(&mut conn, b' ', manifest_pad.unwrap_or(0), &manifest_sent).await;
                     } else if line.contains("/blobs/") {
                         // No Content-Length: a stream that does not end where the descriptor says.
                         let _ = conn.write_all(head(None, "application/octet-stream").as_bytes()).await;
-                        let chunk = vec![0u8; 64 << 10];
-                        let mut left = blob_bytes;
-                        while left > 0 {
-                            let n = left.min(chunk.len() as u64) as usize;
-                            if conn.write_all(&chunk[..n]).await.is_err() {
-                                return;
-                            }
-                            sent.fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
-                            left -= n as u64;
-                        }
+                        stream(&mut conn, 0, blob_bytes, &sent).await;
                     } else {
                         let _ = conn.write_all(head(Some(2), "application/json").as_bytes()).await;
                         let _ = conn.write_all(b"{}").await;
@@ -833,21 +831,8 @@ mod tests {
     #[tokio::test]
     async fn a_blob_streamed_past_its_descriptor_is_cut_off_there() {
         let _ = rustls::crypto::ring::default_provider().install_default();
-        let layer = |size: i64| {
-            serde_json::json!({"mediaType": MANIFEST_MEDIA_TYPE, "size": size,
-                "digest": format!("sha256:{}", "c".repeat(64))})
-        };
-        let manifest = |layers: Vec<serde_json::Value>| {
-            serde_json::to_vec(&serde_json::json!({
-                "schemaVersion": 2, "mediaType": oci_client::manifest::OCI_IMAGE_MEDIA_TYPE,
-                "artifactType": "application/vnd.fleetwatch.module.v1",
-                "config": {"mediaType": "application/vnd.oci.empty.v1+json", "size": 2,
-                           "digest": "sha256:44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a"},
-                "layers": layers}))
-            .unwrap()
-        };
         // A ~700-byte layer served as 256 MiB: refused having read no more than it says.
-        let body = manifest(vec![layer(700)]);
+        let body = module_manifest(vec![(700, MANIFEST_MEDIA_TYPE)]);
         let digest = super::super::sha256(&body);
         let (port, sent) = hostile_registry(body, 256 << 20).await;
         let options = RegistryOptions { insecure: vec![format!("127.0.0.1:{port}")], ..Default::default() };
@@ -866,7 +851,7 @@ mod tests {
         let again = cache.get(&reference, None).await.unwrap_err();
         assert!(again.retry_in > MAX_RETRY && again.message == e.message, "{again:?}");
         // More layers than a module artifact has: refused before any blob is fetched.
-        let body = manifest(vec![layer(1), layer(1), layer(1)]);
+        let body = module_manifest(vec![(1, MANIFEST_MEDIA_TYPE); 3]);
         let digest = super::super::sha256(&body);
         let (port, sent) = hostile_registry(body, 1 << 20).await;
         let options = RegistryOptions { insecure: vec![format!("127.0.0.1:{port}")], ..Default::default() };
