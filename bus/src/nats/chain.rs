@@ -12,6 +12,13 @@ pub(super) struct Chain {
     /// The first offset the tail saw: a cluster missing from `last` has no record below it
     /// only when it is 1 (otherwise its latest may have been evicted unseen).
     pub(super) seen_from: u64,
+    /// The tail reads a recreated stream from its first record, and its `resync-required`
+    /// `*` ([`super::RECREATED`]) is known stored further on: every record before it is
+    /// covered by it (a subscriber re-lists every cluster when it reads the marker, after
+    /// them), so none of them needs a check of its own. Records of replicas that had not
+    /// noticed the recreation land there (a whole batch of an agent: one `resync-required`
+    /// each, a hundred per `js-empty` in the soak of issue 44).
+    pub(super) before_marker: bool,
 }
 
 /// A cluster's latest records as the local tail took them in.
@@ -62,6 +69,24 @@ impl Chain {
     /// `Err(why)` when it does not (or cannot be known to), and it takes the record's place
     /// as the latest either way (unless it is older than the latest of its own process).
     pub(super) fn follow(
+        &mut self,
+        cluster: &Arc<str>,
+        prev: Option<&str>,
+        known: Option<&str>,
+        now: (u64, u64),
+        offset: u64,
+    ) -> Result<(), &'static str> {
+        // The bookkeeping either way: the records after the marker follow these.
+        let verdict = self.check(cluster, prev, known, now, offset);
+        if self.before_marker { Ok(()) } else { verdict }
+    }
+
+    /// The recreated stream's `resync-required` `*` was read: records after it are checked.
+    pub(super) fn marker_read(&mut self) {
+        self.before_marker = false;
+    }
+
+    fn check(
         &mut self,
         cluster: &Arc<str>,
         prev: Option<&str>,
@@ -159,7 +184,7 @@ mod tests {
     #[test]
     fn a_record_follows_only_the_latest_one_its_tail_saw() {
         let c: Arc<str> = "c".into();
-        let mut chain = Chain { last: HashMap::new(), seen_from: 1 };
+        let mut chain = Chain { last: HashMap::new(), seen_from: 1, before_marker: false };
         assert_eq!(chain.follow(&c, Some("-"), None, (1, 1), 1), Ok(()), "the first record of a cluster");
         assert_eq!(chain.follow(&c, Some("1/1"), None, (1, 2), 2), Ok(()));
         assert_eq!(chain.follow(&c, Some("1/3"), None, (1, 4), 3), Err(BROKEN), "3 is missing");
@@ -179,7 +204,7 @@ mod tests {
             Err(BROKEN),
             "an offset does not excuse a gap seen"
         );
-        let mut partial = Chain { last: HashMap::new(), seen_from: 10 };
+        let mut partial = Chain { last: HashMap::new(), seen_from: 10, before_marker: false };
         assert_eq!(partial.follow(&d, Some("1/1"), None, (1, 2), 11), Err(UNKNOWN), "a predecessor evicted unseen");
         let e: Arc<str> = "e".into();
         assert_eq!(partial.follow(&e, Some("1/1@9"), None, (1, 2), 12), Ok(()), "stored below what the tail saw");
@@ -188,7 +213,7 @@ mod tests {
         assert_eq!(partial.follow(&c, Some("-"), None, (1, 1), 14), Ok(()));
         // Records sent late: older than the latest of their agent process.
         let g: Arc<str> = "g".into();
-        let mut late = Chain { last: HashMap::new(), seen_from: 1 };
+        let mut late = Chain { last: HashMap::new(), seen_from: 1, before_marker: false };
         assert_eq!(late.follow(&g, Some("-"), None, (5, 1), 15), Ok(()));
         assert_eq!(late.follow(&g, Some("5/1"), None, (5, 2), 16), Ok(()));
         assert_eq!(late.follow(&g, Some("5/2"), None, (5, 3), 17), Ok(()));
@@ -202,7 +227,7 @@ mod tests {
     #[test]
     fn a_record_sent_before_another_agent_process_stored_newer_ones_is_late() {
         let c: Arc<str> = "c".into();
-        let mut chain = Chain { last: HashMap::new(), seen_from: 1 };
+        let mut chain = Chain { last: HashMap::new(), seen_from: 1, before_marker: false };
         assert_eq!(chain.follow(&c, Some("-"), Some("0"), (1, 1), 1), Ok(()));
         assert_eq!(chain.follow(&c, Some("1/1"), Some("0"), (1, 2), 2), Ok(()), "in flight with the first");
         assert_eq!(chain.follow(&c, Some("1/2@2"), Some("2"), (2, 1), 3), Ok(()), "a second process after the first");
@@ -225,12 +250,40 @@ mod tests {
         assert_eq!(chain.follow(&c, Some("3/2@14"), Some("14"), (3, 3), 15), Ok(()), "once its acks were in");
         // Where the tail did not look, it cannot tell.
         let d: Arc<str> = "d".into();
-        let mut partial = Chain { last: HashMap::new(), seen_from: 10 };
+        let mut partial = Chain { last: HashMap::new(), seen_from: 10, before_marker: false };
         assert_eq!(partial.follow(&d, Some("1/1@5"), Some("5"), (1, 2), 11), Err(UNCHECKED), "6 to 9 unseen");
         assert_eq!(partial.follow(&d, Some("1/2"), Some("9"), (1, 3), 12), Ok(()), "everything after 9 seen");
         assert_eq!(partial.follow(&d, Some("1/3"), Some("13"), (1, 4), 13), Err(UNCHECKED), "an end beyond itself");
         assert_eq!(partial.follow(&d, Some("1/4"), Some("x"), (1, 5), 14), Err(UNCHECKED));
     }
+
+    /// Issue 44: records of replicas that had not noticed a recreation, stored before the
+    /// recreated stream's `resync-required` `*`, name an end in the old stream below the
+    /// tail's start. The marker after them covers them: delivered as events, not one
+    /// resync each. After the marker the checks are back.
+    #[test]
+    fn records_before_a_recreated_streams_marker_are_covered_by_it() {
+        let c: Arc<str> = "c".into();
+        let star: Arc<str> = ALL.into();
+        let base = 8_388_608;
+        let mut chain = Chain { last: HashMap::new(), seen_from: base + 1, before_marker: true };
+        // A batch of an agent whose replica still knew the old stream's end.
+        for (i, seq) in (40..45).enumerate() {
+            let offset = base + 1 + i as u64;
+            let prev = format!("7/{}", seq - 1);
+            assert_eq!(chain.follow(&c, Some(&prev), Some("5000000"), (7, seq), offset), Ok(()), "{offset}");
+        }
+        let at = base + 6;
+        assert_eq!(chain.follow(&star, Some("-"), None, (0, base), at), Ok(()));
+        chain.marker_read();
+        // The same records after the marker: unchecked, as without it.
+        assert_eq!(chain.follow(&c, Some("7/44"), Some("5000000"), (7, 45), at + 1), Err(UNCHECKED));
+        // A tail that did not start before the marker checks from the first record.
+        let mut later = Chain { last: HashMap::new(), seen_from: base + 1, before_marker: false };
+        assert_eq!(later.follow(&c, Some("7/39"), Some("5000000"), (7, 40), base + 1), Err(UNKNOWN));
+    }
+
+    const ALL: &str = "*";
 
     /// Seed 7056 of the simulation: a session the second agent process had left took its
     /// record in late, after that process's newer records through another replica and the
@@ -239,7 +292,7 @@ mod tests {
     #[test]
     fn a_record_older_than_its_process_stored_behind_another_process_is_stale() {
         let c: Arc<str> = "c".into();
-        let mut chain = Chain { last: HashMap::new(), seen_from: 1 };
+        let mut chain = Chain { last: HashMap::new(), seen_from: 1, before_marker: false };
         assert_eq!(chain.follow(&c, Some("-"), Some("0"), (1, 1), 1), Ok(()));
         assert_eq!(chain.follow(&c, Some("1/1@1"), Some("1"), (2, 1), 2), Ok(()));
         assert_eq!(chain.follow(&c, Some("2/1"), Some("2"), (2, 5), 3), Ok(()), "2/2..2/4 through another replica");

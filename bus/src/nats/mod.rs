@@ -358,6 +358,9 @@ pub struct NatsBus<J: JetStream = AsyncNats> {
     /// waiting for a missing stream (read with it in `names_lost`; only the reason told
     /// differs).
     lost_names_begun: AtomicBool,
+    /// The base of the recreated stream whose `resync-required` `*` this replica knows
+    /// stored (it published it and had the ack); 0: none.
+    marker_base: AtomicU64,
     /// The stream's state as last seen, for a replica without a local tail.
     stream_state: Mutex<StreamState>,
     /// Itself, for the tasks it starts later.

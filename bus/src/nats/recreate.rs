@@ -220,6 +220,7 @@ impl<J: JetStream> NatsBus<J> {
         let failed = |e: String| NatsError::Publish { cluster: ALL_CLUSTERS.into(), cause: e };
         let ack = self.js.publish(self.subject(ALL_CLUSTERS), headers, reason.into(), id).await.map_err(failed)?;
         ack.await.map_err(failed)?;
+        self.marker_base.store(base, Ordering::SeqCst);
         Ok(())
     }
 }

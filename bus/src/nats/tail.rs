@@ -62,11 +62,14 @@ impl StreamState {
 /// before it (from the heads in the bucket). The tail checks each record's predecessor;
 /// what it cannot see (records evicted before it started) it knows only from heads written
 /// before them.
-fn initial_log(state: &JsState, base: u64, heads: &HashMap<Arc<str>, Head>) -> (Log, Chain) {
+fn initial_log(state: &JsState, base: u64, heads: &HashMap<Arc<str>, Head>, marker_stored: bool) -> (Log, Chain) {
     let mut log = Log::new();
     log.base = StreamState::of(state, base).first;
     log.end = log.base;
-    let mut chain = Chain { last: HashMap::new(), seen_from: log.base };
+    // A recreated stream read from its first record, with its `resync-required` `*` known
+    // stored (this replica published it): the records before the marker are covered by it.
+    let before_marker = marker_stored && base > 0 && log.base == base + 1;
+    let mut chain = Chain { last: HashMap::new(), seen_from: log.base, before_marker };
     for (cluster, h) in heads {
         if h.offset < log.base {
             log.evicted.insert(cluster.clone(), h.offset);
@@ -151,7 +154,8 @@ impl<J: JetStream> NatsBus<J> {
             keep_latest(&mut heads, cluster, *h);
         }
         let base = self.base.load(Ordering::SeqCst);
-        let (log, chain) = initial_log(&info.state, base, &heads);
+        let marker_stored = self.marker_base.load(Ordering::SeqCst) == base;
+        let (log, chain) = initial_log(&info.state, base, &heads, marker_stored);
         let start = log.end;
         let generation = {
             let mut current =
@@ -278,6 +282,7 @@ impl<J: JetStream> NatsBus<J> {
                 // What the dropped records carried is unseen: predecessors are unknown now.
                 chain.seen_from = offset;
                 chain.last.clear();
+                chain.before_marker = false;
             }
             // A record of a newer format is neither skipped nor taken for damage: the tail
             // stops before it and this replica refuses to go on (its hub exits, naming both
@@ -293,6 +298,12 @@ impl<J: JetStream> NatsBus<J> {
                 Ok(mut rec) => {
                     let header = |name| msg.headers.as_ref().and_then(|h| h.get(name)).map(|v| v.as_str());
                     let (prev, known) = (header(H_PREV), header(H_KNOWN));
+                    if rec.epoch == 0
+                        && &*rec.cluster == ALL_CLUSTERS
+                        && matches!(&rec.body, RecordBody::ResyncRequired(r) if r.starts_with(super::RECREATED))
+                    {
+                        chain.marker_read();
+                    }
                     // A marker that does not follow already asks for what a replacement would.
                     if let Err(why) = chain.follow(&rec.cluster, prev, known, (rec.epoch, rec.seq), offset)
                         && matches!(rec.body, RecordBody::Event(_))
