@@ -5,8 +5,8 @@
 //! - [`MemoryBus`] ([`memory`]): records in memory only; a restart starts a new stream
 //!   (subscribers get `resync-required` `*`).
 //! - [`SegmentLogBus`] ([`segment_log`]): the same index in memory, plus checksummed
-//!   segment files written by one writer thread with group commit ([`writer`]), recovery
-//!   of damaged files at start ([`recovery`]) and durable cursors on disk ([`cursors`]).
+//!   segment files written by one writer thread with group commit (`segment_log/writer.rs`), recovery
+//!   of damaged files at start (`segment_log/recovery.rs`) and durable cursors on disk ([`cursors`]).
 //! - [`NatsBus`] ([`nats`]): NATS JetStream, shared by several hub replicas; a backend
 //!   over the network, which is why every operation that may need a round trip returns a
 //!   future ([`BusFuture`]) and errors are typed ([`BusError`]).
@@ -26,7 +26,7 @@
 //! make progress, evicted history reported per cluster, durable cursors that only move
 //! forward, reasons capped.
 //!
-//! Data directory layout of the segment log (format 2; see [`record`] for the framing):
+//! Data directory layout of the segment log (format 2; see `segment_log/record.rs` for the framing):
 //! - `format`: `fleetwatch-bus 2`. A directory with a `stream-id` but no `format` is from
 //!   an older release: its `segments` and `cursors.json` are moved aside (`*-v1`) and a
 //!   new stream starts, so subscribers get `resync-required` `*`.
@@ -35,23 +35,18 @@
 //!   segment, to attribute damage found later.
 //! - `cursors.json`: durable cursors and the offset high-water mark ([`cursors`]).
 //! - `marks`: the log's end and each recent cluster's latest record, synced with every
-//!   group commit, so a log cut at a record boundary is noticed at start ([`marks`]).
+//!   group commit, so a log cut at a record boundary is noticed at start (`segment_log/marks.rs`).
 
 #[cfg(test)]
 mod conformance;
 mod cursors;
 mod deferred;
 mod log;
-mod marks;
 mod memory;
 pub mod nats;
-mod record;
-mod recovery;
 mod retention;
-mod segment;
 mod segment_log;
 mod storage;
-mod writer;
 
 use std::future::Future;
 use std::path::PathBuf;

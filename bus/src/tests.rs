@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use std::path::{Path, PathBuf};
 
 use super::*;
+use crate::segment_log::{record, segment};
 
 fn ev(epoch: u64, seq: u64) -> Append {
     Append { epoch, seq, body: RecordBody::Event(Bytes::from(format!(r#"{{"seq":{seq}}}"#))) }

@@ -1,13 +1,19 @@
-//! The segment-log bus: the in-memory log index of [`super::log`] backed by checksummed
+//! The segment-log bus: the in-memory log index of [`crate::log`] backed by checksummed
 //! segment files, so acked events survive a hub crash.
 //!
-//! One writer thread owns appends ([`super::writer`]): it writes every waiting request
+//! One writer thread owns appends ([`self::writer`]): it writes every waiting request
 //! with one `fdatasync` (group commit), then makes them visible and answers. The hub acks
 //! an agent only after that answer. At start the segments are read back
-//! ([`super::recovery`]); records found lost become `resync-required` markers before the
+//! ([`self::recovery`]); records found lost become `resync-required` markers before the
 //! bus serves anything, and so do acked records cut from the end of the log, which the
-//! log's mark tells ([`super::marks`]). Durable cursors live in `cursors.json`
-//! ([`super::cursors`]).
+//! log's mark tells ([`self::marks`]). Durable cursors live in `cursors.json`
+//! ([`crate::cursors`]).
+
+mod marks;
+pub(crate) mod record;
+mod recovery;
+pub(crate) mod segment;
+mod writer;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -15,16 +21,15 @@ use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
 
-use super::cursors::CursorStore;
-use super::log::{Core, Log};
-use super::marks::{self, Marks};
-use super::storage::{self, Storage};
-use super::writer::{Disk, MarkSyncer, Request, Writer};
-use super::{
+use crate::cursors::CursorStore;
+use crate::log::{Core, Log};
+use crate::storage::{self, Storage};
+use crate::{
     ALL_CLUSTERS, Append, Bus, BusError, BusFuture, BusOptions, CURSOR_STORE_FORMAT, FORMAT, FaultInjection,
-    LOG_FORMAT, Lookup, Read, RecordBody, StorageError, WriterPlacement, cap_reason, cap_reasons, ready, record,
-    recovery, retention, segment,
+    LOG_FORMAT, Lookup, Read, RecordBody, StorageError, WriterPlacement, cap_reason, cap_reasons, ready, retention,
 };
+use marks::Marks;
+use writer::{Disk, MarkSyncer, Request, Writer};
 
 /// The durable embedded bus.
 pub struct SegmentLogBus {
@@ -190,7 +195,7 @@ impl SegmentLogBus {
 }
 
 impl Bus for SegmentLogBus {
-    super::log::forward_to_core!();
+    crate::log::forward_to_core!();
 
     fn is_durable(&self) -> bool {
         true
@@ -264,7 +269,7 @@ pub(super) fn check_formats(dir: &Path) -> Result<(), BusError> {
         }
     }
     let cursors_path = dir.join("cursors.json");
-    if let Some(version) = super::cursors::stored_version(&cursors_path)
+    if let Some(version) = crate::cursors::stored_version(&cursors_path)
         && version > CURSOR_STORE_FORMAT
     {
         let ours = format!("version {CURSOR_STORE_FORMAT}");

@@ -13,16 +13,17 @@ use std::sync::{Arc, Weak};
 
 use tokio::sync::{mpsc, oneshot};
 
-use super::cursors::RESERVE_STEP;
-use super::log;
+use super::SegmentLogBus;
 use super::marks::Marks;
-use super::retention::{self, Retention};
-use super::segment_log::SegmentLogBus;
-use super::storage::StorageError;
-use super::{Append, BusError, Record, record, segment};
+use super::{record, segment};
+use crate::cursors::RESERVE_STEP;
+use crate::log;
+use crate::retention::{self, Retention};
+use crate::storage::StorageError;
+use crate::{Append, BusError, Record};
 
 /// A request to the writer.
-pub(super) enum Request {
+pub(crate) enum Request {
     /// Append records for one cluster.
     Append {
         cluster: Arc<str>,
@@ -53,7 +54,7 @@ struct Active {
 }
 
 /// The on-disk side of the writer.
-pub(super) struct Disk {
+pub(crate) struct Disk {
     pub data_dir: PathBuf,
     pub seg_dir: PathBuf,
     pub segment_bytes: u64,
@@ -70,14 +71,14 @@ pub(super) struct Disk {
 /// Syncs the log's mark on a thread of its own while the writer syncs the segment, so a
 /// commit waits for one `fdatasync`'s time, not two. One long-lived thread: a thread per
 /// commit would cost its creation on every group commit. It stops when the writer does.
-pub(super) struct MarkSyncer {
+pub(crate) struct MarkSyncer {
     jobs: std::sync::mpsc::SyncSender<Arc<File>>,
     done: std::sync::mpsc::Receiver<std::io::Result<()>>,
 }
 
 impl MarkSyncer {
     /// Starts the thread.
-    pub(super) fn spawn() -> std::io::Result<Self> {
+    pub(crate) fn spawn() -> std::io::Result<Self> {
         let (jobs, queued) = std::sync::mpsc::sync_channel::<Arc<File>>(1);
         let (answer, done) = std::sync::mpsc::sync_channel(1);
         std::thread::Builder::new().name("bus-mark-sync".into()).spawn(move || {
@@ -103,7 +104,7 @@ impl MarkSyncer {
 }
 
 impl Disk {
-    pub(super) fn new(
+    pub(crate) fn new(
         data_dir: PathBuf,
         seg_dir: PathBuf,
         segment_bytes: u64,
@@ -123,7 +124,7 @@ impl Disk {
     }
 
     /// Continues appending to the last segment, which holds `records`.
-    pub(super) fn resume(&mut self, records: &[Arc<Record>]) -> Result<(), StorageError> {
+    pub(crate) fn resume(&mut self, records: &[Arc<Record>]) -> Result<(), StorageError> {
         let Some((first, path)) = self.segments.back().cloned() else { return Ok(()) };
         let file = std::fs::OpenOptions::new().append(true).open(&path).map_err(|e| StorageError::new(&path, e))?;
         let good_len = file.metadata().map_err(|e| StorageError::new(&path, e))?.len();
@@ -141,7 +142,7 @@ impl Disk {
     }
 }
 
-pub(super) struct Writer {
+pub(crate) struct Writer {
     /// Weak: when the last bus handle goes, its sender goes and the writer stops.
     pub bus: Weak<SegmentLogBus>,
     pub retention: Retention,
@@ -155,13 +156,13 @@ pub(super) struct Writer {
 }
 
 impl Writer {
-    pub(super) fn new(bus: Weak<SegmentLogBus>, retention: Retention, disk: Disk) -> Self {
+    pub(crate) fn new(bus: Weak<SegmentLogBus>, retention: Retention, disk: Disk) -> Self {
         Self { bus, retention, disk, failing: false, refused_bytes: 0 }
     }
 
     /// Runs on its own thread: disk writes and fsync block, and must not stall the async
     /// workers that serve sessions.
-    pub(super) fn run(mut self, mut rx: mpsc::Receiver<Request>) {
+    pub(crate) fn run(mut self, mut rx: mpsc::Receiver<Request>) {
         let mut batch = Vec::new();
         while let Some(first) = rx.blocking_recv() {
             self.step(first, &mut rx, &mut batch);
@@ -169,8 +170,8 @@ impl Writer {
     }
 
     /// Runs as a task on the caller's runtime, writing inline (see
-    /// [`super::WriterPlacement::Runtime`]): the same steps as [`Writer::run`].
-    pub(super) async fn run_on_runtime(mut self, mut rx: mpsc::Receiver<Request>) {
+    /// [`crate::WriterPlacement::Runtime`]): the same steps as [`Writer::run`].
+    pub(crate) async fn run_on_runtime(mut self, mut rx: mpsc::Receiver<Request>) {
         let mut batch = Vec::new();
         while let Some(first) = rx.recv().await {
             self.step(first, &mut rx, &mut batch);
@@ -213,7 +214,7 @@ impl Writer {
     }
 
     /// Appends a batch and answers every request in it.
-    pub(super) fn commit(&mut self, batch: &mut Vec<Request>) {
+    pub(crate) fn commit(&mut self, batch: &mut Vec<Request>) {
         let Some(bus) = self.bus.upgrade() else { return };
         match self.try_commit(&bus, batch) {
             Ok((lasts, wrote)) => {

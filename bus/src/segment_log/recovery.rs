@@ -7,14 +7,14 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::Record;
 use super::record::FrameError;
 use super::segment;
-use super::storage::StorageError;
+use crate::Record;
+use crate::storage::StorageError;
 
 /// Records that may have been acked and are gone.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) struct Loss {
+pub(crate) struct Loss {
     /// The cluster affected, or `None` when unknown (every cluster: `*`).
     pub cluster: Option<Arc<str>>,
     /// Why, for subscribers and logs.
@@ -22,7 +22,7 @@ pub(super) struct Loss {
 }
 
 /// What the segments hold.
-pub(super) struct Recovered {
+pub(crate) struct Recovered {
     /// Valid records, in offset order.
     pub records: Vec<Record>,
     /// Segments, oldest first.
@@ -39,7 +39,7 @@ pub(super) struct Recovered {
 }
 
 /// Reads every segment in `dir`.
-pub(super) fn recover(dir: &Path) -> Result<Recovered, StorageError> {
+pub(crate) fn recover(dir: &Path) -> Result<Recovered, StorageError> {
     let segments = segment::list(dir)?;
     let mut out = Recovered {
         records: Vec::new(),

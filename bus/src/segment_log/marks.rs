@@ -31,19 +31,19 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use super::Record;
 use super::record;
 use super::recovery::Loss;
-use super::storage::{Storage, StorageError};
+use crate::Record;
+use crate::storage::{Storage, StorageError};
 
 /// Bytes per slot (the file is two of them).
-pub(super) const SLOT: u64 = 16 << 10;
+pub(crate) const SLOT: u64 = 16 << 10;
 /// Most clusters one window names.
-pub(super) const MAX_CLUSTERS: usize = 128;
+pub(crate) const MAX_CLUSTERS: usize = 128;
 
 /// What one slot says.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub(super) struct Mark {
+pub(crate) struct Mark {
     /// Written by the `generation`th commit since the file was created (the newer slot wins).
     pub generation: u64,
     /// The log's next offset after that commit: every offset below it was stored (or
@@ -58,7 +58,7 @@ pub(super) struct Mark {
 
 /// Reads the newer valid slot of `path`; `None` when there is no mark (a directory from
 /// before marks, or both slots unreadable).
-pub(super) fn load(path: &Path) -> Option<Mark> {
+pub(crate) fn load(path: &Path) -> Option<Mark> {
     let bytes = match std::fs::read(path) {
         Ok(b) => b,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
@@ -87,7 +87,7 @@ pub(super) fn load(path: &Path) -> Option<Mark> {
 /// The acked records `mark` says the log had and a log ending at `log_end` (its next
 /// offset) no longer has: one [`Loss`] per cluster whose marked record is gone, or one for
 /// every cluster (`cluster: None`) when the loss reaches below the window.
-pub(super) fn losses(mark: &Mark, log_end: u64) -> Vec<Loss> {
+pub(crate) fn losses(mark: &Mark, log_end: u64) -> Vec<Loss> {
     if mark.end <= log_end {
         return Vec::new();
     }
@@ -115,7 +115,7 @@ pub(super) fn losses(mark: &Mark, log_end: u64) -> Vec<Loss> {
 }
 
 /// The writer's side: the current window and the file.
-pub(super) struct Marks {
+pub(crate) struct Marks {
     path: PathBuf,
     /// Shared with the writer's mark-sync thread while it syncs.
     file: Option<Arc<File>>,
@@ -127,7 +127,7 @@ impl Marks {
     /// at `end`, the log's next offset, with the window rebuilt from the records the log
     /// holds (`records`, in offset order): the latest record of each of the newest
     /// [`MAX_CLUSTERS`] clusters, so a later cut is attributed as well as before.
-    pub(super) fn new<'r>(
+    pub(crate) fn new<'r>(
         path: PathBuf,
         loaded: Option<&Mark>,
         end: u64,
@@ -154,7 +154,7 @@ impl Marks {
     /// `Marks::sync`, [`Marks::done`] in one. On an error the records must not be acked
     /// (the caller cuts them back).
     #[cfg(test)]
-    pub(super) fn commit(&mut self, records: &[Arc<Record>], storage: &Storage) -> Result<(), StorageError> {
+    pub(crate) fn commit(&mut self, records: &[Arc<Record>], storage: &Storage) -> Result<(), StorageError> {
         let next = self.write(records, storage)?;
         self.sync(storage)?;
         self.done(next);
@@ -163,14 +163,14 @@ impl Marks {
 
     /// Makes the mark once the records it covers are stored: the mark written after them
     /// ([`Marks::write`]) is now synced with them ([`Marks::sync`]).
-    pub(super) fn done(&mut self, next: Mark) {
+    pub(crate) fn done(&mut self, next: Mark) {
         self.mark = next;
     }
 
     /// Syncs the mark written last (`fdatasync`). The writer syncs [`Marks::to_sync`]'s file
     /// beside the segment instead, so a commit waits for one sync's time, not two.
     #[cfg(test)]
-    pub(super) fn sync(&self, storage: &Storage) -> Result<(), StorageError> {
+    pub(crate) fn sync(&self, storage: &Storage) -> Result<(), StorageError> {
         match &self.file {
             Some(f) => storage.sync(f).map_err(|e| StorageError::new(&self.path, e)),
             None => Ok(()),
@@ -180,19 +180,19 @@ impl Marks {
     /// The file to sync for the mark written last, for a sync run elsewhere (the writer's
     /// [`super::writer::MarkSyncer`]); passes the storage fault gate first, as every sync
     /// does. `None`: nothing was written.
-    pub(super) fn to_sync(&self, storage: &Storage) -> Result<Option<Arc<File>>, StorageError> {
+    pub(crate) fn to_sync(&self, storage: &Storage) -> Result<Option<Arc<File>>, StorageError> {
         storage.check().map_err(|e| StorageError::new(&self.path, e))?;
         Ok(self.file.clone())
     }
 
     /// Where the mark lives (for errors).
-    pub(super) fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         &self.path
     }
 
     /// Writes the mark after `records` (in offset order) into the older slot, not synced;
     /// answers it for [`Marks::done`].
-    pub(super) fn write(&mut self, records: &[Arc<Record>], storage: &Storage) -> Result<Mark, StorageError> {
+    pub(crate) fn write(&mut self, records: &[Arc<Record>], storage: &Storage) -> Result<Mark, StorageError> {
         let Some(last) = records.last() else { return Ok(self.mark.clone()) };
         let mut next = self.mark.clone();
         next.generation += 1;

@@ -6,12 +6,12 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::Record;
 use super::record::{self, FrameError};
-use super::storage::{Storage, StorageError};
+use crate::Record;
+use crate::storage::{Storage, StorageError};
 
 /// The path of the segment whose first record has offset `first`.
-pub(super) fn path(dir: &Path, first: u64) -> PathBuf {
+pub(crate) fn path(dir: &Path, first: u64) -> PathBuf {
     dir.join(format!("{first:020}.log"))
 }
 
@@ -20,7 +20,7 @@ fn index_path(segment: &Path) -> PathBuf {
 }
 
 /// The segments in `dir`, oldest first, with their first offsets.
-pub(super) fn list(dir: &Path) -> Result<Vec<(u64, PathBuf)>, StorageError> {
+pub(crate) fn list(dir: &Path) -> Result<Vec<(u64, PathBuf)>, StorageError> {
     let mut segs: Vec<(u64, PathBuf)> = std::fs::read_dir(dir)
         .map_err(|e| StorageError::new(dir, e))?
         .filter_map(|e| e.ok())
@@ -36,7 +36,7 @@ pub(super) fn list(dir: &Path) -> Result<Vec<(u64, PathBuf)>, StorageError> {
 
 /// Records the clusters a closed segment holds, so damage found in it later can be
 /// attributed to them rather than to every cluster.
-pub(super) fn write_index<'a>(
+pub(crate) fn write_index<'a>(
     storage: &Storage,
     segment: &Path,
     clusters: impl Iterator<Item = &'a Arc<str>>,
@@ -57,7 +57,7 @@ pub(super) fn write_index<'a>(
 }
 
 /// The clusters of a closed segment, when its index is present and intact.
-pub(super) fn read_index(segment: &Path) -> Option<Vec<String>> {
+pub(crate) fn read_index(segment: &Path) -> Option<Vec<String>> {
     #[derive(serde::Deserialize)]
     struct Index {
         clusters: Vec<String>,
@@ -68,13 +68,13 @@ pub(super) fn read_index(segment: &Path) -> Option<Vec<String>> {
 }
 
 /// Removes a segment and its index.
-pub(super) fn remove(segment: &Path) -> std::io::Result<()> {
+pub(crate) fn remove(segment: &Path) -> std::io::Result<()> {
     let _ = std::fs::remove_file(index_path(segment));
     std::fs::remove_file(segment)
 }
 
 /// Unreadable bytes found in a segment.
-pub(super) struct Damage {
+pub(crate) struct Damage {
     /// Byte offset in the file.
     pub at: u64,
     /// Bytes skipped.
@@ -88,7 +88,7 @@ pub(super) struct Damage {
 }
 
 /// What a segment holds.
-pub(super) struct Scan {
+pub(crate) struct Scan {
     /// Valid records, in file order.
     pub records: Vec<Record>,
     /// Damaged regions.
@@ -99,7 +99,7 @@ pub(super) struct Scan {
 
 /// Reads every valid record of a segment; damaged bytes are skipped by looking for the
 /// next frame whose checksum verifies.
-pub(super) fn scan(bytes: &[u8], intern: &mut impl FnMut(&str) -> Arc<str>) -> Scan {
+pub(crate) fn scan(bytes: &[u8], intern: &mut impl FnMut(&str) -> Arc<str>) -> Scan {
     let mut out = Scan { records: Vec::new(), damage: Vec::new(), clean: Vec::new() };
     let mut pos = 0;
     while pos < bytes.len() {

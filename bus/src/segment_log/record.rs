@@ -17,18 +17,18 @@ use std::sync::Arc;
 use bytes::Bytes;
 use serde::Deserialize;
 
-use super::{Record, RecordBody};
+use crate::{Record, RecordBody};
 
 /// Marks the start of a frame.
-pub(super) const MAGIC: &[u8; 4] = b"FWR2";
+pub(crate) const MAGIC: &[u8; 4] = b"FWR2";
 /// Bytes before the payload.
-pub(super) const HEADER: usize = 12;
+pub(crate) const HEADER: usize = 12;
 /// Largest payload accepted when reading; a bigger length field is damage.
-pub(super) const MAX_PAYLOAD: usize = 16 << 20;
+pub(crate) const MAX_PAYLOAD: usize = 16 << 20;
 
 /// Why bytes at some position are not a valid frame.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub(super) enum FrameError {
+pub(crate) enum FrameError {
     /// The file ends inside the frame (a write that did not finish).
     #[error("torn record (the file ends inside it)")]
     Incomplete,
@@ -47,7 +47,7 @@ pub(super) enum FrameError {
 }
 
 /// Appends one framed record to `buf`.
-pub(super) fn encode(rec: &Record, buf: &mut Vec<u8>) {
+pub(crate) fn encode(rec: &Record, buf: &mut Vec<u8>) {
     let start = buf.len();
     buf.extend_from_slice(MAGIC);
     buf.extend_from_slice(&[0; 8]);
@@ -56,7 +56,7 @@ pub(super) fn encode(rec: &Record, buf: &mut Vec<u8>) {
 }
 
 /// Frames an arbitrary payload (used for segment index files).
-pub(super) fn encode_raw(payload: &[u8], buf: &mut Vec<u8>) {
+pub(crate) fn encode_raw(payload: &[u8], buf: &mut Vec<u8>) {
     let start = buf.len();
     buf.extend_from_slice(MAGIC);
     buf.extend_from_slice(&[0; 8]);
@@ -114,7 +114,7 @@ fn push_u64(buf: &mut Vec<u8>, mut n: u64) {
 }
 
 /// Appends `s` as a JSON string (quoted, with `"`, `\` and control characters escaped).
-pub(super) fn push_json_str(buf: &mut Vec<u8>, s: &str) {
+pub(crate) fn push_json_str(buf: &mut Vec<u8>, s: &str) {
     const HEX: &[u8; 16] = b"0123456789abcdef";
     buf.push(b'"');
     let mut plain = 0;
@@ -142,7 +142,7 @@ pub(super) fn push_json_str(buf: &mut Vec<u8>, s: &str) {
 }
 
 /// The verified payload of the frame at `pos`, and the frame's total size.
-pub(super) fn frame_at(buf: &[u8], pos: usize) -> Result<(&[u8], usize), FrameError> {
+pub(crate) fn frame_at(buf: &[u8], pos: usize) -> Result<(&[u8], usize), FrameError> {
     let rest = &buf[pos.min(buf.len())..];
     if rest.len() < HEADER {
         // Fewer bytes than a header: torn only if what is there could be a header start.
@@ -173,7 +173,7 @@ pub(super) fn frame_at(buf: &[u8], pos: usize) -> Result<(&[u8], usize), FrameEr
 }
 
 /// The first position after `from` where a frame verifies.
-pub(super) fn next_valid_frame(buf: &[u8], from: usize) -> Option<usize> {
+pub(crate) fn next_valid_frame(buf: &[u8], from: usize) -> Option<usize> {
     let mut pos = from;
     while pos + HEADER <= buf.len() {
         let hit = buf[pos..].windows(4).position(|w| w == MAGIC)?;
@@ -201,7 +201,7 @@ struct DiskRecord<'a> {
 }
 
 /// Decodes a verified record payload; `intern` shares cluster names between records.
-pub(super) fn decode(payload: &[u8], intern: &mut impl FnMut(&str) -> Arc<str>) -> Result<Record, FrameError> {
+pub(crate) fn decode(payload: &[u8], intern: &mut impl FnMut(&str) -> Arc<str>) -> Result<Record, FrameError> {
     let rec: DiskRecord = serde_json::from_slice(payload).map_err(|e| FrameError::BadPayload(e.to_string()))?;
     let body = match (rec.e, rec.r) {
         (Some(raw), _) => RecordBody::Event(Bytes::copy_from_slice(raw.get().as_bytes())),
