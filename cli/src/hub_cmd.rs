@@ -235,7 +235,7 @@ pub async fn run(args: HubArgs) -> anyhow::Result<()> {
     let tls = crate::tls_files(&args.cert, &args.key, &args.client_ca);
     let mut config = HubConfig::new(args.listen, tls);
     config.admin_listen = args.admin_listen;
-    config.admin_auth = fleetwatch_hub::admin_auth::AdminAuthConfig {
+    config.admin_auth = fleetwatch_hub::admin::auth::AdminAuthConfig {
         token_file: args.admin_token_file.clone(),
         client_ca: args.admin_client_ca.clone(),
     };

@@ -29,12 +29,6 @@
 pub mod access;
 mod access_objects;
 pub mod admin;
-pub mod admin_auth;
-mod admin_fleet;
-pub mod admin_list;
-mod admin_login;
-pub mod admin_stream;
-mod admin_tls;
 mod admission;
 mod agent_session;
 mod conn;
@@ -83,8 +77,8 @@ pub struct HubConfig {
     /// Admin endpoint (health, metrics, the admin API, the web view); plain HTTP unless
     /// `admin_auth.client_ca` is set.
     pub admin_listen: Option<SocketAddr>,
-    /// Who may use the admin endpoint (required beyond loopback, see [`admin_auth`]).
-    pub admin_auth: admin_auth::AdminAuthConfig,
+    /// Who may use the admin endpoint (required beyond loopback, see [`admin::auth`]).
+    pub admin_auth: admin::auth::AdminAuthConfig,
     /// Server certificate, key and the client CA bundles.
     pub tls: TlsFiles,
     /// Bus storage: `None` keeps events in memory only.
@@ -151,7 +145,7 @@ impl HubConfig {
         Self {
             listen,
             admin_listen: None,
-            admin_auth: admin_auth::AdminAuthConfig::default(),
+            admin_auth: admin::auth::AdminAuthConfig::default(),
             tls,
             data_dir: None,
             nats: None,
@@ -216,7 +210,7 @@ pub enum HubError {
     WatchConfig(String),
     /// The admin endpoint cannot be protected as configured.
     #[error(transparent)]
-    AdminAuth(#[from] admin_auth::AdminAuthError),
+    AdminAuth(#[from] admin::auth::AdminAuthError),
 }
 
 /// What agent and subscriber sessions need, and nothing else: their settings, the bus,
@@ -281,7 +275,7 @@ pub(crate) struct Context {
     /// This replica's name among hubs sharing a bus: its wss address.
     pub replica: String,
     /// The admin endpoint's bearer token, when one is configured.
-    pub admin_token: Option<admin_auth::Token>,
+    pub admin_token: Option<admin::auth::Token>,
     /// The admin endpoint's TLS (client certificates required), when configured.
     pub admin_tls: Option<Arc<rustls::ServerConfig>>,
     /// Runtime statuses from the control plane (modules by state), when the hub reads it.
@@ -500,7 +494,7 @@ impl Hub {
         // The admin endpoint's protection is checked before anything listens or is opened: fail closed.
         let (admin_token, admin_tls) = match config.admin_listen {
             Some(addr) => {
-                let token = admin_auth::check(addr, &config.admin_auth)?;
+                let token = admin::auth::check(addr, &config.admin_auth)?;
                 let tls = match &config.admin_auth.client_ca {
                     // A client certificate is checked per request, so probes need none.
                     Some(ca) => Some(Arc::new(fleetwatch_certs::server_config_optional_client(&TlsFiles {

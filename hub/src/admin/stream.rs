@@ -3,7 +3,7 @@
 //! (`event: delta`): the counts when they changed and each cluster whose state (connected,
 //! failing watches, modules not ready, replica) changed, or `removed`. Per-cluster
 //! counters (events, rates) are not sent: at 50,000 clusters they change every second for
-//! all of them. Lists are read page by page from the list endpoints (`crate::admin_list`).
+//! all of them. Lists are read page by page from the list endpoints (`crate::admin::list`).
 //!
 //! One task computes the changes for everyone ([`Tracker`]) and broadcasts them; each
 //! follower coalesces what it has not sent yet ([`Pending`]: the newest state per cluster)

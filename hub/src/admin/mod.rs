@@ -1,10 +1,17 @@
 //! The admin endpoint (plain HTTP): `/healthz`, `/readyz`, `/metrics`, the admin API
-//! (`/api/v1/...`; the fleet-sized lists, counts and live stream are in `admin_fleet`), the
+//! (`/api/v1/...`; the fleet-sized lists, counts and live stream are in `overview`), the
 //! web view, and with `fault_injection` the test hook `POST /debug/faults/storage?fail_for_ms=N`.
 //!
 //! `/readyz` aggregates named checks ([`checks`]): `200 ready: bus ok` when all pass,
 //! otherwise `503 not ready: bus: no space left on device (…)` listing each failing check
 //! as `name: reason`, separated by `; `.
+
+pub mod auth;
+pub mod list;
+mod login;
+mod overview;
+pub mod stream;
+mod tls;
 
 use std::sync::{Arc, Mutex};
 
@@ -18,7 +25,6 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::Context;
-use crate::admin_auth;
 use crate::fleet::{self, Rates};
 
 /// Most browsers following the live overview at once; more get 503.
@@ -33,13 +39,13 @@ pub(crate) struct Admin {
     pub(crate) ctx: Arc<Context>,
     /// Event totals of the last overview, for rates.
     rates: Arc<Mutex<Rates>>,
-    /// The live overview's deltas (see `admin_stream`): followers coalesce what they have
+    /// The live overview's deltas (see `stream`): followers coalesce what they have
     /// not sent, so a slow browser never queues without bound.
-    pub(crate) deltas: crate::admin_fleet::Deltas,
+    pub(crate) deltas: overview::Deltas,
     /// Places for followers of the live overview.
     pub(crate) streams: Arc<tokio::sync::Semaphore>,
     /// Browser sessions and the login rate limit.
-    logins: Arc<crate::admin_login::Logins>,
+    logins: Arc<login::Logins>,
 }
 
 impl FromRef<Admin> for Arc<Context> {
@@ -55,14 +61,14 @@ pub(crate) fn routes() -> Vec<(&'static str, &'static [&'static str], MethodRout
         ("/healthz", &["get"], get(fleetwatch_telemetry::server::healthz)),
         ("/readyz", &["get"], get(ready)),
         ("/metrics", &["get"], get(metrics)),
-        ("/api/v1/clusters", &["get"], get(crate::admin_fleet::clusters)),
+        ("/api/v1/clusters", &["get"], get(overview::clusters)),
         ("/api/v1/clusters/{id}", &["get"], get(cluster)),
         ("/api/v1/subscriptions", &["get"], get(subscriptions_handler)),
-        ("/api/v1/runtimes", &["get"], get(crate::admin_fleet::runtimes)),
-        ("/api/v1/summary", &["get"], get(crate::admin_fleet::summary)),
+        ("/api/v1/runtimes", &["get"], get(overview::runtimes)),
+        ("/api/v1/summary", &["get"], get(overview::summary)),
         ("/api/v1/watchconfigs", &["get"], get(watchconfigs)),
         ("/api/v1/overview", &["get"], get(overview_handler)),
-        ("/api/v1/overview/stream", &["get"], get(crate::admin_fleet::overview_stream)),
+        ("/api/v1/overview/stream", &["get"], get(overview::overview_stream)),
         ("/api/v1/openapi.json", &["get"], get(openapi)),
         ("/", &["get"], get(page)),
         ("/clusters/{id}", &["get"], get(page)),
@@ -102,40 +108,38 @@ fn client_ip(req: &Request) -> std::net::IpAddr {
     let ext = req.extensions();
     ext.get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
         .map(|c| c.0.ip())
-        .or_else(|| ext.get::<axum::extract::ConnectInfo<crate::admin_tls::AdminPeer>>().map(|c| c.0.addr.ip()))
+        .or_else(|| ext.get::<axum::extract::ConnectInfo<tls::AdminPeer>>().map(|c| c.0.addr.ip()))
         // Unknown: one shared budget (never none).
         .unwrap_or(std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED))
 }
 
-/// Lets a request through when [`admin_auth::allowed`] says so, else 401.
+/// Lets a request through when [`auth::allowed`] says so, else 401.
 async fn authenticate(State(admin): State<Admin>, req: Request, next: Next) -> Response {
     let headers = req.headers();
     let text = |name| headers.get(name).and_then(|v: &header::HeaderValue| v.to_str().ok());
     // The bearer token, or a browser session's cookie (a random id, never the token).
     let token = admin.ctx.admin_token.as_ref();
-    // Every authentication path is throttled as the login page is ([`crate::admin_login`]):
+    // Every authentication path is throttled as the login page is ([`crate::admin::login`]):
     // a client past its wrong credentials gets 429 before anything is compared.
     let guarded = token.is_some()
-        && !admin_auth::is_open(req.uri().path())
-        && admin_auth::presented(text(header::AUTHORIZATION), text(header::COOKIE)).is_some();
+        && !auth::is_open(req.uri().path())
+        && auth::presented(text(header::AUTHORIZATION), text(header::COOKIE)).is_some();
     let ip = client_ip(&req);
-    if guarded && let crate::admin_login::Gate::Limited(wait) = admin.logins.gate(ip) {
+    if guarded && let login::Gate::Limited(wait) = admin.logins.gate(ip) {
         return too_many(ip, wait);
     }
-    let ok = admin_auth::allowed(req.uri().path(), token, text(header::AUTHORIZATION), None)
-        || token.is_some_and(|t| {
-            admin_auth::presented(None, text(header::COOKIE)).is_some_and(|id| admin.logins.valid(id, t))
-        });
+    let ok = auth::allowed(req.uri().path(), token, text(header::AUTHORIZATION), None)
+        || token
+            .is_some_and(|t| auth::presented(None, text(header::COOKIE)).is_some_and(|id| admin.logins.valid(id, t)));
     if guarded && !ok {
         // Counted and summarised once a minute, not logged one line each.
         admin.logins.failed(ip);
     }
     // With --admin-client-ca, the rest needs a verified client certificate as well; a
     // connection whose peer is unknown counts as without one.
-    let peer = req.extensions().get::<axum::extract::ConnectInfo<crate::admin_tls::AdminPeer>>().map(|p| p.0);
-    let certified = admin.ctx.admin_tls.is_none()
-        || admin_auth::is_open(req.uri().path())
-        || peer.is_some_and(|p| p.verified_client);
+    let peer = req.extensions().get::<axum::extract::ConnectInfo<tls::AdminPeer>>().map(|p| p.0);
+    let certified =
+        admin.ctx.admin_tls.is_none() || auth::is_open(req.uri().path()) || peer.is_some_and(|p| p.verified_client);
     if !certified {
         tracing::debug!(peer = ?peer.map(|p| p.addr), path = req.uri().path(), "admin request without a client certificate refused");
         return (
@@ -163,15 +167,15 @@ pub(crate) async fn serve(listener: TcpListener, ctx: Arc<Context>, shutdown: Ca
     let admin = Admin {
         ctx: ctx.clone(),
         rates: Arc::new(Mutex::new(Rates::default())),
-        deltas: crate::admin_fleet::Deltas::new(),
+        deltas: overview::Deltas::new(),
         streams: Arc::new(tokio::sync::Semaphore::new(MAX_STREAMS)),
         logins: Arc::default(),
     };
-    tokio::spawn(crate::admin_fleet::follow_overview(ctx.clone(), admin.deltas.clone(), shutdown.clone()));
+    tokio::spawn(overview::follow_overview(ctx.clone(), admin.deltas.clone(), shutdown.clone()));
     // Wrong admin tokens: one summary line per window.
     let (logins, stop) = (admin.logins.clone(), shutdown.clone());
     tokio::spawn(async move {
-        let mut every = tokio::time::interval(crate::admin_login::WINDOW);
+        let mut every = tokio::time::interval(login::WINDOW);
         every.tick().await;
         loop {
             tokio::select! {
@@ -187,8 +191,8 @@ pub(crate) async fn serve(listener: TcpListener, ctx: Arc<Context>, shutdown: Ca
     let app = router(admin);
     let result = match ctx.admin_tls.clone() {
         Some(tls) => {
-            let listener = crate::admin_tls::TlsListener::new(listener, tls, shutdown.clone());
-            let app = app.into_make_service_with_connect_info::<crate::admin_tls::AdminPeer>();
+            let listener = tls::TlsListener::new(listener, tls, shutdown.clone());
+            let app = app.into_make_service_with_connect_info::<tls::AdminPeer>();
             axum::serve(listener, app).with_graceful_shutdown(shutdown.cancelled_owned()).await
         }
         None => {
@@ -501,21 +505,21 @@ fn too_many(ip: std::net::IpAddr, wait: std::time::Duration) -> Response {
     let secs = wait.as_secs().max(1).to_string();
     let msg = format!(
         "too many wrong admin tokens from {ip}: at most {} a minute; retry in {secs}s\n",
-        crate::admin_login::FAILURES_PER_WINDOW
+        login::FAILURES_PER_WINDOW
     );
     (StatusCode::TOO_MANY_REQUESTS, [(header::RETRY_AFTER, secs)], msg).into_response()
 }
 
 /// Checks a token typed into the login page and opens a browser session: the HTTP-only
 /// cookie carries a random session id, not the token. Wrong tokens are rate-limited per
-/// client address (see `admin_login`).
+/// client address (see `login`).
 async fn login(State(admin): State<Admin>, req: Request) -> Response {
     use axum::extract::FromRequest;
     let ip = client_ip(&req);
     let Some(expected) = admin.ctx.admin_token.as_ref() else {
         return Redirect::to("/").into_response();
     };
-    if let crate::admin_login::Gate::Limited(wait) = admin.logins.gate(ip) {
+    if let login::Gate::Limited(wait) = admin.logins.gate(ip) {
         return too_many(ip, wait);
     }
     let form = match axum::Form::<LoginForm>::from_request(req, &()).await {
@@ -530,7 +534,7 @@ async fn login(State(admin): State<Admin>, req: Request) -> Response {
     }
     let id = admin.logins.open(token);
     let secure = if admin.ctx.admin_tls.is_some() { "; Secure" } else { "" };
-    let cookie = format!("{}={id}; HttpOnly; SameSite=Strict; Path=/{secure}", admin_auth::COOKIE);
+    let cookie = format!("{}={id}; HttpOnly; SameSite=Strict; Path=/{secure}", auth::COOKIE);
     ([(header::SET_COOKIE, cookie)], Redirect::to("/")).into_response()
 }
 

@@ -4,7 +4,7 @@
 //! Bound anywhere else, the hub refuses to start unless a bearer token
 //! (`--admin-token-file`) or client certificates (`--admin-client-ca`: the admin port then
 //! speaks TLS with the hub's certificate, and every path but the open ones needs a client
-//! certificate signed by that CA; see `admin_tls`) protect it. Configured protection is enforced on every address. `/healthz` and
+//! certificate signed by that CA; see `tls`) protect it. Configured protection is enforced on every address. `/healthz` and
 //! `/readyz` stay open for probes (they tell nothing but "alive" and "ready: bus ok"), and
 //! so does the login page that turns a token into a cookie for browsers; everything else
 //! needs `Authorization: Bearer <token>` or that cookie.

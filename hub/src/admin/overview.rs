@@ -1,6 +1,6 @@
 //! The fleet-sized parts of the admin API: the paged, filtered lists of clusters and
-//! Runtimes ([`crate::admin_list`]), the counts alone (`/api/v1/summary`), and the live
-//! stream of counts and changes ([`crate::admin_stream`]) with the task that computes them.
+//! Runtimes ([`crate::admin::list`]), the counts alone (`/api/v1/summary`), and the live
+//! stream of counts and changes ([`crate::admin::stream`]) with the task that computes them.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -14,9 +14,9 @@ use fleetwatch_protocol::message::WatchPhase;
 use tokio_util::sync::CancellationToken;
 
 use crate::Context;
+use crate::admin::list::{BadRequest, ListQuery, PhaseFilter};
+use crate::admin::stream::{ClusterState, Counts, Delta, Follower, Tracker};
 use crate::admin::{Admin, MAX_STREAMS, OVERVIEW_INTERVAL, cluster_rows};
-use crate::admin_list::{BadRequest, ListQuery, PhaseFilter};
-use crate::admin_stream::{ClusterState, Counts, Delta, Follower, Tracker};
 use crate::fleet_rows::Row;
 
 /// The broadcast of deltas the followers read, and the states the next delta is computed
@@ -30,7 +30,7 @@ pub(crate) struct Deltas {
 
 impl Deltas {
     pub(crate) fn new() -> Self {
-        let tx = tokio::sync::broadcast::channel(crate::admin_stream::BROADCAST_DEPTH).0;
+        let tx = tokio::sync::broadcast::channel(crate::admin::stream::BROADCAST_DEPTH).0;
         Self { tx: Arc::new(tx), tracker: Arc::default() }
     }
 }
@@ -271,7 +271,7 @@ pub(crate) async fn overview_stream(State(admin): State<Admin>) -> Response {
     let rx = admin.deltas.tx.subscribe();
     let (states, mut counts, _) = measure(&admin.ctx).await;
     counts.events_per_sec = tracker.events_per_sec();
-    let first = crate::admin_stream::snapshot(&counts, 0, false);
+    let first = crate::admin::stream::snapshot(&counts, 0, false);
     if tracker.is_fresh() {
         // The prime round: its counts-only delta reaches this follower too (harmless).
         if let Some(d) = tracker.update(states, counts) {

@@ -142,7 +142,7 @@ impl Logins {
     }
 
     /// Whether the session id is open and was opened with the token in force.
-    pub(crate) fn valid(&self, id: &str, token: &crate::admin_auth::Token) -> bool {
+    pub(crate) fn valid(&self, id: &str, token: &crate::admin::auth::Token) -> bool {
         let s = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
         s.get(id).is_some_and(|v| v.expires > Instant::now() && token.matches(&v.token))
     }
@@ -216,13 +216,13 @@ mod tests {
     #[test]
     fn sessions_are_random_and_end_with_the_token() {
         let l = Logins::default();
-        let token = crate::admin_auth::Token::fixed("a-long-admin-token-0123456789");
+        let token = crate::admin::auth::Token::fixed("a-long-admin-token-0123456789");
         let id = l.open("a-long-admin-token-0123456789");
         assert!(!id.contains("admin-token") && id.len() == 32);
         assert_ne!(id, l.open("a-long-admin-token-0123456789"));
         assert!(l.valid(&id, &token));
         assert!(!l.valid("guess", &token));
-        let rotated = crate::admin_auth::Token::fixed("another-long-admin-token-987654");
+        let rotated = crate::admin::auth::Token::fixed("another-long-admin-token-987654");
         assert!(!l.valid(&id, &rotated));
     }
 }
