@@ -209,7 +209,7 @@ pub trait Bus: Send + Sync + 'static {
 /// as the replica its agent is connected to shows it, and each replica's heartbeat, so
 /// `/api/v1/clusters` on any replica shows the whole fleet. Obtained with
 /// [`Bus::replica_share`]; its presence is what "shared" means. The bus stores bytes; what
-/// an entry holds, and who writes it when, is the hub's (`fleetwatch_hub::fleet_state`).
+/// an entry holds, and who writes it when, is the hub's (`fleetwatch_hub::fleet::state`).
 pub trait ReplicaShare: Send + Sync {
     /// Writes this replica's heartbeat (a small value); it expires after
     /// [`nats::REPLICA_TTL`] without another.

@@ -35,10 +35,6 @@ mod conn;
 mod delivery;
 pub mod fanout;
 pub mod fleet;
-pub mod fleet_entry;
-mod fleet_rows;
-mod fleet_state;
-mod fleet_writer;
 mod in_flight;
 mod ingest;
 pub mod metrics;
@@ -285,7 +281,7 @@ pub(crate) struct Context {
     /// What the hub made of each WatchConfig (accepted or why not).
     pub watch_verdicts: watch_source::Verdicts,
     /// The fleet's state across replicas on a shared bus (empty otherwise).
-    pub fleet: fleet_state::FleetState,
+    pub fleet: fleet::state::FleetState,
     /// The bus as opened (`sessions.bus` is the same object): empty until it could be.
     pub storage: Arc<fleetwatch_bus::DeferredBus>,
 }
@@ -576,7 +572,7 @@ impl Hub {
             runtimes: runtimes.clone(),
         });
         let replica = listener.local_addr().unwrap_or(config.listen).to_string();
-        let fleet = fleet_state::FleetState::new(&replica);
+        let fleet = fleet::state::FleetState::new(&replica);
         let ctx = Arc::new(Context {
             admission: admission::ConnectionBudget::new(
                 config.max_connections,
@@ -638,7 +634,7 @@ impl Hub {
             tracker.spawn(admin::serve(admin, self.ctx.clone(), shutdown.clone()));
         }
         tracker.spawn(housekeeping(self.ctx.clone(), shutdown.clone()));
-        tracker.spawn(fleet_writer::run(self.ctx.clone(), shutdown.clone()));
+        tracker.spawn(fleet::writer::run(self.ctx.clone(), shutdown.clone()));
         // Reading WatchConfigs from the control plane, the hub shows its Runtimes too.
         if let watch_source::WatchSource::ControlPlane(kubeconfig) = &self.ctx.config.watch_source {
             tracker.spawn(fleet::follow_runtimes(

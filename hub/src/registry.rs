@@ -294,8 +294,8 @@ pub struct SessionRegistry {
     /// Woken when a cluster connects or disconnects (the web view's live updates).
     changed: tokio::sync::Notify,
     /// Clusters whose shared entry changed (connect, disconnect, reports, conflicts): what
-    /// the fleet state writes to a shared bus (`crate::fleet_state`).
-    pub(crate) shared: crate::fleet_state::Changes,
+    /// the fleet state writes to a shared bus (`crate::fleet::state`).
+    pub(crate) shared: crate::fleet::state::Changes,
     /// Every authenticated connection by id: who it is, and how to close it.
     connections: Mutex<HashMap<u64, (Peer, CancellationToken)>>,
     /// The highest bus offset any subscriber session of this hub was sent or placed at

@@ -96,7 +96,7 @@ pub(crate) async fn run(ctx: Arc<Context>, kubeconfig: Option<PathBuf>, shutdown
         if verdicts.is_empty() {
             continue;
         }
-        let counts = crate::fleet_rows::clusters_by_watch(&crate::admin::cluster_rows(&ctx));
+        let counts = crate::fleet::rows::clusters_by_watch(&crate::admin::cluster_rows(&ctx));
         let now = jiff::Timestamp::now();
         failed.retain(|_, t| t.elapsed() < RETRY_FAILED_AFTER);
         for v in verdicts {

@@ -262,13 +262,13 @@ async fn metrics(State(ctx): State<Arc<Context>>, headers: axum::http::HeaderMap
 
 /// This replica's clusters, plus, on a shared bus, those of the other replicas from the
 /// fleet state it follows (`hub` says which replica an entry comes from; a cluster
-/// connected elsewhere replaces a disconnected entry here; see `crate::fleet_state`). No
+/// connected elsewhere replaces a disconnected entry here; see `crate::fleet::state`). No
 /// round trip to the bus. As rows: what lists filter, order and count by, the JSON built
-/// only for the items answered (see `crate::fleet_rows`).
-pub(crate) fn cluster_rows(ctx: &Context) -> Vec<crate::fleet_rows::Row> {
+/// only for the items answered (see `crate::fleet::rows`).
+pub(crate) fn cluster_rows(ctx: &Context) -> Vec<crate::fleet::rows::Row> {
     let local = ctx.sessions.registry.list();
     if ctx.sessions.bus.replica_share().is_none() {
-        return local.into_iter().map(|s| crate::fleet_rows::Row::local(s, None)).collect();
+        return local.into_iter().map(|s| crate::fleet::rows::Row::local(s, None)).collect();
     }
     ctx.fleet.rows(local)
 }
@@ -372,7 +372,7 @@ async fn subscriptions_handler(State(ctx): State<Arc<Context>>) -> impl IntoResp
 /// runs it; refused ones first.
 async fn watch_verdicts(ctx: &Context) -> Vec<crate::watch_source::Verdict> {
     let mut verdicts = ctx.watch_verdicts.read().map(|v| v.clone()).unwrap_or_default();
-    let running = crate::fleet_rows::clusters_by_watch(&cluster_rows(ctx));
+    let running = crate::fleet::rows::clusters_by_watch(&cluster_rows(ctx));
     for v in &mut verdicts {
         v.clusters = running.get(v.name.as_str()).copied().unwrap_or(0);
     }
@@ -403,7 +403,7 @@ async fn overview(admin: &Admin) -> serde_json::Value {
         Ok(mut rates) => rates.rates(list.iter().map(|r| (r.cluster.as_str(), r.own_events)), events_total),
         Err(_) => (vec![0.0; list.len()], 0.0),
     };
-    let mut shown: Vec<(crate::fleet_rows::Row, f64)> = list.into_iter().zip(rates).collect();
+    let mut shown: Vec<(crate::fleet::rows::Row, f64)> = list.into_iter().zip(rates).collect();
     let clusters_omitted = fleet::bounded(&mut shown, fleet::OVERVIEW_CLUSTERS, |(r, _)| !r.connected);
     let rows: Vec<fleet::ClusterRow> = shown
         .into_iter()

@@ -17,7 +17,7 @@ use crate::Context;
 use crate::admin::list::{BadRequest, ListQuery, PhaseFilter};
 use crate::admin::stream::{ClusterState, Counts, Delta, Follower, Tracker};
 use crate::admin::{Admin, MAX_STREAMS, OVERVIEW_INTERVAL, cluster_rows};
-use crate::fleet_rows::Row;
+use crate::fleet::rows::Row;
 
 /// The broadcast of deltas the followers read, and the states the next delta is computed
 /// from. A new follower measures its snapshot under the same lock, priming the tracker when

@@ -15,12 +15,12 @@ fn status(cluster: &str, connected: bool) -> ClusterStatus {
 }
 
 fn cached(cluster: &str, hub: &str, connected: bool, revision: u64) -> Cached {
-    let raw = fleet_entry::encode(FleetEntry::new(status(cluster, connected), hub), MAX);
+    let raw = crate::fleet::entry::encode(FleetEntry::new(status(cluster, connected), hub), MAX);
     cached_of(&raw, revision, None, &mut Default::default()).unwrap()
 }
 
 fn owned(s: &ClusterStatus, revision: u64) -> Owned {
-    Owned { revision, digest: fleet_entry::digest(s), refresh_at: Instant::now() }
+    Owned { revision, digest: crate::fleet::entry::digest(s), refresh_at: Instant::now() }
 }
 
 fn expect_of(job: Option<Job>) -> Option<Expect> {

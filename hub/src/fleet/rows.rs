@@ -8,7 +8,7 @@ use fleetwatch_protocol::message::WatchPhase;
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::fleet_state::Cached;
+use crate::fleet::state::Cached;
 use crate::registry::ClusterStatus;
 
 /// What the lists need of a cluster's watches and modules.
@@ -216,7 +216,7 @@ mod tests {
     use fleetwatch_protocol::message::{ModuleInventory, WatchState};
 
     use super::*;
-    use crate::fleet_entry::{FleetEntry, encode};
+    use crate::fleet::entry::{FleetEntry, encode};
 
     #[test]
     fn an_entrys_health_reads_as_the_registrys_and_unknown_phases_count_as_none() {
@@ -255,7 +255,7 @@ mod tests {
             ..ClusterStatus::default()
         };
         let raw = encode(FleetEntry::new(status("e", true, &["b", "c"]), "hub-2"), 16 << 10);
-        let entry = crate::fleet_state::cached_of(&raw, 1, None, &mut Default::default()).unwrap();
+        let entry = crate::fleet::state::cached_of(&raw, 1, None, &mut Default::default()).unwrap();
         let rows = [
             Row::local(status("x", true, &["a", "a", "b"]), None),
             Row::local(status("y", false, &["a"]), None),

@@ -1,5 +1,5 @@
 //! The tasks that keep the fleet state shared on a bus of several replicas (see
-//! `crate::fleet_state` for the rules): this replica's heartbeat and the live replicas
+//! `crate::fleet::state` for the rules): this replica's heartbeat and the live replicas
 //! ([`heartbeats`]), following every entry into memory ([`follow`]), and writing this
 //! replica's entries on change ([`write`], each decision made by [`plan`]).
 
@@ -14,8 +14,8 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::Context;
-use crate::fleet_entry::{self, FleetEntry};
-use crate::fleet_state::{Cached, FleetState, cached_of, heartbeat};
+use crate::fleet::entry::{self, FleetEntry};
+use crate::fleet::state::{Cached, FleetState, cached_of, heartbeat};
 use crate::registry::ClusterStatus;
 
 /// How often the heartbeat is written and the live replicas read (well within the
@@ -103,7 +103,7 @@ async fn follow(ctx: Arc<Context>, shutdown: CancellationToken) {
         };
         backoff = Duration::from_millis(250);
         let mut fresh: Option<HashMap<String, Cached>> = Some(HashMap::new());
-        let mut shared = crate::fleet_state::Interner::default();
+        let mut shared = crate::fleet::state::Interner::default();
         let mut check = tokio::time::interval(Duration::from_secs(1));
         loop {
             let item = tokio::select! {
@@ -179,7 +179,7 @@ fn needs_look(cluster: &str, c: &Cached, ctx: &Context) -> bool {
 pub(crate) struct Owned {
     /// The revision it was stored at.
     pub revision: u64,
-    /// [`fleet_entry::digest`] of what was written.
+    /// [`entry::digest`] of what was written.
     pub digest: u64,
     /// When to rewrite it (a connected cluster) so it does not expire.
     pub refresh_at: Instant,
@@ -201,7 +201,7 @@ pub(crate) struct Job {
 /// Decides whether and how this replica (`me`) writes `cluster`'s entry: `status` from its
 /// registry, `cached` the entry as followed from the bus, `owned` what it wrote last;
 /// `refresh` rewrites an unchanged entry of a connected cluster. The rules are in
-/// `crate::fleet_state`.
+/// `crate::fleet::state`.
 pub(crate) fn plan(
     me: &str,
     cluster: &str,
@@ -214,12 +214,12 @@ pub(crate) fn plan(
     // The bus holds what this replica wrote last (or the follow has not seen a newer one).
     let still_mine = cached.is_none_or(|c| owned.is_some_and(|o| c.revision <= o.revision));
     let job = |entry: FleetEntry, expect: Expect| {
-        let digest = fleet_entry::digest(&entry.status);
-        Job { cluster: cluster.into(), value: fleet_entry::encode(entry, max_bytes), expect, digest }
+        let digest = entry::digest(&entry.status);
+        Job { cluster: cluster.into(), value: entry::encode(entry, max_bytes), expect, digest }
     };
     match status {
         Some(status) => {
-            let digest = fleet_entry::digest(&status);
+            let digest = entry::digest(&status);
             let unchanged = owned.is_some_and(|o| o.digest == digest) && still_mine;
             if status.connected {
                 // The agent is here: this replica's entry, whatever is there.
@@ -411,5 +411,4 @@ async fn write(ctx: Arc<Context>, shutdown: CancellationToken) {
 }
 
 #[cfg(test)]
-#[path = "fleet_writer_tests.rs"]
 mod tests;

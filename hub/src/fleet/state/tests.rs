@@ -9,7 +9,7 @@ fn status(cluster: &str, connected: bool) -> ClusterStatus {
 }
 
 fn cached(cluster: &str, hub: &str, connected: bool, revision: u64) -> Cached {
-    let raw = crate::fleet_entry::encode(FleetEntry::new(status(cluster, connected), hub), 16 << 10);
+    let raw = crate::fleet::entry::encode(FleetEntry::new(status(cluster, connected), hub), 16 << 10);
     cached_of(&raw, revision, Some(now_ms()), &mut Default::default()).unwrap()
 }
 
@@ -171,7 +171,7 @@ fn entries_share_their_replica_and_watch_names() {
             })
             .collect();
         let s = ClusterStatus { watches, ..status(cluster, true) };
-        crate::fleet_entry::encode(FleetEntry::new(s, hub), 16 << 10)
+        crate::fleet::entry::encode(FleetEntry::new(s, hub), 16 << 10)
     };
     let mut shared = Interner::default();
     let a = cached_of(&with_watches("a", "hub-1", &["w1", "w2"]), 1, None, &mut shared).unwrap();

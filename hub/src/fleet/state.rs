@@ -2,13 +2,13 @@
 //! clusters exist, which replica each agent is connected to, and what each shows.
 //!
 //! Each replica writes one entry per cluster whose agent is (or was last) connected to it
-//! ([`crate::fleet_entry`]), on change only, and follows every entry into memory
+//! ([`crate::fleet::entry`]), on change only, and follows every entry into memory
 //! ([`FleetState`]), so a list request merges this replica's registry with that map and
-//! makes no round trip to the bus. The tasks that do it are in `crate::fleet_writer`:
+//! makes no round trip to the bus. The tasks that do it are in `crate::fleet::writer`:
 //! - **Changes**: the registry marks a cluster in [`Changes`] when something an entry shows
 //!   changed (connect, disconnect, watch and inventory reports, certificate, conflicts);
 //!   the writer drains the set, writes each cluster at most once per
-//!   `fleet_writer::COALESCE`, and skips a write whose content (`fleet_entry::digest`) is
+//!   `crate::fleet::writer::COALESCE`, and skips a write whose content (`crate::fleet::entry::digest`) is
 //!   what it wrote last. The set holds each cluster once and at most [`MAX_PENDING`] of
 //!   them; past that it is dropped for one full pass over the registry.
 //! - **Ownership**: an entry is the replica's whose agent is connected there. A replica
@@ -35,8 +35,8 @@ use std::sync::{Mutex, RwLock};
 use fleetwatch_bus::ReplicaShare;
 use serde_json::Value;
 
-use crate::fleet_entry::{Beat, FleetEntry, Heartbeat};
-use crate::fleet_rows::{Health, Row};
+use crate::fleet::entry::{Beat, FleetEntry, Heartbeat};
+use crate::fleet::rows::{Health, Row};
 use crate::registry::ClusterStatus;
 
 /// Most clusters waiting to be written; past it the set is dropped for one full pass.
@@ -123,7 +123,7 @@ pub(crate) struct Cached {
     /// Its watches and modules, as the lists count them.
     pub health: Health,
     /// Its watches' names (the WatchConfigs its agent runs).
-    pub watches: crate::fleet_rows::WatchNames,
+    pub watches: crate::fleet::rows::WatchNames,
     /// Its revision (for compare-and-set).
     pub revision: u64,
     /// When it was written (Unix ms, the bus's clock), when known.
@@ -329,7 +329,7 @@ pub(crate) fn cached_of(value: &[u8], revision: u64, written_ms: Option<u64>, sh
 #[derive(Debug, Default)]
 pub(crate) struct Interner {
     hubs: HashSet<std::sync::Arc<str>>,
-    watches: HashSet<crate::fleet_rows::WatchNames>,
+    watches: HashSet<crate::fleet::rows::WatchNames>,
 }
 
 impl Interner {
@@ -339,8 +339,8 @@ impl Interner {
     fn intern(
         &mut self,
         hub: String,
-        watches: crate::fleet_rows::WatchNames,
-    ) -> (std::sync::Arc<str>, crate::fleet_rows::WatchNames) {
+        watches: crate::fleet::rows::WatchNames,
+    ) -> (std::sync::Arc<str>, crate::fleet::rows::WatchNames) {
         (share(&mut self.hubs, hub.into()), share(&mut self.watches, watches))
     }
 }
@@ -367,5 +367,4 @@ pub(crate) fn heartbeat(me: &str, events_total: u64, connected: u64) -> bytes::B
 }
 
 #[cfg(test)]
-#[path = "fleet_state_tests.rs"]
 mod tests;

@@ -1,4 +1,4 @@
-//! What hub replicas on a shared bus tell each other (see `crate::fleet_state`): one
+//! What hub replicas on a shared bus tell each other (see `crate::fleet::state`): one
 //! [`FleetEntry`] per cluster — its [`ClusterStatus`] as the replica its agent is (or was
 //! last) connected to shows it, with that replica's name — and one [`Heartbeat`] per
 //! replica. Both are JSON; a reader ignores fields it does not know, so a newer release may

@@ -3,6 +3,11 @@
 //! overview document the web view receives live (clusters with event rates, subscriptions,
 //! modules by state).
 
+pub mod entry;
+pub(crate) mod rows;
+pub(crate) mod state;
+pub(crate) mod writer;
+
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
