@@ -121,19 +121,14 @@ impl HubHost {
         // its store lost, this replica's link cut): the real code's `opening`, serving
         // unready meanwhile, as every production hub does.
         let segment_log = self.data_dir.clone().map(|dir| {
-            let opts = fleetwatch_bus::BusOptions {
+            fleetwatch_hub::opening::embedded(fleetwatch_bus::BusOptions {
                 dir: Some(dir),
                 retention: config.retention,
                 segment_bytes: config.segment_bytes,
                 writer: config.bus_writer,
                 disk_full: self.disk_full.clone(),
                 ..fleetwatch_bus::BusOptions::default()
-            };
-            let open: fleetwatch_hub::opening::OpenBus = Arc::new(move || {
-                let opts = opts.clone();
-                Box::pin(async move { fleetwatch_bus::open(opts) })
-            });
-            open
+            })
         });
         let open: Option<fleetwatch_hub::opening::OpenBus> = segment_log.or_else(|| {
             self.nats.as_ref().map(|(js, replica)| {

@@ -38,17 +38,24 @@ pub(crate) fn from_config(config: &HubConfig) -> OpenBus {
         writer: config.bus_writer,
         ..BusOptions::default()
     };
+    match nats {
+        Some(nats) => Arc::new(move || {
+            let nats = nats.clone();
+            Box::pin(async move {
+                let bus: Arc<dyn Bus> = fleetwatch_bus::NatsBus::open(nats).await?;
+                Ok(bus)
+            })
+        }),
+        None => embedded(local),
+    }
+}
+
+/// Opens the embedded bus `opts` names (the segment log with a directory, memory
+/// otherwise), the same way at every attempt.
+pub fn embedded(opts: BusOptions) -> OpenBus {
     Arc::new(move || {
-        let (nats, local) = (nats.clone(), local.clone());
-        Box::pin(async move {
-            match nats {
-                Some(nats) => {
-                    let bus: Arc<dyn Bus> = fleetwatch_bus::NatsBus::open(nats).await?;
-                    Ok(bus)
-                }
-                None => fleetwatch_bus::open(local),
-            }
-        })
+        let opts = opts.clone();
+        Box::pin(async move { fleetwatch_bus::open(opts) })
     })
 }
 
@@ -85,6 +92,8 @@ pub(crate) async fn keep_opening(ctx: Arc<Context>, open: OpenBus, shutdown: Can
     let started = tokio::time::Instant::now();
     let mut wait = FIRST_WAIT;
     let mut attempts = 1u64;
+    // The cause said last at WARN: a repeat of it is said at DEBUG only.
+    let mut said = ctx.storage.health().err();
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,
@@ -108,10 +117,11 @@ pub(crate) async fn keep_opening(ctx: Arc<Context>, open: OpenBus, shutdown: Can
             }
             Err(e) => {
                 let cause = e.to_string();
-                if ctx.storage.health().err().is_none_or(|was| !was.ends_with(&cause)) {
-                    tracing::warn!(error = %cause, attempts, "cannot open the bus yet; trying again");
-                } else {
+                if said.as_deref().is_some_and(|was| was.ends_with(&cause)) {
                     tracing::debug!(error = %cause, attempts, "cannot open the bus yet; trying again");
+                } else {
+                    tracing::warn!(error = %cause, attempts, "cannot open the bus yet; trying again");
+                    said = Some(cause.clone());
                 }
                 ctx.storage.waiting(cause);
             }
