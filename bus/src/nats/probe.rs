@@ -37,8 +37,6 @@ pub(super) async fn probe<J: JetStream>(bus: Weak<NatsBus<J>>, recheck: Arc<toki
             _ = recheck.notified() => {}
         }
         let Some(bus) = bus.upgrade() else { return };
-        // Whether the stream did not answer in time while the connection looks up.
-        let mut unanswered = false;
         let verdict = if let Some(state) = bus.js.disconnected() {
             missing = None;
             Some(format!("not connected to NATS at {} ({state})", bus.js.servers()))
@@ -65,16 +63,13 @@ pub(super) async fn probe<J: JetStream>(bus: Weak<NatsBus<J>>, recheck: Arc<toki
                 }
                 Ok(Err(e)) => {
                     missing = None;
-                    unanswered = matches!(&e, JsError::Other(cause) if cause.contains("timed out"));
                     Some(format!("JetStream stream {} does not answer: {e}", bus.stream))
                 }
-                Err(_) => {
-                    unanswered = true;
-                    Some(format!("JetStream stream {} does not answer within {REQUEST_TIMEOUT:?}", bus.stream))
-                }
+                Err(_) => Some(format!("JetStream stream {} does not answer within {REQUEST_TIMEOUT:?}", bus.stream)),
             }
         };
-        silent = if unanswered { silent + 1 } else { 0 };
+        let timed_out = verdict.as_deref().is_some_and(|v| v.contains("timed out") || v.contains("within"));
+        silent = if timed_out && bus.js.disconnected().is_none() { silent + 1 } else { 0 };
         if silent >= SILENT_PROBES {
             silent = 0;
             tracing::warn!(
