@@ -233,44 +233,71 @@ async fn a_hub_started_before_its_nats_server_becomes_ready_by_itself() {
 
 /// A 3-node JetStream cluster on loopback with a meta leader elected: the nodes and
 /// their monitoring ports.
+///
+/// The route and monitoring ports are picked free and bound a moment later by the servers;
+/// on a busy machine another process may take one in between, and a node that cannot bind
+/// one exits after it reported ready. Such a start is tried again on fresh ports.
 async fn jetstream_cluster_of_three(pki: &Pki) -> (Vec<Option<LocalNatsServer>>, [u16; 3]) {
+    let mut failures = Vec::new();
+    for attempt in 0..3 {
+        match try_jetstream_cluster_of_three(pki, attempt).await {
+            Ok(cluster) => return cluster,
+            Err(why) => failures.push(why),
+        }
+    }
+    panic!("no 3-node JetStream cluster in 3 attempts: {failures:#?}");
+}
+
+/// One attempt of [`jetstream_cluster_of_three`]: fails when a node exits or no meta leader
+/// of 3 is elected in [`fleetwatch_test_support::DEADLINE`].
+async fn try_jetstream_cluster_of_three(
+    pki: &Pki,
+    attempt: usize,
+) -> Result<(Vec<Option<LocalNatsServer>>, [u16; 3]), String> {
     let route_ports = [free_port(), free_port(), free_port()];
     let monitor_ports = [free_port(), free_port(), free_port()];
     let routes = route_ports.iter().map(|p| format!("nats://127.0.0.1:{p}")).collect::<Vec<_>>().join(",");
-    let nodes: Vec<Option<LocalNatsServer>> = (0..3)
-        .map(|i| {
-            let extra: Vec<String> = [
-                "-n",
-                &format!("node-{i}"),
-                "--cluster_name",
-                "fw",
-                "--cluster",
-                &format!("nats://127.0.0.1:{}", route_ports[i]),
-                "--routes",
-                &routes,
-                "-m",
-                &monitor_ports[i].to_string(),
-            ]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
-            let node = LocalNatsServer::start_with(&pki.path(&format!("js-{i}")), 0, &extra);
-            Some(node.unwrap_or_else(|e| panic!("{e}")))
-        })
+    let mut nodes: Vec<Option<LocalNatsServer>> = Vec::new();
+    for i in 0..3 {
+        let extra: Vec<String> = [
+            "-n",
+            &format!("node-{i}"),
+            "--cluster_name",
+            "fw",
+            "--cluster",
+            &format!("nats://127.0.0.1:{}", route_ports[i]),
+            "--routes",
+            &routes,
+            "-m",
+            &monitor_ports[i].to_string(),
+        ]
+        .iter()
+        .map(|s| s.to_string())
         .collect();
+        let node = LocalNatsServer::start_with(&pki.path(&format!("js-{attempt}-{i}")), 0, &extra)
+            .map_err(|e| format!("node-{i}: {e}"))?;
+        nodes.push(Some(node));
+    }
     // JetStream serves replicated streams once the nodes elected a meta leader.
-    eventually("a JetStream meta leader of 3 nodes")
-        .until(
-            async || http_get(monitor_ports[0], "/jsz").await,
-            |jsz| {
-                serde_json::from_str::<serde_json::Value>(jsz).ok().is_some_and(|v| {
-                    let m = &v["meta_cluster"];
-                    m["leader"].as_str().is_some_and(|l| !l.is_empty()) && m["cluster_size"].as_u64() == Some(3)
-                })
-            },
-        )
-        .await;
-    (nodes, monitor_ports)
+    let leader = |jsz: &str| {
+        serde_json::from_str::<serde_json::Value>(jsz).ok().is_some_and(|v| {
+            let m = &v["meta_cluster"];
+            m["leader"].as_str().is_some_and(|l| !l.is_empty()) && m["cluster_size"].as_u64() == Some(3)
+        })
+    };
+    let started = Instant::now();
+    let mut last = String::new();
+    while started.elapsed() < fleetwatch_test_support::DEADLINE {
+        if let Some(i) = nodes.iter_mut().position(|n| n.as_mut().is_none_or(LocalNatsServer::has_exited)) {
+            return Err(format!("node-{i} exited (ports {route_ports:?}, {monitor_ports:?})"));
+        }
+        last = http_get(monitor_ports[0], "/jsz").await;
+        if leader(&last) {
+            return Ok((nodes, monitor_ports));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Err(format!("no meta leader of 3; last /jsz of node-0: {last:?}"))
 }
 
 /// Issue 44, break 3: one node of three frozen (SIGSTOP) while quorum holds. The hub
@@ -668,7 +695,7 @@ async fn hub_replicas_restarted_one_by_one_lose_nothing() {
     let flowing = holds_within(Duration::from_secs(60), || progress(&collector).iter().all(|s| *s > 200)).await;
     assert!(flowing, "agents did not stream through replica a:\n{}", a.proc.stderr());
 
-    let started = std::time::Instant::now();
+    let started = Instant::now();
     let mut steps = Vec::new();
     for step in 0..2 {
         let (stop_port, other_port) = if step == 0 { (pa, pb) } else { (pb, pa) };

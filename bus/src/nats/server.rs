@@ -108,6 +108,12 @@ impl LocalNatsServer {
         self.child.as_ref().map(Child::id)
     }
 
+    /// Whether the server exited by itself (e.g. it could not bind a route or monitoring
+    /// port it was given after it had reported ready). A stopped server counts as exited.
+    pub fn has_exited(&mut self) -> bool {
+        self.child.as_mut().is_none_or(|c| !matches!(c.try_wait(), Ok(None)))
+    }
+
     /// The client port.
     pub fn port(&self) -> u16 {
         self.port
