@@ -8,7 +8,6 @@
 //! pure core is [`link`]).
 //! [`runtime::AgentRuntime`] wires them together and owns their tasks; every program that
 //! runs an agent goes through it.
-#![warn(missing_docs)]
 
 pub mod filter;
 pub mod kube_source;

@@ -10,7 +10,6 @@
 //! let crd = fleetwatch_api::Runtime::crd();
 //! assert_eq!(crd.spec.names.kind, "Runtime");
 //! ```
-#![warn(missing_docs)]
 
 pub mod access_policy;
 pub mod config_policy;

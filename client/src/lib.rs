@@ -8,7 +8,6 @@
 //! the benchmarks).
 //!
 //! The wire format itself lives in `fleetwatch-protocol`; this crate owns the sockets.
-#![warn(missing_docs)]
 
 pub mod admin_http;
 pub mod backoff;

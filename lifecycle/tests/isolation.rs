@@ -1,6 +1,8 @@
 //! One bad object never stops the others: a Runtime the operator cannot decode is named and
 //! marked in its status, while the good ones are reconciled as usual.
 
+#![allow(clippy::unwrap_used, reason = "an integration test: a failed unwrap is a failed test")]
+
 mod common;
 
 use fleetwatch_api::{Runtime, State};

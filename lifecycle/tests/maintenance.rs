@@ -3,6 +3,8 @@
 //! repaired meanwhile, and the upgrade happens once the clock is inside a window with
 //! enough time left.
 
+#![allow(clippy::unwrap_used, reason = "an integration test: a failed unwrap is a failed test")]
+
 mod common;
 
 use fleetwatch_test_support::eventually;

@@ -1,6 +1,8 @@
 //! Migrations against a simulated cluster: order, cost when not needed, the built-in
 //! rename (idempotent), and a failing migration stopping an upgrade until it succeeds.
 
+#![allow(clippy::unwrap_used, reason = "an integration test: a failed unwrap is a failed test")]
+
 mod common;
 
 use fleetwatch_test_support::eventually;

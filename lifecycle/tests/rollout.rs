@@ -2,6 +2,8 @@
 //! the ModuleReleaseMeta status, a halt when upgrades fail, and a new operator instance
 //! continuing a rollout from that status.
 
+#![allow(clippy::unwrap_used, reason = "an integration test: a failed unwrap is a failed test")]
+
 mod common;
 
 use std::time::Duration;

@@ -4,6 +4,8 @@
 //! instances at once, a crashed instance's shards are taken over, and a paced rollout
 //! across shards stays within `maxInFlight`.
 
+#![allow(clippy::unwrap_used, reason = "an integration test: a failed unwrap is a failed test")]
+
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};

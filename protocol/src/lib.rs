@@ -11,7 +11,6 @@
 //! let ev = Event::applied("eu-1", 1, 7, &key, serde_json::json!({"data": {}}));
 //! assert_eq!(ev.id, "eu-1/1/7");
 //! ```
-#![warn(missing_docs)]
 
 pub mod codec;
 pub mod event;

@@ -14,7 +14,6 @@
 //!
 //! [`http`] is the one HTTP client and the classification of answers both relays share;
 //! [`metrics`] counts what happened per target.
-#![warn(missing_docs)]
 
 pub mod dead_letter;
 pub mod http;

@@ -1,6 +1,8 @@
 //! The relays' sinks against real HTTP servers on loopback: the KLM listener contract
 //! (support/klm_listener.rs) and a CloudEvents receiver that checks signatures.
 
+#![allow(clippy::unwrap_used, reason = "an integration test: a failed unwrap is a failed test")]
+
 mod support;
 
 use std::sync::{Arc, Mutex};

@@ -43,21 +43,29 @@ impl Default for BenchOptions {
 /// Results.
 #[derive(Debug, Clone, Default)]
 pub struct BenchReport {
+    /// Objects in the collection the LIST phase read.
     pub list_objects: usize,
     /// Median wall time of one full LIST through kube-rs (client decode included).
     pub list_median: Duration,
     /// Median wall time of the same LIST read as bytes (server and TLS, no decoding).
     pub list_bytes_median: Duration,
+    /// Size of one LIST answer in bytes.
     pub list_bytes: usize,
+    /// Watches open during the fan-out phase.
     pub watchers: usize,
+    /// Writes made during the fan-out phase.
     pub writes: u64,
     /// Achieved write rate.
     pub writes_per_sec: f64,
     /// Events received over all watchers, and how many were expected.
     pub events_received: u64,
+    /// Events expected over all watchers (writes × watchers).
     pub events_expected: u64,
+    /// Write-to-event latency, median.
     pub latency_p50: Duration,
+    /// Write-to-event latency, 99th percentile.
     pub latency_p99: Duration,
+    /// Write-to-event latency, largest seen.
     pub latency_max: Duration,
     /// Wall time of the fan-out phase's writes.
     pub fanout_wall: Duration,

@@ -2,6 +2,8 @@
 //! server-side apply, and kube-runtime's watcher in list-then-watch and streaming-list
 //! modes surviving a forced 410 relist.
 
+#![allow(clippy::unwrap_used, reason = "an integration test: a failed unwrap is a failed test")]
+
 mod common;
 
 use std::collections::BTreeSet;

@@ -12,7 +12,6 @@
 //!
 //! Metric names, types, labels and HELP texts are a contract with `deploy/observability/`
 //! (dashboard and alert rules) and the README; each component keeps its own.
-#![warn(missing_docs)]
 
 pub mod collect;
 pub mod exposition;

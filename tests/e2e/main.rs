@@ -1,5 +1,7 @@
 //! End-to-end tests: real `fleetwatch` processes over real mutual TLS on loopback.
 
+#![allow(clippy::unwrap_used, reason = "an integration test: a failed unwrap is a failed test")]
+
 mod access;
 mod admin_web;
 mod admission;
