@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# The README's quickstart as one script: every command in it, in order. Run from the
+# The quickstart (docs/quickstart.md) as one script: every command in it, in order. Run from the
 # repository root: `bash docs/quickstart.sh` (it works in ./quickstart and stops everything
-# it started when it ends). The README shows the same commands with explanations.
+# it started when it ends). docs/quickstart.md shows the same commands with explanations.
 #
 # Its ports and folder can be moved by environment variables, e.g. to run it beside a
-# sandbox or a second quickstart (tests/e2e/readme.rs does); the defaults are the README's:
+# sandbox or a second quickstart (tests/e2e/readme.rs does); the defaults are docs/quickstart.md's:
 #   QUICKSTART_HUB_PORT    the hub (wss)                       8443
 #   QUICKSTART_ADMIN_PORT  the hub's admin endpoint (HTTP)     9190
 #   QUICKSTART_CP_PORT     the simulated control plane         16443
