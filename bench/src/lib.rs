@@ -1,4 +1,4 @@
-//! `fleetwatch bench`: measured, not asserted. Figures go to the README.
+//! `fleetwatch bench`: measured, not asserted. Figures go to docs/performance.md.
 //!
 //! One file per benchmark (`hub`, `agent`, `lifecycle` with its sim processes in
 //! `lifecycle_sims`, `sim`, `storm`, `dst`, `fleet_state`; the chaos

@@ -11,7 +11,7 @@
 //!   its handlers also answer those three paths on the hub's admin endpoint.
 //!
 //! Metric names, types, labels and HELP texts are a contract with `deploy/observability/`
-//! (dashboard and alert rules) and the README; each component keeps its own.
+//! (dashboard and alert rules) and docs/operations.md; each component keeps its own.
 
 pub mod collect;
 pub mod exposition;

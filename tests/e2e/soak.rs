@@ -123,7 +123,7 @@ fn short_soak_on_nats_loses_nothing_under_faults() {
             "--fault-hold",
             "2",
             // The JetStream kinds first, a hub restarted into a JetStream outage among them;
-            // the freezes are left to the long soaks (the 600 s runs in the README).
+            // the freezes are left to the long soaks (the 600 s runs in docs/performance.md).
             "--faults",
             "js-empty,node-kill,bus-cut,restart-into-outage,kill,agent-restart,cut,deny",
             // Within nextest's 180 s: 80 s of churn, at most 60 s to settle.
