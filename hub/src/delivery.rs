@@ -1,4 +1,4 @@
-//! The pure core of a subscriber session (see [`crate::subscriber_session`]): where it
+//! The pure core of a subscriber session (see [`crate::session::subscriber`]): where it
 //! starts ([`start`]), how much it may have sent and not acked ([`Window`]), and which
 //! records are its ([`Filter`]). The session carries these decisions out against the bus
 //! and the socket; kept apart, their rules are tested alone.
@@ -8,7 +8,7 @@ use std::sync::Arc;
 // tokio's clock (std's in programs): the simulation runs sessions on simulated time.
 use tokio::time::Instant;
 
-use crate::access::Grant;
+use crate::policy::access::Grant;
 use fleetwatch_bus::ALL_CLUSTERS;
 
 /// The window when the subscriber does not ask for one.
@@ -345,7 +345,7 @@ mod tests {
 
     #[test]
     fn the_grant_narrows_what_was_asked() {
-        let policy = crate::access::AccessPolicy::parse(
+        let policy = crate::policy::access::AccessPolicy::parse(
             "subscribers:\n  - name: ops\n    clusters: ['prod-*']\n",
             std::path::Path::new("policy.yaml"),
             false,

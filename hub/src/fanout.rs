@@ -1,7 +1,7 @@
 //! Fan-out progress: where each subscriber session is in the bus, owned by the fan-out
-//! side (the sessions of [`crate::subscriber_session`] publish it) and read by ingest,
+//! side (the sessions of [`crate::session::subscriber`] publish it) and read by ingest,
 //! which lets delivery catch up before it stores more (see
-//! `agent_session::Session::start_events`), by the lag metrics and by
+//! `session::agent::Session::start_events`), by the lag metrics and by
 //! `/api/v1/subscriptions`. Ingest waits on a [`Notify`] woken by every move, not by
 //! polling.
 

@@ -1,4 +1,4 @@
-//! The pure core of an agent session (see [`crate::agent_session`]): which of the agent's
+//! The pure core of an agent session (see [`crate::session::agent`]): which of the agent's
 //! batches are being stored, and what may be acked. The session hands a batch to the bus
 //! ([`Ledger::submit`]), takes the bus's answers oldest first ([`Ledger::stored`]) and acks
 //! cumulatively what every batch up to it made stored ([`Ledger::acked`]). Keeping this

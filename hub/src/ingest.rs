@@ -8,7 +8,7 @@
 //! skipped, not refused); the hub restamps `cluster`, `source` and `id` (it, not the
 //! agent, vouches for where an event comes from); oversized events and batches are
 //! refused; inventory events also update the cluster's inventory. The session
-//! ([`crate::agent_session`]) carries the [`Decision`] out: it throttles by the cost the
+//! ([`crate::session::agent`]) carries the [`Decision`] out: it throttles by the cost the
 //! decision names, appends, acks, or closes.
 
 use bytes::Bytes;
@@ -20,7 +20,7 @@ use fleetwatch_protocol::message::{
 };
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 
-use crate::registry::{RECENT_EVENTS, RecentEvent};
+use crate::cluster::{RECENT_EVENTS, RecentEvent};
 use fleetwatch_bus::{Append, RecordBody};
 
 /// What an agent's session knows when a frame arrives.

@@ -16,7 +16,9 @@ use fleetwatch_bus::{Bus, BusError, BusOptions, DeferredBus};
 use futures_util::future::BoxFuture;
 use tokio_util::sync::CancellationToken;
 
-use crate::{Context, HubConfig, HubError};
+use crate::config::HubConfig;
+use crate::context::Context;
+use crate::error::HubError;
 
 /// One attempt to open the hub's bus. Called again after each failure that passes, so it
 /// must start from scratch each time (the simulation passes its own, over its JetStream).

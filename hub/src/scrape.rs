@@ -17,7 +17,7 @@ use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet};
 use prometheus_client::registry::Registry;
 
-use crate::Context;
+use crate::context::Context;
 
 /// Label: a cluster id.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]

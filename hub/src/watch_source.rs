@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::HubError;
+use crate::error::HubError;
 
 /// A source of WatchConfigs.
 #[derive(Debug, Clone, Default)]

@@ -18,7 +18,7 @@ use fleetwatch_api::watchconfig::{WatchConfig, WatchConfigStatus};
 use kube::api::{Patch, PatchParams};
 use tokio_util::sync::CancellationToken;
 
-use crate::Context;
+use crate::context::Context;
 use crate::watch_source::{CONTROL_PLANE, Verdict};
 
 /// How often the statuses are compared with what they should say.

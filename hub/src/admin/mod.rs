@@ -24,7 +24,7 @@ use axum::routing::{MethodRouter, get, post};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::Context;
+use crate::context::Context;
 use crate::fleet::{self, Rates};
 
 /// Most browsers following the live overview at once; more get 503.
@@ -353,7 +353,7 @@ async fn subscriptions_handler(State(ctx): State<Arc<Context>>) -> impl IntoResp
                 .collect();
             serde_json::json!({
                 "file": access.path().map(|p| p.display().to_string()),
-                "fromControlPlane": access.from_control_plane(),
+                "fromControlPlane": access.grants_from_control_plane(),
                 "stale": access.stale().or_else(|| access.objects_problem()),
                 "grantsNobody": p.is_empty(),
                 "grants": grants,
@@ -409,7 +409,7 @@ async fn overview(admin: &Admin) -> serde_json::Value {
         .into_iter()
         .filter_map(|(r, rate)| {
             let hub = r.hub.as_deref().map(str::to_string);
-            let status: crate::ClusterStatus = serde_json::from_value(r.value()).ok()?;
+            let status: crate::cluster::ClusterStatus = serde_json::from_value(r.value()).ok()?;
             Some(fleet::ClusterRow::of(&status, rate, hub))
         })
         .collect();

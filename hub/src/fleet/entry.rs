@@ -11,7 +11,7 @@
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
-use crate::registry::ClusterStatus;
+use crate::cluster::ClusterStatus;
 
 /// The format of [`FleetEntry`] (`entryFormat`).
 pub const ENTRY_FORMAT: u32 = 1;

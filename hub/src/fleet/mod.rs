@@ -18,7 +18,7 @@ use fleetwatch_api::summary::RuntimeSummary;
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
-use crate::registry::ClusterStatus;
+use crate::cluster::ClusterStatus;
 use fleetwatch_protocol::message::WatchPhase;
 
 /// Most Runtimes kept (the list stops there and says so).

@@ -8,8 +8,8 @@ use fleetwatch_protocol::message::WatchPhase;
 use serde::Deserialize;
 use serde_json::Value;
 
+use crate::cluster::ClusterStatus;
 use crate::fleet::state::Cached;
-use crate::registry::ClusterStatus;
 
 /// What the lists need of a cluster's watches and modules.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -35,9 +35,9 @@ use std::sync::{Mutex, RwLock};
 use fleetwatch_bus::ReplicaShare;
 use serde_json::Value;
 
+use crate::cluster::ClusterStatus;
 use crate::fleet::entry::{Beat, FleetEntry, Heartbeat};
 use crate::fleet::rows::{Health, Row};
-use crate::registry::ClusterStatus;
 
 /// Most clusters waiting to be written; past it the set is dropped for one full pass.
 pub const MAX_PENDING: usize = 65_536;

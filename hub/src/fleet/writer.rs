@@ -13,10 +13,10 @@ use futures_util::StreamExt;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::Context;
+use crate::cluster::ClusterStatus;
+use crate::context::Context;
 use crate::fleet::entry::{self, FleetEntry};
 use crate::fleet::state::{Cached, FleetState, cached_of, heartbeat};
-use crate::registry::ClusterStatus;
 
 /// How often the heartbeat is written and the live replicas read (well within the
 /// bus's expiry of heartbeats, 15 s on NATS).

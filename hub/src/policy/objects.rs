@@ -15,8 +15,8 @@ use kube::api::{Patch, PatchParams};
 use kube::runtime::watcher;
 use tokio_util::sync::CancellationToken;
 
-use crate::Context;
-use crate::access::{self, ObjectVerdict};
+use crate::context::Context;
+use crate::policy::access::{self, ObjectVerdict};
 
 /// The status a verdict makes for an object of `generation`, keeping the condition's
 /// transition time when its status and reason did not change.

@@ -94,6 +94,7 @@ impl DenyList {
     }
 
     /// Whether the list is empty.
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

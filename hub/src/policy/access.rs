@@ -408,6 +408,7 @@ impl AccessControl {
     /// Loads the policy file (none: every subscriber reads everything). A missing,
     /// unreadable or invalid file is a start-up error; `runtime_labels`: whether the hub
     /// reads Runtimes (without, a `clusterSelector` makes the file invalid).
+    #[cfg(test)]
     pub fn load(path: Option<PathBuf>, runtime_labels: bool) -> Result<Self, AccessPolicyError> {
         Self::load_with_objects(path, runtime_labels, false)
     }
@@ -473,7 +474,7 @@ impl AccessControl {
     }
 
     /// Whether SubscriberAccessPolicy objects grant too (`--access-policy-from-control-plane`).
-    pub fn from_control_plane(&self) -> bool {
+    pub fn grants_from_control_plane(&self) -> bool {
         self.from_control_plane
     }
 
