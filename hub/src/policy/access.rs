@@ -32,9 +32,11 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
 use fleetwatch_api::label_selector::LabelSelector;
+use fleetwatch_certs::{Compare, Contents, Reload as FileReload, ReloadingFile};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -290,7 +292,12 @@ pub struct AccessControl {
     runtime_labels: bool,
     /// Whether accepted SubscriberAccessPolicy objects of the control plane grant too.
     from_control_plane: bool,
-    state: RwLock<State>,
+    /// The file's policy, following the file by content (none configured: an empty
+    /// policy that never changes).
+    file: ReloadingFile<AccessPolicy>,
+    /// Bumped at every replacement of the policy in force (the file's or the objects'):
+    /// sessions re-check their grant when it moves.
+    generation: AtomicU64,
     objects: RwLock<Objects>,
     /// Bumped when the file's policy is replaced: the objects are judged again against it
     /// (a subscriber the file now grants makes an object naming it a duplicate).
@@ -382,17 +389,6 @@ pub fn judge_objects(
     (accepted, verdicts)
 }
 
-#[derive(Default)]
-struct State {
-    /// The content of the file the policy in force was read from.
-    content: Option<Vec<u8>>,
-    policy: Arc<AccessPolicy>,
-    /// Bumped at every replacement: sessions re-check their grant when it moves.
-    generation: u64,
-    /// The content (None: unreadable) and error of a file that could not be used.
-    failed: Option<(Result<Vec<u8>, String>, String)>,
-}
-
 /// What a reload check found.
 #[derive(Debug)]
 pub enum Reload {
@@ -421,19 +417,16 @@ impl AccessControl {
         runtime_labels: bool,
         from_control_plane: bool,
     ) -> Result<Self, AccessPolicyError> {
-        let state = match &path {
-            Some(p) => {
-                let content = read_bytes(p)?;
-                let policy = parse_bytes(&content, p, runtime_labels)?;
-                State { content: Some(content), policy: Arc::new(policy), generation: 0, failed: None }
-            }
-            None => State::default(),
+        let file = match &path {
+            Some(p) => ReloadingFile::load(vec![p.clone()], Compare::Content, |c| read(c, p, runtime_labels))?,
+            None => ReloadingFile::fixed(AccessPolicy::default()),
         };
         Ok(Self {
             path,
             runtime_labels,
             from_control_plane,
-            state: RwLock::new(state),
+            file,
+            generation: AtomicU64::new(0),
             objects: Default::default(),
             file_replaced: tokio::sync::watch::channel(0).0,
         })
@@ -470,7 +463,7 @@ impl AccessControl {
     }
 
     fn file_policy(&self) -> Arc<AccessPolicy> {
-        self.state.read().map(|s| s.policy.clone()).unwrap_or_else(|p| p.into_inner().policy.clone())
+        self.file.current()
     }
 
     /// Whether SubscriberAccessPolicy objects grant too (`--access-policy-from-control-plane`).
@@ -527,8 +520,7 @@ impl AccessControl {
         o.accepted = accepted;
         drop(o);
         if changed {
-            let mut state = self.state.write().unwrap_or_else(|p| p.into_inner());
-            state.generation += 1;
+            self.generation.fetch_add(1, Ordering::SeqCst);
         }
         changed
     }
@@ -546,12 +538,12 @@ impl AccessControl {
 
     /// Changes with every replacement of the policy.
     pub fn generation(&self) -> u64 {
-        self.state.read().map(|s| s.generation).unwrap_or_else(|p| p.into_inner().generation)
+        self.generation.load(Ordering::SeqCst)
     }
 
     /// Why the policy in force is stale (its file cannot be used), if it is.
     pub fn stale(&self) -> Option<String> {
-        self.state.read().ok().and_then(|s| s.failed.as_ref().map(|(_, e)| e.clone()))
+        self.file.failure()
     }
 
     /// What the policy in force says about the subscriber `name`.
@@ -587,44 +579,25 @@ impl AccessControl {
     /// Re-reads the file when its content changed. On error the old policy stays.
     pub fn reload_if_changed(&self) -> Reload {
         let Some(path) = &self.path else { return Reload::Unchanged };
-        let now = read_bytes(path);
-        let Ok(state) = self.state.read() else { return Reload::Unchanged };
-        let now_content = now.as_ref().ok();
-        // What the file is now: its content, or why it cannot be read.
-        let key = now.as_ref().map(|b| b.clone()).map_err(|e| e.to_string());
-        let seen = match &state.failed {
-            Some((failed, _)) => *failed == key,
-            None => now_content.is_some() && state.content.as_ref() == now_content,
-        };
-        drop(state);
-        if seen {
-            return Reload::Unchanged;
-        }
-        let mut state = match self.state.write() {
-            Ok(s) => s,
-            Err(p) => p.into_inner(),
-        };
-        let parsed = now.and_then(|bytes| parse_bytes(&bytes, path, self.runtime_labels).map(|p| (bytes, p)));
-        match parsed {
-            Ok((bytes, policy)) => {
-                state.generation += 1;
-                state.content = Some(bytes);
-                state.policy = Arc::new(policy);
-                state.failed = None;
-                drop(state);
+        match self.file.reload_if_changed(|c, _| read(c, path, self.runtime_labels)) {
+            FileReload::Unchanged => Reload::Unchanged,
+            // The file is back as the policy in force was read from: that policy is in
+            // force again, no longer stale, as a fresh read of the same content makes it.
+            FileReload::Recovered | FileReload::Replaced => {
+                self.generation.fetch_add(1, Ordering::SeqCst);
                 self.file_replaced.send_modify(|n| *n = n.wrapping_add(1));
                 Reload::Replaced
             }
-            Err(e) => {
-                state.failed = Some((key, e.to_string()));
-                Reload::Failed(e)
-            }
+            FileReload::Failed(e) => Reload::Failed(e),
         }
     }
 }
 
-fn read_bytes(path: &Path) -> Result<Vec<u8>, AccessPolicyError> {
-    std::fs::read(path).map_err(|source| AccessPolicyError::Read { path: path.display().to_string(), source })
+/// The policy in the file as read.
+fn read(mut contents: Contents, path: &Path, runtime_labels: bool) -> Result<AccessPolicy, AccessPolicyError> {
+    let bytes =
+        contents.take(0).map_err(|source| AccessPolicyError::Read { path: path.display().to_string(), source })?;
+    parse_bytes(&bytes, path, runtime_labels)
 }
 
 fn parse_bytes(bytes: &[u8], path: &Path, runtime_labels: bool) -> Result<AccessPolicy, AccessPolicyError> {
