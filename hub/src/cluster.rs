@@ -70,34 +70,34 @@ pub struct ClusterStatus {
 }
 
 /// Most recent events kept per cluster for `/api/v1/clusters/{id}`.
-pub const RECENT_EVENTS: usize = 32;
+pub(crate) const RECENT_EVENTS: usize = 32;
 /// Most bytes (of subjects, types, watch names and reasons) kept per cluster for them.
-pub const RECENT_EVENT_BYTES: usize = 16 << 10;
+pub(crate) const RECENT_EVENT_BYTES: usize = 16 << 10;
 /// Longest text kept in one field of a recent event; longer ones are cut (with `…`).
-pub const RECENT_FIELD_BYTES: usize = 256;
+pub(crate) const RECENT_FIELD_BYTES: usize = 256;
 
 /// One recent event of a cluster, as the hub took it in (kept in memory, never read back
 /// from the bus).
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
-pub struct RecentEvent {
+pub(crate) struct RecentEvent {
     /// The agent's seq.
-    pub seq: u64,
+    pub(crate) seq: u64,
     /// The CloudEvents type, or `resync-required`.
     #[serde(rename = "type")]
-    pub kind: String,
+    pub(crate) kind: String,
     /// The object key (cut to [`RECENT_FIELD_BYTES`]); for a resync, its reason.
-    pub subject: String,
+    pub(crate) subject: String,
     /// When the agent saw the change (when the hub stored it, for a resync).
-    pub time: jiff::Timestamp,
+    pub(crate) time: jiff::Timestamp,
     /// The WatchConfig that produced it, if any.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub watch: Option<String>,
+    pub(crate) watch: Option<String>,
 }
 
 impl RecentEvent {
     /// An entry with every text cut to [`RECENT_FIELD_BYTES`].
-    pub fn new(seq: u64, kind: &str, subject: &str, time: jiff::Timestamp, watch: Option<&str>) -> Self {
+    pub(crate) fn new(seq: u64, kind: &str, subject: &str, time: jiff::Timestamp, watch: Option<&str>) -> Self {
         Self { seq, kind: cut(kind), subject: cut(subject), time, watch: watch.map(cut) }
     }
 

@@ -13,32 +13,32 @@ use crate::session::Sessions;
 /// What the hub itself needs around the sessions: accepting connections (TLS, admission
 /// budgets, trust domain), the admin endpoint (readiness) and housekeeping (reloads).
 pub(crate) struct Context {
-    pub config: HubConfig,
-    pub sessions: Arc<Sessions>,
-    pub tls: ReloadingServerConfig,
+    pub(crate) config: HubConfig,
+    pub(crate) sessions: Arc<Sessions>,
+    pub(crate) tls: ReloadingServerConfig,
     /// The trust domain of the hub's own certificate; clients must share it.
-    pub trust_domain: String,
+    pub(crate) trust_domain: String,
     /// Handshake and session budgets, refusal counts.
-    pub admission: crate::admission::ConnectionBudget,
+    pub(crate) admission: crate::admission::ConnectionBudget,
     /// Whether the control-plane WatchConfig watch has listed everything (always true for
     /// other sources).
-    pub watch_synced: Arc<crate::watch_source::WatchSync>,
+    pub(crate) watch_synced: Arc<crate::watch_source::WatchSync>,
     /// This replica's name among hubs sharing a bus: its wss address.
-    pub replica: String,
+    pub(crate) replica: String,
     /// The admin endpoint's bearer token, when one is configured.
-    pub admin_token: Option<crate::admin::auth::Token>,
+    pub(crate) admin_token: Option<crate::admin::auth::Token>,
     /// The admin endpoint's TLS (client certificates required), when configured.
-    pub admin_tls: Option<Arc<rustls::ServerConfig>>,
+    pub(crate) admin_tls: Option<Arc<rustls::ServerConfig>>,
     /// Runtime statuses from the control plane (modules by state), when the hub reads it.
-    pub runtimes: crate::fleet::SharedRuntimes,
+    pub(crate) runtimes: crate::fleet::SharedRuntimes,
     /// Bumped whenever [`Self::runtimes`] changes (the live overview is rebuilt at once).
-    pub runtimes_changed: tokio::sync::watch::Sender<u64>,
+    pub(crate) runtimes_changed: tokio::sync::watch::Sender<u64>,
     /// What the hub made of each WatchConfig (accepted or why not).
-    pub watch_verdicts: crate::watch_source::Verdicts,
+    pub(crate) watch_verdicts: crate::watch_source::Verdicts,
     /// The fleet's state across replicas on a shared bus (empty otherwise).
-    pub fleet: crate::fleet::state::FleetState,
+    pub(crate) fleet: crate::fleet::state::FleetState,
     /// The bus as opened (`sessions.bus` is the same object): empty until it could be.
-    pub storage: Arc<fleetwatch_bus::DeferredBus>,
+    pub(crate) storage: Arc<fleetwatch_bus::DeferredBus>,
 }
 
 impl Context {

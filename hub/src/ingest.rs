@@ -27,11 +27,11 @@ use fleetwatch_bus::{Append, RecordBody};
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct State<'a> {
     /// The cluster id, from the certificate.
-    pub cluster: &'a str,
+    pub(crate) cluster: &'a str,
     /// The session's agent epoch, from its hello.
-    pub epoch: u64,
+    pub(crate) epoch: u64,
     /// The highest seq acked in this session.
-    pub acked: u64,
+    pub(crate) acked: u64,
 }
 
 /// A frame the hub refuses: the metric label (if counted), the error frame's code and
@@ -39,13 +39,13 @@ pub(crate) struct State<'a> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Refusal {
     /// The `rejected` metric's reason label; `None` when not counted.
-    pub reject: Option<&'static str>,
+    pub(crate) reject: Option<&'static str>,
     /// The error code sent.
-    pub code: ErrorCode,
+    pub(crate) code: ErrorCode,
     /// The error message sent.
-    pub message: String,
+    pub(crate) message: String,
     /// `Some(close code)` ends the session; `None` only answers with an error frame.
-    pub close: Option<CloseCode>,
+    pub(crate) close: Option<CloseCode>,
 }
 
 impl Refusal {

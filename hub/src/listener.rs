@@ -71,7 +71,7 @@ fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
 /// is given: a hub restarted on its port while the previous one is still exiting (closing
 /// ten thousand sockets after a SIGKILL takes a moment; `bench storm`, the soak) then
 /// retries with backoff for that long before it is refused with the address named.
-pub async fn bind_retrying(addr: SocketAddr, retry: Option<Duration>) -> Result<TcpListener, HubError> {
+pub(crate) async fn bind_retrying(addr: SocketAddr, retry: Option<Duration>) -> Result<TcpListener, HubError> {
     use backon::{ExponentialBuilder, Retryable};
     let in_use = |e: &std::io::Error| e.kind() == std::io::ErrorKind::AddrInUse;
     let Some(retry) = retry.filter(|d| !d.is_zero()) else {

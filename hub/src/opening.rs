@@ -27,7 +27,7 @@ pub type OpenBus = Arc<dyn Fn() -> BoxFuture<'static, Result<Arc<dyn Bus>, BusEr
 /// The first wait between attempts; it doubles up to [`MAX_WAIT`].
 const FIRST_WAIT: Duration = Duration::from_millis(250);
 /// The longest wait between attempts: a passing fault costs at most this much readiness.
-pub const MAX_WAIT: Duration = Duration::from_secs(5);
+pub(crate) const MAX_WAIT: Duration = Duration::from_secs(5);
 
 /// The bus `config` names: JetStream with `--bus`, the segment log with `--data-dir`,
 /// memory otherwise.

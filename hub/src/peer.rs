@@ -8,15 +8,15 @@ use std::sync::Arc;
 #[derive(Debug, Clone)]
 pub(crate) struct Peer {
     /// The SPIFFE id.
-    pub identity: String,
+    pub(crate) identity: String,
     /// The certificate serial, lower-case hex.
-    pub serial: String,
+    pub(crate) serial: String,
     /// When the certificate expires: the session ends then.
-    pub not_after: jiff::Timestamp,
+    pub(crate) not_after: jiff::Timestamp,
     /// The presented chain, re-verified when the CA bundles change.
-    pub chain: Arc<Vec<rustls::pki_types::CertificateDer<'static>>>,
+    pub(crate) chain: Arc<Vec<rustls::pki_types::CertificateDer<'static>>>,
     /// Why the hub ended the session (set before its token is cancelled).
-    pub ended: Arc<std::sync::OnceLock<String>>,
+    pub(crate) ended: Arc<std::sync::OnceLock<String>>,
 }
 
 impl Peer {

@@ -30,30 +30,30 @@ use crate::rate::Budget;
 /// When a connection last received a frame (data, ping or pong), readable from other
 /// tasks: the registry asks it whether a cluster's live session is really alive.
 #[derive(Debug)]
-pub struct Liveness {
+pub(crate) struct Liveness {
     base: tokio::time::Instant,
     last_ms: AtomicU64,
 }
 
 impl Liveness {
     /// Heard from just now.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self { base: tokio::time::Instant::now(), last_ms: AtomicU64::new(0) }
     }
 
     /// Records that a frame arrived.
-    pub fn touch(&self) {
+    pub(crate) fn touch(&self) {
         self.last_ms.store(self.base.elapsed().as_millis() as u64, Ordering::Relaxed);
     }
 
     /// How long since the last frame arrived.
-    pub fn silent_for(&self) -> Duration {
+    pub(crate) fn silent_for(&self) -> Duration {
         let last = Duration::from_millis(self.last_ms.load(Ordering::Relaxed));
         self.base.elapsed().saturating_sub(last)
     }
 
     /// When the last frame arrived on the wall clock, `now` being the wall clock's now.
-    pub fn last_heard(&self, now: jiff::Timestamp) -> jiff::Timestamp {
+    pub(crate) fn last_heard(&self, now: jiff::Timestamp) -> jiff::Timestamp {
         let silent = jiff::SignedDuration::try_from(self.silent_for()).unwrap_or(jiff::SignedDuration::MAX);
         now.checked_sub(silent).unwrap_or(jiff::Timestamp::MIN)
     }
@@ -129,38 +129,38 @@ struct Entry {
 /// A `resync-required` marker this hub stored for a cluster: its (epoch, seq) and the
 /// offset the bus answered for it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct StoredMarker {
+pub(crate) struct StoredMarker {
     /// The epoch it carries.
-    pub epoch: u64,
+    pub(crate) epoch: u64,
     /// The seq it carries.
-    pub seq: u64,
+    pub(crate) seq: u64,
     /// Its offset in the bus.
-    pub offset: u64,
+    pub(crate) offset: u64,
 }
 
 /// A new agent session as [`SessionRegistry::open`] sees it.
-pub struct Opening<'a> {
+pub(crate) struct Opening<'a> {
     /// The session id.
-    pub session: &'a str,
+    pub(crate) session: &'a str,
     /// The agent's address.
-    pub remote: &'a str,
+    pub(crate) remote: &'a str,
     /// The agent's version.
-    pub agent_version: &'a str,
+    pub(crate) agent_version: &'a str,
     /// The protocol version the session speaks.
-    pub protocol: u32,
+    pub(crate) protocol: u32,
     /// The protocol versions the agent speaks.
-    pub agent_protocols: fleetwatch_protocol::message::ProtocolRange,
+    pub(crate) agent_protocols: fleetwatch_protocol::message::ProtocolRange,
     /// The agent's epoch.
-    pub epoch: u64,
+    pub(crate) epoch: u64,
     /// Cancels the session (when replaced).
-    pub cancel: CancellationToken,
+    pub(crate) cancel: CancellationToken,
     /// When the session's connection last heard from the agent.
-    pub liveness: Arc<Liveness>,
+    pub(crate) liveness: Arc<Liveness>,
 }
 
 /// The outcome of [`SessionRegistry::open`].
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum OpenOutcome {
+pub(crate) enum OpenOutcome {
     /// The session is the cluster's live one now.
     Opened {
         /// Why a previous session was replaced, if one was.
@@ -178,7 +178,7 @@ pub enum OpenOutcome {
 /// Open connections, live sessions and per-cluster state. One session per cluster (see
 /// the module doc).
 #[derive(Default)]
-pub struct SessionRegistry {
+pub(crate) struct SessionRegistry {
     clusters: Mutex<HashMap<String, Entry>>,
     /// Woken when a cluster connects or disconnects (the web view's live updates).
     changed: tokio::sync::Notify,
@@ -226,7 +226,7 @@ impl SessionRegistry {
     }
 
     /// Records the certificate the cluster's new session presented.
-    pub fn certificate(&self, cluster: &str, serial: &str, not_after: jiff::Timestamp) {
+    pub(crate) fn certificate(&self, cluster: &str, serial: &str, not_after: jiff::Timestamp) {
         if let Ok(mut map) = self.clusters.lock()
             && let Some(e) = map.get_mut(cluster)
         {
@@ -239,7 +239,7 @@ impl SessionRegistry {
     /// Admits a new session for `cluster` by the rule in the module doc: replaces the live
     /// session of the same epoch or a stale one (silent for longer than `stale_after`),
     /// refuses it while another epoch's session is alive.
-    pub fn open(&self, cluster: &str, new: Opening<'_>, stale_after: Duration) -> OpenOutcome {
+    pub(crate) fn open(&self, cluster: &str, new: Opening<'_>, stale_after: Duration) -> OpenOutcome {
         let Ok(mut map) = self.clusters.lock() else {
             // A poisoned registry cannot tell who is connected: refuse rather than guess.
             return OpenOutcome::Conflict { connected_from: "unknown (registry unavailable)".into(), since: None };
@@ -294,7 +294,7 @@ impl SessionRegistry {
     }
 
     /// Marks the session closed, unless a newer one already replaced it.
-    pub fn close(&self, cluster: &str, session: &str) {
+    pub(crate) fn close(&self, cluster: &str, session: &str) {
         let Ok(mut map) = self.clusters.lock() else { return };
         if let Some(e) = map.get_mut(cluster)
             && e.status.session.as_deref() == Some(session)
@@ -312,12 +312,12 @@ impl SessionRegistry {
     }
 
     /// Resolves at the next connect or disconnect of any cluster.
-    pub async fn changed(&self) {
+    pub(crate) async fn changed(&self) {
         self.changed.notified().await
     }
 
     /// Keeps `events` (oldest first) among the cluster's recent events.
-    pub fn recent(&self, cluster: &str, events: impl IntoIterator<Item = RecentEvent>) {
+    pub(crate) fn recent(&self, cluster: &str, events: impl IntoIterator<Item = RecentEvent>) {
         if let Ok(mut map) = self.clusters.lock()
             && let Some(e) = map.get_mut(cluster)
         {
@@ -328,7 +328,7 @@ impl SessionRegistry {
     }
 
     /// One cluster's status and its recent events (oldest first), if the hub knows it.
-    pub fn get(&self, cluster: &str) -> Option<(ClusterStatus, Vec<RecentEvent>)> {
+    pub(crate) fn get(&self, cluster: &str) -> Option<(ClusterStatus, Vec<RecentEvent>)> {
         let map = self.clusters.lock().ok()?;
         map.get(cluster).map(|e| (e.shown(jiff::Timestamp::now()), e.recent.events.iter().cloned().collect()))
     }
@@ -345,7 +345,7 @@ impl SessionRegistry {
     }
 
     /// Remembers the resync marker just stored for `cluster`.
-    pub fn resync_stored(&self, cluster: &str, marker: StoredMarker) {
+    pub(crate) fn resync_stored(&self, cluster: &str, marker: StoredMarker) {
         if let Ok(mut map) = self.clusters.lock()
             && let Some(e) = map.get_mut(cluster)
         {
@@ -357,7 +357,7 @@ impl SessionRegistry {
     /// to, `offset`. Called before the records are sent, so a marker coalesced into (see
     /// [`SessionRegistry::resync_pending`]) reaches its subscribers only after the request
     /// it absorbed: they reconcile after it.
-    pub fn read_past(&self, offset: u64) {
+    pub(crate) fn read_past(&self, offset: u64) {
         self.read_mark.fetch_max(offset, Ordering::SeqCst);
     }
 
@@ -370,14 +370,14 @@ impl SessionRegistry {
     ///
     /// Subscribers that read before this hub started cannot have read the marker: this
     /// hub stored it, and the read mark starts at the log's end (see `opening`).
-    pub fn resync_pending(&self, cluster: &str, head: Option<(u64, u64)>, shared: bool) -> bool {
+    pub(crate) fn resync_pending(&self, cluster: &str, head: Option<(u64, u64)>, shared: bool) -> bool {
         self.absorbing_marker(cluster, shared).is_some_and(|m| head == Some((m.epoch, m.seq)))
     }
 
     /// Whether [`SessionRegistry::resync_pending`] could answer yes, whatever the head: the
     /// bus is this hub's alone and a marker it stored is above the read mark. When not,
     /// the head need not be asked for (on JetStream a request or two to the stream leader).
-    pub fn may_absorb_resync(&self, cluster: &str, shared: bool) -> bool {
+    pub(crate) fn may_absorb_resync(&self, cluster: &str, shared: bool) -> bool {
         self.absorbing_marker(cluster, shared).is_some()
     }
 
@@ -392,7 +392,7 @@ impl SessionRegistry {
     }
 
     /// Records accepted events.
-    pub fn acked(&self, cluster: &str, epoch: u64, seq: u64, events: u64) {
+    pub(crate) fn acked(&self, cluster: &str, epoch: u64, seq: u64, events: u64) {
         let Ok(mut map) = self.clusters.lock() else { return };
         if let Some(e) = map.get_mut(cluster) {
             e.status.epoch = epoch;
@@ -403,7 +403,7 @@ impl SessionRegistry {
     }
 
     /// Records an inventory report.
-    pub fn inventory(&self, cluster: &str, modules: Vec<ModuleInventory>) {
+    pub(crate) fn inventory(&self, cluster: &str, modules: Vec<ModuleInventory>) {
         if let Ok(mut map) = self.clusters.lock()
             && let Some(e) = map.get_mut(cluster)
         {
@@ -413,7 +413,7 @@ impl SessionRegistry {
     }
 
     /// Records a watch status report.
-    pub fn watch_status(&self, cluster: &str, watches: Vec<WatchState>) {
+    pub(crate) fn watch_status(&self, cluster: &str, watches: Vec<WatchState>) {
         if let Ok(mut map) = self.clusters.lock()
             && let Some(e) = map.get_mut(cluster)
         {
@@ -423,23 +423,23 @@ impl SessionRegistry {
     }
 
     /// Whether an agent of `cluster` ever opened a session since the hub started.
-    pub fn knows(&self, cluster: &str) -> bool {
+    pub(crate) fn knows(&self, cluster: &str) -> bool {
         self.clusters.lock().map(|m| m.contains_key(cluster)).unwrap_or(false)
     }
 
     /// One cluster's status, if the hub knows it.
-    pub fn status(&self, cluster: &str) -> Option<ClusterStatus> {
+    pub(crate) fn status(&self, cluster: &str) -> Option<ClusterStatus> {
         let map = self.clusters.lock().ok()?;
         map.get(cluster).map(|e| e.shown(jiff::Timestamp::now()))
     }
 
     /// Whether an agent session of `cluster` is open here.
-    pub fn is_connected(&self, cluster: &str) -> bool {
+    pub(crate) fn is_connected(&self, cluster: &str) -> bool {
         self.clusters.lock().is_ok_and(|m| m.get(cluster).is_some_and(|e| e.status.connected))
     }
 
     /// All clusters, sorted by id.
-    pub fn list(&self) -> Vec<ClusterStatus> {
+    pub(crate) fn list(&self) -> Vec<ClusterStatus> {
         let Ok(map) = self.clusters.lock() else { return Vec::new() };
         let now = jiff::Timestamp::now();
         let mut v: Vec<_> = map.values().map(|e| e.shown(now)).collect();

@@ -55,7 +55,7 @@ pub enum AdminAuthError {
 /// or is not a valid token is refused with a warning, and the token in force stays: the
 /// endpoint never ends up unprotected.
 #[derive(Clone)]
-pub struct Token(Arc<ReloadingFile<String>>);
+pub(crate) struct Token(Arc<ReloadingFile<String>>);
 
 impl std::fmt::Debug for Token {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -81,13 +81,14 @@ impl Token {
     /// Reads and checks a token file; the token then follows the file (see [`Token`]): a
     /// rewrite is noticed by the file's modified time and length, as it is checked at
     /// every request.
-    pub fn load(path: &Path) -> Result<Self, AdminAuthError> {
+    pub(crate) fn load(path: &Path) -> Result<Self, AdminAuthError> {
         let token = ReloadingFile::load(vec![path.to_path_buf()], Compare::ModifiedAndLength, |_| read_token(path))?;
         Ok(Self(Arc::new(token)))
     }
 
     /// A token that is not read from a file.
-    pub fn fixed(token: &str) -> Self {
+    #[cfg(test)]
+    pub(crate) fn fixed(token: &str) -> Self {
         Self(Arc::new(ReloadingFile::fixed(token.to_string())))
     }
 
@@ -116,14 +117,14 @@ impl Token {
     }
 
     /// Compares in time independent of where the first difference is.
-    pub fn matches(&self, presented: &str) -> bool {
+    pub(crate) fn matches(&self, presented: &str) -> bool {
         self.refresh();
         constant_time_eq(self.0.current().as_bytes(), presented.as_bytes())
     }
 }
 
 /// `a == b`, looking at every byte whatever differs (the length is not secret).
-pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+pub(crate) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     if a.len() != b.len() {
         return false;
     }
@@ -132,7 +133,7 @@ pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 }
 
 /// Checks the configuration before anything binds: fails closed.
-pub fn check(listen: SocketAddr, config: &AdminAuthConfig) -> Result<Option<Token>, AdminAuthError> {
+pub(crate) fn check(listen: SocketAddr, config: &AdminAuthConfig) -> Result<Option<Token>, AdminAuthError> {
     let token = config.token_file.as_deref().map(Token::load).transpose()?;
     if !listen.ip().is_loopback() && token.is_none() && config.client_ca.is_none() {
         return Err(AdminAuthError::Unprotected(listen));
@@ -141,15 +142,15 @@ pub fn check(listen: SocketAddr, config: &AdminAuthConfig) -> Result<Option<Toke
 }
 
 /// Paths served without authentication.
-pub fn is_open(path: &str) -> bool {
+pub(crate) fn is_open(path: &str) -> bool {
     matches!(path, "/healthz" | "/readyz" | "/login")
 }
 
 /// The cookie a browser gets from the login page.
-pub const COOKIE: &str = "fleetwatch_admin";
+pub(crate) const COOKIE: &str = "fleetwatch_admin";
 
 /// The credential a request presents: the bearer token, else the login cookie.
-pub fn presented<'a>(authorization: Option<&'a str>, cookie: Option<&'a str>) -> Option<&'a str> {
+pub(crate) fn presented<'a>(authorization: Option<&'a str>, cookie: Option<&'a str>) -> Option<&'a str> {
     if let Some(bearer) = authorization.and_then(|h| h.strip_prefix("Bearer ")) {
         return Some(bearer.trim());
     }
@@ -159,7 +160,7 @@ pub fn presented<'a>(authorization: Option<&'a str>, cookie: Option<&'a str>) ->
 /// Whether a request may go on as far as the token is concerned: open paths always;
 /// otherwise the token must match when one is configured. (With `--admin-client-ca` the
 /// admin router also requires a verified client certificate on the connection.)
-pub fn allowed(path: &str, token: Option<&Token>, authorization: Option<&str>, cookie: Option<&str>) -> bool {
+pub(crate) fn allowed(path: &str, token: Option<&Token>, authorization: Option<&str>, cookie: Option<&str>) -> bool {
     if is_open(path) {
         return true;
     }

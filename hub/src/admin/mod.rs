@@ -7,10 +7,10 @@
 //! as `name: reason`, separated by `; `.
 
 pub mod auth;
-pub mod list;
+pub(crate) mod list;
 mod login;
 mod overview;
-pub mod stream;
+pub(crate) mod stream;
 mod tls;
 
 use std::sync::{Arc, Mutex};
@@ -28,10 +28,10 @@ use crate::context::Context;
 use crate::fleet::{self, Rates};
 
 /// Most browsers following the live overview at once; more get 503.
-pub const MAX_STREAMS: usize = 64;
+pub(crate) const MAX_STREAMS: usize = 64;
 /// How often the live overview's changes are computed while someone follows it (and at
 /// once when a cluster connects or disconnects or a Runtime changes).
-pub const OVERVIEW_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
+pub(crate) const OVERVIEW_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// The admin endpoint's state: the hub's context and the live overview.
 #[derive(Clone)]
@@ -81,7 +81,7 @@ pub(crate) fn routes() -> Vec<(&'static str, &'static [&'static str], MethodRout
 }
 
 /// The OpenAPI 3 document of the admin endpoint.
-pub const OPENAPI: &str = include_str!("openapi.json");
+pub(crate) const OPENAPI: &str = include_str!("openapi.json");
 
 fn router(admin: Admin) -> Router {
     let mut app = Router::new();
@@ -208,9 +208,9 @@ pub(crate) async fn serve(listener: TcpListener, ctx: Arc<Context>, shutdown: Ca
 /// One readiness check: its name and `Err(reason)` when failing.
 pub(crate) struct Check {
     /// Short name shown in the answer, e.g. `bus`.
-    pub name: &'static str,
+    pub(crate) name: &'static str,
     /// `Err(why)` when not ready.
-    pub state: Result<(), String>,
+    pub(crate) state: Result<(), String>,
 }
 
 /// Every readiness check. Add a check here to make `/readyz` depend on it.

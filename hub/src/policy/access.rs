@@ -43,24 +43,24 @@ use serde_json::Value;
 /// What one subscriber identity may read.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct Grant {
+pub(crate) struct Grant {
     /// The subscriber name in its certificate (`spiffe://<td>/subscriber/<name>`).
-    pub name: String,
+    pub(crate) name: String,
     /// Cluster id globs. Required: an empty list grants no cluster.
-    pub clusters: Vec<String>,
+    pub(crate) clusters: Vec<String>,
     /// Runtime labels (a label selector): the clusters whose Runtime matches are granted
     /// too. Only when the hub reads a control plane.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cluster_selector: Option<String>,
+    pub(crate) cluster_selector: Option<String>,
     /// `cluster_selector`, parsed.
     #[serde(skip)]
     selector: Option<LabelSelector>,
     /// CloudEvents type globs; empty: every type.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub types: Vec<String>,
+    pub(crate) types: Vec<String>,
     /// JSON pointers removed from event data before delivery.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub redact: Vec<String>,
+    pub(crate) redact: Vec<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -92,14 +92,14 @@ pub enum AccessPolicyError {
 
 /// A parsed policy: grants by subscriber name.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct AccessPolicy {
+pub(crate) struct AccessPolicy {
     grants: BTreeMap<String, Arc<Grant>>,
 }
 
 impl AccessPolicy {
     /// Parses the YAML (or JSON) text of a policy file (`path` for messages);
     /// `runtime_labels`: whether the hub reads Runtimes, which `clusterSelector` needs.
-    pub fn parse(text: &str, path: &Path, runtime_labels: bool) -> Result<Self, AccessPolicyError> {
+    pub(crate) fn parse(text: &str, path: &Path, runtime_labels: bool) -> Result<Self, AccessPolicyError> {
         let invalid = |why: String| AccessPolicyError::Invalid { path: path.display().to_string(), why };
         let file: PolicyFile = serde_saphyr::from_str(text).map_err(|e| invalid(e.to_string()))?;
         let mut grants = BTreeMap::new();
@@ -153,22 +153,22 @@ impl AccessPolicy {
     }
 
     /// The grant of a subscriber, if the policy names it.
-    pub fn grant(&self, name: &str) -> Option<Arc<Grant>> {
+    pub(crate) fn grant(&self, name: &str) -> Option<Arc<Grant>> {
         self.grants.get(name).cloned()
     }
 
     /// Every grant, by name.
-    pub fn grants(&self) -> impl Iterator<Item = &Grant> {
+    pub(crate) fn grants(&self) -> impl Iterator<Item = &Grant> {
         self.grants.values().map(|g| g.as_ref())
     }
 
     /// How many subscribers it names.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.grants.len()
     }
 
     /// Whether it names none.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.grants.is_empty()
     }
 }
@@ -176,18 +176,18 @@ impl AccessPolicy {
 impl Grant {
     /// Whether the grant covers this cluster: a glob matches, or its Runtime's `labels`
     /// (`None`: no Runtime known for it) match the `clusterSelector`.
-    pub fn allows_cluster(&self, cluster: &str, labels: Option<&BTreeMap<String, String>>) -> bool {
+    pub(crate) fn allows_cluster(&self, cluster: &str, labels: Option<&BTreeMap<String, String>>) -> bool {
         self.clusters.iter().any(|g| glob(g, cluster))
             || self.selector.as_ref().zip(labels).is_some_and(|(s, l)| s.matches(l))
     }
 
     /// Whether the grant depends on Runtime labels (`clusterSelector`).
-    pub fn uses_runtime_labels(&self) -> bool {
+    pub(crate) fn uses_runtime_labels(&self) -> bool {
         self.selector.is_some()
     }
 
     /// The grant's clusters, for messages: its globs and selector.
-    pub fn describe_clusters(&self) -> String {
+    pub(crate) fn describe_clusters(&self) -> String {
         let mut parts: Vec<String> = self.clusters.clone();
         if let Some(s) = &self.cluster_selector {
             parts.push(format!("the clusters whose Runtime matches {s:?}"));
@@ -196,17 +196,17 @@ impl Grant {
     }
 
     /// Whether the grant covers this CloudEvents type.
-    pub fn allows_type(&self, kind: &str) -> bool {
+    pub(crate) fn allows_type(&self, kind: &str) -> bool {
         self.types.is_empty() || self.types.iter().any(|g| glob(g, kind))
     }
 
     /// Whether events must be looked into (type filter, redaction) before delivery.
-    pub fn inspects_events(&self) -> bool {
+    pub(crate) fn inspects_events(&self) -> bool {
         !self.types.is_empty() || !self.redact.is_empty()
     }
 
     /// Removes the redacted fields from an event's `data`; how many values were removed.
-    pub fn redact(&self, data: &mut Value) -> usize {
+    pub(crate) fn redact(&self, data: &mut Value) -> usize {
         let mut removed = 0;
         for p in &self.redact {
             removed += usize::from(remove_pointer(data, p));
@@ -252,7 +252,7 @@ fn remove_pointer(root: &mut Value, pointer: &str) -> bool {
 
 /// Glob match: `*` any run of characters (also none), `?` exactly one; nothing else is
 /// special.
-pub fn glob(pattern: &str, text: &str) -> bool {
+pub(crate) fn glob(pattern: &str, text: &str) -> bool {
     let (p, t): (Vec<char>, Vec<char>) = (pattern.chars().collect(), text.chars().collect());
     let (mut pi, mut ti) = (0, 0);
     let mut star: Option<(usize, usize)> = None;
@@ -276,7 +276,7 @@ pub fn glob(pattern: &str, text: &str) -> bool {
 
 /// What the policy in force says about one subscriber.
 #[derive(Debug, Clone)]
-pub enum Decision {
+pub(crate) enum Decision {
     /// No policy is configured: everything.
     Everything,
     /// The subscriber's grant.
@@ -286,7 +286,7 @@ pub enum Decision {
 }
 
 /// The access policy in force, following its file.
-pub struct AccessControl {
+pub(crate) struct AccessControl {
     path: Option<PathBuf>,
     /// Whether the hub reads Runtime labels (`clusterSelector` is allowed).
     runtime_labels: bool,
@@ -316,17 +316,17 @@ struct Objects {
 }
 
 /// The kind name, for messages and grant sources.
-pub const KIND: &str = "SubscriberAccessPolicy";
+pub(crate) const KIND: &str = "SubscriberAccessPolicy";
 
 /// What the hub made of one SubscriberAccessPolicy (written into its status).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ObjectVerdict {
+pub(crate) struct ObjectVerdict {
     /// Whether its grants are in force.
-    pub accepted: bool,
+    pub(crate) accepted: bool,
     /// `Accepted`, `Invalid` or `DuplicateSubscriber`.
-    pub reason: String,
+    pub(crate) reason: String,
     /// What is wrong (or what is in force), for people.
-    pub message: String,
+    pub(crate) message: String,
 }
 
 /// Checks SubscriberAccessPolicy objects (name, spec) with the file's check, in name
@@ -335,7 +335,7 @@ pub struct ObjectVerdict {
 /// (`DuplicateSubscriber`, naming the other): grants are never merged, so the union of
 /// the sources is a union of whole grants and no object can widen another's grant.
 /// Returns the accepted grants by object name and a verdict per object.
-pub fn judge_objects(
+pub(crate) fn judge_objects(
     file: Option<&AccessPolicy>,
     file_name: &str,
     objects: &BTreeMap<String, fleetwatch_api::access_policy::SubscriberAccessPolicySpec>,
@@ -391,7 +391,7 @@ pub fn judge_objects(
 
 /// What a reload check found.
 #[derive(Debug)]
-pub enum Reload {
+pub(crate) enum Reload {
     /// Nothing changed (or still broken in the same way, already reported).
     Unchanged,
     /// A new policy is in force.
@@ -405,14 +405,14 @@ impl AccessControl {
     /// unreadable or invalid file is a start-up error; `runtime_labels`: whether the hub
     /// reads Runtimes (without, a `clusterSelector` makes the file invalid).
     #[cfg(test)]
-    pub fn load(path: Option<PathBuf>, runtime_labels: bool) -> Result<Self, AccessPolicyError> {
+    pub(crate) fn load(path: Option<PathBuf>, runtime_labels: bool) -> Result<Self, AccessPolicyError> {
         Self::load_with_objects(path, runtime_labels, false)
     }
 
     /// As [`load`](Self::load); `from_control_plane`: accepted SubscriberAccessPolicy
     /// objects grant too (see [`set_objects`](Self::set_objects)), and until their first
     /// list every subscriber is refused.
-    pub fn load_with_objects(
+    pub(crate) fn load_with_objects(
         path: Option<PathBuf>,
         runtime_labels: bool,
         from_control_plane: bool,
@@ -433,18 +433,18 @@ impl AccessControl {
     }
 
     /// Changes each time the file's policy is replaced by a reload.
-    pub fn file_replaced(&self) -> tokio::sync::watch::Receiver<u64> {
+    pub(crate) fn file_replaced(&self) -> tokio::sync::watch::Receiver<u64> {
         self.file_replaced.subscribe()
     }
 
     /// The file, when a policy is configured.
-    pub fn path(&self) -> Option<&Path> {
+    pub(crate) fn path(&self) -> Option<&Path> {
         self.path.as_deref()
     }
 
     /// The policy in force (`None`: no policy, everything allowed): the file's grants and
     /// those of the accepted SubscriberAccessPolicy objects.
-    pub fn current(&self) -> Option<Arc<AccessPolicy>> {
+    pub(crate) fn current(&self) -> Option<Arc<AccessPolicy>> {
         if self.path.is_none() && !self.from_control_plane {
             return None;
         }
@@ -467,12 +467,12 @@ impl AccessControl {
     }
 
     /// Whether SubscriberAccessPolicy objects grant too (`--access-policy-from-control-plane`).
-    pub fn grants_from_control_plane(&self) -> bool {
+    pub(crate) fn grants_from_control_plane(&self) -> bool {
         self.from_control_plane
     }
 
     /// Where each subscriber's grant comes from: `file <path>` or `SubscriberAccessPolicy/<name>`.
-    pub fn sources(&self) -> BTreeMap<String, String> {
+    pub(crate) fn sources(&self) -> BTreeMap<String, String> {
         let mut out = BTreeMap::new();
         if let Some(path) = &self.path {
             for g in self.file_policy().grants() {
@@ -490,12 +490,12 @@ impl AccessControl {
 
     /// Whether the first list of SubscriberAccessPolicy objects was read (always, when they
     /// do not count).
-    pub fn objects_synced(&self) -> bool {
+    pub(crate) fn objects_synced(&self) -> bool {
         !self.from_control_plane || self.objects.read().map(|o| o.synced).unwrap_or(false)
     }
 
     /// Why the SubscriberAccessPolicy objects in force may be stale or missing, if so.
-    pub fn objects_problem(&self) -> Option<String> {
+    pub(crate) fn objects_problem(&self) -> Option<String> {
         if !self.from_control_plane {
             return None;
         }
@@ -512,7 +512,7 @@ impl AccessControl {
 
     /// Puts the accepted objects' grants in force (a complete view: the first list and
     /// every change after it). Whether the policy in force changed.
-    pub fn set_objects(&self, accepted: BTreeMap<String, Arc<AccessPolicy>>) -> bool {
+    pub(crate) fn set_objects(&self, accepted: BTreeMap<String, Arc<AccessPolicy>>) -> bool {
         let mut o = self.objects.write().unwrap_or_else(|p| p.into_inner());
         let changed = !o.synced || o.accepted != accepted;
         o.synced = true;
@@ -526,28 +526,28 @@ impl AccessControl {
     }
 
     /// Records a watch error: the grants in force stay (none before the first list).
-    pub fn objects_failed(&self, error: String) {
+    pub(crate) fn objects_failed(&self, error: String) {
         let mut o = self.objects.write().unwrap_or_else(|p| p.into_inner());
         o.error = Some(error);
     }
 
     /// The file's grants alone (for checking objects against them).
-    pub fn file_grants(&self) -> Option<Arc<AccessPolicy>> {
+    pub(crate) fn file_grants(&self) -> Option<Arc<AccessPolicy>> {
         self.path.as_ref().map(|_| self.file_policy())
     }
 
     /// Changes with every replacement of the policy.
-    pub fn generation(&self) -> u64 {
+    pub(crate) fn generation(&self) -> u64 {
         self.generation.load(Ordering::SeqCst)
     }
 
     /// Why the policy in force is stale (its file cannot be used), if it is.
-    pub fn stale(&self) -> Option<String> {
+    pub(crate) fn stale(&self) -> Option<String> {
         self.file.failure()
     }
 
     /// What the policy in force says about the subscriber `name`.
-    pub fn decide(&self, name: &str) -> Decision {
+    pub(crate) fn decide(&self, name: &str) -> Decision {
         if !self.objects_synced() {
             return Decision::Refused(format!(
                 "the hub has not read the {KIND} objects of its control plane yet; try again shortly"
@@ -564,7 +564,7 @@ impl AccessControl {
     }
 
     /// Where the policy comes from, for messages: its file and/or the control plane's objects.
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         let mut parts = Vec::new();
         if let Some(p) = &self.path {
             parts.push(p.display().to_string());
@@ -577,7 +577,7 @@ impl AccessControl {
     }
 
     /// Re-reads the file when its content changed. On error the old policy stays.
-    pub fn reload_if_changed(&self) -> Reload {
+    pub(crate) fn reload_if_changed(&self) -> Reload {
         let Some(path) = &self.path else { return Reload::Unchanged };
         match self.file.reload_if_changed(|c, _| read(c, path, self.runtime_labels)) {
             FileReload::Unchanged => Reload::Unchanged,

@@ -21,7 +21,7 @@ use fleetwatch_certs::{Compare, Contents, Reload as FileReload, ReloadingFile};
 
 /// Parsed deny list.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct DenyList {
+pub(crate) struct DenyList {
     serials: HashSet<String>,
     identities: HashSet<String>,
 }
@@ -51,7 +51,7 @@ pub enum DenyListError {
 
 impl DenyList {
     /// Parses the text of a deny-list file (`path` for messages).
-    pub fn parse(text: &str, path: &Path) -> Result<Self, DenyListError> {
+    pub(crate) fn parse(text: &str, path: &Path) -> Result<Self, DenyListError> {
         let mut list = DenyList::default();
         for (i, raw) in text.lines().enumerate() {
             let entry = raw.split('#').next().unwrap_or_default().trim();
@@ -86,30 +86,30 @@ impl DenyList {
     }
 
     /// Whether a certificate with this identity and serial is denied.
-    pub fn denies(&self, identity: &str, serial: &str) -> bool {
+    pub(crate) fn denies(&self, identity: &str, serial: &str) -> bool {
         self.identities.contains(identity) || self.serials.contains(serial.to_lowercase().trim_start_matches('0'))
     }
 
     /// Entries in the list.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.serials.len() + self.identities.len()
     }
 
     /// Whether the list is empty.
     #[cfg(test)]
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.len() == 0
     }
 }
 
 /// The deny list in force, following its file by content (see [`ReloadingFile`]).
-pub struct Revocation {
+pub(crate) struct Revocation {
     list: ReloadingFile<DenyList>,
 }
 
 /// What a reload check found.
 #[derive(Debug)]
-pub enum Reload {
+pub(crate) enum Reload {
     /// Nothing changed (or it is still broken in the same way, already reported).
     Unchanged,
     /// A new list is in force.
@@ -122,7 +122,7 @@ impl Revocation {
     /// Loads the file (none: nothing is denied). A missing, unreadable or broken file is a
     /// start-up error: starting with an empty list would un-revoke everyone. An empty file
     /// is fine.
-    pub fn load(path: Option<PathBuf>) -> Result<Self, DenyListError> {
+    pub(crate) fn load(path: Option<PathBuf>) -> Result<Self, DenyListError> {
         let list = match path {
             Some(p) => ReloadingFile::load(vec![p.clone()], Compare::Content, |c| read(c, &p))?,
             None => ReloadingFile::fixed(DenyList::default()),
@@ -131,17 +131,17 @@ impl Revocation {
     }
 
     /// The list in force.
-    pub fn current(&self) -> Arc<DenyList> {
+    pub(crate) fn current(&self) -> Arc<DenyList> {
         self.list.current()
     }
 
     /// Why the list in force is stale (its file cannot be used), if it is.
-    pub fn stale(&self) -> Option<String> {
+    pub(crate) fn stale(&self) -> Option<String> {
         self.list.failure()
     }
 
     /// Re-reads the file when it changed. On error the old list stays in force.
-    pub fn reload_if_changed(&self) -> Reload {
+    pub(crate) fn reload_if_changed(&self) -> Reload {
         let Some(path) = self.list.paths().first() else { return Reload::Unchanged };
         match self.list.reload_if_changed(|c, _| read(c, path)) {
             FileReload::Unchanged => Reload::Unchanged,

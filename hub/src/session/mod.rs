@@ -24,34 +24,34 @@ use crate::registry::SessionRegistry;
 /// What agent and subscriber sessions need, and nothing else: their settings, the bus,
 /// the registry, the metrics, the watch configuration pushed to agents, the deny list.
 pub(crate) struct Sessions {
-    pub settings: SessionSettings,
-    pub bus: Arc<dyn Bus>,
-    pub registry: SessionRegistry,
-    pub metrics: Metrics,
+    pub(crate) settings: SessionSettings,
+    pub(crate) bus: Arc<dyn Bus>,
+    pub(crate) registry: SessionRegistry,
+    pub(crate) metrics: Metrics,
     /// Where each subscriber session is: fan-out progress, which ingest waits on.
-    pub fanout: crate::fanout::FanOut,
+    pub(crate) fanout: crate::fanout::FanOut,
     /// The watch configuration pushed to agents.
-    pub watches: tokio::sync::watch::Sender<Arc<Vec<fleetwatch_protocol::message::WatchSpec>>>,
+    pub(crate) watches: tokio::sync::watch::Sender<Arc<Vec<fleetwatch_protocol::message::WatchSpec>>>,
     /// The deny list in force.
-    pub revocation: crate::policy::revocation::Revocation,
+    pub(crate) revocation: crate::policy::revocation::Revocation,
     /// The subscriber access policy in force.
-    pub access: crate::policy::access::AccessControl,
+    pub(crate) access: crate::policy::access::AccessControl,
     /// Live subscriber sessions per identity (`--max-sessions-per-subscriber`).
-    pub subscriber_slots: slots::SubscriberSlots,
+    pub(crate) subscriber_slots: slots::SubscriberSlots,
     /// The Runtimes read from the control plane (the access policy's `clusterSelector`
     /// looks up their labels); the same view as [`crate::context::Context::runtimes`].
-    pub runtimes: crate::fleet::SharedRuntimes,
+    pub(crate) runtimes: crate::fleet::SharedRuntimes,
 }
 
 /// The limits and timeouts sessions apply (from [`HubConfig`]).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct SessionSettings {
-    pub limits: Limits,
-    pub handshake_timeout: Duration,
-    pub idle_timeout: Duration,
-    pub max_events_per_sec: u32,
-    pub subscriber_stall_timeout: Duration,
-    pub max_sessions_per_subscriber: usize,
+    pub(crate) limits: Limits,
+    pub(crate) handshake_timeout: Duration,
+    pub(crate) idle_timeout: Duration,
+    pub(crate) max_events_per_sec: u32,
+    pub(crate) subscriber_stall_timeout: Duration,
+    pub(crate) max_sessions_per_subscriber: usize,
 }
 
 impl SessionSettings {
