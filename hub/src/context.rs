@@ -41,7 +41,23 @@ pub(crate) struct Context {
     pub(crate) storage: Arc<fleetwatch_bus::DeferredBus>,
 }
 
+/// One readiness check: its name and `Err(reason)` when failing.
+pub(crate) struct Check {
+    /// Short name shown in the answer, e.g. `bus`.
+    pub(crate) name: &'static str,
+    /// `Err(why)` when not ready.
+    pub(crate) state: Result<(), String>,
+}
+
 impl Context {
+    /// Every readiness check: the bus's, then [`Self::readiness`]. Add a check here to make
+    /// `/readyz` (and the `ready` metric and overview count) depend on it.
+    pub(crate) fn checks(&self) -> Vec<Check> {
+        let mut checks = vec![Check { name: "bus", state: self.sessions.bus.health() }];
+        checks.extend(self.readiness().into_iter().map(|(name, state)| Check { name, state }));
+        checks
+    }
+
     /// Closes every open connection whose certificate the deny list now denies, that has
     /// expired, or (when `recheck_chains`, after the CA bundles changed) no longer verifies.
     pub(crate) fn close_revoked(&self, recheck_chains: bool) {
@@ -87,7 +103,7 @@ impl Context {
 
     /// Named readiness checks beyond the bus: certificates in force and loadable, deny list
     /// readable, control-plane watch synced (when configured). `Err` says what is wrong.
-    pub(crate) fn readiness(&self) -> Vec<(&'static str, Result<(), String>)> {
+    fn readiness(&self) -> Vec<(&'static str, Result<(), String>)> {
         let not_after = self.tls.not_after();
         let certificates = if not_after <= jiff::Timestamp::now() {
             Err(format!("hub certificate {} expired at {not_after}", self.config.tls.cert.display()))

@@ -2,7 +2,7 @@
 //! (`/api/v1/...`; the fleet-sized lists, counts and live stream are in `overview`), the
 //! web view, and with `fault_injection` the test hook `POST /debug/faults/storage?fail_for_ms=N`.
 //!
-//! `/readyz` aggregates named checks ([`checks`]): `200 ready: bus ok` when all pass,
+//! `/readyz` aggregates named checks ([`Context::checks`]): `200 ready: bus ok` when all pass,
 //! otherwise `503 not ready: bus: no space left on device (…)` listing each failing check
 //! as `name: reason`, separated by `; `.
 
@@ -205,24 +205,9 @@ pub(crate) async fn serve(listener: TcpListener, ctx: Arc<Context>, shutdown: Ca
     }
 }
 
-/// One readiness check: its name and `Err(reason)` when failing.
-pub(crate) struct Check {
-    /// Short name shown in the answer, e.g. `bus`.
-    pub(crate) name: &'static str,
-    /// `Err(why)` when not ready.
-    pub(crate) state: Result<(), String>,
-}
-
-/// Every readiness check. Add a check here to make `/readyz` depend on it.
-pub(crate) fn checks(ctx: &Context) -> Vec<Check> {
-    let mut checks = vec![Check { name: "bus", state: ctx.sessions.bus.health() }];
-    checks.extend(ctx.readiness().into_iter().map(|(name, state)| Check { name, state }));
-    checks
-}
-
 /// `/readyz`, answered as every component answers it ([`fleetwatch_telemetry::server::readyz`]).
 async fn ready(State(ctx): State<Arc<Context>>) -> impl IntoResponse {
-    let checks = checks(&ctx);
+    let checks = ctx.checks();
     let failing: Vec<String> =
         checks.iter().filter_map(|c| c.state.as_ref().err().map(|e| format!("{}: {e}", c.name))).collect();
     let state = if failing.is_empty() {
@@ -417,7 +402,7 @@ async fn overview(admin: &Admin) -> serde_json::Value {
     let subscriptions_omitted = fleet::bounded(&mut subs, fleet::OVERVIEW_CLUSTERS, |s| s.lag_records > 0);
     let mut runtimes = ctx.runtimes.read().map(|v| v.clone()).unwrap_or_default();
     let runtimes_omitted = fleet::bounded(&mut runtimes.items, fleet::OVERVIEW_RUNTIMES, |r| !r.healthy());
-    let ready = checks(ctx).iter().all(|c| c.state.is_ok());
+    let ready = ctx.checks().iter().all(|c| c.state.is_ok());
     let mut watch_configs = watch_verdicts(ctx).await;
     let watch_configs_total = watch_configs.len();
     let watch_configs_refused = watch_configs.iter().filter(|v| !v.accepted).count();

@@ -175,7 +175,7 @@ async fn measure(ctx: &Context) -> (HashMap<String, ClusterState>, Counts, u64) 
     events_total += ctx.fleet.others_events();
     counts.clusters = list.len();
     counts.disconnected = counts.clusters - counts.connected;
-    counts.ready = crate::admin::checks(ctx).iter().all(|c| c.state.is_ok());
+    counts.ready = ctx.checks().iter().all(|c| c.state.is_ok());
     if let Ok(view) = ctx.runtimes.read() {
         counts.runtimes = view.items.len();
         counts.runtimes_not_ready = view.items.iter().filter(|r| r.state.as_deref() != Some("Ready")).count();
