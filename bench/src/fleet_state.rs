@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use clap::Args;
 use fleetwatch_bus::{Bus, DEFAULT_AGE_DISK, DEFAULT_BYTES_DISK, Expect, NatsBus, NatsOptions, Retention};
+use fleetwatch_hub::ClusterStatus;
 use fleetwatch_hub::fleet::entry::{FleetEntry, encode};
-use fleetwatch_hub::registry::ClusterStatus;
 use fleetwatch_protocol::message::{ModuleInventory, WatchPhase, WatchState};
 use futures_util::StreamExt;
 

@@ -1,8 +1,7 @@
 //! rustls configurations for mutual TLS, the peer identity check, and hot reload.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, RwLock};
-use std::time::SystemTime;
+use std::sync::Arc;
 
 use fleetwatch_protocol::identity::Identity;
 use rustls::client::WebPkiServerVerifier;
@@ -15,6 +14,7 @@ use rustls_pki_types::{CertificateDer, PrivateKeyDer, UnixTime};
 
 use crate::error::CertError;
 use crate::inspect::{Purpose, inspect_der};
+use crate::reloading::{Compare, Reload, ReloadingFile};
 use crate::verify::{ClientAuthVerifier, ServerAuthVerifier};
 
 /// Installs the ring crypto provider as the process default. Call once at start-up, before
@@ -199,78 +199,53 @@ pub fn peer_certificate(chain: &[CertificateDer<'_>]) -> Result<PeerCert, CertEr
     })
 }
 
-/// A configuration in force and what it was built from.
+/// A configuration in force.
 struct Loaded {
-    stamps: Vec<Option<SystemTime>>,
     config: Arc<ServerConfig>,
     verifier: Arc<dyn ClientCertVerifier>,
     not_after: jiff::Timestamp,
 }
 
 /// A server configuration that follows its files: [`reload_if_changed`] rebuilds it when
-/// the certificate, key or a CA bundle changed on disk, so CA rotation and certificate
-/// renewal need no restart. New connections get the new configuration.
+/// the certificate, key or a CA bundle changed on disk (by modification time), so CA
+/// rotation and certificate renewal need no restart. New connections get the new
+/// configuration. Broken files keep the configuration in force (see [`ReloadingFile`]).
 ///
 /// [`reload_if_changed`]: ReloadingServerConfig::reload_if_changed
 pub struct ReloadingServerConfig {
     files: TlsFiles,
-    state: RwLock<Loaded>,
-    /// The file stamps whose load failed, and why: reported once, not at every check.
-    failed: RwLock<Option<(Vec<Option<SystemTime>>, String)>>,
+    loaded: ReloadingFile<Loaded>,
 }
 
 impl ReloadingServerConfig {
     /// Loads the configuration once; fails when the files are unusable.
     pub fn new(files: TlsFiles) -> Result<Self, CertError> {
-        let loaded = load(&files)?;
-        Ok(Self { files, state: RwLock::new(loaded), failed: RwLock::new(None) })
+        let loaded = ReloadingFile::load(paths(&files), Compare::Modified, |_| load(&files))?;
+        Ok(Self { files, loaded })
     }
 
     /// The configuration for the next connection.
     pub fn current(&self) -> Arc<ServerConfig> {
-        self.state.read().map(|s| s.config.clone()).unwrap_or_else(|p| p.into_inner().config.clone())
+        self.loaded.current().config.clone()
     }
 
     /// When the hub's certificate in force expires.
     pub fn not_after(&self) -> jiff::Timestamp {
-        self.state.read().map(|s| s.not_after).unwrap_or_else(|p| p.into_inner().not_after)
+        self.loaded.current().not_after
     }
 
     /// Why the files on disk cannot be loaded (the previous configuration is in force), if so.
     pub fn load_error(&self) -> Option<String> {
-        self.failed.read().ok().and_then(|f| f.as_ref().map(|(_, e)| e.clone()))
+        self.loaded.failure()
     }
 
     /// Reloads when a file changed. Returns whether it reloaded; on error the old
     /// configuration stays in force, and the same broken files are reported only once.
     pub fn reload_if_changed(&self) -> Result<bool, CertError> {
-        let now = stamps(&self.files);
-        let changed = self.state.read().map(|s| s.stamps != now).unwrap_or(true);
-        if !changed {
-            if let Ok(mut f) = self.failed.write() {
-                *f = None;
-            }
-            return Ok(false);
-        }
-        if self.failed.read().is_ok_and(|f| f.as_ref().is_some_and(|(s, _)| *s == now)) {
-            return Ok(false);
-        }
-        match load(&self.files) {
-            Ok(loaded) => {
-                if let Ok(mut s) = self.state.write() {
-                    *s = loaded;
-                }
-                if let Ok(mut f) = self.failed.write() {
-                    *f = None;
-                }
-                Ok(true)
-            }
-            Err(e) => {
-                if let Ok(mut f) = self.failed.write() {
-                    *f = Some((now, e.to_string()));
-                }
-                Err(e)
-            }
+        match self.loaded.reload_if_changed(|_, _| load(&self.files)) {
+            Reload::Replaced => Ok(true),
+            Reload::Unchanged | Reload::Recovered => Ok(false),
+            Reload::Failed(e) => Err(e),
         }
     }
 
@@ -280,8 +255,7 @@ impl ReloadingServerConfig {
         let Some((leaf, intermediates)) = chain.split_first() else {
             return Err("no certificate".into());
         };
-        let verifier =
-            self.state.read().map(|s| s.verifier.clone()).unwrap_or_else(|p| p.into_inner().verifier.clone());
+        let verifier = self.loaded.current().verifier.clone();
         match verifier.verify_client_cert(leaf, intermediates, UnixTime::now()) {
             Ok(_) => Ok(()),
             // A new CA often has the old one's name: then the chain is found but its
@@ -298,10 +272,8 @@ impl ReloadingServerConfig {
     }
 }
 
-/// What a client configuration was built from, and what its certificate says.
+/// A client configuration in force, and what its certificate says.
 struct ClientLoaded {
-    /// The bytes of the certificate, key and CA files, to notice any change.
-    contents: Vec<Vec<u8>>,
     config: Arc<ClientConfig>,
     info: crate::CertInfo,
 }
@@ -334,125 +306,89 @@ pub enum ClientReload {
 /// and the next check tries again. The new certificate must carry the same SPIFFE identity.
 pub struct ReloadingClientConfig {
     files: TlsFiles,
-    state: RwLock<ClientLoaded>,
-    /// The contents whose load failed, and why: reported once, not at every check.
-    failed: RwLock<Option<(Vec<Vec<u8>>, String)>>,
+    loaded: ReloadingFile<ClientLoaded>,
 }
 
 impl ReloadingClientConfig {
     /// Loads the configuration once (see [`client_config`]); fails when the files are
     /// unusable.
     pub fn new(files: TlsFiles) -> Result<Self, CertError> {
-        let loaded = load_client(&files, &read_all(&files))?;
-        Ok(Self { files, state: RwLock::new(loaded), failed: RwLock::new(None) })
+        let loaded = ReloadingFile::load(paths(&files), Compare::Content, |_| load_client(&files))?;
+        Ok(Self { files, loaded })
     }
 
     /// The configuration for the next connection.
     pub fn current(&self) -> Arc<ClientConfig> {
-        self.state.read().map(|s| s.config.clone()).unwrap_or_else(|p| p.into_inner().config.clone())
+        self.loaded.current().config.clone()
     }
 
     /// What the certificate in force says (identity, serial, validity).
     pub fn certificate(&self) -> crate::CertInfo {
-        self.state.read().map(|s| s.info.clone()).unwrap_or_else(|p| p.into_inner().info.clone())
+        self.loaded.current().info.clone()
     }
 
     /// Why the files on disk cannot be loaded (the previous configuration is in force), if so.
     pub fn load_error(&self) -> Option<String> {
-        self.failed.read().ok().and_then(|f| f.as_ref().map(|(_, e)| e.clone()))
+        self.loaded.failure()
     }
 
     /// Reloads when a file's content changed. On error the old configuration stays in
     /// force; the same broken contents are reported only once (then `Ok(Unchanged)`).
     pub fn reload_if_changed(&self) -> Result<ClientReload, CertError> {
-        let now = read_all(&self.files);
-        let (changed, old) = match self.state.read() {
-            Ok(s) => (s.contents != now, s.info.clone()),
-            Err(p) => {
-                let s = p.into_inner();
-                (s.contents != now, s.info.clone())
-            }
-        };
-        if !changed {
-            if let Ok(mut f) = self.failed.write() {
-                *f = None;
-            }
-            return Ok(ClientReload::Unchanged);
-        }
-        if self.failed.read().is_ok_and(|f| f.as_ref().is_some_and(|(c, _)| *c == now)) {
-            return Ok(ClientReload::Unchanged);
-        }
-        let loaded = load_client(&self.files, &now).and_then(|l| {
-            if l.info.identity != old.identity {
+        // The serial the new configuration replaced, to tell a renewal from a bundle change.
+        let mut replaced_serial = None;
+        let reload = self.loaded.reload_if_changed(|_, old| {
+            replaced_serial = Some(old.info.serial.clone());
+            let l = load_client(&self.files)?;
+            if l.info.identity != old.info.identity {
                 let show = |i: &Option<Identity>| i.as_ref().map_or("none".to_string(), |i| i.to_string());
                 return Err(CertError::Pem {
                     path: self.files.cert.clone(),
                     what: format!(
                         "the new certificate's identity {} differs from the one in use ({}); keeping the old one",
                         show(&l.info.identity),
-                        show(&old.identity)
+                        show(&old.info.identity)
                     ),
                 });
             }
             Ok(l)
         });
-        match loaded {
-            Ok(l) => {
-                let outcome = if l.info.serial != old.serial {
-                    ClientReload::Certificate { serial: l.info.serial.clone(), not_after: l.info.not_after }
+        match reload {
+            Reload::Unchanged | Reload::Recovered => Ok(ClientReload::Unchanged),
+            Reload::Replaced => {
+                let now = self.loaded.current();
+                Ok(if replaced_serial.as_ref() != Some(&now.info.serial) {
+                    ClientReload::Certificate { serial: now.info.serial.clone(), not_after: now.info.not_after }
                 } else {
                     ClientReload::Bundles
-                };
-                if let Ok(mut s) = self.state.write() {
-                    *s = l;
-                }
-                if let Ok(mut f) = self.failed.write() {
-                    *f = None;
-                }
-                Ok(outcome)
+                })
             }
-            Err(e) => {
-                if let Ok(mut f) = self.failed.write() {
-                    *f = Some((now, e.to_string()));
-                }
-                Err(e)
-            }
+            Reload::Failed(e) => Err(e),
         }
     }
 }
 
-/// The bytes of every file (empty when unreadable: a load then fails with the reason).
-fn read_all(files: &TlsFiles) -> Vec<Vec<u8>> {
-    std::iter::once(&files.cert)
-        .chain(std::iter::once(&files.key))
-        .chain(files.ca.iter())
-        .map(|p| std::fs::read(p).unwrap_or_default())
-        .collect()
+/// The certificate, the key and the CA bundles, in that order.
+fn paths(files: &TlsFiles) -> Vec<PathBuf> {
+    [files.cert.clone(), files.key.clone()].into_iter().chain(files.ca.iter().cloned()).collect()
 }
 
-fn load_client(files: &TlsFiles, contents: &[Vec<u8>]) -> Result<ClientLoaded, CertError> {
+fn load_client(files: &TlsFiles) -> Result<ClientLoaded, CertError> {
     let config = client_config(files)?;
     let info = crate::inspect_file(&files.cert)?;
-    Ok(ClientLoaded { contents: contents.to_vec(), config: Arc::new(config), info })
+    Ok(ClientLoaded { config: Arc::new(config), info })
 }
 
 fn load(files: &TlsFiles) -> Result<Loaded, CertError> {
-    let stamps = stamps(files);
     let verifier = client_verifier(files)?;
     let (config, not_after) = build_server_config(files, verifier.clone())?;
-    Ok(Loaded { stamps, config: Arc::new(config), verifier, not_after })
-}
-
-fn stamps(files: &TlsFiles) -> Vec<Option<SystemTime>> {
-    std::iter::once(&files.cert)
-        .chain(std::iter::once(&files.key))
-        .chain(files.ca.iter())
-        .map(|p| std::fs::metadata(p).and_then(|m| m.modified()).ok())
-        .collect()
+    Ok(Loaded { config: Arc::new(config), verifier, not_after })
 }
 
 #[cfg(test)]
 mod tests {
+    use std::time::SystemTime;
+
     use super::*;
     use crate::{Authority, LeafSpec};
     use rcgen::{CertificateParams, ExtendedKeyUsagePurpose, Issuer, KeyPair, PKCS_ECDSA_P256_SHA256, SanType};

@@ -1,4 +1,4 @@
-//! The pure core of a subscriber session (see [`crate::subscriber_session`]): where it
+//! The pure core of a subscriber session (see [`crate::session::subscriber`]): where it
 //! starts ([`start`]), how much it may have sent and not acked ([`Window`]), and which
 //! records are its ([`Filter`]). The session carries these decisions out against the bus
 //! and the socket; kept apart, their rules are tested alone.
@@ -8,17 +8,17 @@ use std::sync::Arc;
 // tokio's clock (std's in programs): the simulation runs sessions on simulated time.
 use tokio::time::Instant;
 
-use crate::access::Grant;
+use crate::policy::access::Grant;
 use fleetwatch_bus::ALL_CLUSTERS;
 
 /// The window when the subscriber does not ask for one.
-pub const DEFAULT_WINDOW: u64 = 10_000;
+pub(crate) const DEFAULT_WINDOW: u64 = 10_000;
 /// The largest window a subscriber may ask for.
-pub const MAX_WINDOW: u64 = 100_000;
+pub(crate) const MAX_WINDOW: u64 = 100_000;
 
 /// What the bus keeps under a subscription's durable name.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum StoredCursor {
+pub(crate) enum StoredCursor {
     /// No durable name, or one never seen: nothing stored.
     None,
     /// The cursor stored under it.
@@ -30,26 +30,26 @@ pub enum StoredCursor {
 
 /// Where a subscription starts, as the session was asked.
 #[derive(Debug, Clone, Copy)]
-pub struct Asked<'a> {
+pub(crate) struct Asked<'a> {
     /// The client's resume point: the stream and cursor it acknowledged last.
-    pub resume: Option<(&'a str, u64)>,
+    pub(crate) resume: Option<(&'a str, u64)>,
     /// The stream the bus holds now.
-    pub stream: &'a str,
+    pub(crate) stream: &'a str,
     /// Why a resume point from another stream lost its history.
-    pub lost_history: &'a str,
+    pub(crate) lost_history: &'a str,
 }
 
 /// Where a session starts and what it must tell the subscriber first.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Start {
+pub(crate) struct Start {
     /// The session sends records after this offset.
-    pub cursor: u64,
+    pub(crate) cursor: u64,
     /// Why the subscriber must reconcile every cluster before reading on, if it must.
-    pub resync_all: Option<String>,
+    pub(crate) resync_all: Option<String>,
     /// Whether the durable name (if any) is stored at `cursor` now. A name whose cursor
     /// was lost is stored at its first ack instead: until the subscriber took the resync
     /// in, a reconnect must get it again.
-    pub register: bool,
+    pub(crate) register: bool,
 }
 
 /// Decides where a session starts: after the client's resume point in the same stream
@@ -59,7 +59,7 @@ pub struct Start {
 /// subscriber had were lost) each make the subscriber reconcile everything; a cursor past
 /// the end is never taken, the session starts at the end (`last` is read once the start
 /// is known).
-pub fn start(
+pub(crate) fn start(
     asked: Asked<'_>,
     stored: StoredCursor,
     default_start: impl FnOnce() -> u64,
@@ -99,12 +99,12 @@ pub fn start(
 
 /// What a session may do now, from its window (see [`Window::look`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Look {
+pub(crate) struct Look {
     /// Records wait and the window has room: read and send more.
-    pub can_send: bool,
+    pub(crate) can_send: bool,
     /// The window is full while records wait: the subscriber must ack by then or the
     /// session ends as stalled.
-    pub stall_at: Option<Instant>,
+    pub(crate) stall_at: Option<Instant>,
 }
 
 /// A session's window: the offsets acked, read (sent, or skipped by its filter) and sent,
@@ -112,7 +112,7 @@ pub struct Look {
 /// skips after the last one sent are read for it but not sent: it cannot ack those, so
 /// they do not count against its window.
 #[derive(Debug, Clone)]
-pub struct Window {
+pub(crate) struct Window {
     size: u64,
     acked: u64,
     read: u64,
@@ -123,39 +123,39 @@ pub struct Window {
 
 impl Window {
     /// The window a subscriber asked for (`max_in_flight`), within bounds.
-    pub fn size_for(asked: Option<u32>) -> u64 {
+    pub(crate) fn size_for(asked: Option<u32>) -> u64 {
         asked.map_or(DEFAULT_WINDOW, |n| u64::from(n).clamp(1, MAX_WINDOW))
     }
 
     /// A session placed at `start` (everything up to it counts as acked and read).
-    pub fn new(start: u64, size: u64) -> Self {
+    pub(crate) fn new(start: u64, size: u64) -> Self {
         Self { size: size.max(1), acked: start, read: start, sent: start, full_since: None }
     }
 
     /// How many sent records may be unacked.
-    pub fn size(&self) -> u64 {
+    pub(crate) fn size(&self) -> u64 {
         self.size
     }
 
     /// The highest offset acked.
-    pub fn acked(&self) -> u64 {
+    pub(crate) fn acked(&self) -> u64 {
         self.acked
     }
 
     /// The highest offset read for the subscriber (sent or skipped).
-    pub fn read(&self) -> u64 {
+    pub(crate) fn read(&self) -> u64 {
         self.read
     }
 
     /// The highest offset actually sent.
-    pub fn sent(&self) -> u64 {
+    pub(crate) fn sent(&self) -> u64 {
         self.sent
     }
 
     /// Whether more may be sent with the log ending at `last`, and, when the window is
     /// full while records wait, by when the subscriber must ack (the stall clock starts
     /// at the first look that finds it full, `now`).
-    pub fn look(&mut self, last: u64, now: Instant, stall_timeout: std::time::Duration) -> Look {
+    pub(crate) fn look(&mut self, last: u64, now: Instant, stall_timeout: std::time::Duration) -> Look {
         let more = self.read < last;
         let can_send = more && self.sent.saturating_sub(self.acked) < self.size;
         if more && !can_send {
@@ -170,7 +170,7 @@ impl Window {
     /// beyond what was read is taken as acking what was read, one below the current ack
     /// is stale (`None`). An equal one counts too: the ack of a resync registers a durable
     /// name whose cursor was lost. A counted ack restarts the stall clock.
-    pub fn ack(&mut self, cursor: u64) -> Option<u64> {
+    pub(crate) fn ack(&mut self, cursor: u64) -> Option<u64> {
         let cursor = cursor.min(self.read);
         if cursor < self.acked {
             return None;
@@ -181,12 +181,12 @@ impl Window {
     }
 
     /// A record (or a marker) at `offset` was sent.
-    pub fn sent_at(&mut self, offset: u64) {
+    pub(crate) fn sent_at(&mut self, offset: u64) {
         self.sent = self.sent.max(offset);
     }
 
     /// Everything up to `offset` was read for the subscriber.
-    pub fn read_up_to(&mut self, offset: u64) {
+    pub(crate) fn read_up_to(&mut self, offset: u64) {
         self.read = offset;
     }
 }
@@ -194,24 +194,24 @@ impl Window {
 /// Whether a frame of `frame_bytes` is sent now rather than filled further: past half the
 /// message limit, so the next event (at most half of it, see the protocol limits) still
 /// fits into a frame the subscriber accepts.
-pub fn frame_full(frame_bytes: usize, max_message_bytes: usize) -> bool {
+pub(crate) fn frame_full(frame_bytes: usize, max_message_bytes: usize) -> bool {
     frame_bytes > max_message_bytes / 2
 }
 
 /// Which records are a subscriber's: those of the clusters it asked for (all when it
 /// named none) that its access grant covers; `*` markers always.
 #[derive(Debug, Clone)]
-pub struct Filter {
+pub(crate) struct Filter {
     /// The clusters asked for (empty: all).
-    pub clusters: Vec<String>,
+    pub(crate) clusters: Vec<String>,
     /// What the access policy grants (`None`: no policy, everything).
-    pub grant: Option<Arc<Grant>>,
+    pub(crate) grant: Option<Arc<Grant>>,
 }
 
 impl Filter {
     /// Whether a record of `cluster` is for this subscriber; `allows` says whether a grant
     /// covers a cluster now (its globs, or the labels of the cluster's Runtime).
-    pub fn wants(&self, cluster: &str, allows: impl FnOnce(&Grant, &str) -> bool) -> bool {
+    pub(crate) fn wants(&self, cluster: &str, allows: impl FnOnce(&Grant, &str) -> bool) -> bool {
         if cluster == ALL_CLUSTERS {
             return true;
         }
@@ -345,7 +345,7 @@ mod tests {
 
     #[test]
     fn the_grant_narrows_what_was_asked() {
-        let policy = crate::access::AccessPolicy::parse(
+        let policy = crate::policy::access::AccessPolicy::parse(
             "subscribers:\n  - name: ops\n    clusters: ['prod-*']\n",
             std::path::Path::new("policy.yaml"),
             false,

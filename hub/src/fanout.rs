@@ -1,7 +1,7 @@
 //! Fan-out progress: where each subscriber session is in the bus, owned by the fan-out
-//! side (the sessions of [`crate::subscriber_session`] publish it) and read by ingest,
+//! side (the sessions of [`crate::session::subscriber`] publish it) and read by ingest,
 //! which lets delivery catch up before it stores more (see
-//! `agent_session::Session::start_events`), by the lag metrics and by
+//! `session::agent::Session::start_events`), by the lag metrics and by
 //! `/api/v1/subscriptions`. Ingest waits on a [`Notify`] woken by every move, not by
 //! polling.
 
@@ -17,25 +17,25 @@ use tokio::time::Instant;
 /// One subscriber session's position, updated by the session (see [`FanOut::publish`]),
 /// read by ingest (see [`FanOut::wait_for_fanout`]) and at scrape time.
 #[derive(Debug, Default)]
-pub struct SubscriberProgress {
+pub(crate) struct SubscriberProgress {
     /// The subscriber's name (from its certificate).
-    pub name: String,
+    pub(crate) name: String,
     /// Its durable subscription name, or `-`.
-    pub durable: String,
+    pub(crate) durable: String,
     /// The highest offset it acked.
-    pub acked: AtomicU64,
+    pub(crate) acked: AtomicU64,
     /// The highest offset read for it (sent, or skipped by its filter).
-    pub sent: AtomicU64,
+    pub(crate) sent: AtomicU64,
     /// The highest offset actually sent to it.
-    pub delivered: AtomicU64,
+    pub(crate) delivered: AtomicU64,
     /// Its window: how many sent records it may leave unacked.
-    pub window: AtomicU64,
+    pub(crate) window: AtomicU64,
 }
 
 impl SubscriberProgress {
     /// Records not yet acked that concern it: read but unacked, plus not read yet up to
     /// `last_offset`; and the offset of the oldest of them (for its age), if any.
-    pub fn lag(&self, last_offset: u64) -> (u64, Option<u64>) {
+    pub(crate) fn lag(&self, last_offset: u64) -> (u64, Option<u64>) {
         let acked = self.acked.load(Ordering::Relaxed);
         let sent = self.sent.load(Ordering::Relaxed);
         let delivered = self.delivered.load(Ordering::Relaxed);
@@ -54,13 +54,13 @@ impl SubscriberProgress {
 
 /// Most durable subscriptions remembered after their session ended (the oldest are
 /// forgotten first).
-pub const DEPARTED_DURABLES: usize = 1024;
+pub(crate) const DEPARTED_DURABLES: usize = 1024;
 
 /// The subscriber sessions open now with their positions (for ingest, which lets delivery
 /// catch up, and the lag metrics), and the durable subscriptions whose session ended since
 /// the hub started (for `/api/v1/subscriptions`).
 #[derive(Debug, Default)]
-pub struct FanOut {
+pub(crate) struct FanOut {
     sessions: Mutex<HashMap<u64, Arc<SubscriberProgress>>>,
     /// (subscriber, durable name) → (acked cursor, when its session ended).
     departed: Mutex<HashMap<(String, String), (u64, jiff::Timestamp)>>,
@@ -71,34 +71,34 @@ pub struct FanOut {
 /// One subscription as `/api/v1/subscriptions` shows it.
 #[derive(Debug, Clone, serde::Serialize, PartialEq)]
 #[serde(rename_all = "camelCase")]
-pub struct Subscription {
+pub(crate) struct Subscription {
     /// The subscriber's name (from its certificate).
-    pub subscriber: String,
+    pub(crate) subscriber: String,
     /// Its durable name, if any.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub durable: Option<String>,
+    pub(crate) durable: Option<String>,
     /// Whether a session is open.
-    pub connected: bool,
+    pub(crate) connected: bool,
     /// The highest offset it acked.
-    pub cursor: u64,
+    pub(crate) cursor: u64,
     /// Records it has not acked yet (read but unacked, plus not read yet).
-    pub lag_records: u64,
+    pub(crate) lag_records: u64,
     /// Age of the oldest of them, in seconds.
-    pub lag_seconds: f64,
+    pub(crate) lag_seconds: f64,
     /// When its session ended (disconnected durable subscriptions).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub disconnected_at: Option<jiff::Timestamp>,
+    pub(crate) disconnected_at: Option<jiff::Timestamp>,
     /// The offset of its oldest unacked record (for the age), not shown.
     #[serde(skip)]
-    pub oldest: Option<u64>,
+    pub(crate) oldest: Option<u64>,
 }
 
 /// A subscriber's entry on the fan-out board; dropping it removes the entry.
-pub struct BoardEntry<'a> {
+pub(crate) struct BoardEntry<'a> {
     board: &'a FanOut,
     id: u64,
     /// The position to update.
-    pub progress: Arc<SubscriberProgress>,
+    pub(crate) progress: Arc<SubscriberProgress>,
 }
 
 impl Drop for BoardEntry<'_> {
@@ -125,7 +125,7 @@ impl Drop for BoardEntry<'_> {
 
 impl FanOut {
     /// Puts a session on the board for as long as the entry lives.
-    pub fn join(&self, name: &str, durable: Option<&str>) -> BoardEntry<'_> {
+    pub(crate) fn join(&self, name: &str, durable: Option<&str>) -> BoardEntry<'_> {
         let progress = Arc::new(SubscriberProgress {
             name: name.into(),
             durable: durable.unwrap_or("-").into(),
@@ -146,7 +146,7 @@ impl FanOut {
     /// Every open session, then every durable subscription whose session ended, sorted
     /// by subscriber and durable name; `lag_seconds` is left 0 (the caller reads the
     /// oldest record's time from the bus).
-    pub fn subscriptions(&self, last_offset: u64) -> Vec<Subscription> {
+    pub(crate) fn subscriptions(&self, last_offset: u64) -> Vec<Subscription> {
         let mut out: Vec<Subscription> = self
             .all()
             .iter()
@@ -185,7 +185,7 @@ impl FanOut {
 
     /// Whether some open session is more than `lag` records behind `last_offset` while its
     /// window has room: the hub, not the subscriber, is what holds it back.
-    pub fn hub_behind(&self, last_offset: u64, lag: u64) -> bool {
+    pub(crate) fn hub_behind(&self, last_offset: u64, lag: u64) -> bool {
         let Ok(s) = self.sessions.lock() else { return false };
         s.values().any(|p| {
             let sent = p.sent.load(Ordering::Relaxed);
@@ -196,7 +196,7 @@ impl FanOut {
 
     /// Shows where a session is: what it acked, read (sent or skipped by its filter) and
     /// sent. Wakes ingest waiting in [`FanOut::wait_for_fanout`].
-    pub fn publish(&self, progress: &SubscriberProgress, acked: u64, sent: u64, delivered: u64) {
+    pub(crate) fn publish(&self, progress: &SubscriberProgress, acked: u64, sent: u64, delivered: u64) {
         progress.acked.store(acked, Ordering::Relaxed);
         progress.sent.store(sent, Ordering::Relaxed);
         progress.delivered.store(delivered.max(acked), Ordering::Relaxed);
@@ -206,7 +206,7 @@ impl FanOut {
     /// Waits while the hub itself holds delivery back (see [`FanOut::hub_behind`]; the end
     /// of the log is read again at each look), at most `max`. Woken by every move of a
     /// session and every session leaving, never by polling.
-    pub async fn wait_for_fanout(&self, last_offset: impl Fn() -> u64, lag: u64, max: Duration) {
+    pub(crate) async fn wait_for_fanout(&self, last_offset: impl Fn() -> u64, lag: u64, max: Duration) {
         if !self.hub_behind(last_offset(), lag) {
             return;
         }
@@ -226,7 +226,7 @@ impl FanOut {
     }
 
     /// Every open session's position.
-    pub fn all(&self) -> Vec<Arc<SubscriberProgress>> {
+    pub(crate) fn all(&self) -> Vec<Arc<SubscriberProgress>> {
         self.sessions.lock().map(|s| s.values().cloned().collect()).unwrap_or_default()
     }
 }

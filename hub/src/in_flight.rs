@@ -1,4 +1,4 @@
-//! The pure core of an agent session (see [`crate::agent_session`]): which of the agent's
+//! The pure core of an agent session (see [`crate::session::agent`]): which of the agent's
 //! batches are being stored, and what may be acked. The session hands a batch to the bus
 //! ([`Ledger::submit`]), takes the bus's answers oldest first ([`Ledger::stored`]) and acks
 //! cumulatively what every batch up to it made stored ([`Ledger::acked`]). Keeping this
@@ -14,23 +14,23 @@ use tokio::time::Instant;
 
 /// Batches of one session being stored at once; beyond it the session waits for the oldest
 /// before it reads the next frame (a network bus's round trips overlap, within bounds).
-pub const MAX_IN_FLIGHT: usize = 4;
+pub(crate) const MAX_IN_FLIGHT: usize = 4;
 
 /// A batch being stored: the seq its ack covers, its events, when it was handed on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Batch {
+pub(crate) struct Batch {
     /// The highest seq in the batch: what its ack covers.
-    pub last: u64,
+    pub(crate) last: u64,
     /// Events in it.
-    pub n: u64,
+    pub(crate) n: u64,
     /// When it was handed to the bus (for the append histogram).
-    pub started: Instant,
+    pub(crate) started: Instant,
 }
 
 /// What the ledger refuses, with why: each one is a bug in the session, never the agent's
 /// doing (ingest refuses out-of-order seqs before they get here).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum LedgerError {
+pub(crate) enum LedgerError {
     /// A batch that does not follow what was handed to the bus already.
     #[error("batch up to seq {last} does not follow seq {submitted}, already handed to the bus")]
     NotAfter {
@@ -58,7 +58,7 @@ pub enum LedgerError {
 
 /// The in-flight bookkeeping of one agent session.
 #[derive(Debug, Default)]
-pub struct Ledger {
+pub(crate) struct Ledger {
     /// The highest seq stored and acked.
     acked: u64,
     /// The highest seq handed to the bus (stored, or in flight).
@@ -69,33 +69,33 @@ pub struct Ledger {
 
 impl Ledger {
     /// A session resumed where the hub has the agent's stream up to `acked`.
-    pub fn resumed(acked: u64) -> Self {
+    pub(crate) fn resumed(acked: u64) -> Self {
         Self { acked, submitted: acked, batches: VecDeque::new() }
     }
 
     /// The highest seq stored: what the agent is (or may be) acked.
-    pub fn acked(&self) -> u64 {
+    pub(crate) fn acked(&self) -> u64 {
         self.acked
     }
 
     /// The highest seq handed to the bus: what ingest takes as already had (a resend of
     /// it is skipped).
-    pub fn submitted(&self) -> u64 {
+    pub(crate) fn submitted(&self) -> u64 {
         self.submitted
     }
 
     /// Whether no batch is being stored.
-    pub fn is_idle(&self) -> bool {
+    pub(crate) fn is_idle(&self) -> bool {
         self.batches.is_empty()
     }
 
     /// Whether the session must wait for the oldest batch before it reads another frame.
-    pub fn is_full(&self) -> bool {
+    pub(crate) fn is_full(&self) -> bool {
         self.batches.len() >= MAX_IN_FLIGHT
     }
 
     /// A batch was handed to the bus.
-    pub fn submit(&mut self, batch: Batch) -> Result<(), LedgerError> {
+    pub(crate) fn submit(&mut self, batch: Batch) -> Result<(), LedgerError> {
         if self.is_full() {
             return Err(LedgerError::Full);
         }
@@ -110,7 +110,7 @@ impl Ledger {
     /// The bus stored the oldest batch in flight (it answers in order): the ack moves to
     /// its last seq. Answers the batch. After a failed answer the session ends instead, and
     /// nothing after it is acked.
-    pub fn stored(&mut self) -> Result<Batch, LedgerError> {
+    pub(crate) fn stored(&mut self) -> Result<Batch, LedgerError> {
         let batch = self.batches.pop_front().ok_or(LedgerError::NothingInFlight)?;
         self.acked = batch.last;
         Ok(batch)
@@ -119,7 +119,7 @@ impl Ledger {
     /// A resync marker at `seq` was stored (or coalesced into a pending one): acked. Only
     /// with nothing in flight. What was handed on is left as it was (a resend of the
     /// marker's seq is taken as new, as before).
-    pub fn resynced(&mut self, seq: u64) -> Result<(), LedgerError> {
+    pub(crate) fn resynced(&mut self, seq: u64) -> Result<(), LedgerError> {
         if !self.batches.is_empty() {
             return Err(LedgerError::MarkerWhileInFlight { seq, in_flight: self.batches.len() });
         }

@@ -8,7 +8,7 @@
 //! skipped, not refused); the hub restamps `cluster`, `source` and `id` (it, not the
 //! agent, vouches for where an event comes from); oversized events and batches are
 //! refused; inventory events also update the cluster's inventory. The session
-//! ([`crate::agent_session`]) carries the [`Decision`] out: it throttles by the cost the
+//! ([`crate::session::agent`]) carries the [`Decision`] out: it throttles by the cost the
 //! decision names, appends, acks, or closes.
 
 use bytes::Bytes;
@@ -20,18 +20,18 @@ use fleetwatch_protocol::message::{
 };
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 
-use crate::registry::{RECENT_EVENTS, RecentEvent};
+use crate::cluster::{RECENT_EVENTS, RecentEvent};
 use fleetwatch_bus::{Append, RecordBody};
 
 /// What an agent's session knows when a frame arrives.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct State<'a> {
     /// The cluster id, from the certificate.
-    pub cluster: &'a str,
+    pub(crate) cluster: &'a str,
     /// The session's agent epoch, from its hello.
-    pub epoch: u64,
+    pub(crate) epoch: u64,
     /// The highest seq acked in this session.
-    pub acked: u64,
+    pub(crate) acked: u64,
 }
 
 /// A frame the hub refuses: the metric label (if counted), the error frame's code and
@@ -39,13 +39,13 @@ pub(crate) struct State<'a> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Refusal {
     /// The `rejected` metric's reason label; `None` when not counted.
-    pub reject: Option<&'static str>,
+    pub(crate) reject: Option<&'static str>,
     /// The error code sent.
-    pub code: ErrorCode,
+    pub(crate) code: ErrorCode,
     /// The error message sent.
-    pub message: String,
+    pub(crate) message: String,
     /// `Some(close code)` ends the session; `None` only answers with an error frame.
-    pub close: Option<CloseCode>,
+    pub(crate) close: Option<CloseCode>,
 }
 
 impl Refusal {

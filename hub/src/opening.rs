@@ -16,7 +16,9 @@ use fleetwatch_bus::{Bus, BusError, BusOptions, DeferredBus};
 use futures_util::future::BoxFuture;
 use tokio_util::sync::CancellationToken;
 
-use crate::{Context, HubConfig, HubError};
+use crate::config::HubConfig;
+use crate::context::Context;
+use crate::error::HubError;
 
 /// One attempt to open the hub's bus. Called again after each failure that passes, so it
 /// must start from scratch each time (the simulation passes its own, over its JetStream).
@@ -25,7 +27,7 @@ pub type OpenBus = Arc<dyn Fn() -> BoxFuture<'static, Result<Arc<dyn Bus>, BusEr
 /// The first wait between attempts; it doubles up to [`MAX_WAIT`].
 const FIRST_WAIT: Duration = Duration::from_millis(250);
 /// The longest wait between attempts: a passing fault costs at most this much readiness.
-pub const MAX_WAIT: Duration = Duration::from_secs(5);
+pub(crate) const MAX_WAIT: Duration = Duration::from_secs(5);
 
 /// The bus `config` names: JetStream with `--bus`, the segment log with `--data-dir`,
 /// memory otherwise.

@@ -13,12 +13,12 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 /// Resync markers per second an agent may send on average.
-pub const RESYNCS_PER_SEC: f64 = 1.0;
+pub(crate) const RESYNCS_PER_SEC: f64 = 1.0;
 /// Resync markers an agent may send in a burst.
-pub const RESYNC_BURST: f64 = 5.0;
+pub(crate) const RESYNC_BURST: f64 = 5.0;
 
 /// Allows `rate` tokens per second on average, bursts up to `burst`.
-pub struct TokenBucket {
+pub(crate) struct TokenBucket {
     rate: f64,
     burst: f64,
     tokens: f64,
@@ -40,14 +40,14 @@ impl TokenBucket {
 }
 
 /// One cluster's rate budget, kept across its sessions.
-pub struct Budget {
+pub(crate) struct Budget {
     events: TokenBucket,
     resyncs: TokenBucket,
 }
 
 impl Budget {
     /// A full budget of `events_per_sec`.
-    pub fn new(events_per_sec: u32) -> Self {
+    pub(crate) fn new(events_per_sec: u32) -> Self {
         Self::new_at(events_per_sec, Instant::now())
     }
 
@@ -60,12 +60,12 @@ impl Budget {
     }
 
     /// Takes `n` events; returns how long to delay their ack.
-    pub fn take_events(&mut self, n: usize) -> Duration {
+    pub(crate) fn take_events(&mut self, n: usize) -> Duration {
         self.events.take_at(n, Instant::now())
     }
 
     /// Takes one resync (and one event); returns how long to delay its ack.
-    pub fn take_resync(&mut self) -> Duration {
+    pub(crate) fn take_resync(&mut self) -> Duration {
         self.take_resync_at(Instant::now())
     }
 

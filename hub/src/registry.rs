@@ -21,39 +21,39 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use fleetwatch_protocol::message::{ModuleInventory, WatchState};
-use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
-use crate::Peer;
+use crate::cluster::{ClusterStatus, RECENT_EVENT_BYTES, RECENT_EVENTS, RecentEvent};
+use crate::peer::Peer;
 use crate::rate::Budget;
 
 /// When a connection last received a frame (data, ping or pong), readable from other
 /// tasks: the registry asks it whether a cluster's live session is really alive.
 #[derive(Debug)]
-pub struct Liveness {
+pub(crate) struct Liveness {
     base: tokio::time::Instant,
     last_ms: AtomicU64,
 }
 
 impl Liveness {
     /// Heard from just now.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self { base: tokio::time::Instant::now(), last_ms: AtomicU64::new(0) }
     }
 
     /// Records that a frame arrived.
-    pub fn touch(&self) {
+    pub(crate) fn touch(&self) {
         self.last_ms.store(self.base.elapsed().as_millis() as u64, Ordering::Relaxed);
     }
 
     /// How long since the last frame arrived.
-    pub fn silent_for(&self) -> Duration {
+    pub(crate) fn silent_for(&self) -> Duration {
         let last = Duration::from_millis(self.last_ms.load(Ordering::Relaxed));
         self.base.elapsed().saturating_sub(last)
     }
 
     /// When the last frame arrived on the wall clock, `now` being the wall clock's now.
-    pub fn last_heard(&self, now: jiff::Timestamp) -> jiff::Timestamp {
+    pub(crate) fn last_heard(&self, now: jiff::Timestamp) -> jiff::Timestamp {
         let silent = jiff::SignedDuration::try_from(self.silent_for()).unwrap_or(jiff::SignedDuration::MAX);
         now.checked_sub(silent).unwrap_or(jiff::Timestamp::MIN)
     }
@@ -63,117 +63,6 @@ impl Default for Liveness {
     fn default() -> Self {
         Self::new()
     }
-}
-
-/// One cluster as the admin API shows it.
-#[derive(Debug, Clone, Serialize, serde::Deserialize, Default, PartialEq)]
-#[serde(rename_all = "camelCase", default)]
-pub struct ClusterStatus {
-    /// The cluster id.
-    pub cluster: String,
-    /// Whether an agent session is open.
-    pub connected: bool,
-    /// The open session's id.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub session: Option<String>,
-    /// The agent's address.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub remote: Option<String>,
-    /// The agent's version.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub agent_version: Option<String>,
-    /// The protocol version the live (or last) session speaks, negotiated at its hello.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub protocol: Option<u32>,
-    /// The protocol versions the agent speaks, e.g. `1` or `1..2` (oldest..newest).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub agent_protocols: Option<String>,
-    /// The newest protocol version the agent speaks (what the skew policy's alert reads).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub agent_protocol: Option<u32>,
-    /// When the hub last heard from the agent.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub last_seen: Option<jiff::Timestamp>,
-    /// When the open session started.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub connected_since: Option<jiff::Timestamp>,
-    /// The agent's current epoch.
-    pub epoch: u64,
-    /// The highest seq acked in that epoch.
-    pub acked_seq: u64,
-    /// Events accepted since the hub started.
-    pub events_received: u64,
-    /// Sessions opened since the hub started.
-    pub sessions: u64,
-    /// The module inventory the agent reported last.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub inventory: Vec<ModuleInventory>,
-    /// How each configured watch is doing in the agent.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub watches: Vec<WatchState>,
-    /// Serial (lower-case hex) of the certificate the live (or last) session presented.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub cert_serial: Option<String>,
-    /// When that certificate expires.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub cert_not_after: Option<jiff::Timestamp>,
-    /// Agents refused because this cluster id was already connected from elsewhere.
-    pub conflicts: u64,
-    /// The address of the last refused agent.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub last_conflict_from: Option<String>,
-    /// When the last agent was refused.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub last_conflict_at: Option<jiff::Timestamp>,
-}
-
-/// Most recent events kept per cluster for `/api/v1/clusters/{id}`.
-pub const RECENT_EVENTS: usize = 32;
-/// Most bytes (of subjects, types, watch names and reasons) kept per cluster for them.
-pub const RECENT_EVENT_BYTES: usize = 16 << 10;
-/// Longest text kept in one field of a recent event; longer ones are cut (with `…`).
-pub const RECENT_FIELD_BYTES: usize = 256;
-
-/// One recent event of a cluster, as the hub took it in (kept in memory, never read back
-/// from the bus).
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
-pub struct RecentEvent {
-    /// The agent's seq.
-    pub seq: u64,
-    /// The CloudEvents type, or `resync-required`.
-    #[serde(rename = "type")]
-    pub kind: String,
-    /// The object key (cut to [`RECENT_FIELD_BYTES`]); for a resync, its reason.
-    pub subject: String,
-    /// When the agent saw the change (when the hub stored it, for a resync).
-    pub time: jiff::Timestamp,
-    /// The WatchConfig that produced it, if any.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub watch: Option<String>,
-}
-
-impl RecentEvent {
-    /// An entry with every text cut to [`RECENT_FIELD_BYTES`].
-    pub fn new(seq: u64, kind: &str, subject: &str, time: jiff::Timestamp, watch: Option<&str>) -> Self {
-        Self { seq, kind: cut(kind), subject: cut(subject), time, watch: watch.map(cut) }
-    }
-
-    fn bytes(&self) -> usize {
-        self.kind.len() + self.subject.len() + self.watch.as_ref().map_or(0, String::len) + 32
-    }
-}
-
-/// `s` cut to at most [`RECENT_FIELD_BYTES`] bytes on a character boundary.
-fn cut(s: &str) -> String {
-    if s.len() <= RECENT_FIELD_BYTES {
-        return s.to_string();
-    }
-    let mut end = RECENT_FIELD_BYTES - '…'.len_utf8();
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}…", &s[..end])
 }
 
 /// A cluster's recent events, newest last, bounded by [`RECENT_EVENTS`] and
@@ -240,38 +129,38 @@ struct Entry {
 /// A `resync-required` marker this hub stored for a cluster: its (epoch, seq) and the
 /// offset the bus answered for it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct StoredMarker {
+pub(crate) struct StoredMarker {
     /// The epoch it carries.
-    pub epoch: u64,
+    pub(crate) epoch: u64,
     /// The seq it carries.
-    pub seq: u64,
+    pub(crate) seq: u64,
     /// Its offset in the bus.
-    pub offset: u64,
+    pub(crate) offset: u64,
 }
 
 /// A new agent session as [`SessionRegistry::open`] sees it.
-pub struct Opening<'a> {
+pub(crate) struct Opening<'a> {
     /// The session id.
-    pub session: &'a str,
+    pub(crate) session: &'a str,
     /// The agent's address.
-    pub remote: &'a str,
+    pub(crate) remote: &'a str,
     /// The agent's version.
-    pub agent_version: &'a str,
+    pub(crate) agent_version: &'a str,
     /// The protocol version the session speaks.
-    pub protocol: u32,
+    pub(crate) protocol: u32,
     /// The protocol versions the agent speaks.
-    pub agent_protocols: fleetwatch_protocol::message::ProtocolRange,
+    pub(crate) agent_protocols: fleetwatch_protocol::message::ProtocolRange,
     /// The agent's epoch.
-    pub epoch: u64,
+    pub(crate) epoch: u64,
     /// Cancels the session (when replaced).
-    pub cancel: CancellationToken,
+    pub(crate) cancel: CancellationToken,
     /// When the session's connection last heard from the agent.
-    pub liveness: Arc<Liveness>,
+    pub(crate) liveness: Arc<Liveness>,
 }
 
 /// The outcome of [`SessionRegistry::open`].
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum OpenOutcome {
+pub(crate) enum OpenOutcome {
     /// The session is the cluster's live one now.
     Opened {
         /// Why a previous session was replaced, if one was.
@@ -289,7 +178,7 @@ pub enum OpenOutcome {
 /// Open connections, live sessions and per-cluster state. One session per cluster (see
 /// the module doc).
 #[derive(Default)]
-pub struct SessionRegistry {
+pub(crate) struct SessionRegistry {
     clusters: Mutex<HashMap<String, Entry>>,
     /// Woken when a cluster connects or disconnects (the web view's live updates).
     changed: tokio::sync::Notify,
@@ -337,7 +226,7 @@ impl SessionRegistry {
     }
 
     /// Records the certificate the cluster's new session presented.
-    pub fn certificate(&self, cluster: &str, serial: &str, not_after: jiff::Timestamp) {
+    pub(crate) fn certificate(&self, cluster: &str, serial: &str, not_after: jiff::Timestamp) {
         if let Ok(mut map) = self.clusters.lock()
             && let Some(e) = map.get_mut(cluster)
         {
@@ -350,7 +239,7 @@ impl SessionRegistry {
     /// Admits a new session for `cluster` by the rule in the module doc: replaces the live
     /// session of the same epoch or a stale one (silent for longer than `stale_after`),
     /// refuses it while another epoch's session is alive.
-    pub fn open(&self, cluster: &str, new: Opening<'_>, stale_after: Duration) -> OpenOutcome {
+    pub(crate) fn open(&self, cluster: &str, new: Opening<'_>, stale_after: Duration) -> OpenOutcome {
         let Ok(mut map) = self.clusters.lock() else {
             // A poisoned registry cannot tell who is connected: refuse rather than guess.
             return OpenOutcome::Conflict { connected_from: "unknown (registry unavailable)".into(), since: None };
@@ -405,7 +294,7 @@ impl SessionRegistry {
     }
 
     /// Marks the session closed, unless a newer one already replaced it.
-    pub fn close(&self, cluster: &str, session: &str) {
+    pub(crate) fn close(&self, cluster: &str, session: &str) {
         let Ok(mut map) = self.clusters.lock() else { return };
         if let Some(e) = map.get_mut(cluster)
             && e.status.session.as_deref() == Some(session)
@@ -423,12 +312,12 @@ impl SessionRegistry {
     }
 
     /// Resolves at the next connect or disconnect of any cluster.
-    pub async fn changed(&self) {
+    pub(crate) async fn changed(&self) {
         self.changed.notified().await
     }
 
     /// Keeps `events` (oldest first) among the cluster's recent events.
-    pub fn recent(&self, cluster: &str, events: impl IntoIterator<Item = RecentEvent>) {
+    pub(crate) fn recent(&self, cluster: &str, events: impl IntoIterator<Item = RecentEvent>) {
         if let Ok(mut map) = self.clusters.lock()
             && let Some(e) = map.get_mut(cluster)
         {
@@ -439,7 +328,7 @@ impl SessionRegistry {
     }
 
     /// One cluster's status and its recent events (oldest first), if the hub knows it.
-    pub fn get(&self, cluster: &str) -> Option<(ClusterStatus, Vec<RecentEvent>)> {
+    pub(crate) fn get(&self, cluster: &str) -> Option<(ClusterStatus, Vec<RecentEvent>)> {
         let map = self.clusters.lock().ok()?;
         map.get(cluster).map(|e| (e.shown(jiff::Timestamp::now()), e.recent.events.iter().cloned().collect()))
     }
@@ -456,7 +345,7 @@ impl SessionRegistry {
     }
 
     /// Remembers the resync marker just stored for `cluster`.
-    pub fn resync_stored(&self, cluster: &str, marker: StoredMarker) {
+    pub(crate) fn resync_stored(&self, cluster: &str, marker: StoredMarker) {
         if let Ok(mut map) = self.clusters.lock()
             && let Some(e) = map.get_mut(cluster)
         {
@@ -468,7 +357,7 @@ impl SessionRegistry {
     /// to, `offset`. Called before the records are sent, so a marker coalesced into (see
     /// [`SessionRegistry::resync_pending`]) reaches its subscribers only after the request
     /// it absorbed: they reconcile after it.
-    pub fn read_past(&self, offset: u64) {
+    pub(crate) fn read_past(&self, offset: u64) {
         self.read_mark.fetch_max(offset, Ordering::SeqCst);
     }
 
@@ -480,15 +369,15 @@ impl SessionRegistry {
     /// `shared` with other hub replicas, their readers are unknown: never.
     ///
     /// Subscribers that read before this hub started cannot have read the marker: this
-    /// hub stored it, and the read mark starts at the log's end (see `lib.rs`).
-    pub fn resync_pending(&self, cluster: &str, head: Option<(u64, u64)>, shared: bool) -> bool {
+    /// hub stored it, and the read mark starts at the log's end (see `opening`).
+    pub(crate) fn resync_pending(&self, cluster: &str, head: Option<(u64, u64)>, shared: bool) -> bool {
         self.absorbing_marker(cluster, shared).is_some_and(|m| head == Some((m.epoch, m.seq)))
     }
 
     /// Whether [`SessionRegistry::resync_pending`] could answer yes, whatever the head: the
     /// bus is this hub's alone and a marker it stored is above the read mark. When not,
     /// the head need not be asked for (on JetStream a request or two to the stream leader).
-    pub fn may_absorb_resync(&self, cluster: &str, shared: bool) -> bool {
+    pub(crate) fn may_absorb_resync(&self, cluster: &str, shared: bool) -> bool {
         self.absorbing_marker(cluster, shared).is_some()
     }
 
@@ -503,7 +392,7 @@ impl SessionRegistry {
     }
 
     /// Records accepted events.
-    pub fn acked(&self, cluster: &str, epoch: u64, seq: u64, events: u64) {
+    pub(crate) fn acked(&self, cluster: &str, epoch: u64, seq: u64, events: u64) {
         let Ok(mut map) = self.clusters.lock() else { return };
         if let Some(e) = map.get_mut(cluster) {
             e.status.epoch = epoch;
@@ -514,7 +403,7 @@ impl SessionRegistry {
     }
 
     /// Records an inventory report.
-    pub fn inventory(&self, cluster: &str, modules: Vec<ModuleInventory>) {
+    pub(crate) fn inventory(&self, cluster: &str, modules: Vec<ModuleInventory>) {
         if let Ok(mut map) = self.clusters.lock()
             && let Some(e) = map.get_mut(cluster)
         {
@@ -524,7 +413,7 @@ impl SessionRegistry {
     }
 
     /// Records a watch status report.
-    pub fn watch_status(&self, cluster: &str, watches: Vec<WatchState>) {
+    pub(crate) fn watch_status(&self, cluster: &str, watches: Vec<WatchState>) {
         if let Ok(mut map) = self.clusters.lock()
             && let Some(e) = map.get_mut(cluster)
         {
@@ -534,23 +423,23 @@ impl SessionRegistry {
     }
 
     /// Whether an agent of `cluster` ever opened a session since the hub started.
-    pub fn knows(&self, cluster: &str) -> bool {
+    pub(crate) fn knows(&self, cluster: &str) -> bool {
         self.clusters.lock().map(|m| m.contains_key(cluster)).unwrap_or(false)
     }
 
     /// One cluster's status, if the hub knows it.
-    pub fn status(&self, cluster: &str) -> Option<ClusterStatus> {
+    pub(crate) fn status(&self, cluster: &str) -> Option<ClusterStatus> {
         let map = self.clusters.lock().ok()?;
         map.get(cluster).map(|e| e.shown(jiff::Timestamp::now()))
     }
 
     /// Whether an agent session of `cluster` is open here.
-    pub fn is_connected(&self, cluster: &str) -> bool {
+    pub(crate) fn is_connected(&self, cluster: &str) -> bool {
         self.clusters.lock().is_ok_and(|m| m.get(cluster).is_some_and(|e| e.status.connected))
     }
 
     /// All clusters, sorted by id.
-    pub fn list(&self) -> Vec<ClusterStatus> {
+    pub(crate) fn list(&self) -> Vec<ClusterStatus> {
         let Ok(map) = self.clusters.lock() else { return Vec::new() };
         let now = jiff::Timestamp::now();
         let mut v: Vec<_> = map.values().map(|e| e.shown(now)).collect();
@@ -560,194 +449,4 @@ impl SessionRegistry {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn opening<'a>(session: &'a str, remote: &'a str, epoch: u64, cancel: &CancellationToken) -> Opening<'a> {
-        Opening {
-            session,
-            remote,
-            agent_version: "t",
-            protocol: 1,
-            agent_protocols: fleetwatch_protocol::message::ProtocolRange::OURS,
-            epoch,
-            cancel: cancel.clone(),
-            liveness: Arc::new(Liveness::new()),
-        }
-    }
-
-    #[test]
-    fn a_second_agent_is_refused_while_the_first_is_alive() {
-        let reg = SessionRegistry::default();
-        let first = CancellationToken::new();
-        let stale = Duration::from_secs(3600);
-        assert_eq!(
-            reg.open("c", opening("s1", "10.0.0.1:1", 1, &first), stale),
-            OpenOutcome::Opened { replaced: None }
-        );
-        let second = CancellationToken::new();
-        match reg.open("c", opening("s2", "10.0.0.2:2", 2, &second), stale) {
-            OpenOutcome::Conflict { connected_from, .. } => assert_eq!(connected_from, "10.0.0.1:1"),
-            other => panic!("{other:?}"),
-        }
-        assert!(!first.is_cancelled());
-        let st = &reg.list()[0];
-        assert_eq!((st.sessions, st.conflicts), (1, 1));
-        assert_eq!(st.last_conflict_from.as_deref(), Some("10.0.0.2:2"));
-        assert_eq!(st.session.as_deref(), Some("s1"));
-    }
-
-    #[test]
-    fn the_same_epoch_or_a_silent_session_is_replaced() {
-        let reg = SessionRegistry::default();
-        let first = CancellationToken::new();
-        let stale = Duration::from_secs(3600);
-        reg.open("c", opening("s1", "a:1", 1, &first), stale);
-        // Same epoch: the same agent reconnecting.
-        let again = CancellationToken::new();
-        assert!(matches!(
-            reg.open("c", opening("s2", "a:2", 1, &again), stale),
-            OpenOutcome::Opened { replaced: Some(_) }
-        ));
-        assert!(first.is_cancelled());
-        // Another epoch, but the live session is silent beyond the window: replaced.
-        let other = CancellationToken::new();
-        assert!(matches!(
-            reg.open("c", opening("s3", "b:3", 2, &other), Duration::ZERO),
-            OpenOutcome::Opened { replaced: Some(_) }
-        ));
-        assert!(again.is_cancelled());
-        // The replaced session closing does not mark the new one closed.
-        reg.close("c", "s2");
-        assert!(reg.list()[0].connected);
-        reg.close("c", "s3");
-        assert!(!reg.list()[0].connected);
-        // Once closed, any epoch opens.
-        let later = CancellationToken::new();
-        assert_eq!(reg.open("c", opening("s4", "c:4", 9, &later), stale), OpenOutcome::Opened { replaced: None });
-        assert_eq!(reg.list()[0].conflicts, 0);
-    }
-
-    #[test]
-    fn any_frame_of_the_live_connection_moves_last_seen_without_the_registry() {
-        let reg = SessionRegistry::default();
-        let liveness = Arc::new(Liveness::new());
-        let cancel = CancellationToken::new();
-        let open = Opening { liveness: liveness.clone(), ..opening("s1", "a:1", 1, &cancel) };
-        reg.open("c", open, Duration::from_secs(3600));
-        // What the registry recorded is an hour old (an idle agent: no event since).
-        let now = jiff::Timestamp::now();
-        let hour_ago = now - jiff::SignedDuration::from_hours(1);
-        reg.clusters.lock().unwrap().get_mut("c").unwrap().status.last_seen = Some(hour_ago);
-        // Its connection just received a frame (a pong): that is when it was last seen,
-        // in the list, the single view and (through both) `/metrics` and the shared list.
-        liveness.touch();
-        let recent = |t: Option<jiff::Timestamp>| t.is_some_and(|t| t > now - jiff::SignedDuration::from_mins(1));
-        assert!(recent(reg.list()[0].last_seen), "{:?}", reg.list()[0].last_seen);
-        assert!(recent(reg.get("c").unwrap().0.last_seen));
-        // Once the session closes, its last frame stays the cluster's last-seen.
-        reg.close("c", "s1");
-        let closed = reg.list()[0].clone();
-        assert!(!closed.connected && recent(closed.last_seen), "{closed:?}");
-        // A closed cluster's last-seen no longer follows that connection.
-        reg.clusters.lock().unwrap().get_mut("c").unwrap().status.last_seen = Some(hour_ago);
-        liveness.touch();
-        assert_eq!(reg.list()[0].last_seen, Some(hour_ago));
-    }
-
-    #[test]
-    fn a_reconnect_keeps_the_clusters_rate_budget() {
-        let reg = SessionRegistry::default();
-        reg.open("c", opening("s1", "a:1", 1, &CancellationToken::new()), Duration::from_secs(60));
-        let first = reg.budget("c", 10);
-        assert!(first.lock().unwrap().take_events(10).is_zero());
-        // The next session of the cluster gets the same, now empty, budget.
-        let second = reg.budget("c", 10);
-        assert!(Arc::ptr_eq(&first, &second));
-        assert!(!second.lock().unwrap().take_events(10).is_zero());
-    }
-
-    #[test]
-    fn connections_are_listed_while_their_guard_lives() {
-        let reg = SessionRegistry::default();
-        let peer = |id: &str| Peer {
-            identity: id.into(),
-            serial: "01".into(),
-            not_after: jiff::Timestamp::MAX,
-            chain: Arc::default(),
-            ended: Arc::default(),
-        };
-        let a = reg.connected(peer("a"), CancellationToken::new());
-        let closing = CancellationToken::new();
-        let b = reg.connected(peer("b"), closing.clone());
-        let mut ids: Vec<_> = reg.open_connections().into_iter().map(|(p, _)| p.identity).collect();
-        ids.sort();
-        assert_eq!(ids, ["a", "b"]);
-        closing.cancel();
-        assert_eq!(reg.open_connections().len(), 1, "a connection being closed is not listed");
-        drop(b);
-        drop(a);
-        assert!(reg.open_connections().is_empty());
-    }
-
-    #[test]
-    fn recent_events_are_bounded_in_count_and_bytes() {
-        let reg = SessionRegistry::default();
-        reg.open("c", opening("s1", "a:1", 1, &CancellationToken::new()), Duration::from_secs(60));
-        let now = jiff::Timestamp::now();
-        reg.recent("c", (1..=100).map(|i| RecentEvent::new(i, "t", &format!("s{i}"), now, None)));
-        let (_, recent) = reg.get("c").unwrap();
-        assert_eq!(recent.len(), RECENT_EVENTS);
-        assert_eq!((recent[0].seq, recent[RECENT_EVENTS - 1].seq), (100 - RECENT_EVENTS as u64 + 1, 100));
-        // Long subjects: cut, and the byte bound keeps fewer of them.
-        let long = "ü".repeat(10_000);
-        reg.recent("c", (101..=200).map(|i| RecentEvent::new(i, "t", &long, now, Some(&long))));
-        let (_, recent) = reg.get("c").unwrap();
-        assert!(recent.iter().all(|e| e.subject.len() <= RECENT_FIELD_BYTES && e.subject.ends_with('…')));
-        let bytes: usize = recent.iter().map(RecentEvent::bytes).sum();
-        assert!(bytes <= RECENT_EVENT_BYTES, "{bytes}");
-        assert!(recent.len() < RECENT_EVENTS && !recent.is_empty());
-        assert_eq!(recent.last().unwrap().seq, 200);
-        // An unknown cluster keeps nothing.
-        reg.recent("nope", [RecentEvent::new(1, "t", "s", now, None)]);
-        assert!(reg.get("nope").is_none());
-    }
-
-    #[test]
-    fn a_resync_is_pending_while_it_is_the_head_and_unread() {
-        let reg = SessionRegistry::default();
-        reg.open("c", opening("s1", "a:1", 1, &CancellationToken::new()), Duration::from_secs(60));
-        assert!(!reg.resync_pending("c", Some((1, 1)), false));
-        assert!(!reg.may_absorb_resync("c", false), "no marker: the head need not be asked for");
-        reg.resync_stored("c", StoredMarker { epoch: 1, seq: 1, offset: 7 });
-        assert!(reg.may_absorb_resync("c", false) && !reg.may_absorb_resync("c", true));
-        assert!(reg.resync_pending("c", Some((1, 1)), false));
-        // An event appended after it: the head moved on.
-        assert!(!reg.resync_pending("c", Some((1, 2)), false));
-        assert!(!reg.resync_pending("c", None, false));
-        // Other replicas' readers are unknown.
-        assert!(!reg.resync_pending("c", Some((1, 1)), true));
-        // A subscriber read up to just before it: still unread.
-        reg.read_past(6);
-        assert!(reg.resync_pending("c", Some((1, 1)), false));
-    }
-
-    #[test]
-    fn a_resync_a_subscriber_was_sent_is_never_coalesced_into() {
-        let reg = SessionRegistry::default();
-        reg.open("c", opening("s1", "a:1", 1, &CancellationToken::new()), Duration::from_secs(60));
-        reg.resync_stored("c", StoredMarker { epoch: 1, seq: 5, offset: 7 });
-        // A subscriber was sent the marker (or placed past it, e.g. `from: latest`).
-        reg.read_past(7);
-        assert!(!reg.resync_pending("c", Some((1, 5)), false));
-        assert!(!reg.may_absorb_resync("c", false), "read: whatever the head, not absorbed");
-        // The mark only rises: a session that reads from an older cursor does not lower it.
-        reg.read_past(3);
-        assert!(!reg.resync_pending("c", Some((1, 5)), false));
-        // A marker stored after it is coalescible again until read.
-        reg.resync_stored("c", StoredMarker { epoch: 2, seq: 1, offset: 9 });
-        assert!(reg.resync_pending("c", Some((2, 1)), false));
-        reg.read_past(12);
-        assert!(!reg.resync_pending("c", Some((2, 1)), false));
-    }
-}
+mod tests;

@@ -17,7 +17,7 @@ use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet};
 use prometheus_client::registry::Registry;
 
-use crate::Context;
+use crate::context::Context;
 
 /// Label: a cluster id.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
@@ -101,7 +101,7 @@ impl Scrape {
             bus_held_in_memory: bus.holds_records(),
             bus_writable: bus.health().is_ok(),
             bus_write_failures: bus.write_failures(),
-            ready: crate::admin::checks(ctx).iter().all(|c| c.state.is_ok()),
+            ready: ctx.checks().iter().all(|c| c.state.is_ok()),
             cert_expiry: unix_secs(ctx.tls.not_after()),
             ..Scrape::default()
         };

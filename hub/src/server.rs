@@ -18,8 +18,10 @@ use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
 use crate::admission::{Eviction, HandshakePermit, HandshakeSlot, IDLE_EVICTION_AGE};
-use crate::conn::Conn;
-use crate::{Context, Listener, Peer};
+use crate::context::Context;
+use crate::listener::Listener;
+use crate::peer::Peer;
+use crate::session::conn::Conn;
 
 pub(crate) async fn accept_loop(
     mut listener: Listener,
@@ -257,13 +259,13 @@ async fn authenticated(
     match identity.role {
         Role::Cluster(cluster) => {
             let span = tracing::info_span!("agent", %cluster);
-            Box::pin(crate::agent_session::run(conn, cluster, peer_cert, ctx.sessions.clone(), lifeline))
+            Box::pin(crate::session::agent::run(conn, cluster, peer_cert, ctx.sessions.clone(), lifeline))
                 .instrument(span)
                 .await;
         }
         Role::Subscriber(name) => {
             let span = tracing::info_span!("subscriber", %name, serial = %peer_cert.serial);
-            Box::pin(crate::subscriber_session::run(conn, name, peer_cert, ctx.sessions.clone(), lifeline))
+            Box::pin(crate::session::subscriber::run(conn, name, peer_cert, ctx.sessions.clone(), lifeline))
                 .instrument(span)
                 .await;
         }

@@ -7,7 +7,7 @@ use rustls::{AlertDescription, CertificateError, Error};
 
 /// What is wrong when a client's TLS handshake with the hub failed, for the hub's log;
 /// `None` for failures without a known cause.
-pub fn server_side(err: &(dyn std::error::Error + 'static)) -> Option<String> {
+pub(crate) fn server_side(err: &(dyn std::error::Error + 'static)) -> Option<String> {
     Some(match find_rustls(err)? {
         Error::InvalidCertificate(c) => match c {
             CertificateError::UnknownIssuer | CertificateError::BadSignature => {

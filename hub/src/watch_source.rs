@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::HubError;
+use crate::error::HubError;
 
 /// A source of WatchConfigs.
 #[derive(Debug, Clone, Default)]
@@ -37,7 +37,7 @@ pub enum WatchSource {
 type Publish = watch::Sender<Arc<Vec<WatchSpec>>>;
 
 /// The `source` of WatchConfig resources in [`Verdict`]s.
-pub const CONTROL_PLANE: &str = "control-plane";
+pub(crate) const CONTROL_PLANE: &str = "control-plane";
 
 /// What the hub made of one WatchConfig: pushed to agents (`accepted`) or not, and why.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -64,12 +64,12 @@ pub struct Verdict {
 }
 
 /// The verdicts on the WatchConfigs in force, shared with the admin API and the status writer.
-pub type Verdicts = Arc<RwLock<Vec<Verdict>>>;
+pub(crate) type Verdicts = Arc<RwLock<Vec<Verdict>>>;
 
 /// The one check for files and resources: each WatchConfig must make a valid
 /// [`WatchSpec`] and its name must be unique (a second one of a name is refused: two files
 /// may both define one). Returns what is pushed (by name) and a verdict on each.
-pub fn judge(configs: &[(String, WatchConfig)]) -> (Vec<WatchSpec>, Vec<Verdict>) {
+pub(crate) fn judge(configs: &[(String, WatchConfig)]) -> (Vec<WatchSpec>, Vec<Verdict>) {
     let mut specs = Vec::new();
     let mut verdicts = Vec::new();
     let mut names: BTreeMap<String, String> = BTreeMap::new();
@@ -117,7 +117,7 @@ impl WatchSource {
     /// The configuration at start-up: files are read now, and one that cannot be parsed or
     /// holds a WatchConfig [`judge`] refuses stops the start (later edits are judged one by
     /// one); the control plane is read by [`run`].
-    pub fn initial(&self, verdicts: &Verdicts) -> Result<Vec<WatchSpec>, HubError> {
+    pub(crate) fn initial(&self, verdicts: &Verdicts) -> Result<Vec<WatchSpec>, HubError> {
         let WatchSource::Dir(dir) = self else { return Ok(Vec::new()) };
         let mut configs = Vec::new();
         for (path, docs) in read_dir(dir).map_err(|e| HubError::WatchConfig(e.to_string()))? {
@@ -138,7 +138,7 @@ impl WatchSource {
 /// Whether the control-plane watch has listed everything, and while it has not, why: its
 /// last error (for `/readyz`).
 #[derive(Debug, Default)]
-pub struct WatchSync {
+pub(crate) struct WatchSync {
     synced: AtomicBool,
     error: std::sync::Mutex<Option<String>>,
 }
@@ -148,17 +148,17 @@ impl WatchSync {
     const MAX_ERROR: usize = 512;
 
     /// Synced from the start (`true`: a source that needs no listing) or not yet.
-    pub fn new(synced: bool) -> Self {
+    pub(crate) fn new(synced: bool) -> Self {
         Self { synced: AtomicBool::new(synced), error: Default::default() }
     }
 
     /// Whether the watch has listed everything (and not failed since).
-    pub fn synced(&self) -> bool {
+    pub(crate) fn synced(&self) -> bool {
         self.synced.load(Ordering::Relaxed)
     }
 
     /// The last error of the watch since it was last synced.
-    pub fn last_error(&self) -> Option<String> {
+    pub(crate) fn last_error(&self) -> Option<String> {
         self.error.lock().ok().and_then(|e| e.clone())
     }
 
@@ -188,7 +188,7 @@ impl WatchSync {
 
 /// Keeps the published configuration up to date until shutdown; `synced` tells readiness
 /// whether the control-plane watch has listed everything (other sources are always synced).
-pub async fn run(
+pub(crate) async fn run(
     source: WatchSource,
     publish: Publish,
     verdicts: Verdicts,
@@ -290,7 +290,7 @@ async fn follow_dir(dir: PathBuf, publish: &Publish, verdicts: &Verdicts) {
 
 /// A client of the control plane: `kubeconfig`, else in a pod its service account, in a
 /// shell `$KUBECONFIG` or `~/.kube/config`. Retries every 5 s until it can build one.
-pub async fn control_plane_client(kubeconfig: Option<PathBuf>) -> kube::Client {
+pub(crate) async fn control_plane_client(kubeconfig: Option<PathBuf>) -> kube::Client {
     loop {
         let client = match &kubeconfig {
             Some(path) => fleetwatch_client::kubeconfig::client_from_kubeconfig(path).await.map_err(|e| e.to_string()),

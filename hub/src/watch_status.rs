@@ -18,20 +18,20 @@ use fleetwatch_api::watchconfig::{WatchConfig, WatchConfigStatus};
 use kube::api::{Patch, PatchParams};
 use tokio_util::sync::CancellationToken;
 
-use crate::Context;
+use crate::context::Context;
 use crate::watch_source::{CONTROL_PLANE, Verdict};
 
 /// How often the statuses are compared with what they should say.
 const EVERY: Duration = Duration::from_secs(2);
 /// Least time between two writes of one resource whose only change is its cluster count.
-pub const COUNT_EVERY: Duration = Duration::from_secs(10);
+pub(crate) const COUNT_EVERY: Duration = Duration::from_secs(10);
 /// After a failed write (no RBAC for `watchconfigs/status`, a CRD without the status
 /// subresource), the resource is left alone this long: one warning, not one per tick.
 const RETRY_FAILED_AFTER: Duration = Duration::from_secs(60);
 
 /// The status a verdict makes, keeping the condition's transition time when its status and
 /// reason did not change.
-pub fn desired(v: &Verdict, clusters: u32, now: jiff::Timestamp) -> WatchConfigStatus {
+pub(crate) fn desired(v: &Verdict, clusters: u32, now: jiff::Timestamp) -> WatchConfigStatus {
     let (status, reason) = if v.accepted { ("True", "Accepted") } else { ("False", v.reason.as_str()) };
     let previous = v.observed.as_ref().and_then(|o| o.conditions.iter().find(|c| c.type_ == "Accepted"));
     let since = match previous {
@@ -54,7 +54,7 @@ pub fn desired(v: &Verdict, clusters: u32, now: jiff::Timestamp) -> WatchConfigS
 
 /// Whether `desired` must be written over what the resource says (`observed`), given when
 /// this replica last wrote it.
-pub fn needs_write(
+pub(crate) fn needs_write(
     observed: Option<&WatchConfigStatus>,
     desired: &WatchConfigStatus,
     last_write: Option<Instant>,

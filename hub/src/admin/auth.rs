@@ -11,8 +11,9 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, RwLock};
-use std::time::SystemTime;
+use std::sync::Arc;
+
+use fleetwatch_certs::{Compare, Reload, ReloadingFile};
 
 /// The admin endpoint's protection, as configured.
 #[derive(Debug, Clone, Default)]
@@ -54,25 +55,12 @@ pub enum AdminAuthError {
 /// or is not a valid token is refused with a warning, and the token in force stays: the
 /// endpoint never ends up unprotected.
 #[derive(Clone)]
-pub struct Token(Arc<TokenState>);
-
-struct TokenState {
-    /// Where it came from (none for a fixed token).
-    path: Option<PathBuf>,
-    /// The token in force, and the file's (modified time, length) it was read at.
-    current: RwLock<(String, Option<(SystemTime, u64)>)>,
-}
+pub(crate) struct Token(Arc<ReloadingFile<String>>);
 
 impl std::fmt::Debug for Token {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("Token(<redacted>)")
     }
-}
-
-/// A file's (modified time, length): a rewrite changes one of them.
-fn stamp(path: &Path) -> Option<(SystemTime, u64)> {
-    let meta = std::fs::metadata(path).ok()?;
-    Some((meta.modified().ok()?, meta.len()))
 }
 
 /// Reads and checks a token file.
@@ -90,50 +78,53 @@ fn read_token(path: &Path) -> Result<String, AdminAuthError> {
 }
 
 impl Token {
-    /// Reads and checks a token file; the token then follows the file (see [`Token`]).
-    pub fn load(path: &Path) -> Result<Self, AdminAuthError> {
-        let before = stamp(path);
-        let token = read_token(path)?;
-        Ok(Self(Arc::new(TokenState { path: Some(path.to_path_buf()), current: RwLock::new((token, before)) })))
+    /// Reads and checks a token file; the token then follows the file (see [`Token`]): a
+    /// rewrite is noticed by the file's modified time and length, as it is checked at
+    /// every request.
+    pub(crate) fn load(path: &Path) -> Result<Self, AdminAuthError> {
+        let token = ReloadingFile::load(vec![path.to_path_buf()], Compare::ModifiedAndLength, |_| read_token(path))?;
+        Ok(Self(Arc::new(token)))
     }
 
     /// A token that is not read from a file.
-    pub fn fixed(token: &str) -> Self {
-        Self(Arc::new(TokenState { path: None, current: RwLock::new((token.to_string(), None)) }))
+    #[cfg(test)]
+    pub(crate) fn fixed(token: &str) -> Self {
+        Self(Arc::new(ReloadingFile::fixed(token.to_string())))
     }
 
     /// Takes a rewritten file's token in, if it is valid (else keeps the one in force).
     fn refresh(&self) {
-        let Some(path) = &self.0.path else { return };
-        let now = stamp(path);
-        if now.is_none() || self.0.current.read().map(|c| c.1 == now).unwrap_or(true) {
-            return; // unchanged, or gone for the moment (a Secret's files are swapped)
+        let Some(path) = self.0.paths().first() else { return };
+        if std::fs::metadata(path).and_then(|m| m.modified()).is_err() {
+            return; // gone for the moment (a Secret's files are swapped)
         }
-        let mut current = self.0.current.write().unwrap_or_else(|e| e.into_inner());
-        match read_token(path) {
-            Ok(token) => {
-                if token != current.0 {
-                    tracing::info!(file = %path.display(), "admin token rotated: the new token is in force");
-                }
-                *current = (token, now);
+        let mut rotated = false;
+        let reload = self.0.reload_if_changed(|_, old| {
+            let token = read_token(path)?;
+            rotated = token != *old;
+            Ok::<_, AdminAuthError>(token)
+        });
+        match reload {
+            Reload::Replaced if rotated => {
+                tracing::info!(file = %path.display(), "admin token rotated: the new token is in force");
             }
-            Err(e) => {
+            Reload::Failed(e) => {
+                // Said once per rewrite.
                 tracing::warn!(error = %e, "the rewritten admin token file is refused; the token in force stays");
-                current.1 = now; // said once per rewrite
             }
+            Reload::Replaced | Reload::Recovered | Reload::Unchanged => {}
         }
     }
 
     /// Compares in time independent of where the first difference is.
-    pub fn matches(&self, presented: &str) -> bool {
+    pub(crate) fn matches(&self, presented: &str) -> bool {
         self.refresh();
-        let current = self.0.current.read().unwrap_or_else(|e| e.into_inner());
-        constant_time_eq(current.0.as_bytes(), presented.as_bytes())
+        constant_time_eq(self.0.current().as_bytes(), presented.as_bytes())
     }
 }
 
 /// `a == b`, looking at every byte whatever differs (the length is not secret).
-pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+pub(crate) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     if a.len() != b.len() {
         return false;
     }
@@ -142,7 +133,7 @@ pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 }
 
 /// Checks the configuration before anything binds: fails closed.
-pub fn check(listen: SocketAddr, config: &AdminAuthConfig) -> Result<Option<Token>, AdminAuthError> {
+pub(crate) fn check(listen: SocketAddr, config: &AdminAuthConfig) -> Result<Option<Token>, AdminAuthError> {
     let token = config.token_file.as_deref().map(Token::load).transpose()?;
     if !listen.ip().is_loopback() && token.is_none() && config.client_ca.is_none() {
         return Err(AdminAuthError::Unprotected(listen));
@@ -151,15 +142,15 @@ pub fn check(listen: SocketAddr, config: &AdminAuthConfig) -> Result<Option<Toke
 }
 
 /// Paths served without authentication.
-pub fn is_open(path: &str) -> bool {
+pub(crate) fn is_open(path: &str) -> bool {
     matches!(path, "/healthz" | "/readyz" | "/login")
 }
 
 /// The cookie a browser gets from the login page.
-pub const COOKIE: &str = "fleetwatch_admin";
+pub(crate) const COOKIE: &str = "fleetwatch_admin";
 
 /// The credential a request presents: the bearer token, else the login cookie.
-pub fn presented<'a>(authorization: Option<&'a str>, cookie: Option<&'a str>) -> Option<&'a str> {
+pub(crate) fn presented<'a>(authorization: Option<&'a str>, cookie: Option<&'a str>) -> Option<&'a str> {
     if let Some(bearer) = authorization.and_then(|h| h.strip_prefix("Bearer ")) {
         return Some(bearer.trim());
     }
@@ -169,7 +160,7 @@ pub fn presented<'a>(authorization: Option<&'a str>, cookie: Option<&'a str>) ->
 /// Whether a request may go on as far as the token is concerned: open paths always;
 /// otherwise the token must match when one is configured. (With `--admin-client-ca` the
 /// admin router also requires a verified client certificate on the connection.)
-pub fn allowed(path: &str, token: Option<&Token>, authorization: Option<&str>, cookie: Option<&str>) -> bool {
+pub(crate) fn allowed(path: &str, token: Option<&Token>, authorization: Option<&str>, cookie: Option<&str>) -> bool {
     if is_open(path) {
         return true;
     }
@@ -181,6 +172,8 @@ pub fn allowed(path: &str, token: Option<&Token>, authorization: Option<&str>, c
 
 #[cfg(test)]
 mod tests {
+    use std::time::SystemTime;
+
     use super::*;
 
     fn token_file(dir: &Path, content: &str) -> PathBuf {

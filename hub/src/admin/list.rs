@@ -22,18 +22,18 @@ use std::collections::HashMap;
 use fleetwatch_api::label_selector::LabelSelector;
 
 /// Most items one page may ask for (`limit` above it is lowered to it).
-pub const MAX_LIMIT: usize = 5_000;
+pub(crate) const MAX_LIMIT: usize = 5_000;
 /// Most items of a list answered without `limit`.
-pub const UNPAGED_MAX: usize = 10_000;
+pub(crate) const UNPAGED_MAX: usize = 10_000;
 
 /// A request the admin API refuses, with the reason (answered as 400).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
-pub struct BadRequest(pub String);
+pub(crate) struct BadRequest(pub String);
 
 /// How a list is ordered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Order {
+pub(crate) enum Order {
     /// By name (cluster id, or `namespace/name` of a Runtime).
     #[default]
     Name,
@@ -43,7 +43,7 @@ pub enum Order {
 
 /// Which watches a cluster must have to be listed.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum PhaseFilter {
+pub(crate) enum PhaseFilter {
     /// At least one failing watch (any phase but running, starting, waiting-for-kind).
     Failed,
     /// At least one watch in this phase (its wire name, e.g. `forbidden`).
@@ -52,27 +52,27 @@ pub enum PhaseFilter {
 
 /// The query of a list request, parsed and checked.
 #[derive(Debug, Clone, Default)]
-pub struct ListQuery {
+pub(crate) struct ListQuery {
     /// Items per page (`None`: the whole list, up to [`UNPAGED_MAX`]).
-    pub limit: Option<usize>,
+    pub(crate) limit: Option<usize>,
     /// Where the previous page stopped.
-    pub after: Option<SortKey>,
+    pub(crate) after: Option<SortKey>,
     /// Only clusters whose agent is (not) connected.
-    pub connected: Option<bool>,
+    pub(crate) connected: Option<bool>,
     /// Only clusters with such a watch.
-    pub watch_phase: Option<PhaseFilter>,
+    pub(crate) watch_phase: Option<PhaseFilter>,
     /// Only Runtimes whose labels match.
-    pub label_selector: Option<LabelSelector>,
+    pub(crate) label_selector: Option<LabelSelector>,
     /// Only items whose name contains this (case-insensitive).
-    pub q: Option<String>,
+    pub(crate) q: Option<String>,
     /// The order of the list.
-    pub order: Order,
+    pub(crate) order: Order,
     /// Fingerprint of the filters and order (continue tokens are tied to it).
     fingerprint: u64,
 }
 
 /// Where an item sorts: its problem rank (0 first; always 0 with [`Order::Name`]) and name.
-pub type SortKey = (u8, String);
+pub(crate) type SortKey = (u8, String);
 
 /// Query parameters a list understands; others are refused (a misspelt filter would
 /// otherwise list everything).
@@ -84,7 +84,7 @@ const PHASES: &[&str] = &["running", "starting", "waiting-for-kind", "kind-not-f
 impl ListQuery {
     /// Parses the query parameters of a list; `allowed` are the filters this list has
     /// (besides `limit`, `continue`, `q` and `order`).
-    pub fn parse(params: &HashMap<String, String>, allowed: &[&str]) -> Result<Self, BadRequest> {
+    pub(crate) fn parse(params: &HashMap<String, String>, allowed: &[&str]) -> Result<Self, BadRequest> {
         let mut q = ListQuery::default();
         for key in params.keys() {
             let general = ["limit", "continue", "q", "order"].contains(&key.as_str());
@@ -141,13 +141,13 @@ impl ListQuery {
     }
 
     /// Whether a name passes `q`.
-    pub fn name_matches(&self, name: &str) -> bool {
+    pub(crate) fn name_matches(&self, name: &str) -> bool {
         self.q.as_ref().is_none_or(|q| name.to_lowercase().contains(q))
     }
 
     /// One page of `items` (already filtered): sorted by `key`, starting after the token's
     /// key, at most `limit` long.
-    pub fn page<T>(&self, mut items: Vec<T>, key: impl Fn(&T) -> SortKey) -> Result<Page<T>, BadRequest> {
+    pub(crate) fn page<T>(&self, mut items: Vec<T>, key: impl Fn(&T) -> SortKey) -> Result<Page<T>, BadRequest> {
         let what = |t: &T| {
             let (rank, name) = key(t);
             (if self.order == Order::Problems { rank } else { 0 }, name)
@@ -185,18 +185,18 @@ impl ListQuery {
 
 /// One page of a list.
 #[derive(Debug)]
-pub struct Page<T> {
+pub(crate) struct Page<T> {
     /// The items of this page, in order.
-    pub items: Vec<T>,
+    pub(crate) items: Vec<T>,
     /// The token for the next page (`None`: this was the last).
-    pub cont: Option<String>,
+    pub(crate) cont: Option<String>,
     /// Items after this page (that match now).
-    pub remaining: usize,
+    pub(crate) remaining: usize,
 }
 
 impl<T> Page<T> {
     /// The list's `metadata` as the Kubernetes API spells it.
-    pub fn metadata(&self) -> serde_json::Value {
+    pub(crate) fn metadata(&self) -> serde_json::Value {
         let mut m = serde_json::Map::new();
         if let Some(c) = &self.cont {
             m.insert("continue".into(), c.clone().into());

@@ -2,15 +2,15 @@
 //! (`/api/v1/...`; the fleet-sized lists, counts and live stream are in `overview`), the
 //! web view, and with `fault_injection` the test hook `POST /debug/faults/storage?fail_for_ms=N`.
 //!
-//! `/readyz` aggregates named checks ([`checks`]): `200 ready: bus ok` when all pass,
+//! `/readyz` aggregates named checks ([`Context::checks`]): `200 ready: bus ok` when all pass,
 //! otherwise `503 not ready: bus: no space left on device (…)` listing each failing check
 //! as `name: reason`, separated by `; `.
 
 pub mod auth;
-pub mod list;
+pub(crate) mod list;
 mod login;
 mod overview;
-pub mod stream;
+pub(crate) mod stream;
 mod tls;
 
 use std::sync::{Arc, Mutex};
@@ -24,14 +24,14 @@ use axum::routing::{MethodRouter, get, post};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::Context;
+use crate::context::Context;
 use crate::fleet::{self, Rates};
 
 /// Most browsers following the live overview at once; more get 503.
-pub const MAX_STREAMS: usize = 64;
+pub(crate) const MAX_STREAMS: usize = 64;
 /// How often the live overview's changes are computed while someone follows it (and at
 /// once when a cluster connects or disconnects or a Runtime changes).
-pub const OVERVIEW_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
+pub(crate) const OVERVIEW_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// The admin endpoint's state: the hub's context and the live overview.
 #[derive(Clone)]
@@ -81,7 +81,7 @@ pub(crate) fn routes() -> Vec<(&'static str, &'static [&'static str], MethodRout
 }
 
 /// The OpenAPI 3 document of the admin endpoint.
-pub const OPENAPI: &str = include_str!("openapi.json");
+pub(crate) const OPENAPI: &str = include_str!("openapi.json");
 
 fn router(admin: Admin) -> Router {
     let mut app = Router::new();
@@ -205,24 +205,9 @@ pub(crate) async fn serve(listener: TcpListener, ctx: Arc<Context>, shutdown: Ca
     }
 }
 
-/// One readiness check: its name and `Err(reason)` when failing.
-pub(crate) struct Check {
-    /// Short name shown in the answer, e.g. `bus`.
-    pub name: &'static str,
-    /// `Err(why)` when not ready.
-    pub state: Result<(), String>,
-}
-
-/// Every readiness check. Add a check here to make `/readyz` depend on it.
-pub(crate) fn checks(ctx: &Context) -> Vec<Check> {
-    let mut checks = vec![Check { name: "bus", state: ctx.sessions.bus.health() }];
-    checks.extend(ctx.readiness().into_iter().map(|(name, state)| Check { name, state }));
-    checks
-}
-
 /// `/readyz`, answered as every component answers it ([`fleetwatch_telemetry::server::readyz`]).
 async fn ready(State(ctx): State<Arc<Context>>) -> impl IntoResponse {
-    let checks = checks(&ctx);
+    let checks = ctx.checks();
     let failing: Vec<String> =
         checks.iter().filter_map(|c| c.state.as_ref().err().map(|e| format!("{}: {e}", c.name))).collect();
     let state = if failing.is_empty() {
@@ -353,7 +338,7 @@ async fn subscriptions_handler(State(ctx): State<Arc<Context>>) -> impl IntoResp
                 .collect();
             serde_json::json!({
                 "file": access.path().map(|p| p.display().to_string()),
-                "fromControlPlane": access.from_control_plane(),
+                "fromControlPlane": access.grants_from_control_plane(),
                 "stale": access.stale().or_else(|| access.objects_problem()),
                 "grantsNobody": p.is_empty(),
                 "grants": grants,
@@ -409,7 +394,7 @@ async fn overview(admin: &Admin) -> serde_json::Value {
         .into_iter()
         .filter_map(|(r, rate)| {
             let hub = r.hub.as_deref().map(str::to_string);
-            let status: crate::ClusterStatus = serde_json::from_value(r.value()).ok()?;
+            let status: crate::cluster::ClusterStatus = serde_json::from_value(r.value()).ok()?;
             Some(fleet::ClusterRow::of(&status, rate, hub))
         })
         .collect();
@@ -417,7 +402,7 @@ async fn overview(admin: &Admin) -> serde_json::Value {
     let subscriptions_omitted = fleet::bounded(&mut subs, fleet::OVERVIEW_CLUSTERS, |s| s.lag_records > 0);
     let mut runtimes = ctx.runtimes.read().map(|v| v.clone()).unwrap_or_default();
     let runtimes_omitted = fleet::bounded(&mut runtimes.items, fleet::OVERVIEW_RUNTIMES, |r| !r.healthy());
-    let ready = checks(ctx).iter().all(|c| c.state.is_ok());
+    let ready = ctx.checks().iter().all(|c| c.state.is_ok());
     let mut watch_configs = watch_verdicts(ctx).await;
     let watch_configs_total = watch_configs.len();
     let watch_configs_refused = watch_configs.iter().filter(|v| !v.accepted).count();

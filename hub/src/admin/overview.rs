@@ -13,10 +13,10 @@ use axum::response::{IntoResponse, Response};
 use fleetwatch_protocol::message::WatchPhase;
 use tokio_util::sync::CancellationToken;
 
-use crate::Context;
 use crate::admin::list::{BadRequest, ListQuery, PhaseFilter};
 use crate::admin::stream::{ClusterState, Counts, Delta, Follower, Tracker};
 use crate::admin::{Admin, MAX_STREAMS, OVERVIEW_INTERVAL, cluster_rows};
+use crate::context::Context;
 use crate::fleet::rows::Row;
 
 /// The broadcast of deltas the followers read, and the states the next delta is computed
@@ -175,7 +175,7 @@ async fn measure(ctx: &Context) -> (HashMap<String, ClusterState>, Counts, u64) 
     events_total += ctx.fleet.others_events();
     counts.clusters = list.len();
     counts.disconnected = counts.clusters - counts.connected;
-    counts.ready = crate::admin::checks(ctx).iter().all(|c| c.state.is_ok());
+    counts.ready = ctx.checks().iter().all(|c| c.state.is_ok());
     if let Ok(view) = ctx.runtimes.read() {
         counts.runtimes = view.items.len();
         counts.runtimes_not_ready = view.items.iter().filter(|r| r.state.as_deref() != Some("Ready")).count();
@@ -293,7 +293,7 @@ mod tests {
     use fleetwatch_protocol::message::{ModuleInventory, WatchState};
 
     use super::*;
-    use crate::registry::ClusterStatus;
+    use crate::cluster::ClusterStatus;
 
     fn row(phases: &[WatchPhase], modules_ready: &[bool], connected: bool) -> Row {
         let watch = |p: &WatchPhase| WatchState { name: "w".into(), phase: *p, message: String::new(), objects: 0 };

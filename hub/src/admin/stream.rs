@@ -20,31 +20,31 @@ use serde::Serialize;
 use tokio::time::Instant;
 
 /// Bytes per second one follower is sent at most (and its burst).
-pub const FOLLOWER_BYTES_PER_SEC: usize = 64 << 10;
+pub(crate) const FOLLOWER_BYTES_PER_SEC: usize = 64 << 10;
 /// Most clusters with a change waiting for one follower; past it, a resnapshot.
-pub const MAX_PENDING: usize = 500;
+pub(crate) const MAX_PENDING: usize = 500;
 /// Deltas the broadcast keeps for slow followers (past it they resnapshot).
-pub const BROADCAST_DEPTH: usize = 32;
+pub(crate) const BROADCAST_DEPTH: usize = 32;
 
 /// A cluster's state as the stream follows it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct ClusterState {
+pub(crate) struct ClusterState {
     /// Whether its agent is connected.
-    pub connected: bool,
+    pub(crate) connected: bool,
     /// Watches failing.
-    pub watches_failed: usize,
+    pub(crate) watches_failed: usize,
     /// Modules not ready (the agent's inventory, or its Runtime's modules).
-    pub modules_not_ready: usize,
+    pub(crate) modules_not_ready: usize,
     /// The replica it is connected to (shared bus).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub hub: Option<String>,
+    pub(crate) hub: Option<String>,
 }
 
 impl ClusterState {
     /// 0 disconnected, 1 failing watches, 2 modules not ready, 3 fine: the order of
     /// `order=problems`.
-    pub fn rank(&self) -> u8 {
+    pub(crate) fn rank(&self) -> u8 {
         if !self.connected {
             0
         } else if self.watches_failed > 0 {
@@ -60,63 +60,63 @@ impl ClusterState {
 /// The overview's counts.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct Counts {
+pub(crate) struct Counts {
     /// Whether the hub answers ready.
-    pub ready: bool,
+    pub(crate) ready: bool,
     /// Clusters known.
-    pub clusters: usize,
+    pub(crate) clusters: usize,
     /// Of which connected.
-    pub connected: usize,
+    pub(crate) connected: usize,
     /// Of which not connected.
-    pub disconnected: usize,
+    pub(crate) disconnected: usize,
     /// Connected clusters with failing watches.
-    pub watches_failing: usize,
+    pub(crate) watches_failing: usize,
     /// Connected clusters with modules not ready.
-    pub modules_not_ready: usize,
+    pub(crate) modules_not_ready: usize,
     /// Events per second accepted by the hub(s) over the last interval.
-    pub events_per_sec: f64,
+    pub(crate) events_per_sec: f64,
     /// Runtimes the hub reads.
-    pub runtimes: usize,
+    pub(crate) runtimes: usize,
     /// Runtimes not `Ready`.
-    pub runtimes_not_ready: usize,
+    pub(crate) runtimes_not_ready: usize,
     /// Changes of the Runtimes view seen (a follower reads its Runtimes page again).
-    pub runtimes_version: u64,
+    pub(crate) runtimes_version: u64,
     /// Subscriptions known.
-    pub subscriptions: usize,
+    pub(crate) subscriptions: usize,
     /// Subscriptions with records not acked.
-    pub subscriptions_lagging: usize,
+    pub(crate) subscriptions_lagging: usize,
     /// WatchConfigs refused.
-    pub watch_configs_refused: usize,
+    pub(crate) watch_configs_refused: usize,
 }
 
 /// One change of a cluster: its new state, or `removed`.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct Change {
+pub(crate) struct Change {
     /// The cluster id.
-    pub cluster: String,
+    pub(crate) cluster: String,
     /// Its new state.
     #[serde(flatten)]
-    pub state: Option<ClusterState>,
+    pub(crate) state: Option<ClusterState>,
     /// The hub no longer lists it.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
-    pub removed: bool,
+    pub(crate) removed: bool,
 }
 
 /// What changed between two rounds.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Delta {
+pub(crate) struct Delta {
     /// Round number (increases by one per delta).
-    pub seq: u64,
+    pub(crate) seq: u64,
     /// The counts now.
-    pub counts: Counts,
+    pub(crate) counts: Counts,
     /// Clusters whose state changed, by id.
-    pub changes: Vec<Change>,
+    pub(crate) changes: Vec<Change>,
 }
 
 /// The state of every cluster last round, to compute the next delta.
 #[derive(Debug, Default)]
-pub struct Tracker {
+pub(crate) struct Tracker {
     last: HashMap<String, ClusterState>,
     counts: Option<Counts>,
     seq: u64,
@@ -126,7 +126,7 @@ impl Tracker {
     /// The delta from the last round to `now` (`None`: nothing changed). The first round
     /// only learns the states (its delta has the counts alone): a follower read the lists
     /// after its snapshot, so resending every cluster would say nothing new.
-    pub fn update(&mut self, now: HashMap<String, ClusterState>, counts: Counts) -> Option<Delta> {
+    pub(crate) fn update(&mut self, now: HashMap<String, ClusterState>, counts: Counts) -> Option<Delta> {
         if self.counts.is_none() {
             self.last = now;
             self.counts = Some(counts.clone());
@@ -154,27 +154,27 @@ impl Tracker {
     }
 
     /// Whether no round was made yet (the next one only learns the states).
-    pub fn is_fresh(&self) -> bool {
+    pub(crate) fn is_fresh(&self) -> bool {
         self.counts.is_none()
     }
 
     /// The events per second of the last counts sent.
-    pub fn events_per_sec(&self) -> f64 {
+    pub(crate) fn events_per_sec(&self) -> f64 {
         self.counts.as_ref().map_or(0.0, |c| c.events_per_sec)
     }
 }
 
 /// One event for a follower: its SSE name and JSON data.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Out {
+pub(crate) struct Out {
     /// `snapshot` or `delta`.
-    pub event: &'static str,
+    pub(crate) event: &'static str,
     /// The JSON document.
-    pub data: String,
+    pub(crate) data: String,
 }
 
 /// A snapshot event: the counts, and whether it replaces changes that were dropped.
-pub fn snapshot(counts: &Counts, seq: u64, resnapshot: bool) -> Out {
+pub(crate) fn snapshot(counts: &Counts, seq: u64, resnapshot: bool) -> Out {
     let data = serde_json::json!({ "seq": seq, "counts": counts, "resnapshot": resnapshot }).to_string();
     Out { event: "snapshot", data }
 }
@@ -182,7 +182,7 @@ pub fn snapshot(counts: &Counts, seq: u64, resnapshot: bool) -> Out {
 /// What one follower has not been sent yet: the newest counts and the newest state of each
 /// changed cluster, at most [`MAX_PENDING`] of them.
 #[derive(Debug, Default)]
-pub struct Pending {
+pub(crate) struct Pending {
     counts: Option<Counts>,
     changes: BTreeMap<String, Change>,
     seq: u64,
@@ -191,7 +191,7 @@ pub struct Pending {
 
 impl Pending {
     /// Takes in a broadcast delta.
-    pub fn add(&mut self, d: &Delta) {
+    pub(crate) fn add(&mut self, d: &Delta) {
         self.counts = Some(d.counts.clone());
         self.seq = d.seq;
         if self.overflow {
@@ -206,19 +206,19 @@ impl Pending {
     }
 
     /// The follower missed deltas (or has too many waiting): its next event is a resnapshot.
-    pub fn overflowed(&mut self) {
+    pub(crate) fn overflowed(&mut self) {
         self.overflow = true;
         self.changes.clear();
     }
 
     /// Whether something waits.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.counts.is_none() && !self.overflow
     }
 
     /// The next event, if something waits: a delta, or a resnapshot when changes were
     /// dropped or the delta would be larger than `max_bytes`. Nothing is taken out.
-    pub fn render(&self, max_bytes: usize) -> Option<Out> {
+    pub(crate) fn render(&self, max_bytes: usize) -> Option<Out> {
         let counts = self.counts.as_ref()?;
         if !self.overflow {
             let changes: Vec<&Change> = self.changes.values().collect();
@@ -231,7 +231,7 @@ impl Pending {
     }
 
     /// [`Self::render`], and nothing waits any more.
-    pub fn take(&mut self, max_bytes: usize) -> Option<Out> {
+    pub(crate) fn take(&mut self, max_bytes: usize) -> Option<Out> {
         let out = self.render(max_bytes)?;
         *self = Pending { seq: self.seq, ..Default::default() };
         Some(out)
@@ -240,7 +240,7 @@ impl Pending {
 
 /// A token bucket of bytes.
 #[derive(Debug)]
-pub struct Bucket {
+pub(crate) struct Bucket {
     rate: f64,
     burst: f64,
     tokens: f64,
@@ -249,12 +249,12 @@ pub struct Bucket {
 
 impl Bucket {
     /// Full, refilling at `per_sec` bytes a second up to `per_sec`.
-    pub fn new(per_sec: usize, now: Instant) -> Self {
+    pub(crate) fn new(per_sec: usize, now: Instant) -> Self {
         Self { rate: per_sec as f64, burst: per_sec as f64, tokens: per_sec as f64, at: now }
     }
 
     /// The most bytes one event may have (the burst).
-    pub fn burst(&self) -> usize {
+    pub(crate) fn burst(&self) -> usize {
         self.burst as usize
     }
 
@@ -265,20 +265,20 @@ impl Bucket {
     }
 
     /// How long until `bytes` may be sent (zero: now).
-    pub fn wait(&mut self, bytes: usize, now: Instant) -> Duration {
+    pub(crate) fn wait(&mut self, bytes: usize, now: Instant) -> Duration {
         self.refill(now);
         let missing = bytes as f64 - self.tokens;
         if missing <= 0.0 { Duration::ZERO } else { Duration::from_secs_f64(missing / self.rate) }
     }
 
     /// Spends `bytes` (after [`Self::wait`] said zero).
-    pub fn spend(&mut self, bytes: usize) {
+    pub(crate) fn spend(&mut self, bytes: usize) {
         self.tokens -= bytes as f64;
     }
 }
 
 /// One follower: the broadcast it reads, what it has not been sent, its byte budget.
-pub struct Follower {
+pub(crate) struct Follower {
     rx: tokio::sync::broadcast::Receiver<std::sync::Arc<Delta>>,
     pending: Pending,
     bucket: Bucket,
@@ -287,7 +287,7 @@ pub struct Follower {
 
 impl Follower {
     /// A follower whose first event is `first` (a snapshot).
-    pub fn new(rx: tokio::sync::broadcast::Receiver<std::sync::Arc<Delta>>, first: Out) -> Self {
+    pub(crate) fn new(rx: tokio::sync::broadcast::Receiver<std::sync::Arc<Delta>>, first: Out) -> Self {
         Self {
             rx,
             pending: Pending::default(),
@@ -297,7 +297,7 @@ impl Follower {
     }
 
     /// The next event to send, within the byte budget (`None`: the hub is stopping).
-    pub async fn next(&mut self) -> Option<Out> {
+    pub(crate) async fn next(&mut self) -> Option<Out> {
         use tokio::sync::broadcast::error::RecvError;
         if let Some(first) = self.first.take() {
             self.bucket.spend(first.data.len());

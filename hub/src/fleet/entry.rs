@@ -11,10 +11,10 @@
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
-use crate::registry::ClusterStatus;
+use crate::cluster::ClusterStatus;
 
 /// The format of [`FleetEntry`] (`entryFormat`).
-pub const ENTRY_FORMAT: u32 = 1;
+pub(crate) const ENTRY_FORMAT: u32 = 1;
 
 /// Longest text kept in one field of an entry that had to be trimmed.
 const TRIMMED_FIELD_BYTES: usize = 256;
@@ -44,7 +44,7 @@ impl FleetEntry {
     }
 
     /// Reads an entry (`None`: not one, e.g. empty after a delete).
-    pub fn decode(bytes: &[u8]) -> Option<Self> {
+    pub(crate) fn decode(bytes: &[u8]) -> Option<Self> {
         serde_json::from_slice(bytes).ok()
     }
 }
@@ -113,7 +113,7 @@ fn cut(s: &mut String, max: usize) {
 /// A digest of what an entry shows that is worth a write: everything but the counters
 /// that move with every event (events, acked seq) and the last-seen time. An entry is
 /// written again when its digest changes (and refreshed daily), not per event.
-pub fn digest(status: &ClusterStatus) -> u64 {
+pub(crate) fn digest(status: &ClusterStatus) -> u64 {
     let quiet = ClusterStatus { last_seen: None, acked_seq: 0, events_received: 0, ..status.clone() };
     let bytes = serde_json::to_vec(&quiet).unwrap_or_default();
     bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3))
@@ -122,20 +122,20 @@ pub fn digest(status: &ClusterStatus) -> u64 {
 /// A replica's heartbeat in the replicas' bucket.
 #[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
-pub struct Heartbeat {
+pub(crate) struct Heartbeat {
     /// The replica.
-    pub replica: String,
+    pub(crate) replica: String,
     /// Events it accepted since it started (the fleet's event rate adds them up).
     #[serde(default)]
-    pub events_total: u64,
+    pub(crate) events_total: u64,
     /// Agents connected to it.
     #[serde(default)]
-    pub connected: u64,
+    pub(crate) connected: u64,
 }
 
 /// What a replica found in the replicas' bucket under another replica's name.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Beat {
+pub(crate) enum Beat {
     /// A heartbeat of this release's layout.
     Alive(Heartbeat),
     /// A release before the per-cluster entries: its whole cluster list (JSON array), shown
@@ -147,7 +147,7 @@ pub enum Beat {
 
 impl Beat {
     /// Reads a value of the replicas' bucket.
-    pub fn decode(bytes: &[u8]) -> Self {
+    pub(crate) fn decode(bytes: &[u8]) -> Self {
         match serde_json::from_slice::<serde_json::Value>(bytes) {
             Ok(serde_json::Value::Array(list)) => Beat::Legacy(list),
             Ok(v) => serde_json::from_value(v).map_or(Beat::Other, Beat::Alive),

@@ -18,18 +18,18 @@ use fleetwatch_api::summary::RuntimeSummary;
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
-use crate::registry::ClusterStatus;
+use crate::cluster::ClusterStatus;
 use fleetwatch_protocol::message::WatchPhase;
 
 /// Most Runtimes kept (the list stops there and says so).
-pub const MAX_RUNTIMES: usize = 20_000;
+pub(crate) const MAX_RUNTIMES: usize = 20_000;
 /// Most modules kept per Runtime.
-pub const MAX_MODULES: usize = 64;
+pub(crate) const MAX_MODULES: usize = 64;
 /// Most clusters in one overview document (those not connected first); the rest are
 /// counted in `clustersOmitted`.
-pub const OVERVIEW_CLUSTERS: usize = 2_000;
+pub(crate) const OVERVIEW_CLUSTERS: usize = 2_000;
 /// Most Runtimes in one overview document (unhealthy ones first).
-pub const OVERVIEW_RUNTIMES: usize = 2_000;
+pub(crate) const OVERVIEW_RUNTIMES: usize = 2_000;
 
 /// What the hub knows of the Runtimes in the control plane.
 #[derive(Debug, Clone, Default, Serialize, serde::Deserialize)]
@@ -56,7 +56,7 @@ pub struct RuntimesView {
 
 impl RuntimesView {
     /// The labels of the Runtime of `cluster`, if the hub has read one.
-    pub fn labels(&self, cluster: &str) -> Option<&BTreeMap<String, String>> {
+    pub(crate) fn labels(&self, cluster: &str) -> Option<&BTreeMap<String, String>> {
         self.labels_by_cluster.get(cluster)
     }
 }
@@ -71,27 +71,16 @@ fn labels_by_cluster(items: &[RuntimeSummary]) -> HashMap<String, BTreeMap<Strin
 }
 
 /// Shared view of the Runtimes.
-pub type SharedRuntimes = Arc<RwLock<RuntimesView>>;
+pub(crate) type SharedRuntimes = Arc<RwLock<RuntimesView>>;
 
 /// Most changes of the Runtimes view published per second: a watch event updates the table
 /// at once, the shared copy (cloned for every reader) at most this often.
-pub const RUNTIME_PUBLISH: Duration = Duration::from_millis(200);
+pub(crate) const RUNTIME_PUBLISH: Duration = Duration::from_millis(200);
 
 /// The Runtimes of the control plane as the watch reports them, bounded by
 /// [`MAX_RUNTIMES`]: the pure core of [`follow_runtimes`].
-///
-/// ```
-/// use fleetwatch_hub::fleet::RuntimeTable;
-/// let mut table = RuntimeTable::default();
-/// table.restart();
-/// table.apply_initial("kcp/rt-1", None);
-/// table.initial_done();
-/// assert_eq!(table.skipped(), 1, "an undecodable Runtime is counted, not shown");
-/// table.delete("kcp/rt-1");
-/// assert_eq!(table.skipped(), 0);
-/// ```
 #[derive(Debug, Default)]
-pub struct RuntimeTable {
+pub(crate) struct RuntimeTable {
     shown: std::collections::BTreeMap<String, RuntimeSummary>,
     /// Runtimes not shown: undecodable, or beyond [`MAX_RUNTIMES`] (names only, bounded by
     /// [`MAX_SKIPPED_NAMES`]; past that they are counted in `lost_count`).
@@ -102,31 +91,31 @@ pub struct RuntimeTable {
 }
 
 /// Most names of Runtimes not shown that are remembered (so a deletion uncounts them).
-pub const MAX_SKIPPED_NAMES: usize = 100_000;
+pub(crate) const MAX_SKIPPED_NAMES: usize = 100_000;
 
 impl RuntimeTable {
     /// The watch (re)starts its list: what follows until [`Self::initial_done`] replaces
     /// the table.
-    pub fn restart(&mut self) {
+    pub(crate) fn restart(&mut self) {
         self.building = Some(Box::default());
     }
 
     /// One Runtime of the initial list (`None`: it could not be decoded).
-    pub fn apply_initial(&mut self, key: &str, summary: Option<RuntimeSummary>) {
+    pub(crate) fn apply_initial(&mut self, key: &str, summary: Option<RuntimeSummary>) {
         if let Some(b) = self.building.as_mut() {
             b.apply(key, summary);
         }
     }
 
     /// The initial list is complete.
-    pub fn initial_done(&mut self) {
+    pub(crate) fn initial_done(&mut self) {
         if let Some(b) = self.building.take() {
             *self = *b;
         }
     }
 
     /// A Runtime added or changed (`None`: it could not be decoded).
-    pub fn apply(&mut self, key: &str, summary: Option<RuntimeSummary>) {
+    pub(crate) fn apply(&mut self, key: &str, summary: Option<RuntimeSummary>) {
         match summary {
             Some(s) if self.shown.contains_key(key) || self.shown.len() < MAX_RUNTIMES => {
                 self.skipped.remove(key);
@@ -144,19 +133,19 @@ impl RuntimeTable {
     }
 
     /// A Runtime deleted.
-    pub fn delete(&mut self, key: &str) {
+    pub(crate) fn delete(&mut self, key: &str) {
         if self.shown.remove(key).is_none() && !self.skipped.remove(key) {
             self.lost_count = self.lost_count.saturating_sub(1);
         }
     }
 
     /// Runtimes not shown (undecodable or beyond the bound).
-    pub fn skipped(&self) -> usize {
+    pub(crate) fn skipped(&self) -> usize {
         self.skipped.len() + self.lost_count
     }
 
     /// The Runtimes shown, by `namespace/name`.
-    pub fn items(&self) -> Vec<RuntimeSummary> {
+    pub(crate) fn items(&self) -> Vec<RuntimeSummary> {
         self.shown.values().cloned().collect()
     }
 }
@@ -165,7 +154,7 @@ impl RuntimeTable {
 /// changed Runtime is in the view (and the web view's live table) within a fraction of a
 /// second, with no periodic list of the whole fleet. `changed` is bumped on each update of
 /// the view, so the live overview is rebuilt at once.
-pub async fn follow_runtimes(
+pub(crate) async fn follow_runtimes(
     kubeconfig: Option<PathBuf>,
     view: SharedRuntimes,
     changed: tokio::sync::watch::Sender<u64>,
@@ -268,44 +257,44 @@ fn summarise(obj: &kube::api::DynamicObject) -> (String, Option<RuntimeSummary>)
 /// One cluster in the overview.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 #[serde(rename_all = "camelCase")]
-pub struct ClusterRow {
+pub(crate) struct ClusterRow {
     /// Cluster id.
-    pub cluster: String,
+    pub(crate) cluster: String,
     /// Whether its agent is connected.
-    pub connected: bool,
+    pub(crate) connected: bool,
     /// When the hub last heard from it.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub last_seen: Option<jiff::Timestamp>,
+    pub(crate) last_seen: Option<jiff::Timestamp>,
     /// Events accepted since the hub started.
-    pub events_received: u64,
+    pub(crate) events_received: u64,
     /// Events per second over the last interval.
-    pub events_per_sec: f64,
+    pub(crate) events_per_sec: f64,
     /// Watches running.
-    pub watches_running: usize,
+    pub(crate) watches_running: usize,
     /// Watches failing (any phase but running, starting and `waiting-for-kind`).
-    pub watches_failed: usize,
+    pub(crate) watches_failed: usize,
     /// Watches waiting for a kind that nothing installed yet (healthy, not failing).
-    pub watches_waiting: usize,
+    pub(crate) watches_waiting: usize,
     /// The agent's version.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub agent_version: Option<String>,
+    pub(crate) agent_version: Option<String>,
     /// The protocol version the agent's session speaks.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub protocol: Option<u32>,
+    pub(crate) protocol: Option<u32>,
     /// The hub replica it is connected to (shared bus).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub hub: Option<String>,
+    pub(crate) hub: Option<String>,
 }
 
 /// Watches (running, failed, waiting for their kind) of a cluster's report.
-pub fn watch_counts(c: &ClusterStatus) -> (usize, usize, usize) {
+pub(crate) fn watch_counts(c: &ClusterStatus) -> (usize, usize, usize) {
     let count = |f: &dyn Fn(WatchPhase) -> bool| c.watches.iter().filter(|w| f(w.phase)).count();
     (count(&|p| p == WatchPhase::Running), count(&|p| p.is_failing()), count(&|p| p == WatchPhase::WaitingForKind))
 }
 
 /// Turns cluster totals into rates between two overviews.
 #[derive(Default)]
-pub struct Rates {
+pub(crate) struct Rates {
     last: HashMap<String, u64>,
     last_total: u64,
     at: Option<Instant>,
@@ -314,7 +303,7 @@ pub struct Rates {
 impl Rates {
     /// Each cluster's events per second (in the order given) and the whole fleet's, from
     /// their event totals since the last call. Rounded to a tenth; 0 on the first call.
-    pub fn rates<'a>(
+    pub(crate) fn rates<'a>(
         &mut self,
         clusters: impl ExactSizeIterator<Item = (&'a str, u64)>,
         total: u64,
@@ -343,7 +332,7 @@ impl Rates {
 
 impl ClusterRow {
     /// The row of a cluster's status, with its rate and replica.
-    pub fn of(c: &ClusterStatus, events_per_sec: f64, hub: Option<String>) -> Self {
+    pub(crate) fn of(c: &ClusterStatus, events_per_sec: f64, hub: Option<String>) -> Self {
         let (running, failed, waiting) = watch_counts(c);
         ClusterRow {
             cluster: c.cluster.clone(),
@@ -363,7 +352,7 @@ impl ClusterRow {
 
 /// Keeps at most `max` rows, those for which `first` is true ahead of the others (order
 /// kept otherwise); returns how many were left out.
-pub fn bounded<T>(rows: &mut Vec<T>, max: usize, first: impl Fn(&T) -> bool) -> usize {
+pub(crate) fn bounded<T>(rows: &mut Vec<T>, max: usize, first: impl Fn(&T) -> bool) -> usize {
     if rows.len() <= max {
         return 0;
     }
@@ -376,6 +365,17 @@ pub fn bounded<T>(rows: &mut Vec<T>, max: usize, first: impl Fn(&T) -> bool) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_undecodable_runtime_is_counted_not_shown() {
+        let mut table = RuntimeTable::default();
+        table.restart();
+        table.apply_initial("kcp/rt-1", None);
+        table.initial_done();
+        assert_eq!(table.skipped(), 1, "an undecodable Runtime is counted, not shown");
+        table.delete("kcp/rt-1");
+        assert_eq!(table.skipped(), 0);
+    }
 
     #[test]
     fn rates_follow_the_totals() {

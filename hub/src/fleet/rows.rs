@@ -8,18 +8,18 @@ use fleetwatch_protocol::message::WatchPhase;
 use serde::Deserialize;
 use serde_json::Value;
 
+use crate::cluster::ClusterStatus;
 use crate::fleet::state::Cached;
-use crate::registry::ClusterStatus;
 
 /// What the lists need of a cluster's watches and modules.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct Health {
     /// Watches in a failing phase.
-    pub watches_failing: u32,
+    pub(crate) watches_failing: u32,
     /// The phases its watches are in, a bit per [`WatchPhase`] ([`phase_bit`]).
-    pub phases: u8,
+    pub(crate) phases: u8,
     /// Modules of the agent's inventory not ready.
-    pub modules_not_ready: u32,
+    pub(crate) modules_not_ready: u32,
 }
 
 /// The bit of a phase in [`Health::phases`].
@@ -97,15 +97,15 @@ enum Source {
 #[derive(Debug, Clone)]
 pub(crate) struct Row {
     /// The cluster id.
-    pub cluster: String,
+    pub(crate) cluster: String,
     /// Whether it is shown connected.
-    pub connected: bool,
+    pub(crate) connected: bool,
     /// The replica its entry is from (`None`: a hub of its own bus).
-    pub hub: Option<std::sync::Arc<str>>,
+    pub(crate) hub: Option<std::sync::Arc<str>>,
     /// Its watches and modules.
-    pub health: Health,
+    pub(crate) health: Health,
     /// Events this replica accepted for it (other replicas' count through their heartbeats).
-    pub own_events: u64,
+    pub(crate) own_events: u64,
     source: Source,
 }
 

@@ -35,12 +35,12 @@ use std::sync::{Mutex, RwLock};
 use fleetwatch_bus::ReplicaShare;
 use serde_json::Value;
 
+use crate::cluster::ClusterStatus;
 use crate::fleet::entry::{Beat, FleetEntry, Heartbeat};
 use crate::fleet::rows::{Health, Row};
-use crate::registry::ClusterStatus;
 
 /// Most clusters waiting to be written; past it the set is dropped for one full pass.
-pub const MAX_PENDING: usize = 65_536;
+pub(crate) const MAX_PENDING: usize = 65_536;
 
 /// Clusters whose entry may need a write, each once (see the module docs).
 #[derive(Default)]
@@ -115,19 +115,19 @@ impl Changes {
 #[derive(Debug, Clone)]
 pub(crate) struct Cached {
     /// The entry's JSON (a [`FleetEntry`]), decoded when listed.
-    pub raw: bytes::Bytes,
+    pub(crate) raw: bytes::Bytes,
     /// The replica that wrote it (shared by the rows listing it).
-    pub hub: std::sync::Arc<str>,
+    pub(crate) hub: std::sync::Arc<str>,
     /// Whether that replica said the agent is connected.
-    pub connected: bool,
+    pub(crate) connected: bool,
     /// Its watches and modules, as the lists count them.
-    pub health: Health,
+    pub(crate) health: Health,
     /// Its watches' names (the WatchConfigs its agent runs).
-    pub watches: crate::fleet::rows::WatchNames,
+    pub(crate) watches: crate::fleet::rows::WatchNames,
     /// Its revision (for compare-and-set).
-    pub revision: u64,
+    pub(crate) revision: u64,
     /// When it was written (Unix ms, the bus's clock), when known.
-    pub written_ms: Option<u64>,
+    pub(crate) written_ms: Option<u64>,
 }
 
 /// The replicas with a live heartbeat, as last read.

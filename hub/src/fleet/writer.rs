@@ -13,20 +13,20 @@ use futures_util::StreamExt;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::Context;
+use crate::cluster::ClusterStatus;
+use crate::context::Context;
 use crate::fleet::entry::{self, FleetEntry};
 use crate::fleet::state::{Cached, FleetState, cached_of, heartbeat};
-use crate::registry::ClusterStatus;
 
 /// How often the heartbeat is written and the live replicas read (well within the
 /// bus's expiry of heartbeats, 15 s on NATS).
-pub const HEARTBEAT_EVERY: Duration = Duration::from_secs(3);
+pub(crate) const HEARTBEAT_EVERY: Duration = Duration::from_secs(3);
 /// The least time between two writes of one cluster's entry: changes in between are
 /// coalesced into the next write.
-pub const COALESCE: Duration = Duration::from_secs(1);
+pub(crate) const COALESCE: Duration = Duration::from_secs(1);
 /// An entry of a connected cluster is rewritten this long after its last write at the
 /// latest (between half of it and all of it, spread by cluster), so it does not expire.
-pub const REFRESH: Duration = Duration::from_secs(24 * 3600);
+pub(crate) const REFRESH: Duration = Duration::from_secs(24 * 3600);
 /// Writes in flight at once.
 const WRITES_IN_FLIGHT: usize = 64;
 /// Most clusters written in one round (the rest wait for the next).
@@ -35,7 +35,7 @@ const MAX_ROUND: usize = 4096;
 const FAILURE_LOG_EVERY: Duration = Duration::from_secs(60);
 /// The longest wait before failed writes are tried again (the wait doubles from
 /// [`COALESCE`] with each round in which every write failed: NATS down, the bucket full).
-pub const MAX_BACKOFF: Duration = Duration::from_secs(30);
+pub(crate) const MAX_BACKOFF: Duration = Duration::from_secs(30);
 
 /// Runs the fleet state's tasks until `shutdown`, on a shared bus; returns at once on a bus
 /// of one hub.
@@ -178,24 +178,24 @@ fn needs_look(cluster: &str, c: &Cached, ctx: &Context) -> bool {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Owned {
     /// The revision it was stored at.
-    pub revision: u64,
+    pub(crate) revision: u64,
     /// [`entry::digest`] of what was written.
-    pub digest: u64,
+    pub(crate) digest: u64,
     /// When to rewrite it (a connected cluster) so it does not expire.
-    pub refresh_at: Instant,
+    pub(crate) refresh_at: Instant,
 }
 
 /// One write to make.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Job {
     /// The cluster.
-    pub cluster: String,
+    pub(crate) cluster: String,
     /// The entry's bytes.
-    pub value: Bytes,
+    pub(crate) value: Bytes,
     /// When it may be written.
-    pub expect: Expect,
+    pub(crate) expect: Expect,
     /// Its digest.
-    pub digest: u64,
+    pub(crate) digest: u64,
 }
 
 /// Decides whether and how this replica (`me`) writes `cluster`'s entry: `status` from its
@@ -266,15 +266,15 @@ pub(crate) fn refresh_at(cluster: &str, now: Instant) -> Instant {
 /// map's order is random per process).
 #[derive(Default)]
 pub(crate) struct Writer {
-    pub owned: BTreeMap<String, Owned>,
+    pub(crate) owned: BTreeMap<String, Owned>,
     /// Clusters to look at once their [`COALESCE`] is over.
-    pub waiting: BTreeSet<String>,
+    pub(crate) waiting: BTreeSet<String>,
     /// When each cluster was last written or tried (within [`COALESCE`]).
-    pub tried: HashMap<String, Instant>,
+    pub(crate) tried: HashMap<String, Instant>,
     failures: u64,
     failure_logged: Option<Instant>,
     /// How much longer than [`COALESCE`] failed clusters wait now.
-    pub backoff: Duration,
+    pub(crate) backoff: Duration,
 }
 
 impl Writer {

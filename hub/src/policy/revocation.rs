@@ -15,11 +15,13 @@
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
+
+use fleetwatch_certs::{Compare, Contents, Reload as FileReload, ReloadingFile};
 
 /// Parsed deny list.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct DenyList {
+pub(crate) struct DenyList {
     serials: HashSet<String>,
     identities: HashSet<String>,
 }
@@ -49,7 +51,7 @@ pub enum DenyListError {
 
 impl DenyList {
     /// Parses the text of a deny-list file (`path` for messages).
-    pub fn parse(text: &str, path: &Path) -> Result<Self, DenyListError> {
+    pub(crate) fn parse(text: &str, path: &Path) -> Result<Self, DenyListError> {
         let mut list = DenyList::default();
         for (i, raw) in text.lines().enumerate() {
             let entry = raw.split('#').next().unwrap_or_default().trim();
@@ -84,40 +86,30 @@ impl DenyList {
     }
 
     /// Whether a certificate with this identity and serial is denied.
-    pub fn denies(&self, identity: &str, serial: &str) -> bool {
+    pub(crate) fn denies(&self, identity: &str, serial: &str) -> bool {
         self.identities.contains(identity) || self.serials.contains(serial.to_lowercase().trim_start_matches('0'))
     }
 
     /// Entries in the list.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.serials.len() + self.identities.len()
     }
 
     /// Whether the list is empty.
-    pub fn is_empty(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
         self.len() == 0
     }
 }
 
-/// The deny list in force, following its file.
-pub struct Revocation {
-    path: Option<PathBuf>,
-    state: RwLock<State>,
-}
-
-#[derive(Default)]
-struct State {
-    /// The content of the file the list in force was read from.
-    content: Option<Vec<u8>>,
-    list: Arc<DenyList>,
-    /// The content (`None`: unreadable) and error of a file that could not be used:
-    /// reported once per change.
-    failed: Option<(Result<Vec<u8>, String>, String)>,
+/// The deny list in force, following its file by content (see [`ReloadingFile`]).
+pub(crate) struct Revocation {
+    list: ReloadingFile<DenyList>,
 }
 
 /// What a reload check found.
 #[derive(Debug)]
-pub enum Reload {
+pub(crate) enum Reload {
     /// Nothing changed (or it is still broken in the same way, already reported).
     Unchanged,
     /// A new list is in force.
@@ -130,63 +122,41 @@ impl Revocation {
     /// Loads the file (none: nothing is denied). A missing, unreadable or broken file is a
     /// start-up error: starting with an empty list would un-revoke everyone. An empty file
     /// is fine.
-    pub fn load(path: Option<PathBuf>) -> Result<Self, DenyListError> {
-        let state = match &path {
-            Some(p) => {
-                let content = read_bytes(p)?;
-                State { list: Arc::new(parse_bytes(&content, p)?), content: Some(content), failed: None }
-            }
-            None => State::default(),
+    pub(crate) fn load(path: Option<PathBuf>) -> Result<Self, DenyListError> {
+        let list = match path {
+            Some(p) => ReloadingFile::load(vec![p.clone()], Compare::Content, |c| read(c, &p))?,
+            None => ReloadingFile::fixed(DenyList::default()),
         };
-        Ok(Self { path, state: RwLock::new(state) })
+        Ok(Self { list })
     }
 
     /// The list in force.
-    pub fn current(&self) -> Arc<DenyList> {
-        self.state.read().map(|s| s.list.clone()).unwrap_or_else(|p| p.into_inner().list.clone())
+    pub(crate) fn current(&self) -> Arc<DenyList> {
+        self.list.current()
     }
 
     /// Why the list in force is stale (its file cannot be used), if it is.
-    pub fn stale(&self) -> Option<String> {
-        self.state.read().ok().and_then(|s| s.failed.as_ref().map(|(_, e)| e.clone()))
+    pub(crate) fn stale(&self) -> Option<String> {
+        self.list.failure()
     }
 
     /// Re-reads the file when it changed. On error the old list stays in force.
-    pub fn reload_if_changed(&self) -> Reload {
-        let Some(path) = &self.path else { return Reload::Unchanged };
-        let now = read_bytes(path);
-        let now_content = now.as_ref().ok();
-        // What the file is now: its content, or why it cannot be read.
-        let key = now.as_ref().map(|b| b.clone()).map_err(|e| e.to_string());
-        let Ok(state) = self.state.read() else { return Reload::Unchanged };
-        let seen = match &state.failed {
-            Some((failed, _)) => *failed == key,
-            // A missing file has no content: it must still be noticed as a change.
-            None => now_content.is_some() && state.content.as_ref() == now_content,
-        };
-        drop(state);
-        if seen {
-            return Reload::Unchanged;
-        }
-        let mut state = match self.state.write() {
-            Ok(s) => s,
-            Err(p) => p.into_inner(),
-        };
-        match now.and_then(|bytes| parse_bytes(&bytes, path).map(|list| (bytes, list))) {
-            Ok((bytes, list)) => {
-                *state = State { content: Some(bytes), list: Arc::new(list), failed: None };
-                Reload::Replaced
-            }
-            Err(e) => {
-                state.failed = Some((key, e.to_string()));
-                Reload::Failed(e)
-            }
+    pub(crate) fn reload_if_changed(&self) -> Reload {
+        let Some(path) = self.list.paths().first() else { return Reload::Unchanged };
+        match self.list.reload_if_changed(|c, _| read(c, path)) {
+            FileReload::Unchanged => Reload::Unchanged,
+            // The file is back as the list in force was read from: that list is in force
+            // again, no longer stale (as a fresh read of the same content would make it).
+            FileReload::Recovered | FileReload::Replaced => Reload::Replaced,
+            FileReload::Failed(e) => Reload::Failed(e),
         }
     }
 }
 
-fn read_bytes(path: &Path) -> Result<Vec<u8>, DenyListError> {
-    std::fs::read(path).map_err(|source| DenyListError::Read { path: path.display().to_string(), source })
+/// The list in the file as read.
+fn read(mut contents: Contents, path: &Path) -> Result<DenyList, DenyListError> {
+    let bytes = contents.take(0).map_err(|source| DenyListError::Read { path: path.display().to_string(), source })?;
+    parse_bytes(&bytes, path)
 }
 
 fn parse_bytes(bytes: &[u8], path: &Path) -> Result<DenyList, DenyListError> {
@@ -279,5 +249,22 @@ mod tests {
         assert!(r.stale().is_none());
         assert!(!r.current().denies("spiffe://td/cluster/bad", "1"));
         assert!(r.current().denies("spiffe://td/cluster/x", "ff"));
+    }
+
+    #[test]
+    fn a_file_put_back_as_it_was_ends_the_staleness() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("deny");
+        std::fs::write(&path, "aa\n").unwrap();
+        let r = Revocation::load(Some(path.clone())).unwrap();
+        std::fs::write(&path, "not hex!\n").unwrap();
+        assert!(matches!(r.reload_if_changed(), Reload::Failed(_)));
+        assert!(r.stale().is_some());
+        // Back as the list in force was read: in force again and no longer stale, told as
+        // a replacement so that the stale metric is cleared.
+        std::fs::write(&path, "aa\n").unwrap();
+        assert!(matches!(r.reload_if_changed(), Reload::Replaced));
+        assert!(r.stale().is_none() && r.current().denies("spiffe://td/cluster/x", "aa"));
+        assert!(matches!(r.reload_if_changed(), Reload::Unchanged));
     }
 }

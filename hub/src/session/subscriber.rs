@@ -18,10 +18,11 @@ use fleetwatch_protocol::message::{
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_util::sync::CancellationToken;
 
-use crate::access::{Decision, Grant};
-use crate::conn::{Conn, End};
 use crate::delivery::{self, Asked, Filter, Start, StoredCursor, Window};
-use crate::{Peer, Sessions};
+use crate::peer::Peer;
+use crate::policy::access::{Decision, Grant};
+use crate::session::Sessions;
+use crate::session::conn::{Conn, End};
 use fleetwatch_bus::{ALL_CLUSTERS, BusError, Lookup, Read, RecordBody};
 
 /// Most records read from the bus for one frame.
@@ -80,7 +81,7 @@ pub(crate) async fn run(mut conn: Conn, name: String, peer: Peer, ctx: Arc<Sessi
     };
     let end = session.serve(&mut conn, &sub, &shutdown).await;
     let end = match ctx.end_reason(&peer).filter(|_| shutdown.is_cancelled()) {
-        Some(why) if why.starts_with(crate::subscriber_slots::EVICTED) => {
+        Some(why) if why.starts_with(crate::session::slots::EVICTED) => {
             End::Fail(ErrorCode::LimitExceeded, why, CloseCode::Policy)
         }
         Some(why) => End::Fail(ErrorCode::Forbidden, why, CloseCode::Policy),

@@ -32,33 +32,35 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
 use fleetwatch_api::label_selector::LabelSelector;
+use fleetwatch_certs::{Compare, Contents, Reload as FileReload, ReloadingFile};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 /// What one subscriber identity may read.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct Grant {
+pub(crate) struct Grant {
     /// The subscriber name in its certificate (`spiffe://<td>/subscriber/<name>`).
-    pub name: String,
+    pub(crate) name: String,
     /// Cluster id globs. Required: an empty list grants no cluster.
-    pub clusters: Vec<String>,
+    pub(crate) clusters: Vec<String>,
     /// Runtime labels (a label selector): the clusters whose Runtime matches are granted
     /// too. Only when the hub reads a control plane.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cluster_selector: Option<String>,
+    pub(crate) cluster_selector: Option<String>,
     /// `cluster_selector`, parsed.
     #[serde(skip)]
     selector: Option<LabelSelector>,
     /// CloudEvents type globs; empty: every type.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub types: Vec<String>,
+    pub(crate) types: Vec<String>,
     /// JSON pointers removed from event data before delivery.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub redact: Vec<String>,
+    pub(crate) redact: Vec<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -90,14 +92,14 @@ pub enum AccessPolicyError {
 
 /// A parsed policy: grants by subscriber name.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct AccessPolicy {
+pub(crate) struct AccessPolicy {
     grants: BTreeMap<String, Arc<Grant>>,
 }
 
 impl AccessPolicy {
     /// Parses the YAML (or JSON) text of a policy file (`path` for messages);
     /// `runtime_labels`: whether the hub reads Runtimes, which `clusterSelector` needs.
-    pub fn parse(text: &str, path: &Path, runtime_labels: bool) -> Result<Self, AccessPolicyError> {
+    pub(crate) fn parse(text: &str, path: &Path, runtime_labels: bool) -> Result<Self, AccessPolicyError> {
         let invalid = |why: String| AccessPolicyError::Invalid { path: path.display().to_string(), why };
         let file: PolicyFile = serde_saphyr::from_str(text).map_err(|e| invalid(e.to_string()))?;
         let mut grants = BTreeMap::new();
@@ -151,22 +153,22 @@ impl AccessPolicy {
     }
 
     /// The grant of a subscriber, if the policy names it.
-    pub fn grant(&self, name: &str) -> Option<Arc<Grant>> {
+    pub(crate) fn grant(&self, name: &str) -> Option<Arc<Grant>> {
         self.grants.get(name).cloned()
     }
 
     /// Every grant, by name.
-    pub fn grants(&self) -> impl Iterator<Item = &Grant> {
+    pub(crate) fn grants(&self) -> impl Iterator<Item = &Grant> {
         self.grants.values().map(|g| g.as_ref())
     }
 
     /// How many subscribers it names.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.grants.len()
     }
 
     /// Whether it names none.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.grants.is_empty()
     }
 }
@@ -174,18 +176,18 @@ impl AccessPolicy {
 impl Grant {
     /// Whether the grant covers this cluster: a glob matches, or its Runtime's `labels`
     /// (`None`: no Runtime known for it) match the `clusterSelector`.
-    pub fn allows_cluster(&self, cluster: &str, labels: Option<&BTreeMap<String, String>>) -> bool {
+    pub(crate) fn allows_cluster(&self, cluster: &str, labels: Option<&BTreeMap<String, String>>) -> bool {
         self.clusters.iter().any(|g| glob(g, cluster))
             || self.selector.as_ref().zip(labels).is_some_and(|(s, l)| s.matches(l))
     }
 
     /// Whether the grant depends on Runtime labels (`clusterSelector`).
-    pub fn uses_runtime_labels(&self) -> bool {
+    pub(crate) fn uses_runtime_labels(&self) -> bool {
         self.selector.is_some()
     }
 
     /// The grant's clusters, for messages: its globs and selector.
-    pub fn describe_clusters(&self) -> String {
+    pub(crate) fn describe_clusters(&self) -> String {
         let mut parts: Vec<String> = self.clusters.clone();
         if let Some(s) = &self.cluster_selector {
             parts.push(format!("the clusters whose Runtime matches {s:?}"));
@@ -194,17 +196,17 @@ impl Grant {
     }
 
     /// Whether the grant covers this CloudEvents type.
-    pub fn allows_type(&self, kind: &str) -> bool {
+    pub(crate) fn allows_type(&self, kind: &str) -> bool {
         self.types.is_empty() || self.types.iter().any(|g| glob(g, kind))
     }
 
     /// Whether events must be looked into (type filter, redaction) before delivery.
-    pub fn inspects_events(&self) -> bool {
+    pub(crate) fn inspects_events(&self) -> bool {
         !self.types.is_empty() || !self.redact.is_empty()
     }
 
     /// Removes the redacted fields from an event's `data`; how many values were removed.
-    pub fn redact(&self, data: &mut Value) -> usize {
+    pub(crate) fn redact(&self, data: &mut Value) -> usize {
         let mut removed = 0;
         for p in &self.redact {
             removed += usize::from(remove_pointer(data, p));
@@ -250,7 +252,7 @@ fn remove_pointer(root: &mut Value, pointer: &str) -> bool {
 
 /// Glob match: `*` any run of characters (also none), `?` exactly one; nothing else is
 /// special.
-pub fn glob(pattern: &str, text: &str) -> bool {
+pub(crate) fn glob(pattern: &str, text: &str) -> bool {
     let (p, t): (Vec<char>, Vec<char>) = (pattern.chars().collect(), text.chars().collect());
     let (mut pi, mut ti) = (0, 0);
     let mut star: Option<(usize, usize)> = None;
@@ -274,7 +276,7 @@ pub fn glob(pattern: &str, text: &str) -> bool {
 
 /// What the policy in force says about one subscriber.
 #[derive(Debug, Clone)]
-pub enum Decision {
+pub(crate) enum Decision {
     /// No policy is configured: everything.
     Everything,
     /// The subscriber's grant.
@@ -284,13 +286,18 @@ pub enum Decision {
 }
 
 /// The access policy in force, following its file.
-pub struct AccessControl {
+pub(crate) struct AccessControl {
     path: Option<PathBuf>,
     /// Whether the hub reads Runtime labels (`clusterSelector` is allowed).
     runtime_labels: bool,
     /// Whether accepted SubscriberAccessPolicy objects of the control plane grant too.
     from_control_plane: bool,
-    state: RwLock<State>,
+    /// The file's policy, following the file by content (none configured: an empty
+    /// policy that never changes).
+    file: ReloadingFile<AccessPolicy>,
+    /// Bumped at every replacement of the policy in force (the file's or the objects'):
+    /// sessions re-check their grant when it moves.
+    generation: AtomicU64,
     objects: RwLock<Objects>,
     /// Bumped when the file's policy is replaced: the objects are judged again against it
     /// (a subscriber the file now grants makes an object naming it a duplicate).
@@ -309,17 +316,17 @@ struct Objects {
 }
 
 /// The kind name, for messages and grant sources.
-pub const KIND: &str = "SubscriberAccessPolicy";
+pub(crate) const KIND: &str = "SubscriberAccessPolicy";
 
 /// What the hub made of one SubscriberAccessPolicy (written into its status).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ObjectVerdict {
+pub(crate) struct ObjectVerdict {
     /// Whether its grants are in force.
-    pub accepted: bool,
+    pub(crate) accepted: bool,
     /// `Accepted`, `Invalid` or `DuplicateSubscriber`.
-    pub reason: String,
+    pub(crate) reason: String,
     /// What is wrong (or what is in force), for people.
-    pub message: String,
+    pub(crate) message: String,
 }
 
 /// Checks SubscriberAccessPolicy objects (name, spec) with the file's check, in name
@@ -328,7 +335,7 @@ pub struct ObjectVerdict {
 /// (`DuplicateSubscriber`, naming the other): grants are never merged, so the union of
 /// the sources is a union of whole grants and no object can widen another's grant.
 /// Returns the accepted grants by object name and a verdict per object.
-pub fn judge_objects(
+pub(crate) fn judge_objects(
     file: Option<&AccessPolicy>,
     file_name: &str,
     objects: &BTreeMap<String, fleetwatch_api::access_policy::SubscriberAccessPolicySpec>,
@@ -382,20 +389,9 @@ pub fn judge_objects(
     (accepted, verdicts)
 }
 
-#[derive(Default)]
-struct State {
-    /// The content of the file the policy in force was read from.
-    content: Option<Vec<u8>>,
-    policy: Arc<AccessPolicy>,
-    /// Bumped at every replacement: sessions re-check their grant when it moves.
-    generation: u64,
-    /// The content (None: unreadable) and error of a file that could not be used.
-    failed: Option<(Result<Vec<u8>, String>, String)>,
-}
-
 /// What a reload check found.
 #[derive(Debug)]
-pub enum Reload {
+pub(crate) enum Reload {
     /// Nothing changed (or still broken in the same way, already reported).
     Unchanged,
     /// A new policy is in force.
@@ -408,49 +404,47 @@ impl AccessControl {
     /// Loads the policy file (none: every subscriber reads everything). A missing,
     /// unreadable or invalid file is a start-up error; `runtime_labels`: whether the hub
     /// reads Runtimes (without, a `clusterSelector` makes the file invalid).
-    pub fn load(path: Option<PathBuf>, runtime_labels: bool) -> Result<Self, AccessPolicyError> {
+    #[cfg(test)]
+    pub(crate) fn load(path: Option<PathBuf>, runtime_labels: bool) -> Result<Self, AccessPolicyError> {
         Self::load_with_objects(path, runtime_labels, false)
     }
 
     /// As [`load`](Self::load); `from_control_plane`: accepted SubscriberAccessPolicy
     /// objects grant too (see [`set_objects`](Self::set_objects)), and until their first
     /// list every subscriber is refused.
-    pub fn load_with_objects(
+    pub(crate) fn load_with_objects(
         path: Option<PathBuf>,
         runtime_labels: bool,
         from_control_plane: bool,
     ) -> Result<Self, AccessPolicyError> {
-        let state = match &path {
-            Some(p) => {
-                let content = read_bytes(p)?;
-                let policy = parse_bytes(&content, p, runtime_labels)?;
-                State { content: Some(content), policy: Arc::new(policy), generation: 0, failed: None }
-            }
-            None => State::default(),
+        let file = match &path {
+            Some(p) => ReloadingFile::load(vec![p.clone()], Compare::Content, |c| read(c, p, runtime_labels))?,
+            None => ReloadingFile::fixed(AccessPolicy::default()),
         };
         Ok(Self {
             path,
             runtime_labels,
             from_control_plane,
-            state: RwLock::new(state),
+            file,
+            generation: AtomicU64::new(0),
             objects: Default::default(),
             file_replaced: tokio::sync::watch::channel(0).0,
         })
     }
 
     /// Changes each time the file's policy is replaced by a reload.
-    pub fn file_replaced(&self) -> tokio::sync::watch::Receiver<u64> {
+    pub(crate) fn file_replaced(&self) -> tokio::sync::watch::Receiver<u64> {
         self.file_replaced.subscribe()
     }
 
     /// The file, when a policy is configured.
-    pub fn path(&self) -> Option<&Path> {
+    pub(crate) fn path(&self) -> Option<&Path> {
         self.path.as_deref()
     }
 
     /// The policy in force (`None`: no policy, everything allowed): the file's grants and
     /// those of the accepted SubscriberAccessPolicy objects.
-    pub fn current(&self) -> Option<Arc<AccessPolicy>> {
+    pub(crate) fn current(&self) -> Option<Arc<AccessPolicy>> {
         if self.path.is_none() && !self.from_control_plane {
             return None;
         }
@@ -469,16 +463,16 @@ impl AccessControl {
     }
 
     fn file_policy(&self) -> Arc<AccessPolicy> {
-        self.state.read().map(|s| s.policy.clone()).unwrap_or_else(|p| p.into_inner().policy.clone())
+        self.file.current()
     }
 
     /// Whether SubscriberAccessPolicy objects grant too (`--access-policy-from-control-plane`).
-    pub fn from_control_plane(&self) -> bool {
+    pub(crate) fn grants_from_control_plane(&self) -> bool {
         self.from_control_plane
     }
 
     /// Where each subscriber's grant comes from: `file <path>` or `SubscriberAccessPolicy/<name>`.
-    pub fn sources(&self) -> BTreeMap<String, String> {
+    pub(crate) fn sources(&self) -> BTreeMap<String, String> {
         let mut out = BTreeMap::new();
         if let Some(path) = &self.path {
             for g in self.file_policy().grants() {
@@ -496,12 +490,12 @@ impl AccessControl {
 
     /// Whether the first list of SubscriberAccessPolicy objects was read (always, when they
     /// do not count).
-    pub fn objects_synced(&self) -> bool {
+    pub(crate) fn objects_synced(&self) -> bool {
         !self.from_control_plane || self.objects.read().map(|o| o.synced).unwrap_or(false)
     }
 
     /// Why the SubscriberAccessPolicy objects in force may be stale or missing, if so.
-    pub fn objects_problem(&self) -> Option<String> {
+    pub(crate) fn objects_problem(&self) -> Option<String> {
         if !self.from_control_plane {
             return None;
         }
@@ -518,7 +512,7 @@ impl AccessControl {
 
     /// Puts the accepted objects' grants in force (a complete view: the first list and
     /// every change after it). Whether the policy in force changed.
-    pub fn set_objects(&self, accepted: BTreeMap<String, Arc<AccessPolicy>>) -> bool {
+    pub(crate) fn set_objects(&self, accepted: BTreeMap<String, Arc<AccessPolicy>>) -> bool {
         let mut o = self.objects.write().unwrap_or_else(|p| p.into_inner());
         let changed = !o.synced || o.accepted != accepted;
         o.synced = true;
@@ -526,35 +520,34 @@ impl AccessControl {
         o.accepted = accepted;
         drop(o);
         if changed {
-            let mut state = self.state.write().unwrap_or_else(|p| p.into_inner());
-            state.generation += 1;
+            self.generation.fetch_add(1, Ordering::SeqCst);
         }
         changed
     }
 
     /// Records a watch error: the grants in force stay (none before the first list).
-    pub fn objects_failed(&self, error: String) {
+    pub(crate) fn objects_failed(&self, error: String) {
         let mut o = self.objects.write().unwrap_or_else(|p| p.into_inner());
         o.error = Some(error);
     }
 
     /// The file's grants alone (for checking objects against them).
-    pub fn file_grants(&self) -> Option<Arc<AccessPolicy>> {
+    pub(crate) fn file_grants(&self) -> Option<Arc<AccessPolicy>> {
         self.path.as_ref().map(|_| self.file_policy())
     }
 
     /// Changes with every replacement of the policy.
-    pub fn generation(&self) -> u64 {
-        self.state.read().map(|s| s.generation).unwrap_or_else(|p| p.into_inner().generation)
+    pub(crate) fn generation(&self) -> u64 {
+        self.generation.load(Ordering::SeqCst)
     }
 
     /// Why the policy in force is stale (its file cannot be used), if it is.
-    pub fn stale(&self) -> Option<String> {
-        self.state.read().ok().and_then(|s| s.failed.as_ref().map(|(_, e)| e.clone()))
+    pub(crate) fn stale(&self) -> Option<String> {
+        self.file.failure()
     }
 
     /// What the policy in force says about the subscriber `name`.
-    pub fn decide(&self, name: &str) -> Decision {
+    pub(crate) fn decide(&self, name: &str) -> Decision {
         if !self.objects_synced() {
             return Decision::Refused(format!(
                 "the hub has not read the {KIND} objects of its control plane yet; try again shortly"
@@ -571,7 +564,7 @@ impl AccessControl {
     }
 
     /// Where the policy comes from, for messages: its file and/or the control plane's objects.
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         let mut parts = Vec::new();
         if let Some(p) = &self.path {
             parts.push(p.display().to_string());
@@ -584,46 +577,27 @@ impl AccessControl {
     }
 
     /// Re-reads the file when its content changed. On error the old policy stays.
-    pub fn reload_if_changed(&self) -> Reload {
+    pub(crate) fn reload_if_changed(&self) -> Reload {
         let Some(path) = &self.path else { return Reload::Unchanged };
-        let now = read_bytes(path);
-        let Ok(state) = self.state.read() else { return Reload::Unchanged };
-        let now_content = now.as_ref().ok();
-        // What the file is now: its content, or why it cannot be read.
-        let key = now.as_ref().map(|b| b.clone()).map_err(|e| e.to_string());
-        let seen = match &state.failed {
-            Some((failed, _)) => *failed == key,
-            None => now_content.is_some() && state.content.as_ref() == now_content,
-        };
-        drop(state);
-        if seen {
-            return Reload::Unchanged;
-        }
-        let mut state = match self.state.write() {
-            Ok(s) => s,
-            Err(p) => p.into_inner(),
-        };
-        let parsed = now.and_then(|bytes| parse_bytes(&bytes, path, self.runtime_labels).map(|p| (bytes, p)));
-        match parsed {
-            Ok((bytes, policy)) => {
-                state.generation += 1;
-                state.content = Some(bytes);
-                state.policy = Arc::new(policy);
-                state.failed = None;
-                drop(state);
+        match self.file.reload_if_changed(|c, _| read(c, path, self.runtime_labels)) {
+            FileReload::Unchanged => Reload::Unchanged,
+            // The file is back as the policy in force was read from: that policy is in
+            // force again, no longer stale, as a fresh read of the same content makes it.
+            FileReload::Recovered | FileReload::Replaced => {
+                self.generation.fetch_add(1, Ordering::SeqCst);
                 self.file_replaced.send_modify(|n| *n = n.wrapping_add(1));
                 Reload::Replaced
             }
-            Err(e) => {
-                state.failed = Some((key, e.to_string()));
-                Reload::Failed(e)
-            }
+            FileReload::Failed(e) => Reload::Failed(e),
         }
     }
 }
 
-fn read_bytes(path: &Path) -> Result<Vec<u8>, AccessPolicyError> {
-    std::fs::read(path).map_err(|source| AccessPolicyError::Read { path: path.display().to_string(), source })
+/// The policy in the file as read.
+fn read(mut contents: Contents, path: &Path, runtime_labels: bool) -> Result<AccessPolicy, AccessPolicyError> {
+    let bytes =
+        contents.take(0).map_err(|source| AccessPolicyError::Read { path: path.display().to_string(), source })?;
+    parse_bytes(&bytes, path, runtime_labels)
 }
 
 fn parse_bytes(bytes: &[u8], path: &Path, runtime_labels: bool) -> Result<AccessPolicy, AccessPolicyError> {
@@ -633,205 +607,4 @@ fn parse_bytes(bytes: &[u8], path: &Path, runtime_labels: bool) -> Result<Access
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use serde_json::json;
-
-    #[test]
-    fn globs() {
-        assert!(glob("eu-*", "eu-1") && glob("eu-*", "eu-") && !glob("eu-*", "us-1"));
-        assert!(glob("*", "") && glob("a?c", "abc") && !glob("a?c", "ac"));
-        assert!(glob("*-prod-*", "x-prod-y") && !glob("*-prod-*", "x-prod"));
-        assert!(glob("a1", "a1") && !glob("a1", "a10"));
-    }
-
-    #[test]
-    fn parses_and_refuses_what_it_cannot_enforce() {
-        let p = Path::new("p.yaml");
-        let ok = "subscribers:\n  - name: team-a\n    clusters: [a1, 'eu-*']\n    types: ['dev.fleetwatch.object.*']\n    redact: [/data/password]\n";
-        let policy = AccessPolicy::parse(ok, p, false).unwrap();
-        let g = policy.grant("team-a").unwrap();
-        assert!(g.allows_cluster("eu-3", None) && !g.allows_cluster("b1", None));
-        assert!(g.allows_type("dev.fleetwatch.object.applied") && !g.allows_type("dev.fleetwatch.inventory"));
-        assert!(policy.grant("team-b").is_none());
-        for (bad, why) in [
-            ("subscribers:\n  - name: a\n", "clusters"),
-            // Without Runtime labels a selector could only grant nothing: refused.
-            ("subscribers:\n  - name: a\n    clusters: []\n    clusterSelector: team=a\n", "reads no control plane"),
-            ("subscribers:\n  - name: a\n    clusters: []\n    redact: [data.password]\n", "not a JSON pointer"),
-            ("subscribers:\n  - name: a\n    clusters: []\n  - name: a\n    clusters: []\n", "named twice"),
-            ("subscribers:\n  - name: a\n    clusters: []\n    clustres: [x]\n", "clustres"),
-            ("nope: 1\n", "nope"),
-        ] {
-            let err = AccessPolicy::parse(bad, p, false).err().unwrap().to_string();
-            assert!(err.contains("p.yaml") && err.contains(why), "{bad}: {err}");
-        }
-    }
-
-    #[test]
-    fn a_cluster_selector_grants_by_runtime_labels() {
-        let p = Path::new("p.yaml");
-        let text = "subscribers:\n  - name: a\n    clusters: [a1]\n    clusterSelector: 'team=a,env in (prod)'\n";
-        let policy = AccessPolicy::parse(text, p, true).unwrap();
-        let g = policy.grant("a").unwrap();
-        assert!(g.uses_runtime_labels());
-        let labels = |kv: &[(&str, &str)]| -> BTreeMap<String, String> {
-            kv.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
-        };
-        assert!(g.allows_cluster("b7", Some(&labels(&[("team", "a"), ("env", "prod")]))));
-        assert!(!g.allows_cluster("b7", Some(&labels(&[("team", "a"), ("env", "dev")]))));
-        // No Runtime known for the cluster: the selector grants nothing; the glob still does.
-        assert!(!g.allows_cluster("b7", None));
-        assert!(g.allows_cluster("a1", None));
-        assert!(g.describe_clusters().contains("team=a"), "{}", g.describe_clusters());
-        for (bad, why) in [
-            ("subscribers:\n  - name: a\n    clusters: []\n    clusterSelector: 'env in prod'\n", "set of values"),
-            ("subscribers:\n  - name: a\n    clusters: []\n    clusterSelector: ''\n", "is empty"),
-        ] {
-            let err = AccessPolicy::parse(bad, p, true).err().unwrap().to_string();
-            assert!(err.contains("p.yaml") && err.contains(why), "{bad}: {err}");
-        }
-    }
-
-    #[test]
-    fn redaction_reaches_data_and_projections() {
-        let g = Grant {
-            name: "a".into(),
-            clusters: vec!["*".into()],
-            cluster_selector: None,
-            selector: None,
-            types: vec![],
-            redact: vec!["/data/password".into(), "/spec/token".into()],
-        };
-        let mut d = json!({
-            "kind": "Secret",
-            "data": {"password": "p", "user": "u"},
-            "projected": {"/data/password": "p", "/data": {"password": "p", "user": "u"}, "spec.token": "t", "/data/user": "u"},
-        });
-        assert_eq!(g.redact(&mut d), 4);
-        assert_eq!(
-            d,
-            json!({"kind": "Secret", "data": {"user": "u"}, "projected": {"/data": {"user": "u"}, "/data/user": "u"}})
-        );
-        // Nothing there: nothing removed, nothing added.
-        let mut plain = json!({"generation": 1});
-        assert_eq!(g.redact(&mut plain), 0);
-        assert_eq!(plain, json!({"generation": 1}));
-    }
-
-    #[test]
-    fn follows_content_and_fails_closed() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("policy.yaml");
-        assert!(AccessControl::load(Some(path.clone()), false).is_err());
-        std::fs::write(&path, "subscribers:\n  - name: a\n    clusters: [x]\n").unwrap();
-        let ac = AccessControl::load(Some(path.clone()), false).unwrap();
-        let replaced = ac.file_replaced();
-        assert!(matches!(ac.decide("a"), Decision::Granted(_)));
-        let Decision::Refused(why) = ac.decide("b") else { panic!("b is not named") };
-        assert!(why.contains("policy.yaml") && why.contains("\"b\""), "{why}");
-        assert!(matches!(ac.reload_if_changed(), Reload::Unchanged));
-        // Broken: the old policy stays, reported once, stale.
-        std::fs::write(&path, "subscribers: [").unwrap();
-        assert!(matches!(ac.reload_if_changed(), Reload::Failed(AccessPolicyError::Invalid { .. })));
-        assert!(matches!(ac.reload_if_changed(), Reload::Unchanged));
-        assert!(ac.stale().is_some() && matches!(ac.decide("a"), Decision::Granted(_)));
-        std::fs::remove_file(&path).unwrap();
-        assert!(matches!(ac.reload_if_changed(), Reload::Failed(AccessPolicyError::Read { .. })));
-        assert!(matches!(ac.decide("a"), Decision::Granted(_)));
-        // Fixed, with the same length and without any mtime trick: the content counts.
-        let g0 = ac.generation();
-        std::fs::write(&path, "subscribers:\n  - name: b\n    clusters: [x]\n").unwrap();
-        assert!(!replaced.has_changed().unwrap(), "failed reloads replace nothing");
-        assert!(matches!(ac.reload_if_changed(), Reload::Replaced));
-        assert!(ac.stale().is_none() && ac.generation() > g0);
-        // The objects are judged again against the new file.
-        assert!(replaced.has_changed().unwrap());
-        assert!(matches!(ac.decide("a"), Decision::Refused(_)) && matches!(ac.decide("b"), Decision::Granted(_)));
-        // No policy: everything.
-        assert!(matches!(AccessControl::load(None, false).unwrap().decide("z"), Decision::Everything));
-    }
-
-    fn spec(grants: &[(&str, &[&str])]) -> fleetwatch_api::access_policy::SubscriberAccessPolicySpec {
-        fleetwatch_api::access_policy::SubscriberAccessPolicySpec {
-            subscribers: grants
-                .iter()
-                .map(|(name, clusters)| fleetwatch_api::access_policy::SubscriberGrant {
-                    name: name.to_string(),
-                    clusters: clusters.iter().map(|c| c.to_string()).collect(),
-                    ..Default::default()
-                })
-                .collect(),
-        }
-    }
-
-    #[test]
-    fn objects_are_checked_like_the_file_and_never_merged() {
-        let file = AccessPolicy::parse("subscribers:\n  - name: ops\n    clusters: ['*']\n", Path::new("f.yaml"), true)
-            .unwrap();
-        let mut bad = spec(&[("team-b", &["*"])]);
-        bad.subscribers[0].redact = vec!["data.password".into()];
-        let objects: BTreeMap<_, _> = [
-            ("a".to_string(), spec(&[("team-a", &["a-*"])])),
-            ("b-bad".to_string(), bad),
-            // Names team-a again (after "a"): not used at all, so it cannot widen team-a.
-            ("c-dup".to_string(), spec(&[("team-a", &["*"]), ("team-c", &["c-*"])])),
-            ("d-file".to_string(), spec(&[("ops", &["x"])])),
-            ("e".to_string(), spec(&[("team-e", &["e-1"])])),
-        ]
-        .into();
-        let (accepted, verdicts) = judge_objects(Some(&file), "f.yaml", &objects, true);
-        assert_eq!(accepted.keys().map(String::as_str).collect::<Vec<_>>(), ["a", "e"]);
-        let v = &verdicts["b-bad"];
-        assert!(!v.accepted && v.reason == "Invalid" && v.message.contains("SubscriberAccessPolicy/b-bad"), "{v:?}");
-        assert!(v.message.contains("not a JSON pointer"), "{v:?}");
-        let v = &verdicts["c-dup"];
-        assert!(!v.accepted && v.reason == "DuplicateSubscriber" && v.message.contains("\"a\""), "{v:?}");
-        let v = &verdicts["d-file"];
-        assert!(!v.accepted && v.reason == "DuplicateSubscriber" && v.message.contains("f.yaml"), "{v:?}");
-        assert!(verdicts["a"].accepted && verdicts["a"].reason == "Accepted");
-        // Without Runtime labels a selector is refused, as in the file.
-        let mut sel = spec(&[("s", &[])]);
-        sel.subscribers[0].cluster_selector = Some("team=a".into());
-        let (accepted, verdicts) = judge_objects(None, "", &[("s".to_string(), sel)].into(), false);
-        assert!(accepted.is_empty() && verdicts["s"].reason == "Invalid", "{verdicts:?}");
-    }
-
-    #[test]
-    fn objects_grant_with_the_file_and_fail_closed() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("policy.yaml");
-        std::fs::write(&path, "subscribers:\n  - name: ops\n    clusters: [x]\n").unwrap();
-        let ac = AccessControl::load_with_objects(Some(path), true, true).unwrap();
-        // Before the first list: everybody refused, even the file's subscribers; not ready.
-        assert!(matches!(ac.decide("ops"), Decision::Refused(w) if w.contains("not read")));
-        assert!(ac.objects_problem().is_some());
-        let (accepted, _) = judge_objects(
-            ac.file_grants().as_deref(),
-            "policy.yaml",
-            &[("a".to_string(), spec(&[("team-a", &["a-*"])]))].into(),
-            true,
-        );
-        let g0 = ac.generation();
-        assert!(ac.set_objects(accepted.clone()));
-        assert!(!ac.set_objects(accepted.clone()), "the same set is no change");
-        assert!(ac.generation() > g0 && ac.objects_problem().is_none());
-        assert!(matches!(ac.decide("ops"), Decision::Granted(_)));
-        assert!(
-            matches!(ac.decide("team-a"), Decision::Granted(g) if g.allows_cluster("a-1", None) && !g.allows_cluster("b-1", None))
-        );
-        assert!(matches!(ac.decide("team-b"), Decision::Refused(_)));
-        let sources = ac.sources();
-        assert_eq!(sources["team-a"], "SubscriberAccessPolicy/a");
-        assert!(sources["ops"].starts_with("file "), "{sources:?}");
-        // A watch error keeps the set in force and is reported.
-        ac.objects_failed("connection refused".into());
-        assert!(matches!(ac.decide("team-a"), Decision::Granted(_)));
-        assert!(ac.objects_problem().is_some_and(|p| p.contains("connection refused")));
-        // No accepted object and no file: nobody.
-        let only = AccessControl::load_with_objects(None, true, true).unwrap();
-        only.set_objects(BTreeMap::new());
-        assert!(matches!(only.decide("ops"), Decision::Refused(w) if w.contains("0 accepted")));
-        assert!(only.current().is_some_and(|p| p.is_empty()));
-    }
-}
+mod tests;

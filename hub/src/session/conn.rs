@@ -22,10 +22,10 @@ use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::{Error as WsError, Message, Utf8Bytes};
 
 /// A server-side WebSocket over TLS (over TCP, or the simulation's network).
-pub type ServerWs = WebSocketStream<tokio_rustls::server::TlsStream<Stream>>;
+pub(crate) type ServerWs = WebSocketStream<tokio_rustls::server::TlsStream<Stream>>;
 
 /// What arrived.
-pub enum Incoming {
+pub(crate) enum Incoming {
     /// A text or binary message's bytes.
     Message(bytes::Bytes),
     /// The peer closed, or the connection broke.
@@ -123,13 +123,13 @@ impl End {
 }
 
 /// An accepted connection.
-pub struct Conn {
+pub(crate) struct Conn {
     /// Boxed: the stream (TLS state and WebSocket codec) is about 1.5 KiB, and a `Conn`
     /// passed by value into the session and close futures would otherwise be copied into
     /// each of them, per connection, for the connection's life.
     ws: Box<ServerWs>,
     /// The peer address.
-    pub peer: SocketAddr,
+    pub(crate) peer: SocketAddr,
     idle: Duration,
     last_rx: Instant,
     ping: tokio::time::Interval,
@@ -140,7 +140,7 @@ pub struct Conn {
 }
 
 impl Conn {
-    pub fn new(ws: ServerWs, peer: SocketAddr, idle: Duration) -> Self {
+    pub(crate) fn new(ws: ServerWs, peer: SocketAddr, idle: Duration) -> Self {
         let mut ping = tokio::time::interval(idle / 3);
         ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let liveness = Arc::new(Liveness::new());
@@ -148,22 +148,22 @@ impl Conn {
     }
 
     /// When this connection last heard from its peer.
-    pub fn liveness(&self) -> Arc<Liveness> {
+    pub(crate) fn liveness(&self) -> Arc<Liveness> {
         self.liveness.clone()
     }
 
     /// Counts the keep-alive pings this connection sends in `counter`.
-    pub fn count_pings(&mut self, counter: prometheus_client::metrics::counter::Counter) {
+    pub(crate) fn count_pings(&mut self, counter: prometheus_client::metrics::counter::Counter) {
         self.pings_sent = Some(counter);
     }
 
     /// The interval at which the hub pings its peers.
-    pub fn ping_interval(idle: Duration) -> Duration {
+    pub(crate) fn ping_interval(idle: Duration) -> Duration {
         idle / 3
     }
 
     /// Waits for the next message, pinging the peer meanwhile. Cancel-safe.
-    pub async fn recv(&mut self) -> Incoming {
+    pub(crate) async fn recv(&mut self) -> Incoming {
         loop {
             let deadline = self.last_rx + self.idle;
             tokio::select! {
@@ -242,12 +242,12 @@ impl Conn {
     }
 
     /// Sends a text message.
-    pub async fn send_text(&mut self, text: String) -> Result<(), WsError> {
+    pub(crate) async fn send_text(&mut self, text: String) -> Result<(), WsError> {
         self.ws.send(Message::Text(Utf8Bytes::from(text))).await
     }
 
     /// Sends an error frame (waiting at most two seconds for a slow peer).
-    pub async fn send_error(&mut self, code: ErrorCode, message: impl Into<String>, fatal: bool) {
+    pub(crate) async fn send_error(&mut self, code: ErrorCode, message: impl Into<String>, fatal: bool) {
         let frame = ErrorFrame { code, message: message.into(), fatal };
         #[derive(serde::Serialize)]
         struct Tagged<'a> {
@@ -262,14 +262,14 @@ impl Conn {
     }
 
     /// Sends a fatal error frame, then closes with `code`.
-    pub async fn fail(mut self, code: ErrorCode, message: impl Into<String>, close: CloseCode) {
+    pub(crate) async fn fail(mut self, code: ErrorCode, message: impl Into<String>, close: CloseCode) {
         let message = message.into();
         self.send_error(code, message.clone(), true).await;
         self.close(close, &message).await;
     }
 
     /// Closes with a code and reason (the reason is cut to the 123 bytes a close frame allows).
-    pub async fn close(mut self, code: CloseCode, reason: &str) {
+    pub(crate) async fn close(mut self, code: CloseCode, reason: &str) {
         let mut end = reason.len().min(120);
         while !reason.is_char_boundary(end) {
             end -= 1;

@@ -11,7 +11,9 @@ use std::path::{Path, PathBuf};
 use fleetwatch_certs::CertInfo;
 use jiff::Timestamp;
 
-use crate::{HubConfig, HubError, watch_source::WatchSource};
+use crate::config::HubConfig;
+use crate::error::HubError;
+use crate::watch_source::WatchSource;
 
 /// Why the hub's own certificate cannot be served at `now`, if it cannot.
 pub(crate) fn validity(path: &Path, cert: &CertInfo, now: Timestamp) -> Result<(), String> {

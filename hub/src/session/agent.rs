@@ -23,12 +23,14 @@ use fleetwatch_protocol::message::{Ack, Configure, ErrorCode, Hello, HubToAgent,
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_util::sync::CancellationToken;
 
-use crate::conn::{Conn, End};
+use crate::cluster::RecentEvent;
 use crate::in_flight::{Batch, Ledger, LedgerError};
 use crate::ingest::{self, Decision, Refusal};
+use crate::peer::Peer;
 use crate::rate::{Budget, RESYNCS_PER_SEC};
-use crate::registry::{OpenOutcome, Opening, RecentEvent, StoredMarker};
-use crate::{Peer, Sessions};
+use crate::registry::{OpenOutcome, Opening, StoredMarker};
+use crate::session::Sessions;
+use crate::session::conn::{Conn, End};
 use fleetwatch_bus::{Append, Bus, BusError, BusFuture, RecordBody};
 
 /// Records a subscriber may be behind for want of the hub's CPU before batches wait

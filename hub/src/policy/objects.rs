@@ -15,12 +15,12 @@ use kube::api::{Patch, PatchParams};
 use kube::runtime::watcher;
 use tokio_util::sync::CancellationToken;
 
-use crate::Context;
-use crate::access::{self, ObjectVerdict};
+use crate::context::Context;
+use crate::policy::access::{self, ObjectVerdict};
 
 /// The status a verdict makes for an object of `generation`, keeping the condition's
 /// transition time when its status and reason did not change.
-pub fn desired(
+pub(crate) fn desired(
     v: &ObjectVerdict,
     generation: Option<i64>,
     observed: Option<&SubscriberAccessPolicyStatus>,
@@ -45,7 +45,10 @@ pub fn desired(
 }
 
 /// Whether `desired` must be written over what the object says.
-pub fn needs_write(observed: Option<&SubscriberAccessPolicyStatus>, desired: &SubscriberAccessPolicyStatus) -> bool {
+pub(crate) fn needs_write(
+    observed: Option<&SubscriberAccessPolicyStatus>,
+    desired: &SubscriberAccessPolicyStatus,
+) -> bool {
     let Some(o) = observed else { return true };
     o.observed_generation != desired.observed_generation
         || o.conditions.len() != desired.conditions.len()

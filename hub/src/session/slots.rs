@@ -54,9 +54,9 @@ pub(crate) struct SlotGuard<'a> {
 #[derive(Debug)]
 pub(crate) struct Evicted {
     /// How old it was.
-    pub age: std::time::Duration,
+    pub(crate) age: std::time::Duration,
     /// Whether it was reading.
-    pub was_reading: bool,
+    pub(crate) was_reading: bool,
 }
 
 impl SubscriberSlots {
