@@ -1,10 +1,9 @@
 //! Fan-out progress: where each subscriber session is in the bus, owned by the fan-out
-//! side (the sessions of [`crate::session::subscriber`] publish it) and read by ingest,
-//! which lets delivery catch up before it stores more (see
-//! `session::agent::Session::start_events`), by the lag metrics and by
-//! `/api/v1/subscriptions`. Ingest waits on a [`Notify`] woken by every move, not by
-//! polling.
-
+//! side (the sessions of [`crate::session::subscriber`] publish it) and read by the agent
+//! sessions, which let delivery catch up before they hand the bus more (see
+//! `session::agent::Session::yield_to_fanout`), by the lag metrics and by
+//! `/api/v1/subscriptions`. An agent session waits on a [`Notify`] woken by every move, not
+//! by polling.
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -15,7 +14,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 /// One subscriber session's position, updated by the session (see [`FanOut::publish`]),
-/// read by ingest (see [`FanOut::wait_for_fanout`]) and at scrape time.
+/// read by the agent sessions (see [`FanOut::wait_for_fanout`]) and at scrape time.
 #[derive(Debug, Default)]
 pub(crate) struct SubscriberProgress {
     /// The subscriber's name (from its certificate).
