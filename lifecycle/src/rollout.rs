@@ -133,7 +133,7 @@ impl Rollouts {
     /// Asks whether `runtime` may upgrade `module` to `version` now. `total` is the number
     /// of runtimes the channel move affects; `recorded` is this version's rollout as the
     /// ModuleReleaseMeta status has it. An admission changes the status: write it (see
-    /// [`Rollouts::take_changed`]) before the upgrade starts.
+    /// [`Rollouts::take_changed_modules`]) before the upgrade starts.
     #[allow(clippy::too_many_arguments)]
     pub fn admit(
         &self,
@@ -300,6 +300,7 @@ impl Rollouts {
     }
 
     /// Rollout statuses changed since the last call, per (namespace, module).
+    #[cfg(test)]
     pub fn take_changed(&self) -> Vec<(String, String, Vec<RolloutStatus>)> {
         let Ok(mut map) = self.inner.lock() else { return Vec::new() };
         let changed: BTreeSet<(String, String)> =
