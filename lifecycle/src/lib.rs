@@ -39,6 +39,7 @@ mod events;
 mod meta_status;
 mod metrics;
 mod operator;
+mod plan;
 mod provides;
 mod reconcile;
 mod requires;
