@@ -6,7 +6,8 @@
 //! The rules (docs/modules.md): the desired version from the pinned version or the channel
 //! with the mandatory floor ([`desired`]); downgrade protection against the version running,
 //! the dependencies of `spec.requires`, paced rollouts and maintenance windows ([`decide`]);
-//! dependency order ([`order`]); a failed module waiting out its backoff ([`held_back`]);
+//! dependency order ([`order`]); which listed modules are managed ([`management`]) and which
+//! are gone ([`gone`]); a failed module waiting out its backoff ([`held_back`]);
 //! deletion strategies and what blocks a removal ([`removal`], [`deletion_blocked`]);
 //! create-once default configuration ([`create_default_config`]); when to look again
 //! ([`requeue`]).
@@ -302,6 +303,48 @@ fn window(inputs: &Inputs<'_>, desired: &semver::Version, from: &semver::Version
 /// one, or the API server's when asked) records it as created before.
 pub(crate) fn create_default_config(recorded: bool, recorded_in_api_server: bool) -> bool {
     !recorded && !recorded_in_api_server
+}
+
+/// Each module's installed version (those not let go), for [`crate::requires::dependents`].
+pub(crate) fn installed_of(statuses: &[ModuleStatus]) -> Vec<(String, String)> {
+    statuses
+        .iter()
+        .filter(|m| m.state != State::Unmanaged)
+        .filter_map(|m| Some((m.name.clone(), m.installed_version.clone()?)))
+        .collect()
+}
+
+/// Whether a module the Runtime lists is reconciled.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Management {
+    /// `managed` (the default): installed, upgraded, kept.
+    Manage,
+    /// `managed: false`, but installed modules (named) still require it: managed until none
+    /// does, `Warning` (`RequiredByOthers`) instead of `Ready`.
+    StillRequired(Vec<String>),
+    /// `managed: false`: reconciling stops and everything installed stays, whatever the
+    /// deletion policy (as in lifecycle-manager); removing the entry is what applies it.
+    Unmanage,
+}
+
+/// Whether `entry` is reconciled, given the runtime's modules as known now.
+pub(crate) fn management(entry: &ModuleEntry, known: &[ModuleStatus], stores: &Stores<'_>) -> Management {
+    if entry.managed {
+        return Management::Manage;
+    }
+    // A dependency stays managed while an installed module requires it.
+    let required_by = crate::requires::dependents(&entry.name, &installed_of(known), stores.templates, stores.ns);
+    if required_by.is_empty() { Management::Unmanage } else { Management::StillRequired(required_by) }
+}
+
+/// The modules of the last status whose entry is gone from the Runtime (those let go
+/// before excepted): they are removed by the policy kept in their status.
+pub(crate) fn gone<'a>(rt: &Runtime, previous: &'a [ModuleStatus]) -> Vec<&'a ModuleStatus> {
+    previous
+        .iter()
+        .filter(|p| !rt.spec.modules.iter().any(|e| e.name == p.name))
+        .filter(|p| p.state != State::Unmanaged) // already let go
+        .collect()
 }
 
 /// The message of a module not managed (`managed: false`): what of it runs.

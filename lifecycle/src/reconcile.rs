@@ -390,39 +390,22 @@ async fn apply(rt: Arc<Runtime>, ctx: &Ctx) -> Result<Action, Error> {
     for i in order {
         let entry = &rt.spec.modules[i];
         let prev = by_name.get(entry.name.as_str()).copied();
-        // A dependency stays managed while an installed module requires it.
-        let required_by = if entry.managed {
-            Vec::new()
-        } else {
-            crate::requires::dependents(&entry.name, &installed_of(&flags.known), &ctx.templates.state(), &ns)
+        let management = {
+            let templates = ctx.templates.state();
+            plan::management(entry, &flags.known, &Stores { ns: &ns, templates: &templates, metas: &[], policies: &[] })
         };
-        let st = if entry.managed {
-            install(ctx, &applier, &rt, &ns, entry, prev, &mut flags).await
-        } else if !required_by.is_empty() {
-            let mut st = install(ctx, &applier, &rt, &ns, entry, prev, &mut flags).await;
-            if st.state == State::Ready {
-                st.state = State::Warning;
-                st.message = plan::still_required_message(&required_by);
-                st.reason = Some(ModuleReason::RequiredByOthers);
+        let st = match management {
+            plan::Management::Manage => install(ctx, &applier, &rt, &ns, entry, prev, &mut flags).await,
+            plan::Management::StillRequired(required_by) => {
+                let mut st = install(ctx, &applier, &rt, &ns, entry, prev, &mut flags).await;
+                if st.state == State::Ready {
+                    st.state = State::Warning;
+                    st.message = plan::still_required_message(&required_by);
+                    st.reason = Some(ModuleReason::RequiredByOthers);
+                }
+                st
             }
-            st
-        } else {
-            // `managed: false` only unmanages (as in lifecycle-manager): reconciling stops and
-            // everything installed stays, whatever the deletion policy. Removing the entry is
-            // what applies the policy.
-            let mut known =
-                prev.cloned().unwrap_or_else(|| ModuleStatus { name: entry.name.clone(), ..Default::default() });
-            known.custom_resource_policy = entry.custom_resource_policy;
-            let actual = actual_version(&applier, &known).await;
-            let message = plan::unmanaged_message(actual.as_deref());
-            ModuleStatus {
-                state: State::Unmanaged,
-                message,
-                actual_version: actual,
-                // What fleetwatch knew stays: managing it again is not a fresh install
-                // (a default configuration the user deleted is not recreated).
-                ..known
-            }
+            plan::Management::Unmanage => unmanage(&applier, entry, prev).await,
         };
         busy |= matches!(st.state, State::Processing | State::Deleting);
         flags.known.retain(|k| k.name != st.name);
@@ -432,12 +415,8 @@ async fn apply(rt: Arc<Runtime>, ctx: &Ctx) -> Result<Action, Error> {
     let mut statuses: Vec<ModuleStatus> = done.into_iter().flatten().collect();
     // Modules whose entry is gone: remove them by the policy kept in status, dependents first;
     // one an installed module still requires waits for it.
-    let gone: Vec<&ModuleStatus> = previous
-        .iter()
-        .filter(|p| !rt.spec.modules.iter().any(|e| e.name == p.name))
-        .filter(|p| p.state != State::Unmanaged) // already let go
-        .collect();
-    let staying = installed_of(&statuses);
+    let gone = plan::gone(&rt, &previous);
+    let staying = plan::installed_of(&statuses);
     for st in remove_in_order(ctx, &applier, &ns, &gone, &staying).await {
         busy |= st.state == State::Deleting;
         statuses.push(st);
@@ -496,6 +475,24 @@ async fn apply(rt: Arc<Runtime>, ctx: &Ctx) -> Result<Action, Error> {
     Ok(plan::requeue(&pending, ctx.resync).map(Action::requeue).unwrap_or_else(Action::await_change))
 }
 
+/// `managed: false`: nothing is touched; the status says what runs, and what fleetwatch knew
+/// stays (managing it again is not a fresh install).
+async fn unmanage(applier: &Applier, entry: &ModuleEntry, prev: Option<&ModuleStatus>) -> ModuleStatus {
+    let mut known = prev.cloned().unwrap_or_else(|| ModuleStatus { name: entry.name.clone(), ..Default::default() });
+    known.custom_resource_policy = entry.custom_resource_policy;
+    let actual = actual_version(applier, &known).await;
+    let message = plan::unmanaged_message(actual.as_deref());
+    ModuleStatus {
+        state: State::Unmanaged,
+        message,
+        actual_version: actual,
+        // What fleetwatch knew stays: managing it again is not a fresh install
+        // (a default configuration the user deleted is not recreated).
+        ..known
+    }
+}
+
+/// The version the module's manager Deployment runs (its version label), if it can be read.
 async fn actual_version(applier: &Applier, st: &ModuleStatus) -> Option<String> {
     let manager = st.resources.iter().find(|r| r.kind == "Deployment")?;
     let d = applier.get(manager).await.ok()??;
@@ -948,15 +945,6 @@ fn schedule_retries(
     })
 }
 
-/// Each module's installed version, for [`crate::requires::dependents`].
-fn installed_of(statuses: &[ModuleStatus]) -> Vec<(String, String)> {
-    statuses
-        .iter()
-        .filter(|m| m.state != State::Unmanaged)
-        .filter_map(|m| Some((m.name.clone(), m.installed_version.clone()?)))
-        .collect()
-}
-
 /// Removes `pending` modules by their policy, those that require others first; a module
 /// that an installed one still requires (`staying`, or one of `pending` not gone yet) waits
 /// with reason `RequiredByOthers`. The statuses of those not gone yet.
@@ -986,7 +974,7 @@ async fn remove_in_order(
     for i in crate::requires::order(&graph).into_iter().rev() {
         let prev = pending[i];
         let mut installed = staying.to_vec();
-        installed.extend(installed_of(&left.iter().map(|p| (*p).clone()).collect::<Vec<_>>()));
+        installed.extend(plan::installed_of(&left.iter().map(|p| (*p).clone()).collect::<Vec<_>>()));
         let blocking = crate::requires::dependents(&prev.name, &installed, &templates, ns);
         let gone = match plan::removal(prev.custom_resource_policy, &blocking) {
             plan::Removal::Wait(message) => {

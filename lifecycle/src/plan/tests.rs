@@ -619,3 +619,46 @@ fn the_next_look_is_the_soonest_of_what_is_pending() {
         assert_eq!(requeue(&pending, resync), want, "{what}");
     }
 }
+
+#[test]
+fn a_module_set_to_unmanaged_stays_managed_while_installed_modules_require_it() {
+    let templates = [tpl("app", "1.0.0", &["istio"], false), tpl("istio", "1.0.0", &[], false)];
+    let stores = Stores { ns: NS, templates: &templates, metas: &[], policies: &[] };
+    let unmanaged = ModuleEntry { managed: false, ..entry("istio") };
+    let app = status("app", State::Ready, Some("1.0.0"));
+    let app_let_go = status("app", State::Unmanaged, Some("1.0.0"));
+    let app_not_installed = status("app", State::Processing, None);
+    let cases = [
+        ("managed", entry("istio"), vec![app.clone()], Management::Manage),
+        (
+            "required by an installed module",
+            unmanaged.clone(),
+            vec![app],
+            Management::StillRequired(vec!["app 1.0.0".into()]),
+        ),
+        ("its dependent let go", unmanaged.clone(), vec![app_let_go], Management::Unmanage),
+        ("its dependent not installed", unmanaged.clone(), vec![app_not_installed], Management::Unmanage),
+        ("nothing requires it", unmanaged, vec![], Management::Unmanage),
+    ];
+    for (what, e, known, want) in cases {
+        assert_eq!(management(&e, &known, &stores), want, "{what}");
+    }
+}
+
+#[test]
+fn modules_whose_entry_is_gone_are_removed_unless_let_go_before() {
+    let rt = runtime_with(&["kept"]);
+    let previous = [
+        status("kept", State::Ready, Some("1.0.0")),
+        status("removed", State::Ready, Some("1.0.0")),
+        status("let-go", State::Unmanaged, Some("1.0.0")),
+        status("deleting", State::Deleting, Some("1.0.0")),
+    ];
+    let names: Vec<&str> = gone(&rt, &previous).iter().map(|m| m.name.as_str()).collect();
+    assert_eq!(names, ["removed", "deleting"]);
+    let installed = installed_of(&previous);
+    assert_eq!(
+        installed,
+        [("kept".into(), "1.0.0".into()), ("removed".into(), "1.0.0".into()), ("deleting".into(), "1.0.0".into())]
+    );
+}
