@@ -46,11 +46,11 @@ impl Clock for ManualClock {
 }
 
 /// Label prefix of the runtime values maintenance rules match on.
-pub const LABEL_PREFIX: &str = "operator.fleetwatch.dev/";
+pub(crate) const LABEL_PREFIX: &str = "operator.fleetwatch.dev/";
 
 /// What the rule decides for a downtime upgrade now.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Gate {
+pub(crate) enum Gate {
     /// Go ahead (inside a window, or windows skipped).
     Open,
     /// Wait for this window.
@@ -64,7 +64,7 @@ pub enum Gate {
 
 /// Decides whether a downtime upgrade of `rt` may start at `now`, given every policy of the
 /// control plane (`policies`). Pure: the caller reads the store and the clock.
-pub fn gate(
+pub(crate) fn gate(
     rt: &Runtime,
     policies: &[Arc<MaintenancePolicy>],
     now: jiff::Timestamp,
