@@ -2,7 +2,7 @@
 //!
 //! Why here: registering a runtime cluster should be one Runtime and its kubeconfig
 //! Secret. With [`AgentCerts`] configured (`fleetwatch lifecycle --agent-ca-secret`),
-//! every Runtime gets the module [`MODULE`] as if its spec listed it (installed through the
+//! every Runtime gets the module `MODULE` as if its spec listed it (installed through the
 //! same ModuleTemplate / ModuleReleaseMeta path as any module), and the operator writes
 //! into the runtime cluster the Secret the agent's Deployment mounts (its namespace and name
 //! come from the manifest: [`layout`]): `tls.crt` (identity `spiffe://<trust-domain>/cluster/<clusterId>`,
@@ -34,9 +34,9 @@ use crate::Error;
 use crate::applier::Applier;
 
 /// The module name of the agent.
-pub const MODULE: &str = "fleetwatch-agent";
+pub(crate) const MODULE: &str = "fleetwatch-agent";
 /// The name of the agent's Deployment (the module's manager workload).
-pub const DEPLOYMENT: &str = "fleetwatch-agent";
+pub(crate) const DEPLOYMENT: &str = "fleetwatch-agent";
 /// The agent's manifests (one source; see the module docs).
 const MANIFEST: &str = include_str!("../../deploy/manifests/agent.yaml");
 /// The manifest file, for messages.
@@ -125,7 +125,7 @@ impl AgentCerts {
 /// The Runtime as the operator reconciles it: with the agent module listed when agents are
 /// installed and its spec does not name it already (then the spec's entry wins: it may pin
 /// a version, choose a channel or unmanage it).
-pub fn with_agent_module(rt: Arc<Runtime>) -> Arc<Runtime> {
+pub(crate) fn with_agent_module(rt: Arc<Runtime>) -> Arc<Runtime> {
     if rt.spec.modules.iter().any(|m| m.name == MODULE) {
         return rt;
     }
@@ -136,7 +136,7 @@ pub fn with_agent_module(rt: Arc<Runtime>) -> Arc<Runtime> {
 
 /// What [`ensure_certificate`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CertState {
+pub(crate) struct CertState {
     /// Serial of the certificate in the Secret now.
     pub serial: String,
     /// Whether it was issued by this call.
@@ -147,7 +147,7 @@ pub struct CertState {
 
 /// A certificate problem, said for the agent module's status.
 #[derive(Debug, thiserror::Error)]
-pub enum CertFailure {
+pub(crate) enum CertFailure {
     /// The CA Secret is missing or unusable.
     #[error("agent CA Secret {secret}: {what}")]
     Ca {
@@ -203,7 +203,7 @@ fn issuer_fingerprint(ca_pem: &str) -> String {
 /// Makes sure the runtime cluster holds a current agent certificate for `rt`: issues and
 /// writes one when there is none, it is unreadable, names another identity, comes from
 /// another CA, carries another CA bundle, or has reached its renewal time.
-pub async fn ensure_certificate(
+pub(crate) async fn ensure_certificate(
     control_plane: &kube::Client,
     cfg: &AgentCerts,
     rt: &Runtime,
@@ -306,7 +306,7 @@ fn until(now: jiff::Timestamp, then: jiff::Timestamp) -> Duration {
 }
 
 /// Deletes the certificate Secret (the Runtime is going away); a missing one is fine.
-pub async fn remove_certificate(cfg: &AgentCerts, applier: &Applier) -> Result<(), Error> {
+pub(crate) async fn remove_certificate(cfg: &AgentCerts, applier: &Applier) -> Result<(), Error> {
     let Layout { namespace, secret } = &cfg.layout;
     let api: Api<Secret> = Api::namespaced(applier.client().clone(), namespace);
     match api.delete(secret, &Default::default()).await {
@@ -341,7 +341,7 @@ pub enum RenderError {
 }
 
 /// The agent's objects as the manifest file has them.
-pub fn manifest_objects() -> Result<Vec<Value>, RenderError> {
+pub(crate) fn manifest_objects() -> Result<Vec<Value>, RenderError> {
     let docs: Vec<Value> = serde_saphyr::from_multiple(MANIFEST).map_err(|e| RenderError::Yaml(e.to_string()))?;
     Ok(docs.into_iter().filter(|d| !d.is_null()).collect())
 }

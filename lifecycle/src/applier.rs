@@ -13,7 +13,7 @@ use crate::Error;
 use crate::error::ManifestError;
 
 /// The field manager fleetwatch applies with.
-pub const FIELD_MANAGER: &str = "fleetwatch-lifecycle";
+pub(crate) const FIELD_MANAGER: &str = "fleetwatch-lifecycle";
 
 /// One runtime cluster's writer.
 pub struct Applier {

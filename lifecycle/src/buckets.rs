@@ -8,16 +8,16 @@
 //!   `fnv mod N` of releases before the buckets (a rolling upgrade keeps every Runtime in its
 //!   shard).
 //! - The instance holding a shard labels that shard's Runtimes that lack the label (or carry
-//!   a wrong value): [`label_runtimes`] keeps a metadata-only watch of `!label` (empty once
+//!   a wrong value): `label_runtimes` keeps a metadata-only watch of `!label` (empty once
 //!   the fleet is labelled) and rescans it whenever the held shards change. The label is a
 //!   pure function of the name, so concurrent writers agree.
-//! - [`watch_held`] watches `label in (buckets of the held shards)`; the held set changing
+//! - `watch_held` watches `label in (buckets of the held shards)`; the held set changing
 //!   restarts the watch with the new selector, so the cache grows and shrinks with the
 //!   shards. It applies events to the reflector store itself before passing them on, and
 //!   once a restarted watch has listed (`InitDone`) it triggers every Runtime of the shards
 //!   taken since: a hand-over loses no Runtime, whether it was labelled before (the new list
 //!   has it) or gets labelled later (ADDED to the watch when the label appears).
-//! - Rollout totals and policy statuses need the whole fleet: [`fleet_index`] keeps every
+//! - Rollout totals and policy statuses need the whole fleet: `fleet_index` keeps every
 //!   Runtime with its spec and labels only (status and managed fields dropped on arrival).
 
 use std::collections::BTreeSet;
@@ -47,7 +47,7 @@ pub fn bucket_of(namespace: &str, name: &str) -> u32 {
 }
 
 /// The bucket of a Runtime object (a Runtime without namespace counts as `default`).
-pub fn bucket_of_runtime<K: Resource>(rt: &K) -> u32 {
+pub(crate) fn bucket_of_runtime<K: Resource>(rt: &K) -> u32 {
     bucket_of(rt.meta().namespace.as_deref().unwrap_or("default"), rt.meta().name.as_deref().unwrap_or(""))
 }
 
@@ -59,7 +59,7 @@ pub fn valid_shard_count(count: u32) -> bool {
 /// The label selector of the Runtimes of `held` among `count` shards; `None` when they are
 /// all held (watch everything, labelled or not). Holding nothing selects a value never
 /// written, so the cache empties.
-pub fn selector(count: u32, held: &BTreeSet<u32>) -> Option<String> {
+pub(crate) fn selector(count: u32, held: &BTreeSet<u32>) -> Option<String> {
     let count = count.max(1);
     if (0..count).all(|s| held.contains(&s)) {
         return None;
@@ -93,7 +93,7 @@ async fn write_label(client: &kube::Client, ns: &str, name: &str, bucket: &str) 
 
 /// Labels the Runtimes of held shards that lack [`BUCKET_LABEL`] (or carry a wrong value),
 /// until `shutdown`. Runtimes of shards held by others are left to their holders.
-pub async fn label_runtimes(
+pub(crate) async fn label_runtimes(
     client: kube::Client,
     map: Arc<ShardMap>,
     mut mislabelled: mpsc::Receiver<(String, String)>,
@@ -142,11 +142,8 @@ pub async fn label_runtimes(
     }
 }
 
-/// What [`watch_held`] passes on: the watch events, for the controller.
-pub type Events = mpsc::Receiver<Result<Event<Runtime>, watcher::Error>>;
-
 /// Where [`watch_held`] reports.
-pub struct Outputs {
+pub(crate) struct Outputs {
     /// The store the controller reads (applied here before events are passed on).
     pub writer: reflector::store::Writer<Runtime>,
     /// The events, after they are in the store.
@@ -161,7 +158,7 @@ pub struct Outputs {
 
 /// Watches the Runtimes of the held shards into `out.writer` until `shutdown` (see the
 /// module docs). `acquired` names each shard as it is taken.
-pub async fn watch_held(
+pub(crate) async fn watch_held(
     client: kube::Client,
     map: Arc<ShardMap>,
     mut acquired: mpsc::UnboundedReceiver<u32>,
@@ -285,7 +282,7 @@ async fn trigger(map: &ShardMap, out: &Outputs, pending: &mut BTreeSet<u32>, hel
 /// Every Runtime with its spec, labels and finalizers only, for what needs the whole fleet
 /// (rollout totals, policy statuses) while the full objects are cached per shard. The
 /// returned future keeps it current.
-pub fn fleet_index(client: kube::Client) -> (Store<Runtime>, impl std::future::Future<Output = ()> + Send) {
+pub(crate) fn fleet_index(client: kube::Client) -> (Store<Runtime>, impl std::future::Future<Output = ()> + Send) {
     let (store, writer) = reflector::store();
     let stream = crate::tolerant::watch::<Runtime>(client, watcher::Config::default(), None)
         .default_backoff()

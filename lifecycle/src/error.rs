@@ -119,17 +119,6 @@ impl Error {
 /// A Kubernetes client error in one line for people: what the API server said and its code
 /// (`namespace ghost-ns does not exist (404)`), or why it could not be asked (`cannot reach
 /// the API server: ...: Connection refused`); never the Debug dump of its `Status`.
-///
-/// ```
-/// use fleetwatch_lifecycle::error::plain;
-/// let status: kube::core::Status = serde_json::from_value(serde_json::json!({
-///     "status": "Failure", "code": 404, "reason": "NotFound", "message": "namespaces \"ghost-ns\" not found",
-///     "details": {"name": "ghost-ns", "kind": "namespaces"}})).unwrap();
-/// assert_eq!(plain(&kube::Error::Api(Box::new(status))), "namespace ghost-ns does not exist (404)");
-/// let status: kube::core::Status = serde_json::from_value(serde_json::json!({
-///     "status": "Failure", "code": 422, "reason": "Invalid", "message": "Deployment.apps \"m\" is invalid: spec.replicas: must be >= 0"})).unwrap();
-/// assert_eq!(plain(&kube::Error::Api(Box::new(status))), "Deployment.apps \"m\" is invalid: spec.replicas: must be >= 0 (422)");
-/// ```
 pub fn plain(e: &kube::Error) -> String {
     match e {
         kube::Error::Api(s) => {
@@ -260,4 +249,23 @@ pub enum ManifestError {
         #[source]
         source: serde_json::Error,
     },
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn plain_says_what_the_api_server_said_and_its_code() {
+        use super::plain;
+        let status: kube::core::Status = serde_json::from_value(serde_json::json!({
+            "status": "Failure", "code": 404, "reason": "NotFound", "message": "namespaces \"ghost-ns\" not found",
+            "details": {"name": "ghost-ns", "kind": "namespaces"}}))
+        .unwrap();
+        assert_eq!(plain(&kube::Error::Api(Box::new(status))), "namespace ghost-ns does not exist (404)");
+        let status: kube::core::Status = serde_json::from_value(serde_json::json!({
+            "status": "Failure", "code": 422, "reason": "Invalid", "message": "Deployment.apps \"m\" is invalid: spec.replicas: must be >= 0"})).unwrap();
+        assert_eq!(
+            plain(&kube::Error::Api(Box::new(status))),
+            "Deployment.apps \"m\" is invalid: spec.replicas: must be >= 0 (422)"
+        );
+    }
 }

@@ -48,16 +48,6 @@ pub struct ModuleEvent {
 }
 
 /// The Events that the change from `prev` to `next` module statuses deserves.
-///
-/// ```
-/// use fleetwatch_lifecycle::events::transitions;
-/// use fleetwatch_api::{ModuleReason, ModuleStatus, State};
-/// let next = vec![ModuleStatus { name: "redis".into(), state: State::Ready, installed_version: Some("1.0.0".into()), ..Default::default() }];
-/// let evs = transitions(&[], &next);
-/// assert_eq!(evs[0].reason, "Installed");
-/// assert_eq!(evs[0].note, "installed redis 1.0.0");
-/// assert!(transitions(&next, &next).is_empty());
-/// ```
 pub fn transitions(prev: &[ModuleStatus], next: &[ModuleStatus]) -> Vec<ModuleEvent> {
     let mut out = Vec::new();
     for n in next {
@@ -330,6 +320,22 @@ fn series_key(ev: &ModuleEvent, r: &ObjectReference) -> SeriesKey {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_install_is_one_installed_event_and_no_change_is_none() {
+        use super::transitions;
+        use fleetwatch_api::{ModuleStatus, State};
+        let next = vec![ModuleStatus {
+            name: "redis".into(),
+            state: State::Ready,
+            installed_version: Some("1.0.0".into()),
+            ..Default::default()
+        }];
+        let evs = transitions(&[], &next);
+        assert_eq!(evs[0].reason, "Installed");
+        assert_eq!(evs[0].note, "installed redis 1.0.0");
+        assert!(transitions(&next, &next).is_empty());
+    }
 
     fn m(state: State, installed: Option<&str>, message: &str) -> ModuleStatus {
         ModuleStatus {

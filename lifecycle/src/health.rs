@@ -12,7 +12,7 @@ use fleetwatch_telemetry::{Health, Readiness};
 use crate::Metrics;
 
 /// How long `/readyz` waits for the API server (the chart's probe gives up after 3 s).
-pub const READY_TIMEOUT: Duration = Duration::from_secs(2);
+pub(crate) const READY_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// The endpoint: `metrics` on `/metrics`, readiness asked of the control plane `client`.
 pub fn health(metrics: Arc<Metrics>, client: kube::Client) -> Health {
@@ -22,7 +22,7 @@ pub fn health(metrics: Arc<Metrics>, client: kube::Client) -> Health {
 
 /// Ready while the API server answers one cheap list (a single Runtime's metadata) within
 /// [`READY_TIMEOUT`].
-pub async fn readiness(runtimes: kube::Api<Runtime>) -> Readiness {
+pub(crate) async fn readiness(runtimes: kube::Api<Runtime>) -> Readiness {
     let one = kube::api::ListParams::default().limit(1);
     match tokio::time::timeout(READY_TIMEOUT, runtimes.list_metadata(&one)).await {
         Ok(Ok(_)) => Ok(String::new()),

@@ -6,7 +6,6 @@ use std::sync::Arc;
 use fleetwatch_api::Runtime;
 use fleetwatch_api::maintenance::{MaintenancePolicy, MaintenancePolicySpec, NextWindowOptions, RuntimeLabels, Window};
 use kube::ResourceExt;
-use kube::runtime::reflector::Store;
 
 /// Where the operator reads time: the system clock, or one a test moves.
 pub trait Clock: Send + Sync {
@@ -47,11 +46,11 @@ impl Clock for ManualClock {
 }
 
 /// Label prefix of the runtime values maintenance rules match on.
-pub const LABEL_PREFIX: &str = "operator.fleetwatch.dev/";
+pub(crate) const LABEL_PREFIX: &str = "operator.fleetwatch.dev/";
 
 /// What the rule decides for a downtime upgrade now.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Gate {
+pub(crate) enum Gate {
     /// Go ahead (inside a window, or windows skipped).
     Open,
     /// Wait for this window.
@@ -63,10 +62,11 @@ pub enum Gate {
     Broken(String),
 }
 
-/// Decides whether a downtime upgrade of `rt` may start at `now`.
-pub fn gate(
+/// Decides whether a downtime upgrade of `rt` may start at `now`, given every policy of the
+/// control plane (`policies`). Pure: the caller reads the store and the clock.
+pub(crate) fn gate(
     rt: &Runtime,
-    policies: &Store<MaintenancePolicy>,
+    policies: &[Arc<MaintenancePolicy>],
     now: jiff::Timestamp,
     min_remaining: jiff::SignedDuration,
 ) -> Gate {
@@ -77,8 +77,7 @@ pub fn gate(
     let specs: Vec<MaintenancePolicySpec> = if rt.spec.maintenance_windows.is_empty() {
         let named = rt.spec.maintenance_policy.clone();
         let name = named.clone().unwrap_or_else(|| "default".into());
-        let found: Option<Arc<MaintenancePolicy>> =
-            policies.state().into_iter().find(|p| p.namespace() == rt.namespace() && p.name_any() == name);
+        let found = policies.iter().find(|p| p.namespace() == rt.namespace() && p.name_any() == name);
         match (found, named) {
             (Some(p), _) => vec![p.spec.clone()],
             // A policy the runtime names must exist: a typo never turns windows off.

@@ -6,7 +6,7 @@
 
 use std::borrow::Cow;
 
-use fleetwatch_api::{ModuleTemplateSpec, ResourceRef};
+use fleetwatch_api::ResourceRef;
 use fleetwatch_protocol::provides::{PROVIDES_ANNOTATION, format_provides, parse_provides};
 use serde_json::Value;
 
@@ -30,7 +30,8 @@ fn is_crd_api(api_version: &str) -> bool {
 /// The manifest to apply: the template's, with the manager workload annotated with the
 /// kinds of the manifest's CRDs (merged with what the module itself declares there).
 /// Borrowed unchanged when the manifest has no CRD or no manager object.
-pub fn annotated_manifest(spec: &ModuleTemplateSpec) -> Cow<'_, [Value]> {
+#[cfg(test)]
+pub fn annotated_manifest(spec: &fleetwatch_api::ModuleTemplateSpec) -> Cow<'_, [Value]> {
     annotated(&spec.manifest, &spec.manager)
 }
 
@@ -68,7 +69,7 @@ pub fn annotated<'a>(manifest: &'a [Value], m: &ResourceRef) -> Cow<'a, [Value]>
 #[cfg(test)]
 mod tests {
     use super::*;
-    use fleetwatch_api::ResourceRef;
+    use fleetwatch_api::ModuleTemplateSpec;
     use serde_json::json;
 
     fn spec(manifest: Vec<Value>) -> ModuleTemplateSpec {

@@ -1,14 +1,20 @@
 //! Reconciling one Runtime: each module installed, upgraded, protected from downgrades or
 //! removed according to the rules, failures kept per module, status written.
+//!
+//! This module carries decisions out; it does not make them. For each module it gathers what
+//! the rules read (the stores, the clock, the version the manager runs, the other modules'
+//! statuses), asks [`crate::plan`] what to do (the desired version, downgrade protection,
+//! dependencies, the rollout and maintenance gates, deletion, when to look again), and does
+//! it against the runtime cluster and the control plane.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use fleetwatch_api::policy::{Step, desired_version, next_step, parse};
+use fleetwatch_api::policy::{Step, parse};
 use fleetwatch_api::{
-    CustomResourcePolicy, FailedStep, ModuleEntry, ModuleReason, ModuleReleaseMeta, ModuleStatus, ModuleTemplate,
-    RolloutStatus, Runtime, RuntimeStatus, State,
+    FailedStep, ModuleEntry, ModuleReason, ModuleReleaseMeta, ModuleStatus, ModuleTemplate, RolloutStatus, Runtime,
+    RuntimeStatus, State,
 };
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
@@ -19,19 +25,16 @@ use tracing::Instrument;
 
 use crate::applier::Applier;
 use crate::artifact::cache::{Cached, FetchError, MAX_RETRY, PullSecret};
+use crate::plan::{self, BUSY_REQUEUE, Decision, Inputs, Stores, Window, find_meta, find_template};
 use crate::{Ctx, Error};
 
 mod status;
-use status::{admit_recorded, publish_events, publish_note, recorded_rollout, write_rollouts, write_status};
+use status::{Admission, admit_recorded, publish_events, publish_note, recorded_rollout, write_rollouts, write_status};
 
 /// The finalizer that makes deleting a Runtime remove its modules first.
 pub const FINALIZER: &str = "operator.fleetwatch.dev/lifecycle";
 /// The label carrying a module's running version on its manager workload.
 pub const VERSION_LABEL: &str = "app.kubernetes.io/version";
-/// How soon to look again while something is in progress.
-pub(crate) const BUSY_REQUEUE: Duration = Duration::from_secs(2);
-/// How often a runtime waiting for a maintenance window looks at the clock.
-const WINDOW_POLL: Duration = Duration::from_secs(2);
 
 /// What a module's reconcile asks of the runtime's next one.
 #[derive(Default)]
@@ -380,46 +383,29 @@ async fn apply(rt: Arc<Runtime>, ctx: &Ctx) -> Result<Action, Error> {
     flags.listed = rt.spec.modules.iter().map(|e| e.name.clone()).collect();
     flags.known = previous.clone();
     let mut done: Vec<Option<ModuleStatus>> = vec![None; rt.spec.modules.len()];
-    for i in requires_order(ctx, &rt, &ns) {
+    let order = {
+        let (templates, metas) = (ctx.templates.state(), ctx.metas.state());
+        plan::order(&rt, &Stores { ns: &ns, templates: &templates, metas: &metas, policies: &[] })
+    };
+    for i in order {
         let entry = &rt.spec.modules[i];
         let prev = by_name.get(entry.name.as_str()).copied();
-        // A dependency stays managed while an installed module requires it.
-        let required_by = if entry.managed {
-            Vec::new()
-        } else {
-            crate::requires::dependents(&entry.name, &installed_of(&flags.known), &ctx.templates.state(), &ns)
+        let management = {
+            let templates = ctx.templates.state();
+            plan::management(entry, &flags.known, &Stores { ns: &ns, templates: &templates, metas: &[], policies: &[] })
         };
-        let st = if entry.managed {
-            install(ctx, &applier, &rt, &ns, entry, prev, &mut flags).await
-        } else if !required_by.is_empty() {
-            let mut st = install(ctx, &applier, &rt, &ns, entry, prev, &mut flags).await;
-            if st.state == State::Ready {
-                st.state = State::Warning;
-                st.message =
-                    format!("not unmanaged yet: required by {} (managed until none is)", required_by.join(", "));
-                st.reason = Some(ModuleReason::RequiredByOthers);
+        let st = match management {
+            plan::Management::Manage => install(ctx, &applier, &rt, &ns, entry, prev, &mut flags).await,
+            plan::Management::StillRequired(required_by) => {
+                let mut st = install(ctx, &applier, &rt, &ns, entry, prev, &mut flags).await;
+                if st.state == State::Ready {
+                    st.state = State::Warning;
+                    st.message = plan::still_required_message(&required_by);
+                    st.reason = Some(ModuleReason::RequiredByOthers);
+                }
+                st
             }
-            st
-        } else {
-            // `managed: false` only unmanages (as in lifecycle-manager): reconciling stops and
-            // everything installed stays, whatever the deletion policy. Removing the entry is
-            // what applies the policy.
-            let mut known =
-                prev.cloned().unwrap_or_else(|| ModuleStatus { name: entry.name.clone(), ..Default::default() });
-            known.custom_resource_policy = entry.custom_resource_policy;
-            let actual = actual_version(&applier, &known).await;
-            let message = match &actual {
-                Some(v) => format!("not managed by fleetwatch; {v} is installed"),
-                None => "not managed by fleetwatch; nothing of it is installed".into(),
-            };
-            ModuleStatus {
-                state: State::Unmanaged,
-                message,
-                actual_version: actual,
-                // What fleetwatch knew stays: managing it again is not a fresh install
-                // (a default configuration the user deleted is not recreated).
-                ..known
-            }
+            plan::Management::Unmanage => unmanage(&applier, entry, prev).await,
         };
         busy |= matches!(st.state, State::Processing | State::Deleting);
         flags.known.retain(|k| k.name != st.name);
@@ -429,12 +415,8 @@ async fn apply(rt: Arc<Runtime>, ctx: &Ctx) -> Result<Action, Error> {
     let mut statuses: Vec<ModuleStatus> = done.into_iter().flatten().collect();
     // Modules whose entry is gone: remove them by the policy kept in status, dependents first;
     // one an installed module still requires waits for it.
-    let gone: Vec<&ModuleStatus> = previous
-        .iter()
-        .filter(|p| !rt.spec.modules.iter().any(|e| e.name == p.name))
-        .filter(|p| p.state != State::Unmanaged) // already let go
-        .collect();
-    let staying = installed_of(&statuses);
+    let gone = plan::gone(&rt, &previous);
+    let staying = plan::installed_of(&statuses);
     for st in remove_in_order(ctx, &applier, &ns, &gone, &staying).await {
         busy |= st.state == State::Deleting;
         statuses.push(st);
@@ -482,51 +464,39 @@ async fn apply(rt: Arc<Runtime>, ctx: &Ctx) -> Result<Action, Error> {
     write_rollouts(ctx).await;
     ctx.metrics.record_duration(started.elapsed());
     ctx.reset_backoff(&key);
-    let next = if busy {
-        Some(BUSY_REQUEUE)
-    } else if let Some(until) = flags.window {
-        // Look again when the window opens (and now and then, in case the clock jumps).
-        Some(until.clamp(Duration::from_secs(1), Duration::from_secs(60)).min(WINDOW_POLL))
-    } else if flags.waiting {
-        // Woken when its wave opens; this is only the safety net.
-        Some(Duration::from_secs(10))
-    } else {
-        ctx.resync
+    let pending = plan::Pending {
+        busy,
+        window: flags.window,
+        waiting: flags.waiting,
+        pull: flags.pull,
+        retry: retries.next,
+        renew: renew_in,
     };
-    // Back when a module's artifact is due to be pulled again, or a failed module retried.
-    let next = [next, flags.pull, retries.next].into_iter().flatten().min();
-    // Back in time to renew the agent's certificate, whatever else is pending.
-    let next = match (next, renew_in) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
-    };
-    Ok(next.map(Action::requeue).unwrap_or_else(Action::await_change))
+    Ok(plan::requeue(&pending, ctx.resync).map(Action::requeue).unwrap_or_else(Action::await_change))
 }
 
+/// `managed: false`: nothing is touched; the status says what runs, and what fleetwatch knew
+/// stays (managing it again is not a fresh install).
+async fn unmanage(applier: &Applier, entry: &ModuleEntry, prev: Option<&ModuleStatus>) -> ModuleStatus {
+    let mut known = prev.cloned().unwrap_or_else(|| ModuleStatus { name: entry.name.clone(), ..Default::default() });
+    known.custom_resource_policy = entry.custom_resource_policy;
+    let actual = actual_version(applier, &known).await;
+    let message = plan::unmanaged_message(actual.as_deref());
+    ModuleStatus {
+        state: State::Unmanaged,
+        message,
+        actual_version: actual,
+        // What fleetwatch knew stays: managing it again is not a fresh install
+        // (a default configuration the user deleted is not recreated).
+        ..known
+    }
+}
+
+/// The version the module's manager Deployment runs (its version label), if it can be read.
 async fn actual_version(applier: &Applier, st: &ModuleStatus) -> Option<String> {
     let manager = st.resources.iter().find(|r| r.kind == "Deployment")?;
     let d = applier.get(manager).await.ok()??;
     d.labels().get(VERSION_LABEL).cloned()
-}
-
-fn find_meta<'a>(metas: &'a [Arc<ModuleReleaseMeta>], ns: &str, module: &str) -> Option<&'a ModuleReleaseMeta> {
-    metas.iter().find(|m| m.spec.module_name == module && m.namespace().as_deref() == Some(ns)).map(|m| m.as_ref())
-}
-
-fn find_template(
-    templates: &[Arc<ModuleTemplate>],
-    ns: &str,
-    module: &str,
-    version: &semver::Version,
-) -> Option<Arc<ModuleTemplate>> {
-    templates
-        .iter()
-        .find(|t| {
-            t.spec.module_name == module
-                && t.namespace().as_deref() == Some(ns)
-                && parse(&t.spec.version).is_ok_and(|v| &v == version)
-        })
-        .cloned()
 }
 
 /// Installs, upgrades or keeps one module; never fails: problems become its state. Sets
@@ -541,13 +511,33 @@ async fn install(
     flags: &mut Flags,
 ) -> ModuleStatus {
     let runtime = format!("{ns}/{}", rt.name_any());
-    if let Some(p) = prev
-        && held_back(ctx, rt, &runtime, ns, entry, p)
-    {
-        tracing::debug!(module = %entry.name, "failed step not due yet; nothing changed that could unblock it");
-        return p.clone();
+    // What the rules read, gathered once for this module.
+    let (templates, metas, policies) = (ctx.templates.state(), ctx.metas.state(), ctx.policies.state());
+    let stores = Stores { ns, templates: &templates, metas: &metas, policies: &policies };
+    let now = ctx.clock.now();
+    if let Some(p) = prev {
+        let failed = plan::Failed {
+            previous: p,
+            spec_changed: rt.status.as_ref().and_then(|s| s.observed_generation) != rt.metadata.generation,
+            desired: plan::desired(entry, rt, &stores).ok().map(|(v, _)| v.to_string()),
+            cluster_moved: ctx.changes.moved(&runtime, &rt.cluster_id(), &entry.name),
+        };
+        if plan::held_back(&failed, now) {
+            tracing::debug!(module = %entry.name, "failed step not due yet; nothing changed that could unblock it");
+            return p.clone();
+        }
     }
-    let st = install_inner(ctx, applier, rt, ns, entry, prev, flags).await;
+    let inputs = Inputs {
+        rt,
+        stores,
+        known: &flags.known,
+        listed: &flags.listed,
+        now,
+        min_window_remaining: ctx.min_window_remaining,
+    };
+    let mut gates = Gates::default();
+    let st = install_inner(ctx, applier, &inputs, entry, prev, &mut gates).await;
+    gates.into(flags);
     if st.state == State::Error {
         ctx.changes.failed(&runtime, &rt.cluster_id(), &entry.name);
     } else {
@@ -562,130 +552,100 @@ async fn install(
     {
         let name = rt.name_any();
         let recorded = recorded_rollout(&meta, &desired);
+        let of = crate::rollout::RolloutOf { ns, module: &entry.name, version: &desired };
         match st.state {
             State::Ready if st.installed_version.as_deref() == Some(desired.to_string().as_str()) => {
-                ctx.rollouts.report(ns, &entry.name, &desired, &name, true, policy, recorded)
+                ctx.rollouts.report(of, &name, true, policy, recorded)
             }
-            State::Error => ctx.rollouts.report(ns, &entry.name, &desired, &name, false, policy, recorded),
+            State::Error => ctx.rollouts.report(of, &name, false, policy, recorded),
             _ => {}
         }
     }
     st
 }
 
-/// Whether a module that failed a step touching its cluster waits for its next attempt in
-/// this reconcile: not due yet, and nothing happened since it failed that could unblock it —
-/// no spec change of the Runtime, no other desired version, no Namespace, CRD or module
-/// inventory change in its cluster ([`crate::retry::ClusterChanges`]). Other reconciles of
-/// the Runtime (a sibling in progress, a busy cluster's unrelated events) then leave it alone,
-/// so its backoff holds.
-fn held_back(ctx: &Ctx, rt: &Runtime, runtime: &str, ns: &str, entry: &ModuleEntry, p: &ModuleStatus) -> bool {
-    let Some(r) = p.retry.as_ref().filter(|_| p.state == State::Error) else { return false };
-    if !crate::retry::held_back(r.step) {
-        return false;
+/// What one module's gates ask of the runtime's next reconcile ([`Flags`]).
+#[derive(Default)]
+struct Gates {
+    /// Waiting for a rollout wave.
+    waiting: bool,
+    /// Look again in this long (a maintenance window, a held upgrade).
+    window: Option<Duration>,
+    /// Waiting for a module artifact: its pull's backoff.
+    pull: Option<Duration>,
+}
+
+impl Gates {
+    fn into(self, flags: &mut Flags) {
+        flags.waiting |= self.waiting;
+        if let Some(w) = self.window {
+            flags.window = Some(w);
+        }
+        if let Some(p) = self.pull {
+            flags.pull_in(p);
+        }
     }
-    let due = r.next_attempt.parse::<jiff::Timestamp>().map_or(true, |at| at <= ctx.clock.now());
-    let spec_changed = rt.status.as_ref().and_then(|s| s.observed_generation) != rt.metadata.generation;
-    let metas = ctx.metas.state();
-    let desired =
-        desired_version(entry, rt.spec.channel.as_deref(), find_meta(&metas, ns, &entry.name).map(|m| &m.spec))
-            .ok()
-            .map(|(v, _)| v.to_string());
-    !due && !spec_changed && desired == p.desired_version && !ctx.changes.moved(runtime, &rt.cluster_id(), &entry.name)
 }
 
-/// How many runtimes of the namespace want `version` of `module` through their channel.
-fn affected(ctx: &Ctx, ns: &str, module: &str, version: &semver::Version, metas: &[Arc<ModuleReleaseMeta>]) -> u32 {
-    let meta = find_meta(metas, ns, module).map(|m| &m.spec);
-    ctx.fleet
-        .state()
-        .iter()
-        .filter(|r| r.namespace().as_deref() == Some(ns))
-        .filter(|r| {
-            r.spec.modules.iter().any(|e| {
-                e.name == module
-                    && e.managed
-                    && e.version.is_none()
-                    && desired_version(e, r.spec.channel.as_deref(), meta).is_ok_and(|(v, _)| &v == version)
-            })
-        })
-        .count() as u32
-}
-
+/// One module: its desired version and template resolved ([`plan::desired`]), the version
+/// its manager runs read, the rules decided ([`plan::decide`]), then the decision carried
+/// out: a status for what must wait, the gates (rollout admission, maintenance window), then
+/// [`change`].
 async fn install_inner(
     ctx: &Ctx,
     applier: &Applier,
-    rt: &Runtime,
-    ns: &str,
+    inputs: &Inputs<'_>,
     entry: &ModuleEntry,
     prev: Option<&ModuleStatus>,
-    flags: &mut Flags,
+    gates: &mut Gates,
 ) -> ModuleStatus {
+    let (rt, ns) = (inputs.rt, inputs.stores.ns);
     let mut st = prev.cloned().unwrap_or_else(|| ModuleStatus { name: entry.name.clone(), ..Default::default() });
     st.custom_resource_policy = entry.custom_resource_policy;
     // Whatever held it last time is decided anew.
     st.reason = None;
-    let metas = ctx.metas.state();
-    let (desired, channel) =
-        match desired_version(entry, rt.spec.channel.as_deref(), find_meta(&metas, ns, &entry.name).map(|m| &m.spec)) {
-            Ok(v) => v,
-            Err(e) => return failed(st, FailedStep::Resolve, e.to_string()),
-        };
+    let (desired, channel) = match plan::desired(entry, rt, &inputs.stores) {
+        Ok(v) => v,
+        Err(e) => return failed(st, FailedStep::Resolve, e),
+    };
     st.channel = channel;
     st.desired_version = Some(desired.to_string());
-    let Some(template) = find_template(&ctx.templates.state(), ns, &entry.name, &desired) else {
+    let Some(template) = inputs.stores.template(&entry.name, &desired) else {
         return failed(
             st,
             FailedStep::Resolve,
             format!("no ModuleTemplate for {} {desired} in namespace {ns}", entry.name),
         );
     };
-    let manager = template.spec.manager.clone();
-    let running = match applier.get(&manager).await {
+    let running = match applier.get(&template.spec.manager).await {
         Ok(d) => d.and_then(|d| d.labels().get(VERSION_LABEL).cloned()),
         Err(e) => return failed(st, FailedStep::Read, e.to_string()),
     };
     st.actual_version = running.clone();
     let actual = running.as_deref().and_then(|v| parse(v).ok());
-    let step = next_step(actual.as_ref(), &desired);
-    if let Step::RefuseDowngrade { from } = &step {
-        // Rule 2: never downgrade what runs; say so once, no error loop.
-        let mut st = fail(st, State::Warning, format!("downgrade from {from} to {desired} not applied"));
-        st.reason = Some(ModuleReason::DowngradeRefused);
-        return st;
-    }
-    // Dependencies: an install or upgrade waits until what its version requires is Ready.
-    if !template.spec.requires.is_empty() {
-        if let Err(why) = crate::requires::judge(&template, &ctx.templates.state(), &metas) {
-            let message = format!("ModuleTemplate {} is not usable: {why}", template.name_any());
-            return failed(st, FailedStep::Resolve, message);
+    let change = match plan::decide(inputs, entry, &desired, &template, actual.as_ref()) {
+        Decision::RefuseDowngrade(message) => {
+            // Rule 2: never downgrade what runs; say so once, no error loop.
+            let mut st = fail(st, State::Warning, message);
+            st.reason = Some(ModuleReason::DowngradeRefused);
+            return st;
         }
-        if matches!(step, Step::Install | Step::Upgrade { .. }) {
-            let listed: Vec<&str> = flags.listed.iter().map(String::as_str).collect();
-            if let Some(unmet) = crate::requires::unmet(&template.spec.requires, &flags.known, &listed) {
-                let state = if unmet.listed { State::Processing } else { State::Warning };
-                let mut st = fail(st, state, format!("{} {desired} {}", entry.name, unmet.message));
-                st.reason = Some(ModuleReason::WaitingForDependency);
-                return st;
-            }
+        Decision::Unusable(message) => return failed(st, FailedStep::Resolve, message),
+        Decision::WaitForDependency(state, message) => {
+            let mut st = fail(st, state, message);
+            st.reason = Some(ModuleReason::WaitingForDependency);
+            return st;
         }
-    }
-    // Paced rollouts: an upgrade that a channel move caused waits for its wave.
-    let rollout = match (&step, &entry.version) {
-        (Step::Upgrade { .. }, None) => find_meta(&metas, ns, &entry.name).and_then(|m| m.spec.rollout.clone()),
-        _ => None,
+        Decision::Change(change) => change,
     };
-    if let Some(policy) = &rollout {
-        let total = affected(ctx, ns, &entry.name, &desired, &metas);
+    if let Some(policy) = &change.rollout {
+        let total = plan::rollout_total(&ctx.fleet.state(), &inputs.stores, &entry.name, &desired);
         // The admission is recorded before the upgrade starts: an instance taking over
         // counts this runtime as in flight. Not recorded, not started (it is retried).
-        let why = match admit_recorded(ctx, ns, &entry.name, &desired, policy, rt, total).await {
-            crate::rollout::UpgradeGate::Wait(why) => Some(why),
-            crate::rollout::UpgradeGate::Go => None,
-        };
-        if let Some(why) = why {
+        let admission = Admission { ns, module: &entry.name, version: &desired, policy, rt, total };
+        if let crate::rollout::UpgradeGate::Wait(why) = admit_recorded(ctx, &admission).await {
             // The current version keeps running and being what status reports.
-            flags.waiting = true;
+            gates.waiting = true;
             st.state = if prev.is_some_and(|p| p.state == State::Ready) { State::Ready } else { State::Processing };
             st.message = why;
             st.reason = Some(ModuleReason::WaitingForRollout);
@@ -695,75 +655,71 @@ async fn install_inner(
     // Rule 3: an upgrade needing downtime waits for a maintenance window; meanwhile the
     // current version keeps being reconciled (drift repaired).
     st.next_maintenance_window = None;
-    if let (Step::Upgrade { from }, true) = (&step, template.spec.requires_downtime) {
-        let now = ctx.clock.now();
-        match crate::maintenance::gate(rt, &ctx.policies, now, ctx.min_window_remaining) {
-            crate::maintenance::Gate::Open => {}
-            crate::maintenance::Gate::Wait(w) => {
-                flags.window = Some(w.begin.duration_since(now).unsigned_abs());
-                st.next_maintenance_window = Some(format!("{}/{}", w.begin, w.end));
-                let mut st = keep_current(
-                    applier,
-                    ns,
-                    ctx,
-                    entry,
-                    st,
-                    from,
-                    format!("upgrade to {desired} waits for the maintenance window {} – {}", w.begin, w.end),
-                )
-                .await;
-                if st.state != State::Error {
-                    st.reason = Some(ModuleReason::WaitingForMaintenanceWindow);
-                }
-                return st;
+    match change.window.clone() {
+        Window::Open => {}
+        Window::Wait { from, message, next, opens_in } => {
+            gates.window = Some(opens_in);
+            st.next_maintenance_window = Some(next);
+            let mut st = keep_current(applier, ns, ctx, entry, st, &from, message).await;
+            if st.state != State::Error {
+                st.reason = Some(ModuleReason::WaitingForMaintenanceWindow);
             }
-            crate::maintenance::Gate::Never(why) => {
-                let message = format!("upgrade to {desired} needs downtime but no maintenance window: {why}");
-                return hold(applier, ns, ctx, entry, st, from, message).await;
+            return st;
+        }
+        Window::Hold { from, message, look_again } => {
+            if look_again.is_some() {
+                gates.window = look_again;
             }
-            crate::maintenance::Gate::Broken(why) => {
-                // Fail closed: no downtime upgrade while the policy is missing or invalid.
-                // Policy edits do not trigger reconciles, so look again now and then.
-                flags.window = Some(Duration::from_secs(60));
-                return hold(applier, ns, ctx, entry, st, from, format!("upgrade to {desired} held: {why}")).await;
-            }
+            return hold(applier, ns, ctx, entry, st, &from, message).await;
         }
     }
+    let target = Target { entry, template, desired, actual, change };
+    change_module(ctx, applier, rt, ns, &target, st, gates).await
+}
+
+/// A module's change as decided, carried out by [`change_module`].
+struct Target<'a> {
+    entry: &'a ModuleEntry,
+    template: Arc<ModuleTemplate>,
+    desired: semver::Version,
+    /// The version running before the change.
+    actual: Option<semver::Version>,
+    change: plan::Change,
+}
+
+/// Carries out an install, upgrade or keep that the gates let through: the objects fetched,
+/// migrations run around them, applied, the default configuration created once, and the
+/// manager's readiness read.
+async fn change_module(
+    ctx: &Ctx,
+    applier: &Applier,
+    rt: &Runtime,
+    ns: &str,
+    target: &Target<'_>,
+    mut st: ModuleStatus,
+    gates: &mut Gates,
+) -> ModuleStatus {
+    let Target { entry, template, desired, actual, change } = target;
     // The objects: inline, or the artifact (cached, else pulled). One that cannot be had
     // changes nothing in the cluster: the running version keeps being reconciled.
-    let content = match content(ctx, &template).await {
+    let content = match content(ctx, template).await {
         Ok(c) => c,
         Err(e) => {
-            flags.pull_in(e.retry_in);
-            let state = if e.permanent { State::Error } else { State::Warning };
-            let before = (st.state, st.message.clone());
-            let (mut st, message) = match &step {
-                Step::Upgrade { from } => {
-                    let st = keep_current(applier, ns, ctx, entry, st, from, e.message.clone()).await;
-                    if st.state == State::Error && !st.message.starts_with(&e.message) {
-                        return st; // repairing the running version failed: that is what shows
-                    }
-                    let message = st.message.clone();
-                    (st, message)
-                }
-                _ => (st, e.message),
-            };
-            (st.state, st.message) = before;
-            let mut st = if e.permanent { failed(st, FailedStep::Pull, message) } else { fail(st, state, message) };
-            st.reason = (!e.permanent).then_some(ModuleReason::WaitingForArtifact);
-            return st;
+            gates.pull = Some(e.retry_in);
+            return unfetched(ctx, applier, ns, entry, st, &change.step, e).await;
         }
     };
     // Rule 6: migrations run around installs and upgrades only, not when keeping a version.
-    let migrating = matches!(step, Step::Install | Step::Upgrade { .. });
     let cx = crate::migration::MigrationContext {
         cluster: applier,
         module: &entry.name,
         from: actual.as_ref(),
-        to: &desired,
+        to: desired,
         metrics: Some(&ctx.metrics),
     };
-    if migrating && let Err(e) = ctx.migrations.pre(&cx).await {
+    if change.migrate
+        && let Err(e) = ctx.migrations.pre(&cx).await
+    {
         return failed(st, FailedStep::Migration, format!("upgrade of {} to {desired} stopped: {e}", entry.name));
     }
     let mut resources = Vec::new();
@@ -774,42 +730,99 @@ async fn install_inner(
             Err(e) => return failed(st, FailedStep::Apply, format!("installing {} {desired}: {e}", entry.name)),
         }
     }
-    if migrating && let Err(e) = ctx.migrations.post(&cx).await {
+    if change.migrate
+        && let Err(e) = ctx.migrations.post(&cx).await
+    {
         return failed(st, FailedStep::Migration, format!("after upgrading {} to {desired}: {e}", entry.name));
     }
     st.resources = resources;
     st.installed_version = Some(desired.to_string());
     st.managed_resources = template.spec.managed_resources.clone();
-    // Rule 4: the default configuration is created once and never recreated or overwritten.
     if let Some(cfg) = content.default_config() {
-        match Applier::reference(cfg) {
-            Ok(r) => st.default_config = Some(r),
-            Err(e) => return failed(st, FailedStep::DefaultConfig, e.to_string()),
-        }
-        // The cached Runtime may predate the status write that recorded an earlier creation
-        // (a busy API server or watch): ask the API server before creating, so a
-        // configuration the user deleted meanwhile is not created again.
-        if !st.default_config_created && created_before(ctx, rt, &entry.name).await {
-            st.default_config_created = true;
-        }
-        if !st.default_config_created {
-            match applier.create_once(cfg).await {
-                Ok((_, created)) => {
-                    st.default_config_created = true;
-                    if created {
-                        tracing::info!(module = %entry.name, "default configuration created");
-                    }
-                }
-                Err(e) => return failed(st, FailedStep::DefaultConfig, format!("creating default configuration: {e}")),
-            }
-        }
+        st = match default_config(ctx, applier, rt, st, cfg).await {
+            Ok(st) => st,
+            Err(failed) => return failed,
+        };
     }
-    // Ready once the manager runs the desired version and is available.
-    let (state, message) = match applier.get(&manager).await {
+    readiness(applier, &template.spec.manager, desired, st).await
+}
+
+/// A module whose objects cannot be had (`e`): nothing changes in the cluster; an upgrade
+/// keeps (and repairs) the running version. A transient failure is a `Warning`
+/// (`WaitingForArtifact`), a permanent one an `Error` retried with backoff.
+async fn unfetched(
+    ctx: &Ctx,
+    applier: &Applier,
+    ns: &str,
+    entry: &ModuleEntry,
+    st: ModuleStatus,
+    step: &Step,
+    e: FetchError,
+) -> ModuleStatus {
+    let state = if e.permanent { State::Error } else { State::Warning };
+    let before = (st.state, st.message.clone());
+    let (mut st, message) = match step {
+        Step::Upgrade { from } => {
+            let st = keep_current(applier, ns, ctx, entry, st, from, e.message.clone()).await;
+            if st.state == State::Error && !st.message.starts_with(&e.message) {
+                return st; // repairing the running version failed: that is what shows
+            }
+            let message = st.message.clone();
+            (st, message)
+        }
+        _ => (st, e.message),
+    };
+    (st.state, st.message) = before;
+    let mut st = if e.permanent { failed(st, FailedStep::Pull, message) } else { fail(st, state, message) };
+    st.reason = (!e.permanent).then_some(ModuleReason::WaitingForArtifact);
+    st
+}
+
+/// Rule 4: the default configuration `cfg` is created once and never recreated or
+/// overwritten. `Err` with the failed status when it cannot be.
+async fn default_config(
+    ctx: &Ctx,
+    applier: &Applier,
+    rt: &Runtime,
+    mut st: ModuleStatus,
+    cfg: &Value,
+) -> Result<ModuleStatus, ModuleStatus> {
+    match Applier::reference(cfg) {
+        Ok(r) => st.default_config = Some(r),
+        Err(e) => return Err(failed(st, FailedStep::DefaultConfig, e.to_string())),
+    }
+    // The cached Runtime may predate the status write that recorded an earlier creation
+    // (a busy API server or watch): ask the API server before creating, so a
+    // configuration the user deleted meanwhile is not created again.
+    let in_api_server = !st.default_config_created && created_before(ctx, rt, &st.name).await;
+    if !plan::create_default_config(st.default_config_created, in_api_server) {
+        st.default_config_created = true;
+        return Ok(st);
+    }
+    match applier.create_once(cfg).await {
+        Ok((_, created)) => {
+            st.default_config_created = true;
+            if created {
+                tracing::info!(module = %st.name, "default configuration created");
+            }
+            Ok(st)
+        }
+        Err(e) => Err(failed(st, FailedStep::DefaultConfig, format!("creating default configuration: {e}"))),
+    }
+}
+
+/// Ready once the manager runs the desired version and is available.
+async fn readiness(
+    applier: &Applier,
+    manager: &fleetwatch_api::ResourceRef,
+    desired: &semver::Version,
+    mut st: ModuleStatus,
+) -> ModuleStatus {
+    let (state, message) = match applier.get(manager).await {
         Ok(Some(d)) => {
             let v = d.labels().get(VERSION_LABEL).cloned();
             st.actual_version = v.clone();
-            if v.as_deref().and_then(|v| parse(v).ok()).as_ref() != Some(&desired) {
+            if v.as_deref().and_then(|v| parse(v).ok()).as_ref() != Some(desired) {
                 (State::Processing, format!("manager runs {:?}, waiting for {desired}", v))
             } else if let Some(waiting) = manager_rollout_pending(&d) {
                 (State::Processing, waiting)
@@ -932,37 +945,6 @@ fn schedule_retries(
     })
 }
 
-/// Each module's installed version, for [`crate::requires::dependents`].
-fn installed_of(statuses: &[ModuleStatus]) -> Vec<(String, String)> {
-    statuses
-        .iter()
-        .filter(|m| m.state != State::Unmanaged)
-        .filter_map(|m| Some((m.name.clone(), m.installed_version.clone()?)))
-        .collect()
-}
-
-/// The order the Runtime's modules are reconciled in: each after the modules its desired
-/// version requires (indices into `spec.modules`).
-fn requires_order(ctx: &Ctx, rt: &Runtime, ns: &str) -> Vec<usize> {
-    let metas = ctx.metas.state();
-    let templates = ctx.templates.state();
-    let graph: Vec<(String, Vec<String>)> = rt
-        .spec
-        .modules
-        .iter()
-        .map(|e| {
-            let meta = find_meta(&metas, ns, &e.name).map(|m| &m.spec);
-            let requires = desired_version(e, rt.spec.channel.as_deref(), meta)
-                .ok()
-                .and_then(|(v, _)| find_template(&templates, ns, &e.name, &v))
-                .map(|t| t.spec.requires.iter().map(|r| r.module.clone()).collect())
-                .unwrap_or_default();
-            (e.name.clone(), requires)
-        })
-        .collect();
-    crate::requires::order(&graph)
-}
-
 /// Removes `pending` modules by their policy, those that require others first; a module
 /// that an installed one still requires (`staying`, or one of `pending` not gone yet) waits
 /// with reason `RequiredByOthers`. The statuses of those not gone yet.
@@ -992,17 +974,24 @@ async fn remove_in_order(
     for i in crate::requires::order(&graph).into_iter().rev() {
         let prev = pending[i];
         let mut installed = staying.to_vec();
-        installed.extend(installed_of(&left.iter().map(|p| (*p).clone()).collect::<Vec<_>>()));
+        installed.extend(plan::installed_of(&left.iter().map(|p| (*p).clone()).collect::<Vec<_>>()));
         let blocking = crate::requires::dependents(&prev.name, &installed, &templates, ns);
-        if prev.custom_resource_policy == CustomResourcePolicy::CreateAndDelete && !blocking.is_empty() {
-            let mut st = prev.clone();
-            st.state = State::Deleting;
-            st.reason = Some(ModuleReason::RequiredByOthers);
-            st.message = format!("removal waits: required by {}", blocking.join(", "));
-            out.push(st);
-            continue;
-        }
-        match remove(applier, prev).await {
+        let gone = match plan::removal(prev.custom_resource_policy, &blocking) {
+            plan::Removal::Wait(message) => {
+                let mut st = prev.clone();
+                st.state = State::Deleting;
+                st.reason = Some(ModuleReason::RequiredByOthers);
+                st.message = message;
+                out.push(st);
+                continue;
+            }
+            plan::Removal::LetGo => {
+                tracing::info!(module = %prev.name, "removed with Ignore: left installed, no longer reconciled");
+                None
+            }
+            plan::Removal::Delete => delete(applier, prev).await,
+        };
+        match gone {
             Some(st) => out.push(st),
             None => left.retain(|p| p.name != prev.name),
         }
@@ -1012,44 +1001,37 @@ async fn remove_in_order(
     out
 }
 
-/// Rule 5. `None` when the module is gone (or let go); otherwise its status while waiting.
-async fn remove(applier: &Applier, prev: &ModuleStatus) -> Option<ModuleStatus> {
-    match prev.custom_resource_policy {
-        CustomResourcePolicy::Ignore => {
-            tracing::info!(module = %prev.name, "removed with Ignore: left installed, no longer reconciled");
-            None
-        }
-        CustomResourcePolicy::CreateAndDelete => {
-            let mut st = prev.clone();
-            st.reason = None;
-            if let Some(cfg) = &prev.default_config
-                && let Err(e) = applier.delete(cfg).await
-            {
-                return Some(failed(st, FailedStep::Delete, format!("deleting default configuration: {e}")));
-            }
-            let mut blocking = Vec::new();
-            for kind in &prev.managed_resources {
-                match applier.count(kind).await {
-                    Ok(0) => {}
-                    Ok(n) => blocking.push(format!("{n} {}", kind.kind)),
-                    Err(e) => return Some(failed(st, FailedStep::Delete, e.to_string())),
-                }
-            }
-            if !blocking.is_empty() {
-                st.state = State::Deleting;
-                st.message = format!("waiting for managed resources to be deleted: {}", blocking.join(", "));
-                st.reason = Some(ModuleReason::DeletionBlocked);
-                return Some(st);
-            }
-            for r in prev.resources.iter().rev() {
-                if let Err(e) = applier.delete(r).await {
-                    return Some(failed(st, FailedStep::Delete, format!("deleting {}: {e}", r.name)));
-                }
-            }
-            tracing::info!(module = %prev.name, "module deleted");
-            None
+/// Rule 5, `CreateAndDelete`: the default configuration deleted, then, once no managed
+/// resource is left, the module's objects in reverse order. `None` when the module is gone;
+/// otherwise its status while waiting.
+async fn delete(applier: &Applier, prev: &ModuleStatus) -> Option<ModuleStatus> {
+    let mut st = prev.clone();
+    st.reason = None;
+    if let Some(cfg) = &prev.default_config
+        && let Err(e) = applier.delete(cfg).await
+    {
+        return Some(failed(st, FailedStep::Delete, format!("deleting default configuration: {e}")));
+    }
+    let mut left = Vec::new();
+    for kind in &prev.managed_resources {
+        match applier.count(kind).await {
+            Ok(n) => left.push((kind.kind.clone(), n)),
+            Err(e) => return Some(failed(st, FailedStep::Delete, e.to_string())),
         }
     }
+    if let Some(message) = plan::deletion_blocked(&left) {
+        st.state = State::Deleting;
+        st.message = message;
+        st.reason = Some(ModuleReason::DeletionBlocked);
+        return Some(st);
+    }
+    for r in prev.resources.iter().rev() {
+        if let Err(e) = applier.delete(r).await {
+            return Some(failed(st, FailedStep::Delete, format!("deleting {}: {e}", r.name)));
+        }
+    }
+    tracing::info!(module = %prev.name, "module deleted");
+    None
 }
 
 /// Why the manager has not finished rolling out its current spec, or `None` once it has.

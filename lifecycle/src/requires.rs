@@ -36,17 +36,6 @@ pub struct Unmet {
 /// Whether every requirement is met by the runtime's modules as known now (this reconcile's
 /// statuses of the modules done before, else the last ones): installed, `Ready` (or left
 /// unmanaged with a running version), and in the range. The first unmet one otherwise.
-///
-/// ```
-/// use fleetwatch_api::{ModuleRequirement, ModuleStatus, State};
-/// use fleetwatch_lifecycle::requires::unmet;
-/// let req = [ModuleRequirement { module: "istio".into(), versions: Some(">=1.2".into()) }];
-/// let ready = ModuleStatus { name: "istio".into(), state: State::Ready, actual_version: Some("1.4.0".into()), ..Default::default() };
-/// assert_eq!(unmet(&req, &[ready.clone()], &["istio"]), None);
-/// let old = ModuleStatus { actual_version: Some("1.1.0".into()), ..ready };
-/// assert!(unmet(&req, &[old], &["istio"]).unwrap().message.contains("runs 1.1.0"));
-/// assert!(!unmet(&req, &[], &[]).unwrap().listed);
-/// ```
 pub fn unmet(requires: &[ModuleRequirement], known: &[ModuleStatus], listed: &[&str]) -> Option<Unmet> {
     for req in requires {
         let is_listed = listed.contains(&req.module.as_str());
@@ -78,12 +67,6 @@ pub fn unmet(requires: &[ModuleRequirement], known: &[ModuleStatus], listed: &[&
 
 /// Indices of `modules` (name, the modules its desired version requires) in dependency
 /// order: a module after those it requires, otherwise in the order given (a cycle keeps it).
-///
-/// ```
-/// use fleetwatch_lifecycle::requires::order;
-/// let m = |n: &str, r: &[&str]| (n.to_string(), r.iter().map(|s| s.to_string()).collect::<Vec<_>>());
-/// assert_eq!(order(&[m("app", &["istio"]), m("redis", &[]), m("istio", &["certs"]), m("certs", &[])]), [1, 3, 2, 0]);
-/// ```
 pub fn order(modules: &[(String, Vec<String>)]) -> Vec<usize> {
     let mut done: Vec<usize> = Vec::with_capacity(modules.len());
     let mut placed = vec![false; modules.len()];
@@ -224,6 +207,33 @@ fn cycle(t: &ModuleTemplate, templates: &[Arc<ModuleTemplate>]) -> Option<Vec<St
 mod tests {
     use super::*;
     use fleetwatch_api::{ChannelVersion, ModuleReleaseMetaSpec, ModuleTemplateSpec};
+
+    #[test]
+    fn a_requirement_is_met_by_a_ready_module_in_range() {
+        use super::unmet;
+        use fleetwatch_api::{ModuleRequirement, ModuleStatus, State};
+        let req = [ModuleRequirement { module: "istio".into(), versions: Some(">=1.2".into()) }];
+        let ready = ModuleStatus {
+            name: "istio".into(),
+            state: State::Ready,
+            actual_version: Some("1.4.0".into()),
+            ..Default::default()
+        };
+        assert_eq!(unmet(&req, std::slice::from_ref(&ready), &["istio"]), None);
+        let old = ModuleStatus { actual_version: Some("1.1.0".into()), ..ready };
+        assert!(unmet(&req, &[old], &["istio"]).unwrap().message.contains("runs 1.1.0"));
+        assert!(!unmet(&req, &[], &[]).unwrap().listed);
+    }
+
+    #[test]
+    fn modules_come_after_those_they_require() {
+        use super::order;
+        let m = |n: &str, r: &[&str]| (n.to_string(), r.iter().map(|s| s.to_string()).collect::<Vec<_>>());
+        assert_eq!(
+            order(&[m("app", &["istio"]), m("redis", &[]), m("istio", &["certs"]), m("certs", &[])]),
+            [1, 3, 2, 0]
+        );
+    }
 
     fn tpl(module: &str, version: &str, requires: &[(&str, Option<&str>)]) -> Arc<ModuleTemplate> {
         let mut t = ModuleTemplate::new(

@@ -24,15 +24,6 @@ pub const MAX: Duration = Duration::from_secs(300);
 /// The delay after `failures` failures in a row (1 for the first): `FIRST` doubled per
 /// failure, capped at [`MAX`], times a jitter factor between 0.8 and 1.2 (`jitter` in
 /// `[0, 1)`), so a fleet of runtimes failing together does not retry in step.
-///
-/// ```
-/// use std::time::Duration;
-/// use fleetwatch_lifecycle::retry::{delay, MAX};
-/// assert_eq!(delay(1, 0.5), Duration::from_secs(1));
-/// assert_eq!(delay(4, 0.5), Duration::from_secs(8));
-/// assert_eq!(delay(40, 0.99), MAX);
-/// assert!(delay(1, 0.0) >= Duration::from_millis(800) && delay(1, 0.999) <= Duration::from_millis(1200));
-/// ```
 pub fn delay(failures: u32, jitter: f64) -> Duration {
     let doublings = failures.saturating_sub(1).min(16);
     let base = FIRST.saturating_mul(1u32 << doublings).min(MAX);
@@ -62,22 +53,6 @@ pub struct Scheduled {
 /// ones (`previous`): a module in `Error` counts one more failure in a row than before and
 /// gets its next attempt; any other module has none. `jitter` gives each module's jitter
 /// factor (in `[0, 1)`) from its name and failure count.
-///
-/// ```
-/// use fleetwatch_api::{FailedStep, ModuleStatus, State};
-/// use fleetwatch_lifecycle::retry::{failed, schedule};
-/// let now: jiff::Timestamp = "2026-11-27T22:00:00Z".parse().unwrap();
-/// let first = vec![failed(ModuleStatus { name: "ghost".into(), ..Default::default() }, FailedStep::Apply, "boom".into())];
-/// let mut next = first.clone();
-/// let s = schedule(&[], &mut next, now, |_, _| 0.5);
-/// assert_eq!(next[0].retry.as_ref().unwrap().failures, 1);
-/// assert_eq!(next[0].retry.as_ref().unwrap().next_attempt, "2026-11-27T22:00:01Z");
-/// assert_eq!(s.next, Some(std::time::Duration::from_secs(1)));
-/// let mut again = first.clone();
-/// let s = schedule(&next, &mut again, now, |_, _| 0.5);
-/// assert_eq!(again[0].retry.as_ref().unwrap().failures, 2);
-/// assert_eq!(s.retried, [FailedStep::Apply]);
-/// ```
 pub fn schedule(
     previous: &[ModuleStatus],
     next: &mut [ModuleStatus],
@@ -192,6 +167,34 @@ pub fn jitter_of(key: &str, failures: u32, seed: i128) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_delay_doubles_per_failure_up_to_the_cap_with_jitter() {
+        use super::{MAX, delay};
+        use std::time::Duration;
+        assert_eq!(delay(1, 0.5), Duration::from_secs(1));
+        assert_eq!(delay(4, 0.5), Duration::from_secs(8));
+        assert_eq!(delay(40, 0.99), MAX);
+        assert!(delay(1, 0.0) >= Duration::from_millis(800) && delay(1, 0.999) <= Duration::from_millis(1200));
+    }
+
+    #[test]
+    fn schedule_counts_failures_in_a_row_and_the_retried_steps() {
+        use super::{failed, schedule};
+        use fleetwatch_api::{FailedStep, ModuleStatus};
+        let now: jiff::Timestamp = "2026-11-27T22:00:00Z".parse().unwrap();
+        let first =
+            vec![failed(ModuleStatus { name: "ghost".into(), ..Default::default() }, FailedStep::Apply, "boom".into())];
+        let mut next = first.clone();
+        let s = schedule(&[], &mut next, now, |_, _| 0.5);
+        assert_eq!(next[0].retry.as_ref().unwrap().failures, 1);
+        assert_eq!(next[0].retry.as_ref().unwrap().next_attempt, "2026-11-27T22:00:01Z");
+        assert_eq!(s.next, Some(std::time::Duration::from_secs(1)));
+        let mut again = first.clone();
+        let s = schedule(&next, &mut again, now, |_, _| 0.5);
+        assert_eq!(again[0].retry.as_ref().unwrap().failures, 2);
+        assert_eq!(s.retried, [FailedStep::Apply]);
+    }
 
     fn module(name: &str, state: State) -> ModuleStatus {
         ModuleStatus { name: name.into(), state, ..Default::default() }

@@ -98,6 +98,23 @@ impl Rollout {
 
 type Key = (String, String, Version);
 
+/// Which rollout: of `version` of `module` in namespace `ns`.
+#[derive(Clone, Copy, Debug)]
+pub struct RolloutOf<'a> {
+    /// The namespace of the release meta and the runtimes.
+    pub ns: &'a str,
+    /// The module.
+    pub module: &'a str,
+    /// The version rolled out.
+    pub version: &'a Version,
+}
+
+impl RolloutOf<'_> {
+    fn key(&self) -> Key {
+        (self.ns.to_string(), self.module.to_string(), self.version.clone())
+    }
+}
+
 /// All rollouts the operator runs.
 pub struct Rollouts {
     inner: Mutex<BTreeMap<Key, Rollout>>,
@@ -108,16 +125,10 @@ pub struct Rollouts {
 /// The rollout of `version`, created at wave 1 if new, with what the status records folded in.
 fn entry<'a>(
     map: &'a mut BTreeMap<Key, Rollout>,
-    ns: &str,
-    module: &str,
-    version: &Version,
+    of: RolloutOf<'_>,
     recorded: Option<&RolloutStatus>,
 ) -> &'a mut Rollout {
-    let r = map.entry((ns.into(), module.into(), version.clone())).or_insert_with(|| Rollout {
-        wave: 1,
-        dirty: true,
-        ..Default::default()
-    });
+    let r = map.entry(of.key()).or_insert_with(|| Rollout { wave: 1, dirty: true, ..Default::default() });
     if let Some(st) = recorded {
         r.merge(st);
     }
@@ -130,26 +141,24 @@ impl Rollouts {
         Self { inner: Mutex::new(BTreeMap::new()), wake, writer: tokio::sync::Mutex::new(()) }
     }
 
-    /// Asks whether `runtime` may upgrade `module` to `version` now. `total` is the number
+    /// Asks whether `runtime` may upgrade to the rollout's version now. `total` is the number
     /// of runtimes the channel move affects; `recorded` is this version's rollout as the
     /// ModuleReleaseMeta status has it. An admission changes the status: write it (see
-    /// [`Rollouts::take_changed`]) before the upgrade starts.
-    #[allow(clippy::too_many_arguments)]
+    /// [`Rollouts::take_changed_modules`]) before the upgrade starts.
     pub fn admit(
         &self,
-        ns: &str,
-        module: &str,
-        version: &Version,
+        of: RolloutOf<'_>,
         policy: &RolloutPolicy,
         runtime: &Runtime,
         total: u32,
         recorded: Option<&RolloutStatus>,
     ) -> UpgradeGate {
+        let RolloutOf { module, version, .. } = of;
         // Fail closed: without the bookkeeping no upgrade is paced, so none starts.
         let Ok(mut map) = self.inner.lock() else {
             return UpgradeGate::Wait(format!("rollout of {module} {version}: bookkeeping unavailable"));
         };
-        let r = entry(&mut map, ns, module, version, recorded);
+        let r = entry(&mut map, of, recorded);
         let id = runtime.metadata.name.clone().unwrap_or_default();
         if r.total != total {
             r.total = total;
@@ -185,23 +194,20 @@ impl Rollouts {
 
     /// Records how an admitted runtime's upgrade ended; wakes waiting runtimes when that
     /// frees a place.
-    #[allow(clippy::too_many_arguments)]
     pub fn report(
         &self,
-        ns: &str,
-        module: &str,
-        version: &Version,
+        of: RolloutOf<'_>,
         runtime: &str,
         ok: bool,
         policy: &RolloutPolicy,
         recorded: Option<&RolloutStatus>,
     ) {
+        let RolloutOf { module, version, .. } = of;
         let Ok(mut map) = self.inner.lock() else { return };
-        let key = (ns.to_string(), module.to_string(), version.clone());
-        if !map.contains_key(&key) && recorded.is_none() {
+        if !map.contains_key(&of.key()) && recorded.is_none() {
             return; // no rollout of this version (e.g. a pinned upgrade)
         }
-        let r = entry(&mut map, ns, module, version, recorded);
+        let r = entry(&mut map, of, recorded);
         if !r.admitted.contains(runtime) {
             // It got there without a wave (e.g. before an operator restart): count it.
             if ok && r.admitted.insert(runtime.into()) {
@@ -239,9 +245,9 @@ impl Rollouts {
 
     /// Takes back an admission of `runtime` that could not be recorded (another instance
     /// wrote the status first): it is decided again on the newer status.
-    pub fn retract(&self, ns: &str, module: &str, version: &Version, runtime: &str) {
+    pub fn retract(&self, of: RolloutOf<'_>, runtime: &str) {
         let Ok(mut map) = self.inner.lock() else { return };
-        if let Some(r) = map.get_mut(&(ns.to_string(), module.to_string(), version.clone()))
+        if let Some(r) = map.get_mut(&of.key())
             && !r.done.contains(runtime)
             && !r.failed.contains(runtime)
         {
@@ -300,6 +306,7 @@ impl Rollouts {
     }
 
     /// Rollout statuses changed since the last call, per (namespace, module).
+    #[cfg(test)]
     pub fn take_changed(&self) -> Vec<(String, String, Vec<RolloutStatus>)> {
         let Ok(mut map) = self.inner.lock() else { return Vec::new() };
         let changed: BTreeSet<(String, String)> =
@@ -325,6 +332,10 @@ impl Rollouts {
 mod tests {
     use super::*;
 
+    fn of(version: &Version) -> RolloutOf<'_> {
+        RolloutOf { ns: "ns", module: "m", version }
+    }
+
     fn rt(name: &str) -> Runtime {
         let mut r = Runtime::new(name, Default::default());
         r.metadata.namespace = Some("ns".into());
@@ -338,26 +349,26 @@ mod tests {
         let v = Version::new(2, 0, 0);
         let p = RolloutPolicy { max_in_flight: 2, step_percent: 30, max_failure_ratio: 0.3 };
         let names: Vec<String> = (0..10).map(|i| format!("r{i}")).collect();
-        let admit = |n: &str| ro.admit("ns", "m", &v, &p, &rt(n), 10, None);
+        let admit = |n: &str| ro.admit(of(&v), &p, &rt(n), 10, None);
         // Wave 1 holds 3 runtimes, at most 2 in flight.
         assert_eq!(admit(&names[0]), UpgradeGate::Go);
         assert_eq!(admit(&names[1]), UpgradeGate::Go);
         assert!(matches!(admit(&names[2]), UpgradeGate::Wait(_)), "max in flight");
-        ro.report("ns", "m", &v, &names[0], true, &p, None);
+        ro.report(of(&v), &names[0], true, &p, None);
         assert!(rx.try_recv().is_ok(), "a waiting runtime is woken");
         assert_eq!(admit(&names[2]), UpgradeGate::Go);
         assert!(matches!(admit(&names[3]), UpgradeGate::Wait(_)), "wave 1 is full");
-        ro.report("ns", "m", &v, &names[1], true, &p, None);
+        ro.report(of(&v), &names[1], true, &p, None);
         assert!(matches!(admit(&names[3]), UpgradeGate::Wait(_)), "wave 1 not through yet");
-        ro.report("ns", "m", &v, &names[2], true, &p, None);
+        ro.report(of(&v), &names[2], true, &p, None);
         assert_eq!(admit(&names[3]), UpgradeGate::Go, "wave 2 opens");
         let st = ro.take_changed();
         assert_eq!(st[0].2[0].upgraded, 3);
         assert_eq!(st[0].2[0].wave, 2);
         // Failures beyond the ratio halt the rollout.
         assert_eq!(admit(&names[4]), UpgradeGate::Go);
-        ro.report("ns", "m", &v, &names[3], false, &p, None);
-        ro.report("ns", "m", &v, &names[4], false, &p, None);
+        ro.report(of(&v), &names[3], false, &p, None);
+        ro.report(of(&v), &names[4], false, &p, None);
         assert_eq!(
             admit(&names[5]),
             UpgradeGate::Wait("rollout of m 2.0.0 halted: 2 of 5 admitted upgrades failed (more than 30 %)".into())
@@ -377,22 +388,22 @@ mod tests {
         let (a, b) = (Rollouts::new(tx.clone()), Rollouts::new(tx));
         let status0: Vec<RolloutStatus> = Vec::new();
         // Both read the same (empty) status; each alone would admit.
-        assert_eq!(a.admit("ns", "m", &v, &p, &rt("r0"), 4, None), UpgradeGate::Go);
-        assert_eq!(b.admit("ns", "m", &v, &p, &rt("r1"), 4, None), UpgradeGate::Go);
+        assert_eq!(a.admit(of(&v), &p, &rt("r0"), 4, None), UpgradeGate::Go);
+        assert_eq!(b.admit(of(&v), &p, &rt("r1"), 4, None), UpgradeGate::Go);
         // A writes first; B's write carries the old resourceVersion and is refused.
         let status1 = a.merged("ns", "m", &status0);
-        b.retract("ns", "m", &v, "r1");
+        b.retract(of(&v), "r1");
         let find = |st: &[RolloutStatus]| st.iter().find(|r| r.version == "2.0.0").cloned();
         let recorded = find(&status1);
-        assert!(matches!(b.admit("ns", "m", &v, &p, &rt("r1"), 4, recorded.as_ref()), UpgradeGate::Wait(_)));
+        assert!(matches!(b.admit(of(&v), &p, &rt("r1"), 4, recorded.as_ref()), UpgradeGate::Wait(_)));
         // B's own status write keeps A's admission.
         let status2 = b.merged("ns", "m", &status1);
         assert_eq!(find(&status2).unwrap().admitted_runtimes, ["r0"]);
         // A's upgrade ends; B learns it from the status and admits r1.
-        a.report("ns", "m", &v, "r0", true, &p, recorded.as_ref());
+        a.report(of(&v), "r0", true, &p, recorded.as_ref());
         let status3 = a.merged("ns", "m", &status2);
         let recorded = find(&status3);
-        assert_eq!(b.admit("ns", "m", &v, &p, &rt("r1"), 4, recorded.as_ref()), UpgradeGate::Go);
+        assert_eq!(b.admit(of(&v), &p, &rt("r1"), 4, recorded.as_ref()), UpgradeGate::Go);
         let status4 = find(&b.merged("ns", "m", &status3)).unwrap();
         assert_eq!(status4.admitted_runtimes, ["r0", "r1"]);
         assert_eq!(status4.upgraded_runtimes, ["r0"]);
@@ -406,21 +417,21 @@ mod tests {
         let p = RolloutPolicy { max_in_flight: 2, step_percent: 30, max_failure_ratio: 0.3 };
         let first = Rollouts::new(tx.clone());
         for r in ["r0", "r1"] {
-            assert_eq!(first.admit("ns", "m", &v, &p, &rt(r), 10, None), UpgradeGate::Go);
+            assert_eq!(first.admit(of(&v), &p, &rt(r), 10, None), UpgradeGate::Go);
         }
-        first.report("ns", "m", &v, "r0", true, &p, None);
-        assert_eq!(first.admit("ns", "m", &v, &p, &rt("r2"), 10, None), UpgradeGate::Go);
+        first.report(of(&v), "r0", true, &p, None);
+        assert_eq!(first.admit(of(&v), &p, &rt("r2"), 10, None), UpgradeGate::Go);
         let recorded = first.take_changed().remove(0).2.remove(0);
         assert_eq!(recorded.admitted_runtimes, ["r0", "r1", "r2"]);
         assert_eq!(recorded.upgraded_runtimes, ["r0"]);
 
         // A new instance knows nothing but the status: r1 and r2 are still in flight.
         let second = Rollouts::new(tx);
-        let admit = |r: &str| second.admit("ns", "m", &v, &p, &rt(r), 10, Some(&recorded));
+        let admit = |r: &str| second.admit(of(&v), &p, &rt(r), 10, Some(&recorded));
         assert!(matches!(admit("r3"), UpgradeGate::Wait(_)), "maxInFlight counts the first instance's admissions");
         assert_eq!(admit("r1"), UpgradeGate::Go, "an admitted runtime goes on");
-        second.report("ns", "m", &v, "r1", true, &p, Some(&recorded));
-        second.report("ns", "m", &v, "r2", true, &p, Some(&recorded));
+        second.report(of(&v), "r1", true, &p, Some(&recorded));
+        second.report(of(&v), "r2", true, &p, Some(&recorded));
         assert_eq!(admit("r3"), UpgradeGate::Go, "wave 2 opens after the recorded wave 1");
         let now = second.take_changed().remove(0).2.remove(0);
         assert_eq!((now.wave, now.upgraded, now.admitted), (2, 3, 4));

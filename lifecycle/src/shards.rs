@@ -26,12 +26,12 @@
 //!   once) and takes free or expired shards while it holds fewer. Everyone aims at the
 //!   same bound and `live × ceil(N / live) ≥ N`, so every shard ends up held and no one
 //!   holds more than its share.
-//! - Reconciles consult a [`ShardMap`]: a Runtime of a shard not held is skipped; a
+//! - Reconciles consult a `ShardMap`: a Runtime of a shard not held is skipped; a
 //!   reconcile in flight when its shard is lost is cancelled, and the shard is given back
 //!   only after every such reconcile has ended.
 //!
 //! Every Lease of a group carries the label [`GROUP_LABEL`] (the group's name) and
-//! [`ROLE_LABEL`] (`shard` or `member`), so one list reads them all each round.
+//! `ROLE_LABEL` (`shard` or `member`), so one list reads them all each round.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
@@ -49,10 +49,10 @@ use tokio_util::sync::CancellationToken;
 /// Label naming the group (the base Lease name) on every Lease of a sharded deployment.
 pub const GROUP_LABEL: &str = "lifecycle.fleetwatch.dev/group";
 /// Label saying whether a Lease guards a shard (`shard`) or announces an instance (`member`).
-pub const ROLE_LABEL: &str = "lifecycle.fleetwatch.dev/role";
+pub(crate) const ROLE_LABEL: &str = "lifecycle.fleetwatch.dev/role";
 
 /// 64-bit FNV-1a of `bytes`: offset basis `0xcbf29ce484222325`, prime `0x100000001b3`.
-pub fn fnv1a64(bytes: &[u8]) -> u64 {
+pub(crate) fn fnv1a64(bytes: &[u8]) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for b in bytes {
         h ^= u64::from(*b);
@@ -72,7 +72,7 @@ pub fn shard_of(namespace: &str, name: &str, count: u32) -> u32 {
 }
 
 /// The shard of a Runtime object (a Runtime without namespace counts as `default`).
-pub fn shard_of_runtime(rt: &Runtime, count: u32) -> u32 {
+pub(crate) fn shard_of_runtime(rt: &Runtime, count: u32) -> u32 {
     shard_of(rt.namespace().as_deref().unwrap_or("default"), &rt.name_any(), count)
 }
 
@@ -146,14 +146,14 @@ struct Term {
 
 /// Held while one reconcile of a held shard runs: the shard is not given back before it
 /// is dropped. `cancelled` fires when the shard is lost; the reconcile must end then.
-pub struct Entered {
+pub(crate) struct Entered {
     /// Cancelled when this instance stops acting on the shard.
     pub cancelled: CancellationToken,
     _gate: OwnedRwLockReadGuard<()>,
 }
 
 /// Which shards this instance holds now; what reconciles and hub triggers consult.
-pub struct ShardMap {
+pub(crate) struct ShardMap {
     count: u32,
     held: Mutex<HashMap<u32, Term>>,
     acquired: mpsc::UnboundedSender<u32>,
@@ -246,7 +246,12 @@ struct Seen {
 
 /// Keeps this instance's member Lease and its share of shard Leases until `shutdown`,
 /// then gives every shard back and removes the member Lease.
-pub async fn maintain(client: kube::Client, config: ShardConfig, map: Arc<ShardMap>, shutdown: CancellationToken) {
+pub(crate) async fn maintain(
+    client: kube::Client,
+    config: ShardConfig,
+    map: Arc<ShardMap>,
+    shutdown: CancellationToken,
+) {
     let mut keeper = Keeper {
         api: Api::namespaced(client, &config.namespace),
         config,

@@ -44,13 +44,6 @@ const REAPPLY: Duration = Duration::from_secs(300);
 
 /// The WatchConfigs wanted now: the fixed two, and one per module configuration kind that no
 /// other WatchConfig watches, by name.
-///
-/// ```
-/// use fleetwatch_lifecycle::watches::wanted;
-/// let w = wanted(&[], &[], &[]);
-/// assert_eq!(w.keys().collect::<Vec<_>>(), ["fleetwatch-lifecycle.crds", "fleetwatch-lifecycle.namespaces"]);
-/// assert_eq!(w["fleetwatch-lifecycle.namespaces"].spec.resource.kind, "Namespace");
-/// ```
 pub fn wanted(
     templates: &[std::sync::Arc<ModuleTemplate>],
     others: &[WatchConfig],
@@ -217,6 +210,14 @@ mod tests {
     use super::*;
     use fleetwatch_api::ModuleTemplateSpec;
     use serde_json::json;
+
+    #[test]
+    fn the_fixed_two_watch_configs_are_always_wanted() {
+        use super::wanted;
+        let w = wanted(&[], &[], &[]);
+        assert_eq!(w.keys().collect::<Vec<_>>(), ["fleetwatch-lifecycle.crds", "fleetwatch-lifecycle.namespaces"]);
+        assert_eq!(w["fleetwatch-lifecycle.namespaces"].spec.resource.kind, "Namespace");
+    }
 
     fn template(module: &str, cfg: serde_json::Value) -> std::sync::Arc<ModuleTemplate> {
         std::sync::Arc::new(ModuleTemplate::new(

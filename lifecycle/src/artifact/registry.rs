@@ -162,7 +162,7 @@ pub enum RegistryError {
     /// The registry refused the credentials (or asked for some).
     #[error("{registry} refused the credentials (401 Unauthorized){hint}")]
     Unauthorized {
-        /// host[:port].
+        /// host\[:port\].
         registry: String,
         /// Whether credentials were sent.
         hint: &'static str,

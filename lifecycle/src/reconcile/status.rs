@@ -53,7 +53,24 @@ pub(super) fn recorded_rollout<'a>(
 /// How often an admission or a progress write is tried again after losing a race.
 pub(super) const STATUS_WRITE_ATTEMPTS: usize = 8;
 
-/// Whether `runtime` may upgrade `module` to `version` now, decided on the status as it is
+/// One runtime's upgrade asking a paced rollout for admission.
+#[derive(Clone, Copy)]
+pub(super) struct Admission<'a> {
+    /// The namespace of the Runtime and the release meta.
+    pub(super) ns: &'a str,
+    /// The module upgrading.
+    pub(super) module: &'a str,
+    /// The version it upgrades to.
+    pub(super) version: &'a semver::Version,
+    /// The release meta's rollout policy.
+    pub(super) policy: &'a fleetwatch_api::RolloutPolicy,
+    /// The Runtime upgrading.
+    pub(super) rt: &'a Runtime,
+    /// How many runtimes the channel move affects ([`crate::plan::rollout_total`]).
+    pub(super) total: u32,
+}
+
+/// Whether the admission's runtime may upgrade its module to the version now, decided on the status as it is
 /// in the API server and recorded there before the answer is `Go`.
 ///
 /// Several instances (shards) admit runtimes of one rollout: each reads the
@@ -61,16 +78,9 @@ pub(super) const STATUS_WRITE_ATTEMPTS: usize = 8;
 /// writes the admission with the resourceVersion it read. A concurrent admission makes the
 /// write fail with 409; the admission is taken back and decided again on the newer status,
 /// so two instances never admit beyond `maxInFlight` together.
-#[allow(clippy::too_many_arguments)]
-pub(super) async fn admit_recorded(
-    ctx: &Ctx,
-    ns: &str,
-    module: &str,
-    version: &semver::Version,
-    policy: &fleetwatch_api::RolloutPolicy,
-    rt: &Runtime,
-    total: u32,
-) -> crate::rollout::UpgradeGate {
+pub(super) async fn admit_recorded(ctx: &Ctx, admission: &Admission<'_>) -> crate::rollout::UpgradeGate {
+    let Admission { ns, module, version, policy, rt, total } = *admission;
+    let of = crate::rollout::RolloutOf { ns, module, version };
     use crate::rollout::UpgradeGate;
     let Some(meta_name) = find_meta(&ctx.metas.state(), ns, module).map(|m| m.name_any()) else {
         return UpgradeGate::Wait(format!("rollout of {module} {version}: no ModuleReleaseMeta"));
@@ -88,7 +98,7 @@ pub(super) async fn admit_recorded(
         };
         let recorded = recorded_rollout(&meta, version);
         let already = recorded.is_some_and(|r| r.admitted_runtimes.contains(&name));
-        let admission = ctx.rollouts.admit(ns, module, version, policy, rt, total, recorded);
+        let admission = ctx.rollouts.admit(of, policy, rt, total, recorded);
         if already || matches!(admission, UpgradeGate::Wait(_)) {
             return admission;
         }
@@ -98,10 +108,10 @@ pub(super) async fn admit_recorded(
         match api.replace_status(&meta_name, &PostParams::default(), &meta).await {
             Ok(_) => return UpgradeGate::Go,
             Err(kube::Error::Api(s)) if s.code == 409 => {
-                ctx.rollouts.retract(ns, module, version, &name);
+                ctx.rollouts.retract(of, &name);
             }
             Err(e) => {
-                ctx.rollouts.retract(ns, module, version, &name);
+                ctx.rollouts.retract(of, &name);
                 let e = crate::error::plain(&e);
                 return UpgradeGate::Wait(format!(
                     "waiting to record the rollout admission of {module} {version}: {e}"
