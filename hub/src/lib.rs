@@ -56,7 +56,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use fleetwatch_bus::{Bus, BusOptions};
+use fleetwatch_bus::{Bus, BusOptions, Flush};
 use fleetwatch_certs::{CertError, ReloadingServerConfig, TlsFiles};
 use fleetwatch_protocol::Limits;
 use tokio::net::TcpListener;
@@ -663,7 +663,7 @@ impl Hub {
         if let Some(cause) = fatal {
             return Err(HubError::BusUnusable(cause));
         }
-        self.ctx.sessions.bus.flush_all().await?;
+        self.ctx.sessions.bus.flush(Flush::All).await?;
         tracing::info!("hub stopped");
         Ok(())
     }
@@ -730,7 +730,7 @@ async fn housekeeping(ctx: Arc<Context>, shutdown: CancellationToken) {
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = flush.tick() => {
-                if let Err(e) = ctx.sessions.bus.flush_cursors().await {
+                if let Err(e) = ctx.sessions.bus.flush(Flush::Cursors).await {
                     tracing::warn!(error = %e, "cannot store subscriber cursors");
                 }
             }
