@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 
 use super::{
-    Append, Bus, BusError, BusOptions, DurableError, Lookup, MAX_NAMES_PER_IDENTITY, MAX_REASON_BYTES, MemoryBus,
-    NatsBus, NatsOptions, RecordBody, Retention, SegmentLogBus,
+    Append, Bus, BusError, BusOptions, DurableError, Flush, Gap, Lookup, MAX_NAMES_PER_IDENTITY, MAX_REASON_BYTES,
+    MemoryBus, NatsBus, NatsOptions, RecordBody, Retention, SegmentLogBus,
 };
 use crate::nats::server::LocalNatsServer;
 
@@ -47,7 +47,7 @@ async fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
 pub(super) async fn appends_dedupe_and_read(open: Factory) {
     let bus = open(keep_all());
     assert!(!bus.stream_id().is_empty());
-    assert_eq!((bus.first_offset(), bus.last_offset()), (1, 0), "an empty bus");
+    assert_eq!((bus.stats().first_offset, bus.last_offset()), (1, 0), "an empty bus");
     let c: Arc<str> = "c1".into();
     assert_eq!(bus.append(c.clone(), vec![ev(1, 1), ev(1, 2)]).await.unwrap(), 2);
     // A resend of seq 2 plus a new seq 3: only 3 is appended.
@@ -67,7 +67,8 @@ pub(super) async fn appends_dedupe_and_read(open: Factory) {
     // onto this one's records with a marker of its own, see `interleave_marker` in `nats/append.rs`.)
     assert_eq!(bus.append(c.clone(), vec![marker(2, 1, "agent started")]).await.unwrap(), 4);
     assert_eq!(bus.head("c1").await.unwrap(), Some((2, 1)));
-    assert_eq!((bus.first_offset(), bus.last_offset(), bus.retained()), (1, 4, 4));
+    let stats = bus.stats();
+    assert_eq!((stats.first_offset, stats.last_offset, stats.retained), (1, 4, 4));
 }
 
 /// Reads honour `max`, always make progress, and stop at the end.
@@ -119,7 +120,7 @@ pub(super) async fn eviction_reports_affected_clusters(open: Factory) {
     let r = bus.read(1, 10).await.unwrap();
     assert_eq!(r.records.iter().map(|r| r.offset).collect::<Vec<_>>(), vec![3, 4, 5]);
     assert_eq!(r.evicted.iter().map(|(c, o)| (c.to_string(), *o)).collect::<Vec<_>>(), vec![("a".into(), 2)]);
-    assert_eq!(bus.first_offset(), 3);
+    assert_eq!(bus.stats().first_offset, 3);
     assert!(bus.read(3, 10).await.unwrap().evicted.is_empty(), "nothing evicted at or above the first offset");
     // The head survives its cluster's eviction: a resend is still a duplicate.
     assert_eq!(bus.head("a").await.unwrap(), Some((1, 2)));
@@ -134,9 +135,11 @@ pub(super) async fn retention_by_bytes_bounds_memory(open: Factory) {
         let body = RecordBody::Event(Bytes::from(format!(r#"{{"seq":{seq},"pad":"{pad}"}}"#)));
         bus.append("a".into(), vec![Append { epoch: 1, seq, body }]).await.unwrap();
         // Never more than the limit plus one batch.
-        assert!(bus.retained_bytes() <= (64 << 10) + 4096 + 200, "{} bytes held", bus.retained_bytes());
+        let held = bus.stats().retained_bytes;
+        assert!(held <= (64 << 10) + 4096 + 200, "{held} bytes held");
     }
-    assert!(bus.retained() < 20, "{} records held", bus.retained());
+    let held = bus.stats().retained;
+    assert!(held < 20, "{held} records held");
     let evicted = bus.read(1, 10).await.unwrap().evicted;
     assert_eq!(evicted.iter().map(|(c, _)| c.to_string()).collect::<Vec<_>>(), vec!["a"]);
 }
@@ -145,7 +148,7 @@ pub(super) async fn retention_by_bytes_bounds_memory(open: Factory) {
 pub(super) async fn retention_by_age_evicts_without_appends(open: Factory) {
     let bus = open(Retention { records: 1_000_000, bytes: 1 << 30, age: Some(Duration::from_millis(200)) });
     bus.append("a".into(), vec![ev(1, 1), ev(1, 2)]).await.unwrap();
-    wait_for("age eviction", || bus.retained() == 0).await;
+    wait_for("age eviction", || bus.stats().retained == 0).await;
     assert_eq!(bus.read(1, 10).await.unwrap().evicted.len(), 1);
     assert_eq!(bus.append("a".into(), vec![ev(1, 3)]).await.unwrap(), 3);
 }
@@ -197,7 +200,7 @@ pub(super) async fn durable_cursors_move_forward_and_are_bounded(open: Factory) 
     bus.register_durable("id", "sub", 3).await.unwrap();
     assert_eq!(bus.durable_lookup("id", "sub").await.unwrap(), Lookup::Known(3), "a registration is stored as is");
     assert_eq!(bus.durable_lookup("other", "sub").await.unwrap(), unknown, "names are per identity");
-    bus.flush_cursors().await.unwrap();
+    bus.flush(Flush::Cursors).await.unwrap();
     let long = "x".repeat(super::MAX_NAME_BYTES + 1);
     assert!(matches!(bus.durable_lookup("id", &long).await, Err(BusError::Durable(DurableError::NameTooLong { .. }))));
     for i in 1..MAX_NAMES_PER_IDENTITY {
@@ -205,6 +208,56 @@ pub(super) async fn durable_cursors_move_forward_and_are_bounded(open: Factory) 
     }
     let err = bus.register_durable("id", "one-more", 1).await.unwrap_err();
     assert!(matches!(err, BusError::Durable(DurableError::TooMany { .. })), "{err}");
+}
+
+/// The stats follow what is appended and evicted, as one consistent value: offsets,
+/// records and bytes held, no write failed, and the last offset the same as
+/// [`Bus::last_offset`] alone.
+pub(super) async fn stats_follow_appends_and_evictions(open: Factory) {
+    let bus = open(Retention { records: 3, ..keep_all() });
+    let empty = bus.stats();
+    assert_eq!(
+        (empty.first_offset, empty.last_offset, empty.retained, empty.retained_bytes, empty.write_failures),
+        (1, 0, 0, 0, 0),
+        "an empty bus"
+    );
+    assert!(empty.holds_records, "this hub holds the (no) records: a factory's bus is ready to read");
+    bus.append("a".into(), vec![ev(1, 1), ev(1, 2)]).await.unwrap();
+    let two = bus.stats();
+    assert_eq!((two.first_offset, two.last_offset, two.retained), (1, 2, 2));
+    let read = bus.read(1, 10).await.unwrap();
+    assert_eq!(
+        two.retained_bytes,
+        read.records.iter().map(|r| r.size()).sum::<u64>(),
+        "bytes as retention counts them"
+    );
+    bus.append("b".into(), vec![ev(1, 1), ev(1, 2), ev(1, 3)]).await.unwrap();
+    let after = bus.stats();
+    assert_eq!((after.first_offset, after.last_offset, after.retained), (3, 5, 3), "two records evicted");
+    assert_eq!(after.last_offset, bus.last_offset());
+    assert_eq!(after.durable, empty.durable, "what the backend is does not change");
+    assert_eq!(after.write_failures, 0);
+}
+
+/// Every gap a subscriber can be told of has a reason: not empty, within
+/// [`MAX_REASON_BYTES`] (it goes into a `resync-required` as is), a lost cursor's naming
+/// the subscription; and a bus with nothing particular to say about an eviction gives the
+/// common text, whatever the offset.
+pub(super) async fn resync_reasons_name_each_gap(open: Factory) {
+    let bus = open(keep_all());
+    bus.append("a".into(), vec![ev(1, 1)]).await.unwrap();
+    let name = "audit-\"trail\"";
+    for gap in [Gap::LostHistory, Gap::Evicted { offset: 1 }, Gap::Evicted { offset: 7 }, Gap::LostCursor { name }] {
+        let reason = bus.resync_reason(gap);
+        assert!(!reason.is_empty() && reason.len() <= MAX_REASON_BYTES, "{gap:?}: {reason:?}");
+    }
+    let lost = bus.resync_reason(Gap::LostCursor { name });
+    assert!(lost.contains(&format!("{name:?}")), "names the subscription, quoted: {lost}");
+    assert_eq!(
+        bus.resync_reason(Gap::Evicted { offset: 1 }),
+        "events were evicted from the hub before this subscriber read them"
+    );
+    assert_eq!(bus.resync_reason(Gap::Evicted { offset: 1 }), bus.resync_reason(Gap::Evicted { offset: 9 }));
 }
 
 /// A factory for the in-memory bus.
@@ -289,4 +342,6 @@ for_each_backend!(
     retention_by_age_evicts_without_appends,
     concurrent_appends_get_distinct_offsets_and_the_end_follows,
     durable_cursors_move_forward_and_are_bounded,
+    stats_follow_appends_and_evictions,
+    resync_reasons_name_each_gap,
 );

@@ -12,11 +12,14 @@
 //! answers [`BusError::Opening`], and the accessors answer as an empty bus would. No
 //! session gets past its first bus call, so none acts on those neutral answers.
 
+use std::borrow::Cow;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use tokio::sync::watch;
 
-use crate::{Append, Bus, BusError, BusFuture, FaultInjection, Lookup, Read, ReplicaShare, ready};
+use crate::{
+    Append, Bus, BusError, BusFuture, BusStats, EVICTED, FaultInjection, Flush, Gap, Lookup, Read, ReplicaShare, ready,
+};
 
 /// A bus opened later (see the [module docs](self)).
 ///
@@ -48,7 +51,7 @@ pub struct DeferredBus {
 }
 
 impl DeferredBus {
-    /// A bus not open yet; `durable` is what [`Bus::is_durable`] answers meanwhile.
+    /// A bus not open yet; `durable` is what [`Bus::stats`] says of it meanwhile.
     pub fn new(durable: bool) -> Arc<Self> {
         Arc::new(Self {
             inner: OnceLock::new(),
@@ -104,10 +107,6 @@ impl Bus for DeferredBus {
         self.inner.get().map_or("", |b| b.stream_id())
     }
 
-    fn is_durable(&self) -> bool {
-        self.inner.get().map_or(self.durable, |b| b.is_durable())
-    }
-
     fn append(&self, cluster: Arc<str>, items: Vec<Append>) -> BusFuture<'_, u64> {
         match self.inner.get() {
             Some(b) => b.append(cluster, items),
@@ -143,10 +142,6 @@ impl Bus for DeferredBus {
         }
     }
 
-    fn first_offset(&self) -> u64 {
-        self.inner.get().map_or(1, |b| b.first_offset())
-    }
-
     fn last_offset(&self) -> u64 {
         self.inner.get().map_or(0, |b| b.last_offset())
     }
@@ -177,34 +172,27 @@ impl Bus for DeferredBus {
     }
 
     /// Nothing to store before the bus is open: no subscriber has read.
-    fn flush_cursors(&self) -> BusFuture<'_, ()> {
+    fn flush(&self, what: Flush) -> BusFuture<'_, ()> {
         match self.inner.get() {
-            Some(b) => b.flush_cursors(),
+            Some(b) => b.flush(what),
             None => ready(Ok(())),
         }
     }
 
-    fn flush_all(&self) -> BusFuture<'_, ()> {
-        match self.inner.get() {
-            Some(b) => b.flush_all(),
-            None => ready(Ok(())),
-        }
+    /// Before the bus is open: an empty bus that is [`DeferredBus::new`]'s `durable`.
+    fn stats(&self) -> BusStats {
+        self.inner.get().map_or(BusStats::empty(self.durable), |b| b.stats())
     }
 
-    fn lost_history_reason(&self) -> &'static str {
-        self.inner.get().map_or("the hub's event history was lost", |b| b.lost_history_reason())
-    }
-
-    fn eviction_reason(&self, offset: u64) -> &'static str {
-        self.inner
-            .get()
-            .map_or("events were evicted from the hub before this subscriber read them", |b| b.eviction_reason(offset))
-    }
-
-    fn lost_cursor_reason(&self, name: &str) -> String {
-        match self.inner.get() {
-            Some(b) => b.lost_cursor_reason(name),
-            None => format!("where durable subscription {name:?} stopped is unknown"),
+    /// Before the bus is open, the backend's particulars are not known: plain texts.
+    fn resync_reason(&self, gap: Gap<'_>) -> Cow<'static, str> {
+        match (self.inner.get(), gap) {
+            (Some(b), gap) => b.resync_reason(gap),
+            (None, Gap::LostHistory) => Cow::Borrowed("the hub's event history was lost"),
+            (None, Gap::Evicted { .. }) => Cow::Borrowed(EVICTED),
+            (None, Gap::LostCursor { name }) => {
+                Cow::Owned(format!("where durable subscription {name:?} stopped is unknown"))
+            }
         }
     }
 
@@ -217,22 +205,6 @@ impl Bus for DeferredBus {
 
     fn fatal(&self) -> Option<String> {
         self.inner.get().and_then(|b| b.fatal())
-    }
-
-    fn write_failures(&self) -> u64 {
-        self.inner.get().map_or(0, |b| b.write_failures())
-    }
-
-    fn retained(&self) -> usize {
-        self.inner.get().map_or(0, |b| b.retained())
-    }
-
-    fn holds_records(&self) -> bool {
-        self.inner.get().is_none_or(|b| b.holds_records())
-    }
-
-    fn retained_bytes(&self) -> u64 {
-        self.inner.get().map_or(0, |b| b.retained_bytes())
     }
 
     fn replica_share(&self) -> Option<&dyn ReplicaShare> {
@@ -253,12 +225,12 @@ mod tests {
     async fn refuses_with_the_cause_until_open_then_forwards() {
         let bus = DeferredBus::new(true);
         bus.waiting("no space left on device (/data/marks)".into());
-        assert!(bus.is_durable(), "said durable before the backend is there");
+        assert!(bus.stats().durable, "said durable before the backend is there");
         let e = bus.append("c1".into(), Vec::new()).await.unwrap_err();
         assert_eq!(e.to_string(), "the hub's storage is not open yet: no space left on device (/data/marks)");
         assert!(matches!(bus.prepare_reads().await, Err(BusError::Opening(_))));
         assert!(matches!(bus.durable_lookup("id", "d").await, Err(BusError::Opening(_))));
-        bus.flush_all().await.expect("nothing to flush before open");
+        bus.flush(Flush::All).await.expect("nothing to flush before open");
         assert!(bus.replica_share().is_none());
 
         let waiter = tokio::spawn({
@@ -270,7 +242,7 @@ mod tests {
         bus.open(inner);
         assert_eq!(waiter.await.unwrap(), stream);
         assert_eq!(bus.stream_id(), stream);
-        assert!(!bus.is_durable(), "the backend answers once open");
+        assert!(!bus.stats().durable, "the backend answers once open");
         bus.prepare_reads().await.expect("open");
         assert_eq!(bus.health(), Ok(()));
     }

@@ -24,7 +24,7 @@
 //! What every backend must do is written down as the conformance suite ([`conformance`]),
 //! run against each implementation: duplicates by (epoch, seq) skipped, reads that always
 //! make progress, evicted history reported per cluster, durable cursors that only move
-//! forward, reasons capped.
+//! forward, reasons capped, stats that follow the log, a reason for every gap.
 //!
 //! Data directory layout of the segment log (format 2; see `segment_log/record.rs` for the framing):
 //! - `format`: `fleetwatch-bus 2`. A directory with a `stream-id` but no `format` is from
@@ -48,6 +48,7 @@ mod retention;
 mod segment_log;
 mod storage;
 
+use std::borrow::Cow;
 use std::future::Future;
 use std::path::PathBuf;
 use std::pin::Pin;
@@ -74,12 +75,20 @@ pub type BusFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, BusError>> + S
 /// Offsets start at 1 and increase, possibly with gaps. An append is answered only once
 /// the records are stored as durably as the backend stores anything: the hub acks agents
 /// on that answer.
+///
+/// Its methods, by what they serve: identity ([`stream_id`](Self::stream_id)); writing
+/// ([`append`](Self::append), [`start_append`](Self::start_append), [`head`](Self::head));
+/// reading ([`prepare_reads`](Self::prepare_reads), [`read`](Self::read),
+/// [`last_offset`](Self::last_offset), [`watch_end`](Self::watch_end)); durable cursors
+/// ([`durable_lookup`](Self::durable_lookup), [`register_durable`](Self::register_durable),
+/// [`set_durable_cursor`](Self::set_durable_cursor), [`flush`](Self::flush)); and what the
+/// hub shows and tells ([`stats`](Self::stats), [`resync_reason`](Self::resync_reason),
+/// [`health`](Self::health), [`fatal`](Self::fatal)), with the two ways to what only some
+/// backends have ([`replica_share`](Self::replica_share),
+/// [`fault_injection`](Self::fault_injection)).
 pub trait Bus: Send + Sync + 'static {
     /// The stream id: a new one means the history was lost (subscribers resync).
     fn stream_id(&self) -> &str;
-
-    /// Whether acked records survive a restart.
-    fn is_durable(&self) -> bool;
 
     /// Appends records for one cluster; answers the offset of the last one. Records whose
     /// seq is not above the cluster's head in the same epoch are duplicates and skipped
@@ -116,10 +125,9 @@ pub trait Bus: Send + Sync + 'static {
     /// below the oldest retained one were evicted (see [`Read`]).
     fn read(&self, from: u64, max: usize) -> BusFuture<'_, Read>;
 
-    /// The offset of the oldest retained record (the next offset when empty).
-    fn first_offset(&self) -> u64;
-
-    /// The offset of the newest record (0 when empty).
+    /// The offset of the newest record (0 when empty): [`BusStats::last_offset`] alone,
+    /// kept a method of its own because the read and fan-out loops ask it at every turn
+    /// and it costs one load, where the whole [`Bus::stats`] may take a lock.
     fn last_offset(&self) -> u64;
 
     /// A receiver that changes whenever records are appended (its value: the next offset);
@@ -136,33 +144,22 @@ pub trait Bus: Send + Sync + 'static {
     /// Moves a durable subscription's cursor forward (never back).
     fn set_durable_cursor<'a>(&'a self, identity: &'a str, name: &'a str, cursor: u64) -> BusFuture<'a, ()>;
 
-    /// Stores durable cursors that changed (a no-op where they are stored at once), and
-    /// whatever else a backend writes coalesced (the NATS bus: cluster heads).
-    fn flush_cursors(&self) -> BusFuture<'_, ()>;
+    /// Stores what was kept to be written later: with [`Flush::Cursors`], durable cursors
+    /// that changed (a no-op where they are stored at once) and whatever else a backend
+    /// writes coalesced (the NATS bus: cluster heads that are due); with [`Flush::All`],
+    /// also what a backend writes later than that (the NATS bus paces cluster heads), at
+    /// shutdown.
+    fn flush(&self, what: Flush) -> BusFuture<'_, ()>;
 
-    /// [`flush_cursors`](Self::flush_cursors), and whatever a backend writes later than
-    /// that (the NATS bus paces cluster heads) written now: at shutdown.
-    fn flush_all(&self) -> BusFuture<'_, ()> {
-        self.flush_cursors()
-    }
+    /// What the bus holds and how its writes went, as one value (see [`BusStats`]): for
+    /// metrics, the admin pages, and a session's start.
+    fn stats(&self) -> BusStats;
 
-    /// The reason of the `resync-required` `*` for a subscriber that resumes with the
-    /// cursor of another stream id: why this bus's history before it is gone.
-    fn lost_history_reason(&self) -> &'static str {
-        "the hub's event history was lost (restart without a data directory)"
-    }
-
-    /// The reason of a cluster's `resync-required` for records below `offset` that a read
-    /// reported evicted ([`Read::evicted`]).
-    fn eviction_reason(&self, offset: u64) -> &'static str {
-        let _ = offset;
-        "events were evicted from the hub before this subscriber read them"
-    }
-
-    /// The reason of the `resync-required` `*` for a durable subscription the bus answered
-    /// [`Lookup::Lost`] for: why where it stopped is unknown.
-    fn lost_cursor_reason(&self, name: &str) -> String {
-        format!("the hub lost its durable cursor store: where durable subscription {name:?} stopped is unknown")
+    /// The reason a subscriber is given, in a `resync-required`, for a gap in what it can
+    /// read (see [`Gap`]). The texts are the protocol's: clients and tests match them. The
+    /// default answers [`Gap::default_reason`]; a backend that knows better says why.
+    fn resync_reason(&self, gap: Gap<'_>) -> Cow<'static, str> {
+        gap.default_reason()
     }
 
     /// Whether the bus can store records: `Err(cause)` while writes fail.
@@ -176,22 +173,6 @@ pub trait Bus: Send + Sync + 'static {
         None
     }
 
-    /// Batches refused so far because a write failed.
-    fn write_failures(&self) -> u64;
-
-    /// Number of records retained.
-    fn retained(&self) -> usize;
-
-    /// Whether this hub holds the retained records in its memory. The NATS bus does once
-    /// its local tail started (with the replica's first reader); until then it answers
-    /// [`Bus::retained`] and the offsets from the stream's state as last seen.
-    fn holds_records(&self) -> bool {
-        true
-    }
-
-    /// Bytes of records retained (as counted for retention).
-    fn retained_bytes(&self) -> u64;
-
     /// Sharing with other hub replicas, for a bus several replicas use ([`NatsBus`]);
     /// `None` for a bus of one hub.
     fn replica_share(&self) -> Option<&dyn ReplicaShare> {
@@ -203,6 +184,109 @@ pub trait Bus: Send + Sync + 'static {
     fn fault_injection(&self) -> Option<&dyn FaultInjection> {
         None
     }
+}
+
+/// A snapshot of what a bus holds and how its writes went ([`Bus::stats`]): plain numbers,
+/// taken at once (the embedded backends read their index under one shared lock, the NATS
+/// bus its counters or the stream's state as last seen).
+///
+/// ```
+/// use fleetwatch_bus::{Bus, MemoryBus, Retention};
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+/// let stats = MemoryBus::open(Retention::default()).stats();
+/// assert_eq!((stats.first_offset, stats.last_offset, stats.retained), (1, 0, 0), "an empty bus");
+/// assert!(!stats.durable && stats.holds_records);
+/// # });
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BusStats {
+    /// Whether acked records survive a restart (what the backend is, not how it is doing).
+    pub durable: bool,
+    /// The offset of the oldest retained record (the next offset when empty).
+    pub first_offset: u64,
+    /// The offset of the newest record (0 when empty); also [`Bus::last_offset`].
+    pub last_offset: u64,
+    /// Number of records retained.
+    pub retained: usize,
+    /// Bytes of records retained (as counted for retention).
+    pub retained_bytes: u64,
+    /// Whether this hub holds the retained records in its memory. The NATS bus does once
+    /// its local tail started (with the replica's first reader); until then it answers
+    /// the offsets and [`retained`](Self::retained) from the stream's state as last seen.
+    pub holds_records: bool,
+    /// Batches refused so far because a write failed.
+    pub write_failures: u64,
+}
+
+impl BusStats {
+    /// What a bus with nothing in it and no failed write shows (a [`DeferredBus`] not open
+    /// yet): offsets 1 (first) and 0 (last), held in memory.
+    pub fn empty(durable: bool) -> Self {
+        Self {
+            durable,
+            first_offset: 1,
+            last_offset: 0,
+            retained: 0,
+            retained_bytes: 0,
+            holds_records: true,
+            write_failures: 0,
+        }
+    }
+}
+
+/// A gap in what a subscriber can read, which it is told of with a `resync-required`;
+/// [`Bus::resync_reason`] words why.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Gap<'a> {
+    /// The subscriber resumes with the cursor of another stream id: this bus's history
+    /// before it is gone (a `resync-required` `*`).
+    LostHistory,
+    /// A read reported a cluster's records up to `offset` evicted ([`Read::evicted`]).
+    Evicted {
+        /// The offset of the cluster's last evicted record.
+        offset: u64,
+    },
+    /// The bus answered [`Lookup::Lost`] for a durable subscription: where it stopped is
+    /// unknown (a `resync-required` `*`).
+    LostCursor {
+        /// The durable subscription's name.
+        name: &'a str,
+    },
+}
+
+impl Gap<'_> {
+    /// The reason a bus with nothing particular to say gives (the segment log's, and what
+    /// the others fall back to).
+    ///
+    /// ```
+    /// use fleetwatch_bus::Gap;
+    /// assert_eq!(
+    ///     Gap::LostCursor { name: "audit" }.default_reason(),
+    ///     "the hub lost its durable cursor store: where durable subscription \"audit\" stopped is unknown"
+    /// );
+    /// ```
+    pub fn default_reason(self) -> Cow<'static, str> {
+        match self {
+            Gap::LostHistory => Cow::Borrowed("the hub's event history was lost (restart without a data directory)"),
+            Gap::Evicted { .. } => Cow::Borrowed(EVICTED),
+            Gap::LostCursor { name } => Cow::Owned(format!(
+                "the hub lost its durable cursor store: where durable subscription {name:?} stopped is unknown"
+            )),
+        }
+    }
+}
+
+/// The reason of a [`Gap::Evicted`] wherever retention evicted the records.
+pub(crate) const EVICTED: &str = "events were evicted from the hub before this subscriber read them";
+
+/// What [`Bus::flush`] writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flush {
+    /// What is due: durable cursors that changed, and what a backend writes coalesced
+    /// (the hub flushes once a second).
+    Cursors,
+    /// Everything kept to be written later, paced writes too: at shutdown.
+    All,
 }
 
 /// What a bus shared by several hub replicas adds: the fleet's state, one entry per cluster

@@ -14,7 +14,7 @@ use tokio::sync::watch;
 
 use super::cursors::CursorStore;
 use super::retention::{self, Retention};
-use super::{ALL_CLUSTERS, Append, Read, Record};
+use super::{ALL_CLUSTERS, Append, BusStats, Read, Record};
 
 pub(crate) struct Log {
     pub(crate) records: VecDeque<Arc<Record>>,
@@ -159,12 +159,15 @@ impl Core {
         }
     }
 
-    pub(crate) fn retained(&self) -> usize {
-        self.log.read().map(|l| l.records.len()).unwrap_or(0)
-    }
-
-    pub(crate) fn retained_bytes(&self) -> u64 {
-        self.log.read().map(|l| l.bytes).unwrap_or(0)
+    /// The [`BusStats`] of records held here (one read of the index), for a backend that
+    /// is `durable` and counted `write_failures`.
+    pub(crate) fn stats(&self, durable: bool, write_failures: u64) -> BusStats {
+        let (first_offset, retained, retained_bytes) = match self.log.read() {
+            Ok(l) => (l.base, l.records.len(), l.bytes),
+            Err(_) => (1, 0, 0),
+        };
+        let last_offset = self.last_offset();
+        BusStats { durable, first_offset, last_offset, retained, retained_bytes, holds_records: true, write_failures }
     }
 
     /// Tells readers that offsets below `end` exist now. Appenders announce after they
@@ -198,10 +201,6 @@ macro_rules! forward_to_core {
             $crate::ready(Ok(self.core.read(from, max)))
         }
 
-        fn first_offset(&self) -> u64 {
-            self.core.first_offset()
-        }
-
         fn last_offset(&self) -> u64 {
             self.core.last_offset()
         }
@@ -211,7 +210,7 @@ macro_rules! forward_to_core {
         }
 
         /// Kept in memory; the segment log writes it with the next
-        /// [`Bus::flush_cursors`](crate::Bus::flush_cursors) (once a second), not at once.
+        /// [`Bus::flush`](crate::Bus::flush) (once a second), not at once.
         fn set_durable_cursor<'a>(
             &'a self,
             identity: &'a str,
@@ -219,14 +218,6 @@ macro_rules! forward_to_core {
             cursor: u64,
         ) -> $crate::BusFuture<'a, ()> {
             $crate::ready(self.core.cursors.set(identity, name, cursor, false).map_err($crate::BusError::from))
-        }
-
-        fn retained(&self) -> usize {
-            self.core.retained()
-        }
-
-        fn retained_bytes(&self) -> u64 {
-            self.core.retained_bytes()
         }
     };
 }

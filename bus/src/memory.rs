@@ -4,13 +4,14 @@
 //! is answered as soon as the records are visible, which keeps the hot path to one lock.
 //! A restart loses the history, and the new random stream id tells subscribers so.
 
+use std::borrow::Cow;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use super::cursors::CursorStore;
 use super::log::{self, Core, Log};
 use super::retention::{self, Retention};
-use super::{Append, Bus, BusError, BusFuture, Lookup, Read, cap_reasons, ready};
+use super::{Append, Bus, BusError, BusFuture, BusStats, Flush, Gap, Lookup, Read, cap_reasons, ready};
 
 /// The in-memory bus.
 pub struct MemoryBus {
@@ -82,10 +83,6 @@ fn spawn_age_retention(bus: Weak<MemoryBus>) {
 impl Bus for MemoryBus {
     log::forward_to_core!();
 
-    fn is_durable(&self) -> bool {
-        false
-    }
-
     fn append(&self, cluster: Arc<str>, items: Vec<Append>) -> BusFuture<'_, u64> {
         ready(self.append_now(cluster, items))
     }
@@ -104,18 +101,27 @@ impl Bus for MemoryBus {
         )
     }
 
-    fn lost_cursor_reason(&self, name: &str) -> String {
-        format!(
-            "the hub keeps durable cursors in memory only (no data directory) and does not know durable subscription {name:?}: it may have been read before the hub restarted"
-        )
+    /// A lost cursor is one this bus never knew (see [`Bus::durable_lookup`] above).
+    fn resync_reason(&self, gap: Gap<'_>) -> Cow<'static, str> {
+        match gap {
+            Gap::LostCursor { name } => Cow::Owned(format!(
+                "the hub keeps durable cursors in memory only (no data directory) and does not know durable subscription {name:?}: it may have been read before the hub restarted"
+            )),
+            other => other.default_reason(),
+        }
     }
 
     fn register_durable<'a>(&'a self, identity: &'a str, name: &'a str, cursor: u64) -> BusFuture<'a, ()> {
         ready(self.core.cursors.set(identity, name, cursor, true).map_err(BusError::from))
     }
 
-    fn flush_cursors(&self) -> BusFuture<'_, ()> {
+    /// Nothing to write: everything is in memory.
+    fn flush(&self, _: Flush) -> BusFuture<'_, ()> {
         ready(Ok(()))
+    }
+
+    fn stats(&self) -> BusStats {
+        self.core.stats(false, 0)
     }
 
     fn health(&self) -> Result<(), String> {
@@ -123,10 +129,6 @@ impl Bus for MemoryBus {
             Ok(_) => Ok(()),
             Err(_) => Err("bus state is poisoned".into()),
         }
-    }
-
-    fn write_failures(&self) -> u64 {
-        0
     }
 }
 
@@ -141,7 +143,7 @@ mod tests {
     async fn an_unknown_durable_name_is_lost_not_new() {
         let bus = MemoryBus::open(crate::Retention::default());
         assert_eq!(bus.durable_lookup("id", "sub").await.unwrap(), Lookup::Lost);
-        assert!(bus.lost_cursor_reason("sub").contains("memory only"));
+        assert!(bus.resync_reason(Gap::LostCursor { name: "sub" }).contains("memory only"));
         bus.register_durable("id", "sub", 4).await.unwrap();
         assert_eq!(bus.durable_lookup("id", "sub").await.unwrap(), Lookup::Known(4));
     }

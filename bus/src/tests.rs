@@ -210,7 +210,7 @@ async fn failed_write_is_cut_not_acked_and_appends_resume() {
     assert_eq!(std::fs::metadata(&seg).unwrap().len(), len, "half-written batch cut");
     assert!(bus.append("a".into(), vec![ev(1, 2)]).await.is_err(), "no later append is acked while failing");
     assert_eq!(bus.last_offset(), 1);
-    assert_eq!(bus.write_failures(), 2);
+    assert_eq!(bus.stats().write_failures, 2);
     bus.fault_injection().expect("the segment log has storage").inject_storage_fault(Duration::ZERO).unwrap();
     // The readiness probe clears the failure without any append.
     wait_for("readiness after the fault", || bus.health().is_ok()).await;
@@ -555,6 +555,55 @@ async fn a_reader_behind_segments_deleted_before_a_restart_resyncs_every_cluster
         r.evicted
     );
     // A reader that missed nothing is not told to resync.
-    let first = bus.first_offset();
+    let first = bus.stats().first_offset;
     assert!(bus.read_now(first, 100).evicted.is_empty(), "{:?}", bus.read_now(first, 100).evicted);
+}
+
+/// The reasons each embedded backend (and a [`DeferredBus`] before it is open) gives for
+/// each gap, byte for byte: subscribers and tests match them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resync_reasons_are_the_texts_subscribers_match() {
+    let texts = |bus: &dyn Bus| {
+        [Gap::LostHistory, Gap::Evicted { offset: 5 }, Gap::LostCursor { name: "audit" }]
+            .map(|gap| bus.resync_reason(gap).into_owned())
+    };
+    let evicted = "events were evicted from the hub before this subscriber read them";
+    let memory = MemoryBus::open(Retention::default());
+    let memory_texts = [
+        "the hub's event history was lost (restart without a data directory)",
+        evicted,
+        "the hub keeps durable cursors in memory only (no data directory) and does not know durable subscription \"audit\": it may have been read before the hub restarted",
+    ];
+    assert_eq!(texts(&*memory), memory_texts);
+    let dir = tempfile::tempdir().unwrap();
+    let segment_log = open_disk(disk(dir.path(), 100));
+    assert_eq!(
+        texts(&*segment_log),
+        [
+            "the hub's event history was lost (restart without a data directory)",
+            evicted,
+            "the hub lost its durable cursor store: where durable subscription \"audit\" stopped is unknown",
+        ]
+    );
+    let deferred = DeferredBus::new(true);
+    assert_eq!(
+        texts(&*deferred),
+        ["the hub's event history was lost", evicted, "where durable subscription \"audit\" stopped is unknown"]
+    );
+    deferred.open(memory);
+    assert_eq!(texts(&*deferred), memory_texts, "the backend's own, once open");
+}
+
+/// A [`DeferredBus`] shows an empty bus of the durability it was told until the backend
+/// is open, then the backend's stats.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deferred_bus_shows_empty_stats_until_open() {
+    let deferred = DeferredBus::new(true);
+    assert_eq!(deferred.stats(), BusStats::empty(true));
+    assert_eq!(deferred.last_offset(), 0);
+    let memory = MemoryBus::open(Retention::default());
+    memory.append("a".into(), vec![ev(1, 1)]).await.unwrap();
+    deferred.open(memory.clone());
+    assert_eq!(deferred.stats(), memory.stats());
+    assert_eq!((deferred.stats().last_offset, deferred.stats().durable), (1, false));
 }

@@ -20,7 +20,7 @@ pub(crate) async fn run(ctx: Arc<Context>, shutdown: CancellationToken) {
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = flush.tick() => {
-                if let Err(e) = ctx.sessions.bus.flush_cursors().await {
+                if let Err(e) = ctx.sessions.bus.flush(fleetwatch_bus::Flush::Cursors).await {
                     tracing::warn!(error = %e, "cannot store subscriber cursors");
                 }
             }

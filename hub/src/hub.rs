@@ -228,7 +228,7 @@ impl Hub {
         if let Some(cause) = fatal {
             return Err(HubError::BusUnusable(cause));
         }
-        self.ctx.sessions.bus.flush_all().await?;
+        self.ctx.sessions.bus.flush(fleetwatch_bus::Flush::All).await?;
         tracing::info!("hub stopped");
         Ok(())
     }

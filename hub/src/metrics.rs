@@ -9,6 +9,8 @@
 //! `deploy/observability/` (dashboard and alert rules), checked by a test against a
 //! running hub.
 
+use std::sync::atomic::AtomicU64;
+
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -45,174 +47,96 @@ pub struct DisconnectLabel {
 pub const HANDSHAKE_FAILURES: &[&str] =
     &["tls-handshake", "ws-handshake", "handshake-timeout", "no-identity", "trust-domain", "revoked", "wrong-role"];
 
-/// All hub metrics.
-pub struct Metrics {
-    registry: Registry,
-    /// Agent sessions open now.
-    pub agent_sessions: Gauge,
-    /// Subscriber sessions open now.
-    pub subscriber_sessions: Gauge,
-    /// Events accepted into the bus.
-    pub events_received: Counter,
-    /// Events delivered to subscribers.
-    pub events_delivered: Counter,
-    /// Resync-required markers recorded.
-    pub resyncs: Counter,
-    /// Connections refused or closed for a reason.
-    pub rejected: Family<ReasonLabel, Counter>,
-    /// Seconds a bus append took (includes fsync with a data directory).
-    pub append_seconds: Histogram,
-    /// Seconds acks were delayed by rate limiting.
-    pub throttled_seconds: Counter<f64, std::sync::atomic::AtomicU64>,
-    /// 1 while the deny list file cannot be used and the last good list is in force.
-    pub deny_list_stale: Gauge,
-    /// Times the deny list file was found unusable.
-    pub deny_list_errors: Counter,
-    /// 1 while the access policy file cannot be used and the last good policy is in force.
-    pub access_policy_stale: Gauge,
-    /// Live sessions closed because their certificate expired or its CA left the bundle.
-    pub sessions_expired: Family<ReasonLabel, Counter>,
-    /// Agents refused because their cluster id was already connected from elsewhere.
-    pub cluster_conflicts: Counter,
-    /// Resync markers acked without storing: one was already pending for the cluster.
-    pub resyncs_coalesced: Counter,
-    /// Keep-alive pings sent to agents.
-    pub pings_sent: Counter,
-    /// Subscribers disconnected because they did not drain within the stall timeout.
-    pub subscriber_stalls: Counter,
-    /// Sessions that completed their opening (agent welcomed, subscriber subscribed), by role.
-    pub connects: Family<RoleLabel, Counter>,
-    /// Sessions that ended, by role and reason.
-    pub disconnects: Family<DisconnectLabel, Counter>,
-    /// Connections that failed before a session began (TLS, WebSocket, identity), by reason.
-    pub handshake_failures: Family<ReasonLabel, Counter>,
-    /// Acks delayed by the per-cluster rate limits.
-    pub throttled_acks: Counter,
-    /// Hellos that asked the bus again for their cluster's head after it timed out.
-    pub hello_head_retries: Counter,
-    /// Clusters' entries of the shared fleet state held (a bus of several replicas).
-    pub fleet_entries: Gauge,
-    /// Seconds the last load of the fleet state took (from following to caught up).
-    pub fleet_load_seconds: Gauge<f64, std::sync::atomic::AtomicU64>,
-    /// Entries this replica wrote into the fleet state.
-    pub fleet_writes: Counter,
-    /// Entries written trimmed to fit the bound.
-    pub fleet_trimmed: Counter,
-    /// Writes not made because another replica had written the entry since (its agent
-    /// moved there).
-    pub fleet_moved: Counter,
-    /// Entry writes that failed (retried).
-    pub fleet_write_failures: Counter,
+fleetwatch_telemetry::instruments! {
+    /// All hub metrics: the instruments, one entry each (name and HELP text beside the
+    /// field; registered in this order, the exposition's), and their registry.
+    pub struct Metrics {
+        /// Agent sessions open now.
+        pub agent_sessions: Gauge = Gauge::default() => "agent_sessions", "Agent sessions open";
+        /// Subscriber sessions open now.
+        pub subscriber_sessions: Gauge = Gauge::default() => "subscriber_sessions", "Subscriber sessions open";
+        /// Events accepted into the bus.
+        pub events_received: Counter = Counter::default() => "events_received", "Events accepted into the bus";
+        /// Events delivered to subscribers.
+        pub events_delivered: Counter = Counter::default() => "events_delivered", "Events sent to subscribers";
+        /// Resync-required markers recorded.
+        pub resyncs: Counter = Counter::default() => "resyncs", "Resync-required markers recorded";
+        /// Connections refused or closed for a reason.
+        pub rejected: Family<ReasonLabel, Counter> = Family::default()
+            => "rejected", "Connections or messages rejected, by reason";
+        /// Seconds a bus append took (includes fsync with a data directory).
+        pub append_seconds: Histogram = Histogram::new(exponential_buckets(0.0001, 2.0, 16))
+            => "bus_append_seconds", "Time to append a batch to the bus";
+        /// Seconds acks were delayed by rate limiting.
+        pub throttled_seconds: Counter<f64, AtomicU64> = Counter::default()
+            => "throttled_seconds", "Time acks were delayed by rate limits";
+        /// 1 while the deny list file cannot be used and the last good list is in force.
+        pub deny_list_stale: Gauge = Gauge::default()
+            => "deny_list_stale", "Whether the deny list file is unusable and the last good list is in force (1) or not (0)";
+        /// Times the deny list file was found unusable.
+        pub deny_list_errors: Counter = Counter::default()
+            => "deny_list_errors", "Times the deny list file was unusable";
+        /// 1 while the access policy file cannot be used and the last good policy is in force.
+        pub access_policy_stale: Gauge = Gauge::default()
+            => "access_policy_stale", "Whether the access policy file is unusable and the last good policy is in force (1) or not (0)";
+        /// Live sessions closed because their certificate expired or its CA left the bundle.
+        pub sessions_expired: Family<ReasonLabel, Counter> = Family::default()
+            => "sessions_ended", "Live sessions closed because their certificate is no longer valid, by reason";
+        /// Agents refused because their cluster id was already connected from elsewhere.
+        pub cluster_conflicts: Counter = Counter::default()
+            => "cluster_conflicts", "Agents refused because their cluster id was already connected";
+        /// Resync markers acked without storing: one was already pending for the cluster.
+        pub resyncs_coalesced: Counter = Counter::default()
+            => "resyncs_coalesced", "Resync markers acked without storing (one already pending)";
+        /// Keep-alive pings sent to agents.
+        pub pings_sent: Counter = Counter::default() => "agent_pings", "Keep-alive pings sent to agents";
+        /// Subscribers disconnected because they did not drain within the stall timeout.
+        pub subscriber_stalls: Counter = Counter::default()
+            => "subscriber_stalls", "Subscribers disconnected for not draining within the stall timeout";
+        /// Sessions that completed their opening (agent welcomed, subscriber subscribed), by role.
+        pub connects: Family<RoleLabel, Counter> = Family::default()
+            => "connects", "Sessions opened (agent welcomed, subscriber subscribed), by role";
+        /// Sessions that ended, by role and reason.
+        pub disconnects: Family<DisconnectLabel, Counter> = Family::default()
+            => "disconnects", "Sessions ended, by role and reason";
+        /// Connections that failed before a session began (TLS, WebSocket, identity), by reason.
+        pub handshake_failures: Family<ReasonLabel, Counter> = Family::default()
+            => "handshake_failures", "Connections that failed before a session began (TLS, WebSocket, identity, revoked), by reason";
+        /// Acks delayed by the per-cluster rate limits.
+        pub throttled_acks: Counter = Counter::default()
+            => "throttled_acks", "Acks delayed by the per-cluster rate limits";
+        /// Hellos that asked the bus again for their cluster's head after it timed out.
+        pub hello_head_retries: Counter = Counter::default()
+            => "hello_head_retries", "Hellos that asked the bus again for their cluster's head after it did not answer in time";
+        /// Clusters' entries of the shared fleet state held (a bus of several replicas).
+        pub fleet_entries: Gauge = Gauge::default()
+            => "fleet_entries", "Clusters' entries of the shared fleet state held";
+        /// Seconds the last load of the fleet state took (from following to caught up).
+        pub fleet_load_seconds: Gauge<f64, AtomicU64> = Gauge::default()
+            => "fleet_load_seconds", "Seconds the last load of the shared fleet state took";
+        /// Entries this replica wrote into the fleet state.
+        pub fleet_writes: Counter = Counter::default()
+            => "fleet_writes", "Entries written into the shared fleet state";
+        /// Entries written trimmed to fit the bound.
+        pub fleet_trimmed: Counter = Counter::default()
+            => "fleet_trimmed", "Fleet state entries written trimmed to fit";
+        /// Writes not made because another replica had written the entry since (its agent
+        /// moved there).
+        pub fleet_moved: Counter = Counter::default()
+            => "fleet_moved", "Fleet state entries left alone because another replica wrote them since";
+        /// Entry writes that failed (retried).
+        pub fleet_write_failures: Counter = Counter::default()
+            => "fleet_write_failures", "Fleet state entry writes that failed (retried)";
+        /// Where the instruments are registered, under the prefix `fleetwatch_hub`.
+        registry: Registry = Registry::default();
+    }
 }
 
 impl Default for Metrics {
     fn default() -> Self {
         let mut registry = Registry::with_prefix("fleetwatch_hub");
-        let m = Self {
-            agent_sessions: Gauge::default(),
-            subscriber_sessions: Gauge::default(),
-            events_received: Counter::default(),
-            events_delivered: Counter::default(),
-            resyncs: Counter::default(),
-            rejected: Family::default(),
-            append_seconds: Histogram::new(exponential_buckets(0.0001, 2.0, 16)),
-            throttled_seconds: Counter::default(),
-            deny_list_stale: Gauge::default(),
-            deny_list_errors: Counter::default(),
-            access_policy_stale: Gauge::default(),
-            sessions_expired: Family::default(),
-            cluster_conflicts: Counter::default(),
-            resyncs_coalesced: Counter::default(),
-            pings_sent: Counter::default(),
-            subscriber_stalls: Counter::default(),
-            connects: Family::default(),
-            disconnects: Family::default(),
-            handshake_failures: Family::default(),
-            throttled_acks: Counter::default(),
-            hello_head_retries: Counter::default(),
-            fleet_entries: Gauge::default(),
-            fleet_load_seconds: Gauge::default(),
-            fleet_writes: Counter::default(),
-            fleet_trimmed: Counter::default(),
-            fleet_moved: Counter::default(),
-            fleet_write_failures: Counter::default(),
-            registry: Registry::default(),
-        };
-        registry.register("agent_sessions", "Agent sessions open", m.agent_sessions.clone());
-        registry.register("subscriber_sessions", "Subscriber sessions open", m.subscriber_sessions.clone());
-        registry.register("events_received", "Events accepted into the bus", m.events_received.clone());
-        registry.register("events_delivered", "Events sent to subscribers", m.events_delivered.clone());
-        registry.register("resyncs", "Resync-required markers recorded", m.resyncs.clone());
-        registry.register("rejected", "Connections or messages rejected, by reason", m.rejected.clone());
-        registry.register("bus_append_seconds", "Time to append a batch to the bus", m.append_seconds.clone());
-        registry.register("throttled_seconds", "Time acks were delayed by rate limits", m.throttled_seconds.clone());
-        registry.register(
-            "deny_list_stale",
-            "Whether the deny list file is unusable and the last good list is in force (1) or not (0)",
-            m.deny_list_stale.clone(),
-        );
-        registry.register("deny_list_errors", "Times the deny list file was unusable", m.deny_list_errors.clone());
-        registry.register(
-            "access_policy_stale",
-            "Whether the access policy file is unusable and the last good policy is in force (1) or not (0)",
-            m.access_policy_stale.clone(),
-        );
-        registry.register(
-            "sessions_ended",
-            "Live sessions closed because their certificate is no longer valid, by reason",
-            m.sessions_expired.clone(),
-        );
-        registry.register(
-            "cluster_conflicts",
-            "Agents refused because their cluster id was already connected",
-            m.cluster_conflicts.clone(),
-        );
-        registry.register(
-            "resyncs_coalesced",
-            "Resync markers acked without storing (one already pending)",
-            m.resyncs_coalesced.clone(),
-        );
-        registry.register("agent_pings", "Keep-alive pings sent to agents", m.pings_sent.clone());
-        registry.register(
-            "subscriber_stalls",
-            "Subscribers disconnected for not draining within the stall timeout",
-            m.subscriber_stalls.clone(),
-        );
-        registry.register(
-            "connects",
-            "Sessions opened (agent welcomed, subscriber subscribed), by role",
-            m.connects.clone(),
-        );
-        registry.register("disconnects", "Sessions ended, by role and reason", m.disconnects.clone());
-        registry.register(
-            "handshake_failures",
-            "Connections that failed before a session began (TLS, WebSocket, identity, revoked), by reason",
-            m.handshake_failures.clone(),
-        );
-        registry.register("throttled_acks", "Acks delayed by the per-cluster rate limits", m.throttled_acks.clone());
-        registry.register(
-            "hello_head_retries",
-            "Hellos that asked the bus again for their cluster's head after it did not answer in time",
-            m.hello_head_retries.clone(),
-        );
-        registry.register("fleet_entries", "Clusters' entries of the shared fleet state held", m.fleet_entries.clone());
-        registry.register(
-            "fleet_load_seconds",
-            "Seconds the last load of the shared fleet state took",
-            m.fleet_load_seconds.clone(),
-        );
-        registry.register("fleet_writes", "Entries written into the shared fleet state", m.fleet_writes.clone());
-        registry.register("fleet_trimmed", "Fleet state entries written trimmed to fit", m.fleet_trimmed.clone());
-        registry.register(
-            "fleet_moved",
-            "Fleet state entries left alone because another replica wrote them since",
-            m.fleet_moved.clone(),
-        );
-        registry.register(
-            "fleet_write_failures",
-            "Fleet state entry writes that failed (retried)",
-            m.fleet_write_failures.clone(),
-        );
+        let m = Self::unregistered();
+        m.register(&mut registry);
         // The usual label values start at 0, so every family is served from the start
         // (dashboards and alerts see a series before the first event, rate() works at once).
         for reason in HANDSHAKE_FAILURES {

@@ -92,15 +92,16 @@ impl Scrape {
     pub(crate) async fn read(ctx: &Context) -> Self {
         let bus = &ctx.sessions.bus;
         let now_secs = unix_secs(jiff::Timestamp::now());
-        let last = bus.last_offset();
+        let stats = bus.stats();
+        let last = stats.last_offset;
         let mut s = Scrape {
-            bus_records: bus.retained() as u64,
+            bus_records: stats.retained as u64,
             bus_last_offset: last,
-            bus_first_offset: bus.first_offset(),
-            bus_bytes: bus.retained_bytes(),
-            bus_held_in_memory: bus.holds_records(),
+            bus_first_offset: stats.first_offset,
+            bus_bytes: stats.retained_bytes,
+            bus_held_in_memory: stats.holds_records,
             bus_writable: bus.health().is_ok(),
-            bus_write_failures: bus.write_failures(),
+            bus_write_failures: stats.write_failures,
             ready: ctx.checks().iter().all(|c| c.state.is_ok()),
             cert_expiry: unix_secs(ctx.tls.not_after()),
             ..Scrape::default()

@@ -148,82 +148,54 @@ impl Collector for ClientCertificate {
     }
 }
 
-/// Counters, read by benchmarks and logs, and served as Prometheus metrics
-/// (`--metrics-listen`). The names are a contract with `deploy/observability/`.
-pub struct Metrics {
-    registry: Registry,
-    /// Reconciles started.
-    pub reconciles: Counter,
-    /// Reconciles that failed.
-    pub failures: Counter,
-    /// Time spent in successful reconciles, in seconds.
-    pub reconcile_seconds: Counter<f64, AtomicU64>,
-    /// Migrations that ran.
-    pub migrations_run: Counter,
-    /// Migrations that failed.
-    pub migrations_failed: Counter,
-    /// Time spent in migrations, in seconds.
-    pub migration_seconds: Counter<f64, AtomicU64>,
-    /// How long reconciles took (every outcome, cancelled ones included), in seconds.
-    pub reconcile_duration: Histogram,
-    /// Reconciles running now.
-    pub in_flight: Gauge,
-    /// Enforced configuration fields put back (ModuleConfigPolicy).
-    pub config_enforced: Counter,
-    /// Module configurations found invalid (each new set of errors counts once).
-    pub config_invalid: Counter,
-    /// Failed steps tried again, by the step that failed before.
-    retries: Family<RetryReason, Counter>,
-    view: Arc<ViewCollector>,
-    client_certificate: Arc<ClientCertificate>,
+fleetwatch_telemetry::instruments! {
+    /// Counters, read by benchmarks and logs, and served as Prometheus metrics
+    /// (`--metrics-listen`). The names are a contract with `deploy/observability/`: one
+    /// entry each, registered in this order (the exposition's), then the families read at
+    /// scrape time.
+    pub struct Metrics {
+        /// Reconciles started.
+        pub reconciles: Counter = Counter::default() => "reconciles", "Reconciles started";
+        /// Reconciles that failed.
+        pub failures: Counter = Counter::default() => "reconcile_failures", "Reconciles that failed";
+        /// Migrations that ran.
+        pub migrations_run: Counter = Counter::default() => "migrations", "Migrations that ran";
+        /// Migrations that failed.
+        pub migrations_failed: Counter = Counter::default() => "migration_failures", "Migrations that failed";
+        /// Time spent in successful reconciles, in seconds.
+        pub reconcile_seconds: Counter<f64, AtomicU64> = Counter::default()
+            => "reconcile_seconds", "Time spent in successful reconciles";
+        /// Time spent in migrations, in seconds.
+        pub migration_seconds: Counter<f64, AtomicU64> = Counter::default()
+            => "migration_seconds", "Time spent in migrations";
+        /// How long reconciles took (every outcome, cancelled ones included), in seconds.
+        pub reconcile_duration: Histogram = Histogram::new(DURATION_BUCKETS)
+            => "reconcile_duration_seconds", "How long reconciles took, every outcome";
+        /// Reconciles running now.
+        pub in_flight: Gauge = Gauge::default() => "reconciles_in_flight", "Reconciles running now";
+        /// Enforced configuration fields put back (ModuleConfigPolicy).
+        pub config_enforced: Counter = Counter::default()
+            => "config_enforcements", "Times enforced configuration fields were applied because they differed";
+        /// Module configurations found invalid (each new set of errors counts once).
+        pub config_invalid: Counter = Counter::default()
+            => "config_invalid_found", "Times a module configuration was found invalid";
+        /// Failed steps tried again, by the step that failed before.
+        retries: Family<RetryReason, Counter> = Family::default()
+            => "retries", "Failed steps of reconciles tried again (with backoff, or at once when the runtime cluster changed), by the step that failed: resolve, read, pull, migration, apply, default-config, delete, connect, certificate, status-write";
+        /// The gauges read at scrape time from what the operator acts on.
+        view: Arc<ViewCollector> = Arc::new(ViewCollector::default());
+        /// The hub subscription certificate's expiry, read at scrape time.
+        client_certificate: Arc<ClientCertificate> = Arc::default();
+        /// Where they are registered, under the prefix `fleetwatch_lifecycle`.
+        registry: Registry = Registry::default();
+    }
 }
 
 impl Default for Metrics {
     fn default() -> Self {
         let mut registry = Registry::with_prefix("fleetwatch_lifecycle");
-        let m = Self {
-            registry: Registry::default(),
-            reconciles: Counter::default(),
-            failures: Counter::default(),
-            reconcile_seconds: Counter::default(),
-            migrations_run: Counter::default(),
-            migrations_failed: Counter::default(),
-            migration_seconds: Counter::default(),
-            reconcile_duration: Histogram::new(DURATION_BUCKETS),
-            in_flight: Gauge::default(),
-            config_enforced: Counter::default(),
-            config_invalid: Counter::default(),
-            retries: Family::default(),
-            view: Arc::new(ViewCollector::default()),
-            client_certificate: Arc::default(),
-        };
-        registry.register("reconciles", "Reconciles started", m.reconciles.clone());
-        registry.register("reconcile_failures", "Reconciles that failed", m.failures.clone());
-        registry.register("migrations", "Migrations that ran", m.migrations_run.clone());
-        registry.register("migration_failures", "Migrations that failed", m.migrations_failed.clone());
-        registry.register("reconcile_seconds", "Time spent in successful reconciles", m.reconcile_seconds.clone());
-        registry.register("migration_seconds", "Time spent in migrations", m.migration_seconds.clone());
-        registry.register(
-            "reconcile_duration_seconds",
-            "How long reconciles took, every outcome",
-            m.reconcile_duration.clone(),
-        );
-        registry.register("reconciles_in_flight", "Reconciles running now", m.in_flight.clone());
-        registry.register(
-            "config_enforcements",
-            "Times enforced configuration fields were applied because they differed",
-            m.config_enforced.clone(),
-        );
-        registry.register(
-            "config_invalid_found",
-            "Times a module configuration was found invalid",
-            m.config_invalid.clone(),
-        );
-        registry.register(
-            "retries",
-            "Failed steps of reconciles tried again (with backoff, or at once when the runtime cluster changed), by the step that failed: resolve, read, pull, migration, apply, default-config, delete, connect, certificate, status-write",
-            m.retries.clone(),
-        );
+        let m = Self::unregistered();
+        m.register(&mut registry);
         registry.register_collector(Box::new(m.view.clone()));
         registry.register_collector(Box::new(m.client_certificate.clone()));
         Self { registry, ..m }

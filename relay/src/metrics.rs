@@ -94,7 +94,7 @@ struct ResyncLabels {
 }
 
 /// The expiry of the subscriber certificate in use, read at scrape time.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 struct ClientCertificate {
     relay: String,
     tls: std::sync::OnceLock<ClientTls>,
@@ -112,26 +112,39 @@ impl Collector for ClientCertificate {
     }
 }
 
-/// The relay's counters, with [`prometheus_client`].
-#[derive(Debug)]
-pub struct Metrics {
-    relay: String,
-    registry: Registry,
-    delivered: Family<TargetLabels, PromCounter>,
-    retries: Family<TargetLabels, PromCounter>,
-    skipped_4xx: Family<TargetLabels, PromCounter>,
-    dead_lettered: Family<TargetLabels, PromCounter>,
-    refused: Family<RefusedLabels, PromCounter>,
-    filtered: Family<RelayLabel, PromCounter>,
-    resyncs: Family<ResyncLabels, PromCounter>,
-    /// 1 while ready, set at each encode from [`Metrics::readiness`].
-    ready: Family<RelayLabel, Gauge>,
-    /// Per target: requests failed in a row since its last delivery (for `/readyz`).
-    failing: std::sync::Mutex<std::collections::BTreeMap<String, u64>>,
-    /// Whether the relay has subscribed to the hub.
-    subscribed: std::sync::atomic::AtomicBool,
-    /// The subscriber certificate's expiry.
-    client_certificate: std::sync::Arc<ClientCertificate>,
+fleetwatch_telemetry::instruments! {
+    /// The relay's counters, with [`prometheus_client`]: one entry each, registered in this
+    /// order (the exposition's), then the certificate expiry read at scrape time.
+    #[derive(Debug)]
+    pub struct Metrics {
+        delivered: Family<TargetLabels, PromCounter> = Family::default()
+            => "delivered", "Events the target accepted (2xx), then acknowledged to the hub";
+        retries: Family<TargetLabels, PromCounter> = Family::default()
+            => "retries", "Requests that failed for a passing reason (5xx, a 4xx other than 400/413/422, timeout, connection), retried";
+        skipped_4xx: Family<TargetLabels, PromCounter> = Family::default()
+            => "skipped_4xx", "Events the target refused for good (400, 413, 422), logged once per cause and skipped";
+        dead_lettered: Family<TargetLabels, PromCounter> = Family::default()
+            => "dead_lettered", "Requests the target refused for good (400, 413, 422), kept in the --dead-letter file, then acknowledged";
+        refused: Family<RefusedLabels, PromCounter> = Family::default()
+            => "refused", "Events the relay did not send (too large, no identity)";
+        filtered: Family<RelayLabel, PromCounter> = Family::default()
+            => "filtered", "Events not meant for this relay, acknowledged without sending";
+        resyncs: Family<ResyncLabels, PromCounter> = Family::default()
+            => "resyncs", "Resync-required markers handled, by how";
+        /// 1 while ready, set at each encode from [`Metrics::readiness`].
+        ready: Family<RelayLabel, Gauge> = Family::default()
+            => "ready", "1 while /readyz answers 200 (subscribed to the hub, no target failing requests in a row), else 0";
+        /// The relay's name (`webhook`, `klm`; given to [`Metrics::new`]): a label of every family.
+        relay: String = String::new();
+        /// Where they are registered, under the prefix `fleetwatch_relay`.
+        registry: Registry = Registry::default();
+        /// Per target: requests failed in a row since its last delivery (for `/readyz`).
+        failing: std::sync::Mutex<std::collections::BTreeMap<String, u64>> = Default::default();
+        /// Whether the relay has subscribed to the hub.
+        subscribed: std::sync::atomic::AtomicBool = Default::default();
+        /// The subscriber certificate's expiry (labelled with the relay by [`Metrics::new`]).
+        client_certificate: std::sync::Arc<ClientCertificate> = std::sync::Arc::default();
+    }
 }
 
 /// Requests in a row to one target that fail before `/readyz` says not ready.
@@ -141,56 +154,10 @@ impl Metrics {
     /// Counters of the relay `relay` (`webhook`, `klm`).
     pub fn new(relay: &str) -> Self {
         let mut registry = Registry::with_prefix("fleetwatch_relay");
-        let m = Self {
-            relay: relay.into(),
-            registry: Registry::default(),
-            delivered: Family::default(),
-            retries: Family::default(),
-            skipped_4xx: Family::default(),
-            dead_lettered: Family::default(),
-            refused: Family::default(),
-            filtered: Family::default(),
-            resyncs: Family::default(),
-            ready: Family::default(),
-            failing: Default::default(),
-            subscribed: Default::default(),
-            client_certificate: std::sync::Arc::new(ClientCertificate {
-                relay: relay.into(),
-                tls: std::sync::OnceLock::new(),
-            }),
-        };
-        registry.register(
-            "delivered",
-            "Events the target accepted (2xx), then acknowledged to the hub",
-            m.delivered.clone(),
-        );
-        registry.register(
-            "retries",
-            "Requests that failed for a passing reason (5xx, a 4xx other than 400/413/422, timeout, connection), retried",
-            m.retries.clone(),
-        );
-        registry.register(
-            "skipped_4xx",
-            "Events the target refused for good (400, 413, 422), logged once per cause and skipped",
-            m.skipped_4xx.clone(),
-        );
-        registry.register(
-            "dead_lettered",
-            "Requests the target refused for good (400, 413, 422), kept in the --dead-letter file, then acknowledged",
-            m.dead_lettered.clone(),
-        );
-        registry.register("refused", "Events the relay did not send (too large, no identity)", m.refused.clone());
-        registry.register(
-            "filtered",
-            "Events not meant for this relay, acknowledged without sending",
-            m.filtered.clone(),
-        );
-        registry.register("resyncs", "Resync-required markers handled, by how", m.resyncs.clone());
-        registry.register(
-            "ready",
-            "1 while /readyz answers 200 (subscribed to the hub, no target failing requests in a row), else 0",
-            m.ready.clone(),
-        );
+        let client_certificate =
+            std::sync::Arc::new(ClientCertificate { relay: relay.into(), tls: std::sync::OnceLock::new() });
+        let m = Self { relay: relay.into(), client_certificate, ..Self::unregistered() };
+        m.register(&mut registry);
         registry.register_collector(Box::new(m.client_certificate.clone()));
         // Every family is served from the start (dashboards see a series before the first
         // event; rate() works at once).

@@ -4,6 +4,9 @@
 //!
 //! - [`exposition`]: a scrape's answer: OpenMetrics by default, the text format 0.0.4 to a
 //!   scraper that asks for it (what `promtool check metrics` reads).
+//! - [`instruments`](mod@instruments): a component's instruments (kept up to date where
+//!   things happen) declared as one table, [`instruments!`], that writes their struct and
+//!   registration.
 //! - [`collect`]: writing families read at scrape time from a
 //!   [`prometheus_client::collector::Collector`] (state that would cost the hot path to keep
 //!   current: bus size, liveness, certificate expiry, lag).
@@ -15,6 +18,7 @@
 
 pub mod collect;
 pub mod exposition;
+pub mod instruments;
 pub mod server;
 
 pub use server::{Health, Readiness};

@@ -9,7 +9,7 @@
 //! cursor is a stream sequence stored in the `<stream>_cursors` bucket, one entry per
 //! identity (its names and cursors, bounded like the embedded store), updated with
 //! compare-and-set. Registrations are written at once; cursor moves are kept in memory and
-//! written every second by the hub's housekeeping ([`Bus::flush_cursors`]), as the segment
+//! written every second by the hub's housekeeping ([`Bus::flush`]), as the segment
 //! log does. A registration stores a random id with the name, and a move is written only
 //! if the name still has the registration it was made under ([`Cursors::current`]): a
 //! subscriber that moved to another replica and registered there (maybe lower, as the

@@ -9,7 +9,7 @@
 //! this replica knows (its own appends in flight, its acks and its tail); a resend it does
 //! not recognise is dropped by JetStream's duplicate window.
 //!
-//! The bucket is written coalesced ([`Bus::flush_cursors`](crate::Bus::flush_cursors), once a
+//! The bucket is written coalesced ([`Bus::flush`](crate::Bus::flush), once a
 //! second), with compare-and-set on the revision this replica wrote last, so a head of a
 //! newer format written meanwhile is read, and refused, before it is written over.
 //!

@@ -23,7 +23,7 @@
 //! - Key-value bucket `<stream>_heads`: per cluster the (epoch, seq, offset) of its latest
 //!   acked record, so an agent resumes on any replica without a full resync even after its
 //!   records were evicted. Written by the replica that appended, coalesced: once a second
-//!   ([`Bus::flush_cursors`]), not per batch — a put per batch doubled JetStream's work on
+//!   ([`Bus::flush`]), not per batch — a put per batch doubled JetStream's work on
 //!   the hot path. While the cluster's records are retained the stream itself is the
 //!   authority (below); the bucket only matters once they were evicted.
 //! - Key-value bucket `<stream>_cursors`: per subscriber identity its durable names and
@@ -71,6 +71,7 @@ mod tests;
 
 pub use recreate::RECREATED;
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -83,7 +84,7 @@ use tokio::task::AbortHandle;
 use crate::cursors::{DurableError, Lookup, MAX_NAMES_PER_IDENTITY};
 use crate::log::Core;
 use crate::retention::Retention;
-use crate::{Append, Bus, BusError, BusFuture, Read, ReplicaShare};
+use crate::{Append, Bus, BusError, BusFuture, BusStats, Flush, Gap, Read, ReplicaShare};
 
 use append::Pending;
 use chain::Chain;
@@ -393,7 +394,7 @@ impl<J: JetStream> Drop for NatsBus<J> {
 
 impl<J: JetStream> NatsBus<J> {
     /// Writes the cluster heads that are due (all with `all`) and the cursor moves.
-    async fn flush(&self, all: bool) -> Result<(), BusError> {
+    async fn write_pending(&self, all: bool) -> Result<(), BusError> {
         self.flush_heads(all).await?;
         let pending = std::mem::take(&mut *lock(&self.dirty));
         for (identity, moved) in pending {
@@ -441,6 +442,18 @@ impl<J: JetStream> NatsBus<J> {
         self.base.load(Ordering::SeqCst)
     }
 
+    /// Whether `offset` is of the stream before it was recreated (at or below the offset
+    /// base): gone with it, not aged out.
+    fn recreated_over(&self, offset: u64) -> bool {
+        let base = self.offset_base();
+        base > 0 && offset <= base
+    }
+
+    /// Whether the local tail holds the retained records (see [`BusStats::holds_records`]).
+    pub(super) fn holds_records(&self) -> bool {
+        self.tail_ready.load(Ordering::Acquire)
+    }
+
     /// `Err` for good once the stream was recreated by a hub that did not know this bus.
     pub(super) fn usable(&self) -> Result<(), BusError> {
         match &*lock(&self.poisoned) {
@@ -477,10 +490,6 @@ impl<J: JetStream> Bus for NatsBus<J> {
         &self.stream_id
     }
 
-    fn is_durable(&self) -> bool {
-        self.durable
-    }
-
     fn append(&self, cluster: Arc<str>, items: Vec<Append>) -> BusFuture<'_, u64> {
         Box::pin(async move { self.start_inner(cluster, items).await?.await })
     }
@@ -509,26 +518,12 @@ impl<J: JetStream> Bus for NatsBus<J> {
         })
     }
 
-    fn first_offset(&self) -> u64 {
-        if self.holds_records() { self.core.first_offset() } else { lock(&self.stream_state).first }
-    }
-
     fn last_offset(&self) -> u64 {
         if self.holds_records() { self.core.last_offset() } else { self.stream_last.load(Ordering::Relaxed) }
     }
 
     fn watch_end(&self) -> watch::Receiver<u64> {
         self.core.end_tx.subscribe()
-    }
-
-    fn lost_cursor_reason(&self, name: &str) -> String {
-        if self.lost_names_begun.load(Ordering::Relaxed) {
-            format!(
-                "durable subscription {name:?} is not known to this bus, which a hub began after JetStream had no stream for it (a first start, or JetStream lost its store while no hub replica ran): it may have been read before"
-            )
-        } else {
-            format!("the hub lost its durable cursor store: where durable subscription {name:?} stopped is unknown")
-        }
     }
 
     fn durable_lookup<'a>(&'a self, identity: &'a str, name: &'a str) -> BusFuture<'a, Lookup> {
@@ -588,31 +583,28 @@ impl<J: JetStream> Bus for NatsBus<J> {
         })
     }
 
-    fn flush_cursors(&self) -> BusFuture<'_, ()> {
-        Box::pin(self.flush(false))
-    }
-
-    fn flush_all(&self) -> BusFuture<'_, ()> {
-        Box::pin(self.flush(true))
+    fn flush(&self, what: Flush) -> BusFuture<'_, ()> {
+        Box::pin(self.write_pending(what == Flush::All))
     }
 
     fn replica_share(&self) -> Option<&dyn ReplicaShare> {
         Some(self)
     }
 
-    fn eviction_reason(&self, offset: u64) -> &'static str {
-        let base = self.offset_base();
-        if base > 0 && offset <= base {
-            // Offsets of the stream before it was recreated: gone with it, not aged out.
-            "events were lost when the JetStream stream was recreated empty, before this subscriber read them"
-        } else {
-            "events were evicted from the hub before this subscriber read them"
+    fn resync_reason(&self, gap: Gap<'_>) -> Cow<'static, str> {
+        match gap {
+            Gap::LostHistory => Cow::Borrowed(
+                "the hub's event history was lost: the JetStream stream was recreated empty (this subscriber's cursor is \
+                 of an earlier stream)",
+            ),
+            Gap::Evicted { offset } if self.recreated_over(offset) => Cow::Borrowed(
+                "events were lost when the JetStream stream was recreated empty, before this subscriber read them",
+            ),
+            Gap::LostCursor { name } if self.lost_names_begun.load(Ordering::Relaxed) => Cow::Owned(format!(
+                "durable subscription {name:?} is not known to this bus, which a hub began after JetStream had no stream for it (a first start, or JetStream lost its store while no hub replica ran): it may have been read before"
+            )),
+            other => other.default_reason(),
         }
-    }
-
-    fn lost_history_reason(&self) -> &'static str {
-        "the hub's event history was lost: the JetStream stream was recreated empty (this subscriber's cursor is \
-         of an earlier stream)"
     }
 
     fn fatal(&self) -> Option<String> {
@@ -629,22 +621,24 @@ impl<J: JetStream> Bus for NatsBus<J> {
         }
     }
 
-    fn write_failures(&self) -> u64 {
-        self.write_failures.load(Ordering::Relaxed)
-    }
-
-    fn retained(&self) -> usize {
-        match self.holds_records() {
-            true => self.core.retained(),
-            false => usize::try_from(lock(&self.stream_state).messages).unwrap_or(usize::MAX),
+    /// From the local tail once it holds the records; until then from the stream's state
+    /// as last seen (the last offset from its own counter, kept apart for
+    /// [`Bus::last_offset`]).
+    fn stats(&self) -> BusStats {
+        let write_failures = self.write_failures.load(Ordering::Relaxed);
+        if self.holds_records() {
+            return self.core.stats(self.durable, write_failures);
         }
-    }
-
-    fn holds_records(&self) -> bool {
-        self.tail_ready.load(Ordering::Acquire)
-    }
-
-    fn retained_bytes(&self) -> u64 {
-        if self.holds_records() { self.core.retained_bytes() } else { lock(&self.stream_state).bytes }
+        let last_offset = self.stream_last.load(Ordering::Relaxed);
+        let state = lock(&self.stream_state);
+        BusStats {
+            durable: self.durable,
+            first_offset: state.first,
+            last_offset,
+            retained: usize::try_from(state.messages).unwrap_or(usize::MAX),
+            retained_bytes: state.bytes,
+            holds_records: false,
+            write_failures,
+        }
     }
 }

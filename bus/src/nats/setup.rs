@@ -151,7 +151,7 @@ impl<J: JetStream> NatsBus<J> {
         let probe = tokio::spawn(probe(Arc::downgrade(&bus), bus.recheck.clone()));
         let age = tokio::spawn(age_retention(Arc::downgrade(&bus)));
         lock(&bus.tasks).extend([probe.abort_handle(), age.abort_handle()]);
-        tracing::info!(stream = %opts.stream, servers = %bus.js.servers(), first = bus.first_offset(), last = bus.last_offset(), "bus on NATS JetStream");
+        tracing::info!(stream = %opts.stream, servers = %bus.js.servers(), first = bus.stats().first_offset, last = bus.last_offset(), "bus on NATS JetStream");
         Ok(bus)
     }
 }

@@ -3,7 +3,7 @@
 //!
 //! A replica with readers keeps the retained records in memory, fed by one ordered push
 //! consumer over the whole stream, and applies the same retention to it ([`crate::log::Log`], shared with
-//! the embedded backends). So `first_offset`, `last_offset`, `watch_end` and `retained`
+//! the embedded backends). So `last_offset`, `stats` and `watch_end`
 //! stay synchronous, reads and subscriber fan-out are local (no consumer per subscriber on
 //! the server), and every replica reports the same evicted clusters: eviction is decided by
 //! the same rule over the same sequence of records. Reading older offsets back from
@@ -139,7 +139,7 @@ impl<J: JetStream> NatsBus<J> {
             self.wait_local(last).await?;
         }
         self.tail_ready.store(true, Ordering::Release);
-        tracing::info!(stream = %self.stream, first = self.first_offset(), last = self.last_offset(), "local tail ready");
+        tracing::info!(stream = %self.stream, first = self.stats().first_offset, last = self.last_offset(), "local tail ready");
         Ok(())
     }
 

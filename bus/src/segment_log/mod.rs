@@ -25,8 +25,9 @@ use crate::cursors::CursorStore;
 use crate::log::{Core, Log};
 use crate::storage::{self, Storage};
 use crate::{
-    ALL_CLUSTERS, Append, Bus, BusError, BusFuture, BusOptions, CURSOR_STORE_FORMAT, FORMAT, FaultInjection,
-    LOG_FORMAT, Lookup, Read, RecordBody, StorageError, WriterPlacement, cap_reason, cap_reasons, ready, retention,
+    ALL_CLUSTERS, Append, Bus, BusError, BusFuture, BusOptions, BusStats, CURSOR_STORE_FORMAT, FORMAT, FaultInjection,
+    Flush, LOG_FORMAT, Lookup, Read, RecordBody, StorageError, WriterPlacement, cap_reason, cap_reasons, ready,
+    retention,
 };
 use marks::Marks;
 use writer::{Disk, MarkSyncer, Request, Writer};
@@ -197,10 +198,6 @@ impl SegmentLogBus {
 impl Bus for SegmentLogBus {
     crate::log::forward_to_core!();
 
-    fn is_durable(&self) -> bool {
-        true
-    }
-
     fn append(&self, cluster: Arc<str>, items: Vec<Append>) -> BusFuture<'_, u64> {
         Box::pin(self.append_now(cluster, items))
     }
@@ -221,8 +218,13 @@ impl Bus for SegmentLogBus {
         })
     }
 
-    fn flush_cursors(&self) -> BusFuture<'_, ()> {
+    /// Cursors are all there is to write later: both flushes store them.
+    fn flush(&self, _: Flush) -> BusFuture<'_, ()> {
         ready(self.flush_cursors_now())
+    }
+
+    fn stats(&self) -> BusStats {
+        self.core.stats(true, self.write_failures.load(std::sync::atomic::Ordering::Relaxed))
     }
 
     fn health(&self) -> Result<(), String> {
@@ -231,10 +233,6 @@ impl Bus for SegmentLogBus {
             Ok(Some(e)) => Err(e),
             Err(_) => Err("bus state is poisoned".into()),
         }
-    }
-
-    fn write_failures(&self) -> u64 {
-        self.write_failures.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     fn fault_injection(&self) -> Option<&dyn FaultInjection> {

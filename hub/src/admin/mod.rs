@@ -226,7 +226,7 @@ struct FaultQuery {
 
 /// Makes every bus disk write fail with ENOSPC for `fail_for_ms` milliseconds.
 async fn storage_fault(State(ctx): State<Arc<Context>>, Query(q): Query<FaultQuery>) -> impl IntoResponse {
-    if !ctx.sessions.bus.is_durable() {
+    if !ctx.sessions.bus.stats().durable {
         return (StatusCode::CONFLICT, "the bus has no data directory: nothing to fail\n".to_string());
     }
     let Some(faults) = ctx.sessions.bus.fault_injection() else {
@@ -407,14 +407,15 @@ async fn overview(admin: &Admin) -> serde_json::Value {
     let watch_configs_total = watch_configs.len();
     let watch_configs_refused = watch_configs.iter().filter(|v| !v.accepted).count();
     let watch_configs_omitted = fleet::bounded(&mut watch_configs, fleet::OVERVIEW_RUNTIMES, |v| !v.accepted);
+    let bus_stats = ctx.sessions.bus.stats();
     serde_json::json!({
         "time": jiff::Timestamp::now(),
         "hub": ctx.replica,
         "ready": ready,
         "bus": {
-            "records": ctx.sessions.bus.retained(),
-            "lastOffset": ctx.sessions.bus.last_offset(),
-            "heldInMemory": ctx.sessions.bus.holds_records(),
+            "records": bus_stats.retained,
+            "lastOffset": bus_stats.last_offset,
+            "heldInMemory": bus_stats.holds_records,
         },
         "totals": {
             "clusters": clusters_total,

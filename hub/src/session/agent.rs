@@ -380,7 +380,8 @@ impl Session {
     async fn resume_point(&mut self, hello: &Hello, cancel: &CancellationToken) -> Result<u64, End> {
         let head = self.head_at_hello(cancel).await?;
         let bus = &self.ctx.bus;
-        let cause = ingest::lost_cause(bus.is_durable(), bus.replica_share().is_some(), bus.first_offset() > 1);
+        let stats = bus.stats();
+        let cause = ingest::lost_cause(stats.durable, bus.replica_share().is_some(), stats.first_offset > 1);
         let (have, reason) = ingest::resume_gap(head, hello.epoch, hello.last_acked_seq, cause);
         let Some(reason) = reason else { return Ok(have) };
         if self.ctx.registry.resync_pending(&self.cluster, head, self.ctx.bus.replica_share().is_some()) {

@@ -23,7 +23,7 @@ use crate::peer::Peer;
 use crate::policy::access::{Decision, Grant};
 use crate::session::Sessions;
 use crate::session::conn::{Conn, End};
-use fleetwatch_bus::{ALL_CLUSTERS, BusError, Lookup, Read, RecordBody};
+use fleetwatch_bus::{ALL_CLUSTERS, BusError, Gap, Lookup, Read, RecordBody};
 
 /// Most records read from the bus for one frame.
 const READ_CHUNK: usize = 512;
@@ -175,7 +175,7 @@ impl Session {
             Some((identity, name)) => match bus.durable_lookup(identity, name).await {
                 Ok(Lookup::Known(c)) => StoredCursor::Known(c),
                 Ok(Lookup::New) => StoredCursor::None,
-                Ok(Lookup::Lost) => StoredCursor::Lost(bus.lost_cursor_reason(name)),
+                Ok(Lookup::Lost) => StoredCursor::Lost(bus.resync_reason(Gap::LostCursor { name }).into_owned()),
                 Err(e) => return durable_refused(e),
             },
             None => StoredCursor::None,
@@ -183,7 +183,7 @@ impl Session {
         let asked = Asked {
             resume: sub.resume.as_ref().map(|r| (r.stream.as_str(), r.cursor)),
             stream: bus.stream_id(),
-            lost_history: bus.lost_history_reason(),
+            lost_history: &bus.resync_reason(Gap::LostHistory),
         };
         let Start { cursor: start, resync_all, register } =
             delivery::start(asked, stored, || self.default_start(sub.from), || bus.last_offset());
@@ -294,7 +294,7 @@ impl Session {
 
     fn default_start(&self, from: StartFrom) -> u64 {
         match from {
-            StartFrom::Earliest => self.ctx.bus.first_offset().saturating_sub(1),
+            StartFrom::Earliest => self.ctx.bus.stats().first_offset.saturating_sub(1),
             StartFrom::Latest => self.ctx.bus.last_offset(),
         }
     }
@@ -374,7 +374,7 @@ impl Session {
                 let r = ResyncRequired {
                     cluster: cluster.to_string(),
                     cursor: *offset,
-                    reason: self.ctx.bus.eviction_reason(*offset).into(),
+                    reason: self.ctx.bus.resync_reason(Gap::Evicted { offset: *offset }).into_owned(),
                 };
                 conn.send_text(encode(&HubToSubscriber::ResyncRequired(r))).await?;
                 self.window.sent_at(*offset);

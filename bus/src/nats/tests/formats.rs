@@ -82,7 +82,7 @@ async fn records_heads_and_cursors_without_a_format_are_read_as_format_1() {
     let next = b.append("old".into(), vec![ev(7, 2)]).await.unwrap();
     b.register_durable("sub", "d", next).await.unwrap();
     wait_for("the head flushed", Duration::from_secs(30), async || {
-        b.flush_cursors().await.is_ok() && heads.get("old").await.unwrap().is_some()
+        b.flush(Flush::Cursors).await.is_ok() && heads.get("old").await.unwrap().is_some()
     })
     .await;
     let stream = js.get_stream("fw").await.unwrap();
@@ -138,7 +138,7 @@ async fn a_record_head_or_cursor_entry_of_a_newer_format_is_refused_untouched() 
     let err = c.durable_lookup("sub", "d").await.unwrap_err().to_string();
     assert!(refused(&err) && err.contains("the durable cursors of sub"), "{err}");
     assert!(c.register_durable("sub", "d", 1).await.is_err());
-    assert!(c.set_durable_cursor("sub", "d", 1).await.is_err() || c.flush_cursors().await.is_err());
+    assert!(c.set_durable_cursor("sub", "d", 1).await.is_err() || c.flush(Flush::Cursors).await.is_err());
     let now = cursors.entry("sub").await.unwrap().unwrap();
     assert_eq!((now.revision, now.value.as_ref()), (revision, entry.as_bytes()), "written over");
 
@@ -165,12 +165,12 @@ async fn a_record_head_or_cursor_entry_of_a_newer_format_is_refused_untouched() 
     // not write over it (compare-and-set on what it wrote last).
     let d = open(&server.url(), "fw4", keep_all()).await;
     d.append("c".into(), vec![ev(1, 1)]).await.unwrap();
-    d.flush_cursors().await.unwrap();
+    d.flush(Flush::Cursors).await.unwrap();
     let heads = js.get_key_value("fw4_heads").await.unwrap();
     let newer = br#"{"epoch":1,"seq":1,"offset":1,"format":2}"#;
     let revision = heads.put("c", Bytes::from_static(newer)).await.unwrap();
     d.append("c".into(), vec![ev(1, 2)]).await.unwrap();
-    let err = d.flush_all().await.unwrap_err().to_string();
+    let err = d.flush(Flush::All).await.unwrap_err().to_string();
     assert!(refused(&err) && err.contains("the head of cluster c"), "{err}");
     assert!(d.fatal().is_some());
     let now = heads.entry("c").await.unwrap().unwrap();

@@ -14,7 +14,7 @@ use bytes::Bytes;
 
 use super::server::LocalNatsServer;
 use super::{NatsBus, NatsOptions};
-use crate::{Append, Bus, BusError, Lookup, RecordBody, Retention};
+use crate::{Append, Bus, BusError, Flush, Gap, Lookup, RecordBody, Retention};
 
 fn ev(epoch: u64, seq: u64) -> Append {
     Append { epoch, seq, body: RecordBody::Event(Bytes::from(format!(r#"{{"seq":{seq}}}"#))) }
@@ -58,7 +58,26 @@ async fn replicas_share_heads_and_skip_resends() {
     let a = open(&server.url(), "fw", keep_all()).await;
     let b = open(&server.url(), "fw", keep_all()).await;
     assert_eq!(a.stream_id(), b.stream_id(), "one stream, one id");
-    assert!(a.is_durable());
+    assert!(a.stats().durable);
+    // The reasons of a stream created fresh, byte for byte (subscribers match them).
+    assert_eq!(
+        a.resync_reason(Gap::LostHistory),
+        "the hub's event history was lost: the JetStream stream was recreated empty (this subscriber's cursor is of an earlier stream)"
+    );
+    assert_eq!(
+        a.resync_reason(Gap::Evicted { offset: 1 }),
+        "events were evicted from the hub before this subscriber read them"
+    );
+    assert_eq!(
+        a.resync_reason(Gap::LostCursor { name: "audit" }),
+        "the hub lost its durable cursor store: where durable subscription \"audit\" stopped is unknown"
+    );
+    b.lost_names_begun.store(true, std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(
+        b.resync_reason(Gap::LostCursor { name: "audit" }),
+        "durable subscription \"audit\" is not known to this bus, which a hub began after JetStream had no stream for it (a first start, or JetStream lost its store while no hub replica ran): it may have been read before"
+    );
+    b.lost_names_begun.store(false, std::sync::atomic::Ordering::Relaxed);
     let c: Arc<str> = "eu-1".into();
     assert_eq!(a.append(c.clone(), vec![ev(1, 1), ev(1, 2), ev(1, 3)]).await.unwrap(), 3);
     // The agent reconnects to b: b knows the head without having served it.
@@ -80,7 +99,7 @@ async fn replicas_share_heads_and_skip_resends() {
     // A durable cursor moved on one replica is found on the other once flushed.
     a.register_durable("sub", "d", 1).await.unwrap();
     a.set_durable_cursor("sub", "d", 4).await.unwrap();
-    a.flush_cursors().await.unwrap();
+    a.flush(Flush::Cursors).await.unwrap();
     assert_eq!(b.durable_lookup("sub", "d").await.unwrap(), Lookup::Known(4));
 }
 
@@ -94,11 +113,11 @@ async fn a_new_replica_resumes_heads_from_the_bucket_after_eviction() {
     let a = open(&server.url(), "fw", retention).await;
     a.append("old".into(), vec![ev(7, 1), ev(7, 2)]).await.unwrap();
     a.append("new".into(), vec![ev(1, 1), ev(1, 2)]).await.unwrap();
-    assert_eq!(a.first_offset(), 3);
+    assert_eq!(a.stats().first_offset, 3);
     // Heads reach the bucket with the next flush (the hub's housekeeping, every second).
-    a.flush_cursors().await.unwrap();
+    a.flush(Flush::Cursors).await.unwrap();
     let b = open(&server.url(), "fw", retention).await;
-    assert_eq!((b.first_offset(), b.last_offset()), (3, 4), "b loaded what the stream retains");
+    assert_eq!((b.stats().first_offset, b.last_offset()), (3, 4), "b loaded what the stream retains");
     assert_eq!(b.head("old").await.unwrap(), Some((7, 2)), "the head survives the eviction");
     assert_eq!(b.append("old".into(), vec![ev(7, 2)]).await.unwrap(), 4, "a resend is still a duplicate");
     let mut evicted: Vec<String> = b.read(1, 10).await.unwrap().evicted.iter().map(|(c, _)| c.to_string()).collect();
@@ -134,7 +153,7 @@ async fn jetstream_down_refuses_appends_and_recovers() {
     assert!(matches!(err, BusError::Nats(_)), "{err}");
     assert!(err.to_string().contains("JetStream"), "the error names JetStream: {err}");
     wait_for("health to report the outage", Duration::from_secs(30), async || bus.health().is_err()).await;
-    assert!(bus.write_failures() >= 1);
+    assert!(bus.stats().write_failures >= 1);
     server.restart().unwrap_or_else(|e| panic!("{e}"));
     wait_for("health to recover", Duration::from_secs(60), async || bus.health().is_ok()).await;
     // The agent resends what was not acked (3) plus more; nothing acked before is lost.
@@ -203,17 +222,17 @@ async fn a_registration_is_not_overtaken_by_an_older_unflushed_cursor() {
     a.set_durable_cursor("sub", "d", 500).await.unwrap(); // acked on a, not flushed yet
     // The subscriber moved to b, which registers it lower (its cursor was beyond the log).
     b.register_durable("sub", "d", 400).await.unwrap();
-    a.flush_cursors().await.unwrap();
+    a.flush(Flush::Cursors).await.unwrap();
     for bus in [&a, &b] {
         assert_eq!(bus.durable_lookup("sub", "d").await.unwrap(), Lookup::Known(400));
     }
     // Moves of the current registration still go forward, from any replica.
     b.set_durable_cursor("sub", "d", 450).await.unwrap();
-    b.flush_cursors().await.unwrap();
+    b.flush(Flush::Cursors).await.unwrap();
     assert_eq!(a.durable_lookup("sub", "d").await.unwrap(), Lookup::Known(450));
     // And a's later moves of its old registration stay dropped.
     a.set_durable_cursor("sub", "d", 600).await.unwrap();
-    a.flush_cursors().await.unwrap();
+    a.flush(Flush::Cursors).await.unwrap();
     assert_eq!(b.durable_lookup("sub", "d").await.unwrap(), Lookup::Known(450));
 }
 

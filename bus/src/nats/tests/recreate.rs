@@ -71,17 +71,17 @@ async fn jetstream_restarted_empty_is_recreated_and_every_replica_agrees() {
         }
         // A cluster whose records went with the old stream is told why, truly (a replica
         // that still knew its head reports it evicted at its old offset, at most 4).
-        let why = bus.eviction_reason(4);
+        let why = bus.resync_reason(Gap::Evicted { offset: 4 });
         assert!(why.contains("recreated empty") && !why.contains("evicted"), "{why}");
-        let aged = bus.eviction_reason(next_c.max(next_d));
+        let aged = bus.resync_reason(Gap::Evicted { offset: next_c.max(next_d) });
         assert!(aged.contains("evicted"), "offsets of the new stream age out as usual: {aged}");
         for (cluster, offset) in &read.evicted {
-            let why = bus.eviction_reason(*offset);
+            let why = bus.resync_reason(Gap::Evicted { offset: *offset });
             assert!(why.contains("recreated empty") && !why.contains("evicted"), "{cluster}: {why}");
         }
         let all_markers = markers(bus, 1).await;
         assert_eq!(all_markers.len(), 1, "one marker, recorded once for all replicas: {all_markers:?}");
-        assert_eq!(bus.first_offset(), first.offset, "the new stream holds no older offset");
+        assert_eq!(bus.stats().first_offset, first.offset, "the new stream holds no older offset");
     }
     assert_eq!(late.head("c").await.unwrap(), Some((1, 4)));
 }
@@ -113,7 +113,7 @@ async fn a_durable_name_lost_with_the_cursor_store_is_reported_lost() {
     // the name before the loss): known from then on, everywhere.
     a.set_durable_cursor("op", "lifecycle", 9).await.unwrap();
     assert_eq!(a.durable_lookup("op", "lifecycle").await.unwrap(), Lookup::Known(9), "before the flush too");
-    a.flush_cursors().await.unwrap();
+    a.flush(Flush::Cursors).await.unwrap();
     for bus in [&a, &b, &late] {
         assert_eq!(bus.durable_lookup("op", "lifecycle").await.unwrap(), Lookup::Known(9));
     }

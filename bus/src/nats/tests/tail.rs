@@ -66,7 +66,7 @@ async fn lazy_tails_start_with_the_first_reader() {
     assert_eq!(b.append("d".into(), vec![ev(1, 1), ev(1, 2)]).await.unwrap(), 5);
     assert_eq!(a.last_offset(), 3, "a replica without a tail knows the offsets of its own acks");
     assert_eq!(tail_consumers(&server.url()).await, 0, "no replica follows the stream without a reader");
-    assert!(!a.holds_records() && !b.holds_records());
+    assert!(!a.stats().holds_records && !b.stats().holds_records);
     // A reader on b starts its tail: everything, from both replicas, no marker.
     let got: Vec<(String, u64, bool)> = b
         .read(1, 10)
@@ -80,8 +80,8 @@ async fn lazy_tails_start_with_the_first_reader() {
         [("c", 1), ("c", 2), ("c", 3), ("d", 1), ("d", 2)].iter().map(|(c, s)| (c.to_string(), *s, false)).collect();
     assert_eq!(got, want);
     assert_eq!(tail_consumers(&server.url()).await, 1, "only the replica with a reader follows the stream");
-    assert!(b.holds_records() && !a.holds_records());
-    assert_eq!((b.first_offset(), b.last_offset(), b.retained()), (1, 5, 5));
+    assert!(b.stats().holds_records && !a.stats().holds_records);
+    assert_eq!((b.stats().first_offset, b.last_offset(), b.stats().retained), (1, 5, 5));
     // Read your writes on b; a's appends reach b's tail and follow their predecessors.
     assert_eq!(b.append("d".into(), vec![ev(1, 3)]).await.unwrap(), 6);
     assert_eq!(b.read(6, 10).await.unwrap().records.len(), 1, "b's own append is in its tail when acked");
