@@ -3,8 +3,8 @@
 //! their registration from it, so adding a metric is one entry (its doc, field, start
 //! value, name and HELP text together) and the exposition order is the table's.
 //!
-//! The names, HELP texts and types are a contract with `deploy/observability/` and the
-//! README (see the [crate docs](crate)); the table keeps each component's own.
+//! The names, HELP texts and types are a contract with `deploy/observability/` and
+//! docs/operations.md (see the [crate docs](crate)); the table keeps each component's own.
 
 #[doc(hidden)]
 pub use prometheus_client::registry::Registry;
