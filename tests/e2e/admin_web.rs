@@ -305,10 +305,11 @@ async fn the_admin_endpoint_fails_closed_beyond_loopback_and_requires_its_token(
     // With a token (here on 0.0.0.0, reached through loopback): probes open, the rest needs it.
     let token = "a-long-admin-token-0123456789";
     std::fs::write(pki.path("admin-token"), format!("{token}\n")).unwrap();
-    let admin_port = free_port();
+    let admin_port = free_port_on_all_addresses();
     let mut args = hub_args(&pki, port, admin_port);
     args[at + 1] = format!("0.0.0.0:{admin_port}");
     args.extend(["--admin-token-file".into(), pki.path("admin-token").display().to_string()]);
+    args.extend(["--bind-retry".into(), "20".into()]);
     let hub = Proc::spawn(&args, pki.path("hub-token.log"));
     hub.wait_stdout("hub listening", Duration::from_secs(20));
     let bearer = format!("Authorization: Bearer {token}\r\n");
@@ -419,11 +420,14 @@ fn anonymous_client(ca: &Path) -> rustls::ClientConfig {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_admin_endpoint_with_client_certificates_admits_only_that_ca() {
     let pki = Pki::new();
-    let (port, admin_port) = (free_port(), free_port());
+    let (port, admin_port) = (free_port(), free_port_on_all_addresses());
     let mut args = hub_args(&pki, port, admin_port);
     let at = args.iter().position(|a| a == "--admin-listen").unwrap();
     args[at + 1] = format!("0.0.0.0:{admin_port}");
     args.extend(["--admin-client-ca".into(), pki.path("ca.crt").display().to_string()]);
+    // A port picked free can be taken for a moment by another process's connection before
+    // the hub binds it: wait for it, as HubProc does.
+    args.extend(["--bind-retry".into(), "20".into()]);
     let hub = Proc::spawn(&args, pki.path("hub-admin-ca.log"));
     hub.wait_stdout("hub listening", Duration::from_secs(20));
 

@@ -75,6 +75,13 @@ pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
+/// A port free on every local address, for a process that listens on `0.0.0.0`: one free
+/// on 127.0.0.1 may be held on another loopback address (the bench's and the tests' agents
+/// dial from their own, `Dialer::from_source`).
+pub fn free_port_on_all_addresses() -> u16 {
+    std::net::TcpListener::bind("0.0.0.0:0").unwrap().local_addr().unwrap().port()
+}
+
 /// A `fleetwatch` child process whose stderr is kept in a file; killed on drop.
 pub struct Proc {
     pub child: Child,
