@@ -71,15 +71,64 @@ pub fn client_args(files: &TlsFiles) -> Vec<String> {
     args
 }
 
+/// Where the test processes of a run reserve the ports they hand out (one lock file each).
+const PORT_LOCKS: &str = "fleetwatch-e2e-ports";
+/// Ports are handed out from here, below the kernel's ephemeral range (32768–60999 on
+/// Linux, `ip_local_port_range`).
+const PORTS: std::ops::Range<u16> = 20000..32000;
+
+/// A port for a process this test starts to listen on, free on every local address and
+/// reserved until this test process exits.
+///
+/// A port the kernel picked for `bind(0)` and released is one any `connect()` on the machine
+/// may take as its local port before the process binds it, and hold for as long as its
+/// connection lives (agents, NATS clients): seen as "Address already in use" under load,
+/// even after 20 s of `--bind-retry`. Ports below the ephemeral range are never taken that
+/// way; an flock on a file per port keeps the suite's concurrent test processes (and this
+/// one) from handing out the same port twice.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    static HELD: Mutex<Vec<std::fs::File>> = Mutex::new(Vec::new());
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let dir = std::env::temp_dir().join(PORT_LOCKS);
+    std::fs::create_dir_all(&dir).unwrap();
+    let seed = (u64::from(std::process::id()) << 32) ^ (rand_u32() as u64);
+    for _ in 0..10_000 {
+        // A different walk through the range per process, so they rarely try the same ports.
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed).wrapping_add(seed);
+        let span = u64::from(PORTS.end - PORTS.start);
+        let port = PORTS.start + (n.wrapping_mul(0x9E37_79B9_7F4A_7C15) % span) as u16;
+        let Ok(lock) =
+            std::fs::File::options().create(true).truncate(false).write(true).open(dir.join(port.to_string()))
+        else {
+            continue;
+        };
+        if lock.try_lock().is_err() {
+            continue;
+        }
+        if std::net::TcpListener::bind(("0.0.0.0", port)).is_err() {
+            continue;
+        }
+        HELD.lock().unwrap().push(lock);
+        return port;
+    }
+    panic!("no free port in {PORTS:?} after 10,000 tries");
 }
 
-/// A port free on every local address, for a process that listens on `0.0.0.0`: one free
-/// on 127.0.0.1 may be held on another loopback address (the bench's and the tests' agents
-/// dial from their own, `Dialer::from_source`).
+/// A port free on every local address, for a process that listens on `0.0.0.0`
+/// ([`free_port`] already is).
 pub fn free_port_on_all_addresses() -> u16 {
-    std::net::TcpListener::bind("0.0.0.0:0").unwrap().local_addr().unwrap().port()
+    free_port()
+}
+
+#[test]
+fn free_ports_are_distinct_below_the_ephemeral_range_and_free() {
+    let ports: Vec<u16> = (0..64).map(|_| free_port()).collect();
+    let distinct: std::collections::BTreeSet<u16> = ports.iter().copied().collect();
+    assert_eq!(distinct.len(), ports.len(), "{ports:?}");
+    for port in ports {
+        assert!(PORTS.contains(&port), "{port}");
+        assert!(std::net::TcpListener::bind(("127.0.0.1", port)).is_ok(), "{port} not free");
+    }
 }
 
 /// A `fleetwatch` child process whose stderr is kept in a file; killed on drop.
