@@ -12,6 +12,7 @@
 //! ```
 
 pub mod access_policy;
+pub mod chosen;
 pub mod config_policy;
 pub mod label_selector;
 pub mod maintenance;

@@ -65,6 +65,11 @@ pub struct RuntimeSpec {
     /// namespace is refused.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kubeconfig_secret: Option<SecretKeyRef>,
+    /// What the cluster's users may choose themselves with `Module` objects in their cluster
+    /// (every module of the catalog when absent; `enabled: false` turns it off). A module
+    /// listed in `modules` here wins over a user's object.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub self_service: Option<crate::chosen::SelfService>,
 }
 
 /// A key of a Secret.
@@ -189,6 +194,10 @@ pub struct ModuleStatus {
     pub reason: Option<ModuleReason>,
     /// The removal policy in force, kept so it is known after the entry is gone.
     pub custom_resource_policy: CustomResourcePolicy,
+    /// Who chose the module: `user` when a `Module` object in the runtime cluster did (and
+    /// the Runtime does not list it); absent for modules the Runtime lists.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<crate::chosen::ChosenBy>,
     /// Whether the default configuration was created (it is never created again).
     #[serde(default)]
     pub default_config_created: bool,
