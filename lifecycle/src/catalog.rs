@@ -1,6 +1,12 @@
 //! The module catalog kept in every runtime cluster: a read-only ConfigMap
 //! `kube-public/fleetwatch-catalog` listing the available modules, their channels and
 //! versions, so tools in the cluster can show what can be installed.
+//!
+//! Its `catalog.json` is a contract (`fleetwatch modules list` reads it):
+//! `{"channel": "<the Runtime's default channel>", "selfService": <whether users may choose
+//! modules>, "modules": [{"name", "channels": {"<channel>": "<version>"}, "versions": [...],
+//! "mandatory", "deprecated": [{"version", "deprecationDate", "message"}], "selfService":
+//! <whether users of this cluster may choose it>}]}`.
 
 use std::collections::BTreeMap;
 use std::hash::{Hash, Hasher};
@@ -17,8 +23,10 @@ pub const NAMESPACE: &str = "kube-public";
 /// Name of the catalog ConfigMap.
 pub const NAME: &str = "fleetwatch-catalog";
 
-/// The catalog of one control-plane namespace.
+/// The catalog of one control-plane namespace, as `rt`'s users see it (which modules they may
+/// choose, which channel is theirs by default).
 pub fn build(
+    rt: &fleetwatch_api::Runtime,
     ns: &str,
     metas: &[std::sync::Arc<ModuleReleaseMeta>],
     templates: &[std::sync::Arc<ModuleTemplate>],
@@ -48,7 +56,12 @@ pub fn build(
             json!({"name": m.spec.module_name, "channels": channels, "versions": versions, "mandatory": m.spec.mandatory, "deprecated": deprecated}),
         );
     }
-    json!({"modules": modules.into_values().collect::<Vec<_>>()})
+    let self_service = rt.spec.self_service.clone().unwrap_or_default();
+    for (name, m) in modules.iter_mut() {
+        m["selfService"] = json!(self_service.allows(name));
+    }
+    let channel = rt.spec.channel.as_deref().unwrap_or(fleetwatch_api::DEFAULT_CHANNEL);
+    json!({"channel": channel, "selfService": self_service.enabled, "modules": modules.into_values().collect::<Vec<_>>()})
 }
 
 /// A stable fingerprint, to skip writing an unchanged catalog.
@@ -109,10 +122,16 @@ mod tests {
             t.metadata.namespace = Some(ns.into());
             Arc::new(t)
         };
-        let c = build("kcp", &[Arc::new(meta)], &[tpl("1.10.0", "kcp"), tpl("1.9.0", "kcp"), tpl("3.0.0", "other")]);
+        let mut rt = fleetwatch_api::Runtime::new("rt", Default::default());
+        rt.spec.self_service =
+            Some(fleetwatch_api::chosen::SelfService { modules: Some(vec!["other".into()]), ..Default::default() });
+        let c =
+            build(&rt, "kcp", &[Arc::new(meta)], &[tpl("1.10.0", "kcp"), tpl("1.9.0", "kcp"), tpl("3.0.0", "other")]);
         assert_eq!(c["modules"][0]["name"], "redis");
         assert_eq!(c["modules"][0]["channels"]["regular"], "1.10.0");
         assert_eq!(c["modules"][0]["versions"], json!(["1.9.0", "1.10.0"]));
+        assert_eq!(c["modules"][0]["selfService"], false, "the Runtime lets its users choose `other` only");
+        assert_eq!((c["channel"].as_str(), c["selfService"].as_bool()), (Some("regular"), Some(true)));
         assert_eq!(fingerprint(&c), fingerprint(&c.clone()));
     }
 }

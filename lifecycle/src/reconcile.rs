@@ -424,7 +424,7 @@ async fn apply(rt: Arc<Runtime>, ctx: &Ctx) -> Result<Action, Error> {
     crate::config_policy::enforce(ctx, &applier, &rt, &mut statuses, &previous).await;
     let key = format!("{ns}/{name}");
     // The catalog of what can be installed, kept in the runtime cluster (written on change).
-    let catalog = crate::catalog::build(&ns, &ctx.metas.state(), &ctx.templates.state());
+    let catalog = crate::catalog::build(&rt, &ns, &ctx.metas.state(), &ctx.templates.state());
     let fp = crate::catalog::fingerprint(&catalog);
     if ctx.catalogs.lock().ok().and_then(|c| c.get(&key).copied()) != Some(fp) {
         match crate::catalog::write(&applier, &catalog).await {
