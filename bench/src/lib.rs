@@ -16,6 +16,7 @@ mod jetstream;
 mod lifecycle;
 mod lifecycle_sims;
 mod load;
+mod self_service;
 mod sim;
 mod soak;
 mod storm;
@@ -48,6 +49,10 @@ enum BenchWhat {
     /// The lifecycle operator over many sim runtime clusters: time to converge at first
     /// and after one module's channel moves, and reconciles per second.
     Lifecycle(lifecycle::LifecycleBench),
+    /// The self-service flow at fleet scale: N sim runtime clusters, each with its agent, a
+    /// hub and the lifecycle operator; users create `Module` objects in runtime clusters at a
+    /// steady rate, and the latency from each create to its `status.state` is measured.
+    SelfService(self_service::SelfServiceBench),
     /// The simulated API server: LIST of many objects, and watch fan-out latency from a
     /// write to every watcher's event.
     Sim(sim::SimBench),
@@ -82,6 +87,7 @@ pub async fn run(args: BenchArgs, crds: Vec<serde_json::Value>) -> anyhow::Resul
         BenchWhat::Hub(b) => hub::run(b).await,
         BenchWhat::Agent(b) => agent::run(b).await,
         BenchWhat::Lifecycle(b) => lifecycle::run(b, &crds).await,
+        BenchWhat::SelfService(b) => self_service::run(b, &crds).await,
         BenchWhat::Sim(b) => sim::run(b).await,
         BenchWhat::Soak(b) => crate::soak::run(b).await,
         BenchWhat::Storm(b) => storm::run(b).await,
