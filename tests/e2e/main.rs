@@ -27,6 +27,7 @@ mod readme;
 mod relay;
 mod release;
 mod sandbox;
+mod self_service;
 mod sessions;
 mod shutdown;
 mod soak;
