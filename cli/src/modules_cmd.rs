@@ -433,9 +433,8 @@ fn channels_cell(r: &Row, default_channel: &str) -> String {
 
 /// The table, with the notes about the cluster under it.
 pub fn render(l: &Listing) -> String {
-    let mut table = vec![
-        ["MODULE", "CHANNELS", "STATE", "VERSION", "CHANNEL", "SOURCE", "NOTE"].map(String::from).to_vec(),
-    ];
+    let mut table =
+        vec![["MODULE", "CHANNELS", "STATE", "VERSION", "CHANNEL", "SOURCE", "NOTE"].map(String::from).to_vec()];
     for r in &l.modules {
         let status = r.chosen.as_ref().and_then(|c| c.status.as_ref());
         let dash = || "-".to_string();
@@ -515,7 +514,7 @@ impl Cluster {
                              configuration ({in_cluster}) is usable"
                         )
                     })?;
-                    let what = format!("the in-cluster configuration ({})", config.cluster_url);
+                    let what = format!("the in-cluster configuration ({})", server(&config));
                     let client = kube::Client::try_from(config).with_context(|| what.clone())?;
                     return Ok(Self { client, what });
                 }
@@ -527,7 +526,7 @@ impl Cluster {
         let config = kube::Config::from_custom_kubeconfig(kc, &options)
             .await
             .with_context(|| format!("{file}: context {name:?} is not usable"))?;
-        let what = format!("context {name} ({})", config.cluster_url);
+        let what = format!("context {name} ({})", server(&config));
         let client = kube::Client::try_from(config).with_context(|| format!("{file}: {what}"))?;
         Ok(Self { client, what })
     }
@@ -606,6 +605,11 @@ impl Cluster {
     }
 }
 
+/// The API server's address, as people write it (no trailing slash).
+fn server(config: &kube::Config) -> String {
+    config.cluster_url.to_string().trim_end_matches('/').to_string()
+}
+
 // ---------------------------------------------------------------------------------------
 // The commands
 
@@ -631,7 +635,10 @@ async fn list(cluster: &Cluster, args: ListArgs) -> anyhow::Result<()> {
     match args.output {
         Output::Table => print!("{}", render(&listing)),
         Output::Json => println!("{}", serde_json::to_string_pretty(&listing)?),
-        Output::Yaml => print!("{}", serde_saphyr::to_string(&listing).context("cannot render the listing as YAML")?),
+        Output::Yaml => {
+            let yaml = serde_saphyr::to_string(&listing).context("cannot render the listing as YAML")?;
+            println!("{}", yaml.trim_end());
+        }
     }
     Ok(())
 }
@@ -722,9 +729,9 @@ async fn enable(cluster: &Cluster, args: EnableArgs) -> anyhow::Result<()> {
     };
     let channel_text = match &channel {
         Some(c) => format!("channel {c}"),
-        None => format!("the cluster's default channel ({})", catalog.default_channel()),
+        None => format!("channel: the cluster's default, now {}", catalog.default_channel()),
     };
-    println!("module {name}: Module {name} {what} ({channel_text}, policy {})", policy_name(policy));
+    println!("module {name}: Module {name} {what} ({channel_text}; policy {})", policy_name(policy));
     if !args.wait {
         println!(
             "the lifecycle operator installs it; `fleetwatch modules list` or `kubectl get module {name}` shows its state"
@@ -740,7 +747,9 @@ async fn enable(cluster: &Cluster, args: EnableArgs) -> anyhow::Result<()> {
         }
         match s.state {
             Some(ModuleState::Ready) => Verdict::Done,
-            Some(state @ (ModuleState::Error | ModuleState::Warning)) => Verdict::Fail(format!("{state}: {}", s.message)),
+            Some(state @ (ModuleState::Error | ModuleState::Warning)) => {
+                Verdict::Fail(format!("{state}: {}", s.message))
+            }
             _ => Verdict::Wait,
         }
     })
@@ -950,7 +959,8 @@ mod tests {
         );
         let out = render(&listing(&[running, unknown]));
         let lines: Vec<&str> = out.lines().collect();
-        let cells = |l: &str| l.split("  ").map(str::trim).filter(|c| !c.is_empty()).map(String::from).collect::<Vec<_>>();
+        let cells =
+            |l: &str| l.split("  ").map(str::trim).filter(|c| !c.is_empty()).map(String::from).collect::<Vec<_>>();
         assert_eq!(cells(lines[0]), ["MODULE", "CHANNELS", "STATE", "VERSION", "CHANNEL", "SOURCE", "NOTE"]);
         assert_eq!(cells(lines[1]), ["istio", "regular=1.22.0*", "-", "-", "-", "-", "not offered to this cluster"]);
         assert_eq!(cells(lines[2]), ["keda", "fast=2.15.0", "-", "-", "-", "-"]);
