@@ -119,9 +119,11 @@ fn main() -> std::process::ExitCode {
         limit_malloc_arenas();
     }
     // reqwest's certificate verifier logs every failed verification at ERROR; `module`
-    // reports the failure itself, in one line.
+    // reports the failure itself, in one line. So does `modules` for kube's client, which
+    // logs every failed connection at ERROR.
     let filter = match &cli.command {
         Command::Module(_) => format!("{},rustls_platform_verifier=off", cli.log),
+        Command::Modules(_) => format!("{},kube_client=off", cli.log),
         _ => cli.log.clone(),
     };
     init_logging(&filter, cli.log_json, log_file);

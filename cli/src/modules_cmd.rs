@@ -583,7 +583,7 @@ impl Cluster {
         match self.modules().get_opt(name).await {
             Ok(Some(m)) => Ok(Some(m)),
             // A 404: no such object, or no such kind.
-            Ok(None) => match self.list_modules_limit_1().await? {
+            Ok(None) => match self.module_kind_served().await? {
                 true => Ok(None),
                 false => bail!(
                     "{}: the Module kind (modules.operator.fleetwatch.dev) is not installed in this cluster yet: the \
@@ -596,7 +596,7 @@ impl Cluster {
     }
 
     /// Whether the Module kind is served.
-    async fn list_modules_limit_1(&self) -> anyhow::Result<bool> {
+    async fn module_kind_served(&self) -> anyhow::Result<bool> {
         match self.modules().list_metadata(&ListParams::default().limit(1)).await {
             Ok(_) => Ok(true),
             Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
@@ -724,7 +724,7 @@ async fn enable(cluster: &Cluster, args: EnableArgs) -> anyhow::Result<()> {
         .with_context(|| format!("{}: cannot write Module {name}", cluster.what))?;
     let what = match &existing {
         None => "created",
-        Some(m) if m.metadata.resource_version == applied.metadata.resource_version => "unchanged",
+        Some(m) if m.spec == applied.spec => "unchanged",
         Some(_) => "updated",
     };
     let channel_text = match &channel {
@@ -837,6 +837,7 @@ async fn follow(
     futures_util::pin_mut!(stream);
     let mut last_line = String::new();
     let mut current: Option<Module> = None;
+    let mut seen = false;
     let mut listed: Option<Module> = None;
     let deadline = tokio::time::Instant::now() + timeout;
     loop {
@@ -847,7 +848,11 @@ async fn follow(
                 "{}: module {name}: gave up waiting after {} (now: {})",
                 cluster.what,
                 humanize(timeout),
-                state_line(current.as_ref())
+                if seen {
+                    state_line(current.as_ref())
+                } else {
+                    "not listed yet, the API server did not answer".into()
+                }
             ),
         };
         let changed = match next {
@@ -879,6 +884,7 @@ async fn follow(
         if !changed {
             continue;
         }
+        seen = true;
         let line = state_line(current.as_ref());
         if line != last_line {
             println!("module {name}: {line}");
