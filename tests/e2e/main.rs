@@ -20,6 +20,7 @@ mod kube_watch;
 mod lifecycle;
 mod maintenance;
 mod modules;
+mod modules_cli;
 mod nats;
 mod observability;
 mod protocol;
