@@ -103,8 +103,10 @@ struct Times {
     created: HashMap<(usize, String), Instant>,
     /// Its first event reached the bench's hub subscription.
     at_hub: HashMap<(usize, String), Instant>,
-    /// The bench's watch of its cluster first showed `status.state` set.
-    state: HashMap<(usize, String), Instant>,
+    /// The bench's watch of its cluster first showed `status.state` set, and to what.
+    state: HashMap<(usize, String), (Instant, String)>,
+    /// It first showed `status.state: Ready` (installed and rolled out).
+    ready: HashMap<(usize, String), Instant>,
 }
 
 type Shared = Arc<Mutex<Times>>;
@@ -332,9 +334,10 @@ pub(super) async fn run(b: SelfServiceBench, crds: &[serde_json::Value]) -> anyh
     let stop = CancellationToken::new();
     let _stop_tasks = stop.clone().drop_guard();
     let listed = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::with_capacity(b.runtimes + 1);
     for (i, c) in clients.iter().enumerate() {
         let api: Api<DynamicObject> = Api::all_with(c.clone(), &module_ar);
-        tokio::spawn(watch_modules(i, api, times.clone(), listed.clone(), stop.clone()));
+        tasks.push(tokio::spawn(watch_modules(i, api, times.clone(), listed.clone(), stop.clone())));
     }
     wait_for("the bench's watches of Module objects listed", b.runtimes, setup_started, limit, &mut operator, || {
         let n = listed.load(Ordering::Relaxed);
@@ -354,7 +357,7 @@ pub(super) async fn run(b: SelfServiceBench, crds: &[serde_json::Value]) -> anyh
     opts.from = StartFrom::Latest;
     let sub = Subscription::connect(opts).await.context("the bench's hub subscription")?;
     let writer = b.stand_in.then(|| clients.clone());
-    tokio::spawn(follow_hub(sub, times.clone(), writer, module_ar.clone(), stop.clone()));
+    tasks.push(tokio::spawn(follow_hub(sub, times.clone(), writer, module_ar.clone(), stop.clone())));
     if b.stand_in {
         operator.stop().await;
         eprintln!("stand-in: the lifecycle operator stopped; the bench writes each Module's status");
@@ -439,7 +442,9 @@ pub(super) async fn run(b: SelfServiceBench, crds: &[serde_json::Value]) -> anyh
     let wall = t0.elapsed().as_secs_f64();
     let cpu1 = cpu_now();
     let rec1 = reconciles().await;
+    // The watches and the subscription end before the processes they talk to.
     stop.cancel();
+    let _ = tokio::time::timeout(Duration::from_secs(10), futures_util::future::join_all(tasks)).await;
 
     // The figures.
     let times = times.lock().map_err(|_| anyhow::anyhow!("a bench task panicked"))?;
@@ -447,11 +452,20 @@ pub(super) async fn run(b: SelfServiceBench, crds: &[serde_json::Value]) -> anyh
     let mut hub_us = Vec::new();
     let mut rest_us = Vec::new();
     let mut lost = Vec::new();
+    let mut ready_us = Vec::new();
+    let mut first_states: std::collections::BTreeMap<String, usize> = Default::default();
     for (key, created) in &times.created {
-        let state = times.state.get(key).filter(|s| s.saturating_duration_since(*created) <= timeout);
+        let state = times.state.get(key).filter(|(s, _)| s.saturating_duration_since(*created) <= timeout);
         match state {
-            Some(s) => total_us.push(s.saturating_duration_since(*created).as_micros() as u64),
+            Some((s, first)) => {
+                total_us.push(s.saturating_duration_since(*created).as_micros() as u64);
+                *first_states.entry(first.clone()).or_default() += 1;
+            }
             None => lost.push(format!("rt{} {}", key.0, key.1)),
+        }
+        let state = state.map(|(s, _)| s);
+        if let Some(r) = times.ready.get(key) {
+            ready_us.push(r.saturating_duration_since(*created).as_micros() as u64);
         }
         if let Some(h) = times.at_hub.get(key) {
             hub_us.push(h.saturating_duration_since(*created).as_micros() as u64);
@@ -463,6 +477,7 @@ pub(super) async fn run(b: SelfServiceBench, crds: &[serde_json::Value]) -> anyh
     total_us.sort_unstable();
     hub_us.sort_unstable();
     rest_us.sort_unstable();
+    ready_us.sort_unstable();
     lost.sort();
     let errors = create_errors.lock().map_err(|_| anyhow::anyhow!("a bench task panicked"))?.clone();
     let pct = |a: f64, b: f64| (b - a) / wall * 100.0;
@@ -481,7 +496,7 @@ pub(super) async fn run(b: SelfServiceBench, crds: &[serde_json::Value]) -> anyh
         p99: percentile(v, 0.99),
         max: percentile(v, 1.0),
     };
-    let (all, to_hub, rest) = (q(&total_us), q(&hub_us), q(&rest_us));
+    let (all, to_hub, rest, ready) = (q(&total_us), q(&hub_us), q(&rest_us), q(&ready_us));
     let writer_name = if b.stand_in { "the bench (stand-in)" } else { "the lifecycle operator" };
     println!(
         "runtimes:                 {} (one sim cluster and one agent each, in {} sim processes), {} central modules each",
@@ -513,6 +528,12 @@ pub(super) async fn run(b: SelfServiceBench, crds: &[serde_json::Value]) -> anyh
         "  that event → status.state:         p50 {:.0} ms, p90 {:.0} ms, p99 {:.0} ms, max {:.0} ms",
         rest.p50, rest.p90, rest.p99, rest.max
     );
+    let firsts: Vec<String> = first_states.iter().map(|(s, n)| format!("{s} {n}")).collect();
+    println!("  first state written:               {}", firsts.join(", "));
+    println!(
+        "apply → Ready:            p50 {:.0} ms, p90 {:.0} ms, p99 {:.0} ms, max {:.0} ms ({} Ready within the run)",
+        ready.p50, ready.p90, ready.p99, ready.max, ready.n
+    );
     println!(
         "CPU over {wall:.1} s:          hub {:.0} %, lifecycle {:.0} %, sims + agents {:.0} % ({} processes), bench {:.0} % (control plane, watches, creates)",
         cpu_percent.hub,
@@ -543,6 +564,7 @@ pub(super) async fn run(b: SelfServiceBench, crds: &[serde_json::Value]) -> anyh
                 "measured": all.n, "lost": lost.len(), "timeout_s": b.timeout,
                 "p50_ms": all.p50, "p90_ms": all.p90, "p99_ms": all.p99, "max_ms": all.max,
                 "to_hub_subscriber": quantiles(&to_hub), "hub_subscriber_to_status": quantiles(&rest),
+                "first_states": first_states, "to_ready": quantiles(&ready),
                 "wall_s": wall, "cpu_percent": {"hub": cpu_percent.hub, "lifecycle": cpu_percent.operator,
                     "sims": cpu_percent.sims, "bench": cpu_percent.bench},
                 "reconciles": reconciled, "reconcile_mean_ms": reconcile_mean_ms, "queue_depth_max": max_queue})
@@ -740,11 +762,15 @@ async fn watch_modules(
         };
         let now = Instant::now();
         let Some(name) = obj.metadata.name.as_deref() else { continue };
-        if !name.starts_with(USER) || obj.data["status"]["state"].as_str().is_none_or(str::is_empty) {
+        let Some(state) = obj.data["status"]["state"].as_str().filter(|s| !s.is_empty()) else { continue };
+        if !name.starts_with(USER) {
             continue;
         }
         if let Ok(mut t) = times.lock() {
-            t.state.entry((i, name.to_string())).or_insert(now);
+            t.state.entry((i, name.to_string())).or_insert_with(|| (now, state.to_string()));
+            if state == "Ready" {
+                t.ready.entry((i, name.to_string())).or_insert(now);
+            }
         }
     }
 }
