@@ -184,16 +184,7 @@ fn parse_listening(line: &str) -> Option<(String, String)> {
 /// A counter from a hub's `/metrics` (summed over its label sets), e.g.
 /// `fleetwatch_hub_events_received_total`; `None` when the hub does not answer.
 async fn hub_counter(admin: &str, name: &str) -> Option<f64> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let fetch = async {
-        let mut tcp = tokio::net::TcpStream::connect(admin).await.ok()?;
-        let req = format!("GET /metrics HTTP/1.0\r\nHost: {admin}\r\n\r\n");
-        tcp.write_all(req.as_bytes()).await.ok()?;
-        let mut body = String::new();
-        tcp.read_to_string(&mut body).await.ok()?;
-        Some(body)
-    };
-    let body = tokio::time::timeout(Duration::from_secs(5), fetch).await.ok()??;
+    let body = metrics_text(admin).await?;
     let mut sum = None;
     for line in body.lines() {
         let Some(rest) = line.strip_prefix(name) else { continue };
@@ -203,6 +194,21 @@ async fn hub_counter(admin: &str, name: &str) -> Option<f64> {
         }
     }
     sum
+}
+
+/// The text a process serves at `http://<admin>/metrics`; `None` when it does not answer
+/// within 5 s.
+async fn metrics_text(admin: &str) -> Option<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let fetch = async {
+        let mut tcp = tokio::net::TcpStream::connect(admin).await.ok()?;
+        let req = format!("GET /metrics HTTP/1.0\r\nHost: {admin}\r\n\r\n");
+        tcp.write_all(req.as_bytes()).await.ok()?;
+        let mut body = String::new();
+        tcp.read_to_string(&mut body).await.ok()?;
+        Some(body)
+    };
+    tokio::time::timeout(Duration::from_secs(5), fetch).await.ok()?
 }
 
 /// A `/proc/<pid>/status` memory field (`VmRSS:`, `VmHWM:`) in KiB.

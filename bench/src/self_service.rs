@@ -101,10 +101,14 @@ pub(super) struct SelfServiceBench {
 struct Times {
     /// The create returned.
     created: HashMap<(usize, String), Instant>,
+    /// The same, by the wall clock (to compare with the operator's log).
+    created_wall: HashMap<(usize, String), jiff::Timestamp>,
     /// Its first event reached the bench's hub subscription.
     at_hub: HashMap<(usize, String), Instant>,
     /// The bench's watch of its cluster first showed `status.state` set, and to what.
     state: HashMap<(usize, String), (Instant, String)>,
+    /// The same, by the wall clock.
+    state_wall: HashMap<(usize, String), jiff::Timestamp>,
     /// It first showed `status.state: Ready` (installed and rolled out).
     ready: HashMap<(usize, String), Instant>,
 }
@@ -128,7 +132,10 @@ impl Operator {
         let dir = pki;
         let exe = std::env::current_exe().context("cannot find own executable")?;
         let child = tokio::process::Command::new(exe)
-            .args(["--log", "warn", "lifecycle", "--control-plane-kubeconfig"])
+            // Its trigger lines (JSON, with their time): when each hub event was queued for a
+            // reconcile.
+            .args(["--log", "warn,fleetwatch_lifecycle::triggers=info", "--log-json"])
+            .args(["lifecycle", "--control-plane-kubeconfig"])
             .arg(kubeconfig)
             .args(["--hub", &hub.to_string(), "--cert"])
             .arg(dir.join("subscriber-lifecycle.crt"))
@@ -383,8 +390,13 @@ pub(super) async fn run(b: SelfServiceBench, crds: &[serde_json::Value]) -> anyh
         let s = operator.sample("fleetwatch_lifecycle_reconcile_seconds_total").await.unwrap_or(0.0);
         (n, s)
     };
+    let durations = || async {
+        let text = super::metrics_text(&operator.metrics).await.unwrap_or_default();
+        buckets(&text, "fleetwatch_lifecycle_reconcile_duration_seconds")
+    };
     let cpu0 = cpu_now();
     let rec0 = reconciles().await;
+    let durations0 = durations().await;
     let t0 = Instant::now();
     let create_errors: Arc<Mutex<Vec<String>>> = Arc::default();
     let stride = stride(b.runtimes);
@@ -402,8 +414,9 @@ pub(super) async fn run(b: SelfServiceBench, crds: &[serde_json::Value]) -> anyh
             let obj = user_module(&name);
             match api.create(&PostParams::default(), &obj).await {
                 Ok(_) => {
-                    let now = Instant::now();
+                    let (now, wall) = (Instant::now(), jiff::Timestamp::now());
                     if let Ok(mut t) = times.lock() {
+                        t.created_wall.insert((i, name.clone()), wall);
                         t.created.insert((i, name), now);
                     }
                 }
@@ -442,6 +455,7 @@ pub(super) async fn run(b: SelfServiceBench, crds: &[serde_json::Value]) -> anyh
     let wall = t0.elapsed().as_secs_f64();
     let cpu1 = cpu_now();
     let rec1 = reconciles().await;
+    let durations1 = durations().await;
     // The watches and the subscription end before the processes they talk to.
     stop.cancel();
     let _ = tokio::time::timeout(Duration::from_secs(10), futures_util::future::join_all(tasks)).await;
@@ -474,6 +488,20 @@ pub(super) async fn run(b: SelfServiceBench, crds: &[serde_json::Value]) -> anyh
             }
         }
     }
+    // From the operator's log: when it queued a reconcile for each object's event.
+    let triggered = if b.stand_in { HashMap::new() } else { triggers(&std::fs::read_to_string(&operator.log)?) };
+    let mut to_trigger_us = Vec::new();
+    let mut trigger_to_state_us = Vec::new();
+    for (key, created) in &times.created_wall {
+        let Some(t) = triggered.get(key) else { continue };
+        to_trigger_us.push(micros_between(*created, *t));
+        if let Some(s) = times.state_wall.get(key) {
+            trigger_to_state_us.push(micros_between(*t, *s));
+        }
+    }
+    to_trigger_us.sort_unstable();
+    trigger_to_state_us.sort_unstable();
+    let reconcile_quantiles = [0.5, 0.9, 0.99].map(|p| bucket_quantile(&durations0, &durations1, p) * 1000.0);
     total_us.sort_unstable();
     hub_us.sort_unstable();
     rest_us.sort_unstable();
@@ -497,6 +525,7 @@ pub(super) async fn run(b: SelfServiceBench, crds: &[serde_json::Value]) -> anyh
         max: percentile(v, 1.0),
     };
     let (all, to_hub, rest, ready) = (q(&total_us), q(&hub_us), q(&rest_us), q(&ready_us));
+    let (to_trigger, trigger_to_state) = (q(&to_trigger_us), q(&trigger_to_state_us));
     let writer_name = if b.stand_in { "the bench (stand-in)" } else { "the lifecycle operator" };
     println!(
         "runtimes:                 {} (one sim cluster and one agent each, in {} sim processes), {} central modules each",
@@ -511,7 +540,7 @@ pub(super) async fn run(b: SelfServiceBench, crds: &[serde_json::Value]) -> anyh
         b.rate
     );
     println!(
-        "apply → status.state:     p50 {:.0} ms, p90 {:.0} ms, p99 {:.0} ms, max {:.0} ms ({} measured, {} lost: no status within {} s)",
+        "apply → status.state:     p50 {:.1} ms, p90 {:.1} ms, p99 {:.1} ms, max {:.1} ms ({} measured, {} lost: no status within {} s)",
         all.p50,
         all.p90,
         all.p99,
@@ -521,17 +550,31 @@ pub(super) async fn run(b: SelfServiceBench, crds: &[serde_json::Value]) -> anyh
         b.timeout
     );
     println!(
-        "  apply → event at a hub subscriber: p50 {:.0} ms, p90 {:.0} ms, p99 {:.0} ms, max {:.0} ms ({} seen)",
+        "  apply → event at a hub subscriber: p50 {:.1} ms, p90 {:.1} ms, p99 {:.1} ms, max {:.1} ms ({} seen)",
         to_hub.p50, to_hub.p90, to_hub.p99, to_hub.max, to_hub.n
     );
     println!(
-        "  that event → status.state:         p50 {:.0} ms, p90 {:.0} ms, p99 {:.0} ms, max {:.0} ms",
+        "  that event → status.state:         p50 {:.1} ms, p90 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
         rest.p50, rest.p90, rest.p99, rest.max
     );
+    if !b.stand_in {
+        println!(
+            "  apply → operator's trigger queued:  p50 {:.1} ms, p90 {:.1} ms, p99 {:.1} ms, max {:.1} ms ({} found in its log)",
+            to_trigger.p50, to_trigger.p90, to_trigger.p99, to_trigger.max, to_trigger.n
+        );
+        println!(
+            "  trigger → status.state:             p50 {:.1} ms, p90 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
+            trigger_to_state.p50, trigger_to_state.p90, trigger_to_state.p99, trigger_to_state.max
+        );
+        let [r50, r90, r99] = reconcile_quantiles;
+        println!(
+            "  reconcile durations (histogram):    p50 ≤ {r50:.0} ms, p90 ≤ {r90:.0} ms, p99 ≤ {r99:.0} ms (all reconciles of the run)"
+        );
+    }
     let firsts: Vec<String> = first_states.iter().map(|(s, n)| format!("{s} {n}")).collect();
     println!("  first state written:               {}", firsts.join(", "));
     println!(
-        "apply → Ready:            p50 {:.0} ms, p90 {:.0} ms, p99 {:.0} ms, max {:.0} ms ({} Ready within the run)",
+        "apply → Ready:            p50 {:.1} ms, p90 {:.1} ms, p99 {:.1} ms, max {:.1} ms ({} Ready within the run)",
         ready.p50, ready.p90, ready.p99, ready.max, ready.n
     );
     println!(
@@ -565,6 +608,8 @@ pub(super) async fn run(b: SelfServiceBench, crds: &[serde_json::Value]) -> anyh
                 "p50_ms": all.p50, "p90_ms": all.p90, "p99_ms": all.p99, "max_ms": all.max,
                 "to_hub_subscriber": quantiles(&to_hub), "hub_subscriber_to_status": quantiles(&rest),
                 "first_states": first_states, "to_ready": quantiles(&ready),
+                "to_operator_trigger": quantiles(&to_trigger), "operator_trigger_to_status": quantiles(&trigger_to_state),
+                "reconcile_duration_le_ms": {"p50": reconcile_quantiles[0], "p90": reconcile_quantiles[1], "p99": reconcile_quantiles[2]},
                 "wall_s": wall, "cpu_percent": {"hub": cpu_percent.hub, "lifecycle": cpu_percent.operator,
                     "sims": cpu_percent.sims, "bench": cpu_percent.bench},
                 "reconciles": reconciled, "reconcile_mean_ms": reconcile_mean_ms, "queue_depth_max": max_queue})
@@ -760,7 +805,7 @@ async fn watch_modules(
             }
             watcher::Event::Init | watcher::Event::Delete(_) => continue,
         };
-        let now = Instant::now();
+        let (now, wall) = (Instant::now(), jiff::Timestamp::now());
         let Some(name) = obj.metadata.name.as_deref() else { continue };
         let Some(state) = obj.data["status"]["state"].as_str().filter(|s| !s.is_empty()) else { continue };
         if !name.starts_with(USER) {
@@ -768,11 +813,68 @@ async fn watch_modules(
         }
         if let Ok(mut t) = times.lock() {
             t.state.entry((i, name.to_string())).or_insert_with(|| (now, state.to_string()));
+            t.state_wall.entry((i, name.to_string())).or_insert(wall);
             if state == "Ready" {
                 t.ready.entry((i, name.to_string())).or_insert(now);
             }
         }
     }
+}
+
+/// Microseconds from `a` to `b` (0 if `b` is earlier).
+fn micros_between(a: jiff::Timestamp, b: jiff::Timestamp) -> u64 {
+    u64::try_from(b.as_microsecond() - a.as_microsecond()).unwrap_or(0)
+}
+
+/// A histogram's cumulative buckets in a metrics text: `(le, count)`, `+Inf` last.
+fn buckets(text: &str, name: &str) -> Vec<(f64, f64)> {
+    let prefix = format!("{name}_bucket{{le=\"");
+    text.lines()
+        .filter_map(|l| {
+            let rest = l.strip_prefix(&prefix)?;
+            let (le, rest) = rest.split_once('"')?;
+            let le = if le == "+Inf" { f64::INFINITY } else { le.parse().ok()? };
+            Some((le, rest.rsplit(' ').next()?.parse().ok()?))
+        })
+        .collect()
+}
+
+/// The upper bound (`le`) of the bucket holding quantile `p` of what was observed between
+/// two samples of one histogram; NaN when nothing was.
+fn bucket_quantile(before: &[(f64, f64)], after: &[(f64, f64)], p: f64) -> f64 {
+    let diff: Vec<(f64, f64)> =
+        after.iter().map(|(le, n)| (*le, n - before.iter().find(|(l, _)| l == le).map_or(0.0, |(_, m)| *m))).collect();
+    let total = diff.last().map_or(0.0, |(_, n)| *n);
+    if total <= 0.0 {
+        return f64::NAN;
+    }
+    diff.iter().find(|(_, n)| *n >= p * total).map_or(f64::NAN, |(le, _)| *le)
+}
+
+/// From the operator's JSON log: when it queued a reconcile for each user `Module`'s event
+/// (its line `reconciling after a change in the runtime cluster`, which names the Runtime
+/// and up to three changes), first time per runtime index and module.
+fn triggers(log: &str) -> HashMap<(usize, String), jiff::Timestamp> {
+    let mut out = HashMap::new();
+    for line in log.lines() {
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else { continue };
+        let f = &v["fields"];
+        if !f["message"].as_str().is_some_and(|m| m.starts_with("reconciling after a change in the runtime cluster")) {
+            continue;
+        }
+        let Some(i) = f["runtime"].as_str().and_then(|r| r.rsplit_once('/')).and_then(|(_, n)| runtime_index(n)) else {
+            continue;
+        };
+        let Some(at) = v["timestamp"].as_str().and_then(|t| t.parse::<jiff::Timestamp>().ok()) else { continue };
+        let changes = f["changes"].as_str().unwrap_or_default();
+        for part in changes.split(", ") {
+            let Some(subject) = part.split_whitespace().nth(1) else { continue };
+            if let Some(name) = module_name(subject).filter(|n| n.starts_with(USER)) {
+                out.entry((i, name.to_string())).or_insert(at);
+            }
+        }
+    }
+    out
 }
 
 /// The runtime index of cluster `rt<i>`.
@@ -855,6 +957,39 @@ mod tests {
         assert_eq!(module_name("apps/v1/Deployment/u0-system/manager"), None);
         assert_eq!(runtime_index("rt42"), Some(42));
         assert_eq!(runtime_index("control-plane"), None);
+    }
+
+    #[test]
+    fn trigger_lines_of_the_operator_name_runtime_and_modules() {
+        let log = [
+            r#"{"timestamp":"2026-11-28T09:00:00.000100Z","level":"INFO","fields":{"message":"reconciling after a change in the runtime cluster (hub event)","runtime":"kcp/rt7","cluster":"rt7","changes":"applied operator.fleetwatch.dev/v1alpha1/Module/_/u1, applied v1/Namespace/_/u1-system"},"target":"fleetwatch_lifecycle::triggers"}"#,
+            r#"{"timestamp":"2026-11-28T09:00:01Z","level":"INFO","fields":{"message":"reconciling after a change in the runtime cluster (hub event)","runtime":"kcp/rt7","cluster":"rt7","changes":"applied operator.fleetwatch.dev/v1alpha1/Module/_/u1"},"target":"fleetwatch_lifecycle::triggers"}"#,
+            r#"{"timestamp":"2026-11-28T09:00:02Z","level":"WARN","fields":{"message":"something else"},"target":"x"}"#,
+            "not json",
+        ]
+        .join("\n");
+        let t = triggers(&log);
+        assert_eq!(t.len(), 1, "{t:?}");
+        assert_eq!(t[&(7, "u1".to_string())].to_string(), "2026-11-28T09:00:00.0001Z");
+    }
+
+    #[test]
+    fn reconcile_duration_quantiles_from_two_histogram_samples() {
+        let name = "fleetwatch_lifecycle_reconcile_duration_seconds";
+        let text = |a: u32, b: u32, c: u32| {
+            format!(
+                "{name}_bucket{{le=\"0.01\"}} {a}\n{name}_bucket{{le=\"0.1\"}} {b}\n{name}_bucket{{le=\"+Inf\"}} {c}\n{name}_count {c}\n"
+            )
+        };
+        let before = buckets(&text(5, 5, 5), name);
+        assert_eq!(before, [(0.01, 5.0), (0.1, 5.0), (f64::INFINITY, 5.0)]);
+        // 100 more: 90 within 10 ms, 9 within 100 ms, 1 beyond.
+        let after = buckets(&text(95, 104, 105), name);
+        assert_eq!(bucket_quantile(&before, &after, 0.5), 0.01);
+        assert_eq!(bucket_quantile(&before, &after, 0.9), 0.01);
+        assert_eq!(bucket_quantile(&before, &after, 0.99), 0.1);
+        assert_eq!(bucket_quantile(&before, &after, 1.0), f64::INFINITY);
+        assert!(bucket_quantile(&after, &after, 0.5).is_nan());
     }
 
     #[test]
