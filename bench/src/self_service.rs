@@ -94,6 +94,11 @@ pub(super) struct SelfServiceBench {
     /// Print one JSON object with every figure as the last line.
     #[arg(long)]
     json: bool,
+    /// Write one CSV line per created object to this file: runtime, module, and the
+    /// milliseconds from its create to its event at the bench's subscription, to the
+    /// operator's trigger, to its first state (and which) and to Ready (empty: not seen).
+    #[arg(long, value_name = "FILE")]
+    per_object: Option<std::path::PathBuf>,
 }
 
 /// When each user `Module` (by runtime index and name) was created and first seen.
@@ -507,6 +512,31 @@ pub(super) async fn run(b: SelfServiceBench, crds: &[serde_json::Value]) -> anyh
     rest_us.sort_unstable();
     ready_us.sort_unstable();
     lost.sort();
+    if let Some(path) = &b.per_object {
+        let ms = |from: &Instant, to: Option<&Instant>| {
+            to.map(|t| format!("{:.1}", t.saturating_duration_since(*from).as_secs_f64() * 1000.0)).unwrap_or_default()
+        };
+        let mut csv =
+            String::from("runtime,module,to_hub_subscriber_ms,to_operator_trigger_ms,to_state_ms,state,to_ready_ms\n");
+        let mut keys: Vec<_> = times.created.keys().collect();
+        keys.sort();
+        for key in keys {
+            let created = &times.created[key];
+            let trigger = times.created_wall.get(key).zip(triggered.get(key)).map(|(c, t)| micros_between(*c, *t));
+            let state = times.state.get(key);
+            csv += &format!(
+                "rt{},{},{},{},{},{},{}\n",
+                key.0,
+                key.1,
+                ms(created, times.at_hub.get(key)),
+                trigger.map(|us| format!("{:.1}", us as f64 / 1000.0)).unwrap_or_default(),
+                ms(created, state.map(|(s, _)| s)),
+                state.map(|(_, st)| st.as_str()).unwrap_or_default(),
+                ms(created, times.ready.get(key)),
+            );
+        }
+        std::fs::write(path, csv).with_context(|| format!("writing {}", path.display()))?;
+    }
     let errors = create_errors.lock().map_err(|_| anyhow::anyhow!("a bench task panicked"))?.clone();
     let pct = |a: f64, b: f64| (b - a) / wall * 100.0;
     let cpu_percent = Cpu {
@@ -527,58 +557,45 @@ pub(super) async fn run(b: SelfServiceBench, crds: &[serde_json::Value]) -> anyh
     let (all, to_hub, rest, ready) = (q(&total_us), q(&hub_us), q(&rest_us), q(&ready_us));
     let (to_trigger, trigger_to_state) = (q(&to_trigger_us), q(&trigger_to_state_us));
     let writer_name = if b.stand_in { "the bench (stand-in)" } else { "the lifecycle operator" };
+    let line = |label: &str, q: &Quantiles, tail: String| {
+        println!(
+            "{label:<38} p50 {:>7.1} ms, p90 {:>7.1} ms, p99 {:>7.1} ms, max {:>7.1} ms{tail}",
+            q.p50, q.p90, q.p99, q.max
+        );
+    };
     println!(
-        "runtimes:                 {} (one sim cluster and one agent each, in {} sim processes), {} central modules each",
+        "{:<38} {} (one sim cluster and one agent each, in {} sim processes), {} central modules each",
+        "runtimes:",
         b.runtimes,
         sims.len(),
         b.central_modules
     );
     println!(
-        "creations:                {} of {total} created ({} failed) at {}/s in {created_at:.1} s; status writer: {writer_name}",
+        "{:<38} {} of {total} created ({} failed) at {}/s in {created_at:.1} s; status writer: {writer_name}",
+        "creations:",
         times.created.len(),
         errors.len(),
         b.rate
     );
-    println!(
-        "apply → status.state:     p50 {:.1} ms, p90 {:.1} ms, p99 {:.1} ms, max {:.1} ms ({} measured, {} lost: no status within {} s)",
-        all.p50,
-        all.p90,
-        all.p99,
-        all.max,
-        all.n,
-        lost.len(),
-        b.timeout
-    );
-    println!(
-        "  apply → event at a hub subscriber: p50 {:.1} ms, p90 {:.1} ms, p99 {:.1} ms, max {:.1} ms ({} seen)",
-        to_hub.p50, to_hub.p90, to_hub.p99, to_hub.max, to_hub.n
-    );
-    println!(
-        "  that event → status.state:         p50 {:.1} ms, p90 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
-        rest.p50, rest.p90, rest.p99, rest.max
-    );
+    let lost_line = format!(" ({} measured, {} lost: no status within {} s)", all.n, lost.len(), b.timeout);
+    line("apply → status.state:", &all, lost_line);
+    line("  apply → event at the bench's sub.:", &to_hub, format!(" ({} seen)", to_hub.n));
+    line("  that event → status.state:", &rest, String::new());
     if !b.stand_in {
-        println!(
-            "  apply → operator's trigger queued:  p50 {:.1} ms, p90 {:.1} ms, p99 {:.1} ms, max {:.1} ms ({} found in its log)",
-            to_trigger.p50, to_trigger.p90, to_trigger.p99, to_trigger.max, to_trigger.n
-        );
-        println!(
-            "  trigger → status.state:             p50 {:.1} ms, p90 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
-            trigger_to_state.p50, trigger_to_state.p90, trigger_to_state.p99, trigger_to_state.max
-        );
+        line("  apply → operator's trigger queued:", &to_trigger, format!(" ({} found in its log)", to_trigger.n));
+        line("  trigger → status.state:", &trigger_to_state, String::new());
         let [r50, r90, r99] = reconcile_quantiles;
         println!(
-            "  reconcile durations (histogram):    p50 ≤ {r50:.0} ms, p90 ≤ {r90:.0} ms, p99 ≤ {r99:.0} ms (all reconciles of the run)"
+            "{:<38} p50 ≤ {r50:.0} ms, p90 ≤ {r90:.0} ms, p99 ≤ {r99:.0} ms (its histogram: every reconcile of the run)",
+            "  reconcile durations:"
         );
     }
     let firsts: Vec<String> = first_states.iter().map(|(s, n)| format!("{s} {n}")).collect();
-    println!("  first state written:               {}", firsts.join(", "));
+    println!("{:<38} {}", "  first state written:", firsts.join(", "));
+    line("apply → Ready:", &ready, format!(" ({} Ready within the run)", ready.n));
     println!(
-        "apply → Ready:            p50 {:.1} ms, p90 {:.1} ms, p99 {:.1} ms, max {:.1} ms ({} Ready within the run)",
-        ready.p50, ready.p90, ready.p99, ready.max, ready.n
-    );
-    println!(
-        "CPU over {wall:.1} s:          hub {:.0} %, lifecycle {:.0} %, sims + agents {:.0} % ({} processes), bench {:.0} % (control plane, watches, creates)",
+        "{:<38} hub {:.0} %, lifecycle {:.0} %, sims + agents {:.0} % ({} processes), bench {:.0} % (control plane, watches, creates)",
+        format!("CPU over {wall:.1} s:"),
         cpu_percent.hub,
         cpu_percent.operator,
         cpu_percent.sims,
@@ -587,7 +604,8 @@ pub(super) async fn run(b: SelfServiceBench, crds: &[serde_json::Value]) -> anyh
     );
     if !b.stand_in {
         println!(
-            "lifecycle:                {reconciled:.0} reconciles ({:.1}/s), mean {reconcile_mean_ms:.1} ms, trigger queue at most {max_queue:.0}",
+            "{:<38} {reconciled:.0} reconciles ({:.1}/s), mean {reconcile_mean_ms:.1} ms, trigger queue at most {max_queue:.0}",
+            "lifecycle:",
             reconciled / wall
         );
     }
