@@ -94,9 +94,11 @@ pub(super) struct SelfServiceBench {
     /// Print one JSON object with every figure as the last line.
     #[arg(long)]
     json: bool,
-    /// Write one CSV line per created object to this file: runtime, module, and the
-    /// milliseconds from its create to its event at the bench's subscription, to the
-    /// operator's trigger, to its first state (and which) and to Ready (empty: not seen).
+    /// Write one CSV line per created object to this file: runtime, module, seconds into the
+    /// run, and the milliseconds from its create to the agent seeing it (the event's time),
+    /// the events of its cluster in that delivery, to its event at the bench's subscription,
+    /// to the operator's trigger, to its first state (and which) and to Ready (empty: not
+    /// seen); the operator's log is copied to FILE.lifecycle.log.
     #[arg(long, value_name = "FILE")]
     per_object: Option<std::path::PathBuf>,
 }
@@ -110,6 +112,9 @@ struct Times {
     created_wall: HashMap<(usize, String), jiff::Timestamp>,
     /// Its first event reached the bench's hub subscription.
     at_hub: HashMap<(usize, String), Instant>,
+    /// That event's time: when the agent saw the change (its wall clock), and how many
+    /// events of the same cluster its delivery held.
+    agent_saw: HashMap<(usize, String), (jiff::Timestamp, usize)>,
     /// The bench's watch of its cluster first showed `status.state` set, and to what.
     state: HashMap<(usize, String), (Instant, String)>,
     /// The same, by the wall clock.
@@ -495,6 +500,14 @@ pub(super) async fn run(b: SelfServiceBench, crds: &[serde_json::Value]) -> anyh
     }
     // From the operator's log: when it queued a reconcile for each object's event.
     let triggered = if b.stand_in { HashMap::new() } else { triggers(&std::fs::read_to_string(&operator.log)?) };
+    // From the events' time: when the agent saw each change (it may be before the create
+    // returned, by the create's response time).
+    let mut to_agent_us: Vec<u64> = times
+        .created_wall
+        .iter()
+        .filter_map(|(key, c)| times.agent_saw.get(key).map(|(a, _)| micros_between(*c, *a)))
+        .collect();
+    to_agent_us.sort_unstable();
     let mut to_trigger_us = Vec::new();
     let mut trigger_to_state_us = Vec::new();
     for (key, created) in &times.created_wall {
@@ -516,18 +529,27 @@ pub(super) async fn run(b: SelfServiceBench, crds: &[serde_json::Value]) -> anyh
         let ms = |from: &Instant, to: Option<&Instant>| {
             to.map(|t| format!("{:.1}", t.saturating_duration_since(*from).as_secs_f64() * 1000.0)).unwrap_or_default()
         };
-        let mut csv =
-            String::from("runtime,module,to_hub_subscriber_ms,to_operator_trigger_ms,to_state_ms,state,to_ready_ms\n");
+        let mut csv = String::from(
+            "runtime,module,created_s,to_agent_ms,batch,to_hub_subscriber_ms,to_operator_trigger_ms,to_state_ms,state,to_ready_ms\n",
+        );
         let mut keys: Vec<_> = times.created.keys().collect();
         keys.sort();
         for key in keys {
             let created = &times.created[key];
             let trigger = times.created_wall.get(key).zip(triggered.get(key)).map(|(c, t)| micros_between(*c, *t));
             let state = times.state.get(key);
+            let saw = times.created_wall.get(key).zip(times.agent_saw.get(key));
             csv += &format!(
-                "rt{},{},{},{},{},{},{}\n",
+                "rt{},{},{:.3},{},{},{},{},{},{},{}\n",
                 key.0,
                 key.1,
+                created.saturating_duration_since(t0).as_secs_f64(),
+                saw.map(|(c, (a, _))| format!(
+                    "{:.1}",
+                    a.as_microsecond().saturating_sub(c.as_microsecond()) as f64 / 1000.0
+                ))
+                .unwrap_or_default(),
+                saw.map(|(_, (_, n))| n.to_string()).unwrap_or_default(),
                 ms(created, times.at_hub.get(key)),
                 trigger.map(|us| format!("{:.1}", us as f64 / 1000.0)).unwrap_or_default(),
                 ms(created, state.map(|(s, _)| s)),
@@ -536,6 +558,11 @@ pub(super) async fn run(b: SelfServiceBench, crds: &[serde_json::Value]) -> anyh
             );
         }
         std::fs::write(path, csv).with_context(|| format!("writing {}", path.display()))?;
+        // The operator's log beside it (its trigger lines name what each reconcile was for).
+        let mut log_copy = path.clone().into_os_string();
+        log_copy.push(".lifecycle.log");
+        std::fs::copy(&operator.log, &log_copy)
+            .with_context(|| format!("copying the operator's log to {log_copy:?}"))?;
     }
     let errors = create_errors.lock().map_err(|_| anyhow::anyhow!("a bench task panicked"))?.clone();
     let pct = |a: f64, b: f64| (b - a) / wall * 100.0;
@@ -555,7 +582,7 @@ pub(super) async fn run(b: SelfServiceBench, crds: &[serde_json::Value]) -> anyh
         max: percentile(v, 1.0),
     };
     let (all, to_hub, rest, ready) = (q(&total_us), q(&hub_us), q(&rest_us), q(&ready_us));
-    let (to_trigger, trigger_to_state) = (q(&to_trigger_us), q(&trigger_to_state_us));
+    let (to_trigger, trigger_to_state, to_agent) = (q(&to_trigger_us), q(&trigger_to_state_us), q(&to_agent_us));
     let writer_name = if b.stand_in { "the bench (stand-in)" } else { "the lifecycle operator" };
     let line = |label: &str, q: &Quantiles, tail: String| {
         println!(
@@ -579,6 +606,7 @@ pub(super) async fn run(b: SelfServiceBench, crds: &[serde_json::Value]) -> anyh
     );
     let lost_line = format!(" ({} measured, {} lost: no status within {} s)", all.n, lost.len(), b.timeout);
     line("apply → status.state:", &all, lost_line);
+    line("  apply → the agent saw it:", &to_agent, " (the event's time)".into());
     line("  apply → event at the bench's sub.:", &to_hub, format!(" ({} seen)", to_hub.n));
     line("  that event → status.state:", &rest, String::new());
     if !b.stand_in {
@@ -624,7 +652,7 @@ pub(super) async fn run(b: SelfServiceBench, crds: &[serde_json::Value]) -> anyh
                 "setup_s": setup_secs, "offered": total, "created": times.created.len(), "create_errors": errors.len(),
                 "measured": all.n, "lost": lost.len(), "timeout_s": b.timeout,
                 "p50_ms": all.p50, "p90_ms": all.p90, "p99_ms": all.p99, "max_ms": all.max,
-                "to_hub_subscriber": quantiles(&to_hub), "hub_subscriber_to_status": quantiles(&rest),
+                "to_agent": quantiles(&to_agent), "to_hub_subscriber": quantiles(&to_hub), "hub_subscriber_to_status": quantiles(&rest),
                 "first_states": first_states, "to_ready": quantiles(&ready),
                 "to_operator_trigger": quantiles(&to_trigger), "operator_trigger_to_status": quantiles(&trigger_to_state),
                 "reconcile_duration_le_ms": {"p50": reconcile_quantiles[0], "p90": reconcile_quantiles[1], "p99": reconcile_quantiles[2]},
@@ -934,11 +962,13 @@ async fn follow_hub(
                 if !name.starts_with(USER) {
                     continue;
                 }
+                let same_cluster = evs.iter().filter(|o| o.cluster == e.cluster).count();
                 let first = times
                     .lock()
                     .map(|mut t| {
                         let key = (i, name.to_string());
                         let new = !t.at_hub.contains_key(&key);
+                        t.agent_saw.entry(key.clone()).or_insert((e.time, same_cluster));
                         t.at_hub.entry(key).or_insert(now);
                         new
                     })
