@@ -199,10 +199,16 @@ async fn hub_counter(admin: &str, name: &str) -> Option<f64> {
 /// The text a process serves at `http://<admin>/metrics`; `None` when it does not answer
 /// within 5 s.
 async fn metrics_text(admin: &str) -> Option<String> {
+    http_get(admin, "/metrics").await
+}
+
+/// The response (headers and body) to `GET <path>` at `http://<admin>`; `None` when it does
+/// not answer within 5 s.
+async fn http_get(admin: &str, path: &str) -> Option<String> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let fetch = async {
         let mut tcp = tokio::net::TcpStream::connect(admin).await.ok()?;
-        let req = format!("GET /metrics HTTP/1.0\r\nHost: {admin}\r\n\r\n");
+        let req = format!("GET {path} HTTP/1.0\r\nHost: {admin}\r\n\r\n");
         tcp.write_all(req.as_bytes()).await.ok()?;
         let mut body = String::new();
         tcp.read_to_string(&mut body).await.ok()?;

@@ -321,30 +321,39 @@ pub(super) async fn run(b: SelfServiceBench, crds: &[serde_json::Value]) -> anyh
     )
     .await
     .with_context(in_setup("the operator installing the Module CRD in every runtime cluster"))?;
+    // The WatchConfig for Module objects (the operator's), and every agent running it: its
+    // watch listed (a kind served only lately is looked up again at most 5 s apart). The
+    // WatchConfig's status counts clusters whose agent has the watch in any phase, so each
+    // cluster's watch phase is read from the hub's admin API.
     let watchconfigs: Api<WatchConfig> = Api::all(client.clone());
+    let found: Arc<Mutex<String>> = Arc::default();
+    wait_for("a WatchConfig for Module objects", 1, setup_started, limit, &mut operator, || {
+        let (watchconfigs, found) = (watchconfigs.clone(), found.clone());
+        async move {
+            let list = watchconfigs.list(&Default::default()).await?;
+            let name = list.items.iter().find(|w| watches_modules(w)).and_then(|w| w.metadata.name.clone());
+            let n = usize::from(name.is_some());
+            if let (Some(name), Ok(mut f)) = (name, found.lock()) {
+                *f = name;
+            }
+            Ok(n)
+        }
+    })
+    .await
+    .with_context(in_setup("the operator's WatchConfig for Module objects"))?;
+    let watch_name = found.lock().map(|f| f.clone()).unwrap_or_default();
+    let admin = hub.admin.clone();
+    let running = Arc::new(Mutex::new(vec![false; b.runtimes]));
     wait_for(
-        "agents running the WatchConfig for Module objects",
+        &format!("agents running the watch {watch_name}"),
         b.runtimes,
         setup_started,
         limit,
         &mut operator,
-        || {
-            let watchconfigs = watchconfigs.clone();
-            async move {
-                let list = watchconfigs.list(&Default::default()).await?;
-                Ok(list
-                    .items
-                    .iter()
-                    .filter(|w| watches_modules(w))
-                    .filter_map(|w| w.status.as_ref())
-                    .map(|s| s.clusters)
-                    .max()
-                    .unwrap_or(0) as usize)
-            }
-        },
+        || count_running(&admin, &watch_name, running.clone()),
     )
     .await
-    .with_context(in_setup("the WatchConfig for Module objects pushed to every agent"))?;
+    .with_context(in_setup("every agent running the watch of Module objects"))?;
 
     // The bench's own watches of every runtime cluster's Module objects.
     let times: Shared = Arc::default();
@@ -759,6 +768,30 @@ where
         // of the time.
         tokio::time::sleep(Duration::from_millis(250).max(asked.elapsed() * 2)).await;
     }
+}
+
+/// How many clusters' agents run the watch `watch` (phase `running`), by the hub's admin API
+/// (`running` remembers the clusters found so, which are not asked again).
+async fn count_running(admin: &str, watch: &str, running: Arc<Mutex<Vec<bool>>>) -> anyhow::Result<usize> {
+    let pending: Vec<usize> = {
+        let r = running.lock().map_err(|_| anyhow::anyhow!("a bench task panicked"))?;
+        r.iter().enumerate().filter(|(_, ok)| !**ok).map(|(i, _)| i).collect()
+    };
+    let asks = pending.into_iter().map(|i| async move {
+        let response = super::http_get(admin, &format!("/api/v1/clusters/rt{i}")).await.unwrap_or_default();
+        let body = response.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or_default();
+        let cluster: serde_json::Value = serde_json::from_str(body).unwrap_or_default();
+        let ok = cluster["watches"]
+            .as_array()
+            .is_some_and(|ws| ws.iter().any(|w| w["name"] == watch && w["phase"] == "running"));
+        (i, ok)
+    });
+    let found: Vec<(usize, bool)> = futures_util::stream::iter(asks).buffer_unordered(16).collect().await;
+    let mut r = running.lock().map_err(|_| anyhow::anyhow!("a bench task panicked"))?;
+    for (i, ok) in found {
+        r[i] |= ok;
+    }
+    Ok(r.iter().filter(|ok| **ok).count())
 }
 
 /// How many runtime clusters serve the `Module` kind (its CRD established).
