@@ -421,8 +421,9 @@ pub(super) async fn run(b: SelfServiceBench, crds: &[serde_json::Value]) -> anyh
     let stride = stride(b.runtimes);
     let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / b.rate));
     let mut creates = Vec::with_capacity(total);
-    let mut max_queue = 0.0f64;
-    let mut next_sample = Instant::now();
+    // The operator's trigger queue and reconciles in flight, four times a second.
+    let sampling = CancellationToken::new();
+    let sampler = (!b.stand_in).then(|| tokio::spawn(sample_operator(operator.metrics.clone(), sampling.clone())));
     for k in 0..total {
         tick.tick().await;
         let i = (k * stride) % b.runtimes;
@@ -446,10 +447,6 @@ pub(super) async fn run(b: SelfServiceBench, crds: &[serde_json::Value]) -> anyh
                 }
             }
         }));
-        if !b.stand_in && Instant::now() >= next_sample {
-            max_queue = max_queue.max(operator.sample("fleetwatch_lifecycle_queue_depth").await.unwrap_or(0.0));
-            next_sample += Duration::from_millis(500);
-        }
     }
     for c in creates {
         let _ = c.await;
@@ -466,12 +463,18 @@ pub(super) async fn run(b: SelfServiceBench, crds: &[serde_json::Value]) -> anyh
         if pending == 0 || last.is_none_or(|l| l.elapsed() > timeout) {
             break;
         }
-        if !b.stand_in {
-            max_queue = max_queue.max(operator.sample("fleetwatch_lifecycle_queue_depth").await.unwrap_or(0.0));
-        }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let wall = t0.elapsed().as_secs_f64();
+    sampling.cancel();
+    let samples = match sampler {
+        Some(s) => s.await.unwrap_or_default(),
+        None => Samples::default(),
+    };
+    let max_queue = samples.queue_max;
+    let in_flight_mean = samples.in_flight.iter().sum::<f64>() / samples.in_flight.len().max(1) as f64;
+    let in_flight_max = samples.in_flight.iter().copied().fold(0.0, f64::max);
+    let at_limit = samples.in_flight.iter().filter(|n| **n >= f64::from(b.concurrency)).count();
     let cpu1 = cpu_now();
     let rec1 = reconciles().await;
     let durations1 = durations().await;
@@ -645,6 +648,12 @@ pub(super) async fn run(b: SelfServiceBench, crds: &[serde_json::Value]) -> anyh
             "lifecycle:",
             reconciled / wall
         );
+        println!(
+            "{:<38} mean {in_flight_mean:.1}, at most {in_flight_max:.0} of --concurrency {}; at the limit in {at_limit} of {} samples",
+            "  reconciles in flight (every 250 ms):",
+            b.concurrency,
+            samples.in_flight.len()
+        );
     }
     for l in lost.iter().take(10) {
         eprintln!("lost: {l}");
@@ -667,7 +676,9 @@ pub(super) async fn run(b: SelfServiceBench, crds: &[serde_json::Value]) -> anyh
                 "reconcile_duration_le_ms": {"p50": reconcile_quantiles[0], "p90": reconcile_quantiles[1], "p99": reconcile_quantiles[2]},
                 "wall_s": wall, "cpu_percent": {"hub": cpu_percent.hub, "lifecycle": cpu_percent.operator,
                     "sims": cpu_percent.sims, "bench": cpu_percent.bench},
-                "reconciles": reconciled, "reconcile_mean_ms": reconcile_mean_ms, "queue_depth_max": max_queue})
+                "reconciles": reconciled, "reconcile_mean_ms": reconcile_mean_ms, "queue_depth_max": max_queue,
+                "concurrency": b.concurrency, "in_flight_mean": in_flight_mean, "in_flight_max": in_flight_max,
+                "in_flight_samples": samples.in_flight.len(), "in_flight_at_limit": at_limit})
         );
     }
     drop(operator);
@@ -681,6 +692,34 @@ fn log_tail(path: &Path) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
     let lines: Vec<&str> = text.lines().collect();
     lines[lines.len().saturating_sub(20)..].join("\n")
+}
+
+/// What the operator's metrics said during the measurement.
+#[derive(Default)]
+struct Samples {
+    /// The largest trigger queue depth seen.
+    queue_max: f64,
+    /// Reconciles in flight, one value per sample.
+    in_flight: Vec<f64>,
+}
+
+/// Samples the operator's trigger queue and reconciles in flight every 250 ms until `stop`.
+async fn sample_operator(metrics: String, stop: CancellationToken) -> Samples {
+    let mut s = Samples::default();
+    let mut tick = tokio::time::interval(Duration::from_millis(250));
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return s,
+            _ = tick.tick() => {}
+        }
+        let Some(text) = super::metrics_text(&metrics).await else { continue };
+        let value =
+            |name: &str| text.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse::<f64>().ok());
+        s.queue_max = s.queue_max.max(value("fleetwatch_lifecycle_queue_depth").unwrap_or(0.0));
+        if let Some(n) = value("fleetwatch_lifecycle_reconciles_in_flight") {
+            s.in_flight.push(n);
+        }
+    }
 }
 
 /// CPU seconds (or percent) by process.
