@@ -1,7 +1,8 @@
 //! `fleetwatch bench`: measured, not asserted. Figures go to docs/performance.md.
 //!
 //! One file per benchmark (`hub`, `agent`, `lifecycle` with its sim processes in
-//! `lifecycle_sims`, `sim`, `storm`, `dst`, `fleet_state`; the chaos
+//! `lifecycle_sims`, `self_service` (on the same sim processes, with an agent per
+//! cluster), `sim`, `storm`, `dst`, `fleet_state`; the chaos
 //! soak, `bench soak`, lives in `soak/`), so each reads top to bottom as the experiment it
 //! is; this file holds the subcommand and what the benchmarks share: a throw-away PKI, a hub
 //! child process, and reading a process's memory and CPU from `/proc`. The `fleetwatch`

@@ -11,15 +11,18 @@
 //! its agent (the real [`fleetwatch_agent::AgentRuntime`] with a Kubernetes source and its own
 //! certificate), in `bench lifecycle-sims` child processes; the hub and `fleetwatch lifecycle`
 //! as child processes (this same binary). Set-up (not measured): every Runtime installs its
-//! central modules, every runtime cluster serves the `Module` kind, and the WatchConfig for
-//! `Module` objects says every cluster's agent runs it. Then `--rate` creations per second for
-//! `--duration` seconds, spread over the runtimes (each cluster gets its next `u<k>` module).
+//! central modules, every runtime cluster serves the `Module` kind, and every agent runs the
+//! operator's watch of `Module` objects (its phase `running` in the hub's admin API). Then
+//! `--rate` creations per second for `--duration` seconds, spread over the runtimes (each
+//! cluster gets its next `u<k>` module, offered by the catalog and listed by no Runtime).
 //!
-//! The bench also follows the hub as a second subscriber, which splits each latency in two:
-//! apply → the event at a hub subscriber (the agent's watch, agent → hub → subscriber), and
-//! the rest (the operator's trigger queue, its reconcile and status write, and the runtime
-//! cluster's watch back to the bench). `--stand-in` takes the operator out once set up: the
-//! bench writes each `Module`'s status itself as soon as its event reaches the bench's
+//! Where the time goes, per object: the event's own time (when the agent saw the change),
+//! its arrival at the bench's own hub subscription, the operator's trigger line for it (its
+//! log, JSON, `fleetwatch_lifecycle::triggers` at info: when the reconcile was queued), and
+//! the status in the bench's watch; beside them the operator's reconcile durations (its
+//! histogram) and its reconciles in flight against `--concurrency`, sampled. `--per-object`
+//! writes all of it per object. `--stand-in` takes the operator out once set up: the bench
+//! writes each `Module`'s status itself as soon as its event reaches the bench's
 //! subscription, which is the floor of the path without the reconcile (and, before the
 //! operator took up `Module` objects, let the rest of the bench be checked).
 
@@ -632,7 +635,9 @@ pub(super) async fn run(b: SelfServiceBench, crds: &[serde_json::Value]) -> anyh
     }
     let firsts: Vec<String> = first_states.iter().map(|(s, n)| format!("{s} {n}")).collect();
     println!("{:<38} {}", "  first state written:", firsts.join(", "));
-    line("apply → Ready:", &ready, format!(" ({} Ready within the run)", ready.n));
+    if ready.n > 0 {
+        line("apply → Ready:", &ready, format!(" ({} Ready within the run)", ready.n));
+    }
     println!(
         "{:<38} hub {:.0} %, lifecycle {:.0} %, sims + agents {:.0} % ({} processes), bench {:.0} % (control plane, watches, creates)",
         format!("CPU over {wall:.1} s:"),
