@@ -1,5 +1,6 @@
-//! `fleetwatch up` as a new user runs it: everything comes up, modules get Ready, a channel
-//! move upgrades every runtime.
+//! `fleetwatch up` as a new user runs it: everything comes up, modules get Ready, a user
+//! enables the offered module in their cluster with the printed line, a channel move
+//! upgrades every runtime.
 
 use std::time::{Duration, Instant};
 
@@ -133,6 +134,69 @@ fn sandbox_comes_up_and_follows_a_channel_move() {
     let err = String::from_utf8_lossy(&second.stderr);
     assert!(err.contains("a sandbox is already running in") && err.contains(&up.child.id().to_string()), "{err}");
     assert_eq!(std::fs::read(&cp).unwrap(), before, "the second sandbox rewrote the running one's kubeconfig");
+    // Self-service (issue 46): the intro's line that enables the offered module in rt-2 runs
+    // as printed; the Module object there gets Ready with source user, rt-2 runs the module,
+    // `kubectl get modules` (the intro's line) lists it beside the central ones, and the
+    // table shows it as the user's.
+    let printed = |label: &str| -> String {
+        let ls = lines.lock().unwrap();
+        ls.iter()
+            .find_map(|l| l.trim_start().strip_prefix(label))
+            .map(|cmd| cmd.trim().to_string())
+            .unwrap_or_else(|| panic!("no {label:?} line in the intro:\n{}", ls.join("\n")))
+    };
+    let shell = |cmd: &str| -> String {
+        let out = std::process::Command::new("sh").arg("-c").arg(cmd).output().unwrap();
+        assert!(out.status.success(), "{cmd}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into()
+    };
+    let rt2 = sbx.join("rt-2.kubeconfig");
+    let enable = printed("enable keda:");
+    let file = sbx.join("enable-keda.yaml");
+    assert_eq!(enable, format!("kubectl --kubeconfig {} apply -f {}", rt2.display(), file.display()));
+    shell(&enable);
+    let module = eventually("sandbox: the keda Module in rt-2 Ready, chosen by its user")
+        .context(|| format!("log:\n{}", std::fs::read_to_string(sbx.join("fleetwatch.log")).unwrap_or_default()))
+        .until_blocking(
+            || {
+                let out = kubectl(&rt2, &["get", "module", "keda", "-o", "json"], None);
+                serde_json::from_str::<serde_json::Value>(&out).unwrap_or_default()
+            },
+            |m| m["status"]["state"] == "Ready" && m["status"]["source"] == "user",
+        );
+    assert_eq!(module["status"]["version"], "1.0.0", "{module:#}");
+    let running = kubectl(
+        &rt2,
+        &[
+            "get",
+            "deployment",
+            "keda-manager",
+            "-n",
+            "keda-system",
+            "-o",
+            "jsonpath={.metadata.labels.app\\.kubernetes\\.io/version}",
+        ],
+        None,
+    );
+    assert_eq!(running, "1.0.0");
+    wait_lines("the user's keda in the table", &row_has("rt-2", &["keda=1.0.0:Ready:(user)", "redis=1.0.0:Ready"]));
+    // rt-1's user chose nothing: no keda there.
+    assert!(
+        row_has("rt-1", &["keda=-"])(&lines.lock().unwrap()),
+        "keda in rt-1's row:\n{}",
+        lines.lock().unwrap().join("\n")
+    );
+    let listed = shell(&printed("modules:"));
+    let row = |name: &str| listed.lines().find(|l| l.split_whitespace().next() == Some(name)).unwrap_or_default();
+    if !(row("keda").contains("user") && row("redis").contains("central") && row("nats").contains("central")) {
+        problems.push(format!("kubectl get modules in rt-2 does not show who chose what:\n{listed}"));
+    }
+    // What a user reads about their module.
+    let described = kubectl(&rt2, &["describe", "module", "keda"], None);
+    if !["State:", "Ready", "Source:", "user", "Version:", "1.0.0", "Accepted"].iter().all(|s| described.contains(s)) {
+        problems.push(format!("kubectl describe module keda in rt-2:\n{described}"));
+    }
+
     let meta = r#"{"apiVersion":"operator.fleetwatch.dev/v1alpha1","kind":"ModuleReleaseMeta","metadata":{"name":"redis","namespace":"kcp"},"spec":{"moduleName":"redis","channels":[{"channel":"regular","version":"2.0.0"},{"channel":"fast","version":"2.0.0"}]}}"#;
     kubectl(&cp, &["apply", "--server-side", "--force-conflicts", "-f", "-"], Some(meta));
     for rt in ["rt-1", "rt-2"] {
