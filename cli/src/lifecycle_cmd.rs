@@ -112,10 +112,11 @@ pub struct LifecycleArgs {
     #[arg(long, env = "FLEETWATCH_ARTIFACT_PULL_MAX_BYTES", default_value = "64Mi", value_parser = parse_bytes)]
     artifact_pull_max_bytes: u64,
     /// Keep the WatchConfigs the operator relies on in the control plane (default true):
-    /// `fleetwatch-lifecycle.namespaces`, `fleetwatch-lifecycle.crds` and one per module
-    /// configuration kind no other WatchConfig watches. A module waiting for a namespace, a
-    /// kind or its configuration is then reconciled as soon as the agent reports it, not at
-    /// its next retry. The hub must read WatchConfigs from this control plane; `false` when
+    /// `fleetwatch-lifecycle.namespaces`, `fleetwatch-lifecycle.crds`,
+    /// `fleetwatch-lifecycle.modules` (the `Module` objects users create in their clusters)
+    /// and one per module configuration kind no other WatchConfig watches. A module waiting
+    /// for a namespace, a kind or its configuration, or chosen by a user in their cluster, is
+    /// then reconciled as soon as the agent reports it, not at its next retry or resync. The hub must read WatchConfigs from this control plane; `false` when
     /// it reads them from files (then give the same watches there).
     #[arg(long, env = "FLEETWATCH_WATCH_CONFIGS", default_value_t = true, action = clap::ArgAction::Set)]
     watch_configs: bool,

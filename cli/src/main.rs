@@ -8,6 +8,7 @@ mod hub_cmd;
 mod lifecycle_cmd;
 mod maintenance_cmd;
 mod module_cmd;
+mod modules_cmd;
 mod relay_cmd;
 #[cfg(not(feature = "sandbox"))]
 mod sandbox_missing;
@@ -58,9 +59,13 @@ enum Command {
     /// Print the agent's ModuleTemplate and ModuleReleaseMeta (YAML) for `lifecycle
     /// --agent-ca-secret`, which installs it into every Runtime's cluster.
     AgentModule(agent_module_cmd::AgentModuleArgs),
-    /// Package a module version as an OCI artifact and push it (`module package`), or show
-    /// what an artifact holds (`module inspect`).
+    /// For module authors: package a module version as an OCI artifact and push it
+    /// (`module package`), or show what an artifact holds (`module inspect`).
     Module(module_cmd::ModuleArgs),
+    /// For a runtime cluster's users: list the modules its catalog offers beside what runs,
+    /// enable or disable one (creates or deletes its Module object); talks to that cluster only.
+    #[command(long_about = modules_cmd::LONG_ABOUT)]
+    Modules(modules_cmd::ModulesArgs),
     /// Print events from the hub, one JSON document per line.
     Tail(tail_cmd::TailArgs),
     /// Relay events to another system (lifecycle-manager's listener, a CloudEvents webhook),
@@ -115,9 +120,11 @@ fn main() -> std::process::ExitCode {
         limit_malloc_arenas();
     }
     // reqwest's certificate verifier logs every failed verification at ERROR; `module`
-    // reports the failure itself, in one line.
+    // reports the failure itself, in one line. So does `modules` for kube's client, which
+    // logs every failed connection at ERROR.
     let filter = match &cli.command {
         Command::Module(_) => format!("{},rustls_platform_verifier=off", cli.log),
+        Command::Modules(_) => format!("{},kube_client=off", cli.log),
         _ => cli.log.clone(),
     };
     init_logging(&filter, cli.log_json, log_file);
@@ -159,6 +166,7 @@ fn main() -> std::process::ExitCode {
                     Command::Up(args) => up_cmd::run(args).await,
                     Command::Lifecycle(args) => lifecycle_cmd::run(args).await,
                     Command::Module(args) => module_cmd::run(args).await,
+                    Command::Modules(args) => modules_cmd::run(args).await,
                     #[cfg(feature = "sandbox")]
                     Command::Bench(args) => {
                         // On SIGTERM or Ctrl-C the bench's future is dropped, and with it the

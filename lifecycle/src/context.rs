@@ -45,6 +45,8 @@ pub(crate) struct Ctx {
     pub(crate) fleet: Store<Runtime>,
     /// Per runtime: the fingerprint of the catalog last written into its cluster.
     pub(crate) catalogs: std::sync::Mutex<std::collections::HashMap<String, u64>>,
+    /// What this instance knows of each runtime cluster's `Module` objects.
+    pub(crate) chosen: crate::chosen::cluster::Known,
     /// Publishes Kubernetes Events on Runtimes.
     pub(crate) recorder: events::Recorder,
     /// The shards this instance holds, when sharded.

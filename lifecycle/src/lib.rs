@@ -30,6 +30,7 @@ pub mod migration;
 pub mod shards;
 
 mod catalog;
+mod chosen;
 mod clusters;
 mod config;
 mod config_policy;

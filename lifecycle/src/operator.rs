@@ -249,6 +249,7 @@ pub async fn run(config: LifecycleConfig, metrics: Arc<Metrics>, shutdown: Cance
         metrics,
         backoff: Default::default(),
         catalogs: Default::default(),
+        chosen: Default::default(),
         rollouts: rollout::Rollouts::new(hub_tx.clone()),
         recorder: events::Recorder::new(
             client.clone(),

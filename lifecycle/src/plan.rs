@@ -147,7 +147,9 @@ pub(crate) fn rollout_total(
         .iter()
         .filter(|r| r.namespace().as_deref() == Some(stores.ns))
         .filter(|r| {
-            r.spec.modules.iter().any(|e| {
+            // With the users' modules, as the status recorded them (a sharded instance's slim
+            // index has no status: those count once they are reconciled by their holder).
+            crate::chosen::listed_and_chosen(r).iter().any(|e| {
                 e.name == module
                     && e.managed
                     && e.version.is_none()

@@ -337,8 +337,9 @@ async fn cleanup(rt: Arc<Runtime>, ctx: &Ctx) -> Result<Action, Error> {
     let all: Vec<&ModuleStatus> = previous.iter().collect();
     let mut statuses = remove_in_order(ctx, &applier, &ns, &all, &[]).await;
     if statuses.is_empty() {
-        // The catalog goes with the Runtime; a failure is retried like any other.
+        // The catalog and the Module kind go with the Runtime; a failure is retried like any other.
         crate::catalog::remove(&applier).await?;
+        crate::chosen::cluster::release(&ctx.chosen, &key, &applier).await?;
         if let Some(certs) = &ctx.agent_certs {
             // The agent went with the modules; its certificate goes too.
             crate::agent_module::remove_certificate(certs, &applier).await?;
@@ -373,8 +374,20 @@ async fn apply(rt: Arc<Runtime>, ctx: &Ctx) -> Result<Action, Error> {
     let ns = rt.namespace().unwrap_or_else(|| "default".into());
     let started = std::time::Instant::now();
     let api: Api<Runtime> = Api::namespaced(ctx.client.clone(), &ns);
-    let previous: Vec<ModuleStatus> = rt.status.as_ref().map(|s| s.modules.clone()).unwrap_or_default();
+    let mut previous: Vec<ModuleStatus> = rt.status.as_ref().map(|s| s.modules.clone()).unwrap_or_default();
     let applier = reach(&rt, ctx, &api, &previous).await?;
+    let key = format!("{ns}/{name}");
+    // The modules the cluster's users chose ([`crate::chosen`]), read from the cluster itself,
+    // reconciled after the Runtime's own.
+    let objects = crate::chosen::cluster::gather(&ctx.chosen, &key, &applier, &previous).await?;
+    let merged = crate::chosen::merge(&rt, &ns, &objects, &ctx.metas.state(), &previous);
+    for p in previous.iter_mut() {
+        // A user's object deleted: its module goes by the object's policy.
+        if let Some(policy) = merged.removal.get(&p.name) {
+            p.custom_resource_policy = *policy;
+        }
+    }
+    let rt = merged.runtime(rt);
     let mut busy = false;
     let mut flags = Flags::default();
     let by_name: HashMap<&str, &ModuleStatus> = previous.iter().map(|m| (m.name.as_str(), m)).collect();
@@ -422,7 +435,10 @@ async fn apply(rt: Arc<Runtime>, ctx: &Ctx) -> Result<Action, Error> {
         statuses.push(st);
     }
     crate::config_policy::enforce(ctx, &applier, &rt, &mut statuses, &previous).await;
-    let key = format!("{ns}/{name}");
+    let users = merged.users();
+    for st in statuses.iter_mut() {
+        st.source = users.contains(st.name.as_str()).then_some(fleetwatch_api::chosen::ChosenBy::User);
+    }
     // The catalog of what can be installed, kept in the runtime cluster (written on change).
     let catalog = crate::catalog::build(&rt, &ns, &ctx.metas.state(), &ctx.templates.state());
     let fp = crate::catalog::fingerprint(&catalog);
@@ -460,7 +476,17 @@ async fn apply(rt: Arc<Runtime>, ctx: &Ctx) -> Result<Action, Error> {
     let retries = schedule_retries(ctx, &key, &previous, &mut statuses);
     retries.retried.iter().for_each(|step| ctx.metrics.retried(*step));
     publish_events(ctx, &rt, &previous, &statuses).await;
-    write_status(&api, &rt, statuses).await?;
+    // What each Module object in the cluster shows, after the Runtime's status (the
+    // finalizer of a removed module's object goes only once its removal is recorded).
+    write_status(&api, &rt, statuses.clone()).await?;
+    let chosen_pending =
+        match crate::chosen::cluster::sync(&ctx.chosen, &key, &applier, &rt, &merged, &objects, &statuses).await {
+            Ok(()) => None,
+            Err(e) => {
+                tracing::warn!(error = %e, "the cluster's Module objects are not all in line; looking again soon");
+                Some(BUSY_REQUEUE)
+            }
+        };
     write_rollouts(ctx).await;
     ctx.metrics.record_duration(started.elapsed());
     ctx.reset_backoff(&key);
@@ -469,7 +495,10 @@ async fn apply(rt: Arc<Runtime>, ctx: &Ctx) -> Result<Action, Error> {
         window: flags.window,
         waiting: flags.waiting,
         pull: flags.pull,
-        retry: retries.next,
+        retry: match (retries.next, chosen_pending) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        },
         renew: renew_in,
     };
     Ok(plan::requeue(&pending, ctx.resync).map(Action::requeue).unwrap_or_else(Action::await_change))

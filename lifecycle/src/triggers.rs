@@ -23,7 +23,8 @@ pub fn affected_by_meta(runtimes: &Store<Runtime>, meta: &ModuleReleaseMeta) -> 
         .iter()
         .filter(|rt| rt.namespace() == meta.namespace())
         .filter(|rt| {
-            rt.spec.modules.iter().any(|e| {
+            // The users' modules too: a channel move reaches the clusters that chose the module.
+            crate::chosen::listed_and_chosen(rt).iter().any(|e| {
                 if &e.name != module || e.version.is_some() {
                     return false;
                 }
@@ -178,11 +179,12 @@ impl Sink for TriggerSink {
     }
 }
 
-/// Whether an event can unblock a failed module: a Namespace or CRD created or deleted, or
-/// the module inventory (a manager Ready).
+/// Whether an event can unblock a failed module: a Namespace or CRD created or deleted, a
+/// `Module` object chosen or changed in the cluster, or the module inventory (a manager Ready).
 pub fn unblocks(e: &fleetwatch_protocol::event::Event) -> bool {
     e.kind == fleetwatch_protocol::event::TYPE_INVENTORY
         || e.subject.starts_with("v1/Namespace/")
+        || e.subject.starts_with("operator.fleetwatch.dev/v1alpha1/Module/")
         || e.subject.starts_with("apiextensions.k8s.io/v1/CustomResourceDefinition/")
         || e.subject.starts_with("apiextensions.k8s.io/v1beta1/CustomResourceDefinition/")
 }

@@ -5,6 +5,8 @@
 //!   go into a namespace it does not create);
 //! - `fleetwatch-lifecycle.crds`: CustomResourceDefinitions created, established or deleted
 //!   (a module whose objects are of a kind another module provides);
+//! - `fleetwatch-lifecycle.modules`: the `Module` objects of runtime clusters (a user choosing,
+//!   re-channelling or removing a module in their own cluster, [`crate::chosen`]);
 //! - `fleetwatch-lifecycle.config.KIND.GROUP`: every module's default configuration kind
 //!   (from the ModuleTemplates), unless a WatchConfig of someone else already watches the
 //!   kind, so a user's edit of a module's configuration reaches the operator (ModuleConfigPolicy
@@ -72,6 +74,14 @@ pub fn wanted(
         },
         // Created, established (its kinds served), deleted.
         vec!["/status/conditions".into()],
+    );
+    add(
+        &mut out,
+        "fleetwatch-lifecycle.modules".into(),
+        ResourceRef { group: "operator.fleetwatch.dev".into(), version: "v1alpha1".into(), kind: "Module".into() },
+        // A user's choice: created, edited (channel, policy), deleted (the deletion starts
+        // with the timestamp while the finalizer holds it). Not status: the operator writes it.
+        vec!["spec".into(), "metadata.deletionTimestamp".into(), "metadata.labels".into()],
     );
     let covered = |group: &str, kind: &str| {
         others
@@ -212,11 +222,20 @@ mod tests {
     use serde_json::json;
 
     #[test]
-    fn the_fixed_two_watch_configs_are_always_wanted() {
+    fn the_fixed_three_watch_configs_are_always_wanted() {
         use super::wanted;
         let w = wanted(&[], &[], &[]);
-        assert_eq!(w.keys().collect::<Vec<_>>(), ["fleetwatch-lifecycle.crds", "fleetwatch-lifecycle.namespaces"]);
+        assert_eq!(
+            w.keys().collect::<Vec<_>>(),
+            ["fleetwatch-lifecycle.crds", "fleetwatch-lifecycle.modules", "fleetwatch-lifecycle.namespaces"]
+        );
         assert_eq!(w["fleetwatch-lifecycle.namespaces"].spec.resource.kind, "Namespace");
+        let modules = &w["fleetwatch-lifecycle.modules"];
+        assert_eq!(
+            (modules.spec.resource.group.as_str(), modules.spec.resource.kind.as_str()),
+            ("operator.fleetwatch.dev", "Module")
+        );
+        assert!(modules.to_watch_spec().is_ok(), "{modules:?}");
     }
 
     fn template(module: &str, cfg: serde_json::Value) -> std::sync::Arc<ModuleTemplate> {
@@ -278,6 +297,7 @@ mod tests {
                 "fleetwatch-lifecycle.config.configmap",
                 "fleetwatch-lifecycle.config.redisconfig.modules.example.com",
                 "fleetwatch-lifecycle.crds",
+                "fleetwatch-lifecycle.modules",
                 "fleetwatch-lifecycle.namespaces",
             ]
         );

@@ -46,23 +46,29 @@ impl Drop for Fleet {
     }
 }
 
-fn apply_json(kc: &std::path::Path, v: &Value) {
+pub(crate) fn apply_json(kc: &std::path::Path, v: &Value) {
     kubectl(kc, &["apply", "--server-side", "--force-conflicts", "-f", "-"], Some(&v.to_string()));
 }
 
-fn release_meta(regular: &str, fast: &str) -> Value {
+pub(crate) fn release_meta(regular: &str, fast: &str) -> Value {
     json!({"apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "ModuleReleaseMeta",
            "metadata": {"name": "redis", "namespace": NS},
            "spec": {"moduleName": "redis", "channels": [{"channel": "regular", "version": regular}, {"channel": "fast", "version": fast}]}})
 }
 
-fn runtime(name: &str, modules: Value) -> Value {
+pub(crate) fn runtime(name: &str, modules: Value) -> Value {
     json!({"apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "Runtime",
            "metadata": {"name": name, "namespace": NS},
            "spec": {"clusterId": "rt1", "kubeconfigSecret": {"name": "rt1-kubeconfig"}, "modules": modules}})
 }
 
-fn dyn_api(client: &kube::Client, api_version: &str, kind: &str, plural: &str, ns: Option<&str>) -> Api<DynamicObject> {
+pub(crate) fn dyn_api(
+    client: &kube::Client,
+    api_version: &str,
+    kind: &str,
+    plural: &str,
+    ns: Option<&str>,
+) -> Api<DynamicObject> {
     let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
     let ar = ApiResource {
         group: group.into(),
@@ -155,16 +161,16 @@ impl Fleet {
         }
     }
 
-    fn runtimes(&self) -> Api<Runtime> {
+    pub(crate) fn runtimes(&self) -> Api<Runtime> {
         Api::namespaced(self.cp.clone(), NS)
     }
 
-    async fn status(&self, name: &str) -> Option<fleetwatch_api::RuntimeStatus> {
+    pub(crate) async fn status(&self, name: &str) -> Option<fleetwatch_api::RuntimeStatus> {
         self.runtimes().get_opt(name).await.ok().flatten().and_then(|r| r.status)
     }
 
     /// Waits until the Runtime's status satisfies `cond`.
-    async fn wait(&self, name: &str, what: &str, cond: impl Fn(&fleetwatch_api::RuntimeStatus) -> bool) {
+    pub(crate) async fn wait(&self, name: &str, what: &str, cond: impl Fn(&fleetwatch_api::RuntimeStatus) -> bool) {
         eventually(format!("runtime {name}: {what}"))
             .context(|| format!("lifecycle log:\n{}", self.lifecycle.stderr()))
             .until(async || self.status(name).await, |st| st.as_ref().is_some_and(&cond))
@@ -196,7 +202,7 @@ impl Fleet {
         sample(&metrics, "fleetwatch_lifecycle_reconcile_failures_total").unwrap_or_else(|| panic!("{metrics}"))
     }
 
-    async fn manager_version(&self) -> Option<String> {
+    pub(crate) async fn manager_version(&self) -> Option<String> {
         let d = dyn_api(&self.rt, "apps/v1", "Deployment", "deployments", Some("redis-system"))
             .get_opt("redis-manager")
             .await
@@ -204,7 +210,7 @@ impl Fleet {
         d.metadata.labels?.get("app.kubernetes.io/version").cloned()
     }
 
-    fn redis_configs(&self) -> Api<DynamicObject> {
+    pub(crate) fn redis_configs(&self) -> Api<DynamicObject> {
         dyn_api(&self.rt, "example.com/v1", "RedisConfig", "redisconfigs", Some("redis-system"))
     }
 }
@@ -219,7 +225,7 @@ async fn runtime_ready(runtimes: &Api<Runtime>, name: &str) {
         .await;
 }
 
-fn module<'a>(s: &'a fleetwatch_api::RuntimeStatus, name: &str) -> Option<&'a fleetwatch_api::ModuleStatus> {
+pub(crate) fn module<'a>(s: &'a fleetwatch_api::RuntimeStatus, name: &str) -> Option<&'a fleetwatch_api::ModuleStatus> {
     s.modules.iter().find(|m| m.name == name)
 }
 
