@@ -165,6 +165,11 @@ fn sandbox_comes_up_and_follows_a_channel_move() {
             |m| m["status"]["state"] == "Ready" && m["status"]["source"] == "user",
         );
     assert_eq!(module["status"]["version"], "1.0.0", "{module:#}");
+    // A Ready module's message says nothing of what it waited for before (a merge patch of the
+    // status kept "waiting for manager: ..." after the wait was over).
+    if module["status"]["message"].as_str().is_some_and(|m| m.contains("waiting")) {
+        problems.push(format!("the Ready keda Module in rt-2 still says what it waited for: {module:#}"));
+    }
     let running = kubectl(
         &rt2,
         &[

@@ -244,10 +244,37 @@ async fn write_status(
         return Ok(());
     }
     let name = o.name();
-    api.patch_status(&name, &PatchParams::default(), &Patch::Merge(json!({"status": wanted})))
+    api.patch_status(&name, &PatchParams::default(), &Patch::Merge(status_patch(&wanted)?))
         .await
         .map(|_| ())
         .map_err(|e| Error::kube("writing status of", format!("Module {name}"), e))
+}
+
+/// Every field of [`ChosenModuleStatus`] as it is serialised.
+const STATUS_FIELDS: [&str; 9] = [
+    "state",
+    "version",
+    "desiredVersion",
+    "channel",
+    "source",
+    "customResourcePolicy",
+    "message",
+    "conditions",
+    "observedGeneration",
+];
+
+/// The merge patch that makes an object's status `wanted`: a field `wanted` leaves out (an
+/// empty message, no desired version) is `null`, so the patch clears what the last status said
+/// instead of keeping it (a Ready module went on showing "waiting for manager: ...").
+fn status_patch(wanted: &ChosenModuleStatus) -> Result<serde_json::Value, Error> {
+    let mut status =
+        serde_json::to_value(wanted).map_err(|source| Error::Serialize { what: "a Module status".into(), source })?;
+    if let Some(fields) = status.as_object_mut() {
+        for f in STATUS_FIELDS {
+            fields.entry(f).or_insert(serde_json::Value::Null);
+        }
+    }
+    Ok(json!({"status": status}))
 }
 
 /// Adds (`want`) or removes the operator's finalizer, with a JSON patch that tests the list
@@ -321,4 +348,37 @@ pub(crate) async fn release(known: &Known, key: &str, applier: &Applier) -> Resu
     applier.delete(&r).await?;
     known.forget(key);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fleetwatch_api::chosen::{ChosenBy, ModuleState};
+
+    #[test]
+    fn a_status_patch_clears_what_the_status_no_longer_says() {
+        let full = ChosenModuleStatus {
+            state: Some(ModuleState::Ready),
+            version: Some("1.0.0".into()),
+            desired_version: Some("1.0.0".into()),
+            channel: Some("regular".into()),
+            source: Some(ChosenBy::User),
+            custom_resource_policy: Some(fleetwatch_api::CustomResourcePolicy::Ignore),
+            message: "waiting for manager".into(),
+            conditions: vec![fleetwatch_api::Condition::default()],
+            observed_generation: Some(1),
+        };
+        let mut keys: Vec<String> = serde_json::to_value(&full).unwrap().as_object().unwrap().keys().cloned().collect();
+        let mut fields: Vec<String> = STATUS_FIELDS.iter().map(|f| f.to_string()).collect();
+        keys.sort();
+        fields.sort();
+        assert_eq!(keys, fields, "STATUS_FIELDS names every field of the status");
+        let ready = ChosenModuleStatus { state: Some(ModuleState::Ready), ..Default::default() };
+        let patch = status_patch(&ready).unwrap();
+        assert_eq!(patch["status"]["state"], "Ready");
+        assert!(patch["status"]["message"].is_null() && patch["status"].get("message").is_some(), "{patch}");
+        let mut previous = serde_json::json!({"status": serde_json::to_value(&full).unwrap()});
+        json_patch::merge(&mut previous, &patch);
+        assert_eq!(serde_json::from_value::<ChosenModuleStatus>(previous["status"].clone()).unwrap(), ready);
+    }
 }
