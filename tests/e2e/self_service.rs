@@ -245,3 +245,26 @@ async fn central_listing_wins_and_a_newer_hand_applied_version_is_not_downgraded
     wait_gone(&f, "redis").await;
     eventually("redis removed by the central policy").until(async || f.manager_version().await, |v| v.is_none()).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clusters_certificate_can_choose_modules_for_that_cluster_only() {
+    use fleetwatch_protocol::message::ErrorCode;
+    use futures_util::SinkExt;
+    let f = fleet_with_an_empty_runtime().await;
+    // Another cluster's agent claiming a Module change in rt1 is refused by the hub: an event
+    // is bound to the cluster of the certificate that sent it.
+    let mut ws = crate::protocol::raw(&f.pki.agent("rt2"), f.hub.port).await.unwrap();
+    crate::protocol::welcome(&mut ws, "rt2").await;
+    let forged = r#"{"specversion":"1.0","id":"x","source":"x","type":"dev.fleetwatch.object.applied","subject":"operator.fleetwatch.dev/v1alpha1/Module/_/redis","time":"2026-01-01T00:00:00Z","cluster":"rt1","epoch":7,"seq":1,"data":{"generation":1}}"#;
+    ws.send(tokio_tungstenite::tungstenite::Message::text(format!(r#"{{"type":"events","events":[{forged}]}}"#)))
+        .await
+        .unwrap();
+    let (code, message, _) = crate::protocol::expect_agent_error(&mut ws).await;
+    assert_eq!(code, ErrorCode::IdentityMismatch, "{message}");
+    // An event only triggers: what is chosen is read from the cluster itself. A real choice
+    // in rt1 afterwards is reconciled, and nothing of the forged one is there.
+    choose(&f, "istio", json!({}));
+    wait_module(&f, "istio", "refused: unknown module", |m| state(m) == Some(ModuleState::Error)).await;
+    assert_eq!(f.manager_version().await, None, "redis installed in rt1 from another cluster's claim");
+    assert!(module(&f.status("rt1").await.unwrap(), "redis").is_none());
+}

@@ -228,3 +228,17 @@ fn a_kept_objects_spec_follows_the_runtime() {
     let rechannelled = Module::new("redis", ModuleSpec { channel: Some("regular".into()), ..Default::default() });
     assert!(!central_spec_matches(&rechannelled, &entry));
 }
+
+#[test]
+fn objects_that_cannot_be_read_leave_the_users_modules_alone() {
+    let rt = runtime(&["keda"], None);
+    let central = ModuleStatus { name: "keda".into(), state: State::Ready, ..Default::default() };
+    let previous = [users_status("redis"), central];
+    let m = Merged::unread(&rt, &previous, "connection refused");
+    assert_eq!(m.unread.len(), 1, "only the users' modules: the Runtime's are reconciled as ever");
+    let redis = &m.unread[0];
+    assert_eq!((redis.name.as_str(), redis.state), ("redis", State::Error));
+    assert!(redis.message.contains("connection refused"), "{}", redis.message);
+    assert_eq!(redis.actual_version.as_deref(), Some("1.0.0"), "what runs is still said");
+    assert!(m.entries.is_empty() && m.users().contains("redis"));
+}
