@@ -119,9 +119,10 @@ async fn a_user_moves_a_module_through_every_state_from_their_own_cluster() {
     );
     eventually("the policy enforced on the user's module")
         .context(|| format!("lifecycle log:\n{}", f.lifecycle.stderr()))
-        .until(async || f.redis_configs().get_opt("default").await.ok().flatten(), |c| {
-            c.as_ref().is_some_and(|c| c.data["spec"]["tls"] == true)
-        })
+        .until(
+            async || f.redis_configs().get_opt("default").await.ok().flatten(),
+            |c| c.as_ref().is_some_and(|c| c.data["spec"]["tls"] == true),
+        )
         .await;
 
     // Re-channelled by the user: upgraded.

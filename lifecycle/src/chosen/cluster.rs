@@ -57,7 +57,8 @@ fn api(applier: &Applier) -> Api<DynamicObject> {
 
 /// The CRD as applied into runtime clusters.
 fn crd() -> Result<serde_json::Value, Error> {
-    serde_json::to_value(Module::crd()).map_err(|source| Error::Serialize { what: "the Module CRD".into(), source })
+    fleetwatch_api::crd_manifest(&Module::crd())
+        .map_err(|source| Error::Serialize { what: "the Module CRD".into(), source })
 }
 
 fn not_found(e: &kube::Error) -> bool {
