@@ -111,6 +111,20 @@ async fn a_user_moves_a_module_through_every_state_from_their_own_cluster() {
         assert!(described.contains(want), "describe lacks {want}:\n{described}");
     }
 
+    // Central configuration applies to a user's module as to a central one.
+    apply_json(
+        &f.cp_kc,
+        &json!({"apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "ModuleConfigPolicy",
+                "metadata": {"name": "redis-tls", "namespace": "kcp"}, "spec": {"module": "redis", "enforce": {"spec": {"tls": true}}}}),
+    );
+    eventually("the policy enforced on the user's module")
+        .context(|| format!("lifecycle log:\n{}", f.lifecycle.stderr()))
+        .until(
+            async || f.redis_configs().get_opt("default").await.ok().flatten(),
+            |c| c.as_ref().is_some_and(|c| c.data["spec"]["tls"] == true),
+        )
+        .await;
+
     // Re-channelled by the user: upgraded.
     kubectl(&f.rt_kc, &["patch", "module", "redis", "--type", "merge", "-p", r#"{"spec":{"channel":"fast"}}"#], None);
     wait_module(&f, "redis", "Ready 2.0.0 on fast", |m| ready_at(m, "2.0.0", ChosenBy::User)).await;

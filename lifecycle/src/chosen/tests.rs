@@ -242,3 +242,23 @@ fn objects_that_cannot_be_read_leave_the_users_modules_alone() {
     assert_eq!(redis.actual_version.as_deref(), Some("1.0.0"), "what runs is still said");
     assert!(m.entries.is_empty() && m.users().contains("redis"));
 }
+
+#[test]
+fn looks_across_runtimes_see_the_users_modules_as_last_recorded() {
+    let mut rt = runtime(&["keda"], None);
+    let unmanaged = ModuleStatus { state: State::Unmanaged, ..users_status("nats") };
+    let central_status = ModuleStatus { name: "keda".into(), state: State::Ready, ..Default::default() };
+    rt.status = Some(fleetwatch_api::RuntimeStatus {
+        modules: vec![central_status, users_status("redis"), unmanaged],
+        ..Default::default()
+    });
+    let all = listed_and_chosen(&rt);
+    let names: Vec<(&str, bool)> = all.iter().map(|e| (e.name.as_str(), e.managed)).collect();
+    assert_eq!(names, [("keda", true), ("redis", true), ("nats", false)]);
+    assert_eq!(all[1].channel.as_deref(), Some("regular"), "the channel in force when recorded");
+    // So a channel move of redis reaches this Runtime, and a rollout counts it.
+    let metas = metas();
+    let stores = crate::plan::Stores { ns: "kcp", templates: &[], metas: &metas, policies: &[] };
+    let fleet = [Arc::new(rt)];
+    assert_eq!(crate::plan::rollout_total(&fleet, &stores, "redis", &semver::Version::new(1, 0, 0)), 1);
+}
