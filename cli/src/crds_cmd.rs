@@ -94,7 +94,7 @@ pub fn run(args: CrdsArgs) -> anyhow::Result<()> {
     for (files, dir) in &sets {
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
         for (name, yaml) in files {
-            let path = dir.join(&name);
+            let path = dir.join(name);
             std::fs::write(&path, yaml).with_context(|| format!("cannot write {}", path.display()))?;
             println!("wrote {}", path.display());
         }
