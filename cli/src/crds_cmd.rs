@@ -6,20 +6,30 @@ use anyhow::Context;
 use clap::Args;
 use kube::CustomResourceExt;
 
+/// Where the control plane's CRDs are kept in the repository (the chart's `crds/`).
+const DEFAULT_DIR: &str = "deploy/crds";
+
 #[derive(Args)]
 pub struct CrdsArgs {
-    /// Directory to write the CRD YAML files into.
-    #[arg(long, default_value = "deploy/crds")]
+    /// Directory to write the control plane's CRD YAML files into (the chart's `crds/`).
+    #[arg(long, default_value = DEFAULT_DIR)]
     dir: PathBuf,
-    /// Do not write: fail when the files in --dir differ from the generated ones (for CI).
+    /// Directory to write the runtime clusters' CRD into (`Module`, which the lifecycle
+    /// operator installs into every runtime cluster itself; written out for review and for
+    /// platforms that install CRDs ahead). Default: `deploy/runtime-crds` when --dir is the
+    /// default, else not written (a control plane's `kubectl apply -f DIR` must not get it).
+    #[arg(long)]
+    runtime_dir: Option<PathBuf>,
+    /// Do not write: fail when the files in --dir or --runtime-dir differ from the generated
+    /// ones (for CI).
     #[arg(long)]
     check: bool,
 }
 
-/// Every CRD fleetwatch defines, as (file name, YAML).
+/// Every control-plane CRD fleetwatch defines, as (file name, YAML).
 pub fn generated() -> anyhow::Result<Vec<(String, String)>> {
     use fleetwatch_api::{ModuleReleaseMeta, ModuleTemplate, Runtime};
-    let crds = [
+    files([
         fleetwatch_api::watchconfig::WatchConfig::crd(),
         Runtime::crd(),
         ModuleTemplate::crd(),
@@ -27,12 +37,21 @@ pub fn generated() -> anyhow::Result<Vec<(String, String)>> {
         fleetwatch_api::maintenance::MaintenancePolicy::crd(),
         fleetwatch_api::config_policy::ModuleConfigPolicy::crd(),
         fleetwatch_api::access_policy::SubscriberAccessPolicy::crd(),
-    ];
+    ])
+}
+
+/// The runtime clusters' CRDs, as (file name, YAML).
+pub fn runtime_generated() -> anyhow::Result<Vec<(String, String)>> {
+    files([fleetwatch_api::chosen::Module::crd()])
+}
+
+fn files<const N: usize>(
+    crds: [k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition; N],
+) -> anyhow::Result<Vec<(String, String)>> {
     crds.into_iter()
         .map(|crd| {
             let name = format!("{}.yaml", crd.metadata.name.clone().unwrap_or_default());
-            let mut value = serde_json::to_value(&crd)?;
-            reflow_descriptions(&mut value);
+            let value = fleetwatch_api::crd_manifest(&crd)?;
             let crd: k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition =
                 serde_json::from_value(value)?;
             let yaml = serde_saphyr::to_string(&crd).context("cannot render CRD as YAML")?;
@@ -47,53 +66,38 @@ pub fn values() -> anyhow::Result<Vec<serde_json::Value>> {
     generated()?.iter().map(|(_, yaml)| serde_saphyr::from_str(yaml).context("generated CRD")).collect()
 }
 
-/// `text` with the line breaks inside each paragraph (blank-line separated) made spaces:
-/// `kubectl explain` wraps a description to the terminal itself and keeps its line breaks,
-/// so a doc comment's hard-wrapped lines came out ragged (a line of one word, then the rest).
-fn reflow(text: &str) -> String {
-    text.split("\n\n")
-        .map(|p| p.lines().map(str::trim).filter(|l| !l.is_empty()).collect::<Vec<_>>().join(" "))
-        .filter(|p| !p.is_empty())
-        .collect::<Vec<_>>()
-        .join("\n\n")
-}
-
-/// Every `description` string in `v` (schemas at any depth, printer columns) reflowed.
-fn reflow_descriptions(v: &mut serde_json::Value) {
-    match v {
-        serde_json::Value::Object(map) => {
-            for (key, x) in map.iter_mut() {
-                match x {
-                    // A property named `description` is a schema (an object): walked below.
-                    serde_json::Value::String(s) if key == "description" => *s = reflow(s),
-                    _ => reflow_descriptions(x),
+pub fn run(args: CrdsArgs) -> anyhow::Result<()> {
+    let runtime_dir = args
+        .runtime_dir
+        .clone()
+        .or_else(|| (args.dir == std::path::Path::new(DEFAULT_DIR)).then(|| PathBuf::from("deploy/runtime-crds")));
+    let mut sets = vec![(generated()?, &args.dir)];
+    if let Some(dir) = &runtime_dir {
+        sets.push((runtime_generated()?, dir));
+    }
+    if args.check {
+        let mut stale = Vec::new();
+        for (files, dir) in &sets {
+            for (name, yaml) in files {
+                let path = dir.join(name);
+                if std::fs::read_to_string(&path).ok().as_deref() != Some(yaml.as_str()) {
+                    stale.push(path.display().to_string());
                 }
             }
         }
-        serde_json::Value::Array(items) => items.iter_mut().for_each(reflow_descriptions),
-        _ => {}
-    }
-}
-
-pub fn run(args: CrdsArgs) -> anyhow::Result<()> {
-    let files = generated()?;
-    if args.check {
-        let mut stale = Vec::new();
-        for (name, yaml) in &files {
-            let path = args.dir.join(name);
-            if std::fs::read_to_string(&path).ok().as_deref() != Some(yaml.as_str()) {
-                stale.push(path.display().to_string());
-            }
-        }
         anyhow::ensure!(stale.is_empty(), "stale CRD files (run `fleetwatch crds`): {}", stale.join(", "));
-        println!("{} CRD files up to date in {}", files.len(), args.dir.display());
+        for (files, dir) in &sets {
+            println!("{} CRD files up to date in {}", files.len(), dir.display());
+        }
         return Ok(());
     }
-    std::fs::create_dir_all(&args.dir).with_context(|| format!("cannot create {}", args.dir.display()))?;
-    for (name, yaml) in files {
-        let path = args.dir.join(&name);
-        std::fs::write(&path, yaml).with_context(|| format!("cannot write {}", path.display()))?;
-        println!("wrote {}", path.display());
+    for (files, dir) in &sets {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        for (name, yaml) in files {
+            let path = dir.join(name);
+            std::fs::write(&path, yaml).with_context(|| format!("cannot write {}", path.display()))?;
+            println!("wrote {}", path.display());
+        }
     }
     Ok(())
 }
@@ -101,6 +105,7 @@ pub fn run(args: CrdsArgs) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use fleetwatch_api::{reflow, reflow_descriptions};
 
     #[test]
     fn descriptions_are_one_line_per_paragraph() {

@@ -29,6 +29,9 @@ pub fn text() -> String {
         fleetwatch_api::ModuleReleaseMeta::crd(),
         fleetwatch_api::maintenance::MaintenancePolicy::crd(),
         fleetwatch_api::config_policy::ModuleConfigPolicy::crd(),
+        fleetwatch_api::access_policy::SubscriberAccessPolicy::crd(),
+        // In runtime clusters, installed by the lifecycle operator.
+        fleetwatch_api::chosen::Module::crd(),
     ];
     for crd in crds {
         let versions: Vec<String> = crd

@@ -89,12 +89,29 @@ pub(crate) struct Merged {
     /// Removal policies of the users' objects being deleted (the object's, which may have
     /// changed since the module's last reconcile).
     pub(crate) removal: BTreeMap<String, CustomResourcePolicy>,
+    /// When the objects could not be read: the users' modules as they were, left alone
+    /// (neither reconciled nor removed), each saying why.
+    pub(crate) unread: Vec<ModuleStatus>,
 }
 
 impl Merged {
+    /// The cluster's objects could not be read (`why`): the users' modules of `previous` are
+    /// kept as they were, failed at reading the cluster (retried with backoff).
+    pub(crate) fn unread(rt: &Runtime, previous: &[ModuleStatus], why: &str) -> Self {
+        let unread = previous
+            .iter()
+            .filter(|p| p.source == Some(ChosenBy::User) && !rt.spec.modules.iter().any(|e| e.name == p.name))
+            .map(|p| {
+                let message = format!("cannot read this cluster's Module objects: {why}");
+                crate::retry::failed(p.clone(), fleetwatch_api::FailedStep::Read, message)
+            })
+            .collect();
+        Self { unread, ..Self::default() }
+    }
+
     /// The names of the modules users chose (taken up, or refused but still installed).
     pub(crate) fn users(&self) -> BTreeSet<&str> {
-        self.entries.iter().map(|e| e.name.as_str()).collect()
+        self.entries.iter().map(|e| e.name.as_str()).chain(self.unread.iter().map(|u| u.name.as_str())).collect()
     }
 
     /// `rt` with the users' modules appended to its list: what the reconcile works on.

@@ -379,8 +379,18 @@ async fn apply(rt: Arc<Runtime>, ctx: &Ctx) -> Result<Action, Error> {
     let key = format!("{ns}/{name}");
     // The modules the cluster's users chose ([`crate::chosen`]), read from the cluster itself,
     // reconciled after the Runtime's own.
-    let objects = crate::chosen::cluster::gather(&ctx.chosen, &key, &applier, &previous).await?;
-    let merged = crate::chosen::merge(&rt, &ns, &objects, &ctx.metas.state(), &previous);
+    // When they cannot be read, the users' modules are left as they are (never taken for
+    // "none chosen", which would remove them) and say why; the Runtime's own go on.
+    let (objects, merged) = match crate::chosen::cluster::gather(&ctx.chosen, &key, &applier, &previous).await {
+        Ok(objects) => {
+            let merged = crate::chosen::merge(&rt, &ns, &objects, &ctx.metas.state(), &previous);
+            (Some(objects), merged)
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read the cluster's Module objects; the modules its users chose are left as they are");
+            (None, crate::chosen::Merged::unread(&rt, &previous, &e.to_string()))
+        }
+    };
     for p in previous.iter_mut() {
         // A user's object deleted: its module goes by the object's policy.
         if let Some(policy) = merged.removal.get(&p.name) {
@@ -428,7 +438,9 @@ async fn apply(rt: Arc<Runtime>, ctx: &Ctx) -> Result<Action, Error> {
     let mut statuses: Vec<ModuleStatus> = done.into_iter().flatten().collect();
     // Modules whose entry is gone: remove them by the policy kept in status, dependents first;
     // one an installed module still requires waits for it.
-    let gone = plan::gone(&rt, &previous);
+    let gone: Vec<&ModuleStatus> =
+        plan::gone(&rt, &previous).into_iter().filter(|p| !merged.unread.iter().any(|u| u.name == p.name)).collect();
+    statuses.extend(merged.unread.iter().cloned());
     let staying = plan::installed_of(&statuses);
     for st in remove_in_order(ctx, &applier, &ns, &gone, &staying).await {
         busy |= st.state == State::Deleting;
@@ -479,14 +491,19 @@ async fn apply(rt: Arc<Runtime>, ctx: &Ctx) -> Result<Action, Error> {
     // What each Module object in the cluster shows, after the Runtime's status (the
     // finalizer of a removed module's object goes only once its removal is recorded).
     write_status(&api, &rt, statuses.clone()).await?;
-    let chosen_pending =
-        match crate::chosen::cluster::sync(&ctx.chosen, &key, &applier, &rt, &merged, &objects, &statuses).await {
-            Ok(()) => None,
-            Err(e) => {
-                tracing::warn!(error = %e, "the cluster's Module objects are not all in line; looking again soon");
-                Some(BUSY_REQUEUE)
-            }
-        };
+    let synced = match &objects {
+        Some(objects) => {
+            crate::chosen::cluster::sync(&ctx.chosen, &key, &applier, &rt, &merged, objects, &statuses).await
+        }
+        None => Ok(()),
+    };
+    let chosen_pending = match synced {
+        Ok(()) => None,
+        Err(e) => {
+            tracing::warn!(error = %e, "the cluster's Module objects are not all in line; looking again soon");
+            Some(BUSY_REQUEUE)
+        }
+    };
     write_rollouts(ctx).await;
     ctx.metrics.record_duration(started.elapsed());
     ctx.reset_backoff(&key);

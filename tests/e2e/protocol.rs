@@ -12,7 +12,7 @@ use tokio_tungstenite::tungstenite::Message;
 
 use crate::support::*;
 
-async fn raw(files: &TlsFiles, port: u16) -> Result<ClientWs, String> {
+pub(crate) async fn raw(files: &TlsFiles, port: u16) -> Result<ClientWs, String> {
     let tls = Arc::new(fleetwatch_certs::client_config(files).map_err(|e| e.to_string())?);
     let url = format!("wss://127.0.0.1:{port}").parse().unwrap();
     connect(&url, tls, &Limits { max_message_bytes: 64 << 20, ..Limits::default() }, Duration::from_secs(5))
@@ -41,7 +41,7 @@ async fn next(ws: &mut ClientWs) -> Got {
     }
 }
 
-async fn expect_agent_error(ws: &mut ClientWs) -> (ErrorCode, String, bool) {
+pub(crate) async fn expect_agent_error(ws: &mut ClientWs) -> (ErrorCode, String, bool) {
     match next(ws).await {
         Got::Text(t) => match decode_hub_to_agent(t.as_bytes(), &Limits::default()).unwrap() {
             HubToAgent::Error(e) => (e.code, e.message, e.fatal),
@@ -74,7 +74,7 @@ fn event(cluster: &str, epoch: u64, seq: u64) -> String {
     )
 }
 
-async fn welcome(ws: &mut ClientWs, cluster: &str) {
+pub(crate) async fn welcome(ws: &mut ClientWs, cluster: &str) {
     ws.send(Message::text(hello(cluster, 7))).await.unwrap();
     match next(ws).await {
         Got::Text(t) => assert!(

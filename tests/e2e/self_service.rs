@@ -21,6 +21,12 @@ fn choose(f: &Fleet, name: &str, spec: Value) {
     kubectl(&f.rt_kc, &["apply", "-f", "-"], Some(&m.to_string()));
 }
 
+/// A user's `kubectl patch` of a Module's channel.
+fn set_channel(f: &Fleet, name: &str, channel: &str) {
+    let patch = json!({"spec": {"channel": channel}}).to_string();
+    kubectl(&f.rt_kc, &["patch", "module", name, "--type", "merge", "-p", &patch], None);
+}
+
 /// Waits until the runtime cluster's Module `name` satisfies `cond`; returns it.
 async fn wait_module(f: &Fleet, name: &str, what: &str, cond: impl Fn(&Module) -> bool) -> Module {
     let api = modules(f);
@@ -111,8 +117,22 @@ async fn a_user_moves_a_module_through_every_state_from_their_own_cluster() {
         assert!(described.contains(want), "describe lacks {want}:\n{described}");
     }
 
+    // Central configuration applies to a user's module as to a central one.
+    apply_json(
+        &f.cp_kc,
+        &json!({"apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "ModuleConfigPolicy",
+                "metadata": {"name": "redis-tls", "namespace": "kcp"}, "spec": {"module": "redis", "enforce": {"spec": {"tls": true}}}}),
+    );
+    eventually("the policy enforced on the user's module")
+        .context(|| format!("lifecycle log:\n{}", f.lifecycle.stderr()))
+        .until(
+            async || f.redis_configs().get_opt("default").await.ok().flatten(),
+            |c| c.as_ref().is_some_and(|c| c.data["spec"]["tls"] == true),
+        )
+        .await;
+
     // Re-channelled by the user: upgraded.
-    kubectl(&f.rt_kc, &["patch", "module", "redis", "--type", "merge", "-p", r#"{"spec":{"channel":"fast"}}"#], None);
+    set_channel(&f, "redis", "fast");
     wait_module(&f, "redis", "Ready 2.0.0 on fast", |m| ready_at(m, "2.0.0", ChosenBy::User)).await;
     assert_eq!(f.manager_version().await.as_deref(), Some("2.0.0"));
 
@@ -151,11 +171,7 @@ async fn a_user_moves_a_module_through_every_state_from_their_own_cluster() {
     let accepted = condition(&m, "Accepted").unwrap();
     assert_eq!((accepted.status.as_str(), accepted.reason.as_str()), ("False", "UnknownModule"));
     assert!(m.status.as_ref().unwrap().message.contains("istio"), "{m:?}");
-    kubectl(
-        &f.rt_kc,
-        &["patch", "module", "redis", "--type", "merge", "-p", r#"{"spec":{"channel":"nightly"}}"#],
-        None,
-    );
+    set_channel(&f, "redis", "nightly");
     let m = wait_module(&f, "redis", "refused: no channel nightly", |m| {
         condition(m, "Accepted").is_some_and(|c| c.reason == "UnknownChannel")
     })
@@ -167,11 +183,7 @@ async fn a_user_moves_a_module_through_every_state_from_their_own_cluster() {
     let mut rt = runtime("rt1", json!([]));
     rt["spec"]["selfService"] = json!({"modules": ["keda"]});
     apply_json(&f.cp_kc, &rt);
-    kubectl(
-        &f.rt_kc,
-        &["patch", "module", "redis", "--type", "merge", "-p", r#"{"spec":{"channel":"regular"}}"#],
-        None,
-    );
+    set_channel(&f, "redis", "regular");
     let m = wait_module(&f, "redis", "refused: not allowed", |m| {
         condition(m, "Accepted").is_some_and(|c| c.reason == "NotAllowed")
     })
@@ -207,11 +219,7 @@ async fn central_listing_wins_and_a_newer_hand_applied_version_is_not_downgraded
 
     // The Runtime lists it: central wins (its channel), the user's object says so.
     apply_json(&f.cp_kc, &release_meta("1.0.0", "2.0.0"));
-    kubectl(
-        &f.rt_kc,
-        &["patch", "module", "redis", "--type", "merge", "-p", r#"{"spec":{"channel":"regular"}}"#],
-        None,
-    );
+    set_channel(&f, "redis", "regular");
     apply_json(&f.cp_kc, &runtime("rt1", json!([{"name": "redis", "channel": "fast"}])));
     let m = wait_module(&f, "redis", "central, on fast", |m| {
         ready_at(m, "2.0.0", ChosenBy::Central) && m.status.as_ref().unwrap().channel.as_deref() == Some("fast")
@@ -228,11 +236,7 @@ async fn central_listing_wins_and_a_newer_hand_applied_version_is_not_downgraded
     );
     assert_eq!(f.manager_version().await.as_deref(), Some("2.0.0"));
     // Re-channelling the central object is undone.
-    kubectl(
-        &f.rt_kc,
-        &["patch", "module", "redis", "--type", "merge", "-p", r#"{"spec":{"channel":"regular"}}"#],
-        None,
-    );
+    set_channel(&f, "redis", "regular");
     let m = wait_module(&f, "redis", "channel set back to fast", |m| {
         m.spec.channel.as_deref() == Some("fast")
             && m.metadata.generation == m.status.as_ref().and_then(|s| s.observed_generation)
@@ -244,4 +248,27 @@ async fn central_listing_wins_and_a_newer_hand_applied_version_is_not_downgraded
     apply_json(&f.cp_kc, &runtime("rt1", json!([])));
     wait_gone(&f, "redis").await;
     eventually("redis removed by the central policy").until(async || f.manager_version().await, |v| v.is_none()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clusters_certificate_can_choose_modules_for_that_cluster_only() {
+    use fleetwatch_protocol::message::ErrorCode;
+    use futures_util::SinkExt;
+    let f = fleet_with_an_empty_runtime().await;
+    // Another cluster's agent claiming a Module change in rt1 is refused by the hub: an event
+    // is bound to the cluster of the certificate that sent it.
+    let mut ws = crate::protocol::raw(&f.pki.agent("rt2"), f.hub.port).await.unwrap();
+    crate::protocol::welcome(&mut ws, "rt2").await;
+    let forged = r#"{"specversion":"1.0","id":"x","source":"x","type":"dev.fleetwatch.object.applied","subject":"operator.fleetwatch.dev/v1alpha1/Module/_/redis","time":"2026-01-01T00:00:00Z","cluster":"rt1","epoch":7,"seq":1,"data":{"generation":1}}"#;
+    ws.send(tokio_tungstenite::tungstenite::Message::text(format!(r#"{{"type":"events","events":[{forged}]}}"#)))
+        .await
+        .unwrap();
+    let (code, message, _) = crate::protocol::expect_agent_error(&mut ws).await;
+    assert_eq!(code, ErrorCode::IdentityMismatch, "{message}");
+    // An event only triggers: what is chosen is read from the cluster itself. A real choice
+    // in rt1 afterwards is reconciled, and nothing of the forged one is there.
+    choose(&f, "istio", json!({}));
+    wait_module(&f, "istio", "refused: unknown module", |m| state(m) == Some(ModuleState::Error)).await;
+    assert_eq!(f.manager_version().await, None, "redis installed in rt1 from another cluster's claim");
+    assert!(module(&f.status("rt1").await.unwrap(), "redis").is_none());
 }

@@ -228,3 +228,37 @@ fn a_kept_objects_spec_follows_the_runtime() {
     let rechannelled = Module::new("redis", ModuleSpec { channel: Some("regular".into()), ..Default::default() });
     assert!(!central_spec_matches(&rechannelled, &entry));
 }
+
+#[test]
+fn objects_that_cannot_be_read_leave_the_users_modules_alone() {
+    let rt = runtime(&["keda"], None);
+    let central = ModuleStatus { name: "keda".into(), state: State::Ready, ..Default::default() };
+    let previous = [users_status("redis"), central];
+    let m = Merged::unread(&rt, &previous, "connection refused");
+    assert_eq!(m.unread.len(), 1, "only the users' modules: the Runtime's are reconciled as ever");
+    let redis = &m.unread[0];
+    assert_eq!((redis.name.as_str(), redis.state), ("redis", State::Error));
+    assert!(redis.message.contains("connection refused"), "{}", redis.message);
+    assert_eq!(redis.actual_version.as_deref(), Some("1.0.0"), "what runs is still said");
+    assert!(m.entries.is_empty() && m.users().contains("redis"));
+}
+
+#[test]
+fn looks_across_runtimes_see_the_users_modules_as_last_recorded() {
+    let mut rt = runtime(&["keda"], None);
+    let unmanaged = ModuleStatus { state: State::Unmanaged, ..users_status("nats") };
+    let central_status = ModuleStatus { name: "keda".into(), state: State::Ready, ..Default::default() };
+    rt.status = Some(fleetwatch_api::RuntimeStatus {
+        modules: vec![central_status, users_status("redis"), unmanaged],
+        ..Default::default()
+    });
+    let all = listed_and_chosen(&rt);
+    let names: Vec<(&str, bool)> = all.iter().map(|e| (e.name.as_str(), e.managed)).collect();
+    assert_eq!(names, [("keda", true), ("redis", true), ("nats", false)]);
+    assert_eq!(all[1].channel.as_deref(), Some("regular"), "the channel in force when recorded");
+    // So a channel move of redis reaches this Runtime, and a rollout counts it.
+    let metas = metas();
+    let stores = crate::plan::Stores { ns: "kcp", templates: &[], metas: &metas, policies: &[] };
+    let fleet = [Arc::new(rt)];
+    assert_eq!(crate::plan::rollout_total(&fleet, &stores, "redis", &semver::Version::new(1, 0, 0)), 1);
+}
