@@ -32,6 +32,16 @@ pub enum Error {
         #[source]
         source: ClusterError,
     },
+    /// A runtime cluster holds more `Module` objects than the operator reads.
+    #[error(
+        "the cluster of {runtime} holds more than {max} Module objects: not read (delete the ones no module needs)"
+    )]
+    TooManyModules {
+        /// The Runtime, `namespace/name`.
+        runtime: String,
+        /// The most read.
+        max: usize,
+    },
     /// A template's manifest object is unusable.
     #[error("{0}")]
     Manifest(#[from] ManifestError),
@@ -112,6 +122,7 @@ impl Error {
                 FailedStep::Apply
             }
             Self::Migration { .. } => FailedStep::Migration,
+            Self::TooManyModules { .. } => FailedStep::Read,
         }
     }
 }

@@ -272,3 +272,25 @@ async fn a_clusters_certificate_can_choose_modules_for_that_cluster_only() {
     assert_eq!(f.manager_version().await, None, "redis installed in rt1 from another cluster's claim");
     assert!(module(&f.status("rt1").await.unwrap(), "redis").is_none());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_with_more_module_objects_than_read_is_refused_and_its_users_modules_stay() {
+    let f = fleet_with_an_empty_runtime().await;
+    choose(&f, "redis", json!({}));
+    wait_module(&f, "redis", "Ready 1.0.0", |m| ready_at(m, "1.0.0", ChosenBy::User)).await;
+    // A user floods the cluster with Module objects: the operator reads at most 1,000.
+    let api = modules(&f);
+    for i in 0..1000 {
+        let m: Module =
+            serde_json::from_value(json!({"apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "Module",
+            "metadata": {"name": format!("junk-{i}")}, "spec": {}}))
+            .unwrap();
+        api.create(&Default::default(), &m).await.unwrap();
+    }
+    f.wait("rt1", "redis left as it is, saying why", |s| {
+        module(s, "redis")
+            .is_some_and(|m| m.state == State::Error && m.message.contains("more than 1000 Module objects"))
+    })
+    .await;
+    assert_eq!(f.manager_version().await.as_deref(), Some("1.0.0"), "a refused read removed the user's module");
+}

@@ -78,7 +78,10 @@ pub(crate) async fn gather(
         applier.apply(&crd()?).await?;
         known.with(key, |k| k.crd = true);
     }
-    let listed = match api(applier).list(&ListParams::default()).await {
+    // At most one page of MAX_OBJECTS: a cluster holding more Module objects than any catalog
+    // has modules is refused (its users' modules are left as they are, saying why), never read
+    // whole into the operator.
+    let listed = match api(applier).list(&ListParams::default().limit(MAX_OBJECTS as u32)).await {
         Ok(list) => list,
         Err(e) if not_found(&e) => {
             known.with(key, |k| k.crd = false);
@@ -89,27 +92,26 @@ pub(crate) async fn gather(
         }
         Err(e) => return Err(Error::kube("list", format!("Module objects of {key}'s cluster"), e)),
     };
+    let more = listed.metadata.continue_.as_deref().is_some_and(|c| !c.is_empty());
+    if more || listed.items.len() > MAX_OBJECTS {
+        return Err(Error::TooManyModules { runtime: key.to_string(), max: MAX_OBJECTS });
+    }
     Ok(listed
         .items
         .into_iter()
         .map(|d| {
-            let metadata = d.metadata.clone();
-            match serde_json::from_value::<fleetwatch_api::chosen::ModuleSpec>(d.data["spec"].clone()) {
-                Ok(spec) => {
-                    let status = serde_json::from_value::<ChosenModuleStatus>(d.data["status"].clone()).ok();
-                    Listed { object: Module { metadata, spec, status }, invalid: None }
-                }
-                Err(e) => {
-                    let status = serde_json::from_value::<ChosenModuleStatus>(d.data["status"].clone()).ok();
-                    Listed {
-                        object: Module { metadata, spec: Default::default(), status },
-                        invalid: Some(e.to_string()),
-                    }
-                }
-            }
+            let status = serde_json::from_value::<ChosenModuleStatus>(d.data["status"].clone()).ok();
+            let (spec, invalid) = match serde_json::from_value(d.data["spec"].clone()) {
+                Ok(spec) => (spec, None),
+                Err(e) => (Default::default(), Some(e.to_string())),
+            };
+            Listed { object: Module { metadata: d.metadata, spec, status }, invalid }
         })
         .collect())
 }
+
+/// Most `Module` objects read from one cluster.
+const MAX_OBJECTS: usize = 1_000;
 
 /// Brings the cluster's objects in line with `merged` and the reconcile's `statuses`: the
 /// kept objects of the Runtime's modules created or re-specced, every object's status
