@@ -99,6 +99,23 @@ pub(super) fn release_meta(ns: &str, module: &str, version: &str) -> serde_json:
         "spec": {"moduleName": module, "channels": [{"channel": "regular", "version": version}]}})
 }
 
+/// A sim control plane with fleetwatch's CRDs and namespace `ns`, and a client of it.
+pub(super) async fn control_plane(
+    crds: &[serde_json::Value],
+    ns: &str,
+) -> anyhow::Result<(fleetwatch_sim::SimCluster, kube::Client)> {
+    let cp = fleetwatch_sim::SimCluster::start(fleetwatch_sim::SimOptions {
+        name: "control-plane".into(),
+        ..Default::default()
+    })
+    .await?;
+    let client = cp.client().await?;
+    fleetwatch_client::kube_apply::install_crds(&client, crds).await?;
+    let namespace = serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}});
+    fleetwatch_client::kube_apply::apply(&client, "bench", &namespace).await?;
+    Ok((cp, client))
+}
+
 pub(super) async fn run(b: LifecycleBench, crds: &[serde_json::Value]) -> anyhow::Result<()> {
     use fleetwatch_api::{Runtime, State};
     use kube::api::Api;
@@ -106,18 +123,11 @@ pub(super) async fn run(b: LifecycleBench, crds: &[serde_json::Value]) -> anyhow
         bail!("--runtimes, --modules and --shards must be positive");
     }
     let ns = "kcp";
-    let cp = fleetwatch_sim::SimCluster::start(fleetwatch_sim::SimOptions {
-        name: "control-plane".into(),
-        ..Default::default()
-    })
-    .await?;
-    let client = cp.client().await?;
+    let (cp, client) = control_plane(crds, ns).await?;
     let apply = |v: serde_json::Value| {
         let client = client.clone();
         async move { fleetwatch_client::kube_apply::apply(&client, "bench", &v).await }
     };
-    fleetwatch_client::kube_apply::install_crds(&client, crds).await?;
-    apply(serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})).await?;
     let template = |m: usize, version: &str| module_template(ns, &format!("m{m}"), version);
     let meta = |m: usize, version: &str| release_meta(ns, &format!("m{m}"), version);
     for m in 0..b.modules {

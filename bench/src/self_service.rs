@@ -219,18 +219,11 @@ pub(super) async fn run(b: SelfServiceBench, crds: &[serde_json::Value]) -> anyh
 
     // The control plane: CRDs, the modules (central m*, user u*), its kubeconfig for the hub
     // and the operator.
-    let cp = fleetwatch_sim::SimCluster::start(fleetwatch_sim::SimOptions {
-        name: "control-plane".into(),
-        ..Default::default()
-    })
-    .await?;
-    let client = cp.client().await?;
+    let (cp, client) = super::lifecycle::control_plane(crds, NS).await?;
     let apply = |v: serde_json::Value| {
         let client = client.clone();
         async move { fleetwatch_client::kube_apply::apply(&client, "bench", &v).await }
     };
-    fleetwatch_client::kube_apply::install_crds(&client, crds).await?;
-    apply(serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})).await?;
     let modules =
         (0..b.central_modules).map(|m| format!("m{m}")).chain((0..user_modules).map(|u| format!("{USER}{u}")));
     for m in modules {
