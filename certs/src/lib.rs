@@ -26,8 +26,8 @@ pub use authority::{Authority, IssuedFiles, LeafSpec};
 pub use error::CertError;
 pub use inspect::{CertInfo, Purpose, inspect_bundle, inspect_file, inspect_pem};
 pub use reloading::{Compare, Contents, Reload, ReloadingFile};
-pub use watch::FileChecks;
 pub use tls::{
     ClientReload, PeerCert, ReloadingClientConfig, ReloadingServerConfig, TlsFiles, client_config,
     install_crypto_provider, peer_certificate, peer_identity, server_config, server_config_optional_client,
 };
+pub use watch::FileChecks;
