@@ -84,6 +84,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         .filter(|d| !d.is_zero())
         .context("--version-retry must be a positive number of seconds")?;
     config.tls_reload_interval = args.conn.tls_reload_interval()?;
+    config.tls_watch = args.conn.tls_watch();
     let runtime = AgentRuntime::new(config).context("cannot start agent")?.fail_fast(!args.retry_first_connect);
     let shutdown = crate::shutdown_on_signals();
     let health = match args.health_listen {
