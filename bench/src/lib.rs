@@ -92,6 +92,17 @@ pub async fn run(args: BenchArgs, crds: Vec<serde_json::Value>) -> anyhow::Resul
     }
 }
 
+/// The `fleetwatch` binary the hub and load child processes run: this one, unless
+/// `bench hub --child-exe` named another (an older build measured the same way).
+static CHILD_EXE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+
+fn child_exe() -> anyhow::Result<PathBuf> {
+    match CHILD_EXE.get() {
+        Some(exe) => Ok(exe.clone()),
+        None => std::env::current_exe().context("cannot find own executable"),
+    }
+}
+
 /// A hub running as a child process of the benchmark.
 struct HubProcess {
     /// The process (killed on drop).
@@ -111,7 +122,7 @@ async fn start_hub(dir: &Path, durable: bool, extra: &[&str]) -> anyhow::Result<
 /// [`start_hub`] on a given WebSocket port (0: any free one), logging at `log` (a storm
 /// would print one warning per agent).
 async fn start_hub_at(dir: &Path, durable: bool, port: u16, log: &str, extra: &[&str]) -> anyhow::Result<HubProcess> {
-    let exe = std::env::current_exe().context("cannot find own executable")?;
+    let exe = child_exe()?;
     // A profiler to run the hub under (e.g. `heaptrack`, `valgrind --tool=massif`).
     let mut cmd = match std::env::var("FLEETWATCH_BENCH_HUB_WRAPPER") {
         Ok(w) if !w.trim().is_empty() => {

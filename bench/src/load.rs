@@ -300,7 +300,7 @@ pub(super) struct LoadProc {
 
 impl LoadProc {
     async fn spawn(spec: &LoadSpec, range: Range<usize>) -> anyhow::Result<Self> {
-        let exe = std::env::current_exe().context("cannot find own executable")?;
+        let exe = super::child_exe()?;
         let mut cmd = tokio::process::Command::new(exe);
         cmd.args(["--log", "warn", "bench", "hub-load", "--pki"])
             .arg(&spec.pki)

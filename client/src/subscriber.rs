@@ -20,8 +20,8 @@ use std::time::Duration;
 
 use crate::backoff::reconnect as reconnect_backoff;
 use crate::client_tls::{ClientTls, ExpiryWarning, Reloaded};
-use fleetwatch_certs::FileChecks;
 use crate::resume::Resume;
+use fleetwatch_certs::FileChecks;
 use futures_util::{SinkExt, StreamExt};
 use tokio::time::Instant;
 use tokio_tungstenite::tungstenite::Message;
