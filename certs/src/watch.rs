@@ -13,7 +13,8 @@
 //! followers: the hub bench runs 10,000 agents in one process, all following files in one
 //! directory, and each directory is watched once, with a count of its followers. Where
 //! inotify cannot be had (no instance left, a file system without it, a directory missing)
-//! the fallback period is all there is, said once per directory.
+//! the fallback period is all there is, said once per directory; so it is for events the
+//! kernel's queue dropped.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -236,15 +237,22 @@ fn registry() -> &'static Registry {
         let dirs: Arc<Mutex<HashMap<PathBuf, Dir>>> = Arc::default();
         let notices = dirs.clone();
         let watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-            // An error (the kernel's queue overflowed) or a rescan: anything may have changed.
-            let everything = event.as_ref().map_or(true, notify::Event::need_rescan);
-            let paths = match &event {
-                Ok(e) if !everything && !is_change(&e.kind) => return,
-                Ok(e) => e.paths.as_slice(),
-                Err(_) => &[],
+            // An error or a rescan (the kernel's queue overflowed: events were lost) is left
+            // to the fallback period. Taking it for a change of everything would have every
+            // follower read its files at once, and in a process with thousands of them
+            // (the hub bench's load) those reads' own events overflow the queue again.
+            let event = match event {
+                Ok(e) if !e.need_rescan() => e,
+                Ok(_) | Err(_) => {
+                    tracing::debug!("file watch events were lost; the fallback period covers them");
+                    return;
+                }
             };
+            if !is_change(&event.kind) {
+                return;
+            }
             for (dir, d) in lock(&notices).iter() {
-                if everything || paths.iter().any(|p| p == dir || p.parent() == Some(dir.as_path())) {
+                if event.paths.iter().any(|p| p == dir || p.parent() == Some(dir.as_path())) {
                     d.tx.send_modify(|n| *n = n.wrapping_add(1));
                 }
             }
