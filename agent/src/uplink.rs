@@ -216,6 +216,10 @@ pub struct AgentStats {
     pub cert_not_after: Option<jiff::Timestamp>,
     /// Reconnects made to put a renewed certificate in use.
     pub renewals: u64,
+    /// Connect attempts that reached no hub (every hub of the list failed).
+    pub connect_failures: u64,
+    /// Of those, attempts in which the hubs timed out (the agent queued at busy hubs).
+    pub connect_timeouts: u64,
     /// Turns of the session's loop (a frame, a change, a timer): what an idle session
     /// costs. An idle session turns about once per ping interval of the hub. Published with
     /// the other counters, never on its own.
@@ -355,10 +359,13 @@ impl Uplink {
                     if first && fail_fast {
                         return Err(e.into());
                     }
+                    stats.connect_failures += 1;
                     if matches!(e, ConnectError::Timeout(_)) {
                         // Queued at a busy hub: keep the place next time (see ConnectWait).
                         connect_wait.timed_out();
+                        stats.connect_timeouts += 1;
                     }
+                    self.publish(&stats, &outbox);
                     first = false;
                     let wait = backoff.next().unwrap_or(Duration::from_secs(5));
                     tracing::warn!(error = %e, retry_in = ?wait, "cannot reach hub");

@@ -305,15 +305,12 @@ async fn run_one(b: &HubBench, bus: BusKind) -> anyhow::Result<Report> {
     let spec =
         LoadSpec { pki: dir.clone(), hubs: urls.clone(), agents: b.agents, source: source.clone(), jetstream: None };
     let connect_started = Instant::now();
+    let admins: Vec<String> = hubs.iter().map(|h| h.admin.clone()).collect();
+    let mut curve = ConnectCurve::new(&admins, &pids).await;
     let mut load = Load::start(&spec, b.load_procs).await?;
-    // The connect curve, every 10 s: where a storm slows down shows here.
-    let mut progress_at = connect_started + Duration::from_secs(10);
     loop {
         let connected = load.connected();
-        if Instant::now() >= progress_at {
-            eprintln!("{connected} agents connected after {:.0} s", connect_started.elapsed().as_secs_f64());
-            progress_at += Duration::from_secs(10);
-        }
+        curve.tick(connected, &load).await;
         if connected >= b.agents {
             eprintln!("{connected} agents connected in {:.1} s", connect_started.elapsed().as_secs_f64());
             break;
@@ -339,7 +336,6 @@ async fn run_one(b: &HubBench, bus: BusKind) -> anyhow::Result<Report> {
     let mut cpu_used = (0.0, 0.0);
     // Events the hubs accepted (summed over replicas) at the start and end of the
     // measurement: beside what the subscriber got, it shows where a shortfall is.
-    let admins: Vec<String> = hubs.iter().map(|h| h.admin.clone()).collect();
     let received = || async {
         let mut total = 0.0;
         for a in &admins {
@@ -505,6 +501,92 @@ async fn run_one(b: &HubBench, bus: BusKind) -> anyhow::Result<Report> {
     })
 }
 
+/// The connect curve, printed every 10 s while the agents connect, with where the time
+/// went in those 10 s: sessions the hubs opened, handshakes they failed (by reason: a
+/// client that gave up while queued is `abandoned`, one too slow `handshake-timeout`, ...),
+/// the agents' connect attempts that reached no hub (and of those, timed out), and the CPU
+/// of the hubs and of the load. A storm that stalls shows which side runs out of what.
+struct ConnectCurve<'a> {
+    admins: &'a [String],
+    pids: &'a [u32],
+    started: Instant,
+    next: Instant,
+    last: CurvePoint,
+}
+
+#[derive(Default)]
+struct CurvePoint {
+    opened: f64,
+    failures: std::collections::BTreeMap<String, f64>,
+    agent_failures: (u64, u64),
+    hub_cpu: f64,
+    load_cpu: f64,
+}
+
+impl<'a> ConnectCurve<'a> {
+    const EVERY: Duration = Duration::from_secs(10);
+
+    async fn new(admins: &'a [String], pids: &'a [u32]) -> Self {
+        let now = Instant::now();
+        let mut curve = Self { admins, pids, started: now, next: now + Self::EVERY, last: CurvePoint::default() };
+        curve.last = curve.point(None).await;
+        curve
+    }
+
+    async fn point(&self, load: Option<&Load>) -> CurvePoint {
+        let mut p = CurvePoint {
+            hub_cpu: self.pids.iter().filter_map(|p| super::cpu_seconds(*p)).sum(),
+            ..CurvePoint::default()
+        };
+        if let Some(load) = load {
+            p.agent_failures = load.connect_failures();
+            p.load_cpu = match load {
+                Load::InProcess(_) => super::cpu_seconds(std::process::id()).unwrap_or(0.0),
+                Load::Procs(_) => load.cpu_seconds(),
+            };
+        }
+        for admin in self.admins {
+            let Some(body) = super::hub_metrics(admin).await else { continue };
+            p.opened += super::metric_samples(&body, "fleetwatch_hub_connects_total").map(|(_, v)| v).sum::<f64>();
+            for (labels, v) in super::metric_samples(&body, "fleetwatch_hub_handshake_failures_total") {
+                let reason = labels.trim_start_matches("reason=\"").trim_end_matches('"').to_string();
+                *p.failures.entry(reason).or_default() += v;
+            }
+        }
+        p
+    }
+
+    /// Prints the curve's next point when it is due.
+    async fn tick(&mut self, connected: usize, load: &Load) {
+        if Instant::now() < self.next {
+            return;
+        }
+        self.next += Self::EVERY;
+        let p = self.point(Some(load)).await;
+        let secs = Self::EVERY.as_secs_f64();
+        let failed: Vec<(&String, f64)> = p
+            .failures
+            .iter()
+            .map(|(r, v)| (r, v - self.last.failures.get(r).copied().unwrap_or(0.0)))
+            .filter(|(_, d)| *d > 0.0)
+            .collect();
+        let total: f64 = failed.iter().map(|(_, d)| d).sum();
+        let failed: Vec<String> = failed.iter().map(|(r, d)| format!("{r} {d:.0}")).collect();
+        let (f, t) = (p.agent_failures.0 - self.last.agent_failures.0, p.agent_failures.1 - self.last.agent_failures.1);
+        eprintln!(
+            "{connected} agents connected after {:.0} s; in the last {secs:.0} s: hubs opened {:.0} sessions, failed {:.0} \
+             handshakes{}, agents' attempts reaching no hub {f} ({t} timed out); CPU hubs {:.0} %, load {:.0} %",
+            self.started.elapsed().as_secs_f64(),
+            p.opened - self.last.opened,
+            total,
+            if failed.is_empty() { String::new() } else { format!(" ({})", failed.join(", ")) },
+            (p.hub_cpu - self.last.hub_cpu) / secs * 100.0,
+            (p.load_cpu - self.last.load_cpu) / secs * 100.0,
+        );
+        self.last = p;
+    }
+}
+
 /// What `--idle` measured.
 struct IdleReport {
     bus: BusKind,
@@ -597,17 +679,15 @@ async fn idle_one(b: &HubBench, bus: BusKind) -> anyhow::Result<IdleReport> {
     let source = SyntheticSource { objects: b.objects, rate: IDLE_RATE, total: None, payload: 0 };
     let spec = LoadSpec { pki: dir.clone(), hubs: urls, agents: b.agents, source, jetstream: None };
     let connect_started = Instant::now();
+    let admins: Vec<String> = hubs.iter().map(|h| h.admin.clone()).collect();
+    let mut curve = ConnectCurve::new(&admins, &pids).await;
     let load = Load::start(&spec, b.load_procs).await?;
-    let mut progress_at = connect_started + Duration::from_secs(10);
     loop {
         let connected = load.connected();
+        curve.tick(connected, &load).await;
         if connected >= b.agents {
             eprintln!("{connected} agents connected in {:.1} s", connect_started.elapsed().as_secs_f64());
             break;
-        }
-        if Instant::now() >= progress_at {
-            eprintln!("{connected} agents connected after {:.0} s", connect_started.elapsed().as_secs_f64());
-            progress_at += Duration::from_secs(10);
         }
         if connect_started.elapsed().as_secs_f64() > b.connect_wait {
             bail!("only {connected} of {} agents connected after {} s", b.agents, b.connect_wait);

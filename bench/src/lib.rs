@@ -189,6 +189,11 @@ fn parse_listening(line: &str) -> Option<(String, String)> {
 /// A counter from a hub's `/metrics` (summed over its label sets), e.g.
 /// `fleetwatch_hub_events_received_total`; `None` when the hub does not answer.
 async fn hub_counter(admin: &str, name: &str) -> Option<f64> {
+    metric_samples(&hub_metrics(admin).await?, name).map(|(_, v)| v).reduce(|a, b| a + b)
+}
+
+/// A hub's `/metrics` text; `None` when it does not answer within 5 s.
+async fn hub_metrics(admin: &str) -> Option<String> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let fetch = async {
         let mut tcp = tokio::net::TcpStream::connect(admin).await.ok()?;
@@ -198,16 +203,23 @@ async fn hub_counter(admin: &str, name: &str) -> Option<f64> {
         tcp.read_to_string(&mut body).await.ok()?;
         Some(body)
     };
-    let body = tokio::time::timeout(Duration::from_secs(5), fetch).await.ok()??;
-    let mut sum = None;
-    for line in body.lines() {
-        let Some(rest) = line.strip_prefix(name) else { continue };
-        if rest.starts_with(' ') || rest.starts_with('{') {
-            let v: f64 = rest.rsplit(' ').next()?.parse().ok()?;
-            sum = Some(sum.unwrap_or(0.0) + v);
-        }
-    }
-    sum
+    tokio::time::timeout(Duration::from_secs(5), fetch).await.ok()?
+}
+
+/// The samples of metric `name` in an exposition: each one's labels (`{...}`, or empty)
+/// and value.
+fn metric_samples<'a>(body: &'a str, name: &'a str) -> impl Iterator<Item = (&'a str, f64)> + 'a {
+    body.lines().filter_map(move |line| {
+        let rest = line.strip_prefix(name)?;
+        let (labels, value) = match rest.strip_prefix('{') {
+            Some(r) => {
+                let (labels, value) = r.split_once("} ")?;
+                (labels, value)
+            }
+            None => ("", rest.strip_prefix(' ')?),
+        };
+        Some((labels, value.split_whitespace().next()?.parse().ok()?))
+    })
 }
 
 /// A `/proc/<pid>/status` memory field (`VmRSS:`, `VmHWM:`) in KiB.
@@ -284,6 +296,14 @@ mod tests {
         let line = "hub listening wss=wss://127.0.0.1:4431 admin=http://127.0.0.1:9191";
         assert_eq!(parse_listening(line), Some(("wss://127.0.0.1:4431".into(), "127.0.0.1:9191".into())));
         assert_eq!(parse_listening("hub listening wss=wss://127.0.0.1:4431"), None);
+    }
+
+    #[test]
+    fn metric_samples_by_labels() {
+        let body = "# TYPE x counter\nx_total{reason=\"a\"} 3\nx_total{reason=\"b\"} 4\nx_totally 9\ny 1.5\n";
+        let got: Vec<_> = metric_samples(body, "x_total").collect();
+        assert_eq!(got, vec![("reason=\"a\"", 3.0), ("reason=\"b\"", 4.0)]);
+        assert_eq!(metric_samples(body, "y").collect::<Vec<_>>(), vec![("", 1.5)]);
     }
 
     #[test]

@@ -5,7 +5,8 @@
 //! and go past the per-process open-file limit (20,000 here) with more agents.
 //!
 //! A load process takes its agents as a range of indices into the bench PKI, reports
-//! `{"connected":N,"moved":M,"back":B}` on stdout every 100 ms, takes `mark` on stdin (remember
+//! `{"connected":N,"moved":M,"back":B,"connect_failures":F,"connect_timeouts":T}` on stdout
+//! every 100 ms, takes `mark` on stdin (remember
 //! each agent's session count; `moved` counts agents that lost their session or opened a
 //! new one since), and `stop` (or end of input) to stop its sources, let the agents drain
 //! and exit.
@@ -59,6 +60,12 @@ struct LoadStatus {
     /// by the mark acked in it.
     #[serde(default)]
     back: usize,
+    /// Connect attempts of all agents that reached no hub, and of those the ones that timed
+    /// out (absent from older builds' load processes).
+    #[serde(default)]
+    connect_failures: u64,
+    #[serde(default)]
+    connect_timeouts: u64,
 }
 
 /// The running load.
@@ -122,6 +129,16 @@ impl Load {
         match self {
             Load::InProcess(g) => g.status().back,
             Load::Procs(ps) => ps.iter().map(|p| p.status.borrow().back).sum(),
+        }
+    }
+
+    /// Connect attempts of all agents that reached no hub so far, and of those the ones that
+    /// timed out.
+    pub fn connect_failures(&self) -> (u64, u64) {
+        let of = |s: LoadStatus| (s.connect_failures, s.connect_timeouts);
+        match self {
+            Load::InProcess(g) => of(g.status()),
+            Load::Procs(ps) => ps.iter().map(|p| of(*p.status.borrow())).fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1)),
         }
     }
 
@@ -247,6 +264,8 @@ impl AgentGroup {
             let marked = sessions > 0;
             s.moved += usize::from(marked && (!st.connected || st.sessions > sessions));
             s.back += usize::from(marked && st.connected && st.sessions > sessions && st.acked_seq >= last_seq);
+            s.connect_failures += st.connect_failures;
+            s.connect_timeouts += st.connect_timeouts;
         }
         s
     }
@@ -407,10 +426,13 @@ mod tests {
 
     #[test]
     fn status_lines_round_trip() {
-        let s = LoadStatus { connected: 7, moved: 2, back: 1 };
+        let s = LoadStatus { connected: 7, moved: 2, back: 1, connect_failures: 5, connect_timeouts: 3 };
         let line = serde_json::to_string(&s).unwrap();
-        assert_eq!(line, r#"{"connected":7,"moved":2,"back":1}"#);
+        assert_eq!(line, r#"{"connected":7,"moved":2,"back":1,"connect_failures":5,"connect_timeouts":3}"#);
         assert_eq!(serde_json::from_str::<LoadStatus>(&line).unwrap(), s);
+        // An older build's load process says less.
+        let old = serde_json::from_str::<LoadStatus>(r#"{"connected":7,"moved":2}"#).unwrap();
+        assert_eq!((old.back, old.connect_failures), (0, 0));
     }
 
     #[tokio::test]
