@@ -179,19 +179,28 @@ impl FileChecks {
     }
 }
 
-/// The directories to watch for `paths`: each one's parent, and for a symlink the parent of
-/// what it finally points to, made absolute (inotify reports absolute paths), without
-/// repeats.
+/// The directories to watch for `paths`, made absolute (inotify reports absolute paths),
+/// without repeats: each one's parent; the parent of every symlink on its way (a directory
+/// link swapped to a new version is replaced in the directory above it, where a watch on the
+/// file's own directory, which follows the old link, never sees it); and the parent of what
+/// it finally points to.
 fn dirs_of(paths: &[PathBuf]) -> Vec<PathBuf> {
     let mut dirs: Vec<PathBuf> = Vec::new();
+    let mut add = |file: &Path| {
+        if let Some(dir) = file.parent().map(Path::to_path_buf)
+            && !dirs.contains(&dir)
+        {
+            dirs.push(dir);
+        }
+    };
     for path in paths {
         let own = std::path::absolute(path).unwrap_or_else(|_| path.clone());
-        let target = std::fs::canonicalize(path).ok();
-        for file in std::iter::once(own).chain(target) {
-            let Some(dir) = file.parent().map(Path::to_path_buf) else { continue };
-            if !dirs.contains(&dir) {
-                dirs.push(dir);
-            }
+        add(&own);
+        for link in own.ancestors().skip(1).filter(|a| a.symlink_metadata().is_ok_and(|m| m.is_symlink())) {
+            add(link);
+        }
+        if let Ok(target) = std::fs::canonicalize(path) {
+            add(&target);
         }
     }
     dirs
@@ -474,6 +483,31 @@ mod tests {
         let dirs = dirs_of(&[mount.join("tls.crt")]);
         assert_eq!(dirs.len(), 2, "{dirs:?}");
         assert!(dirs[0].ends_with("mount") && dirs[1].ends_with("store"), "{dirs:?}");
+        // A directory link on the way (`current` -> a version) has the directory holding
+        // it watched: swapping it is an event there.
+        std::os::unix::fs::symlink(&store, dir.path().join("current")).unwrap();
+        let dirs = dirs_of(&[dir.path().join("current").join("tls.crt")]);
+        let abs = std::path::absolute(dir.path()).unwrap();
+        assert!(dirs.contains(&abs.join("current")) && dirs.contains(&abs), "{dirs:?}");
+    }
+
+    #[tokio::test]
+    async fn a_swapped_directory_link_is_seen() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        for (v, n) in [("v1", "1"), ("v2", "2")] {
+            std::fs::create_dir(d.join(v)).unwrap();
+            std::fs::write(d.join(v).join("n"), n).unwrap();
+        }
+        std::os::unix::fs::symlink("v1", d.join("current")).unwrap();
+        let f = load(&d.join("current").join("n"));
+        let mut checks = FileChecks::watching(f.paths(), Duration::from_secs(3600));
+        std::os::unix::fs::symlink("v2", d.join("next")).unwrap();
+        std::fs::rename(d.join("next"), d.join("current")).unwrap();
+        tokio::time::timeout(Duration::from_secs(60), checks.due()).await.expect("the swap was reported");
+        checks.checked();
+        assert!(matches!(number(&f), Reload::Replaced));
+        assert_eq!(*f.current(), 2);
     }
 
     #[tokio::test]
