@@ -306,7 +306,7 @@ async fn run_one(b: &HubBench, bus: BusKind) -> anyhow::Result<Report> {
         LoadSpec { pki: dir.clone(), hubs: urls.clone(), agents: b.agents, source: source.clone(), jetstream: None };
     let connect_started = Instant::now();
     let admins: Vec<String> = hubs.iter().map(|h| h.admin.clone()).collect();
-    let mut curve = ConnectCurve::new(&admins, &pids).await;
+    let mut curve = ConnectCurve::new(b.agents, &admins, &pids).await;
     let mut load = Load::start(&spec, b.load_procs).await?;
     loop {
         let connected = load.connected();
@@ -507,6 +507,7 @@ async fn run_one(b: &HubBench, bus: BusKind) -> anyhow::Result<Report> {
 /// the agents' connect attempts that reached no hub (and of those, timed out), and the CPU
 /// of the hubs and of the load. A storm that stalls shows which side runs out of what.
 struct ConnectCurve<'a> {
+    agents: usize,
     admins: &'a [String],
     pids: &'a [u32],
     started: Instant,
@@ -526,9 +527,10 @@ struct CurvePoint {
 impl<'a> ConnectCurve<'a> {
     const EVERY: Duration = Duration::from_secs(10);
 
-    async fn new(admins: &'a [String], pids: &'a [u32]) -> Self {
+    async fn new(agents: usize, admins: &'a [String], pids: &'a [u32]) -> Self {
         let now = Instant::now();
-        let mut curve = Self { admins, pids, started: now, next: now + Self::EVERY, last: CurvePoint::default() };
+        let mut curve =
+            Self { agents, admins, pids, started: now, next: now + Self::EVERY, last: CurvePoint::default() };
         curve.last = curve.point(None).await;
         curve
     }
@@ -570,11 +572,16 @@ impl<'a> ConnectCurve<'a> {
             .map(|(r, v)| (r, v - self.last.failures.get(r).copied().unwrap_or(0.0)))
             .filter(|(_, d)| *d > 0.0)
             .collect();
-        let total: f64 = failed.iter().map(|(_, d)| d).sum();
+        let total: f64 = failed.iter().map(|(_, d)| d).sum::<f64>().max(0.0);
         let failed: Vec<String> = failed.iter().map(|(r, d)| format!("{r} {d:.0}")).collect();
         let (f, t) = (p.agent_failures.0 - self.last.agent_failures.0, p.agent_failures.1 - self.last.agent_failures.1);
+        // Agents the load processes have not started yet (each loads its certificate first).
+        let started = match load.started() {
+            Some(s) if s < self.agents => format!(" ({s} of {} started)", self.agents),
+            _ => String::new(),
+        };
         eprintln!(
-            "{connected} agents connected after {:.0} s; in the last {secs:.0} s: hubs opened {:.0} sessions, failed {:.0} \
+            "{connected} agents connected{started} after {:.0} s; in the last {secs:.0} s: hubs opened {:.0} sessions, failed {:.0} \
              handshakes{}, agents' attempts reaching no hub {f} ({t} timed out); CPU hubs {:.0} %, load {:.0} %",
             self.started.elapsed().as_secs_f64(),
             p.opened - self.last.opened,
@@ -680,7 +687,7 @@ async fn idle_one(b: &HubBench, bus: BusKind) -> anyhow::Result<IdleReport> {
     let spec = LoadSpec { pki: dir.clone(), hubs: urls, agents: b.agents, source, jetstream: None };
     let connect_started = Instant::now();
     let admins: Vec<String> = hubs.iter().map(|h| h.admin.clone()).collect();
-    let mut curve = ConnectCurve::new(&admins, &pids).await;
+    let mut curve = ConnectCurve::new(b.agents, &admins, &pids).await;
     let load = Load::start(&spec, b.load_procs).await?;
     loop {
         let connected = load.connected();
