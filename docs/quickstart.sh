@@ -46,8 +46,9 @@ fleetwatch agent --hub wss://127.0.0.1:$hub_port --cert pki/agent-eu-1.crt --key
 fleetwatch lifecycle --control-plane-kubeconfig cp.kubeconfig --hub wss://127.0.0.1:$hub_port \
   --cert pki/subscriber-lifecycle.crt --key pki/subscriber-lifecycle.key --ca pki/ca.crt > lifecycle.log 2>&1 &
 
-# 5. The runtime's kubeconfig as a Secret, a module (template + release channels), a
-#    WatchConfig for its configuration, and the Runtime.
+# 5. The runtime's kubeconfig as a Secret, two modules (template + release channels each):
+#    hello, which the Runtime lists, with a WatchConfig for its configuration, and echo,
+#    which it does not (offered to eu-1's users), and the Runtime.
 kubectl --kubeconfig cp.kubeconfig -n kcp create secret generic eu-1-kubeconfig \
   --from-file=config=eu-1.kubeconfig --dry-run=client -o yaml | kubectl --kubeconfig cp.kubeconfig apply -f -
 kubectl --kubeconfig cp.kubeconfig apply -f - <<'EOF'
@@ -86,6 +87,35 @@ spec:
   channels: [{channel: regular, version: 1.0.0}]
 ---
 apiVersion: operator.fleetwatch.dev/v1alpha1
+kind: ModuleTemplate
+metadata: {name: echo-1.0.0, namespace: kcp}
+spec:
+  moduleName: echo
+  version: 1.0.0
+  manifest:
+  - {apiVersion: v1, kind: Namespace, metadata: {name: echo-system}}
+  - apiVersion: apps/v1
+    kind: Deployment
+    metadata:
+      name: echo-manager
+      namespace: echo-system
+      labels: {operator.fleetwatch.dev/module: echo, app.kubernetes.io/version: 1.0.0}
+    spec:
+      replicas: 0
+      selector: {matchLabels: {app: echo-manager}}
+      template:
+        metadata: {labels: {app: echo-manager}}
+        spec: {containers: [{name: manager, image: "example/echo-manager:1.0.0"}]}
+  manager: {apiVersion: apps/v1, kind: Deployment, namespace: echo-system, name: echo-manager}
+---
+apiVersion: operator.fleetwatch.dev/v1alpha1
+kind: ModuleReleaseMeta
+metadata: {name: echo, namespace: kcp}
+spec:
+  moduleName: echo
+  channels: [{channel: regular, version: 1.0.0}]
+---
+apiVersion: operator.fleetwatch.dev/v1alpha1
 kind: WatchConfig
 metadata: {name: hello-config}
 spec:
@@ -111,4 +141,20 @@ kubectl --kubeconfig eu-1.kubeconfig -n hello-system get deployment hello-manage
 curl -s 127.0.0.1:$admin_port/api/v1/clusters
 fleetwatch tail --hub wss://127.0.0.1:$hub_port --cert pki/subscriber-ops.crt --key pki/subscriber-ops.key \
   --ca pki/ca.crt --from earliest --count 3
+
+# 7. eu-1's user enables echo in their own cluster (the operator installed the Module kind
+#    there): the agent carries the object to the operator at once, and its status says what
+#    happened. Deleting it removes echo, and returns once echo is gone.
+wait_for "kubectl --kubeconfig eu-1.kubeconfig get modules"
+kubectl --kubeconfig eu-1.kubeconfig apply -f - <<'EOF'
+apiVersion: operator.fleetwatch.dev/v1alpha1
+kind: Module
+metadata: {name: echo}
+spec: {customResourcePolicy: CreateAndDelete}   # no channel: the Runtime's (regular)
+EOF
+wait_for "kubectl --kubeconfig eu-1.kubeconfig get module echo -o jsonpath='{.status.state}' | grep -qx Ready"
+kubectl --kubeconfig eu-1.kubeconfig get modules            # echo (source user) beside hello (central)
+kubectl --kubeconfig eu-1.kubeconfig describe module echo   # state, versions, channel, source, conditions
+kubectl --kubeconfig eu-1.kubeconfig delete module echo --timeout=60s
+kubectl --kubeconfig eu-1.kubeconfig get modules            # hello only
 echo "quickstart: all steps worked"

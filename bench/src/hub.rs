@@ -548,7 +548,7 @@ impl<'a> ConnectCurve<'a> {
             };
         }
         for admin in self.admins {
-            let Some(body) = super::hub_metrics(admin).await else { continue };
+            let Some(body) = super::metrics_text(admin).await else { continue };
             p.opened += super::metric_samples(&body, "fleetwatch_hub_connects_total").map(|(_, v)| v).sum::<f64>();
             for (labels, v) in super::metric_samples(&body, "fleetwatch_hub_handshake_failures_total") {
                 let reason = labels.trim_start_matches("reason=\"").trim_end_matches('"').to_string();

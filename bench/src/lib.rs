@@ -1,7 +1,8 @@
 //! `fleetwatch bench`: measured, not asserted. Figures go to docs/performance.md.
 //!
 //! One file per benchmark (`hub`, `agent`, `lifecycle` with its sim processes in
-//! `lifecycle_sims`, `sim`, `storm`, `dst`, `fleet_state`; the chaos
+//! `lifecycle_sims`, `self_service` (on the same sim processes, with an agent per
+//! cluster), `sim`, `storm`, `dst`, `fleet_state`; the chaos
 //! soak, `bench soak`, lives in `soak/`), so each reads top to bottom as the experiment it
 //! is; this file holds the subcommand and what the benchmarks share: a throw-away PKI, a hub
 //! child process, and reading a process's memory and CPU from `/proc`. The `fleetwatch`
@@ -16,6 +17,7 @@ mod jetstream;
 mod lifecycle;
 mod lifecycle_sims;
 mod load;
+mod self_service;
 mod sim;
 mod soak;
 mod storm;
@@ -48,6 +50,10 @@ enum BenchWhat {
     /// The lifecycle operator over many sim runtime clusters: time to converge at first
     /// and after one module's channel moves, and reconciles per second.
     Lifecycle(lifecycle::LifecycleBench),
+    /// The self-service flow at fleet scale: N sim runtime clusters, each with its agent, a
+    /// hub and the lifecycle operator; users create `Module` objects in runtime clusters at a
+    /// steady rate, and the latency from each create to its `status.state` is measured.
+    SelfService(self_service::SelfServiceBench),
     /// The simulated API server: LIST of many objects, and watch fan-out latency from a
     /// write to every watcher's event.
     Sim(sim::SimBench),
@@ -82,6 +88,7 @@ pub async fn run(args: BenchArgs, crds: Vec<serde_json::Value>) -> anyhow::Resul
         BenchWhat::Hub(b) => hub::run(b).await,
         BenchWhat::Agent(b) => agent::run(b).await,
         BenchWhat::Lifecycle(b) => lifecycle::run(b, &crds).await,
+        BenchWhat::SelfService(b) => self_service::run(b, &crds).await,
         BenchWhat::Sim(b) => sim::run(b).await,
         BenchWhat::Soak(b) => crate::soak::run(b).await,
         BenchWhat::Storm(b) => storm::run(b).await,
@@ -189,21 +196,7 @@ fn parse_listening(line: &str) -> Option<(String, String)> {
 /// A counter from a hub's `/metrics` (summed over its label sets), e.g.
 /// `fleetwatch_hub_events_received_total`; `None` when the hub does not answer.
 async fn hub_counter(admin: &str, name: &str) -> Option<f64> {
-    metric_samples(&hub_metrics(admin).await?, name).map(|(_, v)| v).reduce(|a, b| a + b)
-}
-
-/// A hub's `/metrics` text; `None` when it does not answer within 5 s.
-async fn hub_metrics(admin: &str) -> Option<String> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let fetch = async {
-        let mut tcp = tokio::net::TcpStream::connect(admin).await.ok()?;
-        let req = format!("GET /metrics HTTP/1.0\r\nHost: {admin}\r\n\r\n");
-        tcp.write_all(req.as_bytes()).await.ok()?;
-        let mut body = String::new();
-        tcp.read_to_string(&mut body).await.ok()?;
-        Some(body)
-    };
-    tokio::time::timeout(Duration::from_secs(5), fetch).await.ok()?
+    metric_samples(&metrics_text(admin).await?, name).map(|(_, v)| v).reduce(|a, b| a + b)
 }
 
 /// The samples of metric `name` in an exposition: each one's labels (`{...}`, or empty)
@@ -220,6 +213,27 @@ fn metric_samples<'a>(body: &'a str, name: &'a str) -> impl Iterator<Item = (&'a
         };
         Some((labels, value.split_whitespace().next()?.parse().ok()?))
     })
+}
+
+/// The text a process serves at `http://<admin>/metrics`; `None` when it does not answer
+/// within 5 s.
+async fn metrics_text(admin: &str) -> Option<String> {
+    http_get(admin, "/metrics").await
+}
+
+/// The response (headers and body) to `GET <path>` at `http://<admin>`; `None` when it does
+/// not answer within 5 s.
+async fn http_get(admin: &str, path: &str) -> Option<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let fetch = async {
+        let mut tcp = tokio::net::TcpStream::connect(admin).await.ok()?;
+        let req = format!("GET {path} HTTP/1.0\r\nHost: {admin}\r\n\r\n");
+        tcp.write_all(req.as_bytes()).await.ok()?;
+        let mut body = String::new();
+        tcp.read_to_string(&mut body).await.ok()?;
+        Some(body)
+    };
+    tokio::time::timeout(Duration::from_secs(5), fetch).await.ok()?
 }
 
 /// A `/proc/<pid>/status` memory field (`VmRSS:`, `VmHWM:`) in KiB.

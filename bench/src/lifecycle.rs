@@ -76,6 +76,29 @@ impl Instance {
     }
 }
 
+/// Module `module`'s ModuleTemplate at `version` in namespace `ns`: its namespace
+/// `<module>-system` and its manager Deployment there (no replicas; the sims' kubelet stand-in
+/// reports it rolled out).
+pub(super) fn module_template(ns: &str, module: &str, version: &str) -> serde_json::Value {
+    serde_json::json!({"apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "ModuleTemplate",
+        "metadata": {"name": format!("{module}-{version}"), "namespace": ns},
+        "spec": {"moduleName": module, "version": version,
+            "manifest": [
+                {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": format!("{module}-system")}},
+                {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "manager", "namespace": format!("{module}-system"),
+                    "labels": {"operator.fleetwatch.dev/module": module, "app.kubernetes.io/version": version}},
+                 "spec": {"replicas": 0, "selector": {"matchLabels": {"app": "m"}}, "template": {"metadata": {"labels": {"app": "m"}},
+                    "spec": {"containers": [{"name": "c", "image": format!("{module}:{version}")}]}}}}],
+            "manager": {"apiVersion": "apps/v1", "kind": "Deployment", "namespace": format!("{module}-system"), "name": "manager"}}})
+}
+
+/// Module `module`'s ModuleReleaseMeta in `ns`: channel `regular` at `version`.
+pub(super) fn release_meta(ns: &str, module: &str, version: &str) -> serde_json::Value {
+    serde_json::json!({"apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "ModuleReleaseMeta",
+        "metadata": {"name": module, "namespace": ns},
+        "spec": {"moduleName": module, "channels": [{"channel": "regular", "version": version}]}})
+}
+
 pub(super) async fn run(b: LifecycleBench, crds: &[serde_json::Value]) -> anyhow::Result<()> {
     use fleetwatch_api::{Runtime, State};
     use kube::api::Api;
@@ -95,23 +118,8 @@ pub(super) async fn run(b: LifecycleBench, crds: &[serde_json::Value]) -> anyhow
     };
     fleetwatch_client::kube_apply::install_crds(&client, crds).await?;
     apply(serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})).await?;
-    let template = |m: usize, version: &str| {
-        serde_json::json!({"apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "ModuleTemplate",
-            "metadata": {"name": format!("m{m}-{version}"), "namespace": ns},
-            "spec": {"moduleName": format!("m{m}"), "version": version,
-                "manifest": [
-                    {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": format!("m{m}-system")}},
-                    {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "manager", "namespace": format!("m{m}-system"),
-                        "labels": {"operator.fleetwatch.dev/module": format!("m{m}"), "app.kubernetes.io/version": version}},
-                     "spec": {"replicas": 0, "selector": {"matchLabels": {"app": "m"}}, "template": {"metadata": {"labels": {"app": "m"}},
-                        "spec": {"containers": [{"name": "c", "image": format!("m{m}:{version}")}]}}}}],
-                "manager": {"apiVersion": "apps/v1", "kind": "Deployment", "namespace": format!("m{m}-system"), "name": "manager"}}})
-    };
-    let meta = |m: usize, version: &str| {
-        serde_json::json!({"apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "ModuleReleaseMeta",
-            "metadata": {"name": format!("m{m}"), "namespace": ns},
-            "spec": {"moduleName": format!("m{m}"), "channels": [{"channel": "regular", "version": version}]}})
-    };
+    let template = |m: usize, version: &str| module_template(ns, &format!("m{m}"), version);
+    let meta = |m: usize, version: &str| release_meta(ns, &format!("m{m}"), version);
     for m in 0..b.modules {
         apply(template(m, "1.0.0")).await?;
         apply(template(m, "2.0.0")).await?;
@@ -120,7 +128,7 @@ pub(super) async fn run(b: LifecycleBench, crds: &[serde_json::Value]) -> anyhow
     // The runtime clusters (in child processes: one process's open files hold about
     // 2,500), their kubeconfig Secrets and Runtimes.
     let started = Instant::now();
-    let (sims, kubeconfigs) = super::lifecycle_sims::start(b.runtimes, b.sims_per_process).await?;
+    let (sims, kubeconfigs) = super::lifecycle_sims::start(b.runtimes, b.sims_per_process, None).await?;
     let secrets = kubeconfigs.into_iter().enumerate().map(|(i, kubeconfig)| {
         apply(serde_json::json!({"apiVersion": "v1", "kind": "Secret",
             "metadata": {"name": format!("rt{i}-kubeconfig"), "namespace": ns}, "stringData": {"config": kubeconfig}}))

@@ -10,12 +10,22 @@
 //! `{"ready":n}`, and serves until its standard input ends: when the bench stops, fails or
 //! is killed its end of the pipe closes, so no sim process outlives it (the bench also
 //! kills them on drop).
+//!
+//! For `bench self-service` each cluster also gets its agent (`--agents-pki DIR --hub URL`):
+//! the real [`AgentRuntime`] with a Kubernetes source on the cluster, certificate
+//! `agent-rt<i>` from the bench PKI, its own loopback source address, connected to the hub
+//! over mTLS, as each runtime cluster of a fleet runs one.
 
 use std::ops::Range;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
 use anyhow::{Context, bail};
 use clap::Args;
+use fleetwatch_agent::kube_source::KubeSource;
+use fleetwatch_agent::{AgentConfig, AgentRuntime};
+use fleetwatch_certs::TlsFiles;
+use fleetwatch_client::transport::{Dialer, HubUrl, HubUrls};
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio_util::sync::CancellationToken;
@@ -33,6 +43,21 @@ pub(super) struct LifecycleSimsArgs {
     /// One past the last runtime index.
     #[arg(long)]
     to: usize,
+    /// Run an agent per cluster with its certificate `agent-rt<i>` from this PKI directory.
+    #[arg(long, requires = "hub")]
+    agents_pki: Option<PathBuf>,
+    /// The hub the agents connect to.
+    #[arg(long, requires = "agents_pki")]
+    hub: Option<HubUrl>,
+}
+
+/// Agents beside the sim clusters: where they connect and with which certificates.
+#[derive(Clone)]
+pub(super) struct AgentSpec {
+    /// The bench PKI (`agent-rt<i>.crt` / `.key`, `ca.crt`).
+    pub pki: PathBuf,
+    /// The hub.
+    pub hub: HubUrl,
 }
 
 /// One line a sim process prints.
@@ -63,6 +88,11 @@ pub(super) async fn run_child(args: LifecycleSimsArgs) -> anyhow::Result<()> {
     });
     let kubelets = CancellationToken::new();
     let _stop_kubelets = kubelets.clone().drop_guard();
+    let agent_spec = match (args.agents_pki, args.hub) {
+        (Some(pki), Some(hub)) => Some(AgentSpec { pki, hub }),
+        _ => None,
+    };
+    let mut agents = Vec::new();
     let mut out = tokio::io::stdout();
     let mut sims = Vec::with_capacity(args.to - args.from);
     for i in args.from..args.to {
@@ -78,6 +108,11 @@ pub(super) async fn run_child(args: LifecycleSimsArgs) -> anyhow::Result<()> {
         // The cluster's Deployment controller: a manager counts as rolled out only once
         // its controller observed the new generation (what the operator waits for).
         tokio::spawn(kubelet(sim.client().await?, kubelets.clone()));
+        if let Some(spec) = &agent_spec {
+            let runtime = agent_runtime(spec, i).with_context(|| format!("agent of cluster rt{i}"))?;
+            let source = KubeSource::new(sim.client().await?, format!("sim cluster rt{i}"));
+            agents.push(runtime.start(source, kubelets.child_token()));
+        }
         let line = serde_json::to_string(&SimLine::Cluster { runtime: i, kubeconfig: sim.kubeconfig_yaml() })? + "\n";
         out.write_all(line.as_bytes()).await.context("the bench stopped reading")?;
         sims.push(sim);
@@ -86,7 +121,30 @@ pub(super) async fn run_child(args: LifecycleSimsArgs) -> anyhow::Result<()> {
     out.write_all(line.as_bytes()).await.context("the bench stopped reading")?;
     out.flush().await?;
     parent_gone.cancelled().await;
+    kubelets.cancel();
+    // Let the agents close their sessions (briefly: the bench is gone).
+    let stopped = futures_util::future::join_all(agents.into_iter().map(|a| a.wait()));
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(2), stopped).await;
     Ok(())
+}
+
+/// Cluster `rt<i>`'s agent: its own certificate and, on loopback, its own source address
+/// (the hub budgets handshakes per source address, as each cluster of a fleet has its own).
+fn agent_runtime(spec: &AgentSpec, i: usize) -> anyhow::Result<AgentRuntime> {
+    let mut cfg = AgentConfig::new(HubUrls::new(vec![spec.hub.clone()])?, agent_files(&spec.pki, i));
+    if spec.hub.host.parse::<std::net::Ipv4Addr>().is_ok_and(|a| a.is_loopback()) {
+        cfg.dialer = Dialer::from_source(super::load::agent_source_address(i).into());
+    }
+    Ok(AgentRuntime::new(cfg)?)
+}
+
+/// Cluster `rt<i>`'s agent certificate files in the bench PKI.
+fn agent_files(pki: &Path, i: usize) -> TlsFiles {
+    TlsFiles {
+        cert: pki.join(format!("agent-rt{i}.crt")),
+        key: pki.join(format!("agent-rt{i}.key")),
+        ca: vec![pki.join("ca.crt")],
+    }
 }
 
 /// Raises the soft open-file limit to the hard one (a soft limit of 1,024 is common and
@@ -99,20 +157,32 @@ fn raise_open_file_limit() {
 
 /// A sim child process of the bench (killed on drop; it also exits when its stdin closes).
 pub(super) struct SimProcess {
-    _child: tokio::process::Child,
+    child: tokio::process::Child,
     /// Held open: closing it tells the process to stop.
     _stdin: tokio::process::ChildStdin,
 }
 
+impl SimProcess {
+    /// Its process id (for its CPU time), while it runs.
+    pub(super) fn pid(&self) -> Option<u32> {
+        self.child.id()
+    }
+}
+
 /// Starts the runtime clusters `0..runtimes` in processes of at most `per_process` each
-/// (all starting at once) and returns them with every cluster's kubeconfig, by index.
-pub(super) async fn start(runtimes: usize, per_process: usize) -> anyhow::Result<(Vec<SimProcess>, Vec<String>)> {
+/// (all starting at once), with an agent each when `agents` says where they connect, and
+/// returns them with every cluster's kubeconfig, by index.
+pub(super) async fn start(
+    runtimes: usize,
+    per_process: usize,
+    agents: Option<&AgentSpec>,
+) -> anyhow::Result<(Vec<SimProcess>, Vec<String>)> {
     let per_process = per_process.max(1);
     let ranges: Vec<Range<usize>> =
         (0..runtimes).step_by(per_process).map(|from| from..(from + per_process).min(runtimes)).collect();
     let mut starting = Vec::with_capacity(ranges.len());
     for range in ranges {
-        starting.push(spawn(range)?);
+        starting.push(spawn(range, agents)?);
     }
     let mut procs = Vec::with_capacity(starting.len());
     let mut kubeconfigs = vec![String::new(); runtimes];
@@ -136,11 +206,19 @@ pub(super) async fn start(runtimes: usize, per_process: usize) -> anyhow::Result
 
 type Lines = tokio::io::Lines<BufReader<tokio::process::ChildStdout>>;
 
-fn spawn(range: Range<usize>) -> anyhow::Result<(SimProcess, Range<usize>, Lines)> {
+fn spawn(range: Range<usize>, agents: Option<&AgentSpec>) -> anyhow::Result<(SimProcess, Range<usize>, Lines)> {
     let exe = std::env::current_exe().context("cannot find own executable")?;
-    let mut child = tokio::process::Command::new(exe)
-        .args(["--log", "warn", "bench", "lifecycle-sims"])
-        .args(["--from", &range.start.to_string(), "--to", &range.end.to_string()])
+    let mut cmd = tokio::process::Command::new(exe);
+    cmd.args(["--log", "warn", "bench", "lifecycle-sims"]).args([
+        "--from",
+        &range.start.to_string(),
+        "--to",
+        &range.end.to_string(),
+    ]);
+    if let Some(a) = agents {
+        cmd.arg("--agents-pki").arg(&a.pki).args(["--hub", &a.hub.to_string()]);
+    }
+    let mut child = cmd
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
@@ -149,7 +227,7 @@ fn spawn(range: Range<usize>) -> anyhow::Result<(SimProcess, Range<usize>, Lines
         .context("cannot start a sim process")?;
     let stdin = child.stdin.take().context("sim process stdin")?;
     let stdout = child.stdout.take().context("sim process stdout")?;
-    Ok((SimProcess { _child: child, _stdin: stdin }, range, BufReader::new(stdout).lines()))
+    Ok((SimProcess { child, _stdin: stdin }, range, BufReader::new(stdout).lines()))
 }
 
 /// Reads a sim process's cluster lines up to its ready line.

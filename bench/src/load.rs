@@ -327,7 +327,7 @@ impl AgentGroup {
 /// 127.0.0.1 that budget (64 by default), not the hub, would bound how fast a large fleet
 /// connects. Linux routes all of 127.0.0.0/8 to the loopback device; the last octet avoids
 /// 0 and 255, 127.0.0.1 is left to everything else.
-fn agent_source_address(i: usize) -> std::net::Ipv4Addr {
+pub(super) fn agent_source_address(i: usize) -> std::net::Ipv4Addr {
     let (net, host) = (i / 254, i % 254);
     let a = u8::try_from(1 + net / 256).unwrap_or(u8::MAX);
     std::net::Ipv4Addr::new(127, a, (net % 256) as u8, 1 + host as u8)

@@ -6,16 +6,20 @@ use anyhow::Context;
 use clap::Args;
 use kube::CustomResourceExt;
 
+/// Where the control plane's CRDs are kept in the repository (the chart's `crds/`).
+const DEFAULT_DIR: &str = "deploy/crds";
+
 #[derive(Args)]
 pub struct CrdsArgs {
     /// Directory to write the control plane's CRD YAML files into (the chart's `crds/`).
-    #[arg(long, default_value = "deploy/crds")]
+    #[arg(long, default_value = DEFAULT_DIR)]
     dir: PathBuf,
     /// Directory to write the runtime clusters' CRD into (`Module`, which the lifecycle
     /// operator installs into every runtime cluster itself; written out for review and for
-    /// platforms that install CRDs ahead).
-    #[arg(long, default_value = "deploy/runtime-crds")]
-    runtime_dir: PathBuf,
+    /// platforms that install CRDs ahead). Default: `deploy/runtime-crds` when --dir is the
+    /// default, else not written (a control plane's `kubectl apply -f DIR` must not get it).
+    #[arg(long)]
+    runtime_dir: Option<PathBuf>,
     /// Do not write: fail when the files in --dir or --runtime-dir differ from the generated
     /// ones (for CI).
     #[arg(long)]
@@ -63,7 +67,14 @@ pub fn values() -> anyhow::Result<Vec<serde_json::Value>> {
 }
 
 pub fn run(args: CrdsArgs) -> anyhow::Result<()> {
-    let sets = [(generated()?, &args.dir), (runtime_generated()?, &args.runtime_dir)];
+    let runtime_dir = args
+        .runtime_dir
+        .clone()
+        .or_else(|| (args.dir == std::path::Path::new(DEFAULT_DIR)).then(|| PathBuf::from("deploy/runtime-crds")));
+    let mut sets = vec![(generated()?, &args.dir)];
+    if let Some(dir) = &runtime_dir {
+        sets.push((runtime_generated()?, dir));
+    }
     if args.check {
         let mut stale = Vec::new();
         for (files, dir) in &sets {
@@ -80,10 +91,10 @@ pub fn run(args: CrdsArgs) -> anyhow::Result<()> {
         }
         return Ok(());
     }
-    for (files, dir) in sets {
+    for (files, dir) in &sets {
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
         for (name, yaml) in files {
-            let path = dir.join(&name);
+            let path = dir.join(name);
             std::fs::write(&path, yaml).with_context(|| format!("cannot write {}", path.display()))?;
             println!("wrote {}", path.display());
         }

@@ -39,7 +39,8 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Start the local sandbox: a simulated control plane and runtime clusters, the hub,
-    /// agents, the lifecycle operator and sample modules, with a live table.
+    /// agents, the lifecycle operator and sample modules (one of them offered to the runtime
+    /// clusters' users, enabled with a `Module` in their cluster), with a live table.
     #[cfg(feature = "sandbox")]
     Up(up_cmd::UpArgs),
     /// The local sandbox: not in this build (built without the `sandbox` feature).

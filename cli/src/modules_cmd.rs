@@ -13,6 +13,8 @@ use clap::{Args, Subcommand, ValueEnum};
 use fleetwatch_api::CustomResourcePolicy;
 use fleetwatch_api::chosen::{ChosenBy, ChosenModuleStatus, Module, ModuleSpec, ModuleState, SOURCE_LABEL};
 use futures_util::StreamExt;
+
+use crate::status_cmd::columns;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::runtime::watcher;
 use serde::{Deserialize, Serialize};
@@ -471,18 +473,6 @@ pub fn render(l: &Listing) -> String {
             "the Module kind (modules.operator.fleetwatch.dev) is not installed in this cluster yet: the lifecycle \
              operator installs it when it reconciles the cluster's Runtime; until then nothing can be enabled\n",
         );
-    }
-    out
-}
-
-fn columns(rows: &[Vec<String>]) -> String {
-    let n = rows.iter().map(Vec::len).max().unwrap_or(0);
-    let widths: Vec<usize> =
-        (0..n).map(|i| rows.iter().map(|r| r.get(i).map_or(0, |c| c.chars().count())).max().unwrap_or(0)).collect();
-    let mut out = String::new();
-    for r in rows {
-        let line: Vec<String> = r.iter().zip(&widths).map(|(c, w)| format!("{c:<w$}")).collect();
-        let _ = writeln!(out, "{}", line.join("  ").trim_end());
     }
     out
 }

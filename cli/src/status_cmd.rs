@@ -182,7 +182,8 @@ fn modules_cell(r: &RuntimeSummary, wide: bool) -> String {
     if parts.is_empty() { "-".into() } else { parts.join(" ") }
 }
 
-fn columns(rows: &[Vec<String>]) -> String {
+/// Rows as left-aligned columns two spaces apart (also `fleetwatch modules list`).
+pub(crate) fn columns(rows: &[Vec<String>]) -> String {
     let n = rows.iter().map(Vec::len).max().unwrap_or(0);
     let widths: Vec<usize> =
         (0..n).map(|i| rows.iter().map(|r| r.get(i).map_or(0, |c| c.chars().count())).max().unwrap_or(0)).collect();

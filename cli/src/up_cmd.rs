@@ -1,6 +1,7 @@
 //! `fleetwatch up`: the whole system on one machine — a simulated control plane and
 //! runtime clusters, certificates, the hub, an agent per cluster, the lifecycle operator
-//! and two sample modules — with a live table of every runtime.
+//! and sample modules (two every Runtime lists, one offered to the runtime clusters' users,
+//! who enable it with a `Module` object) — with a live table of every runtime.
 
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
@@ -27,8 +28,14 @@ pub const NAMESPACE: &str = "kcp";
 /// Namespace of the runtime clusters' kubeconfig Secrets (the operator's
 /// `--kubeconfig-namespace`), apart from everything else as in the chart.
 pub const KUBECONFIG_NAMESPACE: &str = "fleetwatch-runtimes";
-/// The sample modules.
+/// The sample modules every Runtime lists (chosen centrally).
 pub const MODULES: [&str; 2] = ["redis", "nats"];
+/// The sample module no Runtime lists: offered to the runtime clusters' users, who enable it
+/// in their own cluster with a `Module` object (`enable-keda.yaml` in the sandbox folder).
+pub const OFFERED: &str = "keda";
+/// The runtime cluster whose user the intro shows enabling [`OFFERED`] (the first one when
+/// there is only one).
+const SELF_SERVICE_CLUSTER: usize = 1;
 
 #[derive(Args)]
 pub struct UpArgs {
@@ -110,6 +117,27 @@ pub fn sample_config_policy() -> Value {
                     "onInvalid": "Report"}})
 }
 
+/// The `Module` a runtime cluster's user applies to enable `module` (the sandbox writes it as
+/// `enable-<module>.yaml`): named after the module, with the defaults spelled out.
+pub fn enable_manifest(module: &str) -> String {
+    format!(
+        "# Enables the module {module} in a runtime cluster, as the cluster's user would: the lifecycle
+# operator installs it and writes what it did into this object's status.
+#   kubectl --kubeconfig RUNTIME.kubeconfig apply -f enable-{module}.yaml
+#   kubectl --kubeconfig RUNTIME.kubeconfig get modules  # every module the cluster runs, whoever chose it
+#   kubectl --kubeconfig RUNTIME.kubeconfig describe module {module}
+#   kubectl --kubeconfig RUNTIME.kubeconfig delete module {module}  # removes it again
+apiVersion: operator.fleetwatch.dev/v1alpha1
+kind: Module
+metadata:
+  name: {module}
+spec:
+  # channel: fast                        # {module} 2.0.0; absent: the cluster's channel (regular, 1.0.0)
+  customResourcePolicy: CreateAndDelete  # deleting this object removes {module}; Ignore leaves it installed, unmanaged
+"
+    )
+}
+
 /// A module's channels: regular and fast.
 pub fn release_meta(module: &str, regular: &str, fast: &str) -> Value {
     json!({"apiVersion": "operator.fleetwatch.dev/v1alpha1", "kind": "ModuleReleaseMeta",
@@ -180,6 +208,8 @@ const FOLDER_README: &str = "This folder belongs to `fleetwatch up` (the local s
   set up afresh at every `fleetwatch up`; whatever you changed in them is gone after a restart.\n\
 - pki/ (certificates), hub-data/ (the hub's event log and subscriber cursors) and the\n  \
   kubeconfigs are kept between runs; delete the folder for a completely fresh start.\n\
+- enable-keda.yaml is the `Module` a runtime cluster's user applies to enable keda there\n  \
+  (rewritten at every `up`).\n\
 - fleetwatch.log has the logs; .lock holds the pid of the running sandbox.\n";
 
 pub async fn run(args: UpArgs) -> anyhow::Result<()> {
@@ -249,7 +279,9 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         "metadata": {"name": "default", "namespace": NAMESPACE},
         "spec": {"rules": [], "default": {"days": ["Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"], "begin": "02:00:00+00:00", "end": "04:00:00+00:00"}}});
     apply(&cp_client, "sandbox", &policy).await?;
-    for m in MODULES {
+    // Every module in the catalog, the offered one too; only the centrally listed ones are in
+    // the Runtimes below.
+    for m in MODULES.into_iter().chain([OFFERED]) {
         apply(&cp_client, "sandbox", &module_template(m, "1.0.0")).await?;
         apply(&cp_client, "sandbox", &module_template(m, "2.0.0")).await?;
         apply(&cp_client, "sandbox", &release_meta(m, "1.0.0", "2.0.0")).await?;
@@ -279,6 +311,10 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         // Field manager `sandbox` only sets it up; users edit the Runtime freely afterwards.
         apply(&cp_client, "sandbox-setup", &rt).await?;
     }
+
+    // What a runtime cluster's user applies to enable the offered module.
+    let enable = dir.join(format!("enable-{OFFERED}.yaml"));
+    std::fs::write(&enable, enable_manifest(OFFERED)).with_context(|| format!("cannot write {}", enable.display()))?;
 
     // The hub, reading WatchConfigs from the control plane.
     let mut hub_cfg = HubConfig::new(std::net::SocketAddr::from(([127, 0, 0, 1], args.hub_port)), files("hub"));
@@ -375,6 +411,18 @@ fn print_intro(dir: &Path, cp_kc: &Path, names: &[String], hub: &str, admin: &st
          kubectl --kubeconfig {} -n redis-system patch redisconfig default --type merge -p '{{\"spec\":{{\"tls\":false}}}}'",
         dir.join(format!("{}.kubeconfig", names.first().map(String::as_str).unwrap_or("rt-1"))).display()
     );
+    let user_rt = names.get(SELF_SERVICE_CLUSTER).or(names.first()).map(String::as_str).unwrap_or("rt-1");
+    let user_kc = dir.join(format!("{user_rt}.kubeconfig"));
+    println!(
+        "  self-service:   {OFFERED} is offered, listed by no Runtime: {user_rt}'s user enables it in their cluster \
+         (then: describe module {OFFERED}; delete module {OFFERED})"
+    );
+    println!(
+        "  enable {OFFERED}:    kubectl --kubeconfig {} apply -f {}",
+        user_kc.display(),
+        dir.join(format!("enable-{OFFERED}.yaml")).display()
+    );
+    println!("  modules:        kubectl --kubeconfig {} get modules", user_kc.display());
     println!("  logs:           {}", dir.join("fleetwatch.log").display());
     println!("  note:           the simulated clusters start afresh at every `up` (see README.txt there)");
     println!("Ctrl-C stops everything.");
@@ -385,7 +433,7 @@ async fn fleet_modules(cp: &kube::Client) -> Vec<String> {
     let metas: Api<fleetwatch_api::ModuleReleaseMeta> = Api::namespaced(cp.clone(), NAMESPACE);
     let mut names: Vec<String> = match metas.list(&Default::default()).await {
         Ok(list) => list.items.into_iter().map(|m| m.spec.module_name).collect(),
-        Err(_) => MODULES.iter().map(|m| m.to_string()).collect(),
+        Err(_) => MODULES.into_iter().chain([OFFERED]).map(String::from).collect(),
     };
     names.sort();
     names.dedup();
@@ -393,8 +441,17 @@ async fn fleet_modules(cp: &kube::Client) -> Vec<String> {
 }
 
 /// A module's cell: its running version and state; an upgrade that waits shows where it is
-/// going and when ("1.0.0 → 2.0.0 waits for 02:00Z").
+/// going and when ("1.0.0 → 2.0.0 waits for 02:00Z"); a module the cluster's user chose (a
+/// `Module` object there, the Runtime does not list it) says so ("1.0.0 Ready (user)").
 fn module_cell(m: &fleetwatch_api::ModuleStatus) -> String {
+    let cell = running_cell(m);
+    match m.source {
+        Some(fleetwatch_api::chosen::ChosenBy::User) => format!("{cell} (user)"),
+        _ => cell,
+    }
+}
+
+fn running_cell(m: &fleetwatch_api::ModuleStatus) -> String {
     let running = m.actual_version.clone().or(m.installed_version.clone()).unwrap_or_else(|| "-".into());
     match (&m.next_maintenance_window, &m.desired_version) {
         (Some(w), Some(desired)) if *desired != running => {
@@ -582,6 +639,25 @@ async fn table(cp: &kube::Client, admin: &str, plain: bool, shutdown: Cancellati
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_enable_file_is_a_module_named_after_it() {
+        let m: fleetwatch_api::chosen::Module = serde_saphyr::from_str(&enable_manifest(OFFERED)).unwrap();
+        assert_eq!(m.metadata.name.as_deref(), Some(OFFERED));
+        assert_eq!(m.spec, fleetwatch_api::chosen::ModuleSpec::default());
+        assert!(!MODULES.contains(&OFFERED));
+    }
+
+    #[test]
+    fn a_user_chosen_module_says_so() {
+        let mut m: fleetwatch_api::ModuleStatus = serde_json::from_value(
+            json!({"name": "keda", "actualVersion": "1.0.0", "state": "Ready", "customResourcePolicy": "CreateAndDelete"}),
+        )
+        .unwrap();
+        assert_eq!(module_cell(&m), "1.0.0 Ready");
+        m.source = Some(fleetwatch_api::chosen::ChosenBy::User);
+        assert_eq!(module_cell(&m), "1.0.0 Ready (user)");
+    }
 
     #[test]
     fn rows_that_vanish_are_named() {

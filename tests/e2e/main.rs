@@ -8,6 +8,7 @@ mod admission;
 mod agent_certs;
 mod bench_hub;
 mod bench_lifecycle;
+mod bench_self_service;
 mod cli;
 mod coalescing;
 mod config_policy;

@@ -201,7 +201,8 @@ fn readme_run_command_starts_the_sandbox_and_ctrl_c_stops_it() {
 /// `bash docs/quickstart.sh` as the README prints it, from the repository root, with its
 /// ports and folder moved by its environment variables (free ports, a temporary folder), so
 /// it runs beside a sandbox or anything else: every step works (the Runtime Ready, the
-/// module's version in the runtime cluster, events tailed), it ends 0, and its background
+/// module's version in the runtime cluster, events tailed, the user's module enabled in the
+/// runtime cluster and removed again), it ends 0, and its background
 /// processes do not outlive it.
 #[test]
 fn quickstart_script_runs_with_moved_ports_beside_anything() {
@@ -255,6 +256,29 @@ fn quickstart_script_runs_with_moved_ports_beside_anything() {
     let lines: Vec<&str> = stdout.lines().collect();
     assert!(lines.contains(&"1.0.0"), "no hello-manager version 1.0.0 in the runtime cluster:\n{}", context());
     assert!(stdout.contains(r#""cluster":"eu-1""#), "no event of eu-1 tailed:\n{}", context());
+    // Step 7: `kubectl get modules` in eu-1 shows the user's echo Ready beside the central
+    // hello, `describe` says who chose it, and once deleted echo is listed no more (only the
+    // first `get modules` has it).
+    let listed = |name: &str| -> Vec<&str> {
+        lines.iter().copied().filter(|l| l.split_whitespace().next() == Some(name)).collect()
+    };
+    let echo = listed("echo");
+    assert!(
+        echo.len() == 1 && echo[0].contains("Ready") && echo[0].contains("user"),
+        "eu-1's user's echo in `kubectl get modules`: {echo:?}\n{}",
+        context()
+    );
+    let hello = listed("hello");
+    assert!(
+        hello.len() == 2 && hello.iter().all(|l| l.contains("central")),
+        "the central hello in both `kubectl get modules`: {hello:?}\n{}",
+        context()
+    );
+    assert!(
+        lines.iter().any(|l| l.trim_start().starts_with("Source:") && l.contains("user")),
+        "`kubectl describe module echo` names no source:\n{}",
+        context()
+    );
     assert_eq!(lines.last(), Some(&"quickstart: all steps worked"), "{}", context());
     assert!(dir.join("pki/ca.crt").exists(), "docs/quickstart.sh did not work in QUICKSTART_DIR");
     assert_eq!(repo_quickstart.exists(), had_repo_quickstart, "docs/quickstart.sh touched ./quickstart");

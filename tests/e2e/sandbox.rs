@@ -1,5 +1,6 @@
-//! `fleetwatch up` as a new user runs it: everything comes up, modules get Ready, a channel
-//! move upgrades every runtime.
+//! `fleetwatch up` as a new user runs it: everything comes up, modules get Ready, a user
+//! enables the offered module in their cluster with the printed line, a channel move
+//! upgrades every runtime.
 
 use std::time::{Duration, Instant};
 
@@ -133,6 +134,74 @@ fn sandbox_comes_up_and_follows_a_channel_move() {
     let err = String::from_utf8_lossy(&second.stderr);
     assert!(err.contains("a sandbox is already running in") && err.contains(&up.child.id().to_string()), "{err}");
     assert_eq!(std::fs::read(&cp).unwrap(), before, "the second sandbox rewrote the running one's kubeconfig");
+    // Self-service (issue 46): the intro's line that enables the offered module in rt-2 runs
+    // as printed; the Module object there gets Ready with source user, rt-2 runs the module,
+    // `kubectl get modules` (the intro's line) lists it beside the central ones, and the
+    // table shows it as the user's.
+    let printed = |label: &str| -> String {
+        let ls = lines.lock().unwrap();
+        ls.iter()
+            .find_map(|l| l.trim_start().strip_prefix(label))
+            .map(|cmd| cmd.trim().to_string())
+            .unwrap_or_else(|| panic!("no {label:?} line in the intro:\n{}", ls.join("\n")))
+    };
+    let shell = |cmd: &str| -> String {
+        let out = std::process::Command::new("sh").arg("-c").arg(cmd).output().unwrap();
+        assert!(out.status.success(), "{cmd}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into()
+    };
+    let rt2 = sbx.join("rt-2.kubeconfig");
+    let enable = printed("enable keda:");
+    let file = sbx.join("enable-keda.yaml");
+    assert_eq!(enable, format!("kubectl --kubeconfig {} apply -f {}", rt2.display(), file.display()));
+    shell(&enable);
+    let module = eventually("sandbox: the keda Module in rt-2 Ready, chosen by its user")
+        .context(|| format!("log:\n{}", std::fs::read_to_string(sbx.join("fleetwatch.log")).unwrap_or_default()))
+        .until_blocking(
+            || {
+                let out = kubectl(&rt2, &["get", "module", "keda", "-o", "json"], None);
+                serde_json::from_str::<serde_json::Value>(&out).unwrap_or_default()
+            },
+            |m| m["status"]["state"] == "Ready" && m["status"]["source"] == "user",
+        );
+    assert_eq!(module["status"]["version"], "1.0.0", "{module:#}");
+    // A Ready module's message says nothing of what it waited for before (a merge patch of the
+    // status kept "waiting for manager: ..." after the wait was over).
+    if module["status"]["message"].as_str().is_some_and(|m| m.contains("waiting")) {
+        problems.push(format!("the Ready keda Module in rt-2 still says what it waited for: {module:#}"));
+    }
+    let running = kubectl(
+        &rt2,
+        &[
+            "get",
+            "deployment",
+            "keda-manager",
+            "-n",
+            "keda-system",
+            "-o",
+            "jsonpath={.metadata.labels.app\\.kubernetes\\.io/version}",
+        ],
+        None,
+    );
+    assert_eq!(running, "1.0.0");
+    wait_lines("the user's keda in the table", &row_has("rt-2", &["keda=1.0.0:Ready:(user)", "redis=1.0.0:Ready"]));
+    // rt-1's user chose nothing: no keda there.
+    assert!(
+        row_has("rt-1", &["keda=-"])(&lines.lock().unwrap()),
+        "keda in rt-1's row:\n{}",
+        lines.lock().unwrap().join("\n")
+    );
+    let listed = shell(&printed("modules:"));
+    let row = |name: &str| listed.lines().find(|l| l.split_whitespace().next() == Some(name)).unwrap_or_default();
+    if !(row("keda").contains("user") && row("redis").contains("central") && row("nats").contains("central")) {
+        problems.push(format!("kubectl get modules in rt-2 does not show who chose what:\n{listed}"));
+    }
+    // What a user reads about their module.
+    let described = kubectl(&rt2, &["describe", "module", "keda"], None);
+    if !["State:", "Ready", "Source:", "user", "Version:", "1.0.0", "Accepted"].iter().all(|s| described.contains(s)) {
+        problems.push(format!("kubectl describe module keda in rt-2:\n{described}"));
+    }
+
     let meta = r#"{"apiVersion":"operator.fleetwatch.dev/v1alpha1","kind":"ModuleReleaseMeta","metadata":{"name":"redis","namespace":"kcp"},"spec":{"moduleName":"redis","channels":[{"channel":"regular","version":"2.0.0"},{"channel":"fast","version":"2.0.0"}]}}"#;
     kubectl(&cp, &["apply", "--server-side", "--force-conflicts", "-f", "-"], Some(meta));
     for rt in ["rt-1", "rt-2"] {
@@ -294,7 +363,8 @@ fn sandbox_events_per_module_and_a_removed_modules_watch_waits_for_its_kind() {
     let listed = kubectl(&cp, &["-n", "kcp", "events", "--for", "runtime/rt-1"], None);
     assert!(listed.contains("installed redis 1.0.0") && listed.contains("installed nats 1.0.0"), "{listed}");
 
-    let watch_phase = || -> String {
+    // rt-1's watches as (name, phase).
+    let watch_phases = || -> Vec<(String, String)> {
         let v: serde_json::Value =
             serde_json::from_str(&futures_block(http_get(admin_port, "/api/v1/clusters"))).unwrap_or_default();
         v["clusters"]
@@ -303,10 +373,11 @@ fn sandbox_events_per_module_and_a_removed_modules_watch_waits_for_its_kind() {
             .flatten()
             .filter(|c| c["cluster"] == "rt-1")
             .flat_map(|c| c["watches"].as_array().cloned().unwrap_or_default())
-            .find(|w| w["name"] == "redis-config")
-            .map(|w| w["phase"].as_str().unwrap_or("").to_string())
-            .unwrap_or_default()
+            .map(|w| (w["name"].as_str().unwrap_or("").to_string(), w["phase"].as_str().unwrap_or("").to_string()))
+            .collect()
     };
+    let phase_of = |name: &str| watch_phases().into_iter().find(|w| w.0 == name).map(|w| w.1).unwrap_or_default();
+    let watch_phase = || phase_of("redis-config");
     let status = || {
         let out = std::process::Command::new(BIN)
             .args(["status", "--admin", &format!("http://127.0.0.1:{admin_port}"), "--control-plane-kubeconfig"])
@@ -316,6 +387,22 @@ fn sandbox_events_per_module_and_a_removed_modules_watch_waits_for_its_kind() {
         (out.status.code(), String::from_utf8_lossy(&out.stdout).to_string())
     };
     until("the redis-config watch running", &mut || watch_phase() == "running");
+    // rt-1's watches waiting for their kind, from the hub's metric: keda's configuration kind
+    // already (no user of rt-1 chose keda), redis's once it is removed. Counted once every
+    // watch has settled.
+    until("keda-config waiting for its kind, every other watch running", &mut || {
+        let phases = watch_phases();
+        phase_of("keda-config") == "waiting-for-kind"
+            && phases.iter().all(|w| w.1 == "running" || w.1 == "waiting-for-kind")
+    });
+    let waiting_for_kind = || -> Option<u64> {
+        let metrics = futures_block(http_get(admin_port, "/metrics"));
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(r#"fleetwatch_hub_cluster_watches{cluster="rt-1",phase="waiting-for-kind"} "#))
+            .and_then(|v| v.trim().parse().ok())
+    };
+    let waiting_before = waiting_for_kind().unwrap_or(0);
 
     // Remove redis: its CRD leaves the cluster, its watch waits for the kind, healthily.
     // A merge patch replaces the list and leaves the rest of the spec as the sandbox set it.
@@ -328,10 +415,7 @@ fn sandbox_events_per_module_and_a_removed_modules_watch_waits_for_its_kind() {
     assert_eq!(code, Some(0), "a removed module's watch is not a problem:\n{out}");
     assert!(out.contains("waiting for kind") && !out.contains("failed"), "{out}");
     let metrics = futures_block(http_get(admin_port, "/metrics"));
-    assert!(
-        metrics.contains(r#"fleetwatch_hub_cluster_watches{cluster="rt-1",phase="waiting-for-kind"} 1"#),
-        "{metrics}"
-    );
+    assert_eq!(waiting_for_kind(), Some(waiting_before + 1), "{metrics}");
     assert!(!metrics.contains(r#"phase="kind-not-found""#), "{metrics}");
     until("a Deleted Event naming the version", &mut || {
         events().iter().any(|e| e.0 == "Deleted" && e.1 == "removed redis 1.0.0")

@@ -21,6 +21,12 @@ fn choose(f: &Fleet, name: &str, spec: Value) {
     kubectl(&f.rt_kc, &["apply", "-f", "-"], Some(&m.to_string()));
 }
 
+/// A user's `kubectl patch` of a Module's channel.
+fn set_channel(f: &Fleet, name: &str, channel: &str) {
+    let patch = json!({"spec": {"channel": channel}}).to_string();
+    kubectl(&f.rt_kc, &["patch", "module", name, "--type", "merge", "-p", &patch], None);
+}
+
 /// Waits until the runtime cluster's Module `name` satisfies `cond`; returns it.
 async fn wait_module(f: &Fleet, name: &str, what: &str, cond: impl Fn(&Module) -> bool) -> Module {
     let api = modules(f);
@@ -126,7 +132,7 @@ async fn a_user_moves_a_module_through_every_state_from_their_own_cluster() {
         .await;
 
     // Re-channelled by the user: upgraded.
-    kubectl(&f.rt_kc, &["patch", "module", "redis", "--type", "merge", "-p", r#"{"spec":{"channel":"fast"}}"#], None);
+    set_channel(&f, "redis", "fast");
     wait_module(&f, "redis", "Ready 2.0.0 on fast", |m| ready_at(m, "2.0.0", ChosenBy::User)).await;
     assert_eq!(f.manager_version().await.as_deref(), Some("2.0.0"));
 
@@ -165,11 +171,7 @@ async fn a_user_moves_a_module_through_every_state_from_their_own_cluster() {
     let accepted = condition(&m, "Accepted").unwrap();
     assert_eq!((accepted.status.as_str(), accepted.reason.as_str()), ("False", "UnknownModule"));
     assert!(m.status.as_ref().unwrap().message.contains("istio"), "{m:?}");
-    kubectl(
-        &f.rt_kc,
-        &["patch", "module", "redis", "--type", "merge", "-p", r#"{"spec":{"channel":"nightly"}}"#],
-        None,
-    );
+    set_channel(&f, "redis", "nightly");
     let m = wait_module(&f, "redis", "refused: no channel nightly", |m| {
         condition(m, "Accepted").is_some_and(|c| c.reason == "UnknownChannel")
     })
@@ -181,11 +183,7 @@ async fn a_user_moves_a_module_through_every_state_from_their_own_cluster() {
     let mut rt = runtime("rt1", json!([]));
     rt["spec"]["selfService"] = json!({"modules": ["keda"]});
     apply_json(&f.cp_kc, &rt);
-    kubectl(
-        &f.rt_kc,
-        &["patch", "module", "redis", "--type", "merge", "-p", r#"{"spec":{"channel":"regular"}}"#],
-        None,
-    );
+    set_channel(&f, "redis", "regular");
     let m = wait_module(&f, "redis", "refused: not allowed", |m| {
         condition(m, "Accepted").is_some_and(|c| c.reason == "NotAllowed")
     })
@@ -221,11 +219,7 @@ async fn central_listing_wins_and_a_newer_hand_applied_version_is_not_downgraded
 
     // The Runtime lists it: central wins (its channel), the user's object says so.
     apply_json(&f.cp_kc, &release_meta("1.0.0", "2.0.0"));
-    kubectl(
-        &f.rt_kc,
-        &["patch", "module", "redis", "--type", "merge", "-p", r#"{"spec":{"channel":"regular"}}"#],
-        None,
-    );
+    set_channel(&f, "redis", "regular");
     apply_json(&f.cp_kc, &runtime("rt1", json!([{"name": "redis", "channel": "fast"}])));
     let m = wait_module(&f, "redis", "central, on fast", |m| {
         ready_at(m, "2.0.0", ChosenBy::Central) && m.status.as_ref().unwrap().channel.as_deref() == Some("fast")
@@ -242,11 +236,7 @@ async fn central_listing_wins_and_a_newer_hand_applied_version_is_not_downgraded
     );
     assert_eq!(f.manager_version().await.as_deref(), Some("2.0.0"));
     // Re-channelling the central object is undone.
-    kubectl(
-        &f.rt_kc,
-        &["patch", "module", "redis", "--type", "merge", "-p", r#"{"spec":{"channel":"regular"}}"#],
-        None,
-    );
+    set_channel(&f, "redis", "regular");
     let m = wait_module(&f, "redis", "channel set back to fast", |m| {
         m.spec.channel.as_deref() == Some("fast")
             && m.metadata.generation == m.status.as_ref().and_then(|s| s.observed_generation)

@@ -125,59 +125,59 @@ pub(crate) async fn sync(
     objects: &[Listed],
     statuses: &[ModuleStatus],
 ) -> Result<(), Error> {
+    use futures_util::{FutureExt, StreamExt};
     let api = api(applier);
-    let mut first_error = None;
-    let mut note = |r: Result<(), Error>| {
-        if let Err(e) = r {
-            tracing::warn!(error = %e, "Module object not brought in line");
-            first_error.get_or_insert(e);
-        }
-    };
     let by_name: HashMap<String, &Listed> = objects.iter().map(|o| (o.name(), o)).collect();
     let status_of = |name: &str| statuses.iter().find(|s| s.name == name);
+    let mut work: Vec<futures_util::future::BoxFuture<'_, Result<(), Error>>> = Vec::new();
     // The Runtime's modules: each has an object, the operator's own when nobody made one.
     let users = merged.users();
     for entry in rt.spec.modules.iter().filter(|e| !users.contains(e.name.as_str())) {
-        let verdict_kept = by_name.get(&entry.name).is_none_or(|o| o.kept_by_operator());
-        let r = central(
-            known,
-            key,
-            &api,
-            applier,
-            rt,
-            entry,
-            by_name.get(&entry.name).copied(),
-            status_of(&entry.name),
-            verdict_kept,
-        )
-        .await;
-        note(r);
+        let existing = by_name.get(&entry.name).copied();
+        let kept = existing.is_none_or(|o| o.kept_by_operator());
+        let target = Central { entry, existing, module: status_of(&entry.name), kept };
+        work.push(central(known, key, &api, applier, rt, target).boxed());
     }
     // The users' objects.
     for o in objects {
         let name = o.name();
         let Some(verdict) = merged.verdicts.get(&name) else { continue };
-        let r = match verdict {
-            Verdict::Central { .. } => Ok(()), // done above
-            Verdict::Stale => delete(&api, &name).await,
-            Verdict::User => {
-                let r = ensure_finalizer(&api, o, true).await;
-                let s = write_status(&api, o, verdict, status_of(&name), rt, false).await;
-                r.and(s)
+        let module = status_of(&name);
+        let api = &api;
+        work.push(
+            async move {
+                match verdict {
+                    Verdict::Central { .. } => Ok(()), // done above
+                    Verdict::Stale => delete(api, &name).await,
+                    Verdict::User => {
+                        let r = ensure_finalizer(api, o, true).await;
+                        let s = write_status(api, o, verdict, module, rt, false).await;
+                        r.and(s)
+                    }
+                    Verdict::Refused { .. } => {
+                        // Nothing waits for a refused object's deletion.
+                        let r = ensure_finalizer(api, o, false).await;
+                        let s = write_status(api, o, verdict, module, rt, false).await;
+                        r.and(s)
+                    }
+                    Verdict::Deleting => match module {
+                        // Still being removed: the finalizer stays, the status says what it waits for.
+                        Some(st) => write_status(api, o, verdict, Some(st), rt, false).await,
+                        None => ensure_finalizer(api, o, false).await,
+                    },
+                }
             }
-            Verdict::Refused { .. } => {
-                // Nothing waits for a refused object's deletion.
-                let r = ensure_finalizer(&api, o, false).await;
-                let s = write_status(&api, o, verdict, status_of(&name), rt, false).await;
-                r.and(s)
-            }
-            Verdict::Deleting => match status_of(&name) {
-                // Still being removed: the finalizer stays, the status says what it waits for.
-                Some(st) => write_status(&api, o, verdict, Some(st), rt, false).await,
-                None => ensure_finalizer(&api, o, false).await,
-            },
-        };
-        note(r);
+            .boxed(),
+        );
+    }
+    // Objects are independent: a few at once, so a runtime with many modules is not
+    // written one round trip after another.
+    let results: Vec<Result<(), Error>> =
+        futures_util::stream::iter(work).buffer_unordered(SYNC_AT_ONCE).collect().await;
+    let mut first_error = None;
+    for e in results.into_iter().filter_map(Result::err) {
+        tracing::warn!(error = %e, "Module object not brought in line");
+        first_error.get_or_insert(e);
     }
     match first_error {
         Some(e) => Err(e),
@@ -185,20 +185,29 @@ pub(crate) async fn sync(
     }
 }
 
+/// Most `Module` objects of one cluster written at once.
+const SYNC_AT_ONCE: usize = 8;
+
+/// A module the Runtime lists, and its object in the cluster if it has one.
+struct Central<'a> {
+    entry: &'a ModuleEntry,
+    existing: Option<&'a Listed>,
+    module: Option<&'a ModuleStatus>,
+    /// The object is the operator's (or there is none yet).
+    kept: bool,
+}
+
 /// The kept object of a module the Runtime lists: created when missing (a put-back when it
 /// was seen before), its spec set to the Runtime's, no finalizer, the status written.
-#[allow(clippy::too_many_arguments)]
 async fn central(
     known: &Known,
     key: &str,
     api: &Api<DynamicObject>,
     applier: &Applier,
     rt: &Runtime,
-    entry: &ModuleEntry,
-    existing: Option<&Listed>,
-    module: Option<&ModuleStatus>,
-    kept: bool,
+    target: Central<'_>,
 ) -> Result<(), Error> {
+    let Central { entry, existing, module, kept } = target;
     let verdict = Verdict::Central { kept };
     let (object, put_back) = match existing {
         Some(o) if o.deleting() => {
@@ -245,10 +254,37 @@ async fn write_status(
         return Ok(());
     }
     let name = o.name();
-    api.patch_status(&name, &PatchParams::default(), &Patch::Merge(json!({"status": wanted})))
+    api.patch_status(&name, &PatchParams::default(), &Patch::Merge(status_patch(&wanted)?))
         .await
         .map(|_| ())
         .map_err(|e| Error::kube("writing status of", format!("Module {name}"), e))
+}
+
+/// Every field of [`ChosenModuleStatus`] as it is serialised.
+const STATUS_FIELDS: [&str; 9] = [
+    "state",
+    "version",
+    "desiredVersion",
+    "channel",
+    "source",
+    "customResourcePolicy",
+    "message",
+    "conditions",
+    "observedGeneration",
+];
+
+/// The merge patch that makes an object's status `wanted`: a field `wanted` leaves out (an
+/// empty message, no desired version) is `null`, so the patch clears what the last status said
+/// instead of keeping it (a Ready module went on showing "waiting for manager: ...").
+fn status_patch(wanted: &ChosenModuleStatus) -> Result<serde_json::Value, Error> {
+    let mut status =
+        serde_json::to_value(wanted).map_err(|source| Error::Serialize { what: "a Module status".into(), source })?;
+    if let Some(fields) = status.as_object_mut() {
+        for f in STATUS_FIELDS {
+            fields.entry(f).or_insert(serde_json::Value::Null);
+        }
+    }
+    Ok(json!({"status": status}))
 }
 
 /// Adds (`want`) or removes the operator's finalizer, with a JSON patch that tests the list
@@ -322,4 +358,37 @@ pub(crate) async fn release(known: &Known, key: &str, applier: &Applier) -> Resu
     applier.delete(&r).await?;
     known.forget(key);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fleetwatch_api::chosen::{ChosenBy, ModuleState};
+
+    #[test]
+    fn a_status_patch_clears_what_the_status_no_longer_says() {
+        let full = ChosenModuleStatus {
+            state: Some(ModuleState::Ready),
+            version: Some("1.0.0".into()),
+            desired_version: Some("1.0.0".into()),
+            channel: Some("regular".into()),
+            source: Some(ChosenBy::User),
+            custom_resource_policy: Some(fleetwatch_api::CustomResourcePolicy::Ignore),
+            message: "waiting for manager".into(),
+            conditions: vec![fleetwatch_api::Condition::default()],
+            observed_generation: Some(1),
+        };
+        let mut keys: Vec<String> = serde_json::to_value(&full).unwrap().as_object().unwrap().keys().cloned().collect();
+        let mut fields: Vec<String> = STATUS_FIELDS.iter().map(|f| f.to_string()).collect();
+        keys.sort();
+        fields.sort();
+        assert_eq!(keys, fields, "STATUS_FIELDS names every field of the status");
+        let ready = ChosenModuleStatus { state: Some(ModuleState::Ready), ..Default::default() };
+        let patch = status_patch(&ready).unwrap();
+        assert_eq!(patch["status"]["state"], "Ready");
+        assert!(patch["status"]["message"].is_null() && patch["status"].get("message").is_some(), "{patch}");
+        let mut previous = serde_json::json!({"status": serde_json::to_value(&full).unwrap()});
+        json_patch::merge(&mut previous, &patch);
+        assert_eq!(serde_json::from_value::<ChosenModuleStatus>(previous["status"].clone()).unwrap(), ready);
+    }
 }
