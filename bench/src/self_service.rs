@@ -751,7 +751,7 @@ struct Quantiles {
 /// creations over the sim processes: a prime that does not divide `n` (else 1).
 fn stride(n: usize) -> usize {
     const PRIME: usize = 7_919;
-    if n % PRIME == 0 { 1 } else { PRIME }
+    if n.is_multiple_of(PRIME) { 1 } else { PRIME }
 }
 
 /// What a user applies: `Module` `name` with an empty spec (the Runtime's channel, policy

@@ -240,11 +240,9 @@ async fn a_change_is_sent_at_once_without_waiting_for_a_timer() {
         agent.changes.send(change(n)).await.unwrap();
         let seq = 2 + n;
         agent.until("the change acked", |s| s.acked_seq >= seq).await;
-        let seen = agent.seen.lock().unwrap();
-        let &(arrived, last) = seen.messages.last().unwrap();
+        let (arrived, last) = *agent.seen.lock().unwrap().messages.last().unwrap();
         assert_eq!(last, seq);
         assert_eq!(arrived, at, "the change waited for a timer before it went out");
-        drop(seen);
         tokio::time::sleep(Duration::from_secs(7)).await;
     }
     let stats = agent.stop().await;
