@@ -54,8 +54,9 @@ pub struct AgentConfig {
     /// ([`ConnectWait`]).
     pub connect_timeout: Duration,
     /// Without any frame from the hub (data, ping or pong) for this long, the connection is
-    /// dead. The agent pings the hub at a third of it, so a half-open connection is noticed
-    /// even when the hub's pings cannot arrive.
+    /// dead. The agent pings a hub silent for half of it (a hub pings its sessions more often,
+    /// so a healthy one is not pinged), so a half-open connection is noticed even when the
+    /// hub's pings cannot arrive.
     pub idle_timeout: Duration,
     /// On shutdown, how long to wait for the hub to ack what is pending.
     pub drain_timeout: Duration,
