@@ -517,11 +517,26 @@ struct ConnectCurve<'a> {
 
 #[derive(Default)]
 struct CurvePoint {
-    opened: f64,
-    failures: std::collections::BTreeMap<String, f64>,
+    /// Per hub: sessions opened, and handshakes failed by reason (the hub's counters as they
+    /// were last read: a hub too busy to answer within 5 s keeps its previous values).
+    hubs: Vec<(f64, std::collections::BTreeMap<String, f64>)>,
     agent_failures: (u64, u64),
     hub_cpu: f64,
     load_cpu: f64,
+}
+
+impl CurvePoint {
+    fn opened(&self) -> f64 {
+        self.hubs.iter().map(|(o, _)| o).sum()
+    }
+
+    fn failures(&self) -> std::collections::BTreeMap<String, f64> {
+        let mut all = std::collections::BTreeMap::new();
+        for (reason, v) in self.hubs.iter().flat_map(|(_, f)| f) {
+            *all.entry(reason.clone()).or_default() += v;
+        }
+        all
+    }
 }
 
 impl<'a> ConnectCurve<'a> {
@@ -547,13 +562,18 @@ impl<'a> ConnectCurve<'a> {
                 Load::Procs(_) => load.cpu_seconds(),
             };
         }
-        for admin in self.admins {
-            let Some(body) = super::metrics_text(admin).await else { continue };
-            p.opened += super::metric_samples(&body, "fleetwatch_hub_connects_total").map(|(_, v)| v).sum::<f64>();
+        for (i, admin) in self.admins.iter().enumerate() {
+            let Some(body) = super::metrics_text(admin).await else {
+                p.hubs.push(self.last.hubs.get(i).cloned().unwrap_or_default());
+                continue;
+            };
+            let opened = super::metric_samples(&body, "fleetwatch_hub_connects_total").map(|(_, v)| v).sum::<f64>();
+            let mut failures = std::collections::BTreeMap::new();
             for (labels, v) in super::metric_samples(&body, "fleetwatch_hub_handshake_failures_total") {
                 let reason = labels.trim_start_matches("reason=\"").trim_end_matches('"').to_string();
-                *p.failures.entry(reason).or_default() += v;
+                *failures.entry(reason).or_default() += v;
             }
+            p.hubs.push((opened, failures));
         }
         p
     }
@@ -566,10 +586,10 @@ impl<'a> ConnectCurve<'a> {
         self.next += Self::EVERY;
         let p = self.point(Some(load)).await;
         let secs = Self::EVERY.as_secs_f64();
-        let failed: Vec<(&String, f64)> = p
-            .failures
+        let (failures, before) = (p.failures(), self.last.failures());
+        let failed: Vec<(&String, f64)> = failures
             .iter()
-            .map(|(r, v)| (r, v - self.last.failures.get(r).copied().unwrap_or(0.0)))
+            .map(|(r, v)| (r, v - before.get(r).copied().unwrap_or(0.0)))
             .filter(|(_, d)| *d > 0.0)
             .collect();
         let total: f64 = failed.iter().map(|(_, d)| d).sum::<f64>().max(0.0);
@@ -584,7 +604,7 @@ impl<'a> ConnectCurve<'a> {
             "{connected} agents connected{started} after {:.0} s; in the last {secs:.0} s: hubs opened {:.0} sessions, failed {:.0} \
              handshakes{}, agents' attempts reaching no hub {f} ({t} timed out); CPU hubs {:.0} %, load {:.0} %",
             self.started.elapsed().as_secs_f64(),
-            p.opened - self.last.opened,
+            p.opened() - self.last.opened(),
             total,
             if failed.is_empty() { String::new() } else { format!(" ({})", failed.join(", ")) },
             (p.hub_cpu - self.last.hub_cpu) / secs * 100.0,
