@@ -92,6 +92,8 @@ pub struct Link {
     sent: u64,
     /// When the hub was last heard from (any frame).
     heard: Instant,
+    /// When this session last pinged the hub (its start before the first ping).
+    pinged: Instant,
     /// Shutting down: close once everything is acked, or at this deadline.
     draining: Option<Instant>,
     /// A renewed certificate: stop sending, close once what is in flight is acked, or at
@@ -102,7 +104,7 @@ pub struct Link {
 impl Link {
     /// A session opened at `now`, resuming after `acked` (the welcome's ack).
     pub fn new(acked: u64, now: Instant, window: u64, idle: Duration) -> Self {
-        Self { window, idle, sent: acked, heard: now, draining: None, renewing: None }
+        Self { window, idle, sent: acked, heard: now, pinged: now, draining: None, renewing: None }
     }
 
     /// The highest seq sent.
@@ -127,6 +129,21 @@ impl Link {
     /// Any frame arrived from the hub (pings and pongs included).
     pub fn heard(&mut self, now: Instant) {
         self.heard = now;
+    }
+
+    /// When to ping the hub: once it has been silent for half the idle timeout (a hub pings
+    /// its sessions at a third of its own, so a healthy hub with the same timeout is never
+    /// pinged: an idle session costs neither side a ping and its pong), and again a third of
+    /// the timeout later while it stays silent. Its pong is traffic; without one the idle
+    /// timeout ends the session, so a half-open connection is noticed even when the hub's
+    /// pings cannot arrive.
+    pub fn next_ping(&self) -> Instant {
+        (self.heard + self.idle / 2).max(self.pinged + self.idle / 3)
+    }
+
+    /// A ping went out at `now`.
+    pub fn pinged(&mut self, now: Instant) {
+        self.pinged = now;
     }
 
     /// Whether an ack of (`epoch`, `seq`) is taken: the seq to drop from the outbox up to.
@@ -278,6 +295,26 @@ mod tests {
         // A renewal whose deadline has not come yet does not turn silence into a renewal.
         l.renew(now + Duration::from_secs(38), DRAIN);
         assert_eq!(l.timed_out(now + Duration::from_secs(40)), Closing::Idle);
+    }
+
+    #[test]
+    fn a_hub_heard_from_is_not_pinged_and_a_silent_one_is_pinged_before_the_timeout() {
+        let (mut l, now) = link(0, 100);
+        assert_eq!(l.next_ping(), now + IDLE / 2, "no ping before half the idle timeout of silence");
+        // The hub's own pings (every IDLE / 3) keep moving it: never due.
+        for k in 1..10u32 {
+            l.heard(now + IDLE / 3 * k);
+            assert!(l.next_ping() > now + IDLE / 3 * (k + 1), "pinged a hub that pings");
+        }
+        // Silent from then on: a ping at half the timeout, another a third later, both
+        // before the silence ends the session.
+        let quiet = now + IDLE / 3 * 9;
+        let first = l.next_ping();
+        assert_eq!(first, quiet + IDLE / 2);
+        l.pinged(first);
+        let second = l.next_ping();
+        assert_eq!(second, first + IDLE / 3);
+        assert!(first < l.deadline() && second < l.deadline(), "the pings come before the idle timeout");
     }
 
     #[test]

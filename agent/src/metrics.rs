@@ -37,6 +37,13 @@ impl Collector for Snapshot {
         )?;
         counter(&mut e, "sessions", "Sessions opened with the hub", s.sessions)?;
         counter(&mut e, "cert_renewals", "Reconnects made to put a renewed client certificate in use", s.renewals)?;
+        counter(&mut e, "connect_failures", "Connect attempts that reached no hub", s.connect_failures)?;
+        counter(
+            &mut e,
+            "connect_timeouts",
+            "Connect attempts that reached no hub because the hubs did not answer in time",
+            s.connect_timeouts,
+        )?;
         if let Some(t) = s.cert_not_after {
             gauge(
                 &mut e,
@@ -132,6 +139,7 @@ mod tests {
             "fleetwatch_agent_outbox_events 1.0",
             "fleetwatch_agent_outbox_bytes 300.0",
             "fleetwatch_agent_sessions_total 0",
+            "fleetwatch_agent_connect_failures_total 0",
             "fleetwatch_agent_cert_expiry_timestamp_seconds 2000000000.0",
         ] {
             assert!(text.lines().any(|l| l == line), "{line:?} missing:\n{text}");

@@ -69,7 +69,8 @@ pub enum ChangeKind {
 }
 
 /// Synthetic changes: `objects` objects changed round-robin at `rate` changes per second,
-/// optionally stopping after `total` changes.
+/// optionally stopping after `total` changes. Rate 0 is an idle cluster: no change at all
+/// (the source then only waits to be stopped).
 ///
 /// Change number `i` (from 0) sets object `obj-(i % objects)` to generation
 /// `i / objects + 1`, so a test knows every object's final state from `total` alone.
@@ -116,8 +117,8 @@ impl FromStr for SyntheticSource {
                     s.rate = v
                         .parse()
                         .ok()
-                        .filter(|r: &f64| r.is_finite() && *r > 0.0)
-                        .ok_or_else(|| err("rate must be a positive number"))?
+                        .filter(|r: &f64| r.is_finite() && *r >= 0.0)
+                        .ok_or_else(|| err("rate must be a number, 0 or more"))?
                 }
                 "total" => s.total = Some(num(v)?),
                 "payload" => s.payload = num(v)? as usize,
@@ -127,8 +128,8 @@ impl FromStr for SyntheticSource {
         if s.objects == 0 {
             return Err(err("objects must be at least 1"));
         }
-        if s.rate <= 0.0 {
-            return Err(err("rate must be given and positive"));
+        if !params.split(',').any(|kv| kv.starts_with("rate=")) {
+            return Err(err("rate must be given"));
         }
         Ok(s)
     }
@@ -151,20 +152,26 @@ impl SyntheticSource {
     }
 
     /// Produces changes into `tx` until done, cancelled, or the receiver is gone.
+    ///
+    /// It wakes only when a change is due (change `i` is due `(i + 1) / rate` seconds after
+    /// the start), and at high rates at most every [`MIN_TICK`], taking all that became due
+    /// meanwhile: a load process runs thousands of sources, and an idle one (rate 0, or a
+    /// change a minute) costs nothing between its changes.
     pub async fn produce(self, tx: mpsc::Sender<Change>, cancel: CancellationToken) {
-        // One wake-up per event at low rates (a load process runs thousands of sources:
-        // ticking each every 5 ms whatever its rate cost more CPU than their connections),
-        // at most every 5 ms at high rates, at least every second.
-        let tick = Duration::try_from_secs_f64((1.0 / self.rate).clamp(0.005, 1.0)).unwrap_or(Duration::from_secs(1));
-        let mut interval = tokio::time::interval(tick);
-        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let started = tokio::time::Instant::now();
         let pad = "x".repeat(self.payload);
         let mut i: u64 = 0;
         loop {
+            if self.total.is_some_and(|t| i >= t) {
+                tracing::info!(changes = i, "synthetic source finished");
+                return;
+            }
+            // When change `i` is due; never, at rate 0 (or a rate too low to count).
+            let due = Duration::try_from_secs_f64((i + 1) as f64 / self.rate).ok().and_then(|d| started.checked_add(d));
+            let wake = due.map(|d| d.max(tokio::time::Instant::now() + MIN_TICK));
             tokio::select! {
                 _ = cancel.cancelled() => return,
-                _ = interval.tick() => {}
+                _ = sleep_until(wake) => {}
             }
             let due = (started.elapsed().as_secs_f64() * self.rate) as u64;
             let due = self.total.map_or(due, |t| due.min(t));
@@ -180,11 +187,19 @@ impl SyntheticSource {
                 }
                 i += 1;
             }
-            if self.total.is_some_and(|t| i >= t) {
-                tracing::info!(changes = i, "synthetic source finished");
-                return;
-            }
         }
+    }
+}
+
+/// The shortest time between two wake-ups of a [`SyntheticSource`]: at high rates it takes
+/// what became due meanwhile as one burst.
+pub const MIN_TICK: Duration = Duration::from_millis(5);
+
+/// Waits until `at`; forever when `None`.
+async fn sleep_until(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
     }
 }
 
@@ -217,6 +232,7 @@ mod tests {
             "synthetic:objects=0,rate=1",
             "synthetic:objects=3",
             "synthetic:objects=3,rate=-1",
+            "synthetic:objects=3,rate=inf",
             "synthetic:objects=x,rate=1",
             "synthetic:objects=1,rate=1,color=red",
         ] {
@@ -246,6 +262,33 @@ mod tests {
         assert_eq!(got.len(), 10);
         assert_eq!(got[9].data["generation"], 4);
         assert_eq!(got[9].key.name, "obj-0");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn changes_come_when_due_and_an_idle_source_never_wakes() {
+        // One change every 100 s: each arrives when due, not before (no tick in between).
+        let s: SyntheticSource = "synthetic:objects=2,rate=0.01,total=3".parse().unwrap();
+        let (tx, mut rx) = mpsc::channel(10);
+        let start = tokio::time::Instant::now();
+        let producer = tokio::spawn(s.produce(tx, CancellationToken::new()));
+        for k in 1..=3u64 {
+            let c = rx.recv().await.expect("a change");
+            assert_eq!(c.data["change"], k - 1);
+            assert_eq!(start.elapsed(), Duration::from_secs(100 * k));
+        }
+        producer.await.unwrap();
+        // Rate 0: nothing, ever, until stopped (paused time would jump to any timer of its).
+        let idle: SyntheticSource = "synthetic:objects=1,rate=0".parse().unwrap();
+        assert_eq!(idle.rate, 0.0);
+        let (tx, mut rx) = mpsc::channel(10);
+        let cancel = CancellationToken::new();
+        let producer = tokio::spawn(idle.produce(tx, cancel.clone()));
+        let start = tokio::time::Instant::now();
+        assert!(tokio::time::timeout(Duration::from_secs(86_400), rx.recv()).await.is_err());
+        assert_eq!(start.elapsed(), Duration::from_secs(86_400));
+        cancel.cancel();
+        producer.await.unwrap();
+        assert!(rx.recv().await.is_none());
     }
 
     #[test]

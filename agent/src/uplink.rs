@@ -11,7 +11,7 @@
 
 use std::time::Duration;
 
-use fleetwatch_certs::TlsFiles;
+use fleetwatch_certs::{FileChecks, TlsFiles};
 use fleetwatch_client::backoff::ConnectWait;
 use fleetwatch_client::backoff::Reconnect;
 use fleetwatch_client::transport::{ClientWs, ConnectError, Dialer, HubUrls, connect_any};
@@ -54,8 +54,9 @@ pub struct AgentConfig {
     /// ([`ConnectWait`]).
     pub connect_timeout: Duration,
     /// Without any frame from the hub (data, ping or pong) for this long, the connection is
-    /// dead. The agent pings the hub at a third of it, so a half-open connection is noticed
-    /// even when the hub's pings cannot arrive.
+    /// dead. The agent pings a hub silent for half of it (a hub pings its sessions more often,
+    /// so a healthy one is not pinged), so a half-open connection is noticed even when the
+    /// hub's pings cannot arrive.
     pub idle_timeout: Duration,
     /// On shutdown, how long to wait for the hub to ack what is pending.
     pub drain_timeout: Duration,
@@ -71,11 +72,15 @@ pub struct AgentConfig {
     /// Delays between reconnects after a failed connect or a lost connection (restarted
     /// after every session that got as far as a welcome).
     pub reconnect: Reconnect,
-    /// How often the certificate, key and CA files are read for changes. A renewed
-    /// certificate makes the agent reconnect with it (gracefully: in-flight events are
-    /// acked first, the outbox is kept); a changed CA bundle is used from the next
-    /// connection on.
+    /// How often the certificate, key and CA files are read for changes when nothing
+    /// reported one (with [`tls_watch`](Self::tls_watch) a change is seen at once; this is the
+    /// fallback); they are also read before every connection. A renewed certificate makes
+    /// the agent reconnect with it (gracefully: in-flight events are acked first, the outbox
+    /// is kept); a changed CA bundle is used from the next connection on.
     pub tls_reload_interval: Duration,
+    /// Whether the directories of the certificate files are watched (inotify), so that a
+    /// renewal is seen at once rather than at the next fallback read.
+    pub tls_watch: bool,
     /// How the hub is reached: TCP unless a simulation supplies its own network.
     pub dialer: Dialer,
     /// The epoch of this agent process; `None` takes the start time in microseconds (a
@@ -100,7 +105,8 @@ impl AgentConfig {
             refused_retry: Duration::from_secs(30),
             version_retry: Duration::from_secs(300),
             reconnect: Reconnect::default(),
-            tls_reload_interval: Duration::from_secs(5),
+            tls_reload_interval: fleetwatch_certs::watch::DEFAULT_FALLBACK,
+            tls_watch: true,
             dialer: Dialer::default(),
             epoch: None,
         }
@@ -211,6 +217,14 @@ pub struct AgentStats {
     pub cert_not_after: Option<jiff::Timestamp>,
     /// Reconnects made to put a renewed certificate in use.
     pub renewals: u64,
+    /// Connect attempts that reached no hub (every hub of the list failed).
+    pub connect_failures: u64,
+    /// Of those, attempts in which the hubs timed out (the agent queued at busy hubs).
+    pub connect_timeouts: u64,
+    /// Turns of the session's loop (a frame, a change, a timer): what an idle session
+    /// costs. An idle session turns about once per ping interval of the hub. Published with
+    /// the other counters, never on its own.
+    pub wakeups: u64,
 }
 
 /// A configured uplink, ready to run.
@@ -297,6 +311,7 @@ impl Uplink {
         let mut connect_wait = ConnectWait::new(self.config.connect_timeout);
         let mut first = true;
         let mut connected_once = false;
+        let mut tls_checks = self.tls.checks(self.config.tls_reload_interval, self.config.tls_watch);
         // The replica to try first: the one reached last (a restarted hub is back quickly;
         // a dead one fails at once and the next is tried within the same attempt).
         let mut current = 0;
@@ -304,6 +319,7 @@ impl Uplink {
             // A certificate renewed while disconnected (perhaps the reason the last
             // attempt failed: the old one expired) is used for this attempt.
             self.reload_tls(&mut stats);
+            tls_checks.checked();
             // Disconnected: keep absorbing changes while connecting.
             let connecting = connect_any(
                 &self.config.dialer,
@@ -344,10 +360,13 @@ impl Uplink {
                     if first && fail_fast {
                         return Err(e.into());
                     }
+                    stats.connect_failures += 1;
                     if matches!(e, ConnectError::Timeout(_)) {
                         // Queued at a busy hub: keep the place next time (see ConnectWait).
                         connect_wait.timed_out();
+                        stats.connect_timeouts += 1;
                     }
+                    self.publish(&stats, &outbox);
                     first = false;
                     let wait = backoff.next().unwrap_or(Duration::from_secs(5));
                     tracing::warn!(error = %e, retry_in = ?wait, "cannot reach hub");
@@ -359,7 +378,14 @@ impl Uplink {
             };
             first = false;
             stats.sessions += 1;
-            let end = self.session(ws, &mut outbox, &mut changes, &mut source_open, &mut stats, &shutdown).await;
+            let io = SessionIo {
+                outbox: &mut outbox,
+                changes: &mut changes,
+                source_open: &mut source_open,
+                stats: &mut stats,
+                tls_checks: &mut tls_checks,
+            };
+            let end = self.session(ws, io, &shutdown).await;
             // A hub with no room (it refused before the welcome: `--max-connections`): the
             // next attempt starts at the next hub, so a full replica sheds agents to the
             // others instead of being asked again, a TLS handshake each time, until a place
@@ -468,20 +494,12 @@ impl Uplink {
     }
 
     /// One session: the hello and the welcome, then [`Uplink::stream`].
-    async fn session(
-        &self,
-        mut ws: ClientWs,
-        outbox: &mut Outbox,
-        changes: &mut mpsc::Receiver<Change>,
-        source_open: &mut bool,
-        stats: &mut AgentStats,
-        shutdown: &CancellationToken,
-    ) -> SessionEnd {
-        if let Err(end) = self.handshake(&mut ws, outbox).await {
+    async fn session(&self, mut ws: ClientWs, io: SessionIo<'_>, shutdown: &CancellationToken) -> SessionEnd {
+        if let Err(end) = self.handshake(&mut ws, io.outbox).await {
             return end;
         }
-        stats.connected = true;
-        self.publish(stats, outbox);
+        io.stats.connected = true;
+        self.publish(io.stats, io.outbox);
         let mut status = self.watch_status.clone();
         if let Some(st) = status.as_mut() {
             let watches = st.borrow_and_update().clone();
@@ -490,7 +508,7 @@ impl Uplink {
                 return SessionEnd::Lost(LinkError::Send(e));
             }
         }
-        self.stream(ws, outbox, changes, source_open, stats, &mut status, shutdown).await
+        self.stream(ws, io, &mut status, shutdown).await
     }
 
     /// Says hello and takes the welcome: the hub's ack of this epoch, its event size limit
@@ -535,29 +553,38 @@ impl Uplink {
 
     /// Streams the outbox to the hub and takes its acks until the session ends; the
     /// decisions are [`Link`]'s, this loop carries them out.
-    #[allow(clippy::too_many_arguments)]
+    ///
+    /// The loop turns only when something happened: a frame from the hub, a change, room
+    /// to send (sending is driven by the outbox having something the window lets out), a
+    /// certificate file reported changed, or its one timer, set to the earliest of the
+    /// link's deadline, the next ping, a pending publication of the counters and the next
+    /// fallback check of the certificate files. An idle session therefore sleeps until the
+    /// hub's next ping.
     async fn stream(
         &self,
         mut ws: ClientWs,
-        outbox: &mut Outbox,
-        changes: &mut mpsc::Receiver<Change>,
-        source_open: &mut bool,
-        stats: &mut AgentStats,
+        io: SessionIo<'_>,
         status: &mut Option<watch::Receiver<Vec<WatchState>>>,
         shutdown: &CancellationToken,
     ) -> SessionEnd {
+        let SessionIo { outbox, changes, source_open, stats, tls_checks } = io;
         let idle = self.config.idle_timeout;
         let mut link = Link::new(outbox.acked(), Instant::now(), self.config.window, idle);
-        let mut reload_tick =
-            tokio::time::interval_at(Instant::now() + self.config.tls_reload_interval, self.config.tls_reload_interval);
-        reload_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut publish_tick = tokio::time::interval(Duration::from_millis(250));
-        // Our own pings: the hub answers with pongs, which count as traffic, so a silent
-        // but healthy hub keeps the session and a half-open connection is noticed.
-        let mut ping_tick = tokio::time::interval_at(Instant::now() + idle / 3, idle / 3);
-        ping_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut publishing = Publishing::default();
+        let wake = tokio::time::sleep_until(link.deadline());
+        tokio::pin!(wake);
         loop {
+            stats.wakeups += 1;
+            publishing.changed(Instant::now(), published(stats, outbox));
             let can_send = link.can_send(outbox.acked(), outbox.last_seq());
+            let tls_due = link.may_renew().then(|| tls_checks.deadline());
+            let wake_at = [Some(link.next_ping()), publishing.due(), tls_due]
+                .into_iter()
+                .flatten()
+                .fold(link.deadline(), Instant::min);
+            if wake.deadline() != wake_at {
+                wake.as_mut().reset(wake_at);
+            }
             let closing = tokio::select! {
                 biased;
                 _ = shutdown.cancelled(), if !link.is_draining() => {
@@ -594,11 +621,31 @@ impl Uplink {
                     }
                     None
                 }
-                _ = ping_tick.tick() => {
-                    if let Err(e) = ws.send(Message::Ping(Default::default())).await {
-                        return SessionEnd::Lost(LinkError::Ping(e));
+                // Before sending: a source that never pauses must not starve the pings or
+                // the link's deadline.
+                _ = wake.as_mut() => {
+                    let now = Instant::now();
+                    if now >= link.deadline() {
+                        Some(link.timed_out(now))
+                    } else {
+                        if now >= link.next_ping() {
+                            if let Err(e) = ws.send(Message::Ping(Default::default())).await {
+                                return SessionEnd::Lost(LinkError::Ping(e));
+                            }
+                            link.pinged(now);
+                        }
+                        if publishing.due().is_some_and(|at| now >= at) {
+                            self.publish(stats, outbox);
+                            publishing.published(now, published(stats, outbox));
+                        }
+                        if link.may_renew() && tls_checks.deadline() <= now {
+                            tls_checks.checked();
+                            if self.reload_tls(stats) {
+                                link.renew(now, self.config.drain_timeout);
+                            }
+                        }
+                        None
                     }
-                    None
                 }
                 // Sending comes before taking changes: a source that never pauses must not
                 // starve the link. What arrives while a frame is on its way coalesces in the
@@ -623,16 +670,9 @@ impl Uplink {
                     }
                     None
                 }
-                _ = publish_tick.tick() => {
-                    self.publish(stats, outbox);
-                    None
-                }
-                _ = reload_tick.tick(), if link.may_renew() => {
-                    if self.reload_tls(stats) {
-                        link.renew(Instant::now(), self.config.drain_timeout);
-                    }
-                    None
-                }
+                // A certificate file reported changed: the check is due once it settled
+                // (the timer above).
+                _ = tls_checks.changed(), if link.may_renew() => None,
                 Some(watches) = next_status(status) => {
                     let msg = AgentMessage::WatchStatus(WatchStatusReport { watches });
                     if let Err(e) = ws.send(Message::text(encode(&msg))).await {
@@ -640,7 +680,6 @@ impl Uplink {
                     }
                     None
                 }
-                _ = tokio::time::sleep_until(link.deadline()) => Some(link.timed_out(Instant::now())),
             };
             let closing = closing.or_else(|| {
                 if link.is_draining() {
@@ -691,6 +730,68 @@ impl Uplink {
         };
         ws.send(Message::text(frame.text)).await.map_err(LinkError::Send)?;
         Ok(frame.last_seq)
+    }
+}
+
+/// What a session works on, owned by [`Uplink::run`] across sessions.
+struct SessionIo<'a> {
+    outbox: &'a mut Outbox,
+    changes: &'a mut mpsc::Receiver<Change>,
+    source_open: &'a mut bool,
+    stats: &'a mut AgentStats,
+    tls_checks: &'a mut FileChecks,
+}
+
+/// What the published counters show, to tell whether they need publishing again.
+type Shown = (u64, u64, u64, usize, usize, u64, u64);
+
+fn published(stats: &AgentStats, outbox: &Outbox) -> Shown {
+    (
+        stats.changes,
+        outbox.acked(),
+        outbox.last_seq(),
+        outbox.len(),
+        outbox.bytes(),
+        outbox.truncated(),
+        outbox.overflows(),
+    )
+}
+
+/// When a session publishes its counters: when they changed, at most every
+/// [`Publishing::EVERY`] (a busy session changes them at every frame), and never while they
+/// stay as they are (an idle session has no timer for them).
+#[derive(Debug, Default)]
+struct Publishing {
+    /// What was published last, and when.
+    last: Option<(Shown, Instant)>,
+    /// Changed since: publish at this time.
+    due: Option<Instant>,
+}
+
+impl Publishing {
+    const EVERY: Duration = Duration::from_millis(250);
+
+    /// The counters now show `shown`.
+    fn changed(&mut self, now: Instant, shown: Shown) {
+        if self.due.is_some() {
+            return;
+        }
+        match self.last {
+            Some((last, _)) if last == shown => {}
+            Some((_, at)) => self.due = Some((at + Self::EVERY).max(now)),
+            None => self.due = Some(now),
+        }
+    }
+
+    /// When to publish, if anything changed.
+    fn due(&self) -> Option<Instant> {
+        self.due
+    }
+
+    /// Published `shown` at `now`.
+    fn published(&mut self, now: Instant, shown: Shown) {
+        self.due = None;
+        self.last = Some((shown, now));
     }
 }
 
@@ -791,3 +892,6 @@ async fn next_data_message(ws: &mut ClientWs, limits: &Limits) -> Result<HubToAg
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

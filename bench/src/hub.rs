@@ -91,6 +91,16 @@ pub(super) struct HubBench {
     /// Print one JSON object with every figure as the last line.
     #[arg(long)]
     json: bool,
+    /// Measure the idle cost instead: the agents connect with no events to send (`--rate`
+    /// is not used), and over `--duration` seconds after `--warmup` the bench reports the
+    /// CPU of the load processes and of the hubs, per 1,000 agents, and the hubs' RSS per
+    /// session (above their RSS before the agents came).
+    #[arg(long, conflicts_with_all = ["vs_nats", "kill_replica_after"])]
+    idle: bool,
+    /// Run the hubs and load processes from this `fleetwatch` binary instead of this one
+    /// (an older build measured by the same bench; it must know `bench hub-load`).
+    #[arg(long)]
+    child_exe: Option<std::path::PathBuf>,
 }
 
 /// A bus the bench can run on.
@@ -137,6 +147,13 @@ struct KillReport {
 }
 
 pub(super) async fn run(b: HubBench) -> anyhow::Result<()> {
+    if let Some(exe) = &b.child_exe {
+        let exe = std::fs::canonicalize(exe).with_context(|| format!("--child-exe {}", exe.display()))?;
+        let _ = super::CHILD_EXE.set(exe);
+    }
+    if b.idle {
+        return idle(&b).await;
+    }
     if b.agents == 0 || b.rate <= 0.0 || b.duration <= 0.0 || b.hub_replicas == 0 || b.subscribers == 0 {
         bail!("--agents, --rate, --duration, --hub-replicas and --subscribers must be positive");
     }
@@ -288,15 +305,12 @@ async fn run_one(b: &HubBench, bus: BusKind) -> anyhow::Result<Report> {
     let spec =
         LoadSpec { pki: dir.clone(), hubs: urls.clone(), agents: b.agents, source: source.clone(), jetstream: None };
     let connect_started = Instant::now();
+    let admins: Vec<String> = hubs.iter().map(|h| h.admin.clone()).collect();
+    let mut curve = ConnectCurve::new(b.agents, &admins, &pids).await;
     let mut load = Load::start(&spec, b.load_procs).await?;
-    // The connect curve, every 10 s: where a storm slows down shows here.
-    let mut progress_at = connect_started + Duration::from_secs(10);
     loop {
         let connected = load.connected();
-        if Instant::now() >= progress_at {
-            eprintln!("{connected} agents connected after {:.0} s", connect_started.elapsed().as_secs_f64());
-            progress_at += Duration::from_secs(10);
-        }
+        curve.tick(connected, &load).await;
         if connected >= b.agents {
             eprintln!("{connected} agents connected in {:.1} s", connect_started.elapsed().as_secs_f64());
             break;
@@ -322,7 +336,6 @@ async fn run_one(b: &HubBench, bus: BusKind) -> anyhow::Result<Report> {
     let mut cpu_used = (0.0, 0.0);
     // Events the hubs accepted (summed over replicas) at the start and end of the
     // measurement: beside what the subscriber got, it shows where a shortfall is.
-    let admins: Vec<String> = hubs.iter().map(|h| h.admin.clone()).collect();
     let received = || async {
         let mut total = 0.0;
         for a in &admins {
@@ -485,6 +498,305 @@ async fn run_one(b: &HubBench, bus: BusKind) -> anyhow::Result<Report> {
         load_cpu_percent: cpu_used.1 / b.duration * 100.0,
         resyncs,
         kill,
+    })
+}
+
+/// The connect curve, printed every 10 s while the agents connect, with where the time
+/// went in those 10 s: sessions the hubs opened, handshakes they failed (by reason: a
+/// client that gave up while queued is `abandoned`, one too slow `handshake-timeout`, ...),
+/// the agents' connect attempts that reached no hub (and of those, timed out), and the CPU
+/// of the hubs and of the load. A storm that stalls shows which side runs out of what.
+struct ConnectCurve<'a> {
+    agents: usize,
+    admins: &'a [String],
+    pids: &'a [u32],
+    started: Instant,
+    next: Instant,
+    last: CurvePoint,
+}
+
+#[derive(Default)]
+struct CurvePoint {
+    /// Per hub: sessions opened, and handshakes failed by reason (the hub's counters as they
+    /// were last read: a hub too busy to answer within 5 s keeps its previous values).
+    hubs: Vec<(f64, std::collections::BTreeMap<String, f64>)>,
+    agent_failures: (u64, u64),
+    hub_cpu: f64,
+    load_cpu: f64,
+}
+
+impl CurvePoint {
+    fn opened(&self) -> f64 {
+        self.hubs.iter().map(|(o, _)| o).sum()
+    }
+
+    fn failures(&self) -> std::collections::BTreeMap<String, f64> {
+        let mut all = std::collections::BTreeMap::new();
+        for (reason, v) in self.hubs.iter().flat_map(|(_, f)| f) {
+            *all.entry(reason.clone()).or_default() += v;
+        }
+        all
+    }
+}
+
+impl<'a> ConnectCurve<'a> {
+    const EVERY: Duration = Duration::from_secs(10);
+
+    async fn new(agents: usize, admins: &'a [String], pids: &'a [u32]) -> Self {
+        let now = Instant::now();
+        let mut curve =
+            Self { agents, admins, pids, started: now, next: now + Self::EVERY, last: CurvePoint::default() };
+        curve.last = curve.point(None).await;
+        curve
+    }
+
+    async fn point(&self, load: Option<&Load>) -> CurvePoint {
+        let mut p = CurvePoint {
+            hub_cpu: self.pids.iter().filter_map(|p| super::cpu_seconds(*p)).sum(),
+            ..CurvePoint::default()
+        };
+        if let Some(load) = load {
+            p.agent_failures = load.connect_failures();
+            p.load_cpu = match load {
+                Load::InProcess(_) => super::cpu_seconds(std::process::id()).unwrap_or(0.0),
+                Load::Procs(_) => load.cpu_seconds(),
+            };
+        }
+        for (i, admin) in self.admins.iter().enumerate() {
+            let Some(body) = super::metrics_text(admin).await else {
+                p.hubs.push(self.last.hubs.get(i).cloned().unwrap_or_default());
+                continue;
+            };
+            let opened = super::metric_samples(&body, "fleetwatch_hub_connects_total").map(|(_, v)| v).sum::<f64>();
+            let mut failures = std::collections::BTreeMap::new();
+            for (labels, v) in super::metric_samples(&body, "fleetwatch_hub_handshake_failures_total") {
+                let reason = labels.trim_start_matches("reason=\"").trim_end_matches('"').to_string();
+                *failures.entry(reason).or_default() += v;
+            }
+            p.hubs.push((opened, failures));
+        }
+        p
+    }
+
+    /// Prints the curve's next point when it is due.
+    async fn tick(&mut self, connected: usize, load: &Load) {
+        if Instant::now() < self.next {
+            return;
+        }
+        self.next += Self::EVERY;
+        let p = self.point(Some(load)).await;
+        let secs = Self::EVERY.as_secs_f64();
+        let (failures, before) = (p.failures(), self.last.failures());
+        let failed: Vec<(&String, f64)> = failures
+            .iter()
+            .map(|(r, v)| (r, v - before.get(r).copied().unwrap_or(0.0)))
+            .filter(|(_, d)| *d > 0.0)
+            .collect();
+        let total: f64 = failed.iter().map(|(_, d)| d).sum::<f64>().max(0.0);
+        let failed: Vec<String> = failed.iter().map(|(r, d)| format!("{r} {d:.0}")).collect();
+        let (f, t) = (p.agent_failures.0 - self.last.agent_failures.0, p.agent_failures.1 - self.last.agent_failures.1);
+        // Agents the load processes have not started yet (each loads its certificate first).
+        let started = match load.started() {
+            Some(s) if s < self.agents => format!(" ({s} of {} started)", self.agents),
+            _ => String::new(),
+        };
+        eprintln!(
+            "{connected} agents connected{started} after {:.0} s; in the last {secs:.0} s: hubs opened {:.0} sessions, failed {:.0} \
+             handshakes{}, agents' attempts reaching no hub {f} ({t} timed out); CPU hubs {:.0} %, load {:.0} %",
+            self.started.elapsed().as_secs_f64(),
+            p.opened() - self.last.opened(),
+            total,
+            if failed.is_empty() { String::new() } else { format!(" ({})", failed.join(", ")) },
+            (p.hub_cpu - self.last.hub_cpu) / secs * 100.0,
+            (p.load_cpu - self.last.load_cpu) / secs * 100.0,
+        );
+        self.last = p;
+    }
+}
+
+/// What `--idle` measured.
+struct IdleReport {
+    bus: BusKind,
+    replicas: usize,
+    agents_connected: usize,
+    connect_secs: f64,
+    /// CPU of the load processes over the window, in % of one core.
+    load_cpu_percent: f64,
+    /// CPU of the hubs (summed) over the window, in % of one core.
+    hub_cpu_percent: f64,
+    /// The hubs' RSS (summed) before the agents came, and at the end of the window, KiB.
+    hub_rss_base_kib: u64,
+    hub_rss_kib: u64,
+}
+
+impl IdleReport {
+    fn per_thousand(&self, percent: f64) -> f64 {
+        percent * 1000.0 / self.agents_connected.max(1) as f64
+    }
+
+    fn kib_per_session(&self) -> f64 {
+        self.hub_rss_kib.saturating_sub(self.hub_rss_base_kib) as f64 / self.agents_connected.max(1) as f64
+    }
+}
+
+/// A source with nothing to send, that even a build from before rate 0 meant idle accepts:
+/// one change per agent every 30 years.
+const IDLE_RATE: f64 = 1e-9;
+
+/// `--idle`: the idle cost of agents and hubs, per bus.
+async fn idle(b: &HubBench) -> anyhow::Result<()> {
+    if b.agents == 0 || b.duration <= 0.0 || b.hub_replicas == 0 {
+        bail!("--agents, --duration and --hub-replicas must be positive");
+    }
+    if b.hub_replicas > 1 && !b.bus.contains(&BusKind::Nats) {
+        bail!("--hub-replicas > 1 needs --bus nats: independent embedded hubs are independent streams");
+    }
+    let mut runs = Vec::new();
+    for &bus in &b.bus {
+        let r = idle_one(b, bus).await.with_context(|| format!("idle bench on the {bus:?} bus"))?;
+        print_idle(b, &r);
+        runs.push(r);
+    }
+    if b.json {
+        let runs: Vec<serde_json::Value> = runs.iter().map(|r| idle_json(b, r)).collect();
+        let mut json = runs.first().cloned().unwrap_or_default();
+        json["runs"] = serde_json::Value::Array(runs);
+        println!("{json}");
+    }
+    Ok(())
+}
+
+async fn idle_one(b: &HubBench, bus: BusKind) -> anyhow::Result<IdleReport> {
+    let clusters: Vec<String> = (0..b.agents).map(|i| format!("bench-{i}")).collect();
+    let (_tmp, dir) = bench_pki(&clusters)?;
+    let mut nats = None;
+    let replicas = if bus == BusKind::Nats { b.hub_replicas } else { 1 };
+    let mut extra: Vec<String> = Vec::new();
+    if bus == BusKind::Nats {
+        let url = match &b.nats_url {
+            Some(u) => u.clone(),
+            None => {
+                let store = dir.join("nats");
+                let server = tokio::task::spawn_blocking(move || LocalNatsServer::start(&store))
+                    .await?
+                    .context("cannot start a local nats-server for --bus nats")?;
+                let url = server.url();
+                nats = Some(server);
+                url
+            }
+        };
+        let stream = format!("bench{}", jiff::Timestamp::now().as_millisecond());
+        extra.extend(["--bus".into(), url, "--bus-stream".into(), stream]);
+    }
+    let extra_refs: Vec<&str> = extra.iter().map(String::as_str).collect();
+    let mut hubs: Vec<HubProcess> = Vec::new();
+    for _ in 0..replicas {
+        hubs.push(start_hub(&dir, b.durable && bus == BusKind::Embedded, &extra_refs).await?);
+    }
+    let pids: Vec<u32> = hubs.iter().map(|h| h.child.id().context("hub pid")).collect::<Result<_, _>>()?;
+    for (h, pid) in hubs.iter().zip(&pids) {
+        eprintln!("hub pid {pid} at {} (admin {})", h.wss, h.admin);
+    }
+    let rss = || pids.iter().map(|p| rss_kib(*p, "VmRSS:").unwrap_or(0)).sum::<u64>();
+    // The hubs as they are with no agent: what the sessions add is measured above it.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let hub_rss_base_kib = rss();
+
+    let urls: Vec<HubUrl> = hubs.iter().map(|h| h.wss.clone()).collect();
+    let source = SyntheticSource { objects: b.objects, rate: IDLE_RATE, total: None, payload: 0 };
+    let spec = LoadSpec { pki: dir.clone(), hubs: urls, agents: b.agents, source, jetstream: None };
+    let connect_started = Instant::now();
+    let admins: Vec<String> = hubs.iter().map(|h| h.admin.clone()).collect();
+    let mut curve = ConnectCurve::new(b.agents, &admins, &pids).await;
+    let load = Load::start(&spec, b.load_procs).await?;
+    loop {
+        let connected = load.connected();
+        curve.tick(connected, &load).await;
+        if connected >= b.agents {
+            eprintln!("{connected} agents connected in {:.1} s", connect_started.elapsed().as_secs_f64());
+            break;
+        }
+        if connect_started.elapsed().as_secs_f64() > b.connect_wait {
+            bail!("only {connected} of {} agents connected after {} s", b.agents, b.connect_wait);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let connect_secs = connect_started.elapsed().as_secs_f64();
+    // The warm-up lets the start markers be acked and the handshakes' buffers go.
+    tokio::time::sleep(Duration::from_secs_f64(b.warmup)).await;
+    let agents_connected = load.connected();
+    // The load's CPU: the load processes, or this process with the agents in it.
+    let load_cpu = |load: &Load| match load {
+        Load::InProcess(_) => super::cpu_seconds(std::process::id()).unwrap_or(0.0),
+        Load::Procs(_) => load.cpu_seconds(),
+    };
+    let hub_cpu = || pids.iter().filter_map(|p| super::cpu_seconds(*p)).sum::<f64>();
+    let (l0, h0, t0) = (load_cpu(&load), hub_cpu(), Instant::now());
+    tokio::time::sleep(Duration::from_secs_f64(b.duration)).await;
+    let (l1, h1, window) = (load_cpu(&load), hub_cpu(), t0.elapsed().as_secs_f64());
+    let hub_rss_kib = rss();
+    let still = load.connected();
+    if still < agents_connected {
+        eprintln!("warning: {} agents lost their session during the window", agents_connected - still);
+    }
+    load.stop().await;
+    for h in &mut hubs {
+        let _ = h.child.start_kill();
+        let _ = h.child.wait().await;
+    }
+    drop(nats);
+    Ok(IdleReport {
+        bus,
+        replicas,
+        agents_connected,
+        connect_secs,
+        load_cpu_percent: (l1 - l0).max(0.0) / window * 100.0,
+        hub_cpu_percent: (h1 - h0).max(0.0) / window * 100.0,
+        hub_rss_base_kib,
+        hub_rss_kib,
+    })
+}
+
+fn print_idle(b: &HubBench, r: &IdleReport) {
+    let bus = format!("{:?}", r.bus).to_lowercase();
+    println!("idle cost:            {bus} bus, {} hub replica{}", r.replicas, if r.replicas == 1 { "" } else { "s" });
+    println!(
+        "agents:               {} connected in {:.1} s ({} load process{}), no events, measured over {:.0} s",
+        r.agents_connected,
+        r.connect_secs,
+        b.load_procs,
+        if b.load_procs == 1 { "" } else { "es" },
+        b.duration
+    );
+    println!(
+        "load CPU:             {:.1} % of a core, {:.2} % per 1,000 agents",
+        r.load_cpu_percent,
+        r.per_thousand(r.load_cpu_percent)
+    );
+    println!(
+        "hub CPU:              {:.1} % of a core, {:.2} % per 1,000 agents",
+        r.hub_cpu_percent,
+        r.per_thousand(r.hub_cpu_percent)
+    );
+    println!(
+        "hub RSS:              {:.1} MiB ({:.1} MiB before the agents): {:.1} KiB per session",
+        r.hub_rss_kib as f64 / 1024.0,
+        r.hub_rss_base_kib as f64 / 1024.0,
+        r.kib_per_session()
+    );
+}
+
+fn idle_json(b: &HubBench, r: &IdleReport) -> serde_json::Value {
+    let round2 = |x: f64| if x.is_finite() { (x * 100.0).round() / 100.0 } else { -1.0 };
+    serde_json::json!({
+        "bench": "hub-idle", "bus": format!("{:?}", r.bus).to_lowercase(), "hub_replicas": r.replicas,
+        "agents": b.agents, "agents_connected": r.agents_connected, "load_procs": b.load_procs,
+        "connect_seconds": round2(r.connect_secs), "window_seconds": b.duration,
+        "load_cpu_percent": round2(r.load_cpu_percent), "hub_cpu_percent": round2(r.hub_cpu_percent),
+        "load_cpu_percent_per_1000_agents": round2(r.per_thousand(r.load_cpu_percent)),
+        "hub_cpu_percent_per_1000_agents": round2(r.per_thousand(r.hub_cpu_percent)),
+        "hub_rss_base_kib": r.hub_rss_base_kib, "hub_rss_kib": r.hub_rss_kib,
+        "hub_kib_per_session": round2(r.kib_per_session()),
     })
 }
 

@@ -99,6 +99,17 @@ pub async fn run(args: BenchArgs, crds: Vec<serde_json::Value>) -> anyhow::Resul
     }
 }
 
+/// The `fleetwatch` binary the hub and load child processes run: this one, unless
+/// `bench hub --child-exe` named another (an older build measured the same way).
+static CHILD_EXE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+
+fn child_exe() -> anyhow::Result<PathBuf> {
+    match CHILD_EXE.get() {
+        Some(exe) => Ok(exe.clone()),
+        None => std::env::current_exe().context("cannot find own executable"),
+    }
+}
+
 /// A hub running as a child process of the benchmark.
 struct HubProcess {
     /// The process (killed on drop).
@@ -118,7 +129,7 @@ async fn start_hub(dir: &Path, durable: bool, extra: &[&str]) -> anyhow::Result<
 /// [`start_hub`] on a given WebSocket port (0: any free one), logging at `log` (a storm
 /// would print one warning per agent).
 async fn start_hub_at(dir: &Path, durable: bool, port: u16, log: &str, extra: &[&str]) -> anyhow::Result<HubProcess> {
-    let exe = std::env::current_exe().context("cannot find own executable")?;
+    let exe = child_exe()?;
     // A profiler to run the hub under (e.g. `heaptrack`, `valgrind --tool=massif`).
     let mut cmd = match std::env::var("FLEETWATCH_BENCH_HUB_WRAPPER") {
         Ok(w) if !w.trim().is_empty() => {
@@ -185,16 +196,23 @@ fn parse_listening(line: &str) -> Option<(String, String)> {
 /// A counter from a hub's `/metrics` (summed over its label sets), e.g.
 /// `fleetwatch_hub_events_received_total`; `None` when the hub does not answer.
 async fn hub_counter(admin: &str, name: &str) -> Option<f64> {
-    let body = metrics_text(admin).await?;
-    let mut sum = None;
-    for line in body.lines() {
-        let Some(rest) = line.strip_prefix(name) else { continue };
-        if rest.starts_with(' ') || rest.starts_with('{') {
-            let v: f64 = rest.rsplit(' ').next()?.parse().ok()?;
-            sum = Some(sum.unwrap_or(0.0) + v);
-        }
-    }
-    sum
+    metric_samples(&metrics_text(admin).await?, name).map(|(_, v)| v).reduce(|a, b| a + b)
+}
+
+/// The samples of metric `name` in an exposition: each one's labels (`{...}`, or empty)
+/// and value.
+fn metric_samples<'a>(body: &'a str, name: &'a str) -> impl Iterator<Item = (&'a str, f64)> + 'a {
+    body.lines().filter_map(move |line| {
+        let rest = line.strip_prefix(name)?;
+        let (labels, value) = match rest.strip_prefix('{') {
+            Some(r) => {
+                let (labels, value) = r.split_once("} ")?;
+                (labels, value)
+            }
+            None => ("", rest.strip_prefix(' ')?),
+        };
+        Some((labels, value.split_whitespace().next()?.parse().ok()?))
+    })
 }
 
 /// The text a process serves at `http://<admin>/metrics`; `None` when it does not answer
@@ -292,6 +310,14 @@ mod tests {
         let line = "hub listening wss=wss://127.0.0.1:4431 admin=http://127.0.0.1:9191";
         assert_eq!(parse_listening(line), Some(("wss://127.0.0.1:4431".into(), "127.0.0.1:9191".into())));
         assert_eq!(parse_listening("hub listening wss=wss://127.0.0.1:4431"), None);
+    }
+
+    #[test]
+    fn metric_samples_by_labels() {
+        let body = "# TYPE x counter\nx_total{reason=\"a\"} 3\nx_total{reason=\"b\"} 4\nx_totally 9\ny 1.5\n";
+        let got: Vec<_> = metric_samples(body, "x_total").collect();
+        assert_eq!(got, vec![("reason=\"a\"", 3.0), ("reason=\"b\"", 4.0)]);
+        assert_eq!(metric_samples(body, "y").collect::<Vec<_>>(), vec![("", 1.5)]);
     }
 
     #[test]

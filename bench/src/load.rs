@@ -5,7 +5,8 @@
 //! and go past the per-process open-file limit (20,000 here) with more agents.
 //!
 //! A load process takes its agents as a range of indices into the bench PKI, reports
-//! `{"connected":N,"moved":M,"back":B}` on stdout every 100 ms, takes `mark` on stdin (remember
+//! `{"connected":N,"moved":M,"back":B,"connect_failures":F,"connect_timeouts":T}` on stdout
+//! every 100 ms, takes `mark` on stdin (remember
 //! each agent's session count; `moved` counts agents that lost their session or opened a
 //! new one since), and `stop` (or end of input) to stop its sources, let the agents drain
 //! and exit.
@@ -59,6 +60,16 @@ struct LoadStatus {
     /// by the mark acked in it.
     #[serde(default)]
     back: usize,
+    /// Connect attempts of all agents that reached no hub, and of those the ones that timed
+    /// out (absent from older builds' load processes).
+    #[serde(default)]
+    connect_failures: u64,
+    #[serde(default)]
+    connect_timeouts: u64,
+    /// Agents started so far (absent from older builds, whose load processes report only
+    /// once all their agents are started).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    started: Option<usize>,
 }
 
 /// The running load.
@@ -122,6 +133,24 @@ impl Load {
         match self {
             Load::InProcess(g) => g.status().back,
             Load::Procs(ps) => ps.iter().map(|p| p.status.borrow().back).sum(),
+        }
+    }
+
+    /// Connect attempts of all agents that reached no hub so far, and of those the ones that
+    /// timed out.
+    pub fn connect_failures(&self) -> (u64, u64) {
+        let of = |s: LoadStatus| (s.connect_failures, s.connect_timeouts);
+        match self {
+            Load::InProcess(g) => of(g.status()),
+            Load::Procs(ps) => ps.iter().map(|p| of(*p.status.borrow())).fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1)),
+        }
+    }
+
+    /// Agents started so far, when every load process says (older builds do not).
+    pub fn started(&self) -> Option<usize> {
+        match self {
+            Load::InProcess(g) => g.status().started,
+            Load::Procs(ps) => ps.iter().map(|p| p.status.borrow().started).sum(),
         }
     }
 
@@ -212,15 +241,37 @@ pub(super) struct AgentGroup {
 }
 
 impl AgentGroup {
-    /// Starts agents `range` of `spec`, a few at a time so the handshakes do not all land
-    /// in the same instant.
+    /// Agents started per step, and the pause between steps, so the handshakes do not all
+    /// land in the same instant.
+    const STEP: usize = 50;
+    const PAUSE: Duration = Duration::from_millis(20);
+
+    /// Starts agents `range` of `spec`, a few at a time.
     async fn start(spec: &LoadSpec, range: Range<usize>) -> anyhow::Result<Self> {
+        let mut group = Self::empty(spec)?;
+        let mut rest = range;
+        while !rest.is_empty() {
+            group.start_some(spec, &mut rest)?;
+            if !rest.is_empty() {
+                tokio::time::sleep(Self::PAUSE).await;
+            }
+        }
+        Ok(group)
+    }
+
+    /// A group with no agent yet.
+    fn empty(spec: &LoadSpec) -> anyhow::Result<Self> {
         if spec.hubs.is_empty() {
             bail!("no hub to connect to");
         }
-        let stop = CancellationToken::new();
-        let mut agents = Vec::with_capacity(range.len());
-        for (n, i) in range.enumerate() {
+        Ok(Self { agents: Vec::new(), marks: Vec::new(), stop: CancellationToken::new() })
+    }
+
+    /// Starts the next [`STEP`](Self::STEP) agents of `rest` (each loads its certificate:
+    /// at 12,500 agents per process this takes tens of seconds on a busy machine, which is
+    /// why a load process reports while it starts them).
+    fn start_some(&mut self, spec: &LoadSpec, rest: &mut Range<usize>) -> anyhow::Result<()> {
+        for i in rest.by_ref().take(Self::STEP) {
             let first = i % spec.hubs.len();
             let hubs =
                 HubUrls::new((0..spec.hubs.len()).map(|k| spec.hubs[(first + k) % spec.hubs.len()].clone()).collect())?;
@@ -230,16 +281,14 @@ impl AgentGroup {
                 cfg.dialer = Dialer::from_source(agent_source_address(i).into());
             }
             let runtime = AgentRuntime::new(cfg).with_context(|| format!("agent {i}"))?;
-            agents.push(runtime.changes_buffer(1024).start(spec.source.clone(), stop.clone()));
-            if n % 50 == 49 {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
+            self.agents.push(runtime.changes_buffer(1024).start(spec.source.clone(), self.stop.clone()));
+            self.marks.push((0, 0));
         }
-        Ok(Self { marks: vec![(0, 0); agents.len()], agents, stop })
+        Ok(())
     }
 
     fn status(&self) -> LoadStatus {
-        let mut s = LoadStatus::default();
+        let mut s = LoadStatus { started: Some(self.agents.len()), ..LoadStatus::default() };
         for (a, &(sessions, last_seq)) in self.agents.iter().zip(&self.marks) {
             let st = a.stats();
             let st = st.borrow();
@@ -247,6 +296,8 @@ impl AgentGroup {
             let marked = sessions > 0;
             s.moved += usize::from(marked && (!st.connected || st.sessions > sessions));
             s.back += usize::from(marked && st.connected && st.sessions > sessions && st.acked_seq >= last_seq);
+            s.connect_failures += st.connect_failures;
+            s.connect_timeouts += st.connect_timeouts;
         }
         s
     }
@@ -300,7 +351,7 @@ pub(super) struct LoadProc {
 
 impl LoadProc {
     async fn spawn(spec: &LoadSpec, range: Range<usize>) -> anyhow::Result<Self> {
-        let exe = std::env::current_exe().context("cannot find own executable")?;
+        let exe = super::child_exe()?;
         let mut cmd = tokio::process::Command::new(exe);
         cmd.args(["--log", "warn", "bench", "hub-load", "--pki"])
             .arg(&spec.pki)
@@ -367,12 +418,25 @@ pub(super) async fn run_child(args: HubLoadArgs) -> anyhow::Result<()> {
     }
     let spec =
         LoadSpec { pki: args.pki, hubs: args.hub, agents: args.to, source: args.source, jetstream: args.jetstream };
-    let mut group = Group::start(&spec, args.from..args.to).await?;
+    // Agents are started a few at a time while the process reports (what it reported
+    // only once all were started, 30-40 s at 12,500 agents on a busy machine, looked like
+    // a storm in which none connected); publishers all at once.
+    let mut rest = args.from..args.to;
+    let mut group = match &spec.jetstream {
+        Some(_) => Group::start(&spec, std::mem::replace(&mut rest, 0..0)).await?,
+        None => Group::Agents(AgentGroup::empty(&spec)?),
+    };
+    let mut pace = tokio::time::interval(AgentGroup::PAUSE);
     let mut commands = BufReader::new(tokio::io::stdin()).lines();
     let mut out = tokio::io::stdout();
     let mut tick = tokio::time::interval(Duration::from_millis(100));
     loop {
         tokio::select! {
+            _ = pace.tick(), if !rest.is_empty() => {
+                if let Group::Agents(g) = &mut group {
+                    g.start_some(&spec, &mut rest)?;
+                }
+            }
             line = commands.next_line() => match line {
                 Ok(Some(l)) if l.trim() == "mark" => group.mark(),
                 Ok(Some(l)) if l.trim() != "stop" => tracing::warn!(command = %l, "unknown load command"),
@@ -407,10 +471,14 @@ mod tests {
 
     #[test]
     fn status_lines_round_trip() {
-        let s = LoadStatus { connected: 7, moved: 2, back: 1 };
+        let s =
+            LoadStatus { connected: 7, moved: 2, back: 1, connect_failures: 5, connect_timeouts: 3, started: Some(9) };
         let line = serde_json::to_string(&s).unwrap();
-        assert_eq!(line, r#"{"connected":7,"moved":2,"back":1}"#);
+        assert_eq!(line, r#"{"connected":7,"moved":2,"back":1,"connect_failures":5,"connect_timeouts":3,"started":9}"#);
         assert_eq!(serde_json::from_str::<LoadStatus>(&line).unwrap(), s);
+        // An older build's load process says less.
+        let old = serde_json::from_str::<LoadStatus>(r#"{"connected":7,"moved":2}"#).unwrap();
+        assert_eq!((old.back, old.connect_failures, old.started), (0, 0, None));
     }
 
     #[tokio::test]

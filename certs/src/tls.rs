@@ -239,6 +239,12 @@ impl ReloadingServerConfig {
         self.loaded.failure()
     }
 
+    /// When to call [`reload_if_changed`](Self::reload_if_changed): at once when the
+    /// directory of a file reports a change (with `watch`), else every `fallback`.
+    pub fn checks(&self, fallback: std::time::Duration, watch: bool) -> crate::FileChecks {
+        crate::FileChecks::new(self.loaded.paths(), fallback, watch)
+    }
+
     /// Reloads when a file changed. Returns whether it reloaded; on error the old
     /// configuration stays in force, and the same broken files are reported only once.
     pub fn reload_if_changed(&self) -> Result<bool, CertError> {
@@ -330,6 +336,12 @@ impl ReloadingClientConfig {
     /// Why the files on disk cannot be loaded (the previous configuration is in force), if so.
     pub fn load_error(&self) -> Option<String> {
         self.loaded.failure()
+    }
+
+    /// When to call [`reload_if_changed`](Self::reload_if_changed): at once when the
+    /// directory of a file reports a change (with `watch`), else every `fallback`.
+    pub fn checks(&self, fallback: std::time::Duration, watch: bool) -> crate::FileChecks {
+        crate::FileChecks::new(self.loaded.paths(), fallback, watch)
     }
 
     /// Reloads when a file's content changed. On error the old configuration stays in

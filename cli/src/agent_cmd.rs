@@ -34,7 +34,8 @@ pub struct AgentArgs {
     #[arg(long, env = "FLEETWATCH_OUTBOX_MAX_BYTES", default_value_t = 64 << 20)]
     outbox_max_bytes: usize,
     /// Seconds without any frame from the hub (data, ping or pong) after which the
-    /// connection counts as dead and is reopened; the agent pings at a third of it.
+    /// connection counts as dead and is reopened; the agent pings a hub silent for half of
+    /// it (a hub pings its agents more often than that, so a healthy one is not pinged).
     #[arg(long, env = "FLEETWATCH_IDLE_TIMEOUT", default_value_t = 30.0)]
     idle_timeout: f64,
     /// Most events per frame.
@@ -84,6 +85,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         .filter(|d| !d.is_zero())
         .context("--version-retry must be a positive number of seconds")?;
     config.tls_reload_interval = args.conn.tls_reload_interval()?;
+    config.tls_watch = args.conn.tls_watch();
     let runtime = AgentRuntime::new(config).context("cannot start agent")?.fail_fast(!args.retry_first_connect);
     let shutdown = crate::shutdown_on_signals();
     let health = match args.health_listen {

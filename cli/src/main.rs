@@ -335,13 +335,20 @@ pub(crate) struct HubClientArgs {
     /// CA bundle that signed the hub's certificate (repeatable during a CA rotation).
     #[arg(long, env = "FLEETWATCH_CA", required = true)]
     ca: Vec<std::path::PathBuf>,
-    /// Seconds between reads of the certificate, key and CA files, which are followed by
-    /// content: a renewed certificate (e.g. a Secret cert-manager or the lifecycle operator
-    /// rotated) makes the client reconnect with it without losing anything (an agent keeps
-    /// its pending events, a subscriber resumes after its last acknowledged event); a
-    /// changed CA bundle is used from the next connection. No restart needed.
-    #[arg(long, env = "FLEETWATCH_TLS_RELOAD_INTERVAL", default_value_t = 5.0)]
+    /// Seconds between reads of the certificate, key and CA files when nothing reported a
+    /// change (the fallback: with --tls-watch a change is seen at once). The files are
+    /// followed by content, and also read before every connection: a renewed certificate
+    /// (e.g. a Secret cert-manager or the lifecycle operator rotated) makes the client
+    /// reconnect with it without losing anything (an agent keeps its pending events, a
+    /// subscriber resumes after its last acknowledged event); a changed CA bundle is used
+    /// from the next connection. No restart needed.
+    #[arg(long, env = "FLEETWATCH_TLS_RELOAD_INTERVAL", default_value_t = 60.0)]
     tls_reload_interval: f64,
+    /// Watch the directories of the certificate, key and CA files (inotify; a Secret
+    /// volume's symlink swap included), so a change is read at once; `false` leaves only
+    /// the reads every --tls-reload-interval.
+    #[arg(long, env = "FLEETWATCH_TLS_WATCH", default_value_t = true, action = clap::ArgAction::Set)]
+    tls_watch: bool,
 }
 
 impl HubClientArgs {
@@ -350,6 +357,11 @@ impl HubClientArgs {
         &self,
     ) -> anyhow::Result<(fleetwatch_client::transport::HubUrls, fleetwatch_certs::TlsFiles)> {
         Ok((fleetwatch_client::transport::HubUrls::parse_all(&self.hub)?, tls_files(&self.cert, &self.key, &self.ca)))
+    }
+
+    /// `--tls-watch`.
+    pub(crate) fn tls_watch(&self) -> bool {
+        self.tls_watch
     }
 
     /// `--tls-reload-interval`.

@@ -208,6 +208,7 @@ async fn pump_into<S: Sink>(
     metrics.set_client_tls(tls.clone());
     let mut opts = SubscriberOptions::new(hub, tls);
     opts.tls_reload_interval = c.conn.tls_reload_interval()?;
+    opts.tls_watch = c.conn.tls_watch();
     opts.durable = Some(c.name.clone());
     opts.clusters = c.clusters.clone();
     opts.from = match c.from {

@@ -43,6 +43,7 @@ pub async fn run(args: TailArgs) -> anyhow::Result<()> {
     let tls = fleetwatch_client::client_tls::ClientTls::from_files(files)?;
     let mut opts = SubscriberOptions::new(hub, tls);
     opts.tls_reload_interval = args.conn.tls_reload_interval()?;
+    opts.tls_watch = args.conn.tls_watch();
     opts.durable = args.name;
     opts.clusters = args.clusters;
     opts.from = match args.from {

@@ -8,8 +8,9 @@
 //! [`crate::sink::pump`] acknowledge what the sink accepted.
 //!
 //! With [`ClientTls::Files`] the subscription follows its certificate files as the agent
-//! does: it re-reads them by content before every connection and every
-//! [`SubscriberOptions::tls_reload_interval`] while connected. A renewed certificate
+//! does: it re-reads them by content before every connection and, while connected, when
+//! their directory reports a change ([`SubscriberOptions::tls_watch`], inotify) or every
+//! [`SubscriberOptions::tls_reload_interval`] otherwise. A renewed certificate
 //! ends the session between deliveries (everything handed out before was acknowledged,
 //! or comes again: at least once) and the subscription resumes at once, with the new
 //! certificate, after its last acknowledged cursor. Files that cannot be used keep the
@@ -20,6 +21,7 @@ use std::time::Duration;
 use crate::backoff::reconnect as reconnect_backoff;
 use crate::client_tls::{ClientTls, ExpiryWarning, Reloaded};
 use crate::resume::Resume;
+use fleetwatch_certs::FileChecks;
 use futures_util::{SinkExt, StreamExt};
 use tokio::time::Instant;
 use tokio_tungstenite::tungstenite::Message;
@@ -42,8 +44,11 @@ pub struct SubscriberOptions {
     /// TLS settings carrying the subscriber certificate: fixed, or following its files.
     pub tls: ClientTls,
     /// How often certificate files ([`ClientTls::Files`]) are read for changes while
-    /// connected (they are also read before every connection).
+    /// connected when nothing reported one (with [`tls_watch`](Self::tls_watch) a change is
+    /// seen at once; this is the fallback). They are also read before every connection.
     pub tls_reload_interval: Duration,
+    /// Whether the directories of the certificate files are watched (inotify).
+    pub tls_watch: bool,
     /// Durable name: the hub keeps the cursor under it.
     pub durable: Option<String>,
     /// Only these clusters (empty: all).
@@ -70,7 +75,8 @@ impl SubscriberOptions {
         Self {
             hub: hub.into(),
             tls: tls.into(),
-            tls_reload_interval: Duration::from_secs(5),
+            tls_reload_interval: fleetwatch_certs::watch::DEFAULT_FALLBACK,
+            tls_watch: true,
             durable: None,
             clusters: Vec::new(),
             from: StartFrom::Latest,
@@ -135,8 +141,9 @@ pub struct Subscription {
     unknown_clusters_said: Vec<String>,
     /// The hub replica to try first (the one reached last).
     current: usize,
-    /// When the certificate files are read next while connected.
-    next_tls_check: Instant,
+    /// When the certificate files are read next while connected (`None`: they are not
+    /// followed).
+    tls_checks: Option<FileChecks>,
     /// Reconnect without a backoff: the session was closed to put a renewed certificate in use.
     renewing: bool,
     /// Warns about a certificate near its expiry that was not renewed.
@@ -155,7 +162,7 @@ impl Subscription {
             resume: Resume::default(),
             unknown_clusters_said: Vec::new(),
             current: 0,
-            next_tls_check: Instant::now(),
+            tls_checks: None,
             renewing: false,
             expiry: ExpiryWarning::default(),
             heard: Instant::now(),
@@ -177,13 +184,20 @@ impl Subscription {
     /// Reads the certificate files (when followed) and warns about a near expiry; true when
     /// the subscriber's own certificate was renewed.
     fn check_certificate(&mut self) -> bool {
-        self.next_tls_check = Instant::now() + self.opts.tls_reload_interval;
+        if let Some(checks) = &mut self.tls_checks {
+            checks.checked();
+        }
         let renewed = matches!(self.opts.tls.reload(), Reloaded::Certificate { .. });
         self.expiry.check(&self.opts.tls, "subscriber");
         renewed
     }
 
     async fn open(&mut self) -> Result<(), SubscribeError> {
+        if self.tls_checks.is_none()
+            && let ClientTls::Files(files) = &self.opts.tls
+        {
+            self.tls_checks = Some(files.checks(self.opts.tls_reload_interval, self.opts.tls_watch));
+        }
         // A certificate renewed while disconnected (perhaps why the hub refused the last
         // attempt) is used for this one.
         self.check_certificate();
@@ -246,7 +260,7 @@ impl Subscription {
         // is not the hub's silence.
         self.heard = Instant::now();
         loop {
-            if self.ws.is_some() && self.opts.tls.follows_files() && Instant::now() >= self.next_tls_check {
+            if self.ws.is_some() && self.tls_checks.as_mut().is_some_and(FileChecks::is_due) {
                 // Between deliveries: what was handed out before has been acknowledged (or
                 // comes again after the reconnect), so the session can end here.
                 if self.check_certificate()
@@ -275,12 +289,11 @@ impl Subscription {
                 }
                 continue;
             };
-            let check_at = self.opts.tls.follows_files().then_some(self.next_tls_check);
             let read = tokio::select! {
                 r = read(ws, &self.opts, &mut self.heard) => Some(r),
                 // While the hub is quiet; while it sends, the check at the top of the loop
                 // runs between deliveries.
-                _ = sleep_until(check_at) => None,
+                _ = tls_due(&mut self.tls_checks) => None,
             };
             let Some(read) = read else { continue };
             match read {
@@ -331,10 +344,11 @@ async fn send(ws: &mut ClientWs, msg: &SubscriberMessage) -> Result<(), Subscrib
     ws.send(Message::text(encode(msg))).await.map_err(|e| SubscribeError::Lost(e.to_string()))
 }
 
-/// Waits until `at`; forever when `None`.
-async fn sleep_until(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
+/// Waits until the certificate files are due for a check; forever when they are not
+/// followed. Cancel-safe.
+async fn tls_due(checks: &mut Option<FileChecks>) {
+    match checks {
+        Some(c) => c.due().await,
         None => std::future::pending().await,
     }
 }

@@ -223,6 +223,8 @@ impl AgentHost {
         config.refused_retry = Duration::from_secs(2);
         config.reconnect = Reconnect { min: Duration::from_millis(50), max: Duration::from_secs(1) };
         config.tls_reload_interval = Duration::from_secs(3600);
+        // No inotify thread: what happens is the seed's alone.
+        config.tls_watch = false;
         config.batch_size = 20;
         let agent =
             AgentRuntime::new(config)?.start(SimSource { cluster: self.model.clone() }, CancellationToken::new());

@@ -174,7 +174,8 @@ async fn a_subscriber_reconnects_with_its_renewed_certificate_and_loses_nothing(
     eprintln!("switched {switch:?} after the key was written; {twice} events printed twice (at least once)");
 }
 
-/// Renewed while the session is up but not checked (a long `--tls-reload-interval`), then
+/// Renewed while the session is up but not checked (no `--tls-watch`, a long
+/// `--tls-reload-interval`: as on a file system inotify does not see), then
 /// the old certificate revoked: the hub closes the session, and the reconnect reads the
 /// files first, so it comes back with the renewed certificate instead of being refused for
 /// good with the revoked one.
@@ -187,6 +188,7 @@ async fn a_subscriber_reconnects_with_the_certificate_on_disk_after_its_old_one_
     let _agent = agent(&pki, "c1", &hub.url(), spec, &[]);
     let mut args: Vec<String> = vec!["tail".into(), "--hub".into(), hub.url(), "--name".into(), "durable".into()];
     args.extend(["--from".into(), "earliest".into(), "--tls-reload-interval".into(), "3600".into()]);
+    args.extend(["--tls-watch".into(), "false".into()]);
     args.extend(client_args(&files));
     let tail = Proc::spawn(&args, pki.path("tail.log"));
     let context = || format!("tail log:\n{}\nhub log:\n{}", tail.stderr(), hub.proc.stderr());
