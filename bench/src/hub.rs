@@ -627,6 +627,11 @@ struct IdleReport {
     /// The hubs' RSS (summed) before the agents came, and at the end of the window, KiB.
     hub_rss_base_kib: u64,
     hub_rss_kib: u64,
+    /// The local nats-server's CPU over the window (% of one core) and RSS at its end (KiB),
+    /// when the bench started it (`--bus nats` without `--nats-url`).
+    nats: Option<(f64, u64)>,
+    /// The load processes' RSS at the end of the window, KiB (0 with the agents in process).
+    load_rss_kib: u64,
 }
 
 impl IdleReport {
@@ -731,10 +736,17 @@ async fn idle_one(b: &HubBench, bus: BusKind) -> anyhow::Result<IdleReport> {
         Load::Procs(_) => load.cpu_seconds(),
     };
     let hub_cpu = || pids.iter().filter_map(|p| super::cpu_seconds(*p)).sum::<f64>();
-    let (l0, h0, t0) = (load_cpu(&load), hub_cpu(), Instant::now());
+    let nats_pid = nats.as_ref().and_then(LocalNatsServer::pid);
+    let nats_cpu = || nats_pid.and_then(super::cpu_seconds);
+    let (l0, h0, n0, t0) = (load_cpu(&load), hub_cpu(), nats_cpu(), Instant::now());
     tokio::time::sleep(Duration::from_secs_f64(b.duration)).await;
-    let (l1, h1, window) = (load_cpu(&load), hub_cpu(), t0.elapsed().as_secs_f64());
+    let (l1, h1, n1, window) = (load_cpu(&load), hub_cpu(), nats_cpu(), t0.elapsed().as_secs_f64());
     let hub_rss_kib = rss();
+    let load_rss_kib = load.rss_kib();
+    let nats_cost = match (n0, n1, nats_pid.and_then(|p| rss_kib(p, "VmRSS:"))) {
+        (Some(n0), Some(n1), Some(kib)) => Some(((n1 - n0).max(0.0) / window * 100.0, kib)),
+        _ => None,
+    };
     let still = load.connected();
     if still < agents_connected {
         eprintln!("warning: {} agents lost their session during the window", agents_connected - still);
@@ -754,6 +766,8 @@ async fn idle_one(b: &HubBench, bus: BusKind) -> anyhow::Result<IdleReport> {
         hub_cpu_percent: (h1 - h0).max(0.0) / window * 100.0,
         hub_rss_base_kib,
         hub_rss_kib,
+        nats: nats_cost,
+        load_rss_kib,
     })
 }
 
@@ -784,6 +798,20 @@ fn print_idle(b: &HubBench, r: &IdleReport) {
         r.hub_rss_base_kib as f64 / 1024.0,
         r.kib_per_session()
     );
+    if r.load_rss_kib > 0 {
+        println!(
+            "load RSS:             {:.1} MiB: {:.1} KiB per agent",
+            r.load_rss_kib as f64 / 1024.0,
+            r.load_rss_kib as f64 / r.agents_connected.max(1) as f64
+        );
+    }
+    if let Some((cpu, kib)) = r.nats {
+        println!(
+            "nats-server:          {cpu:.1} % of a core, {:.2} % per 1,000 agents; RSS {:.1} MiB",
+            r.per_thousand(cpu),
+            kib as f64 / 1024.0
+        );
+    }
 }
 
 fn idle_json(b: &HubBench, r: &IdleReport) -> serde_json::Value {
@@ -797,6 +825,10 @@ fn idle_json(b: &HubBench, r: &IdleReport) -> serde_json::Value {
         "hub_cpu_percent_per_1000_agents": round2(r.per_thousand(r.hub_cpu_percent)),
         "hub_rss_base_kib": r.hub_rss_base_kib, "hub_rss_kib": r.hub_rss_kib,
         "hub_kib_per_session": round2(r.kib_per_session()),
+        "load_rss_kib": r.load_rss_kib,
+        "nats_cpu_percent": r.nats.map(|(cpu, _)| round2(cpu)),
+        "nats_cpu_percent_per_1000_agents": r.nats.map(|(cpu, _)| round2(r.per_thousand(cpu))),
+        "nats_rss_kib": r.nats.map(|(_, kib)| kib),
     })
 }
 
