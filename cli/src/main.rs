@@ -6,6 +6,7 @@ mod certs_cmd;
 mod crds_cmd;
 mod hub_cmd;
 mod lifecycle_cmd;
+mod log_filter;
 mod maintenance_cmd;
 mod module_cmd;
 mod modules_cmd;
@@ -26,8 +27,10 @@ use clap::{Parser, Subcommand};
 #[derive(Parser)]
 #[command(name = "fleetwatch", version = version_cmd::VERSION_LINE, propagate_version = true)]
 struct Cli {
-    /// Log filter (tracing syntax, e.g. `info`, `fleetwatch_hub=debug`); RUST_LOG works too.
-    #[arg(long, global = true, env = "FLEETWATCH_LOG", default_value = "info")]
+    /// Log filter: a level (trace, debug, info, warn, error, off), and targets with their
+    /// level, comma-separated (e.g. `info,fleetwatch_hub=debug`). A word that is neither is
+    /// refused. RUST_LOG, when set, takes precedence and is checked the same way.
+    #[arg(long, global = true, env = "FLEETWATCH_LOG", default_value = "info", value_parser = log_filter::parse)]
     log: String,
     /// Log as JSON lines instead of text.
     #[arg(long, global = true)]
@@ -127,7 +130,10 @@ fn main() -> std::process::ExitCode {
         Command::Modules(_) => format!("{},kube_client=off", cli.log),
         _ => cli.log.clone(),
     };
-    init_logging(&filter, cli.log_json, log_file);
+    if let Err(e) = init_logging(&filter, cli.log_json, log_file) {
+        eprintln!("error: {e}");
+        return std::process::ExitCode::from(2);
+    }
     fleetwatch_certs::install_crypto_provider();
     let command = match cli.command {
         Command::Status(args) => return status(args),
@@ -271,12 +277,17 @@ mod tests {
     }
 }
 
-fn init_logging(filter: &str, json: bool, file: Option<std::path::PathBuf>) {
+/// Starts logging with `filter` (or RUST_LOG); refuses a filter that would log something
+/// other than what was asked (see [`log_filter`]).
+fn init_logging(filter: &str, json: bool, file: Option<std::path::PathBuf>) -> Result<(), String> {
     use std::io::IsTerminal;
     use tracing_subscriber::EnvFilter;
     use tracing_subscriber::fmt::writer::BoxMakeWriter;
-    let filter = std::env::var("RUST_LOG").ok().unwrap_or_else(|| filter.to_string());
-    let filter = EnvFilter::try_new(&filter).unwrap_or_else(|_| EnvFilter::new("info"));
+    let filter = match std::env::var("RUST_LOG") {
+        Ok(env) => log_filter::check(&env).map_err(|e| format!("RUST_LOG={env}: {e}"))?,
+        Err(_) => filter.to_string(),
+    };
+    let filter = EnvFilter::try_new(&filter).map_err(|e| format!("log filter {filter}: {e}"))?;
     let opened = file.and_then(|p| {
         p.parent().map(std::fs::create_dir_all);
         std::fs::OpenOptions::new().create(true).append(true).open(p).ok()
@@ -291,6 +302,7 @@ fn init_logging(filter: &str, json: bool, file: Option<std::path::PathBuf>) {
     } else {
         builder.init();
     }
+    Ok(())
 }
 
 /// A token cancelled on SIGTERM or Ctrl-C.

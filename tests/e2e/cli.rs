@@ -340,3 +340,19 @@ fn version_names_build_protocols_formats_and_crds() {
         assert_eq!(field("appVersion:"), env!("CARGO_PKG_VERSION"), "{chart}");
     }
 }
+
+/// `--log warning` (or RUST_LOG=verbose) was taken for a target filter and muted almost every
+/// log without a word: now refused before anything runs, naming the word and what was meant.
+#[test]
+fn a_log_filter_that_is_not_a_level_is_refused_naming_it() {
+    let (code, _, err) = run(&["--log", "warning", "version"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("`warning` is not a log level") && err.contains("did you mean `warn`"), "{err}");
+    let out = Command::new(BIN).args(["version"]).env("RUST_LOG", "verbose").output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("RUST_LOG=verbose") && err.contains("did you mean `debug` or `trace`"), "{err}");
+    let (code, out, err) = run(&["--log", "warn,fleetwatch_hub=debug", "version"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.starts_with("fleetwatch "), "{out}");
+}

@@ -782,3 +782,22 @@ async fn nats_mode_hub_replicas_run_with_their_rendered_args_and_share_the_strea
         tail(&b.proc.stderr())
     );
 }
+
+/// A log filter the binaries would refuse (`--log warning` was taken for a target and muted
+/// almost every log) is refused by both charts' schemas at render, naming the value; a
+/// level with targets renders as given.
+#[test]
+fn a_log_level_the_binaries_refuse_is_refused_at_render() {
+    for chart in ["fleetwatch", "fleetwatch-agent"] {
+        for bad in ["warning", "verbose", "info\\,fleetwatch_hub"] {
+            let err = helm_template(chart, "fleetwatch-system", &[&format!("logLevel={bad}")])
+                .err()
+                .unwrap_or_else(|| panic!("{chart} rendered logLevel={bad}"));
+            assert!(err.contains("logLevel") && err.contains("pattern"), "{chart} {bad}: {err}");
+        }
+        let docs = helm_template(chart, "fleetwatch-system", &["logLevel=info\\,fleetwatch_hub=debug"])
+            .unwrap_or_else(|e| panic!("{chart}: {e}"));
+        let text = serde_json::to_string(&docs).unwrap();
+        assert!(text.contains("--log=info,fleetwatch_hub=debug"), "{chart}: {text}");
+    }
+}
