@@ -13,6 +13,7 @@ mod modules_cmd;
 mod relay_cmd;
 #[cfg(not(feature = "sandbox"))]
 mod sandbox_missing;
+mod size;
 mod status_cmd;
 mod tail_cmd;
 #[cfg(feature = "sandbox")]

@@ -801,3 +801,32 @@ fn a_log_level_the_binaries_refuse_is_refused_at_render() {
         assert!(text.contains("--log=info,fleetwatch_hub=debug"), "{chart}: {text}");
     }
 }
+
+/// The hub took `1Gi` from the chart and refused it at start (`unknown size unit "gi"`): now
+/// every size flag takes Kubernetes quantities, and the chart refuses at render what the
+/// binaries refuse (`1m` is milli, not mega).
+#[test]
+fn sizes_the_binaries_refuse_are_refused_at_render_and_quantities_render() {
+    for (value, bad) in [
+        ("hub.retention.bytes", "1m"),
+        ("hub.retention.bytes", "2Gb"),
+        ("lifecycle.artifactCache.maxBytes", "lots"),
+        ("lifecycle.artifactCache.pullMaxBytes", "64 Mi"),
+    ] {
+        let err = helm_template("fleetwatch", "fleetwatch-system", &[&format!("{value}={bad}")])
+            .err()
+            .unwrap_or_else(|| panic!("rendered {value}={bad}"));
+        assert!(err.contains("pattern"), "{value}={bad}: {err}");
+    }
+    let docs = helm_template("fleetwatch", "fleetwatch-system", &["hub.retention.bytes=1Gi"]).unwrap();
+    let hub = find(&docs, "StatefulSet", "fleetwatch-hub");
+    let args = serde_json::to_string(&pod_spec(hub)["containers"][0]["args"]).unwrap();
+    assert!(args.contains("--retention-bytes=1Gi"), "{args}");
+    // And the binary takes what rendered.
+    let out = std::process::Command::new(BIN).args(["hub", "--retention-bytes", "1Gi", "--help"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = std::process::Command::new(BIN).args(["hub", "--retention-bytes", "1m"]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("milli"), "{err}");
+}
