@@ -13,6 +13,7 @@ mod modules_cmd;
 mod relay_cmd;
 #[cfg(not(feature = "sandbox"))]
 mod sandbox_missing;
+mod shell_cmd;
 mod size;
 mod status_cmd;
 mod tail_cmd;
@@ -93,6 +94,10 @@ enum Command {
     /// too), the protocol versions spoken and the skew policy, the storage formats and the
     /// CRD versions: what an upgrade has to agree on (docs/upgrade.md).
     Version,
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
+    Completion(shell_cmd::CompletionArgs),
+    /// Print the man page, or write one per command with `--dir`.
+    Man(shell_cmd::ManArgs),
     /// Benchmarks: not in this build (built without the `sandbox` feature).
     #[cfg(not(feature = "sandbox"))]
     Bench(sandbox_missing::Args),
@@ -154,6 +159,8 @@ fn main() -> std::process::ExitCode {
         Command::Certs(args) => certs_cmd::run(args),
         Command::Crds(args) => crds_cmd::run(args),
         Command::Maintenance(args) => maintenance_cmd::run(args),
+        Command::Man(args) => shell_cmd::man(args, <Cli as clap::CommandFactory>::command()),
+        Command::Completion(args) => shell_cmd::completion(args, <Cli as clap::CommandFactory>::command()),
         Command::AgentModule(args) => agent_module_cmd::run(args),
         other => {
             let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
@@ -198,6 +205,8 @@ fn main() -> std::process::ExitCode {
                     | Command::Maintenance(_)
                     | Command::AgentModule(_)
                     | Command::Version
+                    | Command::Completion(_)
+                    | Command::Man(_)
                     | Command::Status(_) => {
                         unreachable!("handled above")
                     }
