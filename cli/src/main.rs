@@ -92,8 +92,9 @@ enum Command {
     Bench(fleetwatch_bench::BenchArgs),
     /// Print the build version and git commit (the first line, which `--version` prints
     /// too), the protocol versions spoken and the skew policy, the storage formats and the
-    /// CRD versions: what an upgrade has to agree on (docs/upgrade.md).
-    Version,
+    /// CRD versions: what an upgrade has to agree on (docs/upgrade.md); `-o json|yaml` for
+    /// scripts.
+    Version(version_cmd::VersionArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
     Completion(shell_cmd::CompletionArgs),
     /// Print the man page, or write one per command with `--dir`.
@@ -143,10 +144,6 @@ fn main() -> std::process::ExitCode {
     fleetwatch_certs::install_crypto_provider();
     let command = match cli.command {
         Command::Status(args) => return status(args),
-        Command::Version => {
-            print!("{}", version_cmd::text());
-            return std::process::ExitCode::SUCCESS;
-        }
         other => other,
     };
     let result = match command {
@@ -159,6 +156,7 @@ fn main() -> std::process::ExitCode {
         Command::Certs(args) => certs_cmd::run(args),
         Command::Crds(args) => crds_cmd::run(args),
         Command::Maintenance(args) => maintenance_cmd::run(args),
+        Command::Version(args) => version_cmd::run(args),
         Command::Man(args) => shell_cmd::man(args, <Cli as clap::CommandFactory>::command()),
         Command::Completion(args) => shell_cmd::completion(args, <Cli as clap::CommandFactory>::command()),
         Command::AgentModule(args) => agent_module_cmd::run(args),
@@ -204,7 +202,7 @@ fn main() -> std::process::ExitCode {
                     | Command::Crds(_)
                     | Command::Maintenance(_)
                     | Command::AgentModule(_)
-                    | Command::Version
+                    | Command::Version(_)
                     | Command::Completion(_)
                     | Command::Man(_)
                     | Command::Status(_) => {

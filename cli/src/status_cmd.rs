@@ -31,7 +31,7 @@ pub struct StatusArgs {
     /// Without it, the hub's own view of them is shown when it reads the control plane.
     #[arg(long, env = "FLEETWATCH_CONTROL_PLANE_KUBECONFIG")]
     control_plane_kubeconfig: Option<PathBuf>,
-    /// Output: a table, a wide table, or one JSON document.
+    /// Output: a table, a wide table, or one JSON or YAML document.
     #[arg(short = 'o', long, value_enum, default_value_t = Output::Table)]
     output: Output,
     /// A subscriber whose oldest unacked record is older than this many seconds is unhealthy.
@@ -55,6 +55,7 @@ pub enum Output {
     Table,
     Wide,
     Json,
+    Yaml,
 }
 
 /// One subscription as `/api/v1/subscriptions` lists it.
@@ -470,7 +471,7 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<bool> {
     problems.extend(extra);
     let healthy = problems.is_empty();
     match args.output {
-        Output::Json => {
+        Output::Json | Output::Yaml => {
             let doc = serde_json::json!({
                 "healthy": healthy,
                 "problems": problems,
@@ -479,7 +480,12 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<bool> {
                 "runtimes": fleet.runtimes,
                 "watchConfigs": fleet.watch_configs,
             });
-            println!("{}", serde_json::to_string_pretty(&doc)?);
+            if args.output == Output::Json {
+                println!("{}", serde_json::to_string_pretty(&doc)?);
+            } else {
+                let yaml = serde_saphyr::to_string(&doc).context("cannot render the status as YAML")?;
+                println!("{}", yaml.trim_end());
+            }
         }
         Output::Table if !args.full && fleet.clusters.len() > args.rows => {
             print!("{}", render_summary(&fleet, &problems));

@@ -189,6 +189,11 @@ async fn admin_api_status_and_openapi_follow_the_fleet() {
     assert_eq!(code, 0);
     let j: Value = serde_json::from_str(&json_out).unwrap();
     assert_eq!(j["healthy"], true, "{j}");
+    // The same document as YAML (`-o yaml`, as kubectl users expect).
+    let (code, yaml_out, _) = status(&["--admin", &admin, "-o", "yaml"]);
+    assert_eq!(code, 0);
+    assert!(yaml_out.lines().any(|l| l == "healthy: true"), "{yaml_out}");
+    assert!(yaml_out.contains("cluster: ad-1") && yaml_out.contains("cluster: ad-2"), "{yaml_out}");
     // …unhealthy (exit 1, naming the cluster) once an agent stops…
     a1.signal("TERM");
     assert!(a1.wait_exit(Duration::from_secs(30)).is_some());

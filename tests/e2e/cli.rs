@@ -398,3 +398,34 @@ fn completion_scripts_complete_in_bash_and_man_pages_are_written() {
     assert_eq!(code, 0);
     assert!(page.contains(".TH fleetwatch 1"), "{page:.300}");
 }
+
+/// `fleetwatch version -o json|yaml`: what the text says, for scripts (every CRD with its
+/// served and storage versions).
+#[test]
+fn version_prints_text_json_and_yaml_with_every_crd() {
+    let (code, text, err) = run(&["version"]);
+    assert_eq!(code, 0, "{err}");
+    let (code, json, err) = run(&["version", "-o", "json"]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert!(
+        text.starts_with(&format!(
+            "fleetwatch {} (commit {})",
+            v["version"].as_str().unwrap(),
+            v["commit"].as_str().unwrap()
+        )),
+        "{text}\n{v}"
+    );
+    let crds = v["crds"].as_array().unwrap();
+    assert_eq!(crds.len(), 8, "{v}");
+    for crd in crds {
+        let name = crd["name"].as_str().unwrap();
+        assert!(text.contains(&format!("  {name}: ")), "{name} not in the text: {text}");
+        assert!(crd["versions"].as_array().unwrap().iter().any(|x| x["storage"] == true), "{crd}");
+    }
+    assert!(crds.iter().any(|c| c["name"] == "subscriberaccesspolicies.operator.fleetwatch.dev"), "{v}");
+    let (code, yaml, err) = run(&["version", "-o", "yaml"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(yaml.contains(&format!("commit: {}", v["commit"].as_str().unwrap())), "{yaml}");
+    assert!(yaml.contains("- name: modules.operator.fleetwatch.dev"), "{yaml}");
+}
