@@ -686,6 +686,9 @@ async fn web_view_in_chromium_shows_the_fleet_and_an_agent_stopping_within_two_s
     );
     page.wait_for("the clusters connected", &all, Duration::from_secs(60)).await;
     assert_eq!(page.eval("document.getElementById('live').dataset.state").await, json!("live"));
+    // Its clock in UTC, as every other time shown (was the browser's local time).
+    let live = page.eval("/^live · \\d\\d:\\d\\d:\\d\\dZ$/.test(document.getElementById('live').innerText)").await;
+    assert_eq!(live, json!(true), "{}", page.eval("document.getElementById('live').innerText").await);
     // A refused downgrade reads as one, not as an upgrade waiting.
     let redis = "document.querySelector('tr[data-runtime=\"kcp/rt-web\"] [data-module=\"redis\"]')";
     page.wait_for("the runtime's modules", &format!("!!{redis}"), Duration::from_secs(60)).await;
