@@ -19,14 +19,12 @@ use fleetwatch_hub::ClusterStatus;
 use fleetwatch_protocol::message::WatchPhase;
 use serde::{Deserialize, Serialize};
 
+mod admin;
+
 #[derive(Args)]
 pub struct StatusArgs {
-    /// The hub's admin endpoint (plain HTTP), as http://HOST:PORT.
-    #[arg(long, env = "FLEETWATCH_ADMIN", default_value = "http://127.0.0.1:9090")]
-    admin: String,
-    /// File with the admin endpoint's bearer token (the hub's --admin-token-file).
-    #[arg(long, env = "FLEETWATCH_ADMIN_TOKEN_FILE")]
-    admin_token_file: Option<PathBuf>,
+    #[command(flatten)]
+    admin: admin::AdminArgs,
     /// Read Runtimes from the control plane this kubeconfig reaches, for modules by state.
     /// Without it, the hub's own view of them is shown when it reads the control plane.
     #[arg(long, env = "FLEETWATCH_CONTROL_PLANE_KUBECONFIG")]
@@ -336,65 +334,30 @@ pub fn render_summary(fleet: &Fleet, problems: &[String]) -> String {
     out
 }
 
-/// `host:port` of an `http://host:port[/]` address.
-fn admin_addr(url: &str) -> anyhow::Result<String> {
-    if url.starts_with("https://") {
-        anyhow::bail!(
-            "--admin {url}: status speaks plain HTTP; for an admin port with client certificates, reach it through a \
-             loopback port-forward or use curl --cert"
-        );
-    }
-    let rest = url.strip_prefix("http://").unwrap_or(url);
-    let hostport = rest.split('/').next().unwrap_or_default();
-    anyhow::ensure!(!hostport.is_empty(), "--admin {url:?}: expected http://HOST:PORT");
-    Ok(if hostport.contains(':') { hostport.to_string() } else { format!("{hostport}:80") })
-}
-
-async fn get_json<T: serde::de::DeserializeOwned>(addr: &str, path: &str, token: Option<&str>) -> anyhow::Result<T> {
-    let (status, body) = fleetwatch_client::admin_http::request(addr, path, token).await?;
-    match status {
-        200 => serde_json::from_str(&body).with_context(|| format!("http://{addr}{path}: unexpected answer")),
-        401 => anyhow::bail!("http://{addr}{path}: 401 unauthorized: give the hub's token with --admin-token-file"),
-        other => anyhow::bail!("http://{addr}{path}: HTTP {other}: {}", body.trim()),
-    }
-}
-
 /// Every item of a paged list (`field` of each answer), following `metadata.continue`. A hub
 /// that does not page answers the whole list at once, without a token: that ends it too.
 async fn get_all<T: serde::de::DeserializeOwned>(
-    addr: &str,
+    admin: &admin::Admin,
     path: &str,
     field: &str,
-    token: Option<&str>,
 ) -> anyhow::Result<(Vec<T>, serde_json::Value)> {
     let mut items = Vec::new();
     let mut cont: Option<String> = None;
+    let limit = PAGE.to_string();
     loop {
-        let mut page_path = format!("{path}?limit={PAGE}");
+        let mut query = vec![("limit", limit.as_str())];
         if let Some(c) = &cont {
-            page_path.push_str("&continue=");
-            page_path.push_str(&percent(c));
+            query.push(("continue", c.as_str()));
         }
-        let mut doc: serde_json::Value = get_json(addr, &page_path, token).await?;
+        let mut doc: serde_json::Value = admin.get_json(path, &query).await?;
         let list = doc.as_object_mut().and_then(|o| o.remove(field)).unwrap_or_default();
-        let page: Vec<T> =
-            serde_json::from_value(list).with_context(|| format!("http://{addr}{page_path}: unexpected {field}"))?;
+        let page: Vec<T> = serde_json::from_value(list).with_context(|| format!("{path}: unexpected {field}"))?;
         items.extend(page);
         match doc["metadata"]["continue"].as_str() {
             Some(c) if !c.is_empty() && cont.as_deref() != Some(c) => cont = Some(c.to_string()),
             _ => return Ok((items, doc)),
         }
     }
-}
-
-/// `s` with everything but unreserved characters percent-encoded (for a query value).
-fn percent(s: &str) -> String {
-    s.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => (b as char).to_string(),
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
 }
 
 /// Every Runtime in the control plane, summarised (one that cannot be decoded is an error
@@ -425,17 +388,7 @@ async fn read_runtimes(kubeconfig: &std::path::Path) -> anyhow::Result<(Vec<Runt
 
 /// Returns whether the fleet is healthy; `Err` when the hub cannot be asked.
 pub async fn run(args: StatusArgs) -> anyhow::Result<bool> {
-    let addr = admin_addr(&args.admin)?;
-    let token = match &args.admin_token_file {
-        Some(f) => Some(
-            std::fs::read_to_string(f)
-                .with_context(|| format!("cannot read --admin-token-file {}", f.display()))?
-                .trim()
-                .to_string(),
-        ),
-        None => None,
-    };
-    let token = token.as_deref();
+    let admin = admin::Admin::new(&args.admin)?;
     #[derive(Deserialize)]
     struct Subs {
         subscriptions: Vec<Subscription>,
@@ -445,9 +398,9 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<bool> {
     struct WatchConfigs {
         watch_configs: Vec<fleetwatch_hub::watch_source::Verdict>,
     }
-    let (clusters, _) = get_all::<ClusterStatus>(&addr, "/api/v1/clusters", "clusters", token).await?;
-    let subs: Subs = get_json(&addr, "/api/v1/subscriptions", token).await?;
-    let wcs: WatchConfigs = get_json(&addr, "/api/v1/watchconfigs", token).await?;
+    let (clusters, _) = get_all::<ClusterStatus>(&admin, "/api/v1/clusters", "clusters").await?;
+    let subs: Subs = admin.get_json("/api/v1/subscriptions", &[]).await?;
+    let wcs: WatchConfigs = admin.get_json("/api/v1/watchconfigs", &[]).await?;
     let mut fleet =
         Fleet { clusters, subscriptions: subs.subscriptions, watch_configs: wcs.watch_configs, ..Default::default() };
     let mut extra = Vec::new();
@@ -464,7 +417,7 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<bool> {
         },
         None => {
             // The hub's own view, when it reads the control plane.
-            let (items, last) = get_all::<RuntimeSummary>(&addr, "/api/v1/runtimes", "items", token).await?;
+            let (items, last) = get_all::<RuntimeSummary>(&admin, "/api/v1/runtimes", "items").await?;
             let view: fleetwatch_hub::fleet::RuntimesView = serde_json::from_value(last).unwrap_or_default();
             if view.configured {
                 fleet.runtimes = Some(items);
@@ -673,10 +626,7 @@ mod tests {
     }
 
     #[test]
-    fn admin_addresses_and_ages() {
-        assert_eq!(admin_addr("http://127.0.0.1:9090").unwrap(), "127.0.0.1:9090");
-        assert_eq!(admin_addr("http://hub/").unwrap(), "hub:80");
-        assert!(admin_addr("https://hub:9090").is_err());
+    fn ages() {
         assert_eq!(ago(None, now()), "never");
         assert_eq!(ago(Some("2030-01-01T11:00:00Z".parse().unwrap()), now()), "60m ago");
         assert_eq!(ago(Some("2029-12-30T12:00:00Z".parse().unwrap()), now()), "2d ago");
@@ -698,7 +648,6 @@ mod tests {
         assert_eq!(out.lines().filter(|l| l.starts_with("  - ")).count(), PROBLEM_LINES, "{out}");
         assert!(out.contains("… and 11 more"), "{out}");
         assert!(!out.contains("CLUSTER"), "no table: {out}");
-        assert_eq!(percent("v1.7b/+ x"), "v1.7b%2F%2B%20x");
     }
 
     #[test]

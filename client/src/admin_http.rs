@@ -1,91 +1,87 @@
-//! A minimal HTTP/1.0 GET for the hub's admin API: the client side of `/api/v1/…`.
+//! A GET of the hub's admin API over plain HTTP, for the sandbox's table (`up`) and the
+//! benchmarks, which reach a hub they started on loopback. `fleetwatch status`, which also
+//! speaks HTTPS with client certificates, has its own client on the same library.
 //!
-//! The sandbox's table (`up`), `status` and the benchmarks only read small JSON documents
-//! from a plain-HTTP admin port; an HTTP client library would be a large dependency for
-//! that, and living here keeps `up` and `status` independent of the benchmarks.
+//! Over reqwest: a timeout on every request, the answer bounded by the bytes read.
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use std::sync::OnceLock;
+use std::time::Duration;
 
 /// Largest answer read (the admin API's documents are bounded well below it).
-const MAX_BODY: u64 = 64 << 20;
+const MAX_BODY: usize = 64 << 20;
+
+/// How long one request may take: the hubs asked are local, and a caller that polls asks
+/// again.
+const TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Why a request to the admin API got no answer.
 #[derive(Debug, thiserror::Error)]
 pub enum AdminHttpError {
-    /// The TCP connection failed.
-    #[error("cannot connect to {addr}")]
-    Connect {
-        /// `host:port`.
-        addr: String,
-        /// The cause.
-        #[source]
-        source: std::io::Error,
-    },
-    /// Writing the request failed.
-    #[error("cannot send to {addr}")]
-    Send {
-        /// `host:port`.
-        addr: String,
-        /// The cause.
-        #[source]
-        source: std::io::Error,
-    },
-    /// Reading the answer failed.
-    #[error("cannot read the answer of {addr}")]
-    Read {
-        /// `host:port`.
-        addr: String,
-        /// The cause.
-        #[source]
-        source: std::io::Error,
-    },
-    /// The answer is no HTTP response.
-    #[error("{addr}{path}: not an HTTP answer")]
-    NotHttp {
+    /// The request failed: no connection, a timeout, a broken answer.
+    #[error("http://{addr}{path}: {source}")]
+    Request {
         /// `host:port`.
         addr: String,
         /// The path asked for.
         path: String,
+        /// The cause.
+        #[source]
+        source: reqwest::Error,
     },
-    /// The answer's first line has no status code.
-    #[error("{addr}{path}: no status in {line:?}")]
-    NoStatus {
+    /// The answer is larger than this client reads.
+    #[error("http://{addr}{path}: the answer is larger than {} MiB", MAX_BODY >> 20)]
+    TooLarge {
         /// `host:port`.
         addr: String,
         /// The path asked for.
         path: String,
-        /// The answer's first line.
-        line: String,
     },
 }
 
+/// One client for the process: connections to a hub are kept between polls.
+fn client() -> &'static reqwest::Client {
+    static CLIENT: OnceLock<reqwest::Client> = OnceLock::new();
+    CLIENT.get_or_init(|| {
+        // reqwest sets up rustls even for plain HTTP: the process's provider (ring) first.
+        fleetwatch_certs::install_crypto_provider();
+        reqwest::Client::builder()
+            .timeout(TIMEOUT)
+            .connect_timeout(TIMEOUT)
+            .redirect(reqwest::redirect::Policy::none())
+            .no_proxy()
+            .build()
+            // Without TLS options the builder has nothing that can fail but the system's
+            // resolver set-up; the default client is the same without the limits.
+            .unwrap_or_default()
+    })
+}
+
 /// The body of `GET path` at `addr` (`host:port`), whatever the status (the sandbox's table).
+///
+/// ```no_run
+/// # async fn f() -> Result<(), fleetwatch_client::admin_http::AdminHttpError> {
+/// let clusters = fleetwatch_client::admin_http::get("127.0.0.1:9090", "/api/v1/clusters").await?;
+/// # Ok(()) }
+/// ```
 pub async fn get(addr: &str, path: &str) -> Result<String, AdminHttpError> {
     Ok(request(addr, path, None).await?.1)
 }
 
 /// `GET path` at `addr` with an optional bearer token: (status code, body).
 pub async fn request(addr: &str, path: &str, token: Option<&str>) -> Result<(u16, String), AdminHttpError> {
-    let mut s = tokio::net::TcpStream::connect(addr)
-        .await
-        .map_err(|source| AdminHttpError::Connect { addr: addr.into(), source })?;
-    let auth = token.map(|t| format!("Authorization: Bearer {t}\r\n")).unwrap_or_default();
-    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\nAccept: application/json\r\n{auth}\r\n").as_bytes())
-        .await
-        .map_err(|source| AdminHttpError::Send { addr: addr.into(), source })?;
-    let mut buf = Vec::new();
-    s.take(MAX_BODY)
-        .read_to_end(&mut buf)
-        .await
-        .map_err(|source| AdminHttpError::Read { addr: addr.into(), source })?;
-    let text = String::from_utf8_lossy(&buf);
-    let (head, body) =
-        text.split_once("\r\n\r\n").ok_or_else(|| AdminHttpError::NotHttp { addr: addr.into(), path: path.into() })?;
-    let status =
-        head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).ok_or_else(|| AdminHttpError::NoStatus {
-            addr: addr.into(),
-            path: path.into(),
-            line: head.lines().next().unwrap_or_default().into(),
-        })?;
-    Ok((status, body.to_string()))
+    let failed = |source| AdminHttpError::Request { addr: addr.into(), path: path.into(), source };
+    let mut req = client().get(format!("http://{addr}{path}")).header(reqwest::header::ACCEPT, "application/json");
+    if let Some(t) = token {
+        req = req.bearer_auth(t);
+    }
+    let mut resp = req.send().await.map_err(failed)?;
+    let status = resp.status().as_u16();
+    let mut body = Vec::new();
+    while let Some(chunk) = resp.chunk().await.map_err(failed)? {
+        if body.len() + chunk.len() > MAX_BODY {
+            return Err(AdminHttpError::TooLarge { addr: addr.into(), path: path.into() });
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok((status, String::from_utf8_lossy(&body).into_owned()))
 }

@@ -239,7 +239,7 @@ async fn admin_api_status_and_openapi_follow_the_fleet() {
     // …and 2 when the hub cannot be asked.
     let (code, _, err) = status(&["--admin", &format!("http://127.0.0.1:{}", free_port())]);
     assert_eq!(code, 2, "{err}");
-    assert!(err.contains("cannot connect"), "{err}");
+    assert!(err.contains("cannot reach http://127.0.0.1:") && err.contains("Connection refused"), "{err}");
 }
 
 async fn status_code(port: u16, path: &str, headers: &str) -> Option<u16> {
@@ -456,10 +456,24 @@ async fn the_admin_endpoint_with_client_certificates_admits_only_that_ca() {
     }
     // Plain HTTP gets no HTTP answer.
     assert_eq!(status_code(admin_port, "/api/v1/clusters", "").await, None);
-    // `fleetwatch status` speaks plain HTTP and says how to reach such a port.
-    let (code, _, err) = status(&["--admin", &format!("https://127.0.0.1:{admin_port}")]);
+    // `fleetwatch status` over HTTPS: with the CA's client certificate it reads the fleet…
+    let url = format!("https://127.0.0.1:{admin_port}");
+    let ca = pki.path("ca.crt").display().to_string();
+    let files = pki.subscriber("status-reader");
+    let (cert, key) = (files.cert.display().to_string(), files.key.display().to_string());
+    let (code, out, err) =
+        status(&["--admin", &url, "--admin-ca", &ca, "--admin-cert", &cert, "--admin-key", &key, "-o", "json"]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    let j: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(j["healthy"], true, "{j}");
+    // …without one it is refused and says what to give…
+    let (code, _, err) = status(&["--admin", &url, "--admin-ca", &ca]);
     assert_eq!(code, 2, "{err}");
-    assert!(err.contains("plain HTTP"), "{err}");
+    assert!(err.contains("401") && err.contains("--admin-cert"), "{err}");
+    // …and without the CA it says so before connecting.
+    let (code, _, err) = status(&["--admin", &url]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("needs --admin-ca"), "{err}");
 }
 
 /// The Chromium binary, if installed.

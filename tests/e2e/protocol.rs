@@ -354,7 +354,7 @@ async fn revoked_certificates_are_refused_and_their_sessions_closed() {
     );
 
     // Revoke the agent's certificate by serial, as `certs inspect` prints it.
-    let serial = fleetwatch_certs::inspect_file(&pki.path("agent-rev.crt")).unwrap().serial;
+    let serial = fleetwatch_certs::inspect_file(&pki.issued("agent-rev.crt")).unwrap().serial;
     std::fs::write(&deny, format!("# revoked today\n{serial}\n")).unwrap();
     let closed = holds_within(Duration::from_secs(5), || {
         let v = futures_block(hub.clusters());

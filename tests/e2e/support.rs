@@ -60,6 +60,22 @@ impl Pki {
         TlsFiles { cert: f.cert, key: f.key, ca: vec![self.path("ca.crt")] }
     }
 
+    /// The file `name` (e.g. `agent-rev.crt`) the latest [`Pki::agent`] or
+    /// [`Pki::subscriber`] call wrote.
+    pub fn issued(&self, name: &str) -> PathBuf {
+        let mut dirs: Vec<(u64, PathBuf)> = std::fs::read_dir(self.dir.path())
+            .unwrap()
+            .filter_map(|e| {
+                let e = e.ok()?;
+                let n = e.file_name().to_str()?.strip_prefix("issued-")?.parse().ok()?;
+                Some((n, e.path()))
+            })
+            .filter(|(_, d)| d.join(name).exists())
+            .collect();
+        dirs.sort();
+        dirs.pop().map(|(_, d)| d.join(name)).unwrap_or_else(|| panic!("no {name} issued"))
+    }
+
     /// A directory no certificate was issued into yet.
     fn fresh_dir(&self) -> PathBuf {
         static ISSUED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
