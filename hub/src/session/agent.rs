@@ -173,7 +173,10 @@ impl Session {
         shutdown: &CancellationToken,
         peer: &Peer,
     ) -> Result<std::convert::Infallible, End> {
-        self.ledger = Ledger::resumed(self.resume_point(hello, cancel).await?);
+        // Boxed here and on the other rare paths below (a resync, the interleave check, a
+        // configuration push, throttling, the end): a session's future is as large as its
+        // largest state, kept for the session's life, idle or not (decision 0026).
+        self.ledger = Ledger::resumed(Box::pin(self.resume_point(hello, cancel)).await?);
         let mut watches_rx = self.ctx.watches.subscribe();
         let welcome = HubToAgent::Welcome(Welcome {
             protocol: self.protocol,
@@ -217,7 +220,7 @@ impl Session {
                     let watches = watches_rx.borrow_and_update().as_ref().clone();
                     tracing::info!(watches = watches.len(), "pushing new watch configuration");
                     let msg = HubToAgent::Configure(Configure { watches });
-                    conn.send_text(encode(&msg)).await.map_err(|e| End::Closed(e.to_string()))?;
+                    Box::pin(conn.send_text(encode(&msg))).await.map_err(|e| End::Closed(e.to_string()))?;
                     continue;
                 }
                 _ = async { interleave.as_mut().map(|t| t.tick()).expect("guarded").await }, if interleave.is_some() && peek.is_none() => {
@@ -234,18 +237,14 @@ impl Session {
                     let head = head.map_err(bus_failed)?;
                     if head.is_some_and(|(epoch, _)| epoch != self.epoch) {
                         // The check decides from the cluster's head: everything before it first.
-                        while !self.ledger.is_idle() {
-                            self.stored(conn, &mut in_flight).await?;
-                        }
-                        self.check_interleaved().await?;
+                        Box::pin(self.finish_in_flight(conn, &mut in_flight)).await?;
+                        Box::pin(self.check_interleaved()).await?;
                     }
                     continue;
                 }
                 _ = cancel.cancelled() => {
                     // Batches in progress are finished (stored and acked) first.
-                    while !self.ledger.is_idle() {
-                        self.stored(conn, &mut in_flight).await?;
-                    }
+                    Box::pin(self.finish_in_flight(conn, &mut in_flight)).await?;
                     return Err(if let Some(why) = self.ctx.end_reason(peer) {
                         End::Fail(ErrorCode::Forbidden, why, CloseCode::Policy)
                     } else if shutdown.is_cancelled() {
@@ -271,10 +270,8 @@ impl Session {
                 Decision::Ack => self.ack(conn).await?,
                 Decision::Resync { seq, reason } => {
                     // A marker decides from the cluster's head: everything before it first.
-                    while !self.ledger.is_idle() {
-                        self.stored(conn, &mut in_flight).await?;
-                    }
-                    self.resync(conn, seq, reason).await?;
+                    Box::pin(self.finish_in_flight(conn, &mut in_flight)).await?;
+                    Box::pin(self.resync(conn, seq, reason)).await?;
                 }
                 Decision::Inventory(modules) => self.ctx.registry.inventory(&self.cluster, modules),
                 Decision::WatchStatus(watches) => {
@@ -285,11 +282,19 @@ impl Session {
                     if let Some(reject) = r.reject {
                         self.ctx.metrics.reject(reject);
                     }
-                    conn.send_error(r.code, r.message, false).await;
+                    Box::pin(conn.send_error(r.code, r.message, false)).await;
                 }
                 Decision::Refuse(r) => return Err(refused(&self.ctx, r)),
             }
         }
+    }
+
+    /// Waits for every batch in flight to be stored, acking them.
+    async fn finish_in_flight(&mut self, conn: &mut Conn, in_flight: &mut InFlight<'_>) -> Result<(), End> {
+        while !self.ledger.is_idle() {
+            self.stored(conn, in_flight).await?;
+        }
+        Ok(())
     }
 
     /// Waits for the oldest batch in flight to be stored and acks it.
@@ -455,7 +460,9 @@ impl Session {
         self.yield_to_fanout().await;
         // A poisoned lock only means a panic elsewhere mid-update: the budget is still usable.
         let wait = self.budget.lock().unwrap_or_else(|e| e.into_inner()).take_events(items.len());
-        self.delay_ack(conn, wait).await;
+        if !wait.is_zero() {
+            Box::pin(self.delay_ack(conn, wait)).await;
+        }
         let storing = bus.start_append(self.cluster.clone(), items).await.map_err(|e| {
             tracing::warn!(error = %e, "bus append failed: batch not acked");
             bus_failed(e)
@@ -472,7 +479,10 @@ impl Session {
     /// subscriber stuck for another reason slows ingest but never stops it.
     async fn yield_to_fanout(&self) {
         let bus = &self.ctx.bus;
-        self.ctx.fanout.wait_for_fanout(|| bus.last_offset(), FANOUT_LAG, FANOUT_WAIT).await;
+        // Looked at first without waiting: the wait is the rare case, and boxed.
+        if self.ctx.fanout.hub_behind(bus.last_offset(), FANOUT_LAG) {
+            Box::pin(self.ctx.fanout.wait_for_fanout(|| bus.last_offset(), FANOUT_LAG, FANOUT_WAIT)).await;
+        }
     }
 
     /// Carries out [`Decision::Resync`]: throttle, store unless an unread one is pending
