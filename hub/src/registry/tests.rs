@@ -186,8 +186,3 @@ fn a_resync_a_subscriber_was_sent_is_never_coalesced_into() {
     reg.read_past(12);
     assert!(!reg.resync_pending("c", Some((2, 1)), false));
 }
-
-#[test]
-fn print_entry_size() {
-    eprintln!("Entry {} ClusterStatus {} RecentEvent {} Live {}", std::mem::size_of::<Entry>(), std::mem::size_of::<crate::cluster::ClusterStatus>(), std::mem::size_of::<RecentEvent>(), std::mem::size_of::<Live>());
-}
