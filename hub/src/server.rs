@@ -31,7 +31,7 @@ use tokio::sync::OwnedSemaphorePermit;
 /// it back). The client's 8 KiB was 8 of an idle session's 26 KiB; the frames a hub reads
 /// are mostly pongs, acks and single events well under 1 KiB, and a larger frame is read
 /// into room reserved for its whole length, a kilobyte per read (a copy out of rustls'
-/// plaintext each, not a system call). See docs/performance.md, "Idle cost".
+/// plaintext each, not a system call). See docs/performance.md, "What an idle session holds".
 pub(crate) const READ_BUFFER_BYTES: usize = 1 << 10;
 
 pub(crate) async fn accept_loop(
@@ -283,7 +283,8 @@ fn admit(
     shutdown: &CancellationToken,
     slot: HandshakeSlot,
 ) -> Admission {
-    let refuse = |conn, code, message, close, hold| Admission::Refused(Refusal { conn, code, message, close, _hold: hold });
+    let refuse =
+        |conn, code, message, close, hold| Admission::Refused(Refusal { conn, code, message, close, _hold: hold });
     // The session budget is taken, then the handshake budget released (a refusal keeps it
     // while saying why, so refusals stay bounded too).
     let session_slot = match ctx.admission.begin_session() {

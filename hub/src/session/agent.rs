@@ -58,7 +58,8 @@ pub(crate) fn run(
     async move {
         let limits = ctx.settings.limits;
         // The first message must be a hello, within the handshake timeout (boxed: once per session).
-        let first = Box::pin(conn.first_message("hello", ctx.settings.handshake_timeout, &shutdown, &ctx.metrics)).await;
+        let first =
+            Box::pin(conn.first_message("hello", ctx.settings.handshake_timeout, &shutdown, &ctx.metrics)).await;
         let (hello, protocol) =
             match first.and_then(|bytes| ingest::hello(&cluster, &bytes, &limits).map_err(|r| refused(&ctx, r))) {
                 Ok(negotiated) => negotiated,

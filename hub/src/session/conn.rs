@@ -175,7 +175,17 @@ impl Conn {
         let liveness = Arc::new(Liveness::new());
         // The first ping at once, as a tokio `Interval`'s first tick.
         let timer = Box::pin(tokio::time::sleep_until(now));
-        Self { ws: Box::new(ws), peer, idle, last_rx: now, timer, next_ping: now, liveness, pings_sent: None, broken: false }
+        Self {
+            ws: Box::new(ws),
+            peer,
+            idle,
+            last_rx: now,
+            timer,
+            next_ping: now,
+            liveness,
+            pings_sent: None,
+            broken: false,
+        }
     }
 
     /// When this connection last heard from its peer.
