@@ -366,8 +366,6 @@ fn serve(session: Session, sessions: Arc<Sessions>, tracker: &TaskTracker) {
 
 #[cfg(test)]
 mod size_tests {
-    use super::*;
-
     /// The size of the future `f` answers, without calling it.
     fn future_size<A, B, C, D, E, F, G>(_: &G) -> usize
     where

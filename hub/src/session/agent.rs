@@ -48,6 +48,7 @@ const FANOUT_WAIT: std::time::Duration = std::time::Duration::from_millis(20);
 /// A plain function answering an `async move` block rather than an `async fn`: an `async fn`
 /// keeps its arguments twice in its future (as passed and as moved into its body), a block
 /// once; the future is held for the session's life (see decision 0026).
+#[allow(clippy::manual_async_fn)] // on purpose: see above
 pub(crate) fn run(
     mut conn: Conn,
     cluster: String,
