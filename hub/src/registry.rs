@@ -76,6 +76,11 @@ struct RecentRing {
 impl RecentRing {
     fn push(&mut self, e: RecentEvent) {
         self.bytes += e.bytes();
+        if self.events.capacity() == 0 {
+            // Room for one to start with (a `VecDeque` takes four): most clusters of an idle
+            // fleet have one or two recent events, and every cluster keeps its ring.
+            self.events.reserve_exact(1);
+        }
         self.events.push_back(e);
         while self.events.len() > RECENT_EVENTS || self.bytes > RECENT_EVENT_BYTES {
             match self.events.pop_front() {
@@ -179,7 +184,9 @@ pub(crate) enum OpenOutcome {
 /// the module doc).
 #[derive(Default)]
 pub(crate) struct SessionRegistry {
-    clusters: Mutex<HashMap<String, Entry>>,
+    /// Boxed: an entry is about 480 bytes, and a table keeps room for up to twice as many
+    /// as it holds (and both tables while it grows); boxed, the spare room is 8 bytes each.
+    clusters: Mutex<HashMap<String, Box<Entry>>>,
     /// Woken when a cluster connects or disconnects (the web view's live updates).
     changed: tokio::sync::Notify,
     /// Clusters whose shared entry changed (connect, disconnect, reports, conflicts): what
@@ -193,12 +200,13 @@ pub(crate) struct SessionRegistry {
 }
 
 /// An authenticated connection's place in the registry; leaving it removes the entry.
-pub(crate) struct Connected<'a> {
-    registry: &'a SessionRegistry,
+/// `R` reaches the registry: a reference, or an owner that a spawned session task keeps.
+pub(crate) struct Connected<R: std::ops::Deref<Target = SessionRegistry>> {
+    registry: R,
     id: u64,
 }
 
-impl Drop for Connected<'_> {
+impl<R: std::ops::Deref<Target = SessionRegistry>> Drop for Connected<R> {
     fn drop(&mut self) {
         if let Ok(mut map) = self.registry.connections.lock() {
             map.remove(&self.id);
@@ -209,12 +217,23 @@ impl Drop for Connected<'_> {
 impl SessionRegistry {
     /// Registers an authenticated connection of `peer`, closed through `token`, for as long
     /// as the returned guard lives.
-    pub(crate) fn connected(&self, peer: Peer, token: CancellationToken) -> Connected<'_> {
+    #[cfg(test)]
+    pub(crate) fn connected(&self, peer: Peer, token: CancellationToken) -> Connected<&Self> {
+        Self::connected_in(self, peer, token)
+    }
+
+    /// [`SessionRegistry::connected`] with the registry reached through `registry`, which the
+    /// guard keeps (a session task's guard outlives the task that accepted it).
+    pub(crate) fn connected_in<R: std::ops::Deref<Target = SessionRegistry>>(
+        registry: R,
+        peer: Peer,
+        token: CancellationToken,
+    ) -> Connected<R> {
         let id = rand::random::<u64>();
-        if let Ok(mut map) = self.connections.lock() {
+        if let Ok(mut map) = registry.connections.lock() {
             map.insert(id, (peer, token));
         }
-        Connected { registry: self, id }
+        Connected { registry, id }
     }
 
     /// The open connections that are not being closed already.
@@ -244,12 +263,14 @@ impl SessionRegistry {
             // A poisoned registry cannot tell who is connected: refuse rather than guess.
             return OpenOutcome::Conflict { connected_from: "unknown (registry unavailable)".into(), since: None };
         };
-        let e = map.entry(cluster.to_string()).or_insert_with(|| Entry {
-            status: ClusterStatus { cluster: cluster.into(), ..ClusterStatus::default() },
-            live: None,
-            last_resync: None,
-            budget: None,
-            recent: RecentRing::default(),
+        let e = map.entry(cluster.to_string()).or_insert_with(|| {
+            Box::new(Entry {
+                status: ClusterStatus { cluster: cluster.into(), ..ClusterStatus::default() },
+                live: None,
+                last_resync: None,
+                budget: None,
+                recent: RecentRing::default(),
+            })
         });
         let mut replaced = None;
         if let Some(live) = &e.live {

@@ -21,7 +21,18 @@ use crate::admission::{Eviction, HandshakePermit, HandshakeSlot, IDLE_EVICTION_A
 use crate::context::Context;
 use crate::listener::Listener;
 use crate::peer::Peer;
+use crate::registry::Connected;
+use crate::session::Sessions;
 use crate::session::conn::Conn;
+use tokio::sync::OwnedSemaphorePermit;
+
+/// What the hub's WebSocket layer reads at a time, and so the read buffer every connection
+/// keeps while idle (tungstenite allocates it whole for the connection's life and never gives
+/// it back). The client's 8 KiB was 8 of an idle session's 26 KiB; the frames a hub reads
+/// are mostly pongs, acks and single events well under 1 KiB, and a larger frame is read
+/// into room reserved for its whole length, a kilobyte per read (a copy out of rustls'
+/// plaintext each, not a system call). See docs/performance.md, "What an idle session holds".
+pub(crate) const READ_BUFFER_BYTES: usize = 1 << 10;
 
 pub(crate) async fn accept_loop(
     mut listener: Listener,
@@ -57,7 +68,7 @@ pub(crate) async fn accept_loop(
                     }
                 };
                 let span = tracing::info_span!("conn", %peer);
-                tracker.spawn(handle(tcp, peer, ctx.clone(), shutdown.clone(), slot).instrument(span));
+                tracker.spawn(handle(tcp, peer, ctx.clone(), shutdown.clone(), slot, tracker.clone()).instrument(span));
             }
             Err(e) => {
                 // Out of file descriptors and the like: back off instead of spinning, and
@@ -104,7 +115,14 @@ struct HandshakeFailure {
 }
 
 /// One connection, inside a span naming its peer address (so every line logged here does).
-async fn handle(tcp: Stream, peer: SocketAddr, ctx: Arc<Context>, shutdown: CancellationToken, slot: HandshakeSlot) {
+async fn handle(
+    tcp: Stream,
+    peer: SocketAddr,
+    ctx: Arc<Context>,
+    shutdown: CancellationToken,
+    slot: HandshakeSlot,
+    tracker: TaskTracker,
+) {
     if let Stream::Tcp(tcp) = &tcp {
         let _ = tcp.set_nodelay(true);
     }
@@ -176,7 +194,8 @@ async fn handle(tcp: Stream, peer: SocketAddr, ctx: Arc<Context>, shutdown: Canc
                 Err(err)
             }
         };
-        let ws = tokio_tungstenite::accept_hdr_async_with_config(tls, check_path, Some(ws_config(&limits)))
+        let config = ws_config(&limits).read_buffer_size(READ_BUFFER_BYTES);
+        let ws = tokio_tungstenite::accept_hdr_async_with_config(tls, check_path, Some(config))
             .await
             .map_err(|e| HandshakeFailure { reason: "ws-handshake", message: format!("WebSocket handshake: {e}") })?;
         Ok::<_, HandshakeFailure>((ws, certificate))
@@ -202,28 +221,79 @@ async fn handle(tcp: Stream, peer: SocketAddr, ctx: Arc<Context>, shutdown: Canc
         }
         Ok(Ok(v)) => v,
     };
-    Box::pin(authenticated(Conn::new(ws, peer, ctx.config.idle_timeout), certificate, ctx, shutdown, slot)).await
+    match admit(Conn::new(ws, peer, ctx.config.idle_timeout), certificate, &ctx, &shutdown, slot) {
+        Admission::Refused(r) => Box::pin(refused(r)).await,
+        Admission::Session(session) => serve(session, ctx.sessions.clone(), &tracker),
+    }
 }
 
-/// An authenticated connection: admitted or refused with the reason, then served as its
-/// certificate's role.
-async fn authenticated(
+/// What an authenticated connection becomes ([`admit`]).
+enum Admission {
+    /// Refused: told why, holding its place in a budget meanwhile (so refusals stay bounded too).
+    Refused(Refusal),
+    /// Served as its certificate's role, in a task of its own.
+    Session(Session),
+}
+
+/// A refused connection and what it is told.
+struct Refusal {
+    conn: Conn,
+    code: ErrorCode,
+    message: String,
+    close: CloseCode,
+    /// The handshake slot or the session permit, held while the refusal is sent.
+    _hold: (Option<HandshakeSlot>, Option<OwnedSemaphorePermit>),
+}
+
+/// An admitted connection, to be served as its role.
+struct Session {
+    conn: Conn,
+    role: SessionRole,
+    peer: Peer,
+    lifeline: CancellationToken,
+    /// Its place in the session budget and in the registry's open connections, for the
+    /// session's life.
+    guards: (OwnedSemaphorePermit, Connected<OwnedRegistry>),
+}
+
+enum SessionRole {
+    Agent(String),
+    Subscriber(String),
+}
+
+/// The registry, owned by a guard that outlives the accepting task.
+struct OwnedRegistry(Arc<Sessions>);
+
+impl std::ops::Deref for OwnedRegistry {
+    type Target = crate::registry::SessionRegistry;
+
+    fn deref(&self) -> &Self::Target {
+        &self.0.registry
+    }
+}
+
+/// An authenticated connection: admitted, or refused with the reason. Decided at once,
+/// without waiting: the accepting task then spawns the session as a task of its own and
+/// ends ([`serve`]), so no connection keeps the accepting task's state (its arguments, the
+/// handshake's timeout) for the session's life.
+fn admit(
     conn: Conn,
     certificate: Result<fleetwatch_certs::PeerCert, fleetwatch_certs::CertError>,
-    ctx: Arc<Context>,
-    shutdown: CancellationToken,
+    ctx: &Arc<Context>,
+    shutdown: &CancellationToken,
     slot: HandshakeSlot,
-) {
+) -> Admission {
+    let refuse =
+        |conn, code, message, close, hold| Admission::Refused(Refusal { conn, code, message, close, _hold: hold });
     // The session budget is taken, then the handshake budget released (a refusal keeps it
     // while saying why, so refusals stay bounded too).
-    let _session_slot = match ctx.admission.begin_session() {
+    let session_slot = match ctx.admission.begin_session() {
         Ok(permit) => permit,
         Err(why) => {
             ctx.admission.refuse(why, &ctx.sessions.metrics);
             let msg =
                 format!("hub is full: {} sessions open (--max-connections); retry later", ctx.config.max_connections);
-            Box::pin(conn.fail(ErrorCode::LimitExceeded, msg, CloseCode::Again)).await;
-            return;
+            return refuse(conn, ErrorCode::LimitExceeded, msg, CloseCode::Again, (Some(slot), None));
         }
     };
     drop(slot);
@@ -232,8 +302,7 @@ async fn authenticated(
         Err(e) => {
             ctx.sessions.metrics.handshake_failed("no-identity");
             tracing::warn!("refused: {e}");
-            Box::pin(conn.fail(ErrorCode::Forbidden, e.to_string(), CloseCode::Policy)).await;
-            return;
+            return refuse(conn, ErrorCode::Forbidden, e.to_string(), CloseCode::Policy, (None, Some(session_slot)));
         }
     };
     let identity = certificate.identity.clone();
@@ -241,42 +310,77 @@ async fn authenticated(
         ctx.sessions.metrics.handshake_failed("trust-domain");
         let msg = format!("identity {identity} is not in the hub's trust domain {}", ctx.trust_domain);
         tracing::warn!("refused: {msg}");
-        Box::pin(conn.fail(ErrorCode::Forbidden, msg, CloseCode::Policy)).await;
-        return;
+        return refuse(conn, ErrorCode::Forbidden, msg, CloseCode::Policy, (None, Some(session_slot)));
     }
-    let peer_cert = Peer::new(certificate);
-    if ctx.sessions.revoked(&peer_cert) {
+    let peer = Peer::new(certificate);
+    if ctx.sessions.revoked(&peer) {
         ctx.sessions.metrics.handshake_failed("revoked");
-        tracing::warn!(identity = %peer_cert.identity, serial = %peer_cert.serial, "revoked certificate refused");
-        let msg = format!("certificate {} of {} is revoked", peer_cert.serial, peer_cert.identity);
-        Box::pin(conn.fail(ErrorCode::Forbidden, msg, CloseCode::Policy)).await;
-        return;
+        tracing::warn!(identity = %peer.identity, serial = %peer.serial, "revoked certificate refused");
+        let msg = format!("certificate {} of {} is revoked", peer.serial, peer.identity);
+        return refuse(conn, ErrorCode::Forbidden, msg, CloseCode::Policy, (None, Some(session_slot)));
     }
+    let role = match identity.role {
+        Role::Cluster(cluster) => SessionRole::Agent(cluster),
+        Role::Subscriber(name) => SessionRole::Subscriber(name),
+        Role::Hub | Role::TrustDomain => {
+            ctx.sessions.metrics.handshake_failed("wrong-role");
+            let msg = format!("{identity} may not connect as a client");
+            return refuse(conn, ErrorCode::Forbidden, msg, CloseCode::Policy, (None, Some(session_slot)));
+        }
+    };
     // The connection's own token: cancelled by hub shutdown, a revocation, the certificate's
     // expiry or its CA leaving the bundle.
     let lifeline = shutdown.child_token();
-    let _connected = ctx.sessions.registry.connected(peer_cert.clone(), lifeline.clone());
-    match identity.role {
-        Role::Cluster(cluster) => {
+    let registry = OwnedRegistry(ctx.sessions.clone());
+    let connected = crate::registry::SessionRegistry::connected_in(registry, peer.clone(), lifeline.clone());
+    let guards = (session_slot, connected);
+    Admission::Session(Session { conn, role, peer, lifeline, guards })
+}
+
+/// Tells a refused connection why and closes it.
+async fn refused(r: Refusal) {
+    let Refusal { conn, code, message, close, _hold } = r;
+    conn.fail(code, message, close).await;
+}
+
+/// Spawns an admitted session as a task of its own on `tracker`, inside the current span
+/// (the connection's). The task holds the session's future and its guards, nothing else.
+fn serve(session: Session, sessions: Arc<Sessions>, tracker: &TaskTracker) {
+    use futures_util::FutureExt;
+    let Session { conn, role, peer, lifeline, guards } = session;
+    let release = move |()| drop(guards);
+    let conn_span = tracing::Span::current();
+    match role {
+        SessionRole::Agent(cluster) => {
             let span = tracing::info_span!("agent", %cluster);
-            Box::pin(crate::session::agent::run(conn, cluster, peer_cert, ctx.sessions.clone(), lifeline))
-                .instrument(span)
-                .await;
+            let run = crate::session::agent::run(conn, cluster, peer, sessions, lifeline).instrument(span);
+            tracker.spawn(run.map(release).instrument(conn_span));
         }
-        Role::Subscriber(name) => {
-            let span = tracing::info_span!("subscriber", %name, serial = %peer_cert.serial);
-            Box::pin(crate::session::subscriber::run(conn, name, peer_cert, ctx.sessions.clone(), lifeline))
-                .instrument(span)
-                .await;
+        SessionRole::Subscriber(name) => {
+            let span = tracing::info_span!("subscriber", %name, serial = %peer.serial);
+            let run = crate::session::subscriber::run(conn, name, peer, sessions, lifeline).instrument(span);
+            tracker.spawn(run.map(release).instrument(conn_span));
         }
-        Role::Hub | Role::TrustDomain => {
-            ctx.sessions.metrics.handshake_failed("wrong-role");
-            Box::pin(conn.fail(
-                ErrorCode::Forbidden,
-                format!("{identity} may not connect as a client"),
-                CloseCode::Policy,
-            ))
-            .await;
-        }
+    }
+}
+
+#[cfg(test)]
+mod size_tests {
+    /// The size of the future `f` answers, without calling it.
+    fn future_size<A, B, C, D, E, F, G>(_: &G) -> usize
+    where
+        G: FnOnce(A, B, C, D, E) -> F,
+    {
+        std::mem::size_of::<F>()
+    }
+
+    #[test]
+    fn an_agent_sessions_future_stays_small() {
+        // Held for every session's life, idle or not: 2,176 bytes before the rare paths were
+        // boxed and the arguments kept once (1,688 since); about 1.5 KiB of an idle session's
+        // memory in all (docs/performance.md, "Idle cost"). A larger one is a state that
+        // should be boxed where it is awaited.
+        let size = future_size(&crate::session::agent::run);
+        assert!(size <= 1_800, "an agent session's future takes {size} bytes");
     }
 }

@@ -43,78 +43,93 @@ const HEAD_RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(2);
 /// The longest a batch waits for subscribers to catch up.
 const FANOUT_WAIT: std::time::Duration = std::time::Duration::from_millis(20);
 
-pub(crate) async fn run(mut conn: Conn, cluster: String, peer: Peer, ctx: Arc<Sessions>, shutdown: CancellationToken) {
-    let limits = ctx.settings.limits;
-    // The first message must be a hello, within the handshake timeout.
-    let first = conn.first_message("hello", ctx.settings.handshake_timeout, &shutdown, &ctx.metrics).await;
-    let (hello, protocol) =
-        match first.and_then(|bytes| ingest::hello(&cluster, &bytes, &limits).map_err(|r| refused(&ctx, r))) {
-            Ok(negotiated) => negotiated,
-            Err(end) => return Box::pin(end.finish(conn, "agent")).await,
-        };
+/// Serves an agent's session until it ends.
+///
+/// A plain function answering an `async move` block rather than an `async fn`: an `async fn`
+/// keeps its arguments twice in its future (as passed and as moved into its body), a block
+/// once; the future is held for the session's life (see decision 0026).
+#[allow(clippy::manual_async_fn)] // on purpose: see above
+pub(crate) fn run(
+    mut conn: Conn,
+    cluster: String,
+    peer: Peer,
+    ctx: Arc<Sessions>,
+    shutdown: CancellationToken,
+) -> impl std::future::Future<Output = ()> + Send {
+    async move {
+        let limits = ctx.settings.limits;
+        // The first message must be a hello, within the handshake timeout (boxed: once per session).
+        let first =
+            Box::pin(conn.first_message("hello", ctx.settings.handshake_timeout, &shutdown, &ctx.metrics)).await;
+        let (hello, protocol) =
+            match first.and_then(|bytes| ingest::hello(&cluster, &bytes, &limits).map_err(|r| refused(&ctx, r))) {
+                Ok(negotiated) => negotiated,
+                Err(end) => return Box::pin(end.finish(conn, "agent")).await,
+            };
 
-    let session_id = format!("{:016x}", rand::random::<u64>());
-    let cancel = shutdown.child_token();
-    conn.count_pings(ctx.metrics.pings_sent.clone());
-    let opening = Opening {
-        session: &session_id,
-        remote: &conn.peer.to_string(),
-        agent_version: &hello.agent_version,
-        protocol,
-        // Checked by `ingest::hello`; the fallback is never taken.
-        agent_protocols: hello.protocols().unwrap_or(ProtocolRange { min: protocol, max: protocol }),
-        epoch: hello.epoch,
-        cancel: cancel.clone(),
-        liveness: conn.liveness(),
-    };
-    // A live session answers pings every ping interval: silence over two of them means
-    // it missed a round and is presumed dead.
-    let stale_after = 2 * Conn::ping_interval(ctx.settings.idle_timeout);
-    match ctx.registry.open(&cluster, opening, stale_after) {
-        OpenOutcome::Opened { replaced: None } => {}
-        OpenOutcome::Opened { replaced: Some(why) } => tracing::info!(%why, "new session replaces the old one"),
-        OpenOutcome::Conflict { connected_from, since } => {
-            ctx.metrics.cluster_conflicts.inc();
-            ctx.metrics.reject("cluster-already-connected");
-            let since = since.map(|t| format!(" since {t}")).unwrap_or_default();
-            let msg = format!(
-                "cluster {cluster:?} is already connected from {connected_from}{since} (another agent process with \
-                 the same cluster id); this agent (epoch {}) is refused: stop one of them or give it its own \
-                 cluster certificate",
-                hello.epoch
-            );
-            tracing::warn!(%connected_from, epoch = hello.epoch, "second agent for a connected cluster refused");
-            return Box::pin(conn.fail(ErrorCode::ClusterAlreadyConnected, msg, CloseCode::Policy)).await;
+        let session_id = format!("{:016x}", rand::random::<u64>());
+        let cancel = shutdown.child_token();
+        conn.count_pings(ctx.metrics.pings_sent.clone());
+        let opening = Opening {
+            session: &session_id,
+            remote: &conn.peer.to_string(),
+            agent_version: &hello.agent_version,
+            protocol,
+            // Checked by `ingest::hello`; the fallback is never taken.
+            agent_protocols: hello.protocols().unwrap_or(ProtocolRange { min: protocol, max: protocol }),
+            epoch: hello.epoch,
+            cancel: cancel.clone(),
+            liveness: conn.liveness(),
+        };
+        // A live session answers pings every ping interval: silence over two of them means
+        // it missed a round and is presumed dead.
+        let stale_after = 2 * Conn::ping_interval(ctx.settings.idle_timeout);
+        match ctx.registry.open(&cluster, opening, stale_after) {
+            OpenOutcome::Opened { replaced: None } => {}
+            OpenOutcome::Opened { replaced: Some(why) } => tracing::info!(%why, "new session replaces the old one"),
+            OpenOutcome::Conflict { connected_from, since } => {
+                ctx.metrics.cluster_conflicts.inc();
+                ctx.metrics.reject("cluster-already-connected");
+                let since = since.map(|t| format!(" since {t}")).unwrap_or_default();
+                let msg = format!(
+                    "cluster {cluster:?} is already connected from {connected_from}{since} (another agent process with \
+                     the same cluster id); this agent (epoch {}) is refused: stop one of them or give it its own \
+                     cluster certificate",
+                    hello.epoch
+                );
+                tracing::warn!(%connected_from, epoch = hello.epoch, "second agent for a connected cluster refused");
+                return Box::pin(conn.fail(ErrorCode::ClusterAlreadyConnected, msg, CloseCode::Policy)).await;
+            }
         }
+        ctx.registry.certificate(&cluster, &peer.serial, peer.not_after);
+        ctx.metrics.agent_sessions.inc();
+        ctx.metrics.connected("agent");
+        tracing::info!(
+            session = %session_id,
+            epoch = hello.epoch,
+            last_acked = hello.last_acked_seq,
+            protocol,
+            agent_version = %hello.agent_version,
+            "agent connected"
+        );
+        let cluster: Arc<str> = Arc::from(cluster);
+        let mut session = Session {
+            ctx: ctx.clone(),
+            cluster: cluster.clone(),
+            epoch: hello.epoch,
+            ledger: Ledger::default(),
+            budget: ctx.registry.budget(&cluster, ctx.settings.max_events_per_sec),
+            warned_rate: false,
+            foreign_head: None,
+            liveness: conn.liveness(),
+            protocol,
+        };
+        let end = session.serve(&mut conn, &hello, &session_id, &cancel, &shutdown, &peer).await;
+        ctx.metrics.agent_sessions.dec();
+        ctx.metrics.disconnected("agent", end.reason());
+        ctx.registry.close(&cluster, &session_id);
+        Box::pin(end.finish(conn, "agent")).await;
     }
-    ctx.registry.certificate(&cluster, &peer.serial, peer.not_after);
-    ctx.metrics.agent_sessions.inc();
-    ctx.metrics.connected("agent");
-    tracing::info!(
-        session = %session_id,
-        epoch = hello.epoch,
-        last_acked = hello.last_acked_seq,
-        protocol,
-        agent_version = %hello.agent_version,
-        "agent connected"
-    );
-    let cluster: Arc<str> = Arc::from(cluster);
-    let mut session = Session {
-        ctx: ctx.clone(),
-        cluster: cluster.clone(),
-        epoch: hello.epoch,
-        ledger: Ledger::default(),
-        budget: ctx.registry.budget(&cluster, ctx.settings.max_events_per_sec),
-        warned_rate: false,
-        foreign_head: None,
-        liveness: conn.liveness(),
-        protocol,
-    };
-    let end = session.serve(&mut conn, &hello, &session_id, &cancel, &shutdown, &peer).await;
-    ctx.metrics.agent_sessions.dec();
-    ctx.metrics.disconnected("agent", end.reason());
-    ctx.registry.close(&cluster, &session_id);
-    Box::pin(end.finish(conn, "agent")).await;
 }
 
 /// The bus's answers for the batches being stored, in the order of the session's
@@ -173,9 +188,13 @@ impl Session {
         shutdown: &CancellationToken,
         peer: &Peer,
     ) -> Result<std::convert::Infallible, End> {
-        self.ledger = Ledger::resumed(self.resume_point(hello, cancel).await?);
+        // Boxed here and on the other rare paths below (a resync, the interleave check, a
+        // configuration push, throttling, the end): a session's future is as large as its
+        // largest state, kept for the session's life, idle or not (decision 0026).
+        self.ledger = Ledger::resumed(Box::pin(self.resume_point(hello, cancel)).await?);
         let mut watches_rx = self.ctx.watches.subscribe();
-        let welcome = HubToAgent::Welcome(Welcome {
+        // Encoded at once, not kept: a local lives in the session's future until its scope ends.
+        let welcome = encode(&HubToAgent::Welcome(Welcome {
             protocol: self.protocol,
             session: session_id.into(),
             cluster: self.cluster.to_string(),
@@ -183,8 +202,8 @@ impl Session {
             acked_seq: self.ledger.acked(),
             watches: watches_rx.borrow_and_update().as_ref().clone(),
             max_event_bytes: Some(self.ctx.settings.limits.max_event_bytes),
-        });
-        conn.send_text(encode(&welcome)).await.map_err(|e| End::Closed(e.to_string()))?;
+        }));
+        Box::pin(conn.send_text(welcome)).await.map_err(|e| End::Closed(e.to_string()))?;
         // Batches being stored, oldest first: the agent is acked in this order, each batch
         // only once it and every batch before it were stored. The first failure ends the
         // session (the agent resends from its last ack); a later batch that was stored
@@ -217,7 +236,7 @@ impl Session {
                     let watches = watches_rx.borrow_and_update().as_ref().clone();
                     tracing::info!(watches = watches.len(), "pushing new watch configuration");
                     let msg = HubToAgent::Configure(Configure { watches });
-                    conn.send_text(encode(&msg)).await.map_err(|e| End::Closed(e.to_string()))?;
+                    Box::pin(conn.send_text(encode(&msg))).await.map_err(|e| End::Closed(e.to_string()))?;
                     continue;
                 }
                 _ = async { interleave.as_mut().map(|t| t.tick()).expect("guarded").await }, if interleave.is_some() && peek.is_none() => {
@@ -234,18 +253,14 @@ impl Session {
                     let head = head.map_err(bus_failed)?;
                     if head.is_some_and(|(epoch, _)| epoch != self.epoch) {
                         // The check decides from the cluster's head: everything before it first.
-                        while !self.ledger.is_idle() {
-                            self.stored(conn, &mut in_flight).await?;
-                        }
-                        self.check_interleaved().await?;
+                        Box::pin(self.finish_in_flight(conn, &mut in_flight)).await?;
+                        Box::pin(self.check_interleaved()).await?;
                     }
                     continue;
                 }
                 _ = cancel.cancelled() => {
                     // Batches in progress are finished (stored and acked) first.
-                    while !self.ledger.is_idle() {
-                        self.stored(conn, &mut in_flight).await?;
-                    }
+                    Box::pin(self.finish_in_flight(conn, &mut in_flight)).await?;
                     return Err(if let Some(why) = self.ctx.end_reason(peer) {
                         End::Fail(ErrorCode::Forbidden, why, CloseCode::Policy)
                     } else if shutdown.is_cancelled() {
@@ -271,10 +286,8 @@ impl Session {
                 Decision::Ack => self.ack(conn).await?,
                 Decision::Resync { seq, reason } => {
                     // A marker decides from the cluster's head: everything before it first.
-                    while !self.ledger.is_idle() {
-                        self.stored(conn, &mut in_flight).await?;
-                    }
-                    self.resync(conn, seq, reason).await?;
+                    Box::pin(self.finish_in_flight(conn, &mut in_flight)).await?;
+                    Box::pin(self.resync(conn, seq, reason)).await?;
                 }
                 Decision::Inventory(modules) => self.ctx.registry.inventory(&self.cluster, modules),
                 Decision::WatchStatus(watches) => {
@@ -285,11 +298,19 @@ impl Session {
                     if let Some(reject) = r.reject {
                         self.ctx.metrics.reject(reject);
                     }
-                    conn.send_error(r.code, r.message, false).await;
+                    Box::pin(conn.send_error(r.code, r.message, false)).await;
                 }
                 Decision::Refuse(r) => return Err(refused(&self.ctx, r)),
             }
         }
+    }
+
+    /// Waits for every batch in flight to be stored, acking them.
+    async fn finish_in_flight(&mut self, conn: &mut Conn, in_flight: &mut InFlight<'_>) -> Result<(), End> {
+        while !self.ledger.is_idle() {
+            self.stored(conn, in_flight).await?;
+        }
+        Ok(())
     }
 
     /// Waits for the oldest batch in flight to be stored and acks it.
@@ -455,7 +476,9 @@ impl Session {
         self.yield_to_fanout().await;
         // A poisoned lock only means a panic elsewhere mid-update: the budget is still usable.
         let wait = self.budget.lock().unwrap_or_else(|e| e.into_inner()).take_events(items.len());
-        self.delay_ack(conn, wait).await;
+        if !wait.is_zero() {
+            Box::pin(self.delay_ack(conn, wait)).await;
+        }
         let storing = bus.start_append(self.cluster.clone(), items).await.map_err(|e| {
             tracing::warn!(error = %e, "bus append failed: batch not acked");
             bus_failed(e)
@@ -472,7 +495,10 @@ impl Session {
     /// subscriber stuck for another reason slows ingest but never stops it.
     async fn yield_to_fanout(&self) {
         let bus = &self.ctx.bus;
-        self.ctx.fanout.wait_for_fanout(|| bus.last_offset(), FANOUT_LAG, FANOUT_WAIT).await;
+        // Looked at first without waiting: the wait is the rare case, and boxed.
+        if self.ctx.fanout.hub_behind(bus.last_offset(), FANOUT_LAG) {
+            Box::pin(self.ctx.fanout.wait_for_fanout(|| bus.last_offset(), FANOUT_LAG, FANOUT_WAIT)).await;
+        }
     }
 
     /// Carries out [`Decision::Resync`]: throttle, store unless an unread one is pending

@@ -80,6 +80,30 @@ impl FailureLog {
     }
 }
 
+/// What the connection's timer found due when it fired.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Due {
+    /// Nothing for the idle timeout: the session ends.
+    Idle,
+    /// A ping.
+    Ping,
+    /// Neither (a message moved the idle deadline since the timer was set).
+    Nothing,
+}
+
+/// What is due at `now` for a connection last heard from at `last_rx` with idle timeout
+/// `idle` and its next ping at `next_ping`, and when the ping after a ping sent now is due.
+fn timer_due(now: Instant, last_rx: Instant, idle: Duration, next_ping: Instant) -> (Due, Instant) {
+    let after = now + Conn::ping_interval(idle);
+    if now >= last_rx + idle {
+        (Due::Idle, next_ping)
+    } else if now >= next_ping {
+        (Due::Ping, after)
+    } else {
+        (Due::Nothing, next_ping)
+    }
+}
+
 /// How a session ends, carried out by [`End::finish`].
 #[derive(Debug)]
 pub(crate) enum End {
@@ -132,7 +156,13 @@ pub(crate) struct Conn {
     pub(crate) peer: SocketAddr,
     idle: Duration,
     last_rx: Instant,
-    ping: tokio::time::Interval,
+    /// The connection's one timer: set to the earlier of the next ping and the idle deadline
+    /// (see [`Conn::recv`]). A message arriving does not touch it: the timer looks at
+    /// `last_rx` when it fires. Every session keeps it: one boxed `Sleep` instead of an
+    /// `Interval`'s plus one more inside every `recv` future.
+    timer: std::pin::Pin<Box<tokio::time::Sleep>>,
+    /// When the next ping is due.
+    next_ping: Instant,
     liveness: Arc<Liveness>,
     pings_sent: Option<prometheus_client::metrics::counter::Counter>,
     /// The WebSocket layer failed (oversized frame, invalid UTF-8): it reads nothing more.
@@ -141,10 +171,21 @@ pub(crate) struct Conn {
 
 impl Conn {
     pub(crate) fn new(ws: ServerWs, peer: SocketAddr, idle: Duration) -> Self {
-        let mut ping = tokio::time::interval(idle / 3);
-        ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let now = Instant::now();
         let liveness = Arc::new(Liveness::new());
-        Self { ws: Box::new(ws), peer, idle, last_rx: Instant::now(), ping, liveness, pings_sent: None, broken: false }
+        // The first ping at once, as a tokio `Interval`'s first tick.
+        let timer = Box::pin(tokio::time::sleep_until(now));
+        Self {
+            ws: Box::new(ws),
+            peer,
+            idle,
+            last_rx: now,
+            timer,
+            next_ping: now,
+            liveness,
+            pings_sent: None,
+            broken: false,
+        }
     }
 
     /// When this connection last heard from its peer.
@@ -165,7 +206,6 @@ impl Conn {
     /// Waits for the next message, pinging the peer meanwhile. Cancel-safe.
     pub(crate) async fn recv(&mut self) -> Incoming {
         loop {
-            let deadline = self.last_rx + self.idle;
             tokio::select! {
                 msg = self.ws.next() => {
                     self.last_rx = Instant::now();
@@ -191,15 +231,25 @@ impl Conn {
                         None => return Incoming::Closed("connection closed".into()),
                     }
                 }
-                _ = self.ping.tick() => {
-                    if self.ws.send(Message::Ping(bytes::Bytes::new())).await.is_err() {
-                        return Incoming::Closed("ping failed".into());
+                () = &mut self.timer => {
+                    let now = Instant::now();
+                    let (due, ping) = timer_due(now, self.last_rx, self.idle, self.next_ping);
+                    if due == Due::Idle {
+                        return Incoming::Idle;
                     }
-                    if let Some(c) = &self.pings_sent {
-                        c.inc();
+                    if due == Due::Ping {
+                        // The next one a period after this one, however late this one is (as
+                        // `MissedTickBehavior::Delay`).
+                        self.next_ping = ping;
+                        if self.ws.send(Message::Ping(bytes::Bytes::new())).await.is_err() {
+                            return Incoming::Closed("ping failed".into());
+                        }
+                        if let Some(c) = &self.pings_sent {
+                            c.inc();
+                        }
                     }
+                    self.timer.as_mut().reset(self.next_ping.min(self.last_rx + self.idle));
                 }
-                _ = tokio::time::sleep_until(deadline) => return Incoming::Idle,
             }
         }
     }
@@ -317,5 +367,28 @@ mod failure_log_tests {
         assert!(line.starts_with("31 more sessions closed") && line.contains("forbidden=1"), "{line}");
         assert!(log.take_summary().is_none());
         assert!(log.admit(ErrorCode::Forbidden), "a new interval logs again");
+    }
+}
+
+#[cfg(test)]
+mod timer_tests {
+    use super::*;
+
+    #[test]
+    fn the_timer_ends_an_idle_connection_and_pings_a_ping_interval_apart() {
+        let idle = Duration::from_secs(30);
+        let t0 = Instant::now();
+        let at = |secs: u64| t0 + Duration::from_secs(secs);
+        // Just connected: the first ping is due at once.
+        assert_eq!(timer_due(t0, t0, idle, t0), (Due::Ping, at(10)));
+        // Before the next ping, heard from lately: nothing (the timer is set again).
+        assert_eq!(timer_due(at(5), at(4), idle, at(10)), (Due::Nothing, at(10)));
+        // A late ping: the next one a whole interval after it.
+        assert_eq!(timer_due(at(13), at(12), idle, at(10)), (Due::Ping, at(23)));
+        // Silent for the idle timeout: idle, whatever ping is due.
+        assert_eq!(timer_due(at(30), t0, idle, at(30)).0, Due::Idle);
+        assert_eq!(timer_due(at(31), at(1), idle, at(40)).0, Due::Idle);
+        // A message moved the deadline: not idle yet.
+        assert_eq!(timer_due(at(30), at(29), idle, at(40)), (Due::Nothing, at(40)));
     }
 }
