@@ -301,6 +301,9 @@ impl<J: JetStream> NatsBus<J> {
                 }
             }
         }
+        // The agent process of the cluster's head this replica knew before: a head of
+        // another one is recorded at once (see `HeadPacing::hurry`).
+        let known_epoch = lock(&self.heads).get(&cluster).map(|h| h.epoch);
         if let Some((epoch, seq)) = last_stored {
             // Stored, whatever else failed: resends of it are duplicates (a marker at the
             // first record stored after a lost one covers what was lost).
@@ -308,6 +311,10 @@ impl<J: JetStream> NatsBus<J> {
             self.note_head(&cluster, Head { epoch, seq, offset: last_offset });
         }
         if let Some(cause) = failure {
+            // Records of it may be stored without this replica knowing (an ack lost, or a
+            // publish its client kept while the link was down and sends once it is back):
+            // their head is read and recorded once the link works (see `Uncertain`).
+            lock(&self.uncertain).failed(&cluster, tokio::time::Instant::now());
             // The stream may be gone: the probe looks now rather than within a second.
             self.recheck.notify_one();
             self.write_failures.fetch_add(1, Ordering::Relaxed);
@@ -317,6 +324,9 @@ impl<J: JetStream> NatsBus<J> {
         drop(guard);
         if let Some((epoch, seq)) = last_stored {
             keep_latest(&mut lock(&self.dirty_heads), &cluster, Head { epoch, seq, offset: last_offset });
+            if known_epoch != Some(epoch) {
+                lock(&self.head_pacing).hurry(&cluster);
+            }
         }
         // A reader on this replica sees what was just acked; without one, nothing waits.
         if self.tail_started.load(Ordering::SeqCst) {

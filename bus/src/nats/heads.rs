@@ -23,7 +23,7 @@
 //! [`HEAD_WRITE_DELAY_MAX`]: a stream turning over in seconds (a small retention, the
 //! simulation's) gets its heads written at once, as before.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -73,6 +73,8 @@ pub(super) struct HeadPacing {
     rate: f64,
     /// Per cluster: when its head was last written, or moved first after that.
     since: HashMap<Arc<str>, Instant>,
+    /// Clusters whose moved head is written at the next flush whatever the delay.
+    urgent: HashSet<Arc<str>>,
 }
 
 impl HeadPacing {
@@ -101,11 +103,79 @@ impl HeadPacing {
     /// since it moved first after that).
     fn due(&mut self, cluster: &Arc<str>, now: Instant, delay: Duration) -> bool {
         let since = *self.since.entry(cluster.clone()).or_insert(now);
-        now.saturating_duration_since(since) >= delay
+        self.urgent.contains(cluster) || now.saturating_duration_since(since) >= delay
     }
 
     fn written(&mut self, cluster: &Arc<str>, now: Instant) {
         self.since.insert(cluster.clone(), now);
+        self.urgent.remove(cluster);
+    }
+
+    /// The cluster's moved head is written at the next flush, not paced: it is of another
+    /// agent process than the head this replica knew before, or it was read after records
+    /// of unknown fate. Replicas holding a session of another process of the cluster learn
+    /// of it from the bucket (see [`crate::ReplicaShare::follow_heads`]); this happens when
+    /// an agent process starts or two run at once, not on every batch.
+    pub(super) fn hurry(&mut self, cluster: &Arc<str>) {
+        self.urgent.insert(cluster.clone());
+    }
+}
+
+/// How long after an append failed (and after the link to JetStream was last seen down)
+/// this replica reads the cluster's head: publishes the client kept while the link was
+/// down are sent as soon as it is back, and stored by then.
+pub(super) const UNCERTAIN_SETTLE: Duration = super::REQUEST_TIMEOUT;
+
+/// Clusters whose records this replica published without learning whether they were
+/// stored: an ack lost or timed out, a publish the client kept while its link was down
+/// and sends once it is back. Such records may become their cluster's head unknown to this
+/// replica, so no head of theirs would reach the bucket, and a session of another agent
+/// process of the cluster on another replica would never learn of them (seed 2928: they
+/// may carry older states than that process reported). So once the link has worked for
+/// [`UNCERTAIN_SETTLE`] after the failure, the cluster's head is read (one request per
+/// cluster and failure, never while idle) and recorded at once.
+#[derive(Debug, Default)]
+pub(super) struct Uncertain {
+    /// Per cluster: when an append of it failed last.
+    since: HashMap<Arc<str>, Instant>,
+    /// When the link to JetStream was last seen down.
+    down: Option<Instant>,
+}
+
+impl Uncertain {
+    pub(super) fn failed(&mut self, cluster: &Arc<str>, now: Instant) {
+        self.since.insert(cluster.clone(), now);
+    }
+
+    /// Notes the link's state as seen now.
+    pub(super) fn link(&mut self, up: bool, now: Instant) {
+        if !up {
+            self.down = Some(now);
+        }
+    }
+
+    /// The clusters whose head is to be read now (with when their append failed), in order.
+    pub(super) fn due(&self, now: Instant) -> Vec<(Arc<str>, Instant)> {
+        if self.down.is_some_and(|d| now.saturating_duration_since(d) < UNCERTAIN_SETTLE) {
+            return Vec::new();
+        }
+        let mut due: Vec<(Arc<str>, Instant)> = self
+            .since
+            .iter()
+            .filter(|(_, t)| now.saturating_duration_since(**t) >= UNCERTAIN_SETTLE)
+            .map(|(c, t)| (c.clone(), *t))
+            .collect();
+        // In the clusters' order, not the map's: a simulation seed replays exactly.
+        due.sort_unstable();
+        due
+    }
+
+    /// The cluster's head was read after its append that failed at `at` (a later failure
+    /// keeps it uncertain).
+    pub(super) fn settled(&mut self, cluster: &Arc<str>, at: Instant) {
+        if self.since.get(cluster) == Some(&at) {
+            self.since.remove(cluster);
+        }
     }
 }
 
@@ -217,6 +287,7 @@ impl<J: JetStream> NatsBus<J> {
     /// replaced it meanwhile).
     pub(super) async fn flush_heads(&self, all: bool) -> Result<(), BusError> {
         self.usable()?;
+        self.read_uncertain().await;
         let now = Instant::now();
         let avg_bytes = {
             let st = lock(&self.stream_state);
@@ -241,7 +312,7 @@ impl<J: JetStream> NatsBus<J> {
             let puts = chunk.iter().map(|(cluster, h)| async move {
                 let value: bytes::Bytes =
                     serde_json::to_vec(&StoredHead { head: h, format: NATS_FORMAT }).unwrap_or_default().into();
-                self.write_head(cluster, value).await
+                self.write_head(cluster, h, value).await
             });
             results.extend(futures_util::future::join_all(puts).await);
         }
@@ -267,10 +338,39 @@ impl<J: JetStream> NatsBus<J> {
         }
     }
 
+    /// Reads the head of the clusters whose records' fate this replica did not learn, once
+    /// that is due (see [`Uncertain`]), and has it written at this flush. A read that
+    /// fails is tried again at the next flush.
+    async fn read_uncertain(&self) {
+        let now = Instant::now();
+        let due = {
+            let mut uncertain = lock(&self.uncertain);
+            uncertain.link(self.js.disconnected().is_none(), now);
+            uncertain.due(now)
+        };
+        for (cluster, at) in due {
+            match self.head_of(&cluster).await {
+                Ok(head) => {
+                    if let Some(h) = head {
+                        keep_latest(&mut lock(&self.dirty_heads), &cluster, h);
+                        lock(&self.head_pacing).hurry(&cluster);
+                    }
+                    lock(&self.uncertain).settled(&cluster, at);
+                }
+                Err(e) => {
+                    tracing::debug!(%cluster, error = %e, "cannot read the head after records of unknown fate; trying again");
+                    return;
+                }
+            }
+        }
+    }
+
     /// Writes one head: compare-and-set on the revision this replica wrote last; when the
     /// value changed since (or this replica has not written it), the value there is read
-    /// first, and one of a newer format is not written over.
-    async fn write_head(&self, cluster: &Arc<str>, value: bytes::Bytes) -> Result<(), HeadWrite> {
+    /// first: one of a newer format is not written over, nor a later head (another
+    /// replica's): a follower that missed it would then never see it (see
+    /// [`crate::ReplicaShare::follow_heads`]).
+    async fn write_head(&self, cluster: &Arc<str>, head: &Head, value: bytes::Bytes) -> Result<(), HeadWrite> {
         let key = token(cluster);
         let known = lock(&self.head_revisions).get(cluster).copied();
         if let Some(rev) = known
@@ -282,11 +382,18 @@ impl<J: JetStream> NatsBus<J> {
         let there = self.heads_kv.entry(&key).await.map_err(HeadWrite::Failed)?;
         let written = match there {
             Some(e) => {
-                if e.is_put
-                    && let Err(found) = parse_head(&e.value)
-                {
-                    let what = format!("the head of cluster {cluster} in bucket {}", self.heads_bucket);
-                    return Err(HeadWrite::Newer(newer_format(&what, &found)));
+                if e.is_put {
+                    match parse_head(&e.value) {
+                        Err(found) => {
+                            let what = format!("the head of cluster {cluster} in bucket {}", self.heads_bucket);
+                            return Err(HeadWrite::Newer(newer_format(&what, &found)));
+                        }
+                        Ok(Some(there)) if there.offset > head.offset => {
+                            lock(&self.head_revisions).insert(cluster.clone(), e.revision);
+                            return Ok(());
+                        }
+                        Ok(_) => {}
+                    }
                 }
                 self.heads_kv.update(&key, value, e.revision).await.map_err(|e| e.to_string())
             }

@@ -336,6 +336,9 @@ pub struct NatsBus<J: JetStream = AsyncNats> {
     dirty_heads: Mutex<HashMap<Arc<str>, Head>>,
     /// When moved heads are written (see [`heads::HeadPacing`]).
     head_pacing: Mutex<heads::HeadPacing>,
+    /// Clusters whose records this replica published without learning whether they were
+    /// stored (see [`heads::Uncertain`]).
+    uncertain: Mutex<heads::Uncertain>,
     /// The bucket revision of each head this replica wrote last: the next write of the
     /// cluster's head is a compare-and-set on it, so a value written meanwhile (another
     /// replica's, maybe of a newer format) is read before it is written over.
