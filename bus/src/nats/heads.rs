@@ -460,6 +460,43 @@ mod pacing_tests {
     }
 
     #[test]
+    fn a_hurried_head_is_due_at_once_until_written() {
+        let t0 = Instant::now();
+        let c: Arc<str> = "eu-1".into();
+        let mut p = HeadPacing::default();
+        let delay = Duration::from_secs(30);
+        assert!(!p.due(&c, t0, delay));
+        p.hurry(&c);
+        assert!(p.due(&c, t0, delay), "another agent process's head: at once");
+        p.written(&c, t0);
+        assert!(!p.due(&c, t0 + Duration::from_secs(1), delay), "paced again once written");
+    }
+
+    #[test]
+    fn records_of_unknown_fate_are_read_once_the_link_worked_for_a_while_after_the_failure() {
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        let (c, d): (Arc<str>, Arc<str>) = ("c".into(), "d".into());
+        let mut u = Uncertain::default();
+        u.failed(&c, t0);
+        u.link(false, at(1));
+        assert!(u.due(at(4)).is_empty(), "not settled yet");
+        u.link(false, at(4));
+        assert!(u.due(at(8)).is_empty(), "the link was down 4 s ago: kept publishes may not be stored yet");
+        u.link(true, at(9));
+        u.failed(&d, at(8));
+        assert_eq!(u.due(at(9)), vec![(c.clone(), t0)], "d failed too recently");
+        u.failed(&c, at(9));
+        u.settled(&c, t0);
+        assert!(u.due(at(13)).iter().any(|(x, _)| *x == d), "d is due");
+        assert!(u.due(at(13)).iter().all(|(x, _)| *x != c), "c failed again at 9: not settled by the read before");
+        assert_eq!(u.due(at(14)).len(), 2);
+        u.settled(&c, at(9));
+        u.settled(&d, at(8));
+        assert!(u.due(at(60)).is_empty());
+    }
+
+    #[test]
     fn a_moved_head_is_due_after_the_delay_since_its_last_write() {
         let t0 = Instant::now();
         let c: Arc<str> = "eu-1".into();

@@ -16,9 +16,9 @@ use futures_util::StreamExt;
 
 use crate::{BusError, BusFuture, EntryEvent, EntryStream, Expect, HeadEvent, HeadStream, ReplicaShare, Written};
 
+use super::heads::parse_head;
 use super::jetstream::{CreateError, JetStream, KeyValue, KvFollow, UpdateError};
 use super::records::{token, untoken};
-use super::heads::parse_head;
 use super::{FLEET_ENTRY_BYTES, FLEET_MAX_AGE, NatsBus, NatsError};
 
 impl<J: JetStream> NatsBus<J> {

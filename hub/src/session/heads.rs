@@ -124,11 +124,7 @@ impl HeadWatch {
 
 /// Which replicas of the live ones (name → incarnation, 0 when its release does not say)
 /// went away or started again since `before`: the heads they had not recorded may be lost.
-pub(crate) fn replicas_gone(
-    before: &BTreeMap<String, u64>,
-    now: &BTreeMap<String, u64>,
-    me: &str,
-) -> Vec<String> {
+pub(crate) fn replicas_gone(before: &BTreeMap<String, u64>, now: &BTreeMap<String, u64>, me: &str) -> Vec<String> {
     before
         .iter()
         .filter(|(name, _)| name.as_str() != me)
@@ -189,7 +185,10 @@ mod tests {
         assert!(replicas_gone(&before, &before, "me").is_empty());
         assert_eq!(replicas_gone(&before, &m(&[("a", 5), ("b", 7), ("old", 0)]), "me"), vec!["b"], "b started again");
         assert_eq!(replicas_gone(&before, &m(&[("me", 2), ("b", 6)]), "me"), vec!["a", "old"], "gone; not me");
-        assert!(replicas_gone(&before, &m(&[("me", 1), ("a", 5), ("b", 6), ("old", 3)]), "me").is_empty(), "0: unknown");
+        assert!(
+            replicas_gone(&before, &m(&[("me", 1), ("a", 5), ("b", 6), ("old", 3)]), "me").is_empty(),
+            "0: unknown"
+        );
         assert!(replicas_gone(&before, &m(&[("me", 1), ("a", 5), ("b", 6), ("old", 0), ("new", 1)]), "me").is_empty());
     }
 }
