@@ -103,8 +103,8 @@ impl HeadWatch {
         }
         // A hundred steps at most: a replica of 30,000 sessions asks JetStream at the rate
         // the idle-time check used to, for one idle timeout.
-        let steps = all.len().min(100);
-        let per_step = all.len().div_ceil(steps);
+        let per_step = all.len().div_ceil(100);
+        let steps = all.len().div_ceil(per_step);
         let pause = over / u32::try_from(steps).unwrap_or(100);
         for chunk in all.chunks(per_step) {
             for poke in chunk {
