@@ -760,13 +760,17 @@ async fn an_idle_agent_session_answers_a_second_agent_process_on_another_replica
     })
     .await;
     assert!(all_in, "the first agent's events did not arrive:\n{}", a.proc.stderr());
-    let peeks = async |hub: &HubProc| sample(&http_get(hub.admin_port, "/metrics").await, "fleetwatch_hub_interleave_peeks_total");
+    let peeks = async |hub: &HubProc| {
+        sample(&http_get(hub.admin_port, "/metrics").await, "fleetwatch_hub_interleave_peeks_total")
+    };
     assert_eq!(peeks(&a).await, Some(0.0), "nothing told the idle session to look");
 
     let _second = agent(&pki, "c1", &b.url(), spec, &[]);
     let answered = holds_within(Duration::from_secs(60), || {
         let seen = collector.seen.lock().unwrap();
-        seen.resyncs.get("c1").is_some_and(|r| r.iter().any(|(_, why)| why.contains("is connected to another hub replica")))
+        seen.resyncs
+            .get("c1")
+            .is_some_and(|r| r.iter().any(|(_, why)| why.contains("is connected to another hub replica")))
     })
     .await;
     assert!(

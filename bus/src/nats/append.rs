@@ -145,6 +145,13 @@ impl<J: JetStream> NatsBus<J> {
                 let known = lock(&self.heads).get(&cluster).copied();
                 let head = match known {
                     Some(h) => Some(h),
+                    // The hello read it a moment ago and the stream held nothing of the
+                    // cluster: not asked again (in a connect storm of new clusters that was
+                    // a second request per agent). Another replica appending meanwhile is
+                    // no more hidden than one appending right after a second read: this
+                    // batch's first record names no predecessor (`-`), and the tails
+                    // deliver it as `resync-required` if one was stored before it.
+                    None if lock(&self.absent).seen_now(&cluster, tokio::time::Instant::now()) => None,
                     None => self.head_of(&cluster).await?,
                 };
                 (head.map(|h| (h.epoch, h.seq)), head.map(|h| h.offset))
@@ -324,7 +331,10 @@ impl<J: JetStream> NatsBus<J> {
         drop(guard);
         if let Some((epoch, seq)) = last_stored {
             keep_latest(&mut lock(&self.dirty_heads), &cluster, Head { epoch, seq, offset: last_offset });
-            if known_epoch != Some(epoch) {
+            // Only after another process's head: a cluster's first records (nothing known
+            // before) stay paced, or a connect storm of new agents would write every head
+            // at once (a session of another process still learns within the delay).
+            if known_epoch.is_some_and(|known| known != epoch) {
                 lock(&self.head_pacing).hurry(&cluster);
             }
         }

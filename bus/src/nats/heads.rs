@@ -121,6 +121,34 @@ impl HeadPacing {
     }
 }
 
+/// How long a cluster found without any record stays known so (see [`Absent`]).
+pub(super) const ABSENCE_FRESH: Duration = Duration::from_secs(10);
+
+/// Clusters whose head was read just now and found to be none (a hello of a new cluster):
+/// the first append after it does not read again. Each is taken by that append, or
+/// forgotten after [`ABSENCE_FRESH`].
+#[derive(Debug, Default)]
+pub(super) struct Absent {
+    at: HashMap<Arc<str>, Instant>,
+    /// The size after the last pruning: pruned again at twice that (amortised).
+    pruned_len: usize,
+}
+
+impl Absent {
+    pub(super) fn noted(&mut self, cluster: &Arc<str>, now: Instant) {
+        self.at.insert(cluster.clone(), now);
+        if self.at.len() > (2 * self.pruned_len).max(4096) {
+            self.at.retain(|_, t| now.saturating_duration_since(*t) < ABSENCE_FRESH);
+            self.pruned_len = self.at.len();
+        }
+    }
+
+    /// Whether the cluster was found without a record within [`ABSENCE_FRESH`]; takes it.
+    pub(super) fn seen_now(&mut self, cluster: &Arc<str>, now: Instant) -> bool {
+        self.at.remove(cluster).is_some_and(|t| now.saturating_duration_since(t) < ABSENCE_FRESH)
+    }
+}
+
 /// How long after an append failed (and after the link to JetStream was last seen down)
 /// this replica reads the cluster's head: publishes the client kept while the link was
 /// down are sent as soon as it is back, and stored by then.
@@ -279,7 +307,11 @@ impl<J: JetStream> NatsBus<J> {
         if let Some(h) = found {
             self.note_head(&cluster.into(), h);
         }
-        Ok(lock(&self.heads).get(cluster).copied())
+        let head = lock(&self.heads).get(cluster).copied();
+        if head.is_none() {
+            lock(&self.absent).noted(&cluster.into(), Instant::now());
+        }
+        Ok(head)
     }
 
     /// Writes the moved heads that are due (see [`HeadPacing`]), or all of them with `all`
@@ -457,6 +489,28 @@ mod pacing_tests {
         // Quiet for a second: the rate decays to 9,000/s, not to 0.
         let d = p.delay(secs(3), 11_000, &r, 300.0);
         assert!(d > Duration::from_secs(1) && d < Duration::from_secs(2), "{d:?}");
+    }
+
+    #[test]
+    fn a_cluster_found_empty_is_taken_once_while_fresh() {
+        let t0 = Instant::now();
+        let c: Arc<str> = "c".into();
+        let mut a = Absent::default();
+        assert!(!a.seen_now(&c, t0), "never read");
+        a.noted(&c, t0);
+        assert!(a.seen_now(&c, t0 + Duration::from_secs(1)));
+        assert!(!a.seen_now(&c, t0 + Duration::from_secs(1)), "taken by the first append");
+        a.noted(&c, t0);
+        assert!(!a.seen_now(&c, t0 + ABSENCE_FRESH), "too old: read again");
+        for i in 0..5000 {
+            a.noted(&format!("old{i}").into(), t0);
+        }
+        a.noted(&c, t0 + ABSENCE_FRESH);
+        for i in 0..4000 {
+            a.noted(&format!("new{i}").into(), t0 + ABSENCE_FRESH);
+        }
+        assert!(a.at.len() < 5000, "stale entries pruned (amortised): {}", a.at.len());
+        assert!(a.seen_now(&c, t0 + ABSENCE_FRESH));
     }
 
     #[test]
