@@ -133,6 +133,8 @@ struct Report {
     hub_cpu_percent: f64,
     /// CPU the load processes and the bench process used meanwhile, in % of one core.
     load_cpu_percent: f64,
+    /// CPU the local nats-server used meanwhile, in % of one core (when the bench started it).
+    nats_cpu_percent: Option<f64>,
     resyncs: u64,
     kill: Option<KillReport>,
 }
@@ -332,8 +334,8 @@ async fn run_one(b: &HubBench, bus: BusKind) -> anyhow::Result<Report> {
     let warmup_end = Instant::now() + Duration::from_secs_f64(b.warmup);
     let end = warmup_end + Duration::from_secs_f64(b.duration);
     // CPU seconds at the start of the measurement: hubs, load processes, this process.
-    let mut cpu_at_start: Option<(f64, f64)> = None;
-    let mut cpu_used = (0.0, 0.0);
+    let mut cpu_at_start: Option<(f64, f64, f64)> = None;
+    let mut cpu_used = (0.0, 0.0, 0.0);
     // Events the hubs accepted (summed over replicas) at the start and end of the
     // measurement: beside what the subscriber got, it shows where a shortfall is.
     let received = || async {
@@ -345,9 +347,11 @@ async fn run_one(b: &HubBench, bus: BusKind) -> anyhow::Result<Report> {
     };
     let mut received_at_start: Option<f64> = None;
     let mut received_during: Option<f64> = None;
+    let nats_pid = nats.as_ref().and_then(LocalNatsServer::pid);
     let cpu_now = |load: &Load| {
         let hubs: f64 = pids.iter().filter_map(|p| super::cpu_seconds(*p)).sum();
-        (hubs, load.cpu_seconds() + super::cpu_seconds(std::process::id()).unwrap_or(0.0))
+        let nats = nats_pid.and_then(super::cpu_seconds).unwrap_or(0.0);
+        (hubs, load.cpu_seconds() + super::cpu_seconds(std::process::id()).unwrap_or(0.0), nats)
     };
     let kill_at = b.kill_replica_after.map(|k| warmup_end + Duration::from_secs_f64(k));
     let mut killed: Option<Instant> = None;
@@ -376,11 +380,11 @@ async fn run_one(b: &HubBench, bus: BusKind) -> anyhow::Result<Report> {
         if now >= end && received_during.is_none() && kill_at.is_none() {
             received_during = Some(received().await - received_at_start.unwrap_or(0.0));
         }
-        if now >= end && cpu_used == (0.0, 0.0) {
+        if now >= end && cpu_used == (0.0, 0.0, 0.0) {
             // The victim's CPU is gone with it after a kill: count the survivors only.
-            let (h0, l0) = cpu_at_start.unwrap_or_default();
-            let (h1, l1) = cpu_now(&load);
-            cpu_used = ((h1 - h0).max(0.0), (l1 - l0).max(0.0));
+            let (h0, l0, n0) = cpu_at_start.unwrap_or_default();
+            let (h1, l1, n1) = cpu_now(&load);
+            cpu_used = ((h1 - h0).max(0.0), (l1 - l0).max(0.0), (n1 - n0).max(0.0));
         }
         if now >= drain_end || (now >= end && kill_at.is_none()) {
             break;
@@ -459,10 +463,10 @@ async fn run_one(b: &HubBench, bus: BusKind) -> anyhow::Result<Report> {
             peak_rss[i] = peak_rss[i].max(rss_kib(*pid, "VmHWM:").unwrap_or(0));
         }
     }
-    if cpu_used == (0.0, 0.0) {
-        let (h0, l0) = cpu_at_start.unwrap_or_default();
-        let (h1, l1) = cpu_now(&load);
-        cpu_used = ((h1 - h0).max(0.0), (l1 - l0).max(0.0));
+    if cpu_used == (0.0, 0.0, 0.0) {
+        let (h0, l0, n0) = cpu_at_start.unwrap_or_default();
+        let (h1, l1, n1) = cpu_now(&load);
+        cpu_used = ((h1 - h0).max(0.0), (l1 - l0).max(0.0), (n1 - n0).max(0.0));
     }
     // Let the agents finish (they drain what is pending) before the hubs go away.
     load.stop().await;
@@ -496,6 +500,7 @@ async fn run_one(b: &HubBench, bus: BusKind) -> anyhow::Result<Report> {
         peak_rss_bytes: peak_rss.iter().copied().max().unwrap_or(0) * 1024,
         hub_cpu_percent: cpu_used.0 / b.duration * 100.0,
         load_cpu_percent: cpu_used.1 / b.duration * 100.0,
+        nats_cpu_percent: nats_pid.map(|_| cpu_used.2 / b.duration * 100.0),
         resyncs,
         kill,
     })
@@ -627,6 +632,11 @@ struct IdleReport {
     /// The hubs' RSS (summed) before the agents came, and at the end of the window, KiB.
     hub_rss_base_kib: u64,
     hub_rss_kib: u64,
+    /// The local nats-server's CPU over the window (% of one core) and RSS at its end (KiB),
+    /// when the bench started it (`--bus nats` without `--nats-url`).
+    nats: Option<(f64, u64)>,
+    /// The load processes' RSS at the end of the window, KiB (0 with the agents in process).
+    load_rss_kib: u64,
 }
 
 impl IdleReport {
@@ -731,10 +741,17 @@ async fn idle_one(b: &HubBench, bus: BusKind) -> anyhow::Result<IdleReport> {
         Load::Procs(_) => load.cpu_seconds(),
     };
     let hub_cpu = || pids.iter().filter_map(|p| super::cpu_seconds(*p)).sum::<f64>();
-    let (l0, h0, t0) = (load_cpu(&load), hub_cpu(), Instant::now());
+    let nats_pid = nats.as_ref().and_then(LocalNatsServer::pid);
+    let nats_cpu = || nats_pid.and_then(super::cpu_seconds);
+    let (l0, h0, n0, t0) = (load_cpu(&load), hub_cpu(), nats_cpu(), Instant::now());
     tokio::time::sleep(Duration::from_secs_f64(b.duration)).await;
-    let (l1, h1, window) = (load_cpu(&load), hub_cpu(), t0.elapsed().as_secs_f64());
+    let (l1, h1, n1, window) = (load_cpu(&load), hub_cpu(), nats_cpu(), t0.elapsed().as_secs_f64());
     let hub_rss_kib = rss();
+    let load_rss_kib = load.rss_kib();
+    let nats_cost = match (n0, n1, nats_pid.and_then(|p| rss_kib(p, "VmRSS:"))) {
+        (Some(n0), Some(n1), Some(kib)) => Some(((n1 - n0).max(0.0) / window * 100.0, kib)),
+        _ => None,
+    };
     let still = load.connected();
     if still < agents_connected {
         eprintln!("warning: {} agents lost their session during the window", agents_connected - still);
@@ -754,6 +771,8 @@ async fn idle_one(b: &HubBench, bus: BusKind) -> anyhow::Result<IdleReport> {
         hub_cpu_percent: (h1 - h0).max(0.0) / window * 100.0,
         hub_rss_base_kib,
         hub_rss_kib,
+        nats: nats_cost,
+        load_rss_kib,
     })
 }
 
@@ -784,6 +803,20 @@ fn print_idle(b: &HubBench, r: &IdleReport) {
         r.hub_rss_base_kib as f64 / 1024.0,
         r.kib_per_session()
     );
+    if r.load_rss_kib > 0 {
+        println!(
+            "load RSS:             {:.1} MiB: {:.1} KiB per agent",
+            r.load_rss_kib as f64 / 1024.0,
+            r.load_rss_kib as f64 / r.agents_connected.max(1) as f64
+        );
+    }
+    if let Some((cpu, kib)) = r.nats {
+        println!(
+            "nats-server:          {cpu:.1} % of a core, {:.2} % per 1,000 agents; RSS {:.1} MiB",
+            r.per_thousand(cpu),
+            kib as f64 / 1024.0
+        );
+    }
 }
 
 fn idle_json(b: &HubBench, r: &IdleReport) -> serde_json::Value {
@@ -797,6 +830,10 @@ fn idle_json(b: &HubBench, r: &IdleReport) -> serde_json::Value {
         "hub_cpu_percent_per_1000_agents": round2(r.per_thousand(r.hub_cpu_percent)),
         "hub_rss_base_kib": r.hub_rss_base_kib, "hub_rss_kib": r.hub_rss_kib,
         "hub_kib_per_session": round2(r.kib_per_session()),
+        "load_rss_kib": r.load_rss_kib,
+        "nats_cpu_percent": r.nats.map(|(cpu, _)| round2(cpu)),
+        "nats_cpu_percent_per_1000_agents": r.nats.map(|(cpu, _)| round2(r.per_thousand(cpu))),
+        "nats_rss_kib": r.nats.map(|(_, kib)| kib),
     })
 }
 
@@ -860,6 +897,9 @@ fn print_report(b: &HubBench, r: &Report) {
         r.load_cpu_percent,
         100 * std::thread::available_parallelism().map_or(1, |n| n.get())
     );
+    if let Some(nats) = r.nats_cpu_percent {
+        println!("nats-server CPU:      {nats:.0} % of one core");
+    }
     println!("resync-required seen: {}", r.resyncs);
     if let Some(k) = &r.kill {
         match k.reconnected_secs {
@@ -887,6 +927,7 @@ fn report_json(b: &HubBench, r: &Report) -> serde_json::Value {
         "p50_ms": round2(r.p50), "p99_ms": round2(r.p99), "p999_ms": round2(r.p999), "max_ms": round2(r.max),
         "hub_peak_rss_bytes": r.peak_rss_bytes, "hub_cpu_percent": round2(r.hub_cpu_percent), "subscribers": b.subscribers,
         "load_cpu_percent": round2(r.load_cpu_percent), "resyncs": r.resyncs,
+        "nats_cpu_percent": r.nats_cpu_percent.map(round2),
     });
     if let Some(k) = &r.kill {
         json["kill"] = serde_json::json!({
@@ -1072,6 +1113,8 @@ async fn run_jetstream(b: &HubBench) -> anyhow::Result<Report> {
         peak_rss_bytes: peak_rss * 1024,
         hub_cpu_percent: (h1 - h0).max(0.0) / b.duration * 100.0,
         load_cpu_percent: (l1 - l0).max(0.0) / b.duration * 100.0,
+        // The server is the "hub" of this run.
+        nats_cpu_percent: None,
         resyncs: 0,
         kill: None,
     })

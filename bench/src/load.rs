@@ -27,7 +27,7 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use super::cpu_seconds;
+use super::{cpu_seconds, rss_kib};
 
 /// Connections one process may hold: the open-file hard limit here is 20,000, and each
 /// agent is one socket (plus a few files of the process itself).
@@ -173,6 +173,14 @@ impl Load {
         match self {
             Load::InProcess(_) => 0.0,
             Load::Procs(ps) => ps.iter().filter_map(|p| p.child.id().and_then(cpu_seconds)).sum(),
+        }
+    }
+
+    /// The load processes' RSS, summed, in KiB (0 in process).
+    pub fn rss_kib(&self) -> u64 {
+        match self {
+            Load::InProcess(_) => 0,
+            Load::Procs(ps) => ps.iter().filter_map(|p| p.child.id().and_then(|id| rss_kib(id, "VmRSS:"))).sum(),
         }
     }
 
