@@ -359,16 +359,17 @@ impl Session {
     /// simulation). If that process stops first, nothing corrects them, since this process
     /// sends an object again only when it changes. So when the cluster's head is a record
     /// of another process, not answered yet, a `resync-required` is stored after it: a
-    /// subscriber reconciles the cluster from that point on. Every idle timeout the session
-    /// looks at the head beside its traffic when poked (see [`crate::session::heads`]) and
+    /// subscriber reconciles the cluster from that point on. The session looks at the head
+    /// beside its traffic when poked (see [`crate::session::heads`]) and
     /// runs this check (after its batches in flight) only when the head is another
     /// process's record; one process alone never triggers it.
     async fn check_interleaved(&mut self) -> Result<Checked, End> {
         let head = self.ctx.bus.head(&self.cluster).await.map_err(bus_failed)?;
         let Some((epoch, seq)) = head else { return Ok(Checked::Done) };
         // Nothing of this process stored (no state of it to protect: its first batch after
-        // these records does not follow them and is delivered as `resync-required`, see
-        // `Fw-Prev`), its own record is the head, or this head was answered already.
+        // these records is preceded by a marker, or does not follow them and is delivered as
+        // one; see `interleave_marker` and `Fw-Prev`), its own record is the head, or this
+        // head was answered already.
         if self.ledger.acked() == 0 || epoch == self.epoch || self.foreign_head == Some((epoch, seq)) {
             return Ok(Checked::Done);
         }
