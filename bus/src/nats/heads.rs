@@ -22,6 +22,15 @@
 //! evict its newest record at the rate seen (records, bytes and age retention), at most
 //! [`HEAD_WRITE_DELAY_MAX`]: a stream turning over in seconds (a small retention, the
 //! simulation's) gets its heads written at once, as before.
+//!
+//! The bucket is also how replicas tell each other of another agent process's records
+//! (decision 0037): every replica follows it ([`crate::ReplicaShare::follow_heads`]) and
+//! pokes its agent sessions of the cluster of another epoch. For that, a head of another
+//! agent process than the one this replica knew is written at the next flush, not paced
+//! ([`HeadPacing::hurry`]); a head is never written over a later one (a follower that
+//! missed the later write would never see it); and the head of a cluster whose append
+//! failed is read back once the link works ([`Uncertain`]), since its records may be stored
+//! without this replica knowing.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
