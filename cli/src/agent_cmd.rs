@@ -30,9 +30,9 @@ pub struct AgentArgs {
     #[arg(long, env = "FLEETWATCH_OUTBOX_CAPACITY", default_value_t = 100_000)]
     outbox_capacity: usize,
     /// Bytes of events the outbox holds while the hub is unreachable before it collapses
-    /// into one resync marker.
-    #[arg(long, env = "FLEETWATCH_OUTBOX_MAX_BYTES", default_value_t = 64 << 20)]
-    outbox_max_bytes: usize,
+    /// into one resync marker (a size: bytes, or e.g. 64Mi, 1G).
+    #[arg(long, env = "FLEETWATCH_OUTBOX_MAX_BYTES", default_value = "64Mi", value_parser = crate::size::parse)]
+    outbox_max_bytes: u64,
     /// Seconds without any frame from the hub (data, ping or pong) after which the
     /// connection counts as dead and is reopened; the agent pings a hub silent for half of
     /// it (a hub pings its agents more often than that, so a healthy one is not pinged).
@@ -69,7 +69,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     let synthetic: Option<SyntheticSource> = args.source.as_deref().map(str::parse).transpose()?;
     let mut config = AgentConfig::new(hub, tls);
     config.outbox_capacity = args.outbox_capacity.max(1);
-    config.outbox_max_bytes = args.outbox_max_bytes.max(1);
+    config.outbox_max_bytes = usize::try_from(args.outbox_max_bytes).unwrap_or(usize::MAX).max(1);
     config.idle_timeout = std::time::Duration::try_from_secs_f64(args.idle_timeout)
         .ok()
         .filter(|d| !d.is_zero())

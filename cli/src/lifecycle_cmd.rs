@@ -99,17 +99,17 @@ pub struct LifecycleArgs {
     artifact_cache: Option<PathBuf>,
     /// Most bytes the artifact cache directory holds; the least recently used artifacts
     /// are removed beyond it (e.g. `1Gi`, `500Mi`, `2000000`).
-    #[arg(long, env = "FLEETWATCH_ARTIFACT_CACHE_MAX_BYTES", default_value = "1Gi", value_parser = parse_bytes)]
+    #[arg(long, env = "FLEETWATCH_ARTIFACT_CACHE_MAX_BYTES", default_value = "1Gi", value_parser = crate::size::parse)]
     artifact_cache_max_bytes: u64,
     /// Most bytes of artifacts (their objects as JSON) kept in memory, shared by every runtime; the
     /// least recently used are dropped beyond it and read again from the cache directory.
-    #[arg(long, env = "FLEETWATCH_ARTIFACT_MEMORY_MAX_BYTES", default_value = "64Mi", value_parser = parse_bytes)]
+    #[arg(long, env = "FLEETWATCH_ARTIFACT_MEMORY_MAX_BYTES", default_value = "64Mi", value_parser = crate::size::parse)]
     artifact_memory_max_bytes: u64,
     /// Most bytes all artifact pulls in flight may hold together: a pull reserves 4 MiB while it
     /// reads a manifest, then its layers' declared sizes before it fetches any; one that does
     /// not fit waits (at most 2 minutes, then it is retried with backoff), and an artifact
     /// declaring more than this is refused. At least `4Mi`.
-    #[arg(long, env = "FLEETWATCH_ARTIFACT_PULL_MAX_BYTES", default_value = "64Mi", value_parser = parse_bytes)]
+    #[arg(long, env = "FLEETWATCH_ARTIFACT_PULL_MAX_BYTES", default_value = "64Mi", value_parser = crate::size::parse)]
     artifact_pull_max_bytes: u64,
     /// Keep the WatchConfigs the operator relies on in the control plane (default true):
     /// `fleetwatch-lifecycle.namespaces`, `fleetwatch-lifecycle.crds`,
@@ -122,25 +122,6 @@ pub struct LifecycleArgs {
     watch_configs: bool,
     #[command(flatten)]
     registry: crate::module_cmd::RegistryArgs,
-}
-
-/// `N`, `NKi`, `NMi`, `NGi` (or `K`, `M`, `G`, powers of 1000) bytes.
-fn parse_bytes(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (n, unit) = t.split_at(split);
-    let n: u64 = n.parse().map_err(|_| format!("{s:?} is not a size (e.g. 1Gi, 500Mi, 2000000)"))?;
-    let m: u64 = match unit.trim() {
-        "" => 1,
-        "Ki" => 1 << 10,
-        "Mi" => 1 << 20,
-        "Gi" => 1 << 30,
-        "K" | "k" => 1_000,
-        "M" => 1_000_000,
-        "G" => 1_000_000_000,
-        _ => return Err(format!("{s:?}: unknown unit (Ki, Mi, Gi, K, M, G)")),
-    };
-    n.checked_mul(m).ok_or_else(|| format!("{s:?} is too large"))
 }
 
 pub async fn run(args: LifecycleArgs) -> anyhow::Result<()> {
@@ -285,16 +266,4 @@ fn instance_identity() -> String {
     let nanos =
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
     format!("{host}-{}-{nanos:08x}", std::process::id())
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn sizes_take_units() {
-        assert_eq!(super::parse_bytes("1Gi"), Ok(1 << 30));
-        assert_eq!(super::parse_bytes("500Mi"), Ok(500 << 20));
-        assert_eq!(super::parse_bytes("2000"), Ok(2000));
-        assert_eq!(super::parse_bytes("3M"), Ok(3_000_000));
-        assert!(super::parse_bytes("1Tb").is_err() && super::parse_bytes("x").is_err());
-    }
 }

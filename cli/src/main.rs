@@ -6,12 +6,15 @@ mod certs_cmd;
 mod crds_cmd;
 mod hub_cmd;
 mod lifecycle_cmd;
+mod log_filter;
 mod maintenance_cmd;
 mod module_cmd;
 mod modules_cmd;
 mod relay_cmd;
 #[cfg(not(feature = "sandbox"))]
 mod sandbox_missing;
+mod shell_cmd;
+mod size;
 mod status_cmd;
 mod tail_cmd;
 #[cfg(feature = "sandbox")]
@@ -26,8 +29,10 @@ use clap::{Parser, Subcommand};
 #[derive(Parser)]
 #[command(name = "fleetwatch", version = version_cmd::VERSION_LINE, propagate_version = true)]
 struct Cli {
-    /// Log filter (tracing syntax, e.g. `info`, `fleetwatch_hub=debug`); RUST_LOG works too.
-    #[arg(long, global = true, env = "FLEETWATCH_LOG", default_value = "info")]
+    /// Log filter: a level (trace, debug, info, warn, error, off), and targets with their
+    /// level, comma-separated (e.g. `info,fleetwatch_hub=debug`). A word that is neither is
+    /// refused. RUST_LOG, when set, takes precedence and is checked the same way.
+    #[arg(long, global = true, env = "FLEETWATCH_LOG", default_value = "info", value_parser = log_filter::parse)]
     log: String,
     /// Log as JSON lines instead of text.
     #[arg(long, global = true)]
@@ -87,8 +92,13 @@ enum Command {
     Bench(fleetwatch_bench::BenchArgs),
     /// Print the build version and git commit (the first line, which `--version` prints
     /// too), the protocol versions spoken and the skew policy, the storage formats and the
-    /// CRD versions: what an upgrade has to agree on (docs/upgrade.md).
-    Version,
+    /// CRD versions: what an upgrade has to agree on (docs/upgrade.md); `-o json|yaml` for
+    /// scripts.
+    Version(version_cmd::VersionArgs),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
+    Completion(shell_cmd::CompletionArgs),
+    /// Print the man page, or write one per command with `--dir`.
+    Man(shell_cmd::ManArgs),
     /// Benchmarks: not in this build (built without the `sandbox` feature).
     #[cfg(not(feature = "sandbox"))]
     Bench(sandbox_missing::Args),
@@ -127,14 +137,13 @@ fn main() -> std::process::ExitCode {
         Command::Modules(_) => format!("{},kube_client=off", cli.log),
         _ => cli.log.clone(),
     };
-    init_logging(&filter, cli.log_json, log_file);
+    if let Err(e) = init_logging(&filter, cli.log_json, log_file) {
+        eprintln!("error: {e}");
+        return std::process::ExitCode::from(2);
+    }
     fleetwatch_certs::install_crypto_provider();
     let command = match cli.command {
         Command::Status(args) => return status(args),
-        Command::Version => {
-            print!("{}", version_cmd::text());
-            return std::process::ExitCode::SUCCESS;
-        }
         other => other,
     };
     let result = match command {
@@ -147,6 +156,9 @@ fn main() -> std::process::ExitCode {
         Command::Certs(args) => certs_cmd::run(args),
         Command::Crds(args) => crds_cmd::run(args),
         Command::Maintenance(args) => maintenance_cmd::run(args),
+        Command::Version(args) => version_cmd::run(args),
+        Command::Man(args) => shell_cmd::man(args, <Cli as clap::CommandFactory>::command()),
+        Command::Completion(args) => shell_cmd::completion(args, <Cli as clap::CommandFactory>::command()),
         Command::AgentModule(args) => agent_module_cmd::run(args),
         other => {
             let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
@@ -190,7 +202,9 @@ fn main() -> std::process::ExitCode {
                     | Command::Crds(_)
                     | Command::Maintenance(_)
                     | Command::AgentModule(_)
-                    | Command::Version
+                    | Command::Version(_)
+                    | Command::Completion(_)
+                    | Command::Man(_)
                     | Command::Status(_) => {
                         unreachable!("handled above")
                     }
@@ -271,12 +285,17 @@ mod tests {
     }
 }
 
-fn init_logging(filter: &str, json: bool, file: Option<std::path::PathBuf>) {
+/// Starts logging with `filter` (or RUST_LOG); refuses a filter that would log something
+/// other than what was asked (see [`log_filter`]).
+fn init_logging(filter: &str, json: bool, file: Option<std::path::PathBuf>) -> Result<(), String> {
     use std::io::IsTerminal;
     use tracing_subscriber::EnvFilter;
     use tracing_subscriber::fmt::writer::BoxMakeWriter;
-    let filter = std::env::var("RUST_LOG").ok().unwrap_or_else(|| filter.to_string());
-    let filter = EnvFilter::try_new(&filter).unwrap_or_else(|_| EnvFilter::new("info"));
+    let filter = match std::env::var("RUST_LOG") {
+        Ok(env) => log_filter::check(&env).map_err(|e| format!("RUST_LOG={env}: {e}"))?,
+        Err(_) => filter.to_string(),
+    };
+    let filter = EnvFilter::try_new(&filter).map_err(|e| format!("log filter {filter}: {e}"))?;
     let opened = file.and_then(|p| {
         p.parent().map(std::fs::create_dir_all);
         std::fs::OpenOptions::new().create(true).append(true).open(p).ok()
@@ -291,6 +310,7 @@ fn init_logging(filter: &str, json: bool, file: Option<std::path::PathBuf>) {
     } else {
         builder.init();
     }
+    Ok(())
 }
 
 /// A token cancelled on SIGTERM or Ctrl-C.

@@ -78,7 +78,8 @@ struct CommonArgs {
     dead_letter: Option<std::path::PathBuf>,
     /// Most bytes of the dead-letter file. When the next line would pass it, the relay stops
     /// acknowledging and retries (the events wait at the hub) until the file is moved away.
-    #[arg(long, env = "FLEETWATCH_DEAD_LETTER_MAX_BYTES", default_value_t = 64 << 20)]
+    /// A size: bytes, or e.g. 64Mi, 1G.
+    #[arg(long, env = "FLEETWATCH_DEAD_LETTER_MAX_BYTES", default_value = "64Mi", value_parser = crate::size::parse)]
     dead_letter_max_bytes: u64,
 }
 
@@ -112,9 +113,10 @@ struct WebhookArgs {
     /// JSON arrays as `application/cloudevents-batch+json` (at most 1000).
     #[arg(long, env = "FLEETWATCH_BATCH", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=1000))]
     batch: u16,
-    /// Most bytes of one batch body (a single larger event still goes, alone).
-    #[arg(long, env = "FLEETWATCH_BATCH_MAX_BYTES", default_value_t = 1 << 20)]
-    batch_max_bytes: usize,
+    /// Most bytes of one batch body (a single larger event still goes, alone). A size:
+    /// bytes, or e.g. 1Mi.
+    #[arg(long, env = "FLEETWATCH_BATCH_MAX_BYTES", default_value = "1Mi", value_parser = crate::size::parse)]
+    batch_max_bytes: u64,
     /// File with a secret: every request then carries `X-Fleetwatch-Signature:
     /// sha256=<hex HMAC-SHA256 of the body>` (a trailing newline in the file is ignored).
     #[arg(long, env = "FLEETWATCH_HMAC_SECRET_FILE")]
@@ -232,7 +234,7 @@ async fn run_webhook(a: WebhookArgs) -> anyhow::Result<()> {
     let client = http_client(&a.common)?;
     let mut cfg = WebhookConfig::new(a.target.clone());
     cfg.batch = usize::from(a.batch);
-    cfg.max_batch_bytes = a.batch_max_bytes.max(1024);
+    cfg.max_batch_bytes = usize::try_from(a.batch_max_bytes).unwrap_or(usize::MAX).max(1024);
     cfg.types = a.types;
     cfg.dead_letter = dead_letter(&a.common, "webhook")?;
     if let Some(path) = &a.hmac_secret_file {

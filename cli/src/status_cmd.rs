@@ -31,7 +31,7 @@ pub struct StatusArgs {
     /// Without it, the hub's own view of them is shown when it reads the control plane.
     #[arg(long, env = "FLEETWATCH_CONTROL_PLANE_KUBECONFIG")]
     control_plane_kubeconfig: Option<PathBuf>,
-    /// Output: a table, a wide table, or one JSON document.
+    /// Output: a table, a wide table, or one JSON or YAML document.
     #[arg(short = 'o', long, value_enum, default_value_t = Output::Table)]
     output: Output,
     /// A subscriber whose oldest unacked record is older than this many seconds is unhealthy.
@@ -55,6 +55,7 @@ pub enum Output {
     Table,
     Wide,
     Json,
+    Yaml,
 }
 
 /// One subscription as `/api/v1/subscriptions` lists it.
@@ -281,22 +282,27 @@ pub fn render(fleet: &Fleet, problems: &[String], wide: bool, now: jiff::Timesta
     let connected = fleet.clusters.iter().filter(|c| c.connected).count();
     let _ = write!(
         out,
-        "\n{} clusters ({connected} connected), {} subscriptions",
-        fleet.clusters.len(),
-        fleet.subscriptions.len()
+        "\n{} ({connected} connected), {}",
+        counted(fleet.clusters.len(), "cluster"),
+        counted(fleet.subscriptions.len(), "subscription")
     );
     if let Some(rts) = &fleet.runtimes {
-        let _ = write!(out, ", {} runtimes", rts.len());
+        let _ = write!(out, ", {}", counted(rts.len(), "runtime"));
     }
     if problems.is_empty() {
         out.push_str(": healthy\n");
     } else {
-        let _ = writeln!(out, ": {} problems", problems.len());
+        let _ = writeln!(out, ": {}", counted(problems.len(), "problem"));
         for p in problems {
             let _ = writeln!(out, "  - {p}");
         }
     }
     out
+}
+
+/// `n` and the word, in the plural unless `n` is 1 ("1 problem", "2 problems").
+fn counted(n: usize, word: &str) -> String {
+    if n == 1 { format!("1 {word}") } else { format!("{n} {word}s") }
 }
 
 /// The summary shown instead of the table for a large fleet: counts, then the problems
@@ -306,19 +312,19 @@ pub fn render_summary(fleet: &Fleet, problems: &[String]) -> String {
     let failing =
         fleet.clusters.iter().filter(|c| c.connected && c.watches.iter().any(|w| w.phase.is_failing())).count();
     let mut out = format!(
-        "{} clusters: {connected} connected, {} disconnected, {failing} with failing watches\n{} subscriptions",
-        fleet.clusters.len(),
+        "{}: {connected} connected, {} disconnected, {failing} with failing watches\n{}",
+        counted(fleet.clusters.len(), "cluster"),
         fleet.clusters.len() - connected,
-        fleet.subscriptions.len()
+        counted(fleet.subscriptions.len(), "subscription")
     );
     if let Some(rts) = &fleet.runtimes {
         let unhealthy = rts.iter().filter(|r| !r.healthy()).count();
-        let _ = write!(out, ", {} runtimes ({unhealthy} with modules in Error or Warning)", rts.len());
+        let _ = write!(out, ", {} ({unhealthy} with modules in Error or Warning)", counted(rts.len(), "runtime"));
     }
     if problems.is_empty() {
         out.push_str(": healthy\n");
     } else {
-        let _ = writeln!(out, ": {} problems", problems.len());
+        let _ = writeln!(out, ": {}", counted(problems.len(), "problem"));
         for p in problems.iter().take(PROBLEM_LINES) {
             let _ = writeln!(out, "  - {p}");
         }
@@ -470,7 +476,7 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<bool> {
     problems.extend(extra);
     let healthy = problems.is_empty();
     match args.output {
-        Output::Json => {
+        Output::Json | Output::Yaml => {
             let doc = serde_json::json!({
                 "healthy": healthy,
                 "problems": problems,
@@ -479,7 +485,12 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<bool> {
                 "runtimes": fleet.runtimes,
                 "watchConfigs": fleet.watch_configs,
             });
-            println!("{}", serde_json::to_string_pretty(&doc)?);
+            if args.output == Output::Json {
+                println!("{}", serde_json::to_string_pretty(&doc)?);
+            } else {
+                let yaml = serde_saphyr::to_string(&doc).context("cannot render the status as YAML")?;
+                println!("{}", yaml.trim_end());
+            }
         }
         Output::Table if !args.full && fleet.clusters.len() > args.rows => {
             print!("{}", render_summary(&fleet, &problems));
@@ -576,7 +587,7 @@ mod tests {
         );
         assert!(lines[1].contains("Ready=2") && lines[1].contains("1 running"), "{out}");
         assert!(out.contains("lifecycle   lifecycle  yes"), "{out}");
-        assert!(out.trim_end().ends_with("2 clusters (2 connected), 1 subscriptions, 2 runtimes: healthy"), "{out}");
+        assert!(out.trim_end().ends_with("2 clusters (2 connected), 1 subscription, 2 runtimes: healthy"), "{out}");
     }
 
     #[test]
@@ -681,7 +692,7 @@ mod tests {
         let lines: Vec<&str> = out.lines().collect();
         assert_eq!(lines[0], "300 clusters: 240 connected, 60 disconnected, 0 with failing watches", "{out}");
         assert!(
-            lines[1].starts_with("0 subscriptions, 1 runtimes (1 with modules in Error or Warning): 61 problems"),
+            lines[1].starts_with("0 subscriptions, 1 runtime (1 with modules in Error or Warning): 61 problems"),
             "{out}"
         );
         assert_eq!(out.lines().filter(|l| l.starts_with("  - ")).count(), PROBLEM_LINES, "{out}");

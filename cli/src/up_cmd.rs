@@ -440,6 +440,17 @@ async fn fleet_modules(cp: &kube::Client) -> Vec<String> {
     names
 }
 
+/// A value of a `--plain` line as logfmt writes it: as it is when it has no space, quote or
+/// `=`, else quoted (`nats="1.0.0 → 2.0.0 waits for 02:00Z"`), so a line splits into its
+/// fields with any logfmt reader and still reads as the table does.
+fn logfmt_value(v: &str) -> String {
+    if v.is_empty() || v.contains([' ', '"', '=', '\\']) {
+        format!("\"{}\"", v.replace('\\', "\\\\").replace('"', "\\\""))
+    } else {
+        v.to_string()
+    }
+}
+
 /// A module's cell: its running version and state; an upgrade that waits shows where it is
 /// going and when ("1.0.0 → 2.0.0 waits for 02:00Z"); a module the cluster's user chose (a
 /// `Module` object there, the Runtime does not list it) says so ("1.0.0 Ready (user)").
@@ -597,7 +608,7 @@ async fn table(cp: &kube::Client, admin: &str, plain: bool, shutdown: Cancellati
                         header
                             .iter()
                             .zip(r)
-                            .map(|(h, v)| format!("{}={}", h.to_lowercase().replace(' ', "-"), v.replace(' ', ":")))
+                            .map(|(h, v)| format!("{}={}", h.to_lowercase().replace(' ', "-"), logfmt_value(v)))
                             .collect::<Vec<_>>()
                             .join(" ")
                     );
@@ -639,6 +650,14 @@ async fn table(cp: &kube::Client, admin: &str, plain: bool, shutdown: Cancellati
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn plain_values_are_logfmt_quoted_only_when_they_need_it() {
+        assert_eq!(logfmt_value("connected"), "connected");
+        assert_eq!(logfmt_value("1.0.0 → 2.0.0 waits for 02:00Z"), "\"1.0.0 → 2.0.0 waits for 02:00Z\"");
+        assert_eq!(logfmt_value(""), "\"\"");
+        assert_eq!(logfmt_value(r#"say "hi"=\"#), r#""say \"hi\"=\\""#);
+    }
 
     #[test]
     fn the_enable_file_is_a_module_named_after_it() {

@@ -189,6 +189,11 @@ async fn admin_api_status_and_openapi_follow_the_fleet() {
     assert_eq!(code, 0);
     let j: Value = serde_json::from_str(&json_out).unwrap();
     assert_eq!(j["healthy"], true, "{j}");
+    // The same document as YAML (`-o yaml`, as kubectl users expect).
+    let (code, yaml_out, _) = status(&["--admin", &admin, "-o", "yaml"]);
+    assert_eq!(code, 0);
+    assert!(yaml_out.lines().any(|l| l == "healthy: true"), "{yaml_out}");
+    assert!(yaml_out.contains("cluster: ad-1") && yaml_out.contains("cluster: ad-2"), "{yaml_out}");
     // …unhealthy (exit 1, naming the cluster) once an agent stops…
     a1.signal("TERM");
     assert!(a1.wait_exit(Duration::from_secs(30)).is_some());
@@ -681,6 +686,9 @@ async fn web_view_in_chromium_shows_the_fleet_and_an_agent_stopping_within_two_s
     );
     page.wait_for("the clusters connected", &all, Duration::from_secs(60)).await;
     assert_eq!(page.eval("document.getElementById('live').dataset.state").await, json!("live"));
+    // Its clock in UTC, as every other time shown (was the browser's local time).
+    let live = page.eval("/^live · \\d\\d:\\d\\d:\\d\\dZ$/.test(document.getElementById('live').innerText)").await;
+    assert_eq!(live, json!(true), "{}", page.eval("document.getElementById('live').innerText").await);
     // A refused downgrade reads as one, not as an upgrade waiting.
     let redis = "document.querySelector('tr[data-runtime=\"kcp/rt-web\"] [data-module=\"redis\"]')";
     page.wait_for("the runtime's modules", &format!("!!{redis}"), Duration::from_secs(60)).await;

@@ -340,3 +340,92 @@ fn version_names_build_protocols_formats_and_crds() {
         assert_eq!(field("appVersion:"), env!("CARGO_PKG_VERSION"), "{chart}");
     }
 }
+
+/// `--log warning` (or RUST_LOG=verbose) was taken for a target filter and muted almost every
+/// log without a word: now refused before anything runs, naming the word and what was meant.
+#[test]
+fn a_log_filter_that_is_not_a_level_is_refused_naming_it() {
+    let (code, _, err) = run(&["--log", "warning", "version"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("`warning` is not a log level") && err.contains("did you mean `warn`"), "{err}");
+    let out = Command::new(BIN).args(["version"]).env("RUST_LOG", "verbose").output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("RUST_LOG=verbose") && err.contains("did you mean `debug` or `trace`"), "{err}");
+    let (code, out, err) = run(&["--log", "warn,fleetwatch_hub=debug", "version"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.starts_with("fleetwatch "), "{out}");
+}
+
+/// `fleetwatch completion bash` completes commands and flags in a real bash, the other
+/// shells get their scripts, and `fleetwatch man --dir` writes a page per command.
+#[test]
+fn completion_scripts_complete_in_bash_and_man_pages_are_written() {
+    let (code, script, err) = run(&["completion", "bash"]);
+    assert_eq!(code, 0, "{err}");
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("fleetwatch.bash");
+    std::fs::write(&file, &script).unwrap();
+    let complete = |words: &str, cword: usize| {
+        let cmd = format!(
+            "source {}; COMP_WORDS=({words}); COMP_CWORD={cword}; _fleetwatch fleetwatch \"${{COMP_WORDS[$COMP_CWORD]}}\" \"${{COMP_WORDS[$COMP_CWORD-1]}}\"; echo \"${{COMPREPLY[@]}}\"",
+            file.display()
+        );
+        let out = Command::new("bash").args(["-c", &cmd]).output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    assert_eq!(complete("fleetwatch hu", 1), "hub");
+    assert_eq!(complete("fleetwatch hub --retention-b", 2), "--retention-bytes");
+    assert!(complete("fleetwatch modules ", 2).split_whitespace().any(|w| w == "enable"));
+    for (shell, mark) in
+        [("zsh", "#compdef fleetwatch"), ("fish", "complete -c fleetwatch"), ("powershell", "fleetwatch")]
+    {
+        let (code, out, err) = run(&["completion", shell]);
+        assert_eq!(code, 0, "{shell}: {err}");
+        assert!(out.contains(mark) && out.contains("retention-bytes"), "{shell}: {out:.300}");
+    }
+    let (code, _, err) = run(&["completion", "tcsh"]);
+    assert_eq!(code, 2, "an unknown shell is refused: {err}");
+
+    let (code, out, err) = run(&["man", "--dir", dir.path().to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("man pages into"), "{out}");
+    let hub = std::fs::read_to_string(dir.path().join("fleetwatch-hub.1")).unwrap();
+    assert!(hub.contains(".TH fleetwatch-hub 1") && hub.contains("retention\\-bytes"), "{hub:.500}");
+    assert!(dir.path().join("fleetwatch-modules-enable.1").exists());
+    let (code, page, _) = run(&["man"]);
+    assert_eq!(code, 0);
+    assert!(page.contains(".TH fleetwatch 1"), "{page:.300}");
+}
+
+/// `fleetwatch version -o json|yaml`: what the text says, for scripts (every CRD with its
+/// served and storage versions).
+#[test]
+fn version_prints_text_json_and_yaml_with_every_crd() {
+    let (code, text, err) = run(&["version"]);
+    assert_eq!(code, 0, "{err}");
+    let (code, json, err) = run(&["version", "-o", "json"]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert!(
+        text.starts_with(&format!(
+            "fleetwatch {} (commit {})",
+            v["version"].as_str().unwrap(),
+            v["commit"].as_str().unwrap()
+        )),
+        "{text}\n{v}"
+    );
+    let crds = v["crds"].as_array().unwrap();
+    assert_eq!(crds.len(), 8, "{v}");
+    for crd in crds {
+        let name = crd["name"].as_str().unwrap();
+        assert!(text.contains(&format!("  {name}: ")), "{name} not in the text: {text}");
+        assert!(crd["versions"].as_array().unwrap().iter().any(|x| x["storage"] == true), "{crd}");
+    }
+    assert!(crds.iter().any(|c| c["name"] == "subscriberaccesspolicies.operator.fleetwatch.dev"), "{v}");
+    let (code, yaml, err) = run(&["version", "-o", "yaml"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(yaml.contains(&format!("commit: {}", v["commit"].as_str().unwrap())), "{yaml}");
+    assert!(yaml.contains("- name: modules.operator.fleetwatch.dev"), "{yaml}");
+}

@@ -782,3 +782,51 @@ async fn nats_mode_hub_replicas_run_with_their_rendered_args_and_share_the_strea
         tail(&b.proc.stderr())
     );
 }
+
+/// A log filter the binaries would refuse (`--log warning` was taken for a target and muted
+/// almost every log) is refused by both charts' schemas at render, naming the value; a
+/// level with targets renders as given.
+#[test]
+fn a_log_level_the_binaries_refuse_is_refused_at_render() {
+    for chart in ["fleetwatch", "fleetwatch-agent"] {
+        for bad in ["warning", "verbose", "info\\,fleetwatch_hub"] {
+            let err = helm_template(chart, "fleetwatch-system", &[&format!("logLevel={bad}")])
+                .err()
+                .unwrap_or_else(|| panic!("{chart} rendered logLevel={bad}"));
+            assert!(err.contains("logLevel") && err.contains("pattern"), "{chart} {bad}: {err}");
+        }
+        let docs = helm_template(chart, "fleetwatch-system", &["logLevel=info\\,fleetwatch_hub=debug"])
+            .unwrap_or_else(|e| panic!("{chart}: {e}"));
+        let text = serde_json::to_string(&docs).unwrap();
+        assert!(text.contains("--log=info,fleetwatch_hub=debug"), "{chart}: {text}");
+    }
+}
+
+/// The hub took `1Gi` from the chart and refused it at start (`unknown size unit "gi"`): now
+/// every size flag takes Kubernetes quantities, and the chart refuses at render what the
+/// binaries refuse (`1m` is milli, not mega).
+#[test]
+fn sizes_the_binaries_refuse_are_refused_at_render_and_quantities_render() {
+    for (value, bad) in [
+        ("hub.retention.bytes", "1m"),
+        ("hub.retention.bytes", "2Gb"),
+        ("lifecycle.artifactCache.maxBytes", "lots"),
+        ("lifecycle.artifactCache.pullMaxBytes", "64 Mi"),
+    ] {
+        let err = helm_template("fleetwatch", "fleetwatch-system", &[&format!("{value}={bad}")])
+            .err()
+            .unwrap_or_else(|| panic!("rendered {value}={bad}"));
+        assert!(err.contains("pattern"), "{value}={bad}: {err}");
+    }
+    let docs = helm_template("fleetwatch", "fleetwatch-system", &["hub.retention.bytes=1Gi"]).unwrap();
+    let hub = find(&docs, "StatefulSet", "fleetwatch-hub");
+    let args = serde_json::to_string(&pod_spec(hub)["containers"][0]["args"]).unwrap();
+    assert!(args.contains("--retention-bytes=1Gi"), "{args}");
+    // And the binary takes what rendered.
+    let out = std::process::Command::new(BIN).args(["hub", "--retention-bytes", "1Gi", "--help"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = std::process::Command::new(BIN).args(["hub", "--retention-bytes", "1m"]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("milli"), "{err}");
+}

@@ -52,7 +52,7 @@ fn sandbox_comes_up_and_follows_a_channel_move() {
     for rt in ["rt-1", "rt-2"] {
         wait_lines(
             "all modules Ready",
-            &row_has(rt, &["agent=connected", "state=Ready", "redis=1.0.0:Ready", "nats=1.0.0:Ready"]),
+            &row_has(rt, &["agent=connected", "state=Ready", r#"redis="1.0.0 Ready""#, r#"nats="1.0.0 Ready""#]),
         );
     }
     // The intro tells where the kubeconfigs are; use the control plane's with kubectl.
@@ -184,7 +184,10 @@ fn sandbox_comes_up_and_follows_a_channel_move() {
         None,
     );
     assert_eq!(running, "1.0.0");
-    wait_lines("the user's keda in the table", &row_has("rt-2", &["keda=1.0.0:Ready:(user)", "redis=1.0.0:Ready"]));
+    wait_lines(
+        "the user's keda in the table",
+        &row_has("rt-2", &[r#"keda="1.0.0 Ready (user)""#, r#"redis="1.0.0 Ready""#]),
+    );
     // rt-1's user chose nothing: no keda there.
     assert!(
         row_has("rt-1", &["keda=-"])(&lines.lock().unwrap()),
@@ -205,7 +208,7 @@ fn sandbox_comes_up_and_follows_a_channel_move() {
     let meta = r#"{"apiVersion":"operator.fleetwatch.dev/v1alpha1","kind":"ModuleReleaseMeta","metadata":{"name":"redis","namespace":"kcp"},"spec":{"moduleName":"redis","channels":[{"channel":"regular","version":"2.0.0"},{"channel":"fast","version":"2.0.0"}]}}"#;
     kubectl(&cp, &["apply", "--server-side", "--force-conflicts", "-f", "-"], Some(meta));
     for rt in ["rt-1", "rt-2"] {
-        wait_lines("the upgrade", &row_has(rt, &["redis=2.0.0:Ready", "nats=1.0.0:Ready"]));
+        wait_lines("the upgrade", &row_has(rt, &[r#"redis="2.0.0 Ready""#, r#"nats="1.0.0 Ready""#]));
     }
     // nats 2.0.0 needs downtime: it waits for the nightly window, shown in the table
     // (unless the clock happens to be inside it).
@@ -217,13 +220,12 @@ fn sandbox_comes_up_and_follows_a_channel_move() {
     let near_edge = (115..=125).contains(&minute_of_day) || (215..=225).contains(&minute_of_day);
     if !near_edge {
         if (120..220).contains(&minute_of_day) {
-            wait_lines("the nats upgrade inside the window", &row_has("rt-1", &["nats=2.0.0:Ready"]));
+            wait_lines("the nats upgrade inside the window", &row_has("rt-1", &[r#"nats="2.0.0 Ready""#]));
         } else {
             wait_lines("the next window", &|ls: &[String]| {
-                ls.iter()
-                    .rev()
-                    .find(|l| l.starts_with("runtime=rt-1 "))
-                    .is_some_and(|l| l.contains("nats=1.0.0:→:2.0.0:waits:for:02:00Z") && l.contains("next-window=20"))
+                ls.iter().rev().find(|l| l.starts_with("runtime=rt-1 ")).is_some_and(|l| {
+                    l.contains(r#"nats="1.0.0 → 2.0.0 waits for 02:00Z""#) && l.contains("next-window=20")
+                })
             });
         }
     }
@@ -313,7 +315,9 @@ fn sandbox_events_per_module_and_a_removed_modules_watch_waits_for_its_kind() {
     let ready = |redis: bool| {
         move |ls: &[String]| {
             ls.iter().rev().find(|l| l.starts_with("runtime=rt-1 ")).is_some_and(|l| {
-                l.contains("state=Ready") && l.contains("nats=1.0.0:Ready") && l.contains("redis=1.0.0:Ready") == redis
+                l.contains("state=Ready")
+                    && l.contains(r#"nats="1.0.0 Ready""#)
+                    && l.contains(r#"redis="1.0.0 Ready""#) == redis
             })
         }
     };

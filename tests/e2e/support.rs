@@ -46,14 +46,27 @@ impl Pki {
         self.dir.path().join(name)
     }
 
+    /// A certificate for an agent of `cluster`, in files of its own: a second process of the
+    /// same cluster must not overwrite the first one's files, which the first follows (a
+    /// changed certificate is a renewal: it would reconnect with it).
     pub fn agent(&self, cluster: &str) -> TlsFiles {
-        let f = self.ca.issue(self.dir.path(), &LeafSpec::Agent { cluster: cluster.into() }, 1).unwrap();
+        let f = self.ca.issue(&self.fresh_dir(), &LeafSpec::Agent { cluster: cluster.into() }, 1).unwrap();
         TlsFiles { cert: f.cert, key: f.key, ca: vec![self.path("ca.crt")] }
     }
 
+    /// A subscriber's certificate, in files of its own (see [`Pki::agent`]).
     pub fn subscriber(&self, name: &str) -> TlsFiles {
-        let f = self.ca.issue(self.dir.path(), &LeafSpec::Subscriber { name: name.into() }, 1).unwrap();
+        let f = self.ca.issue(&self.fresh_dir(), &LeafSpec::Subscriber { name: name.into() }, 1).unwrap();
         TlsFiles { cert: f.cert, key: f.key, ca: vec![self.path("ca.crt")] }
+    }
+
+    /// A directory no certificate was issued into yet.
+    fn fresh_dir(&self) -> PathBuf {
+        static ISSUED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = ISSUED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = self.path(&format!("issued-{n}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
     }
 
     pub fn ca(&self) -> &Authority {

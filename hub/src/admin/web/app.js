@@ -364,7 +364,8 @@
   function onEvent(doc, snapshot) {
     view.counts = doc.counts || {};
     document.body.dataset.updated = String(doc.seq ?? "");
-    setLive("live", "live · " + new Date().toLocaleTimeString());
+    // UTC, like every other time the hub and the CLI show.
+    setLive("live", "live · " + new Date().toISOString().slice(11, 19) + "Z");
     if (clusterId === null) {
       renderCounts(view.counts);
       if (!snapshot) applyChanges(doc.changes);
