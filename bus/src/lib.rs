@@ -320,7 +320,29 @@ pub trait ReplicaShare: Send + Sync {
     /// Changes whenever the entries were lost (JetStream lost its store and the bucket was
     /// created again, empty): the hub then writes its clusters again and follows afresh.
     fn generation(&self) -> u64;
+
+    /// Follows the cluster heads the replicas record: the latest of each, then each one
+    /// written. A replica writes a cluster's head after its records were stored (paced, see
+    /// `nats::heads`), never over a later one, and also for records whose fate it did not
+    /// learn (an ack lost or timed out) once its link works again. Followed afresh when
+    /// [`ReplicaShare::generation`] changes. What agent sessions on a shared bus learn of
+    /// another agent process's records of their cluster (see the hub's `session::heads`).
+    fn follow_heads(&self) -> BusFuture<'_, HeadStream>;
 }
+
+/// A cluster's head as a replica recorded it ([`ReplicaShare::follow_heads`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeadEvent {
+    /// The cluster id.
+    pub cluster: String,
+    /// The agent process (epoch) of the cluster's latest record.
+    pub epoch: u64,
+    /// Its seq.
+    pub seq: u64,
+}
+
+/// The stream of [`ReplicaShare::follow_heads`].
+pub type HeadStream = Pin<Box<dyn futures_util::Stream<Item = Result<HeadEvent, BusError>> + Send>>;
 
 /// When [`ReplicaShare::write_entry`] writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

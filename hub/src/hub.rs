@@ -134,6 +134,7 @@ impl Hub {
             revocation,
             access,
             subscriber_slots: Default::default(),
+            heads: Default::default(),
             runtimes: runtimes.clone(),
         });
         let replica = listener.local_addr().unwrap_or(config.listen).to_string();

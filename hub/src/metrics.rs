@@ -108,6 +108,9 @@ fleetwatch_telemetry::instruments! {
         /// Hellos that asked the bus again for their cluster's head after it timed out.
         pub hello_head_retries: Counter = Counter::default()
             => "hello_head_retries", "Hellos that asked the bus again for their cluster's head after it did not answer in time";
+        /// Head reads of agent sessions poked to look for another agent process's records.
+        pub interleave_peeks: Counter = Counter::default()
+            => "interleave_peeks", "Agent sessions on a shared bus that read their cluster's head because a head of another agent process was recorded, a hub replica went away, or a deferred check came due (never while idle otherwise)";
         /// Clusters' entries of the shared fleet state held (a bus of several replicas).
         pub fleet_entries: Gauge = Gauge::default()
             => "fleet_entries", "Clusters' entries of the shared fleet state held";

@@ -738,3 +738,47 @@ async fn hub_replicas_restarted_one_by_one_lose_nothing() {
         seen.resyncs
     );
 }
+
+/// Seed 2928 with real processes: a second agent process of a cluster appends through
+/// another hub replica while the first is connected, idle, to this one. The first
+/// process's session reads nothing from JetStream while idle; it learns of the other
+/// process's records from the heads bucket the replicas follow, and stores a
+/// `resync-required` after them (decision 0037).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_agent_session_answers_a_second_agent_process_on_another_replica() {
+    let pki = Pki::new();
+    let js = LocalNatsServer::start(&pki.path("jetstream")).unwrap_or_else(|e| panic!("{e}"));
+    let bus = ["--bus", &js.url(), "--bus-stream", "fleet"];
+    let (pa, pb) = (free_port(), free_port());
+    let a = HubProc::start(&pki, pa, None, &bus);
+    let b = HubProc::start(&pki, pb, None, &bus);
+    let spec = "synthetic:objects=5,rate=50,total=20";
+    let _first = agent(&pki, "c1", &a.url(), spec, &[]);
+    let collector = Collector::start(&pki, &a.url(), "checker").await;
+    let all_in = holds_within(Duration::from_secs(60), || {
+        collector.seen.lock().unwrap().max_seq.get("c1").is_some_and(|s| *s >= 21)
+    })
+    .await;
+    assert!(all_in, "the first agent's events did not arrive:\n{}", a.proc.stderr());
+    let peeks = async |hub: &HubProc| {
+        sample(&http_get(hub.admin_port, "/metrics").await, "fleetwatch_hub_interleave_peeks_total")
+    };
+    assert_eq!(peeks(&a).await, Some(0.0), "nothing told the idle session to look");
+
+    let _second = agent(&pki, "c1", &b.url(), spec, &[]);
+    let answered = holds_within(Duration::from_secs(60), || {
+        let seen = collector.seen.lock().unwrap();
+        seen.resyncs
+            .get("c1")
+            .is_some_and(|r| r.iter().any(|(_, why)| why.contains("is connected to another hub replica")))
+    })
+    .await;
+    assert!(
+        answered,
+        "no resync-required after the second process's records: {:?}\nhub a:\n{}\nhub b:\n{}",
+        collector.seen.lock().unwrap().resyncs,
+        a.proc.stderr(),
+        b.proc.stderr()
+    );
+    assert!(peeks(&a).await.is_some_and(|n| n >= 1.0), "the session looked because it was told");
+}

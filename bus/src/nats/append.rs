@@ -145,6 +145,13 @@ impl<J: JetStream> NatsBus<J> {
                 let known = lock(&self.heads).get(&cluster).copied();
                 let head = match known {
                     Some(h) => Some(h),
+                    // The hello read it a moment ago and the stream held nothing of the
+                    // cluster: not asked again (in a connect storm of new clusters that was
+                    // a second request per agent). Another replica appending meanwhile is
+                    // no more hidden than one appending right after a second read: this
+                    // batch's first record names no predecessor (`-`), and the tails
+                    // deliver it as `resync-required` if one was stored before it.
+                    None if lock(&self.absent).seen_now(&cluster, tokio::time::Instant::now()) => None,
                     None => self.head_of(&cluster).await?,
                 };
                 (head.map(|h| (h.epoch, h.seq)), head.map(|h| h.offset))
@@ -301,6 +308,9 @@ impl<J: JetStream> NatsBus<J> {
                 }
             }
         }
+        // The agent process of the cluster's head this replica knew before: a head of
+        // another one is recorded at once (see `HeadPacing::hurry`).
+        let known_epoch = lock(&self.heads).get(&cluster).map(|h| h.epoch);
         if let Some((epoch, seq)) = last_stored {
             // Stored, whatever else failed: resends of it are duplicates (a marker at the
             // first record stored after a lost one covers what was lost).
@@ -308,6 +318,10 @@ impl<J: JetStream> NatsBus<J> {
             self.note_head(&cluster, Head { epoch, seq, offset: last_offset });
         }
         if let Some(cause) = failure {
+            // Records of it may be stored without this replica knowing (an ack lost, or a
+            // publish its client kept while the link was down and sends once it is back):
+            // their head is read and recorded once the link works (see `Uncertain`).
+            lock(&self.uncertain).failed(&cluster, tokio::time::Instant::now());
             // The stream may be gone: the probe looks now rather than within a second.
             self.recheck.notify_one();
             self.write_failures.fetch_add(1, Ordering::Relaxed);
@@ -317,6 +331,12 @@ impl<J: JetStream> NatsBus<J> {
         drop(guard);
         if let Some((epoch, seq)) = last_stored {
             keep_latest(&mut lock(&self.dirty_heads), &cluster, Head { epoch, seq, offset: last_offset });
+            // Only after another process's head: a cluster's first records (nothing known
+            // before) stay paced, or a connect storm of new agents would write every head
+            // at once (a session of another process still learns within the delay).
+            if known_epoch.is_some_and(|known| known != epoch) {
+                lock(&self.head_pacing).hurry(&cluster);
+            }
         }
         // A reader on this replica sees what was just acked; without one, nothing waits.
         if self.tail_started.load(Ordering::SeqCst) {

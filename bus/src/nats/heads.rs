@@ -22,8 +22,17 @@
 //! evict its newest record at the rate seen (records, bytes and age retention), at most
 //! [`HEAD_WRITE_DELAY_MAX`]: a stream turning over in seconds (a small retention, the
 //! simulation's) gets its heads written at once, as before.
+//!
+//! The bucket is also how replicas tell each other of another agent process's records
+//! (decision 0037): every replica follows it ([`crate::ReplicaShare::follow_heads`]) and
+//! pokes its agent sessions of the cluster of another epoch. For that, a head of another
+//! agent process than the one this replica knew is written at the next flush, not paced
+//! ([`HeadPacing::hurry`]); a head is never written over a later one (a follower that
+//! missed the later write would never see it); and the head of a cluster whose append
+//! failed is read back once the link works ([`Uncertain`]), since its records may be stored
+//! without this replica knowing.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -73,6 +82,8 @@ pub(super) struct HeadPacing {
     rate: f64,
     /// Per cluster: when its head was last written, or moved first after that.
     since: HashMap<Arc<str>, Instant>,
+    /// Clusters whose moved head is written at the next flush whatever the delay.
+    urgent: HashSet<Arc<str>>,
 }
 
 impl HeadPacing {
@@ -101,11 +112,107 @@ impl HeadPacing {
     /// since it moved first after that).
     fn due(&mut self, cluster: &Arc<str>, now: Instant, delay: Duration) -> bool {
         let since = *self.since.entry(cluster.clone()).or_insert(now);
-        now.saturating_duration_since(since) >= delay
+        self.urgent.contains(cluster) || now.saturating_duration_since(since) >= delay
     }
 
     fn written(&mut self, cluster: &Arc<str>, now: Instant) {
         self.since.insert(cluster.clone(), now);
+        self.urgent.remove(cluster);
+    }
+
+    /// The cluster's moved head is written at the next flush, not paced: it is of another
+    /// agent process than the head this replica knew before, or it was read after records
+    /// of unknown fate. Replicas holding a session of another process of the cluster learn
+    /// of it from the bucket (see [`crate::ReplicaShare::follow_heads`]); this happens when
+    /// an agent process starts or two run at once, not on every batch.
+    pub(super) fn hurry(&mut self, cluster: &Arc<str>) {
+        self.urgent.insert(cluster.clone());
+    }
+}
+
+/// How long a cluster found without any record stays known so (see [`Absent`]).
+pub(super) const ABSENCE_FRESH: Duration = Duration::from_secs(10);
+
+/// Clusters whose head was read just now and found to be none (a hello of a new cluster):
+/// the first append after it does not read again. Each is taken by that append, or
+/// forgotten after [`ABSENCE_FRESH`].
+#[derive(Debug, Default)]
+pub(super) struct Absent {
+    at: HashMap<Arc<str>, Instant>,
+    /// The size after the last pruning: pruned again at twice that (amortised).
+    pruned_len: usize,
+}
+
+impl Absent {
+    pub(super) fn noted(&mut self, cluster: &Arc<str>, now: Instant) {
+        self.at.insert(cluster.clone(), now);
+        if self.at.len() > (2 * self.pruned_len).max(4096) {
+            self.at.retain(|_, t| now.saturating_duration_since(*t) < ABSENCE_FRESH);
+            self.pruned_len = self.at.len();
+        }
+    }
+
+    /// Whether the cluster was found without a record within [`ABSENCE_FRESH`]; takes it.
+    pub(super) fn seen_now(&mut self, cluster: &Arc<str>, now: Instant) -> bool {
+        self.at.remove(cluster).is_some_and(|t| now.saturating_duration_since(t) < ABSENCE_FRESH)
+    }
+}
+
+/// How long after an append failed (and after the link to JetStream was last seen down)
+/// this replica reads the cluster's head: publishes the client kept while the link was
+/// down are sent as soon as it is back, and stored by then.
+pub(super) const UNCERTAIN_SETTLE: Duration = super::REQUEST_TIMEOUT;
+
+/// Clusters whose records this replica published without learning whether they were
+/// stored: an ack lost or timed out, a publish the client kept while its link was down
+/// and sends once it is back. Such records may become their cluster's head unknown to this
+/// replica, so no head of theirs would reach the bucket, and a session of another agent
+/// process of the cluster on another replica would never learn of them (seed 2928: they
+/// may carry older states than that process reported). So once the link has worked for
+/// [`UNCERTAIN_SETTLE`] after the failure, the cluster's head is read (one request per
+/// cluster and failure, never while idle) and recorded at once.
+#[derive(Debug, Default)]
+pub(super) struct Uncertain {
+    /// Per cluster: when an append of it failed last.
+    since: HashMap<Arc<str>, Instant>,
+    /// When the link to JetStream was last seen down.
+    down: Option<Instant>,
+}
+
+impl Uncertain {
+    pub(super) fn failed(&mut self, cluster: &Arc<str>, now: Instant) {
+        self.since.insert(cluster.clone(), now);
+    }
+
+    /// Notes the link's state as seen now.
+    pub(super) fn link(&mut self, up: bool, now: Instant) {
+        if !up {
+            self.down = Some(now);
+        }
+    }
+
+    /// The clusters whose head is to be read now (with when their append failed), in order.
+    pub(super) fn due(&self, now: Instant) -> Vec<(Arc<str>, Instant)> {
+        if self.down.is_some_and(|d| now.saturating_duration_since(d) < UNCERTAIN_SETTLE) {
+            return Vec::new();
+        }
+        let mut due: Vec<(Arc<str>, Instant)> = self
+            .since
+            .iter()
+            .filter(|(_, t)| now.saturating_duration_since(**t) >= UNCERTAIN_SETTLE)
+            .map(|(c, t)| (c.clone(), *t))
+            .collect();
+        // In the clusters' order, not the map's: a simulation seed replays exactly.
+        due.sort_unstable();
+        due
+    }
+
+    /// The cluster's head was read after its append that failed at `at` (a later failure
+    /// keeps it uncertain).
+    pub(super) fn settled(&mut self, cluster: &Arc<str>, at: Instant) {
+        if self.since.get(cluster) == Some(&at) {
+            self.since.remove(cluster);
+        }
     }
 }
 
@@ -209,7 +316,11 @@ impl<J: JetStream> NatsBus<J> {
         if let Some(h) = found {
             self.note_head(&cluster.into(), h);
         }
-        Ok(lock(&self.heads).get(cluster).copied())
+        let head = lock(&self.heads).get(cluster).copied();
+        if head.is_none() {
+            lock(&self.absent).noted(&cluster.into(), Instant::now());
+        }
+        Ok(head)
     }
 
     /// Writes the moved heads that are due (see [`HeadPacing`]), or all of them with `all`
@@ -217,6 +328,7 @@ impl<J: JetStream> NatsBus<J> {
     /// replaced it meanwhile).
     pub(super) async fn flush_heads(&self, all: bool) -> Result<(), BusError> {
         self.usable()?;
+        self.read_uncertain().await;
         let now = Instant::now();
         let avg_bytes = {
             let st = lock(&self.stream_state);
@@ -241,7 +353,7 @@ impl<J: JetStream> NatsBus<J> {
             let puts = chunk.iter().map(|(cluster, h)| async move {
                 let value: bytes::Bytes =
                     serde_json::to_vec(&StoredHead { head: h, format: NATS_FORMAT }).unwrap_or_default().into();
-                self.write_head(cluster, value).await
+                self.write_head(cluster, h, value).await
             });
             results.extend(futures_util::future::join_all(puts).await);
         }
@@ -267,10 +379,39 @@ impl<J: JetStream> NatsBus<J> {
         }
     }
 
+    /// Reads the head of the clusters whose records' fate this replica did not learn, once
+    /// that is due (see [`Uncertain`]), and has it written at this flush. A read that
+    /// fails is tried again at the next flush.
+    async fn read_uncertain(&self) {
+        let now = Instant::now();
+        let due = {
+            let mut uncertain = lock(&self.uncertain);
+            uncertain.link(self.js.disconnected().is_none(), now);
+            uncertain.due(now)
+        };
+        for (cluster, at) in due {
+            match self.head_of(&cluster).await {
+                Ok(head) => {
+                    if let Some(h) = head {
+                        keep_latest(&mut lock(&self.dirty_heads), &cluster, h);
+                        lock(&self.head_pacing).hurry(&cluster);
+                    }
+                    lock(&self.uncertain).settled(&cluster, at);
+                }
+                Err(e) => {
+                    tracing::debug!(%cluster, error = %e, "cannot read the head after records of unknown fate; trying again");
+                    return;
+                }
+            }
+        }
+    }
+
     /// Writes one head: compare-and-set on the revision this replica wrote last; when the
     /// value changed since (or this replica has not written it), the value there is read
-    /// first, and one of a newer format is not written over.
-    async fn write_head(&self, cluster: &Arc<str>, value: bytes::Bytes) -> Result<(), HeadWrite> {
+    /// first: one of a newer format is not written over, nor a later head (another
+    /// replica's): a follower that missed it would then never see it (see
+    /// [`crate::ReplicaShare::follow_heads`]).
+    async fn write_head(&self, cluster: &Arc<str>, head: &Head, value: bytes::Bytes) -> Result<(), HeadWrite> {
         let key = token(cluster);
         let known = lock(&self.head_revisions).get(cluster).copied();
         if let Some(rev) = known
@@ -282,11 +423,18 @@ impl<J: JetStream> NatsBus<J> {
         let there = self.heads_kv.entry(&key).await.map_err(HeadWrite::Failed)?;
         let written = match there {
             Some(e) => {
-                if e.is_put
-                    && let Err(found) = parse_head(&e.value)
-                {
-                    let what = format!("the head of cluster {cluster} in bucket {}", self.heads_bucket);
-                    return Err(HeadWrite::Newer(newer_format(&what, &found)));
+                if e.is_put {
+                    match parse_head(&e.value) {
+                        Err(found) => {
+                            let what = format!("the head of cluster {cluster} in bucket {}", self.heads_bucket);
+                            return Err(HeadWrite::Newer(newer_format(&what, &found)));
+                        }
+                        Ok(Some(there)) if there.offset > head.offset => {
+                            lock(&self.head_revisions).insert(cluster.clone(), e.revision);
+                            return Ok(());
+                        }
+                        Ok(_) => {}
+                    }
                 }
                 self.heads_kv.update(&key, value, e.revision).await.map_err(|e| e.to_string())
             }
@@ -350,6 +498,65 @@ mod pacing_tests {
         // Quiet for a second: the rate decays to 9,000/s, not to 0.
         let d = p.delay(secs(3), 11_000, &r, 300.0);
         assert!(d > Duration::from_secs(1) && d < Duration::from_secs(2), "{d:?}");
+    }
+
+    #[test]
+    fn a_cluster_found_empty_is_taken_once_while_fresh() {
+        let t0 = Instant::now();
+        let c: Arc<str> = "c".into();
+        let mut a = Absent::default();
+        assert!(!a.seen_now(&c, t0), "never read");
+        a.noted(&c, t0);
+        assert!(a.seen_now(&c, t0 + Duration::from_secs(1)));
+        assert!(!a.seen_now(&c, t0 + Duration::from_secs(1)), "taken by the first append");
+        a.noted(&c, t0);
+        assert!(!a.seen_now(&c, t0 + ABSENCE_FRESH), "too old: read again");
+        for i in 0..5000 {
+            a.noted(&format!("old{i}").into(), t0);
+        }
+        a.noted(&c, t0 + ABSENCE_FRESH);
+        for i in 0..4000 {
+            a.noted(&format!("new{i}").into(), t0 + ABSENCE_FRESH);
+        }
+        assert!(a.at.len() < 5000, "stale entries pruned (amortised): {}", a.at.len());
+        assert!(a.seen_now(&c, t0 + ABSENCE_FRESH));
+    }
+
+    #[test]
+    fn a_hurried_head_is_due_at_once_until_written() {
+        let t0 = Instant::now();
+        let c: Arc<str> = "eu-1".into();
+        let mut p = HeadPacing::default();
+        let delay = Duration::from_secs(30);
+        assert!(!p.due(&c, t0, delay));
+        p.hurry(&c);
+        assert!(p.due(&c, t0, delay), "another agent process's head: at once");
+        p.written(&c, t0);
+        assert!(!p.due(&c, t0 + Duration::from_secs(1), delay), "paced again once written");
+    }
+
+    #[test]
+    fn records_of_unknown_fate_are_read_once_the_link_worked_for_a_while_after_the_failure() {
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        let (c, d): (Arc<str>, Arc<str>) = ("c".into(), "d".into());
+        let mut u = Uncertain::default();
+        u.failed(&c, t0);
+        u.link(false, at(1));
+        assert!(u.due(at(4)).is_empty(), "not settled yet");
+        u.link(false, at(4));
+        assert!(u.due(at(8)).is_empty(), "the link was down 4 s ago: kept publishes may not be stored yet");
+        u.link(true, at(9));
+        u.failed(&d, at(8));
+        assert_eq!(u.due(at(9)), vec![(c.clone(), t0)], "d failed too recently");
+        u.failed(&c, at(9));
+        u.settled(&c, t0);
+        assert!(u.due(at(13)).iter().any(|(x, _)| *x == d), "d is due");
+        assert!(u.due(at(13)).iter().all(|(x, _)| *x != c), "c failed again at 9: not settled by the read before");
+        assert_eq!(u.due(at(14)).len(), 2);
+        u.settled(&c, at(9));
+        u.settled(&d, at(8));
+        assert!(u.due(at(60)).is_empty());
     }
 
     #[test]

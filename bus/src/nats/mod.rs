@@ -336,6 +336,11 @@ pub struct NatsBus<J: JetStream = AsyncNats> {
     dirty_heads: Mutex<HashMap<Arc<str>, Head>>,
     /// When moved heads are written (see [`heads::HeadPacing`]).
     head_pacing: Mutex<heads::HeadPacing>,
+    /// Clusters whose records this replica published without learning whether they were
+    /// stored (see [`heads::Uncertain`]).
+    uncertain: Mutex<heads::Uncertain>,
+    /// Clusters just found without any record (see [`heads::Absent`]).
+    absent: Mutex<heads::Absent>,
     /// The bucket revision of each head this replica wrote last: the next write of the
     /// cluster's head is a compare-and-set on it, so a value written meanwhile (another
     /// replica's, maybe of a newer format) is read before it is written over.

@@ -131,6 +131,8 @@ impl<J: JetStream> NatsBus<J> {
             dirty_heads: Mutex::new(HashMap::new()),
             head_revisions: Mutex::new(HashMap::new()),
             head_pacing: Mutex::new(Default::default()),
+            uncertain: Mutex::new(Default::default()),
+            absent: Mutex::new(Default::default()),
             local_waiters: Mutex::new(BTreeMap::new()),
             pending: Mutex::new(HashMap::new()),
             generation: AtomicU64::new(0),

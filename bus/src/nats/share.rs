@@ -14,8 +14,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures_util::StreamExt;
 
-use crate::{BusError, BusFuture, EntryEvent, EntryStream, Expect, ReplicaShare, Written};
+use crate::{BusError, BusFuture, EntryEvent, EntryStream, Expect, HeadEvent, HeadStream, ReplicaShare, Written};
 
+use super::heads::parse_head;
 use super::jetstream::{CreateError, JetStream, KeyValue, KvFollow, UpdateError};
 use super::records::{token, untoken};
 use super::{FLEET_ENTRY_BYTES, FLEET_MAX_AGE, NatsBus, NatsError};
@@ -109,5 +110,31 @@ impl<J: JetStream> ReplicaShare for NatsBus<J> {
 
     fn generation(&self) -> u64 {
         self.buckets_generation.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    fn follow_heads(&self) -> BusFuture<'_, HeadStream> {
+        Box::pin(async move {
+            let bucket = self.heads_bucket.clone();
+            let follow =
+                self.heads_kv.follow().await.map_err(|e| self.kv_error(&bucket, format!("follow the heads: {e}")))?;
+            let stream = follow.filter_map(move |item| {
+                let out = match item {
+                    Ok(KvFollow::CaughtUp) => None,
+                    // A delete, a damaged value or one of a newer format (refused where it
+                    // is read for a hello or a tail) tells nothing here.
+                    Ok(KvFollow::Change(c)) if c.is_put => untoken(&c.key).and_then(|cluster| {
+                        let head = parse_head(&c.value).ok().flatten()?;
+                        Some(Ok(HeadEvent { cluster, epoch: head.epoch, seq: head.seq }))
+                    }),
+                    Ok(KvFollow::Change(_)) => None,
+                    Err(cause) => Some(Err(BusError::Nats(NatsError::KeyValue {
+                        bucket: bucket.clone(),
+                        cause: format!("follow the heads: {cause}"),
+                    }))),
+                };
+                std::future::ready(out)
+            });
+            Ok(Box::pin(stream) as HeadStream)
+        })
     }
 }

@@ -131,6 +131,11 @@ pub(crate) struct Heartbeat {
     /// Agents connected to it.
     #[serde(default)]
     pub(crate) connected: u64,
+    /// Drawn when the replica started (0: a release before it): a replica whose heartbeat
+    /// comes back with another one started again, and the heads it had not recorded may be
+    /// lost (see `session::heads`).
+    #[serde(default)]
+    pub(crate) incarnation: u64,
 }
 
 /// What a replica found in the replicas' bucket under another replica's name.
@@ -245,7 +250,7 @@ mod tests {
 
     #[test]
     fn heartbeats_and_old_whole_lists_are_told_apart() {
-        let beat = Heartbeat { replica: "a".into(), events_total: 5, connected: 1 };
+        let beat = Heartbeat { replica: "a".into(), events_total: 5, connected: 1, incarnation: 9 };
         assert_eq!(Beat::decode(&serde_json::to_vec(&beat).unwrap()), Beat::Alive(beat));
         assert!(matches!(Beat::decode(br#"[{"cluster":"c","connected":true}]"#), Beat::Legacy(l) if l.len() == 1));
         assert_eq!(Beat::decode(b"not json"), Beat::Other);

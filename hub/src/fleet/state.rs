@@ -223,6 +223,21 @@ impl FleetState {
         }
     }
 
+    /// Every live replica with its incarnation (0 when its heartbeat does not say).
+    pub(crate) fn incarnations(&self) -> std::collections::BTreeMap<String, u64> {
+        let Ok(live) = self.live.read() else { return Default::default() };
+        live.beats
+            .iter()
+            .map(|(name, b)| {
+                let inc = match b {
+                    Beat::Alive(h) => h.incarnation,
+                    _ => 0,
+                };
+                (name.to_string(), inc)
+            })
+            .collect()
+    }
+
     /// Events accepted so far by the other live replicas (their heartbeats).
     pub(crate) fn others_events(&self) -> u64 {
         let Ok(live) = self.live.read() else { return 0 };
@@ -361,8 +376,8 @@ fn share<T: ?Sized + std::hash::Hash + Eq>(
 }
 
 /// What a heartbeat of this replica says now.
-pub(crate) fn heartbeat(me: &str, events_total: u64, connected: u64) -> bytes::Bytes {
-    let beat = Heartbeat { replica: me.into(), events_total, connected };
+pub(crate) fn heartbeat(me: &str, events_total: u64, connected: u64, incarnation: u64) -> bytes::Bytes {
+    let beat = Heartbeat { replica: me.into(), events_total, connected, incarnation };
     serde_json::to_vec(&beat).unwrap_or_default().into()
 }
 

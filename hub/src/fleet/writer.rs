@@ -51,6 +51,7 @@ pub(crate) async fn run(ctx: Arc<Context>, shutdown: CancellationToken) {
     tokio::join!(
         heartbeats(ctx.clone(), shutdown.clone()),
         follow(ctx.clone(), shutdown.clone()),
+        follow_heads(ctx.clone(), shutdown.clone()),
         write(ctx, shutdown)
     );
 }
@@ -60,6 +61,9 @@ async fn heartbeats(ctx: Arc<Context>, shutdown: CancellationToken) {
     let bus = ctx.sessions.bus.clone();
     let Some(share) = bus.replica_share() else { return };
     let mut every = tokio::time::interval(HEARTBEAT_EVERY);
+    // Never 0 (a release without incarnations says 0).
+    let incarnation = rand::random::<u64>().max(1);
+    let mut before: BTreeMap<String, u64> = BTreeMap::new();
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,
@@ -67,13 +71,75 @@ async fn heartbeats(ctx: Arc<Context>, shutdown: CancellationToken) {
         }
         let m = &ctx.sessions.metrics;
         let connected = u64::try_from(m.agent_sessions.get()).unwrap_or(0);
-        let beat = heartbeat(&ctx.replica, m.events_received.get(), connected);
+        let beat = heartbeat(&ctx.replica, m.events_received.get(), connected, incarnation);
         if let Err(e) = share.heartbeat(&ctx.replica, beat).await {
             tracing::debug!(error = %e, "cannot write this replica's heartbeat");
         }
         match share.replicas().await {
-            Ok(live) => ctx.fleet.set_live(live),
+            Ok(live) => {
+                ctx.fleet.set_live(live);
+                let now = ctx.fleet.incarnations();
+                let gone = crate::session::heads::replicas_gone(&before, &now, &ctx.replica);
+                if !gone.is_empty() {
+                    // They may have died before recording the heads of records they had
+                    // stored: every agent session here looks at its cluster's head once.
+                    tracing::info!(replicas = ?gone, "hub replicas went away or started again: agent sessions look at their clusters' heads");
+                    let (heads, over) = (ctx.sessions.heads.clone(), ctx.sessions.settings.idle_timeout);
+                    tokio::spawn(async move { heads.sweep(over).await });
+                }
+                before = now;
+            }
             Err(e) => tracing::debug!(error = %e, "cannot read the replicas' heartbeats"),
+        }
+    }
+}
+
+/// Follows the cluster heads the replicas record and pokes this replica's agent sessions of
+/// another agent process of the cluster (see [`crate::session::heads`]); again from the
+/// start when the follow ends or the buckets were created again.
+async fn follow_heads(ctx: Arc<Context>, shutdown: CancellationToken) {
+    let bus = ctx.sessions.bus.clone();
+    let Some(share) = bus.replica_share() else { return };
+    let mut backoff = Duration::from_millis(250);
+    loop {
+        let generation = share.generation();
+        let mut heads = match share.follow_heads().await {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot follow the cluster heads; retrying in {backoff:?}");
+                tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    _ = tokio::time::sleep(backoff) => {}
+                }
+                backoff = (backoff * 2).min(Duration::from_secs(30));
+                continue;
+            }
+        };
+        backoff = Duration::from_millis(250);
+        let mut check = tokio::time::interval(Duration::from_secs(1));
+        loop {
+            let item = tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = check.tick() => {
+                    if share.generation() != generation {
+                        tracing::info!("the heads bucket was created again (JetStream recreated): following afresh");
+                        break;
+                    }
+                    continue;
+                }
+                item = heads.next() => item,
+            };
+            match item {
+                None => break,
+                // Transient (the follow's consumer is recreated by the client): go on.
+                Some(Err(e)) => tracing::debug!(error = %e, "following the cluster heads"),
+                Some(Ok(head)) => {
+                    let poked = ctx.sessions.heads.head_written(&head.cluster, head.epoch);
+                    if poked > 0 {
+                        tracing::debug!(cluster = %head.cluster, epoch = head.epoch, seq = head.seq, poked, "a head of another agent process was recorded");
+                    }
+                }
+            }
         }
     }
 }

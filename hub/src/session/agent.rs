@@ -123,6 +123,8 @@ pub(crate) fn run(
             foreign_head: None,
             liveness: conn.liveness(),
             protocol,
+            // Registered before the hello's head read (see `Session::serve_inner`).
+            watching: ctx.bus.replica_share().is_some().then(|| ctx.heads.watch(&cluster, hello.epoch)),
         };
         let end = session.serve(&mut conn, &hello, &session_id, &cancel, &shutdown, &peer).await;
         ctx.metrics.agent_sessions.dec();
@@ -160,6 +162,18 @@ struct Session {
     liveness: Arc<crate::registry::Liveness>,
     /// The protocol version negotiated at the hello, spoken for the whole session.
     protocol: u32,
+    /// Its place among the sessions poked to look at their cluster's head (on a shared
+    /// bus); taken by the serving loop.
+    watching: Option<crate::session::heads::Watching>,
+}
+
+/// What [`Session::check_interleaved`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Checked {
+    /// Answered the head (or found nothing to answer).
+    Done,
+    /// The agent was silent: made again later.
+    Deferred,
 }
 
 impl Session {
@@ -211,17 +225,18 @@ impl Session {
         let bus = self.ctx.bus.clone();
         let mut in_flight = InFlight::new();
         // On a bus shared by hub replicas another process of this cluster may be connected
-        // to another replica at the same time; every idle timeout the session looks whether
-        // it stored records meanwhile (see `check_interleaved`). Within one hub the registry
-        // refuses a second live process, so the other buses need no check.
-        let mut interleave = bus.replica_share().is_some().then(|| {
-            let every = self.ctx.settings.idle_timeout;
-            let mut t = tokio::time::interval_at(Instant::now() + every, every);
-            t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            t
-        });
+        // to another replica at the same time; when a head of another process is recorded
+        // for the cluster (or a replica went away before recording its heads) the session
+        // is poked and looks whether that process stored records after this one's (see
+        // `check_interleaved` and `session::heads`). The session registered before it read
+        // the head for the hello, so nothing recorded after that read goes unnoticed.
+        // Within one hub the registry refuses a second live process, so the other buses
+        // need no check.
+        let watching = self.watching.take();
         // The interleave check's look at the head, in flight.
         let mut peek: Option<BusFuture<'static, Option<(u64, u64)>>> = None;
+        // When a check deferred because the agent was silent is made again.
+        let mut recheck: Option<Instant> = None;
         loop {
             if self.ledger.is_full() {
                 self.stored(conn, &mut in_flight).await?;
@@ -239,11 +254,19 @@ impl Session {
                     Box::pin(conn.send_text(encode(&msg))).await.map_err(|e| End::Closed(e.to_string()))?;
                     continue;
                 }
-                _ = async { interleave.as_mut().map(|t| t.tick()).expect("guarded").await }, if interleave.is_some() && peek.is_none() => {
+                _ = async { watching.as_ref().expect("guarded").poke.notified().await }, if watching.is_some() && peek.is_none() => {
                     // A look at the head first, beside the session's traffic: only a head of
                     // another process is worth stopping for (waiting for every batch in
-                    // flight and asking again), and that is rare. Stopping every session
-                    // every idle timeout for a round trip was the p99 at 10,000 agents.
+                    // flight and asking again). The head recorded may be older than the
+                    // stream's (paced), or answered already.
+                    self.ctx.metrics.interleave_peeks.inc();
+                    let (bus, cluster) = (self.ctx.bus.clone(), self.cluster.clone());
+                    peek = Some(Box::pin(async move { bus.head(&cluster).await }));
+                    continue;
+                }
+                _ = async { tokio::time::sleep_until(recheck.expect("guarded")).await }, if recheck.is_some() && peek.is_none() => {
+                    recheck = None;
+                    self.ctx.metrics.interleave_peeks.inc();
                     let (bus, cluster) = (self.ctx.bus.clone(), self.cluster.clone());
                     peek = Some(Box::pin(async move { bus.head(&cluster).await }));
                     continue;
@@ -254,7 +277,9 @@ impl Session {
                     if head.is_some_and(|(epoch, _)| epoch != self.epoch) {
                         // The check decides from the cluster's head: everything before it first.
                         Box::pin(self.finish_in_flight(conn, &mut in_flight)).await?;
-                        Box::pin(self.check_interleaved()).await?;
+                        if Box::pin(self.check_interleaved()).await? == Checked::Deferred {
+                            recheck = Some(Instant::now() + Conn::ping_interval(self.ctx.settings.idle_timeout));
+                        }
                     }
                     continue;
                 }
@@ -355,23 +380,27 @@ impl Session {
     /// simulation). If that process stops first, nothing corrects them, since this process
     /// sends an object again only when it changes. So when the cluster's head is a record
     /// of another process, not answered yet, a `resync-required` is stored after it: a
-    /// subscriber reconciles the cluster from that point on. Every idle timeout the session
-    /// looks at the head beside its traffic and runs this check (after its batches in flight)
-    /// only when the head is another process's record; one process alone never triggers it.
-    async fn check_interleaved(&mut self) -> Result<(), End> {
+    /// subscriber reconciles the cluster from that point on. The session looks at the head
+    /// beside its traffic when poked (see [`crate::session::heads`]) and
+    /// runs this check (after its batches in flight) only when the head is another
+    /// process's record; one process alone never triggers it.
+    async fn check_interleaved(&mut self) -> Result<Checked, End> {
         let head = self.ctx.bus.head(&self.cluster).await.map_err(bus_failed)?;
-        let Some((epoch, seq)) = head else { return Ok(()) };
-        // Nothing of this process stored (no state of it to protect), its own record is the
-        // head, or this head was answered already.
+        let Some((epoch, seq)) = head else { return Ok(Checked::Done) };
+        // Nothing of this process stored (no state of it to protect: its first batch after
+        // these records is preceded by a marker, or does not follow them and is delivered as
+        // one; see `interleave_marker` and `Fw-Prev`), its own record is the head, or this
+        // head was answered already.
         if self.ledger.acked() == 0 || epoch == self.epoch || self.foreign_head == Some((epoch, seq)) {
-            return Ok(());
+            return Ok(Checked::Done);
         }
         // An agent silent for more than a ping round may be the process that died (its
         // session lingers until the ping timeout while its successor appends elsewhere): a
-        // marker from it would be a resync more. If it is alive, the next check or its
-        // reconnect (see `ingest::resume_gap`) answers the other process's records.
+        // marker from it would be a resync more. The check is made again a ping interval
+        // later (nothing pokes again); by then a dead agent's session has ended, and a live
+        // one's reconnect answers the other process's records too (see `ingest::resume_gap`).
         if self.liveness.silent_for() > Conn::ping_interval(self.ctx.settings.idle_timeout).mul_f32(1.5) {
-            return Ok(());
+            return Ok(Checked::Deferred);
         }
         self.foreign_head = Some((epoch, seq));
         let reason = format!(
@@ -390,7 +419,7 @@ impl Session {
         let marker = StoredMarker { epoch: self.epoch, seq: self.ledger.acked(), offset };
         self.ctx.registry.resync_stored(&self.cluster, marker);
         self.ctx.metrics.resyncs.inc();
-        Ok(())
+        Ok(Checked::Done)
     }
 
     /// Works out what the hub has of this agent's stream. When the agent was acked more

@@ -7,6 +7,7 @@
 
 pub(crate) mod agent;
 pub(crate) mod conn;
+pub(crate) mod heads;
 pub(crate) mod slots;
 pub(crate) mod subscriber;
 
@@ -41,6 +42,9 @@ pub(crate) struct Sessions {
     /// The Runtimes read from the control plane (the access policy's `clusterSelector`
     /// looks up their labels); the same view as [`crate::context::Context::runtimes`].
     pub(crate) runtimes: crate::fleet::SharedRuntimes,
+    /// The agent sessions that look at their cluster's head when another agent process's
+    /// head is recorded (on a shared bus).
+    pub(crate) heads: Arc<heads::HeadWatch>,
 }
 
 /// The limits and timeouts sessions apply (from [`HubConfig`]).

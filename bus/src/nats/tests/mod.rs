@@ -267,3 +267,35 @@ async fn acks_nobody_polls_do_not_hold_up_later_publishes() {
         assert_eq!(offset, 1_000 * (k as u64 + 1), "batch {k} ends where it was published");
     }
 }
+
+/// The heads bucket as the replicas' notice (`ReplicaShare::follow_heads`): a head of
+/// another agent process is recorded at the next flush whatever the pacing, a follower
+/// sees it, and a replica never writes its older head over a later one (a follower that
+/// missed the later one would never see it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heads_of_another_agent_process_reach_followers_and_are_never_written_over() {
+    use crate::ReplicaShare;
+    use futures_util::StreamExt;
+    let (server, _dir) = server();
+    // A retention that paces heads at the maximum delay: only `hurry` writes them at once.
+    let a = open(&server.url(), "fw", keep_all()).await;
+    let b = open(&server.url(), "fw", keep_all()).await;
+    let mut heads = a.follow_heads().await.unwrap();
+    a.append("c".into(), vec![ev(1, 1)]).await.unwrap();
+    b.append("c".into(), vec![ev(2, 1), ev(2, 2)]).await.unwrap();
+    b.flush(Flush::Cursors).await.unwrap();
+    let seen = tokio::time::timeout(Duration::from_secs(10), heads.next()).await.expect("a head within 10 s");
+    let seen = seen.expect("the follow goes on").unwrap();
+    assert_eq!((seen.cluster.as_str(), seen.epoch, seen.seq), ("c", 2, 2), "b's head, written at once");
+    // a's own head is older than b's: not written over it.
+    a.flush(Flush::Cursors).await.unwrap();
+    let stored = a.heads_kv.get(&super::records::token("c")).await.unwrap().expect("a head");
+    let head = super::heads::parse_head(&stored).unwrap().expect("a head");
+    assert_eq!((head.epoch, head.seq), (2, 2), "b's head stays");
+    // A later head of a's (of the process a knew: paced, written by a flush of all) is
+    // written over b's, and followed.
+    a.append("c".into(), vec![ev(1, 2)]).await.unwrap();
+    a.flush(Flush::All).await.unwrap();
+    let seen = tokio::time::timeout(Duration::from_secs(10), heads.next()).await.expect("a head").unwrap().unwrap();
+    assert_eq!((seen.cluster.as_str(), seen.epoch, seen.seq), ("c", 1, 2));
+}

@@ -14,7 +14,7 @@ fn cached(cluster: &str, hub: &str, connected: bool, revision: u64) -> Cached {
 }
 
 fn beat(name: &str) -> (String, bytes::Bytes) {
-    (name.to_string(), heartbeat(name, 0, 0))
+    (name.to_string(), heartbeat(name, 0, 0, 1))
 }
 
 /// The rows as the admin API lists them.
@@ -118,7 +118,7 @@ fn expired_entries_are_not_listed_and_age_out() {
 #[test]
 fn other_replicas_events_add_up_from_their_heartbeats() {
     let fleet = state("hub-1");
-    let b = |name: &str, events| (name.to_string(), heartbeat(name, events, 1));
+    let b = |name: &str, events| (name.to_string(), heartbeat(name, events, 1, 1));
     fleet.set_live(vec![b("hub-1", 100), b("hub-2", 5), b("hub-3", 7)]);
     assert_eq!(fleet.others_events(), 12);
 }

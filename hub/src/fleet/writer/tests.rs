@@ -153,6 +153,10 @@ impl ReplicaShare for MemShare {
     fn generation(&self) -> u64 {
         0
     }
+
+    fn follow_heads(&self) -> BusFuture<'_, fleetwatch_bus::HeadStream> {
+        Box::pin(async { Ok(Box::pin(futures_util::stream::pending()) as fleetwatch_bus::HeadStream) })
+    }
 }
 
 /// Replica `me`'s writer and what it follows of the bus.
