@@ -264,7 +264,8 @@ impl Session {
                     peek = Some(Box::pin(async move { bus.head(&cluster).await }));
                     continue;
                 }
-                _ = async { tokio::time::sleep_until(recheck.expect("guarded")).await }, if recheck.is_some() && peek.is_none() => {
+                // Boxed: rare, and a timer is large in the session's future (held for its life).
+                _ = async { Box::pin(tokio::time::sleep_until(recheck.expect("guarded"))).await }, if recheck.is_some() && peek.is_none() => {
                     recheck = None;
                     self.ctx.metrics.interleave_peeks.inc();
                     let (bus, cluster) = (self.ctx.bus.clone(), self.cluster.clone());
