@@ -213,11 +213,17 @@ fn mib(bytes: u64) -> f64 {
     bytes as f64 / (1 << 20) as f64
 }
 
-async fn run_one(b: &HubBench, bus: BusKind) -> anyhow::Result<Report> {
-    let clusters: Vec<String> = (0..b.agents).map(|i| format!("bench-{i}")).collect();
-    let (_tmp, dir) = bench_pki(&clusters)?;
+/// The hubs of one run, and the nats-server the bench started for them (stopped on drop).
+struct Hubs {
+    nats: Option<LocalNatsServer>,
+    replicas: usize,
+    hubs: Vec<HubProcess>,
+    pids: Vec<u32>,
+}
 
-    // The bus and the hubs.
+/// Starts the bus (a local nats-server for `--bus nats` without `--nats-url`, with a fresh
+/// stream per run: earlier runs' history must not count) and the hub replicas on it.
+async fn start_hubs(b: &HubBench, bus: BusKind, dir: &std::path::Path) -> anyhow::Result<Hubs> {
     let mut nats = None;
     let replicas = if bus == BusKind::Nats { b.hub_replicas } else { 1 };
     let mut extra: Vec<String> = Vec::new();
@@ -234,19 +240,27 @@ async fn run_one(b: &HubBench, bus: BusKind) -> anyhow::Result<Report> {
                 url
             }
         };
-        // A fresh stream per run: earlier runs' history must not count.
         let stream = format!("bench{}", jiff::Timestamp::now().as_millisecond());
         extra.extend(["--bus".into(), url, "--bus-stream".into(), stream]);
     }
     let extra_refs: Vec<&str> = extra.iter().map(String::as_str).collect();
     let mut hubs: Vec<HubProcess> = Vec::new();
     for _ in 0..replicas {
-        hubs.push(start_hub(&dir, b.durable && bus == BusKind::Embedded, &extra_refs).await?);
+        hubs.push(start_hub(dir, b.durable && bus == BusKind::Embedded, &extra_refs).await?);
     }
     let pids: Vec<u32> = hubs.iter().map(|h| h.child.id().context("hub pid")).collect::<Result<_, _>>()?;
     for (h, pid) in hubs.iter().zip(&pids) {
         eprintln!("hub pid {pid} at {} (admin {})", h.wss, h.admin);
     }
+    Ok(Hubs { nats, replicas, hubs, pids })
+}
+
+async fn run_one(b: &HubBench, bus: BusKind) -> anyhow::Result<Report> {
+    let clusters: Vec<String> = (0..b.agents).map(|i| format!("bench-{i}")).collect();
+    let (_tmp, dir) = bench_pki(&clusters)?;
+
+    // The bus and the hubs.
+    let Hubs { nats, replicas, mut hubs, pids } = start_hubs(b, bus, &dir).await?;
     let urls: Vec<HubUrl> = hubs.iter().map(|h| h.wss.clone()).collect();
     // Replica `first` first, then the others in order.
     let rotated = |first: usize| -> anyhow::Result<HubUrls> {
@@ -679,34 +693,7 @@ async fn idle(b: &HubBench) -> anyhow::Result<()> {
 async fn idle_one(b: &HubBench, bus: BusKind) -> anyhow::Result<IdleReport> {
     let clusters: Vec<String> = (0..b.agents).map(|i| format!("bench-{i}")).collect();
     let (_tmp, dir) = bench_pki(&clusters)?;
-    let mut nats = None;
-    let replicas = if bus == BusKind::Nats { b.hub_replicas } else { 1 };
-    let mut extra: Vec<String> = Vec::new();
-    if bus == BusKind::Nats {
-        let url = match &b.nats_url {
-            Some(u) => u.clone(),
-            None => {
-                let store = dir.join("nats");
-                let server = tokio::task::spawn_blocking(move || LocalNatsServer::start(&store))
-                    .await?
-                    .context("cannot start a local nats-server for --bus nats")?;
-                let url = server.url();
-                nats = Some(server);
-                url
-            }
-        };
-        let stream = format!("bench{}", jiff::Timestamp::now().as_millisecond());
-        extra.extend(["--bus".into(), url, "--bus-stream".into(), stream]);
-    }
-    let extra_refs: Vec<&str> = extra.iter().map(String::as_str).collect();
-    let mut hubs: Vec<HubProcess> = Vec::new();
-    for _ in 0..replicas {
-        hubs.push(start_hub(&dir, b.durable && bus == BusKind::Embedded, &extra_refs).await?);
-    }
-    let pids: Vec<u32> = hubs.iter().map(|h| h.child.id().context("hub pid")).collect::<Result<_, _>>()?;
-    for (h, pid) in hubs.iter().zip(&pids) {
-        eprintln!("hub pid {pid} at {} (admin {})", h.wss, h.admin);
-    }
+    let Hubs { nats, replicas, mut hubs, pids } = start_hubs(b, bus, &dir).await?;
     let rss = || pids.iter().map(|p| rss_kib(*p, "VmRSS:").unwrap_or(0)).sum::<u64>();
     // The hubs as they are with no agent: what the sessions add is measured above it.
     tokio::time::sleep(Duration::from_secs(1)).await;
