@@ -528,10 +528,11 @@ async fn subscriber_access_policy_objects_grant_and_fail_closed() {
         status("bad")
     );
     assert!(status("bad").contains("not a JSON pointer"), "{}", status("bad"));
+    // team-b, named only by that object, is told which object failed to grant it and why.
     let mut team_b = subscribe(&pki, hub.port, "team-b", r#""from":"earliest""#).await;
     let (code, msg) = refused_within(&mut team_b).await;
     assert_eq!(code, ErrorCode::Forbidden, "{msg}");
-    assert!(msg.contains("not named"), "{msg}");
+    assert!(msg.contains("SubscriberAccessPolicy/bad names it but is not used: Invalid: "), "{msg}");
 
     // The object edited to drop team-a: its live session is closed, forbidden.
     let ops = serde_json::json!([{"name": "ops", "clusters": ["*"]}]);
@@ -541,4 +542,13 @@ async fn subscriber_access_policy_objects_grant_and_fail_closed() {
     assert!(msg.contains("not named"), "{msg}");
     let listed = kubectl(&cp_kc, &["get", "subscriberaccesspolicies"], None);
     assert!(listed.contains("ACCEPTED") && listed.contains("SUBSCRIBERS") && listed.contains("ops"), "{listed}");
+    // Every object was judged again at that edit; the invalid one's WARN came once, with its
+    // status, not at every change of another object.
+    let warned = hub
+        .proc
+        .stderr()
+        .lines()
+        .filter(|l| l.contains("WARN") && l.contains("SubscriberAccessPolicy not used object=bad"))
+        .count();
+    assert_eq!(warned, 1, "{}", hub.proc.stderr());
 }

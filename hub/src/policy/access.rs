@@ -313,6 +313,9 @@ struct Objects {
     accepted: BTreeMap<String, Arc<AccessPolicy>>,
     /// The last watch error since the last good list (the grants above stay in force).
     error: Option<String>,
+    /// The objects not used, by name: the subscribers each names and why it is not used
+    /// (a subscriber named only there is told which object failed to grant it).
+    refused: BTreeMap<String, (Vec<String>, String)>,
 }
 
 /// The kind name, for messages and grant sources.
@@ -525,6 +528,23 @@ impl AccessControl {
         changed
     }
 
+    /// The objects not used (not a change of the policy in force): by name, the subscribers
+    /// each names and why it is not used.
+    pub(crate) fn set_refused(&self, refused: BTreeMap<String, (Vec<String>, String)>) {
+        let mut o = self.objects.write().unwrap_or_else(|p| p.into_inner());
+        o.refused = refused;
+    }
+
+    /// The objects not used that name the subscriber `name`, with why, for its refusal.
+    fn refused_naming(&self, name: &str) -> Vec<String> {
+        let o = self.objects.read().unwrap_or_else(|p| p.into_inner());
+        o.refused
+            .iter()
+            .filter(|(_, (names, _))| names.iter().any(|n| n == name))
+            .map(|(object, (_, why))| format!("{KIND}/{object} names it but is not used: {why}"))
+            .collect()
+    }
+
     /// Records a watch error: the grants in force stay (none before the first list).
     pub(crate) fn objects_failed(&self, error: String) {
         let mut o = self.objects.write().unwrap_or_else(|p| p.into_inner());
@@ -556,10 +576,22 @@ impl AccessControl {
         let Some(policy) = self.current() else { return Decision::Everything };
         match policy.grant(name) {
             Some(g) => Decision::Granted(g),
-            None => Decision::Refused(format!(
-                "subscriber {name:?} is not named in the hub's access policy ({}); ask the hub's operator for a grant",
-                self.describe()
-            )),
+            None => {
+                let failed = self.refused_naming(name);
+                Decision::Refused(if failed.is_empty() {
+                    format!(
+                        "subscriber {name:?} is not named in the hub's access policy ({}); ask the hub's operator for a \
+                         grant",
+                        self.describe()
+                    )
+                } else {
+                    format!(
+                        "subscriber {name:?} is not granted by the hub's access policy ({}): {}",
+                        self.describe(),
+                        failed.join("; ")
+                    )
+                })
+            }
         }
     }
 

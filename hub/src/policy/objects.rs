@@ -132,11 +132,16 @@ async fn apply(
     let file = access.file_grants();
     let file_name = access.path().map(|p| p.display().to_string()).unwrap_or_default();
     let (accepted, verdicts) = access::judge_objects(file.as_deref(), &file_name, &specs, true);
-    for (name, v) in &verdicts {
-        if !v.accepted {
-            tracing::warn!(object = %name, reason = %v.reason, message = %v.message, "{} not used", access::KIND);
-        }
-    }
+    let refused = verdicts
+        .iter()
+        .filter(|(_, v)| !v.accepted)
+        .map(|(name, v)| {
+            let names =
+                specs.get(name).map(|sp| sp.subscribers.iter().map(|g| g.name.clone()).collect()).unwrap_or_default();
+            (name.clone(), (names, format!("{}: {}", v.reason, v.message)))
+        })
+        .collect();
+    access.set_refused(refused);
     let count = accepted.len();
     if access.set_objects(accepted) {
         tracing::info!(accepted = count, objects = current.len(), "subscriber access policy objects in force");
@@ -154,6 +159,11 @@ async fn apply(
         let want = desired(v, obj.metadata.generation, obj.status.as_ref(), now);
         if !needs_write(obj.status.as_ref(), &want) {
             continue;
+        }
+        // Once per verdict: with its status, not at every change of any object (every
+        // object is judged again then).
+        if !v.accepted {
+            tracing::warn!(object = %name, reason = %v.reason, message = %v.message, "{} not used", access::KIND);
         }
         let patch = serde_json::json!({ "status": want });
         if let Err(e) = api.patch_status(name, &PatchParams::default(), &Patch::Merge(&patch)).await {
