@@ -170,12 +170,12 @@ impl SubscriberModel {
 
     fn mix(&mut self, s: String) {
         // FNV-1a: stable across processes and releases, unlike std's hasher.
-        let mut h = if self.fingerprint == 0 { 0xcbf2_9ce4_8422_2325 } else { self.fingerprint };
-        for b in s.bytes() {
-            h ^= u64::from(b);
-            h = h.wrapping_mul(0x0100_0000_01b3);
-        }
-        self.fingerprint = h;
+        let h = if self.fingerprint == 0 {
+            fleetwatch_protocol::digest::Fnv1a::new()
+        } else {
+            fleetwatch_protocol::digest::Fnv1a::resume(self.fingerprint)
+        };
+        self.fingerprint = h.update(s.as_bytes()).finish();
     }
 }
 

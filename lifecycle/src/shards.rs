@@ -51,15 +51,8 @@ pub const GROUP_LABEL: &str = "lifecycle.fleetwatch.dev/group";
 /// Label saying whether a Lease guards a shard (`shard`) or announces an instance (`member`).
 pub(crate) const ROLE_LABEL: &str = "lifecycle.fleetwatch.dev/role";
 
-/// 64-bit FNV-1a of `bytes`: offset basis `0xcbf29ce484222325`, prime `0x100000001b3`.
-pub(crate) fn fnv1a64(bytes: &[u8]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in bytes {
-        h ^= u64::from(*b);
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    h
-}
+/// 64-bit FNV-1a of `bytes` (the project's one: [`fleetwatch_protocol::digest`]).
+pub(crate) use fleetwatch_protocol::digest::fnv1a64;
 
 /// The shard of the Runtime `namespace/name` among `count` shards (0 when `count` is 0 or
 /// 1): its bucket ([`crate::buckets`]) modulo `count`, which for the counts allowed (the

@@ -13,6 +13,7 @@
 //! ```
 
 pub mod codec;
+pub mod digest;
 pub mod event;
 pub mod identity;
 pub mod message;

@@ -79,7 +79,7 @@ pub(super) fn decode(stream: &str, msg: &Delivered, offset: u64, time_ms: u64) -
 /// FNV-1a, 64 bits: a stable digest for message ids (the same in every replica and
 /// release, unlike the standard library's hasher).
 pub(super) fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3))
+    fleetwatch_protocol::digest::fnv1a64(bytes)
 }
 
 /// The head a stored record stands for, from its `Fw-Epoch` and `Fw-Seq` headers.

@@ -209,15 +209,12 @@ impl<T> Page<T> {
 /// FNV-1a of the filters and order (not `limit` or `continue`): the same filters give the
 /// same value in every replica and release.
 fn fingerprint(params: &HashMap<String, String>) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut h = fleetwatch_protocol::digest::Fnv1a::new();
     for key in ["connected", "watchPhase", "labelSelector", "q", "order"] {
         let v = params.get(key).map(String::as_str).unwrap_or_default();
-        for b in key.bytes().chain([0]).chain(v.bytes()).chain([0]) {
-            h ^= u64::from(b);
-            h = h.wrapping_mul(0x0100_0000_01b3);
-        }
+        h = h.update(key.as_bytes()).update(&[0]).update(v.as_bytes()).update(&[0]);
     }
-    h
+    h.finish()
 }
 
 /// `v1.` and the hex of a small JSON document: opaque to clients, readable for us.

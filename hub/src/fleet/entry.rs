@@ -116,7 +116,7 @@ fn cut(s: &mut String, max: usize) {
 pub(crate) fn digest(status: &ClusterStatus) -> u64 {
     let quiet = ClusterStatus { last_seen: None, acked_seq: 0, events_received: 0, ..status.clone() };
     let bytes = serde_json::to_vec(&quiet).unwrap_or_default();
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3))
+    fleetwatch_protocol::digest::fnv1a64(&bytes)
 }
 
 /// A replica's heartbeat in the replicas' bucket.

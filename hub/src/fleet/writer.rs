@@ -322,7 +322,7 @@ pub(crate) fn plan(
 /// When an entry written at `now` is rewritten: between half of [`REFRESH`] and all of it,
 /// by a hash of the cluster, so a fleet that connected at once is refreshed spread out.
 pub(crate) fn refresh_at(cluster: &str, now: Instant) -> Instant {
-    let h = cluster.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3));
+    let h = fleetwatch_protocol::digest::fnv1a64(cluster.as_bytes());
     let half = REFRESH / 2;
     now + half + Duration::from_secs(h % half.as_secs().max(1))
 }
