@@ -94,28 +94,38 @@ async fn heartbeats(ctx: Arc<Context>, shutdown: CancellationToken) {
     }
 }
 
+/// Opens a follow of `what`, again after a growing pause (250 ms doubling to 30 s) while it
+/// fails; `None` on shutdown.
+async fn until_open<T, E: std::fmt::Display, F: std::future::Future<Output = Result<T, E>>>(
+    what: &str,
+    shutdown: &CancellationToken,
+    mut open: impl FnMut() -> F,
+) -> Option<T> {
+    let mut backoff = Duration::from_millis(250);
+    loop {
+        match open().await {
+            Ok(s) => return Some(s),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot follow {what}; retrying in {backoff:?}");
+                tokio::select! {
+                    _ = shutdown.cancelled() => return None,
+                    _ = tokio::time::sleep(backoff) => {}
+                }
+                backoff = (backoff * 2).min(Duration::from_secs(30));
+            }
+        }
+    }
+}
+
 /// Follows the cluster heads the replicas record and pokes this replica's agent sessions of
 /// another agent process of the cluster (see [`crate::session::heads`]); again from the
 /// start when the follow ends or the buckets were created again.
 async fn follow_heads(ctx: Arc<Context>, shutdown: CancellationToken) {
     let bus = ctx.sessions.bus.clone();
     let Some(share) = bus.replica_share() else { return };
-    let mut backoff = Duration::from_millis(250);
     loop {
         let generation = share.generation();
-        let mut heads = match share.follow_heads().await {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot follow the cluster heads; retrying in {backoff:?}");
-                tokio::select! {
-                    _ = shutdown.cancelled() => return,
-                    _ = tokio::time::sleep(backoff) => {}
-                }
-                backoff = (backoff * 2).min(Duration::from_secs(30));
-                continue;
-            }
-        };
-        backoff = Duration::from_millis(250);
+        let Some(mut heads) = until_open("the cluster heads", &shutdown, || share.follow_heads()).await else { return };
         let mut check = tokio::time::interval(Duration::from_secs(1));
         loop {
             let item = tokio::select! {
@@ -150,24 +160,13 @@ async fn follow_heads(ctx: Arc<Context>, shutdown: CancellationToken) {
 async fn follow(ctx: Arc<Context>, shutdown: CancellationToken) {
     let bus = ctx.sessions.bus.clone();
     let Some(share) = bus.replica_share() else { return };
-    let mut backoff = Duration::from_millis(250);
     let mut age_out = tokio::time::interval(Duration::from_secs(3600));
     loop {
         let generation = share.generation();
         let started = Instant::now();
-        let mut entries = match share.follow_entries().await {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot follow the fleet's entries; retrying in {backoff:?}");
-                tokio::select! {
-                    _ = shutdown.cancelled() => return,
-                    _ = tokio::time::sleep(backoff) => {}
-                }
-                backoff = (backoff * 2).min(Duration::from_secs(30));
-                continue;
-            }
+        let Some(mut entries) = until_open("the fleet's entries", &shutdown, || share.follow_entries()).await else {
+            return;
         };
-        backoff = Duration::from_millis(250);
         let mut fresh: Option<HashMap<String, Cached>> = Some(HashMap::new());
         let mut shared = crate::fleet::state::Interner::default();
         let mut check = tokio::time::interval(Duration::from_secs(1));
