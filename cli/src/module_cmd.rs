@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
 use clap::{Args, Subcommand};
+use fleetwatch_lifecycle::artifact::credentials::Helpers;
 use fleetwatch_lifecycle::artifact::registry::{Registry, RegistryOptions, parse_reference, pinned};
 use fleetwatch_lifecycle::artifact::{ModuleArtifact, parse_documents, parse_kind_ref, validate_object};
 
@@ -99,9 +100,12 @@ struct InspectArgs {
 /// How to reach the registry: the flags `package` and `inspect` share.
 #[derive(Args)]
 pub(crate) struct RegistryArgs {
-    /// Registry credentials: a Docker config file (~/.docker/config.json, or the
-    /// `.dockerconfigjson` key of a kubernetes.io/dockerconfigjson Secret). Anonymous
-    /// when absent or when it has no entry for the registry.
+    /// Registry credentials: a Docker config file (the `.dockerconfigjson` key of a
+    /// kubernetes.io/dockerconfigjson Secret will do). Without it, Docker's own config
+    /// ($DOCKER_CONFIG/config.json, else ~/.docker/config.json) when there is one. Its
+    /// `credHelpers` and `credsStore` are run as Docker runs them
+    /// (`docker-credential-NAME get`, e.g. ecr-login, gcr, acr-env). Anonymous when the
+    /// config has nothing for the registry.
     #[arg(long, env = "FLEETWATCH_REGISTRY_AUTH", value_name = "FILE")]
     registry_auth: Option<PathBuf>,
     /// A CA certificate bundle (PEM) trusted for registries besides the system's
@@ -129,11 +133,39 @@ impl RegistryArgs {
             }
             options.ca_pem.push(pem);
         }
+        options.helpers = Helpers::Run;
         if let Some(path) = &self.registry_auth {
             options.docker_config =
-                Some(std::fs::read(path).with_context(|| format!("--registry-auth {}", path.display()))?);
+                Some(read_docker_config(path).with_context(|| format!("--registry-auth {}", path.display()))?);
+        } else if let Some(path) = docker_config_path().filter(|p| p.exists()) {
+            options.docker_config =
+                Some(read_docker_config(&path).with_context(|| format!("Docker's config {}", path.display()))?);
         }
         Ok(options)
+    }
+}
+
+/// The most a Docker config may take: one holds a few credentials; more is not one.
+const DOCKER_CONFIG_MAX_BYTES: u64 = 1 << 20;
+
+/// Reads a Docker config, refusing more than [`DOCKER_CONFIG_MAX_BYTES`] (counted as read).
+fn read_docker_config(path: &Path) -> anyhow::Result<Vec<u8>> {
+    use std::io::Read;
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)?.take(DOCKER_CONFIG_MAX_BYTES + 1).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > DOCKER_CONFIG_MAX_BYTES {
+        bail!("larger than {} KiB: not a Docker config", DOCKER_CONFIG_MAX_BYTES >> 10);
+    }
+    Ok(bytes)
+}
+
+/// Where Docker keeps its config: `$DOCKER_CONFIG/config.json`, else `~/.docker/config.json`.
+fn docker_config_path() -> Option<PathBuf> {
+    match std::env::var_os("DOCKER_CONFIG").filter(|d| !d.is_empty()) {
+        Some(dir) => Some(PathBuf::from(dir).join("config.json")),
+        None => {
+            std::env::var_os("HOME").filter(|h| !h.is_empty()).map(|h| PathBuf::from(h).join(".docker/config.json"))
+        }
     }
 }
 

@@ -28,6 +28,7 @@ use oci_client::manifest::{OciDescriptor, OciImageManifest};
 use serde_json::Value;
 
 pub mod cache;
+pub mod credentials;
 pub mod registry;
 
 /// The manifest's `artifactType`.

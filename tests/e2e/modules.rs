@@ -313,6 +313,67 @@ fn a_2mib_crd_goes_through_a_tls_registry_with_auth_and_a_tampered_blob_is_refus
         &["module", "inspect", &pinned, "--registry-auth", &wrong.display().to_string(), "--registry-ca", &ca_s],
         "refused the credentials",
     );
+
+    // Credential helpers, as Docker runs them: `credHelpers` named by --registry-auth, and
+    // `credsStore` in Docker's own config ($DOCKER_CONFIG) when no --registry-auth is given.
+    let bin = work.path().join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let helper = |name: &str, body: &str| {
+        use std::os::unix::fs::PermissionsExt;
+        let path = bin.join(format!("docker-credential-{name}"));
+        std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    };
+    // The helper answers only for the registry it is asked about, on stdin.
+    helper(
+        "fwtest",
+        &format!(
+            "read server; [ \"$server\" = \"{host}\" ] || {{ echo \"no credentials for $server\" >&2; exit 1; }}\n\
+             echo '{{\"ServerURL\":\"{host}\",\"Username\":\"fleet\",\"Secret\":\"s3cret\"}}'"
+        ),
+    );
+    helper("fwbroken", "read server; echo 'credentials not found in native keychain' >&2; exit 1");
+    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap());
+    let with_env = |args: &[&str], env: &[(&str, &str)]| {
+        let mut cmd = Command::new(BIN);
+        cmd.args(args).env_remove("FLEETWATCH_LOG").env_remove("RUST_LOG").env_remove("FLEETWATCH_REGISTRY_AUTH");
+        cmd.env("PATH", &path).env("HOME", work.path());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let out = cmd.output().unwrap();
+        (out.status.success(), String::from_utf8_lossy(&out.stderr).to_string())
+    };
+    let helpers = work.path().join("helpers.json");
+    std::fs::write(&helpers, json!({"credHelpers": {host.clone(): "fwtest"}}).to_string()).unwrap();
+    let (ok, err) = with_env(
+        &["module", "inspect", &pinned, "--registry-auth", &helpers.display().to_string(), "--registry-ca", &ca_s],
+        &[],
+    );
+    assert!(ok, "credHelpers: {err}");
+    let docker_dir = work.path().join("docker");
+    std::fs::create_dir_all(&docker_dir).unwrap();
+    std::fs::write(docker_dir.join("config.json"), json!({"credsStore": "fwtest"}).to_string()).unwrap();
+    let docker_env = [("DOCKER_CONFIG", docker_dir.to_str().unwrap())];
+    let (ok, err) = with_env(&["module", "inspect", &pinned, "--registry-ca", &ca_s], &docker_env);
+    assert!(ok, "credsStore in $DOCKER_CONFIG: {err}");
+    // A helper that fails is named with what it said; one that is not there too.
+    std::fs::write(docker_dir.join("config.json"), json!({"credsStore": "fwbroken"}).to_string()).unwrap();
+    let (ok, err) = with_env(&["module", "inspect", &pinned, "--registry-ca", &ca_s], &docker_env);
+    assert!(!ok);
+    assert!(
+        err.contains(&format!(
+            "the credential helper docker-credential-fwbroken failed for {host}: credentials not found in native keychain"
+        )),
+        "{err}"
+    );
+    std::fs::write(docker_dir.join("config.json"), json!({"credHelpers": {host.clone(): "fwmissing"}}).to_string())
+        .unwrap();
+    let (ok, err) = with_env(&["module", "inspect", &pinned, "--registry-ca", &ca_s], &docker_env);
+    assert!(!ok && err.contains("docker-credential-fwmissing") && err.contains("is it on PATH?"), "{err}");
+    // Without any config (HOME has none): anonymous, which this registry refuses.
+    let (ok, err) = with_env(&["module", "inspect", &pinned, "--registry-ca", &ca_s], &[]);
+    assert!(!ok && err.contains("refused the credentials"), "{err}");
     fails_in_one_line(
         &[
             "module",
@@ -865,6 +926,17 @@ async fn a_pull_secret_gives_the_operator_the_registry_credentials() {
     };
     op.apply(&secret("wrong"));
     op.wait("gadgets", "the wrong password to be refused", error_with(format!("{host} refused the credentials"))).await;
+    // A Secret naming a credential helper is refused with the reason; the operator runs none.
+    let helper_secret = json!({"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/dockerconfigjson",
+        "metadata": {"name": "regcred", "namespace": "kcp"},
+        "stringData": {".dockerconfigjson": json!({"credHelpers": {host.clone(): "sh"}}).to_string()}});
+    op.apply(&helper_secret);
+    op.wait(
+        "gadgets",
+        "the credential helper to be refused",
+        error_with(format!("sends {host} to the credential helper docker-credential-sh, which is not run here")),
+    )
+    .await;
     op.apply(&secret("s3cret"));
     op.wait("gadgets", "1.0.0 installed with the Secret's credentials", |m| {
         m.state == State::Ready && m.installed_version.as_deref() == Some("1.0.0")

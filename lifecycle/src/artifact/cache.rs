@@ -408,6 +408,8 @@ impl Artifacts {
         let mut options = self.config.registry.clone();
         if let Some(s) = &secret {
             options.docker_config = Some(read_pull_secret(s).await.map_err(|m| fail(m, true))?);
+            // A Secret does not choose programs for the operator to run.
+            options.helpers = crate::artifact::credentials::Helpers::Refuse;
         }
         let started = Instant::now();
         // The reservation is held until the artifact is kept (its layers, parsed and encoded

@@ -4,18 +4,16 @@
 //! come from [`RegistryOptions::ca_pem`]. Plain HTTP is used only for registries listed in
 //! [`RegistryOptions::insecure`] and for loopback registries that do not speak TLS (as
 //! Docker does). Credentials come from a Docker config (`~/.docker/config.json`, or the
-//! `.dockerconfigjson` key of a `kubernetes.io/dockerconfigjson` Secret).
+//! `.dockerconfigjson` key of a `kubernetes.io/dockerconfigjson` Secret), read by
+//! [`super::credentials`].
 
-use std::collections::BTreeMap;
-
-use base64::Engine;
 use oci_client::client::{ClientConfig, ClientProtocol};
 use oci_client::errors::OciDistributionError;
 use oci_client::manifest::{IMAGE_MANIFEST_MEDIA_TYPE, OCI_IMAGE_MEDIA_TYPE, OciImageManifest};
 use oci_client::secrets::RegistryAuth;
 use oci_client::{Client, Reference, RegistryOperation};
-use serde::Deserialize;
 
+use super::credentials::{Helpers, credentials};
 use super::{ArtifactError, DEFAULT_CONFIG_MEDIA_TYPE, EMPTY_CONFIG, MANIFEST_MEDIA_TYPE};
 use super::{ModuleArtifact, sha256};
 
@@ -229,63 +227,16 @@ pub struct RegistryOptions {
     pub ca_pem: Vec<Vec<u8>>,
     /// Registries (`host[:port]`) reached over plain HTTP.
     pub insecure: Vec<String>,
-    /// A Docker config (`{"auths": {"HOST[:PORT]": {"auth": base64(user:password)}}}`).
+    /// A Docker config (`{"auths": {"HOST[:PORT]": {"auth": base64(user:password)}}}`,
+    /// `credHelpers`, `credsStore`).
     pub docker_config: Option<Vec<u8>>,
+    /// Whether the config's credential helpers may be run ([`Helpers::Refuse`] unless set).
+    pub helpers: Helpers,
 }
 
 /// A client for one registry operation at a time.
 pub struct Registry {
     options: RegistryOptions,
-}
-
-#[derive(Deserialize)]
-struct DockerConfig {
-    #[serde(default)]
-    auths: BTreeMap<String, DockerAuth>,
-}
-
-#[derive(Deserialize)]
-struct DockerAuth {
-    #[serde(default)]
-    auth: Option<String>,
-    #[serde(default)]
-    username: Option<String>,
-    #[serde(default)]
-    password: Option<String>,
-    #[serde(default, rename = "identitytoken")]
-    identity_token: Option<String>,
-}
-
-/// The credentials a Docker config holds for `registry` (`host[:port]`); entries may be
-/// written as a bare host or as a URL (`https://host/v1/`). Anonymous when none matches.
-pub fn credentials(docker_config: &[u8], registry: &str) -> Result<RegistryAuth, RegistryError> {
-    let cfg: DockerConfig = serde_json::from_slice(docker_config)
-        .map_err(|e| RegistryError::Config(format!("the Docker config is not valid: {e}")))?;
-    let host_of = |k: &str| {
-        let k = k.strip_prefix("https://").or_else(|| k.strip_prefix("http://")).unwrap_or(k);
-        k.split('/').next().unwrap_or(k).to_string()
-    };
-    let Some((_, a)) = cfg.auths.iter().find(|(k, _)| host_of(k) == registry) else {
-        return Ok(RegistryAuth::Anonymous);
-    };
-    if let (Some(u), Some(p)) = (&a.username, &a.password) {
-        return Ok(RegistryAuth::Basic(u.clone(), p.clone()));
-    }
-    if let Some(t) = &a.identity_token {
-        return Ok(RegistryAuth::Bearer(t.clone()));
-    }
-    if let Some(auth) = &a.auth {
-        let decoded = base64::engine::general_purpose::STANDARD
-            .decode(auth.trim())
-            .ok()
-            .and_then(|b| String::from_utf8(b).ok())
-            .ok_or_else(|| RegistryError::Config(format!("the Docker config's auth for {registry} is not base64")))?;
-        let (u, p) = decoded.split_once(':').ok_or_else(|| {
-            RegistryError::Config(format!("the Docker config's auth for {registry} is not base64(USER:PASSWORD)"))
-        })?;
-        return Ok(RegistryAuth::Basic(u.into(), p.into()));
-    }
-    Ok(RegistryAuth::Anonymous)
 }
 
 /// Parses a reference (`REGISTRY/REPOSITORY:TAG`, `…@sha256:HEX`).
@@ -325,9 +276,9 @@ impl Registry {
         Self { options }
     }
 
-    fn auth(&self, reference: &Reference) -> Result<RegistryAuth, RegistryError> {
+    async fn auth(&self, reference: &Reference) -> Result<RegistryAuth, RegistryError> {
         match &self.options.docker_config {
-            Some(c) => credentials(c, reference.registry()),
+            Some(c) => credentials(c, reference.registry(), self.options.helpers).await,
             None => Ok(RegistryAuth::Anonymous),
         }
     }
@@ -397,7 +348,7 @@ impl Registry {
         let (manifest, layers) =
             artifact.to_oci().map_err(|source| RegistryError::Artifact { reference: reference.into(), source })?;
         let client = self.client(&r).await?;
-        let auth = self.auth(&r)?;
+        let auth = self.auth(&r).await?;
         client.store_auth_if_needed(r.registry(), &auth).await;
         let fail = |e| self.classify(e, "cannot push to", reference, &r, &auth);
         client.push_blob(&r, EMPTY_CONFIG.to_vec(), &manifest.config.digest).await.map_err(fail)?;
@@ -444,7 +395,7 @@ impl Registry {
         let r = parse_reference(reference)?;
         let plain = self.plain(&r).await?;
         let client = self.client_with(plain)?;
-        let auth = self.auth(&r)?;
+        let auth = self.auth(&r).await?;
         let timed_out = |_| RegistryError::TimedOut { reference: reference.into(), after: PULL_TIMEOUT };
         let reserve = async |bytes: u64, what: &str| match budget {
             Some((b, waiting)) => b.reserve(bytes, what, waiting).await,
@@ -1001,16 +952,6 @@ mod tests {
                 "b".repeat(64)
             )
         );
-    }
-
-    #[test]
-    fn docker_config_credentials() {
-        let cfg = br#"{"auths": {"https://reg.example:5000/v1/": {"auth": "dXNlcjpwYXNz"},
-            "other": {"username": "u", "password": "p"}}}"#;
-        assert_eq!(credentials(cfg, "reg.example:5000").unwrap(), RegistryAuth::Basic("user".into(), "pass".into()));
-        assert_eq!(credentials(cfg, "other").unwrap(), RegistryAuth::Basic("u".into(), "p".into()));
-        assert_eq!(credentials(cfg, "none").unwrap(), RegistryAuth::Anonymous);
-        assert!(credentials(b"{", "x").is_err());
     }
 
     #[test]
