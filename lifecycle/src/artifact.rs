@@ -447,11 +447,7 @@ fn first_line(s: &str) -> String {
 /// `sha256:HEX` of some bytes.
 pub fn sha256(data: &[u8]) -> String {
     let d = ring::digest::digest(&ring::digest::SHA256, data);
-    let mut s = String::from("sha256:");
-    for b in d.as_ref() {
-        s.push_str(&format!("{b:02x}"));
-    }
-    s
+    format!("sha256:{}", hex::encode(d))
 }
 
 impl fmt::Display for ModuleArtifact {

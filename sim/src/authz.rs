@@ -82,7 +82,7 @@ impl Tokens {
             .ok_or_else(|| ApiError::not_found("", "serviceaccounts", name))?;
         let uid = sa["metadata"]["uid"].as_str().unwrap_or("").to_string();
         let b: [u8; 24] = rand::random();
-        let token = format!("fwsa.{}", b.iter().map(|x| format!("{x:02x}")).collect::<String>());
+        let token = format!("fwsa.{}", hex::encode(b));
         let expires = SystemTime::now() + ttl;
         self.issued.insert(token.clone(), Issued { namespace: ns.to_string(), name: name.to_string(), uid, expires });
         Ok((token, expires))

@@ -117,7 +117,7 @@ impl SimCluster {
         let addr = listener.local_addr().map_err(|e| SimError::io("reading local address", e))?;
         let token = options.token.clone().unwrap_or_else(|| {
             let b: [u8; 24] = rand::random();
-            b.iter().map(|x| format!("{x:02x}")).collect()
+            hex::encode(b)
         });
         let mut state = State::new(options.history);
         seed(&mut state);

@@ -32,16 +32,11 @@ pub(super) const KIND_EVENT: &str = "event";
 pub(super) const KIND_RESYNC: &str = "resync-required";
 
 pub(super) fn hex(s: &str) -> String {
-    s.bytes().map(|b| format!("{b:02x}")).collect()
+    hex::encode(s)
 }
 
 pub(super) fn unhex(s: &str) -> Option<String> {
-    if !s.len().is_multiple_of(2) {
-        return None;
-    }
-    let bytes: Option<Vec<u8>> =
-        (0..s.len()).step_by(2).map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok()).collect();
-    String::from_utf8(bytes?).ok()
+    String::from_utf8(hex::decode(s).ok()?).ok()
 }
 
 /// A name as a subject token / key-value key: itself when plain, `=<hex>` otherwise.

@@ -220,8 +220,7 @@ fn fingerprint(params: &HashMap<String, String>) -> u64 {
 /// `v1.` and the hex of a small JSON document: opaque to clients, readable for us.
 fn encode_token(key: &SortKey, fingerprint: u64) -> String {
     let doc = serde_json::json!({ "f": format!("{fingerprint:016x}"), "r": key.0, "k": key.1 });
-    let hex: String = doc.to_string().bytes().map(|b| format!("{b:02x}")).collect();
-    format!("v1.{hex}")
+    format!("v1.{}", hex::encode(doc.to_string()))
 }
 
 fn decode_token(token: &str, fingerprint: u64) -> Result<SortKey, BadRequest> {
@@ -231,11 +230,7 @@ fn decode_token(token: &str, fingerprint: u64) -> Result<SortKey, BadRequest> {
     if hex.len() % 2 != 0 || hex.len() > 4096 {
         return Err(bad());
     }
-    let bytes: Vec<u8> = (0..hex.len())
-        .step_by(2)
-        .map(|i| hex.get(i..i + 2).and_then(|h| u8::from_str_radix(h, 16).ok()))
-        .collect::<Option<_>>()
-        .ok_or_else(bad)?;
+    let bytes = hex::decode(hex).map_err(|_| bad())?;
     let doc: serde_json::Value = serde_json::from_slice(&bytes).map_err(|_| bad())?;
     let (Some(f), Some(rank), Some(name)) = (doc["f"].as_str(), doc["r"].as_u64(), doc["k"].as_str()) else {
         return Err(bad());
