@@ -12,6 +12,9 @@
 #   the glibc libraries it links   (what `ldd` lists: libc, libm, libgcc_s, the loader)
 #   /etc/ssl/certs/ca-certificates.crt, /etc/passwd and /etc/group (root, nonroot 65532,
 #   nobody), /etc/nsswitch.conf, /home/nonroot, /tmp (1777)
+#   for scanners, as distroless has them: /etc/os-release, /etc/debian_version, and the dpkg
+#   status (/var/lib/dpkg/status.d/NAME) and copyright of each Debian package those files
+#   come from (scripts/os-packages.sh: libc6, libgcc-s1, ca-certificates, base-files)
 # and nothing else: no shell, no package manager. It runs as 65532:65532; the labels are
 # org.opencontainers.image.{version,revision,source,licenses,title,created}, created being the
 # commit's time so that two builds of a commit differ only where the binary does.
@@ -97,6 +100,20 @@ nobody:x:65534:
 nonroot:x:65532:
 EOF
 echo "hosts: files dns" > "$root/etc/nsswitch.conf"
+# What scanners need to see the copied glibc (Trivy, Grype and Syft read distroless' layout):
+# the OS (/etc/os-release), and each package's dpkg status and copyright. The packages are
+# the ones scripts/os-packages.sh finds (scripts/sbom.sh lists the same).
+packages="$(bash scripts/os-packages.sh "$bin")"
+cp -L /etc/os-release "$root/etc/os-release"
+cp -L /etc/debian_version "$root/etc/debian_version"
+mkdir -p "$root/var/lib/dpkg/status.d"
+while read -r name _; do
+  dpkg-query -s "$name" > "$root/var/lib/dpkg/status.d/$name"
+  if [ -f "/usr/share/doc/$name/copyright" ]; then
+    mkdir -p "$root/usr/share/doc/$name"
+    cp -L "/usr/share/doc/$name/copyright" "$root/usr/share/doc/$name/copyright"
+  fi
+done <<<"$packages"
 chown 65532:65532 "$root/home/nonroot"
 chmod 0700 "$root/home/nonroot"
 chmod 1777 "$root/tmp"
@@ -158,10 +175,35 @@ PY
 # Everything in the image, against what the Dockerfile's runtime stage has.
 unexpected="$(cd "$unpacked" && find . -type f | sed 's|^\./|/|' | grep -v -x -e /usr/local/bin/fleetwatch \
   -e /etc/ssl/certs/ca-certificates.crt -e /etc/passwd -e /etc/group -e /etc/nsswitch.conf \
-  $(for lib in $libs; do printf -- '-e %s ' "$lib"; done) || true)"
+  -e /etc/os-release -e /etc/debian_version \
+  $(for lib in $libs; do printf -- '-e %s ' "$lib"; done) \
+  | grep -v -E '^/var/lib/dpkg/status\.d/[a-z0-9.+-]+$|^/usr/share/doc/[a-z0-9.+-]+/copyright$' || true)"
 [ -z "$unexpected" ] || fail "files in the image that should not be there: $unexpected"
 [ -z "$(cd "$unpacked" && find . -name sh -o -name bash -o -name busybox)" ] || fail "the image has a shell"
 [ "$(stat -c %u "$unpacked/home/nonroot")" = 65532 ] || fail "/home/nonroot is not owned by 65532"
+# Every package a copied file comes from has its dpkg status, at the version on this machine,
+# as a scanner reads it; and the OS is named.
+python3 - "$unpacked" <<PY || fail "the image's package metadata does not describe what it holds"
+import os, sys
+root = sys.argv[1]
+want = {l.split()[0]: l.split()[1] for l in """$packages""".splitlines() if l.strip()}
+for name, version in want.items():
+    path = os.path.join(root, "var/lib/dpkg/status.d", name)
+    fields = dict(l.split(": ", 1) for l in open(path).read().splitlines() if ": " in l and not l.startswith(" "))
+    if fields.get("Package") != name or fields.get("Version") != version:
+        sys.exit(f"{path}: Package {fields.get('Package')} Version {fields.get('Version')}, expected {name} {version}")
+    if name == "libc6" and (fields.get("Source") or "").split(" ")[0] != "glibc":
+        sys.exit(f"{path}: libc6's Source is {fields.get('Source')}, not glibc")
+status_d = sorted(os.listdir(os.path.join(root, "var/lib/dpkg/status.d")))
+if status_d != sorted(want):
+    sys.exit(f"status.d holds {status_d}, expected {sorted(want)}")
+if "libc6" not in want:
+    sys.exit("libc6 is not among the image's packages, yet the binary links glibc")
+osr = dict(l.split("=", 1) for l in open(os.path.join(root, "etc/os-release")).read().splitlines() if "=" in l)
+if osr.get("ID") != "debian":
+    sys.exit(f"/etc/os-release names {osr.get('ID')}, not debian")
+print(f"{len(want)} Debian packages described: {', '.join(f'{n} {v}' for n, v in sorted(want.items()))}")
+PY
 
 # The certificates, made outside the image (with the same binary).
 pki="$work/pki"

@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
-# Writes a CycloneDX (JSON) SBOM of the shipped binary: the `fleetwatch` crate as the image
-# builds it (`--no-default-features`: no sandbox), for this machine's target, with every crate
-# it links (versions, licenses, crates.io purls and checksums).
+# Writes a CycloneDX (JSON) SBOM of the image: the `fleetwatch` crate as the image builds it
+# (`--no-default-features`: no sandbox), for this machine's target, with every crate it links
+# (versions, licenses, crates.io purls and checksums), and the Debian packages the image's
+# other files come from (glibc, libgcc, CA certificates, base-files: scripts/os-packages.sh,
+# purls pkg:deb/debian/NAME@VERSION?arch=ARCH&distro=debian-N), under the OS they belong to.
 #
-#   bash scripts/sbom.sh DIR      writes DIR/fleetwatch-VERSION.cdx.json
+#   bash scripts/sbom.sh DIR [BIN]   writes DIR/fleetwatch-VERSION.cdx.json
+#
+# BIN is the release binary the image ships (default $CARGO_TARGET_DIR/release/fleetwatch, as
+# scripts/image.sh leaves it): the libraries it links decide the packages.
 #
 # cargo-cyclonedx comes from crates.io, pinned (scripts/cargo-tool.sh: `cargo install
 # --locked`, cargo checks each crate's sha256 against the index). It works from Cargo.lock
@@ -13,8 +18,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cyclonedx_version=0.5.9
-[ $# -eq 1 ] || { echo "usage: bash scripts/sbom.sh DIR" >&2; exit 2; }
+[ $# -ge 1 ] && [ $# -le 2 ] || { echo "usage: bash scripts/sbom.sh DIR [BIN]" >&2; exit 2; }
 dir="$1"
+bin="${2:-${CARGO_TARGET_DIR:-target}/release/fleetwatch}"
+os_packages="$(bash scripts/os-packages.sh "$bin")"
+. /etc/os-release
 version="$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)"
 target="$(rustc -vV | sed -n 's/^host: //p')"
 tool="$(bash scripts/cargo-tool.sh cargo-cyclonedx "$cyclonedx_version")"
@@ -30,10 +38,27 @@ cargo cyclonedx --manifest-path cli/Cargo.toml --no-default-features --target "$
 [ -f "cli/$name.json" ] || { echo "error: cargo cyclonedx wrote no cli/$name.json" >&2; exit 1; }
 mv "cli/$name.json" "$work/sbom.json"
 
-python3 - "$work/sbom.json" "$version" <<'PY'
-import json, sys
-path, version = sys.argv[1:]
+python3 - "$work/sbom.json" "$version" "$os_packages" "$ID" "$VERSION_ID" <<'PY'
+import json, sys, urllib.parse
+path, version, os_packages, os_id, os_version = sys.argv[1:]
 doc = json.load(open(path))
+# The OS and its packages, as Trivy and Syft write them for an image.
+os_ref = f"os:{os_id}@{os_version}"
+doc.setdefault("components", []).append(
+    {"type": "operating-system", "bom-ref": os_ref, "name": os_id, "version": os_version})
+deb = []
+for line in os_packages.splitlines():
+    name, pkg_version, arch, source, source_version = line.split()
+    purl = (f"pkg:deb/{os_id}/{name}@{urllib.parse.quote(pkg_version, safe='')}"
+            f"?arch={arch}&distro={os_id}-{os_version.split('.')[0]}")
+    c = {"type": "library", "bom-ref": purl, "name": name, "version": pkg_version, "purl": purl,
+         "properties": [{"name": "debian:source", "value": f"{source} {source_version}"}]}
+    deb.append(c)
+doc["components"].extend(deb)
+doc.setdefault("dependencies", []).append({"ref": os_ref, "dependsOn": [c["bom-ref"] for c in deb]})
+if not any(c["name"] == "libc6" for c in deb):
+    sys.exit("the OS packages lack libc6, which the binary links")
+json.dump(doc, open(path, "w"), indent=2)
 if doc.get("bomFormat") != "CycloneDX":
     sys.exit(f"{path}: not a CycloneDX document")
 main = doc.get("metadata", {}).get("component", {})
