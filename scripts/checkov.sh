@@ -58,7 +58,7 @@ render control-plane-all fleetwatch fleetwatch-system \
   --set 'certificates.certManager.trustManager.sources[0].secret.key=ca.crt' \
   --set lifecycle.agentCASecret=fleetwatch-system/fleet-ca --set lifecycle.shards=2 \
   --set monitoring.serviceMonitor.enabled=true --set monitoring.prometheusRule.enabled=true \
-  --set monitoring.grafanaDashboard.enabled=true --set crds.install=true \
+  --set monitoring.grafanaDashboard.enabled=true \
   --set relays.webhook.enabled=true --set relays.webhook.target=https://receiver.example/events \
   --set relays.webhook.hmacSecret.secretName=webhook-hmac --set relays.webhook.targetTLS.caSecretName=receiver-ca \
   --set relays.webhook.targetTLS.clientSecretName=receiver-client \

@@ -194,20 +194,21 @@ fn monitoring_objects_carry_the_observability_files_unchanged() {
     assert_eq!(shipped, dashboard);
 }
 
-/// `crds.install=true` renders the CRDs as templates (so `helm upgrade` upgrades them), the
-/// same as deploy/crds, kept on uninstall unless `crds.keep=false`; applied over a cluster
-/// installed with the default values (CRDs from the chart's crds/), as an upgrade would, it
-/// takes them over and the CRDs stay Established.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn crds_install_renders_the_crds_as_kept_templates_that_upgrade_a_default_install() {
+/// The CRDs are templates by default (`crds.install`, so `helm upgrade` upgrades them), the
+/// same as deploy/crds, kept on uninstall unless `crds.keep=false`; the chart has no crds/
+/// directory (Helm would install them twice and refuse its own templates).
+#[test]
+fn crds_render_as_kept_templates_equal_to_deploy_crds() {
     let crds = |docs: &[Value]| -> Vec<Value> {
         let mut v: Vec<Value> = docs.iter().filter(|d| d["kind"] == "CustomResourceDefinition").cloned().collect();
         v.sort_by_key(|d| d["metadata"]["name"].as_str().unwrap_or_default().to_string());
         v
     };
-    let default = helm_template("fleetwatch", "fleetwatch-system", &[]).unwrap();
-    assert!(crds(&default).is_empty(), "templates render no CRD by default (crds/ holds them)");
-    let templated = crds(&helm_template("fleetwatch", "fleetwatch-system", &["crds.install=true"]).unwrap());
+    assert!(
+        !repo().join("deploy/helm/fleetwatch/crds").exists(),
+        "the chart's crds/ would be installed besides the templates (an ownership conflict)"
+    );
+    let templated = crds(&helm_template("fleetwatch", "fleetwatch-system", &[]).unwrap());
     let files: Vec<Value> = {
         let mut v: Vec<Value> = std::fs::read_dir(repo().join("deploy/crds"))
             .unwrap()
@@ -236,27 +237,119 @@ async fn crds_install_renders_the_crds_as_kept_templates_that_upgrade_a_default_
         );
         assert_eq!(t["metadata"]["annotations"]["helm.sh/resource-policy"], "keep");
     }
-    let unkept =
-        crds(&helm_template("fleetwatch", "fleetwatch-system", &["crds.install=true", "crds.keep=false"]).unwrap());
+    let unkept = crds(&helm_template("fleetwatch", "fleetwatch-system", &["crds.keep=false"]).unwrap());
+    assert_eq!(unkept.len(), files.len());
     assert!(unkept.iter().all(|d| d["metadata"]["annotations"].get("helm.sh/resource-policy").is_none()));
+    // crds.install=false: none (you apply deploy/crds yourself).
+    assert!(crds(&helm_template("fleetwatch", "fleetwatch-system", &["crds.install=false"]).unwrap()).is_empty());
+}
 
-    // The upgrade: a cluster with the CRDs a default install put there, then the templates.
+/// The chart before SubscriberAccessPolicy existed (its CRDs in crds/, installed once by Helm).
+const CHART_BEFORE_SUBSCRIBER_ACCESS_POLICY: &str = "1ced4af^";
+
+/// Runs helm with its own config/cache/data dirs under `home`: (success, stdout, stderr).
+fn helm_in(home: &Path, kubeconfig: &Path, args: &[&str]) -> (bool, String, String) {
+    let out = std::process::Command::new("helm")
+        .args(args)
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .env("HELM_CONFIG_HOME", home.join("config"))
+        .env("HELM_CACHE_HOME", home.join("cache"))
+        .env("HELM_DATA_HOME", home.join("data"))
+        .output()
+        .expect("helm on PATH (bash scripts/helm.sh installs it)");
+    (out.status.success(), String::from_utf8_lossy(&out.stdout).into(), String::from_utf8_lossy(&out.stderr).into())
+}
+
+/// `helm upgrade` from the previous chart version (CRDs in crds/, no SubscriberAccessPolicy)
+/// to this one, with real helm against the sim: Helm refuses to adopt the CRDs crds/ put
+/// there until they carry its ownership metadata (the commands docs/upgrade.md gives); then
+/// the upgrade adds the new CRD, objects of it can be created, and an uninstall keeps every
+/// CRD (and so every object of their kinds).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn helm_upgrade_from_the_previous_chart_adds_the_new_crd() {
     let dir = tempfile::tempdir().unwrap();
-    let cluster = sim("crds-upgrade", false).await;
+    // The previous chart from git history (its crds/ and files/ are symlinks into deploy/).
+    let old = dir.path().join("old");
+    std::fs::create_dir_all(&old).unwrap();
+    let tarball = dir.path().join("old.tar");
+    let archive = std::process::Command::new("git")
+        .current_dir(repo())
+        .arg("archive")
+        .arg(format!("--output={}", tarball.display()))
+        .args([CHART_BEFORE_SUBSCRIBER_ACCESS_POLICY, "deploy/helm/fleetwatch", "deploy/crds", "deploy/observability"])
+        .output()
+        .expect("git on PATH");
+    assert!(archive.status.success(), "git archive (a full clone): {}", String::from_utf8_lossy(&archive.stderr));
+    let untar = std::process::Command::new("tar").arg("-xf").arg(&tarball).arg("-C").arg(&old).output().unwrap();
+    assert!(untar.status.success(), "tar: {}", String::from_utf8_lossy(&untar.stderr));
+    let old_chart = old.join("deploy/helm/fleetwatch");
+    assert!(!old.join("deploy/crds/subscriberaccesspolicies.operator.fleetwatch.dev.yaml").exists());
+
+    let cluster = sim("helm-upgrade", false).await;
     let kc = dir.path().join("sim.kubeconfig");
     cluster.write_kubeconfig(&kc).unwrap();
-    kubectl(&kc, &["apply", "-f", repo().join("deploy/crds").to_str().unwrap()], None);
-    let rendered = dir.path().join("crds.yaml");
-    let text: String = templated.iter().map(|d| format!("---\n{}\n", serde_json::to_string(d).unwrap())).collect();
-    std::fs::write(&rendered, text).unwrap();
+    let home = dir.path().join("helm");
+    let new_chart = repo().join("deploy/helm/fleetwatch");
+    let ns = "fleetwatch-system";
+    let crd_names = |kc: &Path| -> Vec<String> {
+        let got: Value = serde_json::from_str(&kubectl(kc, &["get", "crd", "-o", "json"], None)).unwrap();
+        let mut v: Vec<String> = got["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["metadata"]["name"].as_str().unwrap().to_string())
+            .collect();
+        v.sort();
+        v
+    };
+    let sap = "subscriberaccesspolicies.operator.fleetwatch.dev".to_string();
+
     let (ok, out, err) =
-        kubectl_try(&kc, &["apply", "--server-side", "--force-conflicts", "-f", rendered.to_str().unwrap()]);
-    assert!(ok, "{out}{err}");
-    kubectl(&kc, &["wait", "--for=condition=Established", "--all", "crd", "--timeout=60s"], None);
-    let got: Value = serde_json::from_str(&kubectl(&kc, &["get", "crd", "-o", "json"], None)).unwrap();
-    let items = got["items"].as_array().unwrap();
-    assert_eq!(items.len(), files.len());
-    assert!(items.iter().all(|c| c["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"), "{got}");
+        helm_in(&home, &kc, &["install", "fw", old_chart.to_str().unwrap(), "-n", ns, "--create-namespace"]);
+    assert!(ok, "helm install (previous chart): {out}{err}");
+    let before = crd_names(&kc);
+    assert_eq!(before.len(), 6, "{before:?}");
+    assert!(!before.contains(&sap));
+
+    // Helm does not adopt objects it did not create: the CRDs from crds/ lack its metadata.
+    let upgrade = ["upgrade", "fw", new_chart.to_str().unwrap(), "-n", ns];
+    let (ok, out, err) = helm_in(&home, &kc, &upgrade);
+    assert!(!ok, "{out}");
+    assert!(err.contains("invalid ownership metadata") && err.contains("meta.helm.sh/release-name"), "{err}");
+    assert!(!crd_names(&kc).contains(&sap));
+
+    // docs/upgrade.md: label and annotate them as the release's, then upgrade.
+    for crd in &before {
+        let c = format!("crd/{crd}");
+        kubectl(&kc, &["label", &c, "app.kubernetes.io/managed-by=Helm", "--overwrite"], None);
+        kubectl(
+            &kc,
+            &["annotate", &c, "meta.helm.sh/release-name=fw", &format!("meta.helm.sh/release-namespace={ns}")],
+            None,
+        );
+    }
+    let (ok, out, err) = helm_in(&home, &kc, &upgrade);
+    assert!(ok, "helm upgrade: {out}{err}");
+    let after = crd_names(&kc);
+    assert_eq!(after.len(), 7, "{after:?}");
+    assert!(after.contains(&sap), "{after:?}");
+    kubectl(&kc, &["wait", "--for=condition=Established", &format!("crd/{sap}"), "--timeout=60s"], None);
+    let policy = json!({
+        "apiVersion": "operator.fleetwatch.dev/v1alpha1",
+        "kind": "SubscriberAccessPolicy",
+        "metadata": {"name": "ops", "namespace": ns},
+        "spec": {"subscribers": [{"name": "ops", "clusters": ["*"]}]}
+    });
+    kubectl(&kc, &["apply", "-f", "-"], Some(&policy.to_string()));
+    kubectl(&kc, &["get", "subscriberaccesspolicy", "ops", "-n", ns], None);
+    // Another upgrade is a no-op for the CRDs; an uninstall keeps them (resource-policy keep).
+    let (ok, out, err) = helm_in(&home, &kc, &upgrade);
+    assert!(ok, "second helm upgrade: {out}{err}");
+    let (ok, out, err) = helm_in(&home, &kc, &["uninstall", "fw", "-n", ns]);
+    assert!(ok, "helm uninstall: {out}{err}");
+    assert_eq!(crd_names(&kc), after);
+    kubectl(&kc, &["get", "subscriberaccesspolicy", "ops", "-n", ns], None);
 }
 
 /// values.schema.json refuses values that cannot work at render time, naming the value.
