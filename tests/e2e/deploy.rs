@@ -83,6 +83,25 @@ fn helm_template(chart: &str, namespace: &str, set: &[&str]) -> Result<Vec<Value
     Ok(documents(&String::from_utf8_lossy(&out.stdout)))
 }
 
+/// `helm template` with a values file (JSON is YAML) for what `--set` cannot spell (braces,
+/// commas, multi-line strings); `Err(stderr)` on failure.
+fn helm_template_values(chart: &str, namespace: &str, values: &Value) -> Result<Vec<Value>, String> {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("values.yaml");
+    std::fs::write(&file, values.to_string()).unwrap();
+    let out = std::process::Command::new("helm")
+        .args(["template", chart])
+        .arg(repo().join("deploy/helm").join(chart))
+        .args(["--namespace", namespace, "--values"])
+        .arg(&file)
+        .output()
+        .expect("helm on PATH (bash scripts/helm.sh installs it)");
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).into());
+    }
+    Ok(documents(&String::from_utf8_lossy(&out.stdout)))
+}
+
 /// kubectl that may fail: (success, stdout, stderr).
 fn kubectl_try(kubeconfig: &Path, args: &[&str]) -> (bool, String, String) {
     let out = std::process::Command::new("kubectl")

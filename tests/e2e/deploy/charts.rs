@@ -171,6 +171,157 @@ fn the_service_monitor_scrapes_the_ports_that_serve_metrics() {
     assert!(token.len() >= 32, "the chart's admin token Secret holds a long token: {token:?}");
 }
 
+/// The options platform teams set: ServiceMonitor and PrometheusRule namespace, scrape
+/// timeout, interval, relabelings and labels; name overrides; labels on every object;
+/// extra objects through tpl; view/edit ClusterRoles aggregated for the CRDs.
+#[test]
+fn platform_options_land_on_the_objects_they_name() {
+    let cp = helm_template_values(
+        "fleetwatch",
+        "fleetwatch-system",
+        &json!({
+            "fullnameOverride": "fw",
+            "commonLabels": {"team": "platform", "cost-centre": "42"},
+            "monitoring": {
+                "serviceMonitor": {
+                    "enabled": true,
+                    "namespace": "monitoring",
+                    "interval": "15s",
+                    "scrapeTimeout": "5s",
+                    "labels": {"release": "kube-prometheus-stack"},
+                    "relabelings": [{"targetLabel": "team", "replacement": "platform"}],
+                    "metricRelabelings": [{"sourceLabels": ["__name__"], "regex": "go_.*", "action": "drop"}],
+                },
+                "prometheusRule": {
+                    "enabled": true,
+                    "namespace": "monitoring",
+                    "labels": {"release": "kube-prometheus-stack"},
+                },
+                "grafanaDashboard": {"enabled": true},
+            },
+            "extraObjects": [
+                {
+                    "apiVersion": "v1",
+                    "kind": "ConfigMap",
+                    "metadata": {"name": "{{ .Release.Name }}-extra", "namespace": "{{ .Release.Namespace }}"},
+                },
+                "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: as-text-{{ .Release.Namespace }}\n",
+            ],
+        }),
+    )
+    .unwrap();
+    // commonLabels on every object (CRDs, RBAC, monitors, the helm test Jobs) and pods; the
+    // chart's own labels stay.
+    for d in &cp {
+        let labels = &d["metadata"]["labels"];
+        if d["kind"] == "ConfigMap" && d["metadata"]["name"].as_str().is_some_and(|n| n.contains("extra")) {
+            continue; // extraObjects are yours, as written
+        }
+        if d["metadata"]["name"].as_str().is_some_and(|n| n.starts_with("as-text")) {
+            continue;
+        }
+        assert_eq!(labels["team"], "platform", "{}: {labels}", key(d));
+        assert_eq!(labels["cost-centre"], "42", "{}", key(d));
+        assert_eq!(labels["app.kubernetes.io/part-of"], "fleetwatch", "{}", key(d));
+    }
+    for w in workloads(&cp) {
+        assert_eq!(w["spec"]["template"]["metadata"]["labels"]["team"], "platform", "{}", key(w));
+        assert!(w["spec"]["selector"]["matchLabels"].get("team").is_none(), "{}: not in selectors", key(w));
+    }
+    // fullnameOverride names every object of the release.
+    find(&cp, "StatefulSet", "fw-hub");
+    find(&cp, "Deployment", "fw-lifecycle");
+    find(&cp, "ClusterRole", "fw-hub");
+    assert!(
+        !cp.iter().any(|d| d["metadata"]["name"].as_str().is_some_and(|n| n.starts_with("fleetwatch-hub"))
+            && d["kind"] != "Secret"),
+        "an object kept the default prefix"
+    );
+    // nameOverride replaces the chart name.
+    let renamed = helm_template("fleetwatch", "ns", &["nameOverride=watcher"]).unwrap();
+    find(&renamed, "StatefulSet", "fleetwatch-watcher-hub");
+
+    let sm = find(&cp, "ServiceMonitor", "fw");
+    assert_eq!(sm["metadata"]["namespace"], "monitoring");
+    assert_eq!(sm["metadata"]["labels"]["release"], "kube-prometheus-stack");
+    assert_eq!(sm["spec"]["namespaceSelector"]["matchNames"], json!(["fleetwatch-system"]), "scrapes the release");
+    let endpoints = sm["spec"]["endpoints"].as_array().unwrap();
+    assert_eq!(endpoints.len(), 2);
+    for e in endpoints {
+        assert_eq!(e["interval"], "15s");
+        assert_eq!(e["scrapeTimeout"], "5s");
+        assert_eq!(e["relabelings"], json!([{"targetLabel": "team", "replacement": "platform"}]));
+        assert_eq!(e["metricRelabelings"], json!([{"sourceLabels": ["__name__"], "regex": "go_.*", "action": "drop"}]));
+    }
+    let rule = find(&cp, "PrometheusRule", "fw");
+    assert_eq!(rule["metadata"]["namespace"], "monitoring");
+    assert_eq!(rule["metadata"]["labels"]["release"], "kube-prometheus-stack");
+    // Without them: the release namespace, no timeout (Prometheus's default), no relabelings.
+    let plain = helm_template("fleetwatch", "fleetwatch-system", &["monitoring.serviceMonitor.enabled=true"]).unwrap();
+    let sm = plain.iter().find(|d| d["kind"] == "ServiceMonitor").unwrap();
+    assert_eq!(sm["metadata"]["namespace"], "fleetwatch-system");
+    assert!(
+        sm["spec"]["endpoints"][0].get("scrapeTimeout").is_none()
+            && sm["spec"]["endpoints"][0].get("relabelings").is_none()
+    );
+
+    // extraObjects, maps and strings, through tpl.
+    assert_eq!(find(&cp, "ConfigMap", "fleetwatch-extra")["metadata"]["namespace"], "fleetwatch-system");
+    find(&cp, "ConfigMap", "as-text-fleetwatch-system");
+
+    // Aggregated roles: view reads every CRD the chart installs, edit writes the namespaced ones.
+    let crds: Vec<Value> = std::fs::read_dir(repo().join("deploy/crds"))
+        .unwrap()
+        .flat_map(|e| documents(&std::fs::read_to_string(e.unwrap().path()).unwrap()))
+        .collect();
+    let plurals = |namespaced_only: bool| -> Vec<Value> {
+        let mut v: Vec<Value> = crds
+            .iter()
+            .filter(|c| !namespaced_only || c["spec"]["scope"] == "Namespaced")
+            .map(|c| c["spec"]["names"]["plural"].clone())
+            .collect();
+        v.sort_by_key(|p| p.as_str().unwrap_or_default().to_string());
+        v
+    };
+    let view = find(&cp, "ClusterRole", "fw-view");
+    for to in ["view", "edit", "admin"] {
+        assert_eq!(view["metadata"]["labels"][format!("rbac.authorization.k8s.io/aggregate-to-{to}")], "true");
+    }
+    assert_eq!(view["rules"][0]["resources"], Value::Array(plurals(false)));
+    assert_eq!(view["rules"][0]["verbs"], json!(["get", "list", "watch"]));
+    let edit = find(&cp, "ClusterRole", "fw-edit");
+    assert!(edit["metadata"]["labels"].get("rbac.authorization.k8s.io/aggregate-to-view").is_none());
+    assert_eq!(edit["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-edit"], "true");
+    let editable = plurals(true);
+    assert_eq!(edit["rules"][0]["resources"], Value::Array(editable.clone()));
+    assert!(!editable.contains(&json!("subscriberaccesspolicies")), "access grants stay with cluster admins");
+    let off = helm_template("fleetwatch", "ns", &["aggregateClusterRoles=false"]).unwrap();
+    assert!(!off.iter().any(|d| d["metadata"]["labels"].get("rbac.authorization.k8s.io/aggregate-to-view").is_some()));
+
+    // The agent chart: the same names and labels.
+    let agent = helm_template_values(
+        "fleetwatch-agent",
+        "fleetwatch-agent",
+        &json!({
+            "fullnameOverride": "agent",
+            "commonLabels": {"team": "platform"},
+            "extraObjects": ["apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: x\n"],
+        }),
+    )
+    .unwrap();
+    find(&agent, "Deployment", "agent");
+    find(&agent, "ConfigMap", "x");
+    for d in agent.iter().filter(|d| d["metadata"]["name"] != "x") {
+        assert_eq!(d["metadata"]["labels"]["team"], "platform", "{}", key(d));
+    }
+    // The chart's own label keys cannot be overridden (they would be duplicated).
+    for chart in ["fleetwatch", "fleetwatch-agent"] {
+        let err =
+            helm_template_values(chart, "ns", &json!({"commonLabels": {"app.kubernetes.io/name": "x"}})).unwrap_err();
+        assert!(err.contains("commonLabels"), "{err}");
+    }
+}
+
 #[test]
 fn monitoring_objects_carry_the_observability_files_unchanged() {
     let cp = helm_template(
