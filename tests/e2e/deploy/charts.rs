@@ -322,6 +322,125 @@ fn platform_options_land_on_the_objects_they_name() {
     }
 }
 
+/// Whether a label selector (matchLabels, matchExpressions In/NotIn/Exists/DoesNotExist)
+/// selects `labels`; `{}` selects everything.
+fn selects(selector: &Value, labels: &Value) -> bool {
+    let by_labels = selector["matchLabels"].as_object().is_none_or(|m| m.iter().all(|(k, v)| &labels[k] == v));
+    let by_expressions = selector["matchExpressions"].as_array().is_none_or(|exprs| {
+        exprs.iter().all(|e| {
+            let value = &labels[e["key"].as_str().unwrap()];
+            let values = e["values"].as_array().cloned().unwrap_or_default();
+            match e["operator"].as_str().unwrap() {
+                "In" => values.contains(value),
+                "NotIn" => !values.contains(value),
+                "Exists" => !value.is_null(),
+                "DoesNotExist" => value.is_null(),
+                other => panic!("operator {other}"),
+            }
+        })
+    });
+    by_labels && by_expressions
+}
+
+/// Whether a NetworkPolicy (of `policy_ns`) admits TCP `port` from a pod with `pod_labels`
+/// in namespace `ns` with `ns_labels`: the semantics of ingress rules and their peers.
+fn admits(np: &Value, policy_ns: &str, ns: &str, ns_labels: &Value, pod_labels: &Value, port: u16) -> bool {
+    np["spec"]["ingress"].as_array().unwrap().iter().any(|rule| {
+        let port_ok = rule["ports"].as_array().is_none_or(|ps| ps.iter().any(|p| p["port"] == port));
+        let peer_ok = rule["from"].as_array().is_none_or(|peers| {
+            peers.iter().any(|peer| match (peer.get("namespaceSelector"), peer.get("podSelector")) {
+                (Some(nss), pods) => selects(nss, ns_labels) && pods.is_none_or(|p| selects(p, pod_labels)),
+                (None, Some(pods)) => ns == policy_ns && selects(pods, pod_labels),
+                (None, None) => false, // ipBlock peers: not a pod
+            })
+        });
+        port_ok && peer_ok
+    })
+}
+
+/// The agent's metrics can be scraped: a ServiceMonitor or a PodMonitor on the port that
+/// serves /metrics (`--health-listen`), and the NetworkPolicy lets the monitoring
+/// namespace's scraper in on that port, and nobody else.
+#[test]
+fn the_agent_renders_monitors_and_its_network_policy_admits_the_scraper() {
+    let ns = "fleetwatch-agent";
+    let docs = helm_template_values(
+        "fleetwatch-agent",
+        ns,
+        &json!({"metrics": {
+            "serviceMonitor": {"enabled": true, "namespace": "monitoring", "interval": "20s", "scrapeTimeout": "5s",
+                               "labels": {"release": "prom"}, "metricRelabelings": [{"action": "labeldrop", "regex": "pod"}]},
+            "podMonitor": {"enabled": true, "labels": {"release": "prom"},
+                           "relabelings": [{"targetLabel": "team", "replacement": "platform"}]},
+        }}),
+    )
+    .unwrap();
+    let deployment = find(&docs, "Deployment", "fleetwatch-agent");
+    let container = &pod_spec(deployment)["containers"][0];
+    let metrics_port = container["ports"].as_array().unwrap().iter().find(|p| p["name"] == "health").unwrap();
+    let port = metrics_port["containerPort"].as_u64().unwrap() as u16;
+    assert_eq!(arg(deployment, "--health-listen"), format!("0.0.0.0:{port}"), "the port that serves /metrics");
+
+    let sm = find(&docs, "ServiceMonitor", "fleetwatch-agent");
+    assert_eq!(sm["metadata"]["namespace"], "monitoring");
+    assert_eq!(sm["metadata"]["labels"]["release"], "prom");
+    assert_eq!(sm["spec"]["namespaceSelector"]["matchNames"], json!([ns]));
+    let selected: Vec<&Value> = docs
+        .iter()
+        .filter(|d| d["kind"] == "Service" && selects(&sm["spec"]["selector"], &d["metadata"]["labels"]))
+        .collect();
+    assert_eq!(selected.len(), 1, "{selected:?}");
+    let endpoint = &sm["spec"]["endpoints"][0];
+    assert_eq!((endpoint["path"].as_str(), endpoint["interval"].as_str()), (Some("/metrics"), Some("20s")));
+    assert_eq!(endpoint["scrapeTimeout"], "5s");
+    assert_eq!(endpoint["metricRelabelings"], json!([{"action": "labeldrop", "regex": "pod"}]));
+    let svc_port = selected[0]["spec"]["ports"].as_array().unwrap().iter().find(|p| p["name"] == endpoint["port"]);
+    let svc_port = svc_port.expect("the Service has the endpoint's port");
+    assert_eq!(svc_port["targetPort"], "health");
+    assert!(selects(&selected[0]["spec"]["selector"], &deployment["spec"]["template"]["metadata"]["labels"]));
+
+    let pm = find(&docs, "PodMonitor", "fleetwatch-agent");
+    assert_eq!(pm["metadata"]["namespace"], ns);
+    assert!(selects(&pm["spec"]["selector"], &deployment["spec"]["template"]["metadata"]["labels"]));
+    let pe = &pm["spec"]["podMetricsEndpoints"][0];
+    assert_eq!((pe["port"].as_str(), pe["path"].as_str()), (Some("health"), Some("/metrics")));
+    assert_eq!(pe["relabelings"], json!([{"targetLabel": "team", "replacement": "platform"}]));
+    // Neither by default.
+    let plain = helm_template("fleetwatch-agent", ns, &[]).unwrap();
+    assert!(!plain.iter().any(|d| d["kind"] == "ServiceMonitor" || d["kind"] == "PodMonitor"));
+
+    // The NetworkPolicy of the agent's pods admits the scraper on that port.
+    let np = docs
+        .iter()
+        .find(|d| {
+            d["kind"] == "NetworkPolicy"
+                && selects(&d["spec"]["podSelector"], &deployment["spec"]["template"]["metadata"]["labels"])
+        })
+        .expect("a NetworkPolicy selecting the agent");
+    let monitoring = json!({"kubernetes.io/metadata.name": "monitoring"});
+    let prometheus = json!({"app.kubernetes.io/name": "prometheus"});
+    assert!(admits(np, ns, "monitoring", &monitoring, &prometheus, port));
+    assert!(!admits(np, ns, "monitoring", &monitoring, &prometheus, 7443), "only the metrics port");
+    let other = json!({"kubernetes.io/metadata.name": "default"});
+    assert!(!admits(np, ns, "default", &other, &prometheus, port), "not from any namespace");
+    // Selectors of your own: only the Prometheus pods of namespace `observability`.
+    let custom = helm_template_values(
+        "fleetwatch-agent",
+        ns,
+        &json!({"networkPolicy": {
+            "metricsNamespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "observability"}},
+            "metricsPodSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}},
+        }}),
+    )
+    .unwrap();
+    let np =
+        custom.iter().find(|d| d["kind"] == "NetworkPolicy" && d["metadata"]["name"] == "fleetwatch-agent").unwrap();
+    let observability = json!({"kubernetes.io/metadata.name": "observability"});
+    assert!(admits(np, ns, "observability", &observability, &prometheus, port));
+    assert!(!admits(np, ns, "observability", &observability, &json!({"app": "debug"}), port));
+    assert!(!admits(np, ns, "monitoring", &monitoring, &prometheus, port));
+}
+
 #[test]
 fn monitoring_objects_carry_the_observability_files_unchanged() {
     let cp = helm_template(

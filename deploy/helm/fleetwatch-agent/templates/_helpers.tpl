@@ -53,3 +53,19 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{ required "serviceAccount.name: the ServiceAccount to use when serviceAccount.create=false" .Values.serviceAccount.name }}
 {{- end -}}
 {{- end -}}
+
+{{/* The scrape options of a monitor endpoint (metrics.serviceMonitor, metrics.podMonitor). */}}
+{{- define "agent.endpointOptions" -}}
+interval: {{ .interval }}
+{{- with .scrapeTimeout }}
+scrapeTimeout: {{ . }}
+{{- end }}
+{{- with .relabelings }}
+relabelings:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .metricRelabelings }}
+metricRelabelings:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
