@@ -64,8 +64,8 @@ render control-plane-all fleetwatch fleetwatch-system \
   --set relays.webhook.targetTLS.clientSecretName=receiver-client \
   --set relays.klm.enabled=true --set relays.klm.target=https://klm-listener.kcp-system.svc:8082 \
   --set relays.klm.xfccCASecretName=klm-xfcc-ca --set relays.klm.deadLetter.persistence.enabled=false
-render agent-default fleetwatch-agent fleetwatch-agent
-render agent-cert-manager fleetwatch-agent fleetwatch-agent --set certificate.mode=cert-manager --set clusterId=eu-1
+render agent-default fleetwatch-agent fleetwatch-agent --set 'hub.urls={wss://hub.example.org:443}'
+render agent-cert-manager fleetwatch-agent fleetwatch-agent --set 'hub.urls={wss://hub.example.org:443}' --set certificate.mode=cert-manager --set clusterId=eu-1
 
 # The canary: what every check list flags (privileged, root, no limits, no probes).
 cat > "$out/scan/canary.yaml" <<'YAML'

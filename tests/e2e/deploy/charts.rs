@@ -119,7 +119,12 @@ fn chart_values_that_cannot_work_are_refused() {
 
 #[test]
 fn the_service_monitor_scrapes_the_ports_that_serve_metrics() {
-    let cp = helm_template("fleetwatch", "fleetwatch-system", &["monitoring.serviceMonitor.enabled=true"]).unwrap();
+    let cp = helm_template(
+        "fleetwatch",
+        "fleetwatch-system",
+        &["monitoring.serviceMonitor.enabled=true", "hub.adminToken.createSecret=true"],
+    )
+    .unwrap();
     let sm = cp.iter().find(|d| d["kind"] == "ServiceMonitor").expect("a ServiceMonitor");
     let selector = &sm["spec"]["selector"];
     let wanted: Vec<&Value> = selector["matchExpressions"][0]["values"].as_array().unwrap().iter().collect();
@@ -158,7 +163,7 @@ fn the_service_monitor_scrapes_the_ports_that_serve_metrics() {
         assert_eq!(arg(w, flag), format!("0.0.0.0:{container_port}"), "{}", key(w));
     }
     // The hub's endpoint sends the token the hub requires: the Secret it mounts for
-    // --admin-token-file, which the chart creates (random) with default values.
+    // --admin-token-file (here the chart's, createSecret=true; by default yours).
     let hub = find(&cp, "StatefulSet", "fleetwatch-hub");
     let endpoint = sm["spec"]["endpoints"].as_array().unwrap().iter().find(|e| e["port"] == "admin").unwrap();
     assert_eq!(endpoint["authorization"]["type"], "Bearer");
@@ -620,6 +625,126 @@ async fn helm_upgrade_from_the_previous_chart_adds_the_new_crd() {
     assert!(ok, "helm uninstall: {out}{err}");
     assert_eq!(crd_names(&kc), after);
     kubectl(&kc, &["get", "subscriberaccesspolicy", "ops", "-n", ns], None);
+}
+
+/// The agent chart cannot work without the hub's address: it refuses to render without
+/// one, naming `hub.urls` and how to set it, and refuses the former default placeholder
+/// (which `helm upgrade --reuse-values` would carry over).
+#[test]
+fn the_agent_chart_refuses_to_render_without_the_hub_url() {
+    let template = |set: &[&str]| {
+        let mut cmd = std::process::Command::new("helm");
+        cmd.args(["template", "fleetwatch-agent"]).arg(repo().join("deploy/helm/fleetwatch-agent"));
+        for s in set {
+            cmd.args(["--set", s]);
+        }
+        let out = cmd.output().expect("helm on PATH");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).to_string(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
+    };
+    let (ok, out, err) = template(&[]);
+    assert!(!ok, "rendered without hub.urls: {out}");
+    assert!(err.contains("hub.urls: the hub's wss address(es) the agent dials are required"), "{err}");
+    assert!(err.contains("--set 'hub.urls={wss://"), "says how to set it: {err}");
+    let (ok, out, err) = template(&["hub.urls={wss://fleetwatch-hub.example.com:443}"]);
+    assert!(!ok, "rendered the placeholder: {out}");
+    assert!(err.contains("former placeholder"), "{err}");
+    let (ok, out, err) = template(&["hub.urls={wss://hub-a.fleet.example.org:443,wss://hub-b.fleet.example.org:443}"]);
+    assert!(ok, "{err}");
+    let docs = documents(&out);
+    let deployment = find(&docs, "Deployment", "fleetwatch-agent");
+    assert_eq!(arg(deployment, "--hub"), "wss://hub-a.fleet.example.org:443,wss://hub-b.fleet.example.org:443");
+}
+
+/// The hub's admin token is a Secret you create (default), so it is the same whoever renders
+/// the chart: nothing random is rendered, and `helm install` against a cluster without it
+/// refuses, naming the value and the command; `createSecret=true` is random per `helm
+/// template` (why it is not the default) but kept across `helm upgrade` (lookup).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_token_is_stable_under_gitops_and_required_at_install() {
+    let ns = "fleetwatch-system";
+    let token_secret = |docs: &[Value]| -> Option<String> {
+        docs.iter()
+            .find(|d| d["kind"] == "Secret" && d["metadata"]["name"] == "fleetwatch-hub-admin-token")
+            .map(|s| s["data"]["token"].as_str().unwrap_or_default().to_string())
+    };
+    // Defaults: two renders (GitOps) are the same and carry no token; the hub mounts yours.
+    let a = helm_template("fleetwatch", ns, &[]).unwrap();
+    let b = helm_template("fleetwatch", ns, &[]).unwrap();
+    assert_eq!(a, b, "two renders differ");
+    assert_eq!(token_secret(&a), None);
+    let hub = find(&a, "StatefulSet", "fleetwatch-hub");
+    let (dir, _) = arg(hub, "--admin-token-file").rsplit_once('/').unwrap();
+    assert_eq!(mounted_source(hub, dir), "fleetwatch-hub-admin-token");
+    // createSecret=true under helm template: a new token each render.
+    let one = token_secret(&helm_template("fleetwatch", ns, &["hub.adminToken.createSecret=true"]).unwrap());
+    let two = token_secret(&helm_template("fleetwatch", ns, &["hub.adminToken.createSecret=true"]).unwrap());
+    assert!(one.is_some() && one != two, "createSecret renders a random token each time: {one:?} {two:?}");
+
+    // Real helm against the sim: install refuses until the Secret exists.
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path().join("helm");
+    let chart = repo().join("deploy/helm/fleetwatch");
+    let cluster = sim("admin-token", false).await;
+    let kc = dir.path().join("sim.kubeconfig");
+    cluster.write_kubeconfig(&kc).unwrap();
+    kubectl(&kc, &["create", "namespace", ns], None);
+    let install = ["install", "fw", chart.to_str().unwrap(), "-n", ns];
+    let (ok, out, err) = helm_in(&home, &kc, &install);
+    assert!(!ok, "installed without the admin token Secret: {out}");
+    assert!(
+        err.contains("hub.adminToken.secretName: Secret fleetwatch-system/fleetwatch-hub-admin-token")
+            && err.contains("kubectl -n fleetwatch-system create secret generic fleetwatch-hub-admin-token"),
+        "{err}"
+    );
+    let token = "a-token-from-the-platform-secret-store-0123456789";
+    kubectl(
+        &kc,
+        &[
+            "-n",
+            ns,
+            "create",
+            "secret",
+            "generic",
+            "fleetwatch-hub-admin-token",
+            &format!("--from-literal=token={token}"),
+        ],
+        None,
+    );
+    let (ok, out, err) = helm_in(&home, &kc, &install);
+    assert!(ok, "helm install: {out}{err}");
+    let (ok, out, err) = helm_in(&home, &kc, &["upgrade", "fw", chart.to_str().unwrap(), "-n", ns]);
+    assert!(ok, "helm upgrade: {out}{err}");
+    let read = |kc: &Path| {
+        let b64 = kubectl(
+            kc,
+            &["-n", ns, "get", "secret", "fleetwatch-hub-admin-token", "-o", "jsonpath={.data.token}"],
+            None,
+        );
+        String::from_utf8(base64::Engine::decode(&base64::engine::general_purpose::STANDARD, b64.trim()).unwrap())
+            .unwrap()
+    };
+    assert_eq!(read(&kc), token, "the chart left your token alone");
+
+    // createSecret=true with helm install/upgrade: made once, kept by the upgrade.
+    let other = sim("admin-token-created", false).await;
+    let kc2 = dir.path().join("other.kubeconfig");
+    other.write_kubeconfig(&kc2).unwrap();
+    let set = ["--set", "hub.adminToken.createSecret=true", "--create-namespace"];
+    let (ok, out, err) = helm_in(&home, &kc2, &[&install[..], &set[..]].concat());
+    assert!(ok, "helm install createSecret=true: {out}{err}");
+    let made = read(&kc2);
+    assert!(made.len() >= 32, "{made:?}");
+    let (ok, out, err) = helm_in(
+        &home,
+        &kc2,
+        &["upgrade", "fw", chart.to_str().unwrap(), "-n", ns, "--set", "hub.adminToken.createSecret=true"],
+    );
+    assert!(ok, "helm upgrade: {out}{err}");
+    assert_eq!(read(&kc2), made, "helm upgrade kept the token (lookup)");
 }
 
 /// values.schema.json refuses values that cannot work at render time, naming the value.

@@ -31,6 +31,21 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- end }}
 {{- end -}}
 
+{{/* The hub's addresses, comma-separated (--hub). Without them the agent cannot work: refuse
+to render, naming the value and how to set it. The former default placeholder (kept by
+`helm upgrade --reuse-values`) is no hub either. */}}
+{{- define "agent.hubUrls" -}}
+{{- $urls := .Values.hub.urls | default list -}}
+{{- $how := "e.g. --set 'hub.urls={wss://hub.fleet.example.org:443}' (the hub's LoadBalancer address: kubectl -n fleetwatch-system get svc fleetwatch-hub in the control plane)" -}}
+{{- if not $urls -}}
+{{- fail (printf "hub.urls: the hub's wss address(es) the agent dials are required; %s" $how) -}}
+{{- end -}}
+{{- if has "wss://fleetwatch-hub.example.com:443" $urls -}}
+{{- fail (printf "hub.urls: wss://fleetwatch-hub.example.com:443 is the chart's former placeholder, not a hub; %s" $how) -}}
+{{- end -}}
+{{- join "," $urls -}}
+{{- end -}}
+
 {{- define "agent.selector" -}}
 app.kubernetes.io/name: fleetwatch-agent
 app.kubernetes.io/instance: {{ .Release.Name }}
