@@ -606,6 +606,9 @@ async fn helm_upgrade_from_the_previous_chart_adds_the_new_crd() {
     }
     let (ok, out, err) = helm_in(&home, &kc, &upgrade);
     assert!(ok, "helm upgrade: {out}{err}");
+    // The admin token the previous chart made (createSecret was its default) is kept
+    // (resource-policy keep) and is the existing Secret the new chart's hub mounts.
+    kubectl(&kc, &["-n", ns, "get", "secret", "fleetwatch-hub-admin-token"], None);
     let after = crd_names(&kc);
     assert_eq!(after.len(), 7, "{after:?}");
     assert!(after.contains(&sap), "{after:?}");
