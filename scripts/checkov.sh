@@ -58,14 +58,14 @@ render control-plane-all fleetwatch fleetwatch-system \
   --set 'certificates.certManager.trustManager.sources[0].secret.key=ca.crt' \
   --set lifecycle.agentCASecret=fleetwatch-system/fleet-ca --set lifecycle.shards=2 \
   --set monitoring.serviceMonitor.enabled=true --set monitoring.prometheusRule.enabled=true \
-  --set monitoring.grafanaDashboard.enabled=true --set crds.install=true \
+  --set monitoring.grafanaDashboard.enabled=true \
   --set relays.webhook.enabled=true --set relays.webhook.target=https://receiver.example/events \
   --set relays.webhook.hmacSecret.secretName=webhook-hmac --set relays.webhook.targetTLS.caSecretName=receiver-ca \
   --set relays.webhook.targetTLS.clientSecretName=receiver-client \
   --set relays.klm.enabled=true --set relays.klm.target=https://klm-listener.kcp-system.svc:8082 \
   --set relays.klm.xfccCASecretName=klm-xfcc-ca --set relays.klm.deadLetter.persistence.enabled=false
-render agent-default fleetwatch-agent fleetwatch-agent
-render agent-cert-manager fleetwatch-agent fleetwatch-agent --set certificate.mode=cert-manager --set clusterId=eu-1
+render agent-default fleetwatch-agent fleetwatch-agent --set 'hub.urls={wss://hub.example.org:443}'
+render agent-cert-manager fleetwatch-agent fleetwatch-agent --set 'hub.urls={wss://hub.example.org:443}' --set certificate.mode=cert-manager --set clusterId=eu-1
 
 # The canary: what every check list flags (privileged, root, no limits, no probes).
 cat > "$out/scan/canary.yaml" <<'YAML'

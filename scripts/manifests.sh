@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Lints the Helm charts and renders the plain manifests in deploy/manifests/ from them with
 # default values (plus the Namespace object and the CRDs, so `kubectl apply` works on an
-# empty cluster; without the `helm test` Jobs, which only `helm test` runs). One exception: the hub's admin token Secret is not rendered (the chart
-# makes a random one, which plain manifests cannot); create it before applying them
-# (docs/deploy.md).
+# empty cluster; without the `helm test` Jobs, which only `helm test` runs). The hub's admin
+# token Secret is not in them (as with the chart's defaults): create it before applying them
+# (docs/deploy.md). The agent's hub address is the placeholder HUB (the chart requires one).
 #   bash scripts/manifests.sh           rewrite deploy/manifests/*.yaml
 #   bash scripts/manifests.sh --check   fail when they differ from what the charts render
 set -euo pipefail
@@ -18,17 +18,22 @@ render() { # chart release namespace [extra helm args]
     2> >(grep -v "found symbolic link in path" >&2)
 }
 
+# The agent chart needs the hub's address (it refuses to render without): the plain
+# manifest names a placeholder HUB to replace (`fleetwatch agent-module --hub` does).
+agent_hub=(--set 'hub.urls={wss://HUB:443}')
 for chart in fleetwatch fleetwatch-agent; do
-  "$helm" lint --strict "deploy/helm/$chart" --namespace fleetwatch-system >/dev/null 2> >(grep -v "found symbolic link in path" >&2) \
-    || { "$helm" lint --strict "deploy/helm/$chart"; exit 1; }
+  set_args=()
+  [ "$chart" = fleetwatch-agent ] && set_args=("${agent_hub[@]}")
+  "$helm" lint --strict "deploy/helm/$chart" --namespace fleetwatch-system "${set_args[@]}" >/dev/null 2> >(grep -v "found symbolic link in path" >&2) \
+    || { "$helm" lint --strict "deploy/helm/$chart" "${set_args[@]}"; exit 1; }
 done
 
 out="$(mktemp -d)"
 trap 'rm -rf "$out"' EXIT
 # The admin token Secret: create it yourself (kubectl create secret generic
 # fleetwatch-hub-admin-token -n fleetwatch-system --from-literal=token=$(openssl rand -hex 32)).
-render fleetwatch fleetwatch fleetwatch-system --set hub.adminToken.createSecret=false > "$out/control-plane.yaml"
-render fleetwatch-agent fleetwatch-agent fleetwatch-agent > "$out/agent.yaml"
+render fleetwatch fleetwatch fleetwatch-system > "$out/control-plane.yaml"
+render fleetwatch-agent fleetwatch-agent fleetwatch-agent "${agent_hub[@]}" > "$out/agent.yaml"
 
 if [ "${1:-}" = --check ]; then
   stale=0

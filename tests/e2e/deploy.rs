@@ -69,14 +69,45 @@ fn find<'a>(docs: &'a [Value], kind: &str, name: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("no {kind} {name} in {:?}", docs.iter().map(key).collect::<Vec<_>>()))
 }
 
+/// The hub address the tests give the agent chart, which refuses to render without one
+/// (`the_agent_chart_refuses_to_render_without_the_hub_url`); a `--set hub.urls=...` of a
+/// test overrides it.
+const TEST_HUB_URLS: &str = "hub.urls={wss://hub.test:443}";
+
 /// Runs helm (installed by scripts/test.sh, see scripts/helm.sh); `Err(stderr)` on failure.
 fn helm_template(chart: &str, namespace: &str, set: &[&str]) -> Result<Vec<Value>, String> {
     let mut cmd = std::process::Command::new("helm");
     cmd.args(["template", chart]).arg(repo().join("deploy/helm").join(chart)).args(["--namespace", namespace]);
+    if chart == "fleetwatch-agent" {
+        cmd.args(["--set", TEST_HUB_URLS]);
+    }
     for s in set {
         cmd.args(["--set", s]);
     }
     let out = cmd.output().expect("helm on PATH (bash scripts/helm.sh installs it)");
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).into());
+    }
+    Ok(documents(&String::from_utf8_lossy(&out.stdout)))
+}
+
+/// `helm template` with a values file (JSON is YAML) for what `--set` cannot spell (braces,
+/// commas, multi-line strings); `Err(stderr)` on failure.
+fn helm_template_values(chart: &str, namespace: &str, values: &Value) -> Result<Vec<Value>, String> {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("values.yaml");
+    let mut values = values.clone();
+    if chart == "fleetwatch-agent" && values["hub"]["urls"].is_null() {
+        values["hub"]["urls"] = json!(["wss://hub.test:443"]);
+    }
+    std::fs::write(&file, values.to_string()).unwrap();
+    let out = std::process::Command::new("helm")
+        .args(["template", chart])
+        .arg(repo().join("deploy/helm").join(chart))
+        .args(["--namespace", namespace, "--values"])
+        .arg(&file)
+        .output()
+        .expect("helm on PATH (bash scripts/helm.sh installs it)");
     if !out.status.success() {
         return Err(String::from_utf8_lossy(&out.stderr).into());
     }

@@ -293,7 +293,15 @@ pub fn decode_body(body: &[u8]) -> Result<Value, ApiError> {
         return Err(ApiError::unsupported_media_type(&format!("protobuf contentEncoding {enc}")));
     }
     let raw = unknown.raw.unwrap_or_default();
-    let mut obj = generated::decode_kind(&av, &kind, &raw).ok_or_else(|| {
+    // DeleteOptions is registered in every group version (client-go sends it as `v1`,
+    // `apps/v1`, ... in the body of a DELETE; Helm's `uninstall` does), so it is not one
+    // of the generated kinds.
+    let decoded = if kind == "DeleteOptions" {
+        Some(decode::<k8s_pb::apimachinery::pkg::apis::meta::v1::DeleteOptions>(&raw))
+    } else {
+        generated::decode_kind(&av, &kind, &raw)
+    };
+    let mut obj = decoded.ok_or_else(|| {
         ApiError::unsupported_media_type(&format!(
             "application/vnd.kubernetes.protobuf for {av} {kind} (the simulator decodes protobuf only for the built-in kinds it serves)"
         ))
@@ -305,4 +313,40 @@ pub fn decode_body(body: &[u8]) -> Result<Value, ApiError> {
         out.append(m);
     }
     Ok(Value::Object(out))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_pb::apimachinery::pkg::apis::meta::v1::{DeleteOptions, Preconditions};
+    use k8s_pb::apimachinery::pkg::runtime::{TypeMeta, Unknown};
+
+    fn envelope(api_version: &str, kind: &str, raw: Vec<u8>) -> Vec<u8> {
+        let unknown = Unknown {
+            type_meta: Some(TypeMeta { api_version: Some(api_version.into()), kind: Some(kind.into()) }),
+            raw: Some(raw),
+            content_encoding: None,
+            content_type: None,
+        };
+        [MAGIC, &unknown.encode_to_vec()].concat()
+    }
+
+    /// The body of a DELETE from client-go (Helm's uninstall) in any group version.
+    #[test]
+    fn delete_options_decode_in_any_group_version() {
+        let opts = DeleteOptions {
+            propagation_policy: Some("Foreground".into()),
+            preconditions: Some(Preconditions { uid: Some("u-1".into()), resource_version: None }),
+            ..Default::default()
+        };
+        for av in ["v1", "apps/v1"] {
+            let got = decode_body(&envelope(av, "DeleteOptions", opts.encode_to_vec())).unwrap();
+            assert_eq!(got["apiVersion"], av);
+            assert_eq!(got["propagationPolicy"], "Foreground");
+            assert_eq!(got["preconditions"]["uid"], "u-1");
+        }
+        // A kind the simulator does not serve is still refused, naming it.
+        let err = decode_body(&envelope("example.com/v1", "Widget", Vec::new())).unwrap_err();
+        assert!(format!("{err:?}").contains("example.com/v1 Widget"), "{err:?}");
+    }
 }

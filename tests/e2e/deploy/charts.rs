@@ -119,7 +119,12 @@ fn chart_values_that_cannot_work_are_refused() {
 
 #[test]
 fn the_service_monitor_scrapes_the_ports_that_serve_metrics() {
-    let cp = helm_template("fleetwatch", "fleetwatch-system", &["monitoring.serviceMonitor.enabled=true"]).unwrap();
+    let cp = helm_template(
+        "fleetwatch",
+        "fleetwatch-system",
+        &["monitoring.serviceMonitor.enabled=true", "hub.adminToken.createSecret=true"],
+    )
+    .unwrap();
     let sm = cp.iter().find(|d| d["kind"] == "ServiceMonitor").expect("a ServiceMonitor");
     let selector = &sm["spec"]["selector"];
     let wanted: Vec<&Value> = selector["matchExpressions"][0]["values"].as_array().unwrap().iter().collect();
@@ -158,7 +163,7 @@ fn the_service_monitor_scrapes_the_ports_that_serve_metrics() {
         assert_eq!(arg(w, flag), format!("0.0.0.0:{container_port}"), "{}", key(w));
     }
     // The hub's endpoint sends the token the hub requires: the Secret it mounts for
-    // --admin-token-file, which the chart creates (random) with default values.
+    // --admin-token-file (here the chart's, createSecret=true; by default yours).
     let hub = find(&cp, "StatefulSet", "fleetwatch-hub");
     let endpoint = sm["spec"]["endpoints"].as_array().unwrap().iter().find(|e| e["port"] == "admin").unwrap();
     assert_eq!(endpoint["authorization"]["type"], "Bearer");
@@ -169,6 +174,276 @@ fn the_service_monitor_scrapes_the_ports_that_serve_metrics() {
     assert_eq!(endpoint["authorization"]["credentials"]["key"], file);
     let token = find(&cp, "Secret", secret)["data"][file].as_str().unwrap_or_default().to_string();
     assert!(token.len() >= 32, "the chart's admin token Secret holds a long token: {token:?}");
+}
+
+/// The options platform teams set: ServiceMonitor and PrometheusRule namespace, scrape
+/// timeout, interval, relabelings and labels; name overrides; labels on every object;
+/// extra objects through tpl; view/edit ClusterRoles aggregated for the CRDs.
+#[test]
+fn platform_options_land_on_the_objects_they_name() {
+    let cp = helm_template_values(
+        "fleetwatch",
+        "fleetwatch-system",
+        &json!({
+            "fullnameOverride": "fw",
+            "commonLabels": {"team": "platform", "cost-centre": "42"},
+            "monitoring": {
+                "serviceMonitor": {
+                    "enabled": true,
+                    "namespace": "monitoring",
+                    "interval": "15s",
+                    "scrapeTimeout": "5s",
+                    "labels": {"release": "kube-prometheus-stack"},
+                    "relabelings": [{"targetLabel": "team", "replacement": "platform"}],
+                    "metricRelabelings": [{"sourceLabels": ["__name__"], "regex": "go_.*", "action": "drop"}],
+                },
+                "prometheusRule": {
+                    "enabled": true,
+                    "namespace": "monitoring",
+                    "labels": {"release": "kube-prometheus-stack"},
+                },
+                "grafanaDashboard": {"enabled": true},
+            },
+            "extraObjects": [
+                {
+                    "apiVersion": "v1",
+                    "kind": "ConfigMap",
+                    "metadata": {"name": "{{ .Release.Name }}-extra", "namespace": "{{ .Release.Namespace }}"},
+                },
+                "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: as-text-{{ .Release.Namespace }}\n",
+            ],
+        }),
+    )
+    .unwrap();
+    // commonLabels on every object (CRDs, RBAC, monitors, the helm test Jobs) and pods; the
+    // chart's own labels stay.
+    for d in &cp {
+        let labels = &d["metadata"]["labels"];
+        if d["kind"] == "ConfigMap" && d["metadata"]["name"].as_str().is_some_and(|n| n.contains("extra")) {
+            continue; // extraObjects are yours, as written
+        }
+        if d["metadata"]["name"].as_str().is_some_and(|n| n.starts_with("as-text")) {
+            continue;
+        }
+        assert_eq!(labels["team"], "platform", "{}: {labels}", key(d));
+        assert_eq!(labels["cost-centre"], "42", "{}", key(d));
+        assert_eq!(labels["app.kubernetes.io/part-of"], "fleetwatch", "{}", key(d));
+    }
+    for w in workloads(&cp) {
+        assert_eq!(w["spec"]["template"]["metadata"]["labels"]["team"], "platform", "{}", key(w));
+        assert!(w["spec"]["selector"]["matchLabels"].get("team").is_none(), "{}: not in selectors", key(w));
+    }
+    // fullnameOverride names every object of the release.
+    find(&cp, "StatefulSet", "fw-hub");
+    find(&cp, "Deployment", "fw-lifecycle");
+    find(&cp, "ClusterRole", "fw-hub");
+    assert!(
+        !cp.iter().any(|d| d["metadata"]["name"].as_str().is_some_and(|n| n.starts_with("fleetwatch-hub"))
+            && d["kind"] != "Secret"),
+        "an object kept the default prefix"
+    );
+    // nameOverride replaces the chart name.
+    let renamed = helm_template("fleetwatch", "ns", &["nameOverride=watcher"]).unwrap();
+    find(&renamed, "StatefulSet", "fleetwatch-watcher-hub");
+
+    let sm = find(&cp, "ServiceMonitor", "fw");
+    assert_eq!(sm["metadata"]["namespace"], "monitoring");
+    assert_eq!(sm["metadata"]["labels"]["release"], "kube-prometheus-stack");
+    assert_eq!(sm["spec"]["namespaceSelector"]["matchNames"], json!(["fleetwatch-system"]), "scrapes the release");
+    let endpoints = sm["spec"]["endpoints"].as_array().unwrap();
+    assert_eq!(endpoints.len(), 2);
+    for e in endpoints {
+        assert_eq!(e["interval"], "15s");
+        assert_eq!(e["scrapeTimeout"], "5s");
+        assert_eq!(e["relabelings"], json!([{"targetLabel": "team", "replacement": "platform"}]));
+        assert_eq!(e["metricRelabelings"], json!([{"sourceLabels": ["__name__"], "regex": "go_.*", "action": "drop"}]));
+    }
+    let rule = find(&cp, "PrometheusRule", "fw");
+    assert_eq!(rule["metadata"]["namespace"], "monitoring");
+    assert_eq!(rule["metadata"]["labels"]["release"], "kube-prometheus-stack");
+    // Without them: the release namespace, no timeout (Prometheus's default), no relabelings.
+    let plain = helm_template("fleetwatch", "fleetwatch-system", &["monitoring.serviceMonitor.enabled=true"]).unwrap();
+    let sm = plain.iter().find(|d| d["kind"] == "ServiceMonitor").unwrap();
+    assert_eq!(sm["metadata"]["namespace"], "fleetwatch-system");
+    assert!(
+        sm["spec"]["endpoints"][0].get("scrapeTimeout").is_none()
+            && sm["spec"]["endpoints"][0].get("relabelings").is_none()
+    );
+
+    // extraObjects, maps and strings, through tpl.
+    assert_eq!(find(&cp, "ConfigMap", "fleetwatch-extra")["metadata"]["namespace"], "fleetwatch-system");
+    find(&cp, "ConfigMap", "as-text-fleetwatch-system");
+
+    // Aggregated roles: view reads every CRD the chart installs, edit writes the namespaced ones.
+    let crds: Vec<Value> = std::fs::read_dir(repo().join("deploy/crds"))
+        .unwrap()
+        .flat_map(|e| documents(&std::fs::read_to_string(e.unwrap().path()).unwrap()))
+        .collect();
+    let plurals = |namespaced_only: bool| -> Vec<Value> {
+        let mut v: Vec<Value> = crds
+            .iter()
+            .filter(|c| !namespaced_only || c["spec"]["scope"] == "Namespaced")
+            .map(|c| c["spec"]["names"]["plural"].clone())
+            .collect();
+        v.sort_by_key(|p| p.as_str().unwrap_or_default().to_string());
+        v
+    };
+    let view = find(&cp, "ClusterRole", "fw-view");
+    for to in ["view", "edit", "admin"] {
+        assert_eq!(view["metadata"]["labels"][format!("rbac.authorization.k8s.io/aggregate-to-{to}")], "true");
+    }
+    assert_eq!(view["rules"][0]["resources"], Value::Array(plurals(false)));
+    assert_eq!(view["rules"][0]["verbs"], json!(["get", "list", "watch"]));
+    let edit = find(&cp, "ClusterRole", "fw-edit");
+    assert!(edit["metadata"]["labels"].get("rbac.authorization.k8s.io/aggregate-to-view").is_none());
+    assert_eq!(edit["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-edit"], "true");
+    let editable = plurals(true);
+    assert_eq!(edit["rules"][0]["resources"], Value::Array(editable.clone()));
+    assert!(!editable.contains(&json!("subscriberaccesspolicies")), "access grants stay with cluster admins");
+    let off = helm_template("fleetwatch", "ns", &["aggregateClusterRoles=false"]).unwrap();
+    assert!(!off.iter().any(|d| d["metadata"]["labels"].get("rbac.authorization.k8s.io/aggregate-to-view").is_some()));
+
+    // The agent chart: the same names and labels.
+    let agent = helm_template_values(
+        "fleetwatch-agent",
+        "fleetwatch-agent",
+        &json!({
+            "fullnameOverride": "agent",
+            "commonLabels": {"team": "platform"},
+            "extraObjects": ["apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: x\n"],
+        }),
+    )
+    .unwrap();
+    find(&agent, "Deployment", "agent");
+    find(&agent, "ConfigMap", "x");
+    for d in agent.iter().filter(|d| d["metadata"]["name"] != "x") {
+        assert_eq!(d["metadata"]["labels"]["team"], "platform", "{}", key(d));
+    }
+    // The chart's own label keys cannot be overridden (they would be duplicated).
+    for chart in ["fleetwatch", "fleetwatch-agent"] {
+        let err =
+            helm_template_values(chart, "ns", &json!({"commonLabels": {"app.kubernetes.io/name": "x"}})).unwrap_err();
+        assert!(err.contains("commonLabels"), "{err}");
+    }
+}
+
+/// Whether a label selector (matchLabels, matchExpressions In/NotIn/Exists/DoesNotExist)
+/// selects `labels`; `{}` selects everything.
+fn selects(selector: &Value, labels: &Value) -> bool {
+    let by_labels = selector["matchLabels"].as_object().is_none_or(|m| m.iter().all(|(k, v)| &labels[k] == v));
+    let by_expressions = selector["matchExpressions"].as_array().is_none_or(|exprs| {
+        exprs.iter().all(|e| {
+            let value = &labels[e["key"].as_str().unwrap()];
+            let values = e["values"].as_array().cloned().unwrap_or_default();
+            match e["operator"].as_str().unwrap() {
+                "In" => values.contains(value),
+                "NotIn" => !values.contains(value),
+                "Exists" => !value.is_null(),
+                "DoesNotExist" => value.is_null(),
+                other => panic!("operator {other}"),
+            }
+        })
+    });
+    by_labels && by_expressions
+}
+
+/// Whether a NetworkPolicy (of `policy_ns`) admits TCP `port` from a pod with `pod_labels`
+/// in namespace `ns` with `ns_labels`: the semantics of ingress rules and their peers.
+fn admits(np: &Value, policy_ns: &str, ns: &str, ns_labels: &Value, pod_labels: &Value, port: u16) -> bool {
+    np["spec"]["ingress"].as_array().unwrap().iter().any(|rule| {
+        let port_ok = rule["ports"].as_array().is_none_or(|ps| ps.iter().any(|p| p["port"] == port));
+        let peer_ok = rule["from"].as_array().is_none_or(|peers| {
+            peers.iter().any(|peer| match (peer.get("namespaceSelector"), peer.get("podSelector")) {
+                (Some(nss), pods) => selects(nss, ns_labels) && pods.is_none_or(|p| selects(p, pod_labels)),
+                (None, Some(pods)) => ns == policy_ns && selects(pods, pod_labels),
+                (None, None) => false, // ipBlock peers: not a pod
+            })
+        });
+        port_ok && peer_ok
+    })
+}
+
+/// The agent's metrics can be scraped: a ServiceMonitor or a PodMonitor on the port that
+/// serves /metrics (`--health-listen`), and the NetworkPolicy lets the monitoring
+/// namespace's scraper in on that port, and nobody else.
+#[test]
+fn the_agent_renders_monitors_and_its_network_policy_admits_the_scraper() {
+    let ns = "fleetwatch-agent";
+    let docs = helm_template_values(
+        "fleetwatch-agent",
+        ns,
+        &json!({"metrics": {
+            "serviceMonitor": {"enabled": true, "namespace": "monitoring", "interval": "20s", "scrapeTimeout": "5s",
+                               "labels": {"release": "prom"}, "metricRelabelings": [{"action": "labeldrop", "regex": "pod"}]},
+            "podMonitor": {"enabled": true, "labels": {"release": "prom"},
+                           "relabelings": [{"targetLabel": "team", "replacement": "platform"}]},
+        }}),
+    )
+    .unwrap();
+    let deployment = find(&docs, "Deployment", "fleetwatch-agent");
+    let container = &pod_spec(deployment)["containers"][0];
+    let metrics_port = container["ports"].as_array().unwrap().iter().find(|p| p["name"] == "health").unwrap();
+    let port = metrics_port["containerPort"].as_u64().unwrap() as u16;
+    assert_eq!(arg(deployment, "--health-listen"), format!("0.0.0.0:{port}"), "the port that serves /metrics");
+
+    let sm = find(&docs, "ServiceMonitor", "fleetwatch-agent");
+    assert_eq!(sm["metadata"]["namespace"], "monitoring");
+    assert_eq!(sm["metadata"]["labels"]["release"], "prom");
+    assert_eq!(sm["spec"]["namespaceSelector"]["matchNames"], json!([ns]));
+    let selected: Vec<&Value> = docs
+        .iter()
+        .filter(|d| d["kind"] == "Service" && selects(&sm["spec"]["selector"], &d["metadata"]["labels"]))
+        .collect();
+    assert_eq!(selected.len(), 1, "{selected:?}");
+    let endpoint = &sm["spec"]["endpoints"][0];
+    assert_eq!((endpoint["path"].as_str(), endpoint["interval"].as_str()), (Some("/metrics"), Some("20s")));
+    assert_eq!(endpoint["scrapeTimeout"], "5s");
+    assert_eq!(endpoint["metricRelabelings"], json!([{"action": "labeldrop", "regex": "pod"}]));
+    let svc_port = selected[0]["spec"]["ports"].as_array().unwrap().iter().find(|p| p["name"] == endpoint["port"]);
+    let svc_port = svc_port.expect("the Service has the endpoint's port");
+    assert_eq!(svc_port["targetPort"], "health");
+    assert!(selects(&selected[0]["spec"]["selector"], &deployment["spec"]["template"]["metadata"]["labels"]));
+
+    let pm = find(&docs, "PodMonitor", "fleetwatch-agent");
+    assert_eq!(pm["metadata"]["namespace"], ns);
+    assert!(selects(&pm["spec"]["selector"], &deployment["spec"]["template"]["metadata"]["labels"]));
+    let pe = &pm["spec"]["podMetricsEndpoints"][0];
+    assert_eq!((pe["port"].as_str(), pe["path"].as_str()), (Some("health"), Some("/metrics")));
+    assert_eq!(pe["relabelings"], json!([{"targetLabel": "team", "replacement": "platform"}]));
+    // Neither by default.
+    let plain = helm_template("fleetwatch-agent", ns, &[]).unwrap();
+    assert!(!plain.iter().any(|d| d["kind"] == "ServiceMonitor" || d["kind"] == "PodMonitor"));
+
+    // The NetworkPolicy of the agent's pods admits the scraper on that port.
+    let np = docs
+        .iter()
+        .find(|d| {
+            d["kind"] == "NetworkPolicy"
+                && selects(&d["spec"]["podSelector"], &deployment["spec"]["template"]["metadata"]["labels"])
+        })
+        .expect("a NetworkPolicy selecting the agent");
+    let monitoring = json!({"kubernetes.io/metadata.name": "monitoring"});
+    let prometheus = json!({"app.kubernetes.io/name": "prometheus"});
+    assert!(admits(np, ns, "monitoring", &monitoring, &prometheus, port));
+    assert!(!admits(np, ns, "monitoring", &monitoring, &prometheus, 7443), "only the metrics port");
+    let other = json!({"kubernetes.io/metadata.name": "default"});
+    assert!(!admits(np, ns, "default", &other, &prometheus, port), "not from any namespace");
+    // Selectors of your own: only the Prometheus pods of namespace `observability`.
+    let custom = helm_template_values(
+        "fleetwatch-agent",
+        ns,
+        &json!({"networkPolicy": {
+            "metricsNamespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "observability"}},
+            "metricsPodSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}},
+        }}),
+    )
+    .unwrap();
+    let np =
+        custom.iter().find(|d| d["kind"] == "NetworkPolicy" && d["metadata"]["name"] == "fleetwatch-agent").unwrap();
+    let observability = json!({"kubernetes.io/metadata.name": "observability"});
+    assert!(admits(np, ns, "observability", &observability, &prometheus, port));
+    assert!(!admits(np, ns, "observability", &observability, &json!({"app": "debug"}), port));
+    assert!(!admits(np, ns, "monitoring", &monitoring, &prometheus, port));
 }
 
 #[test]
@@ -194,20 +469,21 @@ fn monitoring_objects_carry_the_observability_files_unchanged() {
     assert_eq!(shipped, dashboard);
 }
 
-/// `crds.install=true` renders the CRDs as templates (so `helm upgrade` upgrades them), the
-/// same as deploy/crds, kept on uninstall unless `crds.keep=false`; applied over a cluster
-/// installed with the default values (CRDs from the chart's crds/), as an upgrade would, it
-/// takes them over and the CRDs stay Established.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn crds_install_renders_the_crds_as_kept_templates_that_upgrade_a_default_install() {
+/// The CRDs are templates by default (`crds.install`, so `helm upgrade` upgrades them), the
+/// same as deploy/crds, kept on uninstall unless `crds.keep=false`; the chart has no crds/
+/// directory (Helm would install them twice and refuse its own templates).
+#[test]
+fn crds_render_as_kept_templates_equal_to_deploy_crds() {
     let crds = |docs: &[Value]| -> Vec<Value> {
         let mut v: Vec<Value> = docs.iter().filter(|d| d["kind"] == "CustomResourceDefinition").cloned().collect();
         v.sort_by_key(|d| d["metadata"]["name"].as_str().unwrap_or_default().to_string());
         v
     };
-    let default = helm_template("fleetwatch", "fleetwatch-system", &[]).unwrap();
-    assert!(crds(&default).is_empty(), "templates render no CRD by default (crds/ holds them)");
-    let templated = crds(&helm_template("fleetwatch", "fleetwatch-system", &["crds.install=true"]).unwrap());
+    assert!(
+        !repo().join("deploy/helm/fleetwatch/crds").exists(),
+        "the chart's crds/ would be installed besides the templates (an ownership conflict)"
+    );
+    let templated = crds(&helm_template("fleetwatch", "fleetwatch-system", &[]).unwrap());
     let files: Vec<Value> = {
         let mut v: Vec<Value> = std::fs::read_dir(repo().join("deploy/crds"))
             .unwrap()
@@ -236,27 +512,242 @@ async fn crds_install_renders_the_crds_as_kept_templates_that_upgrade_a_default_
         );
         assert_eq!(t["metadata"]["annotations"]["helm.sh/resource-policy"], "keep");
     }
-    let unkept =
-        crds(&helm_template("fleetwatch", "fleetwatch-system", &["crds.install=true", "crds.keep=false"]).unwrap());
+    let unkept = crds(&helm_template("fleetwatch", "fleetwatch-system", &["crds.keep=false"]).unwrap());
+    assert_eq!(unkept.len(), files.len());
     assert!(unkept.iter().all(|d| d["metadata"]["annotations"].get("helm.sh/resource-policy").is_none()));
+    // crds.install=false: none (you apply deploy/crds yourself).
+    assert!(crds(&helm_template("fleetwatch", "fleetwatch-system", &["crds.install=false"]).unwrap()).is_empty());
+}
 
-    // The upgrade: a cluster with the CRDs a default install put there, then the templates.
+/// The chart before SubscriberAccessPolicy existed (its CRDs in crds/, installed once by Helm).
+const CHART_BEFORE_SUBSCRIBER_ACCESS_POLICY: &str = "1ced4af^";
+
+/// Runs helm with its own config/cache/data dirs under `home`: (success, stdout, stderr).
+fn helm_in(home: &Path, kubeconfig: &Path, args: &[&str]) -> (bool, String, String) {
+    let out = std::process::Command::new("helm")
+        .args(args)
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .env("HELM_CONFIG_HOME", home.join("config"))
+        .env("HELM_CACHE_HOME", home.join("cache"))
+        .env("HELM_DATA_HOME", home.join("data"))
+        .output()
+        .expect("helm on PATH (bash scripts/helm.sh installs it)");
+    (out.status.success(), String::from_utf8_lossy(&out.stdout).into(), String::from_utf8_lossy(&out.stderr).into())
+}
+
+/// `helm upgrade` from the previous chart version (CRDs in crds/, no SubscriberAccessPolicy)
+/// to this one, with real helm against the sim: Helm refuses to adopt the CRDs crds/ put
+/// there until they carry its ownership metadata (the commands docs/upgrade.md gives); then
+/// the upgrade adds the new CRD, objects of it can be created, and an uninstall keeps every
+/// CRD (and so every object of their kinds).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn helm_upgrade_from_the_previous_chart_adds_the_new_crd() {
     let dir = tempfile::tempdir().unwrap();
-    let cluster = sim("crds-upgrade", false).await;
+    // The previous chart from git history (its crds/ and files/ are symlinks into deploy/).
+    let old = dir.path().join("old");
+    std::fs::create_dir_all(&old).unwrap();
+    let tarball = dir.path().join("old.tar");
+    let archive = std::process::Command::new("git")
+        .current_dir(repo())
+        .arg("archive")
+        .arg(format!("--output={}", tarball.display()))
+        .args([CHART_BEFORE_SUBSCRIBER_ACCESS_POLICY, "deploy/helm/fleetwatch", "deploy/crds", "deploy/observability"])
+        .output()
+        .expect("git on PATH");
+    assert!(archive.status.success(), "git archive (a full clone): {}", String::from_utf8_lossy(&archive.stderr));
+    let untar = std::process::Command::new("tar").arg("-xf").arg(&tarball).arg("-C").arg(&old).output().unwrap();
+    assert!(untar.status.success(), "tar: {}", String::from_utf8_lossy(&untar.stderr));
+    let old_chart = old.join("deploy/helm/fleetwatch");
+    assert!(!old.join("deploy/crds/subscriberaccesspolicies.operator.fleetwatch.dev.yaml").exists());
+
+    let cluster = sim("helm-upgrade", false).await;
     let kc = dir.path().join("sim.kubeconfig");
     cluster.write_kubeconfig(&kc).unwrap();
-    kubectl(&kc, &["apply", "-f", repo().join("deploy/crds").to_str().unwrap()], None);
-    let rendered = dir.path().join("crds.yaml");
-    let text: String = templated.iter().map(|d| format!("---\n{}\n", serde_json::to_string(d).unwrap())).collect();
-    std::fs::write(&rendered, text).unwrap();
+    let home = dir.path().join("helm");
+    let new_chart = repo().join("deploy/helm/fleetwatch");
+    let ns = "fleetwatch-system";
+    let crd_names = |kc: &Path| -> Vec<String> {
+        let got: Value = serde_json::from_str(&kubectl(kc, &["get", "crd", "-o", "json"], None)).unwrap();
+        let mut v: Vec<String> = got["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["metadata"]["name"].as_str().unwrap().to_string())
+            .collect();
+        v.sort();
+        v
+    };
+    let sap = "subscriberaccesspolicies.operator.fleetwatch.dev".to_string();
+
     let (ok, out, err) =
-        kubectl_try(&kc, &["apply", "--server-side", "--force-conflicts", "-f", rendered.to_str().unwrap()]);
-    assert!(ok, "{out}{err}");
-    kubectl(&kc, &["wait", "--for=condition=Established", "--all", "crd", "--timeout=60s"], None);
-    let got: Value = serde_json::from_str(&kubectl(&kc, &["get", "crd", "-o", "json"], None)).unwrap();
-    let items = got["items"].as_array().unwrap();
-    assert_eq!(items.len(), files.len());
-    assert!(items.iter().all(|c| c["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"), "{got}");
+        helm_in(&home, &kc, &["install", "fw", old_chart.to_str().unwrap(), "-n", ns, "--create-namespace"]);
+    assert!(ok, "helm install (previous chart): {out}{err}");
+    let before = crd_names(&kc);
+    assert_eq!(before.len(), 6, "{before:?}");
+    assert!(!before.contains(&sap));
+
+    // Helm does not adopt objects it did not create: the CRDs from crds/ lack its metadata.
+    let upgrade = ["upgrade", "fw", new_chart.to_str().unwrap(), "-n", ns];
+    let (ok, out, err) = helm_in(&home, &kc, &upgrade);
+    assert!(!ok, "{out}");
+    assert!(err.contains("invalid ownership metadata") && err.contains("meta.helm.sh/release-name"), "{err}");
+    assert!(!crd_names(&kc).contains(&sap));
+
+    // docs/upgrade.md: label and annotate them as the release's, then upgrade.
+    for crd in &before {
+        let c = format!("crd/{crd}");
+        kubectl(&kc, &["label", &c, "app.kubernetes.io/managed-by=Helm", "--overwrite"], None);
+        kubectl(
+            &kc,
+            &["annotate", &c, "meta.helm.sh/release-name=fw", &format!("meta.helm.sh/release-namespace={ns}")],
+            None,
+        );
+    }
+    let (ok, out, err) = helm_in(&home, &kc, &upgrade);
+    assert!(ok, "helm upgrade: {out}{err}");
+    // The admin token the previous chart made (createSecret was its default) is kept
+    // (resource-policy keep) and is the existing Secret the new chart's hub mounts.
+    kubectl(&kc, &["-n", ns, "get", "secret", "fleetwatch-hub-admin-token"], None);
+    let after = crd_names(&kc);
+    assert_eq!(after.len(), 7, "{after:?}");
+    assert!(after.contains(&sap), "{after:?}");
+    kubectl(&kc, &["wait", "--for=condition=Established", &format!("crd/{sap}"), "--timeout=60s"], None);
+    let policy = json!({
+        "apiVersion": "operator.fleetwatch.dev/v1alpha1",
+        "kind": "SubscriberAccessPolicy",
+        "metadata": {"name": "ops", "namespace": ns},
+        "spec": {"subscribers": [{"name": "ops", "clusters": ["*"]}]}
+    });
+    kubectl(&kc, &["apply", "-f", "-"], Some(&policy.to_string()));
+    kubectl(&kc, &["get", "subscriberaccesspolicy", "ops", "-n", ns], None);
+    // Another upgrade is a no-op for the CRDs; an uninstall keeps them (resource-policy keep).
+    let (ok, out, err) = helm_in(&home, &kc, &upgrade);
+    assert!(ok, "second helm upgrade: {out}{err}");
+    let (ok, out, err) = helm_in(&home, &kc, &["uninstall", "fw", "-n", ns]);
+    assert!(ok, "helm uninstall: {out}{err}");
+    assert_eq!(crd_names(&kc), after);
+    kubectl(&kc, &["get", "subscriberaccesspolicy", "ops", "-n", ns], None);
+}
+
+/// The agent chart cannot work without the hub's address: it refuses to render without
+/// one, naming `hub.urls` and how to set it, and refuses the former default placeholder
+/// (which `helm upgrade --reuse-values` would carry over).
+#[test]
+fn the_agent_chart_refuses_to_render_without_the_hub_url() {
+    let template = |set: &[&str]| {
+        let mut cmd = std::process::Command::new("helm");
+        cmd.args(["template", "fleetwatch-agent"]).arg(repo().join("deploy/helm/fleetwatch-agent"));
+        for s in set {
+            cmd.args(["--set", s]);
+        }
+        let out = cmd.output().expect("helm on PATH");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).to_string(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
+    };
+    let (ok, out, err) = template(&[]);
+    assert!(!ok, "rendered without hub.urls: {out}");
+    assert!(err.contains("hub.urls: the hub's wss address(es) the agent dials are required"), "{err}");
+    assert!(err.contains("--set 'hub.urls={wss://"), "says how to set it: {err}");
+    let (ok, out, err) = template(&["hub.urls={wss://fleetwatch-hub.example.com:443}"]);
+    assert!(!ok, "rendered the placeholder: {out}");
+    assert!(err.contains("former placeholder"), "{err}");
+    let (ok, out, err) = template(&["hub.urls={wss://hub-a.fleet.example.org:443,wss://hub-b.fleet.example.org:443}"]);
+    assert!(ok, "{err}");
+    let docs = documents(&out);
+    let deployment = find(&docs, "Deployment", "fleetwatch-agent");
+    assert_eq!(arg(deployment, "--hub"), "wss://hub-a.fleet.example.org:443,wss://hub-b.fleet.example.org:443");
+}
+
+/// The hub's admin token is a Secret you create (default), so it is the same whoever renders
+/// the chart: nothing random is rendered, and `helm install` against a cluster without it
+/// refuses, naming the value and the command; `createSecret=true` is random per `helm
+/// template` (why it is not the default) but kept across `helm upgrade` (lookup).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_token_is_stable_under_gitops_and_required_at_install() {
+    let ns = "fleetwatch-system";
+    let token_secret = |docs: &[Value]| -> Option<String> {
+        docs.iter()
+            .find(|d| d["kind"] == "Secret" && d["metadata"]["name"] == "fleetwatch-hub-admin-token")
+            .map(|s| s["data"]["token"].as_str().unwrap_or_default().to_string())
+    };
+    // Defaults: two renders (GitOps) are the same and carry no token; the hub mounts yours.
+    let a = helm_template("fleetwatch", ns, &[]).unwrap();
+    let b = helm_template("fleetwatch", ns, &[]).unwrap();
+    assert_eq!(a, b, "two renders differ");
+    assert_eq!(token_secret(&a), None);
+    let hub = find(&a, "StatefulSet", "fleetwatch-hub");
+    let (dir, _) = arg(hub, "--admin-token-file").rsplit_once('/').unwrap();
+    assert_eq!(mounted_source(hub, dir), "fleetwatch-hub-admin-token");
+    // createSecret=true under helm template: a new token each render.
+    let one = token_secret(&helm_template("fleetwatch", ns, &["hub.adminToken.createSecret=true"]).unwrap());
+    let two = token_secret(&helm_template("fleetwatch", ns, &["hub.adminToken.createSecret=true"]).unwrap());
+    assert!(one.is_some() && one != two, "createSecret renders a random token each time: {one:?} {two:?}");
+
+    // Real helm against the sim: install refuses until the Secret exists.
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path().join("helm");
+    let chart = repo().join("deploy/helm/fleetwatch");
+    let cluster = sim("admin-token", false).await;
+    let kc = dir.path().join("sim.kubeconfig");
+    cluster.write_kubeconfig(&kc).unwrap();
+    kubectl(&kc, &["create", "namespace", ns], None);
+    let install = ["install", "fw", chart.to_str().unwrap(), "-n", ns];
+    let (ok, out, err) = helm_in(&home, &kc, &install);
+    assert!(!ok, "installed without the admin token Secret: {out}");
+    assert!(
+        err.contains("hub.adminToken.secretName: Secret fleetwatch-system/fleetwatch-hub-admin-token")
+            && err.contains("kubectl -n fleetwatch-system create secret generic fleetwatch-hub-admin-token"),
+        "{err}"
+    );
+    let token = "a-token-from-the-platform-secret-store-0123456789";
+    kubectl(
+        &kc,
+        &[
+            "-n",
+            ns,
+            "create",
+            "secret",
+            "generic",
+            "fleetwatch-hub-admin-token",
+            &format!("--from-literal=token={token}"),
+        ],
+        None,
+    );
+    let (ok, out, err) = helm_in(&home, &kc, &install);
+    assert!(ok, "helm install: {out}{err}");
+    let (ok, out, err) = helm_in(&home, &kc, &["upgrade", "fw", chart.to_str().unwrap(), "-n", ns]);
+    assert!(ok, "helm upgrade: {out}{err}");
+    let read = |kc: &Path| {
+        let b64 = kubectl(
+            kc,
+            &["-n", ns, "get", "secret", "fleetwatch-hub-admin-token", "-o", "jsonpath={.data.token}"],
+            None,
+        );
+        String::from_utf8(base64::Engine::decode(&base64::engine::general_purpose::STANDARD, b64.trim()).unwrap())
+            .unwrap()
+    };
+    assert_eq!(read(&kc), token, "the chart left your token alone");
+
+    // createSecret=true with helm install/upgrade: made once, kept by the upgrade.
+    let other = sim("admin-token-created", false).await;
+    let kc2 = dir.path().join("other.kubeconfig");
+    other.write_kubeconfig(&kc2).unwrap();
+    let set = ["--set", "hub.adminToken.createSecret=true", "--create-namespace"];
+    let (ok, out, err) = helm_in(&home, &kc2, &[&install[..], &set[..]].concat());
+    assert!(ok, "helm install createSecret=true: {out}{err}");
+    let made = read(&kc2);
+    assert!(made.len() >= 32, "{made:?}");
+    let (ok, out, err) = helm_in(
+        &home,
+        &kc2,
+        &["upgrade", "fw", chart.to_str().unwrap(), "-n", ns, "--set", "hub.adminToken.createSecret=true"],
+    );
+    assert!(ok, "helm upgrade: {out}{err}");
+    assert_eq!(read(&kc2), made, "helm upgrade kept the token (lookup)");
 }
 
 /// values.schema.json refuses values that cannot work at render time, naming the value.

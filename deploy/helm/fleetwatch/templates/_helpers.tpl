@@ -1,10 +1,22 @@
 {{/* Names, labels and the shared pieces of the pod specs. */}}
 
+{{/* The chart's name, or nameOverride. */}}
+{{- define "fleetwatch.name" -}}
+{{- .Values.nameOverride | default .Chart.Name | trunc 50 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* The prefix of every object's name: fullnameOverride, else RELEASE-NAME (RELEASE alone
+when it contains NAME). 50 characters leave room for the longest suffix (-relay-webhook...). */}}
 {{- define "fleetwatch.fullname" -}}
-{{- if contains .Chart.Name .Release.Name -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 50 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := include "fleetwatch.name" . -}}
+{{- if contains $name .Release.Name -}}
 {{- .Release.Name | trunc 50 | trimSuffix "-" -}}
 {{- else -}}
-{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 50 | trimSuffix "-" -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 50 | trimSuffix "-" -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
 
@@ -18,6 +30,9 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
 {{- end -}}
 
 {{- define "fleetwatch.hubSelector" -}}
@@ -215,4 +230,20 @@ ready), at least one cluster in its grant. Call with (dict "kind" "webhook" "r" 
 {{- end -}}
 {{- end -}}
 {{- toYaml $subs -}}
+{{- end -}}
+
+{{/* The scrape options of a ServiceMonitor endpoint (monitoring.serviceMonitor). */}}
+{{- define "fleetwatch.endpointOptions" -}}
+interval: {{ .interval }}
+{{- with .scrapeTimeout }}
+scrapeTimeout: {{ . }}
+{{- end }}
+{{- with .relabelings }}
+relabelings:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .metricRelabelings }}
+metricRelabelings:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
 {{- end -}}
