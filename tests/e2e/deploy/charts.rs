@@ -519,9 +519,6 @@ fn crds_render_as_kept_templates_equal_to_deploy_crds() {
     assert!(crds(&helm_template("fleetwatch", "fleetwatch-system", &["crds.install=false"]).unwrap()).is_empty());
 }
 
-/// The chart before SubscriberAccessPolicy existed (its CRDs in crds/, installed once by Helm).
-const CHART_BEFORE_SUBSCRIBER_ACCESS_POLICY: &str = "1ced4af^";
-
 /// Runs helm with its own config/cache/data dirs under `home`: (success, stdout, stderr).
 fn helm_in(home: &Path, kubeconfig: &Path, args: &[&str]) -> (bool, String, String) {
     let out = std::process::Command::new("helm")
@@ -544,22 +541,11 @@ fn helm_in(home: &Path, kubeconfig: &Path, args: &[&str]) -> (bool, String, Stri
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn helm_upgrade_from_the_previous_chart_adds_the_new_crd() {
     let dir = tempfile::tempdir().unwrap();
-    // The previous chart from git history (its crds/ and files/ are symlinks into deploy/).
-    let old = dir.path().join("old");
-    std::fs::create_dir_all(&old).unwrap();
-    let tarball = dir.path().join("old.tar");
-    let archive = std::process::Command::new("git")
-        .current_dir(repo())
-        .arg("archive")
-        .arg(format!("--output={}", tarball.display()))
-        .args([CHART_BEFORE_SUBSCRIBER_ACCESS_POLICY, "deploy/helm/fleetwatch", "deploy/crds", "deploy/observability"])
-        .output()
-        .expect("git on PATH");
-    assert!(archive.status.success(), "git archive (a full clone): {}", String::from_utf8_lossy(&archive.stderr));
-    let untar = std::process::Command::new("tar").arg("-xf").arg(&tarball).arg("-C").arg(&old).output().unwrap();
-    assert!(untar.status.success(), "tar: {}", String::from_utf8_lossy(&untar.stderr));
-    let old_chart = old.join("deploy/helm/fleetwatch");
-    assert!(!old.join("deploy/crds/subscriberaccesspolicies.operator.fleetwatch.dev.yaml").exists());
+    // The previous chart, as released (tests/fixtures/previous-release/chart: its crds/ and
+    // files/ were symlinks into deploy/, copied as files).
+    let old_chart = repo().join("tests/fixtures/previous-release/chart");
+    assert!(old_chart.join("crds/watchconfigs.operator.fleetwatch.dev.yaml").exists());
+    assert!(!old_chart.join("crds/subscriberaccesspolicies.operator.fleetwatch.dev.yaml").exists());
 
     let cluster = sim("helm-upgrade", false).await;
     let kc = dir.path().join("sim.kubeconfig");
