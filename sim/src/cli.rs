@@ -42,9 +42,10 @@ pub struct SimArgs {
     #[arg(long)]
     pub rbac: bool,
 
-    /// Do not report Deployments as rolled out. By default the sim stands in for the
-    /// Deployment controller and kubelets (no pods run here): it sets a Deployment's
-    /// observedGeneration and replica counts to its spec, as a healthy cluster would.
+    /// Do not report Deployments and StatefulSets as rolled out. By default the sim stands
+    /// in for their controllers and kubelets (no pods run here): it sets their
+    /// observedGeneration, replica counts (and a StatefulSet's revisions) to the spec, as a
+    /// healthy cluster would, so `kubectl rollout status` finishes.
     #[arg(long)]
     pub no_deployment_controller: bool,
 

@@ -200,9 +200,10 @@ impl Admin {
     ) -> anyhow::Result<T> {
         let mut target = format!("{prefix}{path}");
         if !query.is_empty() {
+            // Encoded as the direct path encodes it (url's form encoding).
+            let encoded = reqwest::Url::parse_with_params("http://x/", query).context("query")?;
             target.push('?');
-            target
-                .push_str(&reqwest::Url::parse_with_params("http://x/", query).context("query")?.query().unwrap_or(""));
+            target.push_str(encoded.query().unwrap_or(""));
         }
         let mut req = http::Request::get(&target).header(http::header::ACCEPT, "application/json");
         if let Some(t) = &self.token {
@@ -238,7 +239,8 @@ impl Admin {
             }
             (404, Some(m)) => bail!(
                 "{url}: {m}: no Service {ns}/{} (--service NAMESPACE/NAME:PORT; the chart's is \
-                 NAMESPACE/RELEASE-hub-admin:admin)",
+                 NAMESPACE/RELEASE-fleetwatch-hub-admin:admin, or RELEASE-hub-admin when the release name \
+                 contains fleetwatch)",
                 svc.split(':').next().unwrap_or_default()
             ),
             (503, Some(m)) => bail!("{url}: {m} (is the hub running and ready behind Service {ns}/{svc}?)"),
