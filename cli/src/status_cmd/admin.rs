@@ -28,7 +28,7 @@ const MAX_BODY: usize = 64 << 20;
 pub struct AdminArgs {
     /// The hub's admin endpoint: http://HOST:PORT, or https://HOST:PORT when the hub serves
     /// it with TLS (`--admin-client-ca`; then give --admin-ca and a client certificate).
-    #[arg(long, env = "FLEETWATCH_ADMIN", default_value = "http://127.0.0.1:9090")]
+    #[arg(long, env = "FLEETWATCH_ADMIN", default_value = DEFAULT_ADMIN)]
     pub admin: String,
     /// File with the admin endpoint's bearer token (the hub's --admin-token-file).
     #[arg(long, env = "FLEETWATCH_ADMIN_TOKEN_FILE")]
@@ -50,18 +50,21 @@ pub struct AdminArgs {
     /// Reach the admin API through the Kubernetes API server's service proxy with this
     /// kubeconfig (its current context, or --context), instead of --admin. Its user needs
     /// `get` on `services/proxy` in the hub's namespace.
-    #[arg(long, value_name = "FILE", conflicts_with_all = ["admin", "admin_ca", "admin_cert"])]
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["admin_ca", "admin_cert"])]
     pub kubeconfig: Option<PathBuf>,
     /// The kubeconfig context for the service proxy (implies the proxy; without --kubeconfig,
     /// the kubeconfig kubectl would use: KUBECONFIG or ~/.kube/config).
-    #[arg(long, value_name = "NAME", conflicts_with_all = ["admin", "admin_ca", "admin_cert"])]
+    #[arg(long, value_name = "NAME", conflicts_with_all = ["admin_ca", "admin_cert"])]
     pub context: Option<String>,
     /// The hub's admin Service for the service proxy, NAMESPACE/NAME:PORT (PORT its name or
     /// number; implies the proxy). Default: the chart's, installed as documented
     /// (fleetwatch-system/fleetwatch-hub-admin:admin).
-    #[arg(long, value_name = "NS/NAME:PORT", conflicts_with_all = ["admin", "admin_ca", "admin_cert"])]
+    #[arg(long, value_name = "NS/NAME:PORT", conflicts_with_all = ["admin_ca", "admin_cert"])]
     pub service: Option<String>,
 }
+
+/// `--admin`'s default: the hub's admin port on this host.
+const DEFAULT_ADMIN: &str = "http://127.0.0.1:9090";
 
 /// The admin Service the chart renders for a release `fleetwatch` in `fleetwatch-system`
 /// (docs/deploy.md): `--service`'s default.
@@ -75,6 +78,13 @@ impl AdminArgs {
     /// Whether the admin API is reached through the Kubernetes API server.
     fn via_proxy(&self) -> bool {
         self.kubeconfig.is_some() || self.context.is_some() || self.service.is_some()
+    }
+
+    /// Whether `--admin` was given on the command line (not its default, not
+    /// `FLEETWATCH_ADMIN`, which a shell may export for every use: the proxy flags win
+    /// over it rather than conflict with it).
+    fn admin_given(&self) -> bool {
+        self.admin != DEFAULT_ADMIN && std::env::var("FLEETWATCH_ADMIN").ok().as_deref() != Some(self.admin.as_str())
     }
 }
 
@@ -129,6 +139,12 @@ impl Admin {
             .ok()
             .filter(|d| !d.is_zero())
             .context("--admin-timeout must be a positive number of seconds")?;
+        if args.via_proxy() && args.admin_given() {
+            bail!(
+                "--admin {} and --kubeconfig/--context/--service are two ways to reach the hub: give one",
+                args.admin
+            );
+        }
         let transport = if args.via_proxy() { proxy(args, timeout).await? } else { direct(args, timeout)? };
         Ok(Self { transport, token, timeout })
     }
@@ -402,6 +418,10 @@ mod tests {
         a.admin_timeout = 0.0;
         assert!(Admin::new(&a).await.is_err());
         let mut a = args("http://hub:9090");
+        a.service = Some(DEFAULT_SERVICE.into());
+        let e = Admin::new(&a).await.err().unwrap();
+        assert!(format!("{e:#}").contains("two ways to reach the hub"), "{e:#}");
+        let mut a = args(DEFAULT_ADMIN);
         a.kubeconfig = Some("/nonexistent/kubeconfig".into());
         let e = Admin::new(&a).await.err().unwrap();
         assert!(format!("{e:#}").contains("cannot read --kubeconfig /nonexistent/kubeconfig"), "{e:#}");
