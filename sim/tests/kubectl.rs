@@ -851,12 +851,26 @@ async fn large_crds_apply_server_side_and_oversized_requests_get_413() {
 /// A loopback HTTP server answering every request with one line describing it (method,
 /// path and query, whether credentials reached it, a custom header, the body), so a test
 /// sees what the service proxy forwarded.
-async fn echo_server() -> std::net::SocketAddr {
+async fn echo_server(tls: bool) -> std::net::SocketAddr {
     use http_body_util::BodyExt;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind echo server");
     let addr = listener.local_addr().expect("echo address");
+    // A self-signed certificate: the proxy does not verify it, as kube-apiserver's does not.
+    let acceptor = tls.then(|| {
+        let ck = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_string()]).expect("certificate");
+        let key = rustls_pki_types::PrivateKeyDer::Pkcs8(ck.signing_key.serialize_der().into());
+        let config =
+            rustls::ServerConfig::builder_with_provider(std::sync::Arc::new(rustls::crypto::ring::default_provider()))
+                .with_safe_default_protocol_versions()
+                .expect("protocol versions")
+                .with_no_client_auth()
+                .with_single_cert(vec![ck.cert.der().clone()], key)
+                .expect("server config");
+        tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(config))
+    });
     tokio::spawn(async move {
         while let Ok((tcp, _)) = listener.accept().await {
+            let acceptor = acceptor.clone();
             tokio::spawn(async move {
                 let svc = hyper::service::service_fn(|req: hyper::Request<hyper::body::Incoming>| async move {
                     let line = format!(
@@ -877,9 +891,17 @@ async fn echo_server() -> std::net::SocketAddr {
                             .expect("echo response"),
                     )
                 });
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(hyper_util::rt::TokioIo::new(tcp), svc)
-                    .await;
+                let http = hyper::server::conn::http1::Builder::new();
+                match acceptor {
+                    Some(a) => {
+                        if let Ok(tls) = a.accept(tcp).await {
+                            let _ = http.serve_connection(hyper_util::rt::TokioIo::new(tls), svc).await;
+                        }
+                    }
+                    None => {
+                        let _ = http.serve_connection(hyper_util::rt::TokioIo::new(tcp), svc).await;
+                    }
+                }
             });
         }
     });
@@ -894,6 +916,7 @@ spec:
   selector: {app: web}
   ports:
   - {name: http, port: 80, targetPort: 8080}
+  - {name: https, port: 443, targetPort: 8443}
 ---
 apiVersion: v1
 kind: ServiceAccount
@@ -907,7 +930,8 @@ metadata: {name: prober, namespace: default}
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn service_proxy_forwards_to_the_exposed_endpoint() {
     let env = Env::start(SimOptions { rbac: true, ..SimOptions::default() }).await;
-    let addr = echo_server().await;
+    let addr = echo_server(false).await;
+    let tls_addr = echo_server(true).await;
     env.apply(WEB_SERVICE, &[]);
     let base = "/api/v1/namespaces/default/services";
     // Registered, but the Service declares no port "admin": no endpoint for it.
@@ -923,6 +947,12 @@ async fn service_proxy_forwards_to_the_exposed_endpoint() {
     assert!(out.starts_with("GET / "), "by port number: {out}");
     let out = env.ok(&["get", "--raw", &format!("{base}/http:web:http/proxy")]);
     assert!(out.starts_with("GET / "), "scheme prefix, empty path: {out}");
+    // https: to the TLS endpoint of the port named https; plain HTTP to it fails, named.
+    env.sim.expose_service("default", "web", "https", tls_addr).expect("loopback endpoint");
+    let out = env.ok(&["get", "--raw", &format!("{base}/https:web:https/proxy/secure")]);
+    assert!(out.starts_with("GET /secure "), "over TLS: {out}");
+    let err = env.fails(&["get", "--raw", &format!("{base}/web:https/proxy/secure")]);
+    assert!(err.contains("error trying to reach service"), "{err}");
     let out =
         env.kubectl_stdin(&["create", "--raw", &format!("{base}/web:http/proxy/echo"), "-f", "-"], Some(r#"{"a":1}"#));
     let text = String::from_utf8_lossy(&out.stdout);
