@@ -131,10 +131,11 @@ fn main() -> std::process::ExitCode {
     }
     // reqwest's certificate verifier logs every failed verification at ERROR; `module`
     // reports the failure itself, in one line. So does `modules` for kube's client, which
-    // logs every failed connection at ERROR.
+    // logs every failed connection at ERROR; and `status`, whose service proxy answers
+    // (403, 503) it would log the same way.
     let filter = match &cli.command {
         Command::Module(_) => format!("{},rustls_platform_verifier=off", cli.log),
-        Command::Modules(_) => format!("{},kube_client=off", cli.log),
+        Command::Modules(_) | Command::Status(_) => format!("{},kube_client=off", cli.log),
         _ => cli.log.clone(),
     };
     if let Err(e) = init_logging(&filter, cli.log_json, log_file) {

@@ -388,7 +388,7 @@ async fn read_runtimes(kubeconfig: &std::path::Path) -> anyhow::Result<(Vec<Runt
 
 /// Returns whether the fleet is healthy; `Err` when the hub cannot be asked.
 pub async fn run(args: StatusArgs) -> anyhow::Result<bool> {
-    let admin = admin::Admin::new(&args.admin)?;
+    let admin = admin::Admin::new(&args.admin).await?;
     #[derive(Deserialize)]
     struct Subs {
         subscriptions: Vec<Subscription>,

@@ -222,6 +222,7 @@ pub fn bootstrap_cluster_role(name: &str) -> Option<Vec<Value>> {
         "secrets",
         "serviceaccounts",
         "services",
+        "services/proxy",
     ];
     let view = vec![
         rule(&[""], &core_ro, READ),
@@ -233,7 +234,8 @@ pub fn bootstrap_cluster_role(name: &str) -> Option<Vec<Value>> {
     ];
     let edit = || {
         let mut r = view.clone();
-        r.push(rule(&[""], &["secrets"], READ));
+        // As upstream: the service proxy is edit's, not view's (it reaches into workloads).
+        r.push(rule(&[""], &["secrets", "services/proxy"], READ));
         r.push(rule(&[""], &editable_core, WRITE));
         r.push(rule(&["apps"], &apps, WRITE));
         r.push(rule(&["batch"], &["cronjobs", "jobs"], WRITE));

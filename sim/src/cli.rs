@@ -42,11 +42,19 @@ pub struct SimArgs {
     #[arg(long)]
     pub rbac: bool,
 
-    /// Do not report Deployments as rolled out. By default the sim stands in for the
-    /// Deployment controller and kubelets (no pods run here): it sets a Deployment's
-    /// observedGeneration and replica counts to its spec, as a healthy cluster would.
+    /// Do not report Deployments and StatefulSets as rolled out. By default the sim stands
+    /// in for their controllers and kubelets (no pods run here): it sets their
+    /// observedGeneration, replica counts (and a StatefulSet's revisions) to the spec, as a
+    /// healthy cluster would, so `kubectl rollout status` finishes.
     #[arg(long)]
     pub no_deployment_controller: bool,
+
+    /// The endpoint of a Service port for the service proxy
+    /// (`/api/v1/namespaces/NS/services/NAME:PORT/proxy/…`): NS/NAME:PORT=ADDR, PORT the
+    /// Service port's name, ADDR a loopback address. The Service object is created as usual
+    /// (kubectl apply). Repeatable.
+    #[arg(long = "endpoint", value_name = "NS/NAME:PORT=ADDR", value_parser = parse_endpoint)]
+    pub endpoints: Vec<Endpoint>,
 
     /// Instead of serving: a helper command against a running sim.
     #[command(subcommand)]
@@ -79,6 +87,34 @@ pub struct TokenArgs {
     /// Lifetime of the token in seconds (at least 600).
     #[arg(long, value_name = "SECONDS", default_value_t = 86_400)]
     pub duration: u64,
+}
+
+/// One `--endpoint`: a Service port and the loopback address the proxy forwards it to.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Endpoint {
+    /// The Service's namespace.
+    pub namespace: String,
+    /// The Service's name.
+    pub service: String,
+    /// The Service port's name (empty for a Service's one unnamed port).
+    pub port: String,
+    /// Where requests go.
+    pub address: SocketAddr,
+}
+
+fn parse_endpoint(s: &str) -> Result<Endpoint, String> {
+    let bad = || format!("{s:?}: expected NAMESPACE/SERVICE:PORT=ADDRESS, e.g. default/web:http=127.0.0.1:8080");
+    let (svc, addr) = s.split_once('=').ok_or_else(bad)?;
+    let (namespace, rest) = svc.split_once('/').ok_or_else(bad)?;
+    let (service, port) = rest.split_once(':').unwrap_or((rest, ""));
+    if namespace.is_empty() || service.is_empty() {
+        return Err(bad());
+    }
+    let address: SocketAddr = addr.parse().map_err(|e| format!("{s:?}: address {addr:?}: {e}"))?;
+    if !address.ip().is_loopback() {
+        return Err(format!("{s:?}: only loopback addresses can be exposed"));
+    }
+    Ok(Endpoint { namespace: namespace.into(), service: service.into(), port: port.into(), address })
 }
 
 /// Name of cluster `i` of `n`.
@@ -126,6 +162,10 @@ pub async fn run(args: SimArgs, shutdown: CancellationToken) -> Result<(), SimEr
         };
         if let Some(p) = &path {
             sim.write_kubeconfig(p)?;
+        }
+        for e in &args.endpoints {
+            sim.expose_service(&e.namespace, &e.service, &e.port, e.address)
+                .map_err(|err| SimError::Args(format!("--endpoint: {err}")))?;
         }
         #[cfg(feature = "kube-client")]
         if !args.no_deployment_controller {
@@ -217,6 +257,13 @@ mod tests {
         assert_eq!(c.sim.clusters, 1);
         let c = Cli::parse_from(["x", "--clusters", "3", "--dir", "/tmp/d", "--history", "5", "--rbac"]);
         assert_eq!((c.sim.clusters, c.sim.history, c.sim.rbac), (3, 5, true));
+        let c =
+            Cli::parse_from(["x", "--endpoint", "fw/hub:admin=127.0.0.1:9090", "--endpoint", "default/web=[::1]:80"]);
+        assert_eq!(c.sim.endpoints[0].port, "admin");
+        assert_eq!((c.sim.endpoints[1].service.as_str(), c.sim.endpoints[1].port.as_str()), ("web", ""));
+        for bad in ["fw/hub:admin", "hub:admin=127.0.0.1:1", "fw/hub=10.0.0.1:80", "fw/:a=127.0.0.1:1"] {
+            assert!(Cli::try_parse_from(["x", "--endpoint", bad]).is_err(), "{bad}");
+        }
         let c = Cli::parse_from(["x", "token", "team/bot", "--kubeconfig", "/tmp/k", "--kubeconfig-out", "/tmp/o"]);
         let Some(SimCommand::Token(t)) = c.sim.command else { panic!("token subcommand") };
         assert_eq!((t.account.as_str(), t.duration), ("team/bot", 86_400));

@@ -79,6 +79,8 @@ pub(crate) struct Core {
     pub server_addr: String,
     /// ServiceAccount tokens. Lock order: `tokens` before `state`.
     pub tokens: Mutex<Tokens>,
+    /// Endpoints of Service ports, for the service proxy. Never held with `state`.
+    pub endpoints: Mutex<crate::proxy::Endpoints>,
 }
 
 impl Core {
@@ -129,6 +131,7 @@ impl SimCluster {
             token,
             server_addr: addr.to_string(),
             tokens: Mutex::new(Tokens::default()),
+            endpoints: Mutex::default(),
             options,
         });
         let span = tracing::info_span!("sim", cluster = %core.options.name, %addr);
@@ -206,6 +209,30 @@ impl SimCluster {
     pub fn write_kubeconfig_for(&self, path: &Path, ns: &str, name: &str) -> Result<(), SimError> {
         let token = self.token_for(ns, name).map_err(|e| SimError::Args(format!("token for {ns}/{name}: {e}")))?;
         write_private(path, &serde_json::to_string_pretty(&self.kubeconfig_with_token(&token)).unwrap_or_default())
+    }
+
+    /// Makes `address` the endpoint of port `port` of the Service `ns/name`, for the API
+    /// server's service proxy (`/api/v1/namespaces/NS/services/NAME:PORT/proxy/…`, what
+    /// `kubectl get --raw` and a `kube::Client` reach a Service through). `port` is the
+    /// Service port's name (`""` for a Service's one unnamed port), as in the Endpoints
+    /// object a cluster's endpoints controller would write; the Service object itself is
+    /// created as usual (without it the proxy answers 404, and a port it does not declare
+    /// has no endpoint). Only loopback addresses: the sim is not an open proxy.
+    ///
+    /// ```no_run
+    /// # async fn demo(sim: &fleetwatch_sim::SimCluster) -> Result<(), Box<dyn std::error::Error>> {
+    /// sim.expose_service("fleetwatch-system", "fleetwatch-hub-admin", "admin", "127.0.0.1:9090".parse()?)?;
+    /// # Ok(()) }
+    /// ```
+    pub fn expose_service(&self, ns: &str, name: &str, port: &str, address: SocketAddr) -> Result<(), ApiError> {
+        self.core.endpoints.lock().unwrap_or_else(|p| p.into_inner()).insert(ns, name, port, address)
+    }
+
+    /// Removes the endpoint [`SimCluster::expose_service`] registered (the proxy then
+    /// answers 503 `no endpoints available`, as for a Service without ready pods); whether
+    /// there was one.
+    pub fn unexpose_service(&self, ns: &str, name: &str, port: &str) -> bool {
+        self.core.endpoints.lock().unwrap_or_else(|p| p.into_inner()).remove(ns, name, port)
     }
 
     /// The fault-injection handle.

@@ -35,7 +35,7 @@ pub type Body = BoxBody<Bytes, Infallible>;
 pub const MAX_BODY: usize = 3 * 1024 * 1024;
 
 /// Reads a request body of at most [`MAX_BODY`] bytes.
-async fn read_body(req: Request<Incoming>) -> Result<bytes::Bytes, ApiError> {
+pub(crate) async fn read_body(req: Request<Incoming>) -> Result<bytes::Bytes, ApiError> {
     match Limited::new(req.into_body(), MAX_BODY).collect().await {
         Ok(body) => Ok(body.to_bytes()),
         Err(e) if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() => Err(ApiError::too_large(MAX_BODY)),
@@ -181,6 +181,10 @@ async fn route(core: Arc<Core>, req: Request<Incoming>, user: &User) -> Result<R
     let segs: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
     let get = req.method() == Method::GET;
     let post = req.method() == Method::POST;
+    if let Some((ns, id, rest)) = proxy_path(&path) {
+        let (ns, id) = (decode(ns), decode(id));
+        return crate::proxy::serve(core, req, &ns, &id, rest).await;
+    }
     match segs.as_slice() {
         ["apis", "authorization.k8s.io", "v1", "selfsubjectaccessreviews"] if post => {
             let review = read_review(req).await?;
@@ -235,6 +239,25 @@ async fn route(core: Arc<Core>, req: Request<Incoming>, user: &User) -> Result<R
         }
         _ => Err(ApiError::no_route(&path)),
     }
+}
+
+/// `/api/v1/namespaces/NS/services/ID/proxy[/REST]` → (NS, ID, REST): REST keeps its
+/// slashes (a trailing one included), as the proxied path.
+fn proxy_path(path: &str) -> Option<(&str, &str, &str)> {
+    let mut it = path.splitn(9, '/');
+    let head: Vec<&str> = it.by_ref().take(8).collect();
+    match head.as_slice() {
+        ["", "api", "v1", "namespaces", ns, "services", id, "proxy"] if !ns.is_empty() && !id.is_empty() => {
+            Some((ns, id, it.next().unwrap_or("")))
+        }
+        _ => None,
+    }
+}
+
+/// A path segment percent-decoded (`https%3Ahub%3Aadmin`), as Go's URL parsing does before
+/// kube-apiserver routes a request.
+fn decode(segment: &str) -> String {
+    percent_encoding::percent_decode_str(segment).decode_utf8_lossy().into_owned()
 }
 
 /// What a resource path addresses.

@@ -41,6 +41,7 @@ mod ops;
 mod patch;
 mod pbwire;
 mod protobuf;
+mod proxy;
 mod resources;
 mod schema;
 mod selector;
@@ -51,7 +52,7 @@ mod watch;
 
 #[cfg(feature = "kube-client")]
 pub use bench::{BenchOptions, BenchReport, bench};
-pub use cli::{SimArgs, SimCommand, TokenArgs, run};
+pub use cli::{Endpoint, SimArgs, SimCommand, TokenArgs, run};
 pub use cluster::{DEFAULT_HISTORY, SimCluster, SimOptions};
 #[cfg(feature = "kube-client")]
 pub use deployments::roll_out_deployments;

@@ -847,3 +847,214 @@ async fn large_crds_apply_server_side_and_oversized_requests_get_413() {
     assert!(err.contains("Request entity too large: limit is 3145728"), "{err}");
     assert!(env.fails(&["get", "crd", "huges.example.com"]).contains("NotFound"));
 }
+
+/// A loopback HTTP server answering every request with one line describing it (method,
+/// path and query, whether credentials reached it, a custom header, the body), so a test
+/// sees what the service proxy forwarded.
+async fn echo_server(tls: bool) -> std::net::SocketAddr {
+    use http_body_util::BodyExt;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind echo server");
+    let addr = listener.local_addr().expect("echo address");
+    // A self-signed certificate: the proxy does not verify it, as kube-apiserver's does not.
+    let acceptor = tls.then(|| {
+        let ck = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_string()]).expect("certificate");
+        let key = rustls_pki_types::PrivateKeyDer::Pkcs8(ck.signing_key.serialize_der().into());
+        let config =
+            rustls::ServerConfig::builder_with_provider(std::sync::Arc::new(rustls::crypto::ring::default_provider()))
+                .with_safe_default_protocol_versions()
+                .expect("protocol versions")
+                .with_no_client_auth()
+                .with_single_cert(vec![ck.cert.der().clone()], key)
+                .expect("server config");
+        tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(config))
+    });
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(|req: hyper::Request<hyper::body::Incoming>| async move {
+                    let line = format!(
+                        "{} {} authorization={} impersonate={} x-probe={}",
+                        req.method(),
+                        req.uri(),
+                        req.headers().contains_key("authorization"),
+                        req.headers().keys().any(|k| k.as_str().starts_with("impersonate-")),
+                        req.headers().get("x-probe").and_then(|v| v.to_str().ok()).unwrap_or("-"),
+                    );
+                    let body = req.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+                    let text = format!("{line} body={}", String::from_utf8_lossy(&body));
+                    Ok::<_, std::convert::Infallible>(
+                        hyper::Response::builder()
+                            .status(if text.contains("/teapot") { 418 } else { 200 })
+                            .header("content-type", "text/plain")
+                            .body(http_body_util::Full::new(bytes::Bytes::from(text)))
+                            .expect("echo response"),
+                    )
+                });
+                let http = hyper::server::conn::http1::Builder::new();
+                match acceptor {
+                    Some(a) => {
+                        if let Ok(tls) = a.accept(tcp).await {
+                            let _ = http.serve_connection(hyper_util::rt::TokioIo::new(tls), svc).await;
+                        }
+                    }
+                    None => {
+                        let _ = http.serve_connection(hyper_util::rt::TokioIo::new(tcp), svc).await;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+const WEB_SERVICE: &str = r#"
+apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: default}
+spec:
+  selector: {app: web}
+  ports:
+  - {name: http, port: 80, targetPort: 8080}
+  - {name: https, port: 443, targetPort: 8443}
+---
+apiVersion: v1
+kind: ServiceAccount
+metadata: {name: prober, namespace: default}
+"#;
+
+/// The API server's service proxy as `kubectl get --raw` / `create --raw` use it: the
+/// Service port by name or number, the path after `/proxy` and the query forwarded, the
+/// caller's credentials not; 404 without the Service, 503 without an endpoint; RBAC on
+/// `services/proxy` (edit has it, view does not).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn service_proxy_forwards_to_the_exposed_endpoint() {
+    let env = Env::start(SimOptions { rbac: true, ..SimOptions::default() }).await;
+    let addr = echo_server(false).await;
+    let tls_addr = echo_server(true).await;
+    env.apply(WEB_SERVICE, &[]);
+    let base = "/api/v1/namespaces/default/services";
+    // Registered, but the Service declares no port "admin": no endpoint for it.
+    env.sim.expose_service("default", "web", "admin", addr).expect("loopback endpoint");
+    let err = env.fails(&["get", "--raw", &format!("{base}/web:admin/proxy/healthz")]);
+    assert!(err.contains(r#"no endpoints available for service "web:admin""#), "{err}");
+    env.sim.expose_service("default", "web", "http", addr).expect("loopback endpoint");
+    assert!(env.sim.expose_service("default", "web", "http", "10.1.2.3:80".parse().unwrap()).is_err());
+
+    let out = env.ok(&["get", "--raw", &format!("{base}/web:http/proxy/healthz?verbose=1&x=a%20b")]);
+    assert_eq!(out.trim(), "GET /healthz?verbose=1&x=a+b authorization=false impersonate=false x-probe=- body=");
+    let out = env.ok(&["get", "--raw", &format!("{base}/web:80/proxy/")]);
+    assert!(out.starts_with("GET / "), "by port number: {out}");
+    let out = env.ok(&["get", "--raw", &format!("{base}/http:web:http/proxy")]);
+    assert!(out.starts_with("GET / "), "scheme prefix, empty path: {out}");
+    // https: to the TLS endpoint of the port named https; plain HTTP to it fails, named.
+    env.sim.expose_service("default", "web", "https", tls_addr).expect("loopback endpoint");
+    let out = env.ok(&["get", "--raw", &format!("{base}/https:web:https/proxy/secure")]);
+    assert!(out.starts_with("GET /secure "), "over TLS: {out}");
+    let err = env.fails(&["get", "--raw", &format!("{base}/web:https/proxy/secure")]);
+    assert!(err.contains("error trying to reach service"), "{err}");
+    let out =
+        env.kubectl_stdin(&["create", "--raw", &format!("{base}/web:http/proxy/echo"), "-f", "-"], Some(r#"{"a":1}"#));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("POST /echo") && text.contains(r#"body={"a":1}"#),
+        "{text} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The endpoint's own errors pass through.
+    let err = env.fails(&["get", "--raw", &format!("{base}/web:http/proxy/teapot")]);
+    assert!(err.contains("status code 418"), "{err}");
+
+    let err = env.fails(&["get", "--raw", &format!("{base}/web/proxy/")]);
+    assert!(err.contains(r#"no endpoints available for service "web""#), "unnamed port: {err}");
+    let err = env.fails(&["get", "--raw", &format!("{base}/web:81/proxy/")]);
+    assert!(err.contains(r#"no service port 81 found for service "web""#), "{err}");
+    let err = env.fails(&["get", "--raw", &format!("{base}/nope:http/proxy/")]);
+    assert!(err.contains(r#"services "nope" not found"#), "{err}");
+    let err = env.fails(&["get", "--raw", &format!("{base}/ftp:web:http/proxy/")]);
+    assert!(err.contains("invalid service request"), "{err}");
+
+    // RBAC: the subresource services/proxy, verb from the method.
+    let kc = env.dir.join("prober.kubeconfig");
+    env.sim.write_kubeconfig_for(&kc, "default", "prober").expect("kubeconfig for prober");
+    env.apply(
+        "apiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata: {name: prober-view, namespace: default}\nroleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: view}\nsubjects:\n- {kind: ServiceAccount, name: prober, namespace: default}\n",
+        &[],
+    );
+    let out = env.kubectl_as(&kc, &["get", "--raw", &format!("{base}/web:http/proxy/healthz")], None);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(r#"services "web:http" is forbidden: User "system:serviceaccount:default:prober" cannot get resource "services/proxy" in API group "" in the namespace "default""#),
+        "{err}"
+    );
+    env.apply(
+        "apiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata: {name: prober-edit, namespace: default}\nroleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: edit}\nsubjects:\n- {kind: ServiceAccount, name: prober, namespace: default}\n",
+        &[],
+    );
+    let out = env.kubectl_as(&kc, &["get", "--raw", &format!("{base}/web:http/proxy/healthz")], None);
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("GET /healthz"), "{out:?}");
+    let out = env.ok(&[
+        "get",
+        "--raw",
+        &format!("{base}/web:http/proxy/a/b/"),
+        "--as",
+        "system:serviceaccount:default:prober",
+    ]);
+    assert!(out.contains("GET /a/b/ authorization=false impersonate=false"), "credentials not forwarded: {out}");
+
+    // No endpoint any more: 503, as for a Service without ready pods.
+    assert!(env.sim.unexpose_service("default", "web", "http"));
+    let err = env.fails(&["get", "--raw", &format!("{base}/web:http/proxy/healthz")]);
+    assert!(err.contains("ServiceUnavailable") || err.contains("no endpoints available"), "{err}");
+}
+
+const STS: &str = r#"
+apiVersion: apps/v1
+kind: StatefulSet
+metadata: {name: store, namespace: default}
+spec:
+  replicas: 3
+  serviceName: store
+  selector: {matchLabels: {app: store}}
+  template:
+    metadata: {labels: {app: store}}
+    spec:
+      containers: [{name: c, image: "store:1"}]
+"#;
+
+/// `kubectl rollout status statefulset/NAME` waits for the stand-in controller as for a
+/// Deployment: defaults as kube-apiserver sets them (RollingUpdate, partition 0), then the
+/// status fields the StatefulSet controller writes, a new revision per template.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rollout_status_follows_statefulsets() {
+    let env = Env::start(SimOptions::default()).await;
+    env.apply(STS, &[]);
+    let sts = env.get_json(&["statefulset", "store"]);
+    assert_eq!(
+        sts["spec"]["updateStrategy"],
+        serde_json::json!({"type": "RollingUpdate", "rollingUpdate": {"partition": 0}})
+    );
+    assert_eq!(sts["spec"]["podManagementPolicy"], "OrderedReady");
+    assert_eq!(sts["spec"]["revisionHistoryLimit"], 10);
+    // Nothing rolls it out yet: kubectl waits (and gives up after its timeout).
+    let err = env.fails(&["rollout", "status", "statefulset/store", "--timeout=1s"]);
+    assert!(err.contains("timed out"), "{err}");
+
+    let stop = tokio_util::sync::CancellationToken::new();
+    let _stop = stop.clone().drop_guard();
+    tokio::spawn(fleetwatch_sim::roll_out_deployments(env.sim.client().await.unwrap(), Duration::ZERO, stop));
+    let out = env.ok(&["rollout", "status", "statefulset/store", "--timeout=60s"]);
+    assert!(out.contains("partitioned roll out complete: 3 new pods have been updated"), "{out}");
+    let status = env.get_json(&["statefulset", "store"])["status"].clone();
+    assert_eq!((status["observedGeneration"].as_i64(), status["readyReplicas"].as_i64()), (Some(1), Some(3)));
+    assert_eq!((status["currentReplicas"].as_i64(), status["updatedReplicas"].as_i64()), (Some(3), Some(3)));
+    let first = status["updateRevision"].as_str().unwrap().to_string();
+    assert!(first.starts_with("store-") && status["currentRevision"] == first.as_str(), "{status}");
+
+    env.apply(&STS.replace("store:1", "store:2"), &[]);
+    let out = env.ok(&["rollout", "status", "statefulset/store", "--timeout=60s"]);
+    assert!(out.contains("roll out complete"), "{out}");
+    let status = env.get_json(&["statefulset", "store"])["status"].clone();
+    assert_eq!(status["observedGeneration"].as_i64(), Some(2), "{status}");
+    assert_ne!(status["updateRevision"].as_str(), Some(first.as_str()), "a new template is a new revision");
+}

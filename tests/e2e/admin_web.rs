@@ -327,6 +327,11 @@ async fn the_admin_endpoint_fails_closed_beyond_loopback_and_requires_its_token(
         let wrong = "Authorization: Bearer wrong-token-0123456789\r\n";
         assert_eq!(status_code_from("127.0.0.3", admin_port, path, wrong).await, Some(401));
         assert_eq!(status_code(admin_port, path, &bearer).await, Some(200), "{path} with the token");
+        // The token in its own header (what passes the Kubernetes API server's service proxy).
+        let header = format!("X-Fleetwatch-Admin-Token: {token}\r\n");
+        assert_eq!(status_code(admin_port, path, &header).await, Some(200), "{path} with the token header");
+        let wrong = "X-Fleetwatch-Admin-Token: wrong-token-0123456789\r\n";
+        assert_eq!(status_code_from("127.0.0.5", admin_port, path, wrong).await, Some(401), "{path}");
     }
     // A browser is sent to the login page; the cookie it gets there works like the header.
     assert_eq!(status_code(admin_port, "/", "Accept: text/html\r\n").await, Some(303));
@@ -388,6 +393,121 @@ async fn the_admin_endpoint_fails_closed_beyond_loopback_and_requires_its_token(
     std::fs::write(pki.path("admin-token"), "weak\n").unwrap();
     assert_eq!(status_code(admin_port, "/api/v1/clusters", &new_bearer).await, Some(200));
     assert_eq!(status_code(admin_port, "/api/v1/clusters", "Authorization: Bearer weak\r\n").await, Some(401));
+}
+
+/// `fleetwatch status --kubeconfig`: the hub's admin API through the Kubernetes API
+/// server's service proxy (the sim's, forwarding to the hub's real admin port), the Service
+/// the chart renders by default, the admin token in `X-Fleetwatch-Admin-Token` (the API
+/// server keeps `Authorization` for itself); a user without `services/proxy` is refused
+/// with the permission named.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_reaches_the_hub_through_the_api_servers_service_proxy() {
+    use k8s_openapi::api::core::v1::{Namespace, Service};
+    use kube::api::{Api, PostParams};
+    let pki = Pki::new();
+    let token = "a-long-admin-token-for-the-proxy-0123";
+    std::fs::write(pki.path("admin-token"), format!("{token}\n")).unwrap();
+    let token_file = pki.path("admin-token").display().to_string();
+    let hub = HubProc::start(&pki, free_port(), None, &["--admin-token-file", &token_file]);
+    let _agent = agent(&pki, "px-1", &hub.url(), SOURCE, &[]);
+
+    let sim = fleetwatch_sim::SimCluster::start(fleetwatch_sim::SimOptions { rbac: true, ..Default::default() })
+        .await
+        .unwrap();
+    let client = sim.client().await.unwrap();
+    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": "fleetwatch-system"}})).unwrap();
+    Api::<Namespace>::all(client.clone()).create(&PostParams::default(), &ns).await.unwrap();
+    // As the chart renders it for a release `fleetwatch` (docs/deploy.md).
+    let svc: Service = serde_json::from_value(json!({
+        "metadata": {"name": "fleetwatch-hub-admin", "namespace": "fleetwatch-system"},
+        "spec": {"ports": [{"name": "admin", "port": 9090, "targetPort": "admin"}]},
+    }))
+    .unwrap();
+    Api::<Service>::namespaced(client.clone(), "fleetwatch-system").create(&PostParams::default(), &svc).await.unwrap();
+    let admin_addr = std::net::SocketAddr::from(([127, 0, 0, 1], hub.admin_port));
+    sim.expose_service("fleetwatch-system", "fleetwatch-hub-admin", "admin", admin_addr).unwrap();
+    let kubeconfig = pki.path("sim.kubeconfig");
+    sim.write_kubeconfig(&kubeconfig).unwrap();
+    let kc = kubeconfig.to_str().unwrap();
+
+    // The fleet, through the proxy, once the agent is connected.
+    let (code, out, err) = eventually("status through the service proxy to show px-1 connected")
+        .until(
+            async || status(&["--kubeconfig", kc, "--admin-token-file", &token_file]),
+            |(code, out, _)| *code == 0 && out.lines().any(|l| l.starts_with("px-1 ") && l.contains("connected")),
+        )
+        .await;
+    assert_eq!(code, 0, "{out}{err}");
+    // The same by port number, with the context named.
+    let (code, out, err) = status(&[
+        "--kubeconfig",
+        kc,
+        "--context",
+        "sim",
+        "--service",
+        "fleetwatch-system/fleetwatch-hub-admin:9090",
+        "--admin-token-file",
+        &token_file,
+        "-o",
+        "json",
+    ]);
+    assert_eq!(code, 0, "{out}{err}");
+    let doc: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    assert_eq!(doc["clusters"][0]["cluster"], "px-1", "{doc}");
+
+    // Without the token the hub refuses, and says how to give it.
+    let (code, _, err) = status(&["--kubeconfig", kc]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("401 unauthorized by the hub") && err.contains("--admin-token-file"), "{err}");
+    // A Service that does not exist, or has no endpoint.
+    let (code, _, err) = status(&["--kubeconfig", kc, "--service", "fleetwatch-system/nope:admin"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains(r#"services "nope" not found"#), "{err}");
+
+    // A ServiceAccount without services/proxy: 403, the missing permission named.
+    let viewer = pki.path("viewer.kubeconfig");
+    sim.write_kubeconfig_for(&viewer, "fleetwatch-system", "viewer").unwrap();
+    let vkc = viewer.to_str().unwrap();
+    let (code, _, err) = status(&["--kubeconfig", vkc, "--admin-token-file", &token_file]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains(r#"User "system:serviceaccount:fleetwatch-system:viewer" cannot get resource "services/proxy""#)
+            && err.contains("needs verb get on services/proxy in namespace fleetwatch-system"),
+        "{err}"
+    );
+    // Granted (a Role with just that), it gets through.
+    for doc in [
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+            "metadata": {"name": "hub-status", "namespace": "fleetwatch-system"},
+            "rules": [{"apiGroups": [""], "resources": ["services/proxy"], "resourceNames": ["fleetwatch-hub-admin:admin"], "verbs": ["get"]}]}),
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+            "metadata": {"name": "viewer-hub-status", "namespace": "fleetwatch-system"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "hub-status"},
+            "subjects": [{"kind": "ServiceAccount", "name": "viewer", "namespace": "fleetwatch-system"}]}),
+    ] {
+        let obj: kube::api::DynamicObject = serde_json::from_value(doc.clone()).unwrap();
+        let kind = doc["kind"].as_str().unwrap().to_lowercase();
+        let ar = kube::discovery::ApiResource {
+            group: "rbac.authorization.k8s.io".into(),
+            version: "v1".into(),
+            api_version: "rbac.authorization.k8s.io/v1".into(),
+            kind: doc["kind"].as_str().unwrap().into(),
+            plural: format!("{kind}s"),
+        };
+        Api::<kube::api::DynamicObject>::namespaced_with(client.clone(), "fleetwatch-system", &ar)
+            .create(&PostParams::default(), &obj)
+            .await
+            .unwrap();
+    }
+    let (code, out, err) = status(&["--kubeconfig", vkc, "--admin-token-file", &token_file]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("px-1"), "{out}");
+
+    // No ready endpoint behind the Service (the hub gone): 503 named.
+    assert!(sim.unexpose_service("fleetwatch-system", "fleetwatch-hub-admin", "admin"));
+    let (code, _, err) = status(&["--kubeconfig", kc, "--admin-token-file", &token_file]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("no endpoints available for service"), "{err}");
 }
 
 /// GET over TLS with `config`; the response's status, or why there was none.

@@ -7,7 +7,13 @@
 //! certificate signed by that CA; see `tls`) protect it. Configured protection is enforced on every address. `/healthz` and
 //! `/readyz` stay open for probes (they tell nothing but "alive" and "ready: bus ok"), and
 //! so does the login page that turns a token into a cookie for browsers; everything else
-//! needs `Authorization: Bearer <token>` or that cookie.
+//! needs `Authorization: Bearer <token>`, `X-Fleetwatch-Admin-Token: <token>` or that cookie.
+//!
+//! The second header exists for the Kubernetes API server's service proxy
+//! (`/api/v1/namespaces/NS/services/NAME:PORT/proxy/…`, what `fleetwatch status
+//! --kubeconfig` goes through): kube-apiserver authenticates the caller with
+//! `Authorization` and removes it before forwarding, so a bearer token for the hub cannot
+//! travel in it; other headers are forwarded (decision 0040).
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -145,6 +151,10 @@ pub(crate) fn check(listen: SocketAddr, config: &AdminAuthConfig) -> Result<Opti
 pub(crate) fn is_open(path: &str) -> bool {
     matches!(path, "/healthz" | "/readyz" | "/login")
 }
+
+/// The header carrying the token where `Authorization` cannot reach the hub (see the
+/// module documentation): its whole value is the token.
+pub const TOKEN_HEADER: &str = "x-fleetwatch-admin-token";
 
 /// The cookie a browser gets from the login page.
 pub(crate) const COOKIE: &str = "fleetwatch_admin";

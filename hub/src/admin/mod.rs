@@ -121,14 +121,19 @@ async fn authenticate(State(admin): State<Admin>, req: Request, next: Next) -> R
     let token = admin.ctx.admin_token.as_ref();
     // Every authentication path is throttled as the login page is ([`crate::admin::login`]):
     // a client past its wrong credentials gets 429 before anything is compared.
+    // The token in its own header (through the Kubernetes API server's service proxy,
+    // which consumes `Authorization`), checked as a bearer token is.
+    let header_token =
+        headers.get(auth::TOKEN_HEADER).and_then(|v| v.to_str().ok()).map(|t| format!("Bearer {}", t.trim()));
     let guarded = token.is_some()
         && !auth::is_open(req.uri().path())
-        && auth::presented(text(header::AUTHORIZATION), text(header::COOKIE)).is_some();
+        && (header_token.is_some() || auth::presented(text(header::AUTHORIZATION), text(header::COOKIE)).is_some());
     let ip = client_ip(&req);
     if guarded && let login::Gate::Limited(wait) = admin.logins.gate(ip) {
         return too_many(ip, wait);
     }
     let ok = auth::allowed(req.uri().path(), token, text(header::AUTHORIZATION), None)
+        || header_token.as_deref().is_some_and(|h| auth::allowed(req.uri().path(), token, Some(h), None))
         || token
             .is_some_and(|t| auth::presented(None, text(header::COOKIE)).is_some_and(|id| admin.logins.valid(id, t)));
     if guarded && !ok {
@@ -158,7 +163,7 @@ async fn authenticate(State(admin): State<Admin>, req: Request, next: Next) -> R
     (
         StatusCode::UNAUTHORIZED,
         [(header::WWW_AUTHENTICATE, "Bearer realm=\"fleetwatch-admin\"")],
-        "unauthorized: send Authorization: Bearer <the token in --admin-token-file>\n",
+        "unauthorized: send Authorization: Bearer <the token in --admin-token-file> (or the token in X-Fleetwatch-Admin-Token)\n",
     )
         .into_response()
 }

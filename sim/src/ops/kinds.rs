@@ -59,9 +59,10 @@ pub(super) fn prepare_kind(st: &State, def: &ResourceDef, obj: &mut Value, creat
                 obj["spec"]["clusterIPs"] = json!([ip]);
             }
         }
-        ("apps", "deployments" | "statefulsets" | "replicasets") if obj["spec"]["replicas"].is_null() => {
+        ("apps", "deployments" | "replicasets") if obj["spec"]["replicas"].is_null() => {
             obj["spec"]["replicas"] = json!(1);
         }
+        ("apps", "statefulsets") => default_statefulset(obj),
         ("apiextensions.k8s.io", "customresourcedefinitions") => {
             crate::schema::check_crd(obj)?;
             let mut reg = st.registry.clone();
@@ -122,4 +123,34 @@ pub(super) fn prepare_kind(st: &State, def: &ResourceDef, obj: &mut Value, creat
         _ => {}
     }
     Ok(())
+}
+
+/// kube-apiserver's defaults of an apps/v1 StatefulSet (`SetDefaults_StatefulSet`), applied
+/// on every write as its decoding does: `kubectl rollout status` refuses a StatefulSet whose
+/// `updateStrategy.type` is not `RollingUpdate`, and reads the partition.
+fn default_statefulset(obj: &mut Value) {
+    let spec = &mut obj["spec"];
+    if spec["replicas"].is_null() {
+        spec["replicas"] = json!(1);
+    }
+    if spec["podManagementPolicy"].is_null() {
+        spec["podManagementPolicy"] = json!("OrderedReady");
+    }
+    if spec["revisionHistoryLimit"].is_null() {
+        spec["revisionHistoryLimit"] = json!(10);
+    }
+    if spec["updateStrategy"]["type"].is_null() {
+        spec["updateStrategy"]["type"] = json!("RollingUpdate");
+    }
+    if spec["updateStrategy"]["type"] == "RollingUpdate"
+        && spec["updateStrategy"]["rollingUpdate"]["partition"].is_null()
+    {
+        spec["updateStrategy"]["rollingUpdate"]["partition"] = json!(0);
+    }
+    let policy = &mut spec["persistentVolumeClaimRetentionPolicy"];
+    for k in ["whenDeleted", "whenScaled"] {
+        if policy[k].is_null() {
+            policy[k] = json!("Retain");
+        }
+    }
 }
