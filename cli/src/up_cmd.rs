@@ -33,6 +33,9 @@ pub const MODULES: [&str; 2] = ["redis", "nats"];
 /// The sample module no Runtime lists: offered to the runtime clusters' users, who enable it
 /// in their own cluster with a `Module` object (`enable-keda.yaml` in the sandbox folder).
 pub const OFFERED: &str = "keda";
+/// The hub's admin Service (namespace, name, port name) as the chart renders it, the default
+/// of `fleetwatch status --service`.
+const ADMIN_SERVICE: (&str, &str, &str) = ("fleetwatch-system", "fleetwatch-hub-admin", "admin");
 /// The runtime cluster whose user the intro shows enabling [`OFFERED`] (the first one when
 /// there is only one).
 const SELF_SERVICE_CLUSTER: usize = 1;
@@ -330,6 +333,21 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     let hub = Hub::bind(hub_cfg).await.context("cannot start the hub (is another sandbox running? see --hub-port)")?;
     let hub_url: fleetwatch_client::transport::HubUrl = format!("wss://{}", hub.local_addr()).parse()?;
     let admin = hub.admin_addr().context("admin address")?;
+    // The admin API behind the control plane's service proxy, under the Service the chart
+    // renders: `fleetwatch status --kubeconfig control-plane.kubeconfig` works as it would
+    // against a real cluster (docs/operations.md).
+    apply(
+        &cp_client,
+        "sandbox",
+        &json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ADMIN_SERVICE.0}}),
+    )
+    .await?;
+    let service = json!({"apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": ADMIN_SERVICE.1, "namespace": ADMIN_SERVICE.0},
+        "spec": {"ports": [{"name": ADMIN_SERVICE.2, "port": 9090, "targetPort": ADMIN_SERVICE.2}]}});
+    apply(&cp_client, "sandbox", &service).await?;
+    cp.expose_service(ADMIN_SERVICE.0, ADMIN_SERVICE.1, ADMIN_SERVICE.2, admin)
+        .map_err(|e| anyhow::anyhow!("cannot expose the admin API behind the control plane's service proxy: {e}"))?;
     let tasks = tokio_util::task::TaskTracker::new();
     tasks.spawn(hub.run(shutdown.clone()));
 
@@ -396,6 +414,10 @@ fn print_intro(dir: &Path, cp_kc: &Path, names: &[String], hub: &str, admin: &st
     println!("  web view:       http://{admin}/");
     println!(
         "  status:         fleetwatch status --admin http://{admin} --control-plane-kubeconfig {}",
+        cp_kc.display()
+    );
+    println!(
+        "    or through the API server's service proxy: fleetwatch status --kubeconfig {0} --control-plane-kubeconfig {0}",
         cp_kc.display()
     );
     println!(

@@ -418,6 +418,17 @@ fn sandbox_events_per_module_and_a_removed_modules_watch_waits_for_its_kind() {
     let (code, out) = status();
     assert_eq!(code, Some(0), "a removed module's watch is not a problem:\n{out}");
     assert!(out.contains("waiting for kind") && !out.contains("failed"), "{out}");
+    // The same through the control plane's service proxy, as the intro prints it.
+    let out = std::process::Command::new(BIN)
+        .args(["status", "--kubeconfig"])
+        .arg(&cp)
+        .arg("--control-plane-kubeconfig")
+        .arg(&cp)
+        .output()
+        .unwrap();
+    let proxied = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{proxied}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(proxied.contains("waiting for kind") && proxied.contains("rt-1"), "{proxied}");
     let metrics = futures_block(http_get(admin_port, "/metrics"));
     assert_eq!(waiting_for_kind(), Some(waiting_before + 1), "{metrics}");
     assert!(!metrics.contains(r#"phase="kind-not-found""#), "{metrics}");
