@@ -182,10 +182,58 @@ fn alert_rules() -> Vec<(String, String)> {
             assert!(rule["labels"]["severity"].is_string(), "{name}: no severity label");
             assert!(rule["annotations"]["summary"].is_string(), "{name}: no summary");
             assert!(rule["for"].is_string(), "{name}: no `for`");
+            assert!(rule["annotations"]["runbook_url"].is_string(), "{name}: no runbook_url");
             out.push((name, expr));
         }
     }
     out
+}
+
+/// Where the alerts' `runbook_url` annotations point (the chart's default
+/// `monitoring.runbookBaseUrl`): docs/runbooks.md on the project's home (Chart.yaml).
+const RUNBOOKS: &str = "https://github.com/fleetwatch/fleetwatch/blob/main/docs/runbooks.md";
+
+/// The anchors GitHub gives a Markdown file's headings: lower case, spaces to `-`, other
+/// punctuation dropped.
+fn markdown_anchors(text: &str) -> BTreeSet<String> {
+    text.lines()
+        .filter_map(|l| l.trim_start_matches('#').strip_prefix(' ').filter(|_| l.starts_with('#')))
+        .map(|h| {
+            h.trim()
+                .to_lowercase()
+                .chars()
+                .filter_map(|c| match c {
+                    ' ' => Some('-'),
+                    c if c.is_alphanumeric() || c == '-' || c == '_' => Some(c),
+                    _ => None,
+                })
+                .collect()
+        })
+        .collect()
+}
+
+#[test]
+fn every_alert_has_a_runbook_that_exists() {
+    let runbooks = std::fs::read_to_string(observability_dir().join("../../docs/runbooks.md")).unwrap();
+    let anchors = markdown_anchors(&runbooks);
+    assert!(anchors.contains("fleetwatchclusternotseen") && !anchors.contains("nothing-like-it"), "{anchors:?}");
+    let text = std::fs::read_to_string(observability_dir().join("alerts.yaml")).unwrap();
+    let rules: Value = serde_saphyr::from_str(&text).unwrap();
+    let mut missing = Vec::new();
+    let mut alerts = BTreeSet::new();
+    for rule in rules["groups"].as_array().unwrap().iter().flat_map(|g| g["rules"].as_array().unwrap()) {
+        let name = rule["alert"].as_str().unwrap();
+        alerts.insert(name.to_lowercase());
+        let url = rule["annotations"]["runbook_url"].as_str().unwrap_or_default();
+        match url.strip_prefix(RUNBOOKS).and_then(|u| u.strip_prefix('#')) {
+            Some(anchor) if anchor == name.to_lowercase() && anchors.contains(anchor) => {}
+            _ => missing.push(format!("{name}: runbook_url {url:?}")),
+        }
+    }
+    assert!(missing.is_empty(), "alerts without a section of docs/runbooks.md of their name:\n{}", missing.join("\n"));
+    // And no section for an alert that is gone.
+    let stale: Vec<_> = anchors.iter().filter(|a| a.starts_with("fleetwatch") && !alerts.contains(*a)).collect();
+    assert!(stale.is_empty(), "docs/runbooks.md sections of no alert: {stale:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

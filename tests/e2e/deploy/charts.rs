@@ -188,6 +188,18 @@ fn monitoring_objects_carry_the_observability_files_unchanged() {
     let dashboard: Value =
         serde_json::from_str(&std::fs::read_to_string(repo().join("deploy/observability/dashboard.json")).unwrap())
             .unwrap();
+    // The runbook links point where monitoring.runbookBaseUrl says, each to its alert.
+    let own = helm_template(
+        "fleetwatch",
+        "fleetwatch-system",
+        &["monitoring.prometheusRule.enabled=true", "monitoring.runbookBaseUrl=https://wiki.example.com/fleetwatch"],
+    )
+    .unwrap();
+    let own = own.iter().find(|d| d["kind"] == "PrometheusRule").unwrap();
+    for rule in own["spec"]["groups"].as_array().unwrap().iter().flat_map(|g| g["rules"].as_array().unwrap()) {
+        let want = format!("https://wiki.example.com/fleetwatch#{}", rule["alert"].as_str().unwrap().to_lowercase());
+        assert_eq!(rule["annotations"]["runbook_url"], want.as_str(), "{rule}");
+    }
     let cm = find(&cp, "ConfigMap", "fleetwatch-dashboard");
     assert_eq!(cm["metadata"]["labels"]["grafana_dashboard"], "1");
     let shipped: Value = serde_json::from_str(cm["data"]["fleetwatch.json"].as_str().unwrap()).unwrap();
