@@ -458,6 +458,7 @@ async fn every_metric_the_dashboard_and_alerts_use_is_served() {
         assert!(at > now && at <= now + 86_400.0 + 60.0, "{series} {at} vs now {now}");
     }
     assert_eq!(Exposition::value(&lc_text, "fleetwatch_lifecycle_shards_held"), Some(1.0), "{lc_text}");
+    assert_eq!(Exposition::value(&lc_text, "fleetwatch_lifecycle_shards"), Some(1.0), "unsharded is one shard");
     assert!(
         Exposition::value(&lc_text, "fleetwatch_lifecycle_reconcile_duration_seconds_count").is_some_and(|v| v >= 1.0),
         "{lc_text}"
