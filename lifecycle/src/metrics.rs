@@ -215,7 +215,7 @@ impl Default for Metrics {
 impl Metrics {
     /// The OpenMetrics text exposition, closed with `# EOF`.
     pub fn encode(&self) -> String {
-        fleetwatch_telemetry::exposition::encode(&[&self.registry])
+        fleetwatch_telemetry::exposition::encode_component(&[&self.registry])
     }
 
     /// Counts a failed step tried again.

@@ -627,9 +627,8 @@ async fn sharded_instances_share_the_runtimes_and_take_over_a_killed_one() {
     // What the lost-shard alert reads: each instance's shard count and shards held.
     let shard_gauges = |port: u16| async move {
         let text = http_get(port, "/metrics").await;
-        let value = |name: &str| {
-            text.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse::<f64>().ok())
-        };
+        let value =
+            |name: &str| text.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse::<f64>().ok());
         (value("fleetwatch_lifecycle_shards"), value("fleetwatch_lifecycle_shards_held"))
     };
     let cp = cp_sim.client().await.unwrap();
@@ -713,8 +712,7 @@ async fn sharded_instances_share_the_runtimes_and_take_over_a_killed_one() {
 
     // The process holding shard 0 is killed without giving anything back.
     let a_holds_0 = a.stderr().contains(&spread[0]);
-    let (victim, survivor, survivor_port) =
-        if a_holds_0 { (&mut a, &mut b, b_port) } else { (&mut b, &mut a, a_port) };
+    let (victim, survivor, survivor_port) = if a_holds_0 { (&mut a, &mut b, b_port) } else { (&mut b, &mut a, a_port) };
     victim.signal("KILL");
     victim.wait_exit(Duration::from_secs(10));
     eventually("the survivor to take the shards over")

@@ -262,7 +262,9 @@ async fn every_metric_the_dashboard_and_alerts_use_is_served() {
     let mut used: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for (title, expr) in panels.iter().chain(rules.iter()) {
         let found = metric_names(expr);
-        assert!(!found.is_empty(), "{title}: {expr:?} uses no fleetwatch metric");
+        // The absence alerts read Prometheus' own `up` of a fleetwatch job.
+        let absence = expr.contains("up{job=\"fleetwatch-");
+        assert!(!found.is_empty() || absence, "{title}: {expr:?} uses no fleetwatch metric");
         for n in found {
             used.entry(n).or_default().push(title.clone());
         }
@@ -270,6 +272,8 @@ async fn every_metric_the_dashboard_and_alerts_use_is_served() {
 
     // A fleet: control plane and runtime sims, hub, agent, lifecycle operator, a durable
     // subscriber, and a Runtime with a module installed.
+    // Every process below starts after this (whole seconds: /proc's boot time is one).
+    let started = jiff::Timestamp::now().as_second() as f64 - 1.0;
     let pki = Pki::new();
     let (cp, cp_kc) = sim_cluster(&pki, "control-plane").await;
     let (rt_sim, rt_kc) = sim_cluster(&pki, "rt1").await;
@@ -407,6 +411,24 @@ async fn every_metric_the_dashboard_and_alerts_use_is_served() {
         let differ: Vec<_> = openmetrics.samples.symmetric_difference(&classic.samples).collect();
         assert!(differ.is_empty(), "{what}: the two formats carry other samples: {differ:?}\n{text}");
         assert!(!classic.samples.is_empty() && !text.contains("# EOF"), "{what}:\n{text}");
+        // Every component says which build runs and serves the standard process metrics,
+        // with values that fit a process started by this test.
+        let build = format!("fleetwatch_build_info{{version=\"{}\",commit=\"", env!("CARGO_PKG_VERSION"));
+        let info =
+            text.lines().find(|l| l.starts_with(&build)).unwrap_or_else(|| panic!("{what}: no {build}…\n{text}"));
+        assert!(info.ends_with(" 1") && info.contains(",rustc=\"rustc "), "{what}: {info}");
+        let v = |name: &str| Exposition::value(&text, name).unwrap_or_else(|| panic!("{what}: no {name}\n{text}"));
+        let now = jiff::Timestamp::now().as_second() as f64;
+        let start = v("process_start_time_seconds");
+        assert!(start >= started && start <= now, "{what}: started at {start}, the test at {started}, now {now}");
+        let (rss, vsz) = (v("process_resident_memory_bytes"), v("process_virtual_memory_bytes"));
+        assert!(rss > 1_000_000.0 && vsz >= rss, "{what}: resident {rss}, virtual {vsz}");
+        let (fds, max_fds) = (v("process_open_fds"), v("process_max_fds"));
+        assert!(fds >= 3.0 && max_fds >= fds, "{what}: {fds} of {max_fds} descriptors open");
+        let cpu = v("process_cpu_seconds_total");
+        // No more CPU time than every core for the whole test.
+        let cores = std::thread::available_parallelism().map_or(64.0, |n| n.get() as f64);
+        assert!(cpu > 0.0 && cpu <= (now - started + 1.0) * cores, "{what}: {cpu} CPU seconds");
     }
     let relay_text = scrape(relay_port, None).await.1;
     assert!(
