@@ -103,7 +103,7 @@ fn observability_dir() -> PathBuf {
 #[test]
 fn metric_names_are_found_in_promql() {
     let names = metric_names(
-        "time() - max by (cluster) (fleetwatch_hub_cluster_last_seen_timestamp_seconds{job=~\"x\"}) > 300 and \
+        "time() - max by (runtime_cluster) (fleetwatch_hub_cluster_last_seen_timestamp_seconds{job=~\"x\"}) > 300 and \
          rate(fleetwatch_lifecycle_reconciles_total[5m]) and my_fleetwatch_other",
     );
     let want: BTreeSet<String> =
@@ -234,6 +234,52 @@ fn every_alert_has_a_runbook_that_exists() {
     // And no section for an alert that is gone.
     let stale: Vec<_> = anchors.iter().filter(|a| a.starts_with("fleetwatch") && !alerts.contains(*a)).collect();
     assert!(stale.is_empty(), "docs/runbooks.md sections of no alert: {stale:?}");
+}
+
+/// Whether PromQL (or a dashboard legend) uses a label named `cluster`: the
+/// external label multi-cluster Prometheus setups (Thanos, Mimir) put on every series, which
+/// fleetwatch leaves to them (decision 0039; its label is `runtime_cluster`).
+fn uses_cluster_label(text: &str) -> bool {
+    text.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).any(|token| token == "cluster")
+}
+
+#[test]
+fn no_query_uses_the_cluster_label_of_multi_cluster_prometheus() {
+    assert!(uses_cluster_label("max by (cluster) (x)") && uses_cluster_label("x{cluster=\"a\"}"));
+    assert!(uses_cluster_label("{{cluster}}") && uses_cluster_label("sum by (cluster, phase) (x)"));
+    assert!(!uses_cluster_label("max by (runtime_cluster) (fleetwatch_hub_cluster_watches)"));
+    assert!(!uses_cluster_label("{{runtime_cluster}}"));
+    let dashboard: Value =
+        serde_json::from_str(&std::fs::read_to_string(observability_dir().join("dashboard.json")).unwrap()).unwrap();
+    let mut found = Vec::new();
+    fn walk(v: &Value, path: &str, found: &mut Vec<String>) {
+        match v {
+            Value::Object(o) => o.iter().for_each(|(k, x)| walk(x, &format!("{path}.{k}"), found)),
+            Value::Array(a) => a.iter().enumerate().for_each(|(i, x)| walk(x, &format!("{path}[{i}]"), found)),
+            Value::String(s)
+                if (path.ends_with(".expr") || path.ends_with(".legendFormat")) && uses_cluster_label(s) =>
+            {
+                found.push(format!("dashboard {path}: {s}"))
+            }
+            _ => {}
+        }
+    }
+    walk(&dashboard, "", &mut found);
+    let rules: Value =
+        serde_saphyr::from_str(&std::fs::read_to_string(observability_dir().join("alerts.yaml")).unwrap()).unwrap();
+    for rule in rules["groups"].as_array().unwrap().iter().flat_map(|g| g["rules"].as_array().unwrap()) {
+        let name = rule["alert"].as_str().unwrap();
+        if let Some(expr) = rule["expr"].as_str().filter(|e| uses_cluster_label(e)) {
+            found.push(format!("alert {name}: {expr}"));
+        }
+        // In the annotations' prose "cluster" is a word: only the template's label counts.
+        for t in rule["annotations"].as_object().unwrap().values().filter_map(Value::as_str) {
+            if t.contains("$labels.cluster ") || t.contains("$labels.cluster}") {
+                found.push(format!("alert {name}: {t}"));
+            }
+        }
+    }
+    assert!(found.is_empty(), "queries using the label `cluster`:\n{}", found.join("\n"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -369,9 +415,11 @@ async fn every_metric_the_dashboard_and_alerts_use_is_served() {
         .until(
             async || (http_get(hub.admin_port, "/metrics").await, http_get(metrics_port, "/metrics").await),
             |(hub_text, lc_text)| {
-                Exposition::value(hub_text, "fleetwatch_hub_cluster_connected{cluster=\"rt1\"}") == Some(1.0)
-                    && Exposition::value(hub_text, "fleetwatch_hub_cluster_watches{cluster=\"rt1\",phase=\"running\"}")
-                        == Some(1.0)
+                Exposition::value(hub_text, "fleetwatch_hub_cluster_connected{runtime_cluster=\"rt1\"}") == Some(1.0)
+                    && Exposition::value(
+                        hub_text,
+                        "fleetwatch_hub_cluster_watches{runtime_cluster=\"rt1\",phase=\"running\"}",
+                    ) == Some(1.0)
                     && Exposition::value(lc_text, "fleetwatch_lifecycle_modules{module=\"hello\",state=\"Ready\"}")
                         == Some(1.0)
             },
@@ -411,6 +459,12 @@ async fn every_metric_the_dashboard_and_alerts_use_is_served() {
         let differ: Vec<_> = openmetrics.samples.symmetric_difference(&classic.samples).collect();
         assert!(differ.is_empty(), "{what}: the two formats carry other samples: {differ:?}\n{text}");
         assert!(!classic.samples.is_empty() && !text.contains("# EOF"), "{what}:\n{text}");
+        // No family has a label `cluster` (decision 0039).
+        let clashing: Vec<&str> = text
+            .lines()
+            .filter(|l| !l.starts_with('#') && (l.contains("{cluster=") || l.contains(",cluster=")))
+            .collect();
+        assert!(clashing.is_empty(), "{what}: series with a label `cluster`: {clashing:?}");
         // Every component says which build runs and serves the standard process metrics,
         // with values that fit a process started by this test.
         let build = format!("fleetwatch_build_info{{version=\"{}\",commit=\"", env!("CARGO_PKG_VERSION"));
@@ -468,7 +522,8 @@ async fn every_metric_the_dashboard_and_alerts_use_is_served() {
     let expiry = Exposition::value(&hub_text, "fleetwatch_hub_client_cert_earliest_expiry_seconds").unwrap();
     assert!(expiry > 0.0 && expiry <= 86_400.0 + 60.0, "test certificates live one day: {expiry}");
     let agent_expiry =
-        Exposition::value(&hub_text, "fleetwatch_hub_agent_cert_expiry_timestamp_seconds{cluster=\"rt1\"}").unwrap();
+        Exposition::value(&hub_text, "fleetwatch_hub_agent_cert_expiry_timestamp_seconds{runtime_cluster=\"rt1\"}")
+            .unwrap();
     let now = jiff::Timestamp::now().as_second() as f64;
     assert!(agent_expiry > now, "{agent_expiry} vs now {now}");
     // Subscribers serve the expiry of the certificate they use (one day, like every test one).
