@@ -324,6 +324,9 @@ fn chart_schemas_refuse_bad_values_naming_them() {
         &["lifecycle.extraEnv[0].name=N", "lifecycle.extraEnv[0].value=1"],
         &["lifecycle.extraEnv.0.value", "string"],
     );
+    // A runbook base with an anchor of its own would make every runbook_url point nowhere.
+    refused("fleetwatch", &["monitoring.runbookBaseUrl=https://wiki/runbooks#top"], &["monitoring.runbookBaseUrl"]);
+    refused("fleetwatch", &["monitoring.runbookBaseUrl=runbooks.md"], &["monitoring.runbookBaseUrl"]);
     refused("fleetwatch-agent", &["hub.urls={https://hub:443}"], &["hub.urls.0"]);
     refused("fleetwatch-agent", &["outbox.capacity=many"], &["outbox.capacity"]);
     // What the schema lets through still renders.
