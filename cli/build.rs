@@ -1,7 +1,8 @@
 //! Records the git commit the binary is built from in `FLEETWATCH_GIT_COMMIT`, for
 //! `fleetwatch version`: the variable of that name when set at build time (an image built
 //! from a tarball passes it in), else `git rev-parse` when the sources are a git checkout,
-//! else `unknown` (a tarball without .git). Never fails the build.
+//! else `unknown` (a tarball without .git); and the compiler's `rustc --version` in
+//! `FLEETWATCH_RUSTC`, for `fleetwatch_build_info`. Never fails the build.
 
 use std::process::Command;
 
@@ -41,4 +42,16 @@ fn main() {
         }
     };
     println!("cargo:rustc-env=FLEETWATCH_GIT_COMMIT={commit}");
+    // The compiler cargo builds with (RUSTC), not whichever `rustc` is first on PATH.
+    let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
+    let version = Command::new(rustc)
+        .arg("--version")
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "unknown".into());
+    println!("cargo:rustc-env=FLEETWATCH_RUSTC={version}");
 }

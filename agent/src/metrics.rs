@@ -60,7 +60,7 @@ impl Collector for Snapshot {
 pub fn encode(stats: &AgentStats) -> String {
     let mut registry = Registry::with_prefix("fleetwatch_agent");
     registry.register_collector(Box::new(Snapshot(stats.clone())));
-    fleetwatch_telemetry::exposition::encode(&[&registry])
+    fleetwatch_telemetry::exposition::encode_component(&[&registry])
 }
 
 /// The health listener (`--health-listen`): `/metrics` from the stats; `/readyz` ready

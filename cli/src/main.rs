@@ -120,6 +120,12 @@ fn limit_malloc_arenas() {
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
+    // What every component's /metrics names in fleetwatch_build_info.
+    fleetwatch_telemetry::process::set_build(fleetwatch_telemetry::process::Build {
+        version: env!("CARGO_PKG_VERSION").to_string(),
+        commit: env!("FLEETWATCH_GIT_COMMIT").to_string(),
+        rustc: env!("FLEETWATCH_RUSTC").to_string(),
+    });
     // The sandbox draws a table on stdout: its logs go to a file in its directory.
     let log_file = match &cli.command {
         #[cfg(feature = "sandbox")]

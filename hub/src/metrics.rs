@@ -187,7 +187,7 @@ impl Metrics {
     /// The OpenMetrics exposition of the instruments followed by `scrape`'s families (the
     /// state read at scrape time), closed with `# EOF`.
     pub fn encode(&self, scrape: &Registry) -> String {
-        fleetwatch_telemetry::exposition::encode(&[&self.registry, scrape])
+        fleetwatch_telemetry::exposition::encode_component(&[&self.registry, scrape])
     }
 }
 
@@ -212,7 +212,11 @@ mod tests {
         let mut scrape = Registry::with_prefix("fleetwatch_hub");
         scrape.register("scraped", "Read at scrape time", Gauge::<i64>::default());
         let out = m.encode(&scrape);
-        assert!(out.ends_with("fleetwatch_hub_scraped 0\n# EOF\n"), "{out}");
+        // The instruments, the scrape, then what every component serves, and one EOF.
+        let scraped = out.find("fleetwatch_hub_scraped 0\n").expect("the scrape's families");
+        let build = out.find("# TYPE fleetwatch_build_info gauge").expect("the standard families");
+        assert!(out.find("fleetwatch_hub_connects_total").is_some_and(|i| i < scraped) && scraped < build, "{out}");
+        assert!(out.ends_with("\n# EOF\n"), "{out}");
         assert_eq!(out.matches("# EOF").count(), 1, "{out}");
         assert!(out.contains("fleetwatch_hub_connects_total{role=\"agent\"} 1"), "{out}");
         assert!(out.contains("fleetwatch_hub_disconnects_total{role=\"agent\",reason=\"peer-closed\"} 1"), "{out}");

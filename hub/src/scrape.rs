@@ -19,16 +19,19 @@ use prometheus_client::registry::Registry;
 
 use crate::context::Context;
 
-/// Label: a cluster id.
+/// Label: a runtime cluster's id. Named `runtime_cluster`, not `cluster`: multi-cluster
+/// Prometheus setups (Thanos, Mimir) put an external label `cluster` on every series, naming
+/// the cluster Prometheus runs in (decision 0039).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
 pub(crate) struct ClusterLabel {
-    pub(crate) cluster: String,
+    pub(crate) runtime_cluster: String,
 }
 
 /// Labels of `fleetwatch_hub_cluster_agent_protocol`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
 pub(crate) struct AgentProtocolLabels {
-    pub(crate) cluster: String,
+    /// The runtime cluster's id ([`ClusterLabel`]).
+    pub(crate) runtime_cluster: String,
     /// The agent's build version (empty when it did not say).
     pub(crate) agent_version: String,
     /// The protocol version its session speaks.
@@ -38,7 +41,8 @@ pub(crate) struct AgentProtocolLabels {
 /// Labels of `fleetwatch_hub_cluster_watches`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
 pub(crate) struct WatchLabels {
-    pub(crate) cluster: String,
+    /// The runtime cluster's id ([`ClusterLabel`]).
+    pub(crate) runtime_cluster: String,
     pub(crate) phase: String,
 }
 
@@ -111,7 +115,7 @@ impl Scrape {
         // for the connected ones the protocol versions (the skew policy's alert compares
         // them with this hub's range; docs/upgrade.md) and the watches by phase.
         for c in ctx.sessions.registry.list() {
-            let cluster = ClusterLabel { cluster: c.cluster.clone() };
+            let cluster = ClusterLabel { runtime_cluster: c.cluster.clone() };
             s.cluster_connected.push((cluster.clone(), c.connected));
             if let Some(seen) = c.last_seen {
                 s.cluster_last_seen.push((cluster.clone(), unix_secs(seen)));
@@ -122,7 +126,7 @@ impl Scrape {
             }
             if let (Some(newest), Some(session)) = (c.agent_protocol, c.protocol) {
                 let labels = AgentProtocolLabels {
-                    cluster: c.cluster.clone(),
+                    runtime_cluster: c.cluster.clone(),
                     agent_version: c.agent_version.clone().unwrap_or_default(),
                     session_protocol: session.to_string(),
                 };
@@ -133,7 +137,7 @@ impl Scrape {
                 *phases.entry(w.phase.to_string()).or_default() += 1;
             }
             for (phase, n) in phases {
-                s.cluster_watches.push((WatchLabels { cluster: c.cluster.clone(), phase }, n));
+                s.cluster_watches.push((WatchLabels { runtime_cluster: c.cluster.clone(), phase }, n));
             }
         }
 
@@ -152,8 +156,10 @@ impl Scrape {
                 *e = (*e).min(peer.not_after);
             }
         }
-        s.agent_cert_expiry =
-            agents.into_iter().map(|(cluster, at)| (ClusterLabel { cluster }, unix_secs(at))).collect();
+        s.agent_cert_expiry = agents
+            .into_iter()
+            .map(|(cluster, at)| (ClusterLabel { runtime_cluster: cluster }, unix_secs(at)))
+            .collect();
         s.client_cert_earliest_expiry = earliest.map(|e| unix_secs(e) - now_secs);
 
         // Subscriber lag: records not acked yet, and the age of the oldest of them. Several
@@ -296,7 +302,7 @@ mod tests {
     use super::*;
 
     fn cluster(c: &str) -> ClusterLabel {
-        ClusterLabel { cluster: c.into() }
+        ClusterLabel { runtime_cluster: c.into() }
     }
 
     /// The families in scrape order: (name, type) from `# TYPE`.
@@ -322,14 +328,14 @@ mod tests {
             cluster_last_seen: vec![(cluster("rt1"), 1_700_000_000.25)],
             agent_protocol: vec![(
                 AgentProtocolLabels {
-                    cluster: "rt1".into(),
+                    runtime_cluster: "rt1".into(),
                     agent_version: "0.1.0".into(),
                     session_protocol: "1".into(),
                 },
                 1,
             )],
             cluster_sessions: vec![(cluster("rt1"), 3)],
-            cluster_watches: vec![(WatchLabels { cluster: "rt1".into(), phase: "running".into() }, 2)],
+            cluster_watches: vec![(WatchLabels { runtime_cluster: "rt1".into(), phase: "running".into() }, 2)],
             cert_expiry: 1_800_000_000.5,
             agent_cert_expiry: vec![(cluster("rt1"), 1_750_000_000.0)],
             client_cert_earliest_expiry: Some(86_000.5),
@@ -349,17 +355,17 @@ mod tests {
             "fleetwatch_hub_bus_write_failures_total 2",
             "# HELP fleetwatch_hub_ready Whether /readyz answers ready (1) or not (0).",
             "fleetwatch_hub_ready 1",
-            "fleetwatch_hub_cluster_connected{cluster=\"rt1\"} 1",
-            "fleetwatch_hub_cluster_connected{cluster=\"rt\\\"2\"} 0",
-            "fleetwatch_hub_cluster_last_seen_timestamp_seconds{cluster=\"rt1\"} 1700000000.25",
+            "fleetwatch_hub_cluster_connected{runtime_cluster=\"rt1\"} 1",
+            "fleetwatch_hub_cluster_connected{runtime_cluster=\"rt\\\"2\"} 0",
+            "fleetwatch_hub_cluster_last_seen_timestamp_seconds{runtime_cluster=\"rt1\"} 1700000000.25",
             "fleetwatch_hub_protocol_newest 1",
             "fleetwatch_hub_protocol_oldest 1",
-            "fleetwatch_hub_cluster_agent_protocol{cluster=\"rt1\",agent_version=\"0.1.0\",session_protocol=\"1\"} 1",
+            "fleetwatch_hub_cluster_agent_protocol{runtime_cluster=\"rt1\",agent_version=\"0.1.0\",session_protocol=\"1\"} 1",
             "# TYPE fleetwatch_hub_cluster_sessions counter",
-            "fleetwatch_hub_cluster_sessions_total{cluster=\"rt1\"} 3",
-            "fleetwatch_hub_cluster_watches{cluster=\"rt1\",phase=\"running\"} 2",
+            "fleetwatch_hub_cluster_sessions_total{runtime_cluster=\"rt1\"} 3",
+            "fleetwatch_hub_cluster_watches{runtime_cluster=\"rt1\",phase=\"running\"} 2",
             "fleetwatch_hub_cert_expiry_timestamp_seconds 1800000000.5",
-            "fleetwatch_hub_agent_cert_expiry_timestamp_seconds{cluster=\"rt1\"} 1750000000.0",
+            "fleetwatch_hub_agent_cert_expiry_timestamp_seconds{runtime_cluster=\"rt1\"} 1750000000.0",
             "fleetwatch_hub_client_cert_earliest_expiry_seconds 86000.5",
             "fleetwatch_hub_subscriber_lag_records{subscriber=\"ops\",durable=\"-\"} 7",
             "fleetwatch_hub_subscriber_lag_seconds{subscriber=\"ops\",durable=\"-\"} 1.5",

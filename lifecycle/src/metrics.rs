@@ -61,6 +61,9 @@ struct ModuleLabel {
 #[derive(Default)]
 struct ViewCollector {
     view: Mutex<Option<View>>,
+    /// The shards the Runtimes are split into (`--shards`; 1 unsharded), known once
+    /// [`crate::run`] starts (0 before).
+    shard_count: std::sync::atomic::AtomicU32,
 }
 
 impl std::fmt::Debug for ViewCollector {
@@ -108,6 +111,13 @@ impl Collector for ViewCollector {
             "shards_held",
             "Shards this instance acts on (unsharded: 1 while it is the acting leader)",
             count(held),
+        )?;
+        // Not `shards_total`: a `_total` suffix marks a counter (OpenMetrics, promtool).
+        gauge(
+            &mut encoder,
+            "shards",
+            "Shards the Runtimes are split into (--shards; 1 unsharded): the shards held across instances should add up to it",
+            i64::from(self.shard_count.load(std::sync::atomic::Ordering::Relaxed)),
         )?;
         gauge(
             &mut encoder,
@@ -205,7 +215,7 @@ impl Default for Metrics {
 impl Metrics {
     /// The OpenMetrics text exposition, closed with `# EOF`.
     pub fn encode(&self) -> String {
-        fleetwatch_telemetry::exposition::encode(&[&self.registry])
+        fleetwatch_telemetry::exposition::encode_component(&[&self.registry])
     }
 
     /// Counts a failed step tried again.
@@ -227,6 +237,11 @@ impl Metrics {
     /// one set stays).
     pub fn set_client_tls(&self, tls: fleetwatch_client::client_tls::ClientTls) {
         let _ = self.client_certificate.tls.set(tls);
+    }
+
+    /// Sets how many shards the Runtimes are split into (`fleetwatch_lifecycle_shards`).
+    pub(crate) fn set_shard_count(&self, count: u32) {
+        self.view.shard_count.store(count, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Sets what the scrape-time gauges read (`None`: the operator stopped acting).
@@ -258,6 +273,7 @@ mod tests {
             "fleetwatch_lifecycle_reconciles_in_flight 0",
             "fleetwatch_lifecycle_queue_depth 0",
             "fleetwatch_lifecycle_shards_held 0",
+            "fleetwatch_lifecycle_shards 0",
             "# TYPE fleetwatch_lifecycle_modules gauge",
             "# TYPE fleetwatch_lifecycle_module_config_invalid gauge",
             "fleetwatch_lifecycle_config_enforcements_total 0",

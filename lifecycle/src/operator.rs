@@ -98,6 +98,7 @@ pub async fn run(config: LifecycleConfig, metrics: Arc<Metrics>, shutdown: Cance
     if let Some(hub) = &config.hub {
         metrics.set_client_tls(hub.tls.clone());
     }
+    metrics.set_shard_count(config.shards.as_ref().map_or(1, |s| s.count));
     if !wait_for_crds(&config.client, &shutdown).await {
         tracing::info!("lifecycle operator stopped before its CRDs appeared");
         return;

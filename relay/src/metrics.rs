@@ -261,7 +261,7 @@ impl Metrics {
     /// The OpenMetrics text exposition, closed with `# EOF`.
     pub fn encode(&self) -> String {
         self.ready.get_or_create(&RelayLabel { relay: self.relay.clone() }).set(i64::from(self.readiness().is_ok()));
-        fleetwatch_telemetry::exposition::encode(&[&self.registry])
+        fleetwatch_telemetry::exposition::encode_component(&[&self.registry])
     }
 
     /// The relay's health and metrics endpoint (`--metrics-listen`): `/metrics` from these

@@ -28,6 +28,15 @@ pub fn encode(registries: &[&Registry]) -> String {
     out
 }
 
+/// A component's `/metrics`: its `registries`, then the families every component serves
+/// ([`crate::process`]: `fleetwatch_build_info` and the `process_*` metrics), closed with
+/// one `# EOF`.
+pub fn encode_component(registries: &[&Registry]) -> String {
+    let mut all: Vec<&Registry> = registries.to_vec();
+    all.push(crate::process::registry());
+    encode(&all)
+}
+
 /// Whether a scrape's `Accept` header asks for the text format 0.0.4 rather than
 /// OpenMetrics: it names `text/plain` and not `application/openmetrics-text`. No header,
 /// `*/*` and Prometheus' default (OpenMetrics first) get OpenMetrics.

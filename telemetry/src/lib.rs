@@ -10,6 +10,8 @@
 //! - [`collect`]: writing families read at scrape time from a
 //!   [`prometheus_client::collector::Collector`] (state that would cost the hot path to keep
 //!   current: bus size, liveness, certificate expiry, lag).
+//! - [`process`]: what every component serves besides its own families:
+//!   `fleetwatch_build_info` and the standard `process_*` metrics (from `/proc/self`).
 //! - [`server`]: the health and metrics endpoint of the operator, the relays and the agent;
 //!   its handlers also answer those three paths on the hub's admin endpoint.
 //!
@@ -19,6 +21,7 @@
 pub mod collect;
 pub mod exposition;
 pub mod instruments;
+pub mod process;
 pub mod server;
 
 pub use server::{Health, Readiness};

@@ -170,8 +170,7 @@ async fn transcripts_replay_against_a_real_hub() {
             panic!("no welcome for golden-live");
         }
     }
-    let series =
-        r#"fleetwatch_hub_cluster_agent_protocol{cluster="golden-live",agent_version="9.0.0",session_protocol="1"} 2"#;
+    let series = r#"fleetwatch_hub_cluster_agent_protocol{runtime_cluster="golden-live",agent_version="9.0.0",session_protocol="1"} 2"#;
     let metrics = http_get(hub.admin_port, "/metrics").await;
     assert!(metrics.lines().any(|l| l == series), "no {series} in\n{metrics}");
     // The refused agent and subscriber are counted for the skew alert.

@@ -612,15 +612,25 @@ async fn sharded_instances_share_the_runtimes_and_take_over_a_killed_one() {
     let (cp_sim, cp_kc) = sim_cluster(&pki, "control-plane").await;
     let crds = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/crds");
     kubectl(&cp_kc, &["apply", "-f", crds.to_str().unwrap()], None);
-    let spawn = |log: &str| {
-        let args: Vec<String> = ["lifecycle", "--shards", "3", "--leader-elect-lease-duration", "3"]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
+    let spawn = |log: &str, metrics_port: u16| {
+        let metrics = format!("127.0.0.1:{metrics_port}");
+        let args: Vec<String> =
+            ["lifecycle", "--shards", "3", "--leader-elect-lease-duration", "3", "--metrics-listen", &metrics]
+                .iter()
+                .map(|s| s.to_string())
+                .collect();
         Proc::spawn_with_env(&args, pki.path(log), &[("KUBECONFIG", cp_kc.to_str().unwrap())])
     };
-    let mut a = spawn("lifecycle-shard-a.log");
-    let mut b = spawn("lifecycle-shard-b.log");
+    let (a_port, b_port) = (free_port(), free_port());
+    let mut a = spawn("lifecycle-shard-a.log", a_port);
+    let mut b = spawn("lifecycle-shard-b.log", b_port);
+    // What the lost-shard alert reads: each instance's shard count and shards held.
+    let shard_gauges = |port: u16| async move {
+        let text = http_get(port, "/metrics").await;
+        let value =
+            |name: &str| text.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse::<f64>().ok());
+        (value("fleetwatch_lifecycle_shards"), value("fleetwatch_lifecycle_shards_held"))
+    };
     let cp = cp_sim.client().await.unwrap();
     let leases: Api<k8s_openapi::api::coordination::v1::Lease> = Api::namespaced(cp.clone(), "default");
     let holders = || {
@@ -686,17 +696,31 @@ async fn sharded_instances_share_the_runtimes_and_take_over_a_killed_one() {
         names
     };
     all_ready(create("one-")).await;
+    // Both serve the shard count, and the shards they hold add up to it.
+    eventually("the shards held to add up to the shard count")
+        .until(
+            async || (shard_gauges(a_port).await, shard_gauges(b_port).await),
+            |((a_total, a_held), (b_total, b_held))| {
+                *a_total == Some(3.0)
+                    && *b_total == Some(3.0)
+                    && a_held.zip(*b_held).is_some_and(|(a, b)| a + b == 3.0 && a >= 1.0 && b >= 1.0)
+            },
+        )
+        .await;
     // Both processes reconciled: each logs the runtimes of its own shards.
     assert!(a.stderr().contains("took the shard") && b.stderr().contains("took the shard"));
 
     // The process holding shard 0 is killed without giving anything back.
     let a_holds_0 = a.stderr().contains(&spread[0]);
-    let (victim, survivor) = if a_holds_0 { (&mut a, &mut b) } else { (&mut b, &mut a) };
+    let (victim, survivor, survivor_port) = if a_holds_0 { (&mut a, &mut b, b_port) } else { (&mut b, &mut a, a_port) };
     victim.signal("KILL");
     victim.wait_exit(Duration::from_secs(10));
     eventually("the survivor to take the shards over")
         .context(|| survivor.stderr())
         .until(async || holders().await, |h| h.iter().all(|x| !x.is_empty() && *x != spread[0]))
+        .await;
+    eventually("the survivor to report all three shards held")
+        .until(async || shard_gauges(survivor_port).await, |g| *g == (Some(3.0), Some(3.0)))
         .await;
     all_ready(create("two-")).await;
     survivor.signal("TERM");

@@ -103,7 +103,7 @@ fn observability_dir() -> PathBuf {
 #[test]
 fn metric_names_are_found_in_promql() {
     let names = metric_names(
-        "time() - max by (cluster) (fleetwatch_hub_cluster_last_seen_timestamp_seconds{job=~\"x\"}) > 300 and \
+        "time() - max by (runtime_cluster) (fleetwatch_hub_cluster_last_seen_timestamp_seconds{job=~\"x\"}) > 300 and \
          rate(fleetwatch_lifecycle_reconciles_total[5m]) and my_fleetwatch_other",
     );
     let want: BTreeSet<String> =
@@ -182,10 +182,104 @@ fn alert_rules() -> Vec<(String, String)> {
             assert!(rule["labels"]["severity"].is_string(), "{name}: no severity label");
             assert!(rule["annotations"]["summary"].is_string(), "{name}: no summary");
             assert!(rule["for"].is_string(), "{name}: no `for`");
+            assert!(rule["annotations"]["runbook_url"].is_string(), "{name}: no runbook_url");
             out.push((name, expr));
         }
     }
     out
+}
+
+/// Where the alerts' `runbook_url` annotations point (the chart's default
+/// `monitoring.runbookBaseUrl`): docs/runbooks.md on the project's home (Chart.yaml).
+const RUNBOOKS: &str = "https://github.com/fleetwatch/fleetwatch/blob/main/docs/runbooks.md";
+
+/// The anchors GitHub gives a Markdown file's headings: lower case, spaces to `-`, other
+/// punctuation dropped.
+fn markdown_anchors(text: &str) -> BTreeSet<String> {
+    text.lines()
+        .filter_map(|l| l.trim_start_matches('#').strip_prefix(' ').filter(|_| l.starts_with('#')))
+        .map(|h| {
+            h.trim()
+                .to_lowercase()
+                .chars()
+                .filter_map(|c| match c {
+                    ' ' => Some('-'),
+                    c if c.is_alphanumeric() || c == '-' || c == '_' => Some(c),
+                    _ => None,
+                })
+                .collect()
+        })
+        .collect()
+}
+
+#[test]
+fn every_alert_has_a_runbook_that_exists() {
+    let runbooks = std::fs::read_to_string(observability_dir().join("../../docs/runbooks.md")).unwrap();
+    let anchors = markdown_anchors(&runbooks);
+    assert!(anchors.contains("fleetwatchclusternotseen") && !anchors.contains("nothing-like-it"), "{anchors:?}");
+    let text = std::fs::read_to_string(observability_dir().join("alerts.yaml")).unwrap();
+    let rules: Value = serde_saphyr::from_str(&text).unwrap();
+    let mut missing = Vec::new();
+    let mut alerts = BTreeSet::new();
+    for rule in rules["groups"].as_array().unwrap().iter().flat_map(|g| g["rules"].as_array().unwrap()) {
+        let name = rule["alert"].as_str().unwrap();
+        alerts.insert(name.to_lowercase());
+        let url = rule["annotations"]["runbook_url"].as_str().unwrap_or_default();
+        match url.strip_prefix(RUNBOOKS).and_then(|u| u.strip_prefix('#')) {
+            Some(anchor) if anchor == name.to_lowercase() && anchors.contains(anchor) => {}
+            _ => missing.push(format!("{name}: runbook_url {url:?}")),
+        }
+    }
+    assert!(missing.is_empty(), "alerts without a section of docs/runbooks.md of their name:\n{}", missing.join("\n"));
+    // And no section for an alert that is gone.
+    let stale: Vec<_> = anchors.iter().filter(|a| a.starts_with("fleetwatch") && !alerts.contains(*a)).collect();
+    assert!(stale.is_empty(), "docs/runbooks.md sections of no alert: {stale:?}");
+}
+
+/// Whether PromQL (or a dashboard legend) uses a label named `cluster`: the
+/// external label multi-cluster Prometheus setups (Thanos, Mimir) put on every series, which
+/// fleetwatch leaves to them (decision 0039; its label is `runtime_cluster`).
+fn uses_cluster_label(text: &str) -> bool {
+    text.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).any(|token| token == "cluster")
+}
+
+#[test]
+fn no_query_uses_the_cluster_label_of_multi_cluster_prometheus() {
+    assert!(uses_cluster_label("max by (cluster) (x)") && uses_cluster_label("x{cluster=\"a\"}"));
+    assert!(uses_cluster_label("{{cluster}}") && uses_cluster_label("sum by (cluster, phase) (x)"));
+    assert!(!uses_cluster_label("max by (runtime_cluster) (fleetwatch_hub_cluster_watches)"));
+    assert!(!uses_cluster_label("{{runtime_cluster}}"));
+    let dashboard: Value =
+        serde_json::from_str(&std::fs::read_to_string(observability_dir().join("dashboard.json")).unwrap()).unwrap();
+    let mut found = Vec::new();
+    fn walk(v: &Value, path: &str, found: &mut Vec<String>) {
+        match v {
+            Value::Object(o) => o.iter().for_each(|(k, x)| walk(x, &format!("{path}.{k}"), found)),
+            Value::Array(a) => a.iter().enumerate().for_each(|(i, x)| walk(x, &format!("{path}[{i}]"), found)),
+            Value::String(s)
+                if (path.ends_with(".expr") || path.ends_with(".legendFormat")) && uses_cluster_label(s) =>
+            {
+                found.push(format!("dashboard {path}: {s}"))
+            }
+            _ => {}
+        }
+    }
+    walk(&dashboard, "", &mut found);
+    let rules: Value =
+        serde_saphyr::from_str(&std::fs::read_to_string(observability_dir().join("alerts.yaml")).unwrap()).unwrap();
+    for rule in rules["groups"].as_array().unwrap().iter().flat_map(|g| g["rules"].as_array().unwrap()) {
+        let name = rule["alert"].as_str().unwrap();
+        if let Some(expr) = rule["expr"].as_str().filter(|e| uses_cluster_label(e)) {
+            found.push(format!("alert {name}: {expr}"));
+        }
+        // In the annotations' prose "cluster" is a word: only the template's label counts.
+        for t in rule["annotations"].as_object().unwrap().values().filter_map(Value::as_str) {
+            if t.contains("$labels.cluster ") || t.contains("$labels.cluster}") {
+                found.push(format!("alert {name}: {t}"));
+            }
+        }
+    }
+    assert!(found.is_empty(), "queries using the label `cluster`:\n{}", found.join("\n"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -214,7 +308,9 @@ async fn every_metric_the_dashboard_and_alerts_use_is_served() {
     let mut used: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for (title, expr) in panels.iter().chain(rules.iter()) {
         let found = metric_names(expr);
-        assert!(!found.is_empty(), "{title}: {expr:?} uses no fleetwatch metric");
+        // The absence alerts read Prometheus' own `up` of a fleetwatch job.
+        let absence = expr.contains("up{job=\"fleetwatch-");
+        assert!(!found.is_empty() || absence, "{title}: {expr:?} uses no fleetwatch metric");
         for n in found {
             used.entry(n).or_default().push(title.clone());
         }
@@ -222,6 +318,8 @@ async fn every_metric_the_dashboard_and_alerts_use_is_served() {
 
     // A fleet: control plane and runtime sims, hub, agent, lifecycle operator, a durable
     // subscriber, and a Runtime with a module installed.
+    // Every process below starts after this (whole seconds: /proc's boot time is one).
+    let started = jiff::Timestamp::now().as_second() as f64 - 1.0;
     let pki = Pki::new();
     let (cp, cp_kc) = sim_cluster(&pki, "control-plane").await;
     let (rt_sim, rt_kc) = sim_cluster(&pki, "rt1").await;
@@ -317,9 +415,11 @@ async fn every_metric_the_dashboard_and_alerts_use_is_served() {
         .until(
             async || (http_get(hub.admin_port, "/metrics").await, http_get(metrics_port, "/metrics").await),
             |(hub_text, lc_text)| {
-                Exposition::value(hub_text, "fleetwatch_hub_cluster_connected{cluster=\"rt1\"}") == Some(1.0)
-                    && Exposition::value(hub_text, "fleetwatch_hub_cluster_watches{cluster=\"rt1\",phase=\"running\"}")
-                        == Some(1.0)
+                Exposition::value(hub_text, "fleetwatch_hub_cluster_connected{runtime_cluster=\"rt1\"}") == Some(1.0)
+                    && Exposition::value(
+                        hub_text,
+                        "fleetwatch_hub_cluster_watches{runtime_cluster=\"rt1\",phase=\"running\"}",
+                    ) == Some(1.0)
                     && Exposition::value(lc_text, "fleetwatch_lifecycle_modules{module=\"hello\",state=\"Ready\"}")
                         == Some(1.0)
             },
@@ -359,6 +459,30 @@ async fn every_metric_the_dashboard_and_alerts_use_is_served() {
         let differ: Vec<_> = openmetrics.samples.symmetric_difference(&classic.samples).collect();
         assert!(differ.is_empty(), "{what}: the two formats carry other samples: {differ:?}\n{text}");
         assert!(!classic.samples.is_empty() && !text.contains("# EOF"), "{what}:\n{text}");
+        // No family has a label `cluster` (decision 0039).
+        let clashing: Vec<&str> = text
+            .lines()
+            .filter(|l| !l.starts_with('#') && (l.contains("{cluster=") || l.contains(",cluster=")))
+            .collect();
+        assert!(clashing.is_empty(), "{what}: series with a label `cluster`: {clashing:?}");
+        // Every component says which build runs and serves the standard process metrics,
+        // with values that fit a process started by this test.
+        let build = format!("fleetwatch_build_info{{version=\"{}\",commit=\"", env!("CARGO_PKG_VERSION"));
+        let info =
+            text.lines().find(|l| l.starts_with(&build)).unwrap_or_else(|| panic!("{what}: no {build}…\n{text}"));
+        assert!(info.ends_with(" 1") && info.contains(",rustc=\"rustc "), "{what}: {info}");
+        let v = |name: &str| Exposition::value(&text, name).unwrap_or_else(|| panic!("{what}: no {name}\n{text}"));
+        let now = jiff::Timestamp::now().as_second() as f64;
+        let start = v("process_start_time_seconds");
+        assert!(start >= started && start <= now, "{what}: started at {start}, the test at {started}, now {now}");
+        let (rss, vsz) = (v("process_resident_memory_bytes"), v("process_virtual_memory_bytes"));
+        assert!(rss > 1_000_000.0 && vsz >= rss, "{what}: resident {rss}, virtual {vsz}");
+        let (fds, max_fds) = (v("process_open_fds"), v("process_max_fds"));
+        assert!(fds >= 3.0 && max_fds >= fds, "{what}: {fds} of {max_fds} descriptors open");
+        let cpu = v("process_cpu_seconds_total");
+        // No more CPU time than every core for the whole test.
+        let cores = std::thread::available_parallelism().map_or(64.0, |n| n.get() as f64);
+        assert!(cpu > 0.0 && cpu <= (now - started + 1.0) * cores, "{what}: {cpu} CPU seconds");
     }
     let relay_text = scrape(relay_port, None).await.1;
     assert!(
@@ -398,7 +522,8 @@ async fn every_metric_the_dashboard_and_alerts_use_is_served() {
     let expiry = Exposition::value(&hub_text, "fleetwatch_hub_client_cert_earliest_expiry_seconds").unwrap();
     assert!(expiry > 0.0 && expiry <= 86_400.0 + 60.0, "test certificates live one day: {expiry}");
     let agent_expiry =
-        Exposition::value(&hub_text, "fleetwatch_hub_agent_cert_expiry_timestamp_seconds{cluster=\"rt1\"}").unwrap();
+        Exposition::value(&hub_text, "fleetwatch_hub_agent_cert_expiry_timestamp_seconds{runtime_cluster=\"rt1\"}")
+            .unwrap();
     let now = jiff::Timestamp::now().as_second() as f64;
     assert!(agent_expiry > now, "{agent_expiry} vs now {now}");
     // Subscribers serve the expiry of the certificate they use (one day, like every test one).
@@ -410,6 +535,7 @@ async fn every_metric_the_dashboard_and_alerts_use_is_served() {
         assert!(at > now && at <= now + 86_400.0 + 60.0, "{series} {at} vs now {now}");
     }
     assert_eq!(Exposition::value(&lc_text, "fleetwatch_lifecycle_shards_held"), Some(1.0), "{lc_text}");
+    assert_eq!(Exposition::value(&lc_text, "fleetwatch_lifecycle_shards"), Some(1.0), "unsharded is one shard");
     assert!(
         Exposition::value(&lc_text, "fleetwatch_lifecycle_reconcile_duration_seconds_count").is_some_and(|v| v >= 1.0),
         "{lc_text}"

@@ -403,7 +403,9 @@ fn sandbox_events_per_module_and_a_removed_modules_watch_waits_for_its_kind() {
         let metrics = futures_block(http_get(admin_port, "/metrics"));
         metrics
             .lines()
-            .find_map(|l| l.strip_prefix(r#"fleetwatch_hub_cluster_watches{cluster="rt-1",phase="waiting-for-kind"} "#))
+            .find_map(|l| {
+                l.strip_prefix(r#"fleetwatch_hub_cluster_watches{runtime_cluster="rt-1",phase="waiting-for-kind"} "#)
+            })
             .and_then(|v| v.trim().parse().ok())
     };
     let waiting_before = waiting_for_kind().unwrap_or(0);

@@ -129,7 +129,7 @@ async fn an_idle_clusters_last_seen_follows_its_pongs() {
     let acked = c["ackedSeq"].clone();
     // Four ping rounds later, by the hub's own count, with no event: both views moved on
     // by more than three seconds (without pongs counting, they stay at the last event).
-    let series = "fleetwatch_hub_cluster_last_seen_timestamp_seconds{cluster=\"idle\"}";
+    let series = "fleetwatch_hub_cluster_last_seen_timestamp_seconds{runtime_cluster=\"idle\"}";
     let first_secs = first.as_millisecond() as f64 / 1000.0;
     let moved = holds_within(Duration::from_secs(90), || {
         let c = cluster(&block(hub.clusters()), "idle");

@@ -139,6 +139,16 @@ fn the_service_monitor_scrapes_the_ports_that_serve_metrics() {
         })
         .collect();
     assert_eq!(selected.len(), 2, "hub admin and lifecycle metrics Services");
+    // Every series gets the job label the absence alerts name, whatever the release's name.
+    assert_eq!(sm["spec"]["jobLabel"], "fleetwatch.dev/job");
+    let alerts = std::fs::read_to_string(repo().join("deploy/observability/alerts.yaml")).unwrap();
+    for service in &selected {
+        let job = service["metadata"]["labels"]["fleetwatch.dev/job"].as_str().unwrap_or_default();
+        let component = service["metadata"]["labels"]["app.kubernetes.io/component"].as_str().unwrap();
+        let want = if component == "hub-admin" { "fleetwatch-hub" } else { "fleetwatch-lifecycle" };
+        assert_eq!(job, want, "{}", service["metadata"]["name"]);
+        assert!(alerts.contains(&format!("absent(up{{job=\"{job}\"}} == 1)")), "no absence alert for job {job}");
+    }
     for endpoint in sm["spec"]["endpoints"].as_array().unwrap() {
         assert_eq!(endpoint["path"], "/metrics");
         let service = selected
@@ -458,11 +468,38 @@ fn monitoring_objects_carry_the_observability_files_unchanged() {
         serde_saphyr::from_str(&std::fs::read_to_string(repo().join("deploy/observability/alerts.yaml")).unwrap())
             .unwrap();
     let rule = cp.iter().find(|d| d["kind"] == "PrometheusRule").expect("a PrometheusRule");
-    assert_eq!(rule["spec"], rules);
+    // No relay enabled: the relays' absence group is left out (it would fire for relays
+    // never meant to run); everything else as written.
+    let mut without_relays = rules.clone();
+    let groups = without_relays["groups"].as_array_mut().unwrap();
+    let before = groups.len();
+    groups.retain(|g| g["name"] != "fleetwatch-relays-absence");
+    assert_eq!(groups.len(), before - 1, "alerts.yaml has a group fleetwatch-relays-absence");
+    assert_eq!(rule["spec"], without_relays);
     assert!(!rules["groups"].as_array().unwrap().is_empty());
+    // With a relay, all of it.
+    let with_relay = helm_template(
+        "fleetwatch",
+        "fleetwatch-system",
+        &["monitoring.prometheusRule.enabled=true", "relays.klm.enabled=true", "relays.klm.target=http://klm:8082/"],
+    )
+    .unwrap();
+    assert_eq!(with_relay.iter().find(|d| d["kind"] == "PrometheusRule").unwrap()["spec"], rules);
     let dashboard: Value =
         serde_json::from_str(&std::fs::read_to_string(repo().join("deploy/observability/dashboard.json")).unwrap())
             .unwrap();
+    // The runbook links point where monitoring.runbookBaseUrl says, each to its alert.
+    let own = helm_template(
+        "fleetwatch",
+        "fleetwatch-system",
+        &["monitoring.prometheusRule.enabled=true", "monitoring.runbookBaseUrl=https://wiki.example.com/fleetwatch"],
+    )
+    .unwrap();
+    let own = own.iter().find(|d| d["kind"] == "PrometheusRule").unwrap();
+    for rule in own["spec"]["groups"].as_array().unwrap().iter().flat_map(|g| g["rules"].as_array().unwrap()) {
+        let want = format!("https://wiki.example.com/fleetwatch#{}", rule["alert"].as_str().unwrap().to_lowercase());
+        assert_eq!(rule["annotations"]["runbook_url"], want.as_str(), "{rule}");
+    }
     let cm = find(&cp, "ConfigMap", "fleetwatch-dashboard");
     assert_eq!(cm["metadata"]["labels"]["grafana_dashboard"], "1");
     let shipped: Value = serde_json::from_str(cm["data"]["fleetwatch.json"].as_str().unwrap()).unwrap();
@@ -764,6 +801,9 @@ fn chart_schemas_refuse_bad_values_naming_them() {
         &["lifecycle.extraEnv[0].name=N", "lifecycle.extraEnv[0].value=1"],
         &["lifecycle.extraEnv.0.value", "string"],
     );
+    // A runbook base with an anchor of its own would make every runbook_url point nowhere.
+    refused("fleetwatch", &["monitoring.runbookBaseUrl=https://wiki/runbooks#top"], &["monitoring.runbookBaseUrl"]);
+    refused("fleetwatch", &["monitoring.runbookBaseUrl=runbooks.md"], &["monitoring.runbookBaseUrl"]);
     refused("fleetwatch-agent", &["hub.urls={https://hub:443}"], &["hub.urls.0"]);
     refused("fleetwatch-agent", &["outbox.capacity=many"], &["outbox.capacity"]);
     // What the schema lets through still renders.

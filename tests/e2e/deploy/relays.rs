@@ -113,6 +113,7 @@ fn relays_render_with_their_certificate_probes_policy_and_grant() {
         let svc = find(&docs, "Service", &format!("{wname}-metrics"));
         let component = &svc["metadata"]["labels"]["app.kubernetes.io/component"];
         assert!(sm["spec"]["selector"]["matchExpressions"][0]["values"].as_array().unwrap().contains(component));
+        assert_eq!(svc["metadata"]["labels"]["fleetwatch.dev/job"], "fleetwatch-relay", "the absence alerts' job");
         assert_eq!(svc["spec"]["publishNotReadyAddresses"], true);
         assert!(svc["spec"]["selector"].as_object().unwrap().iter().all(|(k, v)| &labels[k] == v));
         assert!(
