@@ -295,8 +295,9 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> LeanTls<IO> {
                 format!("the peer sent {MAX_INCOMING} bytes without finishing a TLS record or handshake message"),
             )));
         }
-        let mut chunk = [0u8; READ_CHUNK];
-        let mut buf = ReadBuf::new(&mut chunk[..room]);
+        // Not zeroed: a read per wake-up would clear 16 KiB for nothing.
+        let mut chunk = [std::mem::MaybeUninit::<u8>::uninit(); READ_CHUNK];
+        let mut buf = ReadBuf::uninit(&mut chunk[..room]);
         ready!(Pin::new(&mut self.io).poll_read(cx, &mut buf))?;
         if buf.filled().is_empty() {
             self.eof = true;
@@ -437,12 +438,14 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncWrite for LeanTls<IO> {
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        if !this.closed_for_writing && !this.failed {
+        if !this.closed_for_writing {
             ready!(this.poll_send(cx))?;
-            // A connection that cannot say close_notify (it failed) still closes its socket.
-            if this.process(None, Write::CloseNotify).is_err() {
-                this.closed_for_writing = true;
+            // Once: a connection that cannot say close_notify (it failed) still closes its
+            // socket.
+            if !this.failed {
+                let _ = this.process(None, Write::CloseNotify);
             }
+            this.closed_for_writing = true;
         }
         ready!(this.poll_send(cx))?;
         Pin::new(&mut this.io).poll_shutdown(cx)
