@@ -29,10 +29,10 @@ use tokio::sync::OwnedSemaphorePermit;
 /// What the hub's WebSocket layer reads at a time, and so the read buffer every connection
 /// keeps while idle (tungstenite allocates it whole for the connection's life and never gives
 /// it back). The client's 8 KiB was 8 of an idle session's 26 KiB; the frames a hub reads
-/// are mostly pongs, acks and single events well under 1 KiB, and a larger frame is read
-/// into room reserved for its whole length, a kilobyte per read (a copy out of rustls'
-/// plaintext each, not a system call). See docs/performance.md, "What an idle session holds".
-pub(crate) const READ_BUFFER_BYTES: usize = 1 << 10;
+/// while idle are pongs, and a larger frame is read into room reserved for its whole length,
+/// 512 bytes per read: a copy out of the plaintext `LeanTls` holds, not a system call (1 KiB
+/// before decision 0041). See docs/performance.md, "What an idle session holds".
+pub(crate) const READ_BUFFER_BYTES: usize = 512;
 
 pub(crate) async fn accept_loop(
     mut listener: Listener,
