@@ -382,7 +382,15 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncRead for LeanTls<IO> {
                 return Poll::Ready(Ok(()));
             }
             let before = buf.filled().len();
-            let stop = this.process(Some(buf), Write::Nothing)?;
+            let stop = match this.process(Some(buf), Write::Nothing) {
+                Ok(stop) => stop,
+                Err(e) => {
+                    // rustls' alert (a bad record, a protocol violation), best effort: the
+                    // peer learns why, as from tokio-rustls.
+                    let _ = this.poll_send(cx);
+                    return Poll::Ready(Err(e));
+                }
+            };
             if buf.filled().len() > before || this.has_plaintext() {
                 // Records rustls wrote meanwhile: on their way before returning.
                 if let Poll::Ready(Err(e)) = this.poll_send(cx) {
@@ -621,6 +629,13 @@ mod tests {
         let err = server.read(&mut [0u8; 100]).await.unwrap_err();
         let rustls_err = fleetwatch_certs::tls_error::find_rustls(&err).expect("a TLS error");
         assert!(matches!(rustls_err, rustls::Error::InvalidMessage(_)), "{rustls_err:?}");
+        // The client was told why, by the read that failed (the server is not polled again
+        // before this: without the alert the client would wait for ever).
+        let err = client.read(&mut [0u8; 10]).await.unwrap_err();
+        assert!(
+            matches!(fleetwatch_certs::tls_error::find_rustls(&err), Some(rustls::Error::AlertReceived(_))),
+            "{err}"
+        );
         // And the connection stays refused.
         assert!(server.read(&mut [0u8; 100]).await.is_err());
     }
