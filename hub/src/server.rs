@@ -9,7 +9,6 @@ use fleetwatch_client::transport::Stream;
 use fleetwatch_client::transport::ws_config;
 use fleetwatch_protocol::identity::Role;
 use fleetwatch_protocol::message::{ErrorCode, WS_PATH};
-use tokio_rustls::TlsAcceptor;
 use tokio_tungstenite::tungstenite::handshake::server::{ErrorResponse, Request, Response};
 use tokio_tungstenite::tungstenite::http::StatusCode;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
@@ -24,15 +23,16 @@ use crate::peer::Peer;
 use crate::registry::Connected;
 use crate::session::Sessions;
 use crate::session::conn::Conn;
+use crate::session::lean_tls::LeanTls;
 use tokio::sync::OwnedSemaphorePermit;
 
 /// What the hub's WebSocket layer reads at a time, and so the read buffer every connection
 /// keeps while idle (tungstenite allocates it whole for the connection's life and never gives
 /// it back). The client's 8 KiB was 8 of an idle session's 26 KiB; the frames a hub reads
-/// are mostly pongs, acks and single events well under 1 KiB, and a larger frame is read
-/// into room reserved for its whole length, a kilobyte per read (a copy out of rustls'
-/// plaintext each, not a system call). See docs/performance.md, "What an idle session holds".
-pub(crate) const READ_BUFFER_BYTES: usize = 1 << 10;
+/// while idle are pongs, and a larger frame is read into room reserved for its whole length,
+/// 512 bytes per read: a copy out of the plaintext `LeanTls` holds, not a system call (1 KiB
+/// before decision 0041). See docs/performance.md, "What an idle session holds".
+pub(crate) const READ_BUFFER_BYTES: usize = 512;
 
 pub(crate) async fn accept_loop(
     mut listener: Listener,
@@ -170,16 +170,17 @@ async fn handle(
             return;
         }
     }
-    let acceptor = TlsAcceptor::from(ctx.tls.current());
+    let config = ctx.tls.current();
     let limits = ctx.config.limits;
     let handshake = async {
-        let tls = acceptor.accept(tcp).await.map_err(|e| HandshakeFailure {
+        // rustls' unbuffered connection under a stream that gives its buffers back while
+        // idle (`LeanTls`): an idle session holds no TLS buffer.
+        let tls = LeanTls::accept(tcp, config).await.map_err(|e| HandshakeFailure {
             reason: "tls-handshake",
             message: tls_hint::server_side(&e).unwrap_or_else(|| e.to_string()),
         })?;
+        // From the chain rustls verified against the configuration's client-CA verifier.
         let certificate = tls
-            .get_ref()
-            .1
             .peer_certificates()
             .map(fleetwatch_certs::peer_certificate)
             .unwrap_or_else(|| Err(fleetwatch_certs::CertError::PeerIdentity("no client certificate".into())));

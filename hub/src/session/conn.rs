@@ -22,7 +22,7 @@ use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::{Error as WsError, Message, Utf8Bytes};
 
 /// A server-side WebSocket over TLS (over TCP, or the simulation's network).
-pub(crate) type ServerWs = WebSocketStream<tokio_rustls::server::TlsStream<Stream>>;
+pub(crate) type ServerWs = WebSocketStream<super::lean_tls::LeanTls<Stream>>;
 
 /// What arrived.
 pub(crate) enum Incoming {

@@ -8,6 +8,7 @@
 pub(crate) mod agent;
 pub(crate) mod conn;
 pub(crate) mod heads;
+pub(crate) mod lean_tls;
 pub(crate) mod slots;
 pub(crate) mod subscriber;
 
