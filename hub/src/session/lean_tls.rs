@@ -24,7 +24,7 @@ use std::task::{Context, Poll, ready};
 
 use rustls::ServerConfig;
 use rustls::server::UnbufferedServerConnection;
-use rustls::unbuffered::{ConnectionState, EncodeError, EncryptError, UnbufferedStatus};
+use rustls::unbuffered::{ConnectionState, EncodeError, EncodeTlsData, EncryptError, UnbufferedStatus};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 /// The most bytes of unfinished records kept: a handshake message being joined from its
@@ -181,23 +181,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> LeanTls<IO> {
                     }
                     result
                 }
-                Ok(ConnectionState::EncodeTlsData(mut data)) => {
-                    let start = self.outgoing.len();
-                    match data.encode(&mut []) {
-                        Ok(_) => Ok(()),
-                        Err(EncodeError::InsufficientSize(need)) => {
-                            self.outgoing.resize(start + need.required_size, 0);
-                            match data.encode(&mut self.outgoing[start..]) {
-                                Ok(n) => {
-                                    self.outgoing.truncate(start + n);
-                                    Ok(())
-                                }
-                                Err(e) => Err(rustls::Error::General(format!("encoding a TLS record: {e}"))),
-                            }
-                        }
-                        Err(e) => Err(rustls::Error::General(format!("encoding a TLS record: {e}"))),
-                    }
-                }
+                Ok(ConnectionState::EncodeTlsData(mut data)) => encode_into(&mut self.outgoing, &mut data),
                 // The records are in `outgoing`, ahead of anything written after them: as
                 // good as sent for rustls' order of things.
                 Ok(ConnectionState::TransmitTlsData(data)) => {
@@ -256,14 +240,8 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> LeanTls<IO> {
                 drain_front(&mut self.incoming, discard);
                 return;
             };
-            let start = self.outgoing.len();
-            if let Err(EncodeError::InsufficientSize(need)) = data.encode(&mut []) {
-                self.outgoing.resize(start + need.required_size, 0);
-                match data.encode(&mut self.outgoing[start..]) {
-                    Ok(n) => self.outgoing.truncate(start + n),
-                    Err(_) => self.outgoing.truncate(start),
-                }
-            }
+            // Best effort: an alert that cannot be encoded is not sent.
+            let _ = encode_into(&mut self.outgoing, &mut data);
             drain_front(&mut self.incoming, discard);
         }
     }
@@ -330,6 +308,28 @@ fn drain_front(buf: &mut Vec<u8>, n: usize) {
         *buf = Vec::new();
     } else if n > 0 {
         buf.drain(..n);
+    }
+}
+
+/// Appends the record rustls has to send (handshake, alert) to `out`, at the size it asks for;
+/// nothing is appended when encoding fails.
+fn encode_into<Data>(out: &mut Vec<u8>, data: &mut EncodeTlsData<'_, Data>) -> Result<(), rustls::Error> {
+    let start = out.len();
+    let need = match data.encode(&mut []) {
+        Ok(_) => return Ok(()),
+        Err(EncodeError::InsufficientSize(need)) => need.required_size,
+        Err(e) => return Err(rustls::Error::General(format!("encoding a TLS record: {e}"))),
+    };
+    out.resize(start + need, 0);
+    match data.encode(&mut out[start..]) {
+        Ok(n) => {
+            out.truncate(start + n);
+            Ok(())
+        }
+        Err(e) => {
+            out.truncate(start);
+            Err(rustls::Error::General(format!("encoding a TLS record: {e}")))
+        }
     }
 }
 
