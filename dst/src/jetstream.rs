@@ -24,7 +24,7 @@
 //! Every choice comes from the seed (the ack losses) or the simulated clock; nothing
 //! iterates a hash map.
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
@@ -535,6 +535,23 @@ impl JetStream for SimJs {
                 .rev()
                 .find(|m| m.subject.as_str() == subject)
                 .map(|m| Stored { sequence: m.seq, headers: m.headers.clone() }))
+        })
+        .await?
+    }
+
+    async fn last_by_subjects(&self, subjects: &HashSet<String>) -> Result<HashMap<String, Stored>, String> {
+        self.request(|s| {
+            let st = s.stream.as_ref().ok_or_else(not_found)?;
+            let mut found: HashMap<String, Stored> = HashMap::new();
+            for m in st.messages.iter().rev() {
+                if found.len() == subjects.len() {
+                    break;
+                }
+                if subjects.contains(m.subject.as_str()) && !found.contains_key(m.subject.as_str()) {
+                    found.insert(m.subject.to_string(), Stored { sequence: m.seq, headers: m.headers.clone() });
+                }
+            }
+            Ok(found)
         })
         .await?
     }

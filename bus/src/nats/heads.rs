@@ -43,7 +43,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::BusError;
 
-use super::jetstream::{JetStream, KeyValue};
+use super::jetstream::{JetStream, KeyValue, Stored};
 use super::records::{H_FORMAT, head_from_headers, token, untoken};
 use super::state::{NATS_FORMAT, newer_format, readable_mark};
 use super::{NatsBus, NatsError, lock, state};
@@ -255,20 +255,23 @@ pub(super) fn keep_latest(heads: &mut HashMap<Arc<str>, Head>, cluster: &Arc<str
     }
 }
 
+/// Every head in the bucket: one read of all its values (a request per key made a
+/// replica's start at 50,000 clusters take 100,000 requests).
 pub(super) async fn load_heads<K: KeyValue>(store: &K, bucket: &str) -> Result<HashMap<Arc<str>, Head>, NatsError> {
     let err = |cause: String| NatsError::KeyValue { bucket: bucket.into(), cause };
-    let names = store.keys().await.map_err(|e| err(format!("cannot list heads: {e}")))?;
-    let mut heads = HashMap::new();
-    for key in names {
-        let Some(cluster) = untoken(&key) else { continue };
-        if let Some(v) = store.get(&key).await.map_err(|e| err(format!("cannot read head {key}: {e}")))? {
-            match parse_head(&v) {
-                Ok(Some(h)) => {
-                    heads.insert(Arc::from(cluster), h);
-                }
-                Ok(None) => {}
-                Err(found) => return Err(err(newer_format(&format!("the head of cluster {cluster}"), &found))),
+    let values = store.values(None).await.map_err(|e| err(format!("cannot read the heads: {e}")))?;
+    // In the keys' order, not the map's: the refusal names the same head each time.
+    let mut keys: Vec<&String> = values.keys().collect();
+    keys.sort_unstable();
+    let mut heads = HashMap::with_capacity(keys.len());
+    for key in keys {
+        let Some(cluster) = untoken(key) else { continue };
+        match parse_head(&values[key]) {
+            Ok(Some(h)) => {
+                heads.insert(Arc::from(cluster), h);
             }
+            Ok(None) => {}
+            Err(found) => return Err(err(newer_format(&format!("the head of cluster {cluster}"), &found))),
         }
     }
     Ok(heads)
@@ -277,42 +280,59 @@ pub(super) async fn load_heads<K: KeyValue>(store: &K, bucket: &str) -> Result<H
 impl<J: JetStream> NatsBus<J> {
     /// The cluster's head: the later (by offset) of the stream's last message on the
     /// cluster's subject — or the key-value entry when the stream holds none of it — and
-    /// what this replica saw.
+    /// what this replica saw. Two requests at most; [`super::head_reads`] shares them
+    /// among the hellos of a connect storm.
     pub(super) async fn head_of(&self, cluster: &str) -> Result<Option<Head>, BusError> {
         let subject = self.subject(cluster);
         let found = match self.js.last_by_subject(&subject).await {
-            Ok(Some(msg)) => {
-                let offset = msg.sequence + self.base.load(Ordering::SeqCst);
-                if let Err(found) = readable_mark(msg.headers.get(H_FORMAT).map(|v| v.as_str())) {
-                    let what = format!("the last record of cluster {cluster} (offset {offset})");
-                    return Err(self.refuse_newer(newer_format(&what, &found)));
-                }
-                head_from_headers(&msg.headers, offset)
-            }
+            Ok(Some(msg)) => self.head_in_record(cluster, &msg)?,
             // The bucket only matters once the stream holds nothing of the cluster: while it
             // does, its last record is at least as new as anything the bucket was given.
             Ok(None) => {
-                let stored = self.heads_kv.get(&token(cluster)).await.map_err(|e| {
-                    self.fail(NatsError::KeyValue {
-                        bucket: self.heads_bucket.clone(),
-                        cause: format!("read head of {cluster}: {e}"),
-                    })
-                })?;
-                match stored.map(|b| parse_head(&b)).transpose() {
-                    Ok(h) => h.flatten(),
-                    Err(found) => {
-                        let what = format!("the head of cluster {cluster} in bucket {}", self.heads_bucket);
-                        return Err(self.refuse_newer(newer_format(&what, &found)));
-                    }
-                }
+                let stored = self.heads_kv.get(&token(cluster)).await.map_err(|e| self.bucket_failed(cluster, e))?;
+                self.head_in_bucket(cluster, stored.as_deref())?
             }
-            Err(e) => {
-                return Err(self.fail(NatsError::Stream {
-                    stream: self.stream.clone(),
-                    cause: format!("read the last record of {cluster}: {e}"),
-                }));
-            }
+            Err(e) => return Err(self.stream_failed(cluster, e)),
         };
+        Ok(self.settle_head(cluster, found))
+    }
+
+    /// The head a cluster's last record in the stream names; a record of a newer format is
+    /// refused.
+    pub(super) fn head_in_record(&self, cluster: &str, msg: &Stored) -> Result<Option<Head>, BusError> {
+        let offset = msg.sequence + self.base.load(Ordering::SeqCst);
+        if let Err(found) = readable_mark(msg.headers.get(H_FORMAT).map(|v| v.as_str())) {
+            let what = format!("the last record of cluster {cluster} (offset {offset})");
+            return Err(self.refuse_newer(newer_format(&what, &found)));
+        }
+        Ok(head_from_headers(&msg.headers, offset))
+    }
+
+    /// The head the bucket's value for the cluster names (`None`: no value, or not a
+    /// head); a value of a newer format is refused.
+    pub(super) fn head_in_bucket(&self, cluster: &str, stored: Option<&[u8]>) -> Result<Option<Head>, BusError> {
+        match stored.map(parse_head).transpose() {
+            Ok(h) => Ok(h.flatten()),
+            Err(found) => {
+                let what = format!("the head of cluster {cluster} in bucket {}", self.heads_bucket);
+                Err(self.refuse_newer(newer_format(&what, &found)))
+            }
+        }
+    }
+
+    /// Reading the cluster's last record failed.
+    pub(super) fn stream_failed(&self, what: &str, cause: String) -> BusError {
+        self.fail(NatsError::Stream { stream: self.stream.clone(), cause: format!("read the last record of {what}: {cause}") })
+    }
+
+    /// Reading the cluster's head in the bucket failed.
+    pub(super) fn bucket_failed(&self, what: &str, cause: String) -> BusError {
+        self.fail(NatsError::KeyValue { bucket: self.heads_bucket.clone(), cause: format!("read head of {what}: {cause}") })
+    }
+
+    /// The cluster's head once `found` was read: the later of it and what this replica
+    /// knows. A cluster found without any is noted (see [`Absent`]).
+    pub(super) fn settle_head(&self, cluster: &str, found: Option<Head>) -> Option<Head> {
         if let Some(h) = found {
             self.note_head(&cluster.into(), h);
         }
@@ -320,7 +340,7 @@ impl<J: JetStream> NatsBus<J> {
         if head.is_none() {
             lock(&self.absent).noted(&cluster.into(), Instant::now());
         }
-        Ok(head)
+        head
     }
 
     /// Writes the moved heads that are due (see [`HeadPacing`]), or all of them with `all`

@@ -10,6 +10,7 @@
 //! async-nats directly: the headers are async-nats's [`HeaderMap`], the ack and the message
 //! stream are thin wrappers over async-nats's own.
 
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -294,6 +295,10 @@ pub trait KeyValue: Send + Sync + 'static {
     fn update(&self, key: &str, value: Bytes, revision: u64) -> impl Future<Output = Result<u64, UpdateError>> + Send;
     /// Every key with a value.
     fn keys(&self) -> impl Future<Output = Result<Vec<String>, String>> + Send;
+    /// The values of `keys` (of every key with `None`), as the bucket was at one moment
+    /// after the call began. One consumer delivers every key's latest value, where
+    /// [`KeyValue::get`] is a request per key; only the values asked for are kept.
+    fn values(&self, keys: Option<&HashSet<String>>) -> impl Future<Output = Result<HashMap<String, Bytes>, String>> + Send;
     /// Follows every key: its latest value, [`KvFollow::CaughtUp`], then each change.
     /// Entries that expire (the bucket's age) are not announced: a follower ages them out
     /// by [`KvChange::written_ms`] itself.
@@ -336,6 +341,15 @@ pub trait JetStream: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Self::Ack, String>> + Send;
     /// The last message on `subject`, `None` when the stream holds none.
     fn last_by_subject(&self, subject: &str) -> impl Future<Output = Result<Option<Stored>, String>> + Send;
+    /// The last message of each of `subjects` the stream holds, as the stream was at one
+    /// moment after the call began; headers only. One consumer delivers the last message
+    /// of every subject of the stream and only `subjects` are kept: one request however
+    /// many are asked for, where [`JetStream::last_by_subject`] is one each (nats-server
+    /// 2.9 has no batched direct get).
+    fn last_by_subjects(
+        &self,
+        subjects: &HashSet<String>,
+    ) -> impl Future<Output = Result<HashMap<String, Stored>, String>> + Send;
     /// An ordered consumer of the whole stream from sequence `from`.
     fn ordered(&self, from: u64) -> impl Future<Output = Result<Self::Messages, String>> + Send;
     /// Opens the bucket, creating it as `spec` says when missing.
@@ -502,6 +516,22 @@ impl JetStream for AsyncNats {
         }
     }
 
+    async fn last_by_subjects(&self, subjects: &HashSet<String>) -> Result<HashMap<String, Stored>, String> {
+        let mut found: HashMap<String, Stored> = HashMap::new();
+        sweep(&self.stream, format!("{}.>", self.stream_name), true, |m| {
+            if let Some(subject) = subjects.get(m.message.subject.as_str()) {
+                let sequence = m.info().map_err(|e| e.to_string())?.stream_sequence;
+                let headers = m.message.headers.clone().unwrap_or_default();
+                // Later ones (stored while the sweep ran) replace earlier ones.
+                found.insert(subject.clone(), Stored { sequence, headers });
+            }
+            Ok(())
+        })
+        .await
+        .map_err(|e| format!("cannot read the last record of {} clusters: {e}", subjects.len()))?;
+        Ok(found)
+    }
+
     async fn ordered(&self, from: u64) -> Result<NatsMessages, String> {
         let consumer = self
             .stream
@@ -594,6 +624,28 @@ impl KeyValue for kv::Store {
         Ok(out)
     }
 
+    async fn values(&self, keys: Option<&HashSet<String>>) -> Result<HashMap<String, Bytes>, String> {
+        let mut found: HashMap<String, Bytes> = HashMap::new();
+        sweep(&self.stream, format!("{}>", self.prefix), false, |m| {
+            let Some(key) = m.message.subject.as_str().strip_prefix(self.prefix.as_str()) else { return Ok(()) };
+            if keys.is_some_and(|k| !k.contains(key)) {
+                return Ok(());
+            }
+            let deleted = m.message.headers.as_ref().and_then(|h| h.get("KV-Operation")).is_some_and(|op| {
+                matches!(op.as_str(), "DEL" | "PURGE")
+            });
+            if deleted {
+                found.remove(key);
+            } else {
+                found.insert(key.to_string(), m.message.payload.clone());
+            }
+            Ok(())
+        })
+        .await
+        .map_err(|e| format!("cannot read the values of bucket {}: {e}", self.name))?;
+        Ok(found)
+    }
+
     async fn follow(&self) -> Result<NatsFollow, String> {
         // Asked before the watch starts: an empty bucket delivers nothing that could say
         // "caught up" (a value written in between is delivered after it: harmless).
@@ -602,6 +654,48 @@ impl KeyValue for kv::Store {
         let watch = self.watch_with_history(">").await.map_err(|e| e.to_string())?;
         Ok(NatsFollow { watch, caught_up_due: empty, caught_up_sent: false })
     }
+}
+
+/// The longest a sweep of a stream's last messages ([`sweep`]) may take.
+const SWEEP_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// Gives `each` the last message of every subject under `filter` in `stream`, as the
+/// stream was when the consumer was made (and any stored after that until the consumer
+/// caught up), in stream order. One ordered consumer: one request, then messages pushed;
+/// whatever `each` keeps bounds the memory. Fails after [`SWEEP_TIMEOUT`].
+async fn sweep<I>(
+    stream: &stream::Stream<I>,
+    filter: String,
+    headers_only: bool,
+    mut each: impl FnMut(&jetstream::Message) -> Result<(), String>,
+) -> Result<(), String> {
+    let run = async {
+        let consumer = stream
+            .create_consumer(consumer::push::OrderedConfig {
+                // A fresh inbox: the kv store hands out no client to ask for one.
+                deliver_subject: format!("_INBOX.fwsweep.{:032x}", rand::random::<u128>()),
+                filter_subject: filter,
+                headers_only,
+                deliver_policy: consumer::DeliverPolicy::LastPerSubject,
+                replay_policy: consumer::ReplayPolicy::Instant,
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| format!("cannot create the consumer: {e}"))?;
+        if consumer.cached_info().num_pending == 0 {
+            return Ok(());
+        }
+        let mut messages = consumer.messages().await.map_err(|e| format!("cannot read the consumer: {e}"))?;
+        while let Some(m) = messages.next().await {
+            let m = m.map_err(|e| e.to_string())?;
+            each(&m)?;
+            if m.info().map_err(|e| e.to_string())?.pending == 0 {
+                return Ok(());
+            }
+        }
+        Err("the consumer ended before it caught up".to_string())
+    };
+    tokio::time::timeout(SWEEP_TIMEOUT, run).await.unwrap_or_else(|_| Err(format!("timed out after {SWEEP_TIMEOUT:?}")))
 }
 
 /// [`KeyValue::follow`] of async-nats: its watch of every key's latest value (an ordered

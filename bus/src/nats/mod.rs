@@ -55,6 +55,7 @@
 mod append;
 mod chain;
 mod cursors;
+mod head_reads;
 mod heads;
 mod io_thread;
 pub mod jetstream;
@@ -341,6 +342,8 @@ pub struct NatsBus<J: JetStream = AsyncNats> {
     uncertain: Mutex<heads::Uncertain>,
     /// Clusters just found without any record (see [`heads::Absent`]).
     absent: Mutex<heads::Absent>,
+    /// Heads asked for, read together (see [`head_reads`]).
+    head_reads: head_reads::HeadReads,
     /// The bucket revision of each head this replica wrote last: the next write of the
     /// cluster's head is a compare-and-set on it, so a value written meanwhile (another
     /// replica's, maybe of a newer format) is read before it is written over.
@@ -504,7 +507,7 @@ impl<J: JetStream> Bus for NatsBus<J> {
     }
 
     fn head<'a>(&'a self, cluster: &'a str) -> BusFuture<'a, Option<(u64, u64)>> {
-        Box::pin(async move { Ok(self.head_of(cluster).await?.map(|h| (h.epoch, h.seq))) })
+        Box::pin(async move { Ok(self.shared_head(cluster).await?.map(|h| (h.epoch, h.seq))) })
     }
 
     fn prepare_reads(&self) -> BusFuture<'_, ()> {

@@ -133,6 +133,7 @@ impl<J: JetStream> NatsBus<J> {
             head_pacing: Mutex::new(Default::default()),
             uncertain: Mutex::new(Default::default()),
             absent: Mutex::new(Default::default()),
+            head_reads: Default::default(),
             local_waiters: Mutex::new(BTreeMap::new()),
             pending: Mutex::new(HashMap::new()),
             generation: AtomicU64::new(0),

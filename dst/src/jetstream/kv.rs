@@ -4,7 +4,7 @@
 //! bucket bounded in bytes as their spec says, and following every key (its latest value,
 //! then caught up, then each change), as async-nats's watch does.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -152,6 +152,17 @@ impl KeyValue for SimKv {
 
     async fn keys(&self) -> Result<Vec<String>, String> {
         self.on(|b, now| b.entries.keys().filter(|k| b.live(k, now).is_some()).cloned().collect()).await
+    }
+
+    async fn values(&self, keys: Option<&HashSet<String>>) -> Result<HashMap<String, Bytes>, String> {
+        self.on(|b, now| {
+            b.entries
+                .keys()
+                .filter(|k| keys.is_none_or(|want| want.contains(k.as_str())))
+                .filter_map(|k| b.live(k, now).map(|(v, _, _)| (k.clone(), v.clone())))
+                .collect()
+        })
+        .await
     }
 
     async fn follow(&self) -> Result<SimFollow, String> {

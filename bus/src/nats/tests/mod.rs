@@ -299,3 +299,47 @@ async fn heads_of_another_agent_process_reach_followers_and_are_never_written_ov
     let seen = tokio::time::timeout(Duration::from_secs(10), heads.next()).await.expect("a head").unwrap().unwrap();
     assert_eq!((seen.cluster.as_str(), seen.epoch, seen.seq), ("c", 1, 2));
 }
+
+/// Hellos of a connect storm share their reads (see `head_reads`): heads asked for at once
+/// are read through one sweep of the stream's last records and one of the bucket, and each
+/// is the head one request each would have found — in the stream, only in the bucket (its
+/// records evicted), or none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heads_asked_for_at_once_are_read_together_and_each_is_right() {
+    let (server, _dir) = server();
+    let retention = Retention { records: 10, ..keep_all() };
+    let a = open(&server.url(), "fw", retention).await;
+    a.append("gone".into(), vec![ev(5, 1), ev(5, 2)]).await.unwrap();
+    a.flush(Flush::All).await.unwrap();
+    let clusters: Vec<String> = (0..10).map(|i| format!("c{i}")).collect();
+    for (i, c) in clusters.iter().enumerate() {
+        a.append(c.as_str().into(), vec![ev(i as u64 + 1, 1)]).await.unwrap();
+    }
+    assert_eq!(a.stats().first_offset, 3, "gone's records are evicted: only the bucket has its head");
+    // A replica without a local tail, started now: of these heads it knows only gone's
+    // (from the bucket); the others only the stream has (a has not flushed them).
+    let opts = NatsOptions {
+        stream: "fw".into(),
+        missing_stream_wait: Duration::ZERO,
+        ..NatsOptions::new(vec![server.url()], retention)
+    };
+    let b = NatsBus::open(opts).await.unwrap_or_else(|e| panic!("NATS bus opens: {e}"));
+    let mut asked: Vec<&str> = clusters.iter().map(String::as_str).collect();
+    asked.extend(["gone", "never"]);
+    let heads = futures_util::future::join_all(asked.iter().map(|c| b.head(c))).await;
+    let heads: Vec<Option<(u64, u64)>> = heads.into_iter().map(|h| h.unwrap()).collect();
+    let mut want: Vec<Option<(u64, u64)>> = (1..=10).map(|epoch| Some((epoch, 1))).collect();
+    want.extend([Some((5, 2)), None]);
+    assert_eq!(heads, want);
+    // The first caller found the queue empty and read its head alone; the other eleven
+    // joined while it read and were read by one sweep.
+    let (reads, sweeps) = b.head_reads.counts();
+    assert!(sweeps >= 1 && reads < asked.len() as u64, "{reads} reads, {sweeps} of them sweeps");
+    // One at a time, each is still read alone, and the same.
+    let before = b.head_reads.counts();
+    for (c, h) in asked.iter().zip(&want) {
+        assert_eq!(b.head(c).await.unwrap(), *h, "{c} alone");
+    }
+    let after = b.head_reads.counts();
+    assert_eq!((after.0 - before.0, after.1 - before.1), (asked.len() as u64, 0), "one by one: no sweep");
+}

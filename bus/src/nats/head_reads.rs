@@ -1,0 +1,204 @@
+//! Heads read together: the hellos of a connect storm share their reads of the stream.
+//!
+//! An agent's hello needs its cluster's head as the stream holds it ([`NatsBus::head_of`]:
+//! the last record on its subject, the heads bucket when the stream holds none), read
+//! after its session registered for pokes (decision 0037), so that nothing recorded after
+//! the read goes unseen and nothing stored before it is missed. That was a request to the
+//! stream leader per hello, two for a cluster without records: 100,000 requests when
+//! 50,000 agents of new clusters connect at once, queued behind each other until they
+//! timed out and the agents tried again.
+//!
+//! Now a head is asked for by joining a queue; one caller at a time takes the whole queue
+//! and reads every head in it, group-commit style, so a read serves every caller that
+//! joined before it began (each is then past its registration, which is all the hello
+//! asks). A few waiting read one by one, as before. Many, against the clusters this
+//! replica knows (at least [`SWEEP_SHARE`] of them), read through one sweep: one consumer
+//! delivering the last record of every subject, headers only
+//! ([`JetStream::last_by_subjects`]), and one of the bucket's values for those without
+//! records ([`KeyValue::values`]). A read that fails fails every caller it was for, who
+//! ask again as they did before.
+//!
+//! A caller that goes away while it reads for the others drops their answers; they join
+//! the queue again.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use tokio::sync::oneshot;
+
+use crate::BusError;
+
+use super::heads::Head;
+use super::jetstream::{JetStream, KeyValue};
+use super::records::token;
+use super::{NatsBus, lock};
+
+/// A sweep pays once the heads asked for are at least this share of the clusters the
+/// replica knows (a sweep delivers one message per cluster the stream holds; a request per
+/// head costs a round trip and the leader's lookup each).
+pub(super) const SWEEP_SHARE: usize = 8;
+
+/// Fewer heads than this are always read one by one.
+pub(super) const SWEEP_MIN: usize = 2;
+
+/// One caller waiting for its cluster's head.
+struct Waiter {
+    cluster: Arc<str>,
+    answer: oneshot::Sender<Result<Option<Head>, BusError>>,
+}
+
+/// The queue of heads asked for, and whose turn it is to read them.
+#[derive(Default)]
+pub(super) struct HeadReads {
+    waiting: std::sync::Mutex<Vec<Waiter>>,
+    /// Held by the caller reading for the queue.
+    turn: tokio::sync::Mutex<()>,
+    /// Reads made, and sweeps among them (for tests and the bench).
+    reads: std::sync::atomic::AtomicU64,
+    sweeps: std::sync::atomic::AtomicU64,
+}
+
+impl HeadReads {
+    /// (reads, sweeps among them) made so far.
+    #[cfg(test)]
+    pub(super) fn counts(&self) -> (u64, u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        (self.reads.load(Relaxed), self.sweeps.load(Relaxed))
+    }
+}
+
+/// How the heads of `n` clusters are read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum ReadPlan {
+    /// A request each.
+    OneByOne,
+    /// One sweep for all.
+    Sweep,
+}
+
+impl ReadPlan {
+    /// For `n` heads asked for at once, the replica knowing `known` clusters' heads.
+    pub(super) fn of(n: usize, known: usize) -> Self {
+        if n >= SWEEP_MIN && n.saturating_mul(SWEEP_SHARE) >= known { ReadPlan::Sweep } else { ReadPlan::OneByOne }
+    }
+}
+
+impl<J: JetStream> NatsBus<J> {
+    /// The cluster's head as [`NatsBus::head_of`] reads it, read together with the heads
+    /// other callers ask for meanwhile (see the module docs).
+    pub(super) async fn shared_head(&self, cluster: &str) -> Result<Option<Head>, BusError> {
+        loop {
+            let (tx, mut rx) = oneshot::channel();
+            lock(&self.head_reads.waiting).push(Waiter { cluster: cluster.into(), answer: tx });
+            let turn = self.head_reads.turn.lock().await;
+            match rx.try_recv() {
+                Ok(answer) => return answer,
+                // The caller that read for it went away: join again.
+                Err(oneshot::error::TryRecvError::Closed) => continue,
+                Err(oneshot::error::TryRecvError::Empty) => {}
+            }
+            let batch = std::mem::take(&mut *lock(&self.head_reads.waiting));
+            self.read_heads(batch).await;
+            drop(turn);
+            if let Ok(answer) = rx.await {
+                return answer;
+            }
+        }
+    }
+
+    /// Reads the heads `batch` waits for and answers each.
+    async fn read_heads(&self, batch: Vec<Waiter>) {
+        let mut clusters: Vec<Arc<str>> = batch.iter().map(|w| w.cluster.clone()).collect();
+        // In the clusters' order: a simulation seed replays exactly.
+        clusters.sort_unstable();
+        clusters.dedup();
+        let known = lock(&self.heads).len();
+        let plan = ReadPlan::of(clusters.len(), known);
+        {
+            use std::sync::atomic::Ordering::Relaxed;
+            self.head_reads.reads.fetch_add(1, Relaxed);
+            if plan == ReadPlan::Sweep {
+                self.head_reads.sweeps.fetch_add(1, Relaxed);
+            }
+        }
+        let heads: HashMap<Arc<str>, Result<Option<Head>, BusError>> = match plan {
+            ReadPlan::OneByOne => {
+                let reads = clusters.iter().map(|c| async move { (c.clone(), self.head_of(c).await) });
+                futures_util::future::join_all(reads).await.into_iter().collect()
+            }
+            ReadPlan::Sweep => self.swept_heads(&clusters).await,
+        };
+        for w in batch {
+            let answer = match heads.get(&w.cluster) {
+                Some(Ok(h)) => Ok(*h),
+                Some(Err(e)) => Err(e.clone()),
+                // Every waiter's cluster was read; were one not, it asks again rather than
+                // take a head nobody read.
+                None => Err(BusError::Opening(format!("the head of cluster {} was not read", w.cluster))),
+            };
+            let _ = w.answer.send(answer);
+        }
+    }
+
+    /// The heads of `clusters` through one sweep of the stream's last records and, for
+    /// those without any, one of the bucket's values.
+    async fn swept_heads(&self, clusters: &[Arc<str>]) -> HashMap<Arc<str>, Result<Option<Head>, BusError>> {
+        let subjects: HashMap<String, &Arc<str>> = clusters.iter().map(|c| (self.subject(c), c)).collect();
+        let wanted: HashSet<String> = subjects.keys().cloned().collect();
+        let last = match self.js.last_by_subjects(&wanted).await {
+            Ok(last) => last,
+            Err(e) => {
+                let err = self.stream_failed(&format!("{} clusters", clusters.len()), e);
+                return clusters.iter().map(|c| (c.clone(), Err(err.clone()))).collect();
+            }
+        };
+        let mut found: HashMap<Arc<str>, Result<Option<Head>, BusError>> = HashMap::with_capacity(clusters.len());
+        let mut without: Vec<&Arc<str>> = Vec::new();
+        for c in clusters {
+            match last.get(&self.subject(c)) {
+                Some(msg) => {
+                    found.insert(c.clone(), self.head_in_record(c, msg));
+                }
+                None => without.push(c),
+            }
+        }
+        if !without.is_empty() {
+            let keys: HashSet<String> = without.iter().map(|c| token(c)).collect();
+            match self.heads_kv.values(Some(&keys)).await {
+                Ok(values) => {
+                    for c in without {
+                        found.insert(c.clone(), self.head_in_bucket(c, values.get(&token(c)).map(|v| &v[..])));
+                    }
+                }
+                Err(e) => {
+                    let err = self.bucket_failed(&format!("{} clusters", without.len()), e);
+                    for c in without {
+                        found.insert(c.clone(), Err(err.clone()));
+                    }
+                }
+            }
+        }
+        for c in clusters {
+            if let Some(Ok(h)) = found.get_mut(c) {
+                *h = self.settle_head(c, *h);
+            }
+        }
+        found
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_few_heads_are_read_one_by_one_a_storm_through_one_sweep() {
+        assert_eq!(ReadPlan::of(1, 0), ReadPlan::OneByOne, "a lone hello: one request, as before");
+        assert_eq!(ReadPlan::of(1, 1), ReadPlan::OneByOne);
+        assert_eq!(ReadPlan::of(2, 3), ReadPlan::Sweep, "two of three clusters: a sweep of three records");
+        assert_eq!(ReadPlan::of(100, 50_000), ReadPlan::OneByOne, "a sweep of 50,000 for 100 does not pay");
+        assert_eq!(ReadPlan::of(6_249, 50_000), ReadPlan::OneByOne);
+        assert_eq!(ReadPlan::of(6_250, 50_000), ReadPlan::Sweep, "an eighth of the fleet at once");
+        assert_eq!(ReadPlan::of(usize::MAX, usize::MAX), ReadPlan::Sweep, "no overflow");
+    }
+}
