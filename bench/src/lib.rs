@@ -141,7 +141,10 @@ async fn start_hub_at(dir: &Path, durable: bool, port: u16, log: &str, extra: &[
         _ => tokio::process::Command::new(exe),
     };
     let listen = format!("127.0.0.1:{port}");
-    cmd.args(["--log", log, "hub", "--listen", &listen, "--admin-listen", "127.0.0.1:0"])
+    // `FLEETWATCH_BENCH_HUB_LOG` overrides the hubs' log filter (e.g.
+    // `warn,fleetwatch_bus=debug` to see how their head reads went).
+    let log = std::env::var("FLEETWATCH_BENCH_HUB_LOG").ok().filter(|l| !l.trim().is_empty()).unwrap_or(log.into());
+    cmd.args(["--log", &log, "hub", "--listen", &listen, "--admin-listen", "127.0.0.1:0"])
         .arg("--cert")
         .arg(dir.join("hub.crt"))
         .arg("--key")

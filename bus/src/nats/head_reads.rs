@@ -8,18 +8,17 @@
 //! 50,000 agents of new clusters connect at once, queued behind each other until they
 //! timed out and the agents tried again.
 //!
-//! Now a head is asked for by joining a queue; one caller at a time takes the whole queue
-//! and reads every head in it, group-commit style, so a read serves every caller that
-//! joined before it began (each is then past its registration, which is all the hello
-//! asks). A few waiting read one by one, as before. Many, against the clusters this
+//! Now a head is asked for by joining a queue; the bus's reader ([`serve`]) takes the
+//! whole queue and reads every head in it, group-commit style, so a read serves every
+//! caller that joined before it began (each is then past its registration, which is all
+//! the hello asks), and the next read takes whoever joined meanwhile. A few waiting read one by one, as before. Many, against the clusters this
 //! replica knows (at least [`SWEEP_SHARE`] of them), read through one sweep: one consumer
 //! delivering the last record of every subject, headers only
 //! ([`JetStream::last_by_subjects`]), and one of the bucket's values for those without
 //! records ([`KeyValue::values`]). A read that fails fails every caller it was for, who
 //! ask again as they did before.
 //!
-//! A caller that goes away while it reads for the others drops their answers; they join
-//! the queue again.
+//! A caller that goes away only drops its own answer.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -47,12 +46,12 @@ struct Waiter {
     answer: oneshot::Sender<Result<Option<Head>, BusError>>,
 }
 
-/// The queue of heads asked for, and whose turn it is to read them.
+/// The queue of heads asked for.
 #[derive(Default)]
 pub(super) struct HeadReads {
     waiting: std::sync::Mutex<Vec<Waiter>>,
-    /// Held by the caller reading for the queue.
-    turn: tokio::sync::Mutex<()>,
+    /// Wakes the reader ([`serve`]) when a caller joined the queue.
+    pub(super) wake: Arc<tokio::sync::Notify>,
     /// Reads made, and sweeps among them (for tests and the bench).
     reads: std::sync::atomic::AtomicU64,
     sweeps: std::sync::atomic::AtomicU64,
@@ -83,27 +82,36 @@ impl ReadPlan {
     }
 }
 
+/// The bus's reader of heads: takes the whole queue and reads it, again while callers
+/// joined meanwhile, then waits to be woken. Callers only wait for their answer: a caller
+/// taking its turn at a lock, as a first version did, made thousands of answered callers
+/// pass the lock one after another behind every TLS handshake in the runtime's queue (13 s
+/// without a read at 50,000 agents).
+pub(super) async fn serve<J: JetStream>(bus: std::sync::Weak<NatsBus<J>>, wake: Arc<tokio::sync::Notify>) {
+    loop {
+        {
+            let Some(bus) = bus.upgrade() else { return };
+            loop {
+                let batch = std::mem::take(&mut *lock(&bus.head_reads.waiting));
+                if batch.is_empty() {
+                    break;
+                }
+                bus.read_heads(batch).await;
+            }
+        }
+        wake.notified().await;
+    }
+}
+
 impl<J: JetStream> NatsBus<J> {
     /// The cluster's head as [`NatsBus::head_of`] reads it, read together with the heads
     /// other callers ask for meanwhile (see the module docs).
     pub(super) async fn shared_head(&self, cluster: &str) -> Result<Option<Head>, BusError> {
-        loop {
-            let (tx, mut rx) = oneshot::channel();
-            lock(&self.head_reads.waiting).push(Waiter { cluster: cluster.into(), answer: tx });
-            let turn = self.head_reads.turn.lock().await;
-            match rx.try_recv() {
-                Ok(answer) => return answer,
-                // The caller that read for it went away: join again.
-                Err(oneshot::error::TryRecvError::Closed) => continue,
-                Err(oneshot::error::TryRecvError::Empty) => {}
-            }
-            let batch = std::mem::take(&mut *lock(&self.head_reads.waiting));
-            self.read_heads(batch).await;
-            drop(turn);
-            if let Ok(answer) = rx.await {
-                return answer;
-            }
-        }
+        let (tx, rx) = oneshot::channel();
+        lock(&self.head_reads.waiting).push(Waiter { cluster: cluster.into(), answer: tx });
+        self.head_reads.wake.notify_one();
+        // No answer: the reader is gone (the bus is closing).
+        rx.await.unwrap_or(Err(BusError::Closed))
     }
 
     /// Reads the heads `batch` waits for and answers each.
@@ -121,6 +129,7 @@ impl<J: JetStream> NatsBus<J> {
                 self.head_reads.sweeps.fetch_add(1, Relaxed);
             }
         }
+        let started = tokio::time::Instant::now();
         let heads: HashMap<Arc<str>, Result<Option<Head>, BusError>> = match plan {
             ReadPlan::OneByOne => {
                 let reads = clusters.iter().map(|c| async move { (c.clone(), self.head_of(c).await) });
@@ -128,6 +137,16 @@ impl<J: JetStream> NatsBus<J> {
             }
             ReadPlan::Sweep => self.swept_heads(&clusters).await,
         };
+        let failed = heads.values().filter(|h| h.is_err()).count();
+        tracing::debug!(
+            stream = %self.stream,
+            clusters = clusters.len(),
+            callers = batch.len(),
+            ?plan,
+            failed,
+            took_ms = started.elapsed().as_millis() as u64,
+            "heads read"
+        );
         for w in batch {
             let answer = match heads.get(&w.cluster) {
                 Some(Ok(h)) => Ok(*h),

@@ -153,7 +153,8 @@ impl<J: JetStream> NatsBus<J> {
 
         let probe = tokio::spawn(probe(Arc::downgrade(&bus), bus.recheck.clone()));
         let age = tokio::spawn(age_retention(Arc::downgrade(&bus)));
-        lock(&bus.tasks).extend([probe.abort_handle(), age.abort_handle()]);
+        let heads = tokio::spawn(super::head_reads::serve(Arc::downgrade(&bus), bus.head_reads.wake.clone()));
+        lock(&bus.tasks).extend([probe.abort_handle(), age.abort_handle(), heads.abort_handle()]);
         tracing::info!(stream = %opts.stream, servers = %bus.js.servers(), first = bus.stats().first_offset, last = bus.last_offset(), "bus on NATS JetStream");
         Ok(bus)
     }

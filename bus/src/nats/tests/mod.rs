@@ -331,8 +331,8 @@ async fn heads_asked_for_at_once_are_read_together_and_each_is_right() {
     let mut want: Vec<Option<(u64, u64)>> = (1..=10).map(|epoch| Some((epoch, 1))).collect();
     want.extend([Some((5, 2)), None]);
     assert_eq!(heads, want);
-    // The first caller found the queue empty and read its head alone; the other eleven
-    // joined while it read and were read by one sweep.
+    // The reader took the first caller alone (or with a few); the others joined while it
+    // read and were read by one sweep.
     let (reads, sweeps) = b.head_reads.counts();
     assert!(sweeps >= 1 && reads < asked.len() as u64, "{reads} reads, {sweeps} of them sweeps");
     // One at a time, each is still read alone, and the same.
