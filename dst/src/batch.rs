@@ -74,12 +74,13 @@ pub fn run_seeds(seeds: &[u64], opts: &Options, jobs: usize, mut each: impl FnMu
 pub fn print_report(r: &Report, opts: &Options, detailed: bool) {
     if detailed {
         println!(
-            "seed {}: {}\n  writes {}, faults {:?}, delivered {:?}, {:.1}s simulated in {:.2}s, fingerprint {:016x}",
+            "seed {}: {}\n  writes {}, faults {:?}, delivered {:?}, heads swept {}, {:.1}s simulated in {:.2}s, fingerprint {:016x}",
             r.seed,
             r.scenario,
             r.writes,
             r.faults,
             r.delivered,
+            r.swept,
             r.sim_time.as_secs_f64(),
             r.wall_time.as_secs_f64(),
             r.fingerprint

@@ -144,6 +144,8 @@ struct Server {
     ack_loss: f64,
     rng: StdRng,
     counts: Counts,
+    /// Reads of many clusters' last records at once ([`JetStream::last_by_subjects`]).
+    swept: u64,
     /// Consumers and requests waiting for a change.
     wakers: Vec<Waker>,
     /// Publishes sent while their link was down, in order.
@@ -226,6 +228,7 @@ impl SimJetStream {
                 ack_loss,
                 rng: StdRng::seed_from_u64(seed),
                 counts: Counts::new(),
+                swept: 0,
                 wakers: Vec::new(),
                 buffered: Vec::new(),
             })),
@@ -266,6 +269,13 @@ impl SimJetStream {
     /// Faults that happened inside (acks lost).
     pub fn counts(&self) -> Counts {
         lock(&self.inner).counts.clone()
+    }
+
+    /// How many times hub replicas read many clusters' last records at once (the NATS
+    /// bus's sweeps for the hellos of a connect storm): a run that never does has not
+    /// tried that path.
+    pub fn swept(&self) -> u64 {
+        lock(&self.inner).swept
     }
 
     /// The stream's last sequence and its messages (for tests).
@@ -541,6 +551,7 @@ impl JetStream for SimJs {
 
     async fn last_by_subjects(&self, subjects: &HashSet<String>) -> Result<HashMap<String, Stored>, String> {
         self.request(|s| {
+            s.swept += 1;
             let st = s.stream.as_ref().ok_or_else(not_found)?;
             let mut found: HashMap<String, Stored> = HashMap::new();
             for m in st.messages.iter().rev() {

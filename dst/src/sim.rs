@@ -108,6 +108,9 @@ pub struct Report {
     pub delivered: Vec<(String, u64, u64)>,
     /// A digest of every delivery in order: a replay of the seed gives the same one.
     pub fingerprint: u64,
+    /// Reads of many heads at once by the NATS bus (its hellos sharing a sweep of the
+    /// stream); 0 on the other buses.
+    pub swept: u64,
 }
 
 impl Report {
@@ -754,10 +757,12 @@ fn run_seed(seed: u64, opts: &Options) -> anyhow::Result<Report> {
             *faults.entry("subscriber-refused-internal").or_default() += n;
         }
     }
+    let mut swept = 0;
     if let Some(n) = &nats {
         for (kind, c) in n.js.counts() {
             *faults.entry(kind).or_default() += c;
         }
+        swept = n.js.swept();
     }
     let sim_time = sim.elapsed();
     drop(sim);
@@ -774,6 +779,7 @@ fn run_seed(seed: u64, opts: &Options) -> anyhow::Result<Report> {
         wall_time: wall.elapsed(),
         delivered,
         fingerprint,
+        swept,
     })
 }
 

@@ -14,10 +14,12 @@ fn shard(storage: Storage, index: u64) {
     let mut failures = Vec::new();
     let mut delivered = 0;
     let mut faults = 0;
+    let mut swept = 0;
     for seed in index * PER_SHARD..(index + 1) * PER_SHARD {
         let report = run(seed, &opts).unwrap_or_else(|e| panic!("seed {seed} could not run: {e:#}"));
         delivered += report.delivered.iter().map(|(_, events, _)| events).sum::<u64>();
         faults += report.faults.values().sum::<u64>();
+        swept += report.swept;
         if !report.passed() {
             failures.push(format!(
                 "seed {seed} ({}):\n    {}\n    replay: {}",
@@ -30,6 +32,11 @@ fn shard(storage: Storage, index: u64) {
     // A simulation that delivers nothing or injects nothing would pass vacuously.
     assert!(delivered > PER_SHARD * 10, "only {delivered} events delivered in {PER_SHARD} seeds");
     assert!(faults > PER_SHARD, "only {faults} faults injected in {PER_SHARD} seeds");
+    // The NATS bus's hellos share head reads when they meet (decision 0042): the seeds
+    // must take that path, not only the read of one head.
+    if storage == Storage::Nats {
+        assert!(swept > 0, "no seed of {PER_SHARD} read heads through a sweep");
+    }
     assert!(failures.is_empty(), "{} of {PER_SHARD} seeds failed:\n{}", failures.len(), failures.join("\n"));
 }
 

@@ -322,12 +322,18 @@ impl<J: JetStream> NatsBus<J> {
 
     /// Reading the cluster's last record failed.
     pub(super) fn stream_failed(&self, what: &str, cause: String) -> BusError {
-        self.fail(NatsError::Stream { stream: self.stream.clone(), cause: format!("read the last record of {what}: {cause}") })
+        self.fail(NatsError::Stream {
+            stream: self.stream.clone(),
+            cause: format!("read the last record of {what}: {cause}"),
+        })
     }
 
     /// Reading the cluster's head in the bucket failed.
     pub(super) fn bucket_failed(&self, what: &str, cause: String) -> BusError {
-        self.fail(NatsError::KeyValue { bucket: self.heads_bucket.clone(), cause: format!("read head of {what}: {cause}") })
+        self.fail(NatsError::KeyValue {
+            bucket: self.heads_bucket.clone(),
+            cause: format!("read head of {what}: {cause}"),
+        })
     }
 
     /// The cluster's head once `found` was read: the later of it and what this replica

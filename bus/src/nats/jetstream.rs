@@ -298,7 +298,10 @@ pub trait KeyValue: Send + Sync + 'static {
     /// The values of `keys` (of every key with `None`), as the bucket was at one moment
     /// after the call began. One consumer delivers every key's latest value, where
     /// [`KeyValue::get`] is a request per key; only the values asked for are kept.
-    fn values(&self, keys: Option<&HashSet<String>>) -> impl Future<Output = Result<HashMap<String, Bytes>, String>> + Send;
+    fn values(
+        &self,
+        keys: Option<&HashSet<String>>,
+    ) -> impl Future<Output = Result<HashMap<String, Bytes>, String>> + Send;
     /// Follows every key: its latest value, [`KvFollow::CaughtUp`], then each change.
     /// Entries that expire (the bucket's age) are not announced: a follower ages them out
     /// by [`KvChange::written_ms`] itself.
@@ -631,9 +634,12 @@ impl KeyValue for kv::Store {
             if keys.is_some_and(|k| !k.contains(key)) {
                 return Ok(());
             }
-            let deleted = m.message.headers.as_ref().and_then(|h| h.get("KV-Operation")).is_some_and(|op| {
-                matches!(op.as_str(), "DEL" | "PURGE")
-            });
+            let deleted = m
+                .message
+                .headers
+                .as_ref()
+                .and_then(|h| h.get("KV-Operation"))
+                .is_some_and(|op| matches!(op.as_str(), "DEL" | "PURGE"));
             if deleted {
                 found.remove(key);
             } else {
