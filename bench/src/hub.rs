@@ -136,7 +136,27 @@ struct Report {
     /// CPU the local nats-server used meanwhile, in % of one core (when the bench started it).
     nats_cpu_percent: Option<f64>,
     resyncs: u64,
+    /// The resyncs by reason, numbers (offsets, counts) blanked to `N`.
+    resync_reasons: std::collections::BTreeMap<String, u64>,
     kill: Option<KillReport>,
+}
+
+/// A resync's reason with its numbers blanked, so reasons of one kind count together.
+fn reason_kind(reason: &str) -> String {
+    let mut out = String::with_capacity(reason.len().min(200));
+    let mut in_number = false;
+    for c in reason.chars().take(200) {
+        if c.is_ascii_digit() {
+            if !in_number {
+                out.push('N');
+            }
+            in_number = true;
+        } else {
+            in_number = false;
+            out.push(c);
+        }
+    }
+    out
 }
 
 /// What a replica kill did.
@@ -378,6 +398,7 @@ async fn run_one(b: &HubBench, bus: BusKind) -> anyhow::Result<Report> {
     let mut latencies_us: Vec<u64> = Vec::new();
     let mut counted = 0u64;
     let mut resyncs = 0u64;
+    let mut resync_reasons: std::collections::BTreeMap<String, u64> = std::collections::BTreeMap::new();
     // For the kill check: (cluster, subject) -> highest generation, clusters resynced.
     let mut generations: HashMap<(String, String), u64> = HashMap::new();
     let mut resynced: HashSet<String> = HashSet::new();
@@ -455,6 +476,7 @@ async fn run_one(b: &HubBench, bus: BusKind) -> anyhow::Result<Report> {
             }
             Delivery::ResyncRequired(r) => {
                 resyncs += 1;
+                *resync_reasons.entry(reason_kind(&r.reason)).or_default() += 1;
                 if killed.is_some() {
                     resynced.insert(r.cluster.clone());
                 }
@@ -516,6 +538,7 @@ async fn run_one(b: &HubBench, bus: BusKind) -> anyhow::Result<Report> {
         load_cpu_percent: cpu_used.1 / b.duration * 100.0,
         nats_cpu_percent: nats_pid.map(|_| cpu_used.2 / b.duration * 100.0),
         resyncs,
+        resync_reasons,
         kill,
     })
 }
@@ -888,6 +911,11 @@ fn print_report(b: &HubBench, r: &Report) {
         println!("nats-server CPU:      {nats:.0} % of one core");
     }
     println!("resync-required seen: {}", r.resyncs);
+    let mut reasons: Vec<(&String, &u64)> = r.resync_reasons.iter().collect();
+    reasons.sort_by(|a, b| b.1.cmp(a.1));
+    for (reason, n) in reasons.iter().take(3) {
+        println!("  {n} x {reason}");
+    }
     if let Some(k) = &r.kill {
         match k.reconnected_secs {
             Some(s) => {
@@ -913,7 +941,7 @@ fn report_json(b: &HubBench, r: &Report) -> serde_json::Value {
         "hub_received_per_sec": r.hub_received_per_sec.map(f64::round),
         "p50_ms": round2(r.p50), "p99_ms": round2(r.p99), "p999_ms": round2(r.p999), "max_ms": round2(r.max),
         "hub_peak_rss_bytes": r.peak_rss_bytes, "hub_cpu_percent": round2(r.hub_cpu_percent), "subscribers": b.subscribers,
-        "load_cpu_percent": round2(r.load_cpu_percent), "resyncs": r.resyncs,
+        "load_cpu_percent": round2(r.load_cpu_percent), "resyncs": r.resyncs, "resync_reasons": r.resync_reasons,
         "nats_cpu_percent": r.nats_cpu_percent.map(round2),
     });
     if let Some(k) = &r.kill {
@@ -1103,6 +1131,24 @@ async fn run_jetstream(b: &HubBench) -> anyhow::Result<Report> {
         // The server is the "hub" of this run.
         nats_cpu_percent: None,
         resyncs: 0,
+        resync_reasons: Default::default(),
         kill: None,
     })
+}
+
+#[cfg(test)]
+mod reason_tests {
+    use super::reason_kind;
+
+    #[test]
+    fn resync_reasons_of_one_kind_count_together() {
+        assert_eq!(
+            reason_kind("offset 12345: follows 3/7, not 3/6"),
+            reason_kind("offset 9: follows 1/22, not 1/21"),
+            "numbers blanked"
+        );
+        assert_eq!(reason_kind("offset 12345: x"), "offset N: x");
+        assert_ne!(reason_kind("events were evicted"), reason_kind("offset 1: x"));
+        assert_eq!(reason_kind(&"9".repeat(10_000)).len(), 1, "bounded, and one N for one number");
+    }
 }

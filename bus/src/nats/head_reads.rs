@@ -11,18 +11,24 @@
 //! Now a head is asked for by joining a queue; the bus's reader ([`serve`]) takes the
 //! whole queue and reads every head in it, group-commit style, so a read serves every
 //! caller that joined before it began (each is then past its registration, which is all
-//! the hello asks), and the next read takes whoever joined meanwhile. A few waiting read one by one, as before. Many, against the clusters this
-//! replica knows (at least [`SWEEP_SHARE`] of them), read through one sweep: one consumer
-//! delivering the last record of every subject, headers only
-//! ([`JetStream::last_by_subjects`]), and one of the bucket's values for those without
-//! records ([`KeyValue::values`]). A read that fails fails every caller it was for, who
-//! ask again as they did before.
+//! the hello asks), and the next read takes whoever joined meanwhile:
+//! - a few are read one request each, as before, each caller answered as soon as its read
+//!   is;
+//! - many (at least one in [`SWEEP_SHARE`] of the clusters this replica knows) are read
+//!   through one sweep: one consumer delivering the last record of every subject, headers
+//!   only ([`JetStream::last_by_subjects`]), and one of the bucket's values for those
+//!   without records ([`KeyValue::values`]); only the clusters asked for are kept.
 //!
-//! A caller that goes away only drops its own answer.
+//! A read that fails fails every caller it was for, who ask again as they did before (a
+//! timeout is still a timeout). A caller that goes away only drops its own answer. The
+//! queue holds one small entry per caller, and callers are sessions the hub admitted
+//! (`--max-connections`), so it is bounded by them.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
+use futures_util::StreamExt;
+use futures_util::stream::FuturesUnordered;
 use tokio::sync::oneshot;
 
 use crate::BusError;
@@ -43,8 +49,11 @@ pub(super) const SWEEP_MIN: usize = 2;
 /// One caller waiting for its cluster's head.
 struct Waiter {
     cluster: Arc<str>,
-    answer: oneshot::Sender<Result<Option<Head>, BusError>>,
+    answer: Answer,
 }
+
+/// Where a caller's answer goes.
+type Answer = oneshot::Sender<Result<Option<Head>, BusError>>;
 
 /// The queue of heads asked for.
 #[derive(Default)]
@@ -116,10 +125,13 @@ impl<J: JetStream> NatsBus<J> {
 
     /// Reads the heads `batch` waits for and answers each.
     async fn read_heads(&self, batch: Vec<Waiter>) {
-        let mut clusters: Vec<Arc<str>> = batch.iter().map(|w| w.cluster.clone()).collect();
-        // In the clusters' order: a simulation seed replays exactly.
-        clusters.sort_unstable();
-        clusters.dedup();
+        let callers = batch.len();
+        // By cluster, in the clusters' order: a simulation seed replays exactly.
+        let mut waiting: BTreeMap<Arc<str>, Vec<Answer>> = BTreeMap::new();
+        for w in batch {
+            waiting.entry(w.cluster).or_default().push(w.answer);
+        }
+        let clusters: Vec<Arc<str>> = waiting.keys().cloned().collect();
         let known = lock(&self.heads).len();
         let plan = ReadPlan::of(clusters.len(), known);
         {
@@ -130,32 +142,46 @@ impl<J: JetStream> NatsBus<J> {
             }
         }
         let started = tokio::time::Instant::now();
-        let heads: HashMap<Arc<str>, Result<Option<Head>, BusError>> = match plan {
-            ReadPlan::OneByOne => {
-                let reads = clusters.iter().map(|c| async move { (c.clone(), self.head_of(c).await) });
-                futures_util::future::join_all(reads).await.into_iter().collect()
+        let mut failed = 0usize;
+        let mut answer = |cluster: &Arc<str>, head: Result<Option<Head>, BusError>| {
+            failed += usize::from(head.is_err());
+            for a in waiting.remove(cluster).unwrap_or_default() {
+                let _ = a.send(head.clone());
             }
-            ReadPlan::Sweep => self.swept_heads(&clusters).await,
         };
-        let failed = heads.values().filter(|h| h.is_err()).count();
+        match plan {
+            // Each answered as soon as its own read is.
+            ReadPlan::OneByOne => {
+                let mut reads: FuturesUnordered<_> =
+                    clusters.iter().map(|c| async move { (c, self.head_of(c).await) }).collect();
+                while let Some((c, head)) = reads.next().await {
+                    answer(c, head);
+                }
+            }
+            ReadPlan::Sweep => {
+                let mut found = self.swept_heads(&clusters).await;
+                for c in &clusters {
+                    if let Some(head) = found.remove(c) {
+                        answer(c, head);
+                    }
+                }
+            }
+        }
         tracing::debug!(
             stream = %self.stream,
             clusters = clusters.len(),
-            callers = batch.len(),
+            callers,
             ?plan,
             failed,
             took_ms = started.elapsed().as_millis() as u64,
             "heads read"
         );
-        for w in batch {
-            let answer = match heads.get(&w.cluster) {
-                Some(Ok(h)) => Ok(*h),
-                Some(Err(e)) => Err(e.clone()),
-                // Every waiter's cluster was read; were one not, it asks again rather than
-                // take a head nobody read.
-                None => Err(BusError::Opening(format!("the head of cluster {} was not read", w.cluster))),
-            };
-            let _ = w.answer.send(answer);
+        // Every cluster was read; were one not, its callers ask again rather than take a
+        // head nobody read.
+        for (cluster, answers) in waiting {
+            for a in answers {
+                let _ = a.send(Err(BusError::Opening(format!("the head of cluster {cluster} was not read"))));
+            }
         }
     }
 

@@ -2,8 +2,9 @@
 //! resuming on any replica, and their key-value bucket `<stream>_heads`.
 //!
 //! An agent that says hello gets its cluster's head from the stream's last message on the
-//! cluster's subject (one request to the stream leader; the bucket is read only when the
-//! stream holds nothing of the cluster), or the local tail's if later: right after another
+//! cluster's subject (a direct get, or a share of one sweep in a connect storm: see
+//! [`super::head_reads`]; the bucket is read only when the stream holds nothing of the
+//! cluster), or the local tail's if later: right after another
 //! replica acked a batch and died, this replica's tail may not have the batch yet and the
 //! bucket may be a second old, but the stream has it. Appends filter resends by the head
 //! this replica knows (its own appends in flight, its acks and its tail); a resend it does
