@@ -24,13 +24,18 @@ fn keep_all() -> Retention {
     Retention { records: 1_000_000, bytes: 1 << 30, age: None }
 }
 
-async fn open(url: &str, stream: &str, retention: Retention) -> Arc<NatsBus> {
+/// A replica without a local tail (one serving only agents).
+async fn open_without_tail(url: &str, stream: &str, retention: Retention) -> Arc<NatsBus> {
     let opts = NatsOptions {
         stream: stream.into(),
         missing_stream_wait: Duration::ZERO,
         ..NatsOptions::new(vec![url.into()], retention)
     };
-    let bus = NatsBus::open(opts).await.unwrap_or_else(|e| panic!("NATS bus opens: {e}"));
+    NatsBus::open(opts).await.unwrap_or_else(|e| panic!("NATS bus opens: {e}"))
+}
+
+async fn open(url: &str, stream: &str, retention: Retention) -> Arc<NatsBus> {
+    let bus = open_without_tail(url, stream, retention).await;
     // A replica with a reader: its local tail follows the stream (see `lazy_tails`).
     bus.prepare_reads().await.unwrap_or_else(|e| panic!("local tail starts: {e}"));
     bus
@@ -318,12 +323,7 @@ async fn heads_asked_for_at_once_are_read_together_and_each_is_right() {
     assert_eq!(a.stats().first_offset, 3, "gone's records are evicted: only the bucket has its head");
     // A replica without a local tail, started now: of these heads it knows only gone's
     // (from the bucket); the others only the stream has (a has not flushed them).
-    let opts = NatsOptions {
-        stream: "fw".into(),
-        missing_stream_wait: Duration::ZERO,
-        ..NatsOptions::new(vec![server.url()], retention)
-    };
-    let b = NatsBus::open(opts).await.unwrap_or_else(|e| panic!("NATS bus opens: {e}"));
+    let b = open_without_tail(&server.url(), "fw", retention).await;
     let mut asked: Vec<&str> = clusters.iter().map(String::as_str).collect();
     asked.extend(["gone", "never"]);
     let heads = futures_util::future::join_all(asked.iter().map(|c| b.head(c))).await;
