@@ -1,8 +1,10 @@
 //! The JetStream operations the NATS bus uses ([`super`]), behind one trait: the
 //! bus's stream (create, info, delete, publish with message id and headers and its ack,
-//! last message by subject, an ordered consumer from a sequence), its key-value buckets
-//! (get, entry with revision, create, update with revision, put, keys, and following every
-//! key: its latest value then each change) and the connection state. [`AsyncNats`] is the real thing (async-nats on a thread of its own); the
+//! last message by subject, the last messages of many subjects through one sweep, an
+//! ordered consumer from a sequence), its key-value buckets (get, entry with revision,
+//! create, update with revision, put, keys, many values through one sweep, and following
+//! every key: its latest value then each change) and the connection state. [`AsyncNats`]
+//! is the real thing (async-nats on a thread of its own); the
 //! deterministic simulation (`fleetwatch-dst`) has an in-memory JetStream shared by several
 //! hub replicas on its simulated runtime, with faults of its own.
 //!
