@@ -26,6 +26,8 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
@@ -42,6 +44,11 @@ use super::{NatsBus, lock};
 /// replica knows (a sweep delivers one message per cluster the stream holds; a request per
 /// head costs a round trip and the leader's lookup each).
 pub(super) const SWEEP_SHARE: usize = 8;
+
+/// How long a read waits for the local tail to vouch for its heads (a probe begun after it,
+/// every second, and the tail at the stream's end that probe found) before it asks
+/// JetStream instead.
+pub(super) const TAIL_WAIT: Duration = Duration::from_secs(3);
 
 /// Fewer heads than this are always read one by one.
 pub(super) const SWEEP_MIN: usize = 2;
@@ -64,14 +71,22 @@ pub(super) struct HeadReads {
     /// Reads made, and sweeps among them (for tests and the bench).
     reads: std::sync::atomic::AtomicU64,
     sweeps: std::sync::atomic::AtomicU64,
+    /// Heads answered from the local tail, without a request.
+    from_tail: std::sync::atomic::AtomicU64,
 }
 
 impl HeadReads {
-    /// (reads, sweeps among them) made so far.
+    /// (reads of JetStream, sweeps among them) made so far.
     #[cfg(test)]
     pub(super) fn counts(&self) -> (u64, u64) {
         use std::sync::atomic::Ordering::Relaxed;
         (self.reads.load(Relaxed), self.sweeps.load(Relaxed))
+    }
+
+    /// Heads answered from the local tail so far.
+    #[cfg(test)]
+    pub(super) fn from_tail(&self) -> u64 {
+        self.from_tail.load(std::sync::atomic::Ordering::Relaxed)
     }
 }
 
@@ -131,6 +146,18 @@ impl<J: JetStream> NatsBus<J> {
         for w in batch {
             waiting.entry(w.cluster).or_default().push(w.answer);
         }
+        let started = tokio::time::Instant::now();
+        let mut from_tail = 0usize;
+        for (c, head) in self.heads_from_tail(waiting.keys()).await {
+            from_tail += 1;
+            for a in waiting.remove(&c).unwrap_or_default() {
+                let _ = a.send(Ok(head));
+            }
+        }
+        if waiting.is_empty() {
+            tracing::debug!(stream = %self.stream, clusters = from_tail, callers, "heads read from the local tail");
+            return;
+        }
         let clusters: Vec<Arc<str>> = waiting.keys().cloned().collect();
         let known = lock(&self.heads).len();
         let plan = ReadPlan::of(clusters.len(), known);
@@ -141,7 +168,6 @@ impl<J: JetStream> NatsBus<J> {
                 self.head_reads.sweeps.fetch_add(1, Relaxed);
             }
         }
-        let started = tokio::time::Instant::now();
         let mut failed = 0usize;
         let mut answer = |cluster: &Arc<str>, head: Result<Option<Head>, BusError>| {
             failed += usize::from(head.is_err());
@@ -171,6 +197,7 @@ impl<J: JetStream> NatsBus<J> {
             stream = %self.stream,
             clusters = clusters.len(),
             callers,
+            from_tail,
             ?plan,
             failed,
             took_ms = started.elapsed().as_millis() as u64,
@@ -183,6 +210,50 @@ impl<J: JetStream> NatsBus<J> {
                 let _ = a.send(Err(BusError::Opening(format!("the head of cluster {cluster} was not read"))));
             }
         }
+    }
+
+    /// The heads of those of `clusters` the local tail can vouch for, without a request:
+    /// it took in a record of theirs since it started, with no gap since (a gap forgets
+    /// them, see `tail`), so it has seen every record of theirs up to its end. Once a probe
+    /// begun after this call (every second, see `probe`) found the stream's end and the
+    /// tail reached it, every record stored before the call is in the tail, and the head
+    /// this replica knows is the one [`NatsBus::head_of`] would read. None when the
+    /// replica has no tail, or the probe or the tail did not come within [`TAIL_WAIT`].
+    async fn heads_from_tail<'a>(&self, clusters: impl Iterator<Item = &'a Arc<str>>) -> Vec<(Arc<str>, Option<Head>)> {
+        if !self.holds_records() {
+            return Vec::new();
+        }
+        let vouched = |clusters: &mut dyn Iterator<Item = &Arc<str>>| -> Vec<Arc<str>> {
+            let chain = lock(&self.chain);
+            clusters.filter(|c| chain.last.contains_key(*c)).cloned().collect()
+        };
+        let candidates = vouched(&mut clusters.into_iter());
+        if candidates.is_empty() {
+            return Vec::new();
+        }
+        let generation = self.tail_generation.load(Ordering::SeqCst);
+        let begun = self.probes_begun.load(Ordering::SeqCst);
+        let caught_up = async {
+            let mut probed = self.probed.subscribe();
+            let last = probed.wait_for(|(number, _)| *number > begun).await.ok()?.1;
+            let mut end = self.core.end_tx.subscribe();
+            end.wait_for(|end| *end > last).await.ok()?;
+            Some(())
+        };
+        let in_time = tokio::time::timeout(TAIL_WAIT, caught_up).await.ok().flatten().is_some();
+        if !in_time || self.tail_generation.load(Ordering::SeqCst) != generation || !self.holds_records() {
+            return Vec::new();
+        }
+        // A gap meanwhile forgot some: they are read from JetStream.
+        let still = vouched(&mut candidates.iter());
+        self.head_reads.from_tail.fetch_add(still.len() as u64, Ordering::Relaxed);
+        still
+            .into_iter()
+            .map(|c| {
+                let head = self.settle_head(&c, None);
+                (c, head)
+            })
+            .collect()
     }
 
     /// The heads of `clusters` through one sweep of the stream's last records and, for

@@ -328,6 +328,13 @@ pub struct NatsBus<J: JetStream = AsyncNats> {
     poisoned: Mutex<Option<String>>,
     /// Wakes the probe at once (an ack showed the stream went backwards).
     recheck: Arc<tokio::sync::Notify>,
+    /// Probes of the stream begun (see `probe`), numbered from 1.
+    probes_begun: AtomicU64,
+    /// The latest probe that read the stream: (its number, the stream's last offset it
+    /// found). A probe numbered after a moment found the stream's end as of after it: the
+    /// hello's head is read from the local tail once it has reached that end (see
+    /// [`head_reads`]).
+    probed: watch::Sender<(u64, u64)>,
     /// Which local tail ingests: a tail restarted on a recreated stream bumps it, so a batch
     /// of the old consumer still in flight is dropped.
     tail_generation: AtomicU64,

@@ -41,6 +41,9 @@ pub(super) async fn probe<J: JetStream>(bus: Weak<NatsBus<J>>, recheck: Arc<toki
             missing = None;
             Some(format!("not connected to NATS at {} ({state})", bus.js.servers()))
         } else {
+            // Numbered before it is sent: a probe numbered after a moment reads the stream as
+            // it is after that moment.
+            let number = bus.probes_begun.fetch_add(1, Ordering::SeqCst) + 1;
             match tokio::time::timeout(REQUEST_TIMEOUT, bus.js.stream_info()).await {
                 Ok(Ok(info)) => {
                     missing = None;
@@ -48,8 +51,10 @@ pub(super) async fn probe<J: JetStream>(bus: Weak<NatsBus<J>>, recheck: Arc<toki
                         bus.adopt(info).await.err().map(|e| e.to_string())
                     } else {
                         let base = bus.base.load(Ordering::SeqCst);
-                        bus.stream_last.fetch_max(info.state.last_sequence + base, Ordering::Relaxed);
+                        let last = info.state.last_sequence + base;
+                        bus.stream_last.fetch_max(last, Ordering::Relaxed);
                         *lock(&bus.stream_state) = StreamState::of(&info.state, base);
+                        bus.probed.send_replace((number, last));
                         None
                     }
                 }

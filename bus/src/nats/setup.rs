@@ -127,6 +127,8 @@ impl<J: JetStream> NatsBus<J> {
             poisoned: Mutex::new(None),
             recheck: Arc::new(tokio::sync::Notify::new()),
             tail_generation: AtomicU64::new(0),
+            probes_begun: AtomicU64::new(0),
+            probed: tokio::sync::watch::channel((0, 0)).0,
             tail_task: Mutex::new(None),
             dirty_heads: Mutex::new(HashMap::new()),
             head_revisions: Mutex::new(HashMap::new()),

@@ -343,3 +343,28 @@ async fn heads_asked_for_at_once_are_read_together_and_each_is_right() {
     let after = b.head_reads.counts();
     assert_eq!((after.0 - before.0, after.1 - before.1), (asked.len() as u64, 0), "one by one: no sweep");
 }
+
+/// A replica with a local tail answers the heads of clusters its tail has seen without
+/// asking JetStream (issue 47): once a probe begun after the question found the stream's
+/// end and the tail reached it, the tail holds every record stored before the question.
+/// Clusters it cannot vouch for are read from JetStream as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_with_a_tail_answers_the_heads_it_has_seen_without_a_request() {
+    let (server, _dir) = server();
+    let a = open(&server.url(), "fw", keep_all()).await;
+    let b = open(&server.url(), "fw", keep_all()).await;
+    a.append("c".into(), vec![ev(1, 1), ev(1, 2), ev(1, 3)]).await.unwrap();
+    wait_for("b's tail at offset 3", Duration::from_secs(30), async || b.last_offset() == 3).await;
+    assert_eq!(b.head("c").await.unwrap(), Some((1, 3)));
+    assert_eq!((b.head_reads.from_tail(), b.head_reads.counts().0), (1, 0), "from the tail, no request");
+    // Stored by another replica just before the question, maybe not in b's tail yet: the
+    // answer waits for a probe begun after the question and the tail at its end.
+    for seq in 4..=20 {
+        a.append("c".into(), vec![ev(1, seq)]).await.unwrap();
+        assert_eq!(b.head("c").await.unwrap(), Some((1, seq)), "the record stored before the question");
+    }
+    assert_eq!(b.head_reads.counts().0, 0, "still no request");
+    // A cluster the tail has not seen: JetStream is asked.
+    assert_eq!(b.head("new").await.unwrap(), None);
+    assert_eq!(b.head_reads.counts().0, 1);
+}
