@@ -12,8 +12,11 @@
 //! whole queue and reads every head in it, group-commit style, so a read serves every
 //! caller that joined before it began (each is then past its registration, which is all
 //! the hello asks), and the next read takes whoever joined meanwhile:
-//! - a few are read one request each, as before, each caller answered as soon as its read
-//!   is;
+//! - on a replica with a local tail, the clusters the tail vouches for are answered without
+//!   a request, once a health probe begun after the read found the stream's end and the
+//!   tail reached it (see `heads_from_tail`; at most a second's wait, the probe's period);
+//! - of the others, a few are read one request each, as before, each caller answered as
+//!   soon as its read is;
 //! - many (at least one in [`SWEEP_SHARE`] of the clusters this replica knows) are read
 //!   through one sweep: one consumer delivering the last record of every subject, headers
 //!   only ([`JetStream::last_by_subjects`]), and one of the bucket's values for those
