@@ -88,7 +88,7 @@ impl HeadReads {
 
     /// Heads answered from the local tail so far.
     #[cfg(test)]
-    pub(super) fn from_tail(&self) -> u64 {
+    pub(super) fn answered_from_tail(&self) -> u64 {
         self.from_tail.load(std::sync::atomic::Ordering::Relaxed)
     }
 }

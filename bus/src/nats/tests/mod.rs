@@ -356,7 +356,7 @@ async fn a_replica_with_a_tail_answers_the_heads_it_has_seen_without_a_request()
     a.append("c".into(), vec![ev(1, 1), ev(1, 2), ev(1, 3)]).await.unwrap();
     wait_for("b's tail at offset 3", Duration::from_secs(30), async || b.last_offset() == 3).await;
     assert_eq!(b.head("c").await.unwrap(), Some((1, 3)));
-    assert_eq!((b.head_reads.from_tail(), b.head_reads.counts().0), (1, 0), "from the tail, no request");
+    assert_eq!((b.head_reads.answered_from_tail(), b.head_reads.counts().0), (1, 0), "from the tail, no request");
     // Stored by another replica just before the question, maybe not in b's tail yet: the
     // answer waits for a probe begun after the question and the tail at its end.
     for seq in 4..=20 {
