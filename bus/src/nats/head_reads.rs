@@ -226,11 +226,7 @@ impl<J: JetStream> NatsBus<J> {
         if !self.holds_records() {
             return Vec::new();
         }
-        let vouched = |clusters: &mut dyn Iterator<Item = &Arc<str>>| -> Vec<Arc<str>> {
-            let chain = lock(&self.chain);
-            clusters.filter(|c| chain.last.contains_key(*c)).cloned().collect()
-        };
-        let candidates = vouched(&mut clusters.into_iter());
+        let candidates = self.vouched_by_tail(clusters);
         if candidates.is_empty() {
             return Vec::new();
         }
@@ -248,7 +244,7 @@ impl<J: JetStream> NatsBus<J> {
             return Vec::new();
         }
         // A gap meanwhile forgot some: they are read from JetStream.
-        let still = vouched(&mut candidates.iter());
+        let still = self.vouched_by_tail(candidates.iter());
         self.head_reads.from_tail.fetch_add(still.len() as u64, Ordering::Relaxed);
         still
             .into_iter()
@@ -257,6 +253,13 @@ impl<J: JetStream> NatsBus<J> {
                 (c, head)
             })
             .collect()
+    }
+
+    /// Those of `clusters` the local tail took in a record of since it started, with no
+    /// gap since.
+    fn vouched_by_tail<'a>(&self, clusters: impl Iterator<Item = &'a Arc<str>>) -> Vec<Arc<str>> {
+        let chain = lock(&self.chain);
+        clusters.filter(|c| chain.last.contains_key(*c)).cloned().collect()
     }
 
     /// The heads of `clusters` through one sweep of the stream's last records and, for
